@@ -1,0 +1,29 @@
+# Third-party dependencies, all from Debian 12 packages (scripts/deps installs them).
+find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
+find_package(absl REQUIRED)
+
+pkg_check_modules(LIBCXL REQUIRED IMPORTED_TARGET libcxl)
+pkg_check_modules(LIBDAXCTL REQUIRED IMPORTED_TARGET libdaxctl)
+pkg_check_modules(NUMA REQUIRED IMPORTED_TARGET numa)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+
+set(CXLKV_HAVE_MEMKIND 0)
+if(NOT CXLKV_WITH_MEMKIND STREQUAL "OFF")
+  pkg_check_modules(MEMKIND IMPORTED_TARGET memkind)
+  if(MEMKIND_FOUND)
+    set(CXLKV_HAVE_MEMKIND 1)
+  elseif(CXLKV_WITH_MEMKIND STREQUAL "ON")
+    message(FATAL_ERROR "CXLKV_WITH_MEMKIND=ON but memkind was not found: apt-get install libmemkind-dev")
+  endif()
+endif()
+
+find_package(CLI11 REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+
+if(CXLKV_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(CXLKV_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+endif()

@@ -1,0 +1,18 @@
+# Target-scoped flags: every cxlkv target links cxlkv_flags.
+add_library(cxlkv_flags INTERFACE)
+target_compile_options(cxlkv_flags INTERFACE
+  -Wall -Wextra -Wshadow -Wconversion -Wno-sign-conversion
+  $<$<BOOL:${CXLKV_WERROR}>:-Werror>)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+  target_compile_options(cxlkv_flags INTERFACE -Wthread-safety)
+endif()
+
+if(CXLKV_SANITIZE STREQUAL "address")
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+elseif(CXLKV_SANITIZE STREQUAL "thread")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+elseif(NOT CXLKV_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "CXLKV_SANITIZE must be '', 'address' or 'thread', got '${CXLKV_SANITIZE}'")
+endif()

@@ -1,0 +1,68 @@
+// cxlkv/pool/region.h — one mapped memory source (devdax, kmem, file, memfd).
+//
+// OpenRegion() is the backend seam: every backend produces the same Region, a MAP_SHARED
+// mapping of a file descriptor with a known size and alignment, so arenas, tests and tools
+// run the same code on /dev/daxX.Y as on a file in /dev/shm.
+//   devdax: size and alignment from libdaxctl; the mapping honours the device alignment.
+//   kmem:   an anonymous shmem object whose pages are bound to the NUMA node (mbind
+//           MPOL_BIND), so it is shared with fork()ed children only.
+//   file:   created with ?size= (and fallocated unless reserve=0), or opened at its size.
+//   memfd:  memfd_create(); shared with fork()ed children or via /proc/PID/fd/N.
+// A Region is immutable after creation and safe to read from any thread; destroying it
+// unmaps the memory.
+#ifndef CXLKV_POOL_REGION_H_
+#define CXLKV_POOL_REGION_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "absl/status/statusor.h"
+#include "cxlkv/pool/spec.h"
+
+namespace cxlkv::pool {
+
+class Region {
+ public:
+  ~Region();
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+
+  std::byte* addr() const noexcept { return addr_; }
+  std::uint64_t size_bytes() const noexcept { return size_bytes_; }
+  // Alignment the arena must respect for block placement (device alignment for devdax,
+  // the page size otherwise).
+  std::uint64_t alignment() const noexcept { return alignment_; }
+  const SourceSpec& spec() const noexcept { return spec_; }
+  // Name for messages, e.g. "/dev/dax0.0" or "memfd:cxlkv".
+  const std::string& name() const noexcept { return name_; }
+  int fd() const noexcept { return fd_; }
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<Region>> OpenRegion(const SourceSpec&);
+  Region() = default;
+
+  SourceSpec spec_;
+  std::string name_;
+  std::byte* addr_ = nullptr;
+  std::uint64_t size_bytes_ = 0;
+  std::uint64_t alignment_ = 0;
+  int fd_ = -1;
+};
+
+// Opens and maps a source. Errors name the source and the fix: kNotFound (no such device,
+// file or node), kPermissionDenied, kInvalidArgument (size not a multiple of the page or
+// device alignment, size mismatch with an existing file), kResourceExhausted (no space to
+// reserve the file), kFailedPrecondition (device in the wrong mode).
+absl::StatusOr<std::unique_ptr<Region>> OpenRegion(const SourceSpec& spec);
+absl::StatusOr<std::unique_ptr<Region>> OpenRegion(absl::string_view spec);
+
+// Turns errno from `call` on `object` into a Status with the object named and, where one
+// exists, a hint for the fix. The one place errno becomes Status in pool/.
+absl::Status ErrnoStatus(int err, absl::string_view object, absl::string_view call);
+
+}  // namespace cxlkv::pool
+
+#endif  // CXLKV_POOL_REGION_H_

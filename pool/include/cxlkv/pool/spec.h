@@ -1,0 +1,53 @@
+// cxlkv/pool/spec.h — source specs: the one string that names a memory source everywhere
+// (CLI, config, environment).
+//
+//   devdax:/dev/daxX.Y[?shared=1]            a device-DAX character device (CXL or pmem)
+//   kmem:node=N[?size=BYTES]                 a (CPU-less) NUMA node onlined as system RAM
+//   file:PATH[?size=BYTES][&reserve=0|1]     a file, e.g. in /dev/shm (emulated pool)
+//   memfd:[NAME]?size=BYTES                  an anonymous memfd (private to this process tree)
+//
+// Sizes are bytes with an optional binary suffix K, M, G or T (KiB..TiB), e.g. 8G. Parameters
+// follow '?', separated by '&'. `shared=1` declares the source switch-pooled (shared by the
+// hosts of a CXL domain) when topology cannot tell. Parsing is pure and thread-safe.
+#ifndef CXLKV_POOL_SPEC_H_
+#define CXLKV_POOL_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/strings/string_view.h"
+#include "absl/status/statusor.h"
+
+namespace cxlkv::pool {
+
+enum class SourceKind : std::uint8_t { kDevdax, kKmem, kFile, kMemfd };
+
+absl::string_view SourceKindName(SourceKind kind) noexcept;
+
+struct SourceSpec {
+  SourceKind kind = SourceKind::kMemfd;
+  std::string path;              // devdax: device path; file: file path; memfd: name
+  int numa_node = -1;            // kmem only
+  std::uint64_t size_bytes = 0;  // 0: take the size of the existing device/file
+  bool reserve = true;           // file: fallocate the whole size when creating
+  bool shared = false;           // declared switch-pooled
+
+  // The canonical spec string; ParseSourceSpec(ToString()) yields an equal spec.
+  std::string ToString() const;
+  bool operator==(const SourceSpec&) const = default;
+};
+
+// Parses a spec string. Errors are kInvalidArgument and quote the spec, the offending part
+// and the accepted forms.
+absl::StatusOr<SourceSpec> ParseSourceSpec(absl::string_view spec);
+
+// Parses "123", "64K", "8G" (binary units). Rejects overflow, empty and unknown suffixes.
+absl::StatusOr<std::uint64_t> ParseSize(absl::string_view text);
+
+// "5 MiB"-style rendering for messages and summaries.
+std::string FormatBytes(std::uint64_t bytes);
+
+}  // namespace cxlkv::pool
+
+#endif  // CXLKV_POOL_SPEC_H_

@@ -1,0 +1,176 @@
+#include "absl/strings/string_view.h"
+#include "cxlkv/pool/spec.h"
+
+#include <charconv>
+#include <limits>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+
+namespace cxlkv::pool {
+namespace {
+
+constexpr absl::string_view kForms =
+    "accepted forms: devdax:/dev/daxX.Y, kmem:node=N[?size=BYTES], "
+    "file:PATH?size=BYTES, memfd:?size=BYTES (sizes take K/M/G/T)";
+
+absl::Status SpecError(absl::string_view spec, absl::string_view problem) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("source spec '", spec, "': ", problem, "; ", kForms));
+}
+
+absl::StatusOr<bool> ParseBool(absl::string_view spec, absl::string_view key,
+                               absl::string_view value) {
+  if (value == "1" || value == "true" || value == "yes") return true;
+  if (value == "0" || value == "false" || value == "no") return false;
+  return SpecError(spec, absl::StrCat("parameter ", key, "=", value, " is not 0 or 1"));
+}
+
+}  // namespace
+
+absl::string_view SourceKindName(SourceKind kind) noexcept {
+  switch (kind) {
+    case SourceKind::kDevdax: return "devdax";
+    case SourceKind::kKmem: return "kmem";
+    case SourceKind::kFile: return "file";
+    case SourceKind::kMemfd: return "memfd";
+  }
+  return "?";
+}
+
+absl::StatusOr<std::uint64_t> ParseSize(absl::string_view text) {
+  if (text.empty()) return absl::InvalidArgumentError("size is empty (e.g. 8G, 512M, 4096)");
+  std::uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr == text.data()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("size '", text, "' is not a number with an optional K/M/G/T suffix"));
+  }
+  absl::string_view suffix(ptr, static_cast<std::size_t>(end - ptr));
+  if (suffix == "iB" || suffix == "B") suffix = "";
+  unsigned shift = 0;
+  if (!suffix.empty()) {
+    switch (suffix[0]) {
+      case 'K': case 'k': shift = 10; break;
+      case 'M': case 'm': shift = 20; break;
+      case 'G': case 'g': shift = 30; break;
+      case 'T': case 't': shift = 40; break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("size '", text, "' has unknown suffix '", suffix, "' (use K, M, G, T)"));
+    }
+    const absl::string_view rest = suffix.substr(1);
+    if (!(rest.empty() || rest == "iB" || rest == "B")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("size '", text, "' has unknown suffix '", suffix, "' (use K, M, G, T)"));
+    }
+  }
+  if (shift != 0 && value > (std::numeric_limits<std::uint64_t>::max() >> shift)) {
+    return absl::InvalidArgumentError(absl::StrCat("size '", text, "' overflows 64 bits"));
+  }
+  return value << shift;
+}
+
+std::string FormatBytes(std::uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  double v = static_cast<double>(bytes);
+  while (v >= 1024.0 && unit < 4) {
+    v /= 1024.0;
+    ++unit;
+  }
+  if (unit == 0) return absl::StrCat(bytes, " B");
+  return absl::StrFormat("%.*f %s", v == static_cast<double>(static_cast<std::uint64_t>(v)) ? 0 : 2,
+                         v, kUnits[unit]);
+}
+
+absl::StatusOr<SourceSpec> ParseSourceSpec(absl::string_view spec) {
+  const auto colon = spec.find(':');
+  if (colon == absl::string_view::npos) return SpecError(spec, "missing '<kind>:'");
+  const absl::string_view kind = spec.substr(0, colon);
+  absl::string_view rest = spec.substr(colon + 1);
+  absl::string_view params;
+  if (const auto q = rest.find('?'); q != absl::string_view::npos) {
+    params = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+
+  SourceSpec out;
+  if (kind == "devdax") {
+    out.kind = SourceKind::kDevdax;
+    if (rest.empty() || rest[0] != '/') return SpecError(spec, "devdax needs a device path");
+    out.path = std::string(rest);
+  } else if (kind == "kmem") {
+    out.kind = SourceKind::kKmem;
+    if (!absl::ConsumePrefix(&rest, "node=")) return SpecError(spec, "kmem needs node=N");
+    int node = -1;
+    if (!absl::SimpleAtoi(rest, &node) || node < 0) {
+      return SpecError(spec, absl::StrCat("node '", rest, "' is not a non-negative integer"));
+    }
+    out.numa_node = node;
+  } else if (kind == "file") {
+    out.kind = SourceKind::kFile;
+    if (rest.empty()) return SpecError(spec, "file needs a path");
+    out.path = std::string(rest);
+  } else if (kind == "memfd") {
+    out.kind = SourceKind::kMemfd;
+    out.path = rest.empty() ? "cxlkv" : std::string(rest);
+  } else {
+    return SpecError(spec, absl::StrCat("unknown source kind '", kind, "'"));
+  }
+
+  if (!params.empty()) {
+    for (absl::string_view kv : absl::StrSplit(params, '&')) {
+      const auto eq = kv.find('=');
+      if (eq == absl::string_view::npos) {
+        return SpecError(spec, absl::StrCat("parameter '", kv, "' is not key=value"));
+      }
+      const absl::string_view key = kv.substr(0, eq), value = kv.substr(eq + 1);
+      if (key == "size") {
+        auto size = ParseSize(value);
+        if (!size.ok()) return SpecError(spec, size.status().message());
+        if (*size == 0) return SpecError(spec, "size=0 is not a usable size");
+        out.size_bytes = *size;
+      } else if (key == "reserve" && out.kind == SourceKind::kFile) {
+        auto b = ParseBool(spec, key, value);
+        if (!b.ok()) return b.status();
+        out.reserve = *b;
+      } else if (key == "shared") {
+        auto b = ParseBool(spec, key, value);
+        if (!b.ok()) return b.status();
+        out.shared = *b;
+      } else {
+        return SpecError(spec, absl::StrCat("unknown parameter '", key, "' for ",
+                                            SourceKindName(out.kind)));
+      }
+    }
+  }
+  if (out.kind == SourceKind::kMemfd && out.size_bytes == 0) {
+    return SpecError(spec, "memfd needs ?size=BYTES");
+  }
+  if (out.kind == SourceKind::kDevdax && out.size_bytes != 0) {
+    return SpecError(spec, "devdax takes its size from the device; drop size=");
+  }
+  return out;
+}
+
+std::string SourceSpec::ToString() const {
+  std::string s;
+  switch (kind) {
+    case SourceKind::kDevdax: s = absl::StrCat("devdax:", path); break;
+    case SourceKind::kKmem: s = absl::StrCat("kmem:node=", numa_node); break;
+    case SourceKind::kFile: s = absl::StrCat("file:", path); break;
+    case SourceKind::kMemfd: s = absl::StrCat("memfd:", path == "cxlkv" ? "" : path); break;
+  }
+  std::string params;
+  auto add = [&params](absl::string_view p) { absl::StrAppend(&params, params.empty() ? "?" : "&", p); };
+  if (size_bytes != 0) add(absl::StrCat("size=", size_bytes));
+  if (kind == SourceKind::kFile && !reserve) add("reserve=0");
+  if (shared) add("shared=1");
+  return s + params;
+}
+
+}  // namespace cxlkv::pool
