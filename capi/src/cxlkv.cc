@@ -14,8 +14,7 @@
 #define CXLKV_API extern "C" __attribute__((visibility("default")))
 
 struct cxlkv_pool {
-  std::string spec;
-  std::unique_ptr<cxlkv::pool::Region> region;  // moved into the arena when one is opened
+  std::unique_ptr<cxlkv::pool::Region> region;  // each arena maps a duplicate of it
   bool arena_open = false;
 };
 
@@ -108,26 +107,23 @@ int Adopt(cxlkv_pool* pool, absl::StatusOr<std::unique_ptr<cxlkv::pool::Arena>> 
   return CXLKV_OK;
 }
 
-// Regions move into the arena; reopen the source when the pool's region was consumed.
+// The arena gets its own mapping of the pool's memory, so a memfd pool keeps its contents
+// across arena close/open for as long as the pool is open.
 absl::StatusOr<std::unique_ptr<cxlkv::pool::Region>> TakeRegion(cxlkv_pool* pool) {
   if (pool->arena_open) {
     return absl::FailedPreconditionError(
         "this pool already has an open arena; close it first (one arena per pool)");
   }
-  if (pool->region != nullptr) return std::move(pool->region);
-  return cxlkv::pool::OpenRegion(pool->spec);
+  return pool->region->Duplicate();
 }
 
 }  // namespace
 
 CXLKV_API int cxlkv_pool_open(const char* spec, cxlkv_pool** out) {
   if (spec == nullptr || out == nullptr) return Fail(CXLKV_E_INVALID, "spec and out must be set");
-  auto parsed = cxlkv::pool::ParseSourceSpec(spec);
-  if (!parsed.ok()) return FromStatus(parsed.status());
-  auto region = cxlkv::pool::OpenRegion(*parsed);
+  auto region = cxlkv::pool::OpenRegion(spec);
   if (!region.ok()) return FromStatus(region.status());
-  // A memfd exists only through its descriptor: keep this mapping for the arena.
-  *out = new (std::nothrow) cxlkv_pool{parsed->ToString(), std::move(*region), false};
+  *out = new (std::nothrow) cxlkv_pool{std::move(*region), false};
   return *out == nullptr ? Fail(CXLKV_E_INTERNAL, "out of memory") : CXLKV_OK;
 }
 

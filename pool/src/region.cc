@@ -100,6 +100,20 @@ Region::~Region() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+absl::StatusOr<std::unique_ptr<Region>> Region::Duplicate() const {
+  std::unique_ptr<Region> r(new Region());
+  r->spec_ = spec_;
+  r->name_ = name_;
+  r->alignment_ = alignment_;
+  Fd fd;
+  fd.fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  if (fd.fd < 0) return ErrnoStatus(errno, name_, "dup");
+  if (auto st = Mmap(r.get(), fd.fd, size_bytes_, name_, &r->addr_); !st.ok()) return st;
+  r->size_bytes_ = size_bytes_;
+  r->fd_ = fd.release();
+  return r;
+}
+
 absl::StatusOr<std::unique_ptr<Region>> OpenRegion(absl::string_view spec) {
   auto parsed = ParseSourceSpec(spec);
   if (!parsed.ok()) return parsed.status();
@@ -107,6 +121,11 @@ absl::StatusOr<std::unique_ptr<Region>> OpenRegion(absl::string_view spec) {
 }
 
 absl::StatusOr<std::unique_ptr<Region>> OpenRegion(const SourceSpec& spec) {
+  if (spec.size_bytes % kPageBytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.ToString(), ": size ", spec.size_bytes, " is not a multiple of the ", kPageBytes,
+        "-byte page; round it (e.g. ", (spec.size_bytes / kPageBytes + 1) * kPageBytes, ")"));
+  }
   std::unique_ptr<Region> r(new Region());
   r->spec_ = spec;
   r->alignment_ = kPageBytes;

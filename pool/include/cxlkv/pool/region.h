@@ -40,6 +40,10 @@ class Region {
   const std::string& name() const noexcept { return name_; }
   int fd() const noexcept { return fd_; }
 
+  // A second, independent mapping of the same memory (dup of the descriptor). Lets a
+  // memfd outlive one user: the pool keeps the original, each arena gets a duplicate.
+  absl::StatusOr<std::unique_ptr<Region>> Duplicate() const;
+
  private:
   friend absl::StatusOr<std::unique_ptr<Region>> OpenRegion(const SourceSpec&);
   Region() = default;

@@ -1,0 +1,353 @@
+// pool/: source specs, region backends, arena format/open and every bad-input path.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "cxlkv/pool/arena.h"
+#include "cxlkv/pool/kv_layout.h"
+#include "cxlkv/pool/region.h"
+#include "cxlkv/pool/spec.h"
+#include "gtest/gtest.h"
+#include "test_util.h"
+
+namespace cxlkv::pool {
+namespace {
+
+using cxlkv::testing::MustFormat;
+using cxlkv::testing::MustOpen;
+using cxlkv::testing::ShmPath;
+using cxlkv::testing::TinyLayout;
+
+bool Mentions(const absl::Status& st, absl::string_view text) {
+  return st.message().find(text) != absl::string_view::npos;
+}
+
+TEST(Spec, ParsesEveryKindAndRoundTrips) {
+  struct Case {
+    const char* text;
+    SourceKind kind;
+    std::uint64_t size;
+  } cases[] = {
+      {"devdax:/dev/dax0.0", SourceKind::kDevdax, 0},
+      {"kmem:node=2", SourceKind::kKmem, 0},
+      {"kmem:node=1?size=4G", SourceKind::kKmem, 4ull << 30},
+      {"file:/dev/shm/pool0?size=8G", SourceKind::kFile, 8ull << 30},
+      {"file:/tmp/x?size=64M&reserve=0", SourceKind::kFile, 64ull << 20},
+      {"memfd:?size=1T", SourceKind::kMemfd, 1ull << 40},
+      {"memfd:kv?size=512K", SourceKind::kMemfd, 512ull << 10},
+      {"devdax:/dev/dax1.0?shared=1", SourceKind::kDevdax, 0},
+  };
+  for (const auto& c : cases) {
+    auto s = ParseSourceSpec(c.text);
+    ASSERT_TRUE(s.ok()) << c.text << ": " << s.status();
+    EXPECT_EQ(s->kind, c.kind) << c.text;
+    EXPECT_EQ(s->size_bytes, c.size) << c.text;
+    auto again = ParseSourceSpec(s->ToString());
+    ASSERT_TRUE(again.ok()) << s->ToString();
+    EXPECT_EQ(*again, *s) << c.text << " -> " << s->ToString();
+  }
+  EXPECT_TRUE(ParseSourceSpec("devdax:/dev/dax1.0?shared=1")->shared);
+  EXPECT_FALSE(ParseSourceSpec("file:/a?size=4K&reserve=0")->reserve);
+}
+
+TEST(Spec, RejectsBadSpecsWithTheFix) {
+  for (const char* bad :
+       {"", "dax0.0", "nvme:/dev/nvme0", "devdax:dax0.0", "devdax:/dev/dax0.0?size=1G",
+        "kmem:2", "kmem:node=-1", "kmem:node=x", "file:", "file:/x?size=", "file:/x?size=12Q",
+        "file:/x?size=0", "file:/x?colour=red", "file:/x?size", "memfd:", "memfd:?size=99999999999T",
+        "file:/x?reserve=maybe"}) {
+    auto s = ParseSourceSpec(bad);
+    ASSERT_FALSE(s.ok()) << "accepted: " << bad;
+    EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << bad;
+    EXPECT_TRUE(Mentions(s.status(), "accepted forms")) << s.status();
+  }
+}
+
+TEST(Spec, Sizes) {
+  EXPECT_EQ(*ParseSize("4096"), 4096u);
+  EXPECT_EQ(*ParseSize("64K"), 65536u);
+  EXPECT_EQ(*ParseSize("2MiB"), 2u << 20);
+  EXPECT_EQ(*ParseSize("3g"), 3ull << 30);
+  EXPECT_FALSE(ParseSize("").ok());
+  EXPECT_FALSE(ParseSize("G").ok());
+  EXPECT_FALSE(ParseSize("1X").ok());
+  EXPECT_FALSE(ParseSize("20000000T").ok());
+  EXPECT_EQ(FormatBytes(5u << 20), "5 MiB");
+}
+
+TEST(KvLayout, Llama3_70BBlockIsFiveMiB) {
+  const KvLayout l = Llama3_70B();
+  EXPECT_EQ(l.BytesPerToken(), 320u * 1024);
+  EXPECT_EQ(l.BlockBytes(), 5u << 20);
+  EXPECT_EQ(*ParseKvLayout("L=80,H=8,D=128,B=2,T=16"), l);
+  EXPECT_TRUE(ParseKvLayout("llama3-8b").ok());
+  EXPECT_FALSE(ParseKvLayout("L=80,H=8,D=128,B=3,T=16").ok());
+  EXPECT_FALSE(ParseKvLayout("gpt-17").ok());
+  EXPECT_FALSE(ParseKvLayout("L=1,H=1,D=1,B=1,T=1").ok());  // 2 bytes: not 64-byte multiple
+}
+
+TEST(Region, MemfdAndFileBackends) {
+  auto m = MustOpen("memfd:?size=8M");
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->size_bytes(), 8u << 20);
+  std::memset(m->addr(), 0xAB, m->size_bytes());
+
+  ShmPath p("region");
+  {
+    auto f = MustOpen(p.spec("4M"));
+    ASSERT_NE(f, nullptr);
+    f->addr()[123] = std::byte{7};
+  }
+  auto again = MustOpen(p.spec());  // size taken from the existing file
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->size_bytes(), 4u << 20);
+  EXPECT_EQ(again->addr()[123], std::byte{7});
+}
+
+TEST(Region, KmemBindsToANode) {
+  auto r = OpenRegion("kmem:node=0?size=4M");
+  if (!r.ok() && absl::IsFailedPrecondition(r.status())) GTEST_SKIP() << r.status();
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::memset((*r)->addr(), 1, (*r)->size_bytes());
+  auto missing = OpenRegion("kmem:node=63");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
+  EXPECT_TRUE(Mentions(missing.status(), "cxlkvctl topology"));
+}
+
+TEST(Region, BadInputsAreNamed) {
+  auto none = OpenRegion("file:/dev/shm/cxlkv-no-such-file");
+  ASSERT_FALSE(none.ok());
+  EXPECT_TRUE(absl::IsNotFound(none.status()));
+  EXPECT_TRUE(Mentions(none.status(), "?size=")) << none.status();
+
+  auto dir = OpenRegion("file:/nonexistent-dir/x?size=1M");
+  ASSERT_FALSE(dir.ok());
+  EXPECT_TRUE(Mentions(dir.status(), "/nonexistent-dir/x")) << dir.status();
+
+  auto misaligned = OpenRegion("memfd:?size=5000");
+  ASSERT_FALSE(misaligned.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(misaligned.status()));
+  EXPECT_TRUE(Mentions(misaligned.status(), "multiple")) << misaligned.status();
+
+  ShmPath p("mismatch");
+  { ASSERT_NE(MustOpen(p.spec("1M")), nullptr); }
+  auto mismatch = OpenRegion(p.spec("2M"));
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_TRUE(Mentions(mismatch.status(), "drop size=")) << mismatch.status();
+
+  auto notfile = OpenRegion("file:/dev/shm?size=1M");
+  EXPECT_FALSE(notfile.ok());
+
+  auto nodax = OpenRegion("devdax:/dev/dax9.9");
+  ASSERT_FALSE(nodax.ok());
+  EXPECT_TRUE(Mentions(nodax.status(), "/dev/dax9.9")) << nodax.status();
+}
+
+TEST(Region, PermissionDeniedNamesTheFile) {
+  if (::geteuid() == 0) {
+    // root bypasses mode bits; use a read-only file system path instead.
+    auto st = OpenRegion("file:/proc/version");
+    ASSERT_FALSE(st.ok());
+    EXPECT_TRUE(Mentions(st.status(), "/proc/version")) << st.status();
+    return;
+  }
+  ShmPath p("perm");
+  { ASSERT_NE(MustOpen(p.spec("1M")), nullptr); }
+  ::chmod(p.path().c_str(), 0400);
+  auto st = OpenRegion(p.spec());
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(absl::IsPermissionDenied(st.status())) << st.status();
+}
+
+FormatOptions TinyOptions() {
+  FormatOptions o;
+  o.layout = TinyLayout();
+  o.owner_slots = 16;
+  return o;
+}
+
+TEST(Arena, FormatThenOpenSeesTheSameArena) {
+  ShmPath p("fmt");
+  Uuid uuid;
+  {
+    FormatOptions o = TinyOptions();
+    o.classes = {{16, 0, 3}, {64, 0, 1}};  // 4 KiB and 16 KiB blocks
+    auto a = MustFormat(p.spec("16M"), o);
+    ASSERT_NE(a, nullptr);
+    uuid = a->uuid();
+    EXPECT_EQ(a->class_count(), 2u);
+    EXPECT_EQ(a->class_record(0).block_bytes, 4096u);
+    EXPECT_EQ(a->class_record(1).block_bytes, 16384u);
+    const ArenaUsage u = a->Usage();
+    EXPECT_EQ(u.owners_active, 1u);
+    EXPECT_EQ(u.classes[0].free, u.classes[0].total);
+    EXPECT_GT(u.classes[0].total, 2 * u.classes[1].total);
+    EXPECT_LE(a->header().data_end_offset, a->region().size_bytes());
+  }
+  auto a = Arena::Open(MustOpen(p.spec()), OpenOptions{TinyLayout()});
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*a)->uuid(), uuid);
+  EXPECT_EQ((*a)->layout(), TinyLayout());
+}
+
+TEST(Arena, DefaultClassIsTheLayoutBlock) {
+  FormatOptions o;  // Llama-3-70B: 5 MiB blocks
+  auto a = MustFormat("memfd:?size=64M", o);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->class_record(0).block_bytes, 5u << 20);
+  EXPECT_EQ(a->class_record(0).block_count, 12u);
+}
+
+TEST(Arena, RefusesToOverwriteWithoutForce) {
+  ShmPath p("force");
+  { ASSERT_NE(MustFormat(p.spec("8M"), TinyOptions()), nullptr); }
+  auto again = Arena::Format(MustOpen(p.spec()), TinyOptions());
+  ASSERT_FALSE(again.ok());
+  EXPECT_TRUE(absl::IsAlreadyExists(again.status()));
+  EXPECT_TRUE(Mentions(again.status(), "--force")) << again.status();
+
+  FormatOptions forced = TinyOptions();
+  forced.force = true;
+  auto a = Arena::Format(MustOpen(p.spec()), forced);
+  ASSERT_TRUE(a.ok()) << a.status();
+
+  // In use by a live process (this one): refused even with force.
+  auto busy = Arena::Format(MustOpen(p.spec()), forced);
+  ASSERT_FALSE(busy.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(busy.status()));
+  EXPECT_TRUE(Mentions(busy.status(), "in use by pid")) << busy.status();
+}
+
+TEST(Arena, ForeignDataIsNeverOverwrittenSilently) {
+  ShmPath p("foreign");
+  {
+    auto r = MustOpen(p.spec("8M"));
+    std::memcpy(r->addr(), "SQLite format 3", 16);
+  }
+  auto open = Arena::Open(MustOpen(p.spec()));
+  ASSERT_FALSE(open.ok());
+  EXPECT_TRUE(Mentions(open.status(), "foreign")) << open.status();
+  auto fmt = Arena::Format(MustOpen(p.spec()), TinyOptions());
+  ASSERT_FALSE(fmt.ok());
+  EXPECT_TRUE(Mentions(fmt.status(), "--force")) << fmt.status();
+  auto r = MustOpen(p.spec());
+  EXPECT_EQ(std::memcmp(r->addr(), "SQLite format 3", 16), 0) << "foreign data was modified";
+}
+
+TEST(Arena, BlankAndInterruptedRegions) {
+  auto blank = Arena::Open(MustOpen("memfd:?size=8M"));
+  ASSERT_FALSE(blank.ok());
+  EXPECT_TRUE(absl::IsNotFound(blank.status()));
+  EXPECT_TRUE(Mentions(blank.status(), "format")) << blank.status();
+
+  ShmPath p("interrupted");
+  {
+    auto r = MustOpen(p.spec("8M"));
+    const std::uint64_t m = kFormattingMagic;
+    std::memcpy(r->addr(), &m, sizeof(m));
+  }
+  auto open = Arena::Open(MustOpen(p.spec()));
+  ASSERT_FALSE(open.ok());
+  EXPECT_TRUE(Mentions(open.status(), "interrupted")) << open.status();
+  EXPECT_TRUE(Arena::Format(MustOpen(p.spec()), TinyOptions()).ok()) << "no --force needed";
+}
+
+TEST(Arena, CorruptHeaderAndMapAreRefusedAndLeftAlone) {
+  ShmPath p("corrupt");
+  std::uint64_t map_offset = 0;
+  {
+    auto a = MustFormat(p.spec("8M"), TinyOptions());
+    map_offset = a->header().map_offset;
+  }
+  {
+    auto r = MustOpen(p.spec());
+    r->addr()[100] ^= std::byte{0x10};  // inside the sealed header
+  }
+  auto bad = Arena::Open(MustOpen(p.spec()));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::IsDataLoss(bad.status()));
+  EXPECT_TRUE(Mentions(bad.status(), "checksum")) << bad.status();
+  {
+    auto r = MustOpen(p.spec());
+    EXPECT_EQ(r->addr()[100] ^ std::byte{0x10}, r->addr()[100] ^ std::byte{0x10});
+    r->addr()[100] ^= std::byte{0x10};  // repair the header, break a map word instead
+    std::uint64_t w = PackWord(kAllocated, 99, 5, 0);  // owner 99 > 16 slots
+    std::memcpy(r->addr() + map_offset + 8 * 3, &w, 8);
+  }
+  auto badmap = Arena::Open(MustOpen(p.spec()));
+  ASSERT_FALSE(badmap.ok());
+  EXPECT_TRUE(absl::IsDataLoss(badmap.status()));
+  EXPECT_TRUE(Mentions(badmap.status(), "block 3")) << badmap.status();
+}
+
+TEST(Arena, VersionAndLayoutMismatch) {
+  ShmPath p("version");
+  { ASSERT_NE(MustFormat(p.spec("8M"), TinyOptions()), nullptr); }
+  auto other = Arena::Open(MustOpen(p.spec()), OpenOptions{Llama3_70B()});
+  ASSERT_FALSE(other.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(other.status()));
+  EXPECT_TRUE(Mentions(other.status(), "L=1,H=1,D=64")) << other.status();
+  {
+    auto r = MustOpen(p.spec());
+    ArenaHeader h;
+    std::memcpy(&h, r->addr(), sizeof(h));
+    coherence::Seal(h, kArenaMagic, kArenaVersion + 1, 1);
+    std::memcpy(r->addr(), &h, sizeof(h));
+  }
+  auto future = Arena::Open(MustOpen(p.spec()));
+  ASSERT_FALSE(future.ok());
+  EXPECT_TRUE(absl::IsUnimplemented(future.status())) << future.status();
+}
+
+TEST(Arena, TooSmallOrBadOptions) {
+  FormatOptions o;  // 5 MiB blocks in 4 MiB
+  auto small = Arena::Format(MustOpen("memfd:?size=4M"), o);
+  ASSERT_FALSE(small.ok());
+  EXPECT_TRUE(Mentions(small.status(), "too small")) << small.status();
+
+  FormatOptions bad = TinyOptions();
+  bad.owner_slots = 0;
+  EXPECT_FALSE(Arena::Format(MustOpen("memfd:?size=4M"), bad).ok());
+  bad = TinyOptions();
+  bad.classes.assign(9, ClassSpec{16, 0, 1});
+  EXPECT_FALSE(Arena::Format(MustOpen("memfd:?size=4M"), bad).ok());
+  bad = TinyOptions();
+  bad.classes = {{0, 100, 1}};  // not a multiple of 64
+  EXPECT_FALSE(Arena::Format(MustOpen("memfd:?size=4M"), bad).ok());
+}
+
+TEST(Arena, RegionSizeChangeIsRefused) {
+  ShmPath p("resize");
+  { ASSERT_NE(MustFormat(p.spec("8M"), TinyOptions()), nullptr); }
+  ASSERT_EQ(::truncate(p.path().c_str(), 4 << 20), 0);
+  auto a = Arena::Open(MustOpen(p.spec()));
+  ASSERT_FALSE(a.ok());
+  EXPECT_TRUE(Mentions(a.status(), "original size")) << a.status();
+}
+
+TEST(Arena, ClaimReleaseAndRecoverHints) {
+  auto a = MustFormat("memfd:?size=4M", TinyOptions());
+  ASSERT_NE(a, nullptr);
+  const std::uint32_t total = a->class_record(0).block_count;
+  std::vector<std::uint32_t> got(total + 10);
+  ASSERT_EQ(a->ClaimBatch(0, got.data(), got.size()), total);
+  EXPECT_EQ(a->ClaimBatch(0, got.data(), 1), 0u);
+  std::set<std::uint32_t> unique(got.begin(), got.begin() + total);
+  EXPECT_EQ(unique.size(), total);
+  a->ReleaseCached(got.data(), total);
+  EXPECT_EQ(a->Usage().classes[0].free, total);
+  // Lose every hint bit, as a crash between fetch_and and CAS would: Recover repairs them.
+  auto* hints = reinterpret_cast<std::uint64_t*>(a->region().addr() + a->class_record(0).hint_offset);
+  std::memset(hints, 0, (total + 63) / 64 * 8);
+  EXPECT_EQ(a->ClaimBatch(0, got.data(), 1), 0u);
+  EXPECT_EQ(a->Recover().hints_repaired, total);
+  EXPECT_EQ(a->ClaimBatch(0, got.data(), total), total);
+}
+
+}  // namespace
+}  // namespace cxlkv::pool
