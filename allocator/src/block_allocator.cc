@@ -147,7 +147,7 @@ bool BlockAllocator::Refill(ThreadCache* c, std::uint32_t cls) noexcept {
   const std::uint32_t want = std::max<std::uint32_t>(1, m.cap / 2);
   std::size_t got = arena_->ClaimBatch(cls, m.items + m.count, want);
   if (got == 0) {
-    arena_->Recover();  // dead owners' blocks and lost hints come back
+    arena_->MaybeRecover();  // dead owners' blocks and lost hints come back
     got = arena_->ClaimBatch(cls, m.items + m.count, want);
   }
   for (std::size_t i = 0; i < got; ++i) Poison(m.items[m.count + i]);
@@ -219,7 +219,7 @@ bool BlockAllocator::AllocBulk(std::uint32_t cls, std::size_t n, BlockHandle* ou
   std::vector<std::uint32_t> claimed(n - from_mag);
   std::size_t got = claimed.empty() ? 0 : arena_->ClaimBatch(cls, claimed.data(), claimed.size());
   if (got < claimed.size()) {
-    arena_->Recover();
+    arena_->MaybeRecover();
     got += arena_->ClaimBatch(cls, claimed.data() + got, claimed.size() - got);
   }
   if (got < claimed.size()) {  // all or nothing

@@ -328,6 +328,18 @@ std::uint32_t Arena::ReclaimOwners(const std::vector<std::uint32_t>& slots) {
   return reclaimed;
 }
 
+RecoveryReport Arena::MaybeRecover() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  const std::int64_t now = ts.tv_sec * 1000000000ll + ts.tv_nsec;
+  std::int64_t last = last_recover_ns_.load(std::memory_order_relaxed);
+  if (now - last < 1000000 ||
+      !last_recover_ns_.compare_exchange_strong(last, now, std::memory_order_relaxed)) {
+    return RecoveryReport{};
+  }
+  return Recover();
+}
+
 RecoveryReport Arena::Recover() {
   RecoveryReport report;
   const internal::Identity self = internal::SelfIdentity();

@@ -287,7 +287,7 @@ uint64_t FloorPow2GiB(uint64_t bytes) {
 }
 
 template <typename T>
-const T* FindByName(const std::vector<T>& items, std::string_view name) {
+const T* FindByName(const std::vector<T>& items, absl::string_view name) {
   for (const T& item : items) {
     if (item.name == name) return &item;
   }
@@ -324,7 +324,7 @@ bool IsPhysicalSwitch(const CxlPort& port) {
   return !port.is_root && port.libcxl_is_switch && port.depth >= 2;
 }
 
-std::string_view SourceClassName(SourceClass c) {
+absl::string_view SourceClassName(SourceClass c) {
   return c == SourceClass::kSwitchPooled ? "switch-pooled" : "expanded";
 }
 
@@ -503,8 +503,8 @@ using Rows = std::vector<std::vector<std::string>>;
 
 // Appends "title:" and `rows` (the first is the header) as left-aligned columns indented by
 // two spaces, or "title: none" when there is only the header.
-void AppendSection(std::string_view title, const Rows& rows, std::string* out) {
-  out->append(title);
+void AppendSection(absl::string_view title, const Rows& rows, std::string* out) {
+  absl::StrAppend(out, title);
   if (rows.size() <= 1) {
     out->append(": none\n\n");
     return;

@@ -130,6 +130,9 @@ class Arena {
   // Reclaims the blocks of dead owners on this host and repairs lost free hints. Safe to
   // run concurrently with allocation in this and other processes.
   RecoveryReport Recover();
+  // Recover() unless this process ran one in the last millisecond: for allocation failure
+  // paths, so a full pool does not turn every failed allocation into a map scan.
+  RecoveryReport MaybeRecover();
   // Ensures this process holds an owner slot (reattaches after fork()).
   absl::Status EnsureAttached();
 
@@ -151,6 +154,7 @@ class Arena {
   std::uint32_t attached_pid_ = 0;
   std::mutex attach_mu_;
   std::array<std::atomic<std::uint32_t>, kMaxClasses> cursor_{};  // hint word to try first
+  std::atomic<std::int64_t> last_recover_ns_{0};
 };
 
 // Validation used by Open() and by the fuzzer: bounds, alignment and overlap of every

@@ -13,8 +13,9 @@
 // Key types: Topology, a plain value made of vectors of small structs (no handles into the
 // libraries; copy it, compare it, build it by hand in tests); Source; and Classify(), the
 // pure function that derives sources and cross-references from discovered facts.
-// Rendering: TopologyToJson() (stable snake_case keys, sizes in bytes as integers: the test
-// oracle and the `cxlkvctl topology --json` output) and TopologyToText() (human tables).
+// Rendering: TopologyToJson() (stable snake_case keys equal to the field names below, sizes in
+// bytes as integers: the test oracle and the `cxlkvctl topology --json` output) and
+// TopologyToText() (human tables).
 //
 // Thread-safety: every function is reentrant and may run concurrently; DiscoverTopology()
 // creates and releases its own library contexts per call. Everything returns by value.
@@ -24,10 +25,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace cxlkv::pool {
 
@@ -149,7 +150,7 @@ struct NumaNode {
 enum class SourceClass { kExpanded, kSwitchPooled };
 
 // "expanded" or "switch-pooled".
-[[nodiscard]] std::string_view SourceClassName(SourceClass c);
+[[nodiscard]] absl::string_view SourceClassName(SourceClass c);
 
 // One memory source cxlkv can carve arenas from.
 struct Source {
@@ -189,10 +190,12 @@ struct DiscoverOptions {
   std::vector<std::string> declared_shared;
 };
 
-// Discovers the CXL hierarchy, DAX devices and NUMA nodes of this host, then Classify()s.
-// A host with no CXL, no DAX or a single NUMA node is a success with empty lists.
-// Errors: kInternal / kUnavailable naming the library ("libcxl: cxl_new: ...") when a
-// library context cannot be created although its sysfs bus exists.
+// Discovers the CXL hierarchy, DAX devices and NUMA nodes of this host, then Classify()s and
+// fills emulated_options. A host with no CXL, no DAX or a single NUMA node is a success with
+// empty lists; library log lines and non-fatal oddities land in Topology::warnings.
+// Errors: a library context that cannot be created although its sysfs bus exists
+// (/sys/bus/cxl, /sys/bus/dax) gives the errno's status code with the library named, e.g.
+// "libcxl: cxl_new: cannot create a context although /sys/bus/cxl exists; ...: Out of memory".
 // Cost: walks sysfs through the libraries; milliseconds. Not for hot paths.
 [[nodiscard]] absl::StatusOr<Topology> DiscoverTopology(const DiscoverOptions& opts = {});
 
@@ -202,7 +205,8 @@ struct DiscoverOptions {
 // CPU-less memory nodes this process may allocate on. A source is switch-pooled when a CXL
 // region behind it decodes through a physical switch port, or when its spec is listed in
 // `declared_shared`; otherwise expanded. Appends a warning for each declared spec that
-// matches no source. Pure: touches no system state; safe on synthetic input.
+// matches no source. Pure apart from reading the page size (the alignment of kmem sources);
+// safe on synthetic input, and idempotent.
 [[nodiscard]] Topology Classify(Topology topo, const std::vector<std::string>& declared_shared);
 
 // Emulated specs for a host with `free_bytes` of free memory: "file:/dev/shm/cxlkv-pool0?
@@ -213,9 +217,12 @@ struct DiscoverOptions {
 [[nodiscard]] std::vector<std::string> EmulatedOptions(uint64_t free_bytes,
                                                        std::optional<uint64_t> shm_available_bytes);
 
-// The topology as JSON text; `indent` < 0 gives one line. Keys are stable snake_case; the
-// top level has "cxl_present", "cxl_absent_reason", "cxl", "dax", "numa", "sources",
-// "emulated_options" and "warnings". Never fails.
+// The topology as JSON text; `indent` < 0 gives one line. Keys are sorted and stable: the top
+// level has "cxl_present", "cxl_absent_reason", "cxl" {"buses", "ports", "endpoints",
+// "memdevs", "decoders", "regions"}, "dax" {"regions", "devices"}, "numa" {"available",
+// "nodes"}, "sources", "emulated_options" and "warnings"; each element's keys are its struct's
+// field names, plus "is_switch" (IsPhysicalSwitch) on ports and "cpu_less" on NUMA nodes.
+// Sizes and addresses are integers (bytes). Never fails; invalid UTF-8 is replaced.
 [[nodiscard]] std::string TopologyToJson(const Topology& topo, int indent = 2);
 
 // The topology as human-readable tables, ending with the usable and emulated sources.

@@ -1,0 +1,30 @@
+// cxlkvctl subcommands: one Add*Command per subcommand, each defined in its own
+// tools/cxlkvctl/<name>_cmd.cc, so engineers add subcommands without touching each other's
+// files.
+//
+// To add a subcommand: declare `void AddFooCommand(CLI::App& app);` below, define it in
+// foo_cmd.cc (add the file to tools/CMakeLists.txt), and call it from main.cc.
+//
+// Contract for every Add*Command: it registers one subcommand on `app` whose callback runs
+// the command. On success the callback returns normally (exit 0). On failure it prints one
+// message to stderr naming the object and the fix, then throws CLI::RuntimeError(1); main()
+// turns that into exit code 1. Usage errors are CLI11 parse errors: exit code 2.
+#ifndef CXLKV_TOOLS_CXLKVCTL_COMMANDS_H_
+#define CXLKV_TOOLS_CXLKVCTL_COMMANDS_H_
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace cxlkv::ctl {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitError = 1;
+inline constexpr int kExitUsage = 2;
+
+// `cxlkvctl topology [--json] [--declared-shared SPEC]...`: CXL, DAX and NUMA discovery.
+void AddTopologyCommand(CLI::App& app);
+
+}  // namespace cxlkv::ctl
+
+#endif  // CXLKV_TOOLS_CXLKVCTL_COMMANDS_H_
