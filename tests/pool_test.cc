@@ -1,6 +1,7 @@
 // pool/: source specs, region backends, arena format/open and every bad-input path.
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -149,19 +150,26 @@ TEST(Region, BadInputsAreNamed) {
 }
 
 TEST(Region, PermissionDeniedNamesTheFile) {
-  if (::geteuid() == 0) {
-    // root bypasses mode bits; use a read-only file system path instead.
-    auto st = OpenRegion("file:/proc/version");
-    ASSERT_FALSE(st.ok());
-    EXPECT_TRUE(Mentions(st.status(), "/proc/version")) << st.status();
-    return;
-  }
   ShmPath p("perm");
   { ASSERT_NE(MustOpen(p.spec("1M")), nullptr); }
-  ::chmod(p.path().c_str(), 0400);
-  auto st = OpenRegion(p.spec());
-  ASSERT_FALSE(st.ok());
-  EXPECT_TRUE(absl::IsPermissionDenied(st.status())) << st.status();
+  // As root, a child drops to nobody and meets a 0600 root file; otherwise the owner meets
+  // a 0000 file. Either way open(2) fails with EACCES.
+  const bool root = ::geteuid() == 0;
+  ASSERT_EQ(::chmod(p.path().c_str(), root ? 0600 : 0000), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (root && ::setresuid(65534, 65534, 65534) != 0) ::_exit(10);
+    auto st = OpenRegion(p.spec());
+    if (st.ok()) ::_exit(1);
+    if (!absl::IsPermissionDenied(st.status())) ::_exit(2);
+    if (!Mentions(st.status(), p.path())) ::_exit(3);
+    if (!Mentions(st.status(), "owner and mode")) ::_exit(4);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 FormatOptions TinyOptions() {

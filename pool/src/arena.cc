@@ -478,36 +478,6 @@ std::int64_t Arena::IndexOfAddr(const void* addr) const noexcept {
   return -1;
 }
 
-ArenaUsage Arena::Usage() const {
-  ArenaUsage u;
-  u.region_bytes = header_.region_bytes;
-  u.metadata_bytes = header_.metadata_bytes;
-  for (std::uint32_t s = 0; s < header_.owner_slots; ++s) {
-    if (SlotWordState(slots_[s].state.load(std::memory_order_acquire)) == kSlotActive) {
-      ++u.owners_active;
-    }
-  }
-  for (std::uint32_t c = 0; c < header_.class_count; ++c) {
-    const ClassRecord& k = header_.classes[c];
-    ClassUsage cu;
-    cu.block_bytes = k.block_bytes;
-    cu.stride_bytes = k.stride_bytes;
-    cu.total = k.block_count;
-    std::uint32_t run = 0;
-    for (std::uint32_t i = 0; i < k.block_count; ++i) {
-      const std::uint64_t w = words_[k.first_index + i].load(std::memory_order_relaxed);
-      switch (WordState(w)) {
-        case kFree: ++cu.free; ++run; break;
-        case kCached: ++cu.cached; run = 0; break;
-        default:
-          if (WordOwner(w) == 0) ++cu.persisted; else ++cu.allocated;
-          run = 0;
-      }
-      cu.largest_free_run = std::max(cu.largest_free_run, run);
-    }
-    u.classes.push_back(cu);
-  }
-  return u;
-}
+ArenaUsage Arena::Usage() const { return ScanUsage(header_, region_->addr()); }
 
 }  // namespace cxlkv::pool

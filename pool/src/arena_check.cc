@@ -1,6 +1,7 @@
 // Validation of untrusted arena images: header seal, geometry, owner slots, map words.
 // Everything here reads a region that another (possibly buggy or hostile) writer produced,
 // so every offset is bounds-checked before use. Fuzzed by fuzz/arena_fuzz.cc.
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/string_view.h"
@@ -155,6 +156,50 @@ absl::Status ValidateMap(const ArenaHeader& h, const std::byte* base, absl::stri
     }
   }
   return absl::OkStatus();
+}
+
+ArenaUsage ScanUsage(const ArenaHeader& h, const std::byte* base) {
+  ArenaUsage u;
+  u.region_bytes = h.region_bytes;
+  u.metadata_bytes = h.metadata_bytes;
+  const auto* slots = reinterpret_cast<const OwnerSlot*>(base + h.owner_table_offset);
+  for (std::uint32_t s = 0; s < h.owner_slots; ++s) {
+    if (SlotWordState(slots[s].state.load(std::memory_order_acquire)) == kSlotActive) {
+      ++u.owners_active;
+    }
+  }
+  const auto* words = reinterpret_cast<const BlockWord*>(base + h.map_offset);
+  for (std::uint32_t c = 0; c < h.class_count; ++c) {
+    const ClassRecord& k = h.classes[c];
+    ClassUsage cu;
+    cu.block_bytes = k.block_bytes;
+    cu.stride_bytes = k.stride_bytes;
+    cu.total = k.block_count;
+    std::uint32_t run = 0;
+    for (std::uint32_t i = 0; i < k.block_count; ++i) {
+      const std::uint64_t w = words[k.first_index + i].load(std::memory_order_relaxed);
+      switch (WordState(w)) {
+        case kFree:
+          ++cu.free;
+          ++run;
+          break;
+        case kCached:
+          ++cu.cached;
+          run = 0;
+          break;
+        default:
+          if (WordOwner(w) == 0) {
+            ++cu.persisted;
+          } else {
+            ++cu.allocated;
+          }
+          run = 0;
+      }
+      cu.largest_free_run = std::max(cu.largest_free_run, run);
+    }
+    u.classes.push_back(cu);
+  }
+  return u;
 }
 
 }  // namespace cxlkv::pool

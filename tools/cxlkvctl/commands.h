@@ -25,6 +25,9 @@ inline constexpr int kExitUsage = 2;
 // `cxlkvctl topology [--json] [--declared-shared SPEC]...`: CXL, DAX and NUMA discovery.
 void AddTopologyCommand(CLI::App& app);
 
+// `cxlkvctl arena format|info|recover SPEC`: create, inspect (read-only) and recover arenas.
+void AddArenaCommand(CLI::App& app);
+
 }  // namespace cxlkv::ctl
 
 #endif  // CXLKV_TOOLS_CXLKVCTL_COMMANDS_H_

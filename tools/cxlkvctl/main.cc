@@ -15,6 +15,7 @@ int main(int argc, char** argv) try {
   app.fallthrough();
 
   cxlkv::ctl::AddTopologyCommand(app);
+  cxlkv::ctl::AddArenaCommand(app);
 
   try {
     app.parse(argc, argv);

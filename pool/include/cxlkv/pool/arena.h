@@ -164,6 +164,8 @@ absl::Status ValidateGeometry(const ArenaHeader& h, std::uint64_t region_bytes,
 // Checks every owner slot state and map word of a region image whose header passed
 // ValidateGeometry. Names the first bad block or slot.
 absl::Status ValidateMap(const ArenaHeader& h, const std::byte* base, absl::string_view what);
+// Counts blocks by state from a validated image, without attaching (read-only).
+ArenaUsage ScanUsage(const ArenaHeader& h, const std::byte* base);
 // Header checks that need no map: record seal, magic states, geometry.
 absl::Status ValidateHeaderBytes(const std::byte* base, std::uint64_t region_bytes,
                                  absl::string_view what, ArenaHeader* out);
