@@ -95,7 +95,7 @@ struct TlsSlot {
   std::uint64_t uid;
   ThreadCache* cache;
 };
-extern thread_local TlsSlot tls_slots[kMaxAllocators] __attribute__((tls_model("initial-exec")));
+extern constinit thread_local TlsSlot tls_slots[kMaxAllocators] __attribute__((tls_model("initial-exec")));
 
 inline constexpr std::uint64_t kCachedToAllocated = 1ull << pool::kStateShift;
 inline constexpr std::uint64_t kStateMask = 3ull << pool::kStateShift;
