@@ -195,10 +195,7 @@ FreeResult BlockAllocator::FreeSlow(BlockHandle h) noexcept {
     const std::uint32_t cls = pool::WordClass(v);
     Magazine& m = c->mags[cls];
     if (m.count >= m.cap) Drain(m, cls, m.cap / 2);
-    words_[h.index].store((v & ~(pool::kGenMask | internal::kStateMask)) |
-                              (std::uint64_t{pool::kCached} << pool::kStateShift) |
-                              ((v + 1) & pool::kGenMask),
-                          std::memory_order_relaxed);
+    words_[h.index].store(internal::CachedAfterFree(v), std::memory_order_relaxed);
     m.items[m.count++] = h.index;
     c->frees[cls].Inc();
     Poison(h.index);

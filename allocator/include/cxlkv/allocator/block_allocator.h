@@ -101,6 +101,13 @@ inline constexpr std::uint64_t kCachedToAllocated = 1ull << pool::kStateShift;
 inline constexpr std::uint64_t kStateMask = 3ull << pool::kStateShift;
 inline constexpr std::uint64_t kClassMask = 7ull << pool::kClassShift;
 inline constexpr std::uint64_t kNeverOwner = 1ull << 63;  // matches no valid map word
+
+// The map word of an allocated block after its owner frees it into a cache: kCached, same
+// owner and class, next generation (refs to the freed use stop resolving).
+constexpr std::uint64_t CachedAfterFree(std::uint64_t v) {
+  return (v & ~(pool::kGenMask | kStateMask)) |
+         (std::uint64_t{pool::kCached} << pool::kStateShift) | ((v + 1) & pool::kGenMask);
+}
 }  // namespace internal
 
 class BlockAllocator {
@@ -205,10 +212,7 @@ inline FreeResult BlockAllocator::Free(BlockHandle h) noexcept {
       const std::uint32_t cls = pool::WordClass(v);
       internal::Magazine& m = t.cache->mags[cls];
       if (m.count < m.cap) [[likely]] {
-        // kAllocated -> kCached with the next generation: refs to this use stop resolving.
-        w.store((v & ~(pool::kGenMask | internal::kStateMask)) |
-                    (std::uint64_t{pool::kCached} << pool::kStateShift) | ((v + 1) & pool::kGenMask),
-                std::memory_order_relaxed);
+        w.store(internal::CachedAfterFree(v), std::memory_order_relaxed);
         m.items[m.count++] = h.index;
         t.cache->frees[cls].Inc();
         Poison(h.index);
