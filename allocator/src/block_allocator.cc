@@ -213,7 +213,10 @@ bool BlockAllocator::AllocBulk(std::uint32_t cls, std::size_t n, BlockHandle* ou
   if (c == nullptr) return false;
   Magazine& m = c->mags[cls];
   const std::size_t from_mag = std::min<std::size_t>(m.count, n);
-  std::vector<std::uint32_t> claimed(n - from_mag);
+  // Reused per thread: a bulk allocation does not go to the heap.
+  thread_local std::vector<std::uint32_t> scratch;
+  scratch.resize(n - from_mag);
+  std::vector<std::uint32_t>& claimed = scratch;
   std::size_t got = claimed.empty() ? 0 : arena_->ClaimBatch(cls, claimed.data(), claimed.size());
   if (got < claimed.size()) {
     arena_->MaybeRecover();
@@ -242,8 +245,40 @@ bool BlockAllocator::AllocBulk(std::uint32_t cls, std::size_t n, BlockHandle* ou
 }
 
 std::size_t BlockAllocator::FreeBulk(const BlockHandle* handles, std::size_t n) noexcept {
+  ThreadCache* c = EnsureCache();
+  if (c == nullptr) {
+    std::size_t ok = 0;
+    for (std::size_t i = 0; i < n; ++i) ok += FreeSlow(handles[i]) == FreeResult::kOk;
+    return ok;
+  }
+  // Our own blocks go to the magazine while it has room and back to the arena in one
+  // batch after that (one hint update per hint word); anything else takes FreeSlow.
+  thread_local std::vector<std::uint32_t> overflow;
+  overflow.clear();
   std::size_t ok = 0;
-  for (std::size_t i = 0; i < n; ++i) ok += Free(handles[i]) == FreeResult::kOk;
+  for (std::size_t i = 0; i < n; ++i) {
+    const BlockHandle h = handles[i];
+    const std::uint64_t v =
+        h.index < total_blocks_ ? words_[h.index].load(std::memory_order_relaxed) : 0;
+    const std::uint64_t expect =
+        owner_bits_ | (std::uint64_t{pool::kAllocated} << pool::kStateShift) | h.generation;
+    if (h.index >= total_blocks_ || (v & ~internal::kClassMask) != expect) {
+      ok += FreeSlow(h) == FreeResult::kOk;
+      continue;
+    }
+    const std::uint32_t cls = pool::WordClass(v);
+    words_[h.index].store(internal::CachedAfterFree(v), std::memory_order_relaxed);
+    c->frees[cls].Inc();
+    Magazine& m = c->mags[cls];
+    if (m.count < m.cap) {
+      m.items[m.count++] = h.index;
+      Poison(h.index);
+    } else {
+      overflow.push_back(h.index);
+    }
+    ++ok;
+  }
+  if (!overflow.empty()) arena_->ReleaseCached(overflow.data(), overflow.size());
   return ok;
 }
 

@@ -1,6 +1,7 @@
 // Arena format, open, owner attach/detach, batch claim/release and recovery.
 #include "cxlkv/pool/arena.h"
 
+#include <pthread.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,6 +26,16 @@ std::uint64_t NowUnixNs() {
   ::clock_gettime(CLOCK_REALTIME, &ts);
   return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
          static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// Bumped in every forked child, so EnsureAttached() can tell "still the process that
+// attached" without a getpid() system call on each batch.
+std::atomic<std::uint64_t> fork_epoch{0};
+void OnForkChild() { fork_epoch.fetch_add(1, std::memory_order_relaxed); }
+std::uint64_t ForkEpoch() {
+  static const bool registered = [] { return ::pthread_atfork(nullptr, nullptr, &OnForkChild) == 0; }();
+  (void)registered;
+  return fork_epoch.load(std::memory_order_relaxed);
 }
 
 std::atomic<std::uint64_t>* Hints(std::byte* base, const ClassRecord& k) {
@@ -230,6 +241,11 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Open(std::unique_ptr<Region> regio
   std::memcpy(a->uuid_.data(), a->header_.uuid, a->uuid_.size());
   a->words_ = reinterpret_cast<BlockWord*>(region->addr() + a->header_.map_offset);
   a->slots_ = reinterpret_cast<OwnerSlot*>(region->addr() + a->header_.owner_table_offset);
+  for (std::uint32_t c = 0; c < a->header_.class_count; ++c) {
+    const ClassRecord& k = a->header_.classes[c];
+    a->block_bias_[c] = reinterpret_cast<std::uintptr_t>(region->addr()) + k.data_offset -
+                        std::uint64_t{k.first_index} * k.stride_bytes;
+  }
   a->region_ = std::move(region);
   a->Recover();
   {
@@ -263,6 +279,7 @@ absl::Status Arena::Attach() {
       slot.state.store(SlotWord(kSlotActive, self.pid, epoch), std::memory_order_release);
       owner_id_.store(s + 1, std::memory_order_relaxed);
       attached_pid_ = self.pid;
+      attached_fork_epoch_ = ForkEpoch();
       return absl::OkStatus();
     }
     Recover();
@@ -288,9 +305,8 @@ void Arena::Detach() {
 }
 
 absl::Status Arena::EnsureAttached() {
-  const auto pid = static_cast<std::uint32_t>(::getpid());
   std::lock_guard<std::mutex> lock(attach_mu_);
-  if (attached_pid_ == pid && owner_id_.load(std::memory_order_relaxed) != 0) {
+  if (attached_fork_epoch_ == ForkEpoch() && owner_id_.load(std::memory_order_relaxed) != 0) {
     return absl::OkStatus();
   }
   owner_id_.store(0, std::memory_order_relaxed);  // forked child: the parent's slot is not ours
@@ -376,7 +392,12 @@ RecoveryReport Arena::Recover() {
 }
 
 std::size_t Arena::ClaimBatch(std::uint32_t cls, std::uint32_t* out, std::size_t n) noexcept {
-  if (cls >= header_.class_count || n == 0 || !EnsureAttached().ok()) return 0;
+  if (cls >= header_.class_count || n == 0) return 0;
+  // Unlocked fast check; the slow path (first call after fork) takes the mutex.
+  if ((attached_fork_epoch_ != ForkEpoch() || owner_id_.load(std::memory_order_relaxed) == 0) &&
+      !EnsureAttached().ok()) {
+    return 0;
+  }
   const std::uint32_t owner = owner_id_.load(std::memory_order_relaxed);
   const ClassRecord& k = header_.classes[cls];
   auto* hints = Hints(region_->addr(), k);
@@ -415,6 +436,10 @@ std::size_t Arena::ClaimBatch(std::uint32_t cls, std::uint32_t* out, std::size_t
 
 void Arena::ReleaseCached(const std::uint32_t* indexes, std::size_t n) noexcept {
   const std::uint32_t owner = owner_id_.load(std::memory_order_relaxed);
+  // Hint bits are set after their words, one fetch_or per run of indexes that share a hint
+  // word (a drained magazine is mostly such runs).
+  std::atomic<std::uint64_t>* pending_word = nullptr;
+  std::uint64_t pending_bits = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t index = indexes[i];
     const std::uint64_t w = words_[index].load(std::memory_order_relaxed);
@@ -425,8 +450,15 @@ void Arena::ReleaseCached(const std::uint32_t* indexes, std::size_t n) noexcept 
     // never a hint for a block someone owns.
     words_[index].store(PackWord(kFree, 0, WordGen(w), cls), std::memory_order_release);
     const std::uint32_t i_in = index - k.first_index;
-    Hints(region_->addr(), k)[i_in / 64].fetch_or(1ull << (i_in % 64), std::memory_order_release);
+    std::atomic<std::uint64_t>* hint = &Hints(region_->addr(), k)[i_in / 64];
+    if (hint != pending_word) {
+      if (pending_word != nullptr) pending_word->fetch_or(pending_bits, std::memory_order_release);
+      pending_word = hint;
+      pending_bits = 0;
+    }
+    pending_bits |= 1ull << (i_in % 64);
   }
+  if (pending_word != nullptr) pending_word->fetch_or(pending_bits, std::memory_order_release);
 }
 
 bool Arena::Persist(std::uint32_t index, std::uint32_t gen) noexcept {
@@ -454,12 +486,6 @@ bool Arena::FreeShared(std::uint32_t index, std::uint32_t gen) noexcept {
     }
   }
   return false;
-}
-
-std::byte* Arena::BlockAddr(std::uint32_t index) const noexcept {
-  const std::uint32_t cls = WordClass(words_[index].load(std::memory_order_relaxed));
-  const ClassRecord& k = header_.classes[cls];
-  return region_->addr() + k.data_offset + std::uint64_t{index - k.first_index} * k.stride_bytes;
 }
 
 std::int64_t Arena::IndexOfAddr(const void* addr) const noexcept {

@@ -108,8 +108,12 @@ class Arena {
   // Map word of block `index` (global index, < total_blocks()).
   BlockWord& word(std::uint32_t index) const noexcept { return words_[index]; }
   BlockWord* words() const noexcept { return words_; }
-  // Address of block `index` in this process.
-  std::byte* BlockAddr(std::uint32_t index) const noexcept;
+  // Address of block `index` in this process. Inline: one map-word load for the class.
+  std::byte* BlockAddr(std::uint32_t index) const noexcept {
+    const std::uint32_t cls = WordClass(words_[index].load(std::memory_order_relaxed));
+    return reinterpret_cast<std::byte*>(block_bias_[cls] +
+                                        std::uint64_t{index} * header_.classes[cls].stride_bytes);
+  }
   // Global index of the block containing addr, or -1 if addr is not inside a block start.
   std::int64_t IndexOfAddr(const void* addr) const noexcept;
   // This process's owner id as stored in map words (slot + 1); 0 before attach.
@@ -152,6 +156,10 @@ class Arena {
   OwnerSlot* slots_ = nullptr;
   std::atomic<std::uint32_t> owner_id_{0};
   std::uint32_t attached_pid_ = 0;
+  std::uint64_t attached_fork_epoch_ = 0;  // see ForkEpoch() in arena.cc
+  // Per class: address of region base + data_offset - first_index * stride, as an integer
+  // (it may lie before the region), so a block's address is bias + index * stride.
+  std::array<std::uintptr_t, kMaxClasses> block_bias_{};
   std::mutex attach_mu_;
   std::array<std::atomic<std::uint32_t>, kMaxClasses> cursor_{};  // hint word to try first
   std::atomic<std::int64_t> last_recover_ns_{0};
