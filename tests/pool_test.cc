@@ -338,6 +338,45 @@ TEST(Arena, RegionSizeChangeIsRefused) {
   EXPECT_TRUE(Mentions(a.status(), "original size")) << a.status();
 }
 
+TEST(Arena, ReadOnlyOpenResolvesWithoutWriting) {
+  ShmPath p("readonly");
+  Uuid uuid;
+  std::uint32_t index = 0, gen = 0;
+  {
+    auto a = MustFormat(p.spec("4M"), TinyOptions());
+    std::uint32_t got[1];
+    ASSERT_EQ(a->ClaimBatch(0, got, 1), 1u);
+    index = got[0];
+    // Allocate and persist by hand, as the allocator would.
+    std::uint64_t w = a->word(index).load();
+    a->word(index).store(PackWord(kAllocated, a->owner_id(), WordGen(w), 0));
+    gen = WordGen(w);
+    ASSERT_TRUE(a->Persist(index, gen));
+    std::memcpy(a->BlockAddr(index), "shared", 7);
+    uuid = a->uuid();
+  }
+  auto before = MustOpen(p.spec());
+  std::vector<std::byte> image(before->addr(), before->addr() + before->size_bytes());
+  OpenOptions ro;
+  ro.read_only = true;
+  auto a = Arena::Open(MustOpen(p.spec()), ro);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto addr = (*a)->Resolve(uuid, index, gen);
+  ASSERT_TRUE(addr.ok()) << addr.status();
+  EXPECT_STREQ(reinterpret_cast<const char*>(*addr), "shared");
+  EXPECT_FALSE((*a)->Resolve(uuid, index, gen + 1).ok());
+  Uuid other = uuid;
+  other[0] ^= 1;
+  EXPECT_FALSE((*a)->Resolve(other, index, gen).ok());
+  EXPECT_FALSE((*a)->Resolve(uuid, (*a)->total_blocks(), gen).ok());
+  std::uint32_t got[1];
+  EXPECT_EQ((*a)->ClaimBatch(0, got, 1), 0u);
+  EXPECT_FALSE((*a)->Persist(index, gen));
+  a->reset();
+  EXPECT_EQ(std::memcmp(image.data(), before->addr(), image.size()), 0)
+      << "a read-only open wrote to the region";
+}
+
 TEST(Arena, ClaimReleaseAndRecoverHints) {
   auto a = MustFormat("memfd:?size=4M", TinyOptions());
   ASSERT_NE(a, nullptr);

@@ -88,6 +88,10 @@ absl::StatusOr<std::unique_ptr<BlockAllocator>> BlockAllocator::Create(
     ::pthread_atfork(&AllocatorRegistry::Prepare, &AllocatorRegistry::Parent,
                      &AllocatorRegistry::Child);
   });
+  if (arena->read_only()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        arena->region().name(), ": cannot allocate from an arena opened read-only"));
+  }
   std::unique_ptr<BlockAllocator> a(new BlockAllocator(std::move(arena)));
   AllocatorRegistry& r = AllocatorRegistry::Get();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -283,22 +287,7 @@ std::size_t BlockAllocator::FreeBulk(const BlockHandle* handles, std::size_t n) 
 }
 
 absl::StatusOr<std::byte*> BlockAllocator::Resolve(const BlockRef& ref) const {
-  if (ref.arena != arena_->uuid()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block ref names arena ", pool::UuidToString(ref.arena), ", but this is arena ",
-        pool::UuidToString(arena_->uuid()), "; resolve it with the arena that issued it"));
-  }
-  if (ref.index >= total_blocks_) {
-    return absl::OutOfRangeError(absl::StrCat("block ref index ", ref.index, " is beyond the ",
-                                              total_blocks_, " blocks of this arena"));
-  }
-  const std::uint64_t v = words_[ref.index].load(std::memory_order_acquire);
-  if (pool::WordState(v) != pool::kAllocated || pool::WordGen(v) != ref.generation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "block ", ref.index, " generation ", ref.generation,
-        " is stale (the block was freed; current generation ", pool::WordGen(v), ")"));
-  }
-  return arena_->BlockAddr(ref.index);
+  return arena_->Resolve(ref.arena, ref.index, ref.generation);
 }
 
 absl::StatusOr<BlockRef> BlockAllocator::RefOf(const void* addr) const {

@@ -247,6 +247,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Open(std::unique_ptr<Region> regio
                         std::uint64_t{k.first_index} * k.stride_bytes;
   }
   a->region_ = std::move(region);
+  a->read_only_ = options.read_only;
+  if (a->read_only_) return a;
   a->Recover();
   {
     std::lock_guard<std::mutex> lock(a->attach_mu_);
@@ -305,6 +307,10 @@ void Arena::Detach() {
 }
 
 absl::Status Arena::EnsureAttached() {
+  if (read_only_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(region_->name(), ": arena was opened read-only; it cannot allocate"));
+  }
   std::lock_guard<std::mutex> lock(attach_mu_);
   if (attached_fork_epoch_ == ForkEpoch() && owner_id_.load(std::memory_order_relaxed) != 0) {
     return absl::OkStatus();
@@ -486,6 +492,26 @@ bool Arena::FreeShared(std::uint32_t index, std::uint32_t gen) noexcept {
     }
   }
   return false;
+}
+
+absl::StatusOr<std::byte*> Arena::Resolve(const Uuid& arena, std::uint32_t index,
+                                           std::uint32_t generation) const {
+  if (arena != uuid_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block ref names arena ", UuidToString(arena), ", but this is arena ",
+        UuidToString(uuid_), "; resolve it with the arena that issued it"));
+  }
+  if (index >= header_.total_blocks) {
+    return absl::OutOfRangeError(absl::StrCat("block ref index ", index, " is beyond the ",
+                                              header_.total_blocks, " blocks of this arena"));
+  }
+  const std::uint64_t v = words_[index].load(std::memory_order_acquire);
+  if (WordState(v) != kAllocated || WordGen(v) != generation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block ", index, " generation ", generation,
+        " is stale (the block was freed; current generation ", WordGen(v), ")"));
+  }
+  return BlockAddr(index);
 }
 
 std::int64_t Arena::IndexOfAddr(const void* addr) const noexcept {

@@ -55,13 +55,14 @@ std::uint32_t IdentityCrc(const OwnerSlot& s) {
 
 Identity SelfIdentity() {
   static const std::uint64_t boot = HashText(ReadSmallFile("/proc/sys/kernel/random/boot_id"));
+  // A machine is named by /etc/machine-id, else the DMI product uuid. Without either (a
+  // minimal VM, an initramfs) two hosts can look alike by hostname, so the boot id stands in:
+  // the owner then is never judged dead across hosts, at the price of also not across
+  // reboots of this host (`cxlkvctl arena recover` reports such slots as live).
   static const std::uint64_t machine = [] {
     std::string id = ReadSmallFile("/etc/machine-id");
-    if (id.empty()) {
-      char host[256] = {};
-      ::gethostname(host, sizeof(host) - 1);
-      id = host;
-    }
+    if (id.empty()) id = ReadSmallFile("/sys/class/dmi/id/product_uuid");
+    if (id.empty()) return boot;
     return HashText(id);
   }();
   Identity self;

@@ -58,6 +58,10 @@ struct FormatOptions {
 struct OpenOptions {
   // When set, an arena formatted for a different layout is refused.
   std::optional<KvLayout> expect_layout;
+  // Validate and map, but neither attach as an owner nor recover: the arena is not written.
+  // For readers that only resolve refs (inspection, another host of a pooled region).
+  // ClaimBatch and Persist then fail.
+  bool read_only = false;
 };
 
 struct ClassUsage {
@@ -116,6 +120,13 @@ class Arena {
   }
   // Global index of the block containing addr, or -1 if addr is not inside a block start.
   std::int64_t IndexOfAddr(const void* addr) const noexcept;
+  // Address of the block a ref names, after checking that the ref's arena is this one, the
+  // index is in range, and the block is allocated with that generation. A reader that copies
+  // data out must check again afterwards (the block may be freed meanwhile).
+  absl::StatusOr<std::byte*> Resolve(const Uuid& arena, std::uint32_t index,
+                                     std::uint32_t generation) const;
+  bool read_only() const noexcept { return read_only_; }
+
   // This process's owner id as stored in map words (slot + 1); 0 before attach.
   std::uint32_t owner_id() const noexcept { return owner_id_.load(std::memory_order_relaxed); }
 
@@ -163,6 +174,7 @@ class Arena {
   std::mutex attach_mu_;
   std::array<std::atomic<std::uint32_t>, kMaxClasses> cursor_{};  // hint word to try first
   std::atomic<std::int64_t> last_recover_ns_{0};
+  bool read_only_ = false;
 };
 
 // Validation used by Open() and by the fuzzer: bounds, alignment and overlap of every
