@@ -41,7 +41,7 @@ struct AllocatorRegistry {
     for (BlockAllocator* a : r.by_id) {
       if (a == nullptr) continue;
       a->uid_ = r.next_uid++;
-      a->owner_bits_ = internal::kNeverOwner;
+      a->owner_bits_.store(internal::kNeverOwner, std::memory_order_relaxed);
       a->caches_.clear();  // the parent's threads own those caches
     }
     r.mu.unlock();
@@ -99,7 +99,8 @@ absl::StatusOr<std::unique_ptr<BlockAllocator>> BlockAllocator::Create(
     if (r.by_id[id] != nullptr) continue;
     a->id_ = id;
     a->uid_ = r.next_uid++;
-    a->owner_bits_ = std::uint64_t{a->arena_->owner_id()} << pool::kOwnerShift;
+    a->owner_bits_.store(std::uint64_t{a->arena_->owner_id()} << pool::kOwnerShift,
+                         std::memory_order_relaxed);
     r.by_id[id] = a.get();
     return a;
   }
@@ -140,7 +141,8 @@ ThreadCache* BlockAllocator::EnsureCache() noexcept {
   }
   AllocatorRegistry& r = AllocatorRegistry::Get();
   std::lock_guard<std::mutex> lock(r.mu);
-  owner_bits_ = std::uint64_t{arena_->owner_id()} << pool::kOwnerShift;
+  owner_bits_.store(std::uint64_t{arena_->owner_id()} << pool::kOwnerShift,
+                    std::memory_order_relaxed);
   caches_.push_back(c);
   t = internal::TlsSlot{uid_, c};
   return c;
@@ -265,7 +267,8 @@ std::size_t BlockAllocator::FreeBulk(const BlockHandle* handles, std::size_t n) 
     const std::uint64_t v =
         h.index < total_blocks_ ? words_[h.index].load(std::memory_order_relaxed) : 0;
     const std::uint64_t expect =
-        owner_bits_ | (std::uint64_t{pool::kAllocated} << pool::kStateShift) | h.generation;
+        owner_bits_.load(std::memory_order_relaxed) |
+        (std::uint64_t{pool::kAllocated} << pool::kStateShift) | h.generation;
     if (h.index >= total_blocks_ || (v & ~internal::kClassMask) != expect) {
       ok += FreeSlow(h) == FreeResult::kOk;
       continue;

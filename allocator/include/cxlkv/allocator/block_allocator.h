@@ -172,7 +172,9 @@ class BlockAllocator {
   std::uint32_t class_count_ = 0;
   std::uint32_t id_ = 0;
   std::uint64_t uid_ = 0;          // changes on fork in the child, invalidating TLS caches
-  std::uint64_t owner_bits_ = internal::kNeverOwner;  // owner id << kOwnerShift
+  // Owner id << kOwnerShift. Read by every Free; written when a thread cache is created
+  // after (re)attach, by one thread at a time under the registry mutex.
+  std::atomic<std::uint64_t> owner_bits_{internal::kNeverOwner};
   std::vector<internal::ThreadCache*> caches_;  // guarded by the registry mutex
   ClassStats retired_[pool::kMaxClasses];       // counters of exited threads (registry mutex)
   std::atomic<std::uint64_t> failed_allocs_[pool::kMaxClasses] = {};
@@ -206,7 +208,8 @@ inline FreeResult BlockAllocator::Free(BlockHandle h) noexcept {
     pool::BlockWord& w = words_[h.index];
     const std::uint64_t v = w.load(std::memory_order_relaxed);
     const std::uint64_t expect =
-        owner_bits_ | (std::uint64_t{pool::kAllocated} << pool::kStateShift) | h.generation;
+        owner_bits_.load(std::memory_order_relaxed) |
+        (std::uint64_t{pool::kAllocated} << pool::kStateShift) | h.generation;
     internal::TlsSlot& t = internal::tls_slots[id_];
     if ((v & ~internal::kClassMask) == expect && t.uid == uid_) [[likely]] {
       const std::uint32_t cls = pool::WordClass(v);
