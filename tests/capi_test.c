@@ -6,13 +6,13 @@
 #include "cxlkv/cxlkv.h"
 
 static int failures = 0;
-#define CHECK(cond)                                                                   \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, \
-              #cond, cxlkv_last_error());                                             \
-      ++failures;                                                                     \
-    }                                                                                 \
+#define CHECK(cond)                                                                           \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, \
+              cxlkv_last_error());                                                            \
+      ++failures;                                                                             \
+    }                                                                                         \
   } while (0)
 
 int main(void) {

@@ -57,10 +57,10 @@ TEST(Spec, ParsesEveryKindAndRoundTrips) {
 
 TEST(Spec, RejectsBadSpecsWithTheFix) {
   for (const char* bad :
-       {"", "dax0.0", "nvme:/dev/nvme0", "devdax:dax0.0", "devdax:/dev/dax0.0?size=1G",
-        "kmem:2", "kmem:node=-1", "kmem:node=x", "file:", "file:/x?size=", "file:/x?size=12Q",
-        "file:/x?size=0", "file:/x?colour=red", "file:/x?size", "memfd:", "memfd:?size=99999999999T",
-        "file:/x?reserve=maybe"}) {
+       {"", "dax0.0", "nvme:/dev/nvme0", "devdax:dax0.0", "devdax:/dev/dax0.0?size=1G", "kmem:2",
+        "kmem:node=-1", "kmem:node=x", "file:", "file:/x?size=", "file:/x?size=12Q",
+        "file:/x?size=0", "file:/x?colour=red", "file:/x?size",
+        "memfd:", "memfd:?size=99999999999T", "file:/x?reserve=maybe"}) {
     auto s = ParseSourceSpec(bad);
     ASSERT_FALSE(s.ok()) << "accepted: " << bad;
     EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << bad;
@@ -389,7 +389,8 @@ TEST(Arena, ClaimReleaseAndRecoverHints) {
   a->ReleaseCached(got.data(), total);
   EXPECT_EQ(a->Usage().classes[0].free, total);
   // Lose every hint bit, as a crash between fetch_and and CAS would: Recover repairs them.
-  auto* hints = reinterpret_cast<std::uint64_t*>(a->region().addr() + a->class_record(0).hint_offset);
+  auto* hints =
+      reinterpret_cast<std::uint64_t*>(a->region().addr() + a->class_record(0).hint_offset);
   std::memset(hints, 0, (total + 63) / 64 * 8);
   EXPECT_EQ(a->ClaimBatch(0, got.data(), 1), 0u);
   EXPECT_EQ(a->Recover().hints_repaired, total);

@@ -67,10 +67,14 @@ thread_local ThreadReaper reaper;
 
 const char* FreeResultName(FreeResult r) noexcept {
   switch (r) {
-    case FreeResult::kOk: return "ok";
-    case FreeResult::kDoubleFree: return "double free";
-    case FreeResult::kStaleGeneration: return "stale generation";
-    case FreeResult::kForeign: return "foreign block";
+    case FreeResult::kOk:
+      return "ok";
+    case FreeResult::kDoubleFree:
+      return "double free";
+    case FreeResult::kStaleGeneration:
+      return "stale generation";
+    case FreeResult::kForeign:
+      return "foreign block";
   }
   return "?";
 }
@@ -89,8 +93,8 @@ absl::StatusOr<std::unique_ptr<BlockAllocator>> BlockAllocator::Create(
                      &AllocatorRegistry::Child);
   });
   if (arena->read_only()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        arena->region().name(), ": cannot allocate from an arena opened read-only"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(arena->region().name(), ": cannot allocate from an arena opened read-only"));
   }
   std::unique_ptr<BlockAllocator> a(new BlockAllocator(std::move(arena)));
   AllocatorRegistry& r = AllocatorRegistry::Get();
@@ -115,7 +119,6 @@ BlockAllocator::~BlockAllocator() {
   r.by_id[id_] = nullptr;
   // arena_ goes next: its Detach returns whatever this process still owns.
 }
-
 
 void BlockAllocator::RetireCache(ThreadCache* c) noexcept {
   for (std::uint32_t cls = 0; cls < class_count_; ++cls) {
@@ -193,7 +196,7 @@ FreeResult BlockAllocator::FreeSlow(BlockHandle h) noexcept {
   if (state != pool::kAllocated || gen != h.generation) {
     bad_frees_.fetch_add(1, std::memory_order_relaxed);
     return (state != pool::kAllocated && gen == h.generation + 1) ? FreeResult::kDoubleFree
-                                                                 : FreeResult::kStaleGeneration;
+                                                                  : FreeResult::kStaleGeneration;
   }
   const std::uint32_t owner = pool::WordOwner(v);
   ThreadCache* c = EnsureCache();
@@ -266,9 +269,9 @@ std::size_t BlockAllocator::FreeBulk(const BlockHandle* handles, std::size_t n) 
     const BlockHandle h = handles[i];
     const std::uint64_t v =
         h.index < total_blocks_ ? words_[h.index].load(std::memory_order_relaxed) : 0;
-    const std::uint64_t expect =
-        owner_bits_.load(std::memory_order_relaxed) |
-        (std::uint64_t{pool::kAllocated} << pool::kStateShift) | h.generation;
+    const std::uint64_t expect = owner_bits_.load(std::memory_order_relaxed) |
+                                 (std::uint64_t{pool::kAllocated} << pool::kStateShift) |
+                                 h.generation;
     if (h.index >= total_blocks_ || (v & ~internal::kClassMask) != expect) {
       ok += FreeSlow(h) == FreeResult::kOk;
       continue;
@@ -310,9 +313,9 @@ absl::StatusOr<BlockRef> BlockAllocator::RefOf(const void* addr) const {
 
 absl::Status BlockAllocator::Persist(BlockHandle h) {
   if (arena_->Persist(h.index, h.generation)) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "block ", h.index, " generation ", h.generation,
-      " is not an allocated block of this process; only the owner can persist it"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("block ", h.index, " generation ", h.generation,
+                   " is not an allocated block of this process; only the owner can persist it"));
 }
 
 void BlockAllocator::FlushThreadCache() noexcept {
@@ -360,12 +363,16 @@ AllocatorStats BlockAllocator::Stats() const {
 
 #ifdef CXLKV_ASAN
 void BlockAllocator::Poison(std::uint32_t index) const noexcept {
-  ASAN_POISON_MEMORY_REGION(arena_->BlockAddr(index), arena_->class_record(pool::WordClass(
-      words_[index].load(std::memory_order_relaxed))).block_bytes);
+  ASAN_POISON_MEMORY_REGION(
+      arena_->BlockAddr(index),
+      arena_->class_record(pool::WordClass(words_[index].load(std::memory_order_relaxed)))
+          .block_bytes);
 }
 void BlockAllocator::Unpoison(std::uint32_t index) const noexcept {
-  ASAN_UNPOISON_MEMORY_REGION(arena_->BlockAddr(index), arena_->class_record(pool::WordClass(
-      words_[index].load(std::memory_order_relaxed))).block_bytes);
+  ASAN_UNPOISON_MEMORY_REGION(
+      arena_->BlockAddr(index),
+      arena_->class_record(pool::WordClass(words_[index].load(std::memory_order_relaxed)))
+          .block_bytes);
 }
 #endif
 

@@ -39,23 +39,41 @@ int FromStatus(const absl::Status& st) {
   if (st.ok()) return CXLKV_OK;
   int code = CXLKV_E_INTERNAL;
   switch (st.code()) {
-    case absl::StatusCode::kInvalidArgument: code = CXLKV_E_INVALID; break;
-    case absl::StatusCode::kNotFound: code = CXLKV_E_NOT_FOUND; break;
-    case absl::StatusCode::kPermissionDenied: code = CXLKV_E_PERMISSION; break;
-    case absl::StatusCode::kAlreadyExists: code = CXLKV_E_EXISTS; break;
-    case absl::StatusCode::kDataLoss: code = CXLKV_E_CORRUPT; break;
+    case absl::StatusCode::kInvalidArgument:
+      code = CXLKV_E_INVALID;
+      break;
+    case absl::StatusCode::kNotFound:
+      code = CXLKV_E_NOT_FOUND;
+      break;
+    case absl::StatusCode::kPermissionDenied:
+      code = CXLKV_E_PERMISSION;
+      break;
+    case absl::StatusCode::kAlreadyExists:
+      code = CXLKV_E_EXISTS;
+      break;
+    case absl::StatusCode::kDataLoss:
+      code = CXLKV_E_CORRUPT;
+      break;
     case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kUnimplemented: code = CXLKV_E_MISMATCH; break;
-    case absl::StatusCode::kResourceExhausted: code = CXLKV_E_FULL; break;
-    case absl::StatusCode::kOutOfRange: code = CXLKV_E_FOREIGN; break;
-    default: break;
+    case absl::StatusCode::kUnimplemented:
+      code = CXLKV_E_MISMATCH;
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      code = CXLKV_E_FULL;
+      break;
+    case absl::StatusCode::kOutOfRange:
+      code = CXLKV_E_FOREIGN;
+      break;
+    default:
+      break;
   }
   return Fail(code, std::string(st.message()));
 }
 
 int FromFree(FreeResult r, const cxlkv_block_ref* ref) {
   switch (r) {
-    case FreeResult::kOk: return CXLKV_OK;
+    case FreeResult::kOk:
+      return CXLKV_OK;
     case FreeResult::kDoubleFree:
       return Fail(CXLKV_E_DOUBLE_FREE, "double free of block " + std::to_string(ref->index) +
                                            " generation " + std::to_string(ref->generation));
@@ -89,7 +107,10 @@ cxlkv::allocator::BlockRef FromRef(const cxlkv_block_ref* ref) {
 }
 
 cxlkv::pool::KvLayout FromLayout(const cxlkv_kv_layout& l) {
-  return cxlkv::pool::KvLayout{l.layers, l.kv_heads, l.head_dim, l.dtype_bytes,
+  return cxlkv::pool::KvLayout{l.layers,
+                               l.kv_heads,
+                               l.head_dim,
+                               l.dtype_bytes,
                                l.tokens_per_block,
                                l.layer_separate ? cxlkv::pool::KvLayoutKind::kLayerSeparate
                                                 : cxlkv::pool::KvLayoutKind::kContiguous};
@@ -139,15 +160,15 @@ CXLKV_API int cxlkv_arena_create(cxlkv_pool* pool, const cxlkv_arena_options* o,
   fo.owner_slots = o->owner_slots == 0 ? 256 : o->owner_slots;
   fo.force = (o->flags & CXLKV_FORMAT_FORCE) != 0;
   for (int c = 0; c < CXLKV_MAX_CLASSES && o->class_tokens[c] != 0; ++c) {
-    fo.classes.push_back({o->class_tokens[c], 0, o->class_weights[c] == 0 ? 1 : o->class_weights[c]});
+    fo.classes.push_back(
+        {o->class_tokens[c], 0, o->class_weights[c] == 0 ? 1 : o->class_weights[c]});
   }
   auto region = TakeRegion(pool);
   if (!region.ok()) return FromStatus(region.status());
   return Adopt(pool, cxlkv::pool::Arena::Format(std::move(*region), fo), out);
 }
 
-CXLKV_API int cxlkv_arena_open(cxlkv_pool* pool, const cxlkv_kv_layout* expect,
-                               cxlkv_arena** out) {
+CXLKV_API int cxlkv_arena_open(cxlkv_pool* pool, const cxlkv_kv_layout* expect, cxlkv_arena** out) {
   if (pool == nullptr || out == nullptr) return Fail(CXLKV_E_INVALID, "pool and out must be set");
   cxlkv::pool::OpenOptions oo;
   if (expect != nullptr) oo.expect_layout = FromLayout(*expect);
@@ -221,7 +242,7 @@ CXLKV_API int cxlkv_ref_to_addr(const cxlkv_arena* a, const cxlkv_block_ref* ref
   auto p = a->alloc->Resolve(FromRef(ref));
   if (!p.ok()) {
     const int code = FromStatus(p.status());
-    return code == CXLKV_E_MISMATCH ? Fail(CXLKV_E_STALE, last_error)
+    return code == CXLKV_E_MISMATCH  ? Fail(CXLKV_E_STALE, last_error)
            : code == CXLKV_E_INVALID ? Fail(CXLKV_E_FOREIGN, last_error)
                                      : code;
   }
@@ -275,19 +296,32 @@ CXLKV_API void cxlkv_copy_to_block(void* block, const void* src, size_t len) {
 
 CXLKV_API const char* cxlkv_strerror(int code) {
   switch (code) {
-    case CXLKV_OK: return "success";
-    case CXLKV_E_INVALID: return "invalid argument";
-    case CXLKV_E_NOT_FOUND: return "not found";
-    case CXLKV_E_PERMISSION: return "permission denied";
-    case CXLKV_E_EXISTS: return "an arena already exists";
-    case CXLKV_E_CORRUPT: return "corrupt metadata";
-    case CXLKV_E_MISMATCH: return "mismatched, foreign or busy arena";
-    case CXLKV_E_FULL: return "no space left";
-    case CXLKV_E_DOUBLE_FREE: return "double free";
-    case CXLKV_E_STALE: return "stale block reference";
-    case CXLKV_E_FOREIGN: return "not a block of this arena";
-    case CXLKV_E_INTERNAL: return "internal error";
-    default: return "unknown error code";
+    case CXLKV_OK:
+      return "success";
+    case CXLKV_E_INVALID:
+      return "invalid argument";
+    case CXLKV_E_NOT_FOUND:
+      return "not found";
+    case CXLKV_E_PERMISSION:
+      return "permission denied";
+    case CXLKV_E_EXISTS:
+      return "an arena already exists";
+    case CXLKV_E_CORRUPT:
+      return "corrupt metadata";
+    case CXLKV_E_MISMATCH:
+      return "mismatched, foreign or busy arena";
+    case CXLKV_E_FULL:
+      return "no space left";
+    case CXLKV_E_DOUBLE_FREE:
+      return "double free";
+    case CXLKV_E_STALE:
+      return "stale block reference";
+    case CXLKV_E_FOREIGN:
+      return "not a block of this arena";
+    case CXLKV_E_INTERNAL:
+      return "internal error";
+    default:
+      return "unknown error code";
   }
 }
 

@@ -1,11 +1,12 @@
 // Flush / invalidate / fence / streaming copy, chosen by CPUID at first use.
-#include "absl/strings/string_view.h"
 #include "cxlkv/coherence/cache.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
 
 #include <cstring>
+
+#include "absl/strings/string_view.h"
 
 namespace cxlkv::coherence {
 namespace {
@@ -109,9 +110,15 @@ void FlushRange(FlushKind kind, const void* addr, std::size_t len) noexcept {
   const char* p = reinterpret_cast<const char*>(start);
   const char* end = static_cast<const char*>(addr) + len;
   switch (kind) {
-    case FlushKind::kClwb: FlushClwb(p, end); break;
-    case FlushKind::kClflushopt: FlushClflushopt(p, end); break;
-    case FlushKind::kClflush: FlushClflush(p, end); break;
+    case FlushKind::kClwb:
+      FlushClwb(p, end);
+      break;
+    case FlushKind::kClflushopt:
+      FlushClflushopt(p, end);
+      break;
+    case FlushKind::kClflush:
+      FlushClflush(p, end);
+      break;
   }
 }
 
@@ -124,18 +131,24 @@ CopyKind ActiveCopyKind() noexcept { return Get().copy; }
 
 absl::string_view FlushKindName(FlushKind kind) noexcept {
   switch (kind) {
-    case FlushKind::kClwb: return "clwb";
-    case FlushKind::kClflushopt: return "clflushopt";
-    case FlushKind::kClflush: return "clflush";
+    case FlushKind::kClwb:
+      return "clwb";
+    case FlushKind::kClflushopt:
+      return "clflushopt";
+    case FlushKind::kClflush:
+      return "clflush";
   }
   return "?";
 }
 
 absl::string_view CopyKindName(CopyKind kind) noexcept {
   switch (kind) {
-    case CopyKind::kMovdir64b: return "movdir64b";
-    case CopyKind::kAvx512Nt: return "avx512-nt";
-    case CopyKind::kSse2Nt: return "sse2-nt";
+    case CopyKind::kMovdir64b:
+      return "movdir64b";
+    case CopyKind::kAvx512Nt:
+      return "avx512-nt";
+    case CopyKind::kSse2Nt:
+      return "sse2-nt";
   }
   return "?";
 }
@@ -171,9 +184,15 @@ void CopyNtWith(CopyKind kind, void* dst, const void* src, std::size_t len) noex
   }
   const std::size_t lines = len / kCacheLineBytes;
   switch (kind) {
-    case CopyKind::kMovdir64b: LinesMovdir64b(d, s, lines); break;
-    case CopyKind::kAvx512Nt: LinesAvx512(d, s, lines); break;
-    case CopyKind::kSse2Nt: LinesSse2(d, s, lines); break;
+    case CopyKind::kMovdir64b:
+      LinesMovdir64b(d, s, lines);
+      break;
+    case CopyKind::kAvx512Nt:
+      LinesAvx512(d, s, lines);
+      break;
+    case CopyKind::kSse2Nt:
+      LinesSse2(d, s, lines);
+      break;
   }
   const std::size_t done = lines * kCacheLineBytes;
   if (len > done) {

@@ -22,8 +22,7 @@ constexpr std::array<std::uint32_t, 256> MakeTable() {
 }
 constexpr auto kTable = MakeTable();
 
-__attribute__((target("sse4.2"))) std::uint32_t Crc32cHw(const unsigned char* p,
-                                                         std::size_t len,
+__attribute__((target("sse4.2"))) std::uint32_t Crc32cHw(const unsigned char* p, std::size_t len,
                                                          std::uint32_t crc) noexcept {
   std::uint64_t c = ~crc;
   while (len >= 8) {

@@ -1,9 +1,9 @@
-#include "absl/strings/string_view.h"
 #include "cxlkv/coherence/record.h"
 
 #include <cstddef>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "cxlkv/coherence/crc32c.h"
 
 namespace cxlkv::coherence {

@@ -31,17 +31,17 @@ extern "C" {
 
 enum {
   CXLKV_OK = 0,
-  CXLKV_E_INVALID = -1,      /* bad argument or spec */
-  CXLKV_E_NOT_FOUND = -2,    /* no such device, file, node or arena */
-  CXLKV_E_PERMISSION = -3,   /* the source cannot be opened or mapped by this user */
-  CXLKV_E_EXISTS = -4,       /* an arena is already there (pass CXLKV_FORMAT_FORCE) */
-  CXLKV_E_CORRUPT = -5,      /* corrupt or torn metadata; nothing was modified */
-  CXLKV_E_MISMATCH = -6,     /* foreign data, other layout or version, or in use */
-  CXLKV_E_FULL = -7,         /* no free block of that class, or no owner slot */
-  CXLKV_E_DOUBLE_FREE = -8,  /* the block was already freed */
-  CXLKV_E_STALE = -9,        /* the ref's generation was freed and the block reused */
-  CXLKV_E_FOREIGN = -10,     /* not a block (or pointer) of this arena */
-  CXLKV_E_INTERNAL = -11,    /* an unexpected OS error; see cxlkv_last_error() */
+  CXLKV_E_INVALID = -1,     /* bad argument or spec */
+  CXLKV_E_NOT_FOUND = -2,   /* no such device, file, node or arena */
+  CXLKV_E_PERMISSION = -3,  /* the source cannot be opened or mapped by this user */
+  CXLKV_E_EXISTS = -4,      /* an arena is already there (pass CXLKV_FORMAT_FORCE) */
+  CXLKV_E_CORRUPT = -5,     /* corrupt or torn metadata; nothing was modified */
+  CXLKV_E_MISMATCH = -6,    /* foreign data, other layout or version, or in use */
+  CXLKV_E_FULL = -7,        /* no free block of that class, or no owner slot */
+  CXLKV_E_DOUBLE_FREE = -8, /* the block was already freed */
+  CXLKV_E_STALE = -9,       /* the ref's generation was freed and the block reused */
+  CXLKV_E_FOREIGN = -10,    /* not a block (or pointer) of this arena */
+  CXLKV_E_INTERNAL = -11,   /* an unexpected OS error; see cxlkv_last_error() */
 };
 
 typedef struct cxlkv_pool cxlkv_pool;

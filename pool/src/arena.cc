@@ -33,7 +33,9 @@ std::uint64_t NowUnixNs() {
 std::atomic<std::uint64_t> fork_epoch{0};
 void OnForkChild() { fork_epoch.fetch_add(1, std::memory_order_relaxed); }
 std::uint64_t ForkEpoch() {
-  static const bool registered = [] { return ::pthread_atfork(nullptr, nullptr, &OnForkChild) == 0; }();
+  static const bool registered = [] {
+    return ::pthread_atfork(nullptr, nullptr, &OnForkChild) == 0;
+  }();
   (void)registered;
   return fork_epoch.load(std::memory_order_relaxed);
 }
@@ -45,7 +47,8 @@ std::atomic<std::uint64_t>* Hints(std::byte* base, const ClassRecord& k) {
 // Lays out header, owner table, map, hints and class data for `counts`.
 void PlaceGeometry(ArenaHeader& h, const std::vector<std::uint32_t>& counts) {
   h.owner_table_offset = kHeaderReservedBytes;
-  h.map_offset = RoundUp(h.owner_table_offset + std::uint64_t{h.owner_slots} * sizeof(OwnerSlot), 64);
+  h.map_offset =
+      RoundUp(h.owner_table_offset + std::uint64_t{h.owner_slots} * sizeof(OwnerSlot), 64);
   std::uint64_t total = 0;
   for (auto c : counts) total += c;
   h.total_blocks = static_cast<std::uint32_t>(total);
@@ -70,14 +73,14 @@ void PlaceGeometry(ArenaHeader& h, const std::vector<std::uint32_t>& counts) {
 absl::StatusOr<ArenaHeader> PlanHeader(const Region& region, const FormatOptions& o) {
   if (auto st = o.layout.Validate(); !st.ok()) return st;
   if (o.owner_slots == 0 || o.owner_slots > kMaxOwnerSlots) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        region.name(), ": owner_slots ", o.owner_slots, " must be in 1..", kMaxOwnerSlots));
+    return absl::InvalidArgumentError(absl::StrCat(region.name(), ": owner_slots ", o.owner_slots,
+                                                   " must be in 1..", kMaxOwnerSlots));
   }
   std::vector<ClassSpec> specs = o.classes;
   if (specs.empty()) specs.push_back(ClassSpec{o.layout.tokens_per_block, 0, 1});
   if (specs.size() > kMaxClasses) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(region.name(), ": at most ", kMaxClasses, " size classes, got ", specs.size()));
+    return absl::InvalidArgumentError(absl::StrCat(region.name(), ": at most ", kMaxClasses,
+                                                   " size classes, got ", specs.size()));
   }
   ArenaHeader h{};
   h.region_bytes = region.size_bytes();
@@ -92,10 +95,10 @@ absl::StatusOr<ArenaHeader> PlanHeader(const Region& region, const FormatOptions
     std::uint64_t bytes = s.block_bytes;
     if (s.tokens_per_block != 0) bytes = o.layout.BytesPerToken() * s.tokens_per_block;
     if (bytes == 0 || bytes % 64 != 0 || bytes > (4ull << 30) || s.weight == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          region.name(), ": size class ", c, " (", bytes,
-          " bytes, weight ", s.weight, ") needs a block size that is a non-zero multiple of 64 "
-          "bytes up to 4 GiB and a weight > 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(region.name(), ": size class ", c, " (", bytes, " bytes, weight ", s.weight,
+                       ") needs a block size that is a non-zero multiple of 64 "
+                       "bytes up to 4 GiB and a weight > 0"));
     }
     h.classes[c].block_bytes = bytes;
     h.classes[c].stride_bytes = RoundUp(bytes, kBlockAlignBytes);
@@ -112,8 +115,8 @@ absl::StatusOr<ArenaHeader> PlanHeader(const Region& region, const FormatOptions
     const std::uint64_t avail = h.region_bytes - data_start;
     std::vector<std::uint32_t> next(h.class_count);
     for (std::uint32_t c = 0; c < h.class_count; ++c) {
-      const std::uint64_t share =
-          static_cast<std::uint64_t>(static_cast<long double>(avail) * specs[c].weight / weight_sum);
+      const std::uint64_t share = static_cast<std::uint64_t>(static_cast<long double>(avail) *
+                                                             specs[c].weight / weight_sum);
       next[c] = static_cast<std::uint32_t>(
           std::min<std::uint64_t>(share / h.classes[c].stride_bytes, kMaxBlocks / kMaxClasses));
     }
@@ -124,8 +127,8 @@ absl::StatusOr<ArenaHeader> PlanHeader(const Region& region, const FormatOptions
   for (std::uint32_t c = 0; c < h.class_count; ++c) {
     if (counts[c] == 0 || h.data_end_offset > h.region_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          region.name(), ": region of ", FormatBytes(h.region_bytes), " is too small for size class ",
-          c, " (blocks of ", FormatBytes(h.classes[c].block_bytes),
+          region.name(), ": region of ", FormatBytes(h.region_bytes),
+          " is too small for size class ", c, " (blocks of ", FormatBytes(h.classes[c].block_bytes),
           "); use a larger size= or fewer/smaller classes"));
     }
   }
@@ -143,7 +146,8 @@ absl::StatusOr<ArenaHeader> PlanHeader(const Region& region, const FormatOptions
 // Whether the region may be formatted: blank, interrupted format, or forced.
 absl::Status CheckOverwrite(const Region& region, bool force) {
   std::uint64_t raw_magic = 0;
-  if (region.size_bytes() >= sizeof(raw_magic)) std::memcpy(&raw_magic, region.addr(), sizeof(raw_magic));
+  if (region.size_bytes() >= sizeof(raw_magic))
+    std::memcpy(&raw_magic, region.addr(), sizeof(raw_magic));
   if (raw_magic == kFormattingMagic) return absl::OkStatus();  // interrupted format
   ArenaHeader existing{};
   absl::Status st =
@@ -151,26 +155,27 @@ absl::Status CheckOverwrite(const Region& region, bool force) {
   if (absl::IsNotFound(st)) return absl::OkStatus();
   if (st.ok()) {
     if (!force) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          region.name(), ": already holds arena ",
-          UuidToString(*reinterpret_cast<const Uuid*>(existing.uuid)), " (layout ",
-          KvLayout::FromRecord(existing.layout).ToString(),
-          "); open it instead, or format with --force to discard its blocks"));
+      return absl::AlreadyExistsError(
+          absl::StrCat(region.name(), ": already holds arena ",
+                       UuidToString(*reinterpret_cast<const Uuid*>(existing.uuid)), " (layout ",
+                       KvLayout::FromRecord(existing.layout).ToString(),
+                       "); open it instead, or format with --force to discard its blocks"));
     }
-    const auto* slots = reinterpret_cast<const OwnerSlot*>(region.addr() + existing.owner_table_offset);
+    const auto* slots =
+        reinterpret_cast<const OwnerSlot*>(region.addr() + existing.owner_table_offset);
     const internal::Identity self = internal::SelfIdentity();
     for (std::uint32_t s = 0; s < existing.owner_slots; ++s) {
       const std::uint64_t w = slots[s].state.load(std::memory_order_acquire);
       if (SlotWordState(w) == kSlotFree || internal::OwnerIsDead(slots[s], w, self)) continue;
-      return absl::FailedPreconditionError(absl::StrCat(
-          region.name(), ": arena is in use by pid ", SlotWordPid(w),
-          " (owner slot ", s, "); stop that process before reformatting, even with --force"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(region.name(), ": arena is in use by pid ", SlotWordPid(w), " (owner slot ",
+                       s, "); stop that process before reformatting, even with --force"));
     }
     return absl::OkStatus();
   }
   if (force) return absl::OkStatus();
-  return absl::Status(st.code(), absl::StrCat(st.message(),
-                                              "; refusing to format over it without --force"));
+  return absl::Status(st.code(),
+                      absl::StrCat(st.message(), "; refusing to format over it without --force"));
 }
 
 }  // namespace
@@ -213,7 +218,8 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Format(std::unique_ptr<Region> reg
 
   // 3. The sealed header, magic last: until the 8-byte magic store lands, readers still see
   //    kFormattingMagic; after it, a header whose checksum covers the final magic.
-  std::memcpy(base + sizeof(std::uint64_t), reinterpret_cast<const std::byte*>(&h) + sizeof(std::uint64_t),
+  std::memcpy(base + sizeof(std::uint64_t),
+              reinterpret_cast<const std::byte*>(&h) + sizeof(std::uint64_t),
               sizeof(ArenaHeader) - sizeof(std::uint64_t));
   std::memset(base + sizeof(ArenaHeader), 0, kHeaderReservedBytes - sizeof(ArenaHeader));
   coherence::Flush(base, kHeaderReservedBytes);
@@ -227,15 +233,16 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Format(std::unique_ptr<Region> reg
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Open(std::unique_ptr<Region> region,
                                                    const OpenOptions& options) {
   std::unique_ptr<Arena> a(new Arena());
-  if (auto st = ValidateHeaderBytes(region->addr(), region->size_bytes(), region->name(), &a->header_);
+  if (auto st =
+          ValidateHeaderBytes(region->addr(), region->size_bytes(), region->name(), &a->header_);
       !st.ok()) {
     return st;
   }
   if (options.expect_layout && !(*options.expect_layout == a->layout())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        region->name(), ": arena was formatted for KV layout ", a->layout().ToString(),
-        " but ", options.expect_layout->ToString(),
-        " was asked for; open it with its layout or format another region"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(region->name(), ": arena was formatted for KV layout ", a->layout().ToString(),
+                     " but ", options.expect_layout->ToString(),
+                     " was asked for; open it with its layout or format another region"));
   }
   if (auto st = ValidateMap(a->header_, region->addr(), region->name()); !st.ok()) return st;
   std::memcpy(a->uuid_.data(), a->header_.uuid, a->uuid_.size());
@@ -495,11 +502,11 @@ bool Arena::FreeShared(std::uint32_t index, std::uint32_t gen) noexcept {
 }
 
 absl::StatusOr<std::byte*> Arena::Resolve(const Uuid& arena, std::uint32_t index,
-                                           std::uint32_t generation) const {
+                                          std::uint32_t generation) const {
   if (arena != uuid_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block ref names arena ", UuidToString(arena), ", but this is arena ",
-        UuidToString(uuid_), "; resolve it with the arena that issued it"));
+    return absl::InvalidArgumentError(absl::StrCat("block ref names arena ", UuidToString(arena),
+                                                   ", but this is arena ", UuidToString(uuid_),
+                                                   "; resolve it with the arena that issued it"));
   }
   if (index >= header_.total_blocks) {
     return absl::OutOfRangeError(absl::StrCat("block ref index ", index, " is beyond the ",
@@ -507,9 +514,9 @@ absl::StatusOr<std::byte*> Arena::Resolve(const Uuid& arena, std::uint32_t index
   }
   const std::uint64_t v = words_[index].load(std::memory_order_acquire);
   if (WordState(v) != kAllocated || WordGen(v) != generation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "block ", index, " generation ", generation,
-        " is stale (the block was freed; current generation ", WordGen(v), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("block ", index, " generation ", generation,
+                     " is stale (the block was freed; current generation ", WordGen(v), ")"));
   }
   return BlockAddr(index);
 }

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "cxlkv/pool/arena.h"
 
 namespace cxlkv::pool {
@@ -28,15 +28,16 @@ std::uint64_t HintWords(std::uint64_t blocks) { return (blocks + 63) / 64; }
 absl::Status ValidateHeaderBytes(const std::byte* base, std::uint64_t region_bytes,
                                  absl::string_view what, ArenaHeader* out) {
   if (region_bytes < kHeaderReservedBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": region of ", region_bytes, " bytes is too small to hold an arena"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": region of ", region_bytes, " bytes is too small to hold an arena"));
   }
   ArenaHeader h;
   std::memcpy(&h, base, sizeof(h));
   if (h.head.magic == kFormattingMagic) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ": formatting of this arena was interrupted; format it again "
-              "(`cxlkvctl arena format`)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what,
+                     ": formatting of this arena was interrupted; format it again "
+                     "(`cxlkvctl arena format`)"));
   }
   if (h.head.magic == 0) {
     bool all_zero = true;
@@ -44,9 +45,10 @@ absl::Status ValidateHeaderBytes(const std::byte* base, std::uint64_t region_byt
       all_zero = base[i] == std::byte{0};
     }
     if (all_zero) {
-      return absl::NotFoundError(absl::StrCat(
-          what, ": no arena here (the region is blank); format one with "
-                "`cxlkvctl arena format <spec>` or cxlkv_arena_create()"));
+      return absl::NotFoundError(
+          absl::StrCat(what,
+                       ": no arena here (the region is blank); format one with "
+                       "`cxlkvctl arena format <spec>` or cxlkv_arena_create()"));
     }
   }
   const std::string header_what = absl::StrCat(what, ": arena header");
@@ -96,9 +98,10 @@ absl::Status ValidateGeometry(const ArenaHeader& h, std::uint64_t region_bytes,
     const ClassRecord& k = h.classes[c];
     const std::string cls = absl::StrCat("class ", c);
     if (k.block_bytes == 0 || k.block_bytes % 64 != 0 || k.stride_bytes < k.block_bytes ||
-        k.stride_bytes % kBlockAlignBytes != 0 || k.stride_bytes > (4ull << 30) + kBlockAlignBytes) {
-      return Corrupt(what, absl::StrCat(cls, ": block size ", k.block_bytes, " / stride ",
-                                        k.stride_bytes));
+        k.stride_bytes % kBlockAlignBytes != 0 ||
+        k.stride_bytes > (4ull << 30) + kBlockAlignBytes) {
+      return Corrupt(
+          what, absl::StrCat(cls, ": block size ", k.block_bytes, " / stride ", k.stride_bytes));
     }
     if (k.block_count == 0 || k.first_index != next_index) {
       return Corrupt(what, absl::StrCat(cls, ": block range does not follow the previous class"));
@@ -111,8 +114,8 @@ absl::Status ValidateGeometry(const ArenaHeader& h, std::uint64_t region_bytes,
     }
     meta_end = k.hint_offset + HintWords(k.block_count) * 8;
     const std::uint64_t bytes = std::uint64_t{k.block_count} * k.stride_bytes;
-    if (k.data_offset % h.data_align_bytes != 0 ||
-        k.data_offset < std::max(meta_end, data_end) || !RangeOk(k.data_offset, bytes, region_bytes)) {
+    if (k.data_offset % h.data_align_bytes != 0 || k.data_offset < std::max(meta_end, data_end) ||
+        !RangeOk(k.data_offset, bytes, region_bytes)) {
       return Corrupt(what, absl::StrCat(cls, ": blocks outside the region or overlapping"));
     }
     data_end = k.data_offset + bytes;
@@ -133,8 +136,8 @@ absl::Status ValidateMap(const ArenaHeader& h, const std::byte* base, absl::stri
   for (std::uint32_t s = 0; s < h.owner_slots; ++s) {
     const std::uint64_t w = slots[s].state.load(std::memory_order_acquire);
     if (SlotWordState(w) > kSlotReclaiming) {
-      return Corrupt(what, absl::StrCat("owner slot ", s, " has state ",
-                                        static_cast<int>(SlotWordState(w))));
+      return Corrupt(
+          what, absl::StrCat("owner slot ", s, " has state ", static_cast<int>(SlotWordState(w))));
     }
   }
   const auto* words = reinterpret_cast<const BlockWord*>(base + h.map_offset);
@@ -143,12 +146,18 @@ absl::Status ValidateMap(const ArenaHeader& h, const std::byte* base, absl::stri
     for (std::uint32_t i = k.first_index; i < k.first_index + k.block_count; ++i) {
       const std::uint64_t w = words[i].load(std::memory_order_relaxed);
       const char* problem = nullptr;
-      if (w & kReservedMask) problem = "reserved bits set";
-      else if (WordClass(w) != c) problem = "class bits do not match the block's class";
-      else if (WordState(w) > kAllocated) problem = "invalid state";
-      else if (WordOwner(w) > h.owner_slots) problem = "owner outside the owner table";
-      else if (WordState(w) == kFree && WordOwner(w) != 0) problem = "free block has an owner";
-      else if (WordState(w) == kCached && WordOwner(w) == 0) problem = "cached block has no owner";
+      if (w & kReservedMask)
+        problem = "reserved bits set";
+      else if (WordClass(w) != c)
+        problem = "class bits do not match the block's class";
+      else if (WordState(w) > kAllocated)
+        problem = "invalid state";
+      else if (WordOwner(w) > h.owner_slots)
+        problem = "owner outside the owner table";
+      else if (WordState(w) == kFree && WordOwner(w) != 0)
+        problem = "free block has an owner";
+      else if (WordState(w) == kCached && WordOwner(w) == 0)
+        problem = "cached block has no owner";
       if (problem != nullptr) {
         return Corrupt(what, absl::StrCat("map word of block ", i, " (class ", c, ") = 0x",
                                           absl::Hex(w), ": ", problem));

@@ -1,9 +1,9 @@
-#include "absl/strings/string_view.h"
 #include "cxlkv/pool/kv_layout.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace cxlkv::pool {
 
@@ -37,13 +37,14 @@ std::string KvLayout::ToString() const {
 }
 
 KvLayoutRecord KvLayout::ToRecord() const {
-  return KvLayoutRecord{layers, kv_heads, head_dim, dtype_bytes, tokens_per_block,
-                        static_cast<std::uint32_t>(kind), {0, 0}};
+  return KvLayoutRecord{layers,      kv_heads,         head_dim,
+                        dtype_bytes, tokens_per_block, static_cast<std::uint32_t>(kind),
+                        {0, 0}};
 }
 
 KvLayout KvLayout::FromRecord(const KvLayoutRecord& r) {
-  return KvLayout{r.layers, r.kv_heads, r.head_dim, r.dtype_bytes, r.tokens_per_block,
-                  static_cast<KvLayoutKind>(r.kind)};
+  return KvLayout{r.layers,      r.kv_heads,         r.head_dim,
+                  r.dtype_bytes, r.tokens_per_block, static_cast<KvLayoutKind>(r.kind)};
 }
 
 absl::StatusOr<KvLayout> ParseKvLayout(absl::string_view text) {
@@ -68,11 +69,16 @@ absl::StatusOr<KvLayout> ParseKvLayout(absl::string_view text) {
           "qwen2-72b) or L=layers,H=kv_heads,D=head_dim,B=dtype_bytes,T=tokens_per_block"));
     }
     const absl::string_view key = part.substr(0, eq);
-    if (key == "L") out.layers = v;
-    else if (key == "H") out.kv_heads = v;
-    else if (key == "D") out.head_dim = v;
-    else if (key == "B") out.dtype_bytes = v;
-    else if (key == "T") out.tokens_per_block = v;
+    if (key == "L")
+      out.layers = v;
+    else if (key == "H")
+      out.kv_heads = v;
+    else if (key == "D")
+      out.head_dim = v;
+    else if (key == "B")
+      out.dtype_bytes = v;
+    else if (key == "T")
+      out.tokens_per_block = v;
     else {
       return absl::InvalidArgumentError(
           absl::StrCat("KV layout '", text, "': unknown key '", key, "' (L, H, D, B, T)"));

@@ -95,11 +95,15 @@ bool PidIsGone(std::uint32_t pid) {
 bool OwnerIsDead(const OwnerSlot& slot, std::uint64_t word, const Identity& self) {
   const std::uint32_t pid = SlotWordPid(word);
   switch (SlotWordState(word)) {
-    case kSlotFree: return false;
+    case kSlotFree:
+      return false;
     case kSlotClaiming:
-    case kSlotReclaiming: return PidIsGone(pid);
-    case kSlotActive: break;
-    default: return false;
+    case kSlotReclaiming:
+      return PidIsGone(pid);
+    case kSlotActive:
+      break;
+    default:
+      return false;
   }
   if (slot.crc != IdentityCrc(slot)) return PidIsGone(pid);  // identity torn: PID alone
   if (slot.machine_hash != self.machine_hash) return false;  // another host: not ours
@@ -108,7 +112,7 @@ bool OwnerIsDead(const OwnerSlot& slot, std::uint64_t word, const Identity& self
   if (PidIsGone(pid)) return true;
   char state = '?';
   const std::uint64_t ticks = StartTicks(pid, &state);
-  if (state == 'Z' || state == 'X') return true;  // exited, not yet reaped
+  if (state == 'Z' || state == 'X') return true;   // exited, not yet reaped
   return ticks != 0 && ticks != slot.start_ticks;  // PID reused by another process
 }
 

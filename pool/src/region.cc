@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "cxlkv/pool/region.h"
 
 #include <daxctl/libdaxctl.h>
@@ -13,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace cxlkv::pool {
 namespace {
@@ -32,13 +32,19 @@ absl::string_view Hint(int err) {
     case EACCES:
     case EPERM:
       return " — check the owner and mode of the path, or run as a user allowed to map it";
-    case ENOENT: return " — check the path (for devdax: `daxctl list` shows the devices)";
-    case ENOSPC: return " — the file system is full; pick a smaller size= or free space";
-    case ENOMEM: return " — not enough memory for the mapping; pick a smaller size=";
-    case EINVAL: return " — the size or alignment is not accepted by this device";
+    case ENOENT:
+      return " — check the path (for devdax: `daxctl list` shows the devices)";
+    case ENOSPC:
+      return " — the file system is full; pick a smaller size= or free space";
+    case ENOMEM:
+      return " — not enough memory for the mapping; pick a smaller size=";
+    case EINVAL:
+      return " — the size or alignment is not accepted by this device";
     case ENXIO:
-    case ENODEV: return " — the device is not enabled in devdax mode (daxctl list)";
-    default: return "";
+    case ENODEV:
+      return " — the device is not enabled in devdax mode (daxctl list)";
+    default:
+      return "";
   }
 }
 
@@ -84,14 +90,20 @@ absl::StatusOr<DaxInfo> LookupDax(absl::string_view devname) {
 absl::Status ErrnoStatus(int err, absl::string_view object, absl::string_view call) {
   std::string msg = absl::StrCat(object, ": ", call, ": ", std::strerror(err), Hint(err));
   switch (err) {
-    case ENOENT: return absl::NotFoundError(msg);
+    case ENOENT:
+      return absl::NotFoundError(msg);
     case EACCES:
-    case EPERM: return absl::PermissionDeniedError(msg);
+    case EPERM:
+      return absl::PermissionDeniedError(msg);
     case ENOSPC:
-    case ENOMEM: return absl::ResourceExhaustedError(msg);
-    case EINVAL: return absl::InvalidArgumentError(msg);
-    case EBUSY: return absl::UnavailableError(msg);
-    default: return absl::InternalError(msg);
+    case ENOMEM:
+      return absl::ResourceExhaustedError(msg);
+    case EINVAL:
+      return absl::InvalidArgumentError(msg);
+    case EBUSY:
+      return absl::UnavailableError(msg);
+    default:
+      return absl::InternalError(msg);
   }
 }
 
@@ -141,24 +153,26 @@ absl::StatusOr<std::unique_ptr<Region>> OpenRegion(const SourceSpec& spec) {
       fd.fd = ::open(spec.path.c_str(), O_RDWR | O_CLOEXEC);
       if (fd.fd < 0) {
         if (errno == ENOENT && info->found && info->system_ram) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              spec.path, ": the device is onlined as system RAM (kmem), not devdax; use "
-                         "kmem:node=N or `daxctl reconfigure-device --mode=devdax ",
-              base, "`"));
+          return absl::FailedPreconditionError(
+              absl::StrCat(spec.path,
+                           ": the device is onlined as system RAM (kmem), not devdax; use "
+                           "kmem:node=N or `daxctl reconfigure-device --mode=devdax ",
+                           base, "`"));
         }
         return ErrnoStatus(errno, spec.path, "open");
       }
       if (!info->found) {
-        return absl::NotFoundError(absl::StrCat(
-            spec.path, ": libdaxctl does not know this device; is it a device-DAX node? "
-                       "(`daxctl list` shows the devices)"));
+        return absl::NotFoundError(
+            absl::StrCat(spec.path,
+                         ": libdaxctl does not know this device; is it a device-DAX node? "
+                         "(`daxctl list` shows the devices)"));
       }
       size = info->size;
       r->alignment_ = std::max<std::uint64_t>(info->align, kPageBytes);
       if (size == 0 || size % r->alignment_ != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            spec.path, ": size ", size, " is not a non-zero multiple of the device alignment ",
-            r->alignment_));
+        return absl::InvalidArgumentError(
+            absl::StrCat(spec.path, ": size ", size,
+                         " is not a non-zero multiple of the device alignment ", r->alignment_));
       }
       break;
     }
@@ -169,8 +183,7 @@ absl::StatusOr<std::unique_ptr<Region>> OpenRegion(const SourceSpec& spec) {
             absl::StrCat(r->name_, ": NUMA is not available on this kernel"));
       }
       long long free_bytes = 0;
-      if (spec.numa_node > numa_max_node() ||
-          numa_node_size64(spec.numa_node, &free_bytes) <= 0) {
+      if (spec.numa_node > numa_max_node() || numa_node_size64(spec.numa_node, &free_bytes) <= 0) {
         return absl::NotFoundError(absl::StrCat(
             r->name_, ": NUMA node ", spec.numa_node,
             " has no memory or does not exist; `cxlkvctl topology` lists the memory nodes"));
@@ -235,9 +248,9 @@ absl::StatusOr<std::unique_ptr<Region>> OpenRegion(const SourceSpec& spec) {
   }
 
   if (size % kPageBytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        r->name_, ": size ", size, " is not a multiple of the ", kPageBytes,
-        "-byte page; round it (e.g. ", (size / kPageBytes + 1) * kPageBytes, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(r->name_, ": size ", size, " is not a multiple of the ", kPageBytes,
+                     "-byte page; round it (e.g. ", (size / kPageBytes + 1) * kPageBytes, ")"));
   }
   if (spec.kind == SourceKind::kKmem || spec.kind == SourceKind::kMemfd) {
     if (::ftruncate(fd.fd, static_cast<off_t>(size)) != 0) {

@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "cxlkv/pool/spec.h"
 
 #include <charconv>
@@ -8,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace cxlkv::pool {
 namespace {
@@ -32,10 +32,14 @@ absl::StatusOr<bool> ParseBool(absl::string_view spec, absl::string_view key,
 
 absl::string_view SourceKindName(SourceKind kind) noexcept {
   switch (kind) {
-    case SourceKind::kDevdax: return "devdax";
-    case SourceKind::kKmem: return "kmem";
-    case SourceKind::kFile: return "file";
-    case SourceKind::kMemfd: return "memfd";
+    case SourceKind::kDevdax:
+      return "devdax";
+    case SourceKind::kKmem:
+      return "kmem";
+    case SourceKind::kFile:
+      return "file";
+    case SourceKind::kMemfd:
+      return "memfd";
   }
   return "?";
 }
@@ -54,10 +58,22 @@ absl::StatusOr<std::uint64_t> ParseSize(absl::string_view text) {
   unsigned shift = 0;
   if (!suffix.empty()) {
     switch (suffix[0]) {
-      case 'K': case 'k': shift = 10; break;
-      case 'M': case 'm': shift = 20; break;
-      case 'G': case 'g': shift = 30; break;
-      case 'T': case 't': shift = 40; break;
+      case 'K':
+      case 'k':
+        shift = 10;
+        break;
+      case 'M':
+      case 'm':
+        shift = 20;
+        break;
+      case 'G':
+      case 'g':
+        shift = 30;
+        break;
+      case 'T':
+      case 't':
+        shift = 40;
+        break;
       default:
         return absl::InvalidArgumentError(
             absl::StrCat("size '", text, "' has unknown suffix '", suffix, "' (use K, M, G, T)"));
@@ -143,8 +159,8 @@ absl::StatusOr<SourceSpec> ParseSourceSpec(absl::string_view spec) {
         if (!b.ok()) return b.status();
         out.shared = *b;
       } else {
-        return SpecError(spec, absl::StrCat("unknown parameter '", key, "' for ",
-                                            SourceKindName(out.kind)));
+        return SpecError(
+            spec, absl::StrCat("unknown parameter '", key, "' for ", SourceKindName(out.kind)));
       }
     }
   }
@@ -160,13 +176,23 @@ absl::StatusOr<SourceSpec> ParseSourceSpec(absl::string_view spec) {
 std::string SourceSpec::ToString() const {
   std::string s;
   switch (kind) {
-    case SourceKind::kDevdax: s = absl::StrCat("devdax:", path); break;
-    case SourceKind::kKmem: s = absl::StrCat("kmem:node=", numa_node); break;
-    case SourceKind::kFile: s = absl::StrCat("file:", path); break;
-    case SourceKind::kMemfd: s = absl::StrCat("memfd:", path == "cxlkv" ? "" : path); break;
+    case SourceKind::kDevdax:
+      s = absl::StrCat("devdax:", path);
+      break;
+    case SourceKind::kKmem:
+      s = absl::StrCat("kmem:node=", numa_node);
+      break;
+    case SourceKind::kFile:
+      s = absl::StrCat("file:", path);
+      break;
+    case SourceKind::kMemfd:
+      s = absl::StrCat("memfd:", path == "cxlkv" ? "" : path);
+      break;
   }
   std::string params;
-  auto add = [&params](absl::string_view p) { absl::StrAppend(&params, params.empty() ? "?" : "&", p); };
+  auto add = [&params](absl::string_view p) {
+    absl::StrAppend(&params, params.empty() ? "?" : "&", p);
+  };
   if (size_bytes != 0) add(absl::StrCat("size=", size_bytes));
   if (kind == SourceKind::kFile && !reserve) add("reserve=0");
   if (shared) add("shared=1");

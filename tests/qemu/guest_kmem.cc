@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
   std::memset(p, 0x5A, kBytes);
   for (std::size_t off = 0; off < kBytes; off += 1 << 20) {
     const int got = NodeOf(p + off);
-    if (got != node) Fail("memkind page at +" + std::to_string(off) + " is on node " + std::to_string(got));
+    if (got != node)
+      Fail("memkind page at +" + std::to_string(off) + " is on node " + std::to_string(got));
   }
   memkind_free(MEMKIND_DAX_KMEM, p);
   std::printf("memkind MEMKIND_DAX_KMEM: 4 MiB on node %d\n", node);

@@ -88,8 +88,8 @@ int Devdax(const std::string& spec) {
   Check(region->alignment() >= 4096, "device alignment from libdaxctl");
   Check(reinterpret_cast<std::uintptr_t>(region->addr()) % region->alignment() == 0,
         "mapping honours the device alignment");
-  auto a = Must(BlockAllocator::Create(Must(pool::Arena::Format(std::move(region), GuestOptions()),
-                                            "format")),
+  auto a = Must(BlockAllocator::Create(
+                    Must(pool::Arena::Format(std::move(region), GuestOptions()), "format")),
                 "allocator");
   std::printf("formatted arena %s: %u + %u blocks\n", pool::UuidToString(a->arena().uuid()).c_str(),
               a->arena().class_record(0).block_count, a->arena().class_record(1).block_count);
@@ -173,10 +173,10 @@ int Devdax(const std::string& spec) {
 }
 
 int Publish(const std::string& spec, std::uint32_t n) {
-  auto a = Must(BlockAllocator::Create(Must(pool::Arena::Format(Must(pool::OpenRegion(spec), "open"),
-                                                                GuestOptions()),
-                                            "format")),
-                "allocator");
+  auto a = Must(
+      BlockAllocator::Create(Must(
+          pool::Arena::Format(Must(pool::OpenRegion(spec), "open"), GuestOptions()), "format")),
+      "allocator");
   for (std::uint32_t i = 0; i < n; ++i) {
     const BlockHandle h = a->Alloc(0);
     Check(h.valid(), "alloc");
@@ -229,8 +229,8 @@ int Consume(const std::string& spec, std::uint32_t n, int seconds) {
     for (const auto& [index, gen] : refs) {
       std::byte* p = Must(a.Resolve(a.uuid(), index, gen), "resolve published ref");
       cxlkv::coherence::Invalidate(p, 4096);
-      Check(Verify(p, index, gen, 4096), "content of block " + std::to_string(index) +
-                                             " as published by the other host");
+      Check(Verify(p, index, gen, 4096),
+            "content of block " + std::to_string(index) + " as published by the other host");
       // Generation checked again after the copy-out: the block was not reclaimed meanwhile.
       Check(pool::WordGen(a.word(index).load()) == gen, "generation unchanged after reading");
     }
@@ -247,11 +247,12 @@ int Consume(const std::string& spec, std::uint32_t n, int seconds) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "devdax" && argc == 3) return Devdax(argv[2]);
-  if (mode == "publish" && argc == 4) return Publish(argv[2], static_cast<std::uint32_t>(std::atoi(argv[3])));
+  if (mode == "publish" && argc == 4)
+    return Publish(argv[2], static_cast<std::uint32_t>(std::atoi(argv[3])));
   if (mode == "consume" && argc == 5) {
     return Consume(argv[2], static_cast<std::uint32_t>(std::atoi(argv[3])), std::atoi(argv[4]));
   }
-  std::fprintf(stderr,
-               "usage: %s devdax SPEC | publish SPEC N | consume SPEC N SECONDS\n", argv[0]);
+  std::fprintf(stderr, "usage: %s devdax SPEC | publish SPEC N | consume SPEC N SECONDS\n",
+               argv[0]);
   return 2;
 }

@@ -24,7 +24,7 @@ json Load(const char* path) {
     std::printf("FAIL: %s is not JSON\n", path);
     std::exit(1);
   }
-  if (j.is_null()) return json::array();    // the tools print nothing for an empty list
+  if (j.is_null()) return json::array();       // the tools print nothing for an empty list
   if (j.is_object()) return json::array({j});  // ... and a bare object for a list of one
   return j;
 }
@@ -34,7 +34,9 @@ void Expect(bool ok, const std::string& what) {
   if (!ok) ++failures;
 }
 
-std::uint64_t U(const json& j, const char* key) { return j.contains(key) ? j[key].get<std::uint64_t>() : 0; }
+std::uint64_t U(const json& j, const char* key) {
+  return j.contains(key) ? j[key].get<std::uint64_t>() : 0;
+}
 
 }  // namespace
 
@@ -51,8 +53,8 @@ int main(int argc, char** argv) {
   Expect(topo["cxl_present"].get<bool>(), "cxlkvctl sees CXL");
   std::map<std::string, json> ours;
   for (const auto& m : topo["cxl"]["memdevs"]) ours[m["name"].get<std::string>()] = m;
-  Expect(ours.size() == memdevs.size(),
-         "memdev count: cxl list " + std::to_string(memdevs.size()) + ", cxlkvctl " + std::to_string(ours.size()));
+  Expect(ours.size() == memdevs.size(), "memdev count: cxl list " + std::to_string(memdevs.size()) +
+                                            ", cxlkvctl " + std::to_string(ours.size()));
   for (const auto& m : memdevs) {
     const std::string name = m["memdev"].get<std::string>();
     const bool found = ours.count(name) != 0;
@@ -60,7 +62,8 @@ int main(int argc, char** argv) {
     if (!found) continue;
     Expect(ours[name]["pmem_size_bytes"].get<std::uint64_t>() == U(m, "pmem_size"),
            "memdev " + name + " pmem size " + std::to_string(U(m, "pmem_size")));
-    Expect(ours[name]["serial"].get<std::uint64_t>() == U(m, "serial"), "memdev " + name + " serial");
+    Expect(ours[name]["serial"].get<std::uint64_t>() == U(m, "serial"),
+           "memdev " + name + " serial");
   }
 
   std::map<std::string, json> our_regions;
@@ -88,9 +91,11 @@ int main(int argc, char** argv) {
     const bool found = our_dax.count(name) != 0;
     Expect(found, "dax device " + name + " discovered");
     if (!found) continue;
-    Expect(our_dax[name]["size_bytes"].get<std::uint64_t>() == U(d, "size"), "dax " + name + " size");
+    Expect(our_dax[name]["size_bytes"].get<std::uint64_t>() == U(d, "size"),
+           "dax " + name + " size");
     if (d.contains("align")) {
-      Expect(our_dax[name]["align_bytes"].get<std::uint64_t>() == U(d, "align"), "dax " + name + " align");
+      Expect(our_dax[name]["align_bytes"].get<std::uint64_t>() == U(d, "align"),
+             "dax " + name + " align");
     }
     const std::string mode = d.value("mode", "devdax");
     Expect(our_dax[name]["mode"].get<std::string>() == mode, "dax " + name + " mode " + mode);
@@ -101,9 +106,9 @@ int main(int argc, char** argv) {
     Expect(has_source, "source " + spec + " listed");
     if (has_source) {
       Expect(sources[spec]["classification"].get<std::string>() == expected,
-             "source " + spec + " classified " + sources[spec]["classification"].get<std::string>() +
-                 " (expected " + expected + "): " +
-                 sources[spec]["classification_reason"].get<std::string>());
+             "source " + spec + " classified " +
+                 sources[spec]["classification"].get<std::string>() + " (expected " + expected +
+                 "): " + sources[spec]["classification_reason"].get<std::string>());
     }
   }
   Expect(devdax > 0, "at least one devdax device to check");

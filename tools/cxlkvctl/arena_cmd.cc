@@ -28,8 +28,8 @@ std::vector<pool::ClassSpec> ParseClasses(const std::string& text) {
     pool::ClassSpec c;
     if (tw.size() > 2 || !absl::SimpleAtoi(tw[0], &c.tokens_per_block) || c.tokens_per_block == 0 ||
         (tw.size() == 2 && (!absl::SimpleAtoi(tw[1], &c.weight) || c.weight == 0))) {
-      Die(absl::InvalidArgumentError(
-          "--classes '" + text + "': expected TOKENS[:WEIGHT],... e.g. 16,64:2"));
+      Die(absl::InvalidArgumentError("--classes '" + text +
+                                     "': expected TOKENS[:WEIGHT],... e.g. 16,64:2"));
     }
     out.push_back(c);
   }
@@ -60,8 +60,8 @@ nlohmann::json Describe(const pool::ArenaHeader& h, const pool::ArenaUsage& u,
           {"created_unix_ns", h.created_unix_ns},
           {"region_bytes", h.region_bytes},
           {"metadata_bytes", h.metadata_bytes},
-          {"metadata_percent", 100.0 * static_cast<double>(h.metadata_bytes) /
-                                   static_cast<double>(h.region_bytes)},
+          {"metadata_percent",
+           100.0 * static_cast<double>(h.metadata_bytes) / static_cast<double>(h.region_bytes)},
           {"layout", pool::KvLayout::FromRecord(h.layout).ToString()},
           {"owner_slots", h.owner_slots},
           {"owners_active", u.owners_active},
@@ -104,7 +104,8 @@ void AddArenaCommand(CLI::App& app) {
   auto fa = std::make_shared<FormatArgs>();
   CLI::App* fmt = arena->add_subcommand("format", "Format a new arena on a source");
   fmt->add_option("spec", fa->spec, "source spec, e.g. file:/dev/shm/pool0?size=8G")->required();
-  fmt->add_option("--layout", fa->layout, "KV layout preset or L=,H=,D=,B=,T=")->capture_default_str();
+  fmt->add_option("--layout", fa->layout, "KV layout preset or L=,H=,D=,B=,T=")
+      ->capture_default_str();
   fmt->add_option("--classes", fa->classes, "size classes TOKENS[:WEIGHT],... (default: T)");
   fmt->add_option("--owner-slots", fa->owner_slots, "processes that may attach at once")
       ->capture_default_str();
@@ -130,7 +131,8 @@ void AddArenaCommand(CLI::App& app) {
     bool json = false;
   };
   auto ia = std::make_shared<InfoArgs>();
-  CLI::App* info = arena->add_subcommand("info", "Validate an arena and show its usage (read-only)");
+  CLI::App* info =
+      arena->add_subcommand("info", "Validate an arena and show its usage (read-only)");
   info->add_option("spec", ia->spec, "source spec")->required();
   info->add_flag("--json", ia->json, "JSON output");
   info->callback([ia] {
@@ -138,14 +140,15 @@ void AddArenaCommand(CLI::App& app) {
     if (!region.ok()) Die(region.status());
     pool::ArenaHeader h;
     const auto& r = **region;
-    if (auto st = pool::ValidateHeaderBytes(r.addr(), r.size_bytes(), r.name(), &h); !st.ok()) Die(st);
+    if (auto st = pool::ValidateHeaderBytes(r.addr(), r.size_bytes(), r.name(), &h); !st.ok())
+      Die(st);
     if (auto st = pool::ValidateMap(h, r.addr(), r.name()); !st.ok()) Die(st);
     Print(Describe(h, pool::ScanUsage(h, r.addr()), ia->spec), ia->json);
   });
 
   auto ra = std::make_shared<std::string>();
-  CLI::App* rec = arena->add_subcommand(
-      "recover", "Return the blocks of dead processes and repair free hints");
+  CLI::App* rec =
+      arena->add_subcommand("recover", "Return the blocks of dead processes and repair free hints");
   rec->add_option("spec", *ra, "source spec")->required();
   rec->callback([ra] {
     auto region = pool::OpenRegion(*ra);

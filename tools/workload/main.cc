@@ -66,7 +66,8 @@ struct Request {
 };
 
 std::uint64_t Ns(Clock::time_point a, Clock::time_point b) {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
 }
 
 WorkerReport RunWorker(BlockAllocator& a, const Options& o, int id) {
@@ -82,13 +83,14 @@ WorkerReport RunWorker(BlockAllocator& a, const Options& o, int id) {
   const std::uint32_t share_blocks =
       std::max<std::uint32_t>(1, a.arena().class_record(0).block_count / o.procs);
   const std::uint32_t max_tokens = std::max<std::uint32_t>(1, share_blocks / 4) * tpb;
-  log_tokens = std::uniform_real_distribution<double>(
-      std::log(std::min(256.0, max_tokens / 2.0)), std::log(static_cast<double>(max_tokens)));
+  log_tokens = std::uniform_real_distribution<double>(std::log(std::min(256.0, max_tokens / 2.0)),
+                                                      std::log(static_cast<double>(max_tokens)));
   // Mean of a log-uniform length on [lo, hi] is (hi - lo) / ln(hi / lo).
   const double lo = std::exp(log_tokens.a()), hi = std::exp(log_tokens.b());
   const double mean_blocks = (hi - lo) / std::log(hi / lo) / tpb + 0.5;
-  const int concurrency = o.concurrency > 0 ? o.concurrency
-                                            : std::max(1, static_cast<int>(0.9 * share_blocks / mean_blocks));
+  const int concurrency = o.concurrency > 0
+                              ? o.concurrency
+                              : std::max(1, static_cast<int>(0.9 * share_blocks / mean_blocks));
   // Requests in flight, by completion time: at most `concurrency` (the engine's batch).
   std::multimap<Clock::time_point, Request> live;
   std::uint64_t held = 0;
@@ -117,8 +119,8 @@ WorkerReport RunWorker(BlockAllocator& a, const Options& o, int id) {
       continue;
     }
     // A request never needs more than its share of the pool (the engine would split it).
-    const auto tokens = std::min<std::uint32_t>(
-        static_cast<std::uint32_t>(std::exp(log_tokens(rng))), max_tokens);
+    const auto tokens =
+        std::min<std::uint32_t>(static_cast<std::uint32_t>(std::exp(log_tokens(rng))), max_tokens);
     const std::uint32_t n = (tokens + tpb - 1) / tpb;
     Request q;
     q.blocks.resize(n);
@@ -167,15 +169,21 @@ int main(int argc, char** argv) {
   CLI::App app{"Drive a KV arena from several processes like a serving engine's KV cache"};
   app.add_option("--pool", o.pool, "source spec of the pool")->capture_default_str();
   app.add_option("--layout", o.layout, "KV layout preset or L=,H=,D=,B=,T=")->capture_default_str();
-  app.add_option("--procs", o.procs, "worker processes")->capture_default_str()->check(CLI::Range(1, 64));
-  app.add_option("--seconds", o.seconds, "run time")->capture_default_str()->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--procs", o.procs, "worker processes")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--seconds", o.seconds, "run time")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
   app.add_flag("--format", o.format, "format a new arena on the pool first");
   app.add_flag("--force", o.force, "with --format: overwrite an existing arena (never one in use)");
   app.add_option("--seed", o.seed, "random seed")->capture_default_str();
   app.add_option("--fill-bytes", o.fill_bytes, "bytes written into each block (streaming stores)")
       ->capture_default_str();
-  app.add_option("--concurrency", o.concurrency, "requests in flight per process (0: sized to fill ~90% of the pool)")
-      ->capture_default_str()->check(CLI::Range(1, 4096));
+  app.add_option("--concurrency", o.concurrency,
+                 "requests in flight per process (0: sized to fill ~90% of the pool)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   app.add_flag("--json", o.json, "print the summary as JSON");
   CLI11_PARSE(app, argc, argv);
 
@@ -275,12 +283,17 @@ int main(int argc, char** argv) {
       {"bytes_allocated", t.blocks_allocated * cls.block_bytes},
       {"allocs_per_s", static_cast<double>(t.blocks_allocated) / secs},
       {"frees_per_s", static_cast<double>(t.blocks_freed) / secs},
-      {"ns_per_block_alloc", t.blocks_allocated ? static_cast<double>(t.alloc_ns) / static_cast<double>(t.blocks_allocated) : 0},
-      {"ns_per_block_free", t.blocks_freed ? static_cast<double>(t.free_ns) / static_cast<double>(t.blocks_freed) : 0},
+      {"ns_per_block_alloc", t.blocks_allocated ? static_cast<double>(t.alloc_ns) /
+                                                      static_cast<double>(t.blocks_allocated)
+                                                : 0},
+      {"ns_per_block_free",
+       t.blocks_freed ? static_cast<double>(t.free_ns) / static_cast<double>(t.blocks_freed) : 0},
       {"bytes_written", t.bytes_written},
       {"peak_utilization", peak_util},
       {"external_fragmentation_at_peak", frag_at_peak},
-      {"internal_fragmentation", t.token_slots ? 1.0 - static_cast<double>(t.tokens) / static_cast<double>(t.token_slots) : 0},
+      {"internal_fragmentation",
+       t.token_slots ? 1.0 - static_cast<double>(t.tokens) / static_cast<double>(t.token_slots)
+                     : 0},
       {"failed_bulk_allocs", t.failed_allocs},
       {"tag_errors", t.tag_errors},
       {"blocks_in_use_after", after.classes[0].allocated + after.classes[0].cached},
@@ -295,25 +308,34 @@ int main(int argc, char** argv) {
     std::printf("  pool                 %s\n", spec->ToString().c_str());
     std::printf("  KV layout            %s (%s per block)\n", layout->ToString().c_str(),
                 FormatBytes(cls.block_bytes).c_str());
-    std::printf("  arena                %u blocks, %s of blocks, metadata %.4f%%\n", cls.block_count,
+    std::printf("  arena                %u blocks, %s of blocks, metadata %.4f%%\n",
+                cls.block_count,
                 FormatBytes(std::uint64_t{cls.block_count} * cls.block_bytes).c_str(),
                 100.0 * j["metadata_fraction"].get<double>());
     std::printf("  processes            %d for %.1f s\n", o.procs, secs);
     std::printf("  requests             %llu (%llu evicted under pressure)\n",
-                static_cast<unsigned long long>(t.requests), static_cast<unsigned long long>(t.evictions));
+                static_cast<unsigned long long>(t.requests),
+                static_cast<unsigned long long>(t.evictions));
     std::printf("  blocks alloc / free  %llu / %llu (%s allocated)\n",
                 static_cast<unsigned long long>(t.blocks_allocated),
                 static_cast<unsigned long long>(t.blocks_freed),
                 FormatBytes(t.blocks_allocated * cls.block_bytes).c_str());
-    std::printf("  rate                 %.0f allocs/s, %.0f frees/s (%.1f ns per block alloc, %.1f ns per free)\n",
-                j["allocs_per_s"].get<double>(), j["frees_per_s"].get<double>(),
-                j["ns_per_block_alloc"].get<double>(), j["ns_per_block_free"].get<double>());
-    std::printf("  written              %s with streaming stores (%s)\n", FormatBytes(t.bytes_written).c_str(),
-                std::string(cxlkv::coherence::CopyKindName(cxlkv::coherence::ActiveCopyKind())).c_str());
-    std::printf("  utilization          %.1f%% at peak; %llu blocks in use after the run\n", 100 * peak_util,
+    std::printf(
+        "  rate                 %.0f allocs/s, %.0f frees/s (%.1f ns per block alloc, %.1f ns per "
+        "free)\n",
+        j["allocs_per_s"].get<double>(), j["frees_per_s"].get<double>(),
+        j["ns_per_block_alloc"].get<double>(), j["ns_per_block_free"].get<double>());
+    std::printf(
+        "  written              %s with streaming stores (%s)\n",
+        FormatBytes(t.bytes_written).c_str(),
+        std::string(cxlkv::coherence::CopyKindName(cxlkv::coherence::ActiveCopyKind())).c_str());
+    std::printf("  utilization          %.1f%% at peak; %llu blocks in use after the run\n",
+                100 * peak_util,
                 static_cast<unsigned long long>(j["blocks_in_use_after"].get<std::uint64_t>()));
-    std::printf("  fragmentation        external %.1f%% at peak (1 - largest free run / free), internal %.1f%% (unused token slots)\n",
-                100 * frag_at_peak, 100 * j["internal_fragmentation"].get<double>());
+    std::printf(
+        "  fragmentation        external %.1f%% at peak (1 - largest free run / free), internal "
+        "%.1f%% (unused token slots)\n",
+        100 * frag_at_peak, 100 * j["internal_fragmentation"].get<double>());
     std::printf("  ownership checks     %llu tag errors, %d worker failures\n",
                 static_cast<unsigned long long>(t.tag_errors), worker_failures);
   }

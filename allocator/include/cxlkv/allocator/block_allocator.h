@@ -64,9 +64,9 @@ struct ClassStats {
 };
 
 struct AllocatorStats {
-  std::vector<ClassStats> classes;   // this process, all threads
-  std::uint64_t bad_frees = 0;       // double, stale and foreign frees detected
-  pool::ArenaUsage usage;            // the whole arena, all processes (a map scan)
+  std::vector<ClassStats> classes;  // this process, all threads
+  std::uint64_t bad_frees = 0;      // double, stale and foreign frees detected
+  pool::ArenaUsage usage;           // the whole arena, all processes (a map scan)
 };
 
 namespace internal {
@@ -95,7 +95,8 @@ struct TlsSlot {
   std::uint64_t uid;
   ThreadCache* cache;
 };
-extern constinit thread_local TlsSlot tls_slots[kMaxAllocators] __attribute__((tls_model("initial-exec")));
+extern constinit thread_local TlsSlot tls_slots[kMaxAllocators]
+    __attribute__((tls_model("initial-exec")));
 
 inline constexpr std::uint64_t kCachedToAllocated = 1ull << pool::kStateShift;
 inline constexpr std::uint64_t kStateMask = 3ull << pool::kStateShift;
@@ -133,7 +134,9 @@ class BlockAllocator {
 
   // Address of an allocated block in this process (no validation).
   std::byte* Addr(BlockHandle h) const noexcept { return arena_->BlockAddr(h.index); }
-  BlockRef Ref(BlockHandle h) const noexcept { return BlockRef{arena_->uuid(), h.index, h.generation}; }
+  BlockRef Ref(BlockHandle h) const noexcept {
+    return BlockRef{arena_->uuid(), h.index, h.generation};
+  }
   // Validates a ref from any process: arena uuid, index, allocated state and generation.
   absl::StatusOr<std::byte*> Resolve(const BlockRef& ref) const;
   // The ref of the allocated block that starts at addr.
@@ -171,7 +174,7 @@ class BlockAllocator {
   std::uint32_t total_blocks_ = 0;
   std::uint32_t class_count_ = 0;
   std::uint32_t id_ = 0;
-  std::uint64_t uid_ = 0;          // changes on fork in the child, invalidating TLS caches
+  std::uint64_t uid_ = 0;  // changes on fork in the child, invalidating TLS caches
   // Owner id << kOwnerShift. Read by every Free; written when a thread cache is created
   // after (re)attach, by one thread at a time under the registry mutex.
   std::atomic<std::uint64_t> owner_bits_{internal::kNeverOwner};
@@ -207,9 +210,9 @@ inline FreeResult BlockAllocator::Free(BlockHandle h) noexcept {
   if (h.index < total_blocks_) [[likely]] {
     pool::BlockWord& w = words_[h.index];
     const std::uint64_t v = w.load(std::memory_order_relaxed);
-    const std::uint64_t expect =
-        owner_bits_.load(std::memory_order_relaxed) |
-        (std::uint64_t{pool::kAllocated} << pool::kStateShift) | h.generation;
+    const std::uint64_t expect = owner_bits_.load(std::memory_order_relaxed) |
+                                 (std::uint64_t{pool::kAllocated} << pool::kStateShift) |
+                                 h.generation;
     internal::TlsSlot& t = internal::tls_slots[id_];
     if ((v & ~internal::kClassMask) == expect && t.uid == uid_) [[likely]] {
       const std::uint32_t cls = pool::WordClass(v);

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+
 #include "absl/strings/string_view.h"
 
 namespace cxlkv::coherence {

@@ -11,20 +11,19 @@
 
 #include <cstddef>
 #include <cstdint>
-#include "absl/strings/string_view.h"
 #include <type_traits>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace cxlkv::coherence {
 
 struct RecordHead {
-  std::uint64_t magic;    // identifies the record type; 8 ASCII bytes by convention
-  std::uint32_t version;  // format version of the record type
-  std::uint32_t bytes;    // size of the whole record, head included
-  std::uint64_t seq;      // bumped by the single writer on every rewrite
-  std::uint32_t crc;      // CRC32C of the record with this field zero
+  std::uint64_t magic;     // identifies the record type; 8 ASCII bytes by convention
+  std::uint32_t version;   // format version of the record type
+  std::uint32_t bytes;     // size of the whole record, head included
+  std::uint64_t seq;       // bumped by the single writer on every rewrite
+  std::uint32_t crc;       // CRC32C of the record with this field zero
   std::uint32_t reserved;  // zero
 };
 static_assert(sizeof(RecordHead) == 32);

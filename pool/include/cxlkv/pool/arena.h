@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "cxlkv/pool/kv_layout.h"
 #include "cxlkv/pool/layout.h"
 #include "cxlkv/pool/region.h"
@@ -69,9 +69,9 @@ struct ClassUsage {
   std::uint64_t stride_bytes = 0;
   std::uint32_t total = 0;
   std::uint32_t free = 0;
-  std::uint32_t cached = 0;      // reserved in some owner's cache
-  std::uint32_t allocated = 0;   // handed out, owned by a process
-  std::uint32_t persisted = 0;   // handed out, owned by nobody
+  std::uint32_t cached = 0;     // reserved in some owner's cache
+  std::uint32_t allocated = 0;  // handed out, owned by a process
+  std::uint32_t persisted = 0;  // handed out, owned by nobody
   std::uint32_t largest_free_run = 0;
 };
 
@@ -104,9 +104,7 @@ class Arena {
   const Uuid& uuid() const noexcept { return uuid_; }
   KvLayout layout() const noexcept { return KvLayout::FromRecord(header_.layout); }
   std::uint32_t class_count() const noexcept { return header_.class_count; }
-  const ClassRecord& class_record(std::uint32_t cls) const noexcept {
-    return header_.classes[cls];
-  }
+  const ClassRecord& class_record(std::uint32_t cls) const noexcept { return header_.classes[cls]; }
   std::uint32_t total_blocks() const noexcept { return header_.total_blocks; }
 
   // Map word of block `index` (global index, < total_blocks()).

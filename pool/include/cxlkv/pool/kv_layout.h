@@ -6,10 +6,9 @@
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "cxlkv/pool/layout.h"
 
 namespace cxlkv::pool {
@@ -22,9 +21,7 @@ struct KvLayout {
   std::uint32_t tokens_per_block = 0;
   KvLayoutKind kind = KvLayoutKind::kContiguous;
 
-  std::uint64_t BytesPerToken() const {
-    return 2ull * layers * kv_heads * head_dim * dtype_bytes;
-  }
+  std::uint64_t BytesPerToken() const { return 2ull * layers * kv_heads * head_dim * dtype_bytes; }
   std::uint64_t BlockBytes() const { return BytesPerToken() * tokens_per_block; }
   bool operator==(const KvLayout&) const = default;
 

@@ -61,11 +61,11 @@ struct ClassRecord {
   std::uint64_t block_bytes;   // useful bytes of one block
   std::uint64_t stride_bytes;  // block_bytes rounded up to kBlockAlignBytes
   std::uint32_t block_count;
-  std::uint32_t first_index;   // global index of the class's first block
+  std::uint32_t first_index;       // global index of the class's first block
   std::uint32_t tokens_per_block;  // 0 when the class was sized in bytes
   std::uint32_t reserved0;
-  std::uint64_t hint_offset;   // ceil(block_count / 64) words
-  std::uint64_t data_offset;   // first block; aligned to data_align_bytes
+  std::uint64_t hint_offset;  // ceil(block_count / 64) words
+  std::uint64_t data_offset;  // first block; aligned to data_align_bytes
   std::uint64_t reserved1[2];
 };
 static_assert(sizeof(ClassRecord) == 64);
@@ -112,7 +112,7 @@ struct alignas(64) OwnerSlot {
   std::uint64_t machine_hash;  // hash of /etc/machine-id (or hostname)
   std::uint64_t pidns_ino;     // inode of /proc/self/ns/pid
   std::uint64_t attached_unix_ns;
-  std::uint32_t crc;           // CRC32C of the five identity fields above
+  std::uint32_t crc;  // CRC32C of the five identity fields above
   std::uint32_t reserved[3];
 };
 static_assert(sizeof(OwnerSlot) == 64);

@@ -18,8 +18,8 @@
 #include <memory>
 #include <string>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "cxlkv/pool/spec.h"
 
 namespace cxlkv::pool {
