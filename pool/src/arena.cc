@@ -422,7 +422,8 @@ std::size_t Arena::ClaimBatch(std::uint32_t cls, std::uint32_t* out, std::size_t
     std::uint64_t bits = hints[hw].load(std::memory_order_relaxed);
     while (bits != 0 && got < n) {
       std::uint64_t take = bits;
-      for (auto extra = std::popcount(take) - static_cast<int>(n - got); extra > 0; --extra) {
+      for (auto extra = std::popcount(take) - static_cast<int>(n - got); extra > 0 && take != 0;
+           --extra) {
         take &= ~(1ull << (63 - std::countl_zero(take)));  // keep the lowest n - got bits
       }
       const std::uint64_t taken = hints[hw].fetch_and(~take, std::memory_order_acq_rel) & take;

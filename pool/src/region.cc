@@ -88,7 +88,9 @@ absl::StatusOr<DaxInfo> LookupDax(absl::string_view devname) {
 }  // namespace
 
 absl::Status ErrnoStatus(int err, absl::string_view object, absl::string_view call) {
-  std::string msg = absl::StrCat(object, ": ", call, ": ", std::strerror(err), Hint(err));
+  char buf[128];
+  const char* text = ::strerror_r(err, buf, sizeof(buf));  // GNU: returns the message
+  std::string msg = absl::StrCat(object, ": ", call, ": ", text, Hint(err));
   switch (err) {
     case ENOENT:
       return absl::NotFoundError(msg);
