@@ -1,0 +1,153 @@
+// cxlkv/coherence/domain_layout.h — the shared lines of a CXL domain (docs/coherence.md).
+//
+// Every struct is one or two 64-byte lines with a single writer (named on each struct), a
+// generation or sequence, and a CRC32C in its last 4 bytes over the bytes before it. All
+// positions are offsets into the domain region.
+#ifndef CXLKV_COHERENCE_DOMAIN_LAYOUT_H_
+#define CXLKV_COHERENCE_DOMAIN_LAYOUT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "cxlkv/coherence/crc32c.h"
+#include "cxlkv/coherence/record.h"
+
+namespace cxlkv::coherence {
+
+inline constexpr std::uint64_t kDomainMagic = MakeMagic("CXLKVDOM");
+inline constexpr std::uint32_t kDomainVersion = 1;
+inline constexpr std::uint64_t kLine = 64;
+
+// A block as the protocol knows it: a value, resolvable by the host that owns the arena.
+struct BlockRef {
+  std::uint8_t arena[16];
+  std::uint32_t index;
+  std::uint32_t generation;
+  bool operator==(const BlockRef&) const = default;
+};
+static_assert(sizeof(BlockRef) == 24);
+
+// Written once by FormatDomain (the owner role). Sealed record.
+struct DomainHeader {
+  RecordHead head;
+  std::uint32_t max_hosts;
+  std::uint32_t index_entries;  // power of two
+  std::uint32_t lease_rows;     // per host
+  std::uint32_t ring_slots;     // per host, request and return rings alike
+  std::uint32_t lease_ttl_ms;
+  std::uint32_t host_ttl_ms;
+  std::uint32_t grace_ms;
+  std::uint32_t reserved0;
+  std::uint64_t owner_area_offset;
+  std::uint64_t host_rows_offset;
+  std::uint64_t request_rings_offset;
+  std::uint64_t return_rings_offset;
+  std::uint64_t lease_rows_offset;
+  std::uint64_t index_offset;
+  std::uint64_t end_offset;
+};
+static_assert(sizeof(DomainHeader) <= 4096);
+
+// Writer: the owner. One line per host.
+struct alignas(64) OwnerHostLine {
+  std::uint64_t fenced_incarnation;  // rows and requests of incarnations <= this are ignored
+  std::uint64_t ring_head;           // requests of this host applied so far
+  std::uint64_t return_tail;         // blocks returned to this host so far
+  std::uint64_t owner_epoch;         // bumped on every write of this line
+  // The last heartbeat of incarnation `acked_incarnation` the owner has seen. The owner
+  // cannot fence that incarnation earlier than host_ttl after seeing it, so the host may
+  // count on being live until (its send time of that heartbeat) + host_ttl - margin.
+  std::uint64_t acked_incarnation;
+  std::uint64_t acked_heartbeat;
+  std::uint8_t reserved[12];
+  std::uint32_t crc;
+};
+
+// Writer: host h.
+struct alignas(64) HostRow {
+  std::uint64_t incarnation;  // 0: never joined
+  std::uint64_t heartbeat;    // bumped by Heartbeat(); the owner times its changes
+  std::uint64_t ring_tail;    // requests posted so far
+  std::uint64_t return_head;  // returned blocks taken so far
+  std::uint8_t reserved[28];
+  std::uint32_t crc;
+};
+
+enum class RequestOp : std::uint32_t { kPublish = 1, kRetire = 2 };
+
+// Writer: host h. Two lines; slot (seq - 1) % ring_slots.
+struct alignas(64) RequestSlot {
+  std::uint64_t seq;  // 1, 2, ...: which request this slot holds
+  std::uint64_t incarnation;
+  std::uint64_t ns;
+  std::uint64_t key[2];
+  std::uint64_t parent[2];
+  BlockRef ref;
+  std::uint32_t op;  // RequestOp
+  std::uint8_t reserved[28];
+  std::uint32_t crc;
+};
+
+// Writer: the owner. Slot (seq - 1) % ring_slots of host h's return ring.
+struct alignas(64) ReturnSlot {
+  std::uint64_t seq;
+  BlockRef ref;
+  std::uint8_t reserved[28];
+  std::uint32_t crc;
+};
+
+// Writer: host h. A lease on (entry, entry_gen) while `held`; the owner times changes of
+// lease_seq on its own clock.
+struct alignas(64) LeaseRow {
+  std::uint64_t incarnation;
+  std::uint64_t lease_seq;
+  std::uint32_t entry;
+  std::uint32_t entry_gen;
+  std::uint32_t held;
+  std::uint8_t reserved[32];
+  std::uint32_t crc;
+};
+
+enum class EntryState : std::uint8_t { kEmpty = 0, kPublished = 1, kRetired = 2, kTombstone = 3 };
+
+// Writer: the owner. One line.
+struct alignas(64) IndexEntry {
+  std::uint64_t key[2];
+  std::uint64_t ns;
+  BlockRef ref;
+  std::uint32_t entry_gen;
+  std::uint8_t state;      // EntryState
+  std::uint8_t publisher;  // host id
+  std::uint8_t reserved[6];
+  std::uint32_t crc;
+};
+
+static_assert(sizeof(OwnerHostLine) == 64 && sizeof(HostRow) == 64 && sizeof(ReturnSlot) == 64);
+static_assert(sizeof(LeaseRow) == 64 && sizeof(IndexEntry) == 64 && sizeof(RequestSlot) == 128);
+static_assert(offsetof(IndexEntry, crc) == 60 && offsetof(LeaseRow, crc) == 60);
+
+// CRC of a line record: over every byte before its trailing crc field.
+template <typename T>
+std::uint32_t LineCrc(const T& r) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  return Crc32c(&r, offsetof(T, crc));
+}
+template <typename T>
+void SealLine(T& r) {
+  r.crc = LineCrc(r);
+}
+// A zero line (never written) also counts as valid: it is the initial state.
+template <typename T>
+bool LineValid(const T& r) {
+  if (r.crc == LineCrc(r)) return true;
+  const auto* p = reinterpret_cast<const unsigned char*>(&r);
+  for (std::size_t i = 0; i < sizeof(T); ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace cxlkv::coherence
+
+#endif  // CXLKV_COHERENCE_DOMAIN_LAYOUT_H_

@@ -1,0 +1,251 @@
+// cxlkv/coherence/prefix.h — shared prefix blocks across the hosts of a CXL domain.
+//
+// The protocol of docs/coherence.md: a shared prefix index with one writer (PrefixOwner, the
+// domain's reclaimer), hosts (PrefixHost) that look blocks up without writing, take leases
+// in rows only they write, and post publish/retire requests to their own ring. Blocks are
+// values (BlockRef); the owner hands a reclaimed block back to its publisher through the
+// publisher's return ring, and the publisher frees it in its own arena.
+//
+// Every shared access goes through a Mem (mem.h), so the same code runs on a mapping and on
+// the non-coherent simulator (sim.h). PrefixHost and PrefixOwner are not thread-safe: one
+// thread drives each (a process or a simulated host). Any number of hosts and one owner may
+// run at once, in any processes, on any hosts mapping the region.
+#ifndef CXLKV_COHERENCE_PREFIX_H_
+#define CXLKV_COHERENCE_PREFIX_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "cxlkv/coherence/domain_layout.h"
+#include "cxlkv/coherence/mem.h"
+
+namespace cxlkv::coherence {
+
+// ---- keys -----------------------------------------------------------------------------------
+
+// A namespace binds tenant, model and KV layout: a trust boundary no hit crosses.
+using Namespace = std::uint64_t;
+Namespace MakeNamespace(absl::string_view tenant, absl::string_view model,
+                        absl::string_view kv_layout);
+
+struct PrefixKey {
+  std::uint64_t lo = 0, hi = 0;
+  bool operator==(const PrefixKey&) const = default;
+};
+// XXH3-128 of (namespace, parent key, token ids of this block). The first block of a
+// sequence chains from the all-zero key.
+PrefixKey ChainKey(Namespace ns, const PrefixKey& parent, std::span<const std::uint32_t> tokens);
+
+// ---- domain geometry ------------------------------------------------------------------------
+
+struct DomainGeometry {
+  std::uint32_t max_hosts = 8;
+  std::uint32_t index_entries = 4096;  // rounded up to a power of two
+  std::uint32_t lease_rows = 256;      // per host: leases one host may hold at once
+  std::uint32_t ring_slots = 64;       // per host: requests in flight
+  std::uint32_t lease_ttl_ms = 2000;
+  std::uint32_t host_ttl_ms = 2000;
+  std::uint32_t grace_ms = 100;
+};
+
+// Bytes a domain of this geometry needs.
+std::uint64_t DomainBytes(const DomainGeometry& g);
+// Writes a fresh domain (all tables empty) at offset 0 of mem. Owner role, once.
+absl::Status FormatDomain(Mem& mem, const DomainGeometry& g);
+// Reads and validates the header (kNotFound: no domain; kDataLoss: corrupt).
+absl::StatusOr<DomainHeader> ReadDomainHeader(Mem& mem);
+
+// ---- hosts ----------------------------------------------------------------------------------
+
+struct Hit {
+  std::uint32_t entry = 0;
+  std::uint32_t entry_gen = 0;
+  BlockRef ref{};
+  std::uint32_t publisher = 0;
+};
+
+struct Lease {
+  std::uint32_t row = 0;
+  std::uint32_t entry = 0;
+  std::uint32_t entry_gen = 0;
+  BlockRef ref{};
+  std::int64_t deadline_ms = 0;  // on this host's clock; the data may not be used after it
+};
+
+class PrefixHost {
+ public:
+  struct Options {
+    // Safety margin under lease_ttl for the local deadline (clock-rate drift between hosts).
+    std::uint32_t margin_ms = 0;  // 0: lease_ttl / 4
+  };
+
+  // Joins the domain as host `host_id` with a new incarnation: clears this host's lease
+  // rows, drops requests the owner never applied, and collects nothing yet.
+  static absl::StatusOr<std::unique_ptr<PrefixHost>> Join(Mem& mem, Clock& clock,
+                                                          std::uint32_t host_id,
+                                                          const Options& options);
+  static absl::StatusOr<std::unique_ptr<PrefixHost>> Join(Mem& mem, Clock& clock,
+                                                          std::uint32_t host_id) {
+    return Join(mem, clock, host_id, Options{});
+  }
+
+  // Finds a published block; writes nothing and takes no lease.
+  std::optional<Hit> Lookup(Namespace ns, const PrefixKey& key);
+  // Takes a lease: writes this host's lease row, then re-validates the entry.
+  // kNotFound: retired meanwhile; kResourceExhausted: no free lease row;
+  // kAborted: this host was fenced (it rejoined; take the lease again);
+  // kUnavailable: the owner has not acknowledged a recent heartbeat of this host (it is
+  // down or behind), so no lease can be promised; retry after Heartbeat().
+  absl::StatusOr<Lease> Acquire(const Hit& hit);
+  // Lookup + Acquire; kNotFound on a miss.
+  absl::StatusOr<Lease> LookupAndAcquire(Namespace ns, const PrefixKey& key);
+  // Extends the lease. kDeadlineExceeded if it already expired locally (re-acquire).
+  absl::Status Renew(Lease& lease);
+  void Release(Lease& lease);
+  // After copying the block out: OK only if the lease is still valid on this host's clock
+  // and the entry still names this generation (else discard the copy).
+  absl::Status ValidateAfterCopy(const Lease& lease);
+
+  // Asks the owner to publish a block this host wrote (and will not modify again).
+  // kUnavailable: the request ring is full (the owner is behind or down); retry later.
+  absl::Status Publish(Namespace ns, const PrefixKey& key, const PrefixKey& parent,
+                       const BlockRef& ref);
+  absl::Status Retire(Namespace ns, const PrefixKey& key);
+
+  // Bumps the heartbeat, collects blocks the owner returned (appended to `returned`, or
+  // kept for the next call when it is null), frees rows of locally expired leases, and
+  // checks for fencing: kAborted when this host was fenced — it has dropped every lease and
+  // rejoined with a new incarnation. Call it at least every host_ttl / 4.
+  absl::Status Heartbeat(std::vector<BlockRef>* returned);
+
+  std::uint32_t host_id() const { return host_; }
+  std::uint64_t incarnation() const { return incarnation_; }
+  const DomainHeader& header() const { return h_; }
+  std::size_t leases_held() const { return held_rows_.size(); }
+
+ private:
+  PrefixHost(Mem& mem, Clock& clock, const DomainHeader& h, std::uint32_t host,
+             std::uint32_t margin_ms);
+  absl::Status Rejoin();
+  bool ReadEntry(std::uint32_t i, IndexEntry* e);
+  bool ReadOwnerLine(OwnerHostLine* o);
+  void WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held);
+  void WriteHostRow();
+  absl::Status PostRequest(RequestSlot slot);
+  // A lease taken at `now` ends at min(now + lease_ttl, alive_until) - margin.
+  std::int64_t Deadline(std::int64_t now) const;
+
+  Mem& mem_;
+  Clock& clock_;
+  DomainHeader h_;
+  std::uint32_t host_;
+  std::uint32_t margin_ms_;
+  std::uint64_t incarnation_ = 0;
+  std::uint64_t heartbeat_ = 0;
+  std::uint64_t ring_tail_ = 0;
+  std::uint64_t return_head_ = 0;
+  std::uint64_t lease_seq_ = 0;
+  // This host cannot be fenced before this time (from heartbeats the owner acknowledged).
+  std::int64_t alive_until_ms_ = 0;
+  std::vector<std::pair<std::uint64_t, std::int64_t>> sent_beats_;  // heartbeat, local send time
+  void NoteOwnerLine(const OwnerHostLine& o);
+  std::vector<BlockRef> returned_;   // returned blocks not yet handed to the caller
+  std::vector<std::uint32_t> free_rows_;
+  std::map<std::uint32_t, Lease> held_rows_;  // by row
+};
+
+// ---- the owner (reclaimer) ------------------------------------------------------------------
+
+class PrefixOwner {
+ public:
+  struct Options {
+    // Start evicting when more than this fraction of index entries is in use.
+    double max_load = 0.75;
+    // Weight of fan-out (children published under an entry) against recent lease takes.
+    double fanout_weight = 4.0;
+  };
+  struct Stats {
+    std::uint64_t requests_applied = 0;
+    std::uint64_t published = 0;
+    std::uint64_t duplicates = 0;   // publish of a key already present: block returned
+    std::uint64_t rejected = 0;     // malformed, foreign namespace or stale requests
+    std::uint64_t retired = 0;
+    std::uint64_t reclaimed = 0;
+    std::uint64_t evicted = 0;
+    std::uint64_t hosts_fenced = 0;
+    std::uint64_t leases_expired = 0;
+  };
+
+  static absl::StatusOr<std::unique_ptr<PrefixOwner>> Open(Mem& mem, Clock& clock,
+                                                           const Options& options);
+  static absl::StatusOr<std::unique_ptr<PrefixOwner>> Open(Mem& mem, Clock& clock) {
+    return Open(mem, clock, Options{});
+  }
+
+  // One round of everything below. Cheap when nothing changed.
+  void Step();
+  // Applies the hosts' publish/retire requests. Returns how many.
+  std::uint32_t ApplyRequests();
+  // Fences hosts whose heartbeat did not change for host_ttl on this clock.
+  std::uint32_t FenceExpiredHosts();
+  // Frees retired entries older than grace that no live, unexpired lease names.
+  std::uint32_t Reclaim();
+  // Retires up to n unleased published entries, lowest score first (soft-pinned last).
+  std::uint32_t Evict(std::uint32_t n);
+  // Retires the entry of (ns, key) if published. kNotFound otherwise.
+  absl::Status RetireKey(Namespace ns, const PrefixKey& key);
+  // Pin level of a namespace: entries of higher levels are evicted later (0 = none).
+  void SetPinLevel(Namespace ns, int level) { pin_[ns] = level; }
+
+  const Stats& stats() const { return stats_; }
+  std::uint32_t published_entries() const { return published_count_; }
+  const DomainHeader& header() const { return h_; }
+
+ private:
+  PrefixOwner(Mem& mem, Clock& clock, const DomainHeader& h, const Options& o);
+  struct EntryInfo {
+    std::int64_t retired_at_ms = 0;
+    double score = 0;  // decayed lease acquisitions seen in scans
+    std::uint32_t fanout = 0;
+    bool leased = false;  // at the last scan
+  };
+  struct TimedValue {
+    std::uint64_t value = ~0ull;
+    std::int64_t changed_at_ms = 0;
+  };
+  void WriteEntry(std::uint32_t i, const IndexEntry& e, bool full_fence);
+  void WriteOwnerLine(std::uint32_t host);
+  std::int64_t FindKey(Namespace ns, const PrefixKey& key, bool published_only) const;
+  std::int64_t FindFreeSlot(Namespace ns, const PrefixKey& key) const;
+  void Apply(std::uint32_t host, const RequestSlot& r);
+  void RetireEntry(std::uint32_t i);
+  void ReturnBlock(std::uint32_t host, const BlockRef& ref);
+  void FlushReturns();
+  bool HostLive(std::uint32_t host, HostRow* row);
+  // Scans every live lease row: marks leased entries, returns the (entry, gen) pairs held.
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> ScanLeases();
+
+  Mem& mem_;
+  Clock& clock_;
+  DomainHeader h_;
+  Options options_;
+  Stats stats_;
+  std::vector<IndexEntry> index_;  // authoritative: the owner is the index's only writer
+  std::vector<EntryInfo> info_;
+  std::vector<OwnerHostLine> owner_lines_;
+  std::vector<TimedValue> heartbeats_;   // per host
+  std::vector<TimedValue> lease_seqs_;   // per host x row
+  std::vector<std::vector<BlockRef>> pending_returns_;  // per host, ring full
+  std::map<Namespace, int> pin_;
+  std::uint32_t published_count_ = 0;
+};
+
+}  // namespace cxlkv::coherence
+
+#endif  // CXLKV_COHERENCE_PREFIX_H_

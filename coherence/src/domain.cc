@@ -1,0 +1,141 @@
+// Prefix keys, namespaces, and the domain header: format and validation.
+#include <xxhash.h>
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cxlkv/coherence/prefix.h"
+
+namespace cxlkv::coherence {
+namespace {
+
+std::uint32_t RoundUpPow2(std::uint32_t v) {
+  std::uint32_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+DomainHeader Plan(const DomainGeometry& g) {
+  DomainHeader h{};
+  h.max_hosts = g.max_hosts;
+  h.index_entries = RoundUpPow2(g.index_entries);
+  h.lease_rows = g.lease_rows;
+  h.ring_slots = g.ring_slots;
+  h.lease_ttl_ms = g.lease_ttl_ms;
+  h.host_ttl_ms = g.host_ttl_ms;
+  h.grace_ms = g.grace_ms;
+  std::uint64_t at = 4096;
+  h.owner_area_offset = at;
+  at += std::uint64_t{h.max_hosts} * kLine;
+  h.host_rows_offset = at;
+  at += std::uint64_t{h.max_hosts} * kLine;
+  h.request_rings_offset = at;
+  at += std::uint64_t{h.max_hosts} * h.ring_slots * sizeof(RequestSlot);
+  h.return_rings_offset = at;
+  at += std::uint64_t{h.max_hosts} * h.ring_slots * sizeof(ReturnSlot);
+  h.lease_rows_offset = at;
+  at += std::uint64_t{h.max_hosts} * h.lease_rows * sizeof(LeaseRow);
+  h.index_offset = at;
+  at += std::uint64_t{h.index_entries} * sizeof(IndexEntry);
+  h.end_offset = at;
+  return h;
+}
+
+absl::Status CheckGeometry(const DomainHeader& h, std::uint64_t mem_bytes) {
+  auto bad = [](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat("domain header: ", what,
+                                            "; the region is not a valid cxlkv domain"));
+  };
+  if (h.max_hosts == 0 || h.max_hosts > 255) return bad("max_hosts out of 1..255");
+  if (h.index_entries == 0 || (h.index_entries & (h.index_entries - 1)) != 0 ||
+      h.index_entries > (1u << 26)) {
+    return bad("index_entries not a power of two up to 2^26");
+  }
+  if (h.lease_rows == 0 || h.lease_rows > (1u << 20)) return bad("lease_rows out of range");
+  if (h.ring_slots == 0 || h.ring_slots > (1u << 16)) return bad("ring_slots out of range");
+  if (h.lease_ttl_ms == 0 || h.host_ttl_ms == 0) return bad("zero TTL");
+  const DomainHeader expect = Plan(DomainGeometry{h.max_hosts, h.index_entries, h.lease_rows,
+                                                  h.ring_slots, h.lease_ttl_ms, h.host_ttl_ms,
+                                                  h.grace_ms});
+  if (h.owner_area_offset != expect.owner_area_offset ||
+      h.host_rows_offset != expect.host_rows_offset ||
+      h.request_rings_offset != expect.request_rings_offset ||
+      h.return_rings_offset != expect.return_rings_offset ||
+      h.lease_rows_offset != expect.lease_rows_offset || h.index_offset != expect.index_offset ||
+      h.end_offset != expect.end_offset) {
+    return bad("table offsets do not follow from the geometry");
+  }
+  if (h.end_offset > mem_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "domain needs ", h.end_offset, " bytes but the region has ", mem_bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Namespace MakeNamespace(absl::string_view tenant, absl::string_view model,
+                        absl::string_view kv_layout) {
+  // Length-prefixed so ("ab","c") and ("a","bc") differ.
+  std::string buf;
+  for (absl::string_view part : {tenant, model, kv_layout}) {
+    const auto n = static_cast<std::uint32_t>(part.size());
+    buf.append(reinterpret_cast<const char*>(&n), sizeof(n));
+    buf.append(part.data(), part.size());
+  }
+  const Namespace ns = XXH3_64bits(buf.data(), buf.size());
+  return ns == 0 ? 1 : ns;  // 0 marks an empty entry
+}
+
+PrefixKey ChainKey(Namespace ns, const PrefixKey& parent, std::span<const std::uint32_t> tokens) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset(st);
+  XXH3_128bits_update(st, &ns, sizeof(ns));
+  XXH3_128bits_update(st, &parent.lo, sizeof(parent.lo));
+  XXH3_128bits_update(st, &parent.hi, sizeof(parent.hi));
+  XXH3_128bits_update(st, tokens.data(), tokens.size_bytes());
+  const XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  PrefixKey k{h.low64, h.high64};
+  if (k.lo == 0 && k.hi == 0) k.lo = 1;  // the zero key is the root, never a block
+  return k;
+}
+
+std::uint64_t DomainBytes(const DomainGeometry& g) { return Plan(g).end_offset; }
+
+absl::Status FormatDomain(Mem& mem, const DomainGeometry& g) {
+  if (g.max_hosts == 0 || g.max_hosts > 255 || g.lease_rows == 0 || g.ring_slots == 0 ||
+      g.index_entries == 0 || g.lease_ttl_ms == 0 || g.host_ttl_ms == 0) {
+    return absl::InvalidArgumentError(
+        "domain geometry: max_hosts must be 1..255 and every table size and TTL > 0");
+  }
+  DomainHeader h = Plan(g);
+  if (auto st = CheckGeometry(h, mem.size_bytes()); !st.ok()) return st;
+  // Tables first (all zero = empty), header last: a half-formatted domain has no header.
+  const std::vector<std::byte> zero(1 << 16);
+  for (std::uint64_t off = 0; off < h.end_offset; off += zero.size()) {
+    mem.Write(off, zero.data(), std::min<std::uint64_t>(zero.size(), h.end_offset - off));
+  }
+  mem.Flush(0, h.end_offset);
+  mem.Fence();
+  Seal(h, kDomainMagic, kDomainVersion, 1);
+  mem.Write(0, &h, sizeof(h));
+  mem.Flush(0, sizeof(h));
+  mem.Fence();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DomainHeader> ReadDomainHeader(Mem& mem) {
+  if (mem.size_bytes() < 4096) return absl::InvalidArgumentError("region too small for a domain");
+  DomainHeader h;
+  mem.Invalidate(0, sizeof(h));
+  mem.Read(0, &h, sizeof(h));
+  if (auto st = Check(h, kDomainMagic, kDomainVersion, kDomainVersion, "domain header"); !st.ok()) {
+    return st;
+  }
+  if (auto st = CheckGeometry(h, mem.size_bytes()); !st.ok()) return st;
+  return h;
+}
+
+}  // namespace cxlkv::coherence

@@ -1,0 +1,36 @@
+#include "cxlkv/coherence/mem.h"
+
+#include <immintrin.h>
+#include <time.h>
+
+#include <cstring>
+
+#include "cxlkv/coherence/cache.h"
+
+namespace cxlkv::coherence {
+
+void DirectMem::Read(std::uint64_t offset, void* dst, std::size_t len) {
+  std::memcpy(dst, base_ + offset, len);
+}
+void DirectMem::Write(std::uint64_t offset, const void* src, std::size_t len) {
+  std::memcpy(base_ + offset, src, len);
+}
+void DirectMem::WriteNt(std::uint64_t offset, const void* src, std::size_t len) {
+  CopyNt(base_ + offset, src, len);
+}
+void DirectMem::Flush(std::uint64_t offset, std::size_t len) {
+  coherence::Flush(base_ + offset, len);
+}
+void DirectMem::Invalidate(std::uint64_t offset, std::size_t len) {
+  coherence::Invalidate(base_ + offset, len);
+}
+void DirectMem::Fence() { coherence::Fence(); }
+void DirectMem::FullFence() { _mm_mfence(); }
+
+std::int64_t SteadyClock::NowMs() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+}  // namespace cxlkv::coherence

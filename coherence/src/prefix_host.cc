@@ -1,0 +1,298 @@
+// PrefixHost: lookups, leases, requests and heartbeat of one host (docs/coherence.md).
+#include "absl/strings/str_cat.h"
+#include "cxlkv/coherence/prefix.h"
+#include "domain_internal.h"
+
+namespace cxlkv::coherence {
+
+using internal::EntryOff;
+using internal::HostRowOff;
+using internal::LeaseRowOff;
+using internal::OwnerLineOff;
+using internal::ReadShared;
+using internal::RequestSlotOff;
+using internal::ReturnSlotOff;
+using internal::WriteShared;
+
+PrefixHost::PrefixHost(Mem& mem, Clock& clock, const DomainHeader& h, std::uint32_t host,
+                       std::uint32_t margin_ms)
+    : mem_(mem), clock_(clock), h_(h), host_(host), margin_ms_(margin_ms) {}
+
+absl::StatusOr<std::unique_ptr<PrefixHost>> PrefixHost::Join(Mem& mem, Clock& clock,
+                                                             std::uint32_t host_id,
+                                                             const Options& options) {
+  auto h = ReadDomainHeader(mem);
+  if (!h.ok()) return h.status();
+  if (host_id >= h->max_hosts) {
+    return absl::InvalidArgumentError(absl::StrCat("host id ", host_id, " is outside the domain's ",
+                                                   h->max_hosts, " host rows"));
+  }
+  const std::uint32_t margin = options.margin_ms != 0 ? options.margin_ms : h->lease_ttl_ms / 4;
+  if (margin >= h->lease_ttl_ms) {
+    return absl::InvalidArgumentError("lease margin must be below the domain's lease TTL");
+  }
+  std::unique_ptr<PrefixHost> p(new PrefixHost(mem, clock, *h, host_id, margin));
+  if (auto st = p->Rejoin(); !st.ok()) return st;
+  return p;
+}
+
+absl::Status PrefixHost::Rejoin() {
+  HostRow row{};
+  if (!ReadShared(mem_, HostRowOff(h_, host_), &row)) row = HostRow{};
+  OwnerHostLine o{};
+  if (!ReadOwnerLine(&o)) {
+    return absl::UnavailableError(absl::StrCat("host ", host_, ": owner line unreadable"));
+  }
+  incarnation_ = std::max(row.incarnation, o.fenced_incarnation) + 1;
+  alive_until_ms_ = 0;  // nothing acknowledged for this incarnation yet
+  sent_beats_.clear();
+  held_rows_.clear();  // a fenced incarnation's leases are void
+  free_rows_.clear();
+  // Rows of the old incarnation go first (the owner ignores them once it sees the new
+  // incarnation, but a clean table is what a restarted owner must find).
+  for (std::uint32_t r = h_.lease_rows; r-- > 0;) {
+    WriteLeaseRow(r, 0, 0, false);
+    free_rows_.push_back(r);
+  }
+  heartbeat_ = row.heartbeat + 1;
+  ring_tail_ = o.ring_head;  // requests the owner never applied are dropped
+  return_head_ = std::max(row.return_head, std::uint64_t{0});
+  WriteHostRow();
+  return absl::OkStatus();
+}
+
+bool PrefixHost::ReadEntry(std::uint32_t i, IndexEntry* e) {
+  return ReadShared(mem_, EntryOff(h_, i), e);
+}
+
+bool PrefixHost::ReadOwnerLine(OwnerHostLine* o) {
+  if (!ReadShared(mem_, OwnerLineOff(h_, host_), o)) return false;
+  NoteOwnerLine(*o);
+  return true;
+}
+
+void PrefixHost::NoteOwnerLine(const OwnerHostLine& o) {
+  if (o.acked_incarnation != incarnation_) return;
+  std::size_t k = 0;
+  while (k < sent_beats_.size() && sent_beats_[k].first < o.acked_heartbeat) ++k;
+  if (k < sent_beats_.size() && sent_beats_[k].first == o.acked_heartbeat) {
+    alive_until_ms_ =
+        std::max(alive_until_ms_, sent_beats_[k].second +
+                                      static_cast<std::int64_t>(h_.host_ttl_ms) - margin_ms_);
+  }
+  sent_beats_.erase(sent_beats_.begin(), sent_beats_.begin() + static_cast<std::ptrdiff_t>(k));
+}
+
+void PrefixHost::WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen,
+                               bool held) {
+  LeaseRow r{};
+  r.incarnation = incarnation_;
+  r.lease_seq = ++lease_seq_;
+  r.entry = entry;
+  r.entry_gen = gen;
+  r.held = held ? 1 : 0;
+  SealLine(r);
+  const std::uint64_t off = LeaseRowOff(h_, host_, row);
+  mem_.Write(off, &r, sizeof(r));
+#ifndef CXLKV_FAULT_DROP_LEASE_FLUSH  // defined only by the fault-injection test build
+  mem_.Flush(off, sizeof(r));
+#endif
+  // Full fence: the re-validation load that follows an acquire must not pass this store.
+  mem_.FullFence();
+}
+
+void PrefixHost::WriteHostRow() {
+  // Remember when each heartbeat left (before it could be seen): once the owner
+  // acknowledges it, we are live until that time + host_ttl - margin.
+  if (sent_beats_.empty() || sent_beats_.back().first != heartbeat_) {
+    sent_beats_.emplace_back(heartbeat_, clock_.NowMs());
+  }
+  HostRow r{};
+  r.incarnation = incarnation_;
+  r.heartbeat = heartbeat_;
+  r.ring_tail = ring_tail_;
+  r.return_head = return_head_;
+  WriteShared(mem_, HostRowOff(h_, host_), r, false);
+}
+
+std::optional<Hit> PrefixHost::Lookup(Namespace ns, const PrefixKey& key) {
+  const std::uint32_t mask = h_.index_entries - 1;
+  const std::uint32_t start = internal::ProbeStart(h_, ns, key);
+  for (std::uint32_t p = 0; p < h_.index_entries; ++p) {
+    const std::uint32_t i = (start + p) & mask;
+    IndexEntry e;
+    if (!ReadEntry(i, &e)) continue;  // unreadable: keep probing
+    const auto state = static_cast<EntryState>(e.state);
+    if (state == EntryState::kEmpty) return std::nullopt;
+    if (state == EntryState::kPublished && internal::KeyMatches(e, ns, key)) {
+      return Hit{i, e.entry_gen, e.ref, e.publisher};
+    }
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<Lease> PrefixHost::Acquire(const Hit& hit) {
+  if (hit.entry >= h_.index_entries) return absl::InvalidArgumentError("hit names no entry");
+  if (clock_.NowMs() > alive_until_ms_) {
+    // No acknowledged heartbeat recent enough to promise a lease: beat, and look again.
+    if (auto st = Heartbeat(nullptr); !st.ok()) return st;
+    if (clock_.NowMs() > alive_until_ms_) {
+      return absl::UnavailableError(absl::StrCat(
+          "host ", host_, ": the owner has not acknowledged a recent heartbeat (down or "
+          "behind); no lease can be promised — retry after Heartbeat()"));
+    }
+  }
+  if (free_rows_.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "host ", host_, " holds all ", h_.lease_rows, " lease rows; release some"));
+  }
+  const std::int64_t now = clock_.NowMs();  // before the row can be seen: deadline is safe
+  const std::uint32_t row = free_rows_.back();
+  WriteLeaseRow(row, hit.entry, hit.entry_gen, true);
+  IndexEntry e;
+  if (!ReadEntry(hit.entry, &e) || static_cast<EntryState>(e.state) != EntryState::kPublished ||
+      e.entry_gen != hit.entry_gen) {
+    WriteLeaseRow(row, 0, 0, false);
+    return absl::NotFoundError("the block was retired before the lease took hold");
+  }
+  free_rows_.pop_back();
+  Lease lease{row, hit.entry, hit.entry_gen, hit.ref, Deadline(now)};
+  held_rows_[row] = lease;
+  return lease;
+}
+
+absl::StatusOr<Lease> PrefixHost::LookupAndAcquire(Namespace ns, const PrefixKey& key) {
+  const std::optional<Hit> hit = Lookup(ns, key);
+  if (!hit) return absl::NotFoundError("no published block for this prefix key");
+  return Acquire(*hit);
+}
+
+absl::Status PrefixHost::Renew(Lease& lease) {
+  auto it = held_rows_.find(lease.row);
+  if (it == held_rows_.end() || it->second.entry != lease.entry) {
+    return absl::FailedPreconditionError("not a lease this host holds");
+  }
+  const std::int64_t now = clock_.NowMs();
+  if (now > lease.deadline_ms) {
+    Release(lease);
+    return absl::DeadlineExceededError("the lease expired on this host's clock; acquire again");
+  }
+  if (now > alive_until_ms_) {
+    if (auto st = Heartbeat(nullptr); !st.ok()) return st;  // fenced: the lease is gone
+    if (clock_.NowMs() > alive_until_ms_) {
+      return absl::UnavailableError("the owner has not acknowledged a recent heartbeat");
+    }
+  }
+  WriteLeaseRow(lease.row, lease.entry, lease.entry_gen, true);
+  lease.deadline_ms = Deadline(now);
+  it->second.deadline_ms = lease.deadline_ms;
+  return absl::OkStatus();
+}
+
+void PrefixHost::Release(Lease& lease) {
+  auto it = held_rows_.find(lease.row);
+  if (it == held_rows_.end() || it->second.entry != lease.entry) return;
+  WriteLeaseRow(lease.row, 0, 0, false);
+  held_rows_.erase(it);
+  free_rows_.push_back(lease.row);
+}
+
+absl::Status PrefixHost::ValidateAfterCopy(const Lease& lease) {
+  if (clock_.NowMs() > lease.deadline_ms) {
+    return absl::DeadlineExceededError("the lease expired during the copy; discard it");
+  }
+  IndexEntry e;
+  if (!ReadEntry(lease.entry, &e) || static_cast<EntryState>(e.state) != EntryState::kPublished ||
+      e.entry_gen != lease.entry_gen) {
+    return absl::AbortedError("the block was retired during the copy; discard it");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrefixHost::PostRequest(RequestSlot slot) {
+  OwnerHostLine o{};
+  if (!ReadOwnerLine(&o)) return absl::UnavailableError("owner line unreadable; retry");
+  if (ring_tail_ - std::min(o.ring_head, ring_tail_) >= h_.ring_slots) {
+    return absl::UnavailableError(absl::StrCat(
+        "host ", host_, ": request ring full (", h_.ring_slots,
+        " pending); the owner is behind or down — retry later"));
+  }
+  slot.seq = ring_tail_ + 1;
+  slot.incarnation = incarnation_;
+  // The slot reaches memory before the tail that makes it visible (both flushed, fenced).
+  WriteShared(mem_, RequestSlotOff(h_, host_, slot.seq), slot, false);
+  ++ring_tail_;
+  WriteHostRow();
+  return absl::OkStatus();
+}
+
+absl::Status PrefixHost::Publish(Namespace ns, const PrefixKey& key, const PrefixKey& parent,
+                                 const BlockRef& ref) {
+  RequestSlot s{};
+  s.op = static_cast<std::uint32_t>(RequestOp::kPublish);
+  s.ns = ns;
+  s.key[0] = key.lo;
+  s.key[1] = key.hi;
+  s.parent[0] = parent.lo;
+  s.parent[1] = parent.hi;
+  s.ref = ref;
+  // The block's bytes must be in memory before the request: streaming stores need a fence.
+  mem_.Fence();
+  return PostRequest(s);
+}
+
+absl::Status PrefixHost::Retire(Namespace ns, const PrefixKey& key) {
+  RequestSlot s{};
+  s.op = static_cast<std::uint32_t>(RequestOp::kRetire);
+  s.ns = ns;
+  s.key[0] = key.lo;
+  s.key[1] = key.hi;
+  return PostRequest(s);
+}
+
+absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {
+  OwnerHostLine o{};
+  const bool owner_ok = ReadOwnerLine(&o);
+  if (owner_ok && o.fenced_incarnation >= incarnation_) {
+    const std::uint64_t old = incarnation_;
+    if (auto st = Rejoin(); !st.ok()) return st;
+    return absl::AbortedError(absl::StrCat("host ", host_, " was fenced as incarnation ", old,
+                                           "; its leases are gone; rejoined as ",
+                                           incarnation_));
+  }
+  if (owner_ok) {
+    while (return_head_ < o.return_tail) {
+      ReturnSlot r;
+      if (!ReadShared(mem_, ReturnSlotOff(h_, host_, return_head_ + 1), &r) ||
+          r.seq != return_head_ + 1) {
+        break;  // not visible yet
+      }
+      returned_.push_back(r.ref);
+      ++return_head_;
+    }
+  }
+  // Leases past their local deadline are dead: free their rows.
+  const std::int64_t now = clock_.NowMs();
+  for (auto it = held_rows_.begin(); it != held_rows_.end();) {
+    if (now > it->second.deadline_ms) {
+      WriteLeaseRow(it->first, 0, 0, false);
+      free_rows_.push_back(it->first);
+      it = held_rows_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  ++heartbeat_;
+  WriteHostRow();
+  if (returned != nullptr) {
+    returned->insert(returned->end(), returned_.begin(), returned_.end());
+    returned_.clear();
+  }
+  return absl::OkStatus();
+}
+
+std::int64_t PrefixHost::Deadline(std::int64_t now) const {
+  return std::min(now + static_cast<std::int64_t>(h_.lease_ttl_ms - margin_ms_), alive_until_ms_);
+}
+
+}  // namespace cxlkv::coherence

@@ -1,0 +1,364 @@
+// PrefixOwner: the index's single writer and the domain's reclaimer (docs/coherence.md).
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "cxlkv/coherence/prefix.h"
+#include "domain_internal.h"
+
+namespace cxlkv::coherence {
+
+using internal::EntryOff;
+using internal::HostRowOff;
+using internal::LeaseRowOff;
+using internal::OwnerLineOff;
+using internal::ReadShared;
+using internal::RequestSlotOff;
+using internal::ReturnSlotOff;
+using internal::WriteShared;
+
+namespace {
+
+EntryState StateOf(const IndexEntry& e) { return static_cast<EntryState>(e.state); }
+
+// Changes whenever any field of the row changes (every host write changes one).
+std::uint64_t RowStamp(const HostRow& r) { return (r.incarnation << 32) ^ r.crc ^ r.heartbeat; }
+
+}  // namespace
+
+PrefixOwner::PrefixOwner(Mem& mem, Clock& clock, const DomainHeader& h, const Options& o)
+    : mem_(mem), clock_(clock), h_(h), options_(o) {}
+
+absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& clock,
+                                                               const Options& options) {
+  auto h = ReadDomainHeader(mem);
+  if (!h.ok()) return h.status();
+  std::unique_ptr<PrefixOwner> o(new PrefixOwner(mem, clock, *h, options));
+  const std::int64_t now = clock.NowMs();
+  o->index_.resize(h->index_entries);
+  o->info_.resize(h->index_entries);
+  for (std::uint32_t i = 0; i < h->index_entries; ++i) {
+    IndexEntry& e = o->index_[i];
+    if (!ReadShared(mem, EntryOff(*h, i), &e)) {
+      return absl::DataLossError(absl::StrCat("domain index entry ", i, " is corrupt"));
+    }
+    if (StateOf(e) == EntryState::kPublished) ++o->published_count_;
+    // After a restart every retired entry waits a full grace period again (conservative).
+    if (StateOf(e) == EntryState::kRetired) o->info_[i].retired_at_ms = now;
+  }
+  o->owner_lines_.resize(h->max_hosts);
+  for (std::uint32_t host = 0; host < h->max_hosts; ++host) {
+    if (!ReadShared(mem, OwnerLineOff(*h, host), &o->owner_lines_[host])) {
+      return absl::DataLossError(absl::StrCat("domain owner line of host ", host, " is corrupt"));
+    }
+  }
+  // Timers start now: a host or lease looks alive for a full TTL after an owner restart.
+  o->heartbeats_.assign(h->max_hosts, TimedValue{~0ull, now});
+  o->lease_seqs_.assign(std::size_t{h->max_hosts} * h->lease_rows, TimedValue{~0ull, now});
+  o->pending_returns_.resize(h->max_hosts);
+  return o;
+}
+
+void PrefixOwner::WriteEntry(std::uint32_t i, const IndexEntry& e, bool full_fence) {
+  index_[i] = e;
+  SealLine(index_[i]);
+  WriteShared(mem_, EntryOff(h_, i), index_[i], full_fence);
+}
+
+void PrefixOwner::WriteOwnerLine(std::uint32_t host) {
+  OwnerHostLine& l = owner_lines_[host];
+  ++l.owner_epoch;
+  SealLine(l);
+  WriteShared(mem_, OwnerLineOff(h_, host), l, false);
+}
+
+std::int64_t PrefixOwner::FindKey(Namespace ns, const PrefixKey& key, bool published_only) const {
+  const std::uint32_t mask = h_.index_entries - 1;
+  const std::uint32_t start = internal::ProbeStart(h_, ns, key);
+  for (std::uint32_t p = 0; p < h_.index_entries; ++p) {
+    const IndexEntry& e = index_[(start + p) & mask];
+    const EntryState s = StateOf(e);
+    if (s == EntryState::kEmpty) return -1;
+    if ((s == EntryState::kPublished || (!published_only && s == EntryState::kRetired)) &&
+        internal::KeyMatches(e, ns, key)) {
+      return (start + p) & mask;
+    }
+  }
+  return -1;
+}
+
+std::int64_t PrefixOwner::FindFreeSlot(Namespace ns, const PrefixKey& key) const {
+  const std::uint32_t mask = h_.index_entries - 1;
+  const std::uint32_t start = internal::ProbeStart(h_, ns, key);
+  for (std::uint32_t p = 0; p < h_.index_entries; ++p) {
+    const EntryState s = StateOf(index_[(start + p) & mask]);
+    if (s == EntryState::kEmpty || s == EntryState::kTombstone) return (start + p) & mask;
+  }
+  return -1;
+}
+
+bool PrefixOwner::HostLive(std::uint32_t host, HostRow* row) {
+  if (!ReadShared(mem_, HostRowOff(h_, host), row)) return false;
+  return row->incarnation != 0 && row->incarnation > owner_lines_[host].fenced_incarnation;
+}
+
+void PrefixOwner::Step() {
+  ApplyRequests();
+  FenceExpiredHosts();
+  std::uint32_t in_use = 0;
+  for (const IndexEntry& e : index_) {
+    in_use += StateOf(e) == EntryState::kPublished || StateOf(e) == EntryState::kRetired;
+  }
+  const auto limit = static_cast<std::uint32_t>(options_.max_load * h_.index_entries);
+  if (in_use > limit) Evict(in_use - limit);
+  Reclaim();
+  FlushReturns();
+}
+
+std::uint32_t PrefixOwner::ApplyRequests() {
+  std::uint32_t applied = 0;
+  for (std::uint32_t host = 0; host < h_.max_hosts; ++host) {
+    HostRow row;
+    if (!HostLive(host, &row)) continue;  // fenced hosts' requests are ignored
+    OwnerHostLine& l = owner_lines_[host];
+    std::uint64_t head = l.ring_head;
+    if (row.ring_tail < head) head = row.ring_tail;  // rejoined: nothing pending
+    const std::uint64_t tail = std::min<std::uint64_t>(row.ring_tail, head + h_.ring_slots);
+    while (head < tail) {
+      RequestSlot r;
+      if (!ReadShared(mem_, RequestSlotOff(h_, host, head + 1), &r) || r.seq != head + 1) {
+        break;  // not visible yet: next round
+      }
+      if (r.incarnation == row.incarnation) {
+        Apply(host, r);
+      } else {
+        ++stats_.rejected;
+      }
+      ++head;
+      ++applied;
+    }
+    if (head != l.ring_head) {
+      l.ring_head = head;
+      WriteOwnerLine(host);
+    }
+  }
+  stats_.requests_applied += applied;
+  return applied;
+}
+
+void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
+  const PrefixKey key{r.key[0], r.key[1]};
+  if (r.ns == 0 || (key.lo == 0 && key.hi == 0)) {
+    ++stats_.rejected;
+    return;
+  }
+  if (r.op == static_cast<std::uint32_t>(RequestOp::kRetire)) {
+    const std::int64_t i = FindKey(r.ns, key, true);
+    if (i < 0 || index_[i].publisher != host) {
+      ++stats_.rejected;  // only the publisher retires its entry
+      return;
+    }
+    RetireEntry(static_cast<std::uint32_t>(i));
+    return;
+  }
+  if (r.op != static_cast<std::uint32_t>(RequestOp::kPublish)) {
+    ++stats_.rejected;
+    return;
+  }
+  // A block may be named by one entry only: a second entry would hand it out twice.
+  for (const IndexEntry& e : index_) {
+    if ((StateOf(e) == EntryState::kPublished || StateOf(e) == EntryState::kRetired) &&
+        e.ref == r.ref) {
+      ++stats_.rejected;
+      return;
+    }
+  }
+  if (FindKey(r.ns, key, true) >= 0) {
+    ++stats_.duplicates;  // someone published this prefix first: the copy goes back
+    ReturnBlock(host, r.ref);
+    return;
+  }
+  const std::int64_t slot = FindFreeSlot(r.ns, key);
+  if (slot < 0) {
+    ++stats_.rejected;  // index full even after eviction: the block goes back
+    ReturnBlock(host, r.ref);
+    return;
+  }
+  const auto i = static_cast<std::uint32_t>(slot);
+  IndexEntry e{};
+  e.key[0] = key.lo;
+  e.key[1] = key.hi;
+  e.ns = r.ns;
+  e.ref = r.ref;
+  e.entry_gen = index_[i].entry_gen + 1;
+  e.state = static_cast<std::uint8_t>(EntryState::kPublished);
+  e.publisher = static_cast<std::uint8_t>(host);
+  info_[i] = EntryInfo{};
+  WriteEntry(i, e, false);
+  ++published_count_;
+  ++stats_.published;
+  const std::int64_t parent = FindKey(r.ns, PrefixKey{r.parent[0], r.parent[1]}, true);
+  if (parent >= 0) ++info_[parent].fanout;
+}
+
+void PrefixOwner::RetireEntry(std::uint32_t i) {
+  IndexEntry e = index_[i];
+  e.state = static_cast<std::uint8_t>(EntryState::kRetired);
+  ++e.entry_gen;
+  // Full fence: the lease scan that follows (after grace) must not pass this store.
+  WriteEntry(i, e, true);
+  info_[i].retired_at_ms = clock_.NowMs();
+  --published_count_;
+  ++stats_.retired;
+}
+
+absl::Status PrefixOwner::RetireKey(Namespace ns, const PrefixKey& key) {
+  const std::int64_t i = FindKey(ns, key, true);
+  if (i < 0) return absl::NotFoundError("no published entry for this key in this namespace");
+  RetireEntry(static_cast<std::uint32_t>(i));
+  return absl::OkStatus();
+}
+
+std::uint32_t PrefixOwner::FenceExpiredHosts() {
+  const std::int64_t now = clock_.NowMs();
+  std::uint32_t fenced = 0;
+  for (std::uint32_t host = 0; host < h_.max_hosts; ++host) {
+    HostRow row;
+    if (!HostLive(host, &row)) continue;
+    TimedValue& hb = heartbeats_[host];
+    const std::uint64_t stamp = RowStamp(row);
+    if (stamp != hb.value) {
+      hb = TimedValue{stamp, now};
+      OwnerHostLine& l = owner_lines_[host];
+      if (l.acked_incarnation != row.incarnation || l.acked_heartbeat != row.heartbeat) {
+        l.acked_incarnation = row.incarnation;
+        l.acked_heartbeat = row.heartbeat;
+        WriteOwnerLine(host);
+      }
+    } else if (now - hb.changed_at_ms > static_cast<std::int64_t>(h_.host_ttl_ms)) {
+      owner_lines_[host].fenced_incarnation = row.incarnation;
+      WriteOwnerLine(host);
+      ++fenced;
+      ++stats_.hosts_fenced;
+    }
+  }
+  return fenced;
+}
+
+std::vector<std::pair<std::uint32_t, std::uint32_t>> PrefixOwner::ScanLeases() {
+  const std::int64_t now = clock_.NowMs();
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> held;
+  for (auto& inf : info_) {
+    inf.score *= 0.9;
+    inf.leased = false;
+  }
+  for (std::uint32_t host = 0; host < h_.max_hosts; ++host) {
+    HostRow row;
+    if (!HostLive(host, &row)) continue;
+    const std::uint64_t base = LeaseRowOff(h_, host, 0);
+    mem_.Invalidate(base, std::uint64_t{h_.lease_rows} * sizeof(LeaseRow));
+    for (std::uint32_t r = 0; r < h_.lease_rows; ++r) {
+      LeaseRow lr;
+      mem_.Read(base + std::uint64_t{r} * sizeof(LeaseRow), &lr, sizeof(lr));
+      if (!LineValid(lr) && !ReadShared(mem_, LeaseRowOff(h_, host, r), &lr)) {
+        // Torn for good: we cannot tell what it holds, so nothing may be freed this round.
+        held.emplace_back(~0u, ~0u);
+        continue;
+      }
+      TimedValue& tv = lease_seqs_[std::size_t{host} * h_.lease_rows + r];
+      if (lr.lease_seq != tv.value) tv = TimedValue{lr.lease_seq, now};
+      if (lr.held == 0 || lr.incarnation != row.incarnation) continue;
+      if (now - tv.changed_at_ms > static_cast<std::int64_t>(h_.lease_ttl_ms)) {
+        ++stats_.leases_expired;  // counted each scan it stays expired
+        continue;
+      }
+      held.emplace_back(lr.entry, lr.entry_gen);
+      if (lr.entry < h_.index_entries) {
+        info_[lr.entry].leased = true;
+        info_[lr.entry].score += 1.0;
+      }
+    }
+  }
+  std::sort(held.begin(), held.end());
+  return held;
+}
+
+std::uint32_t PrefixOwner::Reclaim() {
+  const std::int64_t now = clock_.NowMs();
+  std::vector<std::uint32_t> due;
+  for (std::uint32_t i = 0; i < h_.index_entries; ++i) {
+    if (StateOf(index_[i]) == EntryState::kRetired &&
+        now - info_[i].retired_at_ms >= static_cast<std::int64_t>(h_.grace_ms)) {
+      due.push_back(i);
+    }
+  }
+  if (due.empty()) return 0;
+  const auto held = ScanLeases();
+  if (!held.empty() && held.back().first == ~0u) return 0;  // an unreadable row: wait
+  std::uint32_t reclaimed = 0;
+  for (std::uint32_t i : due) {
+    IndexEntry e = index_[i];
+    const std::uint32_t leased_gen = e.entry_gen - 1;  // the generation readers leased
+    if (std::binary_search(held.begin(), held.end(), std::make_pair(i, leased_gen))) continue;
+    ReturnBlock(e.publisher, e.ref);
+    e.state = static_cast<std::uint8_t>(EntryState::kTombstone);
+    ++e.entry_gen;
+    WriteEntry(i, e, false);
+    ++reclaimed;
+    ++stats_.reclaimed;
+  }
+  return reclaimed;
+}
+
+std::uint32_t PrefixOwner::Evict(std::uint32_t n) {
+  if (n == 0) return 0;
+  ScanLeases();  // fresh `leased` marks and scores
+  std::vector<std::tuple<int, double, std::uint32_t>> candidates;
+  for (std::uint32_t i = 0; i < h_.index_entries; ++i) {
+    if (StateOf(index_[i]) != EntryState::kPublished || info_[i].leased) continue;
+    auto pin = pin_.find(index_[i].ns);
+    const int level = pin == pin_.end() ? 0 : pin->second;
+    const double score = info_[i].score + options_.fanout_weight * info_[i].fanout;
+    candidates.emplace_back(level, score, i);
+  }
+  std::sort(candidates.begin(), candidates.end());
+  std::uint32_t evicted = 0;
+  for (const auto& [level, score, i] : candidates) {
+    if (evicted == n) break;
+    RetireEntry(i);
+    ++evicted;
+    ++stats_.evicted;
+  }
+  return evicted;
+}
+
+void PrefixOwner::ReturnBlock(std::uint32_t host, const BlockRef& ref) {
+  if (host < h_.max_hosts) pending_returns_[host].push_back(ref);
+}
+
+void PrefixOwner::FlushReturns() {
+  for (std::uint32_t host = 0; host < h_.max_hosts; ++host) {
+    auto& pending = pending_returns_[host];
+    if (pending.empty()) continue;
+    HostRow row{};
+    if (!ReadShared(mem_, HostRowOff(h_, host), &row)) continue;
+    OwnerHostLine& l = owner_lines_[host];
+    std::size_t k = 0;
+    while (k < pending.size() && l.return_tail - std::min(row.return_head, l.return_tail) <
+                                     h_.ring_slots) {
+      ReturnSlot s{};
+      s.seq = l.return_tail + 1;
+      s.ref = pending[k++];
+      WriteShared(mem_, ReturnSlotOff(h_, host, s.seq), s, false);
+      ++l.return_tail;
+    }
+    if (k > 0) {
+      pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(k));
+      WriteOwnerLine(host);
+    }
+  }
+}
+
+}  // namespace cxlkv::coherence

@@ -1,0 +1,284 @@
+// A seeded, deterministic simulation of many hosts and one owner running the shared-prefix
+// protocol (coherence/prefix.h) on the non-coherent memory simulator, with crashes, pauses,
+// restarts and drifting clocks. Invariants are checked after every step against the
+// simulation's ground truth of where each block is. Used by prefix_sim_test (correct code)
+// and prefix_fault_test (the same protocol compiled with one flush removed).
+#ifndef CXLKV_TESTS_PREFIX_SIM_H_
+#define CXLKV_TESTS_PREFIX_SIM_H_
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cxlkv/coherence/prefix.h"
+#include "cxlkv/coherence/sim.h"
+
+namespace cxlkv::testing {
+
+using namespace cxlkv::coherence;
+
+class PrefixSimulation {
+ public:
+  struct Config {
+    std::uint32_t hosts = 8;
+    std::uint64_t seed = 1;
+    DomainGeometry geometry{8, 64, 8, 16, 400, 400, 40};
+    std::uint32_t evict_per_mille = 30;
+  };
+
+  explicit PrefixSimulation(const Config& c)
+      : c_(c), rng_(c.seed), media_(DomainBytes(c.geometry), c.seed ^ 0x5EED) {
+    owner_view_ = media_.NewView(c.evict_per_mille);
+    owner_clock_ = std::make_unique<SimClock>(&now_, 1000, 1.0);
+    if (!FormatDomain(*owner_view_, c.geometry).ok()) Violation("format failed");
+    owner_ = std::move(*PrefixOwner::Open(*owner_view_, *owner_clock_));
+    namespaces_ = {MakeNamespace("tenant-a", "llama3-70b", "L=80"),
+                   MakeNamespace("tenant-b", "llama3-70b", "L=80")};
+    for (std::uint32_t h = 0; h < c.hosts; ++h) {
+      Host host;
+      host.view = media_.NewView(c.evict_per_mille);
+      std::uniform_real_distribution<double> rate(0.99, 1.01);
+      host.clock = std::make_unique<SimClock>(&now_, static_cast<std::int64_t>(rng_() % 100000),
+                                              rate(rng_));
+      hosts_.push_back(std::move(host));
+      Start(h);
+    }
+  }
+
+  // Runs `steps` random steps; returns false (with failure() set) on the first violation.
+  bool Run(std::uint64_t steps) {
+    for (std::uint64_t s = 0; s < steps && failure_.empty(); ++s) {
+      step_ = s;
+      now_ += static_cast<std::int64_t>(rng_() % 7);
+      const std::uint64_t pick = rng_() % 100;
+      if (pick < 25) {
+        owner_->Step();
+      } else {
+        HostStep(static_cast<std::uint32_t>(rng_() % c_.hosts));
+      }
+      CheckInvariants();
+    }
+    return failure_.empty();
+  }
+
+  // Liveness: hosts stop taking leases, every host crashes; the owner retires every entry;
+  // after TTLs and grace on the owner's clock, no entry may be left published or retired.
+  bool Drain() {
+    for (std::uint32_t h = 0; h < c_.hosts; ++h) Crash(h);
+    for (const auto& [ns, keys] : published_keys_) {
+      for (const auto& [lo, hi] : keys) (void)owner_->RetireKey(ns, PrefixKey{lo, hi});
+    }
+    const std::int64_t wait = 3 * (c_.geometry.lease_ttl_ms + c_.geometry.host_ttl_ms +
+                                   c_.geometry.grace_ms);
+    for (std::int64_t t = 0; t < wait && failure_.empty(); t += 5) {
+      now_ += 5;
+      owner_->Step();
+      CheckInvariants();
+    }
+    std::uint32_t left = 0;
+    for (std::uint32_t i = 0; i < owner_->header().index_entries; ++i) {
+      const IndexEntry e = MediaEntry(i);
+      left += e.state == static_cast<std::uint8_t>(EntryState::kPublished) ||
+              e.state == static_cast<std::uint8_t>(EntryState::kRetired);
+    }
+    if (left != 0 && failure_.empty()) {
+      Violation(std::to_string(left) + " entries never reclaimed after every host stopped");
+    }
+    return failure_.empty();
+  }
+
+  const std::string& failure() const { return failure_; }
+  const PrefixOwner::Stats& owner_stats() const { return owner_->stats(); }
+  std::uint64_t uses() const { return uses_; }
+
+ private:
+  struct Host {
+    std::unique_ptr<SimMemory::HostView> view;
+    std::unique_ptr<SimClock> clock;
+    std::unique_ptr<PrefixHost> prefix;
+    std::vector<Lease> leases;
+    std::int64_t paused_until = 0;
+    std::uint32_t next_block = 0;
+    bool down = false;
+  };
+  // Ground truth about a block: which generation is in the domain (published, not returned).
+  struct BlockTruth {
+    std::uint32_t gen = 0;
+    bool in_domain = false;
+  };
+  using BlockId = std::pair<std::uint32_t, std::uint32_t>;  // (host, index)
+
+  static BlockRef MakeRef(std::uint32_t host, std::uint32_t index, std::uint32_t gen) {
+    BlockRef r{};
+    r.arena[0] = static_cast<std::uint8_t>(host + 1);
+    r.index = index;
+    r.generation = gen;
+    return r;
+  }
+  static BlockId IdOf(const BlockRef& r) { return {r.arena[0] - 1u, r.index}; }
+
+  void Violation(const std::string& what) {
+    if (!failure_.empty()) return;
+    std::ostringstream o;
+    o << "step " << step_ << " (time " << now_ << " ms): " << what;
+    failure_ = o.str();
+  }
+
+  void Start(std::uint32_t h) {
+    Host& host = hosts_[h];
+    auto joined = PrefixHost::Join(*host.view, *host.clock, h);
+    if (!joined.ok()) {
+      Violation("join failed: " + std::string(joined.status().message()));
+      return;
+    }
+    host.prefix = std::move(*joined);
+    host.down = false;
+  }
+
+  void Crash(std::uint32_t h) {
+    Host& host = hosts_[h];
+    if (host.down) return;
+    host.view->Crash();
+    host.prefix.reset();
+    host.leases.clear();
+    host.down = true;
+  }
+
+  void HostStep(std::uint32_t h) {
+    Host& host = hosts_[h];
+    if (host.down) {
+      if (rng_() % 20 == 0) Start(h);
+      return;
+    }
+    if (now_ < host.paused_until) return;
+    PrefixHost& p = *host.prefix;
+    const Namespace ns = namespaces_[rng_() % namespaces_.size()];
+    const std::uint64_t op = rng_() % 100;
+    if (op < 2) {
+      Crash(h);
+    } else if (op < 4) {
+      // A stall: long enough, sometimes, to be fenced.
+      host.paused_until = now_ + static_cast<std::int64_t>(rng_() % (3 * c_.geometry.host_ttl_ms));
+    } else if (op < 20) {
+      // Publish a new block under a small key space, so prefixes collide across hosts.
+      const std::uint32_t token = static_cast<std::uint32_t>(rng_() % 24);
+      const PrefixKey key = ChainKey(ns, PrefixKey{}, std::span(&token, 1));
+      const std::uint32_t index = host.next_block++;
+      const BlockRef ref = MakeRef(h, index, 1);
+      if (p.Publish(ns, key, PrefixKey{}, ref).ok()) {
+        truth_[IdOf(ref)] = BlockTruth{1, true};
+        published_keys_[ns].insert({key.lo, key.hi});
+      }
+    } else if (op < 50) {
+      const std::uint32_t token = static_cast<std::uint32_t>(rng_() % 24);
+      const PrefixKey key = ChainKey(ns, PrefixKey{}, std::span(&token, 1));
+      const std::optional<Hit> hit = p.Lookup(ns, key);
+      if (!hit) return;
+      auto lease = p.Acquire(*hit);
+      if (lease.ok()) host.leases.push_back(*lease);
+    } else if (op < 65) {
+      if (host.leases.empty()) return;
+      // "Use" the block: only while the lease is valid on this host's clock; the
+      // invariant check below proves the block was not reclaimed meanwhile.
+      const Lease& l = host.leases[rng_() % host.leases.size()];
+      if (host.clock->NowMs() <= l.deadline_ms) {
+        UseBlock(h, l);
+        (void)p.ValidateAfterCopy(l);
+      }
+    } else if (op < 75) {
+      if (host.leases.empty()) return;
+      const std::size_t i = rng_() % host.leases.size();
+      if (!p.Renew(host.leases[i]).ok()) host.leases.erase(host.leases.begin() + i);
+    } else if (op < 85) {
+      if (host.leases.empty()) return;
+      const std::size_t i = rng_() % host.leases.size();
+      p.Release(host.leases[i]);
+      host.leases.erase(host.leases.begin() + i);
+    } else if (op < 90) {
+      const std::uint32_t token = static_cast<std::uint32_t>(rng_() % 24);
+      (void)p.Retire(ns, ChainKey(ns, PrefixKey{}, std::span(&token, 1)));
+    } else {
+      std::vector<BlockRef> returned;
+      const absl::Status st = p.Heartbeat(&returned);
+      if (absl::IsAborted(st)) host.leases.clear();  // fenced: every lease is void
+      for (const BlockRef& r : returned) {
+        BlockTruth& t = truth_[IdOf(r)];
+        if (!t.in_domain || t.gen != r.generation) {
+          Violation("block returned twice, or a block that was never published");
+        }
+        t.in_domain = false;  // freed in the host's arena; it may be reused now
+      }
+    }
+  }
+
+  void UseBlock(std::uint32_t h, const Lease& l) {
+    ++uses_;
+    const auto it = truth_.find(IdOf(l.ref));
+    if (it == truth_.end() || !it->second.in_domain || it->second.gen != l.ref.generation) {
+      Violation("host " + std::to_string(h) + " used block " + std::to_string(l.ref.index) +
+                " of host " + std::to_string(IdOf(l.ref).first) +
+                " under a valid lease after it was reclaimed");
+    }
+  }
+
+  IndexEntry MediaEntry(std::uint32_t i) const {
+    IndexEntry e;
+    const DomainHeader& h = owner_->header();
+    media_.ReadMedia(h.index_offset + std::uint64_t{i} * sizeof(IndexEntry), &e, sizeof(e));
+    return e;
+  }
+
+  void CheckInvariants() {
+    // Every lease still valid on its host's clock names a block still in the domain.
+    for (std::uint32_t h = 0; h < c_.hosts; ++h) {
+      const Host& host = hosts_[h];
+      if (host.down) continue;
+      for (const Lease& l : host.leases) {
+        if (host.clock->NowMs() > l.deadline_ms) continue;
+        const auto it = truth_.find(IdOf(l.ref));
+        if (it == truth_.end() || !it->second.in_domain || it->second.gen != l.ref.generation) {
+          Violation("host " + std::to_string(h) + " holds a valid lease on a reclaimed block");
+        }
+      }
+    }
+    // No block is named by two live entries, and every live entry's block is in the domain.
+    std::set<BlockId> named;
+    for (std::uint32_t i = 0; i < owner_->header().index_entries; ++i) {
+      const IndexEntry e = MediaEntry(i);
+      if (e.state != static_cast<std::uint8_t>(EntryState::kPublished) &&
+          e.state != static_cast<std::uint8_t>(EntryState::kRetired)) {
+        continue;
+      }
+      if (!named.insert(IdOf(e.ref)).second) Violation("one block named by two entries");
+      const auto it = truth_.find(IdOf(e.ref));
+      if (it == truth_.end() || !it->second.in_domain) {
+        Violation("an index entry names a block its publisher already freed");
+      }
+    }
+  }
+
+  Config c_;
+  std::mt19937_64 rng_;
+  std::int64_t now_ = 0;
+  std::uint64_t step_ = 0;
+  std::uint64_t uses_ = 0;
+  SimMemory media_;
+  std::unique_ptr<SimMemory::HostView> owner_view_;
+  std::unique_ptr<SimClock> owner_clock_;
+  std::unique_ptr<PrefixOwner> owner_;
+  std::vector<Host> hosts_;
+  std::vector<Namespace> namespaces_;
+  std::map<BlockId, BlockTruth> truth_;
+  std::map<Namespace, std::set<std::pair<std::uint64_t, std::uint64_t>>> published_keys_;
+  std::string failure_;
+};
+
+}  // namespace cxlkv::testing
+
+#endif  // CXLKV_TESTS_PREFIX_SIM_H_
