@@ -55,8 +55,16 @@ absl::Status PrefixHost::Rejoin() {
     free_rows_.push_back(r);
   }
   heartbeat_ = row.heartbeat + 1;
-  ring_tail_ = o.ring_head;  // requests the owner never applied are dropped
-  return_head_ = std::max(row.return_head, std::uint64_t{0});
+  // Requests of the old incarnation stay in the ring: the owner returns their blocks. One
+  // written but not announced before a crash is announced now, for the same reason.
+  ring_tail_ = std::max(row.ring_tail, o.ring_head);
+  RequestSlot next;
+  if (ReadShared(mem_, RequestSlotOff(h_, host_, ring_tail_ + 1), &next) &&
+      next.seq == ring_tail_ + 1 && next.incarnation != 0 && next.incarnation < incarnation_ &&
+      ring_tail_ - o.ring_head < h_.ring_slots) {
+    ++ring_tail_;
+  }
+  return_head_ = row.return_head;
   WriteHostRow();
   return absl::OkStatus();
 }
@@ -209,7 +217,7 @@ absl::Status PrefixHost::ValidateAfterCopy(const Lease& lease) {
   return absl::OkStatus();
 }
 
-absl::Status PrefixHost::PostRequest(RequestSlot slot) {
+absl::Status PrefixHost::PostRequest(RequestSlot slot, const std::function<bool()>& commit) {
   OwnerHostLine o{};
   if (!ReadOwnerLine(&o)) return absl::UnavailableError("owner line unreadable; retry");
   if (ring_tail_ - std::min(o.ring_head, ring_tail_) >= h_.ring_slots) {
@@ -221,13 +229,16 @@ absl::Status PrefixHost::PostRequest(RequestSlot slot) {
   slot.incarnation = incarnation_;
   // The slot reaches memory before the tail that makes it visible (both flushed, fenced).
   WriteShared(mem_, RequestSlotOff(h_, host_, slot.seq), slot, false);
+  if (commit && !commit()) {
+    return absl::AbortedError("publication abandoned by the caller before it was announced");
+  }
   ++ring_tail_;
   WriteHostRow();
   return absl::OkStatus();
 }
 
 absl::Status PrefixHost::Publish(Namespace ns, const PrefixKey& key, const PrefixKey& parent,
-                                 const BlockRef& ref) {
+                                 const BlockRef& ref, const std::function<bool()>& commit) {
   RequestSlot s{};
   s.op = static_cast<std::uint32_t>(RequestOp::kPublish);
   s.ns = ns;
@@ -238,7 +249,7 @@ absl::Status PrefixHost::Publish(Namespace ns, const PrefixKey& key, const Prefi
   s.ref = ref;
   // The block's bytes must be in memory before the request: streaming stores need a fence.
   mem_.Fence();
-  return PostRequest(s);
+  return PostRequest(s, commit);
 }
 
 absl::Status PrefixHost::Retire(Namespace ns, const PrefixKey& key) {
@@ -247,7 +258,7 @@ absl::Status PrefixHost::Retire(Namespace ns, const PrefixKey& key) {
   s.ns = ns;
   s.key[0] = key.lo;
   s.key[1] = key.hi;
-  return PostRequest(s);
+  return PostRequest(s, {});
 }
 
 absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {

@@ -134,7 +134,10 @@ std::uint32_t PrefixOwner::ApplyRequests() {
       if (r.incarnation == row.incarnation) {
         Apply(host, r);
       } else {
+        // A late request of a fenced or crashed incarnation is not applied; its block
+        // goes back so that nothing leaks.
         ++stats_.rejected;
+        if (r.op == static_cast<std::uint32_t>(RequestOp::kPublish)) ReturnBlock(host, r.ref);
       }
       ++head;
       ++applied;

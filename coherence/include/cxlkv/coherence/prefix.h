@@ -14,6 +14,7 @@
 #define CXLKV_COHERENCE_PREFIX_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -114,8 +115,13 @@ class PrefixHost {
 
   // Asks the owner to publish a block this host wrote (and will not modify again).
   // kUnavailable: the request ring is full (the owner is behind or down); retry later.
+  // `commit`, when given, runs after the request is durable in the ring and before it is
+  // announced: make the block outlive this process there (e.g. Persist it in the arena).
+  // A crash on either side of it leaks nothing: a rejoining host announces a request it
+  // wrote but did not announce, and the owner returns the blocks of requests from an old
+  // incarnation instead of applying them. If `commit` returns false nothing is announced.
   absl::Status Publish(Namespace ns, const PrefixKey& key, const PrefixKey& parent,
-                       const BlockRef& ref);
+                       const BlockRef& ref, const std::function<bool()>& commit = {});
   absl::Status Retire(Namespace ns, const PrefixKey& key);
 
   // Bumps the heartbeat, collects blocks the owner returned (appended to `returned`, or
@@ -137,7 +143,7 @@ class PrefixHost {
   bool ReadOwnerLine(OwnerHostLine* o);
   void WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held);
   void WriteHostRow();
-  absl::Status PostRequest(RequestSlot slot);
+  absl::Status PostRequest(RequestSlot slot, const std::function<bool()>& commit);
   // A lease taken at `now` ends at min(now + lease_ttl, alive_until) - margin.
   std::int64_t Deadline(std::int64_t now) const;
 
