@@ -16,3 +16,9 @@ elseif(CXLKV_SANITIZE STREQUAL "thread")
 elseif(NOT CXLKV_SANITIZE STREQUAL "")
   message(FATAL_ERROR "CXLKV_SANITIZE must be '', 'address' or 'thread', got '${CXLKV_SANITIZE}'")
 endif()
+
+# Fuzz builds instrument every library for coverage, so libFuzzer is guided into the parsers
+# (the fuzz targets themselves add -fsanitize=fuzzer for the driver).
+if(CXLKV_BUILD_FUZZ)
+  add_compile_options(-fsanitize=fuzzer-no-link)
+endif()

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cxlkv/cxlkv.h"
 
@@ -69,6 +70,61 @@ int main(void) {
   CHECK(cxlkv_alloc_bulk(arena, 1, 100000, refs, NULL) == CXLKV_E_FULL);
   CHECK(strstr(cxlkv_last_error(), "full") != NULL);
   CHECK(cxlkv_free_bulk(arena, refs, N) == CXLKV_OK);
+
+  /* Shared prefix blocks: an owner, two hosts, a block published by one, leased by the other. */
+  {
+    char dspec[128];
+    cxlkv_domain_geometry g;
+    memset(&g, 0, sizeof(g));
+    g.max_hosts = 4;
+    g.index_entries = 64;
+    uint64_t bytes = (cxlkv_domain_bytes(&g) + 4095) / 4096 * 4096;
+    snprintf(dspec, sizeof(dspec), "file:/dev/shm/cxlkv-capi-domain-%d?size=%llu", (int)getpid(),
+             (unsigned long long)bytes);
+    CHECK(cxlkv_domain_format(dspec, &g) == CXLKV_OK);
+    char* q = strchr(dspec, '?');
+    *q = 0; /* reopen the file at its size */
+    cxlkv_owner* owner = NULL;
+    cxlkv_domain *a = NULL, *b = NULL;
+    CHECK(cxlkv_owner_open(dspec, &owner) == CXLKV_OK);
+    CHECK(cxlkv_domain_join(dspec, 0, &a) == CXLKV_OK);
+    CHECK(cxlkv_domain_join(dspec, 1, &b) == CXLKV_OK);
+    CHECK(cxlkv_domain_join(dspec, 9, &b) == CXLKV_E_INVALID); /* no such host row */
+    uint64_t ns = cxlkv_namespace("tenant", "llama3-70b", "L=2,H=2,D=64,B=2,T=16");
+    uint32_t tokens[16];
+    for (int i = 0; i < 16; ++i) tokens[i] = 1000 + i;
+    cxlkv_prefix_key key = cxlkv_prefix_key_chain(ns, NULL, tokens, 16);
+    cxlkv_block_ref blk;
+    void* p = NULL;
+    CHECK(cxlkv_alloc(arena, 0, &blk, &p) == CXLKV_OK);
+    cxlkv_copy_to_block(p, "system prompt KV", 17);
+    CHECK(cxlkv_prefix_publish(a, ns, &key, NULL, arena, &blk) == CXLKV_OK);
+    cxlkv_owner_step(owner); /* applies the publication, acknowledges both hosts */
+    cxlkv_prefix_hit hit;
+    CHECK(cxlkv_prefix_lookup(b, ns, &key, &hit) == CXLKV_OK);
+    CHECK(hit.publisher == 0 && hit.ref.index == blk.index);
+    CHECK(cxlkv_prefix_lookup(b, cxlkv_namespace("other", "llama3-70b", "x"), &key, &hit) ==
+          CXLKV_E_NOT_FOUND);
+    CHECK(cxlkv_prefix_lookup(b, ns, &key, &hit) == CXLKV_OK);
+    cxlkv_lease lease;
+    CHECK(cxlkv_domain_heartbeat(b, NULL, NULL) == CXLKV_OK);
+    CHECK(cxlkv_lease_acquire(b, &hit, &lease) == CXLKV_OK);
+    void* data = NULL;
+    CHECK(cxlkv_ref_to_addr(arena, &lease.ref, &data) == CXLKV_OK);
+    char copy[17];
+    memcpy(copy, data, sizeof(copy));
+    CHECK(cxlkv_lease_validate(b, &lease) == CXLKV_OK);
+    CHECK(strcmp(copy, "system prompt KV") == 0);
+    CHECK(cxlkv_lease_renew(b, &lease) == CXLKV_OK);
+    CHECK(cxlkv_lease_release(b, &lease) == CXLKV_OK);
+    cxlkv_arena_stats ps;
+    CHECK(cxlkv_arena_stats_get(arena, &ps) == CXLKV_OK);
+    CHECK(ps.classes[0].persisted_blocks == 1); /* the domain holds it now */
+    cxlkv_domain_leave(a);
+    cxlkv_domain_leave(b);
+    cxlkv_owner_close(owner);
+    unlink(dspec + 5);
+  }
 
   /* A second arena on the same pool is refused while the first is open. */
   cxlkv_arena* second = NULL;

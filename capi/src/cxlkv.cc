@@ -4,10 +4,13 @@
 
 #include <cstring>
 #include <new>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "cxlkv/allocator/block_allocator.h"
 #include "cxlkv/coherence/cache.h"
+#include "cxlkv/coherence/prefix.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
 
@@ -293,6 +296,213 @@ CXLKV_API int cxlkv_arena_stats_get(const cxlkv_arena* a, cxlkv_arena_stats* s) 
 CXLKV_API void cxlkv_copy_to_block(void* block, const void* src, size_t len) {
   cxlkv::coherence::CopyNt(block, src, len);
 }
+
+struct cxlkv_domain {
+  std::unique_ptr<cxlkv::pool::Region> region;
+  std::unique_ptr<cxlkv::coherence::DirectMem> mem;
+  cxlkv::coherence::SteadyClock clock;
+  std::unique_ptr<cxlkv::coherence::PrefixHost> host;
+};
+
+struct cxlkv_owner {
+  std::unique_ptr<cxlkv::pool::Region> region;
+  std::unique_ptr<cxlkv::coherence::DirectMem> mem;
+  cxlkv::coherence::SteadyClock clock;
+  std::unique_ptr<cxlkv::coherence::PrefixOwner> owner;
+};
+
+namespace {
+
+namespace co = cxlkv::coherence;
+
+co::DomainGeometry Geometry(const cxlkv_domain_geometry* g) {
+  co::DomainGeometry d;
+  if (g == nullptr) return d;
+  if (g->max_hosts) d.max_hosts = g->max_hosts;
+  if (g->index_entries) d.index_entries = g->index_entries;
+  if (g->lease_rows) d.lease_rows = g->lease_rows;
+  if (g->ring_slots) d.ring_slots = g->ring_slots;
+  if (g->lease_ttl_ms) d.lease_ttl_ms = g->lease_ttl_ms;
+  if (g->host_ttl_ms) d.host_ttl_ms = g->host_ttl_ms;
+  if (g->grace_ms) d.grace_ms = g->grace_ms;
+  return d;
+}
+
+co::BlockRef ToCo(const cxlkv_block_ref& r) {
+  co::BlockRef o{};
+  std::memcpy(o.arena, r.arena_uuid, 16);
+  o.index = r.index;
+  o.generation = r.generation;
+  return o;
+}
+
+cxlkv_block_ref FromCo(const co::BlockRef& r) {
+  cxlkv_block_ref o{};
+  std::memcpy(o.arena_uuid, r.arena, 16);
+  o.index = r.index;
+  o.generation = r.generation;
+  return o;
+}
+
+co::Lease ToLease(const cxlkv_lease& l) {
+  return co::Lease{l.row, l.entry, l.entry_gen, ToCo(l.ref), l.deadline_ms};
+}
+
+cxlkv_lease FromLease(const co::Lease& l) {
+  return cxlkv_lease{l.row, l.entry, l.entry_gen, FromCo(l.ref), l.deadline_ms};
+}
+
+absl::StatusOr<std::unique_ptr<cxlkv::pool::Region>> OpenDomainRegion(const char* spec) {
+  if (spec == nullptr) return absl::InvalidArgumentError("spec must be set");
+  return cxlkv::pool::OpenRegion(spec);
+}
+
+}  // namespace
+
+CXLKV_API uint64_t cxlkv_domain_bytes(const cxlkv_domain_geometry* g) {
+  return co::DomainBytes(Geometry(g));
+}
+
+CXLKV_API int cxlkv_domain_format(const char* spec, const cxlkv_domain_geometry* g) {
+  auto region = OpenDomainRegion(spec);
+  if (!region.ok()) return FromStatus(region.status());
+  co::DirectMem mem((*region)->addr(), (*region)->size_bytes());
+  return FromStatus(co::FormatDomain(mem, Geometry(g)));
+}
+
+CXLKV_API int cxlkv_domain_join(const char* spec, uint32_t host_id, cxlkv_domain** out) {
+  if (out == nullptr) return Fail(CXLKV_E_INVALID, "out must be set");
+  auto region = OpenDomainRegion(spec);
+  if (!region.ok()) return FromStatus(region.status());
+  auto d = std::make_unique<cxlkv_domain>();
+  d->region = std::move(*region);
+  d->mem = std::make_unique<co::DirectMem>(d->region->addr(), d->region->size_bytes());
+  auto host = co::PrefixHost::Join(*d->mem, d->clock, host_id);
+  if (!host.ok()) return FromStatus(host.status());
+  d->host = std::move(*host);
+  *out = d.release();
+  return CXLKV_OK;
+}
+
+CXLKV_API void cxlkv_domain_leave(cxlkv_domain* d) { delete d; }
+
+CXLKV_API int cxlkv_domain_heartbeat(cxlkv_domain* d, cxlkv_arena* arena, size_t* freed) {
+  if (d == nullptr) return Fail(CXLKV_E_INVALID, "domain must be set");
+  std::vector<co::BlockRef> back;
+  const absl::Status st = d->host->Heartbeat(&back);
+  size_t n = 0;
+  for (const co::BlockRef& r : back) {
+    if (arena == nullptr || std::memcmp(r.arena, arena->alloc->arena().uuid().data(), 16) != 0) {
+      continue;
+    }
+    n += arena->alloc->Free(BlockHandle{r.index, r.generation}) == FreeResult::kOk;
+  }
+  if (freed != nullptr) *freed = n;
+  if (absl::IsAborted(st)) return Fail(CXLKV_E_MISMATCH, std::string(st.message()));
+  return FromStatus(st);
+}
+
+CXLKV_API uint64_t cxlkv_namespace(const char* tenant, const char* model, const char* kv_layout) {
+  return co::MakeNamespace(tenant ? tenant : "", model ? model : "", kv_layout ? kv_layout : "");
+}
+
+CXLKV_API cxlkv_prefix_key cxlkv_prefix_key_chain(uint64_t ns, const cxlkv_prefix_key* parent,
+                                                  const uint32_t* tokens, size_t n_tokens) {
+  const co::PrefixKey p = parent ? co::PrefixKey{parent->lo, parent->hi} : co::PrefixKey{};
+  const co::PrefixKey k = co::ChainKey(ns, p, std::span<const uint32_t>(tokens, n_tokens));
+  return cxlkv_prefix_key{k.lo, k.hi};
+}
+
+CXLKV_API int cxlkv_prefix_lookup(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* key,
+                                  cxlkv_prefix_hit* hit) {
+  if (d == nullptr || key == nullptr || hit == nullptr) {
+    return Fail(CXLKV_E_INVALID, "domain, key and hit must be set");
+  }
+  const auto h = d->host->Lookup(ns, co::PrefixKey{key->lo, key->hi});
+  if (!h) return Fail(CXLKV_E_NOT_FOUND, "no published block for this prefix in this namespace");
+  *hit = cxlkv_prefix_hit{h->entry, h->entry_gen, FromCo(h->ref), h->publisher};
+  return CXLKV_OK;
+}
+
+CXLKV_API int cxlkv_prefix_publish(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* key,
+                                   const cxlkv_prefix_key* parent, cxlkv_arena* arena,
+                                   const cxlkv_block_ref* ref) {
+  if (d == nullptr || key == nullptr || arena == nullptr || ref == nullptr) {
+    return Fail(CXLKV_E_INVALID, "domain, key, arena and ref must be set");
+  }
+  if (!SameArena(arena, ref)) return Fail(CXLKV_E_FOREIGN, "block ref names another arena");
+  const co::PrefixKey p = parent ? co::PrefixKey{parent->lo, parent->hi} : co::PrefixKey{};
+  absl::Status persist = absl::OkStatus();
+  const absl::Status st = d->host->Publish(
+      ns, co::PrefixKey{key->lo, key->hi}, p, ToCo(*ref), [&] {
+        persist = arena->alloc->Persist(BlockHandle{ref->index, ref->generation});
+        return persist.ok();
+      });
+  if (!persist.ok()) return FromStatus(persist);
+  if (absl::IsUnavailable(st)) return Fail(CXLKV_E_FULL, std::string(st.message()));
+  return FromStatus(st);
+}
+
+CXLKV_API int cxlkv_lease_acquire(cxlkv_domain* d, const cxlkv_prefix_hit* hit,
+                                  cxlkv_lease* lease) {
+  if (d == nullptr || hit == nullptr || lease == nullptr) {
+    return Fail(CXLKV_E_INVALID, "domain, hit and lease must be set");
+  }
+  auto l = d->host->Acquire(co::Hit{hit->entry, hit->entry_gen, ToCo(hit->ref), hit->publisher});
+  if (!l.ok()) {
+    if (absl::IsNotFound(l.status())) return Fail(CXLKV_E_STALE, std::string(l.status().message()));
+    if (absl::IsUnavailable(l.status()) || absl::IsResourceExhausted(l.status())) {
+      return Fail(CXLKV_E_FULL, std::string(l.status().message()));
+    }
+    return FromStatus(l.status());
+  }
+  *lease = FromLease(*l);
+  return CXLKV_OK;
+}
+
+CXLKV_API int cxlkv_lease_renew(cxlkv_domain* d, cxlkv_lease* lease) {
+  if (d == nullptr || lease == nullptr) return Fail(CXLKV_E_INVALID, "domain and lease must be set");
+  co::Lease l = ToLease(*lease);
+  const absl::Status st = d->host->Renew(l);
+  if (absl::IsDeadlineExceeded(st)) return Fail(CXLKV_E_STALE, std::string(st.message()));
+  if (!st.ok()) return FromStatus(st);
+  lease->deadline_ms = l.deadline_ms;
+  return CXLKV_OK;
+}
+
+CXLKV_API int cxlkv_lease_release(cxlkv_domain* d, cxlkv_lease* lease) {
+  if (d == nullptr || lease == nullptr) return Fail(CXLKV_E_INVALID, "domain and lease must be set");
+  co::Lease l = ToLease(*lease);
+  d->host->Release(l);
+  return CXLKV_OK;
+}
+
+CXLKV_API int cxlkv_lease_validate(cxlkv_domain* d, const cxlkv_lease* lease) {
+  if (d == nullptr || lease == nullptr) return Fail(CXLKV_E_INVALID, "domain and lease must be set");
+  const absl::Status st = d->host->ValidateAfterCopy(ToLease(*lease));
+  if (!st.ok()) return Fail(CXLKV_E_STALE, std::string(st.message()));
+  return CXLKV_OK;
+}
+
+CXLKV_API int cxlkv_owner_open(const char* spec, cxlkv_owner** out) {
+  if (out == nullptr) return Fail(CXLKV_E_INVALID, "out must be set");
+  auto region = OpenDomainRegion(spec);
+  if (!region.ok()) return FromStatus(region.status());
+  auto o = std::make_unique<cxlkv_owner>();
+  o->region = std::move(*region);
+  o->mem = std::make_unique<co::DirectMem>(o->region->addr(), o->region->size_bytes());
+  auto owner = co::PrefixOwner::Open(*o->mem, o->clock);
+  if (!owner.ok()) return FromStatus(owner.status());
+  o->owner = std::move(*owner);
+  *out = o.release();
+  return CXLKV_OK;
+}
+
+CXLKV_API void cxlkv_owner_step(cxlkv_owner* o) {
+  if (o != nullptr) o->owner->Step();
+}
+
+CXLKV_API void cxlkv_owner_close(cxlkv_owner* o) { delete o; }
 
 CXLKV_API const char* cxlkv_strerror(int code) {
   switch (code) {

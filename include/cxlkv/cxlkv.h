@@ -136,6 +136,91 @@ int cxlkv_arena_stats_get(const cxlkv_arena* arena, cxlkv_arena_stats* stats);
  * stores, chosen by CPUID): the data is in memory on return, no flush needed. */
 void cxlkv_copy_to_block(void* block, const void* src, size_t len);
 
+/* ---- Shared prefix blocks across the hosts of a CXL domain (docs/coherence.md) ----------
+ *
+ * A domain region (any source spec; on real hardware a switch-pooled devdax) holds the
+ * shared prefix index, the hosts' lease rows and request rings. One process per domain
+ * runs the owner role (cxlkv_owner_*: applies publications, fences silent hosts, reclaims);
+ * every host joins with its own host id. A lookup takes no lease; data may be used only
+ * under a lease, before its deadline, and a copy counts only if cxlkv_lease_validate()
+ * succeeds after it. A domain handle is used by one thread at a time. */
+
+typedef struct cxlkv_domain cxlkv_domain;
+typedef struct cxlkv_owner cxlkv_owner;
+
+typedef struct cxlkv_domain_geometry {
+  uint32_t max_hosts;     /* 0: 8 */
+  uint32_t index_entries; /* 0: 4096 (rounded up to a power of two) */
+  uint32_t lease_rows;    /* per host; 0: 256 */
+  uint32_t ring_slots;    /* per host; 0: 64 */
+  uint32_t lease_ttl_ms;  /* 0: 2000 */
+  uint32_t host_ttl_ms;   /* 0: 2000 */
+  uint32_t grace_ms;      /* 0: 100 */
+} cxlkv_domain_geometry;
+
+typedef struct cxlkv_prefix_key {
+  uint64_t lo, hi;
+} cxlkv_prefix_key;
+
+typedef struct cxlkv_prefix_hit {
+  uint32_t entry;
+  uint32_t entry_gen;
+  cxlkv_block_ref ref;
+  uint32_t publisher; /* host id */
+} cxlkv_prefix_hit;
+
+typedef struct cxlkv_lease {
+  uint32_t row;
+  uint32_t entry;
+  uint32_t entry_gen;
+  cxlkv_block_ref ref;
+  int64_t deadline_ms; /* CLOCK_MONOTONIC ms: do not use the data after it */
+} cxlkv_lease;
+
+/* Bytes a domain of this geometry needs (0 fields take the defaults). */
+uint64_t cxlkv_domain_bytes(const cxlkv_domain_geometry* g);
+/* Formats an empty domain on a source (owner role, once). */
+int cxlkv_domain_format(const char* spec, const cxlkv_domain_geometry* g);
+/* Joins as host_id with a new incarnation. */
+int cxlkv_domain_join(const char* spec, uint32_t host_id, cxlkv_domain** out);
+void cxlkv_domain_leave(cxlkv_domain* d);
+/* Call at least every host_ttl/4. Blocks the owner handed back that belong to `arena`
+ * (may be NULL) are freed there; *freed (may be NULL) counts them. CXLKV_E_MISMATCH:
+ * this host was fenced (its leases are gone) and has rejoined. */
+int cxlkv_domain_heartbeat(cxlkv_domain* d, cxlkv_arena* arena, size_t* freed);
+
+/* A namespace binds tenant, model and KV layout; hits never cross namespaces. */
+uint64_t cxlkv_namespace(const char* tenant, const char* model, const char* kv_layout);
+/* Chains a block's key from its parent's (NULL for the first block) and its tokens. */
+cxlkv_prefix_key cxlkv_prefix_key_chain(uint64_t ns, const cxlkv_prefix_key* parent,
+                                        const uint32_t* tokens, size_t n_tokens);
+
+/* Finds a published block; takes no lease. CXLKV_E_NOT_FOUND on a miss. */
+int cxlkv_prefix_lookup(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* key,
+                        cxlkv_prefix_hit* hit);
+/* Publishes a block of `arena` the caller has written (and will not modify): the block is
+ * persisted in the arena and handed to the domain; it comes back through heartbeat when
+ * reclaimed, or at once if the prefix was already published. CXLKV_E_FULL: the request
+ * ring is full (the owner is behind or down). */
+int cxlkv_prefix_publish(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* key,
+                         const cxlkv_prefix_key* parent, cxlkv_arena* arena,
+                         const cxlkv_block_ref* ref);
+
+/* Takes a lease on a hit. CXLKV_E_STALE: retired meanwhile; CXLKV_E_FULL: no free lease
+ * row, or the owner has not confirmed this host recently (retry after a heartbeat). */
+int cxlkv_lease_acquire(cxlkv_domain* d, const cxlkv_prefix_hit* hit, cxlkv_lease* lease);
+/* Extends a lease. CXLKV_E_STALE: it already expired (acquire again). */
+int cxlkv_lease_renew(cxlkv_domain* d, cxlkv_lease* lease);
+int cxlkv_lease_release(cxlkv_domain* d, cxlkv_lease* lease);
+/* After copying the block out: 0 if the copy is good, CXLKV_E_STALE to discard it. */
+int cxlkv_lease_validate(cxlkv_domain* d, const cxlkv_lease* lease);
+
+/* The owner role: one per domain. cxlkv_owner_step applies requests, fences, evicts and
+ * reclaims; call it every few milliseconds. */
+int cxlkv_owner_open(const char* spec, cxlkv_owner** out);
+void cxlkv_owner_step(cxlkv_owner* o);
+void cxlkv_owner_close(cxlkv_owner* o);
+
 const char* cxlkv_strerror(int code);
 const char* cxlkv_last_error(void);
 
