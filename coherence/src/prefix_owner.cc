@@ -1,6 +1,7 @@
 // PrefixOwner: the index's single writer and the domain's reclaimer (docs/coherence.md).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <tuple>
 
@@ -28,6 +29,14 @@ std::uint64_t RowStamp(const HostRow& r) { return (r.incarnation << 32) ^ r.crc 
 
 }  // namespace
 
+std::size_t PrefixOwner::RefHash::operator()(const BlockRef& r) const {
+  std::uint64_t a, b;
+  std::memcpy(&a, r.arena, 8);
+  std::memcpy(&b, r.arena + 8, 8);
+  return static_cast<std::size_t>((a * 31 + b) * 0x9E3779B97F4A7C15ull ^
+                                  (std::uint64_t{r.index} << 32 | r.generation));
+}
+
 PrefixOwner::PrefixOwner(Mem& mem, Clock& clock, const DomainHeader& h, const Options& o)
     : mem_(mem), clock_(clock), h_(h), options_(o) {}
 
@@ -44,9 +53,16 @@ absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& 
     if (!ReadShared(mem, EntryOff(*h, i), &e)) {
       return absl::DataLossError(absl::StrCat("domain index entry ", i, " is corrupt"));
     }
-    if (StateOf(e) == EntryState::kPublished) ++o->published_count_;
+    if (StateOf(e) == EntryState::kPublished) {
+      ++o->published_count_;
+      o->named_.insert(e.ref);
+    }
     // After a restart every retired entry waits a full grace period again (conservative).
-    if (StateOf(e) == EntryState::kRetired) o->info_[i].retired_at_ms = now;
+    if (StateOf(e) == EntryState::kRetired) {
+      o->info_[i].retired_at_ms = now;
+      ++o->retired_count_;
+      o->named_.insert(e.ref);
+    }
   }
   o->owner_lines_.resize(h->max_hosts);
   for (std::uint32_t host = 0; host < h->max_hosts; ++host) {
@@ -107,10 +123,7 @@ bool PrefixOwner::HostLive(std::uint32_t host, HostRow* row) {
 void PrefixOwner::Step() {
   ApplyRequests();
   FenceExpiredHosts();
-  std::uint32_t in_use = 0;
-  for (const IndexEntry& e : index_) {
-    in_use += StateOf(e) == EntryState::kPublished || StateOf(e) == EntryState::kRetired;
-  }
+  const std::uint32_t in_use = published_count_ + retired_count_;
   const auto limit = static_cast<std::uint32_t>(options_.max_load * h_.index_entries);
   if (in_use > limit) Evict(in_use - limit);
   Reclaim();
@@ -171,12 +184,9 @@ void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
     return;
   }
   // A block may be named by one entry only: a second entry would hand it out twice.
-  for (const IndexEntry& e : index_) {
-    if ((StateOf(e) == EntryState::kPublished || StateOf(e) == EntryState::kRetired) &&
-        e.ref == r.ref) {
-      ++stats_.rejected;
-      return;
-    }
+  if (named_.count(r.ref) != 0) {
+    ++stats_.rejected;
+    return;
   }
   if (FindKey(r.ns, key, true) >= 0) {
     ++stats_.duplicates;  // someone published this prefix first: the copy goes back
@@ -200,6 +210,7 @@ void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
   e.publisher = static_cast<std::uint8_t>(host);
   info_[i] = EntryInfo{};
   WriteEntry(i, e, false);
+  named_.insert(r.ref);
   ++published_count_;
   ++stats_.published;
   const std::int64_t parent = FindKey(r.ns, PrefixKey{r.parent[0], r.parent[1]}, true);
@@ -214,6 +225,7 @@ void PrefixOwner::RetireEntry(std::uint32_t i) {
   WriteEntry(i, e, true);
   info_[i].retired_at_ms = clock_.NowMs();
   --published_count_;
+  ++retired_count_;
   ++stats_.retired;
 }
 
@@ -306,6 +318,8 @@ std::uint32_t PrefixOwner::Reclaim() {
     const std::uint32_t leased_gen = e.entry_gen - 1;  // the generation readers leased
     if (std::binary_search(held.begin(), held.end(), std::make_pair(i, leased_gen))) continue;
     ReturnBlock(e.publisher, e.ref);
+    named_.erase(e.ref);
+    --retired_count_;
     e.state = static_cast<std::uint8_t>(EntryState::kTombstone);
     ++e.entry_gen;
     WriteEntry(i, e, false);

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -250,6 +251,11 @@ class PrefixOwner {
   std::vector<std::vector<BlockRef>> pending_returns_;  // per host, ring full
   std::map<Namespace, int> pin_;
   std::uint32_t published_count_ = 0;
+  std::uint32_t retired_count_ = 0;
+  struct RefHash {
+    std::size_t operator()(const BlockRef& r) const;
+  };
+  std::unordered_set<BlockRef, RefHash> named_;  // refs of published and retired entries
 };
 
 }  // namespace cxlkv::coherence
