@@ -92,7 +92,7 @@ void PrefixHost::NoteOwnerLine(const OwnerHostLine& o) {
 }
 
 void PrefixHost::WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen,
-                               bool held) {
+                               bool held, bool full_fence) {
   LeaseRow r{};
   r.incarnation = incarnation_;
   r.lease_seq = ++lease_seq_;
@@ -106,7 +106,13 @@ void PrefixHost::WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint
   mem_.Flush(off, sizeof(r));
 #endif
   // Full fence: the re-validation load that follows an acquire must not pass this store.
-  mem_.FullFence();
+  // Clearing a row needs only a store fence: a row seen held a little longer merely delays
+  // reclaim, and x86 never moves the data loads of the lease past this later store.
+  if (full_fence) {
+    mem_.FullFence();
+  } else {
+    mem_.Fence();
+  }
 }
 
 void PrefixHost::WriteHostRow() {
@@ -200,7 +206,7 @@ absl::Status PrefixHost::Renew(Lease& lease) {
 void PrefixHost::Release(Lease& lease) {
   auto it = held_rows_.find(lease.row);
   if (it == held_rows_.end() || it->second.entry != lease.entry) return;
-  WriteLeaseRow(lease.row, 0, 0, false);
+  WriteLeaseRow(lease.row, 0, 0, false, /*full_fence=*/false);
   held_rows_.erase(it);
   free_rows_.push_back(lease.row);
 }

@@ -142,7 +142,8 @@ class PrefixHost {
   absl::Status Rejoin();
   bool ReadEntry(std::uint32_t i, IndexEntry* e);
   bool ReadOwnerLine(OwnerHostLine* o);
-  void WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held);
+  void WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held,
+                     bool full_fence = true);
   void WriteHostRow();
   absl::Status PostRequest(RequestSlot slot, const std::function<bool()>& commit);
   // A lease taken at `now` ends at min(now + lease_ttl, alive_until) - margin.
