@@ -345,11 +345,11 @@ cxlkv_block_ref FromCo(const co::BlockRef& r) {
 }
 
 co::Lease ToLease(const cxlkv_lease& l) {
-  return co::Lease{l.row, l.entry, l.entry_gen, ToCo(l.ref), l.deadline_ms};
+  return co::Lease{l.row, l.entry, l.entry_gen, ToCo(l.ref), l.deadline_ms, l.id};
 }
 
 cxlkv_lease FromLease(const co::Lease& l) {
-  return cxlkv_lease{l.row, l.entry, l.entry_gen, FromCo(l.ref), l.deadline_ms};
+  return cxlkv_lease{l.row, l.entry, l.entry_gen, FromCo(l.ref), l.deadline_ms, l.id};
 }
 
 absl::StatusOr<std::unique_ptr<cxlkv::pool::Region>> OpenDomainRegion(const char* spec) {

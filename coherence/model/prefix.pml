@@ -86,6 +86,7 @@
 byte O_gen[NE]; bit O_blk[NE]; bit O_edirty[NE];      /* owner's cache (authoritative copy)   */
 byte M_gen[NE]; bit M_blk[NE];                        /* memory                               */
 bit  graced[NE];                                      /* retired at least one Step ago        */
+bit  due[NE];                                         /* Reclaim: scanned, no lease: to free  */
 
 /* ---- owner lines: written by the owner ---------------------------------------------------- */
 byte O_fen[NR]; byte O_ai[NR]; byte O_ah[NR]; bit O_odirty[NR];   /* fenced_incarnation,      */
@@ -440,9 +441,9 @@ inline scan_row(h, e, g) {
 #endif
 }
 
-/* Reclaim of entry e: RETIRED past grace and no live lease names (e, gen - 1): the entry
- * becomes TOMBSTONE(gen + 1) and the block goes back to its publisher. */
-inline reclaim(e) {
+/* Reclaim, first half, for entry e: RETIRED past grace and no live lease names
+ * (e, gen - 1) in the scan (Invalidate + read every live host's rows) => due for freeing */
+inline reclaim_scan(e) {
   g = O_gen[e];
 #ifdef BUG_NO_GRACE
   if :: RET(g) ->
@@ -452,20 +453,26 @@ inline reclaim(e) {
        live = 0;
        scan_row(0, e, g - 1);
        scan_row(1, e, g - 1);
-       if
-       :: !live ->
-            b = O_blk[e];
-            /* S3: never freed while a host holds a valid lease on it */
-            assert(!(RELIES(0) && le[0] == e && lg[0] == g - 1));
-            assert(!(RELIES(1) && le[1] == e && lg[1] == g - 1));
-            O_gen[e] = g + 1; O_edirty[e] = 1; flush_entry(e);
-            bst[b] = B_FREED;
-            return_block(b)
-       :: else -> skip
-       fi
+       due[e] = !live
   :: else -> skip
   fi;
-  g = 0; b = 0; live = 0
+  g = 0; live = 0
+}
+/* ... second half, a step later (hosts act in between): the block goes back to its
+ * publisher (return ring) and the entry becomes TOMBSTONE(gen + 1), Flush, Fence */
+inline reclaim_free(e) {
+  if
+  :: due[e] ->
+       g = O_gen[e]; b = O_blk[e];
+       /* S3: never freed while a host holds a valid lease on it */
+       assert(!(RELIES(0) && le[0] == e && lg[0] == g - 1));
+       assert(!(RELIES(1) && le[1] == e && lg[1] == g - 1));
+       O_gen[e] = g + 1; O_edirty[e] = 1; flush_entry(e);
+       bst[b] = B_FREED;
+       return_block(b);
+       due[e] = 0; g = 0; b = 0
+  :: else -> skip
+  fi
 }
 
 /* FenceExpiredHosts for reader h, first half: Invalidate + read the host row, decide */
@@ -548,14 +555,15 @@ end_loop:
        fi;
        e = 0;
 
-       /* Reclaim: one scan of the live hosts' lease rows (Invalidate + read) */
-       reclaim(0);
-       reclaim(1);
+       /* Reclaim: one scan of the live hosts' lease rows */
+       reclaim_scan(0);
+       reclaim_scan(1);
 
        /* FenceExpiredHosts: read reader 0's host row ... */
        fence_read(0) }
-     /* ... the host may act before the owner writes its owner line */
-     atomic { fence_write(0); fence_read(1) }
+     /* ... the host may act before the owner writes its owner line, or frees what the
+      * scan found unleased */
+     atomic { reclaim_free(0); reclaim_free(1); fence_write(0); fence_read(1) }
   od
 }
 
@@ -583,7 +591,7 @@ end_loop:
   :: atomic { HE_p[2] -> HE_p[2] = 0; HE_gen[2] = 0; HE_blk[2] = 0 }
   :: atomic { HE_p[3] -> HE_p[3] = 0; HE_gen[3] = 0; HE_blk[3] = 0 }
 #endif
-#ifdef KEEP_BLOCK_CACHE
+#ifdef FULL_CACHES
   :: atomic { HB_p[0] -> HB_p[0] = 0; HB_v[0] = 0 }
   :: atomic { HB_p[1] -> HB_p[1] = 0; HB_v[1] = 0 }
   :: atomic { HB_p[2] -> HB_p[2] = 0; HB_v[2] = 0 }

@@ -170,7 +170,7 @@ absl::StatusOr<Lease> PrefixHost::Acquire(const Hit& hit) {
     return absl::NotFoundError("the block was retired before the lease took hold");
   }
   free_rows_.pop_back();
-  Lease lease{row, hit.entry, hit.entry_gen, hit.ref, Deadline(now)};
+  Lease lease{row, hit.entry, hit.entry_gen, hit.ref, Deadline(now), lease_seq_};
   held_rows_[row] = lease;
   return lease;
 }
@@ -183,7 +183,7 @@ absl::StatusOr<Lease> PrefixHost::LookupAndAcquire(Namespace ns, const PrefixKey
 
 absl::Status PrefixHost::Renew(Lease& lease) {
   auto it = held_rows_.find(lease.row);
-  if (it == held_rows_.end() || it->second.entry != lease.entry) {
+  if (it == held_rows_.end() || it->second.id != lease.id) {
     return absl::FailedPreconditionError("not a lease this host holds");
   }
   const std::int64_t now = clock_.NowMs();
@@ -205,7 +205,7 @@ absl::Status PrefixHost::Renew(Lease& lease) {
 
 void PrefixHost::Release(Lease& lease) {
   auto it = held_rows_.find(lease.row);
-  if (it == held_rows_.end() || it->second.entry != lease.entry) return;
+  if (it == held_rows_.end() || it->second.id != lease.id) return;
   WriteLeaseRow(lease.row, 0, 0, false, /*full_fence=*/false);
   held_rows_.erase(it);
   free_rows_.push_back(lease.row);

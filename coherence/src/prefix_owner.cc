@@ -283,7 +283,10 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> PrefixOwner::ScanLeases() {
         continue;
       }
       TimedValue& tv = lease_seqs_[std::size_t{host} * h_.lease_rows + r];
-      if (lr.lease_seq != tv.value) tv = TimedValue{lr.lease_seq, now};
+      // lease_seq restarts with every incarnation of the host: the stamp must change with
+      // any write of the row, so it includes the row's CRC (incarnation, entry, gen, held).
+      const std::uint64_t stamp = (std::uint64_t{lr.crc} << 32) ^ lr.lease_seq;
+      if (stamp != tv.value) tv = TimedValue{stamp, now};
       if (lr.held == 0 || lr.incarnation != row.incarnation) continue;
       if (now - tv.changed_at_ms > static_cast<std::int64_t>(h_.lease_ttl_ms)) {
         ++stats_.leases_expired;  // counted each scan it stays expired

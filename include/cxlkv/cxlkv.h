@@ -175,6 +175,7 @@ typedef struct cxlkv_lease {
   uint32_t entry_gen;
   cxlkv_block_ref ref;
   int64_t deadline_ms; /* CLOCK_MONOTONIC ms: do not use the data after it */
+  uint64_t id;         /* which acquisition (a stale copy never renews or releases a newer one) */
 } cxlkv_lease;
 
 /* Bytes a domain of this geometry needs (0 fields take the defaults). */

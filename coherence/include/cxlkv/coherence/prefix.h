@@ -78,6 +78,8 @@ struct Lease {
   std::uint32_t entry_gen = 0;
   BlockRef ref{};
   std::int64_t deadline_ms = 0;  // on this host's clock; the data may not be used after it
+  std::uint64_t id = 0;          // which acquisition: a stale copy of a released lease whose
+                                 // row was reused never releases or renews the new one
 };
 
 class PrefixHost {
