@@ -196,7 +196,9 @@ inline read_entry_inv(r, k, g, b) { g = M_gen[k]; b = M_blk[k] }
 #ifdef KEEP_BLOCK_CACHE
 inline read_block(r, b, v) {
 #ifdef BUG_NO_INVALIDATE_BLOCK
-  if :: !HB_p[r*NB+b] -> HB_p[r*NB+b] = 1; HB_v[r*NB+b] = bwr[b] :: else -> skip fi;
+  /* host 1 (r = 0) copies with no Invalidate of the block; host 2 does it right */
+  if :: r == 0 && HB_p[r*NB+b] -> skip
+     :: else -> HB_p[r*NB+b] = 1; HB_v[r*NB+b] = bwr[b] fi;
 #else
   HB_p[r*NB+b] = 1; HB_v[r*NB+b] = bwr[b];            /* Invalidate the block's lines first */
 #endif
@@ -372,6 +374,13 @@ end_loop:
        C_inc[r] = M_inc[r]; C_hb[r] = M_hb[r]; C_hdirty[r] = 0;
        C_lh[r] = M_lh[r]; C_le[r] = M_le[r]; C_lg[r] = M_lg[r]; C_li[r] = M_li[r];
        C_lv[r] = M_lv[r]; C_ldirty[r] = 0;
+#ifdef KEEP_ENTRY_CACHE
+       HE_p[r*NE] = 0; HE_gen[r*NE] = 0; HE_blk[r*NE] = 0;
+       HE_p[r*NE+1] = 0; HE_gen[r*NE+1] = 0; HE_blk[r*NE+1] = 0;
+#endif
+#ifdef KEEP_BLOCK_CACHE
+       HB_p[r*NB] = 0; HB_v[r*NB] = 0; HB_p[r*NB+1] = 0; HB_v[r*NB+1] = 0;
+#endif
        LF[r] = 2; hb_tick(r) }
   /* ---- restart: Join again, with a new incarnation */
   :: atomic { ph[r] == DOWN -> rejoin(r) }
