@@ -41,6 +41,7 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -220,26 +221,54 @@ absl::Status WaitUntilLive(PrefixHost& host, const CxlkvDomain& d) {
   return absl::DeadlineExceededError("the owner did not acknowledge this host's heartbeat");
 }
 
+// One benchmark thread's host: joined, live, heartbeating every host_ttl / 8.
+struct BenchHost {
+  BenchHost(CxlkvDomain& d, benchmark::State& state)
+      : mem(d.region->addr(), d.region->size_bytes()) {
+    auto joined =
+        PrefixHost::Join(mem, clock, 1 + static_cast<std::uint32_t>(state.thread_index()));
+    if (!joined.ok()) {
+      state.SkipWithError(joined.status().ToString().c_str());
+      return;
+    }
+    host = *std::move(joined);
+    if (absl::Status s = WaitUntilLive(*host, d); !s.ok()) {
+      state.SkipWithError(s.ToString().c_str());
+      host.reset();
+      return;
+    }
+    beat_ms = host->header().host_ttl_ms / 8;
+    last_beat_ms = clock.NowMs();
+  }
+  // Heartbeat when due; a clock read per 256 calls decides. False (and the error set) if the
+  // heartbeat failed.
+  bool MaybeBeat(benchmark::State& state) {
+    if ((++calls & 255) != 0) [[likely]] return true;
+    const std::int64_t now = clock.NowMs();
+    if (now - last_beat_ms < beat_ms) return true;
+    if (absl::Status s = host->Heartbeat(nullptr); !s.ok()) {
+      state.SkipWithError(absl::StrCat("cxlkv: Heartbeat: ", s.ToString()).c_str());
+      return false;
+    }
+    last_beat_ms = now;
+    return true;
+  }
+  DirectMem mem;
+  SteadyClock clock;
+  std::unique_ptr<PrefixHost> host;
+  std::int64_t beat_ms = 0;
+  std::int64_t last_beat_ms = 0;
+  std::uint32_t calls = 0;
+};
+
 void BM_Cxlkv_LookupAcquireRelease(benchmark::State& state) {
   CxlkvDomain& d = DomainFor(state.range(0));
-  DirectMem mem(d.region->addr(), d.region->size_bytes());
-  SteadyClock clock;
-  auto joined = PrefixHost::Join(mem, clock, 1 + static_cast<std::uint32_t>(state.thread_index()));
-  if (!joined.ok()) {
-    state.SkipWithError(joined.status().ToString().c_str());
-    return;
-  }
-  PrefixHost& host = **joined;
-  if (absl::Status s = WaitUntilLive(host, d); !s.ok()) {
-    state.SkipWithError(s.ToString().c_str());
-    return;
-  }
-  const std::int64_t beat_ms = host.header().host_ttl_ms / 8;
-  std::int64_t last_beat_ms = clock.NowMs();
+  BenchHost bh(d, state);
+  if (bh.host == nullptr) return;
+  PrefixHost& host = *bh.host;
   // Threads start half the key list apart.
   std::size_t k =
       (d.keys.size() / 2) * static_cast<std::size_t>(state.thread_index()) % d.keys.size();
-  std::uint32_t n = 0;
   for (auto _ : state) {
     const PrefixKey& key = d.keys[k];
     if (++k == d.keys.size()) k = 0;
@@ -255,20 +284,43 @@ void BM_Cxlkv_LookupAcquireRelease(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(lease->ref);
     host.Release(*lease);
-    // The host's own heartbeat, due every host_ttl / 4 at the latest; a clock read per 256
-    // operations decides.
-    if ((++n & 255) == 0) [[unlikely]] {
-      const std::int64_t now = clock.NowMs();
-      if (now - last_beat_ms >= beat_ms) {
-        if (absl::Status s = host.Heartbeat(nullptr); !s.ok()) {
-          state.SkipWithError(absl::StrCat("cxlkv: Heartbeat: ", s.ToString()).c_str());
-          break;
-        }
-        last_beat_ms = now;
-      }
-    }
+    if (!bh.MaybeBeat(state)) break;
   }
   state.SetItemsProcessed(state.iterations());
+}
+
+// A request's prefix at once: AcquireChain over the first `chain` blocks of one published
+// 32-block sequence (lookups, lease rows and re-validations each under one fence), then
+// ReleaseAll. Reported per block: items are blocks.
+void BM_Cxlkv_ChainLookupAcquireRelease(benchmark::State& state) {
+  CxlkvDomain& d = DomainFor(state.range(0));
+  const auto chain = static_cast<std::size_t>(state.range(1));
+  BenchHost bh(d, state);
+  if (bh.host == nullptr) return;
+  PrefixHost& host = *bh.host;
+  const std::size_t sequences = d.keys.size() / kBlocksPerSequence;
+  std::size_t seq = sequences / 2 * static_cast<std::size_t>(state.thread_index()) % sequences;
+  std::vector<Lease> leases;
+  leases.reserve(chain);
+  for (auto _ : state) {
+    const std::span<const PrefixKey> keys(d.keys.data() + seq * kBlocksPerSequence, chain);
+    if (++seq == sequences) seq = 0;
+    leases.clear();
+    absl::StatusOr<std::size_t> n = host.AcquireChain(d.ns, keys, &leases);
+    if (!n.ok() || *n != chain) [[unlikely]] {
+      state.SkipWithError(
+          absl::StrCat("cxlkv: AcquireChain: ", n.ok() ? "short run" : n.status().ToString())
+              .c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(leases.data());
+    host.ReleaseAll(leases);
+    if (!bh.MaybeBeat(state)) break;
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(chain));
+  state.counters["s_per_block"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * static_cast<std::int64_t>(chain)),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 // ---- peer servers ---------------------------------------------------------------------------
@@ -503,6 +555,16 @@ int main(int argc, char** argv) {
       ->ArgName("published")
       ->Arg(kPublished[0])
       ->Arg(kPublished[1])
+      ->Threads(1)
+      ->Threads(2)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_Cxlkv_ChainLookupAcquireRelease",
+                               &BM_Cxlkv_ChainLookupAcquireRelease)
+      ->ArgNames({"published", "chain"})
+      ->Args({kPublished[0], 32})
+      ->Args({kPublished[1], 1})
+      ->Args({kPublished[1], 8})
+      ->Args({kPublished[1], 32})
       ->Threads(1)
       ->Threads(2)
       ->UseRealTime();

@@ -117,6 +117,21 @@ int main(void) {
     CHECK(strcmp(copy, "system prompt KV") == 0);
     CHECK(cxlkv_lease_renew(b, &lease) == CXLKV_OK);
     CHECK(cxlkv_lease_release(b, &lease) == CXLKV_OK);
+    /* The prefix as a chain: the published block, then one never published (the run ends). */
+    {
+      uint32_t next_tokens[16];
+      for (int i = 0; i < 16; ++i) next_tokens[i] = 2000 + i;
+      cxlkv_prefix_key chain[2] = {key, cxlkv_prefix_key_chain(ns, &key, next_tokens, 16)};
+      cxlkv_lease leases[2];
+      size_t n_leased = 99;
+      CHECK(cxlkv_lease_acquire_chain(b, ns, chain, 2, leases, &n_leased) == CXLKV_OK);
+      CHECK(n_leased == 1 && leases[0].ref.index == blk.index);
+      CHECK(cxlkv_lease_validate(b, &leases[0]) == CXLKV_OK);
+      CHECK(cxlkv_lease_acquire_chain(b, ns, chain + 1, 1, leases + 1, &n_leased) == CXLKV_OK);
+      CHECK(n_leased == 0);
+      CHECK(cxlkv_lease_acquire_chain(b, ns, chain, 2, NULL, &n_leased) == CXLKV_E_INVALID);
+      CHECK(cxlkv_lease_release_many(b, leases, 1) == CXLKV_OK);
+    }
     cxlkv_arena_stats ps;
     CHECK(cxlkv_arena_stats_get(arena, &ps) == CXLKV_OK);
     CHECK(ps.classes[0].persisted_blocks == 1); /* the domain holds it now */

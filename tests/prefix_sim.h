@@ -30,6 +30,9 @@ class PrefixSimulation {
     std::uint64_t seed = 1;
     DomainGeometry geometry{8, 64, 8, 16, 400, 400, 40};
     std::uint32_t evict_per_mille = 30;
+    // Chance, at each fence and each clock reading of a host or the owner, that the caller
+    // stalls there while time passes and others take a few steps (preemption points).
+    std::uint32_t preempt_per_mille = 2;
   };
 
   explicit PrefixSimulation(const Config& c)
@@ -38,6 +41,9 @@ class PrefixSimulation {
     owner_clock_ = std::make_unique<SimClock>(&now_, 1000, 1.0);
     if (!FormatDomain(*owner_view_, c.geometry).ok()) Violation("format failed");
     owner_ = std::move(*PrefixOwner::Open(*owner_view_, *owner_clock_));
+    const std::uint32_t owner_actor = c.hosts;
+    owner_view_->set_on_fence([this, owner_actor] { Preempt(owner_actor); });
+    owner_clock_->set_on_read([this, owner_actor] { Preempt(owner_actor); });
     namespaces_ = {MakeNamespace("tenant-a", "llama3-70b", "L=80"),
                    MakeNamespace("tenant-b", "llama3-70b", "L=80")};
     for (std::uint32_t h = 0; h < c.hosts; ++h) {
@@ -46,6 +52,8 @@ class PrefixSimulation {
       std::uniform_real_distribution<double> rate(0.99, 1.01);
       host.clock = std::make_unique<SimClock>(&now_, static_cast<std::int64_t>(rng_() % 100000),
                                               rate(rng_));
+      host.view->set_on_fence([this, h] { Preempt(h); });
+      host.clock->set_on_read([this, h] { Preempt(h); });
       hosts_.push_back(std::move(host));
       Start(h);
     }
@@ -53,6 +61,7 @@ class PrefixSimulation {
 
   // Runs `steps` random steps; returns false (with failure() set) on the first violation.
   bool Run(std::uint64_t steps) {
+    running_ = true;  // every host exists now: preemption points may run them
     for (std::uint64_t s = 0; s < steps && failure_.empty(); ++s) {
       step_ = s;
       now_ += static_cast<std::int64_t>(rng_() % 7);
@@ -70,6 +79,7 @@ class PrefixSimulation {
   // Liveness: hosts stop taking leases, every host crashes; the owner retires every entry;
   // after TTLs and grace on the owner's clock, no entry may be left published or retired.
   bool Drain() {
+    c_.preempt_per_mille = 0;  // nothing else runs now: no one to interleave with
     for (std::uint32_t h = 0; h < c_.hosts; ++h) Crash(h);
     for (const auto& [ns, keys] : published_keys_) {
       for (const auto& [lo, hi] : keys) (void)owner_->RetireKey(ns, PrefixKey{lo, hi});
@@ -79,6 +89,16 @@ class PrefixSimulation {
     for (std::int64_t t = 0; t < wait && failure_.empty(); t += 5) {
       now_ += 5;
       owner_->Step();
+      // A crashed host's last requests may still be applied (it is not fenced yet): what
+      // they publish is retired too.
+      if (t < wait / 2) {
+        for (std::uint32_t i = 0; i < owner_->header().index_entries; ++i) {
+          const IndexEntry e = MediaEntry(i);
+          if (e.state == static_cast<std::uint8_t>(EntryState::kPublished)) {
+            (void)owner_->RetireKey(e.ns, PrefixKey{e.key[0], e.key[1]});
+          }
+        }
+      }
       CheckInvariants();
     }
     std::uint32_t left = 0;
@@ -96,6 +116,7 @@ class PrefixSimulation {
   const std::string& failure() const { return failure_; }
   const PrefixOwner::Stats& owner_stats() const { return owner_->stats(); }
   std::uint64_t uses() const { return uses_; }
+  std::uint64_t preemptions() const { return preemptions_; }
 
  private:
   struct Host {
@@ -122,6 +143,34 @@ class PrefixSimulation {
     return r;
   }
   static BlockId IdOf(const BlockRef& r) { return {r.arena[0] - 1u, r.index}; }
+
+  // A preemption point of `actor` (a host, or c_.hosts for the owner) in the middle of one
+  // of its calls: sometimes it stalls there — time passes, up to a lease TTL and more — and
+  // the owner and other hosts take whole steps meanwhile. Not nested; never re-enters the
+  // stalled actor.
+  void Preempt(std::uint32_t actor) {
+    if (!running_ || preempting_ || c_.preempt_per_mille == 0 ||
+        rng_() % 1000 >= c_.preempt_per_mille) {
+      return;
+    }
+    preempting_ = true;
+    ++preemptions_;
+    const std::uint64_t steps = 1 + rng_() % 8;
+    // Mostly a short delay; one time in eight a stall past a lease TTL.
+    const std::uint64_t stall_max =
+        rng_() % 8 == 0 ? 2 * std::uint64_t{c_.geometry.lease_ttl_ms} / steps : 20;
+    for (std::uint64_t i = 0; i < steps && failure_.empty(); ++i) {
+      now_ += static_cast<std::int64_t>(rng_() % stall_max);
+      const std::uint32_t other = static_cast<std::uint32_t>(rng_() % (c_.hosts + 1));
+      if (other == actor) continue;
+      if (other == c_.hosts) {
+        owner_->Step();
+      } else {
+        HostStep(other);
+      }
+    }
+    preempting_ = false;
+  }
 
   void Violation(const std::string& what) {
     if (!failure_.empty()) return;
@@ -175,6 +224,15 @@ class PrefixSimulation {
         truth_[IdOf(ref)] = BlockTruth{1, true};
         published_keys_[ns].insert({key.lo, key.hi});
       }
+    } else if (op < 40) {
+      // A prefix of up to 4 blocks leased in one pass (the keys need not all be published:
+      // the run ends at the first miss).
+      std::vector<PrefixKey> keys(1 + rng_() % 4);
+      for (PrefixKey& k : keys) {
+        const std::uint32_t token = static_cast<std::uint32_t>(rng_() % 24);
+        k = ChainKey(ns, PrefixKey{}, std::span(&token, 1));
+      }
+      (void)p.AcquireChain(ns, keys, &host.leases);
     } else if (op < 50) {
       const std::uint32_t token = static_cast<std::uint32_t>(rng_() % 24);
       const PrefixKey key = ChainKey(ns, PrefixKey{}, std::span(&token, 1));
@@ -197,6 +255,11 @@ class PrefixSimulation {
       if (!p.Renew(host.leases[i]).ok()) host.leases.erase(host.leases.begin() + i);
     } else if (op < 85) {
       if (host.leases.empty()) return;
+      if (rng_() % 4 == 0) {
+        p.ReleaseAll(host.leases);
+        host.leases.clear();
+        return;
+      }
       const std::size_t i = rng_() % host.leases.size();
       p.Release(host.leases[i]);
       host.leases.erase(host.leases.begin() + i);
@@ -268,6 +331,9 @@ class PrefixSimulation {
   std::int64_t now_ = 0;
   std::uint64_t step_ = 0;
   std::uint64_t uses_ = 0;
+  std::uint64_t preemptions_ = 0;
+  bool preempting_ = false;
+  bool running_ = false;
   SimMemory media_;
   std::unique_ptr<SimMemory::HostView> owner_view_;
   std::unique_ptr<SimClock> owner_clock_;

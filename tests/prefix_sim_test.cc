@@ -26,7 +26,7 @@ TEST(PrefixSimulation, EightHostsWithCrashesPausesAndStaleCaches) {
   const bool ok = sim.Run(steps);
   const auto& st = sim.owner_stats();
   std::printf("simulation seed=%llu steps=%llu: published %llu, duplicates %llu, retired %llu, "
-              "reclaimed %llu, evicted %llu, fenced %llu, uses %llu\n",
+              "reclaimed %llu, evicted %llu, fenced %llu, uses %llu, preemptions %llu\n",
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(steps),
               static_cast<unsigned long long>(st.published),
               static_cast<unsigned long long>(st.duplicates),
@@ -34,7 +34,8 @@ TEST(PrefixSimulation, EightHostsWithCrashesPausesAndStaleCaches) {
               static_cast<unsigned long long>(st.reclaimed),
               static_cast<unsigned long long>(st.evicted),
               static_cast<unsigned long long>(st.hosts_fenced),
-              static_cast<unsigned long long>(sim.uses()));
+              static_cast<unsigned long long>(sim.uses()),
+              static_cast<unsigned long long>(sim.preemptions()));
   ASSERT_TRUE(ok) << sim.failure() << " (replay: CXLKV_SEED=" << seed << ")";
   // The run exercised what it claims to.
   EXPECT_GT(st.published, 0u);

@@ -1,6 +1,7 @@
 // coherence/prefix.h: keys, namespaces, and the host/owner flows on a real mapping and on
 // the simulator, step by step.
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "cxlkv/coherence/prefix.h"
@@ -158,6 +159,188 @@ TEST(Prefix, StalledHostIsFencedAndRejoins) {
   EXPECT_TRUE(absl::IsAborted(st)) << st;
   EXPECT_GT(b->incarnation(), inc);
   EXPECT_EQ(b->leases_held(), 0u);
+}
+
+// A chain of keys, as a request's prefix gives them: block i's key chains on block i-1's.
+std::vector<PrefixKey> Chain(Namespace ns, std::size_t n) {
+  std::vector<PrefixKey> keys;
+  PrefixKey parent{};
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t tokens[] = {static_cast<std::uint32_t>(i), 7, 8, 9};
+    parent = ChainKey(ns, parent, tokens);
+    keys.push_back(parent);
+  }
+  return keys;
+}
+
+void ChainLeases(Mem& owner_mem, Mem& a_mem, Mem& b_mem) {
+  ManualClock clock;
+  Domain d(owner_mem, clock, {4, 64, 8, 16, 1000, 1000, 50});
+  auto a = std::move(*PrefixHost::Join(a_mem, clock, 0));
+  auto b = std::move(*PrefixHost::Join(b_mem, clock, 1));
+  const Namespace ns = MakeNamespace("t", "m", "l");
+  const std::vector<PrefixKey> keys = Chain(ns, 12);
+  // The first 6 blocks of the prefix are published; block 6 is not; 7.. are (a gap).
+  for (std::uint32_t i = 0; i < 12; ++i) {
+    if (i == 6) continue;
+    ASSERT_TRUE(a->Publish(ns, keys[i], i ? keys[i - 1] : PrefixKey{}, Ref(100 + i)).ok());
+  }
+  d.owner->Step();
+  std::vector<Lease> leases;
+  auto n = b->AcquireChain(ns, keys, &leases);
+  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_EQ(*n, 6u) << "the longest published run at the start of the prefix";
+  ASSERT_EQ(leases.size(), 6u);
+  EXPECT_EQ(b->leases_held(), 6u);
+  for (std::uint32_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(leases[i].ref, Ref(100 + i)) << "leases in key order";
+    EXPECT_TRUE(b->ValidateAfterCopy(leases[i]).ok());
+    for (std::uint32_t j = 0; j < i; ++j) EXPECT_NE(leases[i].id, leases[j].id);
+  }
+  // A miss at the first key takes nothing.
+  std::vector<Lease> none;
+  auto miss = b->AcquireChain(ns, std::span(keys).subspan(6), &none);
+  ASSERT_TRUE(miss.ok());
+  EXPECT_EQ(*miss, 0u);
+  EXPECT_TRUE(none.empty());
+  // Leases from a chain hold blocks against retire + reclaim like single ones.
+  ASSERT_TRUE(d.owner->RetireKey(ns, keys[2]).ok());
+  clock.now += 100;
+  EXPECT_EQ(d.owner->Reclaim(), 0u) << "leased: not reclaimed";
+  EXPECT_FALSE(b->ValidateAfterCopy(leases[2]).ok());
+  // Only 8 lease rows: a run longer than the rows left is cut, not failed.
+  std::vector<Lease> more;
+  auto cut = b->AcquireChain(ns, std::span(keys).subspan(7), &more);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(*cut, 2u) << "8 rows, 6 held";
+  EXPECT_EQ(b->leases_held(), 8u);
+  std::vector<Lease> full;
+  EXPECT_TRUE(absl::IsResourceExhausted(b->AcquireChain(ns, keys, &full).status()));
+  b->ReleaseAll(more);
+  b->ReleaseAll(leases);
+  b->ReleaseAll(leases);  // twice: a no-op
+  EXPECT_EQ(b->leases_held(), 0u);
+  EXPECT_EQ(d.owner->Reclaim(), 1u) << "released: the retired block goes";
+  // A chain cut short by a retirement between lookup and lease: keys[2] is retired, so a
+  // chain from keys[0] stops at 2 (Lookup already skips it: retired entries do not match).
+  std::vector<Lease> again;
+  auto two = b->AcquireChain(ns, keys, &again);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(*two, 2u);
+  b->ReleaseAll(again);
+}
+
+TEST(Prefix, ChainLeasesOnAMapping) {
+  auto region = pool::OpenRegion("memfd:?size=4M");
+  ASSERT_TRUE(region.ok());
+  DirectMem owner((*region)->addr(), (*region)->size_bytes());
+  DirectMem a((*region)->addr(), (*region)->size_bytes());
+  DirectMem b((*region)->addr(), (*region)->size_bytes());
+  ChainLeases(owner, a, b);
+}
+
+TEST(Prefix, ChainLeasesOnTheSimulator) {
+  SimMemory media(4 << 20, 43);
+  auto owner = media.NewView(0), a = media.NewView(0), b = media.NewView(0);
+  ChainLeases(*owner, *a, *b);
+}
+
+// Evict orders nothing: on the simulator, as on hardware, a read before the fence may still
+// return the stale copy; after FullFence it returns memory.
+TEST(SimMemory, EvictTakesEffectAtTheFullFence) {
+  SimMemory media(4096, 1);
+  auto reader = media.NewView(0), writer = media.NewView(0);
+  std::uint64_t v = 1, got = 0;
+  reader->Read(0, &got, sizeof(got));
+  EXPECT_EQ(got, 0u);
+  writer->Write(0, &v, sizeof(v));
+  writer->Flush(0, sizeof(v));
+  reader->Evict(0, sizeof(got));
+  reader->Read(0, &got, sizeof(got));
+  EXPECT_EQ(got, 0u) << "no fence yet: the stale line is still there";
+  reader->Evict(0, sizeof(got));
+  reader->FullFence();
+  reader->Read(0, &got, sizeof(got));
+  EXPECT_EQ(got, 1u);
+}
+
+// A clock that runs a hook on one chosen call: the hook is what happens while the host is
+// stalled right after that clock sample (other hosts and the owner keep going).
+class StallingClock final : public Clock {
+ public:
+  std::int64_t NowMs() override {
+    const std::int64_t t = now;
+    if (stall_on_call > 0 && --stall_on_call == 0) stall();
+    return t;
+  }
+  std::int64_t now = 1000;
+  int stall_on_call = 0;
+  std::function<void()> stall;
+};
+
+// Renew samples the clock, then writes the lease row again. A host that stalls between the
+// two past its old deadline, but not long enough to be fenced, may find on waking that the
+// owner judged the old row expired (unchanged for lease_ttl on its clock) and reclaimed the
+// block — while the deadline counted from the sample is still ahead. Renew must look at the
+// clock again after the write instead of promising a lease on a reclaimed block. SPIN found
+// this (coherence/model, BUG_RENEW_NO_SECOND_LOOK); this is the same schedule.
+TEST(Prefix, RenewThatStalledPastItsDeadlineLosesTheLease) {
+  StallingClock clock;  // lease_ttl 1000, host_ttl 1000, grace 50; margin 250
+  SimMemory media(4 << 20, 11);
+  auto ov = media.NewView(0), av = media.NewView(0), bv = media.NewView(0);
+  Domain d(*ov, clock);
+  auto a = std::move(*PrefixHost::Join(*av, clock, 0));
+  auto b = std::move(*PrefixHost::Join(*bv, clock, 1));
+  const Namespace ns = MakeNamespace("t", "m", "l");
+  const PrefixKey key = ChainKey(ns, PrefixKey{}, kTokens);
+  const std::uint32_t other_tokens[] = {9, 9, 9};
+  const PrefixKey other = ChainKey(ns, PrefixKey{}, other_tokens);
+  ASSERT_TRUE(a->Publish(ns, key, PrefixKey{}, Ref(4)).ok());
+  ASSERT_TRUE(a->Publish(ns, other, PrefixKey{}, Ref(5)).ok());
+  d.owner->Step();
+  auto lease = b->LookupAndAcquire(ns, key);  // at t = 1000: deadline 1750
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  // Another block, retired but leased (by a, renewing), keeps the owner scanning lease rows
+  // every step: it watches b's row from now on.
+  auto a_lease = a->LookupAndAcquire(ns, other);
+  ASSERT_TRUE(a_lease.ok()) << a_lease.status();
+  ASSERT_TRUE(d.owner->RetireKey(ns, other).ok());
+  d.owner->Step();
+  // Both hosts beat and are acknowledged until t = 1700; b's lease is not renewed.
+  for (int i = 0; i < 7; ++i) {
+    clock.now += 100;
+    ASSERT_TRUE(a->Heartbeat(nullptr).ok());
+    ASSERT_TRUE(a->Renew(*a_lease).ok());
+    ASSERT_TRUE(b->Heartbeat(nullptr).ok());
+    d.owner->Step();
+  }
+  // b renews at 1700 (before its deadline) and stalls right after the clock sample until
+  // 2200: past the old deadline, not past host_ttl. Meanwhile the owner retires the entry
+  // and reclaims the block once the old row has been unchanged for lease_ttl.
+  bool retired = false;
+  clock.stall_on_call = 1;
+  clock.stall = [&] {
+    for (int i = 0; i < 5; ++i) {
+      clock.now += 100;
+      ASSERT_TRUE(a->Heartbeat(nullptr).ok());
+      ASSERT_TRUE(a->Renew(*a_lease).ok());
+      if (!retired) retired = d.owner->RetireKey(ns, key).ok();
+      d.owner->Step();
+    }
+  };
+  const std::uint64_t reclaimed_before = d.owner->stats().reclaimed;
+  const absl::Status st = b->Renew(*lease);
+  ASSERT_TRUE(retired);
+  ASSERT_EQ(d.owner->stats().hosts_fenced, 0u) << "the stall is shorter than host_ttl";
+  ASSERT_GT(d.owner->stats().reclaimed, reclaimed_before)
+      << "the schedule must reclaim the block during the stall";
+  if (st.ok()) {
+    EXPECT_GT(clock.now, lease->deadline_ms)
+        << "Renew promised a lease (deadline " << lease->deadline_ms << ", now " << clock.now
+        << ") on a block the owner reclaimed";
+  }
+  EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
+  EXPECT_EQ(b->leases_held(), 0u) << "the lost lease's row is given back";
 }
 
 TEST(Prefix, RingFullIsReportedAndHeaderChecked) {

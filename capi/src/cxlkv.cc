@@ -460,6 +460,37 @@ CXLKV_API int cxlkv_lease_acquire(cxlkv_domain* d, const cxlkv_prefix_hit* hit,
   return CXLKV_OK;
 }
 
+CXLKV_API int cxlkv_lease_acquire_chain(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* keys,
+                                        size_t n, cxlkv_lease* leases, size_t* n_leased) {
+  if (d == nullptr || (n != 0 && (keys == nullptr || leases == nullptr)) || n_leased == nullptr) {
+    return Fail(CXLKV_E_INVALID, "domain, keys, leases and n_leased must be set");
+  }
+  *n_leased = 0;
+  std::vector<co::PrefixKey> k(n);
+  for (size_t i = 0; i < n; ++i) k[i] = co::PrefixKey{keys[i].lo, keys[i].hi};
+  std::vector<co::Lease> out;
+  auto got = d->host->AcquireChain(ns, k, &out);
+  if (!got.ok()) {
+    if (absl::IsUnavailable(got.status()) || absl::IsResourceExhausted(got.status())) {
+      return Fail(CXLKV_E_FULL, std::string(got.status().message()));
+    }
+    return FromStatus(got.status());
+  }
+  for (size_t i = 0; i < out.size(); ++i) leases[i] = FromLease(out[i]);
+  *n_leased = out.size();
+  return CXLKV_OK;
+}
+
+CXLKV_API int cxlkv_lease_release_many(cxlkv_domain* d, cxlkv_lease* leases, size_t n) {
+  if (d == nullptr || (n != 0 && leases == nullptr)) {
+    return Fail(CXLKV_E_INVALID, "domain and leases must be set");
+  }
+  std::vector<co::Lease> l(n);
+  for (size_t i = 0; i < n; ++i) l[i] = ToLease(leases[i]);
+  d->host->ReleaseAll(l);
+  return CXLKV_OK;
+}
+
 CXLKV_API int cxlkv_lease_renew(cxlkv_domain* d, cxlkv_lease* lease) {
   if (d == nullptr || lease == nullptr) return Fail(CXLKV_E_INVALID, "domain and lease must be set");
   co::Lease l = ToLease(*lease);

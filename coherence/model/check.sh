@@ -1,56 +1,160 @@
 #!/usr/bin/env bash
-# Checks coherence/model/prefix.pml with SPIN: the protocol model must satisfy every safety
-# assertion and, under weak fairness, the liveness properties; each seeded bug variant must
-# be caught (a counterexample). Runs in a temp dir; about 1.5 minutes on 2 vCPUs.
-set -euo pipefail
-model="$(cd "$(dirname "$0")" && pwd)/prefix.pml"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-cd "$work"
-fail=0
+# Model-checks coherence/model/prefix.pml with SPIN (docs/model.md says what each check means).
+#
+#   check.sh              the correct model must pass every property (safety: assertions and
+#                         index invariants; liveness under weak fairness), and every bug
+#                         variant must FAIL (SPIN must find its counterexample).
+#   check.sh --extended   also the slower checks (about 15 minutes): 3 publishes instead of
+#                         2, a replayed PUBLISH, every reader cache kept (-DFULL_CACHES),
+#                         each liveness property on its own, and informational variants
+#                         (expected to pass: they show which steps are not load-bearing).
+#   check.sh --trail NAME  after the run, prints the counterexample of bug variant NAME
+#                         (spin -t -p, trimmed) — for reading, not for the verdict.
+#
+# Works from any directory; builds in a temporary directory it removes; exits non-zero when a
+# verdict is not the expected one. Needs spin (Debian package `spin`) and a C compiler.
+set -uo pipefail
 
-build() {  # build <extra spin -D flags...> ; compiles pan with the given gcc flags in $CFLAGS
-  spin "$@" -a "$model" >/dev/null
-  gcc -O2 $CFLAGS -o pan pan.c
-}
-
-safety() {  # safety NAME [spin -D flags...]: expect no errors
-  local name="$1"; shift
-  CFLAGS="-DSAFETY -DCOLLAPSE" build "$@"
-  local out; out="$(./pan -m400000 -w26 2>&1)"
-  local stored; stored="$(echo "$out" | grep -m1 'states, stored' | awk '{print $1}')"
-  if echo "$out" | grep -q 'errors: 0'; then
-    echo "ok    $name: no assertion violated ($stored states)"
-  else
-    echo "FAIL  $name:"; echo "$out" | grep -E 'assertion|errors' ; fail=1
-  fi
-}
-
-bug() {  # bug FLAG: the model with FLAG must violate an assertion
-  CFLAGS="-DSAFETY -DCOLLAPSE" build "-D$1"
-  local out; out="$(./pan -m400000 -w26 2>&1)"
-  if echo "$out" | grep -q 'errors: 0'; then
-    echo "FAIL  $1: the bug was NOT caught"; fail=1
-  else
-    echo "ok    $1 caught: $(echo "$out" | grep -m1 -E 'assertion violated|acceptance cycle' | cut -c1-110)"
-  fi
-}
-
-live() {  # live LTL-NAME: liveness under weak fairness
-  CFLAGS="-DNFAIR=3 -DCOLLAPSE" build -DLIVENESS
-  local out; out="$(./pan -a -f -m400000 -w26 -N "$1" 2>&1)"
-  local stored; stored="$(echo "$out" | grep -m1 'states, stored' | awk '{print $1}')"
-  if echo "$out" | grep -q 'errors: 0'; then
-    echo "ok    liveness $1 under weak fairness ($stored states)"
-  else
-    echo "FAIL  liveness $1:"; echo "$out" | grep -E 'acceptance|errors'; fail=1
-  fi
-}
-
-safety "safety (3 hosts, 2 entries, 2 blocks, crashes, pauses, stale caches)"
-live reclaim0
-live fenced0
-for b in BUG_NO_FLUSH_LEASE BUG_NO_REVALIDATE BUG_UNACKED_HEARTBEAT BUG_NO_VALIDATE_AFTER_COPY; do
-  bug "$b"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+model="$here/prefix.pml"
+extended=0
+trail=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --extended) extended=1 ;;
+    --trail) trail="${2:-}"; shift ;;
+    *) echo "usage: $0 [--extended] [--trail BUG_NAME]" >&2; exit 2 ;;
+  esac
+  shift
 done
-exit "$fail"
+
+if ! command -v spin >/dev/null; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "check.sh: installing spin" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq spin >/dev/null 2>&1 ||
+      { apt-get update -qq >/dev/null 2>&1 &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq spin >/dev/null 2>&1; }
+  fi
+  command -v spin >/dev/null || { echo "check.sh: spin is not installed (apt-get install spin)" >&2; exit 2; }
+fi
+CC="${CC:-gcc}"
+command -v "$CC" >/dev/null || { echo "check.sh: no C compiler ($CC)" >&2; exit 2; }
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/cxlkv-model.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+jobs_max="$(nproc 2>/dev/null || echo 2)"
+[ "$jobs_max" -gt 4 ] && jobs_max=4
+
+# Checks: name | expect (pass|fail) | spin -D flags | cc flags | pan flags
+# Safety runs: assertions (S1-S3) + the Monitor's invariants (S4) + invalid end states.
+# -m: the depth bound is large enough that no pass is truncated (checked below).
+SAFE_CC="-DNOCLAIM -DSAFETY -DCOLLAPSE"
+SAFE_PAN="-m4000000 -w25"
+LIVE_CC="-DNFAIR=3 -DCOLLAPSE"
+LIVE_PAN="-a -f -m4000000 -w25"
+# Longest first, so that two at a time finish together.
+checks=(
+  "liveness|pass|-DLIVENESS|$LIVE_CC|$LIVE_PAN -N live"
+  "safety|pass||$SAFE_CC|$SAFE_PAN"
+  "BUG_NO_FLUSH_LEASE|fail|-DBUG_NO_FLUSH_LEASE|$SAFE_CC|$SAFE_PAN"
+  "BUG_NO_REVALIDATE|fail|-DBUG_NO_REVALIDATE|$SAFE_CC|$SAFE_PAN"
+  "BUG_STALE_REVALIDATE|fail|-DBUG_STALE_REVALIDATE|$SAFE_CC|$SAFE_PAN"
+  "BUG_NO_FLUSH_RETIRE|fail|-DBUG_NO_FLUSH_RETIRE|$SAFE_CC|$SAFE_PAN"
+  "BUG_NO_VALIDATE_AFTER_COPY|fail|-DBUG_NO_VALIDATE_AFTER_COPY -DIDLE_HOST2|$SAFE_CC|$SAFE_PAN"
+  "BUG_NO_INVALIDATE_BLOCK|fail|-DBUG_NO_INVALIDATE_BLOCK -DIDLE_HOST2|$SAFE_CC|$SAFE_PAN"
+  "BUG_UNACKED_HEARTBEAT|fail|-DBUG_UNACKED_HEARTBEAT|$SAFE_CC|$SAFE_PAN"
+  "BUG_DUP_REF|fail|-DBUG_DUP_REF -DDUP_REQUEST|$SAFE_CC|$SAFE_PAN"
+  "BUG_RENEW_NO_SECOND_LOOK|fail|-DBUG_RENEW_NO_SECOND_LOOK|$SAFE_CC|$SAFE_PAN"
+  "BUG_SCAN_ALL_ROWS|fail|-DLIVENESS -DBUG_SCAN_ALL_ROWS|$LIVE_CC|$LIVE_PAN -N live"
+  "BUG_NEVER_FENCE|fail|-DLIVENESS -DBUG_NEVER_FENCE|$LIVE_CC|$LIVE_PAN -N fenced0"
+)
+if [ "$extended" -eq 1 ]; then
+  checks=(
+    "safety_maxpub3|pass|-DMAXPUB=3|$SAFE_CC|$SAFE_PAN"
+    "safety_dup_request|pass|-DDUP_REQUEST|$SAFE_CC|$SAFE_PAN"
+    "safety_full_caches|pass|-DFULL_CACHES|$SAFE_CC|$SAFE_PAN"
+    "live_reclaim0|pass|-DLIVENESS|$LIVE_CC|$LIVE_PAN -N reclaim0"
+    "live_reclaim1|pass|-DLIVENESS|$LIVE_CC|$LIVE_PAN -N reclaim1"
+    "live_fenced0|pass|-DLIVENESS|$LIVE_CC|$LIVE_PAN -N fenced0"
+    "info_NO_GRACE|pass|-DBUG_NO_GRACE|$SAFE_CC|$SAFE_PAN"
+    "info_NO_DEADLINE_CHECK|pass|-DNO_DEADLINE_CHECK=1|$SAFE_CC|$SAFE_PAN"
+    "info_NO_GEN_CHECK|pass|-DNO_GEN_CHECK=1|$SAFE_CC|$SAFE_PAN"
+    "${checks[@]}"
+  )
+fi
+
+# One check: spin -a, compile, run pan; writes $work/$name/verdict.
+run_check() {
+  local name="$1" expect="$2" sflags="$3" cflags="$4" pflags="$5"
+  local d="$work/$name"
+  mkdir -p "$d" && cd "$d" || return 1
+  local t0=$SECONDS
+  # shellcheck disable=SC2086
+  if ! spin $sflags -a "$model" >spin.txt 2>&1; then
+    echo "ERROR spin -a failed (see spin.txt)" >verdict; return
+  fi
+  # shellcheck disable=SC2086
+  if ! "$CC" -O2 -w $cflags -o pan pan.c >cc.txt 2>&1; then
+    echo "ERROR cc failed" >verdict; return
+  fi
+  # shellcheck disable=SC2086
+  ./pan $pflags >pan.txt 2>&1
+  local errors states depth secs got what
+  errors="$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' pan.txt | head -1)"
+  states="$(sed -n 's/^ *\([0-9.e+]*\) states, stored.*/\1/p' pan.txt | head -1)"
+  depth="$(sed -n 's/.*depth reached \([0-9]*\).*/\1/p' pan.txt | head -1)"
+  secs="$(sed -n 's/^pan: elapsed time \([0-9.e+]*\) seconds.*/\1/p' pan.txt | head -1)"
+  what="$(grep -m1 -E '^pan:[0-9]+: ' pan.txt | sed 's/^pan:[0-9]*: *//' | cut -c1-60)"
+  if [ -z "$errors" ]; then
+    got="ERROR"; what="pan did not finish (see pan.txt)"
+  elif [ "$errors" = "0" ]; then
+    got="pass"
+    if grep -q "max search depth too small" pan.txt; then got="ERROR"; what="search truncated (-m)"; fi
+  else
+    got="fail"
+  fi
+  echo "$got|$states|$depth|${secs:-?}|$((SECONDS - t0))|$what" >verdict
+}
+
+start=$SECONDS
+echo "SPIN model check of $model (up to $jobs_max at once)"
+running=0
+for c in "${checks[@]}"; do
+  IFS='|' read -r name expect sflags cflags pflags <<<"$c"
+  run_check "$name" "$expect" "$sflags" "$cflags" "$pflags" &
+  running=$((running + 1))
+  if [ "$running" -ge "$jobs_max" ]; then wait -n; running=$((running - 1)); fi
+done
+wait
+
+status=0
+printf '\n%-28s %-6s %-6s %12s %9s %8s  %s\n' check expect got states depth pan_s "first violation"
+for c in "${checks[@]}"; do
+  IFS='|' read -r name expect _ _ _ <<<"$c"
+  IFS='|' read -r got states depth secs wall what <"$work/$name/verdict" ||
+    { got="ERROR"; what="no verdict"; }
+  mark=""
+  if [ "$got" != "$expect" ]; then mark="   <-- UNEXPECTED"; status=1; fi
+  printf '%-28s %-6s %-6s %12s %9s %8s  %s%s\n' "$name" "$expect" "$got" "${states:-?}" \
+    "${depth:-?}" "${secs:-?}" "${what:-}" "$mark"
+done
+
+if [ -n "$trail" ]; then
+  d="$work/$trail"
+  if [ -f "$d/pan.trail" ]; then
+    echo; echo "== counterexample of $trail (spin -t -p, steps of the processes)"
+    IFS='|' read -r _ _ sflags _ _ <<<"$(printf '%s\n' "${checks[@]}" | grep "^$trail|")"
+    # shellcheck disable=SC2086
+    (cd "$d" && spin -t -p -g -l $sflags "$model" | grep -E '^ *[0-9]+:|assert' | tail -n 120)
+  else
+    echo "no trail for $trail"
+  fi
+fi
+
+echo
+if [ "$status" -eq 0 ]; then
+  echo "coherence/model: all verdicts as expected ($((SECONDS - start)) s)"
+else
+  echo "coherence/model: UNEXPECTED verdicts ($((SECONDS - start)) s)"
+fi
+exit "$status"

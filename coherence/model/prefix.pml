@@ -324,10 +324,11 @@ end_loop:
    * deadline counts from the sample. The fixed Renew looks at the clock again after the
    * write: if the old deadline has passed by then, the owner may have judged the old row
    * expired and reclaimed the block while this write was on its way, so the lease is lost.
-   * RENEW_AS_CODED: as prefix_host.cc does it today (no second look). */
+   * BUG_RENEW_NO_SECOND_LOOK: Renew without the second look, as prefix_host.cc had it until
+   * SPIN found the reclaim (tests/prefix_test.cc, RenewThatStalledPastItsDeadline...). */
   :: atomic { ph[r] == RENEW ->
        C_lv[r] = 1; C_ldirty[r] = 1; flush_lease_row(r);
-#ifdef RENEW_AS_CODED
+#ifdef BUG_RENEW_NO_SECOND_LOOK
        if :: true ->
 #else
        if :: LF[r] == 0 && ALIVE(r) ->
@@ -626,7 +627,11 @@ init {
       C_inc[i] = 1; M_inc[i] = 1; C_hb[i] = 1; M_hb[i] = 1; C_li[i] = 1; M_li[i] = 1
     }
     pown[0] = 1; pown[1] = 1;
-    run Reader(0); run Reader(1)
+    run Reader(0);
+#ifndef IDLE_HOST2
+    run Reader(1)
+#endif
+    skip
   }
 }
 
@@ -641,4 +646,6 @@ init {
                      (ph[1] >= DOWN || !NAMES(1, e)))
 ltl reclaim0 { [] (ORPHANED(0) -> <> !RET(O_gen[0])) }
 ltl reclaim1 { [] (ORPHANED(1) -> <> !RET(O_gen[1])) }
+ltl live     { [] (ORPHANED(0) -> <> !RET(O_gen[0])) && [] (ORPHANED(1) -> <> !RET(O_gen[1])) &&
+               [] ((ph[0] == DEAD && M_inc[0] > O_fen[0]) -> <> (M_inc[0] <= O_fen[0])) }
 ltl fenced0  { [] ((ph[0] == DEAD && M_inc[0] > O_fen[0]) -> <> (M_inc[0] <= O_fen[0])) }

@@ -165,6 +165,8 @@ void Invalidate(const void* addr, std::size_t len) noexcept {
   _mm_mfence();
 }
 
+void Evict(const void* addr, std::size_t len) noexcept { FlushRange(Get().invalidate, addr, len); }
+
 void Fence() noexcept { _mm_sfence(); }
 
 void CopyNtWith(CopyKind kind, void* dst, const void* src, std::size_t len) noexcept {

@@ -24,6 +24,9 @@ void DirectMem::Flush(std::uint64_t offset, std::size_t len) {
 void DirectMem::Invalidate(std::uint64_t offset, std::size_t len) {
   coherence::Invalidate(base_ + offset, len);
 }
+void DirectMem::Evict(std::uint64_t offset, std::size_t len) {
+  coherence::Evict(base_ + offset, len);
+}
 void DirectMem::Fence() { coherence::Fence(); }
 void DirectMem::FullFence() { _mm_mfence(); }
 

@@ -46,7 +46,8 @@ absl::Status PrefixHost::Rejoin() {
   incarnation_ = std::max(row.incarnation, o.fenced_incarnation) + 1;
   alive_until_ms_ = 0;  // nothing acknowledged for this incarnation yet
   sent_beats_.clear();
-  held_rows_.clear();  // a fenced incarnation's leases are void
+  rows_.assign(h_.lease_rows, Lease{});  // a fenced incarnation's leases are void
+  held_ = 0;
   free_rows_.clear();
   // Rows of the old incarnation go first (the owner ignores them once it sees the new
   // incarnation, but a clean table is what a restarted owner must find).
@@ -93,6 +94,19 @@ void PrefixHost::NoteOwnerLine(const OwnerHostLine& o) {
 
 void PrefixHost::WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen,
                                bool held, bool full_fence) {
+  StoreLeaseRow(row, entry, gen, held);
+  // Full fence: the re-validation load that follows an acquire must not pass this store.
+  // Clearing a row needs only a store fence: a row seen held a little longer merely delays
+  // reclaim, and x86 never moves the data loads of the lease past this later store.
+  if (full_fence) {
+    mem_.FullFence();
+  } else {
+    mem_.Fence();
+  }
+}
+
+void PrefixHost::StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen,
+                               bool held) {
   LeaseRow r{};
   r.incarnation = incarnation_;
   r.lease_seq = ++lease_seq_;
@@ -105,14 +119,6 @@ void PrefixHost::WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint
 #ifndef CXLKV_FAULT_DROP_LEASE_FLUSH  // defined only by the fault-injection test build
   mem_.Flush(off, sizeof(r));
 #endif
-  // Full fence: the re-validation load that follows an acquire must not pass this store.
-  // Clearing a row needs only a store fence: a row seen held a little longer merely delays
-  // reclaim, and x86 never moves the data loads of the lease past this later store.
-  if (full_fence) {
-    mem_.FullFence();
-  } else {
-    mem_.Fence();
-  }
 }
 
 void PrefixHost::WriteHostRow() {
@@ -145,17 +151,21 @@ std::optional<Hit> PrefixHost::Lookup(Namespace ns, const PrefixKey& key) {
   return std::nullopt;
 }
 
+absl::Status PrefixHost::EnsureAlive() {
+  if (clock_.NowMs() <= alive_until_ms_) return absl::OkStatus();
+  // No acknowledged heartbeat recent enough to promise a lease: beat, and look again.
+  if (auto st = Heartbeat(nullptr); !st.ok()) return st;
+  if (clock_.NowMs() > alive_until_ms_) {
+    return absl::UnavailableError(absl::StrCat(
+        "host ", host_, ": the owner has not acknowledged a recent heartbeat (down or "
+        "behind); no lease can be promised — retry after Heartbeat()"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Lease> PrefixHost::Acquire(const Hit& hit) {
   if (hit.entry >= h_.index_entries) return absl::InvalidArgumentError("hit names no entry");
-  if (clock_.NowMs() > alive_until_ms_) {
-    // No acknowledged heartbeat recent enough to promise a lease: beat, and look again.
-    if (auto st = Heartbeat(nullptr); !st.ok()) return st;
-    if (clock_.NowMs() > alive_until_ms_) {
-      return absl::UnavailableError(absl::StrCat(
-          "host ", host_, ": the owner has not acknowledged a recent heartbeat (down or "
-          "behind); no lease can be promised — retry after Heartbeat()"));
-    }
-  }
+  if (auto st = EnsureAlive(); !st.ok()) return st;
   if (free_rows_.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "host ", host_, " holds all ", h_.lease_rows, " lease rows; release some"));
@@ -171,7 +181,8 @@ absl::StatusOr<Lease> PrefixHost::Acquire(const Hit& hit) {
   }
   free_rows_.pop_back();
   Lease lease{row, hit.entry, hit.entry_gen, hit.ref, Deadline(now), lease_seq_};
-  held_rows_[row] = lease;
+  rows_[row] = lease;
+  ++held_;
   return lease;
 }
 
@@ -181,11 +192,105 @@ absl::StatusOr<Lease> PrefixHost::LookupAndAcquire(Namespace ns, const PrefixKey
   return Acquire(*hit);
 }
 
-absl::Status PrefixHost::Renew(Lease& lease) {
-  auto it = held_rows_.find(lease.row);
-  if (it == held_rows_.end() || it->second.id != lease.id) {
-    return absl::FailedPreconditionError("not a lease this host holds");
+// The same steps as Lookup + Acquire for each key, with each step's cache-line work for all
+// keys issued before the one fence it needs: evictions overlap, and so do the misses.
+absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns,
+                                                     std::span<const PrefixKey> keys,
+                                                     std::vector<Lease>* out) {
+  if (keys.empty()) return 0;
+  if (auto st = EnsureAlive(); !st.ok()) return st;
+  const std::size_t want = std::min(keys.size(), std::size_t{h_.lease_rows});
+  // 1. Lookup: evict the first kChainProbe slots of every key's probe sequence, one fence,
+  //    then probe within them. A key whose sequence runs past them, or a torn line, takes
+  //    the probing Lookup.
+  constexpr std::uint32_t kChainProbe = 8;
+  const std::uint32_t window = std::min(kChainProbe, h_.index_entries);
+  const std::uint32_t mask = h_.index_entries - 1;
+  chain_entries_.resize(want);
+  chain_read_.resize(want);
+  for (std::size_t i = 0; i < want; ++i) {
+    chain_entries_[i] = internal::ProbeStart(h_, ns, keys[i]);
+    for (std::uint32_t p = 0; p < window; ++p) {
+      mem_.Evict(EntryOff(h_, (chain_entries_[i] + p) & mask), sizeof(IndexEntry));
+    }
   }
+  mem_.FullFence();
+  std::size_t n = 0;
+  for (; n < want; ++n) {
+    IndexEntry& e = chain_read_[n];
+    bool found = false, missed = false;
+    for (std::uint32_t p = 0; p < window && !found && !missed; ++p) {
+      const std::uint32_t slot = (chain_entries_[n] + p) & mask;
+      mem_.Read(EntryOff(h_, slot), &e, sizeof(e));
+      if (!LineValid(e)) break;  // torn: the probing Lookup reads it again
+      const auto state = static_cast<EntryState>(e.state);
+      if (state == EntryState::kEmpty) {
+        missed = true;
+      } else if (state == EntryState::kPublished && internal::KeyMatches(e, ns, keys[n])) {
+        chain_entries_[n] = slot;
+        found = true;
+      }
+    }
+    if (found) continue;
+    if (missed) break;
+    const std::optional<Hit> hit = Lookup(ns, keys[n]);
+    if (!hit) break;
+    chain_entries_[n] = hit->entry;
+    e.entry_gen = hit->entry_gen;
+    e.ref = hit->ref;
+  }
+  if (n == 0) return 0;
+  if (free_rows_.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "host ", host_, " holds all ", h_.lease_rows, " lease rows; release some"));
+  }
+  n = std::min(n, free_rows_.size());
+  // 2. Lease rows: store + flush each, one full fence (no re-validation load may pass them).
+  const std::int64_t now = clock_.NowMs();  // before any row can be seen: deadline is safe
+  const std::size_t first_row = free_rows_.size() - n;  // rows taken from the back
+  for (std::size_t i = 0; i < n; ++i) {
+    StoreLeaseRow(free_rows_[first_row + n - 1 - i], chain_entries_[i],
+                  chain_read_[i].entry_gen, true);
+  }
+  const std::uint64_t first_id = lease_seq_ - n + 1;  // StoreLeaseRow numbered them in order
+  mem_.FullFence();
+  // 3. Re-validate every entry: evict all, one fence, read; a torn line is read again alone.
+  for (std::size_t i = 0; i < n; ++i) mem_.Evict(EntryOff(h_, chain_entries_[i]), sizeof(IndexEntry));
+  mem_.FullFence();
+  std::size_t held = 0;
+  for (; held < n; ++held) {
+    IndexEntry e;
+    mem_.Read(EntryOff(h_, chain_entries_[held]), &e, sizeof(e));
+    if (!LineValid(e) && !ReadEntry(chain_entries_[held], &e)) break;
+    if (static_cast<EntryState>(e.state) != EntryState::kPublished ||
+        e.entry_gen != chain_read_[held].entry_gen) {
+      break;  // retired before the lease took hold: the run ends here
+    }
+  }
+  // Rows past the run are cleared again (one store fence: a row seen held a little longer
+  // only delays a reclaim).
+  for (std::size_t i = held; i < n; ++i) StoreLeaseRow(free_rows_[first_row + n - 1 - i], 0, 0, false);
+  if (held < n) mem_.Fence();
+  const std::int64_t deadline = Deadline(now);
+  out->reserve(out->size() + held);
+  for (std::size_t i = 0; i < held; ++i) {
+    const std::uint32_t row = free_rows_[first_row + n - 1 - i];
+    Lease lease{row, chain_entries_[i], chain_read_[i].entry_gen, chain_read_[i].ref, deadline,
+                first_id + i};
+    rows_[row] = lease;
+    out->push_back(lease);
+  }
+  held_ += held;
+  // Taken rows leave the free list; rows of keys that fell out of the run go back to it.
+  std::vector<std::uint32_t> back;
+  for (std::size_t i = held; i < n; ++i) back.push_back(free_rows_[first_row + n - 1 - i]);
+  free_rows_.resize(first_row);
+  free_rows_.insert(free_rows_.end(), back.begin(), back.end());
+  return held;
+}
+
+absl::Status PrefixHost::Renew(Lease& lease) {
+  if (!Holds(lease)) return absl::FailedPreconditionError("not a lease this host holds");
   const std::int64_t now = clock_.NowMs();
   if (now > lease.deadline_ms) {
     Release(lease);
@@ -198,17 +303,44 @@ absl::Status PrefixHost::Renew(Lease& lease) {
     }
   }
   WriteLeaseRow(lease.row, lease.entry, lease.entry_gen, true);
+  // A second look, now that the new row is in memory. If this host stalled between the
+  // clock sample and the write long enough for the old deadline to pass, the owner may
+  // have judged the old row expired and reclaimed the block while the write was on its
+  // way: the lease is lost even though the row now looks fresh (coherence/model:
+  // RENEW_AS_CODED is this step without the second look, and SPIN finds the reclaim).
+  const std::int64_t after = clock_.NowMs();
+  if (after > lease.deadline_ms || after > alive_until_ms_) {
+    Release(lease);
+    return absl::DeadlineExceededError(
+        "this host stalled during the renewal and the lease may have been reclaimed; "
+        "acquire again");
+  }
   lease.deadline_ms = Deadline(now);
-  it->second.deadline_ms = lease.deadline_ms;
+  rows_[lease.row].deadline_ms = lease.deadline_ms;
   return absl::OkStatus();
 }
 
 void PrefixHost::Release(Lease& lease) {
-  auto it = held_rows_.find(lease.row);
-  if (it == held_rows_.end() || it->second.id != lease.id) return;
+  if (!Holds(lease)) return;
   WriteLeaseRow(lease.row, 0, 0, false, /*full_fence=*/false);
-  held_rows_.erase(it);
-  free_rows_.push_back(lease.row);
+  ForgetRow(lease.row);
+}
+
+void PrefixHost::ReleaseAll(std::span<Lease> leases) {
+  bool any = false;
+  for (Lease& lease : leases) {
+    if (!Holds(lease)) continue;
+    StoreLeaseRow(lease.row, 0, 0, false);
+    ForgetRow(lease.row);
+    any = true;
+  }
+  if (any) mem_.Fence();
+}
+
+void PrefixHost::ForgetRow(std::uint32_t row) {
+  rows_[row] = Lease{};
+  --held_;
+  free_rows_.push_back(row);
 }
 
 absl::Status PrefixHost::ValidateAfterCopy(const Lease& lease) {
@@ -290,13 +422,10 @@ absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {
   }
   // Leases past their local deadline are dead: free their rows.
   const std::int64_t now = clock_.NowMs();
-  for (auto it = held_rows_.begin(); it != held_rows_.end();) {
-    if (now > it->second.deadline_ms) {
-      WriteLeaseRow(it->first, 0, 0, false);
-      free_rows_.push_back(it->first);
-      it = held_rows_.erase(it);
-    } else {
-      ++it;
+  for (std::uint32_t row = 0; row < rows_.size(); ++row) {
+    if (rows_[row].id != 0 && now > rows_[row].deadline_ms) {
+      WriteLeaseRow(row, 0, 0, false);
+      ForgetRow(row);
     }
   }
   ++heartbeat_;

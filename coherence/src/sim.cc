@@ -82,6 +82,25 @@ void SimMemory::HostView::Flush(std::uint64_t offset, std::size_t len) {
 }
 
 void SimMemory::HostView::Invalidate(std::uint64_t offset, std::size_t len) {
+  FullFence();  // the fence Invalidate ends with completes earlier evictions too
+  Drop(offset, len);
+}
+
+void SimMemory::HostView::Evict(std::uint64_t offset, std::size_t len) {
+  pending_evictions_.emplace_back(offset, len);
+}
+
+void SimMemory::HostView::Fence() {
+  if (on_fence_) on_fence_();
+}
+
+void SimMemory::HostView::FullFence() {
+  if (on_fence_) on_fence_();
+  for (const auto& [offset, len] : pending_evictions_) Drop(offset, len);
+  pending_evictions_.clear();
+}
+
+void SimMemory::HostView::Drop(std::uint64_t offset, std::size_t len) {
   if (len == 0) return;
   for (std::uint64_t line = offset / 64; line <= (offset + len - 1) / 64; ++line) {
     auto it = lines_.find(line);
@@ -96,6 +115,7 @@ void SimMemory::HostView::Crash() {
     if (l.dirty && (rng_() & 1)) WriteBack(line, l);
   }
   lines_.clear();
+  pending_evictions_.clear();
 }
 
 }  // namespace cxlkv::coherence

@@ -210,7 +210,19 @@ int cxlkv_prefix_publish(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* k
 /* Takes a lease on a hit. CXLKV_E_STALE: retired meanwhile; CXLKV_E_FULL: no free lease
  * row, or the owner has not confirmed this host recently (retry after a heartbeat). */
 int cxlkv_lease_acquire(cxlkv_domain* d, const cxlkv_prefix_hit* hit, cxlkv_lease* lease);
-/* Extends a lease. CXLKV_E_STALE: it already expired (acquire again). */
+/* Looks up and leases a request's prefix in one pass: keys[0..n) are its blocks in order
+ * (each chained on the one before). Leases the longest leading run of published keys into
+ * leases[0..*n_leased) and returns 0; *n_leased is 0 when the first key misses. The run
+ * also ends at a key retired meanwhile or when lease rows run out. Cheaper per block than
+ * lookup + acquire one by one: each step's cache-line work shares one fence.
+ * CXLKV_E_FULL: not even the first key could be leased (no free row, or the owner has not
+ * confirmed this host recently). */
+int cxlkv_lease_acquire_chain(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* keys,
+                              size_t n, cxlkv_lease* leases, size_t* n_leased);
+/* Releases n leases with one fence. */
+int cxlkv_lease_release_many(cxlkv_domain* d, cxlkv_lease* leases, size_t n);
+/* Extends a lease. CXLKV_E_STALE: it expired, possibly while the renewal was being
+ * written (the host stalled); either way it is released: acquire again. */
 int cxlkv_lease_renew(cxlkv_domain* d, cxlkv_lease* lease);
 int cxlkv_lease_release(cxlkv_domain* d, cxlkv_lease* lease);
 /* After copying the block out: 0 if the copy is good, CXLKV_E_STALE to discard it. */

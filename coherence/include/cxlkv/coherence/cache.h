@@ -55,6 +55,11 @@ void Flush(const void* addr, std::size_t len) noexcept;
 // later loads of the range come from memory. Use before reading a record another host wrote.
 void Invalidate(const void* addr, std::size_t len) noexcept;
 
+// Invalidate without the fence: writes back and evicts the lines, ordering nothing. Evict
+// several records, then one _mm_mfence() (or Invalidate of the last), then read them all:
+// the evictions overlap instead of each waiting for the one before.
+void Evict(const void* addr, std::size_t len) noexcept;
+
 // Store fence: flushes and non-temporal stores issued before it complete before any store
 // after it becomes visible.
 void Fence() noexcept;

@@ -30,6 +30,9 @@ class Mem {
   // Writes back and drops the lines of the range, then fences, so the next Read fetches
   // what memory holds now (clflushopt + mfence).
   virtual void Invalidate(std::uint64_t offset, std::size_t len) = 0;
+  // Invalidate without the fence (clflushopt only): evict several ranges, then FullFence()
+  // once before reading any of them.
+  virtual void Evict(std::uint64_t offset, std::size_t len) = 0;
   // Store fence (sfence): earlier stores, flushes and streaming stores complete first.
   virtual void Fence() = 0;
   // Full fence (mfence): also keeps later loads behind earlier stores.
@@ -47,6 +50,7 @@ class DirectMem final : public Mem {
   void WriteNt(std::uint64_t offset, const void* src, std::size_t len) override;
   void Flush(std::uint64_t offset, std::size_t len) override;
   void Invalidate(std::uint64_t offset, std::size_t len) override;
+  void Evict(std::uint64_t offset, std::size_t len) override;
   void Fence() override;
   void FullFence() override;
   std::byte* base() const { return base_; }

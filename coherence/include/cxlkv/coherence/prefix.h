@@ -109,9 +109,23 @@ class PrefixHost {
   absl::StatusOr<Lease> Acquire(const Hit& hit);
   // Lookup + Acquire; kNotFound on a miss.
   absl::StatusOr<Lease> LookupAndAcquire(Namespace ns, const PrefixKey& key);
-  // Extends the lease. kDeadlineExceeded if it already expired locally (re-acquire).
+  // Leases a request's prefix in one pass. keys[0..n) are the blocks of one prefix in
+  // order (each key chained on the one before, as ChainKey builds them); the longest leading
+  // run of published keys is leased. The lookups' evictions, the lease rows' flushes and the
+  // re-validations each share one fence instead of one per block, so a chain costs far less
+  // per block than Lookup + Acquire one by one. Appends the leases to `out` in key order and
+  // returns how many leading keys are leased (0: the first key misses). The run also ends
+  // at a key retired between lookup and lease, or when lease rows run out (kResourceExhausted
+  // only if not even the first can be leased). kAborted / kUnavailable as Acquire.
+  absl::StatusOr<std::size_t> AcquireChain(Namespace ns, std::span<const PrefixKey> keys,
+                                           std::vector<Lease>* out);
+  // Extends the lease. kDeadlineExceeded if it already expired locally, or if it expired
+  // while the renewal was being written (a stall: the owner may have reclaimed the block);
+  // either way the lease is released: acquire again.
   absl::Status Renew(Lease& lease);
   void Release(Lease& lease);
+  // Releases several leases: every row cleared and flushed, then one store fence.
+  void ReleaseAll(std::span<Lease> leases);
   // After copying the block out: OK only if the lease is still valid on this host's clock
   // and the entry still names this generation (else discard the copy).
   absl::Status ValidateAfterCopy(const Lease& lease);
@@ -136,7 +150,7 @@ class PrefixHost {
   std::uint32_t host_id() const { return host_; }
   std::uint64_t incarnation() const { return incarnation_; }
   const DomainHeader& header() const { return h_; }
-  std::size_t leases_held() const { return held_rows_.size(); }
+  std::size_t leases_held() const { return held_; }
 
  private:
   PrefixHost(Mem& mem, Clock& clock, const DomainHeader& h, std::uint32_t host,
@@ -146,6 +160,14 @@ class PrefixHost {
   bool ReadOwnerLine(OwnerHostLine* o);
   void WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held,
                      bool full_fence = true);
+  // The row's store and flush, no fence (WriteLeaseRow and the batched paths fence).
+  void StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held);
+  // kUnavailable unless an acknowledged heartbeat covers now (beats once to get one).
+  absl::Status EnsureAlive();
+  bool Holds(const Lease& lease) const {
+    return lease.row < rows_.size() && rows_[lease.row].id != 0 && rows_[lease.row].id == lease.id;
+  }
+  void ForgetRow(std::uint32_t row);
   void WriteHostRow();
   absl::Status PostRequest(RequestSlot slot, const std::function<bool()>& commit);
   // A lease taken at `now` ends at min(now + lease_ttl, alive_until) - margin.
@@ -167,7 +189,10 @@ class PrefixHost {
   void NoteOwnerLine(const OwnerHostLine& o);
   std::vector<BlockRef> returned_;   // returned blocks not yet handed to the caller
   std::vector<std::uint32_t> free_rows_;
-  std::map<std::uint32_t, Lease> held_rows_;  // by row
+  std::vector<Lease> rows_;  // by row; id 0: the row is free
+  std::size_t held_ = 0;
+  std::vector<std::uint32_t> chain_entries_;  // AcquireChain's scratch
+  std::vector<IndexEntry> chain_read_;
 };
 
 // ---- the owner (reclaimer) ------------------------------------------------------------------

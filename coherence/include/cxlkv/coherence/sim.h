@@ -3,7 +3,7 @@
 // SimMemory is the media; each HostView is one host's window onto it with a private cache of
 // 64-byte lines. Reads fill lines from the media once and then keep returning the cached copy
 // (stale as it may be); writes dirty the cached line; only Flush writes a line back and only
-// Invalidate drops it. Like real caches, a view also evicts lines on its own (seeded,
+// Invalidate drops it (Evict does at the next FullFence). Like real caches, a view also evicts lines on its own (seeded,
 // deterministic): a dirty line may reach the media early, a clean one may be refreshed.
 // Crash() loses the host's dirty lines (each one is written back or lost at random).
 // So protocol code that forgets a Flush or an Invalidate sees — or leaves others seeing —
@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <unordered_map>
@@ -51,8 +52,14 @@ class SimMemory::HostView final : public Mem {
   void WriteNt(std::uint64_t offset, const void* src, std::size_t len) override;
   void Flush(std::uint64_t offset, std::size_t len) override;
   void Invalidate(std::uint64_t offset, std::size_t len) override;
-  void Fence() override {}
-  void FullFence() override {}
+  // Evicted lines stay readable (stale) until the next FullFence or Invalidate, so a read
+  // that skips the fence after Evict sees the old copy.
+  void Evict(std::uint64_t offset, std::size_t len) override;
+  void Fence() override;
+  void FullFence() override;
+  // Called at every fence, before it takes effect: a simulation runs other hosts (or lets
+  // time pass) there, so that a call's steps interleave with theirs as on real hardware.
+  void set_on_fence(std::function<void()> f) { on_fence_ = std::move(f); }
 
   // The host died: each dirty line reaches the media or is lost (coin flip); cache emptied.
   void Crash();
@@ -64,6 +71,9 @@ class SimMemory::HostView final : public Mem {
     bool dirty = false;
   };
   Line& Fill(std::uint64_t line);
+  void Drop(std::uint64_t offset, std::size_t len);
+  std::vector<std::pair<std::uint64_t, std::size_t>> pending_evictions_;
+  std::function<void()> on_fence_;
   void WriteBack(std::uint64_t line, const Line& l);
   void MaybeEvict();
 
@@ -79,13 +89,17 @@ class SimClock final : public Clock {
   SimClock(const std::int64_t* global_ms, std::int64_t offset_ms, double rate)
       : global_ms_(global_ms), offset_ms_(offset_ms), rate_(rate) {}
   std::int64_t NowMs() override {
+    if (on_read_) on_read_();
     return offset_ms_ + static_cast<std::int64_t>(static_cast<double>(*global_ms_) * rate_);
   }
+  // Called before every reading: a simulation may let time pass (a stall) and others act.
+  void set_on_read(std::function<void()> f) { on_read_ = std::move(f); }
 
  private:
   const std::int64_t* global_ms_;
   std::int64_t offset_ms_;
   double rate_;
+  std::function<void()> on_read_;
 };
 
 }  // namespace cxlkv::coherence
