@@ -236,6 +236,17 @@ absl::Status PrefixOwner::RetireKey(Namespace ns, const PrefixKey& key) {
   return absl::OkStatus();
 }
 
+std::uint32_t PrefixOwner::RetireNamespace(Namespace ns) {
+  std::uint32_t n = 0;
+  for (std::uint32_t i = 0; i < h_.index_entries; ++i) {
+    if (StateOf(index_[i]) == EntryState::kPublished && index_[i].ns == ns) {
+      RetireEntry(i);
+      ++n;
+    }
+  }
+  return n;
+}
+
 std::uint32_t PrefixOwner::FenceExpiredHosts() {
   const std::int64_t now = clock_.NowMs();
   std::uint32_t fenced = 0;

@@ -28,6 +28,10 @@ void AddTopologyCommand(CLI::App& app);
 // `cxlkvctl arena format|info|recover SPEC`: create, inspect (read-only) and recover arenas.
 void AddArenaCommand(CLI::App& app);
 
+// `cxlkvctl status|hosts|extents|prefixes|drain HOST|evict NS [--json] [--socket PATH]`:
+// the orchestrator's view of a CXL domain.
+void AddDomainCommands(CLI::App& app);
+
 }  // namespace cxlkv::ctl
 
 #endif  // CXLKV_TOOLS_CXLKVCTL_COMMANDS_H_

@@ -16,6 +16,7 @@ int main(int argc, char** argv) try {
 
   cxlkv::ctl::AddTopologyCommand(app);
   cxlkv::ctl::AddArenaCommand(app);
+  cxlkv::ctl::AddDomainCommands(app);
 
   try {
     app.parse(argc, argv);

@@ -235,6 +235,11 @@ class PrefixOwner {
   std::uint32_t Evict(std::uint32_t n);
   // Retires the entry of (ns, key) if published. kNotFound otherwise.
   absl::Status RetireKey(Namespace ns, const PrefixKey& key);
+  // Retires every published entry of a namespace (an operator's evict). Returns how many.
+  std::uint32_t RetireNamespace(Namespace ns);
+  // The index as the owner last wrote it (entry i at [i]).
+  const std::vector<IndexEntry>& entries() const { return index_; }
+  std::uint32_t retired_entries() const { return retired_count_; }
   // Pin level of a namespace: entries of higher levels are evicted later (0 = none).
   void SetPinLevel(Namespace ns, int level) { pin_[ns] = level; }
 

@@ -1,0 +1,86 @@
+// cxlkv/orchestrator/client.h — the host side of the orchestrator's control plane: join,
+// a heartbeat thread, capacity growth, and automatic rejoin after fencing.
+//
+// Capacity leases follow the prefix protocol's rule: the host may use its extents only
+// until (send time of its last acknowledged heartbeat) + capacity_lease − margin, on its
+// own clock. ExtentsValid() says whether that still holds; after fencing, extents are gone
+// (the client rejoins with a new incarnation and an empty extent list).
+#ifndef CXLKV_ORCHESTRATOR_CLIENT_H_
+#define CXLKV_ORCHESTRATOR_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace cxlkv::orchestrator {
+
+struct GrantedExtent {
+  std::uint32_t index = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+
+struct HostCounters {
+  std::uint64_t used_bytes = 0;
+  std::uint64_t prefix_hits = 0, prefix_misses = 0;  // since the last heartbeat
+};
+
+class HostClient {
+ public:
+  // Connects to unix:<socket> and joins as host_id.
+  static absl::StatusOr<std::unique_ptr<HostClient>> Connect(const std::string& socket,
+                                                             std::uint32_t host_id);
+  ~HostClient();  // stops heartbeats and leaves
+
+  // Starts the heartbeat thread (period from the orchestrator). `counters`, if set, is
+  // called for each heartbeat's report.
+  void StartHeartbeats(std::function<HostCounters()> counters = {});
+  absl::Status HeartbeatOnce();
+
+  absl::StatusOr<std::vector<GrantedExtent>> Grow(std::uint32_t extents);
+  absl::Status Shrink(const std::vector<std::uint32_t>& extents);
+  absl::Status Leave();
+
+  std::uint32_t host_id() const { return host_; }
+  std::uint64_t incarnation() const;
+  std::vector<GrantedExtent> extents() const;
+  bool ExtentsValid() const;
+  bool draining() const { return draining_.load(); }
+  std::uint64_t rejoins() const { return rejoins_.load(); }
+  const std::string& domain_spec() const { return domain_spec_; }
+  const std::string& pool_spec() const { return pool_spec_; }
+  std::uint64_t extent_bytes() const { return extent_bytes_; }
+
+ private:
+  struct Rpc;
+  HostClient(std::unique_ptr<Rpc> rpc, std::uint32_t host);
+  absl::Status Join();
+  std::int64_t NowMs() const;
+
+  std::unique_ptr<Rpc> rpc_;
+  std::uint32_t host_;
+  std::string domain_spec_, pool_spec_;
+  std::uint64_t extent_bytes_ = 0;
+  std::uint32_t period_ms_ = 250, host_ttl_ms_ = 2000;
+  mutable absl::Mutex mu_;
+  std::uint64_t incarnation_ = 0;
+  std::vector<GrantedExtent> extents_;
+  std::int64_t valid_until_ms_ = 0;
+  std::atomic<bool> draining_{false};
+  std::atomic<std::uint64_t> rejoins_{0};
+  std::atomic<bool> stop_{false};
+  std::function<HostCounters()> counters_;
+  std::thread thread_;
+  bool left_ = false;
+};
+
+}  // namespace cxlkv::orchestrator
+
+#endif  // CXLKV_ORCHESTRATOR_CLIENT_H_

@@ -1,0 +1,69 @@
+// cxlkv/orchestrator/config.h — the orchestrator's configuration (domain.toml).
+//
+// One file per CXL domain; see orchestrator/domain.example.toml for every key. Parsing is
+// strict: an unknown key, a wrong type or an out-of-range value is an error naming the key
+// and its line, so a typo never silently falls back to a default.
+#ifndef CXLKV_ORCHESTRATOR_CONFIG_H_
+#define CXLKV_ORCHESTRATOR_CONFIG_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace cxlkv::orchestrator {
+
+struct NamespaceConfig {
+  std::string tenant, model, layout;
+  int pin = 0;  // 0..3: higher levels are evicted later
+  std::string Name() const { return tenant + "/" + model + "/" + layout; }
+};
+
+struct Config {
+  // [domain]
+  std::string name;
+  std::string pool;           // source spec of the pooled region extents are carved from
+  std::string prefix_domain;  // source spec of the shared prefix index (formatted if blank)
+  std::uint64_t extent_bytes = 256ull << 20;
+  std::string state_file;
+  std::uint32_t max_hosts = 8;
+  std::uint32_t index_entries = 4096;
+  std::uint32_t lease_rows = 256;
+  std::uint32_t ring_slots = 64;
+  // [rpc]
+  std::string socket;
+  std::vector<std::uint32_t> allowed_uids;  // besides the daemon's own uid
+  // [metrics]
+  std::string metrics_listen;  // host:port; empty: no endpoint
+  // [timing]
+  std::uint32_t lease_ttl_ms = 2000;
+  std::uint32_t host_ttl_ms = 2000;
+  std::uint32_t heartbeat_period_ms = 250;
+  std::uint32_t grace_ms = 100;
+  std::uint32_t capacity_lease_ms = 10000;
+  std::uint32_t owner_period_ms = 5;
+  // [hosts]
+  std::vector<std::uint32_t> allowed_hosts;  // empty: every id below max_hosts
+  // [capacity]
+  double default_share = 1.0;                 // fraction of the extents one host may hold
+  std::map<std::uint32_t, double> shares;     // per host id
+  // [[namespace]]
+  std::vector<NamespaceConfig> namespaces;
+  // [placement] (used by the tiering rule)
+  double ttft_budget_ms = 500;
+  double recompute_tokens_per_s = 10000;
+
+  bool HostAllowed(std::uint32_t host) const;
+  double ShareOf(std::uint32_t host) const;
+};
+
+// Parses a configuration. Errors are kInvalidArgument: "<source>:<line>: key '<k>': <what>".
+absl::StatusOr<Config> ParseConfig(absl::string_view toml, absl::string_view source_name);
+absl::StatusOr<Config> LoadConfig(const std::string& path);
+
+}  // namespace cxlkv::orchestrator
+
+#endif  // CXLKV_ORCHESTRATOR_CONFIG_H_

@@ -1,0 +1,87 @@
+// cxlkv/orchestrator/state.h — what the orchestrator knows and must not forget: hosts
+// (membership, incarnations, liveness on the orchestrator's clock) and extents (capacity
+// leases on the pooled region). Pure logic with an injected clock; not thread-safe (the
+// daemon holds one mutex around it). Every change that must survive a kill -9 is written
+// to the state file before the reply that reveals it (Save: temp file, fsync, rename,
+// fsync of the directory; a CRC32C over the contents).
+#ifndef CXLKV_ORCHESTRATOR_STATE_H_
+#define CXLKV_ORCHESTRATOR_STATE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cxlkv/orchestrator/config.h"
+
+namespace cxlkv::orchestrator {
+
+enum class HostState : std::uint8_t { kAbsent, kLive, kFenced, kDraining, kLeft };
+const char* HostStateName(HostState s);
+
+struct HostInfo {
+  HostState state = HostState::kAbsent;
+  std::uint64_t incarnation = 0;
+  std::int64_t last_heartbeat_ms = 0;  // orchestrator clock
+  std::uint64_t used_bytes = 0;
+  std::string hostname;
+};
+
+struct ExtentInfo {
+  std::uint32_t host = kNoHost;  // kNoHost: free
+  std::uint64_t incarnation = 0;
+  std::int64_t expires_ms = 0;  // orchestrator clock; renewed by the holder's heartbeats
+  static constexpr std::uint32_t kNoHost = ~0u;
+};
+
+class DomainState {
+ public:
+  DomainState(const Config& c, std::uint64_t pool_bytes);
+
+  // Loads the state file if it exists (timers restart at now: conservative). kDataLoss if
+  // it exists but is corrupt or does not match the pool (never silently discarded).
+  absl::Status Load(std::int64_t now_ms);
+  absl::Status Save() const;
+
+  // kPermissionDenied: host id not allowed by the config.
+  absl::StatusOr<std::uint64_t> Join(std::uint32_t host, const std::string& hostname,
+                                     std::int64_t now_ms);
+  // kFailedPrecondition: not the current incarnation, or fenced (rejoin).
+  absl::Status Heartbeat(std::uint32_t host, std::uint64_t incarnation, std::uint64_t used_bytes,
+                         std::int64_t now_ms);
+  absl::Status Leave(std::uint32_t host, std::uint64_t incarnation);
+  // Grants up to n free extents within the host's share. kResourceExhausted when none.
+  absl::StatusOr<std::vector<std::uint32_t>> Grow(std::uint32_t host, std::uint64_t incarnation,
+                                                  std::uint32_t n, std::int64_t now_ms);
+  absl::Status Shrink(std::uint32_t host, std::uint64_t incarnation,
+                      const std::vector<std::uint32_t>& extents);
+  absl::Status Drain(std::uint32_t host);
+  // Fences hosts silent for host_ttl and frees extents whose lease ended. Returns whether
+  // anything changed (the caller saves).
+  bool Expire(std::int64_t now_ms);
+
+  const std::vector<HostInfo>& hosts() const { return hosts_; }
+  const std::vector<ExtentInfo>& extents() const { return extents_; }
+  std::uint64_t extent_offset(std::uint32_t i) const { return std::uint64_t{i} * c_.extent_bytes; }
+  std::uint32_t ExtentsOf(std::uint32_t host) const;
+  std::uint32_t recovered_extents() const { return recovered_; }
+  const Config& config() const { return c_; }
+
+  // The state file's contents, and parsing them (exposed for tests and the fuzzer).
+  std::string Serialize() const;
+  absl::Status Deserialize(const std::string& text, std::int64_t now_ms);
+
+ private:
+  absl::Status CheckCurrent(std::uint32_t host, std::uint64_t incarnation) const;
+  void FreeExtentsOf(std::uint32_t host);
+
+  Config c_;
+  std::uint64_t pool_bytes_;
+  std::vector<HostInfo> hosts_;
+  std::vector<ExtentInfo> extents_;
+  std::uint32_t recovered_ = 0;
+};
+
+}  // namespace cxlkv::orchestrator
+
+#endif  // CXLKV_ORCHESTRATOR_STATE_H_

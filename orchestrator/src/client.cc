@@ -1,0 +1,188 @@
+// HostClient: join, heartbeats, capacity, rejoin after fencing.
+#include "cxlkv/orchestrator/client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "orchestrator.grpc.pb.h"
+
+namespace cxlkv::orchestrator {
+
+namespace pb = ::cxlkv::orchestrator::v1;
+
+namespace {
+absl::Status FromGrpc(const grpc::Status& st, absl::string_view what) {
+  if (st.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                      absl::StrCat(what, ": ", st.error_message()));
+}
+std::unique_ptr<grpc::ClientContext> Ctx(int timeout_ms = 2000) {
+  auto c = std::make_unique<grpc::ClientContext>();
+  c->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+  return c;
+}
+}  // namespace
+
+struct HostClient::Rpc {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::Orchestrator::Stub> stub;
+};
+
+HostClient::HostClient(std::unique_ptr<Rpc> rpc, std::uint32_t host)
+    : rpc_(std::move(rpc)), host_(host) {}
+
+std::int64_t HostClient::NowMs() const {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::StatusOr<std::unique_ptr<HostClient>> HostClient::Connect(const std::string& socket,
+                                                                std::uint32_t host_id) {
+  auto rpc = std::make_unique<Rpc>();
+  rpc->channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+  rpc->stub = pb::Orchestrator::NewStub(rpc->channel);
+  std::unique_ptr<HostClient> c(new HostClient(std::move(rpc), host_id));
+  if (auto st = c->Join(); !st.ok()) return st;
+  return c;
+}
+
+absl::Status HostClient::Join() {
+  pb::JoinRequest req;
+  req.set_host_id(host_);
+  char name[64] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  req.set_hostname(absl::StrCat(name, " pid ", ::getpid()));
+  pb::JoinReply rep;
+  auto ctx = Ctx();
+  ctx->set_wait_for_ready(true);
+  const auto sent = NowMs();
+  if (auto st = FromGrpc(rpc_->stub->Join(ctx.get(), req, &rep), "join"); !st.ok()) return st;
+  absl::MutexLock l(&mu_);
+  incarnation_ = rep.incarnation();
+  extents_.clear();
+  period_ms_ = rep.heartbeat_period_ms();
+  host_ttl_ms_ = rep.host_ttl_ms();
+  domain_spec_ = rep.domain_spec();
+  pool_spec_ = rep.pool_spec();
+  extent_bytes_ = rep.extent_bytes();
+  valid_until_ms_ = sent;  // nothing held yet
+  draining_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status HostClient::HeartbeatOnce() {
+  pb::HeartbeatRequest req;
+  req.set_host_id(host_);
+  req.set_incarnation(incarnation());
+  if (counters_) {
+    const HostCounters hc = counters_();
+    req.set_used_bytes(hc.used_bytes);
+    req.set_prefix_hits(hc.prefix_hits);
+    req.set_prefix_misses(hc.prefix_misses);
+  }
+  pb::HeartbeatReply rep;
+  const std::int64_t sent = NowMs();
+  auto ctx = Ctx(static_cast<int>(period_ms_ * 2));
+  if (auto st = FromGrpc(rpc_->stub->Heartbeat(ctx.get(), req, &rep), "heartbeat"); !st.ok()) {
+    return st;  // the orchestrator is down: extents stay valid until their lease ends
+  }
+  if (rep.fenced()) {
+    ++rejoins_;
+    return Join();
+  }
+  absl::MutexLock l(&mu_);
+  draining_ = rep.draining();
+  extents_.clear();
+  std::int64_t min_left = INT64_MAX;
+  for (const pb::Extent& e : rep.extents()) {
+    extents_.push_back(GrantedExtent{e.index(), e.offset(), e.length()});
+    min_left = std::min(min_left, e.expires_in_ms());
+  }
+  // The lease counts from the send time; a quarter is kept as margin for clock drift.
+  if (!extents_.empty()) valid_until_ms_ = sent + min_left * 3 / 4;
+  return absl::OkStatus();
+}
+
+void HostClient::StartHeartbeats(std::function<HostCounters()> counters) {
+  counters_ = std::move(counters);
+  thread_ = std::thread([this] {
+    while (!stop_.load()) {
+      (void)HeartbeatOnce();
+      for (std::uint32_t t = 0; t < period_ms_ && !stop_.load(); t += 10) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::min<std::uint32_t>(10, period_ms_)));
+      }
+    }
+  });
+}
+
+absl::StatusOr<std::vector<GrantedExtent>> HostClient::Grow(std::uint32_t n) {
+  pb::GrowRequest req;
+  req.set_host_id(host_);
+  req.set_incarnation(incarnation());
+  req.set_extents(n);
+  pb::GrowReply rep;
+  const std::int64_t sent = NowMs();
+  auto ctx = Ctx();
+  if (auto st = FromGrpc(rpc_->stub->Grow(ctx.get(), req, &rep), "grow"); !st.ok()) return st;
+  std::vector<GrantedExtent> got;
+  absl::MutexLock l(&mu_);
+  std::int64_t min_left = INT64_MAX;
+  for (const pb::Extent& e : rep.granted()) {
+    got.push_back(GrantedExtent{e.index(), e.offset(), e.length()});
+    extents_.push_back(got.back());
+    min_left = std::min(min_left, e.expires_in_ms());
+  }
+  if (!got.empty()) valid_until_ms_ = std::max(valid_until_ms_, sent + min_left * 3 / 4);
+  return got;
+}
+
+absl::Status HostClient::Shrink(const std::vector<std::uint32_t>& ext) {
+  pb::ShrinkRequest req;
+  req.set_host_id(host_);
+  req.set_incarnation(incarnation());
+  for (std::uint32_t i : ext) req.add_extents(i);
+  pb::ShrinkReply rep;
+  auto ctx = Ctx();
+  if (auto st = FromGrpc(rpc_->stub->Shrink(ctx.get(), req, &rep), "shrink"); !st.ok()) return st;
+  absl::MutexLock l(&mu_);
+  std::erase_if(extents_, [&](const GrantedExtent& g) {
+    return std::find(ext.begin(), ext.end(), g.index) != ext.end();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status HostClient::Leave() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (left_) return absl::OkStatus();
+  left_ = true;
+  pb::LeaveRequest req;
+  req.set_host_id(host_);
+  req.set_incarnation(incarnation());
+  pb::LeaveReply rep;
+  auto ctx = Ctx();
+  return FromGrpc(rpc_->stub->Leave(ctx.get(), req, &rep), "leave");
+}
+
+HostClient::~HostClient() { (void)Leave(); }
+
+std::uint64_t HostClient::incarnation() const {
+  absl::MutexLock l(&mu_);
+  return incarnation_;
+}
+
+std::vector<GrantedExtent> HostClient::extents() const {
+  absl::MutexLock l(&mu_);
+  return extents_;
+}
+
+bool HostClient::ExtentsValid() const {
+  absl::MutexLock l(&mu_);
+  return NowMs() <= valid_until_ms_;
+}
+
+}  // namespace cxlkv::orchestrator

@@ -1,0 +1,522 @@
+// cxlkv-orchestrator: the owner role, membership and capacity, gRPC on a Unix socket whose
+// peers' credentials are checked, and a Prometheus endpoint.
+#include "orchestrator.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cxlkv/coherence/domain_layout.h"
+#include "orchestrator.grpc.pb.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace cxlkv::orchestrator {
+
+namespace pb = ::cxlkv::orchestrator::v1;
+namespace co = ::cxlkv::coherence;
+
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& st) {
+  if (st.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
+}
+
+const char* EntryStateName(std::uint8_t s) {
+  switch (static_cast<co::EntryState>(s)) {
+    case co::EntryState::kEmpty: return "empty";
+    case co::EntryState::kPublished: return "published";
+    case co::EntryState::kRetired: return "retired";
+    case co::EntryState::kTombstone: return "tombstone";
+  }
+  return "?";
+}
+
+}  // namespace
+
+// ---- metrics ---------------------------------------------------------------------------------
+
+class Metrics {
+ public:
+  explicit Metrics(const std::string& listen)
+      : exposer_(listen), registry_(std::make_shared<prometheus::Registry>()),
+        extents_(prometheus::BuildGauge().Name("cxlkv_extents").Help("Extents of the pooled region by state").Register(*registry_)),
+        capacity_(prometheus::BuildGauge().Name("cxlkv_capacity_bytes").Help("Pooled capacity by state").Register(*registry_)),
+        hosts_(prometheus::BuildGauge().Name("cxlkv_hosts").Help("Hosts by state").Register(*registry_)),
+        host_used_(prometheus::BuildGauge().Name("cxlkv_host_used_bytes").Help("Bytes each host reports in use").Register(*registry_)),
+        host_extents_(prometheus::BuildGauge().Name("cxlkv_host_extents").Help("Extents each host holds").Register(*registry_)),
+        entries_(prometheus::BuildGauge().Name("cxlkv_prefix_entries").Help("Shared prefix index entries by state").Register(*registry_)),
+        events_(prometheus::BuildGauge().Name("cxlkv_prefix_events").Help("Owner counters since start (published, duplicates, retired, reclaimed, evicted, fenced, leases_expired)").Register(*registry_)),
+        traffic_(prometheus::BuildCounter().Name("cxlkv_prefix_lookups_total").Help("Prefix lookups hosts reported, by result").Register(*registry_)),
+        step_(prometheus::BuildHistogram().Name("cxlkv_owner_step_seconds").Help("Owner step (apply, fence, evict, reclaim) latency").Register(*registry_)),
+        step_hist_(step_.Add({}, prometheus::Histogram::BucketBoundaries{1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2})),
+        hits_(traffic_.Add({{"result", "hit"}})),
+        misses_(traffic_.Add({{"result", "miss"}})) {
+    exposer_.RegisterCollectable(registry_);
+  }
+  void Update(const DomainState& s, const co::PrefixOwner& o, std::uint64_t extent_bytes) {
+    std::uint32_t free = 0, assigned = 0;
+    for (const ExtentInfo& e : s.extents()) (e.host == ExtentInfo::kNoHost ? free : assigned)++;
+    extents_.Add({{"state", "free"}}).Set(free);
+    extents_.Add({{"state", "assigned"}}).Set(assigned);
+    capacity_.Add({{"state", "free"}}).Set(static_cast<double>(free * extent_bytes));
+    capacity_.Add({{"state", "assigned"}}).Set(static_cast<double>(assigned * extent_bytes));
+    std::map<std::string, int> by_state;
+    for (std::uint32_t h = 0; h < s.hosts().size(); ++h) {
+      const HostInfo& hi = s.hosts()[h];
+      if (hi.state == HostState::kAbsent) continue;
+      ++by_state[HostStateName(hi.state)];
+      host_used_.Add({{"host", std::to_string(h)}}).Set(static_cast<double>(hi.used_bytes));
+      host_extents_.Add({{"host", std::to_string(h)}}).Set(s.ExtentsOf(h));
+    }
+    for (const char* st : {"live", "fenced", "draining", "left"}) {
+      hosts_.Add({{"state", st}}).Set(by_state[st]);
+    }
+    entries_.Add({{"state", "published"}}).Set(o.published_entries());
+    entries_.Add({{"state", "retired"}}).Set(o.retired_entries());
+    const auto& st = o.stats();
+    events_.Add({{"event", "published"}}).Set(static_cast<double>(st.published));
+    events_.Add({{"event", "duplicates"}}).Set(static_cast<double>(st.duplicates));
+    events_.Add({{"event", "retired"}}).Set(static_cast<double>(st.retired));
+    events_.Add({{"event", "reclaimed"}}).Set(static_cast<double>(st.reclaimed));
+    events_.Add({{"event", "evicted"}}).Set(static_cast<double>(st.evicted));
+    events_.Add({{"event", "hosts_fenced"}}).Set(static_cast<double>(st.hosts_fenced));
+    events_.Add({{"event", "leases_expired"}}).Set(static_cast<double>(st.leases_expired));
+  }
+  void ObserveStep(double seconds) { step_hist_.Observe(seconds); }
+  void Traffic(std::uint64_t hits, std::uint64_t misses) {
+    hits_.Increment(static_cast<double>(hits));
+    misses_.Increment(static_cast<double>(misses));
+  }
+
+ private:
+  prometheus::Exposer exposer_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Gauge>& extents_;
+  prometheus::Family<prometheus::Gauge>& capacity_;
+  prometheus::Family<prometheus::Gauge>& hosts_;
+  prometheus::Family<prometheus::Gauge>& host_used_;
+  prometheus::Family<prometheus::Gauge>& host_extents_;
+  prometheus::Family<prometheus::Gauge>& entries_;
+  prometheus::Family<prometheus::Gauge>& events_;
+  prometheus::Family<prometheus::Counter>& traffic_;
+  prometheus::Family<prometheus::Histogram>& step_;
+  prometheus::Histogram& step_hist_;
+  prometheus::Counter& hits_;
+  prometheus::Counter& misses_;
+};
+
+// ---- RPC service ------------------------------------------------------------------------------
+
+class Service final : public pb::Orchestrator::Service {
+ public:
+  explicit Service(Orchestrator& o) : o_(o) {}
+
+  // Every call: the connection's peer must be allowed (uid checked at accept time).
+  grpc::Status Check(grpc::ServerContext* ctx) {
+    std::string who;
+    if (!o_.PeerAllowed(ctx->peer(), &who)) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          absl::StrCat("peer ", who, " is not allowed (rpc.allowed_uids)"));
+    }
+    return grpc::Status::OK;
+  }
+
+  void FillExtent(const DomainState& s, std::uint32_t i, std::int64_t now, pb::Extent* e) {
+    const ExtentInfo& x = s.extents()[i];
+    e->set_index(i);
+    e->set_offset(s.extent_offset(i));
+    e->set_length(s.config().extent_bytes);
+    e->set_host_id(x.host == ExtentInfo::kNoHost ? 0 : x.host);
+    e->set_incarnation(x.incarnation);
+    e->set_expires_in_ms(x.host == ExtentInfo::kNoHost ? 0 : x.expires_ms - now);
+    e->set_state(x.host == ExtentInfo::kNoHost ? "free" : "assigned");
+  }
+
+  grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* req, pb::JoinReply* rep) override {
+    if (auto st = Check(ctx); !st.ok()) return st;
+    absl::MutexLock l(&o_.mu_);
+    auto inc = o_.state_.Join(req->host_id(), req->hostname(), o_.NowMs());
+    if (!inc.ok()) return ToGrpc(inc.status());
+    if (auto st = o_.SaveLocked(); !st.ok()) return ToGrpc(st);
+    const Config& c = o_.config();
+    rep->set_incarnation(*inc);
+    rep->set_heartbeat_period_ms(c.heartbeat_period_ms);
+    rep->set_host_ttl_ms(c.host_ttl_ms);
+    rep->set_domain_spec(c.prefix_domain);
+    rep->set_pool_spec(c.pool);
+    rep->set_extent_bytes(c.extent_bytes);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const pb::HeartbeatRequest* req,
+                         pb::HeartbeatReply* rep) override {
+    if (auto st = Check(ctx); !st.ok()) return st;
+    o_.CountPrefixTraffic(req->prefix_hits(), req->prefix_misses());
+    absl::MutexLock l(&o_.mu_);
+    const std::int64_t now = o_.NowMs();
+    const absl::Status st = o_.state_.Heartbeat(req->host_id(), req->incarnation(), req->used_bytes(), now);
+    if (absl::IsFailedPrecondition(st)) {
+      rep->set_fenced(true);
+      return grpc::Status::OK;
+    }
+    if (!st.ok()) return ToGrpc(st);
+    rep->set_draining(o_.state_.hosts()[req->host_id()].state == HostState::kDraining);
+    for (std::uint32_t i = 0; i < o_.state_.extents().size(); ++i) {
+      const ExtentInfo& e = o_.state_.extents()[i];
+      if (e.host == req->host_id() && e.incarnation == req->incarnation()) {
+        FillExtent(o_.state_, i, now, rep->add_extents());
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Leave(grpc::ServerContext* ctx, const pb::LeaveRequest* req, pb::LeaveReply*) override {
+    if (auto st = Check(ctx); !st.ok()) return st;
+    absl::MutexLock l(&o_.mu_);
+    if (auto st = o_.state_.Leave(req->host_id(), req->incarnation()); !st.ok()) return ToGrpc(st);
+    return ToGrpc(o_.SaveLocked());
+  }
+
+  grpc::Status Grow(grpc::ServerContext* ctx, const pb::GrowRequest* req, pb::GrowReply* rep) override {
+    if (auto st = Check(ctx); !st.ok()) return st;
+    if (req->extents() > 1024) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "grow by at most 1024 extents a call");
+    }
+    absl::MutexLock l(&o_.mu_);
+    const std::int64_t now = o_.NowMs();
+    auto got = o_.state_.Grow(req->host_id(), req->incarnation(), req->extents(), now);
+    if (!got.ok()) return ToGrpc(got.status());
+    // Durable before the host may write into them.
+    if (auto st = o_.SaveLocked(); !st.ok()) {
+      (void)o_.state_.Shrink(req->host_id(), req->incarnation(), *got);
+      return ToGrpc(st);
+    }
+    for (std::uint32_t i : *got) FillExtent(o_.state_, i, now, rep->add_granted());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Shrink(grpc::ServerContext* ctx, const pb::ShrinkRequest* req, pb::ShrinkReply*) override {
+    if (auto st = Check(ctx); !st.ok()) return st;
+    std::vector<std::uint32_t> ext(req->extents().begin(), req->extents().end());
+    absl::MutexLock l(&o_.mu_);
+    if (auto st = o_.state_.Shrink(req->host_id(), req->incarnation(), ext); !st.ok()) {
+      return ToGrpc(st);
+    }
+    return ToGrpc(o_.SaveLocked());
+  }
+
+  grpc::Status Status(grpc::ServerContext* ctx, const pb::StatusRequest*, pb::StatusReply* rep) override {
+    if (auto st = Check(ctx); !st.ok()) return st;
+    absl::MutexLock l(&o_.mu_);
+    const Config& c = o_.config();
+    rep->set_domain_spec(c.prefix_domain);
+    rep->set_pool_spec(c.pool);
+    rep->set_pool_bytes(o_.pool_bytes());
+    rep->set_extent_bytes(c.extent_bytes);
+    std::uint32_t free = 0, assigned = 0;
+    for (const ExtentInfo& e : o_.state_.extents()) (e.host == ExtentInfo::kNoHost ? free : assigned)++;
+    rep->set_extents_total(free + assigned);
+    rep->set_extents_free(free);
+    rep->set_extents_assigned(assigned);
+    std::uint32_t live = 0, fenced = 0;
+    for (const HostInfo& h : o_.state_.hosts()) {
+      live += h.state == HostState::kLive || h.state == HostState::kDraining;
+      fenced += h.state == HostState::kFenced;
+    }
+    rep->set_hosts_live(live);
+    rep->set_hosts_fenced(fenced);
+    const auto& st = o_.owner_->stats();
+    rep->set_prefixes_published(o_.owner_->published_entries());
+    rep->set_prefix_duplicates(st.duplicates);
+    rep->set_prefixes_reclaimed(st.reclaimed);
+    rep->set_prefixes_evicted(st.evicted);
+    rep->set_uptime_ms(o_.NowMs() - o_.started_ms());
+    rep->set_recovered_at_start(o_.state_.recovered_extents());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Hosts(grpc::ServerContext* ctx, const pb::HostsRequest*, pb::HostsReply* rep) override {
+    if (auto st = Check(ctx); !st.ok()) return st;
+    absl::MutexLock l(&o_.mu_);
+    const std::int64_t now = o_.NowMs();
+    for (std::uint32_t i = 0; i < o_.state_.hosts().size(); ++i) {
+      const HostInfo& h = o_.state_.hosts()[i];
+      if (h.state == HostState::kAbsent) continue;
+      pb::Host* x = rep->add_hosts();
+      x->set_host_id(i);
+      x->set_incarnation(h.incarnation);
+      x->set_state(HostStateName(h.state));
+      x->set_last_heartbeat_ms_ago(now - h.last_heartbeat_ms);
+      x->set_extents(o_.state_.ExtentsOf(i));
+      x->set_used_bytes(h.used_bytes);
+      x->set_hostname(h.hostname);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Extents(grpc::ServerContext* ctx, const pb::ExtentsRequest*, pb::ExtentsReply* rep) override {
+    if (auto st = Check(ctx); !st.ok()) return st;
+    absl::MutexLock l(&o_.mu_);
+    const std::int64_t now = o_.NowMs();
+    for (std::uint32_t i = 0; i < o_.state_.extents().size(); ++i) {
+      FillExtent(o_.state_, i, now, rep->add_extents());
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Prefixes(grpc::ServerContext* ctx, const pb::PrefixesRequest* req,
+                        pb::PrefixesReply* rep) override {
+    if (auto st = Check(ctx); !st.ok()) return st;
+    absl::MutexLock l(&o_.mu_);
+    const auto& entries = o_.owner_->entries();
+    std::uint32_t published = 0, retired = 0;
+    for (std::uint32_t i = 0; i < entries.size(); ++i) {
+      const co::IndexEntry& e = entries[i];
+      const auto s = static_cast<co::EntryState>(e.state);
+      if (s != co::EntryState::kPublished && s != co::EntryState::kRetired) continue;
+      (s == co::EntryState::kPublished ? published : retired)++;
+      if (req->limit() != 0 && static_cast<std::uint32_t>(rep->prefixes_size()) >= req->limit()) continue;
+      pb::Prefix* p = rep->add_prefixes();
+      p->set_entry(i);
+      p->set_state(EntryStateName(e.state));
+      p->set_ns(e.ns);
+      p->set_key(absl::StrFormat("%016x%016x", e.key[1], e.key[0]));
+      p->set_publisher(e.publisher);
+      p->set_block_index(e.ref.index);
+    }
+    rep->set_published(published);
+    rep->set_retired(retired);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Drain(grpc::ServerContext* ctx, const pb::DrainRequest* req, pb::DrainReply*) override {
+    if (auto st = Check(ctx); !st.ok()) return st;
+    absl::MutexLock l(&o_.mu_);
+    if (auto st = o_.state_.Drain(req->host_id()); !st.ok()) return ToGrpc(st);
+    return ToGrpc(o_.SaveLocked());
+  }
+
+  grpc::Status Evict(grpc::ServerContext* ctx, const pb::EvictRequest* req, pb::EvictReply* rep) override {
+    if (auto st = Check(ctx); !st.ok()) return st;
+    const NamespaceConfig* found = nullptr;
+    for (const NamespaceConfig& n : o_.config().namespaces) {
+      if (n.Name() == req->ns()) found = &n;
+    }
+    if (found == nullptr) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("no [[namespace]] '", req->ns(),
+                                       "' in the config (name it tenant/model/layout)"));
+    }
+    absl::MutexLock l(&o_.mu_);
+    rep->set_retired(o_.owner_->RetireNamespace(
+        co::MakeNamespace(found->tenant, found->model, found->layout)));
+    return grpc::Status::OK;
+  }
+
+ private:
+  Orchestrator& o_;
+};
+
+// ---- the daemon -------------------------------------------------------------------------------
+
+Orchestrator::Orchestrator(const Config& c, std::uint64_t pool_bytes)
+    : state_(c, pool_bytes), config_(c) {}
+
+Orchestrator::~Orchestrator() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c) {
+  auto pool = pool::OpenRegion(c.pool);
+  if (!pool.ok()) {
+    return absl::Status(pool.status().code(),
+                        absl::StrCat("domain.pool '", c.pool, "': ", pool.status().message()));
+  }
+  if ((*pool)->size_bytes() < c.extent_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "domain.pool '", c.pool, "' (", (*pool)->size_bytes(),
+        " bytes) is smaller than one extent (domain.extent_size)"));
+  }
+  std::unique_ptr<Orchestrator> o(new Orchestrator(c, (*pool)->size_bytes()));
+  o->pool_ = *std::move(pool);
+  auto dom = pool::OpenRegion(c.prefix_domain);
+  if (!dom.ok()) {
+    return absl::Status(dom.status().code(), absl::StrCat("domain.prefix_domain '", c.prefix_domain,
+                                                          "': ", dom.status().message()));
+  }
+  o->domain_region_ = *std::move(dom);
+  o->domain_mem_ = std::make_unique<co::DirectMem>(o->domain_region_->addr(),
+                                                   o->domain_region_->size_bytes());
+  auto header = co::ReadDomainHeader(*o->domain_mem_);
+  if (absl::IsNotFound(header.status())) {
+    co::DomainGeometry g;
+    g.max_hosts = c.max_hosts;
+    g.index_entries = c.index_entries;
+    g.lease_rows = c.lease_rows;
+    g.ring_slots = c.ring_slots;
+    g.lease_ttl_ms = c.lease_ttl_ms;
+    g.host_ttl_ms = c.host_ttl_ms;
+    g.grace_ms = c.grace_ms;
+    if (co::DomainBytes(g) > o->domain_region_->size_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "domain.prefix_domain '", c.prefix_domain, "' holds ", o->domain_region_->size_bytes(),
+          " bytes; this geometry needs ", co::DomainBytes(g), " (give it ?size= or fewer index_entries)"));
+    }
+    if (auto st = co::FormatDomain(*o->domain_mem_, g); !st.ok()) return st;
+  } else if (!header.ok()) {
+    return absl::Status(header.status().code(), absl::StrCat("domain.prefix_domain '", c.prefix_domain,
+                                                             "': ", header.status().message()));
+  }
+  absl::MutexLock l(&o->mu_);
+  auto owner = co::PrefixOwner::Open(*o->domain_mem_, o->clock_);
+  if (!owner.ok()) return owner.status();
+  o->owner_ = *std::move(owner);
+  for (const NamespaceConfig& n : c.namespaces) {
+    o->owner_->SetPinLevel(co::MakeNamespace(n.tenant, n.model, n.layout), n.pin);
+  }
+  o->started_ms_ = o->clock_.NowMs();
+  if (auto st = o->state_.Load(o->started_ms_); !st.ok()) return st;
+  return o;
+}
+
+bool Orchestrator::PeerAllowed(const std::string& peer, std::string* who) {
+  // Channels added from an accepted fd are named "fd:N".
+  int fd = -1;
+  if (std::sscanf(peer.c_str(), "fd:%d", &fd) != 1) {
+    *who = peer;
+    return false;
+  }
+  absl::MutexLock l(&peers_mu_);
+  auto it = peers_.find(fd);
+  if (it == peers_.end()) {
+    *who = peer;
+    return false;
+  }
+  *who = absl::StrCat("uid ", it->second.first, " pid ", it->second.second);
+  const uid_t uid = it->second.first;
+  if (uid == ::geteuid()) return true;
+  for (std::uint32_t a : config_.allowed_uids) {
+    if (a == uid) return true;
+  }
+  return false;
+}
+
+void Orchestrator::CountPrefixTraffic(std::uint64_t hits, std::uint64_t misses) {
+  if (metrics_) metrics_->Traffic(hits, misses);
+}
+
+absl::Status Orchestrator::Start() {
+  if (!config_.metrics_listen.empty()) {
+    try {
+      metrics_ = std::make_unique<Metrics>(config_.metrics_listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("metrics.listen '", config_.metrics_listen,
+                                                 "': ", e.what()));
+    }
+  }
+  // The socket: created fresh (a stale one from a killed daemon is replaced).
+  sockaddr_un addr{};
+  if (config_.socket.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("rpc.socket '", config_.socket,
+                                                   "' is longer than a Unix socket path may be"));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(config_.socket).parent_path(), ec);
+  ::unlink(config_.socket.c_str());
+  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, config_.socket.c_str(), config_.socket.size());
+  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(listen_fd_, 128) != 0) {
+    return absl::UnavailableError(absl::StrCat("rpc.socket '", config_.socket, "': ",
+                                               std::strerror(errno)));
+  }
+  ::chmod(config_.socket.c_str(), 0666);  // access is decided by peer credentials
+  service_ = std::make_unique<Service>(*this);
+  grpc::ServerBuilder builder;
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(1 << 20);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) return absl::InternalError("gRPC server did not start");
+  owner_thread_ = std::thread([this] { OwnerLoop(); });
+  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  return absl::OkStatus();
+}
+
+void Orchestrator::AcceptLoop() {
+  while (!stop_.load()) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (stop_.load()) return;
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      ::close(fd);
+      continue;
+    }
+    {
+      absl::MutexLock l(&peers_mu_);
+      peers_[fd] = {cred.uid, cred.pid};  // a reused fd number overwrites its old peer
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);  // gRPC drives it with epoll
+    grpc::AddInsecureChannelFromFd(server_.get(), fd);
+  }
+}
+
+void Orchestrator::OwnerLoop() {
+  std::int64_t last_metrics = 0;
+  while (!stop_.load()) {
+    {
+      absl::MutexLock l(&mu_);
+      const auto t0 = std::chrono::steady_clock::now();
+      owner_->Step();
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::int64_t now = clock_.NowMs();
+      if (state_.Expire(now)) {
+        if (auto st = state_.Save(); !st.ok()) {
+          std::fprintf(stderr, "cxlkv-orchestrator: %s\n", std::string(st.message()).c_str());
+        }
+      }
+      if (metrics_) {
+        metrics_->ObserveStep(secs);
+        if (now - last_metrics >= 200) {
+          metrics_->Update(state_, *owner_, config_.extent_bytes);
+          last_metrics = now;
+        }
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(config_.owner_period_ms));
+  }
+}
+
+void Orchestrator::Stop() {
+  if (stop_.exchange(true)) return;
+  if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
+  if (accept_thread_.joinable()) accept_thread_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (owner_thread_.joinable()) owner_thread_.join();
+  if (listen_fd_ >= 0) ::unlink(config_.socket.c_str());
+}
+
+}  // namespace cxlkv::orchestrator

@@ -1,0 +1,79 @@
+// The orchestrator of one CXL domain: the owner role of the shared prefix protocol, the
+// membership and capacity state, the gRPC control plane on a Unix socket, and metrics.
+#ifndef CXLKV_ORCHESTRATOR_SRC_ORCHESTRATOR_H_
+#define CXLKV_ORCHESTRATOR_SRC_ORCHESTRATOR_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "cxlkv/coherence/mem.h"
+#include "cxlkv/coherence/prefix.h"
+#include "cxlkv/orchestrator/config.h"
+#include "cxlkv/orchestrator/state.h"
+#include "cxlkv/pool/region.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace cxlkv::orchestrator {
+
+class Metrics;
+class Service;
+
+class Orchestrator {
+ public:
+  // Opens (creating when absent) the pool and the prefix domain, loads the state file.
+  static absl::StatusOr<std::unique_ptr<Orchestrator>> Open(const Config& c);
+  ~Orchestrator();
+
+  // Starts the owner thread, the RPC server and the metrics endpoint.
+  absl::Status Start();
+  void Stop();
+
+  // Everything below is called with mu_ held by the service.
+  absl::Mutex mu_;
+  DomainState state_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<coherence::PrefixOwner> owner_ ABSL_GUARDED_BY(mu_);
+  std::int64_t NowMs() { return clock_.NowMs(); }
+  const Config& config() const { return config_; }
+  std::uint64_t pool_bytes() const { return pool_->size_bytes(); }
+  std::int64_t started_ms() const { return started_ms_; }
+  // The peer credentials of the connection a call came on (ServerContext::peer()).
+  bool PeerAllowed(const std::string& peer, std::string* who);
+  void CountPrefixTraffic(std::uint64_t hits, std::uint64_t misses);
+  // Saves the state file; on failure the change must not be revealed (the caller fails).
+  absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return state_.Save(); }
+
+ private:
+  Orchestrator(const Config& c, std::uint64_t pool_bytes);
+  void OwnerLoop();
+  void AcceptLoop();
+
+  Config config_;
+  coherence::SteadyClock clock_;
+  std::unique_ptr<pool::Region> pool_;
+  std::unique_ptr<pool::Region> domain_region_;
+  std::unique_ptr<coherence::DirectMem> domain_mem_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<Metrics> metrics_;
+  int listen_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread owner_thread_, accept_thread_;
+  std::int64_t started_ms_ = 0;
+  absl::Mutex peers_mu_;
+  std::map<int, std::pair<uid_t, pid_t>> peers_ ABSL_GUARDED_BY(peers_mu_);  // by fd
+};
+
+}  // namespace cxlkv::orchestrator
+
+#endif  // CXLKV_ORCHESTRATOR_SRC_ORCHESTRATOR_H_

@@ -1,0 +1,291 @@
+// DomainState: membership and capacity leases, and their state file.
+#include "cxlkv/orchestrator/state.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "cxlkv/coherence/crc32c.h"
+#include "nlohmann/json.hpp"
+
+namespace cxlkv::orchestrator {
+
+const char* HostStateName(HostState s) {
+  switch (s) {
+    case HostState::kAbsent: return "absent";
+    case HostState::kLive: return "live";
+    case HostState::kFenced: return "fenced";
+    case HostState::kDraining: return "draining";
+    case HostState::kLeft: return "left";
+  }
+  return "?";
+}
+
+DomainState::DomainState(const Config& c, std::uint64_t pool_bytes)
+    : c_(c), pool_bytes_(pool_bytes), hosts_(c.max_hosts),
+      extents_(static_cast<std::size_t>(pool_bytes / c.extent_bytes)) {}
+
+absl::Status DomainState::CheckCurrent(std::uint32_t host, std::uint64_t incarnation) const {
+  if (host >= hosts_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("host id ", host, " is not below max_hosts ",
+                                                   hosts_.size()));
+  }
+  const HostInfo& h = hosts_[host];
+  if (h.state == HostState::kFenced) {
+    return absl::FailedPreconditionError(absl::StrCat("host ", host, " incarnation ", incarnation,
+                                                      " was fenced: join again"));
+  }
+  if (h.incarnation != incarnation || h.state == HostState::kAbsent ||
+      h.state == HostState::kLeft) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "host ", host, " incarnation ", incarnation, " is not current (current ", h.incarnation,
+        ", ", HostStateName(h.state), "): join again"));
+  }
+  return absl::OkStatus();
+}
+
+void DomainState::FreeExtentsOf(std::uint32_t host) {
+  for (ExtentInfo& e : extents_) {
+    if (e.host == host) e = ExtentInfo{};
+  }
+}
+
+std::uint32_t DomainState::ExtentsOf(std::uint32_t host) const {
+  std::uint32_t n = 0;
+  for (const ExtentInfo& e : extents_) n += e.host == host;
+  return n;
+}
+
+absl::StatusOr<std::uint64_t> DomainState::Join(std::uint32_t host, const std::string& hostname,
+                                                std::int64_t now_ms) {
+  if (!c_.HostAllowed(host)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "host id ", host, " is not allowed in this domain (hosts.allowed / domain.max_hosts)"));
+  }
+  HostInfo& h = hosts_[host];
+  // A new incarnation: whatever the old one held in its private extents died with it.
+  FreeExtentsOf(host);
+  h.incarnation += 1;
+  h.state = HostState::kLive;
+  h.last_heartbeat_ms = now_ms;
+  h.used_bytes = 0;
+  h.hostname = hostname.substr(0, 64);
+  return h.incarnation;
+}
+
+absl::Status DomainState::Heartbeat(std::uint32_t host, std::uint64_t incarnation,
+                                    std::uint64_t used_bytes, std::int64_t now_ms) {
+  if (auto st = CheckCurrent(host, incarnation); !st.ok()) return st;
+  HostInfo& h = hosts_[host];
+  h.last_heartbeat_ms = now_ms;
+  h.used_bytes = used_bytes;
+  for (ExtentInfo& e : extents_) {
+    if (e.host == host && e.incarnation == incarnation) e.expires_ms = now_ms + c_.capacity_lease_ms;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DomainState::Leave(std::uint32_t host, std::uint64_t incarnation) {
+  if (auto st = CheckCurrent(host, incarnation); !st.ok()) return st;
+  FreeExtentsOf(host);
+  hosts_[host].state = HostState::kLeft;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::uint32_t>> DomainState::Grow(std::uint32_t host,
+                                                             std::uint64_t incarnation,
+                                                             std::uint32_t n, std::int64_t now_ms) {
+  if (auto st = CheckCurrent(host, incarnation); !st.ok()) return st;
+  if (hosts_[host].state == HostState::kDraining) {
+    return absl::FailedPreconditionError(absl::StrCat("host ", host, " is being drained"));
+  }
+  if (n == 0) return absl::InvalidArgumentError("grow by at least one extent");
+  const auto cap = static_cast<std::uint32_t>(
+      std::floor(c_.ShareOf(host) * static_cast<double>(extents_.size()) + 1e-9));
+  const std::uint32_t held = ExtentsOf(host);
+  if (held >= cap) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "host ", host, " holds ", held, " extents, its share (", c_.ShareOf(host), " of ",
+        extents_.size(), ") allows ", cap));
+  }
+  n = std::min(n, cap - held);
+  std::vector<std::uint32_t> granted;
+  for (std::uint32_t i = 0; i < extents_.size() && granted.size() < n; ++i) {
+    if (extents_[i].host != ExtentInfo::kNoHost) continue;
+    extents_[i] = ExtentInfo{host, incarnation, now_ms + c_.capacity_lease_ms};
+    granted.push_back(i);
+  }
+  if (granted.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat("the pool has no free extent (",
+                                                     extents_.size(), " in all)"));
+  }
+  return granted;
+}
+
+absl::Status DomainState::Shrink(std::uint32_t host, std::uint64_t incarnation,
+                                 const std::vector<std::uint32_t>& extents) {
+  if (auto st = CheckCurrent(host, incarnation); !st.ok()) return st;
+  for (std::uint32_t i : extents) {
+    if (i >= extents_.size() || extents_[i].host != host) {
+      return absl::InvalidArgumentError(absl::StrCat("extent ", i, " is not held by host ", host));
+    }
+  }
+  for (std::uint32_t i : extents) extents_[i] = ExtentInfo{};
+  return absl::OkStatus();
+}
+
+absl::Status DomainState::Drain(std::uint32_t host) {
+  if (host >= hosts_.size() || hosts_[host].state != HostState::kLive) {
+    return absl::FailedPreconditionError(absl::StrCat("host ", host, " is not live"));
+  }
+  hosts_[host].state = HostState::kDraining;
+  return absl::OkStatus();
+}
+
+bool DomainState::Expire(std::int64_t now_ms) {
+  bool changed = false;
+  for (HostInfo& h : hosts_) {
+    if ((h.state == HostState::kLive || h.state == HostState::kDraining) &&
+        now_ms - h.last_heartbeat_ms > c_.host_ttl_ms) {
+      h.state = HostState::kFenced;
+      changed = true;
+    }
+  }
+  for (ExtentInfo& e : extents_) {
+    if (e.host != ExtentInfo::kNoHost && now_ms > e.expires_ms) {
+      e = ExtentInfo{};
+      changed = true;
+    }
+  }
+  return changed;
+}
+
+std::string DomainState::Serialize() const {
+  nlohmann::json j;
+  j["version"] = 1;
+  j["pool_bytes"] = pool_bytes_;
+  j["extent_bytes"] = c_.extent_bytes;
+  j["hosts"] = nlohmann::json::array();
+  for (std::uint32_t i = 0; i < hosts_.size(); ++i) {
+    const HostInfo& h = hosts_[i];
+    if (h.state == HostState::kAbsent) continue;
+    j["hosts"].push_back({{"id", i}, {"incarnation", h.incarnation},
+                          {"state", static_cast<int>(h.state)}, {"hostname", h.hostname}});
+  }
+  j["extents"] = nlohmann::json::array();
+  for (std::uint32_t i = 0; i < extents_.size(); ++i) {
+    const ExtentInfo& e = extents_[i];
+    if (e.host == ExtentInfo::kNoHost) continue;
+    j["extents"].push_back({{"index", i}, {"host", e.host}, {"incarnation", e.incarnation}});
+  }
+  const std::string body = j.dump();
+  return absl::StrCat(body, "\n", coherence::Crc32c(body.data(), body.size()), "\n");
+}
+
+absl::Status DomainState::Deserialize(const std::string& text, std::int64_t now_ms) {
+  const std::size_t nl = text.find('\n');
+  if (nl == std::string::npos) return absl::DataLossError("state file: no checksum line");
+  const std::string body = text.substr(0, nl);
+  const std::string crc = text.substr(nl + 1);
+  if (crc.empty() || crc.back() != '\n' ||
+      crc.substr(0, crc.size() - 1) !=
+          std::to_string(coherence::Crc32c(body.data(), body.size()))) {
+    return absl::DataLossError("state file: checksum mismatch (torn or edited)");
+  }
+  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::DataLossError("state file: not JSON");
+  try {
+    if (j.at("version").get<int>() != 1) return absl::DataLossError("state file: unknown version");
+    if (j.at("pool_bytes").get<std::uint64_t>() != pool_bytes_ ||
+        j.at("extent_bytes").get<std::uint64_t>() != c_.extent_bytes) {
+      return absl::DataLossError(
+          "state file: written for another pool size or extent size; move it away only if the "
+          "pool was re-created (its extent assignments would be lost)");
+    }
+    std::vector<HostInfo> hosts(hosts_.size());
+    std::vector<ExtentInfo> extents(extents_.size());
+    std::uint32_t recovered = 0;
+    for (const auto& h : j.at("hosts")) {
+      const auto id = h.at("id").get<std::uint32_t>();
+      const int state = h.at("state").get<int>();
+      if (id >= hosts.size() || state < 0 || state > static_cast<int>(HostState::kLeft)) {
+        return absl::DataLossError(absl::StrCat("state file: bad host record ", h.dump()));
+      }
+      hosts[id] = HostInfo{static_cast<HostState>(state), h.at("incarnation").get<std::uint64_t>(),
+                           now_ms, 0, h.at("hostname").get<std::string>()};
+    }
+    for (const auto& e : j.at("extents")) {
+      const auto i = e.at("index").get<std::uint32_t>();
+      const auto host = e.at("host").get<std::uint32_t>();
+      if (i >= extents.size() || host >= hosts.size()) {
+        return absl::DataLossError(absl::StrCat("state file: bad extent record ", e.dump()));
+      }
+      extents[i] = ExtentInfo{host, e.at("incarnation").get<std::uint64_t>(),
+                              now_ms + c_.capacity_lease_ms};
+      ++recovered;
+    }
+    hosts_ = std::move(hosts);
+    extents_ = std::move(extents);
+    recovered_ = recovered;
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(absl::StrCat("state file: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DomainState::Load(std::int64_t now_ms) {
+  std::ifstream in(c_.state_file);
+  if (!in) {
+    if (errno == ENOENT) return absl::OkStatus();  // a new domain
+    return absl::PermissionDeniedError(absl::StrCat("cannot read state file ", c_.state_file,
+                                                    ": ", std::strerror(errno)));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (auto st = Deserialize(ss.str(), now_ms); !st.ok()) {
+    return absl::DataLossError(absl::StrCat(c_.state_file, ": ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DomainState::Save() const {
+  const std::string text = Serialize();
+  const std::string tmp = c_.state_file + ".tmp";
+  auto fail = [&](const char* what) {
+    return absl::InternalError(absl::StrCat(what, " ", tmp, ": ", std::strerror(errno)));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return fail("cannot create");
+  std::size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      ::close(fd);
+      return fail("cannot write");
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    return fail("cannot fsync");
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), c_.state_file.c_str()) != 0) return fail("cannot rename");
+  const std::string dir = std::filesystem::path(c_.state_file).parent_path().string();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cxlkv::orchestrator
