@@ -1,0 +1,153 @@
+// orchestrator/: the configuration parser and the membership + capacity state machine.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "cxlkv/orchestrator/config.h"
+#include "cxlkv/orchestrator/state.h"
+#include "gtest/gtest.h"
+
+namespace cxlkv::orchestrator {
+namespace {
+
+const char kMinimal[] = R"(
+[domain]
+pool = "file:/dev/shm/p?size=1G"
+prefix_domain = "memfd:?size=16M"
+extent_size = "64M"
+state_file = "/tmp/x.state"
+[rpc]
+socket = "/tmp/x.sock"
+)";
+
+std::string WithExtra(const std::string& extra) { return std::string(kMinimal) + extra; }
+
+TEST(Config, MinimalAndExampleParse) {
+  auto c = ParseConfig(kMinimal, "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->extent_bytes, 64ull << 20);
+  EXPECT_EQ(c->host_ttl_ms, 2000u);
+  EXPECT_TRUE(c->HostAllowed(7));
+  EXPECT_FALSE(c->HostAllowed(8)) << "max_hosts 8";
+  auto ex = LoadConfig(std::string(CXLKV_SOURCE_DIR) + "/orchestrator/domain.example.toml");
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  EXPECT_EQ(ex->namespaces.size(), 2u);
+  EXPECT_EQ(ex->namespaces[0].pin, 2);
+  EXPECT_DOUBLE_EQ(ex->ShareOf(0), 0.75);
+  EXPECT_DOUBLE_EQ(ex->ShareOf(3), 0.5);
+}
+
+// Each bad input names the key and its line.
+TEST(Config, ErrorsNameTheKeyAndLine) {
+  struct Case {
+    std::string text, want;
+  } cases[] = {
+      {WithExtra("[timing]\nlease_tll_ms = 5\n"), "t.toml:10: key 'timing.lease_tll_ms': unknown key"},
+      {WithExtra("[timing]\nhost_ttl_ms = \"2s\"\n"), "t.toml:10: key 'timing.host_ttl_ms': expected an integer"},
+      {WithExtra("[timing]\ngrace_ms = -1\n"), "t.toml:10: key 'timing.grace_ms': -1 is out of range"},
+      {WithExtra("[capacity]\ndefault_share = 1.5\n"), "key 'capacity.default_share': 1.5 is out of range"},
+      {WithExtra("[capacity.shares]\nabc = 0.5\n"), "keys of [capacity.shares] are host ids"},
+      {WithExtra("[[namespace]]\ntenant = \"a\"\n"), "needs tenant, model and layout"},
+      {WithExtra("[hosts]\nallowed = [1, 9]\n"), "host id 9 is not below domain.max_hosts"},
+      {WithExtra("[timing]\nheartbeat_period_ms = 1000\n"), "at most host_ttl_ms / 4"},
+      {"[domain]\npool = \"tape:/dev/st0\"\n", "t.toml:2: key 'domain.pool':"},
+      {"[domain]\npool = \"memfd:?size=1G\"\n", "key 'domain.prefix_domain' is required"},
+      {"[domain\n", "t.toml:1:"},
+      {WithExtra("extra = 1\n"), "t.toml:9: key 'rpc.extra': unknown key (known here: allowed_uids, socket)"},
+      {"extra = 1\n" + std::string(kMinimal), "t.toml:1: key 'extra': unknown key"},
+  };
+  for (const Case& c : cases) {
+    auto got = ParseConfig(c.text, "t.toml");
+    ASSERT_FALSE(got.ok()) << c.text;
+    EXPECT_TRUE(absl::IsInvalidArgument(got.status()));
+    EXPECT_NE(got.status().message().find(c.want), std::string::npos)
+        << "got: " << got.status().message() << "\nwant: " << c.want;
+  }
+}
+
+Config TestConfig(const std::string& state_file) {
+  auto c = ParseConfig(kMinimal, "t.toml");
+  EXPECT_TRUE(c.ok());
+  c->state_file = state_file;
+  c->shares[1] = 0.25;
+  return *c;
+}
+
+TEST(DomainState, JoinGrowHeartbeatFenceExpire) {
+  const Config c = TestConfig("/tmp/unused.state");
+  DomainState s(c, 1ull << 30);  // 16 extents of 64 MiB
+  ASSERT_EQ(s.extents().size(), 16u);
+  auto inc = s.Join(0, "a", 0);
+  ASSERT_TRUE(inc.ok());
+  EXPECT_EQ(*inc, 1u);
+  EXPECT_TRUE(absl::IsPermissionDenied(s.Join(9, "x", 0).status()));
+  auto g = s.Grow(0, 1, 20, 0);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->size(), 16u) << "share 1.0, capped by the pool";
+  EXPECT_TRUE(absl::IsResourceExhausted(s.Grow(0, 1, 1, 0).status()));
+  ASSERT_TRUE(s.Shrink(0, 1, {0, 1, 2, 3, 4, 5, 6, 7}).ok());
+  ASSERT_TRUE(s.Join(1, "b", 0).ok());
+  auto g1 = s.Grow(1, 1, 10, 0);
+  ASSERT_TRUE(g1.ok());
+  EXPECT_EQ(g1->size(), 4u) << "host 1's share is a quarter of 16";
+  EXPECT_TRUE(absl::IsInvalidArgument(s.Shrink(1, 1, {15}))) << "not its extent";
+  EXPECT_TRUE(absl::IsFailedPrecondition(s.Heartbeat(1, 7, 0, 10))) << "stale incarnation";
+  // Host 0 beats; host 1 goes silent: fenced after host_ttl, extents freed after the lease.
+  for (std::int64_t t = 500; t <= 2500; t += 500) {
+    ASSERT_TRUE(s.Heartbeat(0, 1, 123, t).ok());
+    s.Expire(t);
+  }
+  EXPECT_EQ(s.hosts()[1].state, HostState::kFenced);
+  EXPECT_EQ(s.ExtentsOf(1), 4u) << "the capacity lease outlives fencing";
+  EXPECT_TRUE(absl::IsFailedPrecondition(s.Heartbeat(1, 1, 0, 2600))) << "fenced: rejoin";
+  EXPECT_TRUE(s.Expire(10001));
+  EXPECT_EQ(s.ExtentsOf(1), 0u);
+  EXPECT_EQ(s.ExtentsOf(0), 8u) << "host 0's last beat (2500) renewed its lease to 12500";
+  EXPECT_TRUE(s.Expire(12501));
+  EXPECT_EQ(s.ExtentsOf(0), 0u);
+  // Rejoin: a new incarnation with nothing.
+  auto inc2 = s.Join(1, "b", 11000);
+  ASSERT_TRUE(inc2.ok());
+  EXPECT_EQ(*inc2, 2u);
+  ASSERT_TRUE(s.Drain(1).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(s.Grow(1, 2, 1, 11000).status())) << "draining";
+}
+
+TEST(DomainState, SavedStateSurvivesAndCorruptionIsReported) {
+  char tmpl[] = "/tmp/cxlkv-state-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string file = std::string(tmpl) + "/d.state";
+  const Config c = TestConfig(file);
+  {
+    DomainState s(c, 1ull << 30);
+    ASSERT_TRUE(s.Load(0).ok()) << "no file: a new domain";
+    ASSERT_TRUE(s.Join(2, "c", 0).ok());
+    ASSERT_TRUE(s.Grow(2, 1, 3, 0).ok());
+    ASSERT_TRUE(s.Save().ok());
+  }
+  DomainState r(c, 1ull << 30);
+  ASSERT_TRUE(r.Load(50000).ok());
+  EXPECT_EQ(r.recovered_extents(), 3u);
+  EXPECT_EQ(r.ExtentsOf(2), 3u);
+  EXPECT_EQ(r.hosts()[2].incarnation, 1u);
+  EXPECT_TRUE(r.Heartbeat(2, 1, 0, 50001).ok()) << "the host keeps its incarnation";
+  EXPECT_FALSE(r.Expire(50000 + 1999)) << "timers restarted at load";
+  // Another pool size: refused, not silently reset.
+  DomainState other(c, 2ull << 30);
+  EXPECT_TRUE(absl::IsDataLoss(other.Load(0)));
+  // A flipped byte: refused.
+  std::string text = r.Serialize();
+  text[5] ^= 1;
+  { std::ofstream(file) << text; }
+  DomainState torn(c, 1ull << 30);
+  const absl::Status st = torn.Load(0);
+  EXPECT_TRUE(absl::IsDataLoss(st));
+  EXPECT_NE(st.message().find("checksum"), std::string::npos) << st;
+  std::remove(file.c_str());
+  rmdir(tmpl);
+}
+
+}  // namespace
+}  // namespace cxlkv::orchestrator
