@@ -47,10 +47,10 @@ constexpr std::uint64_t kBlockSizes[] = {64 << 10, 256 << 10, 1 << 20, 2 << 20, 
   std::abort();
 }
 
-#define CUDA_OR_DIE(expr)                                                                 \
-  do {                                                                                    \
-    const cudaError_t e_ = (expr);                                                        \
-    if (e_ != cudaSuccess) Die(absl::StrCat(#expr, ": ", cudaGetErrorString(e_)));        \
+#define CUDA_OR_DIE(expr)                                                          \
+  do {                                                                             \
+    const cudaError_t e_ = (expr);                                                 \
+    if (e_ != cudaSuccess) Die(absl::StrCat(#expr, ": ", cudaGetErrorString(e_))); \
   } while (0)
 
 struct Fixture {
@@ -90,8 +90,8 @@ Fixture& F() {
     if (!engine.ok()) Die(std::string(engine.status().message()));
     x->engine = std::move(*engine);
     CUDA_OR_DIE(cudaSetDevice(0));
-    CUDA_OR_DIE(cudaHostAlloc(reinterpret_cast<void**>(&x->hostalloc), kBatchBytes,
-                              cudaHostAllocDefault));
+    CUDA_OR_DIE(
+        cudaHostAlloc(reinterpret_cast<void**>(&x->hostalloc), kBatchBytes, cudaHostAllocDefault));
     x->pageable = static_cast<std::byte*>(std::aligned_alloc(4096, kBatchBytes));
     std::memset(x->arena_data, 1, kBatchBytes);
     std::memset(x->hostalloc, 1, kBatchBytes);
@@ -170,8 +170,8 @@ void BM_Gather(benchmark::State& state, bool kernel, bool separate) {
   std::shuffle(page_ids.begin(), page_ids.end(), std::mt19937(7));
   std::vector<gpu::BlockCopy> blocks;
   for (std::uint32_t i = 0; i < n; ++i) {
-    blocks.push_back({reinterpret_cast<std::uintptr_t>(f.arena_data) + 2ull * i * block,
-                      page_ids[i]});
+    blocks.push_back(
+        {reinterpret_cast<std::uintptr_t>(f.arena_data) + 2ull * i * block, page_ids[i]});
   }
   gpu::SubmitOptions so;
   so.method = kernel ? gpu::CopyMethod::kKernel : gpu::CopyMethod::kCopyEngine;
@@ -221,9 +221,9 @@ void Register() {
   const char* sources[] = {"arena", "hostalloc", "pageable"};
   for (int d = 0; d < 2; ++d) {
     for (int s = 0; s < 3; ++s) {
-      auto* b = benchmark::RegisterBenchmark(
-          absl::StrCat("Copy/", dirs[d], "/", sources[s]).c_str(),
-          [d, s](benchmark::State& st) { BM_Copy(st, d == 1, s); });
+      auto* b =
+          benchmark::RegisterBenchmark(absl::StrCat("Copy/", dirs[d], "/", sources[s]).c_str(),
+                                       [d, s](benchmark::State& st) { BM_Copy(st, d == 1, s); });
       for (std::uint64_t bs : kBlockSizes) b->Arg(static_cast<std::int64_t>(bs));
       b->UseManualTime()->Unit(benchmark::kMillisecond);
     }
@@ -240,9 +240,9 @@ void Register() {
     }
   }
   for (bool warm : {false, true}) {
-    auto* b = benchmark::RegisterBenchmark(
-        absl::StrCat("Register/", warm ? "warm" : "cold").c_str(),
-        [warm](benchmark::State& st) { BM_Register(st, warm); });
+    auto* b =
+        benchmark::RegisterBenchmark(absl::StrCat("Register/", warm ? "warm" : "cold").c_str(),
+                                     [warm](benchmark::State& st) { BM_Register(st, warm); });
     b->Arg(1)->Arg(4)->Arg(16)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
   }
 }
@@ -251,7 +251,8 @@ void Register() {
 
 int main(int argc, char** argv) {
   if (const absl::Status st = gpu::ProbeDevice(0); !st.ok()) {
-    std::printf("gpu_benchmark: skipped, nothing measured: %s\n", std::string(st.message()).c_str());
+    std::printf("gpu_benchmark: skipped, nothing measured: %s\n",
+                std::string(st.message()).c_str());
     return 0;
   }
   benchmark::Initialize(&argc, argv);

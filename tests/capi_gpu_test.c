@@ -13,13 +13,13 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#define CHECK(cond)                                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, \
-              #cond, cxlkv_last_error());                                               \
-      exit(1);                                                                          \
-    }                                                                                   \
+#define CHECK(cond)                                                                           \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, \
+              cxlkv_last_error());                                                            \
+      exit(1);                                                                                \
+    }                                                                                         \
   } while (0)
 
 static uint64_t Fnv(const void* p, size_t n) {

@@ -1,13 +1,12 @@
 // gpu/plan.h without a GPU: registration chunk planning and bookkeeping, paged-cache
 // geometry, copy validation, coalescing and splitting.
-#include "cxlkv/gpu/plan.h"
-
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
 #include <vector>
 
+#include "cxlkv/gpu/plan.h"
 #include "gtest/gtest.h"
 #include "test_util.h"
 
@@ -74,10 +73,8 @@ TEST(PlanChunks, EveryChunkAtMostTheLimitAndTheyTile) {
 
 TEST(PlanChunks, BadInputNamesTheValue) {
   EXPECT_EQ(PlanChunks(0, 4096).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(PlanChunks(5000, 4096).status().message().find("multiple of 4 KiB"),
-            std::string::npos);
-  EXPECT_NE(PlanChunks(kMiB, 3 * 4096).status().message().find("power of two"),
-            std::string::npos);
+  EXPECT_NE(PlanChunks(5000, 4096).status().message().find("multiple of 4 KiB"), std::string::npos);
+  EXPECT_NE(PlanChunks(kMiB, 3 * 4096).status().message().find("power of two"), std::string::npos);
   EXPECT_NE(PlanChunks(4 * kGiB, kGiB, kMiB).status().message().find("alignment"),
             std::string::npos);
 }
@@ -87,8 +84,8 @@ TEST(PlanChunks, BadInputNamesTheValue) {
 TEST(RegistrationTable, TracksChunksProgressAndCost) {
   RegistrationTable t;
   const std::uint64_t base = 0x7f0000000000;
-  auto id = t.Add("/dev/shm/pool0", MappingKind::kFileTmpfs, base, 130 * kGiB, 4096,
-                  kMaxChunkBytes, 100);
+  auto id =
+      t.Add("/dev/shm/pool0", MappingKind::kFileTmpfs, base, 130 * kGiB, 4096, kMaxChunkBytes, 100);
   ASSERT_TRUE(id.ok()) << id.status();
   const RegistrationInfo* r = t.Find(*id);
   ASSERT_NE(r, nullptr);
@@ -138,8 +135,11 @@ TEST(RegistrationTable, RefusesOverlapsAndNamesTheOther) {
   EXPECT_EQ(same.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_NE(same.status().message().find("#1"), std::string::npos);
   // Partial overlaps at either end and inside.
-  for (auto [begin, bytes] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
-           {a - kGiB, 2 * kGiB}, {a + 3 * kGiB, 2 * kGiB}, {a + kGiB, kGiB}, {a - kGiB, 8 * kGiB}}) {
+  for (auto [begin, bytes] :
+       std::vector<std::pair<std::uint64_t, std::uint64_t>>{{a - kGiB, 2 * kGiB},
+                                                            {a + 3 * kGiB, 2 * kGiB},
+                                                            {a + kGiB, kGiB},
+                                                            {a - kGiB, 8 * kGiB}}) {
     auto r = t.Add("x", MappingKind::kHost, begin, bytes, 4096, kMaxChunkBytes, 0);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << begin;
     EXPECT_NE(r.status().message().find("/dev/dax0.0"), std::string::npos);
@@ -220,9 +220,11 @@ TEST(PagedCache, ContiguousAndLayerSeparateAddresses) {
 TEST(PagedCache, ChunkBytesFollowTheModelLayout) {
   const pool::KvLayout l = pool::Llama3_70B();  // 80 layers, 8 heads, 128 dim, fp16, 16 tokens
   EXPECT_EQ(PagedCache::ChunkBytesOf(l, 2), 8u * 128 * 2 * 16);
-  const PagedCache c = PagedCache::Contiguous(0x1000, l.layers, 2, PagedCache::ChunkBytesOf(l, 2), 4);
+  const PagedCache c =
+      PagedCache::Contiguous(0x1000, l.layers, 2, PagedCache::ChunkBytesOf(l, 2), 4);
   EXPECT_EQ(c.BlockBytes(), l.BlockBytes());
-  const PagedCache one = PagedCache::Contiguous(0x1000, l.layers, 1, PagedCache::ChunkBytesOf(l, 1), 4);
+  const PagedCache one =
+      PagedCache::Contiguous(0x1000, l.layers, 1, PagedCache::ChunkBytesOf(l, 1), 4);
   EXPECT_EQ(one.BlockBytes(), l.BlockBytes());
 }
 
@@ -308,11 +310,11 @@ TEST(PlanCopies, BreaksRunsWherePagesOrBlocksAreNotAdjacent) {
   const std::uint64_t host = 0x7f0000000000, dev = 0x600000000;
   const PagedCache c = PagedCache::Contiguous(dev, 2, 1, 1024, 64);
   const std::uint64_t B = c.BlockBytes();
-  const std::vector<BlockCopy> bs = {
-      {host, 0}, {host + B, 1},         // run 1
-      {host + 2 * B, 5},                // page gap
-      {host + 4 * B, 6},                // host gap
-      {host + 5 * B, 7}};               // joins the previous
+  const std::vector<BlockCopy> bs = {{host, 0},
+                                     {host + B, 1},       // run 1
+                                     {host + 2 * B, 5},   // page gap
+                                     {host + 4 * B, 6},   // host gap
+                                     {host + 5 * B, 7}};  // joins the previous
   auto p = PlanCopies(c, Direction::kHostToDevice, bs, {});
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->ops, (std::vector<CopyOp>{{host, dev, 2 * B},

@@ -106,8 +106,8 @@ CXLKV_API int cxlkv_gpu_register_poll(cxlkv_gpu* g, uint64_t registration,
     stats->bytes_done = info->bytes_done;
     stats->chunks = static_cast<uint32_t>(info->chunks.size());
     stats->chunks_done = info->chunks_done;
-    stats->elapsed_ns = (info->finished_ns != 0 ? info->finished_ns : info->queued_ns) -
-                        info->queued_ns;
+    stats->elapsed_ns =
+        (info->finished_ns != 0 ? info->finished_ns : info->queued_ns) - info->queued_ns;
     stats->ns_per_gib = info->NsPerGiB();
     switch (info->state) {
       case gpu::RegState::kQueued:
@@ -133,10 +133,9 @@ CXLKV_API int cxlkv_gpu_register_poll(cxlkv_gpu* g, uint64_t registration,
                  ? Fail(CXLKV_E_FULL, std::string(info->error.message()))
                  : Fail(CXLKV_E_CUDA, std::string(info->error.message()));
     default:
-      return Fail(CXLKV_E_PENDING,
-                  "registration #" + std::to_string(registration) + " is still pinning (" +
-                      std::to_string(info->chunks_done) + " of " +
-                      std::to_string(info->chunks.size()) + " chunks)");
+      return Fail(CXLKV_E_PENDING, "registration #" + std::to_string(registration) +
+                                       " is still pinning (" + std::to_string(info->chunks_done) +
+                                       " of " + std::to_string(info->chunks.size()) + " chunks)");
   }
 }
 
@@ -164,9 +163,8 @@ CXLKV_API int cxlkv_gpu_device_pointer(cxlkv_gpu* g, const void* host, void** de
 }
 
 CXLKV_API int cxlkv_gpu_copy_blocks(cxlkv_gpu* g, const cxlkv_gpu_cache* cache, int direction,
-                                    const cxlkv_gpu_block* blocks, size_t n,
-                                    uint32_t layer_begin, uint32_t layer_end, uint32_t flags,
-                                    uint64_t* ticket) {
+                                    const cxlkv_gpu_block* blocks, size_t n, uint32_t layer_begin,
+                                    uint32_t layer_end, uint32_t flags, uint64_t* ticket) {
   if (g == nullptr || cache == nullptr || ticket == nullptr || (blocks == nullptr && n != 0)) {
     return Fail(CXLKV_E_INVALID, "gpu, cache, blocks and ticket must be set");
   }
@@ -247,9 +245,8 @@ CXLKV_API int cxlkv_gpu_register_poll(cxlkv_gpu*, uint64_t, cxlkv_gpu_registrati
 CXLKV_API int cxlkv_gpu_register_wait(cxlkv_gpu*, uint64_t) { return NoCuda(); }
 CXLKV_API int cxlkv_gpu_unregister(cxlkv_gpu*, uint64_t) { return NoCuda(); }
 CXLKV_API int cxlkv_gpu_device_pointer(cxlkv_gpu*, const void*, void**) { return NoCuda(); }
-CXLKV_API int cxlkv_gpu_copy_blocks(cxlkv_gpu*, const cxlkv_gpu_cache*, int,
-                                    const cxlkv_gpu_block*, size_t, uint32_t, uint32_t, uint32_t,
-                                    uint64_t*) {
+CXLKV_API int cxlkv_gpu_copy_blocks(cxlkv_gpu*, const cxlkv_gpu_cache*, int, const cxlkv_gpu_block*,
+                                    size_t, uint32_t, uint32_t, uint32_t, uint64_t*) {
   return NoCuda();
 }
 CXLKV_API int cxlkv_gpu_poll(cxlkv_gpu*, uint64_t) { return NoCuda(); }

@@ -136,8 +136,7 @@ absl::Status CopyEngine::EnqueueMemcpy(const PagedCache& cache, Direction dir,
   // would silently run synchronously through a staging buffer.
   for (const CopyOp& op : plan->ops) {
     const std::uint64_t host = dir == Direction::kHostToDevice ? op.src : op.dst;
-    if (auto span = registrar_.Lookup(reinterpret_cast<const void*>(host), op.bytes);
-        !span.ok()) {
+    if (auto span = registrar_.Lookup(reinterpret_cast<const void*>(host), op.bytes); !span.ok()) {
       return span.status();
     }
   }
@@ -172,13 +171,14 @@ absl::Status CopyEngine::EnqueueKernel(const PagedCache& cache, Direction dir,
       addrs[i] = first->DeviceAddr(b.host_addr);
     } else {
       // The block spans chunks: fine when device addresses are the host addresses.
-      auto last = registrar_.Lookup(reinterpret_cast<const void*>(b.host_addr + block_bytes - 1),
-                                    1);
+      auto last =
+          registrar_.Lookup(reinterpret_cast<const void*>(b.host_addr + block_bytes - 1), 1);
       if (!last.ok()) return last.status();
       if (!registrar_.host_pointer_is_device_pointer()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "block list entry ", i, " spans two registration chunks and this device does not "
-            "use host addresses for registered memory; use CopyMethod::kCopyEngine"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("block list entry ", i,
+                         " spans two registration chunks and this device does not "
+                         "use host addresses for registered memory; use CopyMethod::kCopyEngine"));
       }
       addrs[i] = b.host_addr;
     }
@@ -186,9 +186,8 @@ absl::Status CopyEngine::EnqueueKernel(const PagedCache& cache, Direction dir,
   }
   if (stage) {
     std::memcpy(bases, cache.layer_base.data(), 8 * cache.layers);
-    CXLKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slots_[slot].device, host, layout.bytes,
-                                               cudaMemcpyHostToDevice, s),
-                               kWhat);
+    CXLKV_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(slots_[slot].device, host, layout.bytes, cudaMemcpyHostToDevice, s), kWhat);
   }
   const auto* dev = static_cast<const std::byte*>(slots_[slot].device);
   internal::PagedCopyArgs args{reinterpret_cast<const std::uint64_t*>(dev),
@@ -285,8 +284,8 @@ absl::StatusOr<std::vector<Ticket>> CopyEngine::SubmitLayers(const PagedCache& c
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     for (std::uint64_t a : {blocks[i].host_addr, blocks[i].host_addr + block_bytes - 1}) {
       if (auto span = registrar_.Lookup(reinterpret_cast<const void*>(a), 1); !span.ok()) {
-        return absl::Status(span.status().code(), absl::StrCat("block list entry ", i, ": ",
-                                                               span.status().message()));
+        return absl::Status(span.status().code(),
+                            absl::StrCat("block list entry ", i, ": ", span.status().message()));
       }
     }
   }
@@ -304,8 +303,9 @@ absl::StatusOr<std::vector<Ticket>> CopyEngine::SubmitLayers(const PagedCache& c
     auto ev = TakeEventLocked();
     absl::Status st = ev.status();
     if (st.ok()) {
-      st = method == CopyMethod::kKernel ? EnqueueKernel(cache, dir, blocks, l, l + 1, s, slot, /*stage=*/l == 0)
-                                         : EnqueueMemcpy(cache, dir, blocks, l, l + 1, s);
+      st = method == CopyMethod::kKernel
+               ? EnqueueKernel(cache, dir, blocks, l, l + 1, s, slot, /*stage=*/l == 0)
+               : EnqueueMemcpy(cache, dir, blocks, l, l + 1, s);
     }
     if (st.ok()) {
       if (cudaError_t e = cudaEventRecord(*ev, s); e != cudaSuccess) {
@@ -340,8 +340,7 @@ absl::Status CopyEngine::Poll(Ticket t) {
   const absl::Status st = RetireLocked(false);
   for (const InFlight& f : in_flight_) {
     if (f.ticket == t) {
-      return st.ok() ? absl::UnavailableError(absl::StrCat("ticket ", t, " is still copying"))
-                     : st;
+      return st.ok() ? absl::UnavailableError(absl::StrCat("ticket ", t, " is still copying")) : st;
     }
   }
   return st;

@@ -7,8 +7,8 @@ namespace cxlkv::gpu::internal {
 absl::Status CudaStatus(cudaError_t err, absl::string_view object, absl::string_view call) {
   // Keep only the function name of a call expression for the message.
   const absl::string_view fn = call.substr(0, call.find('('));
-  std::string msg = absl::StrCat(object, ": ", fn, ": ", cudaGetErrorName(err), ": ",
-                                 cudaGetErrorString(err));
+  std::string msg =
+      absl::StrCat(object, ": ", fn, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
   switch (err) {
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:

@@ -5,8 +5,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include <ctime>
 #include <cstdint>
+#include <ctime>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -26,12 +26,12 @@ inline std::int64_t NowNs() {
 
 }  // namespace cxlkv::gpu::internal
 
-#define CXLKV_CUDA_RETURN_IF_ERROR(expr, object)                                   \
-  do {                                                                             \
-    const cudaError_t cxlkv_cuda_err_ = (expr);                                    \
-    if (cxlkv_cuda_err_ != cudaSuccess) {                                          \
-      return ::cxlkv::gpu::internal::CudaStatus(cxlkv_cuda_err_, object, #expr);   \
-    }                                                                              \
+#define CXLKV_CUDA_RETURN_IF_ERROR(expr, object)                                 \
+  do {                                                                           \
+    const cudaError_t cxlkv_cuda_err_ = (expr);                                  \
+    if (cxlkv_cuda_err_ != cudaSuccess) {                                        \
+      return ::cxlkv::gpu::internal::CudaStatus(cxlkv_cuda_err_, object, #expr); \
+    }                                                                            \
   } while (0)
 
 #endif  // CXLKV_GPU_SRC_CUDA_STATUS_H_

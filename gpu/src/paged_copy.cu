@@ -16,8 +16,8 @@ __global__ void __launch_bounds__(kThreads)
   const unsigned piece = blockIdx.y;
   const unsigned layer = g.layer_begin + piece / g.kv_parts;
   const unsigned part = piece % g.kv_parts;
-  const std::uint64_t host = args.block_addr[b] +
-                             (std::uint64_t{layer} * g.kv_parts + part) * g.chunk_bytes;
+  const std::uint64_t host =
+      args.block_addr[b] + (std::uint64_t{layer} * g.kv_parts + part) * g.chunk_bytes;
   const std::uint64_t dev = args.layer_base[layer] + std::uint64_t{part} * g.kv_stride_bytes +
                             std::uint64_t{args.page[b]} * g.page_stride_bytes;
   const uint4* src = reinterpret_cast<const uint4*>(g.to_device ? host : dev);

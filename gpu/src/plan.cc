@@ -29,8 +29,8 @@ absl::StatusOr<std::vector<ChunkPlan>> PlanChunks(std::uint64_t bytes, std::uint
         absl::StrCat("registration size ", bytes, " bytes: must be a non-zero multiple of 4 KiB"));
   }
   if (!IsPow2(align_bytes) || align_bytes < kHostPageBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "registration alignment ", align_bytes, ": must be a power of two of at least 4 KiB"));
+    return absl::InvalidArgumentError(absl::StrCat("registration alignment ", align_bytes,
+                                                   ": must be a power of two of at least 4 KiB"));
   }
   if (max_chunk_bytes < align_bytes) {
     return absl::InvalidArgumentError(
@@ -120,8 +120,8 @@ absl::StatusOr<std::uint64_t> RegistrationTable::Add(absl::string_view name, Map
                                                      std::uint64_t max_chunk_bytes,
                                                      std::int64_t now_ns) {
   if (host_addr == 0 || host_addr % kHostPageBytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ": registration address ", Hex(host_addr), " must be non-null and page aligned"));
+    return absl::InvalidArgumentError(absl::StrCat(name, ": registration address ", Hex(host_addr),
+                                                   " must be non-null and page aligned"));
   }
   if (host_addr + bytes < host_addr) {
     return absl::InvalidArgumentError(
@@ -140,14 +140,15 @@ absl::StatusOr<std::uint64_t> RegistrationTable::Add(absl::string_view name, Map
     if (o.host_addr < end && host_addr < o.host_addr + o.bytes) {
       if (o.host_addr == host_addr && o.bytes == bytes) {
         return absl::AlreadyExistsError(
-            absl::StrCat(name, ": ", Range(host_addr, bytes), " is already registered as #",
-                         o.id, " (", o.name, ", ", RegStateName(o.state),
-                         "); use that registration"));
+            absl::StrCat(name, ": ", Range(host_addr, bytes), " is already registered as #", o.id,
+                         " (", o.name, ", ", RegStateName(o.state), "); use that registration"));
       }
-      return absl::FailedPreconditionError(absl::StrCat(
-          name, ": ", Range(host_addr, bytes), " overlaps registration #", o.id, " (", o.name,
-          " ", Range(o.host_addr, o.bytes), "); a host page can be registered once: register "
-          "whole arenas, or unregister #", o.id, " first"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(name, ": ", Range(host_addr, bytes), " overlaps registration #", o.id, " (",
+                       o.name, " ", Range(o.host_addr, o.bytes),
+                       "); a host page can be registered once: register "
+                       "whole arenas, or unregister #",
+                       o.id, " first"));
     }
     return absl::OkStatus();
   };
@@ -241,8 +242,8 @@ absl::StatusOr<PinnedSpan> RegistrationTable::Lookup(std::uint64_t host_addr,
   std::uint32_t c = 0;
   // Chunks are equal-sized except the last: the chunk index is a division.
   if (r.chunks.size() > 1) {
-    c = static_cast<std::uint32_t>(std::min<std::uint64_t>(off / r.chunks[0].bytes,
-                                                           r.chunks.size() - 1));
+    c = static_cast<std::uint32_t>(
+        std::min<std::uint64_t>(off / r.chunks[0].bytes, r.chunks.size() - 1));
   }
   if (c >= r.chunks_done) {
     return absl::UnavailableError(absl::StrCat(
@@ -290,17 +291,17 @@ absl::Status PagedCache::Validate() const {
         absl::StrCat("paged cache: layers = ", layers, "; must be 1..", kMaxLayers));
   }
   if (kv_parts != 1 && kv_parts != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "paged cache: kv_parts = ", kv_parts, "; must be 1 (K and V together) or 2 (apart)"));
+    return absl::InvalidArgumentError(absl::StrCat("paged cache: kv_parts = ", kv_parts,
+                                                   "; must be 1 (K and V together) or 2 (apart)"));
   }
   if (page_count == 0) return absl::InvalidArgumentError("paged cache: page_count is 0");
   if (chunk_bytes == 0 || chunk_bytes % kCopyAlignBytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "paged cache: chunk_bytes = ", chunk_bytes, "; must be a non-zero multiple of 16"));
+    return absl::InvalidArgumentError(absl::StrCat("paged cache: chunk_bytes = ", chunk_bytes,
+                                                   "; must be a non-zero multiple of 16"));
   }
   if (layer_base.size() != layers) {
-    return absl::InvalidArgumentError(absl::StrCat("paged cache: ", layer_base.size(),
-                                                   " layer bases for ", layers, " layers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("paged cache: ", layer_base.size(), " layer bases for ", layers, " layers"));
   }
   if (page_stride_bytes % kCopyAlignBytes != 0 || kv_stride_bytes % kCopyAlignBytes != 0) {
     return absl::InvalidArgumentError("paged cache: strides must be multiples of 16 bytes");
@@ -313,9 +314,9 @@ absl::Status PagedCache::Validate() const {
     }
   }
   if (page_count > 1 && page_stride_bytes < chunk_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("paged cache: page stride ", page_stride_bytes, " < chunk_bytes ",
-                     chunk_bytes, ": consecutive pages overlap"));
+    return absl::InvalidArgumentError(absl::StrCat("paged cache: page stride ", page_stride_bytes,
+                                                   " < chunk_bytes ", chunk_bytes,
+                                                   ": consecutive pages overlap"));
   }
   // Each (layer, part) is a track of page_count chunks at page_stride. Two tracks are
   // disjoint when their spans are, or when they interleave at the same stride without
@@ -346,10 +347,10 @@ absl::Status PagedCache::Validate() const {
                                    : d % page_stride_bytes >= chunk_bytes &&
                                          d % page_stride_bytes <= page_stride_bytes - chunk_bytes;
       if (!interleaved) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "paged cache: layer ", tracks[i].layer, " part ", tracks[i].part, " and layer ",
-            tracks[j].layer, " part ", tracks[j].part,
-            " overlap on the device; check the layer bases and strides"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("paged cache: layer ", tracks[i].layer, " part ", tracks[i].part,
+                         " and layer ", tracks[j].layer, " part ", tracks[j].part,
+                         " overlap on the device; check the layer bases and strides"));
       }
     }
   }
@@ -414,8 +415,8 @@ absl::Status ValidateBlocks(const PagedCache& cache, Direction dir,
     }
     if (b.page >= cache.page_count) {
       return absl::InvalidArgumentError(absl::StrCat("block list entry ", i, ": page ", b.page,
-                                                     " is outside the cache's ",
-                                                     cache.page_count, " pages"));
+                                                     " is outside the cache's ", cache.page_count,
+                                                     " pages"));
     }
   }
   // Two blocks must not write one destination: the result would depend on copy order.
@@ -427,10 +428,9 @@ absl::Status ValidateBlocks(const PagedCache& cache, Direction dir,
     });
     for (std::size_t i = 1; i < order.size(); ++i) {
       if (blocks[order[i]].page == blocks[order[i - 1]].page) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("block list entries ", order[i - 1], " and ", order[i],
-                         " both load into page ", blocks[order[i]].page,
-                         "; each page may be written once per batch"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "block list entries ", order[i - 1], " and ", order[i], " both load into page ",
+            blocks[order[i]].page, "; each page may be written once per batch"));
       }
     }
   } else {
@@ -441,12 +441,10 @@ absl::Status ValidateBlocks(const PagedCache& cache, Direction dir,
     const std::uint64_t block_bytes = cache.BlockBytes();
     for (std::size_t i = 1; i < order.size(); ++i) {
       if (blocks[order[i]].host_addr < blocks[order[i - 1]].host_addr + block_bytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("block list entries ", order[i - 1], " and ", order[i],
-                         " store into overlapping host blocks at ",
-                         Hex(blocks[order[i - 1]].host_addr), " and ",
-                         Hex(blocks[order[i]].host_addr), " (block size ",
-                         pool::FormatBytes(block_bytes), ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "block list entries ", order[i - 1], " and ", order[i],
+            " store into overlapping host blocks at ", Hex(blocks[order[i - 1]].host_addr), " and ",
+            Hex(blocks[order[i]].host_addr), " (block size ", pool::FormatBytes(block_bytes), ")"));
       }
     }
   }
@@ -489,9 +487,8 @@ absl::StatusOr<CopyPlan> PlanCopies(const PagedCache& cache, Direction dir,
     }
   }
   const bool h2d = dir == Direction::kHostToDevice;
-  std::sort(pieces.begin(), pieces.end(), [&](const Piece& a, const Piece& b) {
-    return h2d ? a.host < b.host : a.dev < b.dev;
-  });
+  std::sort(pieces.begin(), pieces.end(),
+            [&](const Piece& a, const Piece& b) { return h2d ? a.host < b.host : a.dev < b.dev; });
   // Coalesce pieces adjacent on both sides and inside one pinned chunk.
   std::vector<Piece> merged;
   merged.reserve(pieces.size());

@@ -49,8 +49,8 @@ absl::Status ProbeDevice(int device) {
   if (err != cudaSuccess || count == 0) {
     return absl::UnavailableError(absl::StrCat(
         "no CUDA device: cudaGetDeviceCount: ",
-        err == cudaSuccess ? "0 devices" : absl::StrCat(cudaGetErrorName(err), ": ",
-                                                        cudaGetErrorString(err)),
+        err == cudaSuccess ? "0 devices"
+                           : absl::StrCat(cudaGetErrorName(err), ": ", cudaGetErrorString(err)),
         " (check nvidia-smi, the driver, and CUDA_VISIBLE_DEVICES)"));
   }
   if (device < 0 || device >= count) {
@@ -69,9 +69,9 @@ Registrar::Registrar(const RegistrarOptions& options)
 absl::StatusOr<std::unique_ptr<Registrar>> Registrar::Create(const RegistrarOptions& options) {
   if (absl::Status st = ProbeDevice(options.device); !st.ok()) return st;
   if (options.max_chunk_bytes < kHostPageBytes || options.max_chunk_bytes > kMaxChunkBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("registrar: max_chunk_bytes ", options.max_chunk_bytes,
-                     " must be between 4 KiB and 64 GiB"));
+    return absl::InvalidArgumentError(absl::StrCat("registrar: max_chunk_bytes ",
+                                                   options.max_chunk_bytes,
+                                                   " must be between 4 KiB and 64 GiB"));
   }
   std::unique_ptr<Registrar> r(new Registrar(options));
   std::promise<absl::Status> ready;
@@ -115,8 +115,9 @@ void Registrar::Run(std::promise<absl::Status>* ready) {
       st = CudaStatus(e, what, "cudaDeviceGetAttribute");
     } else if (can_map == 0) {
       st = absl::FailedPreconditionError(
-          absl::StrCat(what, " cannot map host memory (cudaDevAttrCanMapHostMemory is 0); "
-                             "arenas cannot be registered for it"));
+          absl::StrCat(what,
+                       " cannot map host memory (cudaDevAttrCanMapHostMemory is 0); "
+                       "arenas cannot be registered for it"));
     }
   }
   if (st.ok()) {
@@ -225,9 +226,8 @@ void Registrar::DoRegister(std::uint64_t id) {
                                    pool::FormatBytes(chunks.back().offset + chunks.back().bytes),
                                    "): the driver refused to register chunk ", c, " of ",
                                    chunks.size(), " [offset ", chunks[c].offset, ", ",
-                                   pool::FormatBytes(chunks[c].bytes), "]: ",
-                                   cudaGetErrorName(err), ": ", cudaGetErrorString(err), " — ",
-                                   RefusalHint(kind)));
+                                   pool::FormatBytes(chunks[c].bytes), "]: ", cudaGetErrorName(err),
+                                   ": ", cudaGetErrorString(err), " — ", RefusalHint(kind)));
       RegistrationInfo snap;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -273,8 +273,8 @@ absl::Status Registrar::Wait(std::uint64_t id) {
   for (;;) {
     const RegistrationInfo* r = table_.Find(id);
     if (r == nullptr) {
-      return absl::NotFoundError(absl::StrCat("registration #", id, " does not exist (never ",
-                                              "made, or unregistered)"));
+      return absl::NotFoundError(
+          absl::StrCat("registration #", id, " does not exist (never ", "made, or unregistered)"));
     }
     switch (r->state) {
       case RegState::kRegistered:

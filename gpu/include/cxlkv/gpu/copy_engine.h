@@ -65,8 +65,8 @@ using Ticket = std::uint64_t;
 
 struct CopyEngineStats {
   std::uint64_t submits = 0;
-  std::uint64_t memcpy_ops = 0;   // cudaMemcpyAsync calls issued
-  std::uint64_t segments = 0;     // (block, layer, part) pieces before coalescing
+  std::uint64_t memcpy_ops = 0;  // cudaMemcpyAsync calls issued
+  std::uint64_t segments = 0;    // (block, layer, part) pieces before coalescing
   std::uint64_t kernel_launches = 0;
   std::uint64_t bytes = 0;
 };
@@ -124,11 +124,11 @@ class CopyEngine {
   absl::StatusOr<cudaEvent_t> TakeEventLocked();
   absl::StatusOr<int> TakeSlotLocked();
   absl::Status EnqueueMemcpy(const PagedCache& cache, Direction dir,
-                             std::span<const BlockCopy> blocks, std::uint32_t lb,
-                             std::uint32_t le, cudaStream_t s);
+                             std::span<const BlockCopy> blocks, std::uint32_t lb, std::uint32_t le,
+                             cudaStream_t s);
   absl::Status EnqueueKernel(const PagedCache& cache, Direction dir,
-                             std::span<const BlockCopy> blocks, std::uint32_t lb,
-                             std::uint32_t le, cudaStream_t s, int slot, bool stage);
+                             std::span<const BlockCopy> blocks, std::uint32_t lb, std::uint32_t le,
+                             cudaStream_t s, int slot, bool stage);
 
   Registrar& registrar_;
   const CopyEngineOptions options_;
@@ -136,7 +136,7 @@ class CopyEngine {
 
   mutable std::mutex mu_;
   Ticket next_ticket_ = 1;
-  std::deque<InFlight> in_flight_;     // submission order
+  std::deque<InFlight> in_flight_;  // submission order
   std::vector<cudaEvent_t> free_events_;
   std::vector<Slot> slots_;
   std::vector<int> free_slots_;

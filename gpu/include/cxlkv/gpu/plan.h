@@ -97,11 +97,11 @@ struct RegistrationInfo {
   std::uint32_t chunks_done = 0;                 // pinned so far, in order
   std::uint64_t bytes_done = 0;
   RegState state = RegState::kQueued;
-  absl::Status error;               // set in kFailed
-  std::int64_t queued_ns = 0;       // CLOCK_MONOTONIC
-  std::int64_t started_ns = 0;      // first chunk began
-  std::int64_t finished_ns = 0;     // last chunk ended (or the failure)
-  std::int64_t register_ns = 0;     // time spent inside cudaHostRegister, all chunks
+  absl::Status error;            // set in kFailed
+  std::int64_t queued_ns = 0;    // CLOCK_MONOTONIC
+  std::int64_t started_ns = 0;   // first chunk began
+  std::int64_t finished_ns = 0;  // last chunk ended (or the failure)
+  std::int64_t register_ns = 0;  // time spent inside cudaHostRegister, all chunks
   // Cost of pinning, ns per GiB pinned (0 until a chunk is done).
   double NsPerGiB() const;
 };
@@ -114,7 +114,9 @@ struct PinnedSpan {
   std::uint64_t chunk_host_end = 0;
   std::uint64_t chunk_device_addr = 0;
   // Device address of host address a inside this chunk.
-  std::uint64_t DeviceAddr(std::uint64_t a) const { return chunk_device_addr + (a - chunk_host_begin); }
+  std::uint64_t DeviceAddr(std::uint64_t a) const {
+    return chunk_device_addr + (a - chunk_host_begin);
+  }
 };
 
 // The registrations of one device. Ranges of live registrations (not failed, not
@@ -169,9 +171,7 @@ struct PagedCache {
   std::vector<std::uint64_t> layer_base;
 
   // Bytes of one block / page, all layers: layers * kv_parts * chunk_bytes.
-  std::uint64_t BlockBytes() const {
-    return std::uint64_t{layers} * kv_parts * chunk_bytes;
-  }
+  std::uint64_t BlockBytes() const { return std::uint64_t{layers} * kv_parts * chunk_bytes; }
   std::uint64_t DeviceAddr(std::uint32_t page, std::uint32_t layer, std::uint32_t part) const {
     return layer_base[layer] + part * kv_stride_bytes + std::uint64_t{page} * page_stride_bytes;
   }

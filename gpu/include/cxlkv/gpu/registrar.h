@@ -115,9 +115,9 @@ class Registrar {
   bool host_ptr_is_dev_ptr_ = false;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;  // a job queued, or a registration changed state
-  RegistrationTable table_;     // guarded by mu_
-  std::deque<Job> jobs_;        // guarded by mu_
+  std::condition_variable cv_;         // a job queued, or a registration changed state
+  RegistrationTable table_;            // guarded by mu_
+  std::deque<Job> jobs_;               // guarded by mu_
   std::vector<std::uint64_t> cancel_;  // ids whose remaining chunks are cancelled; mu_
   std::thread thread_;
 };
