@@ -129,15 +129,30 @@ absl::Status CopyEngine::EnqueueMemcpy(const PagedCache& cache, Direction dir,
   po.layer_begin = lb;
   po.layer_end = le;
   po.max_op_bytes = options_.max_op_bytes;
-  po.host_chunk_end = [this](std::uint64_t a) { return registrar_.ChunkEnd(a); };
+  // One snapshot of the pinned chunks for the whole plan (a lock per piece would cost more
+  // than the planning for layer-separate caches: 2 x layers pieces per block).
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> pinned = registrar_.PinnedChunks();
+  auto chunk_of = [&](std::uint64_t a) {
+    auto it = std::upper_bound(pinned.begin(), pinned.end(),
+                               std::pair<std::uint64_t, std::uint64_t>{a, ~0ull});
+    return it == pinned.begin() || std::prev(it)->second <= a ? pinned.end() : std::prev(it);
+  };
+  po.host_chunk_end = [&](std::uint64_t a) {
+    auto it = chunk_of(a);
+    return it == pinned.end() ? a : it->second;
+  };
   auto plan = PlanCopies(cache, dir, blocks, po);
   if (!plan.ok()) return plan.status();
   // Every host side must be pinned before anything is queued: a copy from pageable memory
   // would silently run synchronously through a staging buffer.
   for (const CopyOp& op : plan->ops) {
     const std::uint64_t host = dir == Direction::kHostToDevice ? op.src : op.dst;
-    if (auto span = registrar_.Lookup(reinterpret_cast<const void*>(host), op.bytes); !span.ok()) {
-      return span.status();
+    auto it = chunk_of(host);
+    if (it == pinned.end() || host + op.bytes > it->second) {
+      // The registrar says why (not registered, still pinning, across a chunk end).
+      auto span = registrar_.Lookup(reinterpret_cast<const void*>(host), op.bytes);
+      return span.ok() ? absl::InternalError("copy engine: pinned chunks changed while planning")
+                       : span.status();
     }
   }
   for (const CopyOp& op : plan->ops) {

@@ -330,6 +330,20 @@ std::uint64_t Registrar::ChunkEnd(std::uint64_t a) const {
   return s.ok() ? s->chunk_host_end : a;
 }
 
+std::vector<std::pair<std::uint64_t, std::uint64_t>> Registrar::PinnedChunks() const {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const RegistrationInfo* r : table_.All()) {
+    if (r->state != RegState::kRegistering && r->state != RegState::kRegistered) continue;
+    for (std::uint32_t c = 0; c < r->chunks_done; ++c) {
+      const std::uint64_t b = r->host_addr + r->chunks[c].offset;
+      out.emplace_back(b, b + r->chunks[c].bytes);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 absl::StatusOr<void*> Registrar::DevicePointer(const void* host) const {
   auto s = Lookup(host, 1);
   if (!s.ok()) return s.status();

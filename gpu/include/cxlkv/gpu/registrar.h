@@ -28,6 +28,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -86,6 +87,9 @@ class Registrar {
   absl::StatusOr<PinnedSpan> Lookup(const void* host, std::uint64_t bytes) const;
   // The end of the pinned chunk holding host address a (a itself when none does).
   std::uint64_t ChunkEnd(std::uint64_t a) const;
+  // Every pinned chunk as [begin, end) host addresses, sorted: a snapshot the copy engine
+  // plans a whole submission against with one lock instead of one per piece.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> PinnedChunks() const;
   // Zero-copy: the device address of a pinned host address, for kernels that read blocks in
   // place (from cudaHostGetDevicePointer of its chunk). kNotFound / kUnavailable as Lookup.
   absl::StatusOr<void*> DevicePointer(const void* host) const;
