@@ -2,6 +2,8 @@
 // CXLKV_E_* code plus a thread-local message; nothing here throws.
 #include "cxlkv/cxlkv.h"
 
+#include "capi_internal.h"
+
 #include <cstring>
 #include <new>
 #include <span>
@@ -27,16 +29,25 @@ struct cxlkv_arena {
 };
 
 namespace {
-
-using cxlkv::allocator::BlockHandle;
-using cxlkv::allocator::FreeResult;
-
 thread_local std::string last_error;
+}  // namespace
+
+namespace cxlkv::capi {
 
 int Fail(int code, std::string message) {
   last_error = std::move(message);
   return code;
 }
+
+const pool::Arena& ArenaOf(const cxlkv_arena* arena) { return arena->alloc->arena(); }
+
+}  // namespace cxlkv::capi
+
+namespace {
+
+using cxlkv::allocator::BlockHandle;
+using cxlkv::allocator::FreeResult;
+using cxlkv::capi::Fail;
 
 int FromStatus(const absl::Status& st) {
   if (st.ok()) return CXLKV_OK;
@@ -561,6 +572,14 @@ CXLKV_API const char* cxlkv_strerror(int code) {
       return "not a block of this arena";
     case CXLKV_E_INTERNAL:
       return "internal error";
+    case CXLKV_E_NO_CUDA:
+      return "built without CUDA";
+    case CXLKV_E_NO_DEVICE:
+      return "no CUDA device";
+    case CXLKV_E_PENDING:
+      return "not finished yet";
+    case CXLKV_E_CUDA:
+      return "CUDA error";
     default:
       return "unknown error code";
   }

@@ -42,6 +42,10 @@ enum {
   CXLKV_E_STALE = -9,       /* the ref's generation was freed and the block reused */
   CXLKV_E_FOREIGN = -10,    /* not a block (or pointer) of this arena */
   CXLKV_E_INTERNAL = -11,   /* an unexpected OS error; see cxlkv_last_error() */
+  CXLKV_E_NO_CUDA = -12,    /* this libcxlkv was built without CUDA: no GPU functions */
+  CXLKV_E_NO_DEVICE = -13,  /* no CUDA device (none present, no driver, or no such ordinal) */
+  CXLKV_E_PENDING = -14,    /* not finished yet (registration or copy): poll again */
+  CXLKV_E_CUDA = -15,       /* the CUDA driver refused or failed; see cxlkv_last_error() */
 };
 
 typedef struct cxlkv_pool cxlkv_pool;
@@ -233,6 +237,104 @@ int cxlkv_lease_validate(cxlkv_domain* d, const cxlkv_lease* lease);
 int cxlkv_owner_open(const char* spec, cxlkv_owner** out);
 void cxlkv_owner_step(cxlkv_owner* o);
 void cxlkv_owner_close(cxlkv_owner* o);
+
+/* ---- GPU access: registered arenas and block copies (gpu/, docs/gpu.md) ------------------
+ *
+ * A cxlkv_gpu is one CUDA device with a registration thread and a copy engine (two streams).
+ * cxlkv_gpu_open fails with CXLKV_E_NO_CUDA when libcxlkv was built without the CUDA
+ * toolkit, and CXLKV_E_NO_DEVICE when the machine has no (such) CUDA device; every other
+ * cxlkv_gpu_* function then has nothing to work on. A handle may be used from any thread;
+ * calls make the device current on the calling thread.
+ *
+ * Registration pins a whole arena (never single blocks) with cudaHostRegister
+ * (Portable | Mapped) in chunks of at most 64 GiB on the registration thread: it starts at
+ * once and completes in the background; poll or wait for it before copying from the arena.
+ * Close the gpu handle (or unregister) before closing the arenas it registered.
+ *
+ * The device side is a paged KV cache described by cxlkv_gpu_cache: page p, layer l, part k
+ * (k < kv_parts; 2 when K and V are apart) lies at
+ *     layer_base[l] + k * kv_stride_bytes + p * page_stride_bytes,   chunk_bytes long,
+ * and in a host block at (l * kv_parts + k) * chunk_bytes. Contiguous pages (Dynamo KVBM
+ * "fully contiguous"): layer_base[l] = base + l * kv_parts * chunk_bytes, kv_stride =
+ * chunk_bytes, page_stride = layers * kv_parts * chunk_bytes. vLLM per-layer tensors
+ * [2][pages][chunk]: layer_base[l] = tensor l, kv_parts 2, page_stride = chunk_bytes,
+ * kv_stride = pages * chunk_bytes. */
+
+typedef struct cxlkv_gpu cxlkv_gpu;
+
+int cxlkv_gpu_open(int device, cxlkv_gpu** out);
+/* Waits for queued copies, unregisters everything, frees the streams. */
+void cxlkv_gpu_close(cxlkv_gpu* gpu);
+
+enum {
+  CXLKV_GPU_QUEUED = 0,
+  CXLKV_GPU_REGISTERING = 1,
+  CXLKV_GPU_REGISTERED = 2,
+  CXLKV_GPU_FAILED = 3,
+};
+
+typedef struct cxlkv_gpu_registration_stats {
+  uint64_t bytes;
+  uint64_t bytes_done;
+  uint32_t chunks;
+  uint32_t chunks_done;
+  uint32_t state;     /* CXLKV_GPU_QUEUED.. */
+  uint32_t reserved;
+  int64_t elapsed_ns; /* since the registration was queued (until it finished) */
+  double ns_per_gib;  /* time inside cudaHostRegister per GiB pinned */
+} cxlkv_gpu_registration_stats;
+
+/* Queues the whole arena for registration; *registration names it. CXLKV_E_EXISTS: this
+ * arena is already registered; CXLKV_E_MISMATCH: it overlaps another registration. */
+int cxlkv_gpu_register(cxlkv_gpu* gpu, const cxlkv_arena* arena, uint64_t* registration);
+/* 0: registered; CXLKV_E_PENDING: still pinning; else why it failed (CXLKV_E_CUDA when the
+ * driver refused the mapping: cxlkv_last_error() names the source, its type and the fix).
+ * stats may be NULL. */
+int cxlkv_gpu_register_poll(cxlkv_gpu* gpu, uint64_t registration,
+                            cxlkv_gpu_registration_stats* stats);
+int cxlkv_gpu_register_wait(cxlkv_gpu* gpu, uint64_t registration);
+int cxlkv_gpu_unregister(cxlkv_gpu* gpu, uint64_t registration);
+/* Zero-copy: the device address of registered host memory, for kernels that read blocks
+ * in place. CXLKV_E_NOT_FOUND: not registered; CXLKV_E_PENDING: registration not done. */
+int cxlkv_gpu_device_pointer(cxlkv_gpu* gpu, const void* host, void** device);
+
+typedef struct cxlkv_gpu_cache {
+  uint32_t layers;
+  uint32_t kv_parts;   /* 1: K and V together in a chunk; 2: apart */
+  uint32_t page_count;
+  uint32_t reserved;
+  uint64_t chunk_bytes; /* multiple of 16 */
+  uint64_t page_stride_bytes;
+  uint64_t kv_stride_bytes;
+  const uint64_t* layer_base; /* `layers` device addresses */
+} cxlkv_gpu_cache;
+
+typedef struct cxlkv_gpu_block {
+  void* host;    /* the block's address in this process, inside a registered arena */
+  uint32_t page; /* its page in the device cache */
+  uint32_t reserved;
+} cxlkv_gpu_block;
+
+#define CXLKV_GPU_TO_DEVICE 0
+#define CXLKV_GPU_TO_HOST 1
+#define CXLKV_GPU_KERNEL 1u /* flag: one gather/scatter kernel launch instead of DMA copies */
+
+/* Queues the copies of n blocks, layers [layer_begin, layer_end) (both 0: all), and returns
+ * a ticket. Contiguous pieces are coalesced; without CXLKV_GPU_KERNEL each copy is one
+ * cudaMemcpyAsync. Nothing is queued when the list is invalid (CXLKV_E_INVALID names the
+ * entry: a page written twice, a page out of range, an unaligned block, overlapping host
+ * blocks on the way back) or a block is outside a finished registration
+ * (CXLKV_E_NOT_FOUND / CXLKV_E_PENDING). Host-to-device copies run in submission order, as
+ * do device-to-host copies; submit layer by layer for a layer-wise pipeline. */
+int cxlkv_gpu_copy_blocks(cxlkv_gpu* gpu, const cxlkv_gpu_cache* cache, int direction,
+                          const cxlkv_gpu_block* blocks, size_t n, uint32_t layer_begin,
+                          uint32_t layer_end, uint32_t flags, uint64_t* ticket);
+/* 0: the ticket's copies are done; CXLKV_E_PENDING: still running; else the failure. */
+int cxlkv_gpu_poll(cxlkv_gpu* gpu, uint64_t ticket);
+int cxlkv_gpu_wait(cxlkv_gpu* gpu, uint64_t ticket);
+/* Makes a CUDA stream (a cudaStream_t) wait for a ticket on the device: the compute of
+ * layer i waits for layer i's copy only. */
+int cxlkv_gpu_stream_wait(cxlkv_gpu* gpu, uint64_t ticket, void* cuda_stream);
 
 const char* cxlkv_strerror(int code);
 const char* cxlkv_last_error(void);

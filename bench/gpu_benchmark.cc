@@ -1,0 +1,263 @@
+// gpu_benchmark — moving KV blocks between host memory and HBM (built with CUDA only).
+//
+//   Copy/<dir>/<source>/<block_bytes>   one cudaMemcpyAsync per block, 256 MiB per iteration,
+//                                       GPU-timed (events); bytes_per_second.
+//       dir:    h2d, d2h
+//       source: arena     blocks of an emulated CXL arena (memfd), registered by the
+//                         Registrar (cudaHostRegister Portable|Mapped, 64 GiB chunks)
+//               hostalloc cudaHostAlloc memory (the target: arena >= 95 % of it)
+//               pageable  malloc'd memory (what an unregistered arena would get)
+//   Gather/<method>/<layout>/<chunk_bytes>  256 MiB of scattered blocks into random pages
+//       method: kernel (one gather launch), memcpy (one cudaMemcpyAsync per piece)
+//       layout: contiguous (KVBM fully contiguous, 8 layers x K,V), separate (vLLM per-layer
+//               tensors [2][pages][chunk], 8 layers): pieces of chunk_bytes
+//   Register/<state>/<GiB>   cudaHostRegister of a memfd of GiB: state cold (pages not yet
+//                            allocated: pinning faults them in) or warm (prefaulted);
+//                            ms_per_GiB counter.
+// Without a CUDA device it prints why and exits 0 without running anything.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "benchmark/benchmark.h"
+#include "cxlkv/gpu/copy_engine.h"
+#include "cxlkv/gpu/registrar.h"
+#include "cxlkv/pool/arena.h"
+#include "cxlkv/pool/region.h"
+
+namespace {
+
+namespace gpu = cxlkv::gpu;
+constexpr std::uint64_t kMiB = 1ull << 20, kGiB = 1ull << 30;
+constexpr std::uint64_t kBatchBytes = 256 * kMiB;
+constexpr std::uint64_t kBlockSizes[] = {64 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20};
+
+[[noreturn]] void Die(const std::string& msg) {
+  std::fprintf(stderr, "gpu_benchmark: %s\n", msg.c_str());
+  std::abort();
+}
+
+#define CUDA_OR_DIE(expr)                                                          \
+  do {                                                                             \
+    const cudaError_t e_ = (expr);                                                 \
+    if (e_ != cudaSuccess) Die(absl::StrCat(#expr, ": ", cudaGetErrorString(e_))); \
+  } while (0)
+
+struct Fixture {
+  std::unique_ptr<gpu::Registrar> registrar;
+  std::unique_ptr<gpu::CopyEngine> engine;
+  std::unique_ptr<cxlkv::pool::Arena> arena;
+  std::byte* arena_data = nullptr;  // kBatchBytes of the arena's data area, registered
+  std::byte* hostalloc = nullptr;
+  std::byte* pageable = nullptr;
+  void* device = nullptr;  // kBatchBytes of HBM
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+};
+
+Fixture& F() {
+  static Fixture* f = [] {
+    auto* x = new Fixture;
+    auto reg = gpu::Registrar::Create({});
+    if (!reg.ok()) Die(std::string(reg.status().message()));
+    x->registrar = std::move(*reg);
+    // The emulated CXL arena: one class of 8 MiB blocks on a memfd, a little over 256 MiB.
+    cxlkv::pool::FormatOptions fo;
+    fo.layout = cxlkv::pool::KvLayout{8, 8, 128, 2, 256, cxlkv::pool::KvLayoutKind::kContiguous};
+    auto region = cxlkv::pool::OpenRegion("memfd:cxlkv-bench-gpu?size=288M");
+    if (!region.ok()) Die(std::string(region.status().message()));
+    auto arena = cxlkv::pool::Arena::Format(std::move(*region), fo);
+    if (!arena.ok()) Die(std::string(arena.status().message()));
+    x->arena = std::move(*arena);
+    x->arena_data = x->arena->region().addr() + x->arena->class_record(0).data_offset;
+    if (x->arena->class_record(0).data_offset + kBatchBytes > x->arena->region().size_bytes()) {
+      Die("arena data area is smaller than one batch");
+    }
+    auto id = x->registrar->RegisterArena(*x->arena);
+    if (!id.ok()) Die(std::string(id.status().message()));
+    if (auto st = x->registrar->Wait(*id); !st.ok()) Die(std::string(st.message()));
+    auto engine = gpu::CopyEngine::Create(*x->registrar);
+    if (!engine.ok()) Die(std::string(engine.status().message()));
+    x->engine = std::move(*engine);
+    CUDA_OR_DIE(cudaSetDevice(0));
+    CUDA_OR_DIE(
+        cudaHostAlloc(reinterpret_cast<void**>(&x->hostalloc), kBatchBytes, cudaHostAllocDefault));
+    x->pageable = static_cast<std::byte*>(std::aligned_alloc(4096, kBatchBytes));
+    std::memset(x->arena_data, 1, kBatchBytes);
+    std::memset(x->hostalloc, 1, kBatchBytes);
+    std::memset(x->pageable, 1, kBatchBytes);
+    CUDA_OR_DIE(cudaMalloc(&x->device, kBatchBytes));
+    CUDA_OR_DIE(cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking));
+    CUDA_OR_DIE(cudaEventCreate(&x->start));
+    CUDA_OR_DIE(cudaEventCreate(&x->stop));
+    return x;
+  }();
+  return *f;
+}
+
+std::byte* Source(int which) {
+  Fixture& f = F();
+  return which == 0 ? f.arena_data : which == 1 ? f.hostalloc : f.pageable;
+}
+
+// GPU time of what `enqueue` puts on the fixture's stream.
+template <typename Fn>
+double TimeOnStream(Fn enqueue, cudaStream_t s) {
+  Fixture& f = F();
+  CUDA_OR_DIE(cudaEventRecord(f.start, s));
+  enqueue();
+  CUDA_OR_DIE(cudaEventRecord(f.stop, s));
+  CUDA_OR_DIE(cudaEventSynchronize(f.stop));
+  float ms = 0;
+  CUDA_OR_DIE(cudaEventElapsedTime(&ms, f.start, f.stop));
+  return ms / 1e3;
+}
+
+void BM_Copy(benchmark::State& state, bool h2d, int source) {
+  Fixture& f = F();
+  const std::uint64_t block = static_cast<std::uint64_t>(state.range(0));
+  const std::uint64_t n = kBatchBytes / block;
+  std::byte* host = Source(source);
+  auto* dev = static_cast<std::byte*>(f.device);
+  for (auto _ : state) {
+    state.SetIterationTime(TimeOnStream(
+        [&] {
+          for (std::uint64_t i = 0; i < n; ++i) {
+            if (h2d) {
+              CUDA_OR_DIE(cudaMemcpyAsync(dev + i * block, host + i * block, block,
+                                          cudaMemcpyHostToDevice, f.stream));
+            } else {
+              CUDA_OR_DIE(cudaMemcpyAsync(host + i * block, dev + i * block, block,
+                                          cudaMemcpyDeviceToHost, f.stream));
+            }
+          }
+        },
+        f.stream));
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * block));
+}
+
+// 256 MiB of blocks of 8 layers x K,V x chunk, scattered in the arena (every other block
+// slot) and loaded into random pages.
+void BM_Gather(benchmark::State& state, bool kernel, bool separate) {
+  Fixture& f = F();
+  const std::uint64_t chunk = static_cast<std::uint64_t>(state.range(0));
+  const std::uint32_t layers = 8, kv = 2;
+  const std::uint64_t block = std::uint64_t{layers} * kv * chunk;
+  const std::uint32_t pages = static_cast<std::uint32_t>(kBatchBytes / block);
+  const std::uint32_t n = pages / 2;
+  const auto base = reinterpret_cast<std::uintptr_t>(f.device);
+  gpu::PagedCache c;
+  if (separate) {
+    std::vector<std::uint64_t> bases;
+    for (std::uint32_t l = 0; l < layers; ++l) bases.push_back(base + l * kv * chunk * pages);
+    c = gpu::PagedCache::LayerSeparate(bases, kv, chunk, pages);
+  } else {
+    c = gpu::PagedCache::Contiguous(base, layers, kv, chunk, pages);
+  }
+  std::vector<std::uint32_t> page_ids(pages);
+  std::iota(page_ids.begin(), page_ids.end(), 0u);
+  std::shuffle(page_ids.begin(), page_ids.end(), std::mt19937(7));
+  std::vector<gpu::BlockCopy> blocks;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    blocks.push_back(
+        {reinterpret_cast<std::uintptr_t>(f.arena_data) + 2ull * i * block, page_ids[i]});
+  }
+  gpu::SubmitOptions so;
+  so.method = kernel ? gpu::CopyMethod::kKernel : gpu::CopyMethod::kCopyEngine;
+  cudaStream_t s = f.engine->stream(gpu::Direction::kHostToDevice);
+  std::uint64_t ops = 0;
+  for (auto _ : state) {
+    state.SetIterationTime(TimeOnStream(
+        [&] {
+          auto t = f.engine->Submit(c, gpu::Direction::kHostToDevice, blocks, so);
+          if (!t.ok()) Die(std::string(t.status().message()));
+        },
+        s));
+  }
+  ops = f.engine->stats().memcpy_ops;
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * block));
+  state.counters["pieces"] = static_cast<double>(std::uint64_t{n} * layers * kv);
+  state.counters["memcpy_ops_total"] = static_cast<double>(ops);
+}
+
+void BM_Register(benchmark::State& state, bool warm) {
+  Fixture& f = F();
+  const std::uint64_t bytes = static_cast<std::uint64_t>(state.range(0)) * kGiB;
+  double ns_per_gib = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto region = cxlkv::pool::OpenRegion(absl::StrCat("memfd:cxlkv-bench-reg?size=", bytes));
+    if (!region.ok()) Die(std::string(region.status().message()));
+    if (warm) std::memset((*region)->addr(), 0, bytes);
+    state.ResumeTiming();
+    auto id = f.registrar->RegisterRegion(**region);
+    if (!id.ok()) Die(std::string(id.status().message()));
+    if (auto st = f.registrar->Wait(*id); !st.ok()) Die(std::string(st.message()));
+    auto info = f.registrar->Info(*id);
+    state.SetIterationTime(static_cast<double>(info->register_ns) / 1e9);
+    ns_per_gib = info->NsPerGiB();
+    state.PauseTiming();
+    if (auto st = f.registrar->Unregister(*id); !st.ok()) Die(std::string(st.message()));
+    region->reset();
+    state.ResumeTiming();
+  }
+  state.counters["ms_per_GiB"] = ns_per_gib / 1e6;
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+}
+
+void Register() {
+  const char* dirs[] = {"d2h", "h2d"};
+  const char* sources[] = {"arena", "hostalloc", "pageable"};
+  for (int d = 0; d < 2; ++d) {
+    for (int s = 0; s < 3; ++s) {
+      auto* b =
+          benchmark::RegisterBenchmark(absl::StrCat("Copy/", dirs[d], "/", sources[s]).c_str(),
+                                       [d, s](benchmark::State& st) { BM_Copy(st, d == 1, s); });
+      for (std::uint64_t bs : kBlockSizes) b->Arg(static_cast<std::int64_t>(bs));
+      b->UseManualTime()->Unit(benchmark::kMillisecond);
+    }
+  }
+  for (bool kernel : {true, false}) {
+    for (bool separate : {false, true}) {
+      auto* b = benchmark::RegisterBenchmark(
+          absl::StrCat("Gather/", kernel ? "kernel" : "memcpy", "/",
+                       separate ? "separate" : "contiguous")
+              .c_str(),
+          [kernel, separate](benchmark::State& st) { BM_Gather(st, kernel, separate); });
+      for (std::int64_t chunk : {4 << 10, 16 << 10, 64 << 10, 256 << 10}) b->Arg(chunk);
+      b->UseManualTime()->Unit(benchmark::kMillisecond);
+    }
+  }
+  for (bool warm : {false, true}) {
+    auto* b =
+        benchmark::RegisterBenchmark(absl::StrCat("Register/", warm ? "warm" : "cold").c_str(),
+                                     [warm](benchmark::State& st) { BM_Register(st, warm); });
+    b->Arg(1)->Arg(4)->Arg(16)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (const absl::Status st = gpu::ProbeDevice(0); !st.ok()) {
+    std::printf("gpu_benchmark: skipped, nothing measured: %s\n",
+                std::string(st.message()).c_str());
+    return 0;
+  }
+  benchmark::Initialize(&argc, argv);
+  Register();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
