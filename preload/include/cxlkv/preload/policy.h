@@ -35,10 +35,10 @@ constexpr Route Decide(AllocClass cls, std::size_t bytes, std::uint64_t min_byte
 // stack growth, huge pages, locked).
 constexpr bool MmapEligible(const void* addr, int prot, int flags, int fd,
                             long long offset) noexcept {
-  constexpr int kRefused = MAP_SHARED | MAP_FIXED | MAP_FIXED_NOREPLACE | MAP_GROWSDOWN |
-                           MAP_STACK | MAP_HUGETLB | MAP_LOCKED | MAP_SHARED_VALIDATE;
+  constexpr int kRefused =
+      MAP_FIXED | MAP_FIXED_NOREPLACE | MAP_GROWSDOWN | MAP_STACK | MAP_HUGETLB | MAP_LOCKED;
   return addr == nullptr && fd == -1 && offset == 0 && (flags & MAP_ANONYMOUS) != 0 &&
-         (flags & MAP_PRIVATE) != 0 && (flags & kRefused) == 0 &&
+         (flags & MAP_TYPE) == MAP_PRIVATE && (flags & kRefused) == 0 &&
          prot == (PROT_READ | PROT_WRITE);
 }
 
