@@ -401,9 +401,11 @@ void* MmapCxl(std::size_t len) noexcept {
 
 // Unmaps [a, a + len) where it overlaps CXL mappings; mmap_mu held.
 void UnmapCxlLocked(std::uintptr_t a, std::size_t len) noexcept {
-  for (;;) {
-    Mapping* m = mappings.FirstOverlap(a, a + len);
+  // Each overlapping mapping once, in address order.
+  for (std::uintptr_t cur = a; cur < a + len;) {
+    Mapping* m = mappings.FirstOverlap(cur, a + len);
     if (m == nullptr) return;
+    const std::uintptr_t m_end = m->base + m->bytes;
     const UnmapEffect e = ApplyUnmap(*m, a, len);
     if (e.release) {
       void* base = reinterpret_cast<void*>(m->base);
@@ -419,8 +421,7 @@ void UnmapCxlLocked(std::uintptr_t a, std::size_t len) noexcept {
       (void)RealMmap(reinterpret_cast<void*>(e.hole_lo), e.hole_hi - e.hole_lo, PROT_NONE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     }
-    if (e.release || e.hole_hi > e.hole_lo) continue;
-    return;  // overlap without effect (already a hole): done
+    cur = m_end;
   }
 }
 
