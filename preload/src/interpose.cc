@@ -586,20 +586,21 @@ bool CudaHostAllocCxl(void** out, std::size_t size) noexcept {
 
 // ---- start-up, fork, exit ------------------------------------------------------------------------
 
+// Registered before the heap exists (see Start), so each checks for it.
 void PrepareFork() {
   ++tls_guard;
   pthread_mutex_lock(&cuda_mu);
   pthread_mutex_lock(&mmap_mu);
-  heap->PrepareFork();
+  if (heap != nullptr) heap->PrepareFork();
 }
 void ParentAfterFork() {
-  heap->ParentAfterFork();
+  if (heap != nullptr) heap->ParentAfterFork();
   pthread_mutex_unlock(&mmap_mu);
   pthread_mutex_unlock(&cuda_mu);
   --tls_guard;
 }
 void ChildAfterFork() {
-  heap->ChildAfterFork();
+  if (heap != nullptr) heap->ChildAfterFork();
   pthread_mutex_unlock(&mmap_mu);
   pthread_mutex_unlock(&cuda_mu);
   registry.AfterForkChild();

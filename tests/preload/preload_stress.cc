@@ -5,7 +5,8 @@
 // pattern derived from its id and is checked before it is freed, so a block handed to two
 // owners, returned to the wrong allocator or corrupted by a fork shows up as a mismatch.
 //
-// Usage: preload_stress [threads] [ops per thread]. Seed from CXLKV_SEED (printed).
+// Usage: preload_stress [threads] [ops per thread] [seed]. The seed (else CXLKV_SEED, else
+// random) is printed.
 // Exit 0 when every check passed.
 #include <malloc.h>
 #include <pthread.h>
@@ -298,6 +299,7 @@ int main(int argc, char** argv) {
   const long ops = argc > 2 ? std::atol(argv[2]) : 20000;
   std::uint64_t seed = std::random_device{}();
   if (const char* s = std::getenv("CXLKV_SEED")) seed = std::strtoull(s, nullptr, 10);
+  if (argc > 3) seed = std::strtoull(argv[3], nullptr, 10);
   std::printf("preload_stress: seed %llu, %d threads x %ld ops\n",
               static_cast<unsigned long long>(seed), threads, ops);
   std::fflush(stdout);
