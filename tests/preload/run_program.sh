@@ -5,7 +5,9 @@
 #      one per process: the program's children load the shim too).
 #
 # Usage: run_program.sh SHIM SCENARIO [BUILD_DIR]
-#   SCENARIO: python | sqlite | git | sort | stress | config-errors | bad-pool | pool-full
+#   SCENARIO: python | sqlite | git | sort | stress | config-errors | bad-pool | pool-full |
+#             valgrind | standin
+#   BUILD_DIR: where preload_stress and serving_standin are
 # Exit 0 on success; on failure, prints what differed and keeps the work directory.
 set -euo pipefail
 
@@ -195,6 +197,52 @@ print(f"pool-full: {cxl} CXL allocations, {fb} fell back to the process allocato
 if fb == 0 or cxl == 0:
     sys.exit("expected both CXL allocations and fallbacks")
 PY
+    ;;
+  valgrind)
+    # memcheck over the stress program under the shim. somalloc=nouserintercepts: valgrind
+    # replaces libc's malloc (what the shim passes through to), not the shim's own.
+    echo "seed $SEED"
+    env LD_PRELOAD="$SHIM" CXLKV_POOL="memfd:?size=256M" CXLKV_MIN_BYTES=256 \
+      CXLKV_STATS="$WORK/stats/%p.json" valgrind -q --soname-synonyms=somalloc=nouserintercepts \
+      --error-exitcode=99 --leak-check=no "$BUILD_DIR/preload_stress" 2 400 "$SEED" \
+      >"$WORK/out" 2>"$WORK/err" || fail "valgrind: $(tail -n 30 "$WORK/err")"
+    grep -q "preload_stress: ok" "$WORK/out" || fail "stress did not report ok"
+    check_stats 200 malloc
+    ;;
+  standin)
+    # Without the shim, on a machine without a GPU, cudaHostAlloc fails; with it, the KV
+    # buffers come from CXL (registration skipped, reason logged). With a GPU both work and
+    # the shim's buffers are registered (pinned) and copied to the device and back.
+    set +e
+    "$BUILD_DIR/serving_standin" >"$WORK/plain" 2>&1
+    plain_rc=$?
+    env LD_PRELOAD="$SHIM" CXLKV_POOL="memfd:?size=256M" CXLKV_STATS="$WORK/stats/%p.json" \
+      CXLKV_LOG="info,$WORK/shim.log" "$BUILD_DIR/serving_standin" >"$WORK/shim" 2>&1
+    shim_rc=$?
+    set -e
+    echo "--- without the shim (rc $plain_rc):"; cat "$WORK/plain"
+    echo "--- with the shim (rc $shim_rc):"; cat "$WORK/shim"; cat "$WORK/shim.log"
+    [ "$shim_rc" = 0 ] && grep -q "kv buffers ok" "$WORK/shim" || fail "stand-in failed under the shim"
+    python3 - "$WORK/stats" <<'PY'
+import glob, json, sys
+j = json.load(open(glob.glob(sys.argv[1] + "/*.json")[0]))
+c = j["classes"]["cuda_host"]["cxl"]
+if c["allocs"] != 9 or c["frees"] != 9 or c["bytes"] < 8 * (5 << 20):
+    sys.exit(f"expected 9 cuda host blocks in CXL (8 KV + 1 staging), got {c}")
+print(f"cuda host blocks in CXL: {c}, registered {j['cuda_registered']}, not registered {j['cuda_unregistered']}")
+PY
+    if grep -q "^devices: 0" "$WORK/plain"; then
+      [ "$plain_rc" != 0 ] && grep -q "cudaHostAlloc failed" "$WORK/plain" ||
+        fail "without a GPU the stand-in should fail without the shim"
+      grep -q "without registration (not pinned): cudaGetDeviceCount" "$WORK/shim.log" ||
+        fail "the shim did not log why registration was skipped"
+      grep -q '"cuda_unregistered": 9' "$WORK"/stats/*.json || fail "expected 9 unregistered blocks"
+    else
+      [ "$plain_rc" = 0 ] || fail "with a GPU the stand-in should work without the shim too"
+      grep -q "pinned: yes" "$WORK/shim" && grep -q "device copy ok" "$WORK/shim" ||
+        fail "with a GPU the shim's buffers must be pinned and copy to the device"
+      grep -q '"cuda_registered": 9' "$WORK"/stats/*.json || fail "expected 9 registered blocks"
+    fi
     ;;
   *)
     fail "unknown scenario"
