@@ -17,6 +17,7 @@
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
 #include "cxlkv/preload/pointer_set.h"
+#include "log.h"
 #if CXLKV_HAVE_MEMKIND
 #include <memkind.h>
 #endif
@@ -332,6 +333,12 @@ void JemallocHeap::ParentAfterFork() noexcept {
 void JemallocHeap::ChildAfterFork() noexcept {
   auto* at = static_cast<std::byte*>(shadow_);
   const pool::Region& region = arena_->region();
+  if (at == nullptr && held_bytes_.load(std::memory_order_relaxed) != 0) {
+    Logf(LogLevel::kWarn,
+         "fork: no memory for a private copy of the %llu CXL heap bytes; the child maps them "
+         "copy-on-write from the pool file (pages it has not written show the parent's writes)",
+         static_cast<unsigned long long>(held_bytes_.load(std::memory_order_relaxed)));
+  }
   for (std::size_t i = 0; i < nruns_; ++i) {
     Run& r = runs_[i];
     if (r.inherited) continue;

@@ -46,21 +46,22 @@ constexpr std::uint64_t kNever = ~std::uint64_t{0};
 
 // ---- the process's own functions --------------------------------------------------------------
 
+// noexcept so that the fast paths can tail-call them.
 struct RealFns {
-  void* (*malloc)(std::size_t);
-  void (*free)(void*);
-  void* (*calloc)(std::size_t, std::size_t);
-  void* (*realloc)(void*, std::size_t);
-  int (*posix_memalign)(void**, std::size_t, std::size_t);
-  void* (*aligned_alloc)(std::size_t, std::size_t);
-  void* (*memalign)(std::size_t, std::size_t);
-  void* (*valloc)(std::size_t);
-  void* (*pvalloc)(std::size_t);
-  std::size_t (*malloc_usable_size)(void*);
-  void* (*mmap)(void*, std::size_t, int, int, int, off_t);
-  int (*munmap)(void*, std::size_t);
-  void* (*mremap)(void*, std::size_t, std::size_t, int, ...);
-  int (*madvise)(void*, std::size_t, int);
+  void* (*malloc)(std::size_t) noexcept;
+  void (*free)(void*) noexcept;
+  void* (*calloc)(std::size_t, std::size_t) noexcept;
+  void* (*realloc)(void*, std::size_t) noexcept;
+  int (*posix_memalign)(void**, std::size_t, std::size_t) noexcept;
+  void* (*aligned_alloc)(std::size_t, std::size_t) noexcept;
+  void* (*memalign)(std::size_t, std::size_t) noexcept;
+  void* (*valloc)(std::size_t) noexcept;
+  void* (*pvalloc)(std::size_t) noexcept;
+  std::size_t (*malloc_usable_size)(void*) noexcept;
+  void* (*mmap)(void*, std::size_t, int, int, int, off_t) noexcept;
+  int (*munmap)(void*, std::size_t) noexcept;
+  void* (*mremap)(void*, std::size_t, std::size_t, int, ...) noexcept;
+  int (*madvise)(void*, std::size_t, int) noexcept;
 };
 RealFns real{};
 std::atomic<int> resolve_state{0};  // 0: not yet, 1: in progress, 2: done
@@ -151,13 +152,19 @@ int RealMunmap(void* a, std::size_t n) noexcept {
 
 // What every call reads, on one cache line. Written at start-up (before `active`) and at fork.
 struct alignas(64) Hot {
-  std::atomic<std::uint64_t> min_bytes{0};  // 0 before start-up: every call takes the slow path
+  // malloc's fast path: below this, straight to the process allocator (a tail call). 0
+  // before start-up and while statistics are on (every call then takes the counted path).
+  std::atomic<std::uint64_t> fast_min_bytes{0};
+  std::atomic<std::uint64_t> min_bytes{0};
   std::atomic<std::uint64_t> mmap_min_bytes{kNever};
   std::atomic<std::uintptr_t> cxl_lo{0};
   std::atomic<std::uintptr_t> cxl_bytes{0};
   std::atomic<bool> active{false};
   std::atomic<bool> slow_owner{false};  // the heap has no single range: ask it on every free
   std::atomic<bool> stats_on{false};
+  // free's fast path (a tail call to the process allocator) is allowed: started, no
+  // statistics, ownership decided by the range alone.
+  std::atomic<bool> free_fast{false};
 };
 Hot hot;
 
@@ -608,10 +615,20 @@ void ChildAfterFork() {
   --tls_guard;
 }
 
+// The fast paths, once start-up has decided (min_bytes and the heap are set).
+void EnableFastPaths() noexcept {
+  const bool stats = hot.stats_on.load(std::memory_order_relaxed);
+  hot.fast_min_bytes.store(stats ? 0 : hot.min_bytes.load(std::memory_order_relaxed),
+                           std::memory_order_release);
+  hot.free_fast.store(!stats && !hot.slow_owner.load(std::memory_order_relaxed),
+                      std::memory_order_release);
+}
+
 void SetPassThrough(const char* why) noexcept {
   std::snprintf(state_reason, sizeof(state_reason), "%s", why);
   hot.mmap_min_bytes.store(kNever, std::memory_order_relaxed);
   hot.min_bytes.store(kNever, std::memory_order_release);
+  EnableFastPaths();
 }
 
 __attribute__((constructor)) void Start() {
@@ -672,6 +689,7 @@ __attribute__((constructor)) void Start() {
   std::snprintf(state_reason, sizeof(state_reason), "%s", what.c_str());
   hot.active.store(true, std::memory_order_release);
   hot.min_bytes.store(settings->min_bytes, std::memory_order_release);
+  EnableFastPaths();
   Logf(LogLevel::kInfo, "CXL heap: %s; min_bytes %llu", state_reason,
        static_cast<unsigned long long>(settings->min_bytes));
 }
@@ -705,24 +723,22 @@ __attribute__((destructor)) void Stop() {
 using namespace cxlkv::preload;  // NOLINT: the entry points below are the C ABI
 
 CXLKV_EXPORT void* malloc(std::size_t n) noexcept {
-  if (n < hot.min_bytes.load(std::memory_order_relaxed)) [[likely]] return PassMalloc(n);
+  if (n < hot.fast_min_bytes.load(std::memory_order_relaxed)) [[likely]] return real.malloc(n);
   return MallocSlow(n);
 }
 
 CXLKV_EXPORT void free(void* p) noexcept {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   if (a - hot.cxl_lo.load(std::memory_order_relaxed) <
-      hot.cxl_bytes.load(std::memory_order_relaxed)) {
+      hot.cxl_bytes.load(std::memory_order_relaxed)) [[unlikely]] {
     FreeCxl(p);
     return;
   }
-  if (p == nullptr || hot.slow_owner.load(std::memory_order_relaxed) || real.free == nullptr ||
-      BootRange().Contains(p)) [[unlikely]] {
-    FreeSlow(p);
+  if (hot.free_fast.load(std::memory_order_relaxed) && !BootRange().Contains(p)) [[likely]] {
+    real.free(p);  // free(NULL) included: the process allocator ignores it
     return;
   }
-  CountFree(AllocClass::kMalloc, Route::kPass);
-  real.free(p);
+  FreeSlow(p);
 }
 
 CXLKV_EXPORT void* calloc(std::size_t count, std::size_t size) noexcept {
@@ -730,6 +746,9 @@ CXLKV_EXPORT void* calloc(std::size_t count, std::size_t size) noexcept {
   if (__builtin_mul_overflow(count, size, &n)) {
     errno = ENOMEM;
     return nullptr;
+  }
+  if (n < hot.fast_min_bytes.load(std::memory_order_relaxed)) [[likely]] {
+    return real.calloc(count, size);
   }
   if (tls_resolving) return BootAlloc(n, 16);
   ResolveReal();
@@ -740,7 +759,17 @@ CXLKV_EXPORT void* calloc(std::size_t count, std::size_t size) noexcept {
   return real.calloc(count, size);
 }
 
-CXLKV_EXPORT void* realloc(void* p, std::size_t n) noexcept { return Realloc(p, n); }
+CXLKV_EXPORT void* realloc(void* p, std::size_t n) noexcept {
+  // Fast path: a process-owned (or NULL) block that stays below the threshold.
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  if (n < hot.fast_min_bytes.load(std::memory_order_relaxed) &&
+      a - hot.cxl_lo.load(std::memory_order_relaxed) >=
+          hot.cxl_bytes.load(std::memory_order_relaxed) &&
+      hot.free_fast.load(std::memory_order_relaxed) && !BootRange().Contains(p)) [[likely]] {
+    return real.realloc(p, n);
+  }
+  return Realloc(p, n);
+}
 
 CXLKV_EXPORT void* reallocarray(void* p, std::size_t count, std::size_t size) noexcept {
   std::size_t n;
