@@ -32,8 +32,9 @@ double Small(int threads, long ops) {
       std::vector<std::uint32_t> sizes(kTable), picks(kTable);
       for (std::size_t i = 0; i < kTable; ++i) {
         const auto r = rng() % 100;
-        sizes[i] = static_cast<std::uint32_t>(r < 60 ? 8 + rng() % 56 : r < 90 ? 64 + rng() % 448
-                                                                             : 512 + rng() % 3584);
+        sizes[i] = static_cast<std::uint32_t>(r < 60   ? 8 + rng() % 56
+                                              : r < 90 ? 64 + rng() % 448
+                                                       : 512 + rng() % 3584);
         picks[i] = static_cast<std::uint32_t>(rng() % kSlots);
       }
       std::vector<char*> slot(kSlots, nullptr);
@@ -62,7 +63,8 @@ double Small(int threads, long ops) {
     });
   }
   for (auto& th : ts) th.join();
-  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  const double ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   for (auto s : sums) sink += s;
   return ns / static_cast<double>(ops);  // per operation, per thread (threads run in parallel)
 }
@@ -75,7 +77,8 @@ double Large(std::size_t bytes, long iters) {
     sink += static_cast<unsigned char>(p[bytes / 2]);
     std::free(const_cast<char*>(p));
   }
-  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  const double ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   return ns / static_cast<double>(iters);
 }
 

@@ -99,8 +99,7 @@ TEST(Settings, ConfigFileWithEnvironmentOverride) {
   ASSERT_EQ(errors.size(), 2u);
   EXPECT_NE(errors[0].find(f.path() + ":2: unknown key 'minbytes'"), std::string::npos)
       << errors[0];
-  EXPECT_NE(errors[1].find(":3: 'just text' is not 'key = value'"), std::string::npos)
-      << errors[1];
+  EXPECT_NE(errors[1].find(":3: 'just text' is not 'key = value'"), std::string::npos) << errors[1];
   EXPECT_TRUE(s.pool.empty());
 
   errors.clear();
@@ -254,7 +253,7 @@ TEST(Stats, ThreadsFoldIntoTheSnapshotAndJson) {
   a.CountAlloc(AllocClass::kMalloc, Route::kPass, 10);
   b.CountAlloc(AllocClass::kCuda, Route::kCxl, 5 << 20);
   b.CountFree(AllocClass::kCuda, Route::kCxl);
-  reg.Retire(&a);  // a thread exits: its counts stay
+  reg.Retire(&a);                                     // a thread exits: its counts stay
   a.CountAlloc(AllocClass::kMalloc, Route::kCxl, 1);  // not linked any more: not counted
   reg.fallbacks = 3;
   StatsSnapshot s = reg.Snapshot();
@@ -277,7 +276,8 @@ TEST(Stats, ThreadsFoldIntoTheSnapshotAndJson) {
   reg.Retire(&b);
 }
 
-// ---- the CXL heap, in this process ---------------------------------------------------------------
+// ---- the CXL heap, in this process
+// ---------------------------------------------------------------
 
 std::unique_ptr<CxlHeap> MustOpenHeap(const std::string& spec) {
   auto parsed = pool::ParseSourceSpec(spec);
@@ -352,8 +352,8 @@ TEST(CxlHeap, ProcessesShareAFilePoolWithoutOverlap) {
   void* p1 = h1->Alloc(4 << 20, 0, false);
   ASSERT_NE(p1, nullptr);
   std::memset(p1, 0x11, 4 << 20);
-  const auto off1 = static_cast<std::uintptr_t>(static_cast<char*>(p1) -
-                                                reinterpret_cast<char*>(h1->range().lo));
+  const auto off1 =
+      static_cast<std::uintptr_t>(static_cast<char*>(p1) - reinterpret_cast<char*>(h1->range().lo));
   // A second process opens the same (now formatted) pool and gets different blocks.
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
@@ -428,10 +428,12 @@ TEST(CxlHeap, ForkGivesTheChildAPrivateCopy) {
     h->ChildAfterFork();
     int bad = 0;
     for (int i = 0; i < (1 << 20); ++i) bad += p[i] != 0x5a;  // the parent's data, copied
-    std::memset(p, 0xc3, 1 << 20);                             // private to the child
-    void* q = h->Alloc(2 << 20, 0, false);                     // new blocks, new owner slot
-    if (q == nullptr) bad += 1000;
-    else std::memset(q, 1, 2 << 20);
+    std::memset(p, 0xc3, 1 << 20);                            // private to the child
+    void* q = h->Alloc(2 << 20, 0, false);                    // new blocks, new owner slot
+    if (q == nullptr)
+      bad += 1000;
+    else
+      std::memset(q, 1, 2 << 20);
     h->Free(p);
     ::_exit(bad == 0 ? 0 : 1);
   }

@@ -81,12 +81,11 @@ class JemallocHeap final : public CxlHeap {
 
   JemallocHeap() = default;
   static JemallocHeap* Self(extent_hooks_t* h) { return reinterpret_cast<HookBox*>(h)->heap; }
-  static void* HookAlloc(extent_hooks_t* h, void* new_addr, std::size_t size,
-                         std::size_t alignment, bool* zero, bool* commit, unsigned arena_ind);
+  static void* HookAlloc(extent_hooks_t* h, void* new_addr, std::size_t size, std::size_t alignment,
+                         bool* zero, bool* commit, unsigned arena_ind);
   static bool HookDalloc(extent_hooks_t*, void*, std::size_t, bool, unsigned) { return true; }
   static void HookDestroy(extent_hooks_t* h, void* addr, std::size_t size, bool, unsigned);
-  static bool HookCommit(extent_hooks_t*, void*, std::size_t, std::size_t, std::size_t,
-                         unsigned) {
+  static bool HookCommit(extent_hooks_t*, void*, std::size_t, std::size_t, std::size_t, unsigned) {
     return false;  // always committed
   }
   static bool HookDecommit(extent_hooks_t*, void*, std::size_t, std::size_t, std::size_t,
@@ -97,8 +96,7 @@ class JemallocHeap final : public CxlHeap {
                         unsigned) {
     return false;  // any split of contiguous memory is fine
   }
-  static bool HookMerge(extent_hooks_t*, void*, std::size_t, void*, std::size_t, bool,
-                        unsigned) {
+  static bool HookMerge(extent_hooks_t*, void*, std::size_t, void*, std::size_t, bool, unsigned) {
     return false;
   }
   const Run* RunOf(std::uintptr_t addr) const noexcept;  // mu_ held
@@ -153,8 +151,7 @@ absl::StatusOr<std::unique_ptr<CxlHeap>> JemallocHeap::Open(const pool::SourceSp
   h->arena_ = std::move(*arena);
   // The class with the smallest blocks: finest extents.
   for (std::uint32_t c = 1; c < h->arena_->class_count(); ++c) {
-    if (h->arena_->class_record(c).stride_bytes <
-        h->arena_->class_record(h->cls_).stride_bytes) {
+    if (h->arena_->class_record(c).stride_bytes < h->arena_->class_record(h->cls_).stride_bytes) {
       h->cls_ = c;
     }
   }
@@ -164,16 +161,15 @@ absl::StatusOr<std::unique_ptr<CxlHeap>> JemallocHeap::Open(const pool::SourceSp
   h->range_ = AddressRange{reinterpret_cast<std::uintptr_t>(r.addr()) + k.data_offset,
                            std::uint64_t{k.block_count} * k.stride_bytes};
 
-  h->box_.hooks = extent_hooks_t{&HookAlloc,  &HookDalloc, &HookDestroy,
-                                 &HookCommit, &HookDecommit, nullptr,
-                                 nullptr,     &HookSplit,  &HookMerge};
+  h->box_.hooks = extent_hooks_t{&HookAlloc, &HookDalloc, &HookDestroy, &HookCommit, &HookDecommit,
+                                 nullptr,    nullptr,     &HookSplit,   &HookMerge};
   h->box_.heap = h.get();
   extent_hooks_t* hooks = &h->box_.hooks;
   unsigned ind = 0;
   std::size_t sz = sizeof(ind);
   if (int rc = mallctl("arenas.create", &ind, &sz, &hooks, sizeof(hooks)); rc != 0) {
-    return absl::InternalError(absl::StrCat(name, ": jemalloc refused a new arena (arenas.create: ",
-                                            std::strerror(rc), ")"));
+    return absl::InternalError(absl::StrCat(
+        name, ": jemalloc refused a new arena (arenas.create: ", std::strerror(rc), ")"));
   }
   h->arena_ind_ = ind;
   h->flags_ = static_cast<int>(MALLOCX_ARENA(ind)) | MALLOCX_TCACHE_NONE;
@@ -216,7 +212,8 @@ void* JemallocHeap::HookAlloc(extent_hooks_t* h, void* new_addr, std::size_t siz
   const std::uint64_t n64 = (size + self->stride_ - 1) / self->stride_;
   // When no block start has the alignment (the region's mapping is only page-aligned), a
   // longer run holds an aligned extent: its head stays unused.
-  const std::uint64_t padded64 = (size + alignment - kPageBytes + self->stride_ - 1) / self->stride_;
+  const std::uint64_t padded64 =
+      (size + alignment - kPageBytes + self->stride_ - 1) / self->stride_;
   if (padded64 > 0xFFFFFFFFu) return nullptr;
   pthread_mutex_lock(&self->mu_);
   void* out = nullptr;
@@ -231,8 +228,8 @@ void* JemallocHeap::HookAlloc(extent_hooks_t* h, void* new_addr, std::size_t siz
       const auto run = reinterpret_cast<std::uintptr_t>(
           self->arena_->BlockAddr(static_cast<std::uint32_t>(first)));
       out = reinterpret_cast<void*>((run + alignment - 1) & ~(std::uintptr_t{alignment} - 1));
-      self->runs_[self->nruns_++] = Run{run, std::uint64_t{n} * self->stride_,
-                                        static_cast<std::uint32_t>(first), n, false};
+      self->runs_[self->nruns_++] =
+          Run{run, std::uint64_t{n} * self->stride_, static_cast<std::uint32_t>(first), n, false};
       self->held_bytes_.fetch_add(std::uint64_t{n} * self->stride_, std::memory_order_relaxed);
     }
   }
@@ -288,8 +285,7 @@ bool JemallocHeap::RestoreMapping(void* addr, std::size_t bytes) noexcept {
   if (!inside) return false;
   void* p;
   if (inherited) {  // private memory since the fork: keep it private
-    p = ::mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
-               0);
+    p = ::mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
   } else {
     const pool::Region& region = arena_->region();
     const auto off = static_cast<off_t>(a - reinterpret_cast<std::uintptr_t>(region.addr()));
@@ -364,9 +360,10 @@ void JemallocHeap::ChildAfterFork() noexcept {
 
 std::string JemallocHeap::Describe() const {
   const pool::ClassRecord& k = arena_->class_record(cls_);
-  return absl::StrCat(arena_->region().name(), ": jemalloc arena ", arena_ind_, " over cxlkv arena ",
-                      pool::UuidToString(arena_->uuid()), " (", k.block_count, " blocks of ",
-                      pool::FormatBytes(k.stride_bytes), ", owner ", arena_->owner_id(), ")");
+  return absl::StrCat(arena_->region().name(), ": jemalloc arena ", arena_ind_,
+                      " over cxlkv arena ", pool::UuidToString(arena_->uuid()), " (", k.block_count,
+                      " blocks of ", pool::FormatBytes(k.stride_bytes), ", owner ",
+                      arena_->owner_id(), ")");
 }
 
 // ---- memkind MEMKIND_DAX_KMEM ---------------------------------------------------------------
@@ -378,9 +375,10 @@ class KmemHeap final : public CxlHeap {
     const std::string name = absl::StrCat("kmem:node=", spec.numa_node);
     if (memkind_check_available(MEMKIND_DAX_KMEM) != MEMKIND_SUCCESS) {
       return absl::NotFoundError(absl::StrCat(
-          name, ": memkind finds no dax-kmem NUMA node (MEMKIND_DAX_KMEM unavailable); online "
-                "a CXL/DAX device as system RAM (`daxctl reconfigure-device --mode=system-ram "
-                "daxX.Y`) or use a devdax:, file: or memfd: pool"));
+          name,
+          ": memkind finds no dax-kmem NUMA node (MEMKIND_DAX_KMEM unavailable); online "
+          "a CXL/DAX device as system RAM (`daxctl reconfigure-device --mode=system-ram "
+          "daxX.Y`) or use a devdax:, file: or memfd: pool"));
     }
     std::unique_ptr<KmemHeap> h(new KmemHeap());
     h->name_ = name;
@@ -429,8 +427,9 @@ class KmemHeap final : public CxlHeap {
     return bytes_.load(std::memory_order_relaxed);
   }
   std::string Describe() const override {
-    return absl::StrCat(name_, ": memkind MEMKIND_DAX_KMEM (memkind picks the dax-kmem node "
-                               "closest to the allocating CPU)");
+    return absl::StrCat(name_,
+                        ": memkind MEMKIND_DAX_KMEM (memkind picks the dax-kmem node "
+                        "closest to the allocating CPU)");
   }
 
  private:
@@ -447,9 +446,9 @@ absl::StatusOr<std::unique_ptr<CxlHeap>> CxlHeap::Open(const pool::SourceSpec& s
 #if CXLKV_HAVE_MEMKIND
     return KmemHeap::Open(spec);
 #else
-    return absl::UnimplementedError(absl::StrCat(
-        "kmem:node=", spec.numa_node,
-        ": this build has no memkind (apt-get install libmemkind-dev and rebuild)"));
+    return absl::UnimplementedError(
+        absl::StrCat("kmem:node=", spec.numa_node,
+                     ": this build has no memkind (apt-get install libmemkind-dev and rebuild)"));
 #endif
   }
   return JemallocHeap::Open(spec);

@@ -362,8 +362,7 @@ void* Realloc(void* p, std::size_t n) noexcept {
     case ReallocPlan::kPassToCxl: {
       void* q = CxlAlloc(AllocClass::kMalloc, n, 0, false);
       if (q == nullptr) return real.realloc(p, n);
-      const std::size_t old =
-          real.malloc_usable_size != nullptr ? real.malloc_usable_size(p) : n;
+      const std::size_t old = real.malloc_usable_size != nullptr ? real.malloc_usable_size(p) : n;
       std::memcpy(q, p, std::min(n, old));
       CountFree(AllocClass::kMalloc, Route::kPass);
       real.free(p);
@@ -571,15 +570,17 @@ bool CudaHostAllocCxl(void** out, std::size_t size) noexcept {
   }
   pthread_mutex_lock(&cuda_mu);
   const bool room = cuda_nblocks < kMaxCudaBlocks;
-  if (room) cuda_blocks[cuda_nblocks++] = CudaBlock{reinterpret_cast<std::uintptr_t>(p), bytes,
-                                                    registered};
+  if (room)
+    cuda_blocks[cuda_nblocks++] = CudaBlock{reinterpret_cast<std::uintptr_t>(p), bytes, registered};
   pthread_mutex_unlock(&cuda_mu);
   if (!room) {
     if (registered) cuda.HostUnregister(p);
     heap->Free(p);
     if (FirstTime(once_cuda_table)) {
-      Logf(LogLevel::kWarn, "more than %zu CXL cuda host blocks at once; further ones are served "
-                            "by the CUDA runtime", kMaxCudaBlocks);
+      Logf(LogLevel::kWarn,
+           "more than %zu CXL cuda host blocks at once; further ones are served "
+           "by the CUDA runtime",
+           kMaxCudaBlocks);
     }
     return false;
   }
@@ -591,7 +592,8 @@ bool CudaHostAllocCxl(void** out, std::size_t size) noexcept {
   return true;
 }
 
-// ---- start-up, fork, exit ------------------------------------------------------------------------
+// ---- start-up, fork, exit
+// ------------------------------------------------------------------------
 
 // Registered before the heap exists (see Start), so each checks for it.
 void PrepareFork() {
@@ -651,7 +653,8 @@ __attribute__((constructor)) void Start() {
     char line[1024];
     const int n = std::snprintf(line, sizeof(line), "cxlkv-preload[%d] error: %s\n",
                                 static_cast<int>(::getpid()), e.c_str());
-    if (n > 0) (void)!::write(2, line, std::min<std::size_t>(static_cast<std::size_t>(n), sizeof(line) - 1));
+    if (n > 0)
+      (void)!::write(2, line, std::min<std::size_t>(static_cast<std::size_t>(n), sizeof(line) - 1));
   }
   if (!settings->stats_path.empty()) {
     if (pthread_key_create(&stats_key, &RetireThreadStats) == 0) {
@@ -668,8 +671,8 @@ __attribute__((constructor)) void Start() {
   // Registered before the heap's first jemalloc call, so jemalloc's own fork handlers
   // (registered when it initializes) lock its arenas before PrepareFork copies the heap.
   static bool atfork = pthread_atfork(&PrepareFork, &ParentAfterFork, &ChildAfterFork) == 0;
-  auto opened = spec.ok() ? CxlHeap::Open(*spec)
-                          : absl::StatusOr<std::unique_ptr<CxlHeap>>(spec.status());
+  auto opened =
+      spec.ok() ? CxlHeap::Open(*spec) : absl::StatusOr<std::unique_ptr<CxlHeap>>(spec.status());
   if (!opened.ok() || !atfork) {
     const std::string why = !opened.ok() ? std::string(opened.status().message())
                                          : std::string("pthread_atfork failed");
@@ -718,12 +721,14 @@ __attribute__((destructor)) void Stop() {
 }  // namespace
 }  // namespace cxlkv::preload
 
-// ---- exported symbols ------------------------------------------------------------------------------
+// ---- exported symbols
+// ------------------------------------------------------------------------------
 
 using namespace cxlkv::preload;  // NOLINT: the entry points below are the C ABI
 
 CXLKV_EXPORT void* malloc(std::size_t n) noexcept {
-  if (n < hot.fast_min_bytes.load(std::memory_order_relaxed)) [[likely]] return real.malloc(n);
+  if (n < hot.fast_min_bytes.load(std::memory_order_relaxed)) [[likely]]
+    return real.malloc(n);
   return MallocSlow(n);
 }
 
@@ -824,7 +829,8 @@ CXLKV_EXPORT void* pvalloc(std::size_t n) noexcept {
 
 CXLKV_EXPORT std::size_t malloc_usable_size(void* p) noexcept { return UsableSize(p); }
 
-CXLKV_EXPORT void* mmap(void* addr, std::size_t len, int prot, int flags, int fd, off_t off) noexcept {
+CXLKV_EXPORT void* mmap(void* addr, std::size_t len, int prot, int flags, int fd,
+                        off_t off) noexcept {
   if (len >= hot.mmap_min_bytes.load(std::memory_order_relaxed) && !InShim() &&
       MmapEligible(addr, prot, flags, fd, off) && Active()) {
     if (void* p = MmapCxl(len)) return p;
@@ -835,13 +841,15 @@ CXLKV_EXPORT void* mmap(void* addr, std::size_t len, int prot, int flags, int fd
   return RealMmap(addr, len, prot, flags, fd, off);
 }
 
-CXLKV_EXPORT void* mmap64(void* addr, std::size_t len, int prot, int flags, int fd, off_t off) noexcept {
+CXLKV_EXPORT void* mmap64(void* addr, std::size_t len, int prot, int flags, int fd,
+                          off_t off) noexcept {
   return mmap(addr, len, prot, flags, fd, off);
 }
 
 CXLKV_EXPORT int munmap(void* addr, std::size_t len) noexcept { return Munmap(addr, len); }
 
-CXLKV_EXPORT void* mremap(void* old, std::size_t old_len, std::size_t new_len, int flags, ...) noexcept {
+CXLKV_EXPORT void* mremap(void* old, std::size_t old_len, std::size_t new_len, int flags,
+                          ...) noexcept {
   void* new_addr = nullptr;
   if ((flags & MREMAP_FIXED) != 0) {
     va_list ap;
@@ -872,11 +880,10 @@ CXLKV_EXPORT void* mremap(void* old, std::size_t old_len, std::size_t new_len, i
     errno = ENOMEM;
     return MAP_FAILED;
   }
-  void* q = (flags & MREMAP_FIXED) != 0
-                ? RealMmap(new_addr, new_len, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
-                : ::mmap(nullptr, new_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                         -1, 0);
+  void* q = (flags & MREMAP_FIXED) != 0 ? RealMmap(new_addr, new_len, PROT_READ | PROT_WRITE,
+                                                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
+                                        : ::mmap(nullptr, new_len, PROT_READ | PROT_WRITE,
+                                                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (q == MAP_FAILED) return MAP_FAILED;
   std::memcpy(q, old, std::min(old_len, new_len));
   (void)Munmap(old, old_len);

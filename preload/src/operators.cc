@@ -12,8 +12,8 @@ namespace {
 void* NewImpl(std::size_t n, std::size_t align, bool nothrow) {
   if (n == 0) n = 1;
   for (;;) {
-    void* p = align > __STDCPP_DEFAULT_NEW_ALIGNMENT__ ? std::aligned_alloc(align, n)
-                                                       : std::malloc(n);
+    void* p =
+        align > __STDCPP_DEFAULT_NEW_ALIGNMENT__ ? std::aligned_alloc(align, n) : std::malloc(n);
     if (p != nullptr) return p;
     std::new_handler handler = std::get_new_handler();
     if (handler == nullptr) {
@@ -74,7 +74,6 @@ CXLKV_NEW_EXPORT void operator delete[](void* p, std::size_t, std::align_val_t) 
 CXLKV_NEW_EXPORT void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
   std::free(p);
 }
-CXLKV_NEW_EXPORT void operator delete[](void* p, std::align_val_t,
-                                        const std::nothrow_t&) noexcept {
+CXLKV_NEW_EXPORT void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {
   std::free(p);
 }

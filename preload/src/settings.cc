@@ -40,8 +40,8 @@ bool ParseLevel(absl::string_view s, LogLevel* out) {
 absl::Status ReadFile(const std::string& path, std::string* out) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("CXLKV_CONFIG=", path, ": cannot open: ",
-                                            std::strerror(errno),
+    return absl::NotFoundError(absl::StrCat("CXLKV_CONFIG=", path,
+                                            ": cannot open: ", std::strerror(errno),
                                             "; point CXLKV_CONFIG at a readable file"));
   }
   char buf[4096];
@@ -119,8 +119,8 @@ absl::Status ApplySetting(absl::string_view key, absl::string_view value, Settin
     s->stats_path = std::string(value);
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown key '", key, "'; the known keys are pool, min_bytes, log and stats"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown key '", key, "'; the known keys are pool, min_bytes, log and stats"));
 }
 
 std::vector<std::string> ParseConfigText(absl::string_view text, absl::string_view source,

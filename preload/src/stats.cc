@@ -120,10 +120,11 @@ std::string RenderStatsJson(const StatsSnapshot& s, const StatsContext& ctx) {
   static constexpr const char* kRouteNames[kRoutes] = {"pass", "cxl"};
   static constexpr const char* kBucketNames[kSizeBuckets] = {"le_64", "le_1k", "le_64k", "le_1m",
                                                              "gt_1m"};
-  std::string j = absl::StrCat("{\n  \"pid\": ", ctx.pid, ",\n  \"pool\": ", Quote(ctx.pool),
-                               ",\n  \"state\": ", Quote(ctx.state), ",\n  \"detail\": ",
-                               Quote(ctx.reason), ",\n  \"min_bytes\": ", ctx.min_bytes,
-                               ",\n  \"heap_bytes\": ", ctx.heap_bytes, ",\n  \"classes\": {");
+  std::string j =
+      absl::StrCat("{\n  \"pid\": ", ctx.pid, ",\n  \"pool\": ", Quote(ctx.pool),
+                   ",\n  \"state\": ", Quote(ctx.state), ",\n  \"detail\": ", Quote(ctx.reason),
+                   ",\n  \"min_bytes\": ", ctx.min_bytes, ",\n  \"heap_bytes\": ", ctx.heap_bytes,
+                   ",\n  \"classes\": {");
   for (int c = 0; c < kAllocClasses; ++c) {
     absl::StrAppend(&j, c ? "," : "", "\n    ", Quote(AllocClassName(static_cast<AllocClass>(c))),
                     ": {");
@@ -142,8 +143,9 @@ std::string RenderStatsJson(const StatsSnapshot& s, const StatsContext& ctx) {
     absl::StrAppend(&j, "}");
   }
   absl::StrAppend(&j, "\n  },\n  \"reallocs_to_cxl\": ", s.reallocs_to_cxl,
-                  ",\n  \"reallocs_to_pass\": ", s.reallocs_to_pass, ",\n  \"fallbacks\": ",
-                  s.fallbacks, ",\n  \"cuda_registered\": ", s.cuda_registered,
+                  ",\n  \"reallocs_to_pass\": ", s.reallocs_to_pass,
+                  ",\n  \"fallbacks\": ", s.fallbacks,
+                  ",\n  \"cuda_registered\": ", s.cuda_registered,
                   ",\n  \"cuda_unregistered\": ", s.cuda_unregistered, "\n}\n");
   return j;
 }

@@ -28,14 +28,14 @@ namespace {
 
 std::atomic<long> failures{0};
 
-#define CHECK(cond, ...)                                                          \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
-      std::fprintf(stderr, "preload_stress: check failed: %s: ", #cond);          \
-      std::fprintf(stderr, __VA_ARGS__);                                          \
-      std::fprintf(stderr, "\n");                                                 \
-      failures.fetch_add(1);                                                      \
-    }                                                                             \
+#define CHECK(cond, ...)                                                 \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      std::fprintf(stderr, "preload_stress: check failed: %s: ", #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                 \
+      std::fprintf(stderr, "\n");                                        \
+      failures.fetch_add(1);                                             \
+    }                                                                    \
   } while (0)
 
 struct Block {
@@ -105,7 +105,8 @@ Block Allocate(std::mt19937_64& rng, std::uint64_t id) {
     case 3: {
       p = std::calloc(1, b.n);
       bool zero = true;
-      ForSampled(b.n, [&](std::size_t i) { zero = zero && static_cast<unsigned char*>(p)[i] == 0; });
+      ForSampled(b.n,
+                 [&](std::size_t i) { zero = zero && static_cast<unsigned char*>(p)[i] == 0; });
       CHECK(zero, "calloc(%zu) not zero", b.n);
       break;
     }
@@ -136,7 +137,8 @@ Block Allocate(std::mt19937_64& rng, std::uint64_t id) {
         if (p == MAP_FAILED) p = nullptr;
         b.is_mmap = true;
         bool zero = true;
-        ForSampled(b.n, [&](std::size_t i) { zero = zero && static_cast<unsigned char*>(p)[i] == 0; });
+        ForSampled(b.n,
+                   [&](std::size_t i) { zero = zero && static_cast<unsigned char*>(p)[i] == 0; });
         CHECK(zero, "anonymous mmap(%zu) not zero", b.n);
       } else {
         p = std::malloc(b.n);
@@ -154,7 +156,8 @@ Block Allocate(std::mt19937_64& rng, std::uint64_t id) {
 
 void Release(Block& b) {
   if (b.p == nullptr) return;
-  CHECK(Verify(b, b.n), "block %llu (%zu bytes) corrupted", static_cast<unsigned long long>(b.id), b.n);
+  CHECK(Verify(b, b.n), "block %llu (%zu bytes) corrupted", static_cast<unsigned long long>(b.id),
+        b.n);
   if (b.is_mmap) {
     // Trim the head page (if any) then the rest, as aligning allocators do.
     if (b.n > 8192) {
@@ -269,7 +272,8 @@ void EdgeCases() {
 // fork with live blocks: the child sees them, writes its own copy, exits; the parent's stay.
 void ForkCheck(std::mt19937_64& rng) {
   std::vector<Block> blocks;
-  for (int i = 0; i < 32; ++i) blocks.push_back(Allocate(rng, 0xF0000 + static_cast<std::uint64_t>(i)));
+  for (int i = 0; i < 32; ++i)
+    blocks.push_back(Allocate(rng, 0xF0000 + static_cast<std::uint64_t>(i)));
   const pid_t pid = fork();
   if (pid == 0) {
     long bad = 0;
@@ -279,7 +283,8 @@ void ForkCheck(std::mt19937_64& rng) {
       std::memset(b.p, 0xEE, b.n);  // only the child's copy
     }
     std::vector<Block> more;
-    for (int i = 0; i < 64; ++i) more.push_back(Allocate(rng, 0xF1000 + static_cast<std::uint64_t>(i)));
+    for (int i = 0; i < 64; ++i)
+      more.push_back(Allocate(rng, 0xF1000 + static_cast<std::uint64_t>(i)));
     for (Block& b : more) {
       bad += b.p != nullptr && !Verify(b, b.n);
       Release(b);

@@ -33,7 +33,8 @@ int main() {
   std::vector<unsigned char*> kv;
   for (int b = 0; b < kBlocks; ++b) {
     void* p = nullptr;
-    const cudaError_t err = cudaHostAlloc(&p, kBlockBytes, cudaHostAllocPortable | cudaHostAllocMapped);
+    const cudaError_t err =
+        cudaHostAlloc(&p, kBlockBytes, cudaHostAllocPortable | cudaHostAllocMapped);
     if (err != cudaSuccess) {
       std::printf("cudaHostAlloc failed: %s (error %d)\n", cudaGetErrorString(err),
                   static_cast<int>(err));
@@ -63,8 +64,8 @@ int main() {
 
   if (devices > 0) {
     cudaPointerAttributes attr{};
-    const bool pinned = cudaPointerGetAttributes(&attr, kv[0]) == cudaSuccess &&
-                        attr.type == cudaMemoryTypeHost;
+    const bool pinned =
+        cudaPointerGetAttributes(&attr, kv[0]) == cudaSuccess && attr.type == cudaMemoryTypeHost;
     std::printf("pinned: %s\n", pinned ? "yes" : "no");
     void* dev = nullptr;
     void* mapped = nullptr;

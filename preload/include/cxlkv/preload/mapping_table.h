@@ -25,8 +25,8 @@ struct Mapping {
 };
 
 struct UnmapEffect {
-  bool release = false;           // the live part is empty: free the whole block
-  std::uintptr_t hole_lo = 0;     // [hole_lo, hole_hi): cover with a placeholder
+  bool release = false;        // the live part is empty: free the whole block
+  std::uintptr_t hole_lo = 0;  // [hole_lo, hole_hi): cover with a placeholder
   std::uintptr_t hole_hi = 0;
 };
 

@@ -23,8 +23,8 @@ inline constexpr int kAllocClasses = 3;
 enum class Route : std::uint8_t { kPass = 0, kCxl = 1 };
 inline constexpr int kRoutes = 2;
 
-constexpr Route Decide(AllocClass cls, std::size_t bytes, std::uint64_t min_bytes,
-                       bool heap_active, bool in_shim) noexcept {
+constexpr Route Decide(AllocClass cls, std::size_t bytes, std::uint64_t min_bytes, bool heap_active,
+                       bool in_shim) noexcept {
   if (!heap_active || in_shim) return Route::kPass;
   if (cls == AllocClass::kCuda) return Route::kCxl;
   return bytes >= min_bytes ? Route::kCxl : Route::kPass;
@@ -61,13 +61,13 @@ constexpr Owner OwnerOf(const void* p, AddressRange bootstrap, AddressRange cxl)
 
 // What realloc(p, n) does, from p's owner and where a fresh n-byte block would go.
 enum class ReallocPlan : std::uint8_t {
-  kMalloc,       // p is NULL: malloc(n)
-  kFree,         // n == 0 and p is not NULL: free(p), return NULL (glibc's behaviour)
-  kResizeCxl,    // both in CXL: resize in place or move inside the heap
-  kCxlToPass,    // shrinks below the threshold: move to the process allocator
-  kPassToCxl,    // grows to the threshold: move from the process allocator into CXL
-  kResizePass,   // both pass-through: the process allocator's realloc
-  kFromBootstrap // p came from the bootstrap buffer: allocate by policy and copy
+  kMalloc,        // p is NULL: malloc(n)
+  kFree,          // n == 0 and p is not NULL: free(p), return NULL (glibc's behaviour)
+  kResizeCxl,     // both in CXL: resize in place or move inside the heap
+  kCxlToPass,     // shrinks below the threshold: move to the process allocator
+  kPassToCxl,     // grows to the threshold: move from the process allocator into CXL
+  kResizePass,    // both pass-through: the process allocator's realloc
+  kFromBootstrap  // p came from the bootstrap buffer: allocate by policy and copy
 };
 
 constexpr ReallocPlan PlanRealloc(Owner owner, std::size_t n, Route route_for_n) noexcept {
@@ -83,7 +83,11 @@ constexpr ReallocPlan PlanRealloc(Owner owner, std::size_t n, Route route_for_n)
 // Size buckets of the statistics: <=64 B, <=1 KiB, <=64 KiB, <=1 MiB, larger.
 inline constexpr int kSizeBuckets = 5;
 constexpr int SizeBucket(std::size_t bytes) noexcept {
-  return bytes <= 64 ? 0 : bytes <= 1024 ? 1 : bytes <= (64u << 10) ? 2 : bytes <= (1u << 20) ? 3 : 4;
+  return bytes <= 64            ? 0
+         : bytes <= 1024        ? 1
+         : bytes <= (64u << 10) ? 2
+         : bytes <= (1u << 20)  ? 3
+                                : 4;
 }
 
 }  // namespace cxlkv::preload

@@ -21,11 +21,11 @@ struct StatsSnapshot {
   std::uint64_t bytes[kAllocClasses][kRoutes] = {};  // requested bytes
   std::uint64_t frees[kAllocClasses][kRoutes] = {};
   std::uint64_t by_size[kRoutes][kSizeBuckets] = {};  // allocations per size bucket
-  std::uint64_t reallocs_to_cxl = 0;   // realloc moved a block into CXL (grew to threshold)
-  std::uint64_t reallocs_to_pass = 0;  // realloc moved a block out of CXL (shrank below)
-  std::uint64_t fallbacks = 0;         // CXL was chosen but could not serve: passed through
-  std::uint64_t cuda_registered = 0;   // CXL cuda host allocations pinned with cudaHostRegister
-  std::uint64_t cuda_unregistered = 0; // ... served without registration (no device)
+  std::uint64_t reallocs_to_cxl = 0;    // realloc moved a block into CXL (grew to threshold)
+  std::uint64_t reallocs_to_pass = 0;   // realloc moved a block out of CXL (shrank below)
+  std::uint64_t fallbacks = 0;          // CXL was chosen but could not serve: passed through
+  std::uint64_t cuda_registered = 0;    // CXL cuda host allocations pinned with cudaHostRegister
+  std::uint64_t cuda_unregistered = 0;  // ... served without registration (no device)
 };
 
 struct ThreadStats {
@@ -59,7 +59,7 @@ class StatsRegistry {
   void Link(ThreadStats* t) noexcept;    // first use in a thread
   void Retire(ThreadStats* t) noexcept;  // thread exit: fold and unlink
   StatsSnapshot Snapshot() const noexcept;
-  void AfterForkChild() noexcept;        // only the forking thread survives a fork
+  void AfterForkChild() noexcept;  // only the forking thread survives a fork
 
   std::atomic<std::uint64_t> reallocs_to_cxl{0};
   std::atomic<std::uint64_t> reallocs_to_pass{0};
@@ -75,9 +75,9 @@ class StatsRegistry {
 
 struct StatsContext {
   int pid = 0;
-  std::string pool;     // the spec, or empty
-  std::string state;    // "cxl" or "pass-through"
-  std::string reason;   // why pass-through, or what backs the heap
+  std::string pool;    // the spec, or empty
+  std::string state;   // "cxl" or "pass-through"
+  std::string reason;  // why pass-through, or what backs the heap
   std::uint64_t min_bytes = 0;
   std::uint64_t heap_bytes = 0;  // bytes of the pool this process holds for its heap
 };
