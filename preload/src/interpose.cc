@@ -184,10 +184,20 @@ StatsRegistry registry;
 constinit thread_local ThreadStats tls_stats CXLKV_IE{};
 pthread_key_t stats_key;
 
-void RetireThreadStats(void* p) { registry.Retire(static_cast<ThreadStats*>(p)); }
+// A thread's destructors may allocate after its statistics were retired: those counts go to
+// one shared block (linked for the process's life; increments may race and be lost, never
+// touch freed memory).
+constinit thread_local bool tls_stats_retired CXLKV_IE = false;
+ThreadStats late_stats{};
+
+void RetireThreadStats(void* p) {
+  registry.Retire(static_cast<ThreadStats*>(p));
+  tls_stats_retired = true;
+}
 
 ThreadStats& MyStats() noexcept {
   if (!tls_stats.linked) [[unlikely]] {
+    if (tls_stats_retired) return late_stats;
     registry.Link(&tls_stats);
     (void)pthread_setspecific(stats_key, &tls_stats);
   }
@@ -614,6 +624,8 @@ void ChildAfterFork() {
   pthread_mutex_unlock(&cuda_mu);
   registry.AfterForkChild();
   tls_stats.Reset();  // counts start over in the child (linked again on first use)
+  late_stats.Reset();
+  if (hot.stats_on.load(std::memory_order_relaxed)) registry.Link(&late_stats);
   --tls_guard;
 }
 
@@ -658,6 +670,7 @@ __attribute__((constructor)) void Start() {
   }
   if (!settings->stats_path.empty()) {
     if (pthread_key_create(&stats_key, &RetireThreadStats) == 0) {
+      registry.Link(&late_stats);
       hot.stats_on.store(true, std::memory_order_relaxed);
     }
   }
