@@ -364,7 +364,12 @@ void* Realloc(void* p, std::size_t n) noexcept {
     case ReallocPlan::kCxlToPass: {
       void* q = PassMalloc(n);
       if (q == nullptr) return nullptr;
-      std::memcpy(q, p, n);  // n < old size: the block shrinks below the threshold
+      std::size_t old;
+      {
+        Guard g;
+        old = heap->UsableSize(p);
+      }
+      std::memcpy(q, p, std::min(n, old));
       FreeCxl(p);
       registry.reallocs_to_pass.fetch_add(1, std::memory_order_relaxed);
       return q;
