@@ -38,8 +38,9 @@ run_both() {
   local name="$1"; shift
   (cd "$WORK/ref" && "$@") >"$WORK/$name.ref" 2>"$WORK/$name.ref.err" ||
     fail "reference run failed: $* (see $WORK/$name.ref.err)"
-  (cd "$WORK/cxl" && env LD_PRELOAD="$SHIM" CXLKV_POOL="$POOL" CXLKV_MIN_BYTES="$MIN" \
-      CXLKV_STATS="$WORK/stats/%p.json" CXLKV_LOG="warn,$WORK/shim.log" "$@") \
+  # Exported in the subshell, not through env(1): only the program gets the shim.
+  (cd "$WORK/cxl" && export LD_PRELOAD="$SHIM" CXLKV_POOL="$POOL" CXLKV_MIN_BYTES="$MIN" \
+      CXLKV_STATS="$WORK/stats/%p.json" CXLKV_LOG="warn,$WORK/shim.log" && exec "$@") \
     >"$WORK/$name.cxl" 2>"$WORK/$name.cxl.err" ||
     fail "run under the shim failed: $* (stderr: $(tail -n 5 "$WORK/$name.cxl.err"))"
   if ! cmp -s "$WORK/$name.ref" "$WORK/$name.cxl"; then
