@@ -397,5 +397,46 @@ TEST(Arena, ClaimReleaseAndRecoverHints) {
   EXPECT_EQ(a->ClaimBatch(0, got.data(), total), total);
 }
 
+TEST(Arena, ClaimRunIsContiguousAlignedAndAllOrNothing) {
+  auto a = MustFormat("memfd:?size=4M", TinyOptions());
+  ASSERT_NE(a, nullptr);
+  const std::uint32_t total = a->class_record(0).block_count;
+  const std::uint64_t stride = a->class_record(0).stride_bytes;
+  // Take every third block with ClaimBatch-style single claims, then ask for runs.
+  std::uint32_t one = 0;
+  ASSERT_EQ(a->ClaimBatch(0, &one, 1), 1u);
+  const std::int64_t r = a->ClaimRun(0, 8, 0);
+  ASSERT_GE(r, 0);
+  for (std::uint32_t i = 0; i < 8; ++i) {
+    const std::uint64_t w = a->word(static_cast<std::uint32_t>(r) + i).load();
+    EXPECT_EQ(WordState(w), kCached);
+    EXPECT_EQ(WordOwner(w), a->owner_id());
+    EXPECT_EQ(a->BlockAddr(static_cast<std::uint32_t>(r) + i),
+              a->BlockAddr(static_cast<std::uint32_t>(r)) + i * stride);
+  }
+  EXPECT_NE(static_cast<std::uint32_t>(r), one);
+  // Alignment: the first block's address is a multiple of 64 KiB.
+  const std::int64_t al = a->ClaimRun(0, 2, 64 << 10);
+  ASSERT_GE(al, 0);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a->BlockAddr(static_cast<std::uint32_t>(al))) %
+                (64 << 10),
+            0u);
+  // A run longer than the arena, or than any free stretch, fails and claims nothing.
+  EXPECT_EQ(a->ClaimRun(0, total + 1, 0), -1);
+  const std::uint32_t free_before = a->Usage().classes[0].free;
+  EXPECT_EQ(a->ClaimRun(0, free_before, 0), -1);  // the free blocks are not one stretch
+  EXPECT_EQ(a->Usage().classes[0].free, free_before);
+  // Released runs are whole again: the arena ends up fully claimable as one run.
+  std::vector<std::uint32_t> back;
+  for (std::uint32_t i = 0; i < 8; ++i) back.push_back(static_cast<std::uint32_t>(r) + i);
+  back.push_back(static_cast<std::uint32_t>(al));
+  back.push_back(static_cast<std::uint32_t>(al) + 1);
+  back.push_back(one);
+  a->ReleaseCached(back.data(), back.size());
+  EXPECT_EQ(a->Usage().classes[0].free, total);
+  EXPECT_EQ(a->ClaimRun(0, total, 0), 0);
+  EXPECT_EQ(a->ClaimBatch(0, &one, 1), 0u);
+}
+
 }  // namespace
 }  // namespace cxlkv::pool

@@ -448,6 +448,71 @@ std::size_t Arena::ClaimBatch(std::uint32_t cls, std::uint32_t* out, std::size_t
   return got;
 }
 
+std::int64_t Arena::ClaimRun(std::uint32_t cls, std::uint32_t n,
+                            std::uint64_t align_bytes) noexcept {
+  if (cls >= header_.class_count || n == 0) return -1;
+  if ((attached_fork_epoch_ != ForkEpoch() || owner_id_.load(std::memory_order_relaxed) == 0) &&
+      !EnsureAttached().ok()) {
+    return -1;
+  }
+  const std::uint32_t owner = owner_id_.load(std::memory_order_relaxed);
+  const ClassRecord& k = header_.classes[cls];
+  if (n > k.block_count) return -1;
+  auto* hints = Hints(region_->addr(), k);
+  const auto hinted = [&](std::uint32_t i) {
+    return (hints[i / 64].load(std::memory_order_relaxed) >> (i % 64)) & 1;
+  };
+  const auto aligned = [&](std::uint32_t i) {
+    if (align_bytes <= 1) return true;
+    const auto addr = reinterpret_cast<std::uintptr_t>(region_->addr()) + k.data_offset +
+                      std::uint64_t{i} * k.stride_bytes;
+    return addr % align_bytes == 0;
+  };
+  std::uint32_t start = 0;
+  while (start + n <= k.block_count) {
+    if (!aligned(start) || !hinted(start)) {
+      ++start;
+      continue;
+    }
+    // Candidate: the hints say [start, start + n) is free. Claim word by word (a hint is only
+    // a hint); on the first word another claimer holds, give the claimed ones back.
+    std::uint32_t got = 0;
+    while (got < n && hinted(start + got)) {
+      const std::uint32_t index = k.first_index + start + got;
+      std::uint64_t w = words_[index].load(std::memory_order_acquire);
+      if (WordState(w) != kFree ||
+          !words_[index].compare_exchange_strong(w, PackWord(kCached, owner, WordGen(w), cls),
+                                                 std::memory_order_acq_rel)) {
+        break;
+      }
+      ++got;
+    }
+    if (got == n) {
+      // Words first, then hints: a ClaimBatch that took a bit meanwhile finds the word
+      // cached and drops the bit; a crash in between leaves cached words of this owner,
+      // which Recover() returns once the process is gone.
+      for (std::uint32_t i = start; i < start + n;) {
+        const std::uint32_t hw = i / 64;
+        const std::uint32_t end = std::min<std::uint32_t>(start + n, (hw + 1) * 64);
+        std::uint64_t mask = 0;
+        for (std::uint32_t b = i; b < end; ++b) mask |= 1ull << (b % 64);
+        hints[hw].fetch_and(~mask, std::memory_order_acq_rel);
+        i = end;
+      }
+      return std::int64_t{k.first_index} + start;
+    }
+    std::uint32_t back[64];
+    for (std::uint32_t done = 0; done < got;) {
+      const std::uint32_t m = std::min<std::uint32_t>(64, got - done);
+      for (std::uint32_t j = 0; j < m; ++j) back[j] = k.first_index + start + done + j;
+      ReleaseCached(back, m);
+      done += m;
+    }
+    start += got + 1;
+  }
+  return -1;
+}
+
 void Arena::ReleaseCached(const std::uint32_t* indexes, std::size_t n) noexcept {
   const std::uint32_t owner = owner_id_.load(std::memory_order_relaxed);
   // Hint bits are set after their words, one fetch_or per run of indexes that share a hint

@@ -131,6 +131,13 @@ class Arena {
   // Moves up to n free blocks of class cls into this owner's cache (kFree -> kCached) and
   // writes their indexes to out. Returns how many; 0 means the class has no free block.
   std::size_t ClaimBatch(std::uint32_t cls, std::uint32_t* out, std::size_t n) noexcept;
+  // Claims n blocks of class cls with consecutive indexes, hence one contiguous address
+  // range of n * stride bytes, whose first block address is a multiple of align_bytes (a
+  // power of two; 0 or 1: no constraint), into this owner's cache (kFree -> kCached).
+  // Returns the first index, or -1 when no such run is free. All or nothing: blocks claimed
+  // before a conflicting claimer won a word are given back. For callers that carve their
+  // own allocations out of whole runs (the preload shim's extent source). O(blocks of cls).
+  std::int64_t ClaimRun(std::uint32_t cls, std::uint32_t n, std::uint64_t align_bytes) noexcept;
   // Returns blocks this owner holds in kCached to the free pool.
   void ReleaseCached(const std::uint32_t* indexes, std::size_t n) noexcept;
   // Frees a block owned by nobody or by another live process (CAS), or persisted. Returns

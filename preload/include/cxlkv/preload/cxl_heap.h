@@ -1,0 +1,74 @@
+// cxlkv/preload/cxl_heap.h — a general-purpose heap in CXL memory.
+//
+// Two backends, chosen by the source spec:
+//   devdax, file, memfd: a jemalloc arena (Debian's libjemalloc, called through its explicit
+//     API: mallocx/rallocx/dallocx/sallocx/mallctl) whose extent hooks take their memory from
+//     a cxlkv arena in the region: each extent is a run of contiguous arena blocks claimed
+//     with pool::Arena::ClaimRun under this process's owner slot. So several processes share
+//     one pool safely, and the blocks of a process that dies return to the pool on the next
+//     open (pool::Arena::Recover). A blank region is formatted with one class of 256 KiB
+//     blocks; an existing cxlkv arena is used as it is (its smallest class). Ownership of a
+//     pointer is its address: inside the region's mapping.
+//   kmem: memkind's MEMKIND_DAX_KMEM (CPU-less NUMA nodes onlined as system RAM); ownership
+//     through memkind_detect_kind (no address range).
+//
+// Thread-safety: every method may be called from any thread. jemalloc serializes the arena;
+// the extent source has its own lock.
+//
+// fork: the region is a MAP_SHARED mapping, so after fork() parent and child would write
+// the same heap pages. PrepareFork() (atfork prepare, in the parent) copies the runs this
+// process holds into a private anonymous shadow; ChildAfterFork() moves the shadow over
+// them (mremap, no copy), so the child keeps a private copy of its heap, as with ordinary
+// anonymous memory, and later takes new runs under its own owner slot. The cost is one copy
+// of the CXL bytes this process holds, per fork (vfork/posix_spawn pay nothing).
+#ifndef CXLKV_PRELOAD_CXL_HEAP_H_
+#define CXLKV_PRELOAD_CXL_HEAP_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cxlkv/pool/spec.h"
+#include "cxlkv/preload/policy.h"
+
+namespace cxlkv::preload {
+
+inline constexpr std::uint64_t kChunkBytes = 256u << 10;  // block size of a blank pool
+
+class CxlHeap {
+ public:
+  // Opens (formatting it if blank) the pool and sets the heap up. Errors name the source
+  // and the fix (foreign data, too small, no kmem node, jemalloc refused the arena).
+  static absl::StatusOr<std::unique_ptr<CxlHeap>> Open(const pool::SourceSpec& spec);
+  virtual ~CxlHeap() = default;
+
+  // nullptr when the pool cannot serve the request (full, alignment beyond the region's).
+  // align is a power of two (0: default alignment of 16).
+  virtual void* Alloc(std::size_t bytes, std::size_t align, bool zero) noexcept = 0;
+  virtual void Free(void* p) noexcept = 0;
+  // Resizes a block of this heap; nullptr (p untouched) when the heap cannot.
+  virtual void* Realloc(void* p, std::size_t bytes) noexcept = 0;
+  virtual std::size_t UsableSize(const void* p) const noexcept = 0;
+  // Whether p (not NULL) was allocated here. Exact for the address-range backend.
+  virtual bool Owns(const void* p) const noexcept = 0;
+  // The addresses Owns() is true for, when it is one range; {0, 0} otherwise.
+  virtual AddressRange range() const noexcept = 0;
+
+  // Puts the pool's memory back under [addr, addr + bytes) (a range of this heap that the
+  // process unmapped, protected or replaced): a new MAP_FIXED mapping of the same pages.
+  virtual bool RestoreMapping(void* addr, std::size_t bytes) noexcept = 0;
+
+  virtual void PrepareFork() noexcept = 0;
+  virtual void ParentAfterFork() noexcept = 0;
+  virtual void ChildAfterFork() noexcept = 0;
+
+  // Pool bytes this process holds for the heap (claimed runs), for stats.
+  virtual std::uint64_t held_bytes() const noexcept = 0;
+  virtual std::string Describe() const = 0;
+};
+
+}  // namespace cxlkv::preload
+
+#endif  // CXLKV_PRELOAD_CXL_HEAP_H_

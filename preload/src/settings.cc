@@ -1,0 +1,204 @@
+#include "cxlkv/preload/settings.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cxlkv/pool/spec.h"
+
+namespace cxlkv::preload {
+namespace {
+
+struct Key {
+  const char* env;
+  const char* file;
+};
+constexpr Key kKeys[] = {{"CXLKV_POOL", "pool"},
+                         {"CXLKV_MIN_BYTES", "min_bytes"},
+                         {"CXLKV_LOG", "log"},
+                         {"CXLKV_STATS", "stats"},
+                         {"CXLKV_CONFIG", nullptr}};
+
+bool ParseLevel(absl::string_view s, LogLevel* out) {
+  static constexpr LogLevel kAll[] = {LogLevel::kOff, LogLevel::kError, LogLevel::kWarn,
+                                      LogLevel::kInfo, LogLevel::kDebug};
+  for (LogLevel l : kAll) {
+    if (s == LogLevelName(l)) {
+      *out = l;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Reads a whole (small) file; errors name it.
+absl::Status ReadFile(const std::string& path, std::string* out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat("CXLKV_CONFIG=", path,
+                                            ": cannot open: ", std::strerror(errno),
+                                            "; point CXLKV_CONFIG at a readable file"));
+  }
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out->append(buf, static_cast<std::size_t>(n));
+    if (out->size() > (1u << 20)) {
+      ::close(fd);
+      return absl::InvalidArgumentError(
+          absl::StrCat("CXLKV_CONFIG=", path, ": larger than 1 MiB; is it the right file?"));
+    }
+  }
+  ::close(fd);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* LogLevelName(LogLevel level) noexcept {
+  switch (level) {
+    case LogLevel::kOff:
+      return "off";
+    case LogLevel::kError:
+      return "error";
+    case LogLevel::kWarn:
+      return "warn";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kDebug:
+      return "debug";
+  }
+  return "?";
+}
+
+absl::Status ApplySetting(absl::string_view key, absl::string_view value, Settings* s) {
+  value = absl::StripAsciiWhitespace(value);
+  if (key == "pool") {
+    if (value.empty()) {
+      s->pool.clear();
+      return absl::OkStatus();
+    }
+    auto spec = pool::ParseSourceSpec(value);
+    if (!spec.ok()) return spec.status();
+    s->pool = std::string(value);
+    return absl::OkStatus();
+  }
+  if (key == "min_bytes") {
+    auto n = pool::ParseSize(value);
+    if (!n.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "min_bytes '", value, "': ", n.status().message(),
+          "; give a byte count with an optional K/M/G suffix, e.g. 64K (0 sends everything)"));
+    }
+    s->min_bytes = *n;
+    return absl::OkStatus();
+  }
+  if (key == "log") {
+    std::pair<absl::string_view, absl::string_view> parts =
+        absl::StrSplit(value, absl::MaxSplits(',', 1));
+    LogLevel level;
+    if (!ParseLevel(absl::StripAsciiWhitespace(parts.first), &level)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("log '", value,
+                       "': level must be off, error, warn, info or debug, optionally followed by "
+                       "',stderr' or ',/path/to/file' (e.g. info,/tmp/cxlkv.log)"));
+    }
+    s->log_level = level;
+    const absl::string_view dest = absl::StripAsciiWhitespace(parts.second);
+    s->log_path = dest == "stderr" ? "" : std::string(dest);
+    return absl::OkStatus();
+  }
+  if (key == "stats") {
+    s->stats_path = std::string(value);
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown key '", key, "'; the known keys are pool, min_bytes, log and stats"));
+}
+
+std::vector<std::string> ParseConfigText(absl::string_view text, absl::string_view source,
+                                         Settings* s) {
+  std::vector<std::string> errors;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    if (auto hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    const auto eq = line.find('=');
+    if (eq == absl::string_view::npos) {
+      errors.push_back(absl::StrCat(source, ":", line_no, ": '", line,
+                                    "' is not 'key = value' (keys: pool, min_bytes, log, stats)"));
+      continue;
+    }
+    const absl::string_view key = absl::StripAsciiWhitespace(line.substr(0, eq));
+    if (auto st = ApplySetting(key, line.substr(eq + 1), s); !st.ok()) {
+      errors.push_back(absl::StrCat(source, ":", line_no, ": ", st.message()));
+    }
+  }
+  return errors;
+}
+
+Settings LoadSettings(const char* const* envp, std::vector<std::string>* errors) {
+  Settings s;
+  std::vector<std::pair<std::string, std::string>> env;  // known CXLKV_* keys, in order
+  for (const char* const* e = envp; e != nullptr && *e != nullptr; ++e) {
+    const absl::string_view kv(*e);
+    if (!absl::StartsWith(kv, "CXLKV_")) continue;
+    const auto eq = kv.find('=');
+    const absl::string_view name = kv.substr(0, eq);
+    const absl::string_view value = eq == absl::string_view::npos ? "" : kv.substr(eq + 1);
+    bool known = false;
+    for (const Key& k : kKeys) known = known || name == k.env;
+    if (!known) {
+      errors->push_back(absl::StrCat(
+          "unknown setting ", name,
+          "; the preload shim reads CXLKV_POOL, CXLKV_MIN_BYTES, CXLKV_LOG, CXLKV_STATS and "
+          "CXLKV_CONFIG"));
+      continue;
+    }
+    env.emplace_back(std::string(name), std::string(value));
+  }
+  for (const auto& [name, value] : env) {  // the file first, the environment overrides it
+    if (name != "CXLKV_CONFIG") continue;
+    s.config_path = value;
+    std::string text;
+    if (auto st = ReadFile(value, &text); !st.ok()) {
+      errors->push_back(std::string(st.message()));
+      continue;
+    }
+    for (auto& e : ParseConfigText(text, value, &s)) errors->push_back(std::move(e));
+  }
+  for (const auto& [name, value] : env) {
+    for (const Key& k : kKeys) {
+      if (name != k.env || k.file == nullptr) continue;
+      if (auto st = ApplySetting(k.file, value, &s); !st.ok()) {
+        errors->push_back(absl::StrCat(name, ": ", st.message()));
+      }
+    }
+  }
+  if (!errors->empty()) s.pool.clear();
+  return s;
+}
+
+std::string ExpandPid(absl::string_view path, int pid) {
+  std::string out;
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    if (path[i] == '%' && i + 1 < path.size() && path[i + 1] == 'p') {
+      absl::StrAppend(&out, pid);
+      ++i;
+    } else {
+      out.push_back(path[i]);
+    }
+  }
+  return out;
+}
+
+}  // namespace cxlkv::preload
