@@ -23,6 +23,7 @@
 #include "cxlkv/pool/region.h"
 #include "gtest/gtest.h"
 #include "orchestrator.grpc.pb.h"
+#include "orchestrator_harness.h"
 
 namespace cxlkv::orchestrator {
 namespace {
@@ -31,114 +32,24 @@ namespace pb = ::cxlkv::orchestrator::v1;
 namespace co = ::cxlkv::coherence;
 using namespace std::chrono_literals;
 
-bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds limit = 5000ms) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
+using testing::OrchestratorHarness;
+using testing::WaitFor;
 
 class OrchestratorFixture : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/cxlkv-orch-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    const std::string tag = std::to_string(getpid());
-    pool_ = "/dev/shm/cxlkv-orch-pool-" + tag;
-    domain_ = "/dev/shm/cxlkv-orch-domain-" + tag;
-    socket_ = dir_ + "/o.sock";
-    config_ = dir_ + "/domain.toml";
-    std::ofstream(config_) << "[domain]\nname = \"itest\"\n"
-                           << "pool = \"file:" << pool_ << "?size=256M\"\n"
-                           << "prefix_domain = \"file:" << domain_ << "?size=4M\"\n"
-                           << "extent_size = \"16M\"\nstate_file = \"" << dir_ << "/d.state\"\n"
-                           << "index_entries = 1024\nmax_hosts = 4\n"
-                           << "[rpc]\nsocket = \"" << socket_ << "\"\n[metrics]\nlisten = \"\"\n"
-                           << "[timing]\nlease_ttl_ms = 400\nhost_ttl_ms = 400\n"
-                           << "heartbeat_period_ms = 50\ngrace_ms = 20\ncapacity_lease_ms = 1000\n"
-                           << "[capacity]\ndefault_share = 0.5\n"
-                           << "[[namespace]]\ntenant = \"t\"\nmodel = \"m\"\nlayout = \"l\"\n";
-    StartDaemon();
-  }
-  void TearDown() override {
-    StopDaemon(SIGTERM);
-    unlink(pool_.c_str());
-    unlink(domain_.c_str());
-    std::string cmd = "rm -rf " + dir_;
-    ASSERT_EQ(system(cmd.c_str()), 0);
-  }
+  void SetUp() override { StartDaemon(); }
+  void StartDaemon() { h_.Start(); }
+  void StopDaemon(int sig) { h_.Stop(sig); }
+  pb::HostsReply Hosts() { return h_.Hosts(); }
+  pb::StatusReply Status() { return h_.Status(); }
+  std::string HostState(std::uint32_t id) { return h_.HostState(id); }
+  std::unique_ptr<pb::Orchestrator::Stub> Stub() { return h_.Stub(); }
+  pid_t Host(const std::function<bool()>& body) { return OrchestratorHarness::Fork(body); }
+  static bool Exited0(pid_t pid) { return OrchestratorHarness::Exited0(pid); }
 
-  void StartDaemon() {
-    daemon_ = fork();
-    ASSERT_GE(daemon_, 0);
-    if (daemon_ == 0) {
-      const int null = open("/dev/null", O_WRONLY);
-      dup2(null, 1);
-      execl(CXLKV_ORCHESTRATOR_BIN, CXLKV_ORCHESTRATOR_BIN, "--config", config_.c_str(), nullptr);
-      _exit(127);
-    }
-    ASSERT_TRUE(WaitFor([&] {
-      const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-      sockaddr_un a{};
-      a.sun_family = AF_UNIX;
-      std::strncpy(a.sun_path, socket_.c_str(), sizeof(a.sun_path) - 1);
-      const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-      close(fd);
-      return ok;
-    })) << "the orchestrator did not come up";
-  }
-  void StopDaemon(int sig) {
-    if (daemon_ <= 0) return;
-    kill(daemon_, sig);
-    int status = 0;
-    waitpid(daemon_, &status, 0);
-    if (sig == SIGTERM) {
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-    }
-    daemon_ = -1;
-  }
-
-  std::unique_ptr<pb::Orchestrator::Stub> Stub() {
-    return pb::Orchestrator::NewStub(
-        grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials()));
-  }
-  pb::HostsReply Hosts() {
-    grpc::ClientContext ctx;
-    pb::HostsReply r;
-    EXPECT_TRUE(Stub()->Hosts(&ctx, pb::HostsRequest{}, &r).ok());
-    return r;
-  }
-  pb::StatusReply Status() {
-    grpc::ClientContext ctx;
-    pb::StatusReply r;
-    EXPECT_TRUE(Stub()->Status(&ctx, pb::StatusRequest{}, &r).ok());
-    return r;
-  }
-  std::string HostState(std::uint32_t id) {
-    const pb::HostsReply r = Hosts();
-    for (const auto& h : r.hosts()) {
-      if (h.host_id() == id) return h.state();
-    }
-    return "absent";
-  }
-
-  // Runs body in a child process; returns its pid. The child exits 0 if body returns true.
-  pid_t Host(const std::function<bool()>& body) {
-    const pid_t pid = fork();
-    if (pid == 0) _exit(body() ? 0 : 1);
-    return pid;
-  }
-  static bool Exited0(pid_t pid) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-
-  std::string dir_, pool_, domain_, socket_, config_;
-  pid_t daemon_ = -1;
+  OrchestratorHarness h_{"lease_ttl_ms = 400\nhost_ttl_ms = 400\nheartbeat_period_ms = 50\n"
+                         "grace_ms = 20\ncapacity_lease_ms = 1000\n"};
+  const std::string& socket_ = h_.socket;
 };
 
 co::BlockRef Ref(std::uint32_t host, std::uint32_t i) {

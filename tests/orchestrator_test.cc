@@ -102,6 +102,7 @@ TEST(DomainState, JoinGrowHeartbeatFenceExpire) {
   EXPECT_EQ(s.hosts()[1].state, HostState::kFenced);
   EXPECT_EQ(s.ExtentsOf(1), 4u) << "the capacity lease outlives fencing";
   EXPECT_TRUE(absl::IsFailedPrecondition(s.Heartbeat(1, 1, 0, 2600))) << "fenced: rejoin";
+  EXPECT_TRUE(absl::IsFailedPrecondition(s.Leave(1, 7))) << "not its incarnation";
   EXPECT_TRUE(s.Expire(10001));
   EXPECT_EQ(s.ExtentsOf(1), 0u);
   EXPECT_EQ(s.ExtentsOf(0), 8u) << "host 0's last beat (2500) renewed its lease to 12500";

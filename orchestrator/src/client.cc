@@ -19,9 +19,12 @@ absl::Status FromGrpc(const grpc::Status& st, absl::string_view what) {
   return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
                       absl::StrCat(what, ": ", st.error_message()));
 }
+// Every call waits (up to its deadline) for the channel to connect: an orchestrator that is
+// restarting is expected, and gRPC would otherwise fail at once while it backs off.
 std::unique_ptr<grpc::ClientContext> Ctx(int timeout_ms = 2000) {
   auto c = std::make_unique<grpc::ClientContext>();
   c->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+  c->set_wait_for_ready(true);
   return c;
 }
 }  // namespace

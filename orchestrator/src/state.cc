@@ -93,7 +93,13 @@ absl::Status DomainState::Heartbeat(std::uint32_t host, std::uint64_t incarnatio
 }
 
 absl::Status DomainState::Leave(std::uint32_t host, std::uint64_t incarnation) {
-  if (auto st = CheckCurrent(host, incarnation); !st.ok()) return st;
+  // A fenced host may still say goodbye: it gives back what it held at once instead of
+  // waiting for the capacity lease to run out.
+  const bool fenced_self = host < hosts_.size() && hosts_[host].state == HostState::kFenced &&
+                           hosts_[host].incarnation == incarnation;
+  if (!fenced_self) {
+    if (auto st = CheckCurrent(host, incarnation); !st.ok()) return st;
+  }
   FreeExtentsOf(host);
   hosts_[host].state = HostState::kLeft;
   return absl::OkStatus();
