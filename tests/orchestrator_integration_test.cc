@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "cxlkv/coherence/mem.h"
+#include "cxlkv/cxlkv.h"
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/orchestrator/client.h"
 #include "cxlkv/pool/region.h"
@@ -177,7 +178,14 @@ TEST_F(OrchestratorFixture, Kill9RestartLosesNothing) {
     (void)!write(done[1], &posted, sizeof(posted));
     (void)!write(done[1], &inc, sizeof(inc));
     std::this_thread::sleep_for(300ms);
-    return (*c)->incarnation() == inc && (*c)->rejoins() == 0 && (*c)->extents().size() == 2;
+    const bool ok = (*c)->incarnation() == inc && (*c)->rejoins() == 0 && (*c)->extents().size() == 2;
+    if (!ok) {
+      std::fprintf(stderr, "host 2: incarnation %llu (was %llu), rejoins %llu, extents %zu\n",
+                   static_cast<unsigned long long>((*c)->incarnation()),
+                   static_cast<unsigned long long>(inc),
+                   static_cast<unsigned long long>((*c)->rejoins()), (*c)->extents().size());
+    }
+    return ok;
   });
   ASSERT_TRUE(WaitFor([&] { return Status().prefixes_published() >= 20; }));
   StopDaemon(SIGKILL);  // mid-publish
@@ -219,6 +227,22 @@ TEST_F(OrchestratorFixture, DrainStopsGrowthAndTheHostGivesBack) {
   ASSERT_TRUE((*c)->Shrink(all).ok());
   EXPECT_EQ(Status().extents_assigned(), 0u);
   EXPECT_EQ(HostState(3), "draining");
+}
+
+// The C API joins a pooled domain through its orchestrator: "orchestrator:<socket>".
+TEST_F(OrchestratorFixture, CApiJoinsThroughTheOrchestrator) {
+  cxlkv_domain* d = nullptr;
+  const std::string spec = "orchestrator:" + socket_;
+  ASSERT_EQ(cxlkv_domain_join(spec.c_str(), 2, &d), CXLKV_OK) << cxlkv_last_error();
+  EXPECT_EQ(HostState(2), "live");
+  EXPECT_EQ(cxlkv_domain_heartbeat(d, nullptr, nullptr), CXLKV_OK);
+  cxlkv_domain_leave(d);
+  EXPECT_EQ(HostState(2), "left");
+  cxlkv_domain* bad = nullptr;
+  EXPECT_EQ(cxlkv_domain_join(spec.c_str(), 7, &bad), CXLKV_E_PERMISSION)
+      << "host 7 is not below max_hosts 4";
+  EXPECT_NE(std::string(cxlkv_last_error()).find("not allowed"), std::string::npos)
+      << cxlkv_last_error();
 }
 
 }  // namespace

@@ -10,9 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
 #include "cxlkv/allocator/block_allocator.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/prefix.h"
+#include "cxlkv/orchestrator/client.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
 
@@ -309,6 +312,8 @@ CXLKV_API void cxlkv_copy_to_block(void* block, const void* src, size_t len) {
 }
 
 struct cxlkv_domain {
+  // Set when the domain was joined through its orchestrator: membership and heartbeats.
+  std::unique_ptr<cxlkv::orchestrator::HostClient> client;
   std::unique_ptr<cxlkv::pool::Region> region;
   std::unique_ptr<cxlkv::coherence::DirectMem> mem;
   cxlkv::coherence::SteadyClock clock;
@@ -383,9 +388,21 @@ CXLKV_API int cxlkv_domain_format(const char* spec, const cxlkv_domain_geometry*
 
 CXLKV_API int cxlkv_domain_join(const char* spec, uint32_t host_id, cxlkv_domain** out) {
   if (out == nullptr) return Fail(CXLKV_E_INVALID, "out must be set");
-  auto region = OpenDomainRegion(spec);
-  if (!region.ok()) return FromStatus(region.status());
   auto d = std::make_unique<cxlkv_domain>();
+  constexpr absl::string_view kOrchestrator = "orchestrator:";
+  std::string domain_spec = spec != nullptr ? spec : "";
+  if (absl::StartsWith(domain_spec, kOrchestrator)) {
+    // A pooled domain run by cxlkv-orchestrator: join it there (membership, heartbeats on a
+    // thread of the client's), then map the prefix domain it names.
+    auto client = cxlkv::orchestrator::HostClient::Connect(
+        domain_spec.substr(kOrchestrator.size()), host_id);
+    if (!client.ok()) return FromStatus(client.status());
+    d->client = std::move(*client);
+    d->client->StartHeartbeats();
+    domain_spec = d->client->domain_spec();
+  }
+  auto region = OpenDomainRegion(domain_spec.c_str());
+  if (!region.ok()) return FromStatus(region.status());
   d->region = std::move(*region);
   d->mem = std::make_unique<co::DirectMem>(d->region->addr(), d->region->size_bytes());
   auto host = co::PrefixHost::Join(*d->mem, d->clock, host_id);

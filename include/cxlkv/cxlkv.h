@@ -186,7 +186,10 @@ typedef struct cxlkv_lease {
 uint64_t cxlkv_domain_bytes(const cxlkv_domain_geometry* g);
 /* Formats an empty domain on a source (owner role, once). */
 int cxlkv_domain_format(const char* spec, const cxlkv_domain_geometry* g);
-/* Joins as host_id with a new incarnation. */
+/* Joins as host_id with a new incarnation. spec is the domain's source spec, or
+ * "orchestrator:/run/cxlkv/<domain>.sock" to join through the domain's cxlkv-orchestrator
+ * (membership and heartbeats to it run on a thread of their own; the prefix domain is the
+ * one it names; CXLKV_E_PERMISSION if it does not admit this host id or this uid). */
 int cxlkv_domain_join(const char* spec, uint32_t host_id, cxlkv_domain** out);
 void cxlkv_domain_leave(cxlkv_domain* d);
 /* Call at least every host_ttl/4. Blocks the owner handed back that belong to `arena`

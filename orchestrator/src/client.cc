@@ -46,7 +46,13 @@ std::int64_t HostClient::NowMs() const {
 absl::StatusOr<std::unique_ptr<HostClient>> HostClient::Connect(const std::string& socket,
                                                                 std::uint32_t host_id) {
   auto rpc = std::make_unique<Rpc>();
-  rpc->channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+  // Reconnect fast: gRPC's default backoff (1 s and growing) after an orchestrator restart
+  // would outlast host_ttl, and the host would be fenced for the orchestrator's absence.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 10);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 100);
+  rpc->channel = grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(), args);
   rpc->stub = pb::Orchestrator::NewStub(rpc->channel);
   std::unique_ptr<HostClient> c(new HostClient(std::move(rpc), host_id));
   if (auto st = c->Join(); !st.ok()) return st;
