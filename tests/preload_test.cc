@@ -43,6 +43,24 @@ TEST(Settings, DefaultsWithoutEnvironment) {
   EXPECT_TRUE(s.stats_path.empty());
 }
 
+// Other cxlkv tools' variables are theirs; a near miss of one of the shim's keys is an error.
+TEST(Settings, OnlyNearMissesOfOurKeysAreErrors) {
+  std::vector<std::string> errors;
+  Settings s = Load({"CXLKV_POOL=memfd:?size=64M", "CXLKV_SEED=7", "CXLKV_ORCHESTRATOR_SOCKET=/x",
+                     "CXLKV_BIN=/cxlkv/bin"},
+                    &errors);
+  EXPECT_TRUE(errors.empty()) << errors[0];
+  EXPECT_EQ(s.pool, "memfd:?size=64M");
+  for (const char* typo : {"CXLKV_MIN_BYTE=4K", "CXLKV_MINBYTES=4K", "CXLKV_POLL=memfd:?size=1M",
+                           "CXLKV_STAT=/tmp/s", "CXLKV_PRELOAD_THRESHOLD=1"}) {
+    errors.clear();
+    s = Load({"CXLKV_POOL=memfd:?size=64M", typo}, &errors);
+    ASSERT_EQ(errors.size(), 1u) << typo;
+    EXPECT_NE(errors[0].find("unknown setting"), std::string::npos) << errors[0];
+    EXPECT_TRUE(s.pool.empty()) << typo << ": a bad setting turns the shim to pass-through";
+  }
+}
+
 TEST(Settings, EnvironmentKeys) {
   std::vector<std::string> errors;
   Settings s = Load({"CXLKV_POOL=memfd:?size=64M", "CXLKV_MIN_BYTES=4K",

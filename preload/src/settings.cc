@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -146,6 +147,35 @@ std::vector<std::string> ParseConfigText(absl::string_view text, absl::string_vi
   return errors;
 }
 
+namespace {
+
+// Edit distance of two short names (allocation-free: runs before malloc is ready).
+std::size_t Distance(absl::string_view a, absl::string_view b) {
+  constexpr std::size_t kMax = 48;
+  if (a.size() >= kMax || b.size() >= kMax) return kMax;
+  std::size_t prev[kMax], cur[kMax];
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({sub, prev[j] + 1, cur[j - 1] + 1});
+    }
+    for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = cur[j];
+  }
+  return prev[b.size()];
+}
+
+// A misspelling of one of the shim's own variables (CXLKV_MINBYTES, CXLKV_POLL, ...).
+bool LooksLikeOurs(absl::string_view name) {
+  for (const Key& k : kKeys) {
+    if (Distance(name, k.env) <= 2) return true;
+  }
+  return absl::StartsWith(name, "CXLKV_PRELOAD_");
+}
+
+}  // namespace
+
 Settings LoadSettings(const char* const* envp, std::vector<std::string>* errors) {
   Settings s;
   std::vector<std::pair<std::string, std::string>> env;  // known CXLKV_* keys, in order
@@ -157,6 +187,9 @@ Settings LoadSettings(const char* const* envp, std::vector<std::string>* errors)
     const absl::string_view value = eq == absl::string_view::npos ? "" : kv.substr(eq + 1);
     bool known = false;
     for (const Key& k : kKeys) known = known || name == k.env;
+    // Other cxlkv tools read CXLKV_* variables of their own (CXLKV_SEED, CXLKV_ORCHESTRATOR_SOCKET,
+    // the QEMU guests' CXLKV_BIN ...): only a near miss of one of the shim's keys is an error.
+    if (!known && !LooksLikeOurs(name)) continue;
     if (!known) {
       errors->push_back(absl::StrCat(
           "unknown setting ", name,
