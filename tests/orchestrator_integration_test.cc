@@ -18,7 +18,6 @@
 #include <thread>
 
 #include "cxlkv/coherence/mem.h"
-#include "cxlkv/cxlkv.h"
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/orchestrator/client.h"
 #include "cxlkv/pool/region.h"
@@ -227,22 +226,6 @@ TEST_F(OrchestratorFixture, DrainStopsGrowthAndTheHostGivesBack) {
   ASSERT_TRUE((*c)->Shrink(all).ok());
   EXPECT_EQ(Status().extents_assigned(), 0u);
   EXPECT_EQ(HostState(3), "draining");
-}
-
-// The C API joins a pooled domain through its orchestrator: "orchestrator:<socket>".
-TEST_F(OrchestratorFixture, CApiJoinsThroughTheOrchestrator) {
-  cxlkv_domain* d = nullptr;
-  const std::string spec = "orchestrator:" + socket_;
-  ASSERT_EQ(cxlkv_domain_join(spec.c_str(), 2, &d), CXLKV_OK) << cxlkv_last_error();
-  EXPECT_EQ(HostState(2), "live");
-  EXPECT_EQ(cxlkv_domain_heartbeat(d, nullptr, nullptr), CXLKV_OK);
-  cxlkv_domain_leave(d);
-  EXPECT_EQ(HostState(2), "left");
-  cxlkv_domain* bad = nullptr;
-  EXPECT_EQ(cxlkv_domain_join(spec.c_str(), 7, &bad), CXLKV_E_PERMISSION)
-      << "host 7 is not below max_hosts 4";
-  EXPECT_NE(std::string(cxlkv_last_error()).find("not allowed"), std::string::npos)
-      << cxlkv_last_error();
 }
 
 }  // namespace
