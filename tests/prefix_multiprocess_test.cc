@@ -2,7 +2,7 @@
 // processes publishing, looking up, leasing and reading each other's blocks, while the test
 // kills hosts with SIGKILL (and restarts them) and stalls them with SIGSTOP/SIGCONT.
 // Every read checks, in the publisher's own arena, that the block is still allocated with
-// the leased generation (a block freed while leased fails the run). At the end every host
+// the leased generation (a block freed while a lease still validates fails the run). At the end every host
 // stops, the owner fences them, evicts and reclaims everything, the hosts restart once to
 // collect their returned blocks: no block may be left persisted, no entry left in the index.
 #include <signal.h>
@@ -35,6 +35,7 @@ constexpr std::uint32_t kKeys = 32;
 struct Shared {  // anonymous shared memory: counters the processes report through
   std::atomic<std::uint64_t> violations;
   std::atomic<std::uint64_t> reads;
+  std::atomic<std::uint64_t> discarded;  // copies of freed blocks that failed validation
   std::atomic<std::uint64_t> published;
   std::atomic<std::uint64_t> stop;
   char what[256];
@@ -150,10 +151,19 @@ void Report(Shared* sh, const std::string& what) {
       // Which peer arena holds it: match the uuid.
       for (const auto& peer : peers) {
         if (std::memcmp(peer->uuid().data(), l.ref.arena, 16) != 0) continue;
+        // The deadline check above and this read are not atomic: a SIGSTOP between them can
+        // outlast the lease, the owner reclaims, the publisher frees. That is the protocol
+        // working — the copy is then discarded by ValidateAfterCopy, which looks at the clock
+        // again. A violation is a freed block whose copy still validates.
         auto addr = peer->Resolve(peer->uuid(), l.ref.index, l.ref.generation);
         if (!addr.ok()) {
-          Report(sh, "host " + std::to_string(h) + ": a leased block is not allocated in its "
-                     "publisher's arena: " + std::string(addr.status().message()));
+          const absl::Status v = (*host)->ValidateAfterCopy(l);
+          sh->discarded.fetch_add(1);
+          if (v.ok()) {
+            Report(sh, "host " + std::to_string(h) + ": a copy validated although the block "
+                       "is not allocated in its publisher's arena: " +
+                       std::string(addr.status().message()));
+          }
           break;
         }
         std::uint64_t v;
@@ -250,9 +260,10 @@ TEST(PrefixMultiProcess, KillAndStallHostsThenNothingLeaks) {
   int status = 0;
   ::waitpid(owner, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "owner exit " << status;
-  std::printf("published %llu, reads %llu, kills %d, stalls %d\n",
+  std::printf("published %llu, reads %llu (%llu of freed blocks, discarded), kills %d, stalls %d\n",
               static_cast<unsigned long long>(sh->published.load()),
-              static_cast<unsigned long long>(sh->reads.load()), kills, stalls);
+              static_cast<unsigned long long>(sh->reads.load()),
+              static_cast<unsigned long long>(sh->discarded.load()), kills, stalls);
   EXPECT_EQ(sh->violations.load(), 0u) << sh->what << " (seed=" << seed << ")";
   EXPECT_GT(sh->reads.load(), 0u);
   for (std::uint32_t h = 0; h < kHosts; ++h) {
