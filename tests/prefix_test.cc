@@ -2,6 +2,7 @@
 // the simulator, step by step.
 #include <cstring>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "cxlkv/coherence/prefix.h"
@@ -341,6 +342,50 @@ TEST(Prefix, RenewThatStalledPastItsDeadlineLosesTheLease) {
   }
   EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
   EXPECT_EQ(b->leases_held(), 0u) << "the lost lease's row is given back";
+}
+
+// More blocks come back than the publisher's return ring holds, and the owner crashes (its
+// unflushed lines lost) while most of them wait: every block still reaches its publisher.
+// The waiting returns live in the index (retired entries), not in the owner's memory.
+TEST(Prefix, ReturnsThatWaitForRingRoomSurviveAnOwnerCrash) {
+  ManualClock clock;
+  SimMemory media(4 << 20, 11);
+  auto ov = media.NewView(0), av = media.NewView(0);
+  Domain d(*ov, clock);  // ring_slots = 4
+  auto a = std::move(*PrefixHost::Join(*av, clock, 0));
+  const Namespace ns = MakeNamespace("t", "m", "l");
+  constexpr std::uint32_t kBlocks = 12;
+  for (std::uint32_t i = 0; i < kBlocks; ++i) {
+    const std::uint32_t tok[] = {i};
+    ASSERT_TRUE(a->Publish(ns, ChainKey(ns, PrefixKey{}, tok), PrefixKey{}, Ref(100 + i)).ok());
+    if (i % 4 == 3) d.owner->ApplyRequests();
+  }
+  ASSERT_EQ(d.owner->published_entries(), kBlocks);
+  for (std::uint32_t i = 0; i < kBlocks; ++i) {
+    const std::uint32_t tok[] = {i};
+    ASSERT_TRUE(d.owner->RetireKey(ns, ChainKey(ns, PrefixKey{}, tok)).ok());
+  }
+  clock.now += 100;  // past grace
+  EXPECT_EQ(d.owner->Reclaim(), 4u) << "only as many as the return ring has room for";
+  EXPECT_EQ(d.owner->Reclaim(), 0u) << "the ring is full until the publisher collects";
+  EXPECT_GT(d.owner->stats().returns_waiting, 0u);
+  ov->Crash();  // the owner dies; a new one opens the domain
+  d.owner.reset();
+  d.owner = std::move(*PrefixOwner::Open(*ov, clock));
+  std::map<std::uint32_t, int> back;
+  for (int round = 0; round < 20 && back.size() < kBlocks; ++round) {
+    std::vector<BlockRef> returned;
+    ASSERT_TRUE(a->Heartbeat(&returned).ok());
+    for (const BlockRef& r : returned) ++back[r.index];
+    clock.now += 100;
+    d.owner->Step();
+  }
+  ASSERT_EQ(back.size(), kBlocks) << "a block the owner had reclaimed was lost in the crash";
+  for (const auto& [index, n] : back) {
+    EXPECT_GE(index, 100u);
+    EXPECT_EQ(n, 1) << "block " << index << " returned " << n << " times";
+  }
+  EXPECT_EQ(d.owner->published_entries(), 0u);
 }
 
 TEST(Prefix, RingFullIsReportedAndHeaderChecked) {

@@ -73,7 +73,6 @@ absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& 
   // Timers start now: a host or lease looks alive for a full TTL after an owner restart.
   o->heartbeats_.assign(h->max_hosts, TimedValue{~0ull, now});
   o->lease_seqs_.assign(std::size_t{h->max_hosts} * h->lease_rows, TimedValue{~0ull, now});
-  o->pending_returns_.resize(h->max_hosts);
   return o;
 }
 
@@ -127,7 +126,6 @@ void PrefixOwner::Step() {
   const auto limit = static_cast<std::uint32_t>(options_.max_load * h_.index_entries);
   if (in_use > limit) Evict(in_use - limit);
   Reclaim();
-  FlushReturns();
 }
 
 std::uint32_t PrefixOwner::ApplyRequests() {
@@ -139,7 +137,12 @@ std::uint32_t PrefixOwner::ApplyRequests() {
     std::uint64_t head = l.ring_head;
     if (row.ring_tail < head) head = row.ring_tail;  // rejoined: nothing pending
     const std::uint64_t tail = std::min<std::uint64_t>(row.ring_tail, head + h_.ring_slots);
+    const std::uint64_t return_tail = l.return_tail;
     while (head < tail) {
+      // A request may hand its block back: it is consumed only while the return ring has
+      // room, so that the return is in shared memory before the request is acknowledged —
+      // a crash of the owner in between replays the request, it never drops the block.
+      if (ReturnRoom(host, row) == 0) break;
       RequestSlot r;
       if (!ReadShared(mem_, RequestSlotOff(h_, host, head + 1), &r) || r.seq != head + 1) {
         break;  // not visible yet: next round
@@ -155,7 +158,7 @@ std::uint32_t PrefixOwner::ApplyRequests() {
       ++head;
       ++applied;
     }
-    if (head != l.ring_head) {
+    if (head != l.ring_head || return_tail != l.return_tail) {
       l.ring_head = head;
       WriteOwnerLine(host);
     }
@@ -316,31 +319,59 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> PrefixOwner::ScanLeases() {
 
 std::uint32_t PrefixOwner::Reclaim() {
   const std::int64_t now = clock_.NowMs();
+  // An entry is due once its grace has passed and its publisher's return ring has room for
+  // it: the block goes into that ring, and the owner line announcing it is written, before
+  // the entry becomes a tombstone. An entry whose publisher's ring is full stays retired —
+  // the index is where a return waits, so an owner restart loses none (a crash between the
+  // two writes returns a block twice; the publisher's generation-checked free ignores the
+  // second). Waiting entries cost no lease scan.
   std::vector<std::uint32_t> due;
+  std::vector<std::int64_t> room(h_.max_hosts, -1);  // -1: row not read yet
   for (std::uint32_t i = 0; i < h_.index_entries; ++i) {
-    if (StateOf(index_[i]) == EntryState::kRetired &&
-        now - info_[i].retired_at_ms >= static_cast<std::int64_t>(h_.grace_ms)) {
-      due.push_back(i);
+    if (StateOf(index_[i]) != EntryState::kRetired ||
+        now - info_[i].retired_at_ms < static_cast<std::int64_t>(h_.grace_ms)) {
+      continue;
     }
+    const std::uint32_t host = index_[i].publisher;
+    if (host >= h_.max_hosts) continue;
+    if (room[host] < 0) {
+      HostRow row{};
+      if (!ReadShared(mem_, HostRowOff(h_, host), &row)) row = HostRow{};
+      room[host] = ReturnRoom(host, row);
+    }
+    if (room[host] == 0) {
+      ++stats_.returns_waiting;
+      continue;
+    }
+    --room[host];
+    due.push_back(i);
   }
   if (due.empty()) return 0;
   const auto held = ScanLeases();
   if (!held.empty() && held.back().first == ~0u) return 0;  // an unreadable row: wait
-  std::uint32_t reclaimed = 0;
+  std::vector<std::uint32_t> free_now;
+  std::vector<std::uint8_t> touched(h_.max_hosts, 0);
   for (std::uint32_t i : due) {
-    IndexEntry e = index_[i];
+    const IndexEntry& e = index_[i];
     const std::uint32_t leased_gen = e.entry_gen - 1;  // the generation readers leased
     if (std::binary_search(held.begin(), held.end(), std::make_pair(i, leased_gen))) continue;
     ReturnBlock(e.publisher, e.ref);
+    touched[e.publisher] = 1;
+    free_now.push_back(i);
+  }
+  for (std::uint32_t host = 0; host < h_.max_hosts; ++host) {
+    if (touched[host]) WriteOwnerLine(host);
+  }
+  for (std::uint32_t i : free_now) {
+    IndexEntry e = index_[i];
     named_.erase(e.ref);
     --retired_count_;
     e.state = static_cast<std::uint8_t>(EntryState::kTombstone);
     ++e.entry_gen;
     WriteEntry(i, e, false);
-    ++reclaimed;
     ++stats_.reclaimed;
   }
-  return reclaimed;
+  return static_cast<std::uint32_t>(free_now.size());
 }
 
 std::uint32_t PrefixOwner::Evict(std::uint32_t n) {
@@ -365,31 +396,20 @@ std::uint32_t PrefixOwner::Evict(std::uint32_t n) {
   return evicted;
 }
 
-void PrefixOwner::ReturnBlock(std::uint32_t host, const BlockRef& ref) {
-  if (host < h_.max_hosts) pending_returns_[host].push_back(ref);
+std::uint32_t PrefixOwner::ReturnRoom(std::uint32_t host, const HostRow& row) const {
+  const OwnerHostLine& l = owner_lines_[host];
+  const std::uint64_t queued = l.return_tail - std::min(row.return_head, l.return_tail);
+  return queued >= h_.ring_slots ? 0 : static_cast<std::uint32_t>(h_.ring_slots - queued);
 }
 
-void PrefixOwner::FlushReturns() {
-  for (std::uint32_t host = 0; host < h_.max_hosts; ++host) {
-    auto& pending = pending_returns_[host];
-    if (pending.empty()) continue;
-    HostRow row{};
-    if (!ReadShared(mem_, HostRowOff(h_, host), &row)) continue;
-    OwnerHostLine& l = owner_lines_[host];
-    std::size_t k = 0;
-    while (k < pending.size() && l.return_tail - std::min(row.return_head, l.return_tail) <
-                                     h_.ring_slots) {
-      ReturnSlot s{};
-      s.seq = l.return_tail + 1;
-      s.ref = pending[k++];
-      WriteShared(mem_, ReturnSlotOff(h_, host, s.seq), s, false);
-      ++l.return_tail;
-    }
-    if (k > 0) {
-      pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(k));
-      WriteOwnerLine(host);
-    }
-  }
+void PrefixOwner::ReturnBlock(std::uint32_t host, const BlockRef& ref) {
+  if (host >= h_.max_hosts) return;
+  OwnerHostLine& l = owner_lines_[host];
+  ReturnSlot s{};
+  s.seq = l.return_tail + 1;
+  s.ref = ref;
+  WriteShared(mem_, ReturnSlotOff(h_, host, s.seq), s, false);
+  ++l.return_tail;
 }
 
 }  // namespace cxlkv::coherence

@@ -62,7 +62,7 @@ class Metrics {
         host_used_(prometheus::BuildGauge().Name("cxlkv_host_used_bytes").Help("Bytes each host reports in use").Register(*registry_)),
         host_extents_(prometheus::BuildGauge().Name("cxlkv_host_extents").Help("Extents each host holds").Register(*registry_)),
         entries_(prometheus::BuildGauge().Name("cxlkv_prefix_entries").Help("Shared prefix index entries by state").Register(*registry_)),
-        events_(prometheus::BuildGauge().Name("cxlkv_prefix_events").Help("Owner counters since start (published, duplicates, retired, reclaimed, evicted, fenced, leases_expired)").Register(*registry_)),
+        events_(prometheus::BuildGauge().Name("cxlkv_prefix_events").Help("Owner counters since start (published, duplicates, retired, reclaimed, evicted, fenced, leases_expired, returns_waiting)").Register(*registry_)),
         traffic_(prometheus::BuildCounter().Name("cxlkv_prefix_lookups_total").Help("Prefix lookups hosts reported, by result").Register(*registry_)),
         step_(prometheus::BuildHistogram().Name("cxlkv_owner_step_seconds").Help("Owner step (apply, fence, evict, reclaim) latency").Register(*registry_)),
         step_hist_(step_.Add({}, prometheus::Histogram::BucketBoundaries{1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2})),
@@ -98,6 +98,7 @@ class Metrics {
     events_.Add({{"event", "evicted"}}).Set(static_cast<double>(st.evicted));
     events_.Add({{"event", "hosts_fenced"}}).Set(static_cast<double>(st.hosts_fenced));
     events_.Add({{"event", "leases_expired"}}).Set(static_cast<double>(st.leases_expired));
+    events_.Add({{"event", "returns_waiting"}}).Set(static_cast<double>(st.returns_waiting));
   }
   void ObserveStep(double seconds) { step_hist_.Observe(seconds); }
   void Traffic(std::uint64_t hits, std::uint64_t misses) {

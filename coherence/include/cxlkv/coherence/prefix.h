@@ -215,6 +215,7 @@ class PrefixOwner {
     std::uint64_t evicted = 0;
     std::uint64_t hosts_fenced = 0;
     std::uint64_t leases_expired = 0;
+    std::uint64_t returns_waiting = 0;  // reclaims deferred: the publisher's return ring was full
   };
 
   static absl::StatusOr<std::unique_ptr<PrefixOwner>> Open(Mem& mem, Clock& clock,
@@ -265,8 +266,10 @@ class PrefixOwner {
   std::int64_t FindFreeSlot(Namespace ns, const PrefixKey& key) const;
   void Apply(std::uint32_t host, const RequestSlot& r);
   void RetireEntry(std::uint32_t i);
+  // Free slots in `host`'s return ring as its row (`row`, read earlier) last showed them.
+  std::uint32_t ReturnRoom(std::uint32_t host, const HostRow& row) const;
+  // Writes a return slot (the caller checked ReturnRoom and writes the owner line after).
   void ReturnBlock(std::uint32_t host, const BlockRef& ref);
-  void FlushReturns();
   bool HostLive(std::uint32_t host, HostRow* row);
   // Scans every live lease row: marks leased entries, returns the (entry, gen) pairs held.
   std::vector<std::pair<std::uint32_t, std::uint32_t>> ScanLeases();
@@ -281,7 +284,6 @@ class PrefixOwner {
   std::vector<OwnerHostLine> owner_lines_;
   std::vector<TimedValue> heartbeats_;   // per host
   std::vector<TimedValue> lease_seqs_;   // per host x row
-  std::vector<std::vector<BlockRef>> pending_returns_;  // per host, ring full
   std::map<Namespace, int> pin_;
   std::uint32_t published_count_ = 0;
   std::uint32_t retired_count_ = 0;
