@@ -9,8 +9,8 @@
 //   BM_Recover/entries:N    restart: Orchestrator::Open of a domain with N published entries
 //                           and a state file of 64 hosts holding extents; the owner's RSS
 //                           after the open is reported (rss_mib), and index bytes
-//   BM_ReclaimStep          one owner step that reclaims 1,024 retired entries while 64 hosts
-//                           × 256 lease rows are scanned
+//   BM_ReclaimLatency       64 hosts × 256 lease rows: a RETIRE request until the block is
+//                           back in its publisher's return ring, through the daemon
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -183,21 +183,36 @@ void BM_Recover(benchmark::State& state) {
     r.o->Stop();
     // Fill the index to 60 % through the owner directly (as applied publications would).
     auto dom = cxlkv::pool::OpenRegion(c.prefix_domain);
-    co::DirectMem mem((*dom)->addr(), (*dom)->size_bytes());
     co::SteadyClock clock;
-    auto host = co::PrefixHost::Join(mem, clock, 0);
+    // 64 hosts post PUBLISH requests round-robin; the owner applies a full round of rings
+    // at a time (as its step would), so filling 10^7 entries takes seconds, not minutes.
+    std::vector<std::unique_ptr<co::DirectMem>> mems;
+    std::vector<std::unique_ptr<co::PrefixHost>> hosts;
+    for (std::uint32_t h = 0; h < 64; ++h) {
+      mems.push_back(std::make_unique<co::DirectMem>((*dom)->addr(), (*dom)->size_bytes()));
+      auto joined = co::PrefixHost::Join(*mems.back(), clock, h);
+      if (!joined.ok()) std::abort();
+      hosts.push_back(*std::move(joined));
+    }
     const co::Namespace ns = co::MakeNamespace("bench", "m", "l");
     absl::MutexLock l(&r.o->mu_);
-    for (std::uint32_t i = 0; i < entries / 10 * 6; ++i) {
-      const std::uint32_t t[] = {i};
-      co::BlockRef ref{};
-      ref.arena[0] = 1;
-      ref.index = i;
-      ref.generation = 1;
-      if (!(*host)->Publish(ns, co::ChainKey(ns, co::PrefixKey{}, t), co::PrefixKey{}, ref).ok()) {
-        published += r.o->owner_->ApplyRequests();
-        --i;
+    const std::uint32_t target = entries / 10 * 6;
+    std::uint32_t next = 0;
+    while (next < target) {
+      for (std::uint32_t h = 0; h < 64 && next < target; ++h) {
+        for (; next < target; ++next) {
+          const std::uint32_t t[] = {next};
+          co::BlockRef ref{};
+          ref.arena[0] = static_cast<std::uint8_t>(1 + h);
+          ref.index = next;
+          ref.generation = 1;
+          if (!hosts[h]->Publish(ns, co::ChainKey(ns, co::PrefixKey{}, t), co::PrefixKey{}, ref)
+                   .ok()) {
+            break;  // this host's ring is full: the next host
+          }
+        }
       }
+      published += r.o->owner_->ApplyRequests();
     }
     published += r.o->owner_->ApplyRequests();
     for (std::uint32_t h = 0; h < 64; ++h) {
@@ -228,10 +243,116 @@ void BM_Recover(benchmark::State& state) {
   Cleanup(c);
 }
 
+// Reclaim latency through the daemon with 64 hosts: 63 simulated hosts (PrefixHosts on the
+// daemon's domain, in this process) hold 256 lease rows each — the rows the owner scans
+// before it may free anything — and a thread keeps them beating; host 0 publishes a block,
+// retires it, and beats until the block is back in its return ring. The time per
+// iteration runs from the RETIRE request to the block's return (grace_ms included).
+void BM_ReclaimLatency(benchmark::State& state) {
+  constexpr std::uint32_t kHosts = 64, kRows = 256;
+  orch::Config c = MakeConfig("reclaim", 1 << 20, kHosts, kRows);
+  Running r(c);
+  auto dom = cxlkv::pool::OpenRegion(c.prefix_domain);
+  co::SteadyClock clock;
+  std::vector<std::unique_ptr<co::DirectMem>> mems;
+  std::vector<std::unique_ptr<co::PrefixHost>> hosts;
+  for (std::uint32_t h = 0; h < kHosts; ++h) {
+    mems.push_back(std::make_unique<co::DirectMem>((*dom)->addr(), (*dom)->size_bytes()));
+    auto joined = co::PrefixHost::Join(*mems.back(), clock, h);
+    if (!joined.ok()) {
+      state.SkipWithError(std::string(joined.status().message()).c_str());
+      return;
+    }
+    hosts.push_back(*std::move(joined));
+  }
+  const co::Namespace ns = co::MakeNamespace("bench", "m", "l");
+  auto key_of = [&](std::uint32_t i) {
+    const std::uint32_t t[] = {i};
+    return co::ChainKey(ns, co::PrefixKey{}, t);
+  };
+  auto beat_all = [&](std::uint32_t from) {
+    for (std::uint32_t h = from; h < kHosts; ++h) (void)hosts[h]->Heartbeat(nullptr);
+  };
+  // 16,128 published blocks (hosts 1..63, 256 each), then 256 leases per host on them.
+  constexpr std::uint32_t kFill = (kHosts - 1) * kRows;
+  for (std::uint32_t i = 0; i < kFill;) {
+    co::BlockRef ref{};
+    const std::uint32_t h = 1 + i % (kHosts - 1);
+    ref.arena[0] = static_cast<std::uint8_t>(h);
+    ref.index = i;
+    ref.generation = 1;
+    if (hosts[h]->Publish(ns, key_of(i), co::PrefixKey{}, ref).ok()) {
+      ++i;
+    } else {
+      beat_all(0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // ring full: the owner applies
+    }
+  }
+  while (!hosts[1]->Lookup(ns, key_of(kFill - 1))) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::uint64_t held = 0;
+  for (std::uint32_t h = 1; h < kHosts; ++h) {
+    for (std::uint32_t k = 0; k < kRows; ++k) {
+      const std::uint32_t i = (h * 7919u + k * 104729u) % kFill;
+      for (int attempt = 0; attempt < 100; ++attempt) {
+        auto lease = hosts[h]->LookupAndAcquire(ns, key_of(i));
+        if (lease.ok()) {
+          ++held;
+          break;
+        }
+        if (!absl::IsUnavailable(lease.status())) break;  // not acked yet: beat and retry
+        beat_all(0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+  }
+  std::atomic<bool> stop{false};
+  std::thread beater([&] {
+    while (!stop.load()) {
+      beat_all(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  co::PrefixHost& h0 = *hosts[0];
+  std::uint32_t i = kFill;
+  double total_ms = 0;
+  for (auto _ : state) {
+    co::BlockRef ref{};
+    ref.arena[0] = 0xEE;
+    ref.index = i;
+    ref.generation = 1;
+    const co::PrefixKey key = key_of(i++);
+    while (!h0.Publish(ns, key, co::PrefixKey{}, ref).ok()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    while (!h0.Lookup(ns, key)) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    (void)h0.Heartbeat(nullptr);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!h0.Retire(ns, key).ok()) {
+      state.SkipWithError("retire refused");
+      break;
+    }
+    bool back = false;
+    while (!back) {
+      std::vector<co::BlockRef> returned;
+      (void)h0.Heartbeat(&returned);
+      for (const co::BlockRef& b : returned) back |= b == ref;
+      if (!back) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.SetIterationTime(s);
+    total_ms += s * 1e3;
+  }
+  stop.store(true);
+  beater.join();
+  state.counters["grace_ms"] = c.grace_ms;
+  state.counters["lease_rows_held"] = static_cast<double>(held);
+  state.counters["beyond_grace_ms"] =
+      state.iterations() ? total_ms / static_cast<double>(state.iterations()) - c.grace_ms : 0;
+}
+
 }  // namespace
 
+BENCHMARK(BM_ReclaimLatency)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(20);
 BENCHMARK(BM_Join)->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_Heartbeat)->Setup(StartHb)->Teardown(StopHb)->Threads(1)->Threads(8)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Heartbeat)->Setup(StartHb)->Teardown(StopHb)->Threads(1)->Threads(8)->Threads(64)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PublishToVisible)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_Recover)->ArgName("entries")->Arg(1 << 16)->Arg(1 << 20)->Arg(1 << 24)
     ->Unit(benchmark::kMillisecond)->Iterations(3);
