@@ -109,6 +109,54 @@ TEST(Region, MemfdAndFileBackends) {
   EXPECT_EQ(again->addr()[123], std::byte{7});
 }
 
+// One extent of a pooled region: the window maps exactly its bytes of the source, an arena
+// formatted in it stays inside, and bad windows are named.
+TEST(Region, WindowMapsOneExtentOfTheSource) {
+  ShmPath p("window");
+  auto whole = MustOpen(p.spec("8M"));
+  ASSERT_NE(whole, nullptr);
+  auto w = MustOpen(p.spec() + "?offset=2M&length=4M");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->size_bytes(), 4u << 20);
+  EXPECT_EQ(w->spec().offset, 2u << 20);
+  w->addr()[0] = std::byte{0x5A};
+  w->addr()[(4 << 20) - 1] = std::byte{0xA5};
+  EXPECT_EQ(whole->addr()[2 << 20], std::byte{0x5A});
+  EXPECT_EQ(whole->addr()[(6 << 20) - 1], std::byte{0xA5});
+  auto dup = w->Duplicate();
+  ASSERT_TRUE(dup.ok()) << dup.status();
+  EXPECT_EQ((*dup)->addr()[0], std::byte{0x5A}) << "a duplicate maps the same window";
+  // An arena in the window: the bytes around it are untouched.
+  std::memset(whole->addr() + (2 << 20), 0, 4 << 20);
+  std::memset(whole->addr(), 0x11, 2 << 20);
+  std::memset(whole->addr() + (6 << 20), 0x22, 2 << 20);
+  {
+    FormatOptions o;
+    o.layout = TinyLayout();
+    auto a = Arena::Format(MustOpen(p.spec() + "?offset=2M&length=4M"), o);
+    ASSERT_TRUE(a.ok()) << a.status();
+  }
+  for (std::size_t i = 0; i < (2u << 20); ++i) {
+    ASSERT_EQ(whole->addr()[i], std::byte{0x11}) << "byte " << i << " before the window";
+    ASSERT_EQ(whole->addr()[(6u << 20) + i], std::byte{0x22}) << "byte after the window";
+  }
+  auto reopened = Arena::Open(MustOpen(p.spec() + "?offset=2M&length=4M"));
+  EXPECT_TRUE(reopened.ok()) << reopened.status();
+
+  auto spec = ParseSourceSpec(p.spec() + "?offset=2M&length=4M");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(ParseSourceSpec(spec->ToString()).value(), *spec) << spec->ToString();
+  const auto misaligned = OpenRegion(p.spec() + "?offset=4096&length=2M");
+  EXPECT_TRUE(absl::IsInvalidArgument(misaligned.status())) << misaligned.status();
+  EXPECT_NE(misaligned.status().message().find("2 MiB"), std::string::npos);
+  const auto past = OpenRegion(p.spec() + "?offset=6M&length=4M");
+  EXPECT_TRUE(absl::IsOutOfRange(past.status())) << past.status();
+  EXPECT_NE(past.status().message().find("past the end"), std::string::npos);
+  EXPECT_FALSE(ParseSourceSpec(p.spec() + "?offset=2M").ok()) << "offset without length";
+  EXPECT_FALSE(ParseSourceSpec("memfd:?size=8M&offset=2M&length=2M").ok())
+      << "a memfd has no window";
+}
+
 TEST(Region, KmemBindsToANode) {
   auto r = OpenRegion("kmem:node=0?size=4M");
   if (!r.ok() && absl::IsFailedPrecondition(r.status())) GTEST_SKIP() << r.status();

@@ -48,9 +48,9 @@ absl::string_view Hint(int err) {
   }
 }
 
-absl::Status Mmap(Region* /*unused*/, int fd, std::uint64_t size, absl::string_view name,
-                  std::byte** out) {
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+absl::Status Mmap(Region* /*unused*/, int fd, std::uint64_t size, std::uint64_t offset,
+                  absl::string_view name, std::byte** out) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
   if (p == MAP_FAILED) return ErrnoStatus(errno, name, "mmap");
   *out = static_cast<std::byte*>(p);
   return absl::OkStatus();
@@ -122,7 +122,9 @@ absl::StatusOr<std::unique_ptr<Region>> Region::Duplicate() const {
   Fd fd;
   fd.fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
   if (fd.fd < 0) return ErrnoStatus(errno, name_, "dup");
-  if (auto st = Mmap(r.get(), fd.fd, size_bytes_, name_, &r->addr_); !st.ok()) return st;
+  if (auto st = Mmap(r.get(), fd.fd, size_bytes_, spec_.offset, name_, &r->addr_); !st.ok()) {
+    return st;
+  }
   r->size_bytes_ = size_bytes_;
   r->fd_ = fd.release();
   return r;
@@ -259,7 +261,26 @@ absl::StatusOr<std::unique_ptr<Region>> OpenRegion(const SourceSpec& spec) {
       return ErrnoStatus(errno, r->name_, "ftruncate");
     }
   }
-  if (auto st = Mmap(r.get(), fd.fd, size, r->name_, &r->addr_); !st.ok()) return st;
+  std::uint64_t offset = 0;
+  if (spec.length != 0) {
+    // A window (one extent of a pooled region): aligned to the source's alignment and at
+    // least 2 MiB (the extent granule), inside the source.
+    const std::uint64_t align = std::max<std::uint64_t>(r->alignment_, 2ull << 20);
+    if (spec.offset % align != 0 || spec.length % align != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          r->name_, ": window offset ", spec.offset, " length ", spec.length,
+          " is not aligned to ", align, " bytes; extents are multiples of 2 MiB"));
+    }
+    if (spec.offset > size || spec.length > size - spec.offset) {
+      return absl::OutOfRangeError(absl::StrCat(
+          r->name_, ": window [", spec.offset, ", ", spec.offset + spec.length,
+          ") runs past the end of the source (", size, " bytes); is it the right device?"));
+    }
+    offset = spec.offset;
+    size = spec.length;
+    r->name_ = absl::StrCat(r->name_, "@", offset, "+", size);
+  }
+  if (auto st = Mmap(r.get(), fd.fd, size, offset, r->name_, &r->addr_); !st.ok()) return st;
   r->size_bytes_ = size;
   if (spec.kind == SourceKind::kKmem) {
     // Bind before first touch: shmem keeps the policy with the object, so every page,

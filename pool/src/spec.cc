@@ -14,7 +14,8 @@ namespace {
 
 constexpr absl::string_view kForms =
     "accepted forms: devdax:/dev/daxX.Y, kmem:node=N[?size=BYTES], "
-    "file:PATH?size=BYTES, memfd:?size=BYTES (sizes take K/M/G/T)";
+    "file:PATH?size=BYTES, memfd:?size=BYTES (sizes take K/M/G/T); devdax and file take "
+    "offset=BYTES&length=BYTES for a window";
 
 absl::Status SpecError(absl::string_view spec, absl::string_view problem) {
   return absl::InvalidArgumentError(
@@ -154,6 +155,12 @@ absl::StatusOr<SourceSpec> ParseSourceSpec(absl::string_view spec) {
         auto b = ParseBool(spec, key, value);
         if (!b.ok()) return b.status();
         out.reserve = *b;
+      } else if ((key == "offset" || key == "length") &&
+                 (out.kind == SourceKind::kDevdax || out.kind == SourceKind::kFile)) {
+        auto v = ParseSize(value);
+        if (!v.ok()) return SpecError(spec, absl::StrCat(key, ": ", v.status().message()));
+        (key == "offset" ? out.offset : out.length) = *v;
+        if (key == "length" && *v == 0) return SpecError(spec, "length=0 is not a usable window");
       } else if (key == "shared") {
         auto b = ParseBool(spec, key, value);
         if (!b.ok()) return b.status();
@@ -163,6 +170,9 @@ absl::StatusOr<SourceSpec> ParseSourceSpec(absl::string_view spec) {
             spec, absl::StrCat("unknown parameter '", key, "' for ", SourceKindName(out.kind)));
       }
     }
+  }
+  if (out.offset != 0 && out.length == 0) {
+    return SpecError(spec, "offset= needs length= (the window's size)");
   }
   if (out.kind == SourceKind::kMemfd && out.size_bytes == 0) {
     return SpecError(spec, "memfd needs ?size=BYTES");
@@ -195,6 +205,7 @@ std::string SourceSpec::ToString() const {
   };
   if (size_bytes != 0) add(absl::StrCat("size=", size_bytes));
   if (kind == SourceKind::kFile && !reserve) add("reserve=0");
+  if (length != 0) add(absl::StrCat("offset=", offset, "&length=", length));
   if (shared) add("shared=1");
   return s + params;
 }

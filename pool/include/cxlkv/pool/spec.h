@@ -31,6 +31,10 @@ struct SourceSpec {
   std::uint64_t size_bytes = 0;  // 0: take the size of the existing device/file
   bool reserve = true;           // file: fallocate the whole size when creating
   bool shared = false;           // declared switch-pooled
+  // A window of a devdax device or file: map only [offset, offset + length) — one extent of
+  // a pooled region lent by the orchestrator. length 0: the whole source.
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
 
   // The canonical spec string; ParseSourceSpec(ToString()) yields an equal spec.
   std::string ToString() const;
