@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "cxlkv/gpu/plan.h"
 #include "cxlkv/pool/spec.h"
 #include "cxlkv/preload/cxl_heap.h"
 #include "cxlkv/preload/mapping_table.h"
@@ -537,8 +539,60 @@ void ResolveCuda() noexcept {
 struct CudaBlock {
   std::uintptr_t addr;
   std::size_t bytes;
-  bool registered;
+  bool registered;  // pinned: by the whole-heap registration, or by its own call
+  bool own_registration;  // registered alone (the heap has no fixed range or refused)
 };
+
+// The whole heap is registered once, at the first cuda host allocation served from CXL, in
+// chunks of at most 64 GiB (gpu::PlanChunks) — never per block: per-block registration pays
+// the driver's pinning cost on every allocation and fragments the GPU's mappings. Not at
+// start-up: the shim is loaded into every process of a serving stack (tokenizers, workers
+// without a GPU), and registering would create a CUDA context in each of them.
+enum class HeapPin : std::uint8_t { kNo, kYes, kFailed };
+pthread_once_t heap_pin_once = PTHREAD_ONCE_INIT;
+HeapPin heap_pin = HeapPin::kNo;
+
+void PinHeap() noexcept {
+  Guard g;
+  const AddressRange r = heap->range();
+  if (r.bytes == 0) {
+    Logf(LogLevel::kInfo, "the CXL heap has no fixed range (%s); cuda host blocks are "
+         "registered one by one", state_reason);
+    heap_pin = HeapPin::kFailed;
+    return;
+  }
+  auto plan = gpu::PlanChunks(r.bytes, kPage);
+  if (!plan.ok()) {
+    Logf(LogLevel::kWarn, "cannot plan the heap's registration: %s; cuda host blocks are "
+         "registered one by one", std::string(plan.status().message()).c_str());
+    heap_pin = HeapPin::kFailed;
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::size_t done = 0;
+  for (; done < plan->size(); ++done) {
+    const gpu::ChunkPlan& c = (*plan)[done];
+    const cudaError_t err = cuda.HostRegister(reinterpret_cast<void*>(r.lo + c.offset), c.bytes,
+                                              kRegisterPortable | kRegisterMapped);
+    if (err != kCudaSuccess) {
+      Logf(LogLevel::kWarn,
+           "cudaHostRegister of heap chunk %zu (%llu bytes at offset %llu) failed: %s (error %d); "
+           "cuda host blocks are registered one by one",
+           done, static_cast<unsigned long long>(c.bytes), static_cast<unsigned long long>(c.offset),
+           cuda.GetErrorString != nullptr ? cuda.GetErrorString(err) : "?", err);
+      for (std::size_t k = 0; k < done; ++k) {
+        cuda.HostUnregister(reinterpret_cast<void*>(r.lo + (*plan)[k].offset));
+      }
+      heap_pin = HeapPin::kFailed;
+      return;
+    }
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  Logf(LogLevel::kInfo, "registered the CXL heap for CUDA: %llu bytes in %zu chunk(s), %.1f ms",
+       static_cast<unsigned long long>(r.bytes), plan->size(), ms);
+  heap_pin = HeapPin::kYes;
+}
 constexpr std::size_t kMaxCudaBlocks = 4096;
 pthread_mutex_t cuda_mu = PTHREAD_MUTEX_INITIALIZER;
 CudaBlock cuda_blocks[kMaxCudaBlocks];
@@ -562,9 +616,12 @@ bool CudaHostAllocCxl(void** out, std::size_t size) noexcept {
   const std::size_t bytes = ((size == 0 ? 1 : size) + kPage - 1) & ~(kPage - 1);
   void* p = CxlAlloc(AllocClass::kCuda, bytes, kPage, false);
   if (p == nullptr) return false;
-  bool registered = false;
+  bool registered = false, own = false;
   Guard g;
-  if (cuda_can_register) {
+  if (cuda_can_register) pthread_once(&heap_pin_once, &PinHeap);
+  if (cuda_can_register && heap_pin == HeapPin::kYes) {
+    registered = true;
+  } else if (cuda_can_register) {
     const cudaError_t err = cuda.HostRegister(p, bytes, kRegisterPortable | kRegisterMapped);
     if (err != kCudaSuccess) {
       if (FirstTime(once_cuda_reg_fail)) {
@@ -577,7 +634,7 @@ bool CudaHostAllocCxl(void** out, std::size_t size) noexcept {
       registry.fallbacks.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
-    registered = true;
+    registered = own = true;
   } else if (FirstTime(once_cuda_skip)) {
     Logf(LogLevel::kWarn,
          "cuda host allocations are served from CXL without registration (not pinned): %s",
@@ -586,10 +643,11 @@ bool CudaHostAllocCxl(void** out, std::size_t size) noexcept {
   pthread_mutex_lock(&cuda_mu);
   const bool room = cuda_nblocks < kMaxCudaBlocks;
   if (room)
-    cuda_blocks[cuda_nblocks++] = CudaBlock{reinterpret_cast<std::uintptr_t>(p), bytes, registered};
+    cuda_blocks[cuda_nblocks++] =
+        CudaBlock{reinterpret_cast<std::uintptr_t>(p), bytes, registered, own};
   pthread_mutex_unlock(&cuda_mu);
   if (!room) {
-    if (registered) cuda.HostUnregister(p);
+    if (own) cuda.HostUnregister(p);
     heap->Free(p);
     if (FirstTime(once_cuda_table)) {
       Logf(LogLevel::kWarn,
@@ -955,7 +1013,7 @@ CXLKV_EXPORT int cudaFreeHost(void* p) {
     pthread_mutex_unlock(&cuda_mu);
     if (!ok) return kCudaErrorInvalidValue;  // not a cuda host block (malloc'ed, or interior)
     Guard g;
-    if (found.registered) cuda.HostUnregister(p);
+    if (found.own_registration) cuda.HostUnregister(p);
     CountFree(AllocClass::kCuda, Route::kCxl);
     heap->Free(p);
     return kCudaSuccess;
