@@ -41,6 +41,7 @@ std::string Secs(double s) {
 
 std::string Num(double v) {
   if (std::isinf(v)) return "inf";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return absl::StrFormat("%.0f", v);
   return absl::StrFormat("%.4g", v);
 }
 
