@@ -201,6 +201,16 @@ TEST(PlacementRule, PicksTheCxlTierWithTheLowestEffectiveCost) {
   EXPECT_EQ(rule.Decide(in).tier, Tier::kCxlExpanded);
   in.occupancy = {1.0, 0.9};  // expanded full
   EXPECT_EQ(rule.Decide(in).tier, Tier::kCxlPooled);
+  // A 32,000-token block: the pooled fetch (582 ms) would break the 500 ms budget, the
+  // expanded one (437 ms) meets it.
+  in.size_bytes = 32000 * kLlama70BBytesPerToken;
+  in.occupancy = {0.5, 0.5};
+  Explanation e;
+  EXPECT_EQ(rule.Decide(in, &e).tier, Tier::kCxlExpanded);
+  EXPECT_TRUE(e.cxl_choice_by_ttft);
+  in.occupancy = {1.0, 0.5};  // expanded full: the fastest with room
+  EXPECT_EQ(rule.Decide(in, &e).tier, Tier::kCxlPooled);
+  EXPECT_FALSE(e.cxl_choice_by_ttft);
 }
 
 // ---- properties over random inputs -------------------------------------------------------
@@ -265,8 +275,9 @@ TEST(PlacementProperty, LongerReuseIntervalNeverMovesToAFasterTier) {
   }
 }
 
-// For S1 < S2 with every other input equal, tier(S2) is never faster than tier(S1) unless S2
-// is decided by kTtftForced (a larger block's NVMe fetch may break the TTFT budget).
+// For S1 < S2 with every other input equal, tier(S2) is never faster than tier(S1) unless the
+// TTFT budget moved S2: it is decided by kTtftForced (its NVMe fetch breaks the budget), or its
+// CXL tier was chosen because a cheaper one's fetch would break it (cxl_choice_by_ttft).
 TEST(PlacementProperty, LargerBlockNeverMovesToAFasterTierExceptByTtft) {
   const std::uint64_t seed = testing::TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " (replay: CXLKV_SEED=" << seed << ")");
@@ -277,8 +288,9 @@ TEST(PlacementProperty, LargerBlockNeverMovesToAFasterTierExceptByTtft) {
     BlockInputs a = RandomInputs(rng);
     BlockInputs b = a;
     b.size_bytes = static_cast<std::uint64_t>(static_cast<double>(a.size_bytes) * LogUniform(rng, 1, 100));
-    const Decision da = rule.Decide(a), db = rule.Decide(b);
-    if (db.clause == Clause::kTtftForced) {
+    Explanation eb;
+    const Decision da = rule.Decide(a), db = rule.Decide(b, &eb);
+    if (db.clause == Clause::kTtftForced || eb.cxl_choice_by_ttft) {
       ttft_exceptions += Rank(db.tier) < Rank(da.tier);
       continue;
     }
@@ -376,8 +388,11 @@ TEST(ReadmeExample, Llama3_70B) {
   big.tokens = 32000;
   big.reuse_interval_s = 60;
   big.occupancy = {0.5, 0.5};
-  EXPECT_EQ(rule.Decide(big, &e), (Decision{Tier::kCxlPooled, Clause::kTtftForced}));
+  EXPECT_EQ(rule.Decide(big, &e), (Decision{Tier::kCxlExpanded, Clause::kTtftForced}));
   EXPECT_NEAR(e.fetch_s[2], 0.7490, 0.0001);
+  EXPECT_NEAR(e.fetch_s[1], 0.5825, 0.0001) << "the pooled fetch misses the budget too";
+  EXPECT_NEAR(e.fetch_s[0], 0.4369, 0.0001) << "the expanded one meets it";
+  EXPECT_TRUE(e.cxl_choice_by_ttft);
 }
 
 // ---- explanation ----------------------------------------------------------------------------

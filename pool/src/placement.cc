@@ -118,15 +118,10 @@ absl::Status PlacementParams::Validate() const {
 }
 
 PlacementRule::PlacementRule(const PlacementParams& p) : params_(p) {
-  cheapest_present_cxl_ = -1;
   for (int t = 0; t < kCxlTierCount; ++t) {
     cxl_present_[t] = p.cxl[t].present;
     cxl_price_per_byte_[t] = p.cxl[t].cost_per_gb * 1e-9;
     cxl_inv_bw_[t] = p.cxl[t].present ? 1.0 / p.cxl[t].figures.read_bytes_per_s : kInf;
-    if (p.cxl[t].present &&
-        (cheapest_present_cxl_ < 0 || p.cxl[t].cost_per_gb < p.cxl[cheapest_present_cxl_].cost_per_gb)) {
-      cheapest_present_cxl_ = t;
-    }
   }
   nvme_price_per_byte_ = p.nvme_cost_per_gb * 1e-9;
   nvme_inv_bw_ = 1.0 / p.nvme.read_bytes_per_s;
@@ -167,21 +162,36 @@ Decision PlacementRule::DecideImpl(const BlockInputs& in, Explanation* why) cons
   const double size = static_cast<double>(in.size_bytes);
   const double interval = in.reuse_interval_s;
 
-  // The CXL tier with the lowest effective cost (cost × pressure); ties: the faster one.
+  // The CXL tier: the lowest effective cost (cost × pressure) among those with room whose fetch
+  // meets the TTFT budget, else the fastest with room; ties: the faster one (lower index). When
+  // every tier is full (a pinned block still goes to CXL), the same choice by base cost.
   std::array<double, kCxlTierCount> f{kInf, kInf};
   std::array<double, kCxlTierCount> eff{kInf, kInf};
-  int c = -1;
+  std::array<double, kCxlTierCount> fetch{kInf, kInf};
+  int c = -1, fastest = -1, cheapest = -1, c_full = -1, fastest_full = -1, cheapest_full = -1;
   for (int t = 0; t < kCxlTierCount; ++t) {
     if (!cxl_present_[t]) continue;
     f[t] = PressureFactor(in.occupancy[t]);
     eff[t] = cxl_price_per_byte_[t] * f[t];
-    if (c < 0 || eff[t] < eff[c]) c = t;
+    fetch[t] = params_.cxl[t].figures.latency_s + size * cxl_inv_bw_[t];
+    const bool meets = fetch[t] <= params_.ttft_budget_s;
+    if (fastest_full < 0 || fetch[t] < fetch[fastest_full]) fastest_full = t;
+    if (cheapest_full < 0 || cxl_price_per_byte_[t] < cxl_price_per_byte_[cheapest_full]) {
+      cheapest_full = t;
+    }
+    if (meets && (c_full < 0 || cxl_price_per_byte_[t] < cxl_price_per_byte_[c_full])) c_full = t;
+    if (!(eff[t] < kInf)) continue;  // full
+    if (cheapest < 0 || eff[t] < eff[cheapest]) cheapest = t;
+    if (fastest < 0 || fetch[t] < fetch[fastest]) fastest = t;
+    if (meets && (c < 0 || eff[t] < eff[c])) c = t;
   }
-  const bool available = eff[c] < kInf;
-  if (!available) c = cheapest_present_cxl_;
+  const bool available = cheapest >= 0;
+  if (!available) c = c_full >= 0 ? c_full : fastest_full;
+  if (c < 0) c = fastest;
+  const bool choice_by_ttft = c != (available ? cheapest : cheapest_full);
   const Tier cxl_tier = static_cast<Tier>(c);
+  const double fetch_cxl = fetch[c];
 
-  const double fetch_cxl = params_.cxl[c].figures.latency_s + size * cxl_inv_bw_[c];
   const double fetch_nvme = params_.nvme.latency_s + size * nvme_inv_bw_;
   const double recompute =
       in.tokens == 0 ? kInf
@@ -221,9 +231,7 @@ Decision PlacementRule::DecideImpl(const BlockInputs& in, Explanation* why) cons
       why->inputs = in;
       why->params = params_;
       for (int t = 0; t < kCxlTierCount; ++t) {
-        why->fetch_s[t] = cxl_present_[t]
-                              ? params_.cxl[t].figures.latency_s + size * cxl_inv_bw_[t]
-                              : kInf;
+        why->fetch_s[t] = fetch[t];
         why->pressure[t] = f[t];
         why->effective_cost_per_gb[t] = cxl_present_[t] ? params_.cxl[t].cost_per_gb * f[t] : kInf;
       }
@@ -231,6 +239,7 @@ Decision PlacementRule::DecideImpl(const BlockInputs& in, Explanation* why) cons
       why->recompute_s = recompute;
       why->cxl_choice = cxl_tier;
       why->cxl_available = available;
+      why->cxl_choice_by_ttft = choice_by_ttft;
       why->nvme_busy_s = size * nvme_inv_bw_ + (params_.nvme_iops > 0 ? 1.0 / params_.nvme_iops : 0);
       why->break_even_s = break_even;
       why->pinned = pinned;
@@ -333,6 +342,11 @@ std::string Explanation::ToText() const {
   absl::StrAppend(&s, "  recompute         ", inputs.tokens, " tokens / ", Num(p.prefill_tokens_per_s),
                   " tokens/s x (1 + ", Num(p.queue_depth_weight), " x ", inputs.queue_depth,
                   ") = ", Secs(recompute_s), "\n");
+  absl::StrAppend(&s, "  CXL tier          ", TierName(cxl_choice),
+                  !cxl_available      ? " (every CXL tier is full)"
+                  : cxl_choice_by_ttft ? " (a cheaper CXL tier's fetch would exceed the TTFT budget)"
+                                       : " (lowest cost x pressure)",
+                  "\n");
   absl::StrAppend(&s, "  nvme busy/fetch   S/B + 1/IOPS = ", Secs(nvme_busy_s), "\n");
   const int c = static_cast<int>(cxl_choice);
   absl::StrAppend(&s, "  break-even I*     P_nvme x busy / (S x (c_cxl x f - c_nvme)) = ",
@@ -415,6 +429,7 @@ std::string Explanation::ToJson(int indent) const {
         {"break_even_s", J(break_even_s)},
         {"cxl_choice", TierName(cxl_choice)},
         {"cxl_available", cxl_available},
+        {"cxl_choice_by_ttft", cxl_choice_by_ttft},
         {"below_break_even", below_break_even},
         {"ttft_exceeded", ttft_exceeded},
         {"within_horizon", within_horizon},

@@ -21,11 +21,13 @@
 // with P_nvme the price of the NVMe unit whose bandwidth B_nvme and IOPS the figures give,
 // c the cost per byte of each tier and f the pressure factor (1 below the low watermark,
 // rising to pressure_max_factor at the high watermark, unbounded as the tier fills).
-// Between CXL tiers the rule takes the one with the lowest c × f (ties: the faster one).
+// Between CXL tiers the rule takes the one with the lowest c × f among those with room whose
+// fetch meets the TTFT budget, else the fastest with room (ties: the faster one).
 //
 // Properties the tests check: the outcome never moves to a faster tier as the reuse interval
-// grows; nor as the block grows unless the larger block is decided by kTtftForced; raising
-// the occupancy of the CXL tiers never promotes a block.
+// grows; nor as the block grows unless the TTFT budget moves it (the larger block is decided by
+// kTtftForced, or its CXL tier was chosen for speed: Explanation::cxl_choice_by_ttft); raising
+// the occupancy of every CXL tier alike never promotes a block.
 //
 // Thread-safety: a PlacementRule is immutable after Create(); Decide() is const, noexcept,
 // allocation-free and safe from any number of threads. Cost: a few tens of floating-point
@@ -132,6 +134,7 @@ struct Explanation {
   std::array<double, kCxlTierCount> effective_cost_per_gb = {0, 0};  // cost × f
   Tier cxl_choice = Tier::kCxlPooled;  // the CXL tier the block would use
   bool cxl_available = false;          // cxl_choice has room (occupancy < 1)
+  bool cxl_choice_by_ttft = false;     // a cheaper CXL tier was passed over: its fetch > budget
   double nvme_busy_s = 0;              // drive time one fetch occupies: S / B + 1 / IOPS
   double break_even_s = 0;             // I* for cxl_choice (0 when no CXL tier has room)
   bool pinned = false;
@@ -176,7 +179,6 @@ class PlacementRule {
   std::array<double, kCxlTierCount> cxl_price_per_byte_{};
   std::array<double, kCxlTierCount> cxl_inv_bw_{};
   std::array<bool, kCxlTierCount> cxl_present_{};
-  int cheapest_present_cxl_ = 0;  // where a pinned block goes when every CXL tier is full
   double nvme_price_per_byte_ = 0;
   double nvme_inv_bw_ = 0;
   double nvme_unit_price_per_byte_bw_ = 0;  // P_nvme / B_nvme
