@@ -30,7 +30,8 @@ std::vector<BlockInputs> Blocks() {
   std::vector<BlockInputs> v(4096);
   for (BlockInputs& b : v) {
     b.size_bytes = static_cast<std::uint64_t>(std::exp(std::log(65536.0) + u(rng) * std::log(2e5)));
-    b.reuse_interval_s = u(rng) < 0.1 ? cxlkv::pool::kNoReuse : std::exp(std::log(1e-3) + u(rng) * 18);
+    b.reuse_interval_s =
+        u(rng) < 0.1 ? cxlkv::pool::kNoReuse : std::exp(std::log(1e-3) + u(rng) * 18);
     b.tokens = static_cast<std::uint32_t>(b.size_bytes / 327680 + 1);
     b.queue_depth = static_cast<std::uint32_t>(u(rng) * 32);
     b.occupancy = {u(rng), u(rng)};
@@ -82,8 +83,8 @@ std::vector<cxlkv::coherence::PrefixKey> KeyStream(std::int64_t keys) {
 }
 
 void BM_TrackerRecord(benchmark::State& state) {
-  auto tracker = *cxlkv::pool::ReuseTracker::Create(
-      {static_cast<std::uint32_t>(state.range(0)), 0.25});
+  auto tracker =
+      *cxlkv::pool::ReuseTracker::Create({static_cast<std::uint32_t>(state.range(0)), 0.25});
   const auto keys = KeyStream(state.range(1));
   std::uint64_t now = 0;
   std::size_t i = 0;

@@ -35,8 +35,8 @@ const std::string kConfig = std::string(CXLKV_SOURCE_DIR) + "/orchestrator/domai
 
 TEST(ExplainCli, FlagsToJson) {
   const CtlRun r = Ctl("explain --config " + kConfig +
-                    " --size 1310720000 --reuse-ms 50 --tokens 4000 --occupancy 0.5 "
-                    "--namespace acme/llama3-70b/fp16-l80-h8-d128-t16 --json");
+                       " --size 1310720000 --reuse-ms 50 --tokens 4000 --occupancy 0.5 "
+                       "--namespace acme/llama3-70b/fp16-l80-h8-d128-t16 --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["decision"]["tier"], "cxl-pooled");
@@ -46,7 +46,8 @@ TEST(ExplainCli, FlagsToJson) {
   EXPECT_EQ(j["inputs"]["pin_level"], 2);
   EXPECT_EQ(j["namespace"], "acme/llama3-70b/fp16-l80-h8-d128-t16");
 
-  const CtlRun text = Ctl("explain --config " + kConfig + " --size 1310720000 --reuse-ms inf --tokens 4000");
+  const CtlRun text =
+      Ctl("explain --config " + kConfig + " --size 1310720000 --reuse-ms inf --tokens 4000");
   ASSERT_EQ(text.code, 0) << text.out;
   EXPECT_NE(text.out.find("placement: nvme (above-break-even)"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("1310720000 B"), std::string::npos) << text.out;
@@ -59,33 +60,39 @@ TEST(ExplainCli, BadInputNamesTheFlag) {
   } cases[] = {
       {"--size 1G --reuse-ms soon", "--reuse-ms: 'soon' is not a number of milliseconds", 2},
       {"--size big --reuse-ms 5", "--size: 'big' is not a block size", 2},
-      {"--size 1G --reuse-ms 5 --occupancy 1.5", "--occupancy: '1.5' is not a fraction in [0, 1]", 2},
+      {"--size 1G --reuse-ms 5 --occupancy 1.5", "--occupancy: '1.5' is not a fraction in [0, 1]",
+       2},
       {"--size 1G --reuse-ms 5 --tokens -3", "--tokens: '-3' is not a whole number", 2},
-      {"--size 1G --reuse-ms 5 --namespace a/b/c", "--namespace: namespace 'a/b/c' is not in the configuration (known: acme/", 2},
+      {"--size 1G --reuse-ms 5 --namespace a/b/c",
+       "--namespace: namespace 'a/b/c' is not in the configuration (known: acme/", 2},
       {"--reuse-ms 5", "--size BYTES is required", 2},
       {"abc --reuse-ms 5", "PREFIX needs --stats FILE", 2},
-      {"--size 1G --reuse-ms 5 --calibration /nonexistent.json", "--calibration: cannot read calibration '/nonexistent.json'", 1},
+      {"--size 1G --reuse-ms 5 --calibration /nonexistent.json",
+       "--calibration: cannot read calibration '/nonexistent.json'", 1},
   };
   for (const Case& c : cases) {
     const CtlRun r = Ctl("explain --config " + kConfig + " " + c.args);
     EXPECT_EQ(r.code, c.code) << c.args << "\n" << r.out;
-    EXPECT_NE(r.out.find(c.want), std::string::npos) << c.args << "\ngot: " << r.out << "want: " << c.want;
+    EXPECT_NE(r.out.find(c.want), std::string::npos)
+        << c.args << "\ngot: " << r.out << "want: " << c.want;
   }
   const CtlRun r = Ctl("explain --config /nonexistent.toml --size 1G --reuse-ms 5");
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("--config: cannot read config '/nonexistent.toml'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--config: cannot read config '/nonexistent.toml'"), std::string::npos)
+      << r.out;
 }
 
 TEST(ExplainCli, PrefixFromStatsFile) {
   auto t = cxlkv::pool::ReuseTracker::Create({1024, 0.25});
   ASSERT_TRUE(t.ok());
   const cxlkv::coherence::PrefixKey key{0x1111222233334444ull, 0xaaaabbbbccccddddull};
-  for (int i = 0; i < 10; ++i) t->Record(key, 1'000'000'000ull + i * 20'000'000ull, 1310720000, 4000);
+  for (int i = 0; i < 10; ++i)
+    t->Record(key, 1'000'000'000ull + i * 20'000'000ull, 1310720000, 4000);
   const std::string stats = "/tmp/cxlkv-cli-stats-" + std::to_string(::getpid());
   ASSERT_TRUE(t->Save(stats, 1'000'000'000ull + 9 * 20'000'000ull + 10'000'000ull).ok());
 
   const CtlRun r = Ctl("explain " + cxlkv::pool::FormatPrefixKey(key) + " --stats " + stats +
-                    " --config " + kConfig + " --json");
+                       " --config " + kConfig + " --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["prefix"]["key"], "aaaabbbbccccdddd1111222233334444");
@@ -98,11 +105,13 @@ TEST(ExplainCli, PrefixFromStatsFile) {
 
   const CtlRun missing = Ctl("explain 1234 --stats " + stats + " --config " + kConfig);
   EXPECT_EQ(missing.code, 1);
-  EXPECT_NE(missing.out.find("prefix 00000000000000000000000000001234 is not in"), std::string::npos)
+  EXPECT_NE(missing.out.find("prefix 00000000000000000000000000001234 is not in"),
+            std::string::npos)
       << missing.out;
   const CtlRun both = Ctl("explain 1234 --stats " + stats + " --reuse-ms 5 --config " + kConfig);
   EXPECT_EQ(both.code, 2);
-  EXPECT_NE(both.out.find("--reuse-ms: '5' cannot be given with PREFIX"), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("--reuse-ms: '5' cannot be given with PREFIX"), std::string::npos)
+      << both.out;
   std::remove(stats.c_str());
 }
 
@@ -110,17 +119,19 @@ TEST(CalibrateCli, JsonAndSavedFileFeedExplain) {
   char dir[] = "/tmp/cxlkv-calcli-XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
   const std::string out = std::string(dir) + "/cal.json";
-  const CtlRun r = Ctl(std::string("calibrate --dir ") + dir + " --budget-ms 300 --json --out " + out);
+  const CtlRun r =
+      Ctl(std::string("calibrate --dir ") + dir + " --budget-ms 300 --json --out " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["format"], "cxlkv-calibration");
   EXPECT_GT(j["nvme"]["read_bytes_per_s"].get<double>(), 0);
   EXPECT_GT(j["memory"]["latency_s"].get<double>(), 0);
   const CtlRun e = Ctl("explain --config " + kConfig + " --calibration " + out +
-                    " --size 1310720000 --reuse-ms 50 --json");
+                       " --size 1310720000 --reuse-ms 50 --json");
   ASSERT_EQ(e.code, 0) << e.out;
   const nlohmann::json ej = nlohmann::json::parse(e.out);
-  EXPECT_EQ(ej["calibrated"].size(), 3u) << "NVMe latency, bandwidth, IOPS (DRAM applies to no tier)";
+  EXPECT_EQ(ej["calibrated"].size(), 3u)
+      << "NVMe latency, bandwidth, IOPS (DRAM applies to no tier)";
   EXPECT_DOUBLE_EQ(ej["tiers"][2]["read_bytes_per_s"].get<double>(),
                    j["nvme"]["read_bytes_per_s"].get<double>());
   std::remove(out.c_str());

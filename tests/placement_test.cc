@@ -1,21 +1,22 @@
 // pool/placement.h, reuse_tracker.h and calibrate.h: the placement rule's clauses at their
 // boundaries, its monotonicity over random inputs, the README's worked example, the reuse
 // tracker and its stats file, calibration JSON, and the [placement] configuration.
+#include "cxlkv/pool/placement.h"
+
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <ostream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <random>
 #include <string>
 
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/pool/calibrate.h"
-#include "cxlkv/pool/placement.h"
 #include "cxlkv/pool/reuse_tracker.h"
 #include "gtest/gtest.h"
 #include "test_util.h"
@@ -270,8 +271,8 @@ TEST(PlacementProperty, LongerReuseIntervalNeverMovesToAFasterTier) {
     const Decision da = rule.Decide(a), db = rule.Decide(b);
     ASSERT_GE(Rank(db.tier), Rank(da.tier))
         << "interval " << a.reuse_interval_s << " -> " << TierName(da.tier) << "/"
-        << ClauseName(da.clause) << ", " << b.reuse_interval_s << " -> " << TierName(db.tier)
-        << "/" << ClauseName(db.clause);
+        << ClauseName(da.clause) << ", " << b.reuse_interval_s << " -> " << TierName(db.tier) << "/"
+        << ClauseName(db.clause);
   }
 }
 
@@ -287,7 +288,8 @@ TEST(PlacementProperty, LargerBlockNeverMovesToAFasterTierExceptByTtft) {
     const PlacementRule rule = MustRule(RandomParams(rng));
     BlockInputs a = RandomInputs(rng);
     BlockInputs b = a;
-    b.size_bytes = static_cast<std::uint64_t>(static_cast<double>(a.size_bytes) * LogUniform(rng, 1, 100));
+    b.size_bytes =
+        static_cast<std::uint64_t>(static_cast<double>(a.size_bytes) * LogUniform(rng, 1, 100));
     Explanation eb;
     const Decision da = rule.Decide(a), db = rule.Decide(b, &eb);
     if (db.clause == Clause::kTtftForced || eb.cxl_choice_by_ttft) {
@@ -337,7 +339,8 @@ TEST(PlacementProperty, DecideWithAndWithoutExplanationAgree) {
 // ---- the README's worked example ------------------------------------------------------------
 
 PlacementParams ExampleConfigParams() {
-  auto c = orchestrator::LoadConfig(std::string(CXLKV_SOURCE_DIR) + "/orchestrator/domain.example.toml");
+  auto c =
+      orchestrator::LoadConfig(std::string(CXLKV_SOURCE_DIR) + "/orchestrator/domain.example.toml");
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? c->placement : PlacementParams{};
 }
@@ -354,10 +357,10 @@ TEST(ReadmeExample, Llama3_70B) {
   rag.occupancy = {0.5, 0.5};
   Explanation e;
   EXPECT_EQ(rule.Decide(rag, &e), (Decision{Tier::kCxlPooled, Clause::kBelowBreakEven}));
-  EXPECT_NEAR(e.fetch_s[2], 0.0937, 0.00005);   // 80 us + 1.31 GB / 14 GB/s
-  EXPECT_NEAR(e.fetch_s[1], 0.0728, 0.00005);   // pooled: 18 GB/s
-  EXPECT_NEAR(e.recompute_s, 0.400, 1e-12);     // 4,000 / 10,000 tokens/s
-  EXPECT_NEAR(e.break_even_s, 11.2, 0.05);      // 614.4 × 93.6 ms / (1.31 × 3.92)
+  EXPECT_NEAR(e.fetch_s[2], 0.0937, 0.00005);  // 80 us + 1.31 GB / 14 GB/s
+  EXPECT_NEAR(e.fetch_s[1], 0.0728, 0.00005);  // pooled: 18 GB/s
+  EXPECT_NEAR(e.recompute_s, 0.400, 1e-12);    // 4,000 / 10,000 tokens/s
+  EXPECT_NEAR(e.break_even_s, 11.2, 0.05);     // 614.4 × 93.6 ms / (1.31 × 3.92)
 
   // The same prefix reused every 5 s: still CXL at half occupancy, NVMe at 97 %.
   rag.reuse_interval_s = 5;
@@ -451,7 +454,9 @@ TEST(PlacementParams, ValidateNamesTheKey) {
 
 // ---- reuse tracker ----------------------------------------------------------------------
 
-coherence::PrefixKey Key(std::uint64_t i) { return {i * 0x9E3779B97F4A7C15ull + 1, i ^ 0xABCDEFull}; }
+coherence::PrefixKey Key(std::uint64_t i) {
+  return {i * 0x9E3779B97F4A7C15ull + 1, i ^ 0xABCDEFull};
+}
 
 TEST(ReuseTracker, EwmaOfIntervals) {
   auto t = ReuseTracker::Create({1024, 0.25});
@@ -502,7 +507,8 @@ TEST(ReuseTracker, MemoryIsBoundedAndHotKeysSurvive) {
   }
   EXPECT_EQ(t->size(), t->capacity()) << "a full table stays full";
   EXPECT_EQ(t->memory_bytes(), bytes);
-  ASSERT_TRUE(t->Find(hot).has_value()) << "the most recently used key in its bucket is never replaced";
+  ASSERT_TRUE(t->Find(hot).has_value())
+      << "the most recently used key in its bucket is never replaced";
   EXPECT_EQ(t->Find(hot)->uses, 50000u);
   EXPECT_NEAR(t->Find(hot)->ewma_interval_s, 3e-9, 1e-12);
   EXPECT_FALSE(t->Find(Key(0)).has_value()) << "old one-shot keys were replaced";
@@ -510,8 +516,10 @@ TEST(ReuseTracker, MemoryIsBoundedAndHotKeysSurvive) {
 }
 
 TEST(ReuseTracker, OptionsAreChecked) {
-  EXPECT_NE(ReuseTracker::Create({16, 0.25}).status().message().find("tracker_entries"), std::string::npos);
-  EXPECT_NE(ReuseTracker::Create({64, 0}).status().message().find("reuse_ewma_alpha"), std::string::npos);
+  EXPECT_NE(ReuseTracker::Create({16, 0.25}).status().message().find("tracker_entries"),
+            std::string::npos);
+  EXPECT_NE(ReuseTracker::Create({64, 0}).status().message().find("reuse_ewma_alpha"),
+            std::string::npos);
   EXPECT_EQ(ReuseTracker::Create({100, 0.5})->capacity(), 128u) << "rounded up to a power of two";
 }
 
@@ -522,7 +530,8 @@ TEST(ReuseTracker, PrefixKeyHex) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(*back, k);
   EXPECT_EQ(*ParsePrefixKey("0x1f"), (coherence::PrefixKey{0x1f, 0}));
-  EXPECT_NE(ParsePrefixKey("12g4").status().message().find("'g' is not a hex digit"), std::string::npos);
+  EXPECT_NE(ParsePrefixKey("12g4").status().message().find("'g' is not a hex digit"),
+            std::string::npos);
   EXPECT_FALSE(ParsePrefixKey(std::string(33, '1')).ok());
   EXPECT_FALSE(ParsePrefixKey("").ok());
 }
@@ -538,7 +547,9 @@ class StatsFile : public ::testing::Test {
     std::ifstream in(path_, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
-  void Write(const std::string& b) { std::ofstream(path_, std::ios::binary | std::ios::trunc) << b; }
+  void Write(const std::string& b) {
+    std::ofstream(path_, std::ios::binary | std::ios::trunc) << b;
+  }
   std::string path_;
 };
 
@@ -609,9 +620,15 @@ TEST_F(StatsFile, DamageIsDetected) {
 
 Calibration SampleCalibration() {
   Calibration c;
-  c.memory = MemoryCalibration{"file:/dev/shm/x?size=256M&shared=1", "cxl-pooled", 1.7e10, 1.5e10,
-                               2.5e-7, 256ull << 20, 2ull << 20};
-  c.nvme = NvmeCalibration{"/var/lib/cxlkv", 128ull << 20, 7.2e-5, 4.8e-5, 1.86e9, 105739, 16, 1 << 20};
+  c.memory = MemoryCalibration{"file:/dev/shm/x?size=256M&shared=1",
+                               "cxl-pooled",
+                               1.7e10,
+                               1.5e10,
+                               2.5e-7,
+                               256ull << 20,
+                               2ull << 20};
+  c.nvme =
+      NvmeCalibration{"/var/lib/cxlkv", 128ull << 20, 7.2e-5, 4.8e-5, 1.86e9, 105739, 16, 1 << 20};
   c.measured_at = "2026-11-21T10:00:00Z";
   c.duration_s = 1.93;
   return c;
@@ -647,10 +664,12 @@ TEST(Calibration, BadJsonNamesTheField) {
       {"{\"format\":\"other\"}", "t.json: format:"},
       {"{\"format\":\"cxlkv-calibration\",\"version\":2}", "t.json: version: expected 1"},
       {"{\"format\":\"cxlkv-calibration\",\"version\":1,\"measured_at\":\"x\"}", "holds neither"},
-      {"{\"format\":\"cxlkv-calibration\",\"version\":1,\"measured_at\":\"x\",\"nvme\":{\"dir\":\"/d\","
+      {"{\"format\":\"cxlkv-calibration\",\"version\":1,\"measured_at\":\"x\",\"nvme\":{\"dir\":\"/"
+       "d\","
        "\"file_bytes\":1,\"latency_qd1_s\":-1}}",
        "t.json: nvme.latency_qd1_s: -1 is not a positive figure"},
-      {"{\"format\":\"cxlkv-calibration\",\"version\":1,\"measured_at\":\"x\",\"memory\":{\"source\":\"a\","
+      {"{\"format\":\"cxlkv-calibration\",\"version\":1,\"measured_at\":\"x\",\"memory\":{"
+       "\"source\":\"a\","
        "\"tier\":\"hbm\"}}",
        "t.json: memory.tier: 'hbm'"},
   };
@@ -764,7 +783,8 @@ calibration = "/tmp/cal.json"
   EXPECT_EQ(c->reuse_tracker.alpha, 0.5);
   EXPECT_EQ(c->placement_calibration, "/tmp/cal.json");
   EXPECT_EQ(*c->PinLevelOf("acme/m/l"), 3);
-  EXPECT_NE(c->PinLevelOf("acme/m/x").status().message().find("known: acme/m/l"), std::string::npos);
+  EXPECT_NE(c->PinLevelOf("acme/m/x").status().message().find("known: acme/m/l"),
+            std::string::npos);
 }
 
 TEST(PlacementConfig, ErrorsNameTheKeyAndLine) {
@@ -772,16 +792,23 @@ TEST(PlacementConfig, ErrorsNameTheKeyAndLine) {
     std::string extra, want;
   } cases[] = {
       {"[placement]\nttft_budget = 5\n", "t.toml:14: key 'placement.ttft_budget': unknown key"},
-      {"[placement]\nnvme_read_gbps = \"fast\"\n", "t.toml:14: key 'placement.nvme_read_gbps': expected a number"},
-      {"[placement]\nlow_watermark = 1.5\n", "t.toml:14: key 'placement.low_watermark': 1.5 is out of range"},
-      {"[placement]\npin_level = 4\n", "t.toml:14: key 'placement.pin_level': 4 is out of range [0, 3]"},
-      {"[placement]\ncxl_tiers = [\"hbm\"]\n", "t.toml:14: key 'placement.cxl_tiers': unknown CXL tier 'hbm'"},
-      {"[placement]\ncxl_tiers = [\"pooled\", \"pooled\"]\n", "t.toml:14: key 'placement.cxl_tiers': a tier is listed twice"},
-      {"[placement]\ncxl_tiers = []\n", "t.toml:14: key 'placement.cxl_tiers': expected a non-empty array"},
+      {"[placement]\nnvme_read_gbps = \"fast\"\n",
+       "t.toml:14: key 'placement.nvme_read_gbps': expected a number"},
+      {"[placement]\nlow_watermark = 1.5\n",
+       "t.toml:14: key 'placement.low_watermark': 1.5 is out of range"},
+      {"[placement]\npin_level = 4\n",
+       "t.toml:14: key 'placement.pin_level': 4 is out of range [0, 3]"},
+      {"[placement]\ncxl_tiers = [\"hbm\"]\n",
+       "t.toml:14: key 'placement.cxl_tiers': unknown CXL tier 'hbm'"},
+      {"[placement]\ncxl_tiers = [\"pooled\", \"pooled\"]\n",
+       "t.toml:14: key 'placement.cxl_tiers': a tier is listed twice"},
+      {"[placement]\ncxl_tiers = []\n",
+       "t.toml:14: key 'placement.cxl_tiers': expected a non-empty array"},
       {"[placement]\nnvme_drive_size = \"7X\"\n", "t.toml:14: key 'placement.nvme_drive_size':"},
       {"[placement]\nlow_watermark = 0.9\nhigh_watermark = 0.5\n",
        "t.toml:15: key 'placement.high_watermark': 0.5 must be above low_watermark (0.9)"},
-      {"[placement]\ntracker_entries = 8\n", "t.toml:14: key 'placement.tracker_entries': 8 is out of range"},
+      {"[placement]\ntracker_entries = 8\n",
+       "t.toml:14: key 'placement.tracker_entries': 8 is out of range"},
   };
   for (const Case& c : cases) {
     auto got = orchestrator::ParseConfig(std::string(kMinimal) + c.extra, "t.toml");

@@ -89,9 +89,9 @@ absl::StatusOr<MemoryCalibration> CalibrateMemory(std::byte* addr, std::uint64_t
   }
   bytes = bytes / block * block;
   if (addr == nullptr || bytes < 2 * block) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "calibrate: the memory range holds ", bytes, " bytes; at least two copy blocks (",
-        2 * block, " bytes) are needed — pass a larger region"));
+    return absl::InvalidArgumentError(absl::StrCat("calibrate: the memory range holds ", bytes,
+                                                   " bytes; at least two copy blocks (", 2 * block,
+                                                   " bytes) are needed — pass a larger region"));
   }
   const Clock::time_point t0 = Clock::now();
   // The DRAM side of the copies: up to 64 MiB, prefaulted.
@@ -229,9 +229,9 @@ absl::StatusOr<NvmeCalibration> CalibrateNvme(const std::string& dir, double bud
                                               const CalibrateOptions& o) {
   if (o.nvme_io_bytes < kSector || o.nvme_io_bytes % kSector != 0 || o.nvme_depth == 0 ||
       o.nvme_depth > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "calibrate: NVMe I/O size ", o.nvme_io_bytes, " must be a multiple of 4096 and depth ",
-        o.nvme_depth, " within [1, 256]"));
+    return absl::InvalidArgumentError(absl::StrCat("calibrate: NVMe I/O size ", o.nvme_io_bytes,
+                                                   " must be a multiple of 4096 and depth ",
+                                                   o.nvme_depth, " within [1, 256]"));
   }
   const Clock::time_point t0 = Clock::now();
   absl::StatusOr<int> fd_or = OpenScratch(dir);
@@ -246,14 +246,16 @@ absl::StatusOr<NvmeCalibration> CalibrateNvme(const std::string& dir, double bud
   // within a third of the budget.
   const std::uint32_t chunk = std::max<std::uint32_t>(o.nvme_io_bytes, 1u << 20);
   AlignedPtr wbuf = AlignedAlloc(chunk);
-  if (wbuf == nullptr) return absl::ResourceExhaustedError("calibrate: no memory for the I/O buffer");
+  if (wbuf == nullptr)
+    return absl::ResourceExhaustedError("calibrate: no memory for the I/O buffer");
   std::mt19937_64 rng(42);
   for (std::size_t i = 0; i < chunk / 8; ++i) {
     const std::uint64_t v = rng();
     std::memcpy(wbuf.get() + i * 8, &v, 8);
   }
   std::uint64_t written = 0;
-  while (written + chunk <= o.nvme_file_bytes && (written < 8ull * chunk || Since(t0) < budget_s / 3)) {
+  while (written + chunk <= o.nvme_file_bytes &&
+         (written < 8ull * chunk || Since(t0) < budget_s / 3)) {
     const ssize_t n = ::pwrite(fd, wbuf.get(), chunk, static_cast<off_t>(written));
     if (n != static_cast<ssize_t>(chunk)) {
       if (n < 0 && errno == EINTR) continue;
@@ -274,7 +276,8 @@ absl::StatusOr<NvmeCalibration> CalibrateNvme(const std::string& dir, double bud
   // Queue depth 1, 4 KiB.
   {
     AlignedPtr rbuf = AlignedAlloc(kSector);
-    if (rbuf == nullptr) return absl::ResourceExhaustedError("calibrate: no memory for the I/O buffer");
+    if (rbuf == nullptr)
+      return absl::ResourceExhaustedError("calibrate: no memory for the I/O buffer");
     std::uniform_int_distribution<std::uint64_t> pick(0, written / kSector - 1);
     std::vector<double> lat;
     const Clock::time_point q0 = Clock::now();
@@ -289,7 +292,8 @@ absl::StatusOr<NvmeCalibration> CalibrateNvme(const std::string& dir, double bud
     double sum = 0;
     for (double v : lat) sum += v;
     n.latency_qd1_s = sum / static_cast<double>(lat.size());
-    std::nth_element(lat.begin(), lat.begin() + static_cast<std::ptrdiff_t>(lat.size() / 2), lat.end());
+    std::nth_element(lat.begin(), lat.begin() + static_cast<std::ptrdiff_t>(lat.size() / 2),
+                     lat.end());
     n.latency_qd1_p50_s = lat[lat.size() / 2];
   }
   const ReadRun bw = ReadAtDepth(fd, written, n.io_bytes, n.depth, left * 0.35);
@@ -307,7 +311,8 @@ absl::StatusOr<NvmeCalibration> CalibrateNvme(const std::string& dir, double bud
 absl::StatusOr<Calibration> Calibrate(const Region* region, const std::string& nvme_dir,
                                       const CalibrateOptions& o) {
   if (!(o.budget_s > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("calibrate: budget ", o.budget_s, " s must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("calibrate: budget ", o.budget_s, " s must be positive"));
   }
   const Clock::time_point t0 = Clock::now();
   const double mem_budget = nvme_dir.empty() ? o.budget_s : o.budget_s * 0.4;
@@ -317,11 +322,12 @@ absl::StatusOr<Calibration> Calibrate(const Region* region, const std::string& n
     if (region != nullptr && region->size_bytes() >= sizeof(magic)) {
       std::memcpy(&magic, region->addr(), sizeof(magic));
       if (magic == kArenaMagic || magic == kFormattingMagic) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            region->name(), ": holds a cxlkv arena, and calibration overwrites the memory it "
-                            "measures; calibrate on a scratch source such as "
-                            "file:/dev/shm/cxlkv-calibrate?size=256M (or the device before it "
-                            "is formatted)"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(region->name(),
+                         ": holds a cxlkv arena, and calibration overwrites the memory it "
+                         "measures; calibrate on a scratch source such as "
+                         "file:/dev/shm/cxlkv-calibrate?size=256M (or the device before it "
+                         "is formatted)"));
       }
     }
     MemoryCalibration m;
@@ -331,7 +337,7 @@ absl::StatusOr<Calibration> Calibrate(const Region* region, const std::string& n
       if (!r.ok()) return r.status();
       m = *std::move(r);
       m.source = region->spec().ToString();
-      m.tier = region->spec().shared                     ? "cxl-pooled"
+      m.tier = region->spec().shared                       ? "cxl-pooled"
                : region->spec().kind == SourceKind::kMemfd ? "dram"
                                                            : "cxl-expanded";
     } else {
@@ -406,7 +412,8 @@ class JsonReader {
     if (it == o.end()) return Error(field, "missing");
     if (!it->is_number()) return Error(field, "expected a number");
     const double v = it->get<double>();
-    if (!(v > 0) || !std::isfinite(v)) return Error(field, absl::StrCat(v, " is not a positive figure"));
+    if (!(v > 0) || !std::isfinite(v))
+      return Error(field, absl::StrCat(v, " is not a positive figure"));
     *out = v;
     return absl::OkStatus();
   }
@@ -452,7 +459,8 @@ absl::StatusOr<Calibration> CalibrationFromJson(absl::string_view text, absl::st
   }
   Calibration c;
   if (auto s = r.String(j, "", "measured_at", &c.measured_at); !s.ok()) return s;
-  if (j.contains("duration_s") && j["duration_s"].is_number()) c.duration_s = j["duration_s"].get<double>();
+  if (j.contains("duration_s") && j["duration_s"].is_number())
+    c.duration_s = j["duration_s"].get<double>();
   if (j.contains("memory")) {
     const nlohmann::json& o = j["memory"];
     if (!o.is_object()) return r.Error("memory", "expected an object");
@@ -460,7 +468,8 @@ absl::StatusOr<Calibration> CalibrationFromJson(absl::string_view text, absl::st
     absl::Status s = r.String(o, "memory", "source", &m.source);
     if (s.ok()) s = r.String(o, "memory", "tier", &m.tier);
     if (s.ok() && m.tier != "dram" && m.tier != "cxl-expanded" && m.tier != "cxl-pooled") {
-      s = r.Error("memory.tier", absl::StrCat("'", m.tier, "' is not dram, cxl-expanded or cxl-pooled"));
+      s = r.Error("memory.tier",
+                  absl::StrCat("'", m.tier, "' is not dram, cxl-expanded or cxl-pooled"));
     }
     if (s.ok()) s = r.Positive(o, "memory", "read_bytes_per_s", &m.read_bytes_per_s);
     if (s.ok()) s = r.Positive(o, "memory", "write_bytes_per_s", &m.write_bytes_per_s);
@@ -495,7 +504,9 @@ absl::Status SaveCalibration(const Calibration& c, const std::string& path) {
     std::ofstream out(tmp, std::ios::trunc);
     out << CalibrationToJson(c) << "\n";
     out.flush();
-    if (!out) return absl::UnavailableError(absl::StrCat(tmp, ": write failed (directory writable? disk full?)"));
+    if (!out)
+      return absl::UnavailableError(
+          absl::StrCat(tmp, ": write failed (directory writable? disk full?)"));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
@@ -508,8 +519,9 @@ absl::Status SaveCalibration(const Calibration& c, const std::string& path) {
 absl::StatusOr<Calibration> LoadCalibration(const std::string& path) {
   std::ifstream in(path);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat(
-        "cannot read calibration '", path, "' (write one with `cxlkvctl calibrate --dir DIR --out FILE`)"));
+    return absl::NotFoundError(
+        absl::StrCat("cannot read calibration '", path,
+                     "' (write one with `cxlkvctl calibrate --dir DIR --out FILE`)"));
   }
   std::stringstream ss;
   ss << in.rdbuf();

@@ -45,28 +45,40 @@ std::string Num(double v) {
   return absl::StrFormat("%.4g", v);
 }
 
-nlohmann::json J(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+nlohmann::json J(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
 
 }  // namespace
 
 absl::string_view TierName(Tier tier) noexcept {
   switch (tier) {
-    case Tier::kCxlExpanded: return "cxl-expanded";
-    case Tier::kCxlPooled: return "cxl-pooled";
-    case Tier::kNvme: return "nvme";
-    case Tier::kDrop: return "drop";
+    case Tier::kCxlExpanded:
+      return "cxl-expanded";
+    case Tier::kCxlPooled:
+      return "cxl-pooled";
+    case Tier::kNvme:
+      return "nvme";
+    case Tier::kDrop:
+      return "drop";
   }
   return "?";
 }
 
 absl::string_view ClauseName(Clause clause) noexcept {
   switch (clause) {
-    case Clause::kPinned: return "pinned";
-    case Clause::kRecomputeCheaper: return "recompute-cheaper";
-    case Clause::kBelowBreakEven: return "below-break-even";
-    case Clause::kTtftForced: return "ttft-forced";
-    case Clause::kCxlFull: return "cxl-full";
-    case Clause::kAboveBreakEven: return "above-break-even";
+    case Clause::kPinned:
+      return "pinned";
+    case Clause::kRecomputeCheaper:
+      return "recompute-cheaper";
+    case Clause::kBelowBreakEven:
+      return "below-break-even";
+    case Clause::kTtftForced:
+      return "ttft-forced";
+    case Clause::kCxlFull:
+      return "cxl-full";
+    case Clause::kAboveBreakEven:
+      return "above-break-even";
   }
   return "?";
 }
@@ -84,7 +96,8 @@ absl::Status PlacementParams::Validate() const {
     if (!cxl[t].present) continue;
     any = true;
     const std::string k = kCxlKey[t];
-    if (auto s = Range(k + "_latency_ns", cxl[t].figures.latency_s, 0, 1e-3, 1e9); !s.ok()) return s;
+    if (auto s = Range(k + "_latency_ns", cxl[t].figures.latency_s, 0, 1e-3, 1e9); !s.ok())
+      return s;
     if (auto s = Range(k + "_read_gbps", cxl[t].figures.read_bytes_per_s, 0, 1e13, 1e-9, true);
         !s.ok()) {
       return s;
@@ -96,12 +109,14 @@ absl::Status PlacementParams::Validate() const {
         "placement.cxl_tiers: at least one CXL tier (\"expanded\" or \"pooled\") is needed");
   }
   if (auto s = Range("nvme_latency_us", nvme.latency_s, 0, 1, 1e6); !s.ok()) return s;
-  if (auto s = Range("nvme_read_gbps", nvme.read_bytes_per_s, 0, 1e13, 1e-9, true); !s.ok()) return s;
+  if (auto s = Range("nvme_read_gbps", nvme.read_bytes_per_s, 0, 1e13, 1e-9, true); !s.ok())
+    return s;
   if (auto s = Range("nvme_iops", nvme_iops, 0, 1e9); !s.ok()) return s;
   if (auto s = Range("nvme_cost_per_gb", nvme_cost_per_gb, 0, 1e6, 1, true); !s.ok()) return s;
   if (auto s = Range("nvme_drive_size", nvme_drive_bytes, 0, 1e18, 1, true); !s.ok()) return s;
   if (auto s = Range("ttft_budget_ms", ttft_budget_s, 0, 1e3, 1e3, true); !s.ok()) return s;
-  if (auto s = Range("recompute_tokens_per_s", prefill_tokens_per_s, 0, 1e9, 1, true); !s.ok()) return s;
+  if (auto s = Range("recompute_tokens_per_s", prefill_tokens_per_s, 0, 1e9, 1, true); !s.ok())
+    return s;
   if (auto s = Range("queue_depth_weight", queue_depth_weight, 0, 1e3); !s.ok()) return s;
   if (auto s = Range("low_watermark", low_watermark, 0, 1); !s.ok()) return s;
   if (auto s = Range("high_watermark", high_watermark, 0, 1); !s.ok()) return s;
@@ -202,9 +217,8 @@ Decision PlacementRule::DecideImpl(const BlockInputs& in, Explanation* why) cons
   double break_even = 0;
   if (available) {
     const double denom = size * (eff[c] - nvme_price_per_byte_);
-    break_even = denom > 0
-                     ? (size * nvme_unit_price_per_byte_bw_ + nvme_unit_price_per_io_) / denom
-                     : kInf;
+    break_even =
+        denom > 0 ? (size * nvme_unit_price_per_byte_bw_ + nvme_unit_price_per_io_) / denom : kInf;
   }
   const bool pinned = params_.pin_level > 0 && in.pin_level >= params_.pin_level;
   const bool below = interval < break_even;
@@ -240,7 +254,8 @@ Decision PlacementRule::DecideImpl(const BlockInputs& in, Explanation* why) cons
       why->cxl_choice = cxl_tier;
       why->cxl_available = available;
       why->cxl_choice_by_ttft = choice_by_ttft;
-      why->nvme_busy_s = size * nvme_inv_bw_ + (params_.nvme_iops > 0 ? 1.0 / params_.nvme_iops : 0);
+      why->nvme_busy_s =
+          size * nvme_inv_bw_ + (params_.nvme_iops > 0 ? 1.0 / params_.nvme_iops : 0);
       why->break_even_s = break_even;
       why->pinned = pinned;
       why->below_break_even = below;
@@ -274,29 +289,27 @@ struct ClauseLine {
 // One line per clause, in evaluation order, saying whether its condition holds and why.
 std::vector<ClauseLine> ClauseLines(const Explanation& e) {
   const PlacementParams& p = e.params;
-  const double best_fetch =
-      e.cxl_eligible ? std::min(e.fetch_s[static_cast<int>(e.cxl_choice)], e.fetch_s[2]) : e.fetch_s[2];
+  const double best_fetch = e.cxl_eligible
+                                ? std::min(e.fetch_s[static_cast<int>(e.cxl_choice)], e.fetch_s[2])
+                                : e.fetch_s[2];
   std::vector<ClauseLine> out;
   out.push_back({Clause::kPinned, e.pinned,
-                 p.pin_level == 0
-                     ? "pin override off (pin_level 0)"
-                     : absl::StrCat("namespace pin level ", e.inputs.pin_level,
-                                    e.pinned ? " >= " : " < ", p.pin_level)});
-  out.push_back({Clause::kRecomputeCheaper, e.recompute_s < best_fetch,
-                 absl::StrCat("recompute ", Secs(e.recompute_s),
-                              e.recompute_s < best_fetch ? " < " : " >= ",
-                              e.cxl_eligible ? "fastest eligible fetch " : "NVMe fetch ",
-                              Secs(best_fetch))});
+                 p.pin_level == 0 ? "pin override off (pin_level 0)"
+                                  : absl::StrCat("namespace pin level ", e.inputs.pin_level,
+                                                 e.pinned ? " >= " : " < ", p.pin_level)});
+  out.push_back(
+      {Clause::kRecomputeCheaper, e.recompute_s < best_fetch,
+       absl::StrCat("recompute ", Secs(e.recompute_s), e.recompute_s < best_fetch ? " < " : " >= ",
+                    e.cxl_eligible ? "fastest eligible fetch " : "NVMe fetch ", Secs(best_fetch))});
   out.push_back({Clause::kBelowBreakEven, e.below_break_even,
                  absl::StrCat("reuse interval ", Secs(e.inputs.reuse_interval_s),
                               e.below_break_even ? " < " : " >= ", "break-even ",
                               Secs(e.break_even_s), " (", TierName(e.cxl_choice), ")")});
-  out.push_back({Clause::kTtftForced, e.cxl_available && e.ttft_exceeded && e.within_horizon,
-                 absl::StrCat("NVMe fetch ", Secs(e.fetch_s[2]),
-                              e.ttft_exceeded ? " > " : " <= ", "TTFT budget ",
-                              Secs(p.ttft_budget_s), "; reuse interval ",
-                              e.within_horizon ? "within" : "beyond", " horizon ",
-                              Secs(p.reuse_horizon_s))});
+  out.push_back(
+      {Clause::kTtftForced, e.cxl_available && e.ttft_exceeded && e.within_horizon,
+       absl::StrCat("NVMe fetch ", Secs(e.fetch_s[2]), e.ttft_exceeded ? " > " : " <= ",
+                    "TTFT budget ", Secs(p.ttft_budget_s), "; reuse interval ",
+                    e.within_horizon ? "within" : "beyond", " horizon ", Secs(p.reuse_horizon_s))});
   out.push_back({Clause::kCxlFull, !e.cxl_available,
                  e.cxl_available ? absl::StrCat(TierName(e.cxl_choice), " has room")
                                  : "no CXL tier has room (occupancy >= 1)"});
@@ -308,8 +321,8 @@ std::vector<ClauseLine> ClauseLines(const Explanation& e) {
 
 std::string Explanation::ToText() const {
   const PlacementParams& p = params;
-  std::string s = absl::StrCat("placement: ", TierName(decision.tier), " (", ClauseName(decision.clause),
-                               ")\n");
+  std::string s = absl::StrCat("placement: ", TierName(decision.tier), " (",
+                               ClauseName(decision.clause), ")\n");
   absl::StrAppend(&s, "inputs:\n");
   absl::StrAppendFormat(&s, "  size              %d B (%.4g GB)\n", inputs.size_bytes,
                         static_cast<double>(inputs.size_bytes) * 1e-9);
@@ -335,17 +348,18 @@ std::string Explanation::ToText() const {
                           Num(c.figures.read_bytes_per_s * 1e-9), Num(c.cost_per_gb),
                           Num(pressure[t]), Num(effective_cost_per_gb[t]), Secs(fetch_s[t]));
   }
-  absl::StrAppendFormat(&s, "  %-13s %-9s %-10s %-8s %-9s %-12s %s\n", "nvme", Secs(p.nvme.latency_s),
-                        Num(p.nvme.read_bytes_per_s * 1e-9), Num(p.nvme_cost_per_gb), "-", "-",
-                        Secs(fetch_s[2]));
+  absl::StrAppendFormat(&s, "  %-13s %-9s %-10s %-8s %-9s %-12s %s\n", "nvme",
+                        Secs(p.nvme.latency_s), Num(p.nvme.read_bytes_per_s * 1e-9),
+                        Num(p.nvme_cost_per_gb), "-", "-", Secs(fetch_s[2]));
   absl::StrAppend(&s, "figures:\n");
-  absl::StrAppend(&s, "  recompute         ", inputs.tokens, " tokens / ", Num(p.prefill_tokens_per_s),
-                  " tokens/s x (1 + ", Num(p.queue_depth_weight), " x ", inputs.queue_depth,
-                  ") = ", Secs(recompute_s), "\n");
+  absl::StrAppend(&s, "  recompute         ", inputs.tokens, " tokens / ",
+                  Num(p.prefill_tokens_per_s), " tokens/s x (1 + ", Num(p.queue_depth_weight),
+                  " x ", inputs.queue_depth, ") = ", Secs(recompute_s), "\n");
   absl::StrAppend(&s, "  CXL tier          ", TierName(cxl_choice),
-                  !cxl_available      ? " (every CXL tier is full)"
-                  : cxl_choice_by_ttft ? " (a cheaper CXL tier's fetch would exceed the TTFT budget)"
-                                       : " (lowest cost x pressure)",
+                  !cxl_available ? " (every CXL tier is full)"
+                  : cxl_choice_by_ttft
+                      ? " (a cheaper CXL tier's fetch would exceed the TTFT budget)"
+                      : " (lowest cost x pressure)",
                   "\n");
   absl::StrAppend(&s, "  nvme busy/fetch   S/B + 1/IOPS = ", Secs(nvme_busy_s), "\n");
   const int c = static_cast<int>(cxl_choice);
@@ -353,8 +367,8 @@ std::string Explanation::ToText() const {
                   Num(p.nvme_cost_per_gb * p.nvme_drive_bytes * 1e-9), " x ", Secs(nvme_busy_s),
                   " / (", Num(static_cast<double>(inputs.size_bytes) * 1e-9), " GB x (",
                   Num(p.cxl[c].cost_per_gb), " x ", Num(pressure[c]), " - ",
-                  Num(p.nvme_cost_per_gb), ")) = ", Secs(break_even_s), " (",
-                  TierName(cxl_choice), ")\n");
+                  Num(p.nvme_cost_per_gb), ")) = ", Secs(break_even_s), " (", TierName(cxl_choice),
+                  ")\n");
   absl::StrAppend(&s, "  TTFT budget       ", Secs(p.ttft_budget_s), "; reuse horizon ",
                   Secs(p.reuse_horizon_s), "; watermarks ", Num(p.low_watermark), "/",
                   Num(p.high_watermark), " (max factor ", Num(p.pressure_max_factor),
@@ -409,7 +423,8 @@ std::string Explanation::ToJson(int indent) const {
         {"reuse_interval_s", J(inputs.reuse_interval_s)},
         {"tokens", inputs.tokens},
         {"queue_depth", inputs.queue_depth},
-        {"occupancy", {{"cxl-expanded", J(inputs.occupancy[0])}, {"cxl-pooled", J(inputs.occupancy[1])}}},
+        {"occupancy",
+         {{"cxl-expanded", J(inputs.occupancy[0])}, {"cxl-pooled", J(inputs.occupancy[1])}}},
         {"pin_level", inputs.pin_level}}},
       {"params",
        {{"ttft_budget_s", p.ttft_budget_s},

@@ -6,8 +6,8 @@
 
 #include <bit>
 #include <cerrno>
-#include <cstddef>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 
@@ -119,8 +119,8 @@ ReuseTracker::~ReuseTracker() = default;
 
 absl::StatusOr<ReuseTracker> ReuseTracker::Create(const ReuseTrackerOptions& o) {
   if (o.entries < 64 || o.entries > (1u << 26)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "placement.tracker_entries: ", o.entries, " is out of range [64, 67108864]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement.tracker_entries: ", o.entries, " is out of range [64, 67108864]"));
   }
   if (!(o.alpha > 0 && o.alpha <= 1)) {
     return absl::InvalidArgumentError(
@@ -158,8 +158,8 @@ void ReuseTracker::Record(const coherence::PrefixKey& key, std::uint64_t now_ns,
     if (e.uses != 0 && e.key_lo == key.lo && e.key_hi == key.hi) {
       const double interval =
           now_ns > e.last_seen_ns ? static_cast<double>(now_ns - e.last_seen_ns) * 1e-9 : 0.0;
-      const double ewma = e.uses == 1 ? interval
-                                      : alpha_ * interval + (1 - alpha_) * e.ewma_interval_s;
+      const double ewma =
+          e.uses == 1 ? interval : alpha_ * interval + (1 - alpha_) * e.ewma_interval_s;
       e.ewma_interval_s = static_cast<float>(ewma);
       if (e.uses != std::numeric_limits<std::uint32_t>::max()) ++e.uses;
       if (now_ns > e.last_seen_ns) e.last_seen_ns = now_ns;
@@ -171,15 +171,19 @@ void ReuseTracker::Record(const coherence::PrefixKey& key, std::uint64_t now_ns,
     if (victim->uses != 0 && (e.uses == 0 || e.last_seen_ns < victim->last_seen_ns)) victim = &e;
   }
   if (victim->uses == 0) ++size_;
-  *victim = Entry{key.lo, key.hi, now_ns, size_bytes, std::numeric_limits<float>::infinity(), 1,
-                  tokens, 0};
+  *victim = Entry{key.lo, key.hi, now_ns, size_bytes, std::numeric_limits<float>::infinity(),
+                  1,      tokens, 0};
 }
 
 std::optional<ReuseStats> ReuseTracker::Find(const coherence::PrefixKey& key) const noexcept {
   const Entry* e = FindEntry(key);
   if (e == nullptr) return std::nullopt;
-  return ReuseStats{{e->key_lo, e->key_hi}, e->last_seen_ns, e->size_bytes,
-                    static_cast<double>(e->ewma_interval_s), e->uses, e->tokens};
+  return ReuseStats{{e->key_lo, e->key_hi},
+                    e->last_seen_ns,
+                    e->size_bytes,
+                    static_cast<double>(e->ewma_interval_s),
+                    e->uses,
+                    e->tokens};
 }
 
 double ReuseTracker::ExpectedIntervalS(const coherence::PrefixKey& key,
@@ -197,8 +201,12 @@ std::vector<ReuseStats> ReuseTracker::Entries() const {
   for (std::uint32_t i = 0; i <= bucket_mask_; ++i) {
     for (const Entry& e : buckets_[i].way) {
       if (e.uses == 0) continue;
-      out.push_back({{e.key_lo, e.key_hi}, e.last_seen_ns, e.size_bytes,
-                     static_cast<double>(e.ewma_interval_s), e.uses, e.tokens});
+      out.push_back({{e.key_lo, e.key_hi},
+                     e.last_seen_ns,
+                     e.size_bytes,
+                     static_cast<double>(e.ewma_interval_s),
+                     e.uses,
+                     e.tokens});
     }
   }
   return out;
@@ -234,7 +242,8 @@ absl::Status ReuseTracker::Save(const std::string& path, std::uint64_t now_ns) c
     return st;
   }
   const std::size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
@@ -262,8 +271,8 @@ absl::StatusOr<ReuseTracker::Loaded> ReuseTracker::Load(const std::string& path)
   ::close(fd);
   const std::string what = absl::StrCat(path, ": reuse stats header");
   if (bytes.size() < sizeof(StatsHeader)) {
-    return absl::DataLossError(absl::StrCat(path, ": ", bytes.size(),
-                                            " bytes is shorter than a reuse stats header (80)"));
+    return absl::DataLossError(
+        absl::StrCat(path, ": ", bytes.size(), " bytes is shorter than a reuse stats header (80)"));
   }
   StatsHeader h;
   std::memcpy(&h, bytes.data(), sizeof(h));
@@ -300,15 +309,14 @@ absl::StatusOr<ReuseTracker::Loaded> ReuseTracker::Load(const std::string& path)
     Entry* slot = nullptr;
     for (Entry& w : b.way) {
       if (w.uses != 0 && w.key_lo == e.key_lo && w.key_hi == e.key_hi) {
-        return absl::DataLossError(absl::StrCat(path, ": key ",
-                                                FormatPrefixKey({e.key_lo, e.key_hi}),
-                                                " appears twice"));
+        return absl::DataLossError(
+            absl::StrCat(path, ": key ", FormatPrefixKey({e.key_lo, e.key_hi}), " appears twice"));
       }
       if (slot == nullptr && w.uses == 0) slot = &w;
     }
     if (e.uses == 0 || slot == nullptr) {
-      return absl::DataLossError(absl::StrCat(path, ": entry ", i,
-                                              e.uses == 0 ? " has no uses" : " overfills its bucket"));
+      return absl::DataLossError(absl::StrCat(
+          path, ": entry ", i, e.uses == 0 ? " has no uses" : " overfills its bucket"));
     }
     *slot = e;
     ++tracker->size_;

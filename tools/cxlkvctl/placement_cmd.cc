@@ -68,7 +68,8 @@ void RunCalibrate(const CalibrateArgs& a) {
   auto c = pool::Calibrate(region.get(), a.dir, o);
   if (!c.ok()) Fail("calibrate", c.status().message());
   if (!a.out.empty()) {
-    if (auto s = pool::SaveCalibration(*c, a.out); !s.ok()) Fail("calibrate", absl::StrCat("--out: ", s.message()));
+    if (auto s = pool::SaveCalibration(*c, a.out); !s.ok())
+      Fail("calibrate", absl::StrCat("--out: ", s.message()));
   }
   if (a.json) {
     std::cout << pool::CalibrationToJson(*c) << "\n";
@@ -89,7 +90,8 @@ void RunCalibrate(const CalibrateArgs& a) {
           n.dir, Time(n.latency_qd1_s), Time(n.latency_qd1_p50_s), pool::FormatBytes(n.io_bytes),
           n.depth, Rate(n.read_bytes_per_s), n.depth, n.iops, pool::FormatBytes(n.file_bytes));
     }
-    if (!a.out.empty()) std::cout << "saved to " << a.out << " (domain.toml: placement.calibration)\n";
+    if (!a.out.empty())
+      std::cout << "saved to " << a.out << " (domain.toml: placement.calibration)\n";
   }
   Flush("calibrate");
 }
@@ -148,17 +150,21 @@ void RunExplain(const ExplainArgs& a) {
     cal_changes = pool::ApplyCalibration(*cal, &params);
   }
   auto rule = pool::PlacementRule::Create(params);
-  if (!rule.ok()) Fail("explain", absl::StrCat("calibration made the parameters invalid: ", rule.status().message()));
+  if (!rule.ok())
+    Fail("explain",
+         absl::StrCat("calibration made the parameters invalid: ", rule.status().message()));
 
   pool::BlockInputs in;
   nlohmann::json prefix_json;
   std::string prefix_text;
   if (!a.prefix.empty()) {
     if (a.stats.empty()) {
-      Fail("explain", "PREFIX needs --stats FILE (the reuse stats file the tracker saved)", kExitUsage);
+      Fail("explain", "PREFIX needs --stats FILE (the reuse stats file the tracker saved)",
+           kExitUsage);
     }
     if (!a.reuse_ms.empty()) {
-      BadFlag("--reuse-ms", a.reuse_ms, "cannot be given with PREFIX: the interval comes from --stats");
+      BadFlag("--reuse-ms", a.reuse_ms,
+              "cannot be given with PREFIX: the interval comes from --stats");
     }
     auto key = pool::ParsePrefixKey(a.prefix);
     if (!key.ok()) Fail("explain", absl::StrCat("PREFIX: ", key.status().message()), kExitUsage);
@@ -178,24 +184,30 @@ void RunExplain(const ExplainArgs& a) {
                             : 0.0;
     prefix_text = absl::StrCat(
         "prefix ", pool::FormatPrefixKey(*key), " (", a.stats, "): ", st->uses,
-        " uses, EWMA interval ", std::isinf(st->ewma_interval_s) ? "none (used once)" : Time(st->ewma_interval_s),
+        " uses, EWMA interval ",
+        std::isinf(st->ewma_interval_s) ? "none (used once)" : Time(st->ewma_interval_s),
         ", last use ", Time(idle), " before the file was saved\n");
-    prefix_json = {{"key", pool::FormatPrefixKey(*key)},
-                   {"stats_file", a.stats},
-                   {"uses", st->uses},
-                   {"ewma_interval_s", std::isinf(st->ewma_interval_s) ? nlohmann::json(nullptr)
-                                                                       : nlohmann::json(st->ewma_interval_s)},
-                   {"idle_s", idle},
-                   {"size_bytes", st->size_bytes},
-                   {"tokens", st->tokens}};
+    prefix_json = {
+        {"key", pool::FormatPrefixKey(*key)},
+        {"stats_file", a.stats},
+        {"uses", st->uses},
+        {"ewma_interval_s", std::isinf(st->ewma_interval_s) ? nlohmann::json(nullptr)
+                                                            : nlohmann::json(st->ewma_interval_s)},
+        {"idle_s", idle},
+        {"size_bytes", st->size_bytes},
+        {"tokens", st->tokens}};
     if (in.size_bytes == 0 && a.size.empty()) {
       Fail("explain", "the stats file has no size for this prefix; pass --size BYTES", kExitUsage);
     }
   } else {
-    if (!a.stats.empty()) BadFlag("--stats", a.stats, "needs a PREFIX argument (hex key) to look up");
-    if (a.size.empty()) Fail("explain", "--size BYTES is required (or give PREFIX and --stats)", kExitUsage);
+    if (!a.stats.empty())
+      BadFlag("--stats", a.stats, "needs a PREFIX argument (hex key) to look up");
+    if (a.size.empty())
+      Fail("explain", "--size BYTES is required (or give PREFIX and --stats)", kExitUsage);
     if (a.reuse_ms.empty()) {
-      Fail("explain", "--reuse-ms MS is required (or give PREFIX and --stats); use inf for a block never reused",
+      Fail("explain",
+           "--reuse-ms MS is required (or give PREFIX and --stats); use inf for a block never "
+           "reused",
            kExitUsage);
     }
     double ms = 0;
@@ -226,7 +238,8 @@ void RunExplain(const ExplainArgs& a) {
   }
   if (!a.ns.empty()) {
     auto pin = cfg->PinLevelOf(a.ns);
-    if (!pin.ok()) Fail("explain", absl::StrCat("--namespace: ", pin.status().message()), kExitUsage);
+    if (!pin.ok())
+      Fail("explain", absl::StrCat("--namespace: ", pin.status().message()), kExitUsage);
     in.pin_level = *pin;
   }
 
@@ -260,7 +273,8 @@ void AddPlacementCommands(CLI::App& app) {
       "calibrate",
       "Measure memory copy bandwidth and latency (on --region, else anonymous DRAM) and NVMe "
       "read latency, bandwidth and IOPS (O_DIRECT, in --dir) within --budget-ms");
-  cal->add_option("--dir", ca->dir, "Directory on the NVMe file system for a scratch file (removed)")
+  cal->add_option("--dir", ca->dir,
+                  "Directory on the NVMe file system for a scratch file (removed)")
       ->required()
       ->type_name("DIR");
   cal->add_option("--region", ca->region,
@@ -287,11 +301,15 @@ void AddPlacementCommands(CLI::App& app) {
       ->type_name("FILE");
   ex->add_option("--stats", ea->stats, "Reuse stats file the ReuseTracker saved (with PREFIX)")
       ->type_name("FILE");
-  ex->add_option("--size", ea->size, "Block size in bytes (K/M/G suffixes are binary)")->type_name("BYTES");
-  ex->add_option("--reuse-ms", ea->reuse_ms, "Expected reuse interval in ms, or inf")->type_name("MS");
-  ex->add_option("--tokens", ea->tokens, "Prefill tokens a hit saves (default: unknown, never drop)")
+  ex->add_option("--size", ea->size, "Block size in bytes (K/M/G suffixes are binary)")
+      ->type_name("BYTES");
+  ex->add_option("--reuse-ms", ea->reuse_ms, "Expected reuse interval in ms, or inf")
+      ->type_name("MS");
+  ex->add_option("--tokens", ea->tokens,
+                 "Prefill tokens a hit saves (default: unknown, never drop)")
       ->type_name("N");
-  ex->add_option("--queue-depth", ea->queue_depth, "Prefills queued on the GPU (default 0)")->type_name("Q");
+  ex->add_option("--queue-depth", ea->queue_depth, "Prefills queued on the GPU (default 0)")
+      ->type_name("Q");
   ex->add_option("--occupancy", ea->occupancy,
                  "CXL occupancy, used/capacity: F for both tiers or E,P (default 0)")
       ->type_name("F");

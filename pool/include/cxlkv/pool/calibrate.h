@@ -29,23 +29,23 @@
 namespace cxlkv::pool {
 
 struct MemoryCalibration {
-  std::string source;            // the region's spec, or "anonymous"
-  std::string tier;              // "cxl-expanded", "cxl-pooled" or "dram" (applied to none)
-  double read_bytes_per_s = 0;   // memcpy out of the range
-  double write_bytes_per_s = 0;  // memcpy into the range
-  double latency_s = 0;          // one dependent load (pointer chase)
-  std::uint64_t bytes = 0;       // bytes of the range used
-  std::uint64_t block_bytes = 0; // memcpy size
+  std::string source;             // the region's spec, or "anonymous"
+  std::string tier;               // "cxl-expanded", "cxl-pooled" or "dram" (applied to none)
+  double read_bytes_per_s = 0;    // memcpy out of the range
+  double write_bytes_per_s = 0;   // memcpy into the range
+  double latency_s = 0;           // one dependent load (pointer chase)
+  std::uint64_t bytes = 0;        // bytes of the range used
+  std::uint64_t block_bytes = 0;  // memcpy size
   bool operator==(const MemoryCalibration&) const = default;
 };
 
 struct NvmeCalibration {
   std::string dir;
-  std::uint64_t file_bytes = 0;    // scratch file size actually written
-  double latency_qd1_s = 0;        // mean 4 KiB read at queue depth 1
+  std::uint64_t file_bytes = 0;  // scratch file size actually written
+  double latency_qd1_s = 0;      // mean 4 KiB read at queue depth 1
   double latency_qd1_p50_s = 0;
-  double read_bytes_per_s = 0;     // io_bytes reads, `depth` in flight
-  double iops = 0;                 // 4 KiB reads per second, `depth` in flight
+  double read_bytes_per_s = 0;  // io_bytes reads, `depth` in flight
+  double iops = 0;              // 4 KiB reads per second, `depth` in flight
   std::uint32_t depth = 0;
   std::uint32_t io_bytes = 0;
   bool operator==(const NvmeCalibration&) const = default;
@@ -60,12 +60,12 @@ struct Calibration {
 };
 
 struct CalibrateOptions {
-  double budget_s = 2.0;                       // whole run, memory and NVMe together
-  std::uint64_t memory_bytes = 128ull << 20;   // of the region (or anonymous memory) to use
+  double budget_s = 2.0;                      // whole run, memory and NVMe together
+  std::uint64_t memory_bytes = 128ull << 20;  // of the region (or anonymous memory) to use
   std::uint64_t copy_block_bytes = 2ull << 20;
   std::uint64_t nvme_file_bytes = 128ull << 20;
   std::uint32_t nvme_depth = 16;
-  std::uint32_t nvme_io_bytes = 1u << 20;      // a multiple of 4096
+  std::uint32_t nvme_io_bytes = 1u << 20;  // a multiple of 4096
 };
 
 // Measures [addr, addr + bytes), overwriting it, within about budget_s. `bytes` must hold

@@ -89,7 +89,7 @@ struct PlacementParams {
       CxlTierParams{true, {250e-9, 24e9}, 5.0},   // cxl-expanded
       CxlTierParams{true, {500e-9, 18e9}, 4.0}};  // cxl-pooled
   TierFigures nvme = {80e-6, 14e9};
-  double nvme_iops = 2.5e6;           // reads/s at depth; one fetch is one read. 0: not counted
+  double nvme_iops = 2.5e6;  // reads/s at depth; one fetch is one read. 0: not counted
   double nvme_cost_per_gb = 0.08;
   double nvme_drive_bytes = 7.68e12;  // the unit (drive or array) the NVMe figures describe
   double ttft_budget_s = 0.5;
@@ -97,9 +97,9 @@ struct PlacementParams {
   double queue_depth_weight = 1.0;      // share of a recompute each queued prefill also waits
   double low_watermark = 0.80;          // CXL occupancy where pressure starts (and hysteresis)
   double high_watermark = 0.95;
-  double pressure_max_factor = 4.0;     // CXL cost multiplier at the high watermark
-  double reuse_horizon_s = 3600;        // beyond: "not expected back" (no TTFT forcing)
-  int pin_level = 2;                    // namespaces pinned at >= this stay in CXL; 0: off
+  double pressure_max_factor = 4.0;  // CXL cost multiplier at the high watermark
+  double reuse_horizon_s = 3600;     // beyond: "not expected back" (no TTFT forcing)
+  int pin_level = 2;                 // namespaces pinned at >= this stay in CXL; 0: off
   // Enforced by the TierManager, not by Decide(): the least time a block stays in a tier
   // before it may move again (anti-thrash).
   double cooldown_s = 5;
@@ -184,8 +184,8 @@ class PlacementRule {
   double nvme_unit_price_per_byte_bw_ = 0;  // P_nvme / B_nvme
   double nvme_unit_price_per_io_ = 0;       // P_nvme / IOPS
   double s_per_token_ = 0;
-  double pressure_slope_ = 0;               // (max − 1) / (high − low)
-  double pressure_tail_ = 0;                // max × (1 − high)
+  double pressure_slope_ = 0;  // (max − 1) / (high − low)
+  double pressure_tail_ = 0;   // max × (1 − high)
 };
 
 }  // namespace cxlkv::pool
