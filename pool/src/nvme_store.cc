@@ -327,7 +327,7 @@ absl::Status NvmeStore::OpenSlots() {
   struct stat st {};
   if (::fstat(slots_fd_, &st) != 0) return ErrnoStatus(errno, slots_path_, "fstat");
   const std::uint64_t n = static_cast<std::uint64_t>(st.st_size) / slot_bytes_;
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   slots_.assign(n, Slot{});
   return absl::OkStatus();
 }
@@ -346,7 +346,7 @@ absl::Status NvmeStore::WriteSync(std::uint64_t offset, const std::byte* buf,
 // the highest sequence of a key wins; older versions are retired (tombstoned) before the store
 // is used, so a later delete of the winner cannot bring an old version back.
 absl::Status NvmeStore::Scan(bool verify_payloads, NvmeOpenReport* report) {
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   const std::uint64_t total = slots_.size();
   const std::uint64_t read_bytes = verify_payloads ? slot_bytes_ : kNvmeHeaderBytes;
   const std::uint64_t depth = std::clamp<std::uint64_t>(kScanBufferBytes / read_bytes, 1,
@@ -592,7 +592,7 @@ void NvmeStore::CompleteOp(NvmeBatch* batch, std::size_t i, absl::Status status,
 void NvmeStore::ReleaseOne(NvmeBatch* batch, std::vector<NvmeBatch*>* finished) {
   if (--batch->pending_ != 0) return;
   if (!batch->callback_) {
-    batch->done_.store(true, std::memory_order_release);  // Wait() re-checks on unlock
+    batch->done_.store(true, std::memory_order_release);  // waiters woken after unlock
   } else {
     finished->push_back(batch);
   }
@@ -615,7 +615,7 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
     }
   }
   std::vector<NvmeBatch*> finished;
-  mu_.Lock();
+  mu_.lock();
   batch.callback_ = std::move(done);
   batch.pending_ = n + 1;  // +1 until every op is queued, so no completion finishes it early
   batch.done_.store(false, std::memory_order_relaxed);
@@ -718,15 +718,17 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
       // The ring is full: send what is queued and wait for completions to make room.
       SubmitQueued();
       const std::uint64_t seen = reaped_;
-      mu_.Unlock();
+      mu_.unlock();
+      cv_.notify_all();  // in_flight_ grew: a waiter may take the reaper role
       WaitProgress(seen);
-      mu_.Lock();
+      mu_.lock();
     }
   }
   IssueTombstones();
   SubmitQueued();
   ReleaseOne(&batch, &finished);  // the +1 above
-  mu_.Unlock();
+  mu_.unlock();
+  cv_.notify_all();
   RunCallbacks(finished);
   return absl::OkStatus();
 }
@@ -876,13 +878,13 @@ std::size_t NvmeStore::Reap(bool block) {
   io_uring_cq_advance(ring_.get(), n);
   // Acquire the lock once so that the submitters' writes to these Ios are visible (the kernel
   // orders them, but a race detector sees only the lock).
-  { absl::MutexLock sync(&mu_); }
+  { std::lock_guard<std::mutex> sync(mu_); }
   for (unsigned i = 0; i < n; ++i) {
     if (done[i].io->kind == Io::Kind::kGet) Verify(done[i].io, done[i].res);
   }
   std::vector<NvmeBatch*> finished;
   {
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     for (unsigned i = 0; i < n; ++i) Apply(done[i], &finished);
     in_flight_ -= n;
     reaped_ += n;
@@ -890,6 +892,7 @@ std::size_t NvmeStore::Reap(bool block) {
     SubmitQueued();
     reaping_ = false;
   }
+  cv_.notify_all();
   RunCallbacks(finished);
   return n;
 }
@@ -902,22 +905,22 @@ void NvmeStore::RunCallbacks(std::vector<NvmeBatch*>& finished) {
     cb(*b);
   }
   // done() turns true only after the callback returned, so a waiter never frees a batch whose
-  // callback is still running. Under the store lock: Wait() re-checks its condition on unlock.
-  absl::MutexLock l(&mu_);
-  for (NvmeBatch* b : finished) b->done_.store(true, std::memory_order_release);
+  // callback is still running. Set under the store lock, then waiters are woken.
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (NvmeBatch* b : finished) b->done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
 }
 
 // Each wait below blocks on the store lock until its goal holds, or until no thread reads
 // the completion queue while I/O is in flight; then this thread takes that role. A batch that
 // is complete but whose callback still runs elsewhere has no I/O in flight: its waiter sleeps
-// until RunCallbacks marks it done (under the lock, which wakes it).
+// until RunCallbacks marks it done (under the lock, then a notify wakes it).
 void NvmeStore::WaitProgress(std::uint64_t seen_reaped) {
   {
-    absl::MutexLock l(&mu_);
-    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return reaped_ != seen_reaped || (!reaping_ && in_flight_ != 0);
-    };
-    mu_.Await(absl::Condition(&ready));
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return reaped_ != seen_reaped || (!reaping_ && in_flight_ != 0); });
     if (reaped_ != seen_reaped) return;
     reaping_ = true;
   }
@@ -927,11 +930,8 @@ void NvmeStore::WaitProgress(std::uint64_t seen_reaped) {
 void NvmeStore::Wait(NvmeBatch& batch) {
   for (;;) {
     {
-      absl::MutexLock l(&mu_);
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return batch.done() || (!reaping_ && in_flight_ != 0);
-      };
-      mu_.Await(absl::Condition(&ready));
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return batch.done() || (!reaping_ && in_flight_ != 0); });
       if (batch.done()) return;
       reaping_ = true;
     }
@@ -941,7 +941,7 @@ void NvmeStore::Wait(NvmeBatch& batch) {
 
 std::size_t NvmeStore::Poll() {
   {
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     if (reaping_ || in_flight_ == 0) return 0;
     reaping_ = true;
   }
@@ -951,11 +951,8 @@ std::size_t NvmeStore::Poll() {
 void NvmeStore::Drain() {
   for (;;) {
     {
-      absl::MutexLock l(&mu_);
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return in_flight_ == 0 || !reaping_;
-      };
-      mu_.Await(absl::Condition(&ready));
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return in_flight_ == 0 || !reaping_; });
       if (in_flight_ == 0) {
         if (unsubmitted_ != 0 || !tombstone_queue_.empty()) Bug("work queued on an idle ring");
         return;
@@ -995,12 +992,12 @@ absl::Status NvmeStore::Delete(const NvmeKey& key) {
 }
 
 bool NvmeStore::Contains(const NvmeKey& key) const {
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   return index_.contains(key);
 }
 
 std::vector<NvmeKey> NvmeStore::Keys() const {
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   std::vector<NvmeKey> keys;
   keys.reserve(index_.size());
   for (const auto& [key, e] : index_) keys.push_back(key);
@@ -1008,7 +1005,7 @@ std::vector<NvmeKey> NvmeStore::Keys() const {
 }
 
 absl::StatusOr<NvmeStore::Location> NvmeStore::Locate(const NvmeKey& key) const {
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   auto it = index_.find(key);
   if (it == index_.end()) {
     return absl::NotFoundError(absl::StrCat(dir_, ": no block ", NvmeKeyToString(key)));
@@ -1023,7 +1020,7 @@ absl::Status NvmeStore::Sync() {
 }
 
 NvmeStats NvmeStore::Stats() const {
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   NvmeStats s = stats_;
   s.blocks = index_.size();
   s.slots_in_file = slots_.size();

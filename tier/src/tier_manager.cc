@@ -84,7 +84,7 @@ absl::StatusOr<std::unique_ptr<TierManager>> TierManager::Create(
   m->block_bytes_ = bytes;
   m->options_ = std::move(options);
   {
-    absl::MutexLock l(&m->mu_);
+    std::lock_guard<std::mutex> l(m->mu_);
     for (const Key& key : nvme->Keys()) {
       Entry e;
       e.where = Residence::kNvme;
@@ -99,7 +99,7 @@ absl::StatusOr<std::unique_ptr<TierManager>> TierManager::Create(
 TierManager::~TierManager() {
   // Promotions in flight call back into this object: finish them while it is whole.
   nvme_->Drain();
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   for (auto& [key, e] : entries_) {
     if (e.where != Residence::kNvme) cxl_->Free(e.block);
   }
@@ -119,7 +119,7 @@ absl::Status TierManager::Place(const Key& key, allocator::BlockHandle block, Ti
     return absl::InvalidArgumentError(absl::StrCat("Place(", K(key), "): invalid block handle"));
   }
   {
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     if (entries_.contains(key)) {
       return absl::AlreadyExistsError(absl::StrCat(
           "Place(", K(key), "): the key is already tracked (", ResidenceName(entries_[key].where),
@@ -163,7 +163,7 @@ absl::Status TierManager::Move(const Key& key, Tier target) {
   }
   allocator::BlockHandle to_free;
   {
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) {
       return absl::NotFoundError(absl::StrCat("Move(", K(key), ", drop): not tracked"));
@@ -205,7 +205,7 @@ absl::Status TierManager::DemoteKeys(std::span<const Key> keys,
   std::vector<std::size_t> go;  // indexes into keys, in batch order
   pool::NvmeBatch batch;
   {
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) {
       auto it = entries_.find(keys[i]);
       if (it == entries_.end()) {
@@ -226,7 +226,7 @@ absl::Status TierManager::DemoteKeys(std::span<const Key> keys,
   }
   if (!go.empty()) {
     if (absl::Status st = nvme_->Submit(batch); !st.ok()) {
-      absl::MutexLock l(&mu_);
+      std::lock_guard<std::mutex> l(mu_);
       for (std::size_t i : go) {
         entries_[keys[i]].where = Residence::kCxl;
         res[i] = st;
@@ -237,7 +237,7 @@ absl::Status TierManager::DemoteKeys(std::span<const Key> keys,
   }
   std::vector<allocator::BlockHandle> to_free;
   {
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     const std::int64_t now = Now();
     for (std::size_t j = 0; j < go.size(); ++j) {
       const std::size_t i = go[j];
@@ -292,7 +292,7 @@ PromoteCheck TierManager::CheckLocked(const Key& key, std::int64_t now) const {
 }
 
 PromoteCheck TierManager::CheckPromote(const Key& key) const {
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   return CheckLocked(key, Now());
 }
 
@@ -324,7 +324,7 @@ absl::Status TierManager::Prefetch(std::span<const Key> keys, PromotionBatch& ba
   batch.io_.Clear();
   batch.callback_ = std::move(done);
   {
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     const std::int64_t now = Now();
     for (std::size_t i = 0; i < keys.size(); ++i) {
       const PromoteCheck c = CheckLocked(keys[i], now);
@@ -365,7 +365,7 @@ absl::Status TierManager::Prefetch(std::span<const Key> keys, PromotionBatch& ba
 void TierManager::FinishPromotion(PromotionBatch& batch) {
   std::vector<allocator::BlockHandle> to_free;
   {
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     for (std::size_t i = 0; i < batch.keys_.size(); ++i) {
       if (batch.io_op_[i] == kNoOp) continue;
       const Key& key = batch.keys_[i];
@@ -415,7 +415,7 @@ absl::Status TierManager::Promote(const Key& key) {
 // ---- use and watermarks ---------------------------------------------------------------------
 
 absl::StatusOr<std::byte*> TierManager::Acquire(const Key& key) {
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     return absl::NotFoundError(absl::StrCat("Acquire(", K(key), "): not tracked"));
@@ -432,7 +432,7 @@ absl::StatusOr<std::byte*> TierManager::Acquire(const Key& key) {
 }
 
 void TierManager::Release(const Key& key) {
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   auto it = entries_.find(key);
   if (it != entries_.end() && it->second.pins != 0) --it->second.pins;
 }
@@ -441,7 +441,7 @@ absl::StatusOr<std::size_t> TierManager::EnforceWatermarks() {
   if (options_.high_watermark_blocks == 0) return 0;
   std::vector<Key> victims;
   {
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     if (cxl_resident_ <= options_.high_watermark_blocks) return 0;
     ++stats_.watermark_runs;
     const std::uint64_t need = cxl_resident_ - options_.low_watermark_blocks;
@@ -463,14 +463,14 @@ void TierManager::MaybeEnforce() {
 }
 
 std::optional<Residence> TierManager::Where(const Key& key) const {
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return std::nullopt;
   return it->second.where;
 }
 
 TierStats TierManager::Stats() const {
-  absl::MutexLock l(&mu_);
+  std::lock_guard<std::mutex> l(mu_);
   TierStats s = stats_;
   s.cxl_blocks = cxl_resident_;
   // The LRU list holds the blocks in CXL and being demoted; the rest are on NVMe (some of

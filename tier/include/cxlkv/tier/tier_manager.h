@@ -26,16 +26,15 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "cxlkv/allocator/block_allocator.h"
 #include "cxlkv/pool/nvme_store.h"
 
@@ -191,10 +190,9 @@ class TierManager {
   std::int64_t Now() const;
   absl::Status DemoteKeys(std::span<const Key> keys, std::vector<absl::Status>* results,
                           bool cooldown);
-  PromoteCheck CheckLocked(const Key& key, std::int64_t now) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PromoteCheck CheckLocked(const Key& key, std::int64_t now) const;
   absl::Status RefusalStatus(const Key& key, const PromoteCheck& c) const;
-  void FinishPromotion(PromotionBatch& batch) ABSL_LOCKS_EXCLUDED(mu_);
+  void FinishPromotion(PromotionBatch& batch);
   void MaybeEnforce();
 
   std::unique_ptr<allocator::BlockAllocator> cxl_;
@@ -203,11 +201,13 @@ class TierManager {
   std::uint32_t cls_ = 0;
   std::uint64_t block_bytes_ = 0;
 
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<Key, Entry, pool::NvmeKeyHash> entries_ ABSL_GUARDED_BY(mu_);
-  std::list<Key> lru_ ABSL_GUARDED_BY(mu_);  // front: most recently used
-  std::uint64_t cxl_resident_ ABSL_GUARDED_BY(mu_) = 0;
-  TierStats stats_ ABSL_GUARDED_BY(mu_);
+  // Guards everything below (std::mutex: ThreadSanitizer understands it, Debian's absl::Mutex
+  // is not instrumented). CheckLocked runs with it held; FinishPromotion takes it.
+  mutable std::mutex mu_;
+  absl::flat_hash_map<Key, Entry, pool::NvmeKeyHash> entries_;
+  std::list<Key> lru_;  // front: most recently used
+  std::uint64_t cxl_resident_ = 0;
+  TierStats stats_;
 };
 
 }  // namespace cxlkv::tier
