@@ -586,12 +586,15 @@ void NvmeStore::CompleteOp(NvmeBatch* batch, std::size_t i, absl::Status status,
   NvmeBatch::Op& op = batch->ops_[i];
   op.status = std::move(status);
   op.result_bytes = bytes;
-  if (--batch->pending_ == 0) {
-    if (!batch->callback_) {
-      batch->done_.store(true, std::memory_order_release);  // Wait() re-checks on unlock
-    } else {
-      finished->push_back(batch);
-    }
+  ReleaseOne(batch, finished);
+}
+
+void NvmeStore::ReleaseOne(NvmeBatch* batch, std::vector<NvmeBatch*>* finished) {
+  if (--batch->pending_ != 0) return;
+  if (!batch->callback_) {
+    batch->done_.store(true, std::memory_order_release);  // Wait() re-checks on unlock
+  } else {
+    finished->push_back(batch);
   }
 }
 
@@ -722,7 +725,7 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
   }
   IssueTombstones();
   SubmitQueued();
-  CompleteOp(&batch, n, absl::OkStatus(), 0, &finished);  // the +1 above (no op at index n)
+  ReleaseOne(&batch, &finished);  // the +1 above
   mu_.Unlock();
   RunCallbacks(finished);
   return absl::OkStatus();

@@ -32,6 +32,11 @@ void AddArenaCommand(CLI::App& app);
 // the orchestrator's view of a CXL domain.
 void AddDomainCommands(CLI::App& app);
 
+// `cxlkvctl calibrate --dir D [--region SPEC] [--out FILE] [--json]`: measure tier figures;
+// `cxlkvctl explain --config F (--size B --reuse-ms MS | PREFIX --stats FILE) [...] [--json]`:
+// the placement rule's decision for one block with every input and the deciding clause.
+void AddPlacementCommands(CLI::App& app);
+
 }  // namespace cxlkv::ctl
 
 #endif  // CXLKV_TOOLS_CXLKVCTL_COMMANDS_H_

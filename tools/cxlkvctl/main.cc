@@ -17,6 +17,7 @@ int main(int argc, char** argv) try {
   cxlkv::ctl::AddTopologyCommand(app);
   cxlkv::ctl::AddArenaCommand(app);
   cxlkv::ctl::AddDomainCommands(app);
+  cxlkv::ctl::AddPlacementCommands(app);
 
   try {
     app.parse(argc, argv);

@@ -13,6 +13,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cxlkv/pool/placement.h"
+#include "cxlkv/pool/reuse_tracker.h"
 
 namespace cxlkv::orchestrator {
 
@@ -52,9 +54,15 @@ struct Config {
   std::map<std::uint32_t, double> shares;     // per host id
   // [[namespace]]
   std::vector<NamespaceConfig> namespaces;
-  // [placement] (used by the tiering rule)
-  double ttft_budget_ms = 500;
-  double recompute_tokens_per_s = 10000;
+  // [placement]: the CXL-vs-NVMe rule's parameters (pool/placement.h), converted to SI units
+  // (ttft_budget_ms -> ttft_budget_s, *_gbps -> bytes/s, ...), the reuse tracker's size, and
+  // an optional calibration file whose figures replace the configured ones.
+  pool::PlacementParams placement;
+  pool::ReuseTrackerOptions reuse_tracker;
+  std::string placement_calibration;
+
+  // The pin level of a namespace named "tenant/model/layout"; kNotFound lists the known ones.
+  absl::StatusOr<int> PinLevelOf(absl::string_view ns) const;
 
   bool HostAllowed(std::uint32_t host) const;
   double ShareOf(std::uint32_t host) const;

@@ -254,6 +254,9 @@ class NvmeStore {
   void SubmitQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteOp(NvmeBatch* batch, std::size_t i, absl::Status status, std::uint64_t bytes,
                   std::vector<NvmeBatch*>* finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One fewer op outstanding; the batch is finished (done, or its callback due) at zero.
+  void ReleaseOne(NvmeBatch* batch, std::vector<NvmeBatch*>* finished)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Holding the reaper role: reaps (blocking for one if `block`), applies, gives the role
   // back and runs finished callbacks. Returns I/Os reaped.
   std::size_t Reap(bool block) ABSL_LOCKS_EXCLUDED(mu_);

@@ -1,0 +1,319 @@
+// ReuseTracker: a fixed table of 4-way buckets, EWMA per prefix key, and its stats file.
+#include "cxlkv/pool/reuse_tracker.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstddef>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cxlkv/coherence/crc32c.h"
+#include "cxlkv/coherence/record.h"
+#include "cxlkv/pool/placement.h"
+#include "cxlkv/pool/region.h"
+
+namespace cxlkv::pool {
+
+static_assert(std::endian::native == std::endian::little, "the stats file is little-endian");
+
+struct ReuseTracker::Entry {
+  std::uint64_t key_lo;
+  std::uint64_t key_hi;
+  std::uint64_t last_seen_ns;
+  std::uint64_t size_bytes;
+  float ewma_interval_s;  // +inf until the second use
+  std::uint32_t uses;     // 0: empty slot
+  std::uint32_t tokens;
+  std::uint32_t reserved;
+};
+
+inline constexpr int kWays = 4;
+struct alignas(64) ReuseTracker::Bucket {
+  Entry way[kWays];
+};
+
+namespace {
+
+constexpr std::uint64_t kStatsMagic = coherence::MakeMagic("CXLKVRUS");
+constexpr std::uint32_t kStatsVersion = 1;
+
+struct StatsHeader {
+  coherence::RecordHead head;
+  std::uint64_t saved_at_ns;
+  std::uint64_t capacity;
+  std::uint64_t entry_count;
+  std::uint32_t entry_bytes;
+  std::uint32_t entries_crc;
+  double alpha;
+  std::uint64_t reserved;
+};
+static_assert(sizeof(StatsHeader) == 80);
+static_assert(offsetof(StatsHeader, saved_at_ns) == 32);
+
+inline std::uint64_t Mix(const coherence::PrefixKey& k) noexcept {
+  // Keys are already XXH3 outputs; the multiply only guards against structured test keys.
+  return ((k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull)) * 0xD6E8FEB86659FD93ull) >> 17;
+}
+
+absl::Status WriteAll(int fd, const void* data, std::size_t len, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (len > 0) {
+    const ssize_t n = ::write(fd, p, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, path, "write");
+    }
+    p += n;
+    len -= static_cast<std::size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string FormatPrefixKey(const coherence::PrefixKey& key) {
+  return absl::StrFormat("%016x%016x", key.hi, key.lo);
+}
+
+absl::StatusOr<coherence::PrefixKey> ParsePrefixKey(absl::string_view hex) {
+  absl::string_view h = hex;
+  if (h.size() >= 2 && h[0] == '0' && (h[1] == 'x' || h[1] == 'X')) h.remove_prefix(2);
+  if (h.empty() || h.size() > 32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefix key '", hex, "': expected 1 to 32 hex digits (128 bits, high word first)"));
+  }
+  coherence::PrefixKey k;
+  for (char ch : h) {
+    int v;
+    if (ch >= '0' && ch <= '9') {
+      v = ch - '0';
+    } else if (ch >= 'a' && ch <= 'f') {
+      v = ch - 'a' + 10;
+    } else if (ch >= 'A' && ch <= 'F') {
+      v = ch - 'A' + 10;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefix key '", hex, "': '", std::string(1, ch), "' is not a hex digit"));
+    }
+    k.hi = (k.hi << 4) | (k.lo >> 60);
+    k.lo = (k.lo << 4) | static_cast<std::uint64_t>(v);
+  }
+  return k;
+}
+
+ReuseTracker::ReuseTracker(std::uint32_t buckets, double alpha)
+    : buckets_(new Bucket[buckets]()), bucket_mask_(buckets - 1), alpha_(alpha) {
+  // The stats file stores entries as they are in memory.
+  static_assert(sizeof(Entry) == 48 && offsetof(Entry, ewma_interval_s) == 32);
+  static_assert(sizeof(Bucket) == 192 && alignof(Bucket) == 64);
+}
+ReuseTracker::ReuseTracker(ReuseTracker&&) noexcept = default;
+ReuseTracker& ReuseTracker::operator=(ReuseTracker&&) noexcept = default;
+ReuseTracker::~ReuseTracker() = default;
+
+absl::StatusOr<ReuseTracker> ReuseTracker::Create(const ReuseTrackerOptions& o) {
+  if (o.entries < 64 || o.entries > (1u << 26)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement.tracker_entries: ", o.entries, " is out of range [64, 67108864]"));
+  }
+  if (!(o.alpha > 0 && o.alpha <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement.reuse_ewma_alpha: ", o.alpha, " is out of range (0, 1]"));
+  }
+  const std::uint32_t entries = std::bit_ceil(o.entries);
+  return ReuseTracker(entries / kWays, o.alpha);
+}
+
+std::size_t ReuseTracker::capacity() const noexcept {
+  return (static_cast<std::size_t>(bucket_mask_) + 1) * kWays;
+}
+
+std::size_t ReuseTracker::memory_bytes() const noexcept {
+  return (static_cast<std::size_t>(bucket_mask_) + 1) * sizeof(Bucket);
+}
+
+ReuseTracker::Bucket& ReuseTracker::BucketOf(const coherence::PrefixKey& key) const noexcept {
+  return buckets_[Mix(key) & bucket_mask_];
+}
+
+const ReuseTracker::Entry* ReuseTracker::FindEntry(const coherence::PrefixKey& key) const noexcept {
+  const Bucket& b = BucketOf(key);
+  for (const Entry& e : b.way) {
+    if (e.uses != 0 && e.key_lo == key.lo && e.key_hi == key.hi) return &e;
+  }
+  return nullptr;
+}
+
+void ReuseTracker::Record(const coherence::PrefixKey& key, std::uint64_t now_ns,
+                          std::uint64_t size_bytes, std::uint32_t tokens) noexcept {
+  Bucket& b = BucketOf(key);
+  Entry* victim = &b.way[0];
+  for (Entry& e : b.way) {
+    if (e.uses != 0 && e.key_lo == key.lo && e.key_hi == key.hi) {
+      const double interval =
+          now_ns > e.last_seen_ns ? static_cast<double>(now_ns - e.last_seen_ns) * 1e-9 : 0.0;
+      const double ewma = e.uses == 1 ? interval
+                                      : alpha_ * interval + (1 - alpha_) * e.ewma_interval_s;
+      e.ewma_interval_s = static_cast<float>(ewma);
+      if (e.uses != std::numeric_limits<std::uint32_t>::max()) ++e.uses;
+      if (now_ns > e.last_seen_ns) e.last_seen_ns = now_ns;
+      if (size_bytes != 0) e.size_bytes = size_bytes;
+      if (tokens != 0) e.tokens = tokens;
+      return;
+    }
+    // Prefer an empty way, else the one used least recently.
+    if (victim->uses != 0 && (e.uses == 0 || e.last_seen_ns < victim->last_seen_ns)) victim = &e;
+  }
+  if (victim->uses == 0) ++size_;
+  *victim = Entry{key.lo, key.hi, now_ns, size_bytes, std::numeric_limits<float>::infinity(), 1,
+                  tokens, 0};
+}
+
+std::optional<ReuseStats> ReuseTracker::Find(const coherence::PrefixKey& key) const noexcept {
+  const Entry* e = FindEntry(key);
+  if (e == nullptr) return std::nullopt;
+  return ReuseStats{{e->key_lo, e->key_hi}, e->last_seen_ns, e->size_bytes,
+                    static_cast<double>(e->ewma_interval_s), e->uses, e->tokens};
+}
+
+double ReuseTracker::ExpectedIntervalS(const coherence::PrefixKey& key,
+                                       std::uint64_t now_ns) const noexcept {
+  const Entry* e = FindEntry(key);
+  if (e == nullptr || e->uses < 2) return kNoReuse;
+  const double idle =
+      now_ns > e->last_seen_ns ? static_cast<double>(now_ns - e->last_seen_ns) * 1e-9 : 0.0;
+  return std::max(static_cast<double>(e->ewma_interval_s), idle);
+}
+
+std::vector<ReuseStats> ReuseTracker::Entries() const {
+  std::vector<ReuseStats> out;
+  out.reserve(size_);
+  for (std::uint32_t i = 0; i <= bucket_mask_; ++i) {
+    for (const Entry& e : buckets_[i].way) {
+      if (e.uses == 0) continue;
+      out.push_back({{e.key_lo, e.key_hi}, e.last_seen_ns, e.size_bytes,
+                     static_cast<double>(e.ewma_interval_s), e.uses, e.tokens});
+    }
+  }
+  return out;
+}
+
+absl::Status ReuseTracker::Save(const std::string& path, std::uint64_t now_ns) const {
+  std::vector<Entry> entries;
+  entries.reserve(size_);
+  for (std::uint32_t i = 0; i <= bucket_mask_; ++i) {
+    for (const Entry& e : buckets_[i].way) {
+      if (e.uses != 0) entries.push_back(e);
+    }
+  }
+  StatsHeader h{};
+  h.saved_at_ns = now_ns;
+  h.capacity = capacity();
+  h.entry_count = entries.size();
+  h.entry_bytes = sizeof(Entry);
+  h.entries_crc = coherence::Crc32c(entries.data(), entries.size() * sizeof(Entry));
+  h.alpha = alpha_;
+  coherence::Seal(h, kStatsMagic, kStatsVersion, 0);
+
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, tmp, "open");
+  absl::Status st = WriteAll(fd, &h, sizeof(h), tmp);
+  if (st.ok()) st = WriteAll(fd, entries.data(), entries.size() * sizeof(Entry), tmp);
+  if (st.ok() && ::fsync(fd) != 0) st = ErrnoStatus(errno, tmp, "fsync");
+  ::close(fd);
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = ErrnoStatus(errno, path, "rename");
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReuseTracker::Loaded> ReuseTracker::Load(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, path, "open");
+  std::string bytes;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return ErrnoStatus(err, path, "read");
+    }
+    if (n == 0) break;
+    bytes.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  const std::string what = absl::StrCat(path, ": reuse stats header");
+  if (bytes.size() < sizeof(StatsHeader)) {
+    return absl::DataLossError(absl::StrCat(path, ": ", bytes.size(),
+                                            " bytes is shorter than a reuse stats header (80)"));
+  }
+  StatsHeader h;
+  std::memcpy(&h, bytes.data(), sizeof(h));
+  if (auto st = coherence::Check(h, kStatsMagic, kStatsVersion, kStatsVersion, what); !st.ok()) {
+    return st;
+  }
+  if (h.entry_bytes != sizeof(Entry)) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": entry size ", h.entry_bytes, " is not ", sizeof(Entry)));
+  }
+  if (h.capacity < 64 || h.capacity > (1u << 26) || !std::has_single_bit(h.capacity) ||
+      h.entry_count > h.capacity) {
+    return absl::DataLossError(absl::StrCat(path, ": capacity ", h.capacity, " / entry count ",
+                                            h.entry_count, " are not a valid table"));
+  }
+  const std::uint64_t want = sizeof(StatsHeader) + h.entry_count * sizeof(Entry);
+  if (bytes.size() != want) {
+    return absl::DataLossError(absl::StrCat(path, ": ", bytes.size(), " bytes, the header says ",
+                                            want, " (truncated or appended to)"));
+  }
+  const char* data = bytes.data() + sizeof(StatsHeader);
+  const std::size_t data_len = static_cast<std::size_t>(h.entry_count) * sizeof(Entry);
+  if (coherence::Crc32c(data, data_len) != h.entries_crc) {
+    return absl::DataLossError(absl::StrCat(path, ": entries fail their CRC32C (corrupt)"));
+  }
+  auto tracker = Create({static_cast<std::uint32_t>(h.capacity), h.alpha});
+  if (!tracker.ok()) {
+    return absl::DataLossError(absl::StrCat(path, ": ", tracker.status().message()));
+  }
+  for (std::uint64_t i = 0; i < h.entry_count; ++i) {
+    Entry e;
+    std::memcpy(&e, data + i * sizeof(Entry), sizeof(Entry));
+    Bucket& b = tracker->BucketOf({e.key_lo, e.key_hi});
+    Entry* slot = nullptr;
+    for (Entry& w : b.way) {
+      if (w.uses != 0 && w.key_lo == e.key_lo && w.key_hi == e.key_hi) {
+        return absl::DataLossError(absl::StrCat(path, ": key ",
+                                                FormatPrefixKey({e.key_lo, e.key_hi}),
+                                                " appears twice"));
+      }
+      if (slot == nullptr && w.uses == 0) slot = &w;
+    }
+    if (e.uses == 0 || slot == nullptr) {
+      return absl::DataLossError(absl::StrCat(path, ": entry ", i,
+                                              e.uses == 0 ? " has no uses" : " overfills its bucket"));
+    }
+    *slot = e;
+    ++tracker->size_;
+  }
+  return Loaded{std::move(*tracker), h.saved_at_ns};
+}
+
+}  // namespace cxlkv::pool
