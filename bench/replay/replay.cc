@@ -186,7 +186,10 @@ absl::Status Engine::Setup() {
     // The arena: cxl_blocks blocks of the moved size, plus room for its metadata.
     arena_path_ = Path(o_.shm_dir, "arena");
     const std::uint64_t stride = (moved_ + 4095) / 4096 * 4096;
-    std::uint64_t bytes = std::uint64_t{o_.cxl_blocks} * stride + (8ull << 20) +
+    // Slack beyond cxl_blocks holds blocks retired but not yet handed back by the owner;
+    // residency is capped at cxl_blocks by the engine, never by the slack.
+    const std::uint64_t slack = std::min<std::uint64_t>(2048, o_.cxl_blocks);
+    std::uint64_t bytes = (std::uint64_t{o_.cxl_blocks} + slack) * stride + (8ull << 20) +
                           std::uint64_t{o_.cxl_blocks} * 64;
     bytes = (bytes + (2ull << 20) - 1) / (2ull << 20) * (2ull << 20);
     ::unlink(arena_path_.c_str());
@@ -426,19 +429,18 @@ absl::Status Engine::EvictCxl(std::uint32_t target, ReplayResult* r) {
     it = cxl_lru_.erase(it);
     cxl_.erase(key);
   }
-  for (int rounds = 0; awaiting_return_ > 0; ++rounds) {
-    if (rounds > 1000) {
-      return absl::InternalError(absl::StrCat(awaiting_return_,
-                                              " retired blocks never came back from the owner"));
-    }
-    if (auto st = Pump(); !st.ok()) return st;
-  }
+  // The retired blocks come back through the owner at the next Pump(); the arena's slack
+  // holds new blocks meanwhile (PutCxl pumps if it runs out).
   return absl::OkStatus();
 }
 
 absl::Status Engine::PutCxl(co::Namespace ns, const PrefixKey& key, const PrefixKey& parent,
                             const std::byte* data, ReplayResult* r) {
   BlockHandle h = alloc_->Alloc(0);
+  for (int rounds = 0; !h.valid() && awaiting_return_ > 0 && rounds < 1000; ++rounds) {
+    if (auto st = Pump(); !st.ok()) return st;  // wait for retired blocks to come back
+    h = alloc_->Alloc(0);
+  }
   if (!h.valid()) {
     return absl::InternalError(absl::StrCat("CXL arena full below capacity: ",
                                             alloc_->ExplainAllocFailure(0).message()));
@@ -594,7 +596,7 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
           ++r->cooldown_holds;
           continue;
         }
-        if (cxl_.size() + 1 > o_.params.high_watermark * o_.cxl_blocks) {
+        if (static_cast<double>(cxl_.size() + 1) > o_.params.high_watermark * o_.cxl_blocks) {
           const auto low = static_cast<std::uint32_t>(o_.params.low_watermark * o_.cxl_blocks);
           if (auto st = EvictCxl(low, r); !st.ok()) return st;
           if (cxl_.size() >= o_.cxl_blocks) continue;
@@ -631,7 +633,7 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
         ++r->clauses[static_cast<int>(d.clause)];
         tier = d.tier == pool::Tier::kCxlPooled ? pool::Tier::kCxlExpanded : d.tier;
         if (tier == pool::Tier::kCxlExpanded &&
-            cxl_.size() + 1 > o_.params.high_watermark * o_.cxl_blocks) {
+            static_cast<double>(cxl_.size() + 1) > o_.params.high_watermark * o_.cxl_blocks) {
           const auto low = static_cast<std::uint32_t>(o_.params.low_watermark * o_.cxl_blocks);
           if (auto st = EvictCxl(low, r); !st.ok()) return st;
           if (cxl_.size() >= o_.cxl_blocks) tier = pool::Tier::kNvme;  // all cooling down
