@@ -28,13 +28,13 @@ using replay::Policy;
 struct Cli {
   std::string traces = "api,coding,rag,oneshot,mixed";
   std::string policies = "rule,cxl-lru,nvme-lru,lru-spill,recompute";
-  std::uint32_t requests = 400;
+  std::uint32_t requests = 300;
   double load = 0.7;
   std::uint64_t seed = 1;
   std::string profile = "llama3-70b";
   std::uint64_t bytes_per_token = 327680;
   std::uint32_t scale = 256;
-  double cxl_gib = 48;
+  double cxl_gib = 24;
   double nvme_gib = 2048;
   double prefill_tokens_per_s = 10000;
   double queue_weight = 1.0;
@@ -44,6 +44,7 @@ struct Cli {
   std::string shm_dir = "/dev/shm";
   std::string out = "replay-out";
   bool no_verify = false;
+  bool rule_prefix_tokens = false;
 };
 
 int Fail(const std::string& what) {
@@ -80,6 +81,9 @@ int main(int argc, char** argv) {
   app.add_option("--shm-dir", c.shm_dir, "directory for the emulated CXL arena and domain");
   app.add_option("--out", c.out, "directory for CSV/JSON output");
   app.add_flag("--no-verify", c.no_verify, "do not compare blocks read with what was written");
+  app.add_flag("--rule-prefix-tokens", c.rule_prefix_tokens,
+               "tell the rule a hit saves the whole prefix up to the block (default: the "
+               "block's own 16 tokens)");
   CLI11_PARSE(app, argc, argv);
 
   std::error_code ec;
@@ -188,6 +192,7 @@ int main(int argc, char** argv) {
       o.shm_dir = c.shm_dir;
       o.nvme_dir = absl::StrCat(c.nvme_dir, "/store-", replay::PolicyName(p));
       o.verify = !c.no_verify;
+      o.rule_prefix_tokens = c.rule_prefix_tokens;
       auto r = replay::RunReplay(*trace, o);
       if (!r.ok()) {
         return Fail(absl::StrCat(trace->name, "/", replay::PolicyName(p), ": ",
@@ -332,6 +337,7 @@ int main(int argc, char** argv) {
       {"capacity", {{"cxl_blocks", cxl_blocks}, {"cxl_modeled_gib", c.cxl_gib},
                     {"nvme_blocks", nvme_blocks}, {"nvme_modeled_gib", c.nvme_gib}}},
       {"trace", {{"requests", c.requests}, {"load", c.load}, {"seed", c.seed}}},
+      {"rule_tokens", c.rule_prefix_tokens ? "prefix" : "block"},
       {"figures", {{"cxl_latency_s", params.cxl[0].figures.latency_s},
                    {"cxl_read_bytes_per_s", params.cxl[0].figures.read_bytes_per_s},
                    {"nvme_latency_s", params.nvme.latency_s},

@@ -103,6 +103,7 @@ class Engine {
   struct CxlEntry {
     co::Namespace ns;
     BlockHandle h;
+    std::uint32_t depth;  // 1 + the block's position in its chain
     std::int64_t moved_ns;
     std::list<PrefixKey>::iterator lru;
   };
@@ -128,10 +129,10 @@ class Engine {
                          bool* stop, ReplayResult* r);
   absl::Status LookupNvme(std::span<const PrefixKey> keys, std::size_t* got, ReplayResult* r,
                           std::vector<std::pair<PrefixKey, std::size_t>>* read);
-  pool::Decision Decide(const PrefixKey& key, double occupancy_delta = 0);
+  pool::Decision Decide(const PrefixKey& key, std::size_t depth, double occupancy_delta = 0);
   // Stores a block whose bytes are in `data` in the CXL tier (publishes it).
   absl::Status PutCxl(co::Namespace ns, const PrefixKey& key, const PrefixKey& parent,
-                      const std::byte* data, ReplayResult* r);
+                      std::size_t depth, const std::byte* data, ReplayResult* r);
   // Queues an NVMe write (flushed by FlushNvme); makes room at NVMe capacity first.
   absl::Status PutNvme(const PrefixKey& key, const std::byte* data, ReplayResult* r);
   absl::Status FlushNvme(ReplayResult* r);
@@ -301,11 +302,12 @@ absl::Status Engine::Pump() {
   return absl::OkStatus();
 }
 
-pool::Decision Engine::Decide(const PrefixKey& key, double occupancy_delta) {
+pool::Decision Engine::Decide(const PrefixKey& key, std::size_t depth, double occupancy_delta) {
   pool::BlockInputs in;
   in.size_bytes = modeled_;
   in.reuse_interval_s = tracker_->ExpectedIntervalS(key, static_cast<std::uint64_t>(NowNs()));
   in.tokens = o_.profile.tokens_per_block;
+  if (o_.rule_prefix_tokens) in.tokens *= static_cast<std::uint32_t>(depth);
   in.queue_depth = queue_depth_;
   in.occupancy = {std::min(1.0, CxlOccupancy() + occupancy_delta), 1.0};
   return rule_->Decide(in);
@@ -406,7 +408,7 @@ absl::Status Engine::EvictCxl(std::uint32_t target, ReplayResult* r) {
     if (o_.policy == Policy::kRule) {
       // Re-decide the victim as if it were not in CXL: drop or NVMe (a victim the rule would
       // keep in CXL goes to NVMe: the watermark needs the room).
-      const pool::Decision d = Decide(key);
+      const pool::Decision d = Decide(key, e.depth);
       ++r->clauses[static_cast<int>(d.clause)];
       demote = d.tier != pool::Tier::kDrop;
     }
@@ -435,7 +437,7 @@ absl::Status Engine::EvictCxl(std::uint32_t target, ReplayResult* r) {
 }
 
 absl::Status Engine::PutCxl(co::Namespace ns, const PrefixKey& key, const PrefixKey& parent,
-                            const std::byte* data, ReplayResult* r) {
+                            std::size_t depth, const std::byte* data, ReplayResult* r) {
   BlockHandle h = alloc_->Alloc(0);
   for (int rounds = 0; !h.valid() && awaiting_return_ > 0 && rounds < 1000; ++rounds) {
     if (auto st = Pump(); !st.ok()) return st;  // wait for retired blocks to come back
@@ -458,7 +460,7 @@ absl::Status Engine::PutCxl(co::Namespace ns, const PrefixKey& key, const Prefix
   }
   if (!st.ok()) return st;
   cxl_lru_.push_front(key);
-  cxl_.emplace(key, CxlEntry{ns, h, NowNs(), cxl_lru_.begin()});
+  cxl_.emplace(key, CxlEntry{ns, h, static_cast<std::uint32_t>(depth), NowNs(), cxl_lru_.begin()});
   r->cxl_write.blocks += 1;
   return absl::OkStatus();
 }
@@ -588,8 +590,10 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
     for (const auto& [key, buf] : nvme_read) {
       auto ne = nvme_.find(key);
       if (ne == nvme_.end()) continue;
+      const auto pos = static_cast<std::size_t>(
+          std::find(keys.begin(), keys.end(), key) - keys.begin());
       if (o_.policy == Policy::kRule) {
-        const pool::Decision d = Decide(key, 1.0 / o_.cxl_blocks);
+        const pool::Decision d = Decide(key, pos + 1, 1.0 / o_.cxl_blocks);
         ++r->clauses[static_cast<int>(d.clause)];
         if (d.tier != pool::Tier::kCxlExpanded) continue;
         if (CoolingDown(ne->second.moved_ns)) {
@@ -604,12 +608,10 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
       } else if (cxl_.size() >= o_.cxl_blocks) {
         if (auto st = EvictCxl(o_.cxl_blocks - 1, r); !st.ok()) return st;
       }
-      // Find the parent for the publish: the key before it in this request's chain.
-      const auto pos = static_cast<std::size_t>(
-          std::find(keys.begin(), keys.end(), key) - keys.begin());
+      // The parent for the publish: the key before it in this request's chain.
       const PrefixKey par = pos > 0 ? keys[pos - 1] : PrefixKey{};
       if (auto st = DeleteNvme(key); !st.ok()) return st;
-      if (auto st = PutCxl(q.ns, key, par, nvme_bufs_.Get(buf), r); !st.ok()) return st;
+      if (auto st = PutCxl(q.ns, key, par, pos + 1, nvme_bufs_.Get(buf), r); !st.ok()) return st;
       ++r->promotions;
     }
   }
@@ -629,7 +631,7 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
       if (o_.policy == Policy::kNvmeLru) tier = pool::Tier::kNvme;
       if (o_.policy == Policy::kRule) {
         if (b >= n) tracker_->Record(key, now_ns, modeled_, tpb);  // produced now
-        const pool::Decision d = Decide(key, 1.0 / o_.cxl_blocks);
+        const pool::Decision d = Decide(key, b + 1, 1.0 / o_.cxl_blocks);
         ++r->clauses[static_cast<int>(d.clause)];
         tier = d.tier == pool::Tier::kCxlPooled ? pool::Tier::kCxlExpanded : d.tier;
         if (tier == pool::Tier::kCxlExpanded &&
@@ -642,7 +644,7 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
         if (auto st = EvictCxl(o_.cxl_blocks - 1, r); !st.ok()) return st;
       }
       if (tier == pool::Tier::kCxlExpanded) {
-        if (auto st = PutCxl(q.ns, key, par, data, r); !st.ok()) return st;
+        if (auto st = PutCxl(q.ns, key, par, b + 1, data, r); !st.ok()) return st;
         ++r->placed_cxl;
       } else if (tier == pool::Tier::kNvme) {
         if (auto st = PutNvme(key, data, r); !st.ok()) return st;

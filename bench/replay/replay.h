@@ -68,6 +68,10 @@ struct ReplayOptions {
   std::string tag = "replay";        // names the files
   bool verify = true;                // compare every block read with what was written
   bool keep_files = false;           // leave the arena/domain/store for inspection
+  // What the rule is told a hit saves (BlockInputs::tokens): the block's own tokens (the
+  // marginal recompute, default), or the whole prefix up to and including it (the chain:
+  // with lookups stopping at the first miss, losing block b costs every later block too).
+  bool rule_prefix_tokens = false;
 };
 
 struct Occupancy {
