@@ -999,6 +999,14 @@ bool NvmeStore::Contains(const NvmeKey& key) const {
   return index_.contains(key);
 }
 
+std::vector<NvmeKey> NvmeStore::Keys() const {
+  absl::MutexLock l(&mu_);
+  std::vector<NvmeKey> keys;
+  keys.reserve(index_.size());
+  for (const auto& [key, e] : index_) keys.push_back(key);
+  return keys;
+}
+
 absl::StatusOr<NvmeStore::Location> NvmeStore::Locate(const NvmeKey& key) const {
   absl::MutexLock l(&mu_);
   auto it = index_.find(key);

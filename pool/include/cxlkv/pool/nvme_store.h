@@ -200,6 +200,9 @@ class NvmeStore {
   absl::Status Delete(const NvmeKey& key);
 
   bool Contains(const NvmeKey& key) const;
+  // Every key in the index (a copy; O(blocks)). For callers that rebuild their own view of
+  // the tier after a restart.
+  std::vector<NvmeKey> Keys() const;
   // Where key's block lies: for tools, messages and tests.
   struct Location {
     std::string file;

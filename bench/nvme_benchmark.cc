@@ -1,0 +1,247 @@
+// nvme_benchmark — the NVMe tier (pool::NvmeStore) at KV block sizes; bench/nvme_vs_fio.sh
+// runs it beside fio (io_uring, O_DIRECT, same directory, sizes and depths) and prints ratios.
+//
+//   NvmeWrite/<bytes>/qd:<n>        Puts of new blocks into free slots, n in flight; bytes/s
+//   NvmeRead/<bytes>/qd:<n>         Gets of random stored blocks, n in flight; bytes/s
+//   NvmeReadLatency/<bytes>/qd:1    one synchronous Get at a time; time per Get, p50/p99
+// Bytes are payload bytes (each slot I/O also moves its 4 KiB header). One store per block
+// size, capacity CXLKV_NVME_BENCH_MB (default 512) MiB, in CXLKV_NVME_BENCH_DIR (default
+// /var/tmp/cxlkv-nvme-bench); each store is removed before the next size. Before the timed
+// writes the file is written once in full, so timed writes overwrite allocated blocks (as
+// fio's do on its laid-out file); when the store fills, it is emptied untimed.
+#include <time.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "benchmark/benchmark.h"
+#include "cxlkv/pool/nvme_store.h"
+
+namespace {
+
+using cxlkv::pool::NvmeBatch;
+using cxlkv::pool::NvmeKey;
+using cxlkv::pool::NvmeStore;
+
+constexpr std::int64_t kSizes[] = {64 << 10, 256 << 10, 2 << 20};
+
+[[noreturn]] void Die(const std::string& msg) {
+  std::fprintf(stderr, "nvme_benchmark: %s\n", msg.c_str());
+  std::exit(1);
+}
+
+std::string BenchDir() {
+  const char* d = std::getenv("CXLKV_NVME_BENCH_DIR");
+  return d != nullptr ? d : "/var/tmp/cxlkv-nvme-bench";
+}
+
+std::uint64_t CapacityBytes() {
+  const char* m = std::getenv("CXLKV_NVME_BENCH_MB");
+  return (m != nullptr ? std::strtoull(m, nullptr, 10) : 512) << 20;
+}
+
+NvmeKey Key(std::uint64_t space, std::uint64_t i) { return NvmeKey{i, space}; }
+
+struct Buffer {
+  explicit Buffer(std::uint64_t bytes)
+      : p(static_cast<unsigned char*>(std::aligned_alloc(4096, bytes))) {
+    for (std::uint64_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(i * 131 + 7);
+  }
+  ~Buffer() { std::free(p); }
+  unsigned char* p;
+};
+
+// The store of the current block size; a new size removes the old store first.
+struct Fixture {
+  std::uint64_t payload = 0;
+  std::unique_ptr<NvmeStore> store;
+  std::uint64_t slots = 0;
+  std::uint64_t write_keys = 0;  // keys of the write benchmark now stored (space 1)
+  std::uint64_t read_keys = 0;   // keys of the read benchmarks stored (space 2)
+
+  static Fixture& For(std::uint64_t payload) {
+    static Fixture f;
+    if (f.payload != payload) f.Reset(payload);
+    return f;
+  }
+
+  void Reset(std::uint64_t bytes) {
+    store.reset();
+    const std::string dir = BenchDir();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    cxlkv::pool::NvmeStoreOptions o;
+    o.dir = dir;
+    o.payload_bytes = bytes;
+    o.capacity_bytes = CapacityBytes();
+    o.queue_depth = 64;
+    auto s = NvmeStore::Open(o);
+    if (!s.ok()) Die(std::string(s.status().message()));
+    store = std::move(*s);
+    payload = bytes;
+    slots = o.capacity_bytes / store->slot_bytes();
+    write_keys = read_keys = 0;
+  }
+
+  // Stores keys [0, n) of `space` with qd in flight (untimed set-up).
+  void Fill(std::uint64_t space, std::uint64_t n) {
+    Buffer src(payload);
+    std::vector<std::unique_ptr<NvmeBatch>> b(32);
+    for (auto& x : b) x = std::make_unique<NvmeBatch>();
+    for (std::uint64_t i = 0; i < n; ++i) {
+      NvmeBatch& x = *b[i % b.size()];
+      store->Wait(x);
+      if (!x.first_error().ok()) Die(std::string(x.first_error().message()));
+      x.Clear();
+      x.AddPut(Key(space, i), src.p, payload);
+      (void)store->Submit(x);
+    }
+    for (auto& x : b) store->Wait(*x);
+  }
+
+  void Empty(std::uint64_t space, std::uint64_t n) {
+    NvmeBatch d;
+    for (std::uint64_t i = 0; i < n; ++i) d.AddDelete(Key(space, i));
+    (void)store->Submit(d);
+    store->Wait(d);
+    store->Drain();
+  }
+};
+
+// One op per benchmark iteration, `qd` single-op batches in flight: waits for the oldest,
+// then submits the next op in its batch (as fio keeps iodepth I/Os in flight).
+template <typename MakeOp>
+void Pipeline(benchmark::State& state, NvmeStore& store, int qd, MakeOp make) {
+  std::vector<std::unique_ptr<NvmeBatch>> b(static_cast<std::size_t>(qd));
+  for (auto& x : b) x = std::make_unique<NvmeBatch>();
+  std::uint64_t i = 0;
+  for (auto _ : state) {
+    NvmeBatch& x = *b[i % b.size()];
+    store.Wait(x);
+    if (!x.first_error().ok()) {
+      state.SkipWithError(std::string(x.first_error().message()).c_str());
+      break;
+    }
+    x.Clear();
+    make(x, i, state);
+    (void)store.Submit(x);
+    ++i;
+  }
+  for (auto& x : b) store.Wait(*x);
+}
+
+void NvmeWrite(benchmark::State& state, std::uint64_t bytes, int qd) {
+  Fixture& f = Fixture::For(bytes);
+  if (f.read_keys != 0) {
+    f.Empty(2, f.read_keys);
+    f.read_keys = 0;
+  }
+  if (f.write_keys == 0) {  // write the whole file once: timed writes then overwrite
+    f.Fill(1, f.slots);
+    f.Empty(1, f.slots);
+  }
+  Buffer src(bytes);
+  const std::uint64_t limit = f.slots - static_cast<std::uint64_t>(qd);
+  std::uint64_t next = 0;
+  Pipeline(state, *f.store, qd, [&](NvmeBatch& x, std::uint64_t, benchmark::State& st) {
+    if (next == limit) {  // full: empty it, untimed
+      st.PauseTiming();
+      f.store->Drain();
+      f.Empty(1, next);
+      next = 0;
+      st.ResumeTiming();
+    }
+    x.AddPut(Key(1, next++), src.p, bytes);
+  });
+  f.store->Drain();
+  f.write_keys = next;
+  f.Empty(1, next);
+  f.write_keys = 0;
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+}
+
+void EnsureReadSet(Fixture& f) {
+  if (f.read_keys != 0) return;
+  f.read_keys = f.slots - 1;
+  f.Fill(2, f.read_keys);
+}
+
+void NvmeRead(benchmark::State& state, std::uint64_t bytes, int qd) {
+  Fixture& f = Fixture::For(bytes);
+  EnsureReadSet(f);
+  std::vector<std::unique_ptr<Buffer>> dst;
+  for (int i = 0; i < qd; ++i) dst.push_back(std::make_unique<Buffer>(bytes));
+  std::mt19937_64 rng(42);
+  Pipeline(state, *f.store, qd, [&](NvmeBatch& x, std::uint64_t i, benchmark::State&) {
+    x.AddGet(Key(2, rng() % f.read_keys), dst[i % dst.size()]->p, bytes);
+  });
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+}
+
+void NvmeReadLatency(benchmark::State& state, std::uint64_t bytes) {
+  Fixture& f = Fixture::For(bytes);
+  EnsureReadSet(f);
+  Buffer dst(bytes);
+  std::mt19937_64 rng(7);
+  std::vector<double> us;
+  us.reserve(1 << 16);
+  for (auto _ : state) {
+    struct timespec a {}, b {};
+    ::clock_gettime(CLOCK_MONOTONIC, &a);
+    auto n = f.store->Get(Key(2, rng() % f.read_keys), dst.p, bytes);
+    ::clock_gettime(CLOCK_MONOTONIC, &b);
+    if (!n.ok()) {
+      state.SkipWithError(std::string(n.status().message()).c_str());
+      break;
+    }
+    us.push_back(static_cast<double>(b.tv_sec - a.tv_sec) * 1e6 +
+                 static_cast<double>(b.tv_nsec - a.tv_nsec) / 1e3);
+  }
+  if (!us.empty()) {
+    std::sort(us.begin(), us.end());
+    state.counters["p50_us"] = us[us.size() / 2];
+    state.counters["p99_us"] = us[us.size() * 99 / 100];
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+}
+
+void Register() {
+  for (std::int64_t size : kSizes) {
+    const auto bytes = static_cast<std::uint64_t>(size);
+    benchmark::RegisterBenchmark(absl::StrCat("NvmeWrite/", bytes, "/qd:32").c_str(),
+                                 [bytes](benchmark::State& s) { NvmeWrite(s, bytes, 32); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(absl::StrCat("NvmeRead/", bytes, "/qd:32").c_str(),
+                                 [bytes](benchmark::State& s) { NvmeRead(s, bytes, 32); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+    if (bytes <= (256 << 10)) {
+      benchmark::RegisterBenchmark(absl::StrCat("NvmeReadLatency/", bytes, "/qd:1").c_str(),
+                                   [bytes](benchmark::State& s) { NvmeReadLatency(s, bytes); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Register();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("nvme_dir", BenchDir());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  std::error_code ec;
+  std::filesystem::remove_all(BenchDir(), ec);
+  return 0;
+}

@@ -1,0 +1,345 @@
+// TierManager: demotion frees CXL only after NVMe has the block, promotion (batched, async)
+// restores it, the cool-down refuses early promotions and says why, the watermarks demote the
+// least recently used blocks with hysteresis, a full disk leaves blocks in CXL, a corrupt NVMe
+// copy is reported and dropped, and a restart adopts the NVMe blocks.
+//
+// CXL: an arena on a memfd region (through the backend seam). NVMe: a store in a temporary
+// directory. Time: a fake clock in TierOptions::now_ms.
+#include "cxlkv/tier/tier_manager.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nvme_test_util.h"
+#include "test_util.h"
+
+namespace cxlkv {
+namespace {
+
+using testing::BlockIsIntact;
+using testing::FillBlock;
+using testing::KeyOf;
+using tier::Residence;
+using tier::Tier;
+using tier::TierManager;
+using tier::TierOptions;
+
+constexpr std::uint64_t kBlock = 64 << 10;
+
+struct Clock {
+  std::atomic<std::int64_t> ms{1000};
+  std::function<std::int64_t()> fn() {
+    return [this] { return ms.load(); };
+  }
+};
+
+std::unique_ptr<pool::NvmeStore> OpenStore(const std::string& dir, std::uint64_t payload,
+                                           std::string* skip) {
+  pool::NvmeStoreOptions o;
+  o.dir = dir;
+  o.payload_bytes = payload;
+  o.queue_depth = 32;
+  o.grow_bytes = 0;
+  auto s = pool::NvmeStore::Open(o);
+  if (!s.ok()) {
+    *skip = std::string(s.status().message());
+    return nullptr;
+  }
+  return std::move(*s);
+}
+
+std::unique_ptr<TierManager> MakeManager(std::string* skip, const std::string& dir,
+                                         TierOptions o, std::uint64_t block = kBlock,
+                                         const std::string& region = "4M") {
+  pool::FormatOptions fo;
+  fo.layout = testing::TinyLayout();
+  fo.classes = {{0, block, 1}};
+  auto arena = testing::MustFormat("memfd:cxlkv-tier-test?size=" + region, fo);
+  if (arena == nullptr) return nullptr;
+  auto alloc = allocator::BlockAllocator::Create(std::move(arena));
+  EXPECT_TRUE(alloc.ok()) << alloc.status();
+  auto store = OpenStore(dir, block, skip);
+  if (store == nullptr) return nullptr;
+  auto m = TierManager::Create(std::move(*alloc), std::move(store), std::move(o));
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+#define MANAGER_OR_SKIP(var, ...)                         \
+  std::string var##_skip;                                 \
+  auto var = MakeManager(&var##_skip, __VA_ARGS__);       \
+  if (var == nullptr && !var##_skip.empty()) GTEST_SKIP() << var##_skip; \
+  ASSERT_NE(var, nullptr)
+
+// A new CXL block holding FillBlock(k, version), placed on `target`.
+void PlaceNew(TierManager& m, std::uint64_t k, Tier target, std::uint64_t version = 1) {
+  allocator::BlockHandle h = m.allocator().Alloc(0);
+  ASSERT_TRUE(h.valid());
+  FillBlock(m.allocator().Addr(h), m.block_bytes(), k, version);
+  ASSERT_TRUE(m.Place(KeyOf(k), h, target).ok());
+}
+
+void ExpectInCxl(TierManager& m, std::uint64_t k, std::uint64_t version = 1) {
+  auto addr = m.Acquire(KeyOf(k));
+  ASSERT_TRUE(addr.ok()) << k << ": " << addr.status();
+  std::uint64_t v = 0;
+  EXPECT_TRUE(BlockIsIntact(*addr, m.block_bytes(), k, &v)) << "key " << k;
+  EXPECT_EQ(v, version) << "key " << k;
+  m.Release(KeyOf(k));
+}
+
+TEST(TierManager, DemoteFreesCxlAfterNvmeHasItAndPromoteRestores) {
+  testing::TempDir dir("tier");
+  Clock clock;
+  TierOptions o;
+  o.cooldown_ms = 100;
+  o.now_ms = clock.fn();
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  for (std::uint64_t k = 0; k < 4; ++k) PlaceNew(*m, k, Tier::kCxl);
+  auto addr = m->Acquire(KeyOf(0));
+  ASSERT_TRUE(addr.ok());
+  const auto ref = *m->allocator().RefOf(*addr);
+  m->Release(KeyOf(0));
+
+  ASSERT_TRUE(m->Demote(KeyOf(0)).ok());
+  EXPECT_EQ(m->Where(KeyOf(0)), Residence::kNvme);
+  EXPECT_TRUE(m->store().Contains(KeyOf(0)));
+  EXPECT_FALSE(m->allocator().Resolve(ref).ok()) << "the CXL block must be freed";
+  EXPECT_EQ(m->Stats().cxl_blocks, 3u);
+  EXPECT_EQ(m->Stats().nvme_blocks, 1u);
+  EXPECT_TRUE(absl::IsFailedPrecondition(m->Acquire(KeyOf(0)).status()));
+
+  clock.ms += 100;
+  ASSERT_TRUE(m->Promote(KeyOf(0)).ok());
+  EXPECT_EQ(m->Where(KeyOf(0)), Residence::kCxl);
+  ExpectInCxl(*m, 0);
+  EXPECT_FALSE(m->store().Contains(KeyOf(0))) << "tiers are exclusive after a promotion";
+  EXPECT_EQ(m->Stats().cxl_blocks, 4u);
+  for (std::uint64_t k = 1; k < 4; ++k) ExpectInCxl(*m, k);
+
+  // A pinned block is not demoted.
+  ASSERT_TRUE(m->Acquire(KeyOf(1)).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(m->Demote(KeyOf(1))));
+  m->Release(KeyOf(1));
+  EXPECT_TRUE(m->Demote(KeyOf(1)).ok());
+}
+
+TEST(TierManager, PlaceTakesTheTargetTier) {
+  testing::TempDir dir("tier");
+  TierOptions o;
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  PlaceNew(*m, 1, Tier::kNvme);
+  EXPECT_EQ(m->Where(KeyOf(1)), Residence::kNvme);
+  EXPECT_EQ(m->Stats().cxl_blocks, 0u);
+  // Placed on NVMe by the rule, not demoted after use: no cool-down.
+  EXPECT_TRUE(m->CheckPromote(KeyOf(1)).allowed());
+
+  allocator::BlockHandle h = m->allocator().Alloc(0);
+  ASSERT_TRUE(h.valid());
+  const auto ref = m->allocator().Ref(h);
+  ASSERT_TRUE(m->Place(KeyOf(2), h, Tier::kDrop).ok());
+  EXPECT_FALSE(m->Where(KeyOf(2)).has_value());
+  EXPECT_FALSE(m->allocator().Resolve(ref).ok()) << "a dropped block is freed";
+
+  PlaceNew(*m, 3, Tier::kCxl);
+  allocator::BlockHandle dup = m->allocator().Alloc(0);
+  EXPECT_TRUE(absl::IsAlreadyExists(m->Place(KeyOf(3), dup, Tier::kCxl)));
+  m->allocator().Free(dup);
+
+  ASSERT_TRUE(m->Move(KeyOf(1), Tier::kDrop).ok());
+  EXPECT_FALSE(m->store().Contains(KeyOf(1)));
+  ASSERT_TRUE(m->Move(KeyOf(3), Tier::kNvme).ok());
+  EXPECT_EQ(m->Where(KeyOf(3)), Residence::kNvme);
+  EXPECT_EQ(m->Stats().dropped, 2u);
+}
+
+TEST(TierManager, PrefetchIsOneBatchAndCompletesAsynchronously) {
+  testing::TempDir dir("tier");
+  Clock clock;
+  TierOptions o;
+  o.cooldown_ms = 10;
+  o.now_ms = clock.fn();
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  std::vector<pool::NvmeKey> keys;
+  for (std::uint64_t k = 0; k < 8; ++k) {
+    PlaceNew(*m, k, Tier::kCxl, 5);
+    keys.push_back(KeyOf(k));
+  }
+  const auto before_demote = m->store().Stats().submit_calls;
+  ASSERT_TRUE(m->Demote(keys).ok());
+  EXPECT_EQ(m->store().Stats().submit_calls - before_demote, 1u);
+  EXPECT_EQ(m->Stats().cxl_blocks, 0u);
+
+  clock.ms += 10;
+  tier::PromotionBatch batch;
+  int callbacks = 0;
+  const auto before = m->store().Stats().submit_calls;
+  ASSERT_TRUE(m->Prefetch(keys, batch, [&](tier::PromotionBatch& b) {
+                ++callbacks;
+                EXPECT_TRUE(b.first_error().ok()) << b.first_error();
+              }).ok());
+  EXPECT_EQ(m->store().Stats().submit_calls - before, 1u) << "8 reads, one submit";
+  m->Wait(batch);
+  EXPECT_TRUE(batch.done());
+  EXPECT_EQ(callbacks, 1);
+  for (std::uint64_t k = 0; k < 8; ++k) ExpectInCxl(*m, k, 5);
+  EXPECT_EQ(m->Stats().promotions, 8u);
+}
+
+TEST(TierManager, CooldownRefusesEarlyPromotionAndSaysWhy) {
+  testing::TempDir dir("tier");
+  Clock clock;
+  TierOptions o;
+  o.cooldown_ms = 100;
+  o.now_ms = clock.fn();
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  PlaceNew(*m, 0, Tier::kCxl);
+  ASSERT_TRUE(m->Demote(KeyOf(0)).ok());
+  clock.ms += 40;
+  const tier::PromoteCheck c = m->CheckPromote(KeyOf(0));
+  EXPECT_EQ(c.verdict, tier::PromoteVerdict::kCoolingDown);
+  EXPECT_EQ(c.demoted_ms_ago, 40);
+  EXPECT_EQ(c.retry_after_ms, 60);
+  absl::Status st = m->Promote(KeyOf(0));
+  ASSERT_TRUE(absl::IsFailedPrecondition(st)) << st;
+  EXPECT_NE(st.message().find("cool-down is 100 ms"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("retry in 60 ms"), std::string::npos) << st;
+  EXPECT_EQ(m->Where(KeyOf(0)), Residence::kNvme);
+  EXPECT_EQ(m->Stats().promotions_refused, 1u);
+  EXPECT_EQ(m->Stats().cxl_blocks, 0u) << "a refused promotion holds no CXL block";
+  clock.ms += 60;
+  EXPECT_TRUE(m->CheckPromote(KeyOf(0)).allowed());
+  ASSERT_TRUE(m->Promote(KeyOf(0)).ok());
+  ExpectInCxl(*m, 0);
+  EXPECT_EQ(m->CheckPromote(KeyOf(0)).verdict, tier::PromoteVerdict::kAlreadyInCxl);
+}
+
+TEST(TierManager, WatermarksDemoteLeastRecentlyUsedWithHysteresis) {
+  testing::TempDir dir("tier");
+  Clock clock;
+  TierOptions o;
+  o.high_watermark_blocks = 12;
+  o.low_watermark_blocks = 8;
+  o.cooldown_ms = 50;
+  o.now_ms = clock.fn();
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  for (std::uint64_t k = 0; k < 12; ++k) PlaceNew(*m, k, Tier::kCxl);
+  EXPECT_EQ(m->Stats().cxl_blocks, 12u) << "at the high watermark nothing moves";
+  EXPECT_EQ(m->Stats().demotions, 0u);
+  // Touch 0 and 1 (most recently used now); pin 2 (never a victim).
+  for (std::uint64_t k : {0, 1}) {
+    ASSERT_TRUE(m->Acquire(KeyOf(k)).ok());
+    m->Release(KeyOf(k));
+  }
+  ASSERT_TRUE(m->Acquire(KeyOf(2)).ok());
+  PlaceNew(*m, 12, Tier::kCxl);  // 13 > high: down to low (8): 5 victims
+  EXPECT_EQ(m->Stats().cxl_blocks, 8u);
+  EXPECT_EQ(m->Stats().watermark_runs, 1u);
+  for (std::uint64_t k = 0; k <= 12; ++k) {
+    const bool victim = k >= 3 && k <= 7;  // the 5 least recently used, unpinned
+    EXPECT_EQ(m->Where(KeyOf(k)), victim ? Residence::kNvme : Residence::kCxl) << "key " << k;
+  }
+  // Between the watermarks: no demotion (hysteresis).
+  for (std::uint64_t k = 13; k < 17; ++k) PlaceNew(*m, k, Tier::kCxl);
+  EXPECT_EQ(m->Stats().cxl_blocks, 12u);
+  EXPECT_EQ(m->Stats().watermark_runs, 1u);
+  PlaceNew(*m, 17, Tier::kCxl);
+  EXPECT_EQ(m->Stats().cxl_blocks, 8u);
+  EXPECT_EQ(m->Stats().watermark_runs, 2u);
+  EXPECT_EQ(m->Where(KeyOf(2)), Residence::kCxl) << "pinned";
+  m->Release(KeyOf(2));
+  // A victim comes back intact once its cool-down has passed.
+  clock.ms += 50;
+  ASSERT_TRUE(m->Move(KeyOf(3), Tier::kCxl).ok());
+  ExpectInCxl(*m, 3);
+  EXPECT_EQ(m->Stats().cxl_blocks, 9u);
+}
+
+TEST(TierManager, FullDiskDemotionFailsAndBlocksStayInCxl) {
+  std::string why;
+  auto fs = testing::SmallFs::Mount(1 << 20, &why);
+  if (fs == nullptr) GTEST_SKIP() << why;
+  TierOptions o;
+  o.high_watermark_blocks = 10;
+  o.low_watermark_blocks = 2;
+  o.auto_enforce = false;
+  o.cooldown_ms = 0;
+  MANAGER_OR_SKIP(m, fs->path() + "/store", o, 128 << 10, "8M");
+  for (std::uint64_t k = 0; k < 14; ++k) PlaceNew(*m, k, Tier::kCxl);
+  // 12 victims, room for about 7 slots of 132 KiB on the 1 MiB file system.
+  auto demoted = m->EnforceWatermarks();
+  ASSERT_TRUE(demoted.ok()) << demoted.status();
+  EXPECT_GE(*demoted, 3u);
+  EXPECT_LT(*demoted, 12u);
+  EXPECT_GE(m->Stats().demotion_failures, 1u);
+  std::uint64_t in_cxl = 0;
+  for (std::uint64_t k = 0; k < 14; ++k) {
+    if (m->Where(KeyOf(k)) == Residence::kCxl) {
+      ++in_cxl;
+      ExpectInCxl(*m, k);  // intact and readable
+    }
+  }
+  EXPECT_EQ(in_cxl, 14u - *demoted);
+  // A single demotion now fails with the store's reason; the block stays.
+  std::uint64_t still = 0;
+  while (m->Where(KeyOf(still)) != Residence::kCxl) ++still;
+  absl::Status st = m->Demote(KeyOf(still));
+  ASSERT_TRUE(absl::IsResourceExhausted(st)) << st;
+  EXPECT_NE(st.message().find("stays in CXL"), std::string::npos) << st;
+  EXPECT_EQ(m->Where(KeyOf(still)), Residence::kCxl);
+  ExpectInCxl(*m, still);
+  // Blocks that did reach NVMe come back intact.
+  std::uint64_t on_nvme = 0;
+  while (m->Where(KeyOf(on_nvme)) != Residence::kNvme) ++on_nvme;
+  ASSERT_TRUE(m->Promote(KeyOf(on_nvme)).ok());
+  ExpectInCxl(*m, on_nvme);
+}
+
+TEST(TierManager, CorruptNvmeCopyIsReportedAndDropped) {
+  testing::TempDir dir("tier");
+  TierOptions o;
+  o.cooldown_ms = 0;
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  PlaceNew(*m, 0, Tier::kNvme);
+  PlaceNew(*m, 1, Tier::kNvme);
+  auto loc = m->store().Locate(KeyOf(0));
+  ASSERT_TRUE(loc.ok());
+  const int fd = ::open(loc->file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const char junk[4] = {1, 2, 3, 4};
+  ASSERT_EQ(::pwrite(fd, junk, 4, static_cast<off_t>(loc->offset + pool::kNvmeHeaderBytes + 64)),
+            4);
+  ::close(fd);
+  absl::Status st = m->Promote(KeyOf(0));
+  ASSERT_TRUE(absl::IsDataLoss(st)) << st;
+  EXPECT_NE(st.message().find(loc->file), std::string::npos) << st;
+  EXPECT_FALSE(m->Where(KeyOf(0)).has_value()) << "a lost block is forgotten";
+  EXPECT_EQ(m->Stats().cxl_blocks, 0u) << "its CXL block was given back";
+  ASSERT_TRUE(m->Promote(KeyOf(1)).ok());
+  ExpectInCxl(*m, 1);
+}
+
+TEST(TierManager, RestartAdoptsNvmeBlocks) {
+  testing::TempDir dir("tier");
+  TierOptions o;
+  o.cooldown_ms = 1000000;
+  {
+    MANAGER_OR_SKIP(m, dir.path(), o);
+    for (std::uint64_t k = 0; k < 3; ++k) PlaceNew(*m, k, Tier::kCxl, 7);
+    ASSERT_TRUE(m->Demote(std::vector<pool::NvmeKey>{KeyOf(0), KeyOf(1)}).ok());
+  }
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  EXPECT_EQ(m->Where(KeyOf(0)), Residence::kNvme);
+  EXPECT_EQ(m->Where(KeyOf(1)), Residence::kNvme);
+  EXPECT_FALSE(m->Where(KeyOf(2)).has_value()) << "CXL blocks of the old process are gone";
+  ASSERT_TRUE(m->Promote(KeyOf(1)).ok()) << "adopted blocks have no cool-down";
+  ExpectInCxl(*m, 1, 7);
+}
+
+}  // namespace
+}  // namespace cxlkv
