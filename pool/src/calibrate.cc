@@ -3,7 +3,9 @@
 #include "cxlkv/pool/calibrate.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -154,6 +156,12 @@ namespace {
 
 // A scratch file opened O_DIRECT and unlinked at once: nothing is left behind, even on a crash.
 absl::StatusOr<int> OpenScratch(const std::string& dir) {
+  struct statfs fs {};
+  if (::statfs(dir.c_str(), &fs) != 0) return ErrnoStatus(errno, dir, "statfs");
+  if (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, ": is on tmpfs/ramfs (memory, not NVMe); pass --dir on the NVMe file system"));
+  }
   std::random_device rd;
   const std::string path =
       absl::StrCat(dir, "/.cxlkv-calibrate-", ::getpid(), "-", static_cast<std::uint64_t>(rd()));

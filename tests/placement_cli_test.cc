@@ -1,0 +1,134 @@
+// `cxlkvctl explain` and `cxlkvctl calibrate` as processes: the JSON output is the oracle; bad
+// flags exit 2 naming the flag; PREFIX reads a stats file a ReuseTracker saved.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cxlkv/pool/reuse_tracker.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+struct CtlRun {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+CtlRun Ctl(const std::string& args) {
+  const std::string cmd = std::string(CXLKV_CTL_BIN) + " " + args + " 2>&1";
+  CtlRun r;
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (f == nullptr) return r;
+  std::array<char, 4096> buf;
+  std::size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) r.out.append(buf.data(), n);
+  const int st = ::pclose(f);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+const std::string kConfig = std::string(CXLKV_SOURCE_DIR) + "/orchestrator/domain.example.toml";
+
+TEST(ExplainCli, FlagsToJson) {
+  const CtlRun r = Ctl("explain --config " + kConfig +
+                    " --size 1310720000 --reuse-ms 50 --tokens 4000 --occupancy 0.5 "
+                    "--namespace acme/llama3-70b/fp16-l80-h8-d128-t16 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["decision"]["tier"], "cxl-pooled");
+  EXPECT_EQ(j["decision"]["clause"], "pinned") << "acme is pinned at level 2";
+  EXPECT_EQ(j["inputs"]["size_bytes"], 1310720000u);
+  EXPECT_DOUBLE_EQ(j["inputs"]["reuse_interval_s"].get<double>(), 0.05);
+  EXPECT_EQ(j["inputs"]["pin_level"], 2);
+  EXPECT_EQ(j["namespace"], "acme/llama3-70b/fp16-l80-h8-d128-t16");
+
+  const CtlRun text = Ctl("explain --config " + kConfig + " --size 1310720000 --reuse-ms inf --tokens 4000");
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("placement: nvme (above-break-even)"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("1310720000 B"), std::string::npos) << text.out;
+}
+
+TEST(ExplainCli, BadInputNamesTheFlag) {
+  struct Case {
+    std::string args, want;
+    int code;
+  } cases[] = {
+      {"--size 1G --reuse-ms soon", "--reuse-ms: 'soon' is not a number of milliseconds", 2},
+      {"--size big --reuse-ms 5", "--size: 'big' is not a block size", 2},
+      {"--size 1G --reuse-ms 5 --occupancy 1.5", "--occupancy: '1.5' is not a fraction in [0, 1]", 2},
+      {"--size 1G --reuse-ms 5 --tokens -3", "--tokens: '-3' is not a whole number", 2},
+      {"--size 1G --reuse-ms 5 --namespace a/b/c", "--namespace: namespace 'a/b/c' is not in the configuration (known: acme/", 2},
+      {"--reuse-ms 5", "--size BYTES is required", 2},
+      {"abc --reuse-ms 5", "PREFIX needs --stats FILE", 2},
+      {"--size 1G --reuse-ms 5 --calibration /nonexistent.json", "--calibration: cannot read calibration '/nonexistent.json'", 1},
+  };
+  for (const Case& c : cases) {
+    const CtlRun r = Ctl("explain --config " + kConfig + " " + c.args);
+    EXPECT_EQ(r.code, c.code) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.want), std::string::npos) << c.args << "\ngot: " << r.out << "want: " << c.want;
+  }
+  const CtlRun r = Ctl("explain --config /nonexistent.toml --size 1G --reuse-ms 5");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--config: cannot read config '/nonexistent.toml'"), std::string::npos) << r.out;
+}
+
+TEST(ExplainCli, PrefixFromStatsFile) {
+  auto t = cxlkv::pool::ReuseTracker::Create({1024, 0.25});
+  ASSERT_TRUE(t.ok());
+  const cxlkv::coherence::PrefixKey key{0x1111222233334444ull, 0xaaaabbbbccccddddull};
+  for (int i = 0; i < 10; ++i) t->Record(key, 1'000'000'000ull + i * 20'000'000ull, 1310720000, 4000);
+  const std::string stats = "/tmp/cxlkv-cli-stats-" + std::to_string(::getpid());
+  ASSERT_TRUE(t->Save(stats, 1'000'000'000ull + 9 * 20'000'000ull + 10'000'000ull).ok());
+
+  const CtlRun r = Ctl("explain " + cxlkv::pool::FormatPrefixKey(key) + " --stats " + stats +
+                    " --config " + kConfig + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prefix"]["key"], "aaaabbbbccccdddd1111222233334444");
+  EXPECT_EQ(j["prefix"]["uses"], 10);
+  EXPECT_NEAR(j["prefix"]["ewma_interval_s"].get<double>(), 0.02, 1e-6);
+  EXPECT_EQ(j["inputs"]["size_bytes"], 1310720000u);
+  EXPECT_EQ(j["inputs"]["tokens"], 4000);
+  EXPECT_NEAR(j["inputs"]["reuse_interval_s"].get<double>(), 0.02, 1e-6);
+  EXPECT_EQ(j["decision"]["clause"], "below-break-even");
+
+  const CtlRun missing = Ctl("explain 1234 --stats " + stats + " --config " + kConfig);
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.out.find("prefix 00000000000000000000000000001234 is not in"), std::string::npos)
+      << missing.out;
+  const CtlRun both = Ctl("explain 1234 --stats " + stats + " --reuse-ms 5 --config " + kConfig);
+  EXPECT_EQ(both.code, 2);
+  EXPECT_NE(both.out.find("--reuse-ms: '5' cannot be given with PREFIX"), std::string::npos) << both.out;
+  std::remove(stats.c_str());
+}
+
+TEST(CalibrateCli, JsonAndSavedFileFeedExplain) {
+  char dir[] = "/tmp/cxlkv-calcli-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string out = std::string(dir) + "/cal.json";
+  const CtlRun r = Ctl(std::string("calibrate --dir ") + dir + " --budget-ms 300 --json --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["format"], "cxlkv-calibration");
+  EXPECT_GT(j["nvme"]["read_bytes_per_s"].get<double>(), 0);
+  EXPECT_GT(j["memory"]["latency_s"].get<double>(), 0);
+  const CtlRun e = Ctl("explain --config " + kConfig + " --calibration " + out +
+                    " --size 1310720000 --reuse-ms 50 --json");
+  ASSERT_EQ(e.code, 0) << e.out;
+  const nlohmann::json ej = nlohmann::json::parse(e.out);
+  EXPECT_EQ(ej["calibrated"].size(), 3u) << "NVMe latency, bandwidth, IOPS (DRAM applies to no tier)";
+  EXPECT_DOUBLE_EQ(ej["tiers"][2]["read_bytes_per_s"].get<double>(),
+                   j["nvme"]["read_bytes_per_s"].get<double>());
+  std::remove(out.c_str());
+  ::rmdir(dir);
+
+  const CtlRun bad = Ctl("calibrate --dir /dev/shm --budget-ms 200");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("tmpfs"), std::string::npos) << bad.out;
+}
+
+}  // namespace
