@@ -45,6 +45,7 @@ struct Cli {
   std::string out = "replay-out";
   bool no_verify = false;
   bool rule_prefix_tokens = false;
+  bool no_inherit_reuse = false;
 };
 
 int Fail(const std::string& what) {
@@ -84,6 +85,9 @@ int main(int argc, char** argv) {
   app.add_flag("--rule-prefix-tokens", c.rule_prefix_tokens,
                "tell the rule a hit saves the whole prefix up to the block (default: the "
                "block's own 16 tokens)");
+  app.add_flag("--no-inherit-reuse", c.no_inherit_reuse,
+               "a block without reuse history counts as never reused (default: it takes its "
+               "nearest ancestor's expected interval)");
   CLI11_PARSE(app, argc, argv);
 
   std::error_code ec;
@@ -193,6 +197,7 @@ int main(int argc, char** argv) {
       o.nvme_dir = absl::StrCat(c.nvme_dir, "/store-", replay::PolicyName(p));
       o.verify = !c.no_verify;
       o.rule_prefix_tokens = c.rule_prefix_tokens;
+      o.inherit_reuse = !c.no_inherit_reuse;
       auto r = replay::RunReplay(*trace, o);
       if (!r.ok()) {
         return Fail(absl::StrCat(trace->name, "/", replay::PolicyName(p), ": ",
@@ -338,6 +343,7 @@ int main(int argc, char** argv) {
                     {"nvme_blocks", nvme_blocks}, {"nvme_modeled_gib", c.nvme_gib}}},
       {"trace", {{"requests", c.requests}, {"load", c.load}, {"seed", c.seed}}},
       {"rule_tokens", c.rule_prefix_tokens ? "prefix" : "block"},
+      {"rule_reuse", c.no_inherit_reuse ? "own" : "inherit"},
       {"figures", {{"cxl_latency_s", params.cxl[0].figures.latency_s},
                    {"cxl_read_bytes_per_s", params.cxl[0].figures.read_bytes_per_s},
                    {"nvme_latency_s", params.nvme.latency_s},

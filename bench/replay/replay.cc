@@ -129,7 +129,11 @@ class Engine {
                          bool* stop, ReplayResult* r);
   absl::Status LookupNvme(std::span<const PrefixKey> keys, std::size_t* got, ReplayResult* r,
                           std::vector<std::pair<PrefixKey, std::size_t>>* read);
-  pool::Decision Decide(const PrefixKey& key, std::size_t depth, double occupancy_delta = 0);
+  // `chain`/`pos`: the request's chain and the block's place in it. A block with no reuse
+  // history of its own takes its nearest ancestor's expected interval (a turn's new blocks
+  // come back with the conversation that reuses its parents).
+  pool::Decision Decide(const PrefixKey& key, std::size_t depth, double occupancy_delta = 0,
+                        std::span<const PrefixKey> chain = {}, std::size_t pos = 0);
   // Stores a block whose bytes are in `data` in the CXL tier (publishes it).
   absl::Status PutCxl(co::Namespace ns, const PrefixKey& key, const PrefixKey& parent,
                       std::size_t depth, const std::byte* data, ReplayResult* r);
@@ -175,6 +179,7 @@ class Engine {
   std::list<PrefixKey> nvme_lru_;
   std::uint64_t awaiting_return_ = 0;  // retired blocks not yet handed back by the owner
   std::uint64_t freed_ = 0;
+  std::uint64_t inherited_ = 0;
   Buffers scratch_, nvme_bufs_, put_bufs_;
   pool::NvmeBatch batch_;
   std::vector<PrefixKey> pending_put_keys_;
@@ -302,10 +307,22 @@ absl::Status Engine::Pump() {
   return absl::OkStatus();
 }
 
-pool::Decision Engine::Decide(const PrefixKey& key, std::size_t depth, double occupancy_delta) {
+pool::Decision Engine::Decide(const PrefixKey& key, std::size_t depth, double occupancy_delta,
+                              std::span<const PrefixKey> chain, std::size_t pos) {
   pool::BlockInputs in;
   in.size_bytes = modeled_;
-  in.reuse_interval_s = tracker_->ExpectedIntervalS(key, static_cast<std::uint64_t>(NowNs()));
+  const auto now = static_cast<std::uint64_t>(NowNs());
+  in.reuse_interval_s = tracker_->ExpectedIntervalS(key, now);
+  if (o_.inherit_reuse && std::isinf(in.reuse_interval_s)) {
+    for (std::size_t up = 1; up <= std::min<std::size_t>(pos, 64); ++up) {
+      const double parent = tracker_->ExpectedIntervalS(chain[pos - up], now);
+      if (!std::isinf(parent)) {
+        in.reuse_interval_s = parent;
+        ++inherited_;
+        break;
+      }
+    }
+  }
   in.tokens = o_.profile.tokens_per_block;
   if (o_.rule_prefix_tokens) in.tokens *= static_cast<std::uint32_t>(depth);
   in.queue_depth = queue_depth_;
@@ -593,7 +610,7 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
       const auto pos = static_cast<std::size_t>(
           std::find(keys.begin(), keys.end(), key) - keys.begin());
       if (o_.policy == Policy::kRule) {
-        const pool::Decision d = Decide(key, pos + 1, 1.0 / o_.cxl_blocks);
+        const pool::Decision d = Decide(key, pos + 1, 1.0 / o_.cxl_blocks, keys, pos);
         ++r->clauses[static_cast<int>(d.clause)];
         if (d.tier != pool::Tier::kCxlExpanded) continue;
         if (CoolingDown(ne->second.moved_ns)) {
@@ -631,7 +648,7 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
       if (o_.policy == Policy::kNvmeLru) tier = pool::Tier::kNvme;
       if (o_.policy == Policy::kRule) {
         if (b >= n) tracker_->Record(key, now_ns, modeled_, tpb);  // produced now
-        const pool::Decision d = Decide(key, b + 1, 1.0 / o_.cxl_blocks);
+        const pool::Decision d = Decide(key, b + 1, 1.0 / o_.cxl_blocks, keys, b);
         ++r->clauses[static_cast<int>(d.clause)];
         tier = d.tier == pool::Tier::kCxlPooled ? pool::Tier::kCxlExpanded : d.tier;
         if (tier == pool::Tier::kCxlExpanded &&
@@ -685,6 +702,7 @@ absl::Status Engine::Run(ReplayResult* r) {
   r->cxl_resident_end = static_cast<std::uint32_t>(cxl_.size());
   r->nvme_resident_end = static_cast<std::uint32_t>(nvme_.size());
   r->blocks_freed = freed_;
+  r->inherited_reuse = inherited_;
   if (owner_) {
     r->owner_published = owner_->stats().published;
     r->owner_reclaimed = owner_->stats().reclaimed;

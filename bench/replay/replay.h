@@ -72,6 +72,10 @@ struct ReplayOptions {
   // marginal recompute, default), or the whole prefix up to and including it (the chain:
   // with lookups stopping at the first miss, losing block b costs every later block too).
   bool rule_prefix_tokens = false;
+  // A block with no reuse history of its own (new, or seen once) takes its nearest
+  // ancestor's expected reuse interval in the request's chain — instead of "never reused",
+  // which sends every new block to NVMe or drop (--no-inherit-reuse: the bare tracker).
+  bool inherit_reuse = true;
 };
 
 struct Occupancy {
@@ -97,6 +101,7 @@ struct ReplayResult {
   TierBytes cxl_read, cxl_write, nvme_read, nvme_write;
   std::uint64_t placed_cxl = 0, placed_nvme = 0, placed_drop = 0;
   std::uint64_t promotions = 0, demotions = 0, evicted_dropped = 0, nvme_evicted = 0;
+  std::uint64_t inherited_reuse = 0;  // decisions that took an ancestor's reuse interval
   std::uint64_t cooldown_holds = 0;   // moves refused because the block moved recently
   std::uint64_t already_resident = 0; // recomputed blocks already held in a tier
   std::array<std::uint64_t, 6> clauses{};  // Decide() outcomes by pool::Clause
