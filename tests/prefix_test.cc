@@ -388,6 +388,71 @@ TEST(Prefix, ReturnsThatWaitForRingRoomSurviveAnOwnerCrash) {
   EXPECT_EQ(d.owner->published_entries(), 0u);
 }
 
+// An arena whose extent goes back to the pool: its entries are retired, a leased one stays
+// until its lease is released, reclaim returns nothing to the (dead) publisher even when its
+// return ring is full, later publishes into the arena are rejected, and EntriesNaming says
+// when the memory may be lent again. Other arenas are untouched.
+TEST(Prefix, RevokedArenaDrainsWithoutReturnsAndRefusesPublishes) {
+  ManualClock clock;
+  SimMemory media(4 << 20, 13);
+  auto ov = media.NewView(0), av = media.NewView(0), bv = media.NewView(0);
+  Domain d(*ov, clock);  // ring_slots = 4
+  auto a = std::move(*PrefixHost::Join(*av, clock, 0));
+  auto b = std::move(*PrefixHost::Join(*bv, clock, 1));
+  const Namespace ns = MakeNamespace("t", "m", "l");
+  auto in_arena = [](std::uint8_t arena, std::uint32_t index) {
+    BlockRef r = Ref(index);
+    r.arena[0] = arena;
+    return r;
+  };
+  auto key = [&](std::uint32_t i) {
+    const std::uint32_t tok[] = {i};
+    return ChainKey(ns, PrefixKey{}, tok);
+  };
+  // Arena 1 gets 8 published blocks (more than host a's return ring holds), arena 2 one.
+  for (std::uint32_t i = 0; i < 8; ++i) {
+    ASSERT_TRUE(a->Publish(ns, key(i), PrefixKey{}, in_arena(1, i)).ok());
+    if (i % 4 == 3) d.owner->ApplyRequests();
+  }
+  ASSERT_TRUE(a->Publish(ns, key(100), PrefixKey{}, in_arena(2, 0)).ok());
+  d.owner->ApplyRequests();
+  d.owner->FenceExpiredHosts();  // acknowledges b's heartbeat: b may take leases
+  PrefixOwner::ArenaId one{}, two{};
+  one[0] = 1;
+  two[0] = 2;
+  ASSERT_EQ(d.owner->EntriesNaming(one), 8u);
+  ASSERT_EQ(d.owner->EntriesNaming(two), 1u);
+  auto hit = b->Lookup(ns, key(3));
+  ASSERT_TRUE(hit.has_value());
+  auto lease = b->Acquire(*hit);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+
+  EXPECT_EQ(d.owner->RevokeArena(one), 8u);
+  EXPECT_EQ(d.owner->RevokeArena(one), 0u) << "idempotent";
+  EXPECT_FALSE(b->Lookup(ns, key(0)).has_value());
+  EXPECT_FALSE(b->ValidateAfterCopy(*lease).ok()) << "a copy from a revoked arena is discarded";
+  EXPECT_TRUE(b->Lookup(ns, key(100)).has_value()) << "another arena is untouched";
+  // A late publish into the revoked arena is refused.
+  ASSERT_TRUE(a->Publish(ns, key(50), PrefixKey{}, in_arena(1, 50)).ok());
+  const auto rejected = d.owner->stats().rejected;
+  d.owner->ApplyRequests();
+  EXPECT_EQ(d.owner->stats().rejected, rejected + 1);
+  EXPECT_FALSE(b->Lookup(ns, key(50)).has_value());
+
+  clock.now += 100;  // past grace; host a never collects returns (it may be dead)
+  EXPECT_EQ(d.owner->Reclaim(), 7u) << "all but the leased one, whatever a's ring holds";
+  EXPECT_EQ(d.owner->EntriesNaming(one), 1u) << "the leased block still pins the extent";
+  b->Release(*lease);
+  EXPECT_EQ(d.owner->Reclaim(), 1u);
+  EXPECT_EQ(d.owner->EntriesNaming(one), 0u) << "now the extent may be lent again";
+  EXPECT_EQ(d.owner->EntriesNaming(two), 1u);
+  std::vector<BlockRef> returned;
+  ASSERT_TRUE(a->Heartbeat(&returned).ok());
+  for (const BlockRef& r : returned) {
+    EXPECT_NE(r.arena[0], 1) << "a block of a revoked arena was returned";
+  }
+}
+
 TEST(Prefix, RingFullIsReportedAndHeaderChecked) {
   ManualClock clock;
   SimMemory media(4 << 20, 3);

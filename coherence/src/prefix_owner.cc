@@ -37,6 +37,54 @@ std::size_t PrefixOwner::RefHash::operator()(const BlockRef& r) const {
                                   (std::uint64_t{r.index} << 32 | r.generation));
 }
 
+std::size_t PrefixOwner::ArenaHash::operator()(const ArenaId& a) const {
+  std::uint64_t x, y;
+  std::memcpy(&x, a.data(), 8);
+  std::memcpy(&y, a.data() + 8, 8);
+  return static_cast<std::size_t>((x * 31 + y) * 0x9E3779B97F4A7C15ull);
+}
+
+namespace {
+PrefixOwner::ArenaId ArenaOf(const BlockRef& r) {
+  PrefixOwner::ArenaId a;
+  std::memcpy(a.data(), r.arena, a.size());
+  return a;
+}
+}  // namespace
+
+void PrefixOwner::Name(const BlockRef& ref) {
+  named_.insert(ref);
+  ++arena_refs_[ArenaOf(ref)];
+}
+
+void PrefixOwner::Unname(const BlockRef& ref) {
+  if (named_.erase(ref) == 0) return;
+  auto it = arena_refs_.find(ArenaOf(ref));
+  if (it != arena_refs_.end() && --it->second == 0) arena_refs_.erase(it);
+}
+
+bool PrefixOwner::Revoked(const BlockRef& ref) const {
+  return !revoked_.empty() && revoked_.count(ArenaOf(ref)) != 0;
+}
+
+std::uint32_t PrefixOwner::RevokeArena(const ArenaId& arena) {
+  revoked_.insert(arena);
+  if (arena_refs_.count(arena) == 0) return 0;
+  std::uint32_t retired = 0;
+  for (std::uint32_t i = 0; i < h_.index_entries; ++i) {
+    if (StateOf(index_[i]) == EntryState::kPublished && ArenaOf(index_[i].ref) == arena) {
+      RetireEntry(i);
+      ++retired;
+    }
+  }
+  return retired;
+}
+
+std::uint32_t PrefixOwner::EntriesNaming(const ArenaId& arena) const {
+  auto it = arena_refs_.find(arena);
+  return it == arena_refs_.end() ? 0 : it->second;
+}
+
 PrefixOwner::PrefixOwner(Mem& mem, Clock& clock, const DomainHeader& h, const Options& o)
     : mem_(mem), clock_(clock), h_(h), options_(o) {}
 
@@ -55,13 +103,13 @@ absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& 
     }
     if (StateOf(e) == EntryState::kPublished) {
       ++o->published_count_;
-      o->named_.insert(e.ref);
+      o->Name(e.ref);
     }
     // After a restart every retired entry waits a full grace period again (conservative).
     if (StateOf(e) == EntryState::kRetired) {
       o->info_[i].retired_at_ms = now;
       ++o->retired_count_;
-      o->named_.insert(e.ref);
+      o->Name(e.ref);
     }
   }
   o->owner_lines_.resize(h->max_hosts);
@@ -191,6 +239,11 @@ void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
     ++stats_.rejected;
     return;
   }
+  // A block of a revoked arena: its memory is going back to the pool, nothing to return to.
+  if (Revoked(r.ref)) {
+    ++stats_.rejected;
+    return;
+  }
   if (FindKey(r.ns, key, true) >= 0) {
     ++stats_.duplicates;  // someone published this prefix first: the copy goes back
     ReturnBlock(host, r.ref);
@@ -213,7 +266,7 @@ void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
   e.publisher = static_cast<std::uint8_t>(host);
   info_[i] = EntryInfo{};
   WriteEntry(i, e, false);
-  named_.insert(r.ref);
+  Name(r.ref);
   ++published_count_;
   ++stats_.published;
   const std::int64_t parent = FindKey(r.ns, PrefixKey{r.parent[0], r.parent[1]}, true);
@@ -334,6 +387,10 @@ std::uint32_t PrefixOwner::Reclaim() {
     }
     const std::uint32_t host = index_[i].publisher;
     if (host >= h_.max_hosts) continue;
+    if (Revoked(index_[i].ref)) {  // reclaimed without a return: no ring room needed
+      due.push_back(i);
+      continue;
+    }
     if (room[host] < 0) {
       HostRow row{};
       if (!ReadShared(mem_, HostRowOff(h_, host), &row)) row = HostRow{};
@@ -355,8 +412,10 @@ std::uint32_t PrefixOwner::Reclaim() {
     const IndexEntry& e = index_[i];
     const std::uint32_t leased_gen = e.entry_gen - 1;  // the generation readers leased
     if (std::binary_search(held.begin(), held.end(), std::make_pair(i, leased_gen))) continue;
-    ReturnBlock(e.publisher, e.ref);
-    touched[e.publisher] = 1;
+    if (!Revoked(e.ref)) {
+      ReturnBlock(e.publisher, e.ref);
+      touched[e.publisher] = 1;
+    }
     free_now.push_back(i);
   }
   for (std::uint32_t host = 0; host < h_.max_hosts; ++host) {
@@ -364,7 +423,7 @@ std::uint32_t PrefixOwner::Reclaim() {
   }
   for (std::uint32_t i : free_now) {
     IndexEntry e = index_[i];
-    named_.erase(e.ref);
+    Unname(e.ref);
     --retired_count_;
     e.state = static_cast<std::uint8_t>(EntryState::kTombstone);
     ++e.entry_gen;

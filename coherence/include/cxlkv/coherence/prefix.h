@@ -13,12 +13,14 @@
 #ifndef CXLKV_COHERENCE_PREFIX_H_
 #define CXLKV_COHERENCE_PREFIX_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -244,6 +246,20 @@ class PrefixOwner {
   // Pin level of a namespace: entries of higher levels are evicted later (0 = none).
   void SetPinLevel(Namespace ns, int level) { pin_[ns] = level; }
 
+  // An arena's memory is going back to the pool (the capacity lease of the extent it lives
+  // in ended, or its host gave the extent back). Retires every published entry naming one of
+  // its blocks; from now on such entries are reclaimed without a return (there is no arena
+  // left to free the block in, and a dead publisher's full return ring must not hold the
+  // extent forever), and publishes of its blocks are rejected. Idempotent. Owner memory
+  // only: after an owner restart it must be said again (the orchestrator keeps revoked
+  // extents in its state file and does). Returns how many entries it retired now.
+  using ArenaId = std::array<std::uint8_t, 16>;
+  std::uint32_t RevokeArena(const ArenaId& arena);
+  // Published and retired entries that still name a block of `arena`. Once this is 0 after
+  // RevokeArena, no lease on a block of the arena is valid any more and its memory may be
+  // lent again.
+  std::uint32_t EntriesNaming(const ArenaId& arena) const;
+
   const Stats& stats() const { return stats_; }
   std::uint32_t published_entries() const { return published_count_; }
   const DomainHeader& header() const { return h_; }
@@ -290,7 +306,15 @@ class PrefixOwner {
   struct RefHash {
     std::size_t operator()(const BlockRef& r) const;
   };
+  struct ArenaHash {
+    std::size_t operator()(const ArenaId& a) const;
+  };
+  void Name(const BlockRef& ref);
+  void Unname(const BlockRef& ref);
+  bool Revoked(const BlockRef& ref) const;
   std::unordered_set<BlockRef, RefHash> named_;  // refs of published and retired entries
+  std::unordered_map<ArenaId, std::uint32_t, ArenaHash> arena_refs_;  // named_, by arena
+  std::unordered_set<ArenaId, ArenaHash> revoked_;
 };
 
 }  // namespace cxlkv::coherence
