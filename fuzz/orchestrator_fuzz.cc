@@ -95,13 +95,13 @@ void Requests(const std::uint8_t* data, std::size_t size) {
         pb::ShrinkRequest r;
         if (r.ParseFromArray(msg, static_cast<int>(len))) {
           (void)s.Shrink(r.host_id(), r.incarnation(),
-                         std::vector<std::uint32_t>(r.extents().begin(), r.extents().end()));
+                         std::vector<std::uint32_t>(r.extents().begin(), r.extents().end()), now);
         }
         break;
       }
       case 4: {
         pb::LeaveRequest r;
-        if (r.ParseFromArray(msg, static_cast<int>(len))) (void)s.Leave(r.host_id(), r.incarnation());
+        if (r.ParseFromArray(msg, static_cast<int>(len))) (void)s.Leave(r.host_id(), r.incarnation(), now);
         break;
       }
       case 5: {

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <filesystem>
 #include <string>
 
 #include "cxlkv/orchestrator/config.h"
@@ -87,12 +88,16 @@ TEST(DomainState, JoinGrowHeartbeatFenceExpire) {
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->size(), 16u) << "share 1.0, capped by the pool";
   EXPECT_TRUE(absl::IsResourceExhausted(s.Grow(0, 1, 1, 0).status()));
-  ASSERT_TRUE(s.Shrink(0, 1, {0, 1, 2, 3, 4, 5, 6, 7}).ok());
+  ASSERT_TRUE(s.Shrink(0, 1, {0, 1, 2, 3, 4, 5, 6, 7}, 0).ok());
+  for (std::uint32_t i = 0; i < 8; ++i) {
+    EXPECT_TRUE(s.extents()[i].quarantined) << "given back: quarantined, not free";
+    s.ReleaseQuarantine(i);  // what the orchestrator does once no entry names its arena
+  }
   ASSERT_TRUE(s.Join(1, "b", 0).ok());
   auto g1 = s.Grow(1, 1, 10, 0);
   ASSERT_TRUE(g1.ok());
   EXPECT_EQ(g1->size(), 4u) << "host 1's share is a quarter of 16";
-  EXPECT_TRUE(absl::IsInvalidArgument(s.Shrink(1, 1, {15}))) << "not its extent";
+  EXPECT_TRUE(absl::IsInvalidArgument(s.Shrink(1, 1, {15}, 0))) << "not its extent";
   EXPECT_TRUE(absl::IsFailedPrecondition(s.Heartbeat(1, 7, 0, 10))) << "stale incarnation";
   // Host 0 beats; host 1 goes silent: fenced after host_ttl, extents freed after the lease.
   for (std::int64_t t = 500; t <= 2500; t += 500) {
@@ -102,9 +107,12 @@ TEST(DomainState, JoinGrowHeartbeatFenceExpire) {
   EXPECT_EQ(s.hosts()[1].state, HostState::kFenced);
   EXPECT_EQ(s.ExtentsOf(1), 4u) << "the capacity lease outlives fencing";
   EXPECT_TRUE(absl::IsFailedPrecondition(s.Heartbeat(1, 1, 0, 2600))) << "fenced: rejoin";
-  EXPECT_TRUE(absl::IsFailedPrecondition(s.Leave(1, 7))) << "not its incarnation";
+  EXPECT_TRUE(absl::IsFailedPrecondition(s.Leave(1, 7, 2600))) << "not its incarnation";
   EXPECT_TRUE(s.Expire(10001));
   EXPECT_EQ(s.ExtentsOf(1), 0u);
+  for (std::uint32_t i = 0; i < 16; ++i) {
+    if (s.extents()[i].quarantined) s.ReleaseQuarantine(i);
+  }
   EXPECT_EQ(s.ExtentsOf(0), 8u) << "host 0's last beat (2500) renewed its lease to 12500";
   EXPECT_TRUE(s.Expire(12501));
   EXPECT_EQ(s.ExtentsOf(0), 0u);
@@ -114,6 +122,47 @@ TEST(DomainState, JoinGrowHeartbeatFenceExpire) {
   EXPECT_EQ(*inc2, 2u);
   ASSERT_TRUE(s.Drain(1).ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(s.Grow(1, 2, 1, 11000).status())) << "draining";
+}
+
+// Extents a host loses go into quarantine, never straight back to the free pool: a new
+// incarnation's old extents until the old lease term ends (a zombie may still write), expired
+// ones at once; Grow skips them; the quarantine and the arena found survive a restart.
+TEST(DomainState, LostExtentsAreQuarantinedAndSurviveARestart) {
+  char tmpl[] = "/tmp/cxlkv-state-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const Config c = TestConfig(std::string(tmpl) + "/d.state");
+  DomainState s(c, 1ull << 30);  // 16 extents
+  ASSERT_TRUE(s.Join(0, "a", 0).ok());
+  ASSERT_EQ(s.Grow(0, 1, 16, 0)->size(), 16u);
+  ASSERT_TRUE(s.Join(0, "a again", 100).ok());  // restarted: incarnation 2
+  std::uint32_t q = 0;
+  for (const ExtentInfo& e : s.extents()) {
+    q += e.quarantined;
+    EXPECT_EQ(e.former_host, 0u);
+    EXPECT_EQ(e.expires_ms, 10000) << "reusable only after the old lease term";
+    EXPECT_STREQ(e.state_name(), "quarantined");
+  }
+  EXPECT_EQ(q, 16u);
+  EXPECT_EQ(s.ExtentsOf(0), 0u);
+  auto none = s.Grow(0, 2, 1, 200);
+  EXPECT_TRUE(absl::IsResourceExhausted(none.status()));
+  EXPECT_NE(std::string(none.status().message()).find("16 quarantined"), std::string::npos)
+      << none.status();
+  s.SetQuarantineArena(3, "00112233445566778899aabbccddeeff");
+  s.SetQuarantineArena(4, "");
+  ASSERT_TRUE(s.Save().ok());
+  DomainState r(c, 1ull << 30);
+  ASSERT_TRUE(r.Load(5000).ok());
+  EXPECT_TRUE(r.extents()[3].quarantined);
+  EXPECT_EQ(r.extents()[3].arena, "00112233445566778899aabbccddeeff");
+  EXPECT_TRUE(r.extents()[4].arena_checked);
+  EXPECT_FALSE(r.extents()[5].arena_checked);
+  EXPECT_EQ(r.extents()[3].expires_ms, 5000 + c.capacity_lease_ms) << "a full term again";
+  EXPECT_EQ(r.recovered_extents(), 0u);
+  r.ReleaseQuarantine(3);
+  EXPECT_TRUE(r.extents()[3].free());
+  ASSERT_EQ(r.Grow(0, 2, 4, 5000)->size(), 1u) << "only the released one is lent";
+  std::filesystem::remove_all(tmpl);
 }
 
 TEST(DomainState, SavedStateSurvivesAndCorruptionIsReported) {

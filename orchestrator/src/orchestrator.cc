@@ -18,7 +18,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/domain_layout.h"
+#include "cxlkv/pool/arena.h"
 #include "orchestrator.grpc.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -71,12 +73,12 @@ class Metrics {
     exposer_.RegisterCollectable(registry_);
   }
   void Update(const DomainState& s, const co::PrefixOwner& o, std::uint64_t extent_bytes) {
-    std::uint32_t free = 0, assigned = 0;
-    for (const ExtentInfo& e : s.extents()) (e.host == ExtentInfo::kNoHost ? free : assigned)++;
-    extents_.Add({{"state", "free"}}).Set(free);
-    extents_.Add({{"state", "assigned"}}).Set(assigned);
-    capacity_.Add({{"state", "free"}}).Set(static_cast<double>(free * extent_bytes));
-    capacity_.Add({{"state", "assigned"}}).Set(static_cast<double>(assigned * extent_bytes));
+    std::map<std::string, std::uint64_t> by_extent_state{{"free", 0}, {"assigned", 0}, {"quarantined", 0}};
+    for (const ExtentInfo& e : s.extents()) ++by_extent_state[e.state_name()];
+    for (const auto& [name, n] : by_extent_state) {
+      extents_.Add({{"state", name}}).Set(static_cast<double>(n));
+      capacity_.Add({{"state", name}}).Set(static_cast<double>(n * extent_bytes));
+    }
     std::map<std::string, int> by_state;
     for (std::uint32_t h = 0; h < s.hosts().size(); ++h) {
       const HostInfo& hi = s.hosts()[h];
@@ -144,10 +146,12 @@ class Service final : public pb::Orchestrator::Service {
     e->set_index(i);
     e->set_offset(s.extent_offset(i));
     e->set_length(s.config().extent_bytes);
-    e->set_host_id(x.host == ExtentInfo::kNoHost ? 0 : x.host);
+    const std::uint32_t holder = x.quarantined ? x.former_host : x.host;
+    e->set_host_id(holder == ExtentInfo::kNoHost ? 0 : holder);
     e->set_incarnation(x.incarnation);
-    e->set_expires_in_ms(x.host == ExtentInfo::kNoHost ? 0 : x.expires_ms - now);
-    e->set_state(x.host == ExtentInfo::kNoHost ? "free" : "assigned");
+    e->set_expires_in_ms(x.free() ? 0 : std::max<std::int64_t>(0, x.expires_ms - now));
+    e->set_state(x.state_name());
+    e->set_arena(x.arena);
   }
 
   grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* req, pb::JoinReply* rep) override {
@@ -191,7 +195,9 @@ class Service final : public pb::Orchestrator::Service {
   grpc::Status Leave(grpc::ServerContext* ctx, const pb::LeaveRequest* req, pb::LeaveReply*) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.state_.Leave(req->host_id(), req->incarnation()); !st.ok()) return ToGrpc(st);
+    if (auto st = o_.state_.Leave(req->host_id(), req->incarnation(), o_.NowMs()); !st.ok()) {
+      return ToGrpc(st);
+    }
     return ToGrpc(o_.SaveLocked());
   }
 
@@ -206,7 +212,9 @@ class Service final : public pb::Orchestrator::Service {
     if (!got.ok()) return ToGrpc(got.status());
     // Durable before the host may write into them.
     if (auto st = o_.SaveLocked(); !st.ok()) {
-      (void)o_.state_.Shrink(req->host_id(), req->incarnation(), *got);
+      // Never revealed to the host: straight back to free.
+      (void)o_.state_.Shrink(req->host_id(), req->incarnation(), *got, now);
+      for (std::uint32_t i : *got) o_.state_.ReleaseQuarantine(i);
       return ToGrpc(st);
     }
     for (std::uint32_t i : *got) FillExtent(o_.state_, i, now, rep->add_granted());
@@ -217,7 +225,7 @@ class Service final : public pb::Orchestrator::Service {
     if (auto st = Check(ctx); !st.ok()) return st;
     std::vector<std::uint32_t> ext(req->extents().begin(), req->extents().end());
     absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.state_.Shrink(req->host_id(), req->incarnation(), ext); !st.ok()) {
+    if (auto st = o_.state_.Shrink(req->host_id(), req->incarnation(), ext, o_.NowMs()); !st.ok()) {
       return ToGrpc(st);
     }
     return ToGrpc(o_.SaveLocked());
@@ -231,11 +239,14 @@ class Service final : public pb::Orchestrator::Service {
     rep->set_pool_spec(c.pool);
     rep->set_pool_bytes(o_.pool_bytes());
     rep->set_extent_bytes(c.extent_bytes);
-    std::uint32_t free = 0, assigned = 0;
-    for (const ExtentInfo& e : o_.state_.extents()) (e.host == ExtentInfo::kNoHost ? free : assigned)++;
-    rep->set_extents_total(free + assigned);
+    std::uint32_t free = 0, assigned = 0, quarantined = 0;
+    for (const ExtentInfo& e : o_.state_.extents()) {
+      (e.free() ? free : e.quarantined ? quarantined : assigned)++;
+    }
+    rep->set_extents_total(free + assigned + quarantined);
     rep->set_extents_free(free);
     rep->set_extents_assigned(assigned);
+    rep->set_extents_quarantined(quarantined);
     std::uint32_t live = 0, fenced = 0;
     for (const HostInfo& h : o_.state_.hosts()) {
       live += h.state == HostState::kLive || h.state == HostState::kDraining;
@@ -493,7 +504,7 @@ void Orchestrator::OwnerLoop() {
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::int64_t now = clock_.NowMs();
-      if (state_.Expire(now)) {
+      if (state_.Expire(now) | TendQuarantineLocked(now)) {
         if (auto st = state_.Save(); !st.ok()) {
           std::fprintf(stderr, "cxlkv-orchestrator: %s\n", std::string(st.message()).c_str());
         }
@@ -508,6 +519,61 @@ void Orchestrator::OwnerLoop() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(config_.owner_period_ms));
   }
+}
+
+namespace {
+std::string HexOf(const std::uint8_t* b, std::size_t n) {
+  std::string s;
+  for (std::size_t i = 0; i < n; ++i) absl::StrAppend(&s, absl::Hex(b[i], absl::kZeroPad2));
+  return s;
+}
+co::PrefixOwner::ArenaId IdOf(const std::string& hex) {
+  co::PrefixOwner::ArenaId id{};
+  for (std::size_t i = 0; i < id.size() && 2 * i + 1 < hex.size(); ++i) {
+    id[i] = static_cast<std::uint8_t>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
+  }
+  return id;
+}
+}  // namespace
+
+std::string Orchestrator::ArenaInExtent(std::uint32_t i) const {
+  const std::uint64_t off = state_.extent_offset(i);
+  const std::byte* base = pool_->addr() + off;
+  // Written by another host: drop stale lines of ours before reading.
+  co::Invalidate(base, sizeof(pool::ArenaHeader));
+  pool::ArenaHeader h{};
+  if (!pool::ValidateHeaderBytes(base, config_.extent_bytes, "extent", &h).ok()) return "";
+  return HexOf(h.uuid, sizeof(h.uuid));
+}
+
+bool Orchestrator::TendQuarantineLocked(std::int64_t now) {
+  bool changed = false;
+  for (std::uint32_t i = 0; i < state_.extents().size(); ++i) {
+    const ExtentInfo& e = state_.extents()[i];
+    if (!e.quarantined) continue;
+    if (!e.arena_checked) {
+      // The arena its holder formatted in it (none: nothing of it can be named).
+      state_.SetQuarantineArena(i, ArenaInExtent(i));
+      changed = true;
+    }
+    if (!e.arena.empty() && told_owner_.insert(e.arena).second) {
+      owner_->RevokeArena(IdOf(e.arena));
+    }
+    if (now < e.expires_ms) continue;
+    if (!e.arena.empty() && owner_->EntriesNaming(IdOf(e.arena)) != 0) continue;
+    // A zombie holder may have formatted again before its lease term ended: start over on
+    // whatever arena the extent holds now.
+    const std::string now_there = ArenaInExtent(i);
+    if (!now_there.empty() && now_there != e.arena) {
+      state_.SetQuarantineArena(i, now_there);
+      changed = true;
+      continue;
+    }
+    state_.ReleaseQuarantine(i);
+    ++quarantines_released_;
+    changed = true;
+  }
+  return changed;
 }
 
 void Orchestrator::Stop() {

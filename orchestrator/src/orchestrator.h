@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,6 +57,13 @@ class Orchestrator {
  private:
   Orchestrator(const Config& c, std::uint64_t pool_bytes);
   void OwnerLoop();
+  // Quarantined extents: finds the arena each holds, revokes it at the prefix owner, and
+  // frees the extent once its reuse time passed and no index entry names the arena.
+  // Returns whether the state changed (the caller saves).
+  bool TendQuarantineLocked(std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string ArenaInExtent(std::uint32_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::set<std::string> told_owner_ ABSL_GUARDED_BY(mu_);  // arenas revoked at the owner
+  std::uint64_t quarantines_released_ ABSL_GUARDED_BY(mu_) = 0;
   void AcceptLoop();
 
   Config config_;

@@ -51,10 +51,30 @@ absl::Status DomainState::CheckCurrent(std::uint32_t host, std::uint64_t incarna
   return absl::OkStatus();
 }
 
-void DomainState::FreeExtentsOf(std::uint32_t host) {
-  for (ExtentInfo& e : extents_) {
-    if (e.host == host) e = ExtentInfo{};
+void DomainState::Revoke(std::uint32_t i, std::int64_t reuse_ms) {
+  ExtentInfo& e = extents_[i];
+  ExtentInfo q;
+  q.incarnation = e.incarnation;
+  q.expires_ms = reuse_ms;
+  q.quarantined = true;
+  q.former_host = e.host;
+  e = q;
+}
+
+void DomainState::RevokeExtentsOf(std::uint32_t host, std::int64_t reuse_ms) {
+  for (std::uint32_t i = 0; i < extents_.size(); ++i) {
+    if (extents_[i].host == host) Revoke(i, std::min(reuse_ms, extents_[i].expires_ms));
   }
+}
+
+void DomainState::SetQuarantineArena(std::uint32_t i, const std::string& arena_hex) {
+  if (i >= extents_.size() || !extents_[i].quarantined) return;
+  extents_[i].arena = arena_hex;
+  extents_[i].arena_checked = true;
+}
+
+void DomainState::ReleaseQuarantine(std::uint32_t i) {
+  if (i < extents_.size() && extents_[i].quarantined) extents_[i] = ExtentInfo{};
 }
 
 std::uint32_t DomainState::ExtentsOf(std::uint32_t host) const {
@@ -70,8 +90,10 @@ absl::StatusOr<std::uint64_t> DomainState::Join(std::uint32_t host, const std::s
         "host id ", host, " is not allowed in this domain (hosts.allowed / domain.max_hosts)"));
   }
   HostInfo& h = hosts_[host];
-  // A new incarnation: whatever the old one held in its private extents died with it.
-  FreeExtentsOf(host);
+  // A new incarnation: what the old one held goes into quarantine until its old lease term
+  // ends (the old incarnation may be a zombie that still writes) and no published entry
+  // names a block in it.
+  RevokeExtentsOf(host, INT64_MAX);
   h.incarnation += 1;
   h.state = HostState::kLive;
   h.last_heartbeat_ms = now_ms;
@@ -92,7 +114,8 @@ absl::Status DomainState::Heartbeat(std::uint32_t host, std::uint64_t incarnatio
   return absl::OkStatus();
 }
 
-absl::Status DomainState::Leave(std::uint32_t host, std::uint64_t incarnation) {
+absl::Status DomainState::Leave(std::uint32_t host, std::uint64_t incarnation,
+                                std::int64_t now_ms) {
   // A fenced host may still say goodbye: it gives back what it held at once instead of
   // waiting for the capacity lease to run out.
   const bool fenced_self = host < hosts_.size() && hosts_[host].state == HostState::kFenced &&
@@ -100,7 +123,8 @@ absl::Status DomainState::Leave(std::uint32_t host, std::uint64_t incarnation) {
   if (!fenced_self) {
     if (auto st = CheckCurrent(host, incarnation); !st.ok()) return st;
   }
-  FreeExtentsOf(host);
+  // Given back: the host has stopped writing; its published blocks still hold the extents.
+  RevokeExtentsOf(host, now_ms);
   hosts_[host].state = HostState::kLeft;
   return absl::OkStatus();
 }
@@ -124,26 +148,32 @@ absl::StatusOr<std::vector<std::uint32_t>> DomainState::Grow(std::uint32_t host,
   n = std::min(n, cap - held);
   std::vector<std::uint32_t> granted;
   for (std::uint32_t i = 0; i < extents_.size() && granted.size() < n; ++i) {
-    if (extents_[i].host != ExtentInfo::kNoHost) continue;
-    extents_[i] = ExtentInfo{host, incarnation, now_ms + c_.capacity_lease_ms};
+    if (!extents_[i].free()) continue;
+    extents_[i] = ExtentInfo{};
+    extents_[i].host = host;
+    extents_[i].incarnation = incarnation;
+    extents_[i].expires_ms = now_ms + c_.capacity_lease_ms;
     granted.push_back(i);
   }
   if (granted.empty()) {
-    return absl::ResourceExhaustedError(absl::StrCat("the pool has no free extent (",
-                                                     extents_.size(), " in all)"));
+    std::uint32_t quarantined = 0;
+    for (const ExtentInfo& e : extents_) quarantined += e.quarantined;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the pool has no free extent (", extents_.size(), " in all, ", quarantined,
+        " quarantined until the prefix blocks in them are reclaimed)"));
   }
   return granted;
 }
 
 absl::Status DomainState::Shrink(std::uint32_t host, std::uint64_t incarnation,
-                                 const std::vector<std::uint32_t>& extents) {
+                                 const std::vector<std::uint32_t>& extents, std::int64_t now_ms) {
   if (auto st = CheckCurrent(host, incarnation); !st.ok()) return st;
   for (std::uint32_t i : extents) {
     if (i >= extents_.size() || extents_[i].host != host) {
       return absl::InvalidArgumentError(absl::StrCat("extent ", i, " is not held by host ", host));
     }
   }
-  for (std::uint32_t i : extents) extents_[i] = ExtentInfo{};
+  for (std::uint32_t i : extents) Revoke(i, now_ms);
   return absl::OkStatus();
 }
 
@@ -164,9 +194,9 @@ bool DomainState::Expire(std::int64_t now_ms) {
       changed = true;
     }
   }
-  for (ExtentInfo& e : extents_) {
-    if (e.host != ExtentInfo::kNoHost && now_ms > e.expires_ms) {
-      e = ExtentInfo{};
+  for (std::uint32_t i = 0; i < extents_.size(); ++i) {
+    if (extents_[i].host != ExtentInfo::kNoHost && now_ms > extents_[i].expires_ms) {
+      Revoke(i, now_ms);
       changed = true;
     }
   }
@@ -188,7 +218,15 @@ std::string DomainState::Serialize() const {
   j["extents"] = nlohmann::json::array();
   for (std::uint32_t i = 0; i < extents_.size(); ++i) {
     const ExtentInfo& e = extents_[i];
-    if (e.host == ExtentInfo::kNoHost) continue;
+    if (e.free()) continue;
+    if (e.quarantined) {
+      // The reuse time is not saved: after a restart every quarantine waits a full capacity
+      // lease again (conservative, like every other timer).
+      j["extents"].push_back({{"index", i}, {"quarantined", true}, {"former_host", e.former_host},
+                              {"incarnation", e.incarnation}, {"arena", e.arena},
+                              {"arena_checked", e.arena_checked}});
+      continue;
+    }
     j["extents"].push_back({{"index", i}, {"host", e.host}, {"incarnation", e.incarnation}});
   }
   const std::string body = j.dump();
@@ -229,13 +267,30 @@ absl::Status DomainState::Deserialize(const std::string& text, std::int64_t now_
     }
     for (const auto& e : j.at("extents")) {
       const auto i = e.at("index").get<std::uint32_t>();
-      const auto host = e.at("host").get<std::uint32_t>();
-      if (i >= extents.size() || host >= hosts.size()) {
+      if (i >= extents.size() || !extents[i].free()) {
         return absl::DataLossError(absl::StrCat("state file: bad extent record ", e.dump()));
       }
-      extents[i] = ExtentInfo{host, e.at("incarnation").get<std::uint64_t>(),
-                              now_ms + c_.capacity_lease_ms};
-      ++recovered;
+      ExtentInfo x;
+      x.incarnation = e.at("incarnation").get<std::uint64_t>();
+      x.expires_ms = now_ms + c_.capacity_lease_ms;
+      if (e.contains("quarantined")) {
+        x.quarantined = e.at("quarantined").get<bool>();
+        x.former_host = e.at("former_host").get<std::uint32_t>();
+        x.arena = e.at("arena").get<std::string>();
+        x.arena_checked = e.at("arena_checked").get<bool>();
+        if (!x.quarantined || (x.former_host >= hosts.size() && x.former_host != ExtentInfo::kNoHost) ||
+            (!x.arena.empty() && (x.arena.size() != 32 ||
+                                  x.arena.find_first_not_of("0123456789abcdef") != std::string::npos))) {
+          return absl::DataLossError(absl::StrCat("state file: bad extent record ", e.dump()));
+        }
+      } else {
+        x.host = e.at("host").get<std::uint32_t>();
+        if (x.host >= hosts.size()) {
+          return absl::DataLossError(absl::StrCat("state file: bad extent record ", e.dump()));
+        }
+        ++recovered;
+      }
+      extents[i] = x;
     }
     hosts_ = std::move(hosts);
     extents_ = std::move(extents);

@@ -82,9 +82,9 @@ void AddDomainCommands(CLI::App& app) {
     if (PrintJson(*o, r)) return;
     std::printf("pool       %s (%llu MiB)\n", r.pool_spec().c_str(),
                 static_cast<unsigned long long>(r.pool_bytes() >> 20));
-    std::printf("extents    %u of %llu MiB: %u assigned, %u free\n", r.extents_total(),
-                static_cast<unsigned long long>(r.extent_bytes() >> 20), r.extents_assigned(),
-                r.extents_free());
+    std::printf("extents    %u of %llu MiB: %u assigned, %u free, %u quarantined\n",
+                r.extents_total(), static_cast<unsigned long long>(r.extent_bytes() >> 20),
+                r.extents_assigned(), r.extents_free(), r.extents_quarantined());
     std::printf("hosts      %u live, %u fenced\n", r.hosts_live(), r.hosts_fenced());
     std::printf("prefixes   %llu published (domain %s); %llu duplicates, %llu reclaimed, %llu evicted\n",
                 static_cast<unsigned long long>(r.prefixes_published()), r.domain_spec().c_str(),
@@ -114,15 +114,19 @@ void AddDomainCommands(CLI::App& app) {
         *o, "extents", pb::ExtentsRequest{},
         [](auto& s, auto* c, auto& q, auto* p) { return s.Extents(c, q, p); });
     if (PrintJson(*o, r)) return;
-    std::printf("%-7s %-14s %-10s %-9s %-5s %-11s %s\n", "EXTENT", "OFFSET", "LENGTH", "STATE",
-                "HOST", "INCARNATION", "LEASE LEFT");
+    // Quarantined: HOST is the former holder, LEASE LEFT the time before it may be lent
+    // again at the earliest, ARENA the arena whose published blocks still hold it.
+    std::printf("%-7s %-14s %-10s %-11s %-5s %-11s %-10s %s\n", "EXTENT", "OFFSET", "LENGTH",
+                "STATE", "HOST", "INCARNATION", "LEASE LEFT", "ARENA");
     for (const auto& e : r.extents()) {
-      std::printf("%-7u %-14llu %-10llu %-9s %-5s %-11s %s\n", e.index(),
+      const bool free = e.state() == "free";
+      std::printf("%-7u %-14llu %-10llu %-11s %-5s %-11s %-10s %s\n", e.index(),
                   static_cast<unsigned long long>(e.offset()),
                   static_cast<unsigned long long>(e.length()), e.state().c_str(),
-                  e.state() == "free" ? "-" : std::to_string(e.host_id()).c_str(),
-                  e.state() == "free" ? "-" : std::to_string(e.incarnation()).c_str(),
-                  e.state() == "free" ? "-" : (std::to_string(e.expires_in_ms()) + " ms").c_str());
+                  free ? "-" : std::to_string(e.host_id()).c_str(),
+                  free ? "-" : std::to_string(e.incarnation()).c_str(),
+                  free ? "-" : (std::to_string(e.expires_in_ms()) + " ms").c_str(),
+                  e.arena().empty() ? "-" : e.arena().c_str());
     }
   });
   auto limit = std::make_shared<unsigned>(50);

@@ -8,6 +8,7 @@
 #define CXLKV_ORCHESTRATOR_STATE_H_
 
 #include <cstdint>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -27,11 +28,24 @@ struct HostInfo {
   std::string hostname;
 };
 
+// An extent is free, assigned (held by host/incarnation under a capacity lease), or
+// quarantined: its holder lost or gave it back, but it may still hold an arena whose blocks
+// published prefix entries name, or a zombie holder may still write until its old lease
+// term. A quarantined extent is lent again only once expires_ms has passed and the
+// orchestrator has seen the prefix index drop every entry naming its arena.
 struct ExtentInfo {
-  std::uint32_t host = kNoHost;  // kNoHost: free
+  std::uint32_t host = kNoHost;  // the holder; kNoHost: free or quarantined
   std::uint64_t incarnation = 0;
   std::int64_t expires_ms = 0;  // orchestrator clock; renewed by the holder's heartbeats
+  bool quarantined = false;
+  std::uint32_t former_host = kNoHost;  // quarantined: who held it
+  std::string arena;  // quarantined: the arena found in it (32 hex digits), "" if none yet
+  bool arena_checked = false;  // quarantined: the extent's header has been read
   static constexpr std::uint32_t kNoHost = ~0u;
+  bool free() const { return host == kNoHost && !quarantined; }
+  const char* state_name() const {
+    return quarantined ? "quarantined" : host == kNoHost ? "free" : "assigned";
+  }
 };
 
 class DomainState {
@@ -49,16 +63,21 @@ class DomainState {
   // kFailedPrecondition: not the current incarnation, or fenced (rejoin).
   absl::Status Heartbeat(std::uint32_t host, std::uint64_t incarnation, std::uint64_t used_bytes,
                          std::int64_t now_ms);
-  absl::Status Leave(std::uint32_t host, std::uint64_t incarnation);
+  absl::Status Leave(std::uint32_t host, std::uint64_t incarnation, std::int64_t now_ms);
   // Grants up to n free extents within the host's share. kResourceExhausted when none.
   absl::StatusOr<std::vector<std::uint32_t>> Grow(std::uint32_t host, std::uint64_t incarnation,
                                                   std::uint32_t n, std::int64_t now_ms);
+  // Gives extents back: they go into quarantine (published blocks may still live there).
   absl::Status Shrink(std::uint32_t host, std::uint64_t incarnation,
-                      const std::vector<std::uint32_t>& extents);
+                      const std::vector<std::uint32_t>& extents, std::int64_t now_ms);
   absl::Status Drain(std::uint32_t host);
-  // Fences hosts silent for host_ttl and frees extents whose lease ended. Returns whether
-  // anything changed (the caller saves).
+  // Fences hosts silent for host_ttl and quarantines extents whose lease ended. Returns
+  // whether anything changed (the caller saves).
   bool Expire(std::int64_t now_ms);
+  // Quarantine bookkeeping (the orchestrator reads the extents' arena headers and asks the
+  // prefix owner): the arena found in extent i ("" if none), and the end of its quarantine.
+  void SetQuarantineArena(std::uint32_t i, const std::string& arena_hex);
+  void ReleaseQuarantine(std::uint32_t i);
 
   const std::vector<HostInfo>& hosts() const { return hosts_; }
   const std::vector<ExtentInfo>& extents() const { return extents_; }
@@ -73,7 +92,9 @@ class DomainState {
 
  private:
   absl::Status CheckCurrent(std::uint32_t host, std::uint64_t incarnation) const;
-  void FreeExtentsOf(std::uint32_t host);
+  // Takes every extent of `host` away from it into quarantine, reusable from `reuse_ms`.
+  void RevokeExtentsOf(std::uint32_t host, std::int64_t reuse_ms);
+  void Revoke(std::uint32_t i, std::int64_t reuse_ms);
 
   Config c_;
   std::uint64_t pool_bytes_;
