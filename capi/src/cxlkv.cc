@@ -4,18 +4,22 @@
 
 #include "capi_internal.h"
 
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "cxlkv/allocator/block_allocator.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/orchestrator/client.h"
+#include "cxlkv/orchestrator/pooled_arenas.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
 
@@ -27,8 +31,13 @@ struct cxlkv_pool {
 };
 
 struct cxlkv_arena {
-  cxlkv_pool* pool;
+  cxlkv_pool* pool;  // nullptr for an arena in a domain's extent
   std::unique_ptr<cxlkv::allocator::BlockAllocator> alloc;
+  // An arena in an extent of a pooled domain (cxlkv_domain_grow): its domain, extent, and
+  // the flag the domain's watchdog sets when the extent's capacity lease lapsed.
+  cxlkv_domain* domain = nullptr;
+  std::uint32_t extent = 0;
+  const std::atomic<bool>* revoked = nullptr;
 };
 
 namespace {
@@ -196,9 +205,27 @@ CXLKV_API int cxlkv_arena_open(cxlkv_pool* pool, const cxlkv_kv_layout* expect, 
 
 CXLKV_API void cxlkv_arena_close(cxlkv_arena* arena) {
   if (arena == nullptr) return;
+  if (arena->domain != nullptr) {
+    (void)cxlkv_domain_shrink(arena->domain, arena);
+    return;
+  }
   arena->pool->arena_open = false;
   delete arena;
 }
+
+namespace {
+// Every call on an arena whose extent was revoked fails: its memory is private now.
+inline bool Revoked(const cxlkv_arena* a) {
+  return a->revoked != nullptr && a->revoked->load(std::memory_order_relaxed);
+}
+int FailRevoked(const cxlkv_arena* a) {
+  return Fail(CXLKV_E_REVOKED,
+              absl::StrCat("arena ", cxlkv::pool::UuidToString(a->alloc->arena().uuid()),
+                           " lived in extent ", a->extent,
+                           " whose capacity lease lapsed (the orchestrator was unreachable or "
+                           "this host was fenced); its blocks are gone: close it and grow again"));
+}
+}  // namespace
 
 CXLKV_API uint64_t cxlkv_block_size(const cxlkv_arena* a, uint32_t cls) {
   if (a == nullptr || cls >= a->alloc->class_count()) return 0;
@@ -207,6 +234,7 @@ CXLKV_API uint64_t cxlkv_block_size(const cxlkv_arena* a, uint32_t cls) {
 
 CXLKV_API int cxlkv_alloc(cxlkv_arena* a, uint32_t cls, cxlkv_block_ref* ref, void** addr) {
   if (a == nullptr || ref == nullptr) return Fail(CXLKV_E_INVALID, "arena and ref must be set");
+  if (Revoked(a)) return FailRevoked(a);
   const BlockHandle h = a->alloc->Alloc(cls);
   if (!h.valid()) return FromStatus(a->alloc->ExplainAllocFailure(cls));
   ToRef(a, h, ref);
@@ -216,6 +244,7 @@ CXLKV_API int cxlkv_alloc(cxlkv_arena* a, uint32_t cls, cxlkv_block_ref* ref, vo
 
 CXLKV_API int cxlkv_free(cxlkv_arena* a, const cxlkv_block_ref* ref) {
   if (a == nullptr || ref == nullptr) return Fail(CXLKV_E_INVALID, "arena and ref must be set");
+  if (Revoked(a)) return FailRevoked(a);
   if (!SameArena(a, ref)) return Fail(CXLKV_E_FOREIGN, "block ref names another arena");
   return FromFree(a->alloc->Free(BlockHandle{ref->index, ref->generation}), ref);
 }
@@ -225,6 +254,7 @@ CXLKV_API int cxlkv_alloc_bulk(cxlkv_arena* a, uint32_t cls, size_t n, cxlkv_blo
   if (a == nullptr || (refs == nullptr && n != 0)) {
     return Fail(CXLKV_E_INVALID, "arena and refs must be set");
   }
+  if (Revoked(a)) return FailRevoked(a);
   std::unique_ptr<BlockHandle[]> hs(new (std::nothrow) BlockHandle[n]);
   if (hs == nullptr) return Fail(CXLKV_E_INTERNAL, "out of memory");
   if (!a->alloc->AllocBulk(cls, n, hs.get())) {
@@ -248,6 +278,7 @@ CXLKV_API int cxlkv_free_bulk(cxlkv_arena* a, const cxlkv_block_ref* refs, size_
 
 CXLKV_API int cxlkv_block_persist(cxlkv_arena* a, const cxlkv_block_ref* ref) {
   if (a == nullptr || ref == nullptr) return Fail(CXLKV_E_INVALID, "arena and ref must be set");
+  if (Revoked(a)) return FailRevoked(a);
   if (!SameArena(a, ref)) return Fail(CXLKV_E_FOREIGN, "block ref names another arena");
   return FromStatus(a->alloc->Persist(BlockHandle{ref->index, ref->generation}));
 }
@@ -256,6 +287,7 @@ CXLKV_API int cxlkv_ref_to_addr(const cxlkv_arena* a, const cxlkv_block_ref* ref
   if (a == nullptr || ref == nullptr || addr == nullptr) {
     return Fail(CXLKV_E_INVALID, "arena, ref and addr must be set");
   }
+  if (Revoked(a)) return FailRevoked(a);
   auto p = a->alloc->Resolve(FromRef(ref));
   if (!p.ok()) {
     const int code = FromStatus(p.status());
@@ -312,8 +344,12 @@ CXLKV_API void cxlkv_copy_to_block(void* block, const void* src, size_t len) {
 }
 
 struct cxlkv_domain {
-  // Set when the domain was joined through its orchestrator: membership and heartbeats.
+  // Set when the domain was joined through its orchestrator: membership and heartbeats,
+  // and the arenas this host keeps in extents of the domain's pool (destroyed first).
   std::unique_ptr<cxlkv::orchestrator::HostClient> client;
+  std::unique_ptr<cxlkv::orchestrator::PooledArenas> arenas;
+  std::mutex grown_mu;
+  std::vector<cxlkv_arena*> grown;
   std::unique_ptr<cxlkv::pool::Region> region;
   std::unique_ptr<cxlkv::coherence::DirectMem> mem;
   cxlkv::coherence::SteadyClock clock;
@@ -399,6 +435,7 @@ CXLKV_API int cxlkv_domain_join(const char* spec, uint32_t host_id, cxlkv_domain
     if (!client.ok()) return FromStatus(client.status());
     d->client = std::move(*client);
     d->client->StartHeartbeats();
+    d->arenas = std::make_unique<cxlkv::orchestrator::PooledArenas>(*d->client);
     domain_spec = d->client->domain_spec();
   }
   auto region = OpenDomainRegion(domain_spec.c_str());
@@ -412,18 +449,109 @@ CXLKV_API int cxlkv_domain_join(const char* spec, uint32_t host_id, cxlkv_domain
   return CXLKV_OK;
 }
 
-CXLKV_API void cxlkv_domain_leave(cxlkv_domain* d) { delete d; }
+CXLKV_API void cxlkv_domain_leave(cxlkv_domain* d) {
+  if (d == nullptr) return;
+  std::vector<cxlkv_arena*> grown;
+  {
+    std::lock_guard l(d->grown_mu);
+    grown = d->grown;
+  }
+  for (cxlkv_arena* a : grown) cxlkv_domain_shrink(d, a);  // arenas still open: closed here
+  d->arenas.reset();
+  delete d;
+}
+
+CXLKV_API int cxlkv_domain_grow(cxlkv_domain* d, const cxlkv_arena_options* o, cxlkv_arena** out) {
+  if (d == nullptr || out == nullptr) return Fail(CXLKV_E_INVALID, "domain and out must be set");
+  if (d->arenas == nullptr) {
+    return Fail(CXLKV_E_INVALID,
+                "this domain was not joined through an orchestrator (join \"orchestrator:<socket>\")"
+                " and has no pooled capacity to grow into");
+  }
+  cxlkv::pool::FormatOptions fo;
+  if (o != nullptr) {
+    fo.layout = FromLayout(o->layout);
+    fo.owner_slots = o->owner_slots == 0 ? 256 : o->owner_slots;
+    for (int c = 0; c < CXLKV_MAX_CLASSES && o->class_tokens[c] != 0; ++c) {
+      fo.classes.push_back(
+          {o->class_tokens[c], 0, o->class_weights[c] == 0 ? 1 : o->class_weights[c]});
+    }
+  }
+  auto grown = d->arenas->Grow(fo);
+  if (!grown.ok()) return FromStatus(grown.status());
+  auto alloc = cxlkv::allocator::BlockAllocator::Create(std::move(grown->arena));
+  if (!alloc.ok()) {
+    (void)d->arenas->Shrink(grown->extent);
+    return FromStatus(alloc.status());
+  }
+  auto* a = new (std::nothrow) cxlkv_arena{nullptr, std::move(*alloc), d, grown->extent,
+                                           grown->revoked};
+  if (a == nullptr) return Fail(CXLKV_E_INTERNAL, "out of memory");
+  {
+    std::lock_guard l(d->grown_mu);
+    d->grown.push_back(a);
+  }
+  *out = a;
+  return CXLKV_OK;
+}
+
+CXLKV_API int cxlkv_domain_shrink(cxlkv_domain* d, cxlkv_arena* a) {
+  if (d == nullptr || a == nullptr || a->domain != d) {
+    return Fail(CXLKV_E_INVALID, "domain and an arena grown in it must be set");
+  }
+  {
+    std::lock_guard l(d->grown_mu);
+    std::erase(d->grown, a);
+  }
+  const std::uint32_t extent = a->extent;
+  delete a;  // the last use of the extent's memory
+  return FromStatus(d->arenas->Shrink(extent));
+}
+
+CXLKV_API int cxlkv_domain_resolve(cxlkv_domain* d, const cxlkv_block_ref* ref, const void** addr) {
+  if (d == nullptr || ref == nullptr || addr == nullptr) {
+    return Fail(CXLKV_E_INVALID, "domain, ref and addr must be set");
+  }
+  {
+    std::lock_guard l(d->grown_mu);
+    for (cxlkv_arena* a : d->grown) {
+      if (SameArena(a, ref)) {
+        void* p = nullptr;
+        const int rc = cxlkv_ref_to_addr(a, ref, &p);
+        *addr = p;
+        return rc;
+      }
+    }
+  }
+  if (d->arenas == nullptr) {
+    return Fail(CXLKV_E_INVALID, "this domain was not joined through an orchestrator");
+  }
+  auto p = d->arenas->Resolve(ToCo(*ref));
+  if (!p.ok()) {
+    const int code = FromStatus(p.status());
+    return code == CXLKV_E_MISMATCH ? Fail(CXLKV_E_STALE, last_error) : code;
+  }
+  *addr = *p;
+  return CXLKV_OK;
+}
 
 CXLKV_API int cxlkv_domain_heartbeat(cxlkv_domain* d, cxlkv_arena* arena, size_t* freed) {
   if (d == nullptr) return Fail(CXLKV_E_INVALID, "domain must be set");
   std::vector<co::BlockRef> back;
   const absl::Status st = d->host->Heartbeat(&back);
   size_t n = 0;
+  std::lock_guard l(d->grown_mu);
   for (const co::BlockRef& r : back) {
-    if (arena == nullptr || std::memcmp(r.arena, arena->alloc->arena().uuid().data(), 16) != 0) {
-      continue;
+    // The arena named, or whichever of this host's extent arenas holds the block.
+    cxlkv_arena* into = nullptr;
+    if (arena != nullptr && std::memcmp(r.arena, arena->alloc->arena().uuid().data(), 16) == 0) {
+      into = arena;
     }
-    n += arena->alloc->Free(BlockHandle{r.index, r.generation}) == FreeResult::kOk;
+    for (cxlkv_arena* g : d->grown) {
+      if (into == nullptr && std::memcmp(r.arena, g->alloc->arena().uuid().data(), 16) == 0) into = g;
+    }
+    if (into == nullptr || Revoked(into)) continue;
+    n += into->alloc->Free(BlockHandle{r.index, r.generation}) == FreeResult::kOk;
   }
   if (freed != nullptr) *freed = n;
   if (absl::IsAborted(st)) return Fail(CXLKV_E_MISMATCH, std::string(st.message()));
@@ -597,6 +725,8 @@ CXLKV_API const char* cxlkv_strerror(int code) {
       return "not finished yet";
     case CXLKV_E_CUDA:
       return "CUDA error";
+    case CXLKV_E_REVOKED:
+      return "extent revoked: capacity lease lapsed";
     default:
       return "unknown error code";
   }

@@ -46,6 +46,7 @@ enum {
   CXLKV_E_NO_DEVICE = -13,  /* no CUDA device (none present, no driver, or no such ordinal) */
   CXLKV_E_PENDING = -14,    /* not finished yet (registration or copy): poll again */
   CXLKV_E_CUDA = -15,       /* the CUDA driver refused or failed; see cxlkv_last_error() */
+  CXLKV_E_REVOKED = -16,    /* the arena's extent was revoked (capacity lease lapsed): close it */
 };
 
 typedef struct cxlkv_pool cxlkv_pool;
@@ -191,7 +192,26 @@ int cxlkv_domain_format(const char* spec, const cxlkv_domain_geometry* g);
  * (membership and heartbeats to it run on a thread of their own; the prefix domain is the
  * one it names; CXLKV_E_PERMISSION if it does not admit this host id or this uid). */
 int cxlkv_domain_join(const char* spec, uint32_t host_id, cxlkv_domain** out);
+/* Leaves the domain; arenas still grown in it are closed and their extents given back. */
 void cxlkv_domain_leave(cxlkv_domain* d);
+
+/* Pooled capacity (a domain joined as "orchestrator:<socket>"): KV arenas in extents of the
+ * domain's pooled region, lent by the orchestrator under a capacity lease that heartbeats
+ * renew. cxlkv_domain_grow takes one more extent and formats a fresh arena in it (options
+ * may be NULL: the default layout); close it with cxlkv_domain_shrink or cxlkv_arena_close,
+ * which give the extent back. Blocks published from such an arena keep the extent out of the
+ * free pool (quarantined) until the orchestrator has reclaimed them, even if this host dies.
+ * If the lease lapses (the orchestrator unreachable for most of a lease, or this host fenced)
+ * the extent is revoked: the process's mapping of it is replaced by private memory, its blocks
+ * read as zero, and every call on the arena fails with CXLKV_E_REVOKED.
+ * CXLKV_E_INVALID: not joined through an orchestrator; CXLKV_E_FULL: no free extent, or the
+ * host's share is used up. */
+int cxlkv_domain_grow(cxlkv_domain* d, const cxlkv_arena_options* options, cxlkv_arena** out);
+int cxlkv_domain_shrink(cxlkv_domain* d, cxlkv_arena* arena);
+/* The address of a block in any extent arena of the domain's pool (a prefix hit's ref, which
+ * may name another host's arena). Copy out of it only under a lease, then validate the lease.
+ * CXLKV_E_NOT_FOUND: no assigned extent holds that arena; CXLKV_E_STALE: not that block. */
+int cxlkv_domain_resolve(cxlkv_domain* d, const cxlkv_block_ref* ref, const void** addr);
 /* Call at least every host_ttl/4. Blocks the owner handed back that belong to `arena`
  * (may be NULL) are freed there; *freed (may be NULL) counts them. CXLKV_E_MISMATCH:
  * this host was fenced (its leases are gone) and has rejoined. */

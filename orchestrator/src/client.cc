@@ -177,6 +177,27 @@ absl::Status HostClient::Leave() {
   return FromGrpc(rpc_->stub->Leave(ctx.get(), req, &rep), "leave");
 }
 
+absl::StatusOr<std::vector<ExtentView>> HostClient::ListExtents() {
+  pb::ExtentsRequest req;
+  pb::ExtentsReply rep;
+  auto ctx = Ctx();
+  if (auto st = FromGrpc(rpc_->stub->Extents(ctx.get(), req, &rep), "extents"); !st.ok()) return st;
+  std::vector<ExtentView> out;
+  out.reserve(static_cast<std::size_t>(rep.extents_size()));
+  for (const pb::Extent& e : rep.extents()) {
+    out.push_back(ExtentView{e.index(), e.offset(), e.length(), e.host_id(), e.state()});
+  }
+  return out;
+}
+
+bool HostClient::Holds(std::uint32_t extent) const {
+  absl::MutexLock l(&mu_);
+  for (const GrantedExtent& g : extents_) {
+    if (g.index == extent) return true;
+  }
+  return false;
+}
+
 HostClient::~HostClient() { (void)Leave(); }
 
 std::uint64_t HostClient::incarnation() const {

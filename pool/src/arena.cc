@@ -144,7 +144,7 @@ absl::StatusOr<ArenaHeader> PlanHeader(const Region& region, const FormatOptions
 }
 
 // Whether the region may be formatted: blank, interrupted format, or forced.
-absl::Status CheckOverwrite(const Region& region, bool force) {
+absl::Status CheckOverwrite(const Region& region, bool force, bool exclusive) {
   std::uint64_t raw_magic = 0;
   if (region.size_bytes() >= sizeof(raw_magic))
     std::memcpy(&raw_magic, region.addr(), sizeof(raw_magic));
@@ -161,6 +161,7 @@ absl::Status CheckOverwrite(const Region& region, bool force) {
                        KvLayout::FromRecord(existing.layout).ToString(),
                        "); open it instead, or format with --force to discard its blocks"));
     }
+    if (exclusive) return absl::OkStatus();
     const auto* slots =
         reinterpret_cast<const OwnerSlot*>(region.addr() + existing.owner_table_offset);
     const internal::Identity self = internal::SelfIdentity();
@@ -188,7 +189,7 @@ std::string UuidToString(const Uuid& u) {
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Format(std::unique_ptr<Region> region,
                                                      const FormatOptions& options) {
-  if (auto st = CheckOverwrite(*region, options.force); !st.ok()) return st;
+  if (auto st = CheckOverwrite(*region, options.force, options.exclusive); !st.ok()) return st;
   auto planned = PlanHeader(*region, options);
   if (!planned.ok()) return planned.status();
   const ArenaHeader& h = *planned;

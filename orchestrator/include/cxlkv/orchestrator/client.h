@@ -27,6 +27,14 @@ struct GrantedExtent {
   std::uint64_t length = 0;
 };
 
+// An extent as the orchestrator lists it (Extents RPC).
+struct ExtentView {
+  std::uint32_t index = 0;
+  std::uint64_t offset = 0, length = 0;
+  std::uint32_t host = 0;
+  std::string state;  // free | assigned | quarantined
+};
+
 struct HostCounters {
   std::uint64_t used_bytes = 0;
   std::uint64_t prefix_hits = 0, prefix_misses = 0;  // since the last heartbeat
@@ -47,6 +55,9 @@ class HostClient {
   absl::StatusOr<std::vector<GrantedExtent>> Grow(std::uint32_t extents);
   absl::Status Shrink(const std::vector<std::uint32_t>& extents);
   absl::Status Leave();
+  // Every extent of the pool and its state.
+  absl::StatusOr<std::vector<ExtentView>> ListExtents();
+  bool Holds(std::uint32_t extent) const;
 
   std::uint32_t host_id() const { return host_; }
   std::uint64_t incarnation() const;

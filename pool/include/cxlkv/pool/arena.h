@@ -53,6 +53,10 @@ struct FormatOptions {
   // Overwrite an existing arena or foreign data. Even with force, an arena with live owners
   // is never overwritten.
   bool force = false;
+  // With force: the caller holds the region exclusively (an extent under a capacity lease
+  // from the orchestrator), so the owners recorded in an old arena there are gone whatever
+  // their slots say (they may belong to another machine, whose processes we cannot see).
+  bool exclusive = false;
 };
 
 struct OpenOptions {

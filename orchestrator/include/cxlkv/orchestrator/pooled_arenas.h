@@ -1,0 +1,98 @@
+// cxlkv/orchestrator/pooled_arenas.h — a host's KV arenas in extents of its domain's pooled
+// region, and read access to the arenas other hosts keep there.
+//
+// Grow() asks the orchestrator for one extent (a capacity lease), maps that window of the
+// pool and formats a fresh arena in it: whatever a former holder left there is dead (the
+// orchestrator lends an extent again only after the prefix index dropped every block of the
+// old arena, docs/orchestrator.md "Extents and the arenas in them"). Shrink() gives it back.
+//
+// Revocation: the host may use an extent only while its lease holds on its own clock
+// (HostClient::ExtentsValid, which ends before the orchestrator's expiry). A watchdog thread
+// checks every 5 ms; when the lease lapsed (the orchestrator unreachable for most of a
+// lease, or this host fenced and rejoined), it replaces the extent's mapping in this process
+// with private anonymous memory, so that nothing this process still writes there can reach
+// the pool, which may already be lent to another host. The arena's contents read as zero
+// from then on (a KV cache loses those blocks); revoked() says so and the C API fails every
+// later call on that arena with CXLKV_E_REVOKED.
+//
+// Resolve() gives the address of a block in any host's extent arena (a published prefix
+// block): the extent is mapped read-only-in-spirit (an arena opened read_only: never
+// attached, never written) and cached by arena uuid; a miss asks the orchestrator which
+// extents are assigned. Copies out of it count only under a validated lease (prefix.h).
+//
+// Thread-safety: every method may be called from any thread.
+#ifndef CXLKV_ORCHESTRATOR_POOLED_ARENAS_H_
+#define CXLKV_ORCHESTRATOR_POOLED_ARENAS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cxlkv/coherence/domain_layout.h"
+#include "cxlkv/orchestrator/client.h"
+#include "cxlkv/pool/arena.h"
+
+namespace cxlkv::orchestrator {
+
+class PooledArenas {
+ public:
+  // `client` must outlive this object; its heartbeats must be running (StartHeartbeats).
+  explicit PooledArenas(HostClient& client);
+  ~PooledArenas();
+  PooledArenas(const PooledArenas&) = delete;
+  PooledArenas& operator=(const PooledArenas&) = delete;
+
+  struct Grown {
+    std::uint32_t extent = 0;
+    std::unique_ptr<pool::Arena> arena;
+    // Set when the extent was revoked (see above). Lives as long as this PooledArenas.
+    const std::atomic<bool>* revoked = nullptr;
+  };
+  // One more extent with a fresh arena formatted in it (options.force is implied).
+  absl::StatusOr<Grown> Grow(const pool::FormatOptions& options);
+  // Gives the extent back. Close its arena first (the caller's last use of the memory).
+  absl::Status Shrink(std::uint32_t extent);
+
+  // The address of block ref in whichever extent arena holds it (this host's or another's).
+  // kNotFound: no assigned extent holds that arena; kFailedPrecondition: it does not hold
+  // that block (freed, another generation).
+  absl::StatusOr<std::byte*> Resolve(const coherence::BlockRef& ref);
+
+  // Called (from the watchdog thread) after an extent was revoked.
+  void OnRevoke(std::function<void(std::uint32_t extent)> fn);
+  std::uint64_t revocations() const { return revocations_.load(); }
+
+ private:
+  struct Held {
+    std::byte* addr = nullptr;
+    std::uint64_t length = 0;
+    pool::Uuid uuid{};
+    std::unique_ptr<std::atomic<bool>> revoked;
+  };
+  struct Peer {
+    std::unique_ptr<pool::Arena> arena;  // read-only
+  };
+  std::string WindowSpec(std::uint64_t offset, std::uint64_t length) const;
+  void Watch();
+  void RevokeLocked(std::uint32_t extent, Held& h);
+  absl::Status RefreshPeersLocked();
+
+  HostClient& client_;
+  std::mutex mu_;
+  std::map<std::uint32_t, Held> held_;  // by extent index
+  std::map<std::uint32_t, Peer> peers_;  // by extent index
+  std::function<void(std::uint32_t)> on_revoke_;
+  std::atomic<std::uint64_t> revocations_{0};
+  std::atomic<bool> stop_{false};
+  std::thread watchdog_;
+};
+
+}  // namespace cxlkv::orchestrator
+
+#endif  // CXLKV_ORCHESTRATOR_POOLED_ARENAS_H_

@@ -1,0 +1,185 @@
+// PooledArenas: arenas in granted extents, their revocation, and reads of other hosts' ones.
+#include "cxlkv/orchestrator/pooled_arenas.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "cxlkv/coherence/cache.h"
+#include "cxlkv/pool/region.h"
+#include "cxlkv/pool/spec.h"
+
+namespace cxlkv::orchestrator {
+
+PooledArenas::PooledArenas(HostClient& client) : client_(client) {
+  watchdog_ = std::thread([this] { Watch(); });
+}
+
+PooledArenas::~PooledArenas() {
+  stop_ = true;
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+void PooledArenas::OnRevoke(std::function<void(std::uint32_t)> fn) {
+  std::lock_guard l(mu_);
+  on_revoke_ = std::move(fn);
+}
+
+std::string PooledArenas::WindowSpec(std::uint64_t offset, std::uint64_t length) const {
+  auto spec = pool::ParseSourceSpec(client_.pool_spec());
+  if (!spec.ok()) return client_.pool_spec();  // OpenRegion reports the error
+  spec->size_bytes = 0;  // the pool exists: take its size
+  spec->reserve = false;
+  spec->offset = offset;
+  spec->length = length;
+  return spec->ToString();
+}
+
+absl::StatusOr<PooledArenas::Grown> PooledArenas::Grow(const pool::FormatOptions& options) {
+  auto got = client_.Grow(1);
+  if (!got.ok()) return got.status();
+  if (got->empty()) return absl::ResourceExhaustedError("the orchestrator granted no extent");
+  const GrantedExtent e = got->front();
+  auto give_back = [&](absl::Status st) {
+    (void)client_.Shrink({e.index});
+    return st;
+  };
+  auto region = pool::OpenRegion(WindowSpec(e.offset, e.length));
+  if (!region.ok()) {
+    return give_back(absl::Status(region.status().code(),
+                                  absl::StrCat("extent ", e.index, " of domain pool '",
+                                               client_.pool_spec(), "': ",
+                                               region.status().message())));
+  }
+  std::byte* addr = (*region)->addr();
+  pool::FormatOptions fo = options;
+  fo.force = true;
+  fo.exclusive = true;
+  std::lock_guard l(mu_);
+  // Formatting writes the extent: only while the lease holds.
+  if (!client_.ExtentsValid()) {
+    return give_back(absl::UnavailableError(absl::StrCat(
+        "extent ", e.index, ": the capacity lease lapsed before the arena was formatted")));
+  }
+  auto arena = pool::Arena::Format(*std::move(region), fo);
+  if (!arena.ok()) return give_back(arena.status());
+  Held h;
+  h.addr = addr;
+  h.length = e.length;
+  h.uuid = (*arena)->uuid();
+  h.revoked = std::make_unique<std::atomic<bool>>(false);
+  Grown g;
+  g.extent = e.index;
+  g.revoked = h.revoked.get();
+  g.arena = *std::move(arena);
+  held_[e.index] = std::move(h);
+  return g;
+}
+
+absl::Status PooledArenas::Shrink(std::uint32_t extent) {
+  bool revoked = false;
+  {
+    std::lock_guard l(mu_);
+    auto it = held_.find(extent);
+    if (it == held_.end()) {
+      return absl::NotFoundError(absl::StrCat("extent ", extent, " was not grown here"));
+    }
+    revoked = it->second.revoked->load();
+    held_.erase(it);
+  }
+  // A revoked extent is no longer this host's to give back.
+  if (revoked) return absl::OkStatus();
+  return client_.Shrink({extent});
+}
+
+void PooledArenas::RevokeLocked(std::uint32_t extent, Held& h) {
+  // Atomically swap the window for private memory: later stores of this process stay here.
+  void* p = ::mmap(h.addr, h.length, PROT_READ | PROT_WRITE,
+                   MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    // Could not replace it: make it inaccessible instead (a fault beats corrupting a
+    // neighbour's memory).
+    ::mprotect(h.addr, h.length, PROT_NONE);
+  }
+  h.revoked->store(true);
+  revocations_.fetch_add(1);
+  if (on_revoke_) on_revoke_(extent);
+}
+
+void PooledArenas::Watch() {
+  while (!stop_.load()) {
+    {
+      std::lock_guard l(mu_);
+      if (!held_.empty()) {
+        const bool valid = client_.ExtentsValid();
+        for (auto& [extent, h] : held_) {
+          if (h.revoked->load()) continue;
+          if (!valid || !client_.Holds(extent)) RevokeLocked(extent, h);
+        }
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+absl::Status PooledArenas::RefreshPeersLocked() {
+  auto list = client_.ListExtents();
+  if (!list.ok()) return list.status();
+  for (const ExtentView& e : *list) {
+    if (e.state != "assigned" || held_.count(e.index) != 0) {
+      peers_.erase(e.index);
+      continue;
+    }
+    auto it = peers_.find(e.index);
+    if (it != peers_.end()) {
+      // Still the same arena? (The extent may have been lent again and re-formatted.)
+      const auto* base = it->second.arena->region().addr();
+      coherence::Invalidate(base, sizeof(pool::ArenaHeader));
+      pool::ArenaHeader hdr{};
+      if (pool::ValidateHeaderBytes(base, e.length, "extent", &hdr).ok() &&
+          std::memcmp(hdr.uuid, it->second.arena->uuid().data(), 16) == 0) {
+        continue;
+      }
+      peers_.erase(it);
+    }
+    auto region = pool::OpenRegion(WindowSpec(e.offset, e.length));
+    if (!region.ok()) continue;
+    coherence::Invalidate((*region)->addr(), (*region)->size_bytes());
+    pool::OpenOptions ro;
+    ro.read_only = true;
+    auto arena = pool::Arena::Open(*std::move(region), ro);
+    if (!arena.ok()) continue;  // not formatted (yet): nothing of it can be published
+    peers_[e.index] = Peer{*std::move(arena)};
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::byte*> PooledArenas::Resolve(const coherence::BlockRef& ref) {
+  pool::Uuid id;
+  std::memcpy(id.data(), ref.arena, id.size());
+  std::lock_guard l(mu_);
+  for (auto& [extent, h] : held_) {
+    if (h.uuid != id) continue;
+    if (h.revoked->load()) {
+      return absl::UnavailableError(absl::StrCat("extent ", extent, " was revoked"));
+    }
+    // Our own arena: the caller has it; resolve through the mapping's header copy.
+    break;
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto& [extent, p] : peers_) {
+      if (p.arena->uuid() != id) continue;
+      return p.arena->Resolve(id, ref.index, ref.generation);
+    }
+    if (pass == 0) {
+      if (auto st = RefreshPeersLocked(); !st.ok()) return st;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no assigned extent of pool '", client_.pool_spec(),
+                                          "' holds arena ", pool::UuidToString(id)));
+}
+
+}  // namespace cxlkv::orchestrator
