@@ -249,8 +249,10 @@ TEST(OrchestratorSoak, RandomFaultsLeakNothing) {
       },
       std::chrono::milliseconds(20000));
   EXPECT_TRUE(drained) << "the index never drained";
-  EXPECT_TRUE(WaitFor([&] { return h.Status().extents_assigned() == 0; }))
-      << "extents leaked: " << h.Status().extents_assigned();
+  EXPECT_TRUE(WaitFor([&] {
+    const auto st = h.Status();
+    return st.extents_assigned() == 0 && st.extents_quarantined() == 0;
+  })) << "extents leaked: " << h.Status().DebugString();
   std::uint64_t leaked = 0;
   for (std::uint32_t i = 0; i < kHosts; ++i) {
     auto a = pool::Arena::Open(MustOpen("file:" + ArenaPath(i)));

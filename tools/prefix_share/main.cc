@@ -1,6 +1,7 @@
 // cxlkv-prefix-share: the quickstart's cross-host job. Two host processes join a running
 // cxlkv-orchestrator: host 0 prefills KV blocks for a set of shared prompt prefixes (system
-// prompts, documents) into its arena in the pooled region and publishes them; host 1 serves
+// prompts, documents) into an arena in an extent of the pooled region the orchestrator lends
+// it, and publishes them; host 1 resolves them in that extent and serves
 // requests that start with those prefixes, leases each request's prefix in one pass
 // (AcquireChain), copies the blocks out, checks every byte it uses against what host 0 wrote,
 // and validates each copy. Prints what was shared, what was reused and what it cost.
@@ -21,6 +22,7 @@
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/orchestrator/client.h"
+#include "cxlkv/orchestrator/pooled_arenas.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
 
@@ -33,7 +35,6 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::string socket;
-  std::string arena = "file:/dev/shm/cxlkv-quickstart-prefix?size=2G";
   std::string layout = "llama3-70b";
   double seconds = 5;
   std::uint32_t prefixes = 8;
@@ -85,11 +86,15 @@ bool Publisher(const Options& o, Report& r) {
   auto client = cxlkv::orchestrator::HostClient::Connect(o.socket, 0);
   if (!client.ok()) return Fail(r, std::string(client.status().message()));
   (*client)->StartHeartbeats();
-  auto region = cxlkv::pool::OpenRegion(o.arena);
-  if (!region.ok()) return Fail(r, std::string(region.status().message()));
-  auto arena = cxlkv::pool::Arena::Open(std::move(*region));
-  if (!arena.ok()) return Fail(r, std::string(arena.status().message()));
-  auto alloc = BlockAllocator::Create(std::move(*arena));
+  // Host 0's KV arena: one extent of the domain's pool, lent by the orchestrator.
+  cxlkv::orchestrator::PooledArenas pooled(**client);
+  auto layout = cxlkv::pool::ParseKvLayout(o.layout);
+  if (!layout.ok()) return Fail(r, std::string(layout.status().message()));
+  cxlkv::pool::FormatOptions fo;
+  fo.layout = *layout;
+  auto grown = pooled.Grow(fo);
+  if (!grown.ok()) return Fail(r, std::string(grown.status().message()));
+  auto alloc = BlockAllocator::Create(std::move(grown->arena));
   if (!alloc.ok()) return Fail(r, std::string(alloc.status().message()));
   auto dom = cxlkv::pool::OpenRegion((*client)->domain_spec());
   if (!dom.ok()) return Fail(r, std::string(dom.status().message()));
@@ -143,12 +148,8 @@ bool Reuser(const Options& o, Report& r) {
     c.prefix_hits = r.blocks_leased;  // cumulative here; the orchestrator adds what it gets
     return c;
   });
-  auto region = cxlkv::pool::OpenRegion(o.arena);
-  if (!region.ok()) return Fail(r, std::string(region.status().message()));
-  cxlkv::pool::OpenOptions ro;
-  ro.read_only = true;
-  auto arena = cxlkv::pool::Arena::Open(std::move(*region), ro);
-  if (!arena.ok()) return Fail(r, std::string(arena.status().message()));
+  // Host 0's blocks live in its extent: resolved through the orchestrator's extent table.
+  cxlkv::orchestrator::PooledArenas pooled(**client);
   auto dom = cxlkv::pool::OpenRegion((*client)->domain_spec());
   if (!dom.ok()) return Fail(r, std::string(dom.status().message()));
   co::DirectMem mem((*dom)->addr(), (*dom)->size_bytes());
@@ -183,8 +184,11 @@ bool Reuser(const Options& o, Report& r) {
     r.blocks_missed += keys.size() - *n;
     for (std::size_t b = 0; b < leases.size(); ++b) {
       const co::Lease& l = leases[b];
-      auto addr = (*arena)->Resolve((*arena)->uuid(), l.ref.index, l.ref.generation);
-      if (!addr.ok()) return Fail(r, "a leased block is not allocated in the arena");
+      auto addr = pooled.Resolve(l.ref);
+      if (!addr.ok()) {
+        return Fail(r, "a leased block is not allocated in its publisher's extent arena: " +
+                           std::string(addr.status().message()));
+      }
       const auto c0 = Clock::now();
       co::Invalidate(*addr, copy.size());  // another host wrote it: read memory, not a stale line
       std::memcpy(copy.data(), *addr, copy.size());
@@ -209,30 +213,12 @@ int main(int argc, char** argv) {
   CLI::App app{"cxlkv-prefix-share: two hosts share prompt prefixes through cxlkv-orchestrator"};
   Options o;
   app.add_option("--socket", o.socket, "the orchestrator's Unix socket")->required();
-  app.add_option("--arena", o.arena, "pool spec for the hosts' KV arena (formatted here)");
-  app.add_option("--layout", o.layout, "KV layout of the arena");
+  app.add_option("--layout", o.layout, "KV layout of host 0's arena (in an extent it grows)");
   app.add_option("--seconds", o.seconds, "how long host 1 serves requests");
   app.add_option("--prefixes", o.prefixes, "shared prefixes host 0 publishes")->check(CLI::Range(1, 1000));
   app.add_option("--blocks", o.blocks, "blocks per prefix (16 tokens each)")->check(CLI::Range(1, 256));
   CLI11_PARSE(app, argc, argv);
 
-  {
-    auto layout = cxlkv::pool::ParseKvLayout(o.layout);
-    auto region = cxlkv::pool::OpenRegion(o.arena);
-    if (!layout.ok() || !region.ok()) {
-      std::fprintf(stderr, "cxlkv-prefix-share: %s\n",
-                   std::string((!layout.ok() ? layout.status() : region.status()).message()).c_str());
-      return 1;
-    }
-    cxlkv::pool::FormatOptions fo;
-    fo.layout = *layout;
-    fo.force = true;
-    auto arena = cxlkv::pool::Arena::Format(std::move(*region), fo);
-    if (!arena.ok()) {
-      std::fprintf(stderr, "cxlkv-prefix-share: %s\n", std::string(arena.status().message()).c_str());
-      return 1;
-    }
-  }
   Report reports[2];
   int fds[2][2];
   pid_t pids[2];
