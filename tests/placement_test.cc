@@ -681,6 +681,19 @@ TEST(Calibration, BadJsonNamesTheField) {
   }
 }
 
+// Each figure is positive and finite, yet the rule cannot take it (found by
+// fuzz/placement_fuzz): refused when the file is read, naming the file and the rule's field.
+TEST(Calibration, FiguresTheRuleRefusesAreRefusedAtLoad) {
+  Calibration c = SampleCalibration();
+  c.memory->latency_s = 0.028;  // 28 ms: not memory
+  auto got = CalibrationFromJson(CalibrationToJson(c), "t.json");
+  ASSERT_FALSE(got.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(got.status()));
+  EXPECT_NE(got.status().message().find("t.json: a figure is outside"), std::string::npos)
+      << got.status();
+  EXPECT_NE(got.status().message().find("latency_ns"), std::string::npos) << got.status();
+}
+
 // Real measurements, small and short; only their shape is checked (no timing assertions).
 TEST(Calibration, MeasuresMemoryAndNvmeAndSavesThem) {
   CalibrateOptions o;

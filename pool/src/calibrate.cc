@@ -495,6 +495,14 @@ absl::StatusOr<Calibration> CalibrationFromJson(absl::string_view text, absl::st
     c.nvme = n;
   }
   if (!c.memory && !c.nvme) return r.Error("(file)", "holds neither memory nor nvme figures");
+  // Figures the rule could not take (a memory latency of milliseconds, say) are refused here,
+  // naming this file, rather than later by the rule. (Found by fuzz/placement_fuzz.)
+  PlacementParams check;
+  (void)ApplyCalibration(c, &check);
+  if (auto st = check.Validate(); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": a figure is outside what the placement rule accepts: ", st.message()));
+  }
   return c;
 }
 

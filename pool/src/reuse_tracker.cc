@@ -269,6 +269,12 @@ absl::StatusOr<ReuseTracker::Loaded> ReuseTracker::Load(const std::string& path)
     bytes.append(buf, static_cast<std::size_t>(n));
   }
   ::close(fd);
+  return Parse(bytes, path);
+}
+
+absl::StatusOr<ReuseTracker::Loaded> ReuseTracker::Parse(absl::string_view bytes,
+                                                         absl::string_view source) {
+  const std::string path(source);
   const std::string what = absl::StrCat(path, ": reuse stats header");
   if (bytes.size() < sizeof(StatsHeader)) {
     return absl::DataLossError(

@@ -93,6 +93,8 @@ class ReuseTracker {
   // Reads a stats file. kNotFound (no file), kDataLoss (truncated, checksum), kUnimplemented
   // (version), kFailedPrecondition (not a stats file); messages name the file.
   static absl::StatusOr<Loaded> Load(const std::string& path);
+  // The same checks on a stats file's bytes already read; `source` names them in errors.
+  static absl::StatusOr<Loaded> Parse(absl::string_view bytes, absl::string_view source);
 
  private:
   struct Entry;
