@@ -662,6 +662,8 @@ TEST(Calibration, BadJsonNamesTheField) {
   } cases[] = {
       {"[1]", "t.json: (file): not a JSON object"},
       {"{\"format\":\"other\"}", "t.json: format:"},
+      {"{\"format\":{}}", "t.json: format:"},
+      {"{\"format\":[1,2]}", "t.json: format:"},
       {"{\"format\":\"cxlkv-calibration\",\"version\":2}", "t.json: version: expected 1"},
       {"{\"format\":\"cxlkv-calibration\",\"version\":1,\"measured_at\":\"x\"}", "holds neither"},
       {"{\"format\":\"cxlkv-calibration\",\"version\":1,\"measured_at\":\"x\",\"nvme\":{\"dir\":\"/"

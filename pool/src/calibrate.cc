@@ -451,7 +451,9 @@ absl::StatusOr<Calibration> CalibrationFromJson(absl::string_view text, absl::st
   if (j.is_discarded() || !j.is_object()) {
     return r.Error("(file)", "not a JSON object (write one with `cxlkvctl calibrate --out FILE`)");
   }
-  if (j.value("format", "") != "cxlkv-calibration") {
+  // (j.value() would throw on a "format" that is not a string: found by placement_fuzz.)
+  if (!j.contains("format") || !j["format"].is_string() ||
+      j["format"].get<std::string>() != "cxlkv-calibration") {
     return r.Error("format", "expected \"cxlkv-calibration\" (not a calibration file)");
   }
   if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() != 1) {
