@@ -14,7 +14,7 @@
 
 namespace cxlkv::allocator {
 namespace internal {
-constinit thread_local TlsSlot tls_slots[kMaxAllocators] __attribute__((tls_model("initial-exec")));
+constinit thread_local TlsSlot tls_slots[kMaxAllocators];
 }  // namespace internal
 
 using internal::Magazine;

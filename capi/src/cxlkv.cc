@@ -508,6 +508,38 @@ CXLKV_API int cxlkv_domain_shrink(cxlkv_domain* d, cxlkv_arena* a) {
   return FromStatus(d->arenas->Shrink(extent));
 }
 
+CXLKV_API int cxlkv_domain_grow_extent(cxlkv_domain* d, cxlkv_revoke_fn on_revoke, void* ctx,
+                                       uint32_t* extent, uint64_t* length, char* spec,
+                                       size_t spec_len) {
+  if (d == nullptr || on_revoke == nullptr || extent == nullptr || length == nullptr ||
+      spec == nullptr) {
+    return Fail(CXLKV_E_INVALID, "domain, on_revoke, extent, length and spec must be set");
+  }
+  if (d->arenas == nullptr) {
+    return Fail(CXLKV_E_INVALID,
+                "this domain was not joined through an orchestrator (join \"orchestrator:<socket>\")"
+                " and has no pooled capacity to grow into");
+  }
+  auto raw = d->arenas->GrowRaw([on_revoke, ctx](std::uint32_t e) { on_revoke(ctx, e); });
+  if (!raw.ok()) return FromStatus(raw.status());
+  if (raw->spec.size() + 1 > spec_len) {
+    (void)d->arenas->Shrink(raw->extent);
+    *length = raw->spec.size() + 1;
+    return Fail(CXLKV_E_INVALID, "spec_len is too small for the extent's spec");
+  }
+  std::memcpy(spec, raw->spec.c_str(), raw->spec.size() + 1);
+  *extent = raw->extent;
+  *length = raw->length;
+  return CXLKV_OK;
+}
+
+CXLKV_API int cxlkv_domain_shrink_extent(cxlkv_domain* d, uint32_t extent) {
+  if (d == nullptr || d->arenas == nullptr) {
+    return Fail(CXLKV_E_INVALID, "a domain joined through an orchestrator must be set");
+  }
+  return FromStatus(d->arenas->Shrink(extent));
+}
+
 CXLKV_API int cxlkv_domain_resolve(cxlkv_domain* d, const cxlkv_block_ref* ref, const void** addr) {
   if (d == nullptr || ref == nullptr || addr == nullptr) {
     return Fail(CXLKV_E_INVALID, "domain, ref and addr must be set");

@@ -208,6 +208,18 @@ void cxlkv_domain_leave(cxlkv_domain* d);
  * host's share is used up. */
 int cxlkv_domain_grow(cxlkv_domain* d, const cxlkv_arena_options* options, cxlkv_arena** out);
 int cxlkv_domain_shrink(cxlkv_domain* d, cxlkv_arena* arena);
+/* Raw pooled capacity, for memory the caller maps and formats itself (the preload shim's
+ * heap): one more extent and the source spec of its window (a devdax:/file: spec with
+ * offset= and length=; map it with MAP_SHARED). When the lease lapses, on_revoke(ctx,
+ * extent) is called from the domain's watchdog thread; when it returns, the caller must no
+ * longer write the window (it keeps at least a quarter of a capacity lease before the
+ * orchestrator may lend the extent to another host). cxlkv_domain_shrink_extent gives it
+ * back; cxlkv_domain_leave gives back every extent still held. Errors as cxlkv_domain_grow;
+ * CXLKV_E_INVALID also when spec_len is too small for the spec (its length is in *length). */
+typedef void (*cxlkv_revoke_fn)(void* ctx, uint32_t extent);
+int cxlkv_domain_grow_extent(cxlkv_domain* d, cxlkv_revoke_fn on_revoke, void* ctx,
+                             uint32_t* extent, uint64_t* length, char* spec, size_t spec_len);
+int cxlkv_domain_shrink_extent(cxlkv_domain* d, uint32_t extent);
 /* The address of a block in any extent arena of the domain's pool (a prefix hit's ref, which
  * may name another host's arena). Copy out of it only under a lease, then validate the lease.
  * CXLKV_E_NOT_FOUND: no assigned extent holds that arena; CXLKV_E_STALE: not that block. */

@@ -79,6 +79,22 @@ absl::StatusOr<PooledArenas::Grown> PooledArenas::Grow(const pool::FormatOptions
   return g;
 }
 
+absl::StatusOr<PooledArenas::RawExtent> PooledArenas::GrowRaw(
+    std::function<void(std::uint32_t)> revoke) {
+  if (!revoke) return absl::InvalidArgumentError("a raw extent needs a revocation callback");
+  auto got = client_.Grow(1);
+  if (!got.ok()) return got.status();
+  if (got->empty()) return absl::ResourceExhaustedError("the orchestrator granted no extent");
+  const GrantedExtent e = got->front();
+  Held h;
+  h.length = e.length;
+  h.revoked = std::make_unique<std::atomic<bool>>(false);
+  h.revoke = std::move(revoke);
+  std::lock_guard l(mu_);
+  held_[e.index] = std::move(h);
+  return RawExtent{e.index, e.length, WindowSpec(e.offset, e.length)};
+}
+
 absl::Status PooledArenas::Shrink(std::uint32_t extent) {
   bool revoked = false;
   {
@@ -96,6 +112,13 @@ absl::Status PooledArenas::Shrink(std::uint32_t extent) {
 }
 
 void PooledArenas::RevokeLocked(std::uint32_t extent, Held& h) {
+  if (h.revoke) {  // a raw extent: the caller stops writing it
+    h.revoke(extent);
+    h.revoked->store(true);
+    revocations_.fetch_add(1);
+    if (on_revoke_) on_revoke_(extent);
+    return;
+  }
   // Atomically swap the window for private memory: later stores of this process stay here.
   void* p = ::mmap(h.addr, h.length, PROT_READ | PROT_WRITE,
                    MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

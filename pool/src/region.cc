@@ -48,9 +48,10 @@ absl::string_view Hint(int err) {
   }
 }
 
-absl::Status Mmap(Region* /*unused*/, int fd, std::uint64_t size, std::uint64_t offset,
+absl::Status Mmap(void* at, int fd, std::uint64_t size, std::uint64_t offset,
                   absl::string_view name, std::byte** out) {
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
+  void* p = ::mmap(at, size, PROT_READ | PROT_WRITE, MAP_SHARED | (at != nullptr ? MAP_FIXED : 0),
+                   fd, static_cast<off_t>(offset));
   if (p == MAP_FAILED) return ErrnoStatus(errno, name, "mmap");
   *out = static_cast<std::byte*>(p);
   return absl::OkStatus();
@@ -110,7 +111,13 @@ absl::Status ErrnoStatus(int err, absl::string_view object, absl::string_view ca
 }
 
 Region::~Region() {
-  if (addr_ != nullptr) ::munmap(addr_, size_bytes_);
+  if (addr_ != nullptr && in_reservation_) {
+    // Put the caller's placeholder back, so nothing else is mapped into its reservation.
+    (void)::mmap(addr_, size_bytes_, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  } else if (addr_ != nullptr) {
+    ::munmap(addr_, size_bytes_);
+  }
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -122,7 +129,7 @@ absl::StatusOr<std::unique_ptr<Region>> Region::Duplicate() const {
   Fd fd;
   fd.fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
   if (fd.fd < 0) return ErrnoStatus(errno, name_, "dup");
-  if (auto st = Mmap(r.get(), fd.fd, size_bytes_, spec_.offset, name_, &r->addr_); !st.ok()) {
+  if (auto st = Mmap(nullptr, fd.fd, size_bytes_, spec_.offset, name_, &r->addr_); !st.ok()) {
     return st;
   }
   r->size_bytes_ = size_bytes_;
@@ -137,6 +144,14 @@ absl::StatusOr<std::unique_ptr<Region>> OpenRegion(absl::string_view spec) {
 }
 
 absl::StatusOr<std::unique_ptr<Region>> OpenRegion(const SourceSpec& spec) {
+  return OpenRegionAt(spec, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<Region>> OpenRegionAt(const SourceSpec& spec, void* at) {
+  if (spec.kind == SourceKind::kKmem && at != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kmem:node=", spec.numa_node, ": cannot be mapped at a chosen address"));
+  }
   if (spec.size_bytes % kPageBytes != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         spec.ToString(), ": size ", spec.size_bytes, " is not a multiple of the ", kPageBytes,
@@ -280,8 +295,14 @@ absl::StatusOr<std::unique_ptr<Region>> OpenRegion(const SourceSpec& spec) {
     size = spec.length;
     r->name_ = absl::StrCat(r->name_, "@", offset, "+", size);
   }
-  if (auto st = Mmap(r.get(), fd.fd, size, offset, r->name_, &r->addr_); !st.ok()) return st;
+  if (at != nullptr && reinterpret_cast<std::uintptr_t>(at) % r->alignment_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(r->name_, ": address ", absl::Hex(at),
+                                                   " is not aligned to ", r->alignment_,
+                                                   " bytes (the device alignment)"));
+  }
+  if (auto st = Mmap(at, fd.fd, size, offset, r->name_, &r->addr_); !st.ok()) return st;
   r->size_bytes_ = size;
+  r->in_reservation_ = at != nullptr;
   if (spec.kind == SourceKind::kKmem) {
     // Bind before first touch: shmem keeps the policy with the object, so every page,
     // whoever faults it, comes from the node.

@@ -8,6 +8,8 @@
 #include <cstring>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cxlkv/pool/spec.h"
@@ -20,6 +22,8 @@ struct Key {
   const char* file;
 };
 constexpr Key kKeys[] = {{"CXLKV_POOL", "pool"},
+                         {"CXLKV_HOST_ID", "host_id"},
+                         {"CXLKV_LIBRARY", "library"},
                          {"CXLKV_MIN_BYTES", "min_bytes"},
                          {"CXLKV_LOG", "log"},
                          {"CXLKV_STATS", "stats"},
@@ -86,9 +90,33 @@ absl::Status ApplySetting(absl::string_view key, absl::string_view value, Settin
       s->pool.clear();
       return absl::OkStatus();
     }
+    if (absl::StartsWith(value, kOrchestratorPrefix)) {
+      if (value.size() == kOrchestratorPrefix.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "pool '", value, "': name the orchestrator's socket, e.g. "
+            "orchestrator:/run/cxlkv/domain0.sock"));
+      }
+      s->pool = std::string(value);
+      return absl::OkStatus();
+    }
     auto spec = pool::ParseSourceSpec(value);
     if (!spec.ok()) return spec.status();
     s->pool = std::string(value);
+    return absl::OkStatus();
+  }
+  if (key == "host_id") {
+    std::uint32_t id = 0;
+    if (!absl::SimpleAtoi(value, &id)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host_id '", value, "': give this process's host id in the CXL domain, a number "
+          "the orchestrator's config admits (one per process that joins)"));
+    }
+    s->host_id = id;
+    s->host_id_set = true;
+    return absl::OkStatus();
+  }
+  if (key == "library") {
+    s->library = std::string(value);
     return absl::OkStatus();
   }
   if (key == "min_bytes") {
@@ -121,7 +149,8 @@ absl::Status ApplySetting(absl::string_view key, absl::string_view value, Settin
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown key '", key, "'; the known keys are pool, min_bytes, log and stats"));
+      absl::StrCat("unknown key '", key,
+                   "'; the known keys are pool, host_id, library, min_bytes, log and stats"));
 }
 
 std::vector<std::string> ParseConfigText(absl::string_view text, absl::string_view source,
@@ -136,7 +165,8 @@ std::vector<std::string> ParseConfigText(absl::string_view text, absl::string_vi
     const auto eq = line.find('=');
     if (eq == absl::string_view::npos) {
       errors.push_back(absl::StrCat(source, ":", line_no, ": '", line,
-                                    "' is not 'key = value' (keys: pool, min_bytes, log, stats)"));
+                                    "' is not 'key = value' (keys: pool, host_id, library, "
+                                    "min_bytes, log, stats)"));
       continue;
     }
     const absl::string_view key = absl::StripAsciiWhitespace(line.substr(0, eq));
@@ -193,8 +223,8 @@ Settings LoadSettings(const char* const* envp, std::vector<std::string>* errors)
     if (!known) {
       errors->push_back(absl::StrCat(
           "unknown setting ", name,
-          "; the preload shim reads CXLKV_POOL, CXLKV_MIN_BYTES, CXLKV_LOG, CXLKV_STATS and "
-          "CXLKV_CONFIG"));
+          "; the preload shim reads CXLKV_POOL, CXLKV_HOST_ID, CXLKV_LIBRARY, CXLKV_MIN_BYTES, "
+          "CXLKV_LOG, CXLKV_STATS and CXLKV_CONFIG"));
       continue;
     }
     env.emplace_back(std::string(name), std::string(value));
@@ -216,6 +246,11 @@ Settings LoadSettings(const char* const* envp, std::vector<std::string>* errors)
         errors->push_back(absl::StrCat(name, ": ", st.message()));
       }
     }
+  }
+  if (absl::StartsWith(s.pool, kOrchestratorPrefix) && !s.host_id_set) {
+    errors->push_back(absl::StrCat(
+        "CXLKV_POOL=", s.pool, " joins a pooled CXL domain and needs CXLKV_HOST_ID (this "
+        "process's host id there, one the orchestrator admits, different for each process)"));
   }
   if (!errors->empty()) s.pool.clear();
   return s;

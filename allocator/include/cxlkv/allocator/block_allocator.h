@@ -95,8 +95,12 @@ struct TlsSlot {
   std::uint64_t uid;
   ThreadCache* cache;
 };
-extern constinit thread_local TlsSlot tls_slots[kMaxAllocators]
-    __attribute__((tls_model("initial-exec")));
+// No initial-exec model: libcxlkv.so is also dlopen()ed (the preload shim loads it to join a
+// pooled domain), and a module with initial-exec TLS cannot be. Executables relax the access
+// to one %fs-relative load at link time; in libcxlkv.so the TLS descriptors of
+// -mtls-dialect=gnu2 (allocator/CMakeLists.txt) make it one indirect call when it is loaded
+// at start-up.
+extern constinit thread_local TlsSlot tls_slots[kMaxAllocators];
 
 inline constexpr std::uint64_t kCachedToAllocated = 1ull << pool::kStateShift;
 inline constexpr std::uint64_t kStateMask = 3ull << pool::kStateShift;

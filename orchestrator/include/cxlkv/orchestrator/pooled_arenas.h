@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -59,6 +60,18 @@ class PooledArenas {
   // Gives the extent back. Close its arena first (the caller's last use of the memory).
   absl::Status Shrink(std::uint32_t extent);
 
+  // One more extent for memory the caller maps and formats itself (a process heap): its
+  // window's source spec. `revoke` is called from the watchdog thread when the lease
+  // lapsed, instead of the mapping swap above: by the time it returns, the caller must no
+  // longer write the window (it has the rest of the lease, at least a quarter of it,
+  // before the orchestrator may lend the extent again). Give it back with Shrink().
+  struct RawExtent {
+    std::uint32_t extent = 0;
+    std::uint64_t length = 0;
+    std::string spec;
+  };
+  absl::StatusOr<RawExtent> GrowRaw(std::function<void(std::uint32_t extent)> revoke);
+
   // The address of block ref in whichever extent arena holds it (this host's or another's).
   // kNotFound: no assigned extent holds that arena; kFailedPrecondition: it does not hold
   // that block (freed, another generation).
@@ -74,6 +87,7 @@ class PooledArenas {
     std::uint64_t length = 0;
     pool::Uuid uuid{};
     std::unique_ptr<std::atomic<bool>> revoked;
+    std::function<void(std::uint32_t)> revoke;  // raw extents: the caller's revocation
   };
   struct Peer {
     std::unique_ptr<pool::Arena> arena;  // read-only

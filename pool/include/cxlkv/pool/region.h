@@ -45,7 +45,7 @@ class Region {
   absl::StatusOr<std::unique_ptr<Region>> Duplicate() const;
 
  private:
-  friend absl::StatusOr<std::unique_ptr<Region>> OpenRegion(const SourceSpec&);
+  friend absl::StatusOr<std::unique_ptr<Region>> OpenRegionAt(const SourceSpec&, void*);
   Region() = default;
 
   SourceSpec spec_;
@@ -54,6 +54,7 @@ class Region {
   std::uint64_t size_bytes_ = 0;
   std::uint64_t alignment_ = 0;
   int fd_ = -1;
+  bool in_reservation_ = false;
 };
 
 // Opens and maps a source. Errors name the source and the fix: kNotFound (no such device,
@@ -62,6 +63,11 @@ class Region {
 // reserve the file), kFailedPrecondition (device in the wrong mode).
 absl::StatusOr<std::unique_ptr<Region>> OpenRegion(const SourceSpec& spec);
 absl::StatusOr<std::unique_ptr<Region>> OpenRegion(absl::string_view spec);
+// The same, mapped at `at` (MAP_FIXED; nullptr: anywhere) inside an address range the
+// caller reserved (e.g. a PROT_NONE placeholder): `at` must be aligned to the source's
+// alignment. Destroying such a Region puts an inaccessible placeholder back instead of
+// unmapping, so the reservation stays whole. Not for kmem.
+absl::StatusOr<std::unique_ptr<Region>> OpenRegionAt(const SourceSpec& spec, void* at);
 
 // Turns errno from `call` on `object` into a Status with the object named and, where one
 // exists, a hint for the fix. The one place errno becomes Status in pool/.

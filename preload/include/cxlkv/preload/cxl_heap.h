@@ -36,13 +36,48 @@
 namespace cxlkv::preload {
 
 inline constexpr std::uint64_t kChunkBytes = 256u << 10;  // block size of a blank pool
+// Address space a pooled heap reserves for the extents it may be lent (PROT_NONE, no memory).
+inline constexpr std::uint64_t kPooledReserveBytes = 1ull << 40;
+
+// Capacity lent by a domain's orchestrator, one extent at a time (the shim implements it over
+// libcxlkv.so's cxlkv_domain_grow_extent).
+class ExtentSource {
+ public:
+  struct Extent {
+    std::uint32_t index = 0;
+    std::uint64_t length = 0;
+    std::string spec;  // the window's source spec
+  };
+  virtual ~ExtentSource() = default;
+  // One more extent. revoke(ctx, index) is called from another thread when its lease lapsed;
+  // when it returns, the heap no longer writes the window.
+  virtual absl::StatusOr<Extent> Grow(void (*revoke)(void* ctx, std::uint32_t extent),
+                                      void* ctx) = 0;
+  virtual void Shrink(std::uint32_t extent) = 0;
+  virtual std::string Describe() const = 0;
+};
 
 class CxlHeap {
  public:
   // Opens (formatting it if blank) the pool and sets the heap up. Errors name the source
   // and the fix (foreign data, too small, no kmem node, jemalloc refused the arena).
   static absl::StatusOr<std::unique_ptr<CxlHeap>> Open(const pool::SourceSpec& spec);
+  // A heap in extents of a pooled domain: starts empty (Alloc returns nullptr) until Grow()
+  // maps the first extent into its address reservation of reserve_bytes; each Grow() adds
+  // one (a fresh cxlkv arena formatted in the extent). When an extent's lease lapses, its
+  // runs are swapped for private memory holding the same bytes (docs/preload.md).
+  static absl::StatusOr<std::unique_ptr<CxlHeap>> OpenPooled(std::unique_ptr<ExtentSource> source,
+                                                             std::uint64_t reserve_bytes);
   virtual ~CxlHeap() = default;
+
+  // Whether Grow() can add capacity (a pooled heap, not in a forked child).
+  virtual bool CanGrow() const noexcept { return false; }
+  // One more extent from the source. Not from inside Alloc (it calls the orchestrator).
+  virtual absl::Status Grow() noexcept {
+    return absl::FailedPreconditionError("this heap does not grow");
+  }
+  // Extents revoked so far.
+  virtual std::uint64_t revocations() const noexcept { return 0; }
 
   // nullptr when the pool cannot serve the request (full, alignment beyond the region's).
   // align is a power of two (0: default alignment of 16).

@@ -2,8 +2,15 @@
 //
 // Keys (environment name / config-file key):
 //   CXLKV_POOL      pool        source spec of the CXL pool, e.g. file:/dev/shm/kv?size=8G,
-//                               memfd:?size=1G, devdax:/dev/dax0.0, kmem:node=2. Unset: the
-//                               shim passes everything through.
+//                               memfd:?size=1G, devdax:/dev/dax0.0, kmem:node=2, or
+//                               orchestrator:/run/cxlkv/D.sock: the heap lives in extents the
+//                               domain's cxlkv-orchestrator lends (docs/preload.md). Unset:
+//                               the shim passes everything through.
+//   CXLKV_HOST_ID   host_id     with an orchestrator: pool, this process's host id in the
+//                               domain (required; one per process).
+//   CXLKV_LIBRARY   library     with an orchestrator: pool, the libcxlkv.so to load for the
+//                               control plane (default: libcxlkv.so.0 beside the shim, then
+//                               the loader's search path).
 //   CXLKV_MIN_BYTES min_bytes   malloc-family and anonymous-mmap requests of at least this
 //                               many bytes go to CXL (K/M/G suffixes; default 1M; 0 = all).
 //                               cudaHostAlloc/cudaMallocHost always go to CXL.
@@ -36,8 +43,14 @@ const char* LogLevelName(LogLevel level) noexcept;
 
 inline constexpr std::uint64_t kDefaultMinBytes = 1u << 20;
 
+// CXLKV_POOL=orchestrator:<socket>: the heap lives in extents a domain's orchestrator lends.
+inline constexpr absl::string_view kOrchestratorPrefix = "orchestrator:";
+
 struct Settings {
   std::string pool;  // empty: pass everything through
+  std::uint32_t host_id = 0;  // with an orchestrator: pool
+  bool host_id_set = false;
+  std::string library;  // libcxlkv.so to load for an orchestrator: pool (empty: the default)
   std::uint64_t min_bytes = kDefaultMinBytes;
   LogLevel log_level = LogLevel::kWarn;
   std::string log_path;    // empty: stderr
