@@ -6,6 +6,8 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <netinet/in.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -230,3 +232,125 @@ TEST_F(OrchestratorFixture, DrainStopsGrowthAndTheHostGivesBack) {
 
 }  // namespace
 }  // namespace cxlkv::orchestrator
+
+namespace cxlkv::testing {
+namespace {
+
+// A TCP port nobody listens on now (the daemon binds it right after).
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+void WriteSecret(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text << "\n";
+  ::chmod(path.c_str(), 0600);
+}
+
+// `cxlkvctl status` over an endpoint, with the environment given; its exit status.
+int CtlStatus(const std::string& where, const std::string& env) {
+  const std::string cmd = env + " " + CXLKV_CTL_BIN + " status --socket " + where + " >/dev/null 2>&1";
+  const int st = std::system(cmd.c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+constexpr char kTcpTiming[] =
+    "lease_ttl_ms = 400\nhost_ttl_ms = 400\nheartbeat_period_ms = 50\n"
+    "grace_ms = 20\ncapacity_lease_ms = 1000\n";
+
+// rpc.tcp: a call without the domain's token, or with another, is refused (UNAUTHENTICATED);
+// with it, hosts join and operators query over TCP as over the Unix socket.
+TEST(OrchestratorTcp, TheTokenAuthorizesTcpCalls) {
+  char tmpl[] = "/tmp/cxlkv-tcp-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, good = dir + "/good.token", bad = dir + "/bad.token";
+  WriteSecret(good, "s3cret-token-of-the-domain-0123456789");
+  WriteSecret(bad, "another-token-not-the-domain-s-9876");
+  const int port = FreePort();
+  OrchestratorHarness o(kTcpTiming, "tcp = \"127.0.0.1:" + std::to_string(port) +
+                                        "\"\ntoken_file = \"" + good + "\"\n");
+  o.Start();
+  const std::string where = "tcp:127.0.0.1:" + std::to_string(port);
+
+  ::unsetenv("CXLKV_RPC_TOKEN_FILE");
+  auto none = orchestrator::HostClient::Connect(where, 1);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("CXLKV_RPC_TOKEN_FILE"), std::string::npos)
+      << none.status();
+
+  // A raw call without the header: refused by the daemon.
+  {
+    auto stub = opb::Orchestrator::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    opb::StatusReply r;
+    const grpc::Status st = stub->Status(&ctx, opb::StatusRequest{}, &r);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
+    EXPECT_NE(st.error_message().find("missing or wrong token"), std::string::npos);
+  }
+
+  ::setenv("CXLKV_RPC_TOKEN_FILE", bad.c_str(), 1);
+  auto wrong = orchestrator::HostClient::Connect(where, 1);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kUnauthenticated) << wrong.status();
+  EXPECT_EQ(o.HostState(1), "absent");
+  EXPECT_NE(CtlStatus(where, "CXLKV_RPC_TOKEN_FILE=" + bad), 0);
+
+  ::setenv("CXLKV_RPC_TOKEN_FILE", good.c_str(), 1);
+  auto c = orchestrator::HostClient::Connect(where, 1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(o.HostState(1), "live");
+  auto grown = (*c)->Grow(1);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_EQ(grown->size(), 1u);
+  EXPECT_EQ(CtlStatus(where, "CXLKV_RPC_TOKEN_FILE=" + good), 0);
+  ASSERT_TRUE((*c)->Leave().ok());
+  c->reset();
+  ::unsetenv("CXLKV_RPC_TOKEN_FILE");
+  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+}
+
+// rpc.tls_cert/tls_key: TCP with TLS; a client that trusts the CA (CXLKV_RPC_CA) joins, one
+// that speaks plaintext cannot.
+TEST(OrchestratorTcp, TlsCarriesTheToken) {
+  char tmpl[] = "/tmp/cxlkv-tls-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, token = dir + "/rpc.token";
+  WriteSecret(token, "s3cret-token-of-the-domain-0123456789");
+  const std::string gen =
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 "
+      "-subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " +
+      dir + "/key.pem -out " + dir + "/cert.pem >/dev/null 2>&1";
+  if (std::system(gen.c_str()) != 0) GTEST_SKIP() << "openssl could not make a certificate";
+  const int port = FreePort();
+  OrchestratorHarness o(kTcpTiming, "tcp = \"127.0.0.1:" + std::to_string(port) +
+                                        "\"\ntoken_file = \"" + token + "\"\ntls_cert = \"" + dir +
+                                        "/cert.pem\"\ntls_key = \"" + dir + "/key.pem\"\n");
+  o.Start();
+  const std::string where = "tcp:localhost:" + std::to_string(port);
+  ::setenv("CXLKV_RPC_TOKEN_FILE", token.c_str(), 1);
+  ::unsetenv("CXLKV_RPC_CA");
+  auto plain = orchestrator::HostClient::Connect(where, 2);
+  EXPECT_FALSE(plain.ok()) << "a plaintext client reached a TLS endpoint";
+  ::setenv("CXLKV_RPC_CA", (dir + "/cert.pem").c_str(), 1);
+  auto c = orchestrator::HostClient::Connect(where, 2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(o.HostState(2), "live");
+  EXPECT_EQ(CtlStatus(where, "CXLKV_RPC_TOKEN_FILE=" + token + " CXLKV_RPC_CA=" + dir + "/cert.pem"),
+            0);
+  c->reset();
+  ::unsetenv("CXLKV_RPC_TOKEN_FILE");
+  ::unsetenv("CXLKV_RPC_CA");
+  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+}
+
+}  // namespace
+}  // namespace cxlkv::testing

@@ -37,7 +37,8 @@ inline bool WaitFor(const std::function<bool()>& cond,
 class OrchestratorProcess {
  public:
   // `timing` is the [timing] table's body.
-  explicit OrchestratorProcess(const std::string& timing) {
+  // `rpc_extra`: more lines for the [rpc] table (tcp, token_file, tls_*).
+  explicit OrchestratorProcess(const std::string& timing, const std::string& rpc_extra = "") {
     char tmpl[] = "/tmp/cxlkv-orch-XXXXXX";
     EXPECT_NE(mkdtemp(tmpl), nullptr);
     dir = tmpl;
@@ -51,7 +52,8 @@ class OrchestratorProcess {
                           << "prefix_domain = \"file:" << domain << "?size=4M\"\n"
                           << "extent_size = \"16M\"\nstate_file = \"" << dir << "/d.state\"\n"
                           << "index_entries = 1024\nmax_hosts = 4\n"
-                          << "[rpc]\nsocket = \"" << socket << "\"\n[metrics]\nlisten = \"\"\n"
+                          << "[rpc]\nsocket = \"" << socket << "\"\n" << rpc_extra
+                          << "[metrics]\nlisten = \"\"\n"
                           << "[timing]\n" << timing
                           << "[capacity]\ndefault_share = 0.5\n"
                           << "[[namespace]]\ntenant = \"t\"\nmodel = \"m\"\nlayout = \"l\"\n";

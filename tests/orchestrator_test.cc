@@ -56,7 +56,7 @@ TEST(Config, ErrorsNameTheKeyAndLine) {
       {"[domain]\npool = \"tape:/dev/st0\"\n", "t.toml:2: key 'domain.pool':"},
       {"[domain]\npool = \"memfd:?size=1G\"\n", "key 'domain.prefix_domain' is required"},
       {"[domain\n", "t.toml:1:"},
-      {WithExtra("extra = 1\n"), "t.toml:9: key 'rpc.extra': unknown key (known here: allowed_uids, socket)"},
+      {WithExtra("extra = 1\n"), "t.toml:9: key 'rpc.extra': unknown key (known here: allowed_uids, socket, tcp, tls_cert, tls_key, token_file)"},
       {"extra = 1\n" + std::string(kMinimal), "t.toml:1: key 'extra': unknown key"},
   };
   for (const Case& c : cases) {
@@ -66,6 +66,45 @@ TEST(Config, ErrorsNameTheKeyAndLine) {
     EXPECT_NE(got.status().message().find(c.want), std::string::npos)
         << "got: " << got.status().message() << "\nwant: " << c.want;
   }
+}
+
+// rpc.tcp needs a token file that only its owner can read; TLS needs both halves.
+TEST(Config, TcpNeedsAPrivateTokenFile) {
+  const std::string dir = ::testing::TempDir() + "cxlkv-token-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string good = dir + "/good", open = dir + "/open", shorty = dir + "/short";
+  std::ofstream(good) << "  0123456789abcdef-token  \n";
+  std::ofstream(open) << "0123456789abcdef-token\n";
+  std::ofstream(shorty) << "tiny\n";
+  std::filesystem::permissions(good, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::filesystem::permissions(shorty, std::filesystem::perms::owner_read);
+  std::filesystem::permissions(open, std::filesystem::perms::owner_read | std::filesystem::perms::others_read);
+  auto rpc = [&](const std::string& extra) {
+    std::string t = kMinimal;
+    return t.insert(t.find("socket = "), extra);
+  };
+  auto ok = ParseConfig(rpc("tcp = \"0.0.0.0:7443\"\ntoken_file = \"" + good + "\"\n"), "t.toml");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->token, "0123456789abcdef-token") << "trimmed";
+  struct Case {
+    std::string text, want;
+  } cases[] = {
+      {rpc("tcp = \"0.0.0.0:7443\"\n"), "'rpc.token_file' is required with rpc.tcp"},
+      {rpc("tcp = \"7443\"\ntoken_file = \"" + good + "\"\n"), "is not HOST:PORT"},
+      {rpc("tcp = \"0.0.0.0:7443\"\ntoken_file = \"" + open + "\"\n"), "chmod 600"},
+      {rpc("tcp = \"0.0.0.0:7443\"\ntoken_file = \"" + shorty + "\"\n"), "16 to 4096 characters"},
+      {rpc("tcp = \"0.0.0.0:7443\"\ntoken_file = \"" + dir + "/none\"\n"), "head -c 32 /dev/urandom"},
+      {rpc("token_file = \"" + good + "\"\n"), "apply to rpc.tcp, which is not set"},
+      {rpc("tcp = \"0.0.0.0:7443\"\ntoken_file = \"" + good + "\"\ntls_cert = \"c.pem\"\n"),
+       "go together"},
+  };
+  for (const Case& c : cases) {
+    auto got = ParseConfig(c.text, "t.toml");
+    ASSERT_FALSE(got.ok()) << c.text;
+    EXPECT_NE(got.status().message().find(c.want), std::string::npos)
+        << "got: " << got.status().message() << "\nwant: " << c.want;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 Config TestConfig(const std::string& state_file) {

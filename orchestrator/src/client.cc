@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/orchestrator/endpoint.h"
 #include "orchestrator.grpc.pb.h"
 
 namespace cxlkv::orchestrator {
@@ -21,8 +22,9 @@ absl::Status FromGrpc(const grpc::Status& st, absl::string_view what) {
 }
 // Every call waits (up to its deadline) for the channel to connect: an orchestrator that is
 // restarting is expected, and gRPC would otherwise fail at once while it backs off.
-std::unique_ptr<grpc::ClientContext> Ctx(int timeout_ms = 2000) {
+std::unique_ptr<grpc::ClientContext> Ctx(const Endpoint& e, int timeout_ms = 2000) {
   auto c = std::make_unique<grpc::ClientContext>();
+  e.Authorize(c.get());
   c->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
   c->set_wait_for_ready(true);
   return c;
@@ -30,6 +32,7 @@ std::unique_ptr<grpc::ClientContext> Ctx(int timeout_ms = 2000) {
 }  // namespace
 
 struct HostClient::Rpc {
+  Endpoint endpoint;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::Orchestrator::Stub> stub;
 };
@@ -52,7 +55,10 @@ absl::StatusOr<std::unique_ptr<HostClient>> HostClient::Connect(const std::strin
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 10);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 100);
-  rpc->channel = grpc::CreateCustomChannel("unix:" + socket, grpc::InsecureChannelCredentials(), args);
+  auto endpoint = ResolveEndpoint(socket);
+  if (!endpoint.ok()) return endpoint.status();
+  rpc->endpoint = *std::move(endpoint);
+  rpc->channel = grpc::CreateCustomChannel(rpc->endpoint.target, rpc->endpoint.credentials, args);
   rpc->stub = pb::Orchestrator::NewStub(rpc->channel);
   std::unique_ptr<HostClient> c(new HostClient(std::move(rpc), host_id));
   if (auto st = c->Join(); !st.ok()) return st;
@@ -66,7 +72,7 @@ absl::Status HostClient::Join() {
   ::gethostname(name, sizeof(name) - 1);
   req.set_hostname(absl::StrCat(name, " pid ", ::getpid()));
   pb::JoinReply rep;
-  auto ctx = Ctx();
+  auto ctx = Ctx(rpc_->endpoint);
   ctx->set_wait_for_ready(true);
   const auto sent = NowMs();
   if (auto st = FromGrpc(rpc_->stub->Join(ctx.get(), req, &rep), "join"); !st.ok()) return st;
@@ -95,7 +101,7 @@ absl::Status HostClient::HeartbeatOnce() {
   }
   pb::HeartbeatReply rep;
   const std::int64_t sent = NowMs();
-  auto ctx = Ctx(static_cast<int>(period_ms_ * 2));
+  auto ctx = Ctx(rpc_->endpoint, static_cast<int>(period_ms_ * 2));
   if (auto st = FromGrpc(rpc_->stub->Heartbeat(ctx.get(), req, &rep), "heartbeat"); !st.ok()) {
     return st;  // the orchestrator is down: extents stay valid until their lease ends
   }
@@ -135,7 +141,7 @@ absl::StatusOr<std::vector<GrantedExtent>> HostClient::Grow(std::uint32_t n) {
   req.set_extents(n);
   pb::GrowReply rep;
   const std::int64_t sent = NowMs();
-  auto ctx = Ctx();
+  auto ctx = Ctx(rpc_->endpoint);
   if (auto st = FromGrpc(rpc_->stub->Grow(ctx.get(), req, &rep), "grow"); !st.ok()) return st;
   std::vector<GrantedExtent> got;
   absl::MutexLock l(&mu_);
@@ -155,7 +161,7 @@ absl::Status HostClient::Shrink(const std::vector<std::uint32_t>& ext) {
   req.set_incarnation(incarnation());
   for (std::uint32_t i : ext) req.add_extents(i);
   pb::ShrinkReply rep;
-  auto ctx = Ctx();
+  auto ctx = Ctx(rpc_->endpoint);
   if (auto st = FromGrpc(rpc_->stub->Shrink(ctx.get(), req, &rep), "shrink"); !st.ok()) return st;
   absl::MutexLock l(&mu_);
   std::erase_if(extents_, [&](const GrantedExtent& g) {
@@ -173,14 +179,14 @@ absl::Status HostClient::Leave() {
   req.set_host_id(host_);
   req.set_incarnation(incarnation());
   pb::LeaveReply rep;
-  auto ctx = Ctx();
+  auto ctx = Ctx(rpc_->endpoint);
   return FromGrpc(rpc_->stub->Leave(ctx.get(), req, &rep), "leave");
 }
 
 absl::StatusOr<std::vector<ExtentView>> HostClient::ListExtents() {
   pb::ExtentsRequest req;
   pb::ExtentsReply rep;
-  auto ctx = Ctx();
+  auto ctx = Ctx(rpc_->endpoint);
   if (auto st = FromGrpc(rpc_->stub->Extents(ctx.get(), req, &rep), "extents"); !st.ok()) return st;
   std::vector<ExtentView> out;
   out.reserve(static_cast<std::size_t>(rep.extents_size()));

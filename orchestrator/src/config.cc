@@ -1,5 +1,6 @@
 // domain.toml parsing with toml++: every key is known, typed and range-checked.
 #include "cxlkv/orchestrator/config.h"
+#include "cxlkv/orchestrator/token.h"
 
 #include <algorithm>
 #include <fstream>
@@ -157,6 +158,10 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
          {"socket", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.socket); })},
          {"allowed_uids",
           H([&](auto& v, auto& kk) { return p.U32List(v, kk, &c.allowed_uids, 0xFFFFFFFE); })},
+         {"tcp", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.tcp); })},
+         {"token_file", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.token_file); })},
+         {"tls_cert", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.tls_cert); })},
+         {"tls_key", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.tls_key); })},
        });
      })},
     {"metrics", H([&](const toml::node& n, const std::string& k) {
@@ -319,6 +324,29 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
   }
   if (c.state_file.empty()) return missing("domain.state_file", "state_file = \"/var/lib/cxlkv/domain.state\"");
   if (c.socket.empty()) return missing("rpc.socket", "socket = \"/run/cxlkv/domain.sock\"");
+  if (!c.tcp.empty()) {
+    if (c.tcp.rfind(':') == std::string::npos || c.tcp.back() == ':') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_name, ": key 'rpc.tcp': '", c.tcp, "' is not HOST:PORT (e.g. \"0.0.0.0:7443\")"));
+    }
+    if (c.token_file.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_name, ": key 'rpc.token_file' is required with rpc.tcp (TCP peers have no "
+          "credentials to check; every call must carry the domain's token), e.g. token_file = "
+          "\"/etc/cxlkv/rpc.token\""));
+    }
+    auto token = ReadTokenFile(c.token_file, absl::StrCat(source_name, ": key 'rpc.token_file'"));
+    if (!token.ok()) return token.status();
+    c.token = *std::move(token);
+  } else if (!c.token_file.empty() || !c.tls_cert.empty() || !c.tls_key.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source_name, ": rpc.token_file, rpc.tls_cert and rpc.tls_key apply to rpc.tcp, which is "
+        "not set; add tcp = \"HOST:PORT\" or drop them"));
+  }
+  if (c.tls_cert.empty() != c.tls_key.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source_name, ": rpc.tls_cert and rpc.tls_key go together (the certificate and its key)"));
+  }
   if (c.extent_bytes % (2u << 20) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         source_name, ": key 'domain.extent_size': ", c.extent_bytes,

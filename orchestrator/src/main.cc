@@ -6,6 +6,7 @@
 
 #include "CLI/CLI.hpp"
 #include "cxlkv/orchestrator/config.h"
+#include "absl/strings/str_cat.h"
 #include "orchestrator.h"
 
 int main(int argc, char** argv) {
@@ -45,9 +46,14 @@ int main(int argc, char** argv) {
   }
   {
     absl::MutexLock l(&(*o)->mu_);
-    std::printf("cxlkv-orchestrator: domain '%s' up: rpc unix:%s, metrics %s, %zu extents of %llu MiB, "
+    const std::string tcp =
+        config->tcp.empty()
+            ? std::string()
+            : absl::StrCat(" and tcp:", config->tcp.substr(0, config->tcp.rfind(':')), ":",
+                           (*o)->tcp_port(), config->tls_cert.empty() ? " (token)" : " (token, TLS)");
+    std::printf("cxlkv-orchestrator: domain '%s' up: rpc unix:%s%s, metrics %s, %zu extents of %llu MiB, "
                 "%u restored from %s\n",
-                config->name.c_str(), config->socket.c_str(),
+                config->name.c_str(), config->socket.c_str(), tcp.c_str(),
                 config->metrics_listen.empty() ? "off" : config->metrics_listen.c_str(),
                 (*o)->state_.extents().size(),
                 static_cast<unsigned long long>(config->extent_bytes >> 20),

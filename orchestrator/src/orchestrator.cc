@@ -16,7 +16,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "cxlkv/orchestrator/token.h"
 #include "absl/strings/str_format.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/domain_layout.h"
@@ -134,7 +136,22 @@ class Service final : public pb::Orchestrator::Service {
   // Every call: the connection's peer must be allowed (uid checked at accept time).
   grpc::Status Check(grpc::ServerContext* ctx) {
     std::string who;
-    if (!o_.PeerAllowed(ctx->peer(), &who)) {
+    const std::string peer = ctx->peer();
+    if (absl::StartsWith(peer, "ipv4:") || absl::StartsWith(peer, "ipv6:")) {
+      // A TCP peer (rpc.tcp): the token decides.
+      const auto& md = ctx->client_metadata();
+      const auto it = md.find("authorization");
+      if (it == md.end() ||
+          !TokenMatches(absl::string_view(it->second.data(), it->second.size()),
+                        o_.config().token)) {
+        return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                            absl::StrCat("peer ", peer, ": missing or wrong token (the client "
+                                         "reads it from CXLKV_RPC_TOKEN_FILE; the daemon from "
+                                         "rpc.token_file)"));
+      }
+      return grpc::Status::OK;
+    }
+    if (!o_.PeerAllowed(peer, &who)) {
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                           absl::StrCat("peer ", who, " is not allowed (rpc.allowed_uids)"));
     }
@@ -463,8 +480,32 @@ absl::Status Orchestrator::Start() {
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
   builder.SetMaxReceiveMessageSize(1 << 20);
+  int tcp_port = 0;
+  if (!config_.tcp.empty()) {
+    std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+    if (!config_.tls_cert.empty()) {
+      auto cert = ReadSmallFile(config_.tls_cert, "rpc.tls_cert");
+      if (!cert.ok()) return cert.status();
+      auto key = ReadSmallFile(config_.tls_key, "rpc.tls_key");
+      if (!key.ok()) return key.status();
+      grpc::SslServerCredentialsOptions o;
+      o.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+      creds = grpc::SslServerCredentials(o);
+    }
+    builder.AddListeningPort(config_.tcp, creds, &tcp_port);
+  }
   server_ = builder.BuildAndStart();
-  if (server_ == nullptr) return absl::InternalError("gRPC server did not start");
+  if (server_ == nullptr) {
+    return absl::UnavailableError(
+        config_.tcp.empty() ? std::string("gRPC server did not start")
+                            : absl::StrCat("rpc.tcp '", config_.tcp,
+                                           "': cannot listen there (address in use, or not "
+                                           "this machine's; or a bad rpc.tls_cert/tls_key)"));
+  }
+  if (!config_.tcp.empty() && tcp_port == 0) {
+    return absl::UnavailableError(absl::StrCat("rpc.tcp '", config_.tcp, "': cannot listen there"));
+  }
+  tcp_port_ = tcp_port;
   owner_thread_ = std::thread([this] { OwnerLoop(); });
   accept_thread_ = std::thread([this] { AcceptLoop(); });
   return absl::OkStatus();

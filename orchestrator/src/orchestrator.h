@@ -46,6 +46,7 @@ class Orchestrator {
   std::unique_ptr<coherence::PrefixOwner> owner_ ABSL_GUARDED_BY(mu_);
   std::int64_t NowMs() { return clock_.NowMs(); }
   const Config& config() const { return config_; }
+  int tcp_port() const { return tcp_port_; }  // rpc.tcp's port once started (0: none)
   std::uint64_t pool_bytes() const { return pool_->size_bytes(); }
   std::int64_t started_ms() const { return started_ms_; }
   // The peer credentials of the connection a call came on (ServerContext::peer()).
@@ -75,6 +76,7 @@ class Orchestrator {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Metrics> metrics_;
   int listen_fd_ = -1;
+  int tcp_port_ = 0;
   std::atomic<bool> stop_{false};
   std::thread owner_thread_, accept_thread_;
   std::int64_t started_ms_ = 0;

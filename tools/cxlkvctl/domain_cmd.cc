@@ -9,6 +9,7 @@
 #include <string>
 
 #include "commands.h"
+#include "cxlkv/orchestrator/endpoint.h"
 #include "orchestrator.grpc.pb.h"
 
 namespace cxlkv::ctl {
@@ -30,7 +31,7 @@ std::string DefaultSocket() {
   if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
       st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     std::fprintf(stderr,
-                 "cxlkvctl %s: no orchestrator answers on unix:%s (%s); start cxlkv-orchestrator "
+                 "cxlkvctl %s: no orchestrator answers on %s (%s); start cxlkv-orchestrator "
                  "or pass --socket / CXLKV_ORCHESTRATOR_SOCKET\n",
                  what.c_str(), socket.c_str(), st.error_message().c_str());
   } else {
@@ -41,9 +42,16 @@ std::string DefaultSocket() {
 
 template <typename Req, typename Rep, typename Call>
 Rep Invoke(const DomainOptions& o, const std::string& what, const Req& req, Call call) {
-  auto channel = grpc::CreateChannel("unix:" + o.socket, grpc::InsecureChannelCredentials());
+  auto endpoint = cxlkv::orchestrator::ResolveEndpoint(o.socket);
+  if (!endpoint.ok()) {
+    std::fprintf(stderr, "cxlkvctl %s: %s\n", what.c_str(),
+                 std::string(endpoint.status().message()).c_str());
+    throw CLI::RuntimeError(kExitError);
+  }
+  auto channel = grpc::CreateChannel(endpoint->target, endpoint->credentials);
   auto stub = pb::Orchestrator::NewStub(channel);
   grpc::ClientContext ctx;
+  endpoint->Authorize(&ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   Rep rep;
   const grpc::Status st = call(*stub, &ctx, req, &rep);
@@ -66,7 +74,10 @@ bool PrintJson(const DomainOptions& o, const google::protobuf::Message& m) {
 CLI::App* Sub(CLI::App& app, const char* name, const char* help,
               const std::shared_ptr<DomainOptions>& o) {
   CLI::App* s = app.add_subcommand(name, help);
-  s->add_option("--socket", o->socket, "the orchestrator's Unix socket")->default_val(DefaultSocket());
+  s->add_option("--socket", o->socket,
+                "the orchestrator's Unix socket, or tcp:HOST:PORT (token from CXLKV_RPC_TOKEN_FILE, "
+                "TLS if CXLKV_RPC_CA names the CA's PEM)")
+      ->default_val(DefaultSocket());
   s->add_flag("--json", o->json, "print JSON");
   return s;
 }

@@ -38,6 +38,10 @@ struct Config {
   // [rpc]
   std::string socket;
   std::vector<std::uint32_t> allowed_uids;  // besides the daemon's own uid
+  std::string tcp;         // HOST:PORT; empty: Unix socket only
+  std::string token_file;  // required with tcp: every TCP call carries this token
+  std::string token;       // its contents, read when the config is loaded
+  std::string tls_cert, tls_key;  // PEM files: TCP with TLS (both or neither)
   // [metrics]
   std::string metrics_listen;  // host:port; empty: no endpoint
   // [timing]

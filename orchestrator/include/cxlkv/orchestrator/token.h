@@ -1,0 +1,25 @@
+// cxlkv/orchestrator/token.h — the shared secret that authorizes TCP calls to the control plane.
+#ifndef CXLKV_ORCHESTRATOR_TOKEN_H_
+#define CXLKV_ORCHESTRATOR_TOKEN_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace cxlkv::orchestrator {
+
+// A token from a file: trimmed, 16 to 4096 printable characters, and the file readable by its
+// owner only (like ssh keys). `what` names the setting in errors.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, absl::string_view what);
+
+// Whether `presented` (an "authorization" header value) is "Bearer <token>"; constant time in
+// the token's contents.
+bool TokenMatches(absl::string_view presented, absl::string_view token);
+
+// A small file's contents; errors name `what` and the path.
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_view what);
+
+}  // namespace cxlkv::orchestrator
+
+#endif  // CXLKV_ORCHESTRATOR_TOKEN_H_
