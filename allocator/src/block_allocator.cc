@@ -14,7 +14,7 @@
 
 namespace cxlkv::allocator {
 namespace internal {
-constinit thread_local TlsSlot tls_slots[kMaxAllocators];
+constinit thread_local TlsSlot tls_slots[kMaxAllocators] CXLKV_ALLOCATOR_TLS;
 }  // namespace internal
 
 using internal::Magazine;

@@ -95,12 +95,15 @@ struct TlsSlot {
   std::uint64_t uid;
   ThreadCache* cache;
 };
-// No initial-exec model: libcxlkv.so is also dlopen()ed (the preload shim loads it to join a
-// pooled domain), and a module with initial-exec TLS cannot be. Executables relax the access
-// to one %fs-relative load at link time; in libcxlkv.so the TLS descriptors of
-// -mtls-dialect=gnu2 (allocator/CMakeLists.txt) make it one indirect call when it is loaded
-// at start-up.
-extern constinit thread_local TlsSlot tls_slots[kMaxAllocators];
+// Initial-exec (one %fs-relative load) except in libcxlkv.so, which the preload shim also
+// dlopen()s and so may not use it: there, TLS descriptors (allocator/CMakeLists.txt,
+// cxlkv_allocator_dso).
+#if CXLKV_ALLOCATOR_DYNAMIC_TLS
+#define CXLKV_ALLOCATOR_TLS
+#else
+#define CXLKV_ALLOCATOR_TLS __attribute__((tls_model("initial-exec")))
+#endif
+extern constinit thread_local TlsSlot tls_slots[kMaxAllocators] CXLKV_ALLOCATOR_TLS;
 
 inline constexpr std::uint64_t kCachedToAllocated = 1ull << pool::kStateShift;
 inline constexpr std::uint64_t kStateMask = 3ull << pool::kStateShift;
