@@ -77,19 +77,23 @@ TEST(ReplaySmoke, HitRatesInDeclaredBandsWithUnboundedCxl) {
     const char* name;
     Workload w;
     std::uint32_t requests;
-  } cases[] = {{"api", Workload::kApi, 80}, {"coding", Workload::kCoding, 60},
-               {"rag", Workload::kRag, 60}, {"oneshot", Workload::kOneShot, 12}};
+  } cases[] = {{"api", Workload::kApi, 240}, {"coding", Workload::kCoding, 180},
+               {"rag", Workload::kRag, 180}, {"oneshot", Workload::kOneShot, 12}};
+  // The bands are the generator's long-run hit rates; a finite trace's rate scatters around
+  // them (at 60 requests, rag reached 0.92 for 1 seed in 40 — a flaky CI failure). Three
+  // times as many requests, and 0.02 either side for what remains of the scatter.
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
     const Trace t = Make(c.name, c.requests, seed);
-    const ReplayOptions o = Tiny(Policy::kCxlLru, 16384, std::string("band-") + c.name);
+    const ReplayOptions o = Tiny(Policy::kCxlLru, 65536, std::string("band-") + c.name);
     auto r = RunReplay(t, o);
     ASSERT_TRUE(r.ok()) << r.status();
     CheckAccounting(*r, o);
     EXPECT_EQ(r->cxl_write.blocks, r->cxl_resident_end) << "unbounded: nothing evicted";
     const HitBand band = DeclaredBand(c.w);
-    EXPECT_GE(r->HitRate(), band.lo);
-    EXPECT_LE(r->HitRate(), band.hi);
+    constexpr double kScatter = 0.02;
+    EXPECT_GE(r->HitRate(), band.lo - (c.w == Workload::kOneShot ? 0 : kScatter));
+    EXPECT_LE(r->HitRate(), band.hi + (c.w == Workload::kOneShot ? 0 : kScatter));
     if (c.w != Workload::kOneShot) {
       EXPECT_GT(r->cxl_hits, 0u);
     }
