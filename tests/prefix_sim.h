@@ -6,6 +6,7 @@
 #ifndef CXLKV_TESTS_PREFIX_SIM_H_
 #define CXLKV_TESTS_PREFIX_SIM_H_
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -127,6 +128,10 @@ class PrefixSimulation {
     std::int64_t paused_until = 0;
     std::uint32_t next_block = 0;
     bool down = false;
+    // Returns are delivered at least once: what the last heartbeat handed out is
+    // acknowledged by the next one, so a crash in between delivers it again after restart.
+    std::vector<BlockRef> last_returned;
+    std::vector<BlockRef> may_come_again;
   };
   // Ground truth about a block: which generation is in the domain (published, not returned).
   struct BlockTruth {
@@ -196,6 +201,9 @@ class PrefixSimulation {
     host.view->Crash();
     host.prefix.reset();
     host.leases.clear();
+    host.may_come_again.insert(host.may_come_again.end(), host.last_returned.begin(),
+                               host.last_returned.end());
+    host.last_returned.clear();
     host.down = true;
   }
 
@@ -272,11 +280,20 @@ class PrefixSimulation {
       if (absl::IsAborted(st)) host.leases.clear();  // fenced: every lease is void
       for (const BlockRef& r : returned) {
         BlockTruth& t = truth_[IdOf(r)];
+        const auto again = std::find_if(
+            host.may_come_again.begin(), host.may_come_again.end(), [&](const BlockRef& m) {
+              return IdOf(m) == IdOf(r) && m.generation == r.generation;
+            });
+        if (!t.in_domain && again != host.may_come_again.end()) {
+          host.may_come_again.erase(again);  // handed out before a crash, not acknowledged
+          continue;
+        }
         if (!t.in_domain || t.gen != r.generation) {
           Violation("block returned twice, or a block that was never published");
         }
         t.in_domain = false;  // freed in the host's arena; it may be reused now
       }
+      host.last_returned = returned;
     }
   }
 

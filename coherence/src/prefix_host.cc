@@ -65,7 +65,12 @@ absl::Status PrefixHost::Rejoin() {
       ring_tail_ - o.ring_head < h_.ring_slots) {
     ++ring_tail_;
   }
-  return_head_ = row.return_head;
+  // A new process starts from what the last one acknowledged (returns it was handed but
+  // may not have freed come again); a rejoin after fencing keeps its own positions.
+  if (!attached_) {
+    return_head_ = handed_head_ = acked_head_ = row.return_head;
+    attached_ = true;
+  }
   WriteHostRow();
   return absl::OkStatus();
 }
@@ -131,7 +136,7 @@ void PrefixHost::WriteHostRow() {
   r.incarnation = incarnation_;
   r.heartbeat = heartbeat_;
   r.ring_tail = ring_tail_;
-  r.return_head = return_head_;
+  r.return_head = acked_head_;
   WriteShared(mem_, HostRowOff(h_, host_), r, false);
 }
 
@@ -400,6 +405,9 @@ absl::Status PrefixHost::Retire(Namespace ns, const PrefixKey& key) {
 }
 
 absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {
+  // The caller has freed what the last call handed out: this call's row write (or the
+  // rejoin's) acknowledges it.
+  acked_head_ = handed_head_;
   OwnerHostLine o{};
   const bool owner_ok = ReadOwnerLine(&o);
   if (owner_ok && o.fenced_incarnation >= incarnation_) {
@@ -433,6 +441,7 @@ absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {
   if (returned != nullptr) {
     returned->insert(returned->end(), returned_.begin(), returned_.end());
     returned_.clear();
+    handed_head_ = return_head_;
   }
   return absl::OkStatus();
 }

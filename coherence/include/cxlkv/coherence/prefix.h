@@ -147,6 +147,9 @@ class PrefixHost {
   // kept for the next call when it is null), frees rows of locally expired leases, and
   // checks for fencing: kAborted when this host was fenced — it has dropped every lease and
   // rejoined with a new incarnation. Call it at least every host_ttl / 4.
+  // Returned blocks must be freed before the next call, which acknowledges them to the
+  // owner; a process that dies in between gets them again after it joins (at-least-once
+  // delivery: free by ref, whose generation check ignores a second delivery).
   absl::Status Heartbeat(std::vector<BlockRef>* returned);
 
   std::uint32_t host_id() const { return host_; }
@@ -183,7 +186,13 @@ class PrefixHost {
   std::uint64_t incarnation_ = 0;
   std::uint64_t heartbeat_ = 0;
   std::uint64_t ring_tail_ = 0;
+  // Returns: read up to return_head_; handed to the caller up to handed_head_; acknowledged
+  // to the owner (the host row) up to acked_head_ — one heartbeat after they were handed
+  // out, when the caller has freed them (delivery is at least once).
   std::uint64_t return_head_ = 0;
+  std::uint64_t handed_head_ = 0;
+  std::uint64_t acked_head_ = 0;
+  bool attached_ = false;  // Rejoin has run once in this process
   std::uint64_t lease_seq_ = 0;
   // This host cannot be fenced before this time (from heartbeats the owner acknowledged).
   std::int64_t alive_until_ms_ = 0;
