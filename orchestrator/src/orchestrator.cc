@@ -470,8 +470,9 @@ absl::Status Orchestrator::Start() {
   listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, config_.socket.c_str(), config_.socket.size());
-  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(listen_fd_, 128) != 0) {
+  // Bound now, listening only once every endpoint is up: a connect to the socket succeeds
+  // exactly when the daemon (TCP included) is ready, which is what launchers wait for.
+  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::UnavailableError(absl::StrCat("rpc.socket '", config_.socket, "': ",
                                                std::strerror(errno)));
   }
@@ -506,6 +507,10 @@ absl::Status Orchestrator::Start() {
     return absl::UnavailableError(absl::StrCat("rpc.tcp '", config_.tcp, "': cannot listen there"));
   }
   tcp_port_ = tcp_port;
+  if (::listen(listen_fd_, 128) != 0) {
+    return absl::UnavailableError(absl::StrCat("rpc.socket '", config_.socket, "': listen: ",
+                                               std::strerror(errno)));
+  }
   owner_thread_ = std::thread([this] { OwnerLoop(); });
   accept_thread_ = std::thread([this] { AcceptLoop(); });
   return absl::OkStatus();
