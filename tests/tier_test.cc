@@ -260,6 +260,150 @@ TEST(TierManager, WatermarksDemoteLeastRecentlyUsedWithHysteresis) {
   EXPECT_EQ(m->Stats().cxl_blocks, 9u);
 }
 
+// victim_tier re-decides each watermark victim (drop or demote); release_cxl receives every
+// CXL block that was resident under a key (demoted or dropped), and the manager frees none of
+// them itself: the callee owns them (a shared index frees them after its readers are gone).
+TEST(TierManager, VictimTierAndReleaseHookOwnTheVictims) {
+  testing::TempDir dir("tier");
+  std::vector<std::pair<tier::Key, allocator::BlockHandle>> released;
+  std::vector<tier::Key> asked;
+  TierOptions o;
+  o.high_watermark_blocks = 8;
+  o.low_watermark_blocks = 4;
+  o.cooldown_ms = 0;
+  o.victim_tier = [&](const tier::Key& k) {
+    asked.push_back(k);
+    // Even keys are not worth keeping; odd ones go to NVMe.
+    for (std::uint64_t i = 0; i < 16; ++i) {
+      if (KeyOf(i) == k) return i % 2 == 0 ? Tier::kDrop : Tier::kNvme;
+    }
+    return Tier::kNvme;
+  };
+  o.release_cxl = [&](const tier::Key& k, allocator::BlockHandle h) { released.emplace_back(k, h); };
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  const auto free_blocks = [&] {  // free in the arena or in this process's block cache
+    const pool::ClassUsage u = m->allocator().arena().Usage().classes[0];
+    return u.free + u.cached;
+  };
+  const std::uint32_t free0 = free_blocks();
+  for (std::uint64_t k = 0; k < 9; ++k) PlaceNew(*m, k, Tier::kCxl);  // 9 > 8: down to 4
+  ASSERT_EQ(asked.size(), 5u) << "one question per victim, least recently used first";
+  EXPECT_EQ(asked[0], KeyOf(0));
+  EXPECT_EQ(m->Stats().cxl_blocks, 4u);
+  EXPECT_EQ(m->Stats().victims_dropped, 3u);  // 0, 2, 4
+  EXPECT_EQ(m->Stats().demotions, 2u);        // 1, 3
+  for (std::uint64_t k = 0; k < 5; ++k) {
+    EXPECT_EQ(m->Where(KeyOf(k)), k % 2 == 0 ? std::nullopt : std::optional(Residence::kNvme))
+        << "key " << k;
+  }
+  ASSERT_EQ(released.size(), 5u) << "demoted and dropped victims both go to the hook";
+  EXPECT_EQ(free_blocks(), free0 - 9) << "the manager freed a block the hook owns";
+  // A new block dropped at placement was never resident: freed at once, not handed over.
+  allocator::BlockHandle h = m->allocator().Alloc(0);
+  ASSERT_TRUE(h.valid());
+  ASSERT_TRUE(m->Place(KeyOf(20), h, Tier::kDrop).ok());
+  EXPECT_EQ(released.size(), 5u);
+  // Move(drop) of a CXL block hands it over too; its handle is the one CxlBlock named.
+  const auto named = m->CxlBlock(KeyOf(8));
+  ASSERT_TRUE(named.has_value());
+  EXPECT_FALSE(m->CxlBlock(KeyOf(1)).has_value()) << "on NVMe: no CXL block";
+  ASSERT_TRUE(m->Move(KeyOf(8), Tier::kDrop).ok());
+  ASSERT_EQ(released.size(), 6u);
+  EXPECT_EQ(released.back().first, KeyOf(8));
+  EXPECT_EQ(released.back().second.index, named->index);
+  for (const auto& [k, blk] : released) {
+    EXPECT_EQ(m->allocator().Free(blk), allocator::FreeResult::kOk) << "released twice?";
+  }
+  EXPECT_EQ(free_blocks(), free0 - 3);  // 5, 6, 7 still in CXL
+  ExpectInCxl(*m, 7);
+}
+
+// nvme_capacity_blocks bounds the NVMe-only blocks: past it the least recently demoted or
+// read are deleted from the store.
+TEST(TierManager, NvmeCapacityEvictsTheLeastRecentlyUsed) {
+  testing::TempDir dir("tier");
+  TierOptions o;
+  o.cooldown_ms = 0;
+  o.nvme_capacity_blocks = 3;
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  for (std::uint64_t k = 0; k < 3; ++k) PlaceNew(*m, k, Tier::kNvme);
+  std::vector<std::byte> buf(kBlock);
+  void* dest = buf.data();
+  const tier::Key k0 = KeyOf(0);
+  ASSERT_TRUE(m->Read(std::span<const tier::Key>(&k0, 1), std::span<void* const>(&dest, 1),
+                      kBlock)
+                  .ok());  // 0 is now the most recently used
+  PlaceNew(*m, 3, Tier::kNvme);  // evicts 1
+  PlaceNew(*m, 4, Tier::kNvme);  // evicts 2
+  EXPECT_EQ(m->Stats().nvme_evicted, 2u);
+  EXPECT_EQ(m->Stats().nvme_blocks, 3u);
+  for (std::uint64_t k = 0; k < 5; ++k) {
+    const bool kept = k == 0 || k >= 3;
+    EXPECT_EQ(m->Where(KeyOf(k)).has_value(), kept) << "key " << k;
+    EXPECT_EQ(m->store().Contains(KeyOf(k)), kept) << "key " << k;
+  }
+  // A promoted block leaves the NVMe count; demoting it again counts it again.
+  ASSERT_TRUE(m->Promote(KeyOf(0)).ok());
+  EXPECT_EQ(m->Stats().nvme_blocks, 2u);
+  ASSERT_TRUE(m->Demote(KeyOf(0)).ok());
+  EXPECT_EQ(m->Stats().nvme_blocks, 3u);
+  EXPECT_EQ(m->Stats().nvme_evicted, 2u);
+}
+
+// Read copies NVMe blocks out without promoting them, in one batch, and reports per key.
+TEST(TierManager, ReadCopiesOutWithoutPromotingAndReportsPerKey) {
+  testing::TempDir dir("tier");
+  TierOptions o;
+  o.cooldown_ms = 0;
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  // Batched placement straight to NVMe.
+  std::vector<tier::Key> keys;
+  std::vector<allocator::BlockHandle> blocks;
+  for (std::uint64_t k = 0; k < 6; ++k) {
+    allocator::BlockHandle h = m->allocator().Alloc(0);
+    ASSERT_TRUE(h.valid());
+    FillBlock(m->allocator().Addr(h), kBlock, k, 3);
+    keys.push_back(KeyOf(k));
+    blocks.push_back(h);
+  }
+  const std::uint64_t submits = m->store().Stats().submit_calls;
+  ASSERT_TRUE(m->Place(keys, blocks, Tier::kNvme).ok());
+  EXPECT_EQ(m->store().Stats().submit_calls, submits + 1) << "one batch for the six writes";
+  PlaceNew(*m, 6, Tier::kCxl);
+  // Corrupt key 5's copy.
+  auto loc = m->store().Locate(KeyOf(5));
+  ASSERT_TRUE(loc.ok());
+  const int fd = ::open(loc->file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const char junk[4] = {9, 9, 9, 9};
+  ASSERT_EQ(::pwrite(fd, junk, 4, static_cast<off_t>(loc->offset + pool::kNvmeHeaderBytes + 8)),
+            4);
+  ::close(fd);
+
+  const std::vector<tier::Key> want = {KeyOf(0), KeyOf(4), KeyOf(6), KeyOf(99), KeyOf(5)};
+  std::vector<std::vector<std::byte>> bufs(want.size(), std::vector<std::byte>(kBlock));
+  std::vector<void*> dests;
+  for (auto& b : bufs) dests.push_back(b.data());
+  std::vector<absl::Status> res;
+  absl::Status first = m->Read(want, dests, kBlock, &res);
+  EXPECT_FALSE(first.ok());
+  ASSERT_EQ(res.size(), want.size());
+  for (std::size_t i : {0, 1}) {
+    ASSERT_TRUE(res[i].ok()) << res[i];
+    std::uint64_t v = 0;
+    EXPECT_TRUE(BlockIsIntact(bufs[i].data(), kBlock, i == 0 ? 0 : 4, &v));
+    EXPECT_EQ(v, 3u);
+  }
+  EXPECT_TRUE(absl::IsFailedPrecondition(res[2])) << res[2];
+  EXPECT_NE(res[2].message().find("in CXL"), std::string::npos) << res[2];
+  EXPECT_TRUE(absl::IsNotFound(res[3])) << res[3];
+  EXPECT_TRUE(absl::IsDataLoss(res[4])) << res[4];
+  EXPECT_EQ(m->Where(KeyOf(0)), Residence::kNvme) << "read, not promoted";
+  EXPECT_FALSE(m->Where(KeyOf(5)).has_value()) << "a lost block is forgotten";
+  EXPECT_EQ(m->Stats().nvme_reads, 2u);
+  EXPECT_EQ(m->Stats().nvme_blocks, 5u);
+}
+
 TEST(TierManager, FullDiskDemotionFailsAndBlocksStayInCxl) {
   std::string why;
   auto fs = testing::SmallFs::Mount(1 << 20, &why);

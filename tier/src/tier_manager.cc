@@ -88,7 +88,8 @@ absl::StatusOr<std::unique_ptr<TierManager>> TierManager::Create(
     for (const Key& key : nvme->Keys()) {
       Entry e;
       e.where = Residence::kNvme;
-      m->entries_.emplace(key, e);
+      auto [it, inserted] = m->entries_.emplace(key, e);
+      m->EnterNvmeLocked(key, it->second);
     }
   }
   m->cxl_ = std::move(cxl);
@@ -114,40 +115,94 @@ std::int64_t TierManager::Now() const {
 
 // ---- placement ------------------------------------------------------------------------------
 
-absl::Status TierManager::Place(const Key& key, allocator::BlockHandle block, Tier target) {
-  if (!block.valid()) {
-    return absl::InvalidArgumentError(absl::StrCat("Place(", K(key), "): invalid block handle"));
+void TierManager::EnterNvmeLocked(const Key& key, Entry& e) {
+  nvme_lru_.push_front(key);
+  e.nvme_lru = nvme_lru_.begin();
+}
+
+void TierManager::LeaveNvmeLocked(Entry& e) { nvme_lru_.erase(e.nvme_lru); }
+
+void TierManager::EvictNvmeLocked() {
+  const std::uint64_t cap = options_.nvme_capacity_blocks;
+  if (cap == 0) return;
+  while (nvme_lru_.size() > cap) {
+    const Key victim = nvme_lru_.back();
+    nvme_lru_.pop_back();
+    entries_.erase(victim);
+    // Delete does no waiting (see Move): safe under the lock. A read in flight finishes
+    // first; the slot is retired after it.
+    (void)nvme_->Delete(victim);
+    ++stats_.nvme_evicted;
   }
+}
+
+void TierManager::ReleaseCxl(const Key& key, allocator::BlockHandle h) {
+  if (options_.release_cxl) {
+    options_.release_cxl(key, h);
+  } else {
+    cxl_->Free(h);
+  }
+}
+
+absl::Status TierManager::Place(const Key& key, allocator::BlockHandle block, Tier target) {
+  return Place(std::span<const Key>(&key, 1), std::span<const allocator::BlockHandle>(&block, 1),
+               target);
+}
+
+absl::Status TierManager::Place(std::span<const Key> keys,
+                                std::span<const allocator::BlockHandle> blocks, Tier target,
+                                std::vector<absl::Status>* results) {
+  std::vector<absl::Status> local;
+  std::vector<absl::Status>& res = results != nullptr ? *results : local;
+  res.assign(keys.size(), absl::OkStatus());
+  if (keys.size() != blocks.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Place: ", keys.size(), " keys but ", blocks.size(), " blocks"));
+  }
+  std::vector<Key> placed;  // entered in CXL (for kNvme: to be written)
+  std::vector<std::size_t> placed_at;
+  std::vector<allocator::BlockHandle> to_free;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (entries_.contains(key)) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "Place(", K(key), "): the key is already tracked (", ResidenceName(entries_[key].where),
-          "); Move it, or drop it first"));
-    }
-    if (target == Tier::kDrop) {
-      ++stats_.dropped;
-    } else {
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const Key& key = keys[i];
+      if (!blocks[i].valid()) {
+        res[i] = absl::InvalidArgumentError(absl::StrCat("Place(", K(key), "): invalid block handle"));
+        continue;
+      }
+      if (auto it = entries_.find(key); it != entries_.end()) {
+        res[i] = absl::AlreadyExistsError(absl::StrCat(
+            "Place(", K(key), "): the key is already tracked (", ResidenceName(it->second.where),
+            "); Move it, or drop it first"));
+        continue;
+      }
+      if (target == Tier::kDrop) {
+        ++stats_.dropped;
+        to_free.push_back(blocks[i]);
+        continue;
+      }
       lru_.push_front(key);
       Entry e;
       e.where = Residence::kCxl;
-      e.block = block;
+      e.block = blocks[i];
       e.lru = lru_.begin();
       entries_.emplace(key, e);
       ++cxl_resident_;
+      placed.push_back(key);
+      placed_at.push_back(i);
     }
   }
-  switch (target) {
-    case Tier::kDrop:
-      cxl_->Free(block);
-      return absl::OkStatus();
-    case Tier::kCxl:
-      MaybeEnforce();
-      return absl::OkStatus();
-    case Tier::kNvme: {
-      // Written straight to NVMe by the placement rule: no cool-down (it was never in use).
-      return DemoteKeys(std::span<const Key>(&key, 1), nullptr, /*cooldown=*/false);
-    }
+  // A dropped new block was never resident: nobody else can know it.
+  for (auto h : to_free) cxl_->Free(h);
+  if (target == Tier::kCxl && !placed.empty()) MaybeEnforce();
+  if (target == Tier::kNvme && !placed.empty()) {
+    // Written straight to NVMe by the placement rule: no cool-down (it was never in use).
+    std::vector<absl::Status> written;
+    (void)DemoteKeys(placed, &written, /*cooldown=*/false);
+    for (std::size_t j = 0; j < placed.size(); ++j) res[placed_at[j]] = std::move(written[j]);
+  }
+  for (const auto& st : res) {
+    if (!st.ok()) return st;
   }
   return absl::OkStatus();
 }
@@ -183,11 +238,12 @@ absl::Status TierManager::Move(const Key& key, Tier target) {
       // calling into the store under this lock cannot wait on a callback that needs it.
       absl::Status st = nvme_->Delete(key);
       if (!st.ok() && !absl::IsNotFound(st)) return st;
+      LeaveNvmeLocked(e);
     }
     entries_.erase(it);
     ++stats_.dropped;
   }
-  if (to_free.valid()) cxl_->Free(to_free);
+  if (to_free.valid()) ReleaseCxl(key, to_free);
   return absl::OkStatus();
 }
 
@@ -235,7 +291,7 @@ absl::Status TierManager::DemoteKeys(std::span<const Key> keys,
     }
     nvme_->Wait(batch);
   }
-  std::vector<allocator::BlockHandle> to_free;
+  std::vector<std::pair<Key, allocator::BlockHandle>> to_free;
   {
     std::lock_guard<std::mutex> l(mu_);
     const std::int64_t now = Now();
@@ -243,12 +299,13 @@ absl::Status TierManager::DemoteKeys(std::span<const Key> keys,
       const std::size_t i = go[j];
       Entry& e = entries_[keys[i]];
       if (batch.status(j).ok()) {
-        to_free.push_back(e.block);
+        to_free.emplace_back(keys[i], e.block);
         e.block = {};
         e.where = Residence::kNvme;
         e.demoted_at_ms = now;
         e.cooldown = cooldown;
         lru_.erase(e.lru);
+        EnterNvmeLocked(keys[i], e);
         --cxl_resident_;
         ++stats_.demotions;
       } else {
@@ -261,8 +318,9 @@ absl::Status TierManager::DemoteKeys(std::span<const Key> keys,
                                                       st.message()));
       }
     }
+    EvictNvmeLocked();
   }
-  for (auto h : to_free) cxl_->Free(h);
+  for (const auto& [key, h] : to_free) ReleaseCxl(key, h);
   for (const auto& st : res) {
     if (!st.ok()) return st;
   }
@@ -343,6 +401,7 @@ absl::Status TierManager::Prefetch(std::span<const Key> keys, PromotionBatch& ba
         continue;
       }
       Entry& e = entries_[keys[i]];
+      LeaveNvmeLocked(e);
       e.where = Residence::kPromoting;
       e.block = h;
       ++cxl_resident_;
@@ -390,6 +449,7 @@ void TierManager::FinishPromotion(PromotionBatch& batch) {
         ++stats_.dropped;
       } else {
         e.where = Residence::kNvme;
+        EnterNvmeLocked(key, e);
       }
       batch.status_[i] = st;
     }
@@ -403,6 +463,67 @@ void TierManager::FinishPromotion(PromotionBatch& batch) {
 }
 
 void TierManager::Wait(PromotionBatch& batch) { nvme_->Wait(batch.io_); }
+
+absl::Status TierManager::Read(std::span<const Key> keys, std::span<void* const> dests,
+                               std::uint64_t dest_bytes, std::vector<absl::Status>* results) {
+  std::vector<absl::Status> local;
+  std::vector<absl::Status>& res = results != nullptr ? *results : local;
+  res.assign(keys.size(), absl::OkStatus());
+  if (keys.size() != dests.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Read: ", keys.size(), " keys but ", dests.size(), " destinations"));
+  }
+  pool::NvmeBatch batch;
+  std::vector<std::size_t> go;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      auto it = entries_.find(keys[i]);
+      if (it == entries_.end()) {
+        res[i] = absl::NotFoundError(absl::StrCat("Read(", K(keys[i]), "): not tracked"));
+        continue;
+      }
+      Entry& e = it->second;
+      if (e.where != Residence::kNvme) {
+        res[i] = absl::FailedPreconditionError(absl::StrCat(
+            "Read(", K(keys[i]), "): the block is ", ResidenceName(e.where),
+            e.where == Residence::kCxl ? "; Acquire it there" : "; retry when done"));
+        continue;
+      }
+      nvme_lru_.splice(nvme_lru_.begin(), nvme_lru_, e.nvme_lru);
+      go.push_back(i);
+      batch.AddGet(keys[i], dests[i], dest_bytes);
+    }
+  }
+  if (go.empty()) return res.empty() ? absl::OkStatus() : res[0];
+  // The store pins each slot it reads: a concurrent drop or eviction retires it afterwards.
+  if (absl::Status st = nvme_->Submit(batch); !st.ok()) return st;
+  nvme_->Wait(batch);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (std::size_t j = 0; j < go.size(); ++j) {
+      const std::size_t i = go[j];
+      const absl::Status& st = batch.status(j);
+      if (st.ok()) {
+        ++stats_.nvme_reads;
+        continue;
+      }
+      res[i] = st;
+      if (absl::IsDataLoss(st)) {  // the store dropped it
+        auto it = entries_.find(keys[i]);
+        if (it != entries_.end() && it->second.where == Residence::kNvme) {
+          LeaveNvmeLocked(it->second);
+          entries_.erase(it);
+          ++stats_.dropped;
+        }
+      }
+    }
+  }
+  for (const auto& st : res) {
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
 
 absl::Status TierManager::Promote(const Key& key) {
   PromotionBatch b;
@@ -450,12 +571,25 @@ absl::StatusOr<std::size_t> TierManager::EnforceWatermarks() {
       if (e.where == Residence::kCxl && e.pins == 0) victims.push_back(*it);
     }
   }
+  std::size_t gone = 0;
+  if (options_.victim_tier) {
+    std::vector<Key> demote;
+    for (const Key& key : victims) {
+      if (options_.victim_tier(key) != Tier::kDrop) {
+        demote.push_back(key);
+      } else if (Move(key, Tier::kDrop).ok()) {  // pinned since: it stays
+        ++gone;
+        std::lock_guard<std::mutex> l(mu_);
+        ++stats_.victims_dropped;
+      }
+    }
+    victims.swap(demote);
+  }
   std::vector<absl::Status> results;
   absl::Status first = DemoteKeys(victims, &results, /*cooldown=*/true);
-  std::size_t demoted = 0;
-  for (const auto& st : results) demoted += st.ok() ? 1 : 0;
-  if (demoted == 0 && !first.ok()) return first;
-  return demoted;
+  for (const auto& st : results) gone += st.ok() ? 1 : 0;
+  if (gone == 0 && !first.ok()) return first;
+  return gone;
 }
 
 void TierManager::MaybeEnforce() {
@@ -467,6 +601,13 @@ std::optional<Residence> TierManager::Where(const Key& key) const {
   auto it = entries_.find(key);
   if (it == entries_.end()) return std::nullopt;
   return it->second.where;
+}
+
+std::optional<allocator::BlockHandle> TierManager::CxlBlock(const Key& key) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.where != Residence::kCxl) return std::nullopt;
+  return it->second.block;
 }
 
 TierStats TierManager::Stats() const {

@@ -8,11 +8,15 @@
 //   Prefetch(keys) / Promote   NVMe -> CXL: allocate CXL blocks and read into them, one
 //                              io_uring submit per batch, completion by callback or Wait
 //   Acquire / Release          pin a CXL block for use (marks it recently used; no demotion)
+//   Read(keys)                 NVMe -> the caller's buffers, no promotion (one batch)
 // Where a block should go is not decided here: the placement rule (a separate module) picks a
-// Tier and calls Place/Move. The only policy in this class is mechanical: capacity watermarks
-// with hysteresis (above the high watermark, the least recently used unpinned blocks are
-// demoted until at most the low watermark remain) and an anti-thrash cool-down (a block
+// Tier and calls Place/Move, and may re-decide watermark victims (TierOptions::victim_tier).
+// The only policy in this class is mechanical: capacity watermarks with hysteresis (above the
+// high watermark, the least recently used unpinned blocks leave CXL until at most the low
+// watermark remain), an NVMe capacity with LRU eviction, and an anti-thrash cool-down (a block
 // demoted less than cooldown_ms ago is not promoted; CheckPromote and the error say why).
+// A CXL block that other readers can reach (published in a shared prefix index) is handed to
+// TierOptions::release_cxl when it leaves CXL, so its owner frees it only once they are gone.
 //
 // Thread-safety: every method may be called from any thread. The manager's lock is never held
 // across NVMe I/O. Prefetch callbacks run on the thread that reaps the NVMe completion.
@@ -63,6 +67,18 @@ struct TierOptions {
   std::int64_t cooldown_ms = 1000;
   // Time source in milliseconds (monotonic); empty: CLOCK_MONOTONIC.
   std::function<std::int64_t()> now_ms;
+  // Where a watermark victim goes: kNvme (demoted) or kDrop (forgotten). A placement rule
+  // re-decides each victim here. kCxl counts as kNvme: the watermark needs the room. Empty:
+  // every victim is demoted. Called without the manager's lock held.
+  std::function<Tier(const Key&)> victim_tier;
+  // Called, without the lock, for every CXL block the manager lets go of that was resident
+  // under a key (demoted, dropped, evicted; not a promotion that failed, whose block nobody
+  // saw): the callee owns the block and frees it when no reader can still hold it — e.g.
+  // after retiring it from a shared prefix index. Empty: the manager frees it at once.
+  std::function<void(const Key&, allocator::BlockHandle)> release_cxl;
+  // At most this many blocks only on NVMe; past it, the least recently used (demoted or read
+  // longest ago) are deleted from the store. 0: bounded only by the store's capacity.
+  std::uint64_t nvme_capacity_blocks = 0;
 };
 
 enum class PromoteVerdict : std::uint8_t {
@@ -91,6 +107,9 @@ struct TierStats {
   std::uint64_t promotions_refused = 0;  // cool-down
   std::uint64_t watermark_runs = 0;      // times the high watermark was crossed
   std::uint64_t dropped = 0;             // Tier::kDrop, and blocks lost to NVMe data loss
+  std::uint64_t victims_dropped = 0;     // watermark victims victim_tier sent to kDrop
+  std::uint64_t nvme_evicted = 0;        // deleted past nvme_capacity_blocks
+  std::uint64_t nvme_reads = 0;          // blocks read by Read (no promotion)
 };
 
 // The state of one asynchronous promotion batch; owned by the caller, alive until done().
@@ -138,6 +157,10 @@ class TierManager {
   // fails the block stays tracked in CXL and the error is returned. kDrop: freed.
   // kAlreadyExists if key is tracked (the block is then left to the caller).
   absl::Status Place(const Key& key, allocator::BlockHandle block, Tier target);
+  // Place for many blocks to one tier; kNvme writes them in one NVMe batch. Per-key results
+  // go to *results when given; returns the first error.
+  absl::Status Place(std::span<const Key> keys, std::span<const allocator::BlockHandle> blocks,
+                     Tier target, std::vector<absl::Status>* results = nullptr);
   // Moves a tracked block: kCxl promotes (synchronously), kNvme demotes, kDrop forgets it and
   // frees its CXL block or NVMe copy.
   absl::Status Move(const Key& key, Tier target);
@@ -159,19 +182,28 @@ class TierManager {
   // Whether Promote(key) would be allowed now, and if not, why.
   PromoteCheck CheckPromote(const Key& key) const;
 
+  // Reads NVMe-resident blocks into the caller's buffers (dest_bytes each) without promoting
+  // them, one NVMe batch; marks them recently used on NVMe. Per key in *results: OK,
+  // kFailedPrecondition (not on NVMe: the message says where), kNotFound, kDataLoss (the copy
+  // failed its checks: the block is dropped, recompute it). Returns the first error.
+  absl::Status Read(std::span<const Key> keys, std::span<void* const> dests,
+                    std::uint64_t dest_bytes, std::vector<absl::Status>* results = nullptr);
+
   // Pins key's CXL block and marks it most recently used; the address stays valid until
   // Release. kFailedPrecondition when the block is not in CXL (the message says where it is),
   // kNotFound when untracked.
   absl::StatusOr<std::byte*> Acquire(const Key& key);
   void Release(const Key& key);
 
-  // If more than high_watermark_blocks are in CXL, demotes the least recently used unpinned
-  // blocks until at most low_watermark_blocks remain (or no candidate is left). Returns how
-  // many were demoted, or the first demotion error when none could be (blocks whose
-  // demotion failed stay in CXL).
+  // If more than high_watermark_blocks are in CXL, demotes (or drops, as victim_tier says) the
+  // least recently used unpinned blocks until at most low_watermark_blocks remain (or no
+  // candidate is left). Returns how many left CXL, or the first demotion error when none
+  // could (blocks whose demotion failed stay in CXL).
   absl::StatusOr<std::size_t> EnforceWatermarks();
 
   std::optional<Residence> Where(const Key& key) const;
+  // The CXL block of a key resident in CXL (to publish it, or to check an index against it).
+  std::optional<allocator::BlockHandle> CxlBlock(const Key& key) const;
   TierStats Stats() const;
   allocator::BlockAllocator& allocator() const noexcept { return *cxl_; }
   pool::NvmeStore& store() const noexcept { return *nvme_; }
@@ -185,6 +217,7 @@ class TierManager {
     bool cooldown = false;  // demoted_at_ms applies
     std::uint32_t pins = 0;
     std::list<Key>::iterator lru;  // valid while the block occupies CXL
+    std::list<Key>::iterator nvme_lru;  // valid while where == kNvme
   };
   TierManager() = default;
   std::int64_t Now() const;
@@ -194,6 +227,13 @@ class TierManager {
   absl::Status RefusalStatus(const Key& key, const PromoteCheck& c) const;
   void FinishPromotion(PromotionBatch& batch);
   void MaybeEnforce();
+  // The key's entry becomes NVMe-resident / stops being: keeps nvme_lru_ in step.
+  void EnterNvmeLocked(const Key& key, Entry& e);
+  void LeaveNvmeLocked(Entry& e);
+  // Deletes the least recently used NVMe-only blocks past nvme_capacity_blocks.
+  void EvictNvmeLocked();
+  // Hands a CXL block that was resident under key to release_cxl, or frees it.
+  void ReleaseCxl(const Key& key, allocator::BlockHandle h);
 
   std::unique_ptr<allocator::BlockAllocator> cxl_;
   std::unique_ptr<pool::NvmeStore> nvme_;
@@ -206,6 +246,7 @@ class TierManager {
   mutable std::mutex mu_;
   absl::flat_hash_map<Key, Entry, pool::NvmeKeyHash> entries_;
   std::list<Key> lru_;  // front: most recently used
+  std::list<Key> nvme_lru_;  // NVMe-only blocks, front: most recently demoted or read
   std::uint64_t cxl_resident_ = 0;
   TierStats stats_;
 };
