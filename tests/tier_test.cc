@@ -369,6 +369,8 @@ TEST(TierManager, ReadCopiesOutWithoutPromotingAndReportsPerKey) {
   const std::uint64_t submits = m->store().Stats().submit_calls;
   ASSERT_TRUE(m->Place(keys, blocks, Tier::kNvme).ok());
   EXPECT_EQ(m->store().Stats().submit_calls, submits + 1) << "one batch for the six writes";
+  EXPECT_EQ(m->Stats().placed_nvme, 6u);
+  EXPECT_EQ(m->Stats().demotions, 0u) << "a placement is not a demotion";
   PlaceNew(*m, 6, Tier::kCxl);
   // Corrupt key 5's copy.
   auto loc = m->store().Locate(KeyOf(5));

@@ -26,6 +26,7 @@
 #include "cxlkv/pool/nvme_store.h"
 #include "cxlkv/pool/region.h"
 #include "cxlkv/pool/reuse_tracker.h"
+#include "cxlkv/tier/tier_manager.h"
 
 namespace cxlkv::replay {
 namespace {
@@ -92,25 +93,20 @@ class Engine {
  public:
   Engine(const Trace& trace, const ReplayOptions& o)
       : trace_(trace), o_(o), moved_(o.profile.MovedBlockBytes()),
-        modeled_(o.profile.ModeledBlockBytes()), scratch_(moved_), nvme_bufs_(moved_),
-        put_bufs_(moved_) {}
+        modeled_(o.profile.ModeledBlockBytes()), scratch_(moved_), nvme_bufs_(moved_) {}
   ~Engine() { Teardown(); }
 
   absl::Status Setup();
   absl::Status Run(ReplayResult* r);
 
  private:
-  struct CxlEntry {
+  // A block published in the index (resident in CXL): what retiring it and re-deciding it
+  // as a watermark victim need.
+  struct Published {
     co::Namespace ns;
-    BlockHandle h;
     std::uint32_t depth;  // 1 + the block's position in its chain
-    std::int64_t moved_ns;
-    std::list<PrefixKey>::iterator lru;
   };
-  struct NvmeEntry {
-    std::int64_t moved_ns;
-    std::list<PrefixKey>::iterator lru;
-  };
+  bool UsesTiers() const { return o_.policy != Policy::kRecompute; }
   bool UsesCxl() const {
     return o_.policy == Policy::kRule || o_.policy == Policy::kCxlLru ||
            o_.policy == Policy::kLruSpill;
@@ -122,40 +118,41 @@ class Engine {
   std::string Path(const std::string& dir, const char* what) const {
     return absl::StrCat(dir, "/cxlkv-", o_.tag, "-", what, "-", ::getpid());
   }
+  BlockAllocator& Alloc() const { return tier_->allocator(); }
   void Teardown();
   absl::Status Pump();
   absl::Status ServeRequest(const Request& q, ReplayResult* r);
   absl::Status LookupCxl(const Request& q, std::span<const PrefixKey> keys, std::size_t* got,
                          bool* stop, ReplayResult* r);
-  absl::Status LookupNvme(std::span<const PrefixKey> keys, std::size_t* got, ReplayResult* r,
-                          std::vector<std::pair<PrefixKey, std::size_t>>* read);
+  // The leading run of keys on NVMe: read into buffers (stays there) or promoted into CXL,
+  // per policy. `first`: the run's position in the request's chain.
+  absl::Status LookupNvme(const Request& q, std::span<const PrefixKey> chain, std::size_t first,
+                          std::size_t* got, ReplayResult* r);
   // `chain`/`pos`: the request's chain and the block's place in it. A block with no reuse
   // history of its own takes its nearest ancestor's expected interval (a turn's new blocks
   // come back with the conversation that reuses its parents).
   pool::Decision Decide(const PrefixKey& key, std::size_t depth, double occupancy_delta = 0,
                         std::span<const PrefixKey> chain = {}, std::size_t pos = 0);
-  // Stores a block whose bytes are in `data` in the CXL tier (publishes it).
-  absl::Status PutCxl(co::Namespace ns, const PrefixKey& key, const PrefixKey& parent,
-                      std::size_t depth, const std::byte* data, ReplayResult* r);
-  // Queues an NVMe write (flushed by FlushNvme); makes room at NVMe capacity first.
-  absl::Status PutNvme(const PrefixKey& key, const std::byte* data, ReplayResult* r);
+  // A CXL block for a new block's bytes: waits for retired blocks to come back if needed.
+  absl::StatusOr<BlockHandle> AllocCxl();
+  // Publishes a CXL-resident block in the index under (ns, key, parent).
+  absl::Status Publish(co::Namespace ns, const PrefixKey& key, const PrefixKey& parent,
+                       std::size_t depth, BlockHandle h);
+  // TierOptions::release_cxl: a published block is retired (its arena block comes back
+  // through the owner once no lease names it); a staging block is freed.
+  void ReleaseCxl(const PrefixKey& key, BlockHandle h);
+  // Where a watermark victim goes (TierOptions::victim_tier).
+  tier::Tier VictimTier(const PrefixKey& key);
+  // Writes the queued NVMe placements in one batch.
   absl::Status FlushNvme(ReplayResult* r);
-  absl::Status DeleteNvme(const PrefixKey& key);
-  // Evicts CXL blocks, least recently used first, until at most `target` are resident.
-  absl::Status EvictCxl(std::uint32_t target, ReplayResult* r);
   double CxlOccupancy() const {
-    return o_.cxl_blocks ? static_cast<double>(cxl_.size()) / o_.cxl_blocks : 1.0;
+    return o_.cxl_blocks ? static_cast<double>(tier_->Stats().cxl_blocks) / o_.cxl_blocks : 1.0;
   }
   std::int64_t NowNs() const { return static_cast<std::int64_t>(now_s_ * 1e9); }
-  bool CoolingDown(std::int64_t moved_ns) const {
-    return o_.policy == Policy::kRule &&
-           static_cast<double>(NowNs() - moved_ns) < o_.params.cooldown_s * 1e9;
-  }
-  absl::Status Check(const PrefixKey& key, const std::byte* data, ReplayResult* r) {
-    if (!o_.verify) return absl::OkStatus();
+  void Check(const PrefixKey& key, const std::byte* data, ReplayResult* r) {
+    if (!o_.verify) return;
     FillBlock(key, scratch_.Get(0), moved_);
     if (std::memcmp(scratch_.Get(0), data, moved_) != 0) ++r->verify_failures;
-    return absl::OkStatus();
   }
 
   const Trace& trace_;
@@ -165,36 +162,39 @@ class Engine {
   double now_s_ = 0;
   std::uint32_t queue_depth_ = 0;
   std::string arena_path_, domain_path_;
-  std::unique_ptr<BlockAllocator> alloc_;
   std::unique_ptr<pool::Region> domain_region_;
   std::unique_ptr<co::DirectMem> mem_;
   std::unique_ptr<co::PrefixOwner> owner_;
   std::unique_ptr<co::PrefixHost> host_;
-  std::unique_ptr<pool::NvmeStore> store_;
+  std::unique_ptr<tier::TierManager> tier_;
   std::optional<pool::PlacementRule> rule_;
   std::optional<pool::ReuseTracker> tracker_;
-  absl::flat_hash_map<PrefixKey, CxlEntry, KeyHash> cxl_;
-  std::list<PrefixKey> cxl_lru_;  // front: most recent
-  absl::flat_hash_map<PrefixKey, NvmeEntry, KeyHash> nvme_;
-  std::list<PrefixKey> nvme_lru_;
+  absl::flat_hash_map<PrefixKey, Published, KeyHash> published_;
   std::uint64_t awaiting_return_ = 0;  // retired blocks not yet handed back by the owner
   std::uint64_t freed_ = 0;
   std::uint64_t inherited_ = 0;
-  Buffers scratch_, nvme_bufs_, put_bufs_;
-  pool::NvmeBatch batch_;
-  std::vector<PrefixKey> pending_put_keys_;
+  std::uint64_t victims_decided_ = 0;
+  std::array<std::uint64_t, 6>* clauses_ = nullptr;  // the running result's clause counts
+  absl::Status callback_error_;  // the first failure inside a TierManager callback
+  Buffers scratch_, nvme_bufs_;
+  std::vector<PrefixKey> pending_keys_;  // new blocks queued for NVMe, in staging blocks
+  std::vector<BlockHandle> pending_blocks_;
 };
 
 absl::Status Engine::Setup() {
   if (moved_ == 0 || o_.profile.scale == 0) return absl::InvalidArgumentError("empty profile");
-  if (UsesCxl()) {
+  if (UsesTiers()) {
     if (o_.cxl_blocks == 0) return absl::InvalidArgumentError("cxl_blocks must be > 0");
-    // The arena: cxl_blocks blocks of the moved size, plus room for its metadata.
+    if (o_.nvme_dir.empty() || (UsesNvme() && o_.nvme_blocks == 0)) {
+      return absl::InvalidArgumentError("the tiers need nvme_dir and nvme_blocks");
+    }
+    // The arena: cxl_blocks blocks of the moved size, plus room for its metadata. Slack beyond
+    // cxl_blocks holds blocks retired but not yet handed back by the owner, promotions in
+    // flight and new blocks staged for NVMe; residency is capped at cxl_blocks by the
+    // watermarks, never by the slack.
     arena_path_ = Path(o_.shm_dir, "arena");
     const std::uint64_t stride = (moved_ + 4095) / 4096 * 4096;
-    // Slack beyond cxl_blocks holds blocks retired but not yet handed back by the owner;
-    // residency is capped at cxl_blocks by the engine, never by the slack.
-    const std::uint64_t slack = std::min<std::uint64_t>(2048, o_.cxl_blocks);
+    const std::uint64_t slack = std::max<std::uint64_t>(512, std::min<std::uint64_t>(2048, o_.cxl_blocks));
     std::uint64_t bytes = (std::uint64_t{o_.cxl_blocks} + slack) * stride + (8ull << 20) +
                           std::uint64_t{o_.cxl_blocks} * 64;
     bytes = (bytes + (2ull << 20) - 1) / (2ull << 20) * (2ull << 20);
@@ -213,7 +213,6 @@ absl::Status Engine::Setup() {
     }
     auto alloc = BlockAllocator::Create(std::move(*arena));
     if (!alloc.ok()) return alloc.status();
-    alloc_ = std::move(*alloc);
 
     // The index: a domain in shared memory, the owner and one host in this process. Leases and
     // heartbeats run on the trace's clock, so their TTLs are in simulated time; grace 0 lets
@@ -240,23 +239,53 @@ absl::Status Engine::Setup() {
     auto host = co::PrefixHost::Join(*mem_, clock_, 0);
     if (!host.ok()) return host.status();
     host_ = std::move(*host);
-  }
-  if (UsesNvme()) {
-    if (o_.nvme_dir.empty() || o_.nvme_blocks == 0) {
-      return absl::InvalidArgumentError("an NVMe policy needs nvme_dir and nvme_blocks");
-    }
+
+    // The NVMe store (every policy but recompute has one; cxl-lru never writes to it).
     std::error_code ec;
     std::filesystem::remove_all(o_.nvme_dir, ec);
     pool::NvmeStoreOptions so;
     so.dir = o_.nvme_dir;
     so.payload_bytes = moved_;
     // Slack over nvme_blocks: deleted slots are retired in the background.
+    const std::uint64_t nvme_blocks = UsesNvme() ? o_.nvme_blocks : 16;
     const std::uint64_t slot = (moved_ + 4095) / 4096 * 4096 + 4096;
-    so.capacity_bytes = (std::uint64_t{o_.nvme_blocks} + o_.nvme_blocks / 4 + 256) * slot;
+    so.capacity_bytes = (nvme_blocks + nvme_blocks / 4 + 256) * slot;
     so.grow_bytes = 16ull << 20;
     auto store = pool::NvmeStore::Open(so);
     if (!store.ok()) return store.status();
-    store_ = std::move(*store);
+
+    // The TierManager moves the blocks; the policy is in its options and in ServeRequest.
+    tier::TierOptions to;
+    to.size_class = 0;
+    to.auto_enforce = true;
+    to.now_ms = [this] { return NowNs() / 1000000; };
+    to.release_cxl = [this](const PrefixKey& k, BlockHandle h) { ReleaseCxl(k, h); };
+    to.nvme_capacity_blocks = UsesNvme() ? o_.nvme_blocks : 0;
+    to.cooldown_ms = 0;
+    switch (o_.policy) {
+      case Policy::kRule: {
+        const auto high = static_cast<std::uint64_t>(o_.params.high_watermark * o_.cxl_blocks);
+        to.high_watermark_blocks = std::max<std::uint64_t>(1, high);
+        to.low_watermark_blocks = std::min<std::uint64_t>(
+            to.high_watermark_blocks,
+            static_cast<std::uint64_t>(o_.params.low_watermark * o_.cxl_blocks));
+        to.cooldown_ms = static_cast<std::int64_t>(o_.params.cooldown_s * 1e3);
+        to.victim_tier = [this](const PrefixKey& k) { return VictimTier(k); };
+        break;
+      }
+      case Policy::kCxlLru:
+        to.high_watermark_blocks = to.low_watermark_blocks = o_.cxl_blocks;
+        to.victim_tier = [](const PrefixKey&) { return tier::Tier::kDrop; };
+        break;
+      case Policy::kLruSpill:
+        to.high_watermark_blocks = to.low_watermark_blocks = o_.cxl_blocks;
+        break;
+      default:  // nvme-lru: CXL only stages new blocks for their NVMe write
+        break;
+    }
+    auto m = tier::TierManager::Create(std::move(*alloc), std::move(*store), std::move(to));
+    if (!m.ok()) return m.status();
+    tier_ = std::move(*m);
   }
   if (o_.policy == Policy::kRule) {
     auto rule = pool::PlacementRule::Create(o_.params);
@@ -274,13 +303,12 @@ void Engine::Teardown() {
   owner_.reset();
   mem_.reset();
   domain_region_.reset();
-  alloc_.reset();
-  if (store_) store_->Drain();
-  store_.reset();
+  // Frees the CXL blocks it still tracks (their index is gone) and drains the store.
+  tier_.reset();
   if (o_.keep_files) return;
   if (!arena_path_.empty()) ::unlink(arena_path_.c_str());
   if (!domain_path_.empty()) ::unlink(domain_path_.c_str());
-  if (!o_.nvme_dir.empty() && UsesNvme()) {
+  if (!o_.nvme_dir.empty() && UsesTiers()) {
     std::error_code ec;
     std::filesystem::remove_all(o_.nvme_dir, ec);
   }
@@ -295,7 +323,7 @@ absl::Status Engine::Pump() {
   owner_->Step();
   if (auto st = host_->Heartbeat(&back); !st.ok()) return st;
   for (const co::BlockRef& ref : back) {
-    const auto fr = alloc_->Free(BlockHandle{ref.index, ref.generation});
+    const auto fr = Alloc().Free(BlockHandle{ref.index, ref.generation});
     if (fr != allocator::FreeResult::kOk) {
       return absl::InternalError(absl::StrCat("a block the owner returned (index ", ref.index,
                                               ") did not free: ",
@@ -327,7 +355,71 @@ pool::Decision Engine::Decide(const PrefixKey& key, std::size_t depth, double oc
   if (o_.rule_prefix_tokens) in.tokens *= static_cast<std::uint32_t>(depth);
   in.queue_depth = queue_depth_;
   in.occupancy = {std::min(1.0, CxlOccupancy() + occupancy_delta), 1.0};
-  return rule_->Decide(in);
+  const pool::Decision d = rule_->Decide(in);
+  if (clauses_ != nullptr) ++(*clauses_)[static_cast<int>(d.clause)];
+  return d;
+}
+
+tier::Tier Engine::VictimTier(const PrefixKey& key) {
+  ++victims_decided_;
+  // Re-decided as if it were not in CXL: drop or NVMe (a victim the rule would keep in CXL
+  // goes to NVMe: the watermark needs the room).
+  auto it = published_.find(key);
+  const std::size_t depth = it != published_.end() ? it->second.depth : 1;
+  return Decide(key, depth).tier == pool::Tier::kDrop ? tier::Tier::kDrop : tier::Tier::kNvme;
+}
+
+void Engine::ReleaseCxl(const PrefixKey& key, BlockHandle h) {
+  auto it = published_.find(key);
+  if (it == published_.end()) {  // a staging block of an NVMe placement: nobody saw it
+    if (Alloc().Free(h) != allocator::FreeResult::kOk && callback_error_.ok()) {
+      callback_error_ = absl::InternalError("a staged NVMe block did not free");
+    }
+    return;
+  }
+  const co::Namespace ns = it->second.ns;
+  published_.erase(it);
+  absl::Status st;
+  for (int tries = 0; tries < 1000; ++tries) {
+    st = host_->Retire(ns, key);
+    if (!absl::IsUnavailable(st)) break;
+    if (auto ps = Pump(); !ps.ok()) st = ps;
+  }
+  if (!st.ok()) {
+    if (callback_error_.ok()) callback_error_ = st;
+    return;
+  }
+  ++awaiting_return_;  // the owner hands it back once no lease names it (Pump frees it)
+}
+
+absl::StatusOr<BlockHandle> Engine::AllocCxl() {
+  BlockHandle h = Alloc().Alloc(0);
+  for (int rounds = 0; !h.valid() && awaiting_return_ > 0 && rounds < 1000; ++rounds) {
+    if (auto st = Pump(); !st.ok()) return st;  // wait for retired blocks to come back
+    h = Alloc().Alloc(0);
+  }
+  if (!h.valid()) {
+    return absl::InternalError(absl::StrCat("CXL arena full below capacity: ",
+                                            Alloc().ExplainAllocFailure(0).message()));
+  }
+  return h;
+}
+
+absl::Status Engine::Publish(co::Namespace ns, const PrefixKey& key, const PrefixKey& parent,
+                             std::size_t depth, BlockHandle h) {
+  co::BlockRef ref{};
+  std::memcpy(ref.arena, Alloc().arena().uuid().data(), 16);
+  ref.index = h.index;
+  ref.generation = h.generation;
+  absl::Status st;
+  for (int tries = 0; tries < 1000; ++tries) {
+    st = host_->Publish(ns, key, parent, ref, [&] { return Alloc().Persist(h).ok(); });
+    if (!absl::IsUnavailable(st)) break;
+    if (auto ps = Pump(); !ps.ok()) return ps;
+  }
+  if (!st.ok()) return st;
+  published_.emplace(key, Published{ns, static_cast<std::uint32_t>(depth)});
+  return absl::OkStatus();
 }
 
 absl::Status Engine::LookupCxl(const Request& q, std::span<const PrefixKey> keys,
@@ -348,29 +440,26 @@ absl::Status Engine::LookupCxl(const Request& q, std::span<const PrefixKey> keys
   std::size_t ok = 0;
   for (std::size_t j = 0; j < leases.size(); ++j) {
     const co::Lease& l = leases[j];
-    auto it = cxl_.find(keys[j]);
-    if (it == cxl_.end() || it->second.h.index != l.ref.index ||
-        it->second.h.generation != l.ref.generation) {
+    // The index and the TierManager must agree on the block; the pin keeps it in CXL while
+    // it is copied out (and marks it most recently used).
+    const std::optional<BlockHandle> held = tier_->CxlBlock(keys[j]);
+    if (!held || held->index != l.ref.index || held->generation != l.ref.generation) {
       ++r->index_mismatches;
       *stop = true;
       break;
     }
-    allocator::BlockRef ref;
-    std::memcpy(ref.arena.data(), l.ref.arena, 16);
-    ref.index = l.ref.index;
-    ref.generation = l.ref.generation;
-    auto addr = alloc_->Resolve(ref);
+    auto addr = tier_->Acquire(keys[j]);
     if (!addr.ok()) return addr.status();
     std::byte* dst = scratch_.Get(1);
     co::Invalidate(*addr, moved_);
     std::memcpy(dst, *addr, moved_);
+    tier_->Release(keys[j]);
     if (!host_->ValidateAfterCopy(l).ok()) {
       ++r->copies_discarded;
       *stop = true;
       break;
     }
-    if (auto st = Check(keys[j], dst, r); !st.ok()) return st;
-    cxl_lru_.splice(cxl_lru_.begin(), cxl_lru_, it->second.lru);
+    Check(keys[j], dst, r);
     ++ok;
   }
   host_->ReleaseAll(leases);
@@ -379,156 +468,120 @@ absl::Status Engine::LookupCxl(const Request& q, std::span<const PrefixKey> keys
   return absl::OkStatus();
 }
 
-absl::Status Engine::LookupNvme(std::span<const PrefixKey> keys, std::size_t* got,
-                                ReplayResult* r,
-                                std::vector<std::pair<PrefixKey, std::size_t>>* read) {
+absl::Status Engine::LookupNvme(const Request& q, std::span<const PrefixKey> chain,
+                                std::size_t first, std::size_t* got, ReplayResult* r) {
   *got = 0;
   std::size_t run = 0;
-  while (run < keys.size() && run < 256 && !cxl_.contains(keys[run]) &&
-         store_->Contains(keys[run])) {
+  while (first + run < chain.size() && run < 256 &&
+         tier_->Where(chain[first + run]) == tier::Residence::kNvme) {
     ++run;
   }
   if (run == 0) return absl::OkStatus();
-  std::vector<void*> dests(run);
-  const std::size_t base = read->size();
-  for (std::size_t j = 0; j < run; ++j) dests[j] = nvme_bufs_.Get(base + j);
-  pool::NvmeBatch batch;
-  if (auto st = store_->Prefetch(keys.first(run), dests, moved_, batch); !st.ok()) return st;
-  store_->Wait(batch);
-  std::size_t ok = 0;
-  for (; ok < run; ++ok) {
-    if (!batch.status(ok).ok() || batch.bytes(ok) != moved_) {
-      ++r->nvme_read_errors;
-      break;
-    }
-    if (auto st = Check(keys[ok], static_cast<std::byte*>(dests[ok]), r); !st.ok()) return st;
-    read->emplace_back(keys[ok], base + ok);
-    auto it = nvme_.find(keys[ok]);
-    if (it != nvme_.end()) nvme_lru_.splice(nvme_lru_.begin(), nvme_lru_, it->second.lru);
-  }
-  r->nvme_read.blocks += ok;
-  *got = ok;
-  return absl::OkStatus();
-}
-
-absl::Status Engine::EvictCxl(std::uint32_t target, ReplayResult* r) {
-  auto it = cxl_lru_.end();
-  while (cxl_.size() > target && it != cxl_lru_.begin()) {
-    --it;
-    const PrefixKey key = *it;
-    CxlEntry& e = cxl_.at(key);
-    if (CoolingDown(e.moved_ns)) {
-      ++r->cooldown_holds;
-      continue;
-    }
-    bool demote = o_.policy == Policy::kLruSpill;
+  // Which of the run to promote into CXL (the fetch is the promotion: one read either way).
+  std::vector<PrefixKey> promote, read;
+  std::vector<std::size_t> read_pos;
+  for (std::size_t j = 0; j < run; ++j) {
+    const std::size_t pos = first + j;
+    const PrefixKey& key = chain[pos];
+    bool up = o_.policy == Policy::kLruSpill;
     if (o_.policy == Policy::kRule) {
-      // Re-decide the victim as if it were not in CXL: drop or NVMe (a victim the rule would
-      // keep in CXL goes to NVMe: the watermark needs the room).
-      const pool::Decision d = Decide(key, e.depth);
-      ++r->clauses[static_cast<int>(d.clause)];
-      demote = d.tier != pool::Tier::kDrop;
+      const pool::Decision d = Decide(key, pos + 1, 1.0 / o_.cxl_blocks, chain, pos);
+      if (d.tier == pool::Tier::kCxlExpanded || d.tier == pool::Tier::kCxlPooled) {
+        const tier::PromoteCheck c = tier_->CheckPromote(key);
+        if (c.verdict == tier::PromoteVerdict::kCoolingDown) ++r->cooldown_holds;
+        up = c.allowed();
+      }
     }
-    if (demote) {
-      std::byte* addr = alloc_->Addr(e.h);
-      if (auto st = PutNvme(key, addr, r); !st.ok()) return st;  // copies the bytes out now
-      ++r->demotions;
-      r->cxl_read.blocks += 1;
+    if (up) {
+      promote.push_back(key);
     } else {
-      ++r->evicted_dropped;
+      read.push_back(key);
+      read_pos.push_back(pos);
     }
-    absl::Status st;
-    for (int tries = 0; tries < 1000; ++tries) {
-      st = host_->Retire(e.ns, key);
-      if (!absl::IsUnavailable(st)) break;
-      if (auto ps = Pump(); !ps.ok()) return ps;
+  }
+  std::size_t bad = run;  // the first position of the run that did not come back
+  if (!promote.empty()) {
+    tier::PromotionBatch batch;
+    if (auto st = tier_->Prefetch(promote, batch); !st.ok()) return st;
+    tier_->Wait(batch);
+    for (std::size_t j = 0; j < promote.size(); ++j) {
+      const PrefixKey& key = promote[j];
+      const std::size_t pos =
+          static_cast<std::size_t>(std::find(chain.begin(), chain.end(), key) - chain.begin());
+      const absl::Status& st = batch.status(j);
+      if (absl::IsResourceExhausted(st)) {  // no CXL block free now: read it instead
+        read.push_back(key);
+        read_pos.push_back(pos);
+        continue;
+      }
+      if (!st.ok()) {
+        ++r->nvme_read_errors;
+        bad = std::min(bad, pos - first);
+        continue;
+      }
+      const std::optional<BlockHandle> h = tier_->CxlBlock(key);
+      if (!h) return absl::InternalError("a promoted block is not in CXL");
+      Check(key, Alloc().Addr(*h), r);
+      if (auto ps = Publish(q.ns, key, pos > 0 ? chain[pos - 1] : PrefixKey{}, pos + 1, *h);
+          !ps.ok()) {
+        return ps;
+      }
+      ++r->promotions;
+      r->nvme_read.blocks += 1;
+      r->cxl_write.blocks += 1;
     }
-    if (!st.ok()) return st;
-    ++awaiting_return_;
-    it = cxl_lru_.erase(it);
-    cxl_.erase(key);
+    // Promotions raise residency: the watermarks run after them, as after any placement.
+    // Then one owner round applies the publishes and the victims' retires, so the index the
+    // rest of this lookup reads agrees with the tiers again.
+    if (auto w = tier_->EnforceWatermarks(); !w.ok()) return w.status();
+    if (auto st = Pump(); !st.ok()) return st;
   }
-  // The retired blocks come back through the owner at the next Pump(); the arena's slack
-  // holds new blocks meanwhile (PutCxl pumps if it runs out).
-  return absl::OkStatus();
-}
-
-absl::Status Engine::PutCxl(co::Namespace ns, const PrefixKey& key, const PrefixKey& parent,
-                            std::size_t depth, const std::byte* data, ReplayResult* r) {
-  BlockHandle h = alloc_->Alloc(0);
-  for (int rounds = 0; !h.valid() && awaiting_return_ > 0 && rounds < 1000; ++rounds) {
-    if (auto st = Pump(); !st.ok()) return st;  // wait for retired blocks to come back
-    h = alloc_->Alloc(0);
+  if (!read.empty()) {
+    std::vector<void*> dests(read.size());
+    for (std::size_t j = 0; j < read.size(); ++j) dests[j] = nvme_bufs_.Get(j);
+    std::vector<absl::Status> res;
+    (void)tier_->Read(read, dests, moved_, &res);
+    for (std::size_t j = 0; j < read.size(); ++j) {
+      if (!res[j].ok()) {
+        ++r->nvme_read_errors;
+        bad = std::min(bad, read_pos[j] - first);
+        continue;
+      }
+      Check(read[j], static_cast<const std::byte*>(dests[j]), r);
+      r->nvme_read.blocks += 1;
+    }
   }
-  if (!h.valid()) {
-    return absl::InternalError(absl::StrCat("CXL arena full below capacity: ",
-                                            alloc_->ExplainAllocFailure(0).message()));
-  }
-  co::CopyNt(alloc_->Addr(h), data, moved_);
-  co::BlockRef ref{};
-  std::memcpy(ref.arena, alloc_->arena().uuid().data(), 16);
-  ref.index = h.index;
-  ref.generation = h.generation;
-  absl::Status st;
-  for (int tries = 0; tries < 1000; ++tries) {
-    st = host_->Publish(ns, key, parent, ref, [&] { return alloc_->Persist(h).ok(); });
-    if (!absl::IsUnavailable(st)) break;
-    if (auto ps = Pump(); !ps.ok()) return ps;
-  }
-  if (!st.ok()) return st;
-  cxl_lru_.push_front(key);
-  cxl_.emplace(key, CxlEntry{ns, h, static_cast<std::uint32_t>(depth), NowNs(), cxl_lru_.begin()});
-  r->cxl_write.blocks += 1;
-  return absl::OkStatus();
-}
-
-absl::Status Engine::DeleteNvme(const PrefixKey& key) {
-  auto it = nvme_.find(key);
-  if (it == nvme_.end()) return absl::OkStatus();
-  nvme_lru_.erase(it->second.lru);
-  nvme_.erase(it);
-  // A put of this key may still be queued: flushed before the delete, so the delete wins.
-  auto q = std::find(pending_put_keys_.begin(), pending_put_keys_.end(), key);
-  if (q != pending_put_keys_.end()) return absl::OkStatus();  // FlushNvme drops it
-  return store_->Delete(key);
-}
-
-absl::Status Engine::PutNvme(const PrefixKey& key, const std::byte* data, ReplayResult* r) {
-  while (nvme_.size() >= o_.nvme_blocks && !nvme_lru_.empty()) {
-    const PrefixKey victim = nvme_lru_.back();
-    if (auto st = DeleteNvme(victim); !st.ok()) return st;
-    ++r->nvme_evicted;
-  }
-  std::byte* buf = put_bufs_.Get(pending_put_keys_.size());
-  std::memcpy(buf, data, moved_);
-  pending_put_keys_.push_back(key);
-  nvme_lru_.push_front(key);
-  nvme_.emplace(key, NvmeEntry{NowNs(), nvme_lru_.begin()});
-  if (pending_put_keys_.size() >= 128) return FlushNvme(r);
+  if (!callback_error_.ok()) return callback_error_;
+  *got = bad;  // hits are the leading run that came back
   return absl::OkStatus();
 }
 
 absl::Status Engine::FlushNvme(ReplayResult* r) {
-  if (pending_put_keys_.empty()) return absl::OkStatus();
-  batch_.Clear();
-  std::size_t n = 0;
-  for (std::size_t i = 0; i < pending_put_keys_.size(); ++i) {
-    if (!nvme_.contains(pending_put_keys_[i])) continue;  // evicted before it was written
-    batch_.AddPut(pending_put_keys_[i], put_bufs_.Get(i), moved_);
-    ++n;
+  if (pending_keys_.empty()) return absl::OkStatus();
+  std::vector<absl::Status> res;
+  (void)tier_->Place(pending_keys_, pending_blocks_, tier::Tier::kNvme, &res);
+  for (std::size_t i = 0; i < pending_keys_.size(); ++i) {
+    if (res[i].ok()) {
+      ++r->nvme_write.blocks;
+      ++r->placed_nvme;
+    } else if (tier_->Where(pending_keys_[i]) == tier::Residence::kCxl) {
+      // The write failed (disk full): the staged block stays in CXL, unpublished; drop it —
+      // the block is recomputed when needed again.
+      if (auto st = tier_->Move(pending_keys_[i], tier::Tier::kDrop); !st.ok()) return st;
+      ++r->placed_drop;
+    } else {
+      return res[i];
+    }
   }
-  pending_put_keys_.clear();
-  if (n == 0) return absl::OkStatus();
-  if (auto st = store_->Submit(batch_); !st.ok()) return st;
-  store_->Wait(batch_);
-  if (auto st = batch_.first_error(); !st.ok()) return st;
-  r->nvme_write.blocks += n;
-  return absl::OkStatus();
+  pending_keys_.clear();
+  pending_blocks_.clear();
+  return callback_error_;
 }
 
 absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
   clock_.Set(q.arrival_s);
   now_s_ = q.arrival_s;
+  clauses_ = &r->clauses;
   if (auto st = Pump(); !st.ok()) return st;
   const std::uint32_t tpb = o_.profile.tokens_per_block;
   // Chain keys of every full block of prompt + answer (the answer's blocks are written after).
@@ -545,30 +598,22 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
   const auto now_ns = static_cast<std::uint64_t>(NowNs());
   for (std::size_t b = 0; b < n; ++b) tracker_->Record(keys[b], now_ns, modeled_, tpb);
 
-  // Look up: CXL runs through the index, NVMe runs through the store, until neither has the
-  // next block.
+  // Look up: CXL runs through the index, NVMe runs through the TierManager, until neither has
+  // the next block.
   std::size_t i = 0, cxl_hits = 0, nvme_hits = 0, nvme_runs = 0;
-  std::vector<std::pair<PrefixKey, std::size_t>> nvme_read;  // key, buffer
-  while (i < n) {
+  const std::span<const PrefixKey> prompt_keys = std::span<const PrefixKey>(keys).first(n);
+  while (UsesTiers() && i < n) {
     std::size_t got = 0;
     bool stop = false;
     if (UsesCxl()) {
-      if (auto st = LookupCxl(q, std::span<const PrefixKey>(keys).subspan(i, n - i), &got,
-                              &stop, r);
-          !st.ok()) {
-        return st;
-      }
+      if (auto st = LookupCxl(q, prompt_keys.subspan(i), &got, &stop, r); !st.ok()) return st;
       cxl_hits += got;
       i += got;
       if (stop) break;
     }
     std::size_t from_nvme = 0;
     if (UsesNvme() && i < n) {
-      if (auto st = LookupNvme(std::span<const PrefixKey>(keys).subspan(i, n - i), &from_nvme, r,
-                               &nvme_read);
-          !st.ok()) {
-        return st;
-      }
+      if (auto st = LookupNvme(q, prompt_keys, i, &from_nvme, r); !st.ok()) return st;
       if (from_nvme > 0) ++nvme_runs;
       nvme_hits += from_nvme;
       i += from_nvme;
@@ -602,81 +647,58 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
   r->ttft_s.push_back(ttft);
   r->queue_depth.push_back(queue_depth_);
 
-  // Promotions of the NVMe hits (after the first token: off the request's critical path).
-  if (o_.policy == Policy::kRule || o_.policy == Policy::kLruSpill) {
-    for (const auto& [key, buf] : nvme_read) {
-      auto ne = nvme_.find(key);
-      if (ne == nvme_.end()) continue;
-      const auto pos = static_cast<std::size_t>(
-          std::find(keys.begin(), keys.end(), key) - keys.begin());
-      if (o_.policy == Policy::kRule) {
-        const pool::Decision d = Decide(key, pos + 1, 1.0 / o_.cxl_blocks, keys, pos);
-        ++r->clauses[static_cast<int>(d.clause)];
-        if (d.tier != pool::Tier::kCxlExpanded) continue;
-        if (CoolingDown(ne->second.moved_ns)) {
-          ++r->cooldown_holds;
-          continue;
-        }
-        if (static_cast<double>(cxl_.size() + 1) > o_.params.high_watermark * o_.cxl_blocks) {
-          const auto low = static_cast<std::uint32_t>(o_.params.low_watermark * o_.cxl_blocks);
-          if (auto st = EvictCxl(low, r); !st.ok()) return st;
-          if (cxl_.size() >= o_.cxl_blocks) continue;
-        }
-      } else if (cxl_.size() >= o_.cxl_blocks) {
-        if (auto st = EvictCxl(o_.cxl_blocks - 1, r); !st.ok()) return st;
-      }
-      // The parent for the publish: the key before it in this request's chain.
-      const PrefixKey par = pos > 0 ? keys[pos - 1] : PrefixKey{};
-      if (auto st = DeleteNvme(key); !st.ok()) return st;
-      if (auto st = PutCxl(q.ns, key, par, pos + 1, nvme_bufs_.Get(buf), r); !st.ok()) return st;
-      ++r->promotions;
-    }
-  }
-
-  // Recomputed blocks (prompt misses and the answer) are written per policy.
-  if (o_.policy != Policy::kRecompute) {
+  // Recomputed blocks (prompt misses and the answer) are placed per policy.
+  if (UsesTiers()) {
     for (std::size_t b = hits; b < n_all; ++b) {
       const PrefixKey& key = keys[b];
-      if (cxl_.contains(key) || nvme_.contains(key)) {
+      if (tier_->Where(key).has_value()) {
         ++r->already_resident;
         continue;
       }
-      std::byte* data = scratch_.Get(2);
-      FillBlock(key, data, moved_);
-      const PrefixKey par = b > 0 ? keys[b - 1] : PrefixKey{};
-      pool::Tier tier = pool::Tier::kCxlExpanded;
-      if (o_.policy == Policy::kNvmeLru) tier = pool::Tier::kNvme;
+      pool::Tier dest = o_.policy == Policy::kNvmeLru ? pool::Tier::kNvme : pool::Tier::kCxlExpanded;
       if (o_.policy == Policy::kRule) {
         if (b >= n) tracker_->Record(key, now_ns, modeled_, tpb);  // produced now
-        const pool::Decision d = Decide(key, b + 1, 1.0 / o_.cxl_blocks, keys, b);
-        ++r->clauses[static_cast<int>(d.clause)];
-        tier = d.tier == pool::Tier::kCxlPooled ? pool::Tier::kCxlExpanded : d.tier;
-        if (tier == pool::Tier::kCxlExpanded &&
-            static_cast<double>(cxl_.size() + 1) > o_.params.high_watermark * o_.cxl_blocks) {
-          const auto low = static_cast<std::uint32_t>(o_.params.low_watermark * o_.cxl_blocks);
-          if (auto st = EvictCxl(low, r); !st.ok()) return st;
-          if (cxl_.size() >= o_.cxl_blocks) tier = pool::Tier::kNvme;  // all cooling down
-        }
-      } else if (tier == pool::Tier::kCxlExpanded && cxl_.size() >= o_.cxl_blocks) {
-        if (auto st = EvictCxl(o_.cxl_blocks - 1, r); !st.ok()) return st;
+        dest = Decide(key, b + 1, 1.0 / o_.cxl_blocks, keys, b).tier;
+        if (dest == pool::Tier::kCxlPooled) dest = pool::Tier::kCxlExpanded;
       }
-      if (tier == pool::Tier::kCxlExpanded) {
-        if (auto st = PutCxl(q.ns, key, par, b + 1, data, r); !st.ok()) return st;
-        ++r->placed_cxl;
-      } else if (tier == pool::Tier::kNvme) {
-        if (auto st = PutNvme(key, data, r); !st.ok()) return st;
-        ++r->placed_nvme;
-      } else {
+      if (dest == pool::Tier::kDrop) {
         ++r->placed_drop;
+        continue;
       }
+      auto h = AllocCxl();
+      if (!h.ok()) return h.status();
+      std::byte* data = scratch_.Get(2);  // what prefill computed
+      FillBlock(key, data, moved_);
+      if (dest == pool::Tier::kNvme) {  // staged in CXL for the NVMe write
+        std::memcpy(Alloc().Addr(*h), data, moved_);
+        pending_keys_.push_back(key);
+        pending_blocks_.push_back(*h);
+        if (pending_keys_.size() >= 128) {
+          if (auto st = FlushNvme(r); !st.ok()) return st;
+        }
+        continue;
+      }
+      co::CopyNt(Alloc().Addr(*h), data, moved_);
+      if (auto st = Publish(q.ns, key, b > 0 ? keys[b - 1] : PrefixKey{}, b + 1, *h); !st.ok()) {
+        return st;
+      }
+      // The manager's watermarks run here: victims are re-decided (rule), dropped (cxl-lru)
+      // or demoted (lru-spill) and retired from the index through release_cxl.
+      if (auto st = tier_->Place(key, *h, tier::Tier::kCxl); !st.ok()) return st;
+      if (!callback_error_.ok()) return callback_error_;
+      ++r->placed_cxl;
+      r->cxl_write.blocks += 1;
     }
-  }
-  if (store_) {
     if (auto st = FlushNvme(r); !st.ok()) return st;
   }
   if (auto st = Pump(); !st.ok()) return st;  // publishes applied before the next request
-  r->occupancy.push_back(Occupancy{q.arrival_s, static_cast<std::uint32_t>(cxl_.size()),
-                                   static_cast<std::uint32_t>(nvme_.size())});
+  if (tier_) {
+    const tier::TierStats s = tier_->Stats();
+    r->occupancy.push_back(Occupancy{q.arrival_s, static_cast<std::uint32_t>(s.cxl_blocks),
+                                     static_cast<std::uint32_t>(s.nvme_blocks)});
+  } else {
+    r->occupancy.push_back(Occupancy{q.arrival_s, 0, 0});
+  }
   return absl::OkStatus();
 }
 
@@ -693,29 +715,34 @@ absl::Status Engine::Run(ReplayResult* r) {
     done_at.push(q.arrival_s + r->ttft_s.back());
     ++r->requests;
   }
-  if (store_) store_->Drain();
-  // Bytes: every block counted above moved moved_ bytes; modeled ones are modeled_ bytes.
-  for (TierBytes* t : {&r->cxl_read, &r->cxl_write, &r->nvme_read, &r->nvme_write}) {
-    t->moved_bytes = t->blocks * moved_;
-    t->modeled_bytes = t->blocks * modeled_;
-  }
-  r->cxl_resident_end = static_cast<std::uint32_t>(cxl_.size());
-  r->nvme_resident_end = static_cast<std::uint32_t>(nvme_.size());
   r->blocks_freed = freed_;
   r->inherited_reuse = inherited_;
-  if (owner_) {
+  if (tier_) {
+    tier_->store().Drain();
+    const tier::TierStats t = tier_->Stats();
+    // Demotions read CXL and write NVMe.
+    r->demotions = t.demotions;
+    r->cxl_read.blocks += t.demotions;
+    r->nvme_write.blocks += t.demotions;
+    r->evicted_dropped = t.victims_dropped;
+    r->nvme_evicted = t.nvme_evicted;
+    r->cxl_resident_end = static_cast<std::uint32_t>(t.cxl_blocks);
+    r->nvme_resident_end = static_cast<std::uint32_t>(t.nvme_blocks);
     r->owner_published = owner_->stats().published;
     r->owner_reclaimed = owner_->stats().reclaimed;
-    const pool::ArenaUsage u = alloc_->arena().Usage();
+    const pool::ArenaUsage u = Alloc().arena().Usage();
     r->arena_persisted_end = u.classes.empty() ? 0 : u.classes[0].persisted;
-  }
-  if (store_) {
-    const pool::NvmeStats s = store_->Stats();
+    const pool::NvmeStats s = tier_->store().Stats();
     r->store_puts = s.puts;
     r->store_gets = s.gets;
     r->store_deletes = s.deletes;
     r->store_data_loss = s.data_loss;
     r->store_blocks_end = s.blocks;
+  }
+  // Bytes: every block counted above moved moved_ bytes; modeled ones are modeled_ bytes.
+  for (TierBytes* t : {&r->cxl_read, &r->cxl_write, &r->nvme_read, &r->nvme_write}) {
+    t->moved_bytes = t->blocks * moved_;
+    t->modeled_bytes = t->blocks * modeled_;
   }
   return absl::OkStatus();
 }

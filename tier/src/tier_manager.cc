@@ -307,7 +307,7 @@ absl::Status TierManager::DemoteKeys(std::span<const Key> keys,
         lru_.erase(e.lru);
         EnterNvmeLocked(keys[i], e);
         --cxl_resident_;
-        ++stats_.demotions;
+        ++(cooldown ? stats_.demotions : stats_.placed_nvme);
       } else {
         // The NVMe copy was not stored: the CXL block is untouched and stays in use.
         e.where = Residence::kCxl;

@@ -100,7 +100,8 @@ struct PromoteCheck {
 struct TierStats {
   std::uint64_t cxl_blocks = 0;   // resident in CXL (including blocks being demoted)
   std::uint64_t nvme_blocks = 0;  // only on NVMe (including blocks being promoted)
-  std::uint64_t demotions = 0;
+  std::uint64_t demotions = 0;           // CXL -> NVMe moves (not placements)
+  std::uint64_t placed_nvme = 0;         // new blocks Place wrote straight to NVMe
   std::uint64_t demotion_failures = 0;
   std::uint64_t promotions = 0;
   std::uint64_t promotion_failures = 0;
