@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The NVMe tier against fio in one run: nvme_benchmark, then fio with the same engine
+# The NVMe tier against fio in one run: nvme_benchmark and fio with the same engine
 # (io_uring), O_DIRECT, directory (so the same file system and device), block sizes and queue
-# depths; prints both and the ratio cxlkv / fio. The target is >= 90 % of fio.
+# depths, case by case and interleaved; prints medians and the ratio cxlkv / fio. The target
+# is >= 90 % of fio.
 #
 #   bench/nvme_vs_fio.sh [directory]      (default /var/tmp/cxlkv-nvme-bench)
 #
@@ -11,6 +12,7 @@
 #   CXLKV_BENCH_OUT         where the JSON files go (default: <build dir>/bench-results)
 #   CXLKV_NVME_BENCH_SECONDS  fio runtime and the benchmark's min time per case (default 5)
 #   CXLKV_NVME_BENCH_MB     file size of each side, MiB (default 512; the disk is shared)
+#   CXLKV_NVME_BENCH_REPS   interleaved repetitions of every case (default 3): medians reported
 # Pairs: cxlkv NvmeWrite (new blocks into free slots) vs fio randwrite, NvmeRead vs fio
 # randread, both at QD 32; NvmeReadLatency vs fio randread at QD 1 (mean completion latency).
 # cxlkv counts payload bytes only; each of its I/Os also carries a 4 KiB slot header.
@@ -19,6 +21,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dir=${1:-/var/tmp/cxlkv-nvme-bench}
 secs=${CXLKV_NVME_BENCH_SECONDS:-5}
+reps=${CXLKV_NVME_BENCH_REPS:-3}
 mb=${CXLKV_NVME_BENCH_MB:-512}
 command -v fio >/dev/null || { echo "fio not found: apt-get install fio (scripts/deps)" >&2; exit 1; }
 
@@ -40,38 +43,61 @@ trap 'rm -rf "$dir/store" "$dir"/fio-*.dat' EXIT
   echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$out/nvme-run-info.txt"
 
-cmd=("$build/bench/nvme_benchmark" --benchmark_min_time="$secs"
-     --benchmark_out="$out/nvme_benchmark.json" --benchmark_out_format=json)
-echo "== CXLKV_NVME_BENCH_DIR=$dir/store CXLKV_NVME_BENCH_MB=$mb ${cmd[*]}" |
-  tee -a "$out/nvme-run-info.txt"
-CXLKV_NVME_BENCH_DIR="$dir/store" CXLKV_NVME_BENCH_MB="$mb" "${cmd[@]}"
-
+# Interleaved: per case and repetition, one side then the other (the order alternates), so
+# a drift of the shared disk or of the host's cache hits both sides alike.
 cases=()
 for bs in 65536 262144 2097152; do
-  cases+=("randwrite $bs 32" "randread $bs 32")
-  [[ $bs -le 262144 ]] && cases+=("randread $bs 1")
+  cases+=("randwrite $bs 32 NvmeWrite/$bs/qd:32" "randread $bs 32 NvmeRead/$bs/qd:32")
+  [[ $bs -le 262144 ]] && cases+=("randread $bs 1 NvmeReadLatency/$bs/qd:1")
 done
-for c in "${cases[@]}"; do
-  read -r rw bs qd <<<"$c"
-  fio_cmd=(fio --name="$rw-$bs-$qd" --directory="$dir" --filename="fio-$bs.dat" --size="${mb}M"
-           --ioengine=io_uring --direct=1 --rw="$rw" --bs="$bs" --iodepth="$qd"
-           --time_based --runtime="$secs" --ramp_time=1 --randrepeat=0 --output-format=json)
-  echo "== ${fio_cmd[*]}" | tee -a "$out/nvme-run-info.txt"
-  "${fio_cmd[@]}" >"$out/fio-$rw-$bs-$qd.json"
+run_cxlkv() {  # name rep
+  local cmd=("$build/bench/nvme_benchmark" --benchmark_min_time="$secs"
+             --benchmark_filter="^$1/" --benchmark_out="$out/cxlkv-${1//\//_}-$2.json"
+             --benchmark_out_format=json)
+  echo "== CXLKV_NVME_BENCH_DIR=$dir/store CXLKV_NVME_BENCH_MB=$mb ${cmd[*]}" >>"$out/nvme-run-info.txt"
+  CXLKV_NVME_BENCH_DIR="$dir/store" CXLKV_NVME_BENCH_MB="$mb" "${cmd[@]}" >/dev/null
+}
+run_fio() {  # rw bs qd rep
+  local fio_cmd=(fio --name="$1-$2-$3" --directory="$dir" --filename="fio-$2.dat" --size="${mb}M"
+                 --ioengine=io_uring --direct=1 --rw="$1" --bs="$2" --iodepth="$3"
+                 --time_based --runtime="$secs" --ramp_time=1 --randrepeat=0 --output-format=json)
+  echo "== ${fio_cmd[*]}" >>"$out/nvme-run-info.txt"
+  "${fio_cmd[@]}" >"$out/fio-$1-$2-$3-$4.json"
+}
+for ((rep = 1; rep <= reps; rep++)); do
+  for c in "${cases[@]}"; do
+    read -r rw bs qd name <<<"$c"
+    echo "rep $rep/$reps: $name vs fio $rw bs=$bs iodepth=$qd" >&2
+    if ((rep % 2)); then
+      run_cxlkv "$name" "$rep"; run_fio "$rw" "$bs" "$qd" "$rep"
+    else
+      run_fio "$rw" "$bs" "$qd" "$rep"; run_cxlkv "$name" "$rep"
+    fi
+  done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/nvme-run-info.txt"
 
-python3 - "$out" <<'PY'
-import json, os, sys
-out = sys.argv[1]
-with open(os.path.join(out, "nvme_benchmark.json")) as f:
-    bench = {b["name"]: b for b in json.load(f)["benchmarks"]}
+python3 - "$out" "$reps" <<'PY'
+import json, os, statistics, sys
+out, reps = sys.argv[1], int(sys.argv[2])
 
-def fio(rw, bs, qd):
-    with open(os.path.join(out, f"fio-{rw}-{bs}-{qd}.json")) as f:
+def cxlkv(name, rep):
+    path = os.path.join(out, f"cxlkv-{name.replace('/', '_')}-{rep}.json")
+    if not os.path.exists(path):  # a case not run (no QD 1 latency at 2 MiB)
+        return None
+    with open(path) as f:
+        for b in json.load(f)["benchmarks"]:
+            if b["name"].startswith(name) and not b.get("error_occurred"):
+                return b
+    return None
+
+def fio(rw, bs, qd, rep):
+    with open(os.path.join(out, f"fio-{rw}-{bs}-{qd}-{rep}.json")) as f:
         job = json.load(f)["jobs"][0]
     side = job["write" if "write" in rw else "read"]
     return side["bw_bytes"], side["clat_ns"]["mean"] / 1e3, side["clat_ns"].get("percentile", {})
+
+med = statistics.median
 
 def size(n):
     n = int(n)
@@ -80,24 +106,40 @@ def size(n):
 rows = []
 for bs in (65536, 262144, 2097152):
     for kind, rw in (("NvmeWrite", "randwrite"), ("NvmeRead", "randread")):
-        b = bench.get(f"{kind}/{bs}/qd:32/real_time")
-        if b is None or b.get("error_occurred"):
+        name = f"{kind}/{bs}/qd:32"
+        mine, theirs, ratio = [], [], []
+        for rep in range(1, reps + 1):
+            b = cxlkv(name, rep)
+            if b is None:
+                continue
+            f_bw = fio(rw, bs, 32, rep)[0]
+            mine.append(b["bytes_per_second"]); theirs.append(f_bw)
+            ratio.append(b["bytes_per_second"] / f_bw)
+        if not mine:
             continue
-        mine = b["bytes_per_second"]
-        theirs, _, _ = fio(rw, bs, 32)
         rows.append([f"{kind[4:].lower()} bandwidth", size(bs), "32",
-                     f"{mine / 1e6:.0f} MB/s", f"{theirs / 1e6:.0f} MB/s",
-                     f"{100 * mine / theirs:.0f} %"])
-    b = bench.get(f"NvmeReadLatency/{bs}/qd:1/real_time")
-    if b is not None and not b.get("error_occurred"):
-        mine_us = b["real_time"] * {"ns": 1e-3, "us": 1, "ms": 1e3}[b["time_unit"]]
-        _, theirs_us, pct = fio("randread", bs, 1)
-        rows.append(["read latency (mean)", size(bs), "1", f"{mine_us:.0f} us",
-                     f"{theirs_us:.0f} us", f"{100 * theirs_us / mine_us:.0f} % (fio/cxlkv)"])
+                     f"{med(mine) / 1e6:.0f} MB/s", f"{med(theirs) / 1e6:.0f} MB/s",
+                     f"{100 * med(ratio):.0f} % ({100 * min(ratio):.0f}-{100 * max(ratio):.0f})"])
+    name = f"NvmeReadLatency/{bs}/qd:1"
+    mine, theirs, ratio, p50, p99, fp50, fp99 = [], [], [], [], [], [], []
+    for rep in range(1, reps + 1):
+        b = cxlkv(name, rep)
+        if b is None:
+            continue
+        us = b["real_time"] * {"ns": 1e-3, "us": 1, "ms": 1e3}[b["time_unit"]]
+        _, f_us, pct = fio("randread", bs, 1, rep)
+        mine.append(us); theirs.append(f_us); ratio.append(f_us / us)
+        p50.append(b["p50_us"]); p99.append(b["p99_us"])
+        fp50.append(pct.get("50.000000", 0) / 1e3); fp99.append(pct.get("99.000000", 0) / 1e3)
+    if mine:
+        rows.append(["read latency (mean)", size(bs), "1", f"{med(mine):.0f} us",
+                     f"{med(theirs):.0f} us",
+                     f"{100 * med(ratio):.0f} % ({100 * min(ratio):.0f}-{100 * max(ratio):.0f}) (fio/cxlkv)"])
         rows.append(["read latency p50 / p99", size(bs), "1",
-                     f"{b['p50_us']:.0f} / {b['p99_us']:.0f} us",
-                     f"{pct.get('50.000000', 0) / 1e3:.0f} / {pct.get('99.000000', 0) / 1e3:.0f} us",
+                     f"{med(p50):.0f} / {med(p99):.0f} us", f"{med(fp50):.0f} / {med(fp99):.0f} us",
                      ""])
+print(f"medians of {reps} interleaved repetitions; the ratio is the median of the per-repetition "
+      "ratios (min-max in brackets)")
 head = ["case", "block", "QD", "cxlkv", "fio", "cxlkv vs fio"]
 w = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
 line = lambda r: "| " + " | ".join(str(c).ljust(x) for c, x in zip(r, w)) + " |"

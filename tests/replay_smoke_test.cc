@@ -119,6 +119,8 @@ TEST(ReplaySmoke, TiersExercisedAndConsistentUnderPressure) {
     if (p == Policy::kRule) {
       EXPECT_GT(r->nvme_write.blocks, 0u);
       EXPECT_GT(r->nvme_hits + r->cxl_hits, 0u);
+      // The TierManager's watermarks (0.95 of 512) bound what stays in CXL.
+      EXPECT_LE(r->cxl_resident_end, static_cast<std::uint32_t>(o.params.high_watermark * 512));
     }
     if (p == Policy::kNvmeLru) {
       EXPECT_EQ(r->cxl_write.blocks, 0u);
@@ -127,6 +129,25 @@ TEST(ReplaySmoke, TiersExercisedAndConsistentUnderPressure) {
     if (p == Policy::kRecompute) {
       EXPECT_EQ(r->HitRate(), 0.0);
     }
+  }
+}
+
+// NVMe capacity (nvme_blocks) is the TierManager's: past it the least recently used NVMe
+// blocks are deleted from the store, and the replay's counts still agree with the store's.
+TEST(ReplaySmoke, NvmeCapacityEvictsThroughTheTierManager) {
+  const std::uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (CXLKV_SEED to replay)");
+  const Trace t = Make("mixed", 60, seed);
+  for (Policy p : {Policy::kLruSpill, Policy::kNvmeLru}) {
+    SCOPED_TRACE(std::string(PolicyName(p)));
+    ReplayOptions o = Tiny(p, 256, std::string("nvcap-") + std::string(PolicyName(p)));
+    o.nvme_blocks = 300;
+    auto r = RunReplay(t, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    CheckAccounting(*r, o);
+    EXPECT_GT(r->nvme_evicted, 0u);
+    EXPECT_LE(r->nvme_resident_end, 300u);
+    EXPECT_EQ(r->store_blocks_end, r->nvme_resident_end);
   }
 }
 

@@ -7,6 +7,9 @@
 //              blocks are published under their chained prefix keys and found only through
 //              PrefixHost::AcquireChain (leases, copy-out, ValidateAfterCopy, release)
 //   NVMe tier  a pool::NvmeStore (O_DIRECT + io_uring) in a directory, normally under /tmp
+//   moves      a tier::TierManager over the two: placement, batched NVMe writes, watermarks
+//              (victims re-decided by the policy), NVMe capacity, cool-down, promotion and
+//              reads; CXL blocks it lets go are retired from the index (release_cxl)
 //   the rule   pool::PlacementRule with a pool::ReuseTracker per prefix key
 // Per request: the longest leading run of the prompt's blocks is looked up in the index (CXL
 // hits), then on NVMe (NVMe hits, read through the store and checked byte for byte), the rest
