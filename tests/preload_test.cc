@@ -159,22 +159,27 @@ TEST(Policy, MmapEligibility) {
 TEST(Policy, OwnershipByAddressRange) {
   alignas(16) static char boot[256];
   const AddressRange b{reinterpret_cast<std::uintptr_t>(boot), sizeof(boot)};
-  const AddressRange cxl{0x7f0000000000, 1ull << 30};
+  // The heap's range: reserved for real (PROT_NONE), so no other allocation — the malloc
+  // below included — can land in it. (A fixed 0x7f0000000000 did, under ASLR, in one CI run.)
+  void* reserved = ::mmap(nullptr, 1ull << 30, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(reserved, MAP_FAILED);
+  const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(reserved);
+  const AddressRange cxl{base, 1ull << 30};
   EXPECT_EQ(OwnerOf(nullptr, b, cxl), Owner::kNull);
   EXPECT_EQ(OwnerOf(boot + 17, b, cxl), Owner::kBootstrap);
   EXPECT_EQ(OwnerOf(boot + sizeof(boot), b, cxl), Owner::kProcess);  // one past the end
-  EXPECT_EQ(OwnerOf(reinterpret_cast<void*>(0x7f0000000000), b, cxl), Owner::kCxl);
-  EXPECT_EQ(OwnerOf(reinterpret_cast<void*>(0x7f0000000000 + (1ull << 30) - 1), b, cxl),
-            Owner::kCxl);
-  EXPECT_EQ(OwnerOf(reinterpret_cast<void*>(0x7f0000000000 + (1ull << 30)), b, cxl),
-            Owner::kProcess);
-  EXPECT_EQ(OwnerOf(reinterpret_cast<void*>(0x7effffffffff), b, cxl), Owner::kProcess);
+  EXPECT_EQ(OwnerOf(reinterpret_cast<void*>(base), b, cxl), Owner::kCxl);
+  EXPECT_EQ(OwnerOf(reinterpret_cast<void*>(base + (1ull << 30) - 1), b, cxl), Owner::kCxl);
+  EXPECT_EQ(OwnerOf(reinterpret_cast<void*>(base + (1ull << 30)), b, cxl), Owner::kProcess);
+  EXPECT_EQ(OwnerOf(reinterpret_cast<void*>(base - 1), b, cxl), Owner::kProcess);
   // An empty range (no heap) owns nothing, not even address 0 + x.
   EXPECT_EQ(OwnerOf(reinterpret_cast<void*>(8), b, AddressRange{}), Owner::kProcess);
   // Memory from another allocator (the process's own, before the shim) is the process's.
   void* p = std::malloc(32);
   EXPECT_EQ(OwnerOf(p, b, cxl), Owner::kProcess);
   std::free(p);
+  ::munmap(reserved, 1ull << 30);
 }
 
 TEST(Policy, ReallocAcrossTheThresholdBothWays) {
