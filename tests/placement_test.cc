@@ -523,6 +523,93 @@ TEST(ReuseTracker, OptionsAreChecked) {
   EXPECT_EQ(ReuseTracker::Create({100, 0.5})->capacity(), 128u) << "rounded up to a power of two";
 }
 
+TEST(ReuseTracker, RecordSaysWhatItSaw) {
+  auto t = ReuseTracker::Create({1024, 0.25});
+  ASSERT_TRUE(t.ok());
+  const coherence::PrefixKey k = Key(3);
+  RecordOutcome o = t->Record(k, 1'000'000'000);
+  EXPECT_EQ(o.uses, 1u);
+  EXPECT_EQ(o.interval_s, kNoReuse);
+  o = t->Record(k, 3'500'000'000);
+  EXPECT_EQ(o.uses, 2u);
+  EXPECT_DOUBLE_EQ(o.interval_s, 2.5);
+  o = t->Record(k, 3'000'000'000);  // backwards: a zero interval
+  EXPECT_EQ(o.uses, 3u);
+  EXPECT_EQ(o.interval_s, 0.0);
+}
+
+// A namespace whose new blocks come back with probability p after about T seconds has an
+// expected interval per reuse of T / p; the prior says so once it has seen enough, follows a
+// change of mix within its window, keeps namespaces apart and bounds how many it learns.
+TEST(NamespaceReuse, ExpectedIntervalIsFirstReuseOverProbability) {
+  const std::uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (CXLKV_SEED to replay)");
+  std::mt19937_64 rng(seed);
+  auto t = ReuseTracker::Create({1u << 16, 0.25});
+  ASSERT_TRUE(t.ok());
+  NamespaceReuseOptions po;
+  po.window_blocks = 2048;
+  po.alpha = 0.05;
+  auto prior = NamespaceReuse::Create(po);
+  ASSERT_TRUE(prior.ok()) << prior.status();
+  const coherence::Namespace coding = 11, api = 12;
+  std::uint64_t next_key = 1;
+  // Feeds `n` new blocks of ns, each used again with probability p after `gap_s` (± 20 %).
+  auto feed = [&](coherence::Namespace ns, int n, double p, double gap_s) {
+    std::uint64_t now = 1'000'000'000'000ull + next_key * 1'000'000ull;
+    for (int i = 0; i < n; ++i, ++next_key) {
+      const coherence::PrefixKey k = Key(next_key);
+      prior->Observe(ns, t->Record(k, now));
+      if (std::uniform_real_distribution<double>(0, 1)(rng) < p) {
+        const double g = gap_s * std::uniform_real_distribution<double>(0.8, 1.2)(rng);
+        prior->Observe(ns, t->Record(k, now + static_cast<std::uint64_t>(g * 1e9)));
+        // A third use teaches the prior nothing more.
+        prior->Observe(ns, t->Record(k, now + static_cast<std::uint64_t>(3 * g * 1e9)));
+      }
+    }
+  };
+  EXPECT_EQ(prior->ExpectedIntervalS(coding), kNoReuse) << "nothing seen";
+  feed(coding, 20, 0.6, 30);
+  EXPECT_EQ(prior->ExpectedIntervalS(coding), kNoReuse) << "fewer than min_new new blocks";
+  feed(coding, 4000, 0.6, 30);
+  feed(api, 4000, 0.0, 30);
+  const double coding_s = prior->ExpectedIntervalS(coding);
+  EXPECT_NEAR(coding_s, 30.0 / 0.6, 0.1 * 30.0 / 0.6);
+  EXPECT_NEAR(prior->Find(coding)->reuse_probability(), 0.6, 0.05);
+  EXPECT_EQ(prior->ExpectedIntervalS(api), kNoReuse) << "nothing ever came back";
+  EXPECT_EQ(prior->Find(api)->reused_total, 0u);
+  // The coding namespace turns into one-shot traffic: within a few windows the prior says
+  // its new blocks are rarely reused (a long interval), not what it learned before.
+  feed(coding, 4 * 2048, 0.05, 30);
+  const double after = prior->ExpectedIntervalS(coding);
+  EXPECT_GT(after, 8 * coding_s) << "p fell from 0.6 towards 0.05";
+  EXPECT_NEAR(prior->Find(coding)->reuse_probability(), 0.05, 0.04);
+  // Bounded: a prior with room for two namespaces learns no third.
+  po.max_namespaces = 2;
+  auto small = NamespaceReuse::Create(po);
+  ASSERT_TRUE(small.ok());
+  for (coherence::Namespace ns : {1, 2, 3}) small->Observe(ns, RecordOutcome{1, kNoReuse});
+  EXPECT_EQ(small->size(), 2u);
+  EXPECT_FALSE(small->Find(3).has_value());
+  // A reuse of a block first seen before the namespace was learned is not counted as one.
+  small->Observe(1, RecordOutcome{2, 5.0});
+  small->Observe(1, RecordOutcome{2, 5.0});
+  EXPECT_LE(small->Find(1)->reused, small->Find(1)->new_blocks) << "p never exceeds 1";
+}
+
+TEST(NamespaceReuse, OptionsAreChecked) {
+  NamespaceReuseOptions o;
+  o.window_blocks = 0.5;
+  EXPECT_NE(NamespaceReuse::Create(o).status().message().find("window_blocks"), std::string::npos);
+  o = {};
+  o.alpha = 0;
+  EXPECT_NE(NamespaceReuse::Create(o).status().message().find("alpha"), std::string::npos);
+  o = {};
+  o.max_namespaces = 0;
+  EXPECT_NE(NamespaceReuse::Create(o).status().message().find("max_namespaces"),
+            std::string::npos);
+}
+
 TEST(ReuseTracker, PrefixKeyHex) {
   const coherence::PrefixKey k{0x0123456789abcdefull, 0xfedcba9876543210ull};
   EXPECT_EQ(FormatPrefixKey(k), "fedcba98765432100123456789abcdef");

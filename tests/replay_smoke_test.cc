@@ -119,6 +119,8 @@ TEST(ReplaySmoke, TiersExercisedAndConsistentUnderPressure) {
     if (p == Policy::kRule) {
       EXPECT_GT(r->nvme_write.blocks, 0u);
       EXPECT_GT(r->nvme_hits + r->cxl_hits, 0u);
+      // New blocks took their namespace's prior once it had seen enough of them.
+      EXPECT_GT(r->prior_reuse, 0u);
       // The TierManager's watermarks (0.95 of 512) bound what stays in CXL.
       EXPECT_LE(r->cxl_resident_end, static_cast<std::uint32_t>(o.params.high_watermark * 512));
     }

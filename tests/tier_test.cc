@@ -260,6 +260,40 @@ TEST(TierManager, WatermarksDemoteLeastRecentlyUsedWithHysteresis) {
   EXPECT_EQ(m->Stats().cxl_blocks, 9u);
 }
 
+// Touch marks keys most recently used, the first one most: a prefix chain passed root first
+// loses its tail to the watermarks before its head. Keys untracked are skipped; NVMe-resident
+// ones move up the NVMe LRU (so NVMe capacity evicts them last).
+TEST(TierManager, TouchOrdersAChainSoItsTailIsEvictedFirst) {
+  testing::TempDir dir("tier");
+  Clock clock;
+  TierOptions o;
+  o.high_watermark_blocks = 8;
+  o.low_watermark_blocks = 6;
+  o.now_ms = clock.fn();
+  o.victim_tier = [](const tier::Key&) { return Tier::kDrop; };
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  // A chain 0..5 placed root first (so by placement order the root is the oldest), then two
+  // unrelated blocks 6, 7 placed after it.
+  for (std::uint64_t k = 0; k < 8; ++k) PlaceNew(*m, k, Tier::kCxl);
+  std::vector<tier::Key> chain;
+  for (std::uint64_t k = 0; k < 6; ++k) chain.push_back(KeyOf(k));
+  chain.push_back(KeyOf(999));  // not tracked: skipped
+  EXPECT_EQ(m->Touch(chain), 6u);
+  // Order now, most recent first: 0 1 2 3 4 5 7 6. One more block: 9 > 8, down to 6: three
+  // victims, the least recently used: 6, 7, then the chain's tail 5.
+  PlaceNew(*m, 8, Tier::kCxl);
+  EXPECT_EQ(m->Stats().cxl_blocks, 6u);
+  for (std::uint64_t k = 0; k <= 8; ++k) {
+    const bool gone = k == 5 || k == 6 || k == 7;
+    EXPECT_EQ(m->Where(KeyOf(k)).has_value(), !gone) << "key " << k;
+  }
+  // Order: 8 0 1 2 3 4. Three more blocks push three more out: the chain keeps shrinking
+  // from its tail (4, 3, 2), its head stays usable.
+  for (std::uint64_t k = 9; k < 12; ++k) PlaceNew(*m, k, Tier::kCxl);
+  for (std::uint64_t k : {0, 1, 8, 9, 10, 11}) EXPECT_TRUE(m->Where(KeyOf(k)).has_value()) << k;
+  for (std::uint64_t k : {2, 3, 4}) EXPECT_FALSE(m->Where(KeyOf(k)).has_value()) << k;
+}
+
 // victim_tier re-decides each watermark victim (drop or demote); release_cxl receives every
 // CXL block that was resident under a key (demoted or dropped), and the manager frees none of
 // them itself: the callee owns them (a shared index frees them after its readers are gone).

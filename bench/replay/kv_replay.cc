@@ -38,6 +38,8 @@ struct Cli {
   double nvme_gib = 2048;
   double prefill_tokens_per_s = 10000;
   double queue_weight = 1.0;
+  double low_watermark = -1;   // < 0: PlacementParams' default
+  double high_watermark = -1;
   std::string calibration;  // JSON file; empty: measure at start
   double calibrate_budget_s = 2.0;
   std::string nvme_dir = "/tmp/cxlkv-replay";
@@ -46,6 +48,8 @@ struct Cli {
   bool no_verify = false;
   bool rule_prefix_tokens = false;
   bool no_inherit_reuse = false;
+  bool no_ns_prior = false;
+  bool plain_lru = false;
 };
 
 int Fail(const std::string& what) {
@@ -76,6 +80,10 @@ int main(int argc, char** argv) {
   app.add_option("--prefill-tokens-per-s", c.prefill_tokens_per_s, "prefill rate of one GPU");
   app.add_option("--queue-weight", c.queue_weight,
                  "share of a prefill each queued prefill adds (placement queue_depth_weight)");
+  app.add_option("--low-watermark", c.low_watermark,
+                 "rule: CXL occupancy where pressure starts and eviction stops (placement.low_watermark)");
+  app.add_option("--high-watermark", c.high_watermark,
+                 "rule: CXL occupancy where eviction starts (placement.high_watermark)");
   app.add_option("--calibration", c.calibration, "tier figures from this JSON (else measured)");
   app.add_option("--calibrate-budget", c.calibrate_budget_s, "seconds for the calibration");
   app.add_option("--nvme-dir", c.nvme_dir, "directory for the NVMe tier (O_DIRECT)");
@@ -88,6 +96,12 @@ int main(int argc, char** argv) {
   app.add_flag("--no-inherit-reuse", c.no_inherit_reuse,
                "a block without reuse history counts as never reused (default: it takes its "
                "nearest ancestor's expected interval)");
+  app.add_flag("--no-ns-prior", c.no_ns_prior,
+               "a block without reuse history does not take its namespace's prior (how often "
+               "and how soon the namespace's new blocks came back)");
+  app.add_flag("--plain-lru", c.plain_lru,
+               "every policy marks blocks recently used in the order read and placed (chain "
+               "roots evicted first); default: a served chain root first, tails evicted first");
   CLI11_PARSE(app, argc, argv);
 
   std::error_code ec;
@@ -128,6 +142,8 @@ int main(int argc, char** argv) {
   params.cxl[1].present = false;  // one CXL tier: the emulated arena (cxl-expanded)
   params.prefill_tokens_per_s = c.prefill_tokens_per_s;
   params.queue_depth_weight = c.queue_weight;
+  if (c.low_watermark >= 0) params.low_watermark = c.low_watermark;
+  if (c.high_watermark >= 0) params.high_watermark = c.high_watermark;
   std::vector<std::string> applied = pool::ApplyCalibration(cal, &params);
   if (auto st = params.Validate(); !st.ok()) return Fail(std::string(st.message()));
 
@@ -198,6 +214,8 @@ int main(int argc, char** argv) {
       o.verify = !c.no_verify;
       o.rule_prefix_tokens = c.rule_prefix_tokens;
       o.inherit_reuse = !c.no_inherit_reuse;
+      o.ns_prior = !c.no_ns_prior;
+      o.chain_recency = !c.plain_lru;
       auto r = replay::RunReplay(*trace, o);
       if (!r.ok()) {
         return Fail(absl::StrCat(trace->name, "/", replay::PolicyName(p), ": ",
@@ -302,6 +320,8 @@ int main(int argc, char** argv) {
                                  {"cooldown_holds", r->cooldown_holds},
                                  {"already_resident", r->already_resident}}},
                       {"rule_clauses", clauses},
+                      {"reuse_sources", {{"namespace_prior", r->prior_reuse},
+                                         {"ancestor", r->inherited_reuse}}},
                       {"checks", {{"verify_failures", r->verify_failures},
                                   {"index_mismatches", r->index_mismatches},
                                   {"nvme_read_errors", r->nvme_read_errors},

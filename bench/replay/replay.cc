@@ -131,7 +131,7 @@ class Engine {
   // `chain`/`pos`: the request's chain and the block's place in it. A block with no reuse
   // history of its own takes its nearest ancestor's expected interval (a turn's new blocks
   // come back with the conversation that reuses its parents).
-  pool::Decision Decide(const PrefixKey& key, std::size_t depth, double occupancy_delta = 0,
+  pool::Decision Decide(co::Namespace ns, const PrefixKey& key, std::size_t depth, double occupancy_delta = 0,
                         std::span<const PrefixKey> chain = {}, std::size_t pos = 0);
   // A CXL block for a new block's bytes: waits for retired blocks to come back if needed.
   absl::StatusOr<BlockHandle> AllocCxl();
@@ -169,11 +169,19 @@ class Engine {
   std::unique_ptr<tier::TierManager> tier_;
   std::optional<pool::PlacementRule> rule_;
   std::optional<pool::ReuseTracker> tracker_;
+  std::optional<pool::NamespaceReuse> prior_;  // o_.ns_prior
   absl::flat_hash_map<PrefixKey, Published, KeyHash> published_;
   std::uint64_t awaiting_return_ = 0;  // retired blocks not yet handed back by the owner
   std::uint64_t freed_ = 0;
   std::uint64_t inherited_ = 0;
   std::uint64_t victims_decided_ = 0;
+  std::uint64_t from_prior_ = 0;
+  // One use of a block: the tracker (per key) and the namespace prior learn from it.
+  void RecordUse(co::Namespace ns, const PrefixKey& key, std::uint64_t now_ns) {
+    const pool::RecordOutcome o =
+        tracker_->Record(key, now_ns, modeled_, o_.profile.tokens_per_block);
+    if (prior_) prior_->Observe(ns, o);
+  }
   std::array<std::uint64_t, 6>* clauses_ = nullptr;  // the running result's clause counts
   absl::Status callback_error_;  // the first failure inside a TierManager callback
   Buffers scratch_, nvme_bufs_;
@@ -295,6 +303,11 @@ absl::Status Engine::Setup() {
   auto tracker = pool::ReuseTracker::Create(pool::ReuseTrackerOptions{1u << 20, 0.25});
   if (!tracker.ok()) return tracker.status();
   tracker_.emplace(std::move(*tracker));
+  if (o_.ns_prior) {
+    auto prior = pool::NamespaceReuse::Create();
+    if (!prior.ok()) return prior.status();
+    prior_.emplace(std::move(*prior));
+  }
   return absl::OkStatus();
 }
 
@@ -335,12 +348,19 @@ absl::Status Engine::Pump() {
   return absl::OkStatus();
 }
 
-pool::Decision Engine::Decide(const PrefixKey& key, std::size_t depth, double occupancy_delta,
+pool::Decision Engine::Decide(co::Namespace ns, const PrefixKey& key, std::size_t depth, double occupancy_delta,
                               std::span<const PrefixKey> chain, std::size_t pos) {
   pool::BlockInputs in;
   in.size_bytes = modeled_;
   const auto now = static_cast<std::uint64_t>(NowNs());
   in.reuse_interval_s = tracker_->ExpectedIntervalS(key, now);
+  if (prior_ && std::isinf(in.reuse_interval_s)) {
+    const auto st = tracker_->Find(key);
+    if (!st || st->uses < 2) {  // no history of its own (not: a history gone idle)
+      in.reuse_interval_s = prior_->ExpectedIntervalS(ns);
+      if (!std::isinf(in.reuse_interval_s)) ++from_prior_;
+    }
+  }
   if (o_.inherit_reuse && std::isinf(in.reuse_interval_s)) {
     for (std::size_t up = 1; up <= std::min<std::size_t>(pos, 64); ++up) {
       const double parent = tracker_->ExpectedIntervalS(chain[pos - up], now);
@@ -366,7 +386,7 @@ tier::Tier Engine::VictimTier(const PrefixKey& key) {
   // goes to NVMe: the watermark needs the room).
   auto it = published_.find(key);
   const std::size_t depth = it != published_.end() ? it->second.depth : 1;
-  return Decide(key, depth).tier == pool::Tier::kDrop ? tier::Tier::kDrop : tier::Tier::kNvme;
+  return Decide(it != published_.end() ? it->second.ns : co::Namespace{}, key, depth).tier == pool::Tier::kDrop ? tier::Tier::kDrop : tier::Tier::kNvme;
 }
 
 void Engine::ReleaseCxl(const PrefixKey& key, BlockHandle h) {
@@ -485,7 +505,7 @@ absl::Status Engine::LookupNvme(const Request& q, std::span<const PrefixKey> cha
     const PrefixKey& key = chain[pos];
     bool up = o_.policy == Policy::kLruSpill;
     if (o_.policy == Policy::kRule) {
-      const pool::Decision d = Decide(key, pos + 1, 1.0 / o_.cxl_blocks, chain, pos);
+      const pool::Decision d = Decide(q.ns, key, pos + 1, 1.0 / o_.cxl_blocks, chain, pos);
       if (d.tier == pool::Tier::kCxlExpanded || d.tier == pool::Tier::kCxlPooled) {
         const tier::PromoteCheck c = tier_->CheckPromote(key);
         if (c.verdict == tier::PromoteVerdict::kCoolingDown) ++r->cooldown_holds;
@@ -596,7 +616,7 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
     keys[b] = parent;
   }
   const auto now_ns = static_cast<std::uint64_t>(NowNs());
-  for (std::size_t b = 0; b < n; ++b) tracker_->Record(keys[b], now_ns, modeled_, tpb);
+  for (std::size_t b = 0; b < n; ++b) RecordUse(q.ns, keys[b], now_ns);
 
   // Look up: CXL runs through the index, NVMe runs through the TierManager, until neither has
   // the next block.
@@ -657,8 +677,8 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
       }
       pool::Tier dest = o_.policy == Policy::kNvmeLru ? pool::Tier::kNvme : pool::Tier::kCxlExpanded;
       if (o_.policy == Policy::kRule) {
-        if (b >= n) tracker_->Record(key, now_ns, modeled_, tpb);  // produced now
-        dest = Decide(key, b + 1, 1.0 / o_.cxl_blocks, keys, b).tier;
+        if (b >= n) RecordUse(q.ns, key, now_ns);  // produced now
+        dest = Decide(q.ns, key, b + 1, 1.0 / o_.cxl_blocks, keys, b).tier;
         if (dest == pool::Tier::kCxlPooled) dest = pool::Tier::kCxlExpanded;
       }
       if (dest == pool::Tier::kDrop) {
@@ -690,6 +710,7 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
       r->cxl_write.blocks += 1;
     }
     if (auto st = FlushNvme(r); !st.ok()) return st;
+    if (o_.chain_recency) tier_->Touch(keys);
   }
   if (auto st = Pump(); !st.ok()) return st;  // publishes applied before the next request
   if (tier_) {
@@ -717,6 +738,7 @@ absl::Status Engine::Run(ReplayResult* r) {
   }
   r->blocks_freed = freed_;
   r->inherited_reuse = inherited_;
+  r->prior_reuse = from_prior_;
   if (tier_) {
     tier_->store().Drain();
     const tier::TierStats t = tier_->Stats();

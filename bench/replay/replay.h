@@ -79,6 +79,14 @@ struct ReplayOptions {
   // ancestor's expected reuse interval in the request's chain — instead of "never reused",
   // which sends every new block to NVMe or drop (--no-inherit-reuse: the bare tracker).
   bool inherit_reuse = true;
+  // A block with no reuse history of its own takes its namespace's prior first
+  // (pool::NamespaceReuse: how often and how soon the namespace's new blocks came back);
+  // the ancestor (inherit_reuse) only while the namespace has too little history.
+  bool ns_prior = true;
+  // Every policy marks a request's chain most recently used root first after serving it, so
+  // LRU evicts chain tails before their heads (as vLLM's prefix cache does); false: blocks
+  // are marked in the order they are read and placed (root first = evicted first).
+  bool chain_recency = true;
 };
 
 struct Occupancy {
@@ -105,6 +113,7 @@ struct ReplayResult {
   std::uint64_t placed_cxl = 0, placed_nvme = 0, placed_drop = 0;
   std::uint64_t promotions = 0, demotions = 0, evicted_dropped = 0, nvme_evicted = 0;
   std::uint64_t inherited_reuse = 0;  // decisions that took an ancestor's reuse interval
+  std::uint64_t prior_reuse = 0;      // decisions that took the namespace prior
   std::uint64_t cooldown_holds = 0;   // moves refused because the block moved recently
   std::uint64_t already_resident = 0; // recomputed blocks already held in a tier
   std::array<std::uint64_t, 6> clauses{};  // Decide() outcomes by pool::Clause

@@ -150,8 +150,8 @@ const ReuseTracker::Entry* ReuseTracker::FindEntry(const coherence::PrefixKey& k
   return nullptr;
 }
 
-void ReuseTracker::Record(const coherence::PrefixKey& key, std::uint64_t now_ns,
-                          std::uint64_t size_bytes, std::uint32_t tokens) noexcept {
+RecordOutcome ReuseTracker::Record(const coherence::PrefixKey& key, std::uint64_t now_ns,
+                                   std::uint64_t size_bytes, std::uint32_t tokens) noexcept {
   Bucket& b = BucketOf(key);
   Entry* victim = &b.way[0];
   for (Entry& e : b.way) {
@@ -165,7 +165,7 @@ void ReuseTracker::Record(const coherence::PrefixKey& key, std::uint64_t now_ns,
       if (now_ns > e.last_seen_ns) e.last_seen_ns = now_ns;
       if (size_bytes != 0) e.size_bytes = size_bytes;
       if (tokens != 0) e.tokens = tokens;
-      return;
+      return RecordOutcome{e.uses, interval};
     }
     // Prefer an empty way, else the one used least recently.
     if (victim->uses != 0 && (e.uses == 0 || e.last_seen_ns < victim->last_seen_ns)) victim = &e;
@@ -173,6 +173,7 @@ void ReuseTracker::Record(const coherence::PrefixKey& key, std::uint64_t now_ns,
   if (victim->uses == 0) ++size_;
   *victim = Entry{key.lo, key.hi, now_ns, size_bytes, std::numeric_limits<float>::infinity(),
                   1,      tokens, 0};
+  return RecordOutcome{1, kNoReuse};
 }
 
 std::optional<ReuseStats> ReuseTracker::Find(const coherence::PrefixKey& key) const noexcept {
@@ -328,6 +329,61 @@ absl::StatusOr<ReuseTracker::Loaded> ReuseTracker::Parse(absl::string_view bytes
     ++tracker->size_;
   }
   return Loaded{std::move(*tracker), h.saved_at_ns};
+}
+
+// ---- NamespaceReuse ---------------------------------------------------------------------------
+
+absl::StatusOr<NamespaceReuse> NamespaceReuse::Create(const NamespaceReuseOptions& o) {
+  if (!(o.window_blocks >= 1 && o.window_blocks <= 1e12)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NamespaceReuse: window_blocks ", o.window_blocks, " is out of range [1, 1e12]"));
+  }
+  if (!(o.alpha > 0 && o.alpha <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NamespaceReuse: alpha ", o.alpha, " is out of range (0, 1]"));
+  }
+  if (o.max_namespaces == 0) {
+    return absl::InvalidArgumentError("NamespaceReuse: max_namespaces must be at least 1");
+  }
+  return NamespaceReuse(o);
+}
+
+void NamespaceReuse::Observe(coherence::Namespace ns, const RecordOutcome& outcome) {
+  if (outcome.uses != 1 && outcome.uses != 2) return;
+  auto it = stats_.find(ns);
+  if (it == stats_.end()) {
+    if (stats_.size() >= o_.max_namespaces || outcome.uses != 1) return;
+    it = stats_.emplace(ns, NamespaceReuseStats{}).first;
+  }
+  NamespaceReuseStats& s = it->second;
+  if (outcome.uses == 1) {
+    const double keep = 1.0 - 1.0 / o_.window_blocks;
+    s.new_blocks = s.new_blocks * keep + 1;
+    s.reused *= keep;
+    ++s.new_total;
+    return;
+  }
+  const double iv = std::isfinite(outcome.interval_s) ? outcome.interval_s : 0.0;
+  s.first_interval_s =
+      s.reused_total == 0 ? iv : o_.alpha * iv + (1 - o_.alpha) * s.first_interval_s;
+  s.reused = std::min(s.reused + 1, s.new_blocks);  // a block seen before the window opened
+  ++s.reused_total;
+}
+
+double NamespaceReuse::ExpectedIntervalS(coherence::Namespace ns) const {
+  auto it = stats_.find(ns);
+  if (it == stats_.end()) return kNoReuse;
+  const NamespaceReuseStats& s = it->second;
+  if (s.new_total < o_.min_new || s.reused_total < o_.min_reused) return kNoReuse;
+  const double p = s.reuse_probability();
+  if (!(p > 0)) return kNoReuse;
+  return s.first_interval_s / p;
+}
+
+std::optional<NamespaceReuseStats> NamespaceReuse::Find(coherence::Namespace ns) const {
+  auto it = stats_.find(ns);
+  if (it == stats_.end()) return std::nullopt;
+  return it->second;
 }
 
 }  // namespace cxlkv::pool

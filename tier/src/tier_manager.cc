@@ -558,6 +558,25 @@ void TierManager::Release(const Key& key) {
   if (it != entries_.end() && it->second.pins != 0) --it->second.pins;
 }
 
+std::size_t TierManager::Touch(std::span<const Key> keys) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::size_t n = 0;
+  for (auto k = keys.rbegin(); k != keys.rend(); ++k) {  // the last spliced ends up first
+    auto it = entries_.find(*k);
+    if (it == entries_.end()) continue;
+    Entry& e = it->second;
+    if (e.where == Residence::kCxl) {
+      lru_.splice(lru_.begin(), lru_, e.lru);
+    } else if (e.where == Residence::kNvme) {
+      nvme_lru_.splice(nvme_lru_.begin(), nvme_lru_, e.nvme_lru);
+    } else {
+      continue;
+    }
+    ++n;
+  }
+  return n;
+}
+
 absl::StatusOr<std::size_t> TierManager::EnforceWatermarks() {
   if (options_.high_watermark_blocks == 0) return 0;
   std::vector<Key> victims;

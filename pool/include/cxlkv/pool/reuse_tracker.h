@@ -18,6 +18,9 @@
 //   entry_count × entry (48 B): key_lo, key_hi, last_seen_ns, size_bytes (u64),
 //                  ewma_interval_s (f32, +inf until a second use), uses, tokens, reserved (u32)
 //
+// NamespaceReuse (below) is the prior for blocks without a history of their own: per
+// namespace, how many of its new blocks were used again and after how long.
+//
 // Thread-safety: none; one thread (or the caller's lock) per tracker. Shard by key for more.
 #ifndef CXLKV_POOL_REUSE_TRACKER_H_
 #define CXLKV_POOL_REUSE_TRACKER_H_
@@ -29,9 +32,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "cxlkv/coherence/prefix.h"
+#include "cxlkv/pool/placement.h"
 
 namespace cxlkv::pool {
 
@@ -54,6 +59,12 @@ std::string FormatPrefixKey(const coherence::PrefixKey& key);
 // Accepts 1..32 hex digits (an optional 0x); kInvalidArgument says what is wrong.
 absl::StatusOr<coherence::PrefixKey> ParsePrefixKey(absl::string_view hex);
 
+// What one ReuseTracker::Record() saw.
+struct RecordOutcome {
+  std::uint32_t uses = 0;        // uses of the key including this one (1: first seen)
+  double interval_s = kNoReuse;  // time since the previous use; kNoReuse on the first
+};
+
 class ReuseTracker {
  public:
   // kInvalidArgument names the option and its range.
@@ -67,8 +78,8 @@ class ReuseTracker {
   // the interval since the previous use into the EWMA (the second use sets it). A time
   // before the last use counts as a zero interval. Non-zero size/tokens replace the stored
   // ones. O(1), noexcept.
-  void Record(const coherence::PrefixKey& key, std::uint64_t now_ns, std::uint64_t size_bytes = 0,
-              std::uint32_t tokens = 0) noexcept;
+  RecordOutcome Record(const coherence::PrefixKey& key, std::uint64_t now_ns,
+                       std::uint64_t size_bytes = 0, std::uint32_t tokens = 0) noexcept;
 
   std::optional<ReuseStats> Find(const coherence::PrefixKey& key) const noexcept;
 
@@ -112,6 +123,56 @@ class ReuseTracker {
 struct ReuseTracker::Loaded {
   ReuseTracker tracker;
   std::uint64_t saved_at_ns = 0;
+};
+
+// The expected reuse interval of a block that has no history of its own (new, or seen once),
+// learned per namespace from the blocks before it. A new block is not "never reused": in a
+// coding assistant's namespace nearly every new block comes back with the next turn, in an
+// API's namespace a user message almost never does. Per namespace this keeps
+//   new      blocks seen for the first time (decayed: each new block weighs 1, older ones
+//            fade by 1 − 1/window_blocks per new block, so the figures follow a change of mix)
+//   reused   of those, blocks seen a second time (decayed alike)
+//   first    the EWMA of the interval between a block's first and second use
+// and returns first / (reused / new): the expected interval per reuse when a new block is
+// reused with probability p after `first` seconds — equivalently, its expected reuse rate
+// p / first, which is what the break-even interval is compared with. kNoReuse until the
+// namespace has min_new new and min_reused reused blocks, and when none was reused.
+// (reused/new lags: blocks created within the last `first` seconds have not had their chance
+// yet, which biases p low — towards colder tiers — by about first × new-block rate / window.)
+struct NamespaceReuseOptions {
+  double window_blocks = 4096;   // decay horizon in new blocks, >= 1
+  double alpha = 0.05;           // EWMA weight of the newest first-reuse interval, (0, 1]
+  std::uint32_t min_new = 32;    // new blocks seen before the prior is used
+  std::uint32_t min_reused = 8;  // of them, reused at least this many times
+  std::uint32_t max_namespaces = 4096;  // namespaces past this are not learned (kNoReuse)
+};
+
+struct NamespaceReuseStats {
+  double new_blocks = 0;   // decayed count
+  double reused = 0;       // decayed count
+  double first_interval_s = 0;
+  std::uint64_t new_total = 0, reused_total = 0;  // undecayed, for reports
+  double reuse_probability() const { return new_blocks > 0 ? reused / new_blocks : 0; }
+};
+
+class NamespaceReuse {
+ public:
+  // kInvalidArgument names the option and its range.
+  static absl::StatusOr<NamespaceReuse> Create(const NamespaceReuseOptions& options = {});
+
+  // Folds in what ReuseTracker::Record returned for a block of `ns`: a first use counts a
+  // new block, a second use a reuse after outcome.interval_s; later uses change nothing.
+  void Observe(coherence::Namespace ns, const RecordOutcome& outcome);
+  // first / p, or kNoReuse (see above).
+  double ExpectedIntervalS(coherence::Namespace ns) const;
+  std::optional<NamespaceReuseStats> Find(coherence::Namespace ns) const;
+  std::size_t size() const noexcept { return stats_.size(); }
+  const NamespaceReuseOptions& options() const noexcept { return o_; }
+
+ private:
+  explicit NamespaceReuse(const NamespaceReuseOptions& o) : o_(o) {}
+  NamespaceReuseOptions o_;
+  absl::flat_hash_map<coherence::Namespace, NamespaceReuseStats> stats_;
 };
 
 }  // namespace cxlkv::pool

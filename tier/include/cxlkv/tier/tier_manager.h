@@ -195,6 +195,11 @@ class TierManager {
   // kNotFound when untracked.
   absl::StatusOr<std::byte*> Acquire(const Key& key);
   void Release(const Key& key);
+  // Marks the tracked keys most recently used in their tier, the first one most: pass a
+  // prefix chain root first and its tail is evicted before its head (a chain is useful only
+  // up to its first missing block, so losing the head wastes every block after it). Keys not
+  // tracked, or in flight, are skipped. Returns how many were marked.
+  std::size_t Touch(std::span<const Key> keys);
 
   // If more than high_watermark_blocks are in CXL, demotes (or drops, as victim_tier says) the
   // least recently used unpinned blocks until at most low_watermark_blocks remain (or no
