@@ -134,6 +134,25 @@ TEST(ReplaySmoke, TiersExercisedAndConsistentUnderPressure) {
   }
 }
 
+// A watermark victim cannot stay in CXL, so the rule re-decides it between NVMe and drop
+// only: where recomputing a block is faster than fetching it from NVMe (here 16 us vs 92 us
+// at any queue depth), every victim is dropped — none is demoted, however hot (a hot block
+// would be "below break-even" for CXL, which is not on offer to a victim).
+TEST(ReplaySmoke, RuleDropsVictimsWhenRecomputeBeatsNvme) {
+  const std::uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (CXLKV_SEED to replay)");
+  const Trace t = Make("coding", 80, seed);
+  ReplayOptions o = Tiny(Policy::kRule, 256, "victims");
+  o.params.prefill_tokens_per_s = 1e6;  // 16 tokens: 16 us
+  o.params.queue_depth_weight = 0;
+  auto r = RunReplay(t, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  CheckAccounting(*r, o);
+  EXPECT_GT(r->evicted_dropped, 0u) << "the watermarks ran";
+  EXPECT_EQ(r->demotions, 0u);
+  EXPECT_GT(r->cxl_hits, 0u) << "CXL (0.5 us) still beats recompute";
+}
+
 // NVMe capacity (nvme_blocks) is the TierManager's: past it the least recently used NVMe
 // blocks are deleted from the store, and the replay's counts still agree with the store's.
 TEST(ReplaySmoke, NvmeCapacityEvictsThroughTheTierManager) {

@@ -382,11 +382,15 @@ pool::Decision Engine::Decide(co::Namespace ns, const PrefixKey& key, std::size_
 
 tier::Tier Engine::VictimTier(const PrefixKey& key) {
   ++victims_decided_;
-  // Re-decided as if it were not in CXL: drop or NVMe (a victim the rule would keep in CXL
-  // goes to NVMe: the watermark needs the room).
+  // Re-decided with CXL full (occupancy 1): the watermark needs the room, so the choice is
+  // NVMe or drop, and drop wins when recomputing beats an NVMe fetch (the rule compares
+  // recompute with the fastest tier the block may live in — CXL is not one of them now).
   auto it = published_.find(key);
   const std::size_t depth = it != published_.end() ? it->second.depth : 1;
-  return Decide(it != published_.end() ? it->second.ns : co::Namespace{}, key, depth).tier == pool::Tier::kDrop ? tier::Tier::kDrop : tier::Tier::kNvme;
+  const co::Namespace ns = it != published_.end() ? it->second.ns : co::Namespace{};
+  return Decide(ns, key, depth, /*occupancy_delta=*/1.0).tier == pool::Tier::kDrop
+             ? tier::Tier::kDrop
+             : tier::Tier::kNvme;
 }
 
 void Engine::ReleaseCxl(const PrefixKey& key, BlockHandle h) {
