@@ -46,6 +46,21 @@ TEST(ExplainCli, FlagsToJson) {
   EXPECT_EQ(j["inputs"]["pin_level"], 2);
   EXPECT_EQ(j["namespace"], "acme/llama3-70b/fp16-l80-h8-d128-t16");
 
+  // A tier that evicts by itself: occupancy 0.97 adds no price, the 5 s block stays in CXL.
+  const CtlRun evicting = Ctl("explain --config " + kConfig +
+                              " --size 1310720000 --reuse-ms 5000 --occupancy 0.97"
+                              " --retention-s inf,40 --json");
+  ASSERT_EQ(evicting.code, 0) << evicting.out;
+  const nlohmann::json je = nlohmann::json::parse(evicting.out);
+  EXPECT_EQ(je["decision"]["clause"], "below-break-even") << evicting.out;
+  EXPECT_DOUBLE_EQ(je["inputs"]["retention_s"]["cxl-pooled"].get<double>(), 40);
+  EXPECT_EQ(je["tiers"][1]["pressure_from"], "eviction");
+  const CtlRun filling = Ctl("explain --config " + kConfig +
+                             " --size 1310720000 --reuse-ms 5000 --occupancy 0.97 --json");
+  ASSERT_EQ(filling.code, 0) << filling.out;
+  EXPECT_EQ(nlohmann::json::parse(filling.out)["decision"]["clause"], "above-break-even")
+      << filling.out;
+
   const CtlRun text =
       Ctl("explain --config " + kConfig + " --size 1310720000 --reuse-ms inf --tokens 4000");
   ASSERT_EQ(text.code, 0) << text.out;
@@ -63,6 +78,9 @@ TEST(ExplainCli, BadInputNamesTheFlag) {
       {"--size 1G --reuse-ms 5 --occupancy 1.5", "--occupancy: '1.5' is not a fraction in [0, 1]",
        2},
       {"--size 1G --reuse-ms 5 --tokens -3", "--tokens: '-3' is not a whole number", 2},
+      {"--size 1G --reuse-ms 5 --retention-s soon", "--retention-s: 'soon' is not a number of seconds",
+       2},
+      {"--size 1G --reuse-ms 5 --retention-s 1,2,3", "--retention-s: '1,2,3' takes one time", 2},
       {"--size 1G --reuse-ms 5 --namespace a/b/c",
        "--namespace: namespace 'a/b/c' is not in the configuration (known: acme/", 2},
       {"--reuse-ms 5", "--size BYTES is required", 2},

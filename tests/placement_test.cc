@@ -192,6 +192,49 @@ TEST(PlacementRule, PressureRaisesDemotion) {
   EXPECT_EQ(rule.Decide(in), (Decision{Tier::kCxlPooled, Clause::kTtftForced}));
 }
 
+// A tier that evicts by itself (retention known) is priced at f = 1 below occupancy 1: its
+// LRU eviction is the pressure. Occupancy 1 is still full; +inf or NaN retention: occupancy.
+TEST(PlacementRule, ATierThatEvictsIsNotPricedByOccupancy) {
+  PlacementParams p;  // watermarks 0.80 / 0.95, max factor 4
+  p.cxl[0].present = false;
+  const PlacementRule rule = MustRule(p);
+  BlockInputs in;
+  in.size_bytes = 4000 * kLlama70BBytesPerToken;
+  in.reuse_interval_s = 5;  // below I*(f = 1) = 11.2 s, above I* at occupancy 0.97 (1.65 s)
+  in.occupancy = {0, 0.97};
+  EXPECT_EQ(rule.Decide(in), (Decision{Tier::kNvme, Clause::kAboveBreakEven}));
+  in.retention_s = {kInf, 40};
+  Explanation e;
+  EXPECT_EQ(rule.Decide(in, &e), (Decision{Tier::kCxlPooled, Clause::kBelowBreakEven}));
+  EXPECT_EQ(e.pressure[1], 1.0);
+  EXPECT_TRUE(e.tier_evicts[1]);
+  EXPECT_DOUBLE_EQ(e.break_even_s, rule.BreakEvenS(Tier::kCxlPooled, in.size_bytes, 0));
+  // The retention's value does not move I*: both the capacity a block takes and its chance of
+  // a hit scale with P(used before it is evicted).
+  for (double t : {0.001, 1.0, 1e6}) {
+    in.retention_s = {kInf, t};
+    rule.Decide(in, &e);
+    EXPECT_DOUBLE_EQ(e.break_even_s, rule.BreakEvenS(Tier::kCxlPooled, in.size_bytes, 0)) << t;
+  }
+  // Exactly at I*(f = 1): NVMe, as without eviction.
+  in.reuse_interval_s = e.break_even_s;
+  EXPECT_EQ(rule.Decide(in), (Decision{Tier::kNvme, Clause::kAboveBreakEven}));
+  in.reuse_interval_s = std::nextafter(e.break_even_s, 0.0);
+  EXPECT_EQ(rule.Decide(in), (Decision{Tier::kCxlPooled, Clause::kBelowBreakEven}));
+  // Full is full.
+  in.occupancy = {0, 1.0};
+  EXPECT_EQ(rule.Decide(in), (Decision{Tier::kNvme, Clause::kCxlFull}));
+  // NaN or +inf retention: priced by occupancy again.
+  in.occupancy = {0, 0.97};
+  in.reuse_interval_s = 5;
+  for (double t : {kInf, std::nan("")}) {
+    in.retention_s = {kInf, t};
+    EXPECT_EQ(rule.Decide(in, &e), (Decision{Tier::kNvme, Clause::kAboveBreakEven})) << t;
+    EXPECT_FALSE(e.tier_evicts[1]);
+    EXPECT_DOUBLE_EQ(e.pressure[1], rule.PressureFactor(0.97));
+  }
+}
+
 TEST(PlacementRule, PicksTheCxlTierWithTheLowestEffectiveCost) {
   const PlacementRule rule = MustRule(PlacementParams{});  // expanded $5/GB, pooled $4/GB
   BlockInputs in;
@@ -253,6 +296,10 @@ BlockInputs RandomInputs(std::mt19937_64& rng) {
   in.tokens = u(rng) < 0.1 ? 0 : static_cast<std::uint32_t>(LogUniform(rng, 1, 1e5));
   in.queue_depth = static_cast<std::uint32_t>(u(rng) * 64);
   in.occupancy = {u(rng) * 1.05, u(rng) * 1.05};
+  for (double& t : in.retention_s) {
+    const double x = u(rng);
+    t = x < 0.5 ? kInf : x < 0.55 ? std::nan("") : LogUniform(rng, 1e-3, 1e5);
+  }
   in.pin_level = static_cast<int>(u(rng) * 4);
   return in;
 }
@@ -312,6 +359,10 @@ TEST(PlacementProperty, HigherOccupancyNeverPromotes) {
     BlockInputs a = RandomInputs(rng);
     const double o = a.occupancy[0];
     a.occupancy = {o, o};
+    // Alike: both tiers priced by occupancy, or both evicting by themselves.
+    a.retention_s[1] = std::isinf(a.retention_s[0]) || std::isnan(a.retention_s[0])
+                           ? kInf
+                           : a.retention_s[0] * LogUniform(rng, 0.5, 2);
     BlockInputs b = a;
     const double o2 = o + std::uniform_real_distribution<double>(0, 0.3)(rng);
     b.occupancy = {o2, o2};
@@ -408,12 +459,13 @@ TEST(Explanation, TextAndJsonCarryEveryInput) {
   in.tokens = 4000;
   in.queue_depth = 3;
   in.occupancy = {0.25, 0.625};
+  in.retention_s = {kInf, 42.5};
   in.pin_level = 1;
   Explanation e;
   rule.Decide(in, &e);
   const std::string text = e.ToText();
   for (const char* want : {"1310720000", "50 ms", "4000", "queue depth       3", "0.25", "0.625",
-                           "pin level         1", "below-break-even", "break-even", "recompute",
+                           "42.5 s", "evicts by itself", "pin level         1", "below-break-even", "break-even", "recompute",
                            "TTFT budget", "cxl-pooled", "<= decides"}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   }
@@ -423,6 +475,10 @@ TEST(Explanation, TextAndJsonCarryEveryInput) {
   EXPECT_EQ(j["inputs"]["tokens"], 4000);
   EXPECT_EQ(j["inputs"]["queue_depth"], 3);
   EXPECT_DOUBLE_EQ(j["inputs"]["occupancy"]["cxl-pooled"].get<double>(), 0.625);
+  EXPECT_DOUBLE_EQ(j["inputs"]["retention_s"]["cxl-pooled"].get<double>(), 42.5);
+  EXPECT_TRUE(j["inputs"]["retention_s"]["cxl-expanded"].is_null());
+  EXPECT_EQ(j["tiers"][1]["pressure_from"], "eviction");
+  EXPECT_EQ(j["tiers"][0]["pressure_from"], "occupancy");
   EXPECT_EQ(j["inputs"]["pin_level"], 1);
   EXPECT_EQ(j["decision"]["tier"], "cxl-pooled");
   EXPECT_EQ(j["decision"]["clause"], "below-break-even");

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "replay.h"
@@ -169,6 +170,40 @@ TEST(ReplaySmoke, NvmeCapacityEvictsThroughTheTierManager) {
     EXPECT_GT(r->nvme_evicted, 0u);
     EXPECT_LE(r->nvme_resident_end, 300u);
     EXPECT_EQ(r->store_blocks_end, r->nvme_resident_end);
+  }
+}
+
+// UnlimitedCxlTtft is computed from the trace, not replayed. With CXL large enough to evict
+// nothing, cxl-lru's replay must give exactly its TTFTs (same keys, same hits, same queue);
+// at a small CXL no policy may give any request a shorter TTFT than the bound.
+TEST(ReplaySmoke, UnlimitedCxlBoundMatchesAnUnboundedReplayAndIsBelowEveryPolicy) {
+  const std::uint64_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (CXLKV_SEED to replay)");
+  const Trace t = Make("mixed", 120, seed);
+  const ReplayOptions big = Tiny(Policy::kCxlLru, 65536, "bound-big");
+  const std::vector<double> bound = UnlimitedCxlTtft(t, big);
+  ASSERT_EQ(bound.size(), t.requests.size());
+  auto unbounded = RunReplay(t, big);
+  ASSERT_TRUE(unbounded.ok()) << unbounded.status();
+  EXPECT_EQ(unbounded->cxl_write.blocks, unbounded->cxl_resident_end) << "nothing evicted";
+  ASSERT_EQ(unbounded->ttft_s.size(), bound.size());
+  for (std::size_t i = 0; i < bound.size(); ++i) {
+    ASSERT_EQ(unbounded->ttft_s[i], bound[i]) << "request " << i;
+  }
+  for (Policy p : {Policy::kRule, Policy::kCxlLru, Policy::kLruSpill, Policy::kNvmeLru,
+                   Policy::kRecompute}) {
+    SCOPED_TRACE(std::string(PolicyName(p)));
+    const ReplayOptions o = Tiny(p, 512, std::string("bound-") + std::string(PolicyName(p)));
+    auto r = RunReplay(t, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->ttft_s.size(), bound.size());
+    std::size_t above = 0;
+    for (std::size_t i = 0; i < bound.size(); ++i) {
+      ASSERT_LE(bound[i], r->ttft_s[i]) << "request " << i;
+      above += bound[i] < r->ttft_s[i];
+    }
+    if (p != Policy::kRecompute) continue;
+    EXPECT_GT(above, 0u) << "recomputing everything is slower than unlimited CXL somewhere";
   }
 }
 

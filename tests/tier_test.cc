@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -292,6 +293,48 @@ TEST(TierManager, TouchOrdersAChainSoItsTailIsEvictedFirst) {
   for (std::uint64_t k = 9; k < 12; ++k) PlaceNew(*m, k, Tier::kCxl);
   for (std::uint64_t k : {0, 1, 8, 9, 10, 11}) EXPECT_TRUE(m->Where(KeyOf(k)).has_value()) << k;
   for (std::uint64_t k : {2, 3, 4}) EXPECT_FALSE(m->Where(KeyOf(k)).has_value()) << k;
+}
+
+// RetentionS: +inf until a watermark run evicts; then the idle time of the youngest victim of
+// each run (EWMA over runs), or the time since the last run when that is longer.
+TEST(TierManager, RetentionIsTheIdleAgeOfTheYoungestVictim) {
+  testing::TempDir dir("tier");
+  Clock clock;
+  TierOptions o;
+  o.high_watermark_blocks = 4;
+  o.low_watermark_blocks = 2;
+  o.now_ms = clock.fn();
+  o.victim_tier = [](const tier::Key&) { return Tier::kDrop; };
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  const double inf = std::numeric_limits<double>::infinity();
+  // Blocks 0..3 placed at t = 1, 2, 3, 4 s; 0 touched at 5 s (order by use: 1 2 3 0).
+  for (std::uint64_t k = 0; k < 4; ++k) {
+    clock.ms = 1000 * static_cast<std::int64_t>(k + 1);
+    PlaceNew(*m, k, Tier::kCxl);
+  }
+  EXPECT_EQ(m->RetentionS(), inf);  // at the high watermark, not above it: nothing evicted
+  clock.ms = 5000;
+  const tier::Key zero = KeyOf(0);
+  EXPECT_EQ(m->Touch(std::span<const tier::Key>(&zero, 1)), 1u);
+  EXPECT_EQ(m->RetentionS(), inf);
+  // Block 4 at 11 s: 5 > 4, down to 2: victims 1, 2, 3 (used at 2, 3, 4 s); the youngest, 3,
+  // was idle 7 s.
+  clock.ms = 11000;
+  PlaceNew(*m, 4, Tier::kCxl);
+  EXPECT_EQ(m->Stats().cxl_blocks, 2u);
+  EXPECT_FALSE(m->Where(KeyOf(3)).has_value());
+  EXPECT_TRUE(m->Where(KeyOf(0)).has_value());
+  EXPECT_DOUBLE_EQ(m->RetentionS(), 7.0);
+  // Later, with no run since: the time since the last run once that is longer.
+  clock.ms = 15000;
+  EXPECT_DOUBLE_EQ(m->RetentionS(), 7.0);
+  clock.ms = 20000;
+  EXPECT_DOUBLE_EQ(m->RetentionS(), 9.0);
+  // Blocks 5, 6, 7 at 20 s push 5 > 4: down to 2, victims 0 (used at 5 s), 4 (11 s) and 5
+  // (20 s): the youngest victim, 5, was idle 0 s. EWMA: 7 + 0.2 × (0 − 7) = 5.6 s.
+  for (std::uint64_t k = 5; k < 8; ++k) PlaceNew(*m, k, Tier::kCxl);
+  EXPECT_EQ(m->Stats().cxl_blocks, 2u);
+  EXPECT_DOUBLE_EQ(m->RetentionS(), 5.6);
 }
 
 // victim_tier re-decides each watermark victim (drop or demote); release_cxl receives every

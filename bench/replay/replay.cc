@@ -17,6 +17,7 @@
 #include <queue>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "cxlkv/allocator/block_allocator.h"
 #include "cxlkv/coherence/cache.h"
@@ -52,6 +53,50 @@ class ReplayClock final : public co::Clock {
 
  private:
   std::int64_t now_ms_ = 1000;
+};
+
+// Chain keys of every full block of the request's prompt + answer, root first.
+std::vector<PrefixKey> ChainKeys(const Request& q, std::uint32_t tpb) {
+  std::vector<std::uint32_t> all = q.prompt;
+  all.insert(all.end(), q.output.begin(), q.output.end());
+  std::vector<PrefixKey> keys(all.size() / tpb);
+  PrefixKey parent{};
+  for (std::size_t b = 0; b < keys.size(); ++b) {
+    parent = co::ChainKey(q.ns, parent, std::span<const std::uint32_t>(all).subspan(b * tpb, tpb));
+    keys[b] = parent;
+  }
+  return keys;
+}
+
+// Modeled TTFT: the fetches, then the prefill of every token no hit covers, slowed by the
+// prefills queued ahead (the rule's own recompute model).
+double ModeledTtft(const pool::PlacementParams& p, double block_bytes, std::size_t cxl_hits,
+                   std::size_t nvme_hits, std::size_t nvme_runs, double miss_tokens,
+                   std::uint32_t queue_depth) {
+  double ttft = 0;
+  if (cxl_hits > 0) {
+    ttft += p.cxl[0].figures.latency_s +
+            static_cast<double>(cxl_hits) * block_bytes / p.cxl[0].figures.read_bytes_per_s;
+  }
+  if (nvme_hits > 0) {
+    ttft += static_cast<double>(nvme_runs) * p.nvme.latency_s +
+            static_cast<double>(nvme_hits) * block_bytes / p.nvme.read_bytes_per_s;
+  }
+  return ttft + miss_tokens / p.prefill_tokens_per_s *
+                    (1.0 + p.queue_depth_weight * static_cast<double>(queue_depth));
+}
+
+// Queue depth at an arrival: earlier requests whose first token is still ahead.
+class PrefillQueue {
+ public:
+  std::uint32_t DepthAt(double arrival_s) {
+    while (!done_at_.empty() && done_at_.top() <= arrival_s) done_at_.pop();
+    return static_cast<std::uint32_t>(done_at_.size());
+  }
+  void Add(double first_token_s) { done_at_.push(first_token_s); }
+
+ private:
+  std::priority_queue<double, std::vector<double>, std::greater<>> done_at_;
 };
 
 // What prefill would have computed for a block: a stream derived from its key only, so a
@@ -375,6 +420,7 @@ pool::Decision Engine::Decide(co::Namespace ns, const PrefixKey& key, std::size_
   if (o_.rule_prefix_tokens) in.tokens *= static_cast<std::uint32_t>(depth);
   in.queue_depth = queue_depth_;
   in.occupancy = {std::min(1.0, CxlOccupancy() + occupancy_delta), 1.0};
+  if (o_.retention_pressure) in.retention_s[0] = tier_->RetentionS();
   const pool::Decision d = rule_->Decide(in);
   if (clauses_ != nullptr) ++(*clauses_)[static_cast<int>(d.clause)];
   return d;
@@ -608,17 +654,10 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
   clauses_ = &r->clauses;
   if (auto st = Pump(); !st.ok()) return st;
   const std::uint32_t tpb = o_.profile.tokens_per_block;
-  // Chain keys of every full block of prompt + answer (the answer's blocks are written after).
-  std::vector<std::uint32_t> all = q.prompt;
-  all.insert(all.end(), q.output.begin(), q.output.end());
-  const std::size_t n_all = all.size() / tpb;
+  // The answer's blocks are written after the prompt's.
+  const std::vector<PrefixKey> keys = ChainKeys(q, tpb);
+  const std::size_t n_all = keys.size();
   const std::size_t n = q.prompt.size() / tpb;
-  std::vector<PrefixKey> keys(n_all);
-  PrefixKey parent{};
-  for (std::size_t b = 0; b < n_all; ++b) {
-    parent = co::ChainKey(q.ns, parent, std::span<const std::uint32_t>(all).subspan(b * tpb, tpb));
-    keys[b] = parent;
-  }
   const auto now_ns = static_cast<std::uint64_t>(NowNs());
   for (std::size_t b = 0; b < n; ++b) RecordUse(q.ns, keys[b], now_ns);
 
@@ -653,21 +692,9 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
   r->wl_hits[static_cast<int>(q.workload)] += hits;
   r->prompt_tokens += q.prompt.size();
 
-  // Modeled TTFT: fetches, then prefill of every token not covered by a hit, slowed by the
-  // prefills queued ahead (the rule's own recompute model).
-  const pool::PlacementParams& p = o_.params;
-  const double mb = static_cast<double>(modeled_);
-  double ttft = 0;
-  if (cxl_hits > 0) {
-    ttft += p.cxl[0].figures.latency_s + static_cast<double>(cxl_hits) * mb /
-                                             p.cxl[0].figures.read_bytes_per_s;
-  }
-  if (nvme_hits > 0) {
-    ttft += static_cast<double>(nvme_runs) * p.nvme.latency_s +
-            static_cast<double>(nvme_hits) * mb / p.nvme.read_bytes_per_s;
-  }
   const double miss_tokens = static_cast<double>(q.prompt.size() - hits * tpb);
-  ttft += miss_tokens / p.prefill_tokens_per_s * (1.0 + p.queue_depth_weight * queue_depth_);
+  const double ttft = ModeledTtft(o_.params, static_cast<double>(modeled_), cxl_hits, nvme_hits,
+                                  nvme_runs, miss_tokens, queue_depth_);
   r->ttft_s.push_back(ttft);
   r->queue_depth.push_back(queue_depth_);
 
@@ -728,16 +755,14 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
 }
 
 absl::Status Engine::Run(ReplayResult* r) {
-  // Queue depth at an arrival: earlier requests whose first token is still ahead.
-  std::priority_queue<double, std::vector<double>, std::greater<>> done_at;
+  PrefillQueue queue;
   for (const Request& q : trace_.requests) {
-    while (!done_at.empty() && done_at.top() <= q.arrival_s) done_at.pop();
-    queue_depth_ = static_cast<std::uint32_t>(done_at.size());
+    queue_depth_ = queue.DepthAt(q.arrival_s);
     if (auto st = ServeRequest(q, r); !st.ok()) {
       return absl::Status(st.code(), absl::StrCat("request ", q.id, " (", WorkloadName(q.workload),
                                                   "): ", st.message()));
     }
-    done_at.push(q.arrival_s + r->ttft_s.back());
+    queue.Add(q.arrival_s + r->ttft_s.back());
     ++r->requests;
   }
   r->blocks_freed = freed_;
@@ -812,6 +837,27 @@ absl::StatusOr<ReplayResult> RunReplay(const Trace& trace, const ReplayOptions& 
   }
   r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+std::vector<double> UnlimitedCxlTtft(const Trace& trace, const ReplayOptions& options) {
+  const std::uint32_t tpb = options.profile.tokens_per_block;
+  const auto block_bytes = static_cast<double>(options.profile.ModeledBlockBytes());
+  absl::flat_hash_set<PrefixKey, KeyHash> computed;  // every block any earlier request made
+  PrefillQueue queue;
+  std::vector<double> ttft;
+  ttft.reserve(trace.requests.size());
+  for (const Request& q : trace.requests) {
+    const std::uint32_t depth = queue.DepthAt(q.arrival_s);
+    const std::vector<PrefixKey> keys = ChainKeys(q, tpb);
+    const std::size_t n = q.prompt.size() / tpb;
+    std::size_t hits = 0;
+    while (hits < n && computed.contains(keys[hits])) ++hits;
+    ttft.push_back(ModeledTtft(options.params, block_bytes, hits, 0, 0,
+                               static_cast<double>(q.prompt.size() - hits * tpb), depth));
+    queue.Add(q.arrival_s + ttft.back());
+    computed.insert(keys.begin(), keys.end());
+  }
+  return ttft;
 }
 
 double Mean(const std::vector<double>& v) {

@@ -87,6 +87,9 @@ struct ReplayOptions {
   // LRU evicts chain tails before their heads (as vLLM's prefix cache does); false: blocks
   // are marked in the order they are read and placed (root first = evicted first).
   bool chain_recency = true;
+  // The rule prices CXL pressure by the tier's retention (TierManager::RetentionS: how long
+  // an unused block lasts before eviction) once the tier evicts; false: by occupancy only.
+  bool retention_pressure = true;
 };
 
 struct Occupancy {
@@ -140,6 +143,13 @@ struct ReplayResult {
 
 // Runs one policy over one trace. Errors name the component that failed.
 absl::StatusOr<ReplayResult> RunReplay(const Trace& trace, const ReplayOptions& options);
+
+// A lower bound for every policy, per request: the modeled TTFT when every block any earlier
+// request computed is still in CXL (unlimited capacity, every hit at CXL speed) — computed
+// from the trace with the same TTFT and queue model, not replayed. No placement at any CXL
+// capacity gives a request a shorter TTFT (more hits, each cheaper than its recompute, and no
+// deeper queue), so no policy's mean or percentile is below this one's.
+std::vector<double> UnlimitedCxlTtft(const Trace& trace, const ReplayOptions& options);
 
 // Mean and percentiles of a sample (p in [0, 100], nearest rank).
 double Mean(const std::vector<double>& v);

@@ -183,10 +183,18 @@ Decision PlacementRule::DecideImpl(const BlockInputs& in, Explanation* why) cons
   std::array<double, kCxlTierCount> f{kInf, kInf};
   std::array<double, kCxlTierCount> eff{kInf, kInf};
   std::array<double, kCxlTierCount> fetch{kInf, kInf};
+  std::array<bool, kCxlTierCount> evicts{false, false};
   int c = -1, fastest = -1, cheapest = -1, c_full = -1, fastest_full = -1, cheapest_full = -1;
   for (int t = 0; t < kCxlTierCount; ++t) {
     if (!cxl_present_[t]) continue;
+    // A tier that evicts by itself (retention known) has no occupancy pressure; a full tier
+    // is full either way.
     f[t] = PressureFactor(in.occupancy[t]);
+    const double ret = in.retention_s[t];
+    if (!std::isnan(ret) && !std::isinf(ret) && f[t] < kInf) {
+      evicts[t] = true;
+      f[t] = 1.0;
+    }
     eff[t] = cxl_price_per_byte_[t] * f[t];
     fetch[t] = params_.cxl[t].figures.latency_s + size * cxl_inv_bw_[t];
     const bool meets = fetch[t] <= params_.ttft_budget_s;
@@ -247,6 +255,7 @@ Decision PlacementRule::DecideImpl(const BlockInputs& in, Explanation* why) cons
       for (int t = 0; t < kCxlTierCount; ++t) {
         why->fetch_s[t] = fetch[t];
         why->pressure[t] = f[t];
+        why->tier_evicts[t] = evicts[t];
         why->effective_cost_per_gb[t] = cxl_present_[t] ? params_.cxl[t].cost_per_gb * f[t] : kInf;
       }
       why->fetch_s[2] = fetch_nvme;
@@ -333,6 +342,9 @@ std::string Explanation::ToText() const {
   absl::StrAppend(&s, "  queue depth       ", inputs.queue_depth, "\n");
   absl::StrAppend(&s, "  occupancy         cxl-expanded ", Num(inputs.occupancy[0]),
                   ", cxl-pooled ", Num(inputs.occupancy[1]), "\n");
+  absl::StrAppend(&s, "  retention         cxl-expanded ", Secs(inputs.retention_s[0]),
+                  ", cxl-pooled ", Secs(inputs.retention_s[1]),
+                  " (how long an unused block lasts before eviction; inf: not evicting)\n");
   absl::StrAppend(&s, "  pin level         ", inputs.pin_level, "\n");
   absl::StrAppend(&s, "tiers:\n");
   absl::StrAppendFormat(&s, "  %-13s %-9s %-10s %-8s %-9s %-12s %s\n", "tier", "latency",
@@ -369,6 +381,13 @@ std::string Explanation::ToText() const {
                   Num(p.cxl[c].cost_per_gb), " x ", Num(pressure[c]), " - ",
                   Num(p.nvme_cost_per_gb), ")) = ", Secs(break_even_s), " (", TierName(cxl_choice),
                   ")\n");
+  if (cxl_available && tier_evicts[c]) {
+    absl::StrAppend(&s, "  pressure          f = 1: ", TierName(cxl_choice),
+                    " evicts by itself (an unused block lasts ", Secs(inputs.retention_s[c]),
+                    "), so occupancy ", Num(inputs.occupancy[c]), " adds no price\n");
+  } else {
+    absl::StrAppend(&s, "  pressure          f(occupancy ", Num(inputs.occupancy[c]), ")\n");
+  }
   absl::StrAppend(&s, "  TTFT budget       ", Secs(p.ttft_budget_s), "; reuse horizon ",
                   Secs(p.reuse_horizon_s), "; watermarks ", Num(p.low_watermark), "/",
                   Num(p.high_watermark), " (max factor ", Num(p.pressure_max_factor),
@@ -396,7 +415,9 @@ std::string Explanation::ToJson(int indent) const {
                      {"read_bytes_per_s", c.figures.read_bytes_per_s},
                      {"cost_per_gb", c.cost_per_gb},
                      {"occupancy", J(inputs.occupancy[t])},
+                     {"retention_s", J(inputs.retention_s[t])},
                      {"pressure", J(pressure[t])},
+                     {"pressure_from", tier_evicts[t] ? "eviction" : "occupancy"},
                      {"effective_cost_per_gb", J(effective_cost_per_gb[t])},
                      {"fetch_s", J(fetch_s[t])}});
   }
@@ -425,6 +446,8 @@ std::string Explanation::ToJson(int indent) const {
         {"queue_depth", inputs.queue_depth},
         {"occupancy",
          {{"cxl-expanded", J(inputs.occupancy[0])}, {"cxl-pooled", J(inputs.occupancy[1])}}},
+        {"retention_s",
+         {{"cxl-expanded", J(inputs.retention_s[0])}, {"cxl-pooled", J(inputs.retention_s[1])}}},
         {"pin_level", inputs.pin_level}}},
       {"params",
        {{"ttft_budget_s", p.ttft_budget_s},

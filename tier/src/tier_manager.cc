@@ -3,6 +3,8 @@
 
 #include <time.h>
 
+#include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +13,8 @@ namespace cxlkv::tier {
 namespace {
 
 constexpr std::size_t kNoOp = static_cast<std::size_t>(-1);
+// Weight of each watermark run in RetentionS()'s EWMA.
+constexpr double kRetentionAlpha = 0.2;
 
 std::string K(const Key& key) { return pool::NvmeKeyToString(key); }
 
@@ -159,6 +163,7 @@ absl::Status TierManager::Place(std::span<const Key> keys,
     return absl::InvalidArgumentError(
         absl::StrCat("Place: ", keys.size(), " keys but ", blocks.size(), " blocks"));
   }
+  const std::int64_t now = Now();
   std::vector<Key> placed;  // entered in CXL (for kNvme: to be written)
   std::vector<std::size_t> placed_at;
   std::vector<allocator::BlockHandle> to_free;
@@ -185,6 +190,7 @@ absl::Status TierManager::Place(std::span<const Key> keys,
       Entry e;
       e.where = Residence::kCxl;
       e.block = blocks[i];
+      e.used_at_ms = now;
       e.lru = lru_.begin();
       entries_.emplace(key, e);
       ++cxl_resident_;
@@ -423,6 +429,7 @@ absl::Status TierManager::Prefetch(std::span<const Key> keys, PromotionBatch& ba
 
 void TierManager::FinishPromotion(PromotionBatch& batch) {
   std::vector<allocator::BlockHandle> to_free;
+  const std::int64_t now = Now();
   {
     std::lock_guard<std::mutex> l(mu_);
     for (std::size_t i = 0; i < batch.keys_.size(); ++i) {
@@ -433,6 +440,7 @@ void TierManager::FinishPromotion(PromotionBatch& batch) {
       if (st.ok()) {
         e.where = Residence::kCxl;
         e.cooldown = false;
+        e.used_at_ms = now;
         lru_.push_front(key);
         e.lru = lru_.begin();
         ++stats_.promotions;
@@ -548,6 +556,7 @@ absl::StatusOr<std::byte*> TierManager::Acquire(const Key& key) {
         e.where == Residence::kNvme ? "; Prefetch or Promote it first" : "; retry when done"));
   }
   ++e.pins;
+  e.used_at_ms = Now();
   lru_.splice(lru_.begin(), lru_, e.lru);
   return cxl_->Addr(e.block);
 }
@@ -559,6 +568,7 @@ void TierManager::Release(const Key& key) {
 }
 
 std::size_t TierManager::Touch(std::span<const Key> keys) {
+  const std::int64_t now = Now();
   std::lock_guard<std::mutex> l(mu_);
   std::size_t n = 0;
   for (auto k = keys.rbegin(); k != keys.rend(); ++k) {  // the last spliced ends up first
@@ -566,6 +576,7 @@ std::size_t TierManager::Touch(std::span<const Key> keys) {
     if (it == entries_.end()) continue;
     Entry& e = it->second;
     if (e.where == Residence::kCxl) {
+      e.used_at_ms = now;
       lru_.splice(lru_.begin(), lru_, e.lru);
     } else if (e.where == Residence::kNvme) {
       nvme_lru_.splice(nvme_lru_.begin(), nvme_lru_, e.nvme_lru);
@@ -580,14 +591,26 @@ std::size_t TierManager::Touch(std::span<const Key> keys) {
 absl::StatusOr<std::size_t> TierManager::EnforceWatermarks() {
   if (options_.high_watermark_blocks == 0) return 0;
   std::vector<Key> victims;
+  const std::int64_t now = Now();
   {
     std::lock_guard<std::mutex> l(mu_);
     if (cxl_resident_ <= options_.high_watermark_blocks) return 0;
     ++stats_.watermark_runs;
     const std::uint64_t need = cxl_resident_ - options_.low_watermark_blocks;
+    std::int64_t youngest_idle_ms = -1;
     for (auto it = lru_.rbegin(); it != lru_.rend() && victims.size() < need; ++it) {
       const Entry& e = entries_[*it];
-      if (e.where == Residence::kCxl && e.pins == 0) victims.push_back(*it);
+      if (e.where == Residence::kCxl && e.pins == 0) {
+        victims.push_back(*it);
+        youngest_idle_ms = now - e.used_at_ms;  // the list runs from oldest use to newest
+      }
+    }
+    if (youngest_idle_ms >= 0) {
+      const double idle = static_cast<double>(youngest_idle_ms);
+      retention_ewma_ms_ = retention_ewma_ms_ < 0
+                               ? idle
+                               : retention_ewma_ms_ + kRetentionAlpha * (idle - retention_ewma_ms_);
+      last_eviction_ms_ = now;
     }
   }
   std::size_t gone = 0;
@@ -613,6 +636,13 @@ absl::StatusOr<std::size_t> TierManager::EnforceWatermarks() {
 
 void TierManager::MaybeEnforce() {
   if (options_.auto_enforce) (void)EnforceWatermarks();
+}
+
+double TierManager::RetentionS() const {
+  const std::int64_t now = Now();
+  std::lock_guard<std::mutex> l(mu_);
+  if (retention_ewma_ms_ < 0) return std::numeric_limits<double>::infinity();
+  return std::max(retention_ewma_ms_, static_cast<double>(now - last_eviction_ms_)) * 1e-3;
 }
 
 std::optional<Residence> TierManager::Where(const Key& key) const {

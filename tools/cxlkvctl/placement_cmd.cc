@@ -108,6 +108,7 @@ struct ExplainArgs {
   std::string tokens;
   std::string queue_depth = "0";
   std::string occupancy = "0";
+  std::string retention = "inf";
   std::string ns;
   bool json = false;
 };
@@ -236,6 +237,25 @@ void RunExplain(const ExplainArgs& a) {
     in.occupancy[0] = ParseFraction("--occupancy", parts[0]);
     in.occupancy[1] = parts.size() == 2 ? ParseFraction("--occupancy", parts[1]) : in.occupancy[0];
   }
+  {
+    std::vector<absl::string_view> parts = absl::StrSplit(a.retention, ',');
+    if (parts.size() > 2) {
+      BadFlag("--retention-s", a.retention,
+              "takes one time, or two (cxl-expanded,cxl-pooled), in seconds or inf");
+    }
+    auto seconds = [&](absl::string_view v) {
+      double t = 0;
+      if (v == "inf") return pool::kNoReuse;
+      if (!absl::SimpleAtod(v, &t) || !(t >= 0) || std::isinf(t)) {
+        BadFlag("--retention-s", v,
+                "is not a number of seconds >= 0, or inf for a tier that is not evicting "
+                "(e.g. 42.5)");
+      }
+      return t;
+    };
+    in.retention_s[0] = seconds(parts[0]);
+    in.retention_s[1] = parts.size() == 2 ? seconds(parts[1]) : in.retention_s[0];
+  }
   if (!a.ns.empty()) {
     auto pin = cfg->PinLevelOf(a.ns);
     if (!pin.ok())
@@ -313,6 +333,11 @@ void AddPlacementCommands(CLI::App& app) {
   ex->add_option("--occupancy", ea->occupancy,
                  "CXL occupancy, used/capacity: F for both tiers or E,P (default 0)")
       ->type_name("F");
+  ex->add_option("--retention-s", ea->retention,
+                 "How long an unused block lasts in CXL before the tier evicts it (the idle age "
+                 "of its LRU victims): T for both tiers or E,P; finite means the tier evicts by "
+                 "itself and occupancy adds no price (default inf)")
+      ->type_name("T");
   ex->add_option("--namespace", ea->ns, "tenant/model/layout from the config (its pin level)")
       ->type_name("NS");
   ex->add_flag("--json", ea->json, "Print JSON instead of text");

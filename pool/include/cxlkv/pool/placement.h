@@ -19,15 +19,22 @@
 // which holding the bytes in CXL costs what re-fetching them from NVMe costs,
 //   I* = P_nvme × (S / B_nvme + 1 / IOPS_nvme) / (S × (c_cxl × f(occupancy) − c_nvme))
 // with P_nvme the price of the NVMe unit whose bandwidth B_nvme and IOPS the figures give,
-// c the cost per byte of each tier and f the pressure factor (1 below the low watermark,
-// rising to pressure_max_factor at the high watermark, unbounded as the tier fills).
+// c the cost per byte of each tier and f the pressure factor: 1 below the low watermark,
+// rising to pressure_max_factor at the high watermark, unbounded as the tier fills. That
+// ramp prices a tier that fills up with nothing leaving it. A tier that evicts its least
+// recently used blocks (BlockInputs::retention_s finite) has f = 1 below occupancy 1: a block
+// held there occupies it only until it is used or has been idle for the retention T, so both
+// its capacity cost and its chance of a hit scale by the same P(next use < T), which cancels
+// in the break-even (for memoryless reuse times) — I* stays I*(f = 1), and what a new block
+// displaces is a block LRU judged idle for T.
 // Between CXL tiers the rule takes the one with the lowest c × f among those with room whose
 // fetch meets the TTFT budget, else the fastest with room (ties: the faster one).
 //
 // Properties the tests check: the outcome never moves to a faster tier as the reuse interval
 // grows; nor as the block grows unless the TTFT budget moves it (the larger block is decided by
 // kTtftForced, or its CXL tier was chosen for speed: Explanation::cxl_choice_by_ttft); raising
-// the occupancy of every CXL tier alike never promotes a block.
+// the occupancy of every CXL tier alike never promotes a block (when every tier's pressure comes
+// from the same source: occupancy, or its own eviction).
 //
 // Thread-safety: a PlacementRule is immutable after Create(); Decide() is const, noexcept,
 // allocation-free and safe from any number of threads. Cost: a few tens of floating-point
@@ -114,6 +121,12 @@ struct BlockInputs {
   std::uint32_t tokens = 0;            // prefill tokens a hit saves; 0: unknown, never dropped
   std::uint32_t queue_depth = 0;       // prefills queued on the GPU that would recompute
   std::array<double, kCxlTierCount> occupancy = {0, 0};  // used / capacity of each CXL tier
+  // How long a block left unused lasts in each CXL tier before the tier evicts it: the idle
+  // age of its recent LRU victims (Che's characteristic time; TierManager::RetentionS).
+  // Finite: the tier evicts its least recently used blocks by itself, and that eviction is the
+  // pressure — f = 1 at any occupancy below 1 (see the header comment). +inf or NaN: the tier
+  // is not evicting, or nobody says: f comes from occupancy.
+  std::array<double, kCxlTierCount> retention_s = {kNoReuse, kNoReuse};
   int pin_level = 0;                                     // the namespace's [[namespace]] pin
 };
 
@@ -130,7 +143,9 @@ struct Explanation {
   PlacementParams params;
   std::array<double, 3> fetch_s = {0, 0, 0};  // cxl-expanded, cxl-pooled, nvme; inf if absent
   double recompute_s = 0;                     // inf when tokens is 0
-  std::array<double, kCxlTierCount> pressure = {1, 1};  // f(occupancy); inf when full/absent
+  std::array<double, kCxlTierCount> pressure = {1, 1};  // f; inf when full/absent
+  // f is 1 because the tier evicts by itself (BlockInputs::retention_s is finite).
+  std::array<bool, kCxlTierCount> tier_evicts = {false, false};
   std::array<double, kCxlTierCount> effective_cost_per_gb = {0, 0};  // cost × f
   Tier cxl_choice = Tier::kCxlPooled;  // the CXL tier the block would use
   bool cxl_available = false;          // cxl_choice has room (occupancy < 1)

@@ -207,6 +207,13 @@ class TierManager {
   // could (blocks whose demotion failed stay in CXL).
   absl::StatusOr<std::size_t> EnforceWatermarks();
 
+  // How long a block left unused lasts in CXL before the watermarks evict it (Che's
+  // characteristic time, the input the placement rule prices CXL pressure by): an EWMA over
+  // watermark runs of the idle time of the youngest block each run evicted, or the time since
+  // the last run when that is longer (a tier that stopped evicting keeps blocks longer and
+  // longer). +inf until the first run evicts a block. Seconds.
+  double RetentionS() const;
+
   std::optional<Residence> Where(const Key& key) const;
   // The CXL block of a key resident in CXL (to publish it, or to check an index against it).
   std::optional<allocator::BlockHandle> CxlBlock(const Key& key) const;
@@ -220,6 +227,7 @@ class TierManager {
     Residence where = Residence::kCxl;
     allocator::BlockHandle block;
     std::int64_t demoted_at_ms = 0;
+    std::int64_t used_at_ms = 0;  // entered CXL, or was last acquired or touched there
     bool cooldown = false;  // demoted_at_ms applies
     std::uint32_t pins = 0;
     std::list<Key>::iterator lru;  // valid while the block occupies CXL
@@ -255,6 +263,9 @@ class TierManager {
   std::list<Key> nvme_lru_;  // NVMe-only blocks, front: most recently demoted or read
   std::uint64_t cxl_resident_ = 0;
   TierStats stats_;
+  // RetentionS(): EWMA of the youngest victim's idle ms per watermark run (< 0: no run yet).
+  double retention_ewma_ms_ = -1;
+  std::int64_t last_eviction_ms_ = 0;
 };
 
 }  // namespace cxlkv::tier
