@@ -143,7 +143,10 @@ TEST(ReplaySmoke, RuleDropsVictimsWhenRecomputeBeatsNvme) {
   const std::uint64_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " (CXLKV_SEED to replay)");
   const Trace t = Make("coding", 80, seed);
-  ReplayOptions o = Tiny(Policy::kRule, 256, "victims");
+  // 1,024 blocks: a few conversations fit (a coding prompt is up to ~300 blocks, so at 256
+  // one request could flush everything before its next turn, and no hit would be certain),
+  // and 80 requests still overflow it many times.
+  ReplayOptions o = Tiny(Policy::kRule, 1024, "victims");
   o.params.prefill_tokens_per_s = 1e6;  // 16 tokens: 16 us
   o.params.queue_depth_weight = 0;
   auto r = RunReplay(t, o);
