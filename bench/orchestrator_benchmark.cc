@@ -26,8 +26,8 @@
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/orchestrator/client.h"
 #include "cxlkv/orchestrator/config.h"
+#include "cxlkv/orchestrator/daemon.h"
 #include "cxlkv/pool/region.h"
-#include "orchestrator.h"
 
 namespace {
 

@@ -22,6 +22,7 @@
 #include "cxlkv/coherence/mem.h"
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/orchestrator/client.h"
+#include "cxlkv/orchestrator/operator_client.h"
 #include "cxlkv/pool/region.h"
 #include "gtest/gtest.h"
 #include "orchestrator.grpc.pb.h"
@@ -228,6 +229,85 @@ TEST_F(OrchestratorFixture, DrainStopsGrowthAndTheHostGivesBack) {
   ASSERT_TRUE((*c)->Shrink(all).ok());
   EXPECT_EQ(Status().extents_assigned(), 0u);
   EXPECT_EQ(HostState(3), "draining");
+}
+
+// The operator's client (what cxlkvctl uses) reports what the wire says, field by field, and
+// its two actions act: drain a host, evict a namespace's prefixes.
+TEST_F(OrchestratorFixture, OperatorClientReportsTheDomainAndActs) {
+  auto c = HostClient::Connect(socket_, 2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto got = (*c)->Grow(1);
+  ASSERT_TRUE(got.ok() && got->size() == 1u);
+  (*c)->StartHeartbeats();
+  auto op = OperatorClient::Connect(socket_);
+  ASSERT_TRUE(op.ok()) << op.status();
+
+  auto st = (*op)->Status();
+  ASSERT_TRUE(st.ok()) << st.status();
+  const pb::StatusReply wire = Status();
+  EXPECT_EQ(st->pool_spec, wire.pool_spec());
+  EXPECT_EQ(st->domain_spec, wire.domain_spec());
+  EXPECT_EQ(st->pool_bytes, wire.pool_bytes());
+  EXPECT_EQ(st->extent_bytes, 16u << 20);
+  EXPECT_EQ(st->extents_total, 16u);
+  EXPECT_EQ(st->extents_assigned, 1u);
+  EXPECT_EQ(st->extents_free, 15u);
+  EXPECT_EQ(st->hosts_live, 1u);
+  EXPECT_GT(st->uptime_ms, 0);
+
+  auto hosts = (*op)->Hosts();
+  ASSERT_TRUE(hosts.ok()) << hosts.status();
+  const HostView* me = nullptr;
+  for (const HostView& h : *hosts) {
+    if (h.host_id == 2) me = &h;
+  }
+  ASSERT_NE(me, nullptr);
+  EXPECT_EQ(me->state, "live");
+  EXPECT_EQ(me->incarnation, (*c)->incarnation());
+  EXPECT_EQ(me->extents, 1u);
+  EXPECT_NE(me->hostname.find(" pid "), std::string::npos) << me->hostname;
+
+  auto extents = (*op)->Extents();
+  ASSERT_TRUE(extents.ok()) << extents.status();
+  ASSERT_EQ(extents->size(), 16u);
+  const ExtentDetail& mine = (*extents)[got->front().index];
+  EXPECT_EQ(mine.state, "assigned");
+  EXPECT_EQ(mine.host, 2u);
+  EXPECT_EQ(mine.incarnation, (*c)->incarnation());
+  EXPECT_EQ(mine.offset, got->front().offset);
+  EXPECT_EQ(mine.length, got->front().length);
+  EXPECT_GT(mine.expires_in_ms, 0);
+
+  auto prefixes = (*op)->Prefixes(0);
+  ASSERT_TRUE(prefixes.ok()) << prefixes.status();
+  EXPECT_EQ(prefixes->published, 0u);
+  EXPECT_TRUE(prefixes->prefixes.empty());
+
+  auto evicted = (*op)->Evict("t/m/l");
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  EXPECT_EQ(*evicted, 0u);
+  EXPECT_TRUE(absl::IsNotFound((*op)->Evict("no/such/ns").status()));
+
+  ASSERT_TRUE((*op)->Drain(2).ok());
+  EXPECT_TRUE(WaitFor([&] { return (*c)->draining(); }));
+  const absl::Status not_live = (*op)->Drain(3);
+  EXPECT_TRUE(absl::IsFailedPrecondition(not_live)) << not_live;
+  EXPECT_NE(not_live.message().find("host 3"), std::string::npos) << not_live;
+
+  // Given back, the extent is quarantined under its former holder.
+  ASSERT_TRUE((*c)->Shrink({got->front().index}).ok());
+  extents = (*op)->Extents();
+  ASSERT_TRUE(extents.ok()) << extents.status();
+  EXPECT_EQ((*extents)[got->front().index].state, "quarantined");
+  EXPECT_EQ((*extents)[got->front().index].host, 2u);
+
+  // Nobody listening: the call fails at once (kUnavailable), not after the deadline.
+  auto none = OperatorClient::Connect(h_.dir + "/nobody.sock");
+  ASSERT_TRUE(none.ok()) << none.status();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(absl::IsUnavailable((*none)->Status().status()));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+  EXPECT_TRUE(absl::IsInvalidArgument(OperatorClient::Connect("tcp:nocolon").status()));
 }
 
 }  // namespace

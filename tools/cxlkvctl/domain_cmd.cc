@@ -1,21 +1,22 @@
 // cxlkvctl status|hosts|extents|prefixes|drain HOST|evict NS: the orchestrator's view of a
-// CXL domain, over its gRPC control plane on a Unix socket.
-#include <grpcpp/grpcpp.h>
-#include <google/protobuf/util/json_util.h>
-
+// CXL domain, over its control plane (the client library's OperatorClient).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <type_traits>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "commands.h"
-#include "cxlkv/orchestrator/endpoint.h"
-#include "orchestrator.grpc.pb.h"
+#include "cxlkv/orchestrator/operator_client.h"
+#include "wire_json.h"
 
 namespace cxlkv::ctl {
 namespace {
 
-namespace pb = ::cxlkv::orchestrator::v1;
+namespace orch = ::cxlkv::orchestrator;
 
 struct DomainOptions {
   std::string socket;
@@ -27,48 +28,49 @@ std::string DefaultSocket() {
   return env != nullptr ? env : "/run/cxlkv/orchestrator.sock";
 }
 
-[[noreturn]] void Fail(const std::string& what, const grpc::Status& st, const std::string& socket) {
-  if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+[[noreturn]] void Fail(const std::string& what, const absl::Status& st, const std::string& socket) {
+  if (absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) {
     std::fprintf(stderr,
                  "cxlkvctl %s: no orchestrator answers on %s (%s); start cxlkv-orchestrator "
                  "or pass --socket / CXLKV_ORCHESTRATOR_SOCKET\n",
-                 what.c_str(), socket.c_str(), st.error_message().c_str());
+                 what.c_str(), socket.c_str(), std::string(st.message()).c_str());
   } else {
-    std::fprintf(stderr, "cxlkvctl %s: %s\n", what.c_str(), st.error_message().c_str());
+    std::fprintf(stderr, "cxlkvctl %s: %s\n", what.c_str(), std::string(st.message()).c_str());
   }
   throw CLI::RuntimeError(kExitError);
 }
 
-template <typename Req, typename Rep, typename Call>
-Rep Invoke(const DomainOptions& o, const std::string& what, const Req& req, Call call) {
-  auto endpoint = cxlkv::orchestrator::ResolveEndpoint(o.socket);
-  if (!endpoint.ok()) {
+// Connects to the orchestrator `o` names and makes one call; its result, or the failure
+// printed (the endpoint's error as it is, a call's with the hint above) and exit 1.
+template <typename Call>
+auto Invoke(const DomainOptions& o, const std::string& what, Call call) {
+  auto client = orch::OperatorClient::Connect(o.socket);
+  if (!client.ok()) {
     std::fprintf(stderr, "cxlkvctl %s: %s\n", what.c_str(),
-                 std::string(endpoint.status().message()).c_str());
+                 std::string(client.status().message()).c_str());
     throw CLI::RuntimeError(kExitError);
   }
-  auto channel = grpc::CreateChannel(endpoint->target, endpoint->credentials);
-  auto stub = pb::Orchestrator::NewStub(channel);
-  grpc::ClientContext ctx;
-  endpoint->Authorize(&ctx);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  Rep rep;
-  const grpc::Status st = call(*stub, &ctx, req, &rep);
-  if (!st.ok()) Fail(what, st, o.socket);
-  return rep;
+  auto result = call(**client);
+  if constexpr (std::is_same_v<decltype(result), absl::Status>) {
+    if (!result.ok()) Fail(what, result, o.socket);
+  } else {
+    if (!result.ok()) Fail(what, result.status(), o.socket);
+    return *std::move(result);
+  }
 }
 
-bool PrintJson(const DomainOptions& o, const google::protobuf::Message& m) {
+bool PrintJson(const DomainOptions& o, const WireJson& j) {
   if (!o.json) return false;
-  std::string out;
-  google::protobuf::util::JsonPrintOptions p;
-  p.add_whitespace = true;
-  p.always_print_primitive_fields = true;
-  p.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, p);
-  std::printf("%s", out.c_str());
+  std::printf("%s", j.Dump().c_str());
   return true;
+}
+
+WireJson ExtentJson(const orch::ExtentDetail& e) {
+  WireJson j;
+  j.U32("index", e.index).U64("offset", e.offset).U64("length", e.length);
+  j.U32("host_id", e.host).U64("incarnation", e.incarnation).I64("expires_in_ms", e.expires_in_ms);
+  j.Str("state", e.state).Str("arena", e.arena);
+  return j;
 }
 
 CLI::App* Sub(CLI::App& app, const char* name, const char* help,
@@ -87,86 +89,106 @@ CLI::App* Sub(CLI::App& app, const char* name, const char* help,
 void AddDomainCommands(CLI::App& app) {
   auto o = std::make_shared<DomainOptions>();
   Sub(app, "status", "the domain at a glance: capacity, hosts, prefixes", o)->callback([o] {
-    auto r = Invoke<pb::StatusRequest, pb::StatusReply>(
-        *o, "status", pb::StatusRequest{},
-        [](auto& s, auto* c, auto& q, auto* p) { return s.Status(c, q, p); });
-    if (PrintJson(*o, r)) return;
-    std::printf("pool       %s (%llu MiB)\n", r.pool_spec().c_str(),
-                static_cast<unsigned long long>(r.pool_bytes() >> 20));
+    const orch::DomainStatus r = Invoke(*o, "status", [](auto& c) { return c.Status(); });
+    WireJson j;
+    j.Str("domain_spec", r.domain_spec).Str("pool_spec", r.pool_spec);
+    j.U64("pool_bytes", r.pool_bytes).U64("extent_bytes", r.extent_bytes);
+    j.U32("extents_total", r.extents_total).U32("extents_free", r.extents_free);
+    j.U32("extents_assigned", r.extents_assigned);
+    j.U32("hosts_live", r.hosts_live).U32("hosts_fenced", r.hosts_fenced);
+    j.U64("prefixes_published", r.prefixes_published);
+    j.U64("prefix_duplicates", r.prefix_duplicates);
+    j.U64("prefixes_reclaimed", r.prefixes_reclaimed);
+    j.U64("prefixes_evicted", r.prefixes_evicted);
+    j.I64("uptime_ms", r.uptime_ms).U64("recovered_at_start", r.recovered_at_start);
+    j.U32("extents_quarantined", r.extents_quarantined);
+    if (PrintJson(*o, j)) return;
+    std::printf("pool       %s (%llu MiB)\n", r.pool_spec.c_str(),
+                static_cast<unsigned long long>(r.pool_bytes >> 20));
     std::printf("extents    %u of %llu MiB: %u assigned, %u free, %u quarantined\n",
-                r.extents_total(), static_cast<unsigned long long>(r.extent_bytes() >> 20),
-                r.extents_assigned(), r.extents_free(), r.extents_quarantined());
-    std::printf("hosts      %u live, %u fenced\n", r.hosts_live(), r.hosts_fenced());
+                r.extents_total, static_cast<unsigned long long>(r.extent_bytes >> 20),
+                r.extents_assigned, r.extents_free, r.extents_quarantined);
+    std::printf("hosts      %u live, %u fenced\n", r.hosts_live, r.hosts_fenced);
     std::printf("prefixes   %llu published (domain %s); %llu duplicates, %llu reclaimed, %llu evicted\n",
-                static_cast<unsigned long long>(r.prefixes_published()), r.domain_spec().c_str(),
-                static_cast<unsigned long long>(r.prefix_duplicates()),
-                static_cast<unsigned long long>(r.prefixes_reclaimed()),
-                static_cast<unsigned long long>(r.prefixes_evicted()));
+                static_cast<unsigned long long>(r.prefixes_published), r.domain_spec.c_str(),
+                static_cast<unsigned long long>(r.prefix_duplicates),
+                static_cast<unsigned long long>(r.prefixes_reclaimed),
+                static_cast<unsigned long long>(r.prefixes_evicted));
     std::printf("uptime     %.1f s; %llu extent assignments restored at start\n",
-                static_cast<double>(r.uptime_ms()) / 1000.0,
-                static_cast<unsigned long long>(r.recovered_at_start()));
+                static_cast<double>(r.uptime_ms) / 1000.0,
+                static_cast<unsigned long long>(r.recovered_at_start));
   });
   Sub(app, "hosts", "hosts of the domain: incarnation, state, heartbeat age, extents", o)->callback([o] {
-    auto r = Invoke<pb::HostsRequest, pb::HostsReply>(
-        *o, "hosts", pb::HostsRequest{},
-        [](auto& s, auto* c, auto& q, auto* p) { return s.Hosts(c, q, p); });
-    if (PrintJson(*o, r)) return;
+    const auto hosts = Invoke(*o, "hosts", [](auto& c) { return c.Hosts(); });
+    std::vector<WireJson> list;
+    for (const orch::HostView& h : hosts) {
+      WireJson j;
+      j.U32("host_id", h.host_id).U64("incarnation", h.incarnation).Str("state", h.state);
+      j.I64("last_heartbeat_ms_ago", h.last_heartbeat_ms_ago).U32("extents", h.extents);
+      j.U64("used_bytes", h.used_bytes).Str("hostname", h.hostname);
+      list.push_back(std::move(j));
+    }
+    if (PrintJson(*o, WireJson().List("hosts", std::move(list)))) return;
     std::printf("%-5s %-11s %-9s %-10s %-8s %-12s %s\n", "HOST", "INCARNATION", "STATE",
                 "HEARTBEAT", "EXTENTS", "USED", "NAME");
-    for (const auto& h : r.hosts()) {
-      std::printf("%-5u %-11llu %-9s %-10s %-8u %-12llu %s\n", h.host_id(),
-                  static_cast<unsigned long long>(h.incarnation()), h.state().c_str(),
-                  (std::to_string(h.last_heartbeat_ms_ago()) + " ms").c_str(), h.extents(),
-                  static_cast<unsigned long long>(h.used_bytes()), h.hostname().c_str());
+    for (const orch::HostView& h : hosts) {
+      std::printf("%-5u %-11llu %-9s %-10s %-8u %-12llu %s\n", h.host_id,
+                  static_cast<unsigned long long>(h.incarnation), h.state.c_str(),
+                  (std::to_string(h.last_heartbeat_ms_ago) + " ms").c_str(), h.extents,
+                  static_cast<unsigned long long>(h.used_bytes), h.hostname.c_str());
     }
   });
   Sub(app, "extents", "every extent of the pooled region and who holds it", o)->callback([o] {
-    auto r = Invoke<pb::ExtentsRequest, pb::ExtentsReply>(
-        *o, "extents", pb::ExtentsRequest{},
-        [](auto& s, auto* c, auto& q, auto* p) { return s.Extents(c, q, p); });
-    if (PrintJson(*o, r)) return;
+    const auto extents = Invoke(*o, "extents", [](auto& c) { return c.Extents(); });
+    std::vector<WireJson> list;
+    for (const orch::ExtentDetail& e : extents) list.push_back(ExtentJson(e));
+    if (PrintJson(*o, WireJson().List("extents", std::move(list)))) return;
     // Quarantined: HOST is the former holder, LEASE LEFT the time before it may be lent
     // again at the earliest, ARENA the arena whose published blocks still hold it.
     std::printf("%-7s %-14s %-10s %-11s %-5s %-11s %-10s %s\n", "EXTENT", "OFFSET", "LENGTH",
                 "STATE", "HOST", "INCARNATION", "LEASE LEFT", "ARENA");
-    for (const auto& e : r.extents()) {
-      const bool free = e.state() == "free";
-      std::printf("%-7u %-14llu %-10llu %-11s %-5s %-11s %-10s %s\n", e.index(),
-                  static_cast<unsigned long long>(e.offset()),
-                  static_cast<unsigned long long>(e.length()), e.state().c_str(),
-                  free ? "-" : std::to_string(e.host_id()).c_str(),
-                  free ? "-" : std::to_string(e.incarnation()).c_str(),
-                  free ? "-" : (std::to_string(e.expires_in_ms()) + " ms").c_str(),
-                  e.arena().empty() ? "-" : e.arena().c_str());
+    for (const orch::ExtentDetail& e : extents) {
+      const bool free = e.state == "free";
+      std::printf("%-7u %-14llu %-10llu %-11s %-5s %-11s %-10s %s\n", e.index,
+                  static_cast<unsigned long long>(e.offset),
+                  static_cast<unsigned long long>(e.length), e.state.c_str(),
+                  free ? "-" : std::to_string(e.host).c_str(),
+                  free ? "-" : std::to_string(e.incarnation).c_str(),
+                  free ? "-" : (std::to_string(e.expires_in_ms) + " ms").c_str(),
+                  e.arena.empty() ? "-" : e.arena.c_str());
     }
   });
   auto limit = std::make_shared<unsigned>(50);
   CLI::App* pre = Sub(app, "prefixes", "shared prefix index entries (published and retired)", o);
   pre->add_option("--limit", *limit, "entries to list (0: all)")->default_val(50);
   pre->callback([o, limit] {
-    pb::PrefixesRequest q;
-    q.set_limit(*limit);
-    auto r = Invoke<pb::PrefixesRequest, pb::PrefixesReply>(
-        *o, "prefixes", q, [](auto& s, auto* c, auto& qq, auto* p) { return s.Prefixes(c, qq, p); });
-    if (PrintJson(*o, r)) return;
-    std::printf("%u published, %u retired\n", r.published(), r.retired());
+    const orch::PrefixList r =
+        Invoke(*o, "prefixes", [&](auto& c) { return c.Prefixes(*limit); });
+    std::vector<WireJson> list;
+    for (const orch::PrefixView& p : r.prefixes) {
+      WireJson j;
+      j.U32("entry", p.entry).Str("state", p.state).U64("ns", p.ns).Str("key", p.key);
+      j.U32("publisher", p.publisher).U32("block_index", p.block_index);
+      list.push_back(std::move(j));
+    }
+    WireJson j;
+    j.List("prefixes", std::move(list)).U32("published", r.published).U32("retired", r.retired);
+    if (PrintJson(*o, j)) return;
+    std::printf("%u published, %u retired\n", r.published, r.retired);
     std::printf("%-7s %-10s %-18s %-34s %-9s %s\n", "ENTRY", "STATE", "NAMESPACE", "KEY",
                 "PUBLISHER", "BLOCK");
-    for (const auto& p : r.prefixes()) {
-      std::printf("%-7u %-10s %016llx   %-34s %-9u %u\n", p.entry(), p.state().c_str(),
-                  static_cast<unsigned long long>(p.ns()), p.key().c_str(), p.publisher(),
-                  p.block_index());
+    for (const orch::PrefixView& p : r.prefixes) {
+      std::printf("%-7u %-10s %016llx   %-34s %-9u %u\n", p.entry, p.state.c_str(),
+                  static_cast<unsigned long long>(p.ns), p.key.c_str(), p.publisher,
+                  p.block_index);
     }
   });
   auto host = std::make_shared<unsigned>(0);
   CLI::App* drain = Sub(app, "drain", "stop a host growing and ask it to give its extents back", o);
   drain->add_option("HOST", *host, "host id")->required();
   drain->callback([o, host] {
-    pb::DrainRequest q;
-    q.set_host_id(*host);
-    auto r = Invoke<pb::DrainRequest, pb::DrainReply>(
-        *o, "drain", q, [](auto& s, auto* c, auto& qq, auto* p) { return s.Drain(c, qq, p); });
-    if (PrintJson(*o, r)) return;
+    Invoke(*o, "drain", [&](auto& c) { return c.Drain(*host); });
+    if (PrintJson(*o, WireJson())) return;
     std::printf("host %u: draining\n", *host);
   });
   auto ns = std::make_shared<std::string>();
@@ -174,12 +196,9 @@ void AddDomainCommands(CLI::App& app) {
   evict->add_option("NS", *ns, "namespace as tenant/model/layout (a [[namespace]] of the config)")
       ->required();
   evict->callback([o, ns] {
-    pb::EvictRequest q;
-    q.set_ns(*ns);
-    auto r = Invoke<pb::EvictRequest, pb::EvictReply>(
-        *o, "evict", q, [](auto& s, auto* c, auto& qq, auto* p) { return s.Evict(c, qq, p); });
-    if (PrintJson(*o, r)) return;
-    std::printf("%s: %u prefixes retired\n", ns->c_str(), r.retired());
+    const std::uint32_t retired = Invoke(*o, "evict", [&](auto& c) { return c.Evict(*ns); });
+    if (PrintJson(*o, WireJson().U32("retired", retired))) return;
+    std::printf("%s: %u prefixes retired\n", ns->c_str(), retired);
   });
 }
 

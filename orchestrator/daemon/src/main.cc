@@ -7,7 +7,7 @@
 #include "CLI/CLI.hpp"
 #include "cxlkv/orchestrator/config.h"
 #include "absl/strings/str_cat.h"
-#include "orchestrator.h"
+#include "cxlkv/orchestrator/daemon.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"cxlkv-orchestrator: the pool orchestrator of one CXL domain"};

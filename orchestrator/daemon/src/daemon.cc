@@ -1,6 +1,6 @@
 // cxlkv-orchestrator: the owner role, membership and capacity, gRPC on a Unix socket whose
 // peers' credentials are checked, and a Prometheus endpoint.
-#include "orchestrator.h"
+#include "cxlkv/orchestrator/daemon.h"
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>

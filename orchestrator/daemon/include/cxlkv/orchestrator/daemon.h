@@ -1,7 +1,14 @@
-// The orchestrator of one CXL domain: the owner role of the shared prefix protocol, the
-// membership and capacity state, the gRPC control plane on a Unix socket, and metrics.
-#ifndef CXLKV_ORCHESTRATOR_SRC_ORCHESTRATOR_H_
-#define CXLKV_ORCHESTRATOR_SRC_ORCHESTRATOR_H_
+// cxlkv/orchestrator/daemon.h — the orchestrator of one CXL domain (what cxlkv-orchestrator
+// runs): the owner role of the shared prefix protocol, the membership and capacity state,
+// the gRPC control plane on a Unix socket (and TCP), and metrics.
+//
+// Open() takes the pool, the prefix domain and the state file; Start() runs the owner
+// thread, the RPC server and the metrics endpoint on threads of their own; Stop() ends them.
+// The state and the owner are public for the RPC service and for in-process benchmarks:
+// touch them only with mu_ held. Serving processes never link this; they talk to the daemon
+// through client.h.
+#ifndef CXLKV_ORCHESTRATOR_DAEMON_H_
+#define CXLKV_ORCHESTRATOR_DAEMON_H_
 
 #include <sys/types.h>
 
@@ -86,4 +93,4 @@ class Orchestrator {
 
 }  // namespace cxlkv::orchestrator
 
-#endif  // CXLKV_ORCHESTRATOR_SRC_ORCHESTRATOR_H_
+#endif  // CXLKV_ORCHESTRATOR_DAEMON_H_
