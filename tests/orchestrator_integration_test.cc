@@ -294,12 +294,17 @@ TEST_F(OrchestratorFixture, OperatorClientReportsTheDomainAndActs) {
   EXPECT_TRUE(absl::IsFailedPrecondition(not_live)) << not_live;
   EXPECT_NE(not_live.message().find("host 3"), std::string::npos) << not_live;
 
-  // Given back, the extent is quarantined under its former holder.
+  // Given back, the extent is quarantined under its former holder until the daemon finds
+  // no arena in it (which may already have happened: then it is free).
   ASSERT_TRUE((*c)->Shrink({got->front().index}).ok());
   extents = (*op)->Extents();
   ASSERT_TRUE(extents.ok()) << extents.status();
-  EXPECT_EQ((*extents)[got->front().index].state, "quarantined");
-  EXPECT_EQ((*extents)[got->front().index].host, 2u);
+  const ExtentDetail& back = (*extents)[got->front().index];
+  if (back.state == "quarantined") {
+    EXPECT_EQ(back.host, 2u);
+  } else {
+    EXPECT_EQ(back.state, "free");
+  }
 
   // Nobody listening: the call fails at once (kUnavailable), not after the deadline.
   auto none = OperatorClient::Connect(h_.dir + "/nobody.sock");

@@ -13,8 +13,6 @@
 #include "cxlkv/gpu/registrar.h"
 #endif
 
-#define CXLKV_API extern "C" __attribute__((visibility("default")))
-
 #if CXLKV_HAVE_CUDA
 
 namespace gpu = cxlkv::gpu;
@@ -95,8 +93,10 @@ CXLKV_API int cxlkv_gpu_register(cxlkv_gpu* g, const cxlkv_arena* arena, uint64_
   return CXLKV_OK;
 }
 
-CXLKV_API int cxlkv_gpu_register_poll(cxlkv_gpu* g, uint64_t registration,
-                                      cxlkv_gpu_registration_stats* stats) {
+namespace {
+
+// cxlkv_gpu_register_poll (register_wait ends with it too).
+int RegisterPoll(cxlkv_gpu* g, uint64_t registration, cxlkv_gpu_registration_stats* stats) {
   if (g == nullptr) return Fail(CXLKV_E_INVALID, "gpu must be set");
   auto info = g->registrar->Info(registration);
   if (!info.ok()) return GpuFail(info.status());
@@ -139,12 +139,19 @@ CXLKV_API int cxlkv_gpu_register_poll(cxlkv_gpu* g, uint64_t registration,
   }
 }
 
+}  // namespace
+
+CXLKV_API int cxlkv_gpu_register_poll(cxlkv_gpu* g, uint64_t registration,
+                                      cxlkv_gpu_registration_stats* stats) {
+  return RegisterPoll(g, registration, stats);
+}
+
 CXLKV_API int cxlkv_gpu_register_wait(cxlkv_gpu* g, uint64_t registration) {
   if (g == nullptr) return Fail(CXLKV_E_INVALID, "gpu must be set");
   const absl::Status st = g->registrar->Wait(registration);
   if (st.ok()) return CXLKV_OK;
   if (absl::IsNotFound(st)) return GpuFail(st);
-  return cxlkv_gpu_register_poll(g, registration, nullptr);
+  return RegisterPoll(g, registration, nullptr);
 }
 
 CXLKV_API int cxlkv_gpu_unregister(cxlkv_gpu* g, uint64_t registration) {

@@ -1,347 +1,27 @@
-// The C API: thin translation between cxlkv.h and the C++ modules. Every Status becomes a
-// CXLKV_E_* code plus a thread-local message; nothing here throws.
-#include "cxlkv/cxlkv.h"
-
-#include "capi_internal.h"
-
-#include <atomic>
+// The C API's domain half: the shared prefix domain of a CXL pool (cxlkv.h: cxlkv_domain_*,
+// cxlkv_prefix_*, cxlkv_lease_*, cxlkv_owner_*) — membership through the orchestrator's
+// client, arenas in lent extents, the prefix index, leases and the owner role — a thin
+// translation to coherence/ and orchestrator/client.
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "capi_internal.h"
 #include "cxlkv/allocator/block_allocator.h"
-#include "cxlkv/coherence/cache.h"
+#include "cxlkv/coherence/mem.h"
 #include "cxlkv/coherence/prefix.h"
+#include "cxlkv/cxlkv.h"
 #include "cxlkv/orchestrator/client.h"
 #include "cxlkv/orchestrator/pooled_arenas.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
-
-#define CXLKV_API extern "C" __attribute__((visibility("default")))
-
-struct cxlkv_pool {
-  std::unique_ptr<cxlkv::pool::Region> region;  // each arena maps a duplicate of it
-  bool arena_open = false;
-};
-
-struct cxlkv_arena {
-  cxlkv_pool* pool;  // nullptr for an arena in a domain's extent
-  std::unique_ptr<cxlkv::allocator::BlockAllocator> alloc;
-  // An arena in an extent of a pooled domain (cxlkv_domain_grow): its domain, extent, and
-  // the flag the domain's watchdog sets when the extent's capacity lease lapsed.
-  cxlkv_domain* domain = nullptr;
-  std::uint32_t extent = 0;
-  const std::atomic<bool>* revoked = nullptr;
-};
-
-namespace {
-thread_local std::string last_error;
-}  // namespace
-
-namespace cxlkv::capi {
-
-int Fail(int code, std::string message) {
-  last_error = std::move(message);
-  return code;
-}
-
-const pool::Arena& ArenaOf(const cxlkv_arena* arena) { return arena->alloc->arena(); }
-
-}  // namespace cxlkv::capi
-
-namespace {
-
-using cxlkv::allocator::BlockHandle;
-using cxlkv::allocator::FreeResult;
-using cxlkv::capi::Fail;
-
-int FromStatus(const absl::Status& st) {
-  if (st.ok()) return CXLKV_OK;
-  int code = CXLKV_E_INTERNAL;
-  switch (st.code()) {
-    case absl::StatusCode::kInvalidArgument:
-      code = CXLKV_E_INVALID;
-      break;
-    case absl::StatusCode::kNotFound:
-      code = CXLKV_E_NOT_FOUND;
-      break;
-    case absl::StatusCode::kPermissionDenied:
-      code = CXLKV_E_PERMISSION;
-      break;
-    case absl::StatusCode::kAlreadyExists:
-      code = CXLKV_E_EXISTS;
-      break;
-    case absl::StatusCode::kDataLoss:
-      code = CXLKV_E_CORRUPT;
-      break;
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kUnimplemented:
-      code = CXLKV_E_MISMATCH;
-      break;
-    case absl::StatusCode::kResourceExhausted:
-      code = CXLKV_E_FULL;
-      break;
-    case absl::StatusCode::kOutOfRange:
-      code = CXLKV_E_FOREIGN;
-      break;
-    default:
-      break;
-  }
-  return Fail(code, std::string(st.message()));
-}
-
-int FromFree(FreeResult r, const cxlkv_block_ref* ref) {
-  switch (r) {
-    case FreeResult::kOk:
-      return CXLKV_OK;
-    case FreeResult::kDoubleFree:
-      return Fail(CXLKV_E_DOUBLE_FREE, "double free of block " + std::to_string(ref->index) +
-                                           " generation " + std::to_string(ref->generation));
-    case FreeResult::kStaleGeneration:
-      return Fail(CXLKV_E_STALE, "block " + std::to_string(ref->index) + " generation " +
-                                     std::to_string(ref->generation) +
-                                     " is stale: it was freed and reused since");
-    case FreeResult::kForeign:
-      return Fail(CXLKV_E_FOREIGN,
-                  "block index " + std::to_string(ref->index) + " is not in this arena");
-  }
-  return CXLKV_E_INTERNAL;
-}
-
-bool SameArena(const cxlkv_arena* a, const cxlkv_block_ref* ref) {
-  return std::memcmp(ref->arena_uuid, a->alloc->arena().uuid().data(), 16) == 0;
-}
-
-void ToRef(const cxlkv_arena* a, BlockHandle h, cxlkv_block_ref* ref) {
-  std::memcpy(ref->arena_uuid, a->alloc->arena().uuid().data(), 16);
-  ref->index = h.index;
-  ref->generation = h.generation;
-}
-
-cxlkv::allocator::BlockRef FromRef(const cxlkv_block_ref* ref) {
-  cxlkv::allocator::BlockRef r;
-  std::memcpy(r.arena.data(), ref->arena_uuid, 16);
-  r.index = ref->index;
-  r.generation = ref->generation;
-  return r;
-}
-
-cxlkv::pool::KvLayout FromLayout(const cxlkv_kv_layout& l) {
-  return cxlkv::pool::KvLayout{l.layers,
-                               l.kv_heads,
-                               l.head_dim,
-                               l.dtype_bytes,
-                               l.tokens_per_block,
-                               l.layer_separate ? cxlkv::pool::KvLayoutKind::kLayerSeparate
-                                                : cxlkv::pool::KvLayoutKind::kContiguous};
-}
-
-int Adopt(cxlkv_pool* pool, absl::StatusOr<std::unique_ptr<cxlkv::pool::Arena>> arena,
-          cxlkv_arena** out) {
-  if (!arena.ok()) return FromStatus(arena.status());
-  auto alloc = cxlkv::allocator::BlockAllocator::Create(std::move(*arena));
-  if (!alloc.ok()) return FromStatus(alloc.status());
-  auto* a = new (std::nothrow) cxlkv_arena{pool, std::move(*alloc)};
-  if (a == nullptr) return Fail(CXLKV_E_INTERNAL, "out of memory");
-  pool->arena_open = true;
-  *out = a;
-  return CXLKV_OK;
-}
-
-// The arena gets its own mapping of the pool's memory, so a memfd pool keeps its contents
-// across arena close/open for as long as the pool is open.
-absl::StatusOr<std::unique_ptr<cxlkv::pool::Region>> TakeRegion(cxlkv_pool* pool) {
-  if (pool->arena_open) {
-    return absl::FailedPreconditionError(
-        "this pool already has an open arena; close it first (one arena per pool)");
-  }
-  return pool->region->Duplicate();
-}
-
-}  // namespace
-
-CXLKV_API int cxlkv_pool_open(const char* spec, cxlkv_pool** out) {
-  if (spec == nullptr || out == nullptr) return Fail(CXLKV_E_INVALID, "spec and out must be set");
-  auto region = cxlkv::pool::OpenRegion(spec);
-  if (!region.ok()) return FromStatus(region.status());
-  *out = new (std::nothrow) cxlkv_pool{std::move(*region), false};
-  return *out == nullptr ? Fail(CXLKV_E_INTERNAL, "out of memory") : CXLKV_OK;
-}
-
-CXLKV_API void cxlkv_pool_close(cxlkv_pool* pool) { delete pool; }
-
-CXLKV_API int cxlkv_arena_create(cxlkv_pool* pool, const cxlkv_arena_options* o,
-                                 cxlkv_arena** out) {
-  if (pool == nullptr || o == nullptr || out == nullptr) {
-    return Fail(CXLKV_E_INVALID, "pool, options and out must be set");
-  }
-  cxlkv::pool::FormatOptions fo;
-  fo.layout = FromLayout(o->layout);
-  fo.owner_slots = o->owner_slots == 0 ? 256 : o->owner_slots;
-  fo.force = (o->flags & CXLKV_FORMAT_FORCE) != 0;
-  for (int c = 0; c < CXLKV_MAX_CLASSES && o->class_tokens[c] != 0; ++c) {
-    fo.classes.push_back(
-        {o->class_tokens[c], 0, o->class_weights[c] == 0 ? 1 : o->class_weights[c]});
-  }
-  auto region = TakeRegion(pool);
-  if (!region.ok()) return FromStatus(region.status());
-  return Adopt(pool, cxlkv::pool::Arena::Format(std::move(*region), fo), out);
-}
-
-CXLKV_API int cxlkv_arena_open(cxlkv_pool* pool, const cxlkv_kv_layout* expect, cxlkv_arena** out) {
-  if (pool == nullptr || out == nullptr) return Fail(CXLKV_E_INVALID, "pool and out must be set");
-  cxlkv::pool::OpenOptions oo;
-  if (expect != nullptr) oo.expect_layout = FromLayout(*expect);
-  auto region = TakeRegion(pool);
-  if (!region.ok()) return FromStatus(region.status());
-  return Adopt(pool, cxlkv::pool::Arena::Open(std::move(*region), oo), out);
-}
-
-CXLKV_API void cxlkv_arena_close(cxlkv_arena* arena) {
-  if (arena == nullptr) return;
-  if (arena->domain != nullptr) {
-    (void)cxlkv_domain_shrink(arena->domain, arena);
-    return;
-  }
-  arena->pool->arena_open = false;
-  delete arena;
-}
-
-namespace {
-// Every call on an arena whose extent was revoked fails: its memory is private now.
-inline bool Revoked(const cxlkv_arena* a) {
-  return a->revoked != nullptr && a->revoked->load(std::memory_order_relaxed);
-}
-int FailRevoked(const cxlkv_arena* a) {
-  return Fail(CXLKV_E_REVOKED,
-              absl::StrCat("arena ", cxlkv::pool::UuidToString(a->alloc->arena().uuid()),
-                           " lived in extent ", a->extent,
-                           " whose capacity lease lapsed (the orchestrator was unreachable or "
-                           "this host was fenced); its blocks are gone: close it and grow again"));
-}
-}  // namespace
-
-CXLKV_API uint64_t cxlkv_block_size(const cxlkv_arena* a, uint32_t cls) {
-  if (a == nullptr || cls >= a->alloc->class_count()) return 0;
-  return a->alloc->block_bytes(cls);
-}
-
-CXLKV_API int cxlkv_alloc(cxlkv_arena* a, uint32_t cls, cxlkv_block_ref* ref, void** addr) {
-  if (a == nullptr || ref == nullptr) return Fail(CXLKV_E_INVALID, "arena and ref must be set");
-  if (Revoked(a)) return FailRevoked(a);
-  const BlockHandle h = a->alloc->Alloc(cls);
-  if (!h.valid()) return FromStatus(a->alloc->ExplainAllocFailure(cls));
-  ToRef(a, h, ref);
-  if (addr != nullptr) *addr = a->alloc->Addr(h);
-  return CXLKV_OK;
-}
-
-CXLKV_API int cxlkv_free(cxlkv_arena* a, const cxlkv_block_ref* ref) {
-  if (a == nullptr || ref == nullptr) return Fail(CXLKV_E_INVALID, "arena and ref must be set");
-  if (Revoked(a)) return FailRevoked(a);
-  if (!SameArena(a, ref)) return Fail(CXLKV_E_FOREIGN, "block ref names another arena");
-  return FromFree(a->alloc->Free(BlockHandle{ref->index, ref->generation}), ref);
-}
-
-CXLKV_API int cxlkv_alloc_bulk(cxlkv_arena* a, uint32_t cls, size_t n, cxlkv_block_ref* refs,
-                               void** addrs) {
-  if (a == nullptr || (refs == nullptr && n != 0)) {
-    return Fail(CXLKV_E_INVALID, "arena and refs must be set");
-  }
-  if (Revoked(a)) return FailRevoked(a);
-  std::unique_ptr<BlockHandle[]> hs(new (std::nothrow) BlockHandle[n]);
-  if (hs == nullptr) return Fail(CXLKV_E_INTERNAL, "out of memory");
-  if (!a->alloc->AllocBulk(cls, n, hs.get())) {
-    return FromStatus(a->alloc->ExplainAllocFailure(cls));
-  }
-  for (size_t i = 0; i < n; ++i) {
-    ToRef(a, hs[i], &refs[i]);
-    if (addrs != nullptr) addrs[i] = a->alloc->Addr(hs[i]);
-  }
-  return CXLKV_OK;
-}
-
-CXLKV_API int cxlkv_free_bulk(cxlkv_arena* a, const cxlkv_block_ref* refs, size_t n) {
-  int first = CXLKV_OK;
-  for (size_t i = 0; i < n; ++i) {
-    const int rc = cxlkv_free(a, &refs[i]);
-    if (rc != CXLKV_OK && first == CXLKV_OK) first = rc;
-  }
-  return first;
-}
-
-CXLKV_API int cxlkv_block_persist(cxlkv_arena* a, const cxlkv_block_ref* ref) {
-  if (a == nullptr || ref == nullptr) return Fail(CXLKV_E_INVALID, "arena and ref must be set");
-  if (Revoked(a)) return FailRevoked(a);
-  if (!SameArena(a, ref)) return Fail(CXLKV_E_FOREIGN, "block ref names another arena");
-  return FromStatus(a->alloc->Persist(BlockHandle{ref->index, ref->generation}));
-}
-
-CXLKV_API int cxlkv_ref_to_addr(const cxlkv_arena* a, const cxlkv_block_ref* ref, void** addr) {
-  if (a == nullptr || ref == nullptr || addr == nullptr) {
-    return Fail(CXLKV_E_INVALID, "arena, ref and addr must be set");
-  }
-  if (Revoked(a)) return FailRevoked(a);
-  auto p = a->alloc->Resolve(FromRef(ref));
-  if (!p.ok()) {
-    const int code = FromStatus(p.status());
-    return code == CXLKV_E_MISMATCH  ? Fail(CXLKV_E_STALE, last_error)
-           : code == CXLKV_E_INVALID ? Fail(CXLKV_E_FOREIGN, last_error)
-                                     : code;
-  }
-  *addr = *p;
-  return CXLKV_OK;
-}
-
-CXLKV_API int cxlkv_addr_to_ref(const cxlkv_arena* a, const void* addr, cxlkv_block_ref* ref) {
-  if (a == nullptr || ref == nullptr) return Fail(CXLKV_E_INVALID, "arena and ref must be set");
-  auto r = a->alloc->RefOf(addr);
-  if (!r.ok()) {
-    return FromStatus(r.status()) == CXLKV_E_INVALID ? Fail(CXLKV_E_FOREIGN, last_error)
-                                                     : CXLKV_E_STALE;
-  }
-  std::memcpy(ref->arena_uuid, r->arena.data(), 16);
-  ref->index = r->index;
-  ref->generation = r->generation;
-  return CXLKV_OK;
-}
-
-CXLKV_API int cxlkv_arena_stats_get(const cxlkv_arena* a, cxlkv_arena_stats* s) {
-  if (a == nullptr || s == nullptr) return Fail(CXLKV_E_INVALID, "arena and stats must be set");
-  const cxlkv::allocator::AllocatorStats st = a->alloc->Stats();
-  std::memset(s, 0, sizeof(*s));
-  std::memcpy(s->arena_uuid, a->alloc->arena().uuid().data(), 16);
-  s->region_bytes = st.usage.region_bytes;
-  s->metadata_bytes = st.usage.metadata_bytes;
-  s->owners_active = st.usage.owners_active;
-  s->class_count = a->alloc->class_count();
-  s->bad_frees = st.bad_frees;
-  for (uint32_t c = 0; c < s->class_count; ++c) {
-    const auto& u = st.usage.classes[c];
-    cxlkv_class_stats& o = s->classes[c];
-    o.block_bytes = u.block_bytes;
-    o.total_blocks = u.total;
-    o.free_blocks = u.free;
-    o.cached_blocks = u.cached;
-    o.allocated_blocks = u.allocated;
-    o.persisted_blocks = u.persisted;
-    o.largest_free_run = u.largest_free_run;
-    o.allocs = st.classes[c].allocs;
-    o.frees = st.classes[c].frees;
-    o.failed_allocs = st.classes[c].failed_allocs;
-  }
-  return CXLKV_OK;
-}
-
-CXLKV_API void cxlkv_copy_to_block(void* block, const void* src, size_t len) {
-  cxlkv::coherence::CopyNt(block, src, len);
-}
 
 struct cxlkv_domain {
   // Set when the domain was joined through its orchestrator: membership and heartbeats,
@@ -363,7 +43,34 @@ struct cxlkv_owner {
   std::unique_ptr<cxlkv::coherence::PrefixOwner> owner;
 };
 
+namespace cxlkv::capi {
+
+int ShrinkDomainArena(cxlkv_domain* d, cxlkv_arena* a) {
+  if (d == nullptr || a == nullptr || a->domain != d) {
+    return Fail(CXLKV_E_INVALID, "domain and an arena grown in it must be set");
+  }
+  {
+    std::lock_guard l(d->grown_mu);
+    std::erase(d->grown, a);
+  }
+  const std::uint32_t extent = a->extent;
+  delete a;  // the last use of the extent's memory
+  return FromStatus(d->arenas->Shrink(extent));
+}
+
+}  // namespace cxlkv::capi
+
 namespace {
+
+using cxlkv::allocator::BlockHandle;
+using cxlkv::allocator::FreeResult;
+using cxlkv::capi::Fail;
+using cxlkv::capi::FromLayout;
+using cxlkv::capi::FromStatus;
+using cxlkv::capi::LastError;
+using cxlkv::capi::Revoked;
+using cxlkv::capi::SameArena;
+using cxlkv::capi::ShrinkDomainArena;
 
 namespace co = cxlkv::coherence;
 
@@ -456,7 +163,7 @@ CXLKV_API void cxlkv_domain_leave(cxlkv_domain* d) {
     std::lock_guard l(d->grown_mu);
     grown = d->grown;
   }
-  for (cxlkv_arena* a : grown) cxlkv_domain_shrink(d, a);  // arenas still open: closed here
+  for (cxlkv_arena* a : grown) (void)ShrinkDomainArena(d, a);  // arenas still open: closed here
   d->arenas.reset();
   delete d;
 }
@@ -496,16 +203,7 @@ CXLKV_API int cxlkv_domain_grow(cxlkv_domain* d, const cxlkv_arena_options* o, c
 }
 
 CXLKV_API int cxlkv_domain_shrink(cxlkv_domain* d, cxlkv_arena* a) {
-  if (d == nullptr || a == nullptr || a->domain != d) {
-    return Fail(CXLKV_E_INVALID, "domain and an arena grown in it must be set");
-  }
-  {
-    std::lock_guard l(d->grown_mu);
-    std::erase(d->grown, a);
-  }
-  const std::uint32_t extent = a->extent;
-  delete a;  // the last use of the extent's memory
-  return FromStatus(d->arenas->Shrink(extent));
+  return ShrinkDomainArena(d, a);
 }
 
 CXLKV_API int cxlkv_domain_grow_extent(cxlkv_domain* d, cxlkv_revoke_fn on_revoke, void* ctx,
@@ -549,7 +247,7 @@ CXLKV_API int cxlkv_domain_resolve(cxlkv_domain* d, const cxlkv_block_ref* ref, 
     for (cxlkv_arena* a : d->grown) {
       if (SameArena(a, ref)) {
         void* p = nullptr;
-        const int rc = cxlkv_ref_to_addr(a, ref, &p);
+        const int rc = cxlkv::capi::RefToAddr(a, ref, &p);
         *addr = p;
         return rc;
       }
@@ -561,7 +259,7 @@ CXLKV_API int cxlkv_domain_resolve(cxlkv_domain* d, const cxlkv_block_ref* ref, 
   auto p = d->arenas->Resolve(ToCo(*ref));
   if (!p.ok()) {
     const int code = FromStatus(p.status());
-    return code == CXLKV_E_MISMATCH ? Fail(CXLKV_E_STALE, last_error) : code;
+    return code == CXLKV_E_MISMATCH ? Fail(CXLKV_E_STALE, LastError()) : code;
   }
   *addr = *p;
   return CXLKV_OK;
@@ -723,45 +421,3 @@ CXLKV_API void cxlkv_owner_step(cxlkv_owner* o) {
 
 CXLKV_API void cxlkv_owner_close(cxlkv_owner* o) { delete o; }
 
-CXLKV_API const char* cxlkv_strerror(int code) {
-  switch (code) {
-    case CXLKV_OK:
-      return "success";
-    case CXLKV_E_INVALID:
-      return "invalid argument";
-    case CXLKV_E_NOT_FOUND:
-      return "not found";
-    case CXLKV_E_PERMISSION:
-      return "permission denied";
-    case CXLKV_E_EXISTS:
-      return "an arena already exists";
-    case CXLKV_E_CORRUPT:
-      return "corrupt metadata";
-    case CXLKV_E_MISMATCH:
-      return "mismatched, foreign or busy arena";
-    case CXLKV_E_FULL:
-      return "no space left";
-    case CXLKV_E_DOUBLE_FREE:
-      return "double free";
-    case CXLKV_E_STALE:
-      return "stale block reference";
-    case CXLKV_E_FOREIGN:
-      return "not a block of this arena";
-    case CXLKV_E_INTERNAL:
-      return "internal error";
-    case CXLKV_E_NO_CUDA:
-      return "built without CUDA";
-    case CXLKV_E_NO_DEVICE:
-      return "no CUDA device";
-    case CXLKV_E_PENDING:
-      return "not finished yet";
-    case CXLKV_E_CUDA:
-      return "CUDA error";
-    case CXLKV_E_REVOKED:
-      return "extent revoked: capacity lease lapsed";
-    default:
-      return "unknown error code";
-  }
-}
-
-CXLKV_API const char* cxlkv_last_error(void) { return last_error.c_str(); }
