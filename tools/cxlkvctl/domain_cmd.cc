@@ -121,6 +121,7 @@ void AddDomainCommands(CLI::App& app) {
   Sub(app, "hosts", "hosts of the domain: incarnation, state, heartbeat age, extents", o)->callback([o] {
     const auto hosts = Invoke(*o, "hosts", [](auto& c) { return c.Hosts(); });
     std::vector<WireJson> list;
+    list.reserve(hosts.size());
     for (const orch::HostView& h : hosts) {
       WireJson j;
       j.U32("host_id", h.host_id).U64("incarnation", h.incarnation).Str("state", h.state);
@@ -141,6 +142,7 @@ void AddDomainCommands(CLI::App& app) {
   Sub(app, "extents", "every extent of the pooled region and who holds it", o)->callback([o] {
     const auto extents = Invoke(*o, "extents", [](auto& c) { return c.Extents(); });
     std::vector<WireJson> list;
+    list.reserve(extents.size());
     for (const orch::ExtentDetail& e : extents) list.push_back(ExtentJson(e));
     if (PrintJson(*o, WireJson().List("extents", std::move(list)))) return;
     // Quarantined: HOST is the former holder, LEASE LEFT the time before it may be lent
@@ -165,6 +167,7 @@ void AddDomainCommands(CLI::App& app) {
     const orch::PrefixList r =
         Invoke(*o, "prefixes", [&](auto& c) { return c.Prefixes(*limit); });
     std::vector<WireJson> list;
+    list.reserve(r.prefixes.size());
     for (const orch::PrefixView& p : r.prefixes) {
       WireJson j;
       j.U32("entry", p.entry).Str("state", p.state).U64("ns", p.ns).Str("key", p.key);

@@ -22,9 +22,9 @@ namespace cxlkv::ctl {
 // Whether protobuf's JSON printer writes code point `cp` as \uXXXX (beyond ASCII).
 inline bool WireJsonEscapes(std::uint32_t cp) {
   static constexpr std::pair<std::uint32_t, std::uint32_t> kRanges[] = {
-      {0x80, 0x9F},       {0xAD, 0xAD},       {0x600, 0x603},     {0x6DD, 0x6DD},
-      {0x70F, 0x70F},     {0x17B4, 0x17B5},   {0x200B, 0x200F},   {0x2028, 0x202E},
-      {0x2060, 0x2064},   {0x206A, 0x206F},   {0xFEFF, 0xFEFF},   {0xFFF9, 0xFFFB},
+      {0x80, 0x9F},       {0xAD, 0xAD},       {0x600, 0x603},    {0x6DD, 0x6DD},
+      {0x70F, 0x70F},     {0x17B4, 0x17B5},   {0x200B, 0x200F},  {0x2028, 0x202E},
+      {0x2060, 0x2064},   {0x206A, 0x206F},   {0xFEFF, 0xFEFF},  {0xFFF9, 0xFFFB},
       {0x1D173, 0x1D17A}, {0xE0001, 0xE0001}, {0xE0020, 0xE007F}};
   for (const auto& [lo, hi] : kRanges) {
     if (cp >= lo && cp <= hi) return true;
@@ -45,13 +45,27 @@ inline std::string WireJsonString(std::string_view s) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c < 0x80) {
       switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\b': out += "\\b"; break;
-        case '\t': out += "\\t"; break;
-        case '\n': out += "\\n"; break;
-        case '\f': out += "\\f"; break;
-        case '\r': out += "\\r"; break;
+        case '"':
+          out += "\\\"";
+          break;
+        case '\\':
+          out += "\\\\";
+          break;
+        case '\b':
+          out += "\\b";
+          break;
+        case '\t':
+          out += "\\t";
+          break;
+        case '\n':
+          out += "\\n";
+          break;
+        case '\f':
+          out += "\\f";
+          break;
+        case '\r':
+          out += "\\r";
+          break;
         default:
           if (c < 0x20 || c == '<' || c == '>' || c == 0x7f) {
             hex4(c);

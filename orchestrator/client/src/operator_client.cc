@@ -117,8 +117,8 @@ absl::StatusOr<PrefixList> OperatorClient::Prefixes(std::uint32_t limit) {
   pb::PrefixesRequest q;
   q.set_limit(limit);
   pb::PrefixesReply r;
-  if (auto st = rpc_->Invoke(q, &r,
-                             [](auto& s, auto* c, auto& qq, auto* p) { return s.Prefixes(c, qq, p); });
+  if (auto st = rpc_->Invoke(
+          q, &r, [](auto& s, auto* c, auto& qq, auto* p) { return s.Prefixes(c, qq, p); });
       !st.ok()) {
     return st;
   }

@@ -65,24 +65,24 @@ struct ExtentDetail : ExtentView {
 struct HostView {
   std::uint32_t host_id = 0;
   std::uint64_t incarnation = 0;
-  std::string state;  // live | fenced | draining | left
+  std::string state;                       // live | fenced | draining | left
   std::int64_t last_heartbeat_ms_ago = 0;  // on the orchestrator's clock
   std::uint32_t extents = 0;
   std::uint64_t used_bytes = 0;  // as the host reports it
-  std::string hostname;  // as the host gave it; for operators, not trusted
+  std::string hostname;          // as the host gave it; for operators, not trusted
 };
 
 // One entry of the shared prefix index (Prefixes RPC).
 struct PrefixView {
   std::uint32_t entry = 0;
-  std::string state;  // published | retired
+  std::string state;     // published | retired
   std::uint64_t ns = 0;  // the namespace's hash
-  std::string key;  // the prefix key, hex
+  std::string key;       // the prefix key, hex
   std::uint32_t publisher = 0;
   std::uint32_t block_index = 0;
 };
 struct PrefixList {
-  std::vector<PrefixView> prefixes;  // up to the limit asked for
+  std::vector<PrefixView> prefixes;          // up to the limit asked for
   std::uint32_t published = 0, retired = 0;  // in the whole index
 };
 
