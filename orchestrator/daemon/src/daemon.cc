@@ -550,7 +550,10 @@ void Orchestrator::OwnerLoop() {
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::int64_t now = clock_.NowMs();
-      if (state_.Expire(now) | TendQuarantineLocked(now)) {
+      // Both run every step (no short-circuit): expiry first, then the quarantine it feeds.
+      const bool expired = state_.Expire(now);
+      const bool tended = TendQuarantineLocked(now);
+      if (expired || tended) {
         if (auto st = state_.Save(); !st.ok()) {
           std::fprintf(stderr, "cxlkv-orchestrator: %s\n", std::string(st.message()).c_str());
         }
