@@ -256,6 +256,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Open(std::unique_ptr<Region> regio
   }
   a->region_ = std::move(region);
   a->read_only_ = options.read_only;
+  a->cache_ops_ = options.cache_ops;
   if (a->read_only_) return a;
   a->Recover();
   {

@@ -156,6 +156,8 @@ class PrefixHost {
   std::uint64_t incarnation() const { return incarnation_; }
   const DomainHeader& header() const { return h_; }
   std::size_t leases_held() const { return held_; }
+  // Heartbeats sent and remembered (with their send times) until the owner acknowledges one.
+  std::size_t unacked_heartbeats() const { return sent_beats_.size(); }
 
  private:
   PrefixHost(Mem& mem, Clock& clock, const DomainHeader& h, std::uint32_t host,
@@ -227,6 +229,13 @@ class PrefixOwner {
     std::uint64_t hosts_fenced = 0;
     std::uint64_t leases_expired = 0;
     std::uint64_t returns_waiting = 0;  // reclaims deferred: the publisher's return ring was full
+    // Found by Open: index entries that never validated (a torn owner write). Each is
+    // quarantined — kept retired until no lease can name it, then freed without a return —
+    // and its block, which nobody can name any more, is leaked.
+    std::uint64_t quarantined = 0;
+    // Found by Open: owner lines that never validated, rebuilt from the host's own lines.
+    // Requests the host had pending then are dropped (their blocks leak).
+    std::uint64_t owner_lines_rebuilt = 0;
   };
 
   static absl::StatusOr<std::unique_ptr<PrefixOwner>> Open(Mem& mem, Clock& clock,

@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cxlkv/coherence/cache.h"
 #include "cxlkv/pool/kv_layout.h"
 #include "cxlkv/pool/layout.h"
 #include "cxlkv/pool/region.h"
@@ -59,6 +60,15 @@ struct FormatOptions {
   bool exclusive = false;
 };
 
+// The cache-line operations the arena applies to map words that must reach memory (or be
+// fetched from it) on a pool shared without hardware coherence: coherence/cache.h by
+// default. Tests substitute recording ones to check which words are flushed or fetched.
+struct CacheOps {
+  void (*flush)(const void* addr, std::size_t len) noexcept = &coherence::Flush;
+  void (*fence)() noexcept = &coherence::Fence;
+  void (*invalidate)(const void* addr, std::size_t len) noexcept = &coherence::Invalidate;
+};
+
 struct OpenOptions {
   // When set, an arena formatted for a different layout is refused.
   std::optional<KvLayout> expect_layout;
@@ -66,6 +76,7 @@ struct OpenOptions {
   // For readers that only resolve refs (inspection, another host of a pooled region).
   // ClaimBatch and Persist then fail.
   bool read_only = false;
+  CacheOps cache_ops{};
 };
 
 struct ClassUsage {
@@ -184,6 +195,7 @@ class Arena {
   std::array<std::atomic<std::uint32_t>, kMaxClasses> cursor_{};  // hint word to try first
   std::atomic<std::int64_t> last_recover_ns_{0};
   bool read_only_ = false;
+  CacheOps cache_ops_;
 };
 
 // Validation used by Open() and by the fuzzer: bounds, alignment and overlap of every
