@@ -275,7 +275,8 @@ class PrefixOwner {
   std::uint32_t RevokeArena(const ArenaId& arena);
   // Published and retired entries that still name a block of `arena`. Once this is 0 after
   // RevokeArena, no lease on a block of the arena is valid any more and its memory may be
-  // lent again.
+  // lent again. Quarantined entries (Stats::quarantined) name a block nobody knows, which may
+  // be in any arena: each counts for every arena until it is freed.
   std::uint32_t EntriesNaming(const ArenaId& arena) const;
 
   const Stats& stats() const { return stats_; }
@@ -296,6 +297,19 @@ class PrefixOwner {
   };
   void WriteEntry(std::uint32_t i, const IndexEntry& e, bool full_fence);
   void WriteOwnerLine(std::uint32_t host);
+  // Publishes the owner's clock (OwnerClockLine) for hosts to notice their own stopping.
+  void WriteClockLine();
+  // Open's repairs of lines a dead owner left torn (Stats::quarantined, owner_lines_rebuilt).
+  void Quarantine(std::uint32_t i, const IndexEntry& torn, std::int64_t now);
+  void RebuildOwnerLine(std::uint32_t host);
+  bool IsQuarantined(std::uint32_t i) const {
+    return static_cast<EntryState>(index_[i].state) == EntryState::kRetired &&
+           index_[i].publisher == kQuarantined;
+  }
+  // Frees tombstone i — and the tombstones just before it — back to EMPTY where no published
+  // entry's probe sequence passes it (docs/coherence.md, "Index entries and their states").
+  void ClearTombstones(std::uint32_t i);
+  bool OnAProbePath(std::uint32_t i) const;
   std::int64_t FindKey(Namespace ns, const PrefixKey& key, bool published_only) const;
   std::int64_t FindFreeSlot(Namespace ns, const PrefixKey& key) const;
   void Apply(std::uint32_t host, const RequestSlot& r);
@@ -305,6 +319,9 @@ class PrefixOwner {
   // Writes a return slot (the caller checked ReturnRoom and writes the owner line after).
   void ReturnBlock(std::uint32_t host, const BlockRef& ref);
   bool HostLive(std::uint32_t host, HostRow* row);
+  bool Live(std::uint32_t host, const HostRow& row) const {
+    return row.incarnation != 0 && row.incarnation > owner_lines_[host].fenced_incarnation;
+  }
   // Scans every live lease row: marks leased entries, returns the (entry, gen) pairs held.
   std::vector<std::pair<std::uint32_t, std::uint32_t>> ScanLeases();
 
@@ -318,9 +335,14 @@ class PrefixOwner {
   std::vector<OwnerHostLine> owner_lines_;
   std::vector<TimedValue> heartbeats_;   // per host
   std::vector<TimedValue> lease_seqs_;   // per host x row
+  std::vector<LeaseRow> scan_rows_;      // ScanLeases' scratch: one host's rows
+  std::vector<std::uint8_t> scan_torn_;
   std::map<Namespace, int> pin_;
   std::uint32_t published_count_ = 0;
   std::uint32_t retired_count_ = 0;
+  std::uint32_t quarantined_count_ = 0;  // quarantined entries not freed yet
+  std::uint32_t clock_id_ = 0;           // this owner's OwnerClockLine::clock_id
+  std::uint64_t clock_seq_ = 0;
   struct RefHash {
     std::size_t operator()(const BlockRef& r) const;
   };
