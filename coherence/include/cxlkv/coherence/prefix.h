@@ -89,6 +89,9 @@ class PrefixHost {
   struct Options {
     // Safety margin under lease_ttl for the local deadline (clock-rate drift between hosts).
     std::uint32_t margin_ms = 0;  // 0: lease_ttl / 4
+    // How far this host's clock may fall behind the owner's, beyond rate drift, before the
+    // host takes it for a pause (a stop of its clock) and drops its leases.
+    std::uint32_t pause_tolerance_ms = 0;  // 0: margin / 2
   };
 
   // Joins the domain as host `host_id` with a new incarnation: clears this host's lease
@@ -105,9 +108,11 @@ class PrefixHost {
   std::optional<Hit> Lookup(Namespace ns, const PrefixKey& key);
   // Takes a lease: writes this host's lease row, then re-validates the entry.
   // kNotFound: retired meanwhile; kResourceExhausted: no free lease row;
-  // kAborted: this host was fenced (it rejoined; take the lease again);
+  // kAborted: this host was fenced (it rejoined; take the lease again), or its clock stood
+  // still (its leases are dropped; take the lease again);
   // kUnavailable: the owner has not acknowledged a recent heartbeat of this host (it is
-  // down or behind), so no lease can be promised; retry after Heartbeat().
+  // down or behind), or this host's clock stood still just now, so no lease can be
+  // promised; retry after Heartbeat().
   absl::StatusOr<Lease> Acquire(const Hit& hit);
   // Lookup + Acquire; kNotFound on a miss.
   absl::StatusOr<Lease> LookupAndAcquire(Namespace ns, const PrefixKey& key);
@@ -121,15 +126,17 @@ class PrefixHost {
   // only if not even the first can be leased). kAborted / kUnavailable as Acquire.
   absl::StatusOr<std::size_t> AcquireChain(Namespace ns, std::span<const PrefixKey> keys,
                                            std::vector<Lease>* out);
-  // Extends the lease. kDeadlineExceeded if it already expired locally, or if it expired
-  // while the renewal was being written (a stall: the owner may have reclaimed the block);
-  // either way the lease is released: acquire again.
+  // Extends the lease. kDeadlineExceeded if it already expired locally, if it expired while
+  // the renewal was being written (a stall: the owner may have reclaimed the block), if the
+  // entry no longer holds the leased generation (reclaimed), or if this host's clock stood
+  // still (every lease is dropped then); either way the lease is released: acquire again.
   absl::Status Renew(Lease& lease);
   void Release(Lease& lease);
   // Releases several leases: every row cleared and flushed, then one store fence.
   void ReleaseAll(std::span<Lease> leases);
-  // After copying the block out: OK only if the lease is still valid on this host's clock
-  // and the entry still names this generation (else discard the copy).
+  // After copying the block out: OK only if this host still holds the lease, it is still
+  // valid on this host's clock, and the entry still names this generation (else discard the
+  // copy).
   absl::Status ValidateAfterCopy(const Lease& lease);
 
   // Asks the owner to publish a block this host wrote (and will not modify again).
@@ -146,7 +153,10 @@ class PrefixHost {
   // Bumps the heartbeat, collects blocks the owner returned (appended to `returned`, or
   // kept for the next call when it is null), frees rows of locally expired leases, and
   // checks for fencing: kAborted when this host was fenced — it has dropped every lease and
-  // rejoined with a new incarnation. Call it at least every host_ttl / 4.
+  // rejoined with a new incarnation — or when it found that its clock stood still (a VM
+  // stop, a suspend): it has dropped every lease, and takes leases again once the owner
+  // acknowledges a heartbeat sent after that (docs/coherence.md, "Paused hosts"). Call it
+  // at least every host_ttl / 4.
   // Returned blocks must be freed before the next call, which acknowledges them to the
   // owner; a process that dies in between gets them again after it joins (at-least-once
   // delivery: free by ref, whose generation check ignores a second delivery).
@@ -158,13 +168,31 @@ class PrefixHost {
   std::size_t leases_held() const { return held_; }
   // Heartbeats sent and remembered (with their send times) until the owner acknowledges one.
   std::size_t unacked_heartbeats() const { return sent_beats_.size(); }
+  // Times this host found that its clock stood still and dropped its leases.
+  std::uint64_t pauses_detected() const { return pauses_; }
 
  private:
   PrefixHost(Mem& mem, Clock& clock, const DomainHeader& h, std::uint32_t host,
-             std::uint32_t margin_ms);
+             std::uint32_t margin_ms, std::uint32_t pause_tolerance_ms);
   absl::Status Rejoin();
   bool ReadEntry(std::uint32_t i, IndexEntry* e);
   bool ReadOwnerLine(OwnerHostLine* o);
+  // Re-reads an entry after this host's lease row write, and the owner's clock line with it
+  // (evictions of both, one fence). False if the entry never validated; a clock line that
+  // does not validate reads as never written.
+  bool ReadEntryAndClock(std::uint32_t i, IndexEntry* e, OwnerClockLine* c);
+  // Pause detection (docs/coherence.md, "Paused hosts"). `owner_ms` is a reading of the
+  // owner's clock `clock_id` that was taken before it was read here, at `host_ms` (a host
+  // clock reading taken after). True if this host's clock fell behind the owner's by more
+  // than the tolerance and rate drift since the last acknowledgement bounded their offset.
+  bool StoodStill(std::int64_t owner_ms, std::uint32_t clock_id, std::int64_t host_ms) const;
+  bool StoodStill(const OwnerClockLine& c) { return StoodStill(c.owner_ms, c.clock_id, clock_.NowMs()); }
+  // An acknowledgement of a beat sent at host time `sent_ms`, taken at owner time
+  // `acked_at_ms`: the owner's clock minus ours was at most their difference then.
+  void NoteOffsetBound(std::int64_t acked_at_ms, std::uint32_t clock_id, std::int64_t sent_ms);
+  // After a pause: every lease and the liveness credit were counted on a clock that lost
+  // time. Drops them all; leases again once a heartbeat sent from now on is acknowledged.
+  void DropAfterPause();
   void WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held,
                      bool full_fence = true);
   // The row's store and flush, no fence (WriteLeaseRow and the batched paths fence).
@@ -185,6 +213,7 @@ class PrefixHost {
   DomainHeader h_;
   std::uint32_t host_;
   std::uint32_t margin_ms_;
+  std::uint32_t pause_tolerance_ms_;
   std::uint64_t incarnation_ = 0;
   std::uint64_t heartbeat_ = 0;
   std::uint64_t ring_tail_ = 0;
@@ -199,7 +228,15 @@ class PrefixHost {
   // This host cannot be fenced before this time (from heartbeats the owner acknowledged).
   std::int64_t alive_until_ms_ = 0;
   std::vector<std::pair<std::uint64_t, std::int64_t>> sent_beats_;  // heartbeat, local send time
-  void NoteOwnerLine(const OwnerHostLine& o);
+  // `read_ms`: this host's clock, read after the line was.
+  void NoteOwnerLine(const OwnerHostLine& o, std::int64_t read_ms);
+  // The least upper bound known on (owner's clock - this host's clock) at host time
+  // offset_at_ms_, on the owner clock offset_clock_ (valid when offset_known_).
+  bool offset_known_ = false;
+  std::uint32_t offset_clock_ = 0;
+  std::int64_t offset_bound_ms_ = 0;
+  std::int64_t offset_at_ms_ = 0;
+  std::uint64_t pauses_ = 0;
   std::vector<BlockRef> returned_;   // returned blocks not yet handed to the caller
   std::vector<std::uint32_t> free_rows_;
   std::vector<Lease> rows_;  // by row; id 0: the row is free
