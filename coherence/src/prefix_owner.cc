@@ -5,7 +5,6 @@
 #include <set>
 #include <tuple>
 
-#include "absl/strings/str_cat.h"
 #include "cxlkv/coherence/prefix.h"
 #include "domain_internal.h"
 
