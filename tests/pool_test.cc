@@ -7,6 +7,8 @@
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <tuple>
+#include <vector>
 
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/kv_layout.h"
@@ -484,6 +486,117 @@ TEST(Arena, ClaimRunIsContiguousAlignedAndAllOrNothing) {
   EXPECT_EQ(a->Usage().classes[0].free, total);
   EXPECT_EQ(a->ClaimRun(0, total, 0), 0);
   EXPECT_EQ(a->ClaimBatch(0, &one, 1), 0u);
+}
+
+
+// ---- map words on a pool shared without coherence (audit #9, #16) --------------------------
+
+// Records the cache operations an arena applies through its CacheOps seam, in order, and
+// performs them. `fetch`, when set, plays memory for one map word: on a real non-coherent
+// pool, the mapping of another host may hold a stale copy of a word, and Invalidate is what
+// drops it so the next load sees memory. The test stands the stale copy in the mapping and
+// lets the recorded Invalidate put memory's value back.
+struct CacheLog {
+  std::vector<std::tuple<char, std::uintptr_t, std::size_t>> ops;  // 'F'lush, fence 'S', 'I'nv
+  BlockWord* fetch_word = nullptr;
+  std::uint64_t memory_value = 0;
+};
+CacheLog* cache_log = nullptr;
+void LogFlush(const void* addr, std::size_t len) noexcept {
+  cache_log->ops.emplace_back('F', reinterpret_cast<std::uintptr_t>(addr), len);
+  coherence::Flush(addr, len);
+}
+void LogFence() noexcept {
+  cache_log->ops.emplace_back('S', 0, 0);
+  coherence::Fence();
+}
+void LogInvalidate(const void* addr, std::size_t len) noexcept {
+  const auto a = reinterpret_cast<std::uintptr_t>(addr);
+  cache_log->ops.emplace_back('I', a, len);
+  coherence::Invalidate(addr, len);
+  const auto w = reinterpret_cast<std::uintptr_t>(cache_log->fetch_word);
+  if (cache_log->fetch_word != nullptr && a <= w && w + sizeof(BlockWord) <= a + len) {
+    cache_log->fetch_word->store(cache_log->memory_value);
+  }
+}
+OpenOptions Logged() {
+  OpenOptions o;
+  o.cache_ops = CacheOps{&LogFlush, &LogFence, &LogInvalidate};
+  return o;
+}
+// Whether the log flushes the line holding `word` and then fences.
+bool FlushedThenFenced(const CacheLog& log, const BlockWord* word) {
+  const auto w = reinterpret_cast<std::uintptr_t>(word);
+  bool flushed = false;
+  for (const auto& [op, addr, len] : log.ops) {
+    if (op == 'F' && addr <= w && w + sizeof(BlockWord) <= addr + len) flushed = true;
+    if (op == 'S' && flushed) return true;
+  }
+  return false;
+}
+
+// Audit #9. A persisted block survives its process; on CXL it must also survive the death of
+// the host whose cache holds the word (the device keeps memory). Persist flushes the word and
+// fences before it returns — before the publication that names the block is announced — and a
+// shared free does the same (lost, it would leave the block persisted for good). The
+// allocation fast path flushes nothing.
+TEST(Arena, PersistAndSharedFreeFlushTheirMapWord) {
+  ShmPath p("persist-flush");
+  { ASSERT_NE(MustFormat(p.spec("4M"), TinyOptions()), nullptr); }
+  CacheLog log;
+  cache_log = &log;
+  auto a = Arena::Open(MustOpen(p.spec()), Logged());
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::uint32_t got[8];
+  ASSERT_EQ((*a)->ClaimBatch(0, got, 8), 8u);
+  (*a)->ReleaseCached(got + 1, 7);
+  EXPECT_TRUE(log.ops.empty()) << "the claim/release fast path flushed something";
+  const std::uint32_t index = got[0];
+  const std::uint64_t w = (*a)->word(index).load();
+  const std::uint32_t gen = WordGen(w);
+  (*a)->word(index).store(PackWord(kAllocated, (*a)->owner_id(), gen, 0));  // as Alloc does
+  ASSERT_TRUE((*a)->Persist(index, gen));
+  EXPECT_TRUE(FlushedThenFenced(log, &(*a)->word(index)))
+      << "Persist returned with the persisted word possibly only in this host's cache";
+  log.ops.clear();
+  ASSERT_TRUE((*a)->FreeShared(index, gen));
+  EXPECT_TRUE(FlushedThenFenced(log, &(*a)->word(index)))
+      << "FreeShared returned with the freed word possibly only in this host's cache";
+  a->reset();
+  cache_log = nullptr;
+}
+
+// Audit #16. Another host resolves a published block through its read-only view of the
+// publisher's arena. That view's copy of the map word may predate the publisher's Persist;
+// Resolve must read the word from memory (invalidate, then load), not trust the copy.
+TEST(Arena, PeerResolveReadsTheMapWordFromMemory) {
+  ShmPath p("peer-resolve");
+  auto owner = MustFormat(p.spec("4M"), TinyOptions());
+  ASSERT_NE(owner, nullptr);
+  std::uint32_t index = 0;
+  ASSERT_EQ(owner->ClaimBatch(0, &index, 1), 1u);
+  const std::uint32_t gen = WordGen(owner->word(index).load());
+  const std::uint64_t cached = owner->word(index).load();  // what a peer saw before
+  owner->word(index).store(PackWord(kAllocated, owner->owner_id(), gen, 0));
+  ASSERT_TRUE(owner->Persist(index, gen));
+  std::memcpy(owner->BlockAddr(index), "published", 10);
+  CacheLog log;
+  cache_log = &log;
+  OpenOptions ro = Logged();
+  ro.read_only = true;
+  auto peer = Arena::Open(MustOpen(p.spec()), ro);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  log.fetch_word = &(*peer)->word(index);
+  log.memory_value = (*peer)->word(index).load();
+  (*peer)->word(index).store(cached);  // the peer's stale copy
+  auto addr = (*peer)->Resolve(owner->uuid(), index, gen);
+  ASSERT_TRUE(addr.ok()) << "the peer trusted its stale copy of the map word: " << addr.status();
+  EXPECT_STREQ(reinterpret_cast<const char*>(*addr), "published");
+  // A stale generation is still refused, from memory's word.
+  (*peer)->word(index).store(cached);
+  EXPECT_FALSE((*peer)->Resolve(owner->uuid(), index, gen + 1).ok());
+  peer->reset();
+  cache_log = nullptr;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "cxlkv/coherence/prefix.h"
@@ -474,6 +475,560 @@ TEST(Prefix, RingFullIsReportedAndHeaderChecked) {
   auto bv = blank.NewView(0);
   EXPECT_TRUE(absl::IsNotFound(ReadDomainHeader(*bv).status()));
   EXPECT_FALSE(PrefixHost::Join(*av, clock, 99).ok()) << "host id beyond the domain";
+}
+
+
+// ---- the directed schedules of the protocol audit ------------------------------------------
+//
+// Each test below replays one finding of the audit (issue #17) on the simulator and failed on
+// the code before its fix.
+
+// Two hosts and an owner on the simulator, each with a clock of its own on one global time
+// (a test may stop or step one), joined and acknowledged by t = 20. `god` is a view only the
+// test uses, to change memory behind the protocol's back (what a crash leaves).
+struct World {
+  explicit World(const DomainGeometry& geometry = {2, 16, 4, 4, 400, 4000, 40},
+                 std::int64_t host1_offset_ms = 0, double host1_rate = 1.0)
+      : g(geometry),
+        media(DomainBytes(geometry), 42),
+        ov(media.NewView(0)),
+        v0(media.NewView(0)),
+        v1(media.NewView(0)),
+        god(media.NewView(0)),
+        oc(&now, 0, 1.0),
+        c0(&now, 0, 1.0),
+        c1(&now, host1_offset_ms, host1_rate) {
+    EXPECT_TRUE(FormatDomain(*ov, g).ok());
+    owner = std::move(*PrefixOwner::Open(*ov, oc));
+    h0 = std::move(*PrefixHost::Join(*v0, c0, 0));
+    h1 = std::move(*PrefixHost::Join(*v1, c1, 1));
+    for (int i = 0; i < 2; ++i) {
+      Beat();
+      now += 10;
+    }
+    EXPECT_TRUE(h0->Heartbeat(nullptr).ok());
+    EXPECT_TRUE(h1->Heartbeat(nullptr).ok());
+  }
+  void Beat() {
+    EXPECT_TRUE(h0->Heartbeat(nullptr).ok());
+    EXPECT_TRUE(h1->Heartbeat(nullptr).ok());
+    owner->Step();
+  }
+  PrefixKey Key(std::uint32_t i) const { return ChainKey(ns, PrefixKey{}, std::span(&i, 1)); }
+  std::uint64_t HostRowOff(std::uint32_t host) const {
+    return owner->header().host_rows_offset + std::uint64_t{host} * kLine;
+  }
+  std::uint64_t OwnerLineOff(std::uint32_t host) const {
+    return owner->header().owner_area_offset + std::uint64_t{host} * kLine;
+  }
+  std::uint64_t EntryOff(std::uint32_t i) const {
+    return owner->header().index_offset + std::uint64_t{i} * sizeof(IndexEntry);
+  }
+  template <typename T>
+  T MediaAt(std::uint64_t off) const {
+    T t;
+    media.ReadMedia(off, &t, sizeof(t));
+    return t;
+  }
+  template <typename T>
+  void SetMedia(std::uint64_t off, const T& t) {
+    god->Write(off, &t, sizeof(t));
+    god->Invalidate(off, sizeof(t));  // writes the line back and drops it
+  }
+  // A line half-written by a writer that died: one byte new, the CRC the old line's.
+  template <typename T>
+  void Tear(std::uint64_t off) {
+    T t = MediaAt<T>(off);
+    reinterpret_cast<unsigned char*>(&t)[8] ^= 0x5A;
+    SetMedia(off, t);
+  }
+
+  DomainGeometry g;
+  std::int64_t now = 0;
+  SimMemory media;
+  std::unique_ptr<SimMemory::HostView> ov, v0, v1, god;
+  SimClock oc, c0, c1;
+  std::unique_ptr<PrefixOwner> owner;
+  std::unique_ptr<PrefixHost> h0, h1;
+  const Namespace ns = MakeNamespace("t", "m", "l");
+};
+
+// Audit #1. The owner times a lease row's change on its own clock. A clock sample taken before
+// it read the row credits a renewal that landed during an owner stall with an earlier time than
+// it had, and the row then expires before the host's deadline for it. Here the owner stalls
+// 150 ms inside a Reclaim's lease scan (at its second fence, after two clock readings) while
+// host 1 renews.
+TEST(PrefixAudit, OwnerStallDuringLeaseScanDoesNotExpireALiveLease) {
+  World w;  // lease_ttl 400, margin 100
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+  w.owner->Step();
+  w.now = 100;
+  auto lease = w.h1->LookupAndAcquire(w.ns, w.Key(1));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_EQ(lease->deadline_ms, 400);
+  ASSERT_TRUE(w.owner->RetireKey(w.ns, w.Key(1)).ok());
+  w.now = 200;
+  int reads = 0, fences = 0;
+  bool renewed = false;
+  absl::Status renew;
+  w.oc.set_on_read([&] { ++reads; });
+  w.ov->set_on_fence([&] {
+    if (renewed || ++fences < 2 || reads < 2) return;
+    renewed = true;
+    w.now = 350;  // the owner stood still here for 150 ms
+    renew = w.h1->Renew(*lease);
+  });
+  EXPECT_EQ(w.owner->Reclaim(), 0u);
+  w.oc.set_on_read({});
+  w.ov->set_on_fence({});
+  ASSERT_TRUE(renewed);
+  ASSERT_TRUE(renew.ok()) << renew;
+  ASSERT_EQ(lease->deadline_ms, 650);
+  w.now = 605;
+  EXPECT_EQ(w.owner->Reclaim(), 0u) << "the owner freed the block at 605 under a lease that is "
+                                       "valid until 650 on the host's clock";
+  w.h1->Release(*lease);
+  EXPECT_EQ(w.owner->Reclaim(), 1u);
+}
+
+// Audit #2. The owner applies a PUBLISH (the entry is in memory) and dies before its owner line
+// — which says the request was consumed — reaches memory; the publisher restarts meanwhile, as
+// a new incarnation. The next owner replays the request, finds it from an older incarnation,
+// and must not hand the block back: the index still publishes it.
+TEST(PrefixAudit, StaleIncarnationPublishNeverReturnsAPublishedBlock) {
+  World w;
+  const OwnerHostLine before = w.MediaAt<OwnerHostLine>(w.OwnerLineOff(0));
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+  EXPECT_EQ(w.owner->ApplyRequests(), 1u);
+  ASSERT_EQ(w.owner->published_entries(), 1u);
+  w.SetMedia(w.OwnerLineOff(0), before);  // the owner line never left the dead owner's cache
+  w.owner.reset();
+  w.ov->Crash();
+  const std::uint64_t old_incarnation = w.h0->incarnation();
+  w.h0.reset();
+  w.v0->Crash();
+  w.h0 = std::move(*PrefixHost::Join(*w.v0, w.c0, 0));
+  ASSERT_GT(w.h0->incarnation(), old_incarnation);
+  auto reopened = PrefixOwner::Open(*w.ov, w.oc);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  w.owner = std::move(*reopened);
+  std::vector<BlockRef> back;
+  for (int i = 0; i < 3; ++i) {
+    w.owner->Step();
+    w.now += 10;
+    ASSERT_TRUE(w.h0->Heartbeat(&back).ok());
+  }
+  const auto hit = w.h1->Lookup(w.ns, w.Key(1));
+  ASSERT_TRUE(hit.has_value()) << "the publication survived the owner's crash";
+  for (const BlockRef& r : back) {
+    EXPECT_NE(r, hit->ref) << "the block went back to its publisher (which frees and reuses it) "
+                              "while the index still publishes it";
+  }
+}
+
+// Audit #7. A torn host row (its writer died mid-line) must not hide that host's lease rows
+// from the owner's scan: a lease row that is held and fresh keeps its block.
+TEST(PrefixAudit, TornHostRowHidesNoLease) {
+  World w;
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+  w.owner->Step();
+  w.now = 100;
+  auto lease = w.h1->LookupAndAcquire(w.ns, w.Key(1));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_TRUE(w.owner->RetireKey(w.ns, w.Key(1)).ok());
+  w.now = 200;
+  w.Tear<HostRow>(w.HostRowOff(1));
+  EXPECT_EQ(w.owner->Reclaim(), 0u) << "freed at 200 under a lease valid until "
+                                    << lease->deadline_ms << " (host 1's row was unreadable)";
+  // Host 1's next heartbeat writes its row whole again; released, the block goes.
+  w.h1->Release(*lease);
+  ASSERT_TRUE(w.h1->Heartbeat(nullptr).ok());
+  EXPECT_EQ(w.owner->Reclaim(), 1u);
+}
+
+// Audit #7, liveness: a host that died with its row torn never writes it again. Its lease rows
+// still count while fresh, and stop counting once unchanged for a lease TTL.
+TEST(PrefixAudit, TornHostRowOfADeadHostStillLetsItsLeasesExpire) {
+  World w;
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+  w.owner->Step();
+  w.now = 100;
+  auto lease = w.h1->LookupAndAcquire(w.ns, w.Key(1));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_TRUE(w.owner->RetireKey(w.ns, w.Key(1)).ok());
+  w.h1.reset();
+  w.v1->Crash();
+  w.Tear<HostRow>(w.HostRowOff(1));
+  w.now = 200;
+  EXPECT_EQ(w.owner->Reclaim(), 0u) << "freed at 200 under a lease valid until "
+                                    << lease->deadline_ms;
+  w.now = 200 + w.g.lease_ttl_ms + 1;
+  EXPECT_EQ(w.owner->Reclaim(), 1u) << "the dead host's lease row never expired";
+}
+
+// Audit #12. A host whose process died with its own row torn must come back as a new
+// incarnation that can publish and collect returns again; the old code reused the dead
+// incarnation and restarted its return ring at 0, so the owner waited forever for ring room.
+TEST(PrefixAudit, TornOwnHostRowDoesNotWedgeTheHostId) {
+  World w;  // ring_slots 4
+  std::set<std::uint32_t> back;
+  auto cycle = [&](std::uint32_t i) {
+    if (!w.h0->Publish(w.ns, w.Key(i), PrefixKey{}, Ref(100 + i)).ok()) return;
+    w.owner->Step();
+    (void)w.owner->RetireKey(w.ns, w.Key(i));
+    w.now += 50;  // past grace
+    w.owner->Step();
+    std::vector<BlockRef> got;
+    EXPECT_TRUE(w.h0->Heartbeat(&got).ok());
+    EXPECT_TRUE(w.h1->Heartbeat(nullptr).ok());
+    for (const BlockRef& r : got) back.insert(r.index);
+  };
+  for (std::uint32_t i = 0; i < 6; ++i) cycle(i);
+  ASSERT_EQ(back.size(), 6u);
+  const std::uint64_t old_incarnation = w.h0->incarnation();
+  w.h0.reset();
+  w.v0->Crash();
+  w.Tear<HostRow>(w.HostRowOff(0));
+  auto joined = PrefixHost::Join(*w.v0, w.c0, 0);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  w.h0 = std::move(*joined);
+  EXPECT_GT(w.h0->incarnation(), old_incarnation) << "the dead process's incarnation was reused";
+  // The returns the dead process may not have freed come again first (at least once).
+  for (int i = 0; i < 2; ++i) {
+    w.owner->Step();
+    w.now += 10;
+    std::vector<BlockRef> again;
+    ASSERT_TRUE(w.h0->Heartbeat(&again).ok());
+  }
+  back.clear();
+  for (std::uint32_t i = 10; i < 14; ++i) cycle(i);
+  for (std::uint32_t i = 10; i < 14; ++i) {
+    EXPECT_EQ(back.count(100 + i), 1u) << "block " << 100 + i << " published after the rejoin "
+                                       << "never came back (published "
+                                       << w.owner->stats().published << ")";
+  }
+}
+
+// Audit #13. One torn line the owner wrote (it died mid-write) must not keep every later owner
+// from opening the domain. The entry is quarantined: kept retired while a lease may name it,
+// then freed without a return (its block is unknown: leaked, and counted).
+TEST(PrefixAudit, TornIndexEntryIsQuarantinedAndTheOwnerStillOpens) {
+  World w;
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(1)).ok());
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(2), PrefixKey{}, Ref(2)).ok());
+  w.owner->Step();
+  auto lease = w.h1->LookupAndAcquire(w.ns, w.Key(1));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  const std::uint32_t torn = lease->entry;
+  w.Tear<IndexEntry>(w.EntryOff(torn));
+  w.owner.reset();
+  w.ov->Crash();
+  auto reopened = PrefixOwner::Open(*w.ov, w.oc);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  w.owner = std::move(*reopened);
+  EXPECT_EQ(w.owner->stats().quarantined, 1u);
+  EXPECT_FALSE(w.h1->Lookup(w.ns, w.Key(1)).has_value());
+  EXPECT_TRUE(w.h1->Lookup(w.ns, w.Key(2)).has_value()) << "the other entry is untouched";
+  PrefixOwner::ArenaId seven{};
+  seven[0] = 7;
+  EXPECT_EQ(w.owner->EntriesNaming(seven), 2u)
+      << "while the quarantined entry may be leased, its unknown block may be in any arena";
+  for (int i = 0; i < 3; ++i) {
+    w.now += 50;
+    w.Beat();
+  }
+  EXPECT_EQ(w.owner->entries()[torn].state, static_cast<std::uint8_t>(EntryState::kRetired))
+      << "freed while host 1 still leases the entry";
+  w.h1->Release(*lease);
+  std::vector<BlockRef> back;
+  for (int i = 0; i < 3; ++i) {
+    w.now += 50;
+    w.Beat();
+    ASSERT_TRUE(w.h0->Heartbeat(&back).ok());
+  }
+  EXPECT_NE(w.owner->entries()[torn].state, static_cast<std::uint8_t>(EntryState::kRetired))
+      << "the quarantined entry never drained";
+  EXPECT_TRUE(back.empty()) << "a block was returned for an entry whose block is unknown";
+  EXPECT_EQ(w.owner->EntriesNaming(seven), 1u);
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(3)).ok());
+  w.owner->Step();
+  EXPECT_TRUE(w.h1->Lookup(w.ns, w.Key(1)).has_value()) << "the key can be published again";
+}
+
+// Audit #13, the owner's other lines: a torn owner line is rebuilt from the host's own lines.
+TEST(PrefixAudit, TornOwnerLineIsRebuiltFromTheHostRow) {
+  World w;
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(1)).ok());
+  w.owner->Step();
+  w.Tear<OwnerHostLine>(w.OwnerLineOff(0));
+  w.owner.reset();
+  w.ov->Crash();
+  auto reopened = PrefixOwner::Open(*w.ov, w.oc);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  w.owner = std::move(*reopened);
+  EXPECT_EQ(w.owner->stats().owner_lines_rebuilt, 1u);
+  for (int i = 0; i < 2; ++i) {
+    w.now += 10;
+    w.Beat();
+  }
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(2), PrefixKey{}, Ref(2)).ok());
+  w.owner->Step();
+  EXPECT_TRUE(w.h1->Lookup(w.ns, w.Key(1)).has_value());
+  EXPECT_TRUE(w.h1->Lookup(w.ns, w.Key(2)).has_value()) << "host 0 publishes again";
+  EXPECT_TRUE(w.h0->Heartbeat(nullptr).ok()) << "host 0 was not fenced by the rebuilt line";
+}
+
+// Reads of index entries through the Mem seam.
+class CountingMem final : public Mem {
+ public:
+  CountingMem(Mem& inner, std::uint64_t lo, std::uint64_t hi) : inner_(inner), lo_(lo), hi_(hi) {}
+  std::uint64_t size_bytes() const override { return inner_.size_bytes(); }
+  void Read(std::uint64_t offset, void* dst, std::size_t len) override {
+    if (offset >= lo_ && offset < hi_) ++reads;
+    inner_.Read(offset, dst, len);
+  }
+  void Write(std::uint64_t o, const void* s, std::size_t n) override { inner_.Write(o, s, n); }
+  void WriteNt(std::uint64_t o, const void* s, std::size_t n) override { inner_.WriteNt(o, s, n); }
+  void Flush(std::uint64_t o, std::size_t n) override { inner_.Flush(o, n); }
+  void Invalidate(std::uint64_t o, std::size_t n) override { inner_.Invalidate(o, n); }
+  void Evict(std::uint64_t o, std::size_t n) override { inner_.Evict(o, n); }
+  void Fence() override { inner_.Fence(); }
+  void FullFence() override { inner_.FullFence(); }
+  std::uint64_t reads = 0;
+
+ private:
+  Mem& inner_;
+  std::uint64_t lo_, hi_;
+};
+
+// Audit #15. After publish / retire / reclaim churn, a lookup of a key that is not there must
+// stop after a few entries, not probe the whole index; and keys still published are found.
+TEST(PrefixAudit, MissAfterChurnProbesAFewEntriesNotTheIndex) {
+  World w({2, 64, 4, 4, 400, 4000, 40});
+  for (std::uint32_t j = 0; j < 8; ++j) {  // never retired
+    ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1000 + j), PrefixKey{}, Ref(1000 + j)).ok());
+    if (j % 4 == 3) w.owner->Step();
+  }
+  for (std::uint32_t c = 0; c < 640; ++c) {
+    ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(c), PrefixKey{}, Ref(c)).ok());
+    w.owner->Step();
+    ASSERT_TRUE(w.owner->RetireKey(w.ns, w.Key(c)).ok()) << "cycle " << c;
+    w.now += 50;
+    w.owner->Step();
+    std::vector<BlockRef> back;
+    ASSERT_TRUE(w.h0->Heartbeat(&back).ok());
+  }
+  ASSERT_EQ(w.owner->stats().reclaimed, 640u);
+  ASSERT_EQ(w.owner->published_entries(), 8u);
+  const DomainHeader& h = w.owner->header();
+  CountingMem counting(*w.v1, h.index_offset, h.index_offset + h.index_entries * sizeof(IndexEntry));
+  w.h1.reset();
+  w.h1 = std::move(*PrefixHost::Join(counting, w.c1, 1));
+  std::uint64_t worst = 0;
+  for (std::uint32_t m = 5000; m < 5040; ++m) {
+    counting.reads = 0;
+    EXPECT_FALSE(w.h1->Lookup(w.ns, w.Key(m)).has_value());
+    worst = std::max(worst, counting.reads);
+  }
+  EXPECT_LE(worst, 9u) << "a miss read " << worst << " of " << h.index_entries
+                       << " index entries with 8 live keys";
+  for (std::uint32_t j = 0; j < 8; ++j) {
+    const auto hit = w.h1->Lookup(w.ns, w.Key(1000 + j));
+    ASSERT_TRUE(hit.has_value()) << "live key " << j << " lost after churn";
+    EXPECT_EQ(hit->ref, Ref(1000 + j));
+  }
+}
+
+// Audit #17. Every acquire that finds no recent acknowledgement sends a heartbeat and
+// remembers its send time; while the owner is down that list must not grow without bound —
+// and when the owner comes back, what it acknowledges must still count.
+TEST(PrefixAudit, UnacknowledgedHeartbeatsStayBoundedWhileTheOwnerIsDown) {
+  World w;
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+  w.owner->Step();
+  const auto hit = w.h1->Lookup(w.ns, w.Key(1));
+  ASSERT_TRUE(hit.has_value());
+  w.now += 10000;  // the owner is down from here: nothing is acknowledged
+  for (int i = 0; i < 100000; ++i) {
+    auto l = w.h1->Acquire(*hit);
+    ASSERT_TRUE(absl::IsUnavailable(l.status())) << l.status();
+  }
+  EXPECT_LE(w.h1->unacked_heartbeats(), 64u);
+  w.owner->Step();  // back: it acknowledges the latest heartbeat it finds
+  ASSERT_TRUE(w.h1->Heartbeat(nullptr).ok());
+  auto l = w.h1->Acquire(*hit);
+  EXPECT_TRUE(l.ok()) << l.status();
+}
+
+// Audit #6. A host whose clock stood still (a VM stop under kvmclock; a suspend on a clock
+// that does not count it) while the owner fenced it and reclaimed the block it leased: on
+// resume the lease looks valid by its own clock, but Renew must not promise it, and the copy
+// check must not accept it.
+TEST(PrefixAudit, FrozenHostClockDoesNotKeepALeaseOnAReclaimedBlock) {
+  World w({2, 16, 4, 4, 400, 1000, 40});
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+  w.owner->Step();
+  w.now = 100;
+  auto lease = w.h1->LookupAndAcquire(w.ns, w.Key(1));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  w.c1.Freeze();
+  while (w.now < 2050) {
+    w.now += 50;
+    ASSERT_TRUE(w.h0->Heartbeat(nullptr).ok());
+    if (w.now == 1500) {
+      ASSERT_TRUE(w.owner->RetireKey(w.ns, w.Key(1)).ok());
+    }
+    w.owner->Step();
+  }
+  ASSERT_EQ(w.owner->stats().hosts_fenced, 1u);
+  ASSERT_EQ(w.owner->stats().reclaimed, 1u);
+  w.c1.Resume();
+  ASSERT_LE(w.c1.NowMs(), lease->deadline_ms) << "by its own clock the lease looks valid";
+  const absl::Status renew = w.h1->Renew(*lease);
+  EXPECT_FALSE(renew.ok()) << "Renew promised a lease until " << lease->deadline_ms
+                           << " on a block reclaimed at owner time 1500+";
+  EXPECT_FALSE(w.h1->ValidateAfterCopy(*lease).ok());
+  EXPECT_EQ(w.h1->leases_held(), 0u);
+}
+
+// Audit #6: the same stop, but the owner only fenced the host (the entry is still published).
+// The fenced host's lease rows no longer count, so a renewal must not be promised either.
+TEST(PrefixAudit, FrozenHostRenewsNothingAfterItWasFenced) {
+  World w({2, 16, 4, 4, 400, 1000, 40});
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+  w.owner->Step();
+  w.now = 100;
+  auto lease = w.h1->LookupAndAcquire(w.ns, w.Key(1));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  w.c1.Freeze();
+  while (w.now < 2050) {
+    w.now += 50;
+    ASSERT_TRUE(w.h0->Heartbeat(nullptr).ok());
+    w.owner->Step();
+  }
+  ASSERT_EQ(w.owner->stats().hosts_fenced, 1u);
+  w.c1.Resume();
+  const absl::Status renew = w.h1->Renew(*lease);
+  EXPECT_FALSE(renew.ok()) << "a fenced host renewed its lease";
+  EXPECT_EQ(w.h1->leases_held(), 0u);
+  EXPECT_TRUE(absl::IsAborted(w.h1->Heartbeat(nullptr))) << "the fence is seen at the heartbeat";
+}
+
+// Audit #6: a stop that ends before the owner fences the host. By its own clock the host is
+// live (its last acknowledged heartbeat looks recent) and its lease unexpired; renewed now, the
+// lease would outlast the fence the owner is about to write and the reclaim after it. The host
+// must notice that its clock stood still and drop its leases; after a fresh acknowledgement it
+// takes leases again.
+TEST(PrefixAudit, PausedHostIsCaughtBeforeTheOwnerFencesIt) {
+  World w({2, 16, 4, 4, 400, 1000, 40});
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+  w.owner->Step();
+  w.now = 100;
+  auto lease = w.h1->LookupAndAcquire(w.ns, w.Key(1));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  w.c1.Freeze();
+  while (w.now < 900) {
+    w.now += 50;
+    ASSERT_TRUE(w.h0->Heartbeat(nullptr).ok());
+    w.owner->Step();
+  }
+  ASSERT_EQ(w.owner->stats().hosts_fenced, 0u) << "the stop is shorter than host_ttl";
+  w.c1.Resume();
+  const absl::Status renew = w.h1->Renew(*lease);
+  // What the renewal would have led to: the fence, then the reclaim, while the host's clock
+  // still shows the lease valid.
+  while (w.now < 1200) {
+    w.now += 50;
+    ASSERT_TRUE(w.h0->Heartbeat(nullptr).ok());
+    if (w.now == 1100) {
+      ASSERT_TRUE(w.owner->RetireKey(w.ns, w.Key(1)).ok());
+    }
+    w.owner->Step();
+  }
+  EXPECT_FALSE(renew.ok()) << "renewed after a stop of 800 ms: valid until " << lease->deadline_ms
+                           << " on the host's clock (now " << w.c1.NowMs() << "), the owner "
+                           << "fenced the host (" << w.owner->stats().hosts_fenced
+                           << ") and reclaimed the block (" << w.owner->stats().reclaimed << ")";
+  EXPECT_EQ(w.h1->leases_held(), 0u);
+  // Back to normal: a heartbeat the owner acknowledges lets the host take leases again.
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(2), PrefixKey{}, Ref(8)).ok());
+  for (int i = 0; i < 3; ++i) {
+    (void)w.h1->Heartbeat(nullptr);  // kAborted once: fenced meanwhile, rejoined
+    w.owner->Step();
+    w.now += 10;
+  }
+  auto again = w.h1->LookupAndAcquire(w.ns, w.Key(2));
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
+// Audit #6: a clock that steps back (loses time) is the same hazard as one that stood still.
+TEST(PrefixAudit, ClockThatStepsBackIsTakenForAPause) {
+  World w({2, 16, 4, 4, 400, 1000, 40});
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+  w.owner->Step();
+  w.now = 100;
+  auto lease = w.h1->LookupAndAcquire(w.ns, w.Key(1));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  while (w.now < 300) {
+    w.now += 50;
+    ASSERT_TRUE(w.h0->Heartbeat(nullptr).ok());
+    w.owner->Step();
+  }
+  w.c1.Jump(-250);
+  EXPECT_FALSE(w.h1->Renew(*lease).ok()) << "renewed on a clock that lost 250 ms";
+  EXPECT_EQ(w.h1->leases_held(), 0u);
+  EXPECT_EQ(w.h1->pauses_detected(), 1u);
+}
+
+// Audit #6: a clock that counts the stop (CLOCK_BOOTTIME across a suspend) jumps forward on
+// resume; the lease has expired by it and nothing is promised.
+TEST(PrefixAudit, ClockThatCountsTheStopExpiresTheLease) {
+  World w({2, 16, 4, 4, 400, 1000, 40});
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+  w.owner->Step();
+  w.now = 100;
+  auto lease = w.h1->LookupAndAcquire(w.ns, w.Key(1));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  w.c1.Freeze();
+  while (w.now < 2050) {
+    w.now += 50;
+    ASSERT_TRUE(w.h0->Heartbeat(nullptr).ok());
+    if (w.now == 1500) {
+      ASSERT_TRUE(w.owner->RetireKey(w.ns, w.Key(1)).ok());
+    }
+    w.owner->Step();
+  }
+  w.c1.Resume();
+  w.c1.Jump(1950);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(w.h1->Renew(*lease)));
+  EXPECT_FALSE(w.h1->ValidateAfterCopy(*lease).ok());
+  EXPECT_TRUE(absl::IsAborted(w.h1->Heartbeat(nullptr))) << "fenced meanwhile";
+  EXPECT_EQ(w.h1->leases_held(), 0u);
+}
+
+
+// Audit #6, the other way round: clocks that differ in offset and rate (within the drift the
+// protocol allows), and an owner that stalls and then catches up, are no pause.
+TEST(PrefixAudit, SkewedClocksAndAStalledOwnerAreNoPause) {
+  for (const double rate : {0.99, 1.01}) {
+    World w({2, 16, 4, 4, 400, 1000, 40}, /*host1_offset_ms=*/-50000, rate);
+    ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+    w.owner->Step();
+    ASSERT_TRUE(w.h1->Heartbeat(nullptr).ok());
+    auto lease = w.h1->LookupAndAcquire(w.ns, w.Key(1));
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    for (int step = 1; step <= 120; ++step) {
+      w.now += 25;
+      const bool owner_stalled = step > 40 && step <= 60;  // 500 ms without an owner round
+      if (!owner_stalled) w.owner->Step();
+      if (step % 4 != 0) continue;
+      ASSERT_TRUE(w.h0->Heartbeat(nullptr).ok());
+      ASSERT_TRUE(w.h1->Heartbeat(nullptr).ok()) << "rate " << rate << ", step " << step;
+      ASSERT_TRUE(w.h1->Renew(*lease).ok()) << "rate " << rate << ", step " << step;
+    }
+    EXPECT_EQ(w.h1->pauses_detected(), 0u) << "rate " << rate;
+    EXPECT_TRUE(w.h1->ValidateAfterCopy(*lease).ok());
+  }
 }
 
 }  // namespace

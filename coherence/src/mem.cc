@@ -32,7 +32,10 @@ void DirectMem::FullFence() { _mm_mfence(); }
 
 std::int64_t SteadyClock::NowMs() {
   struct timespec ts {};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  // BOOTTIME keeps counting while the machine is suspended, so deadlines pass during a
+  // suspend as they do on the owner's clock; MONOTONIC stops. (A stopped VM's clocks all
+  // stop: PrefixHost detects that against the owner's clock.)
+  ::clock_gettime(CLOCK_BOOTTIME, &ts);
   return static_cast<std::int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
 }
 

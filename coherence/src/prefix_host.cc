@@ -1,4 +1,6 @@
 // PrefixHost: lookups, leases, requests and heartbeat of one host (docs/coherence.md).
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "cxlkv/coherence/prefix.h"
 #include "domain_internal.h"
@@ -14,9 +16,30 @@ using internal::RequestSlotOff;
 using internal::ReturnSlotOff;
 using internal::WriteShared;
 
+namespace {
+
+// Clock rates of two hosts differ by less than this (per mille): the allowance for drift
+// when the host compares the owner's clock with its own. Real clocks differ by well under
+// 0.1 per mille; the simulator's by up to 10.
+constexpr std::int64_t kDriftPerMille = 20;
+std::int64_t Drift(std::int64_t elapsed_ms) {
+  return elapsed_ms > 0 ? elapsed_ms * kDriftPerMille / 1000 : 0;
+}
+
+// Sent heartbeats remembered until one is acknowledged: the newest ones. The owner
+// acknowledges the latest beat it read, which is among them unless it is far behind.
+constexpr std::size_t kMaxSentBeats = 64;
+
+}  // namespace
+
 PrefixHost::PrefixHost(Mem& mem, Clock& clock, const DomainHeader& h, std::uint32_t host,
-                       std::uint32_t margin_ms)
-    : mem_(mem), clock_(clock), h_(h), host_(host), margin_ms_(margin_ms) {}
+                       std::uint32_t margin_ms, std::uint32_t pause_tolerance_ms)
+    : mem_(mem),
+      clock_(clock),
+      h_(h),
+      host_(host),
+      margin_ms_(margin_ms),
+      pause_tolerance_ms_(pause_tolerance_ms) {}
 
 absl::StatusOr<std::unique_ptr<PrefixHost>> PrefixHost::Join(Mem& mem, Clock& clock,
                                                              std::uint32_t host_id,
@@ -31,21 +54,50 @@ absl::StatusOr<std::unique_ptr<PrefixHost>> PrefixHost::Join(Mem& mem, Clock& cl
   if (margin >= h->lease_ttl_ms) {
     return absl::InvalidArgumentError("lease margin must be below the domain's lease TTL");
   }
-  std::unique_ptr<PrefixHost> p(new PrefixHost(mem, clock, *h, host_id, margin));
+  const std::uint32_t tolerance =
+      options.pause_tolerance_ms != 0 ? options.pause_tolerance_ms : margin / 2;
+  std::unique_ptr<PrefixHost> p(new PrefixHost(mem, clock, *h, host_id, margin, tolerance));
   if (auto st = p->Rejoin(); !st.ok()) return st;
   return p;
 }
 
 absl::Status PrefixHost::Rejoin() {
   HostRow row{};
-  if (!ReadShared(mem_, HostRowOff(h_, host_), &row)) row = HostRow{};
+  const bool row_ok = ReadShared(mem_, HostRowOff(h_, host_), &row);
   OwnerHostLine o{};
   if (!ReadOwnerLine(&o)) {
     return absl::UnavailableError(absl::StrCat("host ", host_, ": owner line unreadable"));
   }
-  incarnation_ = std::max(row.incarnation, o.fenced_incarnation) + 1;
+  if (row_ok) {
+    incarnation_ = std::max(row.incarnation, o.fenced_incarnation) + 1;
+  } else {
+    // Our own row is torn: a process of this host died writing it. What it said is rebuilt
+    // from what survives. The incarnation goes above every one the owner or our own lease
+    // rows and requests know of (reusing the dead process's would let its requests and rows
+    // pass for ours). Requests resume at what the owner consumed (those still in the ring
+    // are announced below). Returns restart a full ring back from what the owner sent: the
+    // blocks the dead process may not have freed come again (delivery is at least once),
+    // and the owner, which waits for ring room, sees room again once they are taken.
+    std::uint64_t seen = std::max({incarnation_, o.fenced_incarnation, o.acked_incarnation});
+    for (std::uint32_t r = 0; r < h_.lease_rows; ++r) {
+      LeaseRow lr;
+      if (ReadShared(mem_, LeaseRowOff(h_, host_, r), &lr)) seen = std::max(seen, lr.incarnation);
+    }
+    for (std::uint64_t seq = 1; seq <= h_.ring_slots; ++seq) {
+      RequestSlot slot;
+      if (ReadShared(mem_, RequestSlotOff(h_, host_, seq), &slot)) {
+        seen = std::max(seen, slot.incarnation);
+      }
+    }
+    incarnation_ = seen + 1;
+    row = HostRow{};
+    row.heartbeat = o.acked_heartbeat;
+    row.ring_tail = o.ring_head;
+    row.return_head = o.return_tail - std::min<std::uint64_t>(o.return_tail, h_.ring_slots);
+  }
   alive_until_ms_ = 0;  // nothing acknowledged for this incarnation yet
   sent_beats_.clear();
+  offset_known_ = false;
   rows_.assign(h_.lease_rows, Lease{});  // a fenced incarnation's leases are void
   held_ = 0;
   free_rows_.clear();
@@ -60,9 +112,9 @@ absl::Status PrefixHost::Rejoin() {
   // written but not announced before a crash is announced now, for the same reason.
   ring_tail_ = std::max(row.ring_tail, o.ring_head);
   RequestSlot next;
-  if (ReadShared(mem_, RequestSlotOff(h_, host_, ring_tail_ + 1), &next) &&
-      next.seq == ring_tail_ + 1 && next.incarnation != 0 && next.incarnation < incarnation_ &&
-      ring_tail_ - o.ring_head < h_.ring_slots) {
+  while (ring_tail_ - o.ring_head < h_.ring_slots &&
+         ReadShared(mem_, RequestSlotOff(h_, host_, ring_tail_ + 1), &next) &&
+         next.seq == ring_tail_ + 1 && next.incarnation != 0 && next.incarnation < incarnation_) {
     ++ring_tail_;
   }
   // A new process starts from what the last one acknowledged (returns it was handed but
@@ -81,20 +133,83 @@ bool PrefixHost::ReadEntry(std::uint32_t i, IndexEntry* e) {
 
 bool PrefixHost::ReadOwnerLine(OwnerHostLine* o) {
   if (!ReadShared(mem_, OwnerLineOff(h_, host_), o)) return false;
-  NoteOwnerLine(*o);
+  NoteOwnerLine(*o, clock_.NowMs());
   return true;
 }
 
-void PrefixHost::NoteOwnerLine(const OwnerHostLine& o) {
+bool PrefixHost::ReadEntryAndClock(std::uint32_t i, IndexEntry* e, OwnerClockLine* c) {
+  mem_.Evict(EntryOff(h_, i), sizeof(IndexEntry));
+  mem_.Evict(kOwnerClockOffset, sizeof(OwnerClockLine));
+  mem_.FullFence();
+  mem_.Read(kOwnerClockOffset, c, sizeof(*c));
+  if (!LineValid(*c) && !ReadShared(mem_, kOwnerClockOffset, c)) *c = OwnerClockLine{};
+  mem_.Read(EntryOff(h_, i), e, sizeof(*e));
+  return LineValid(*e) || ReadEntry(i, e);
+}
+
+void PrefixHost::NoteOwnerLine(const OwnerHostLine& o, std::int64_t read_ms) {
   if (o.acked_incarnation != incarnation_) return;
-  std::size_t k = 0;
-  while (k < sent_beats_.size() && sent_beats_[k].first < o.acked_heartbeat) ++k;
-  if (k < sent_beats_.size() && sent_beats_[k].first == o.acked_heartbeat) {
-    alive_until_ms_ =
-        std::max(alive_until_ms_, sent_beats_[k].second +
-                                      static_cast<std::int64_t>(h_.host_ttl_ms) - margin_ms_);
+  // The acknowledgement's time is a reading of the owner's clock from before this read.
+  if (StoodStill(o.acked_at_ms, o.clock_id, read_ms)) {
+    DropAfterPause();
+    return;
   }
-  sent_beats_.erase(sent_beats_.begin(), sent_beats_.begin() + static_cast<std::ptrdiff_t>(k));
+  // Credit comes from the newest remembered beat at or before the acknowledged one: an
+  // earlier beat left earlier, so its credit is never more than the acknowledged beat's.
+  std::size_t k = 0;
+  while (k < sent_beats_.size() && sent_beats_[k].first <= o.acked_heartbeat) ++k;
+  if (k == 0) return;
+  const std::int64_t sent_ms = sent_beats_[k - 1].second;
+  alive_until_ms_ = std::max(alive_until_ms_,
+                             sent_ms + static_cast<std::int64_t>(h_.host_ttl_ms) - margin_ms_);
+  if (o.clock_id != 0) NoteOffsetBound(o.acked_at_ms, o.clock_id, sent_ms);
+  sent_beats_.erase(sent_beats_.begin(),
+                    sent_beats_.begin() + static_cast<std::ptrdiff_t>(k - 1));
+}
+
+// The owner read its clock after it saw the beat, and the beat left after this host read
+// its clock for sent_ms: so (owner clock - host clock) at that moment was at most
+// acked_at_ms - sent_ms. Later readings of the owner's clock are never ahead of it; if one
+// shows the offset grown by more than drift and the tolerance, this host's clock lost time.
+void PrefixHost::NoteOffsetBound(std::int64_t acked_at_ms, std::uint32_t clock_id,
+                                 std::int64_t sent_ms) {
+  const std::int64_t bound = acked_at_ms - sent_ms;
+  if (offset_known_ && offset_clock_ == clock_id) {
+    // The older bound, carried forward by drift, may still be the tighter one.
+    const std::int64_t carried = offset_bound_ms_ + Drift(sent_ms - offset_at_ms_);
+    if (carried <= bound) {
+      offset_bound_ms_ = carried;
+      offset_at_ms_ = std::max(offset_at_ms_, sent_ms);
+      return;
+    }
+  }
+  offset_known_ = true;
+  offset_clock_ = clock_id;
+  offset_bound_ms_ = bound;
+  offset_at_ms_ = sent_ms;
+}
+
+bool PrefixHost::StoodStill(std::int64_t owner_ms, std::uint32_t clock_id,
+                            std::int64_t host_ms) const {
+  if (clock_id == 0 || !offset_known_ || clock_id != offset_clock_) return false;
+  const std::int64_t at_least = owner_ms - host_ms;  // the offset now is at least this
+  return at_least - offset_bound_ms_ >
+         static_cast<std::int64_t>(pause_tolerance_ms_) + Drift(host_ms - offset_at_ms_);
+}
+
+void PrefixHost::DropAfterPause() {
+  bool any = false;
+  for (std::uint32_t row = 0; row < rows_.size(); ++row) {
+    if (rows_[row].id == 0) continue;
+    StoreLeaseRow(row, 0, 0, false);
+    ForgetRow(row);
+    any = true;
+  }
+  if (any) mem_.Fence();
+  alive_until_ms_ = 0;
+  sent_beats_.clear();  // beats sent before the pause earn no credit
+  offset_known_ = false;
+  ++pauses_;
 }
 
 void PrefixHost::WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen,
@@ -130,6 +245,11 @@ void PrefixHost::WriteHostRow() {
   // Remember when each heartbeat left (before it could be seen): once the owner
   // acknowledges it, we are live until that time + host_ttl - margin.
   if (sent_beats_.empty() || sent_beats_.back().first != heartbeat_) {
+    // While nothing is acknowledged (the owner is down) beats pile up: keep the newest.
+    if (sent_beats_.size() >= kMaxSentBeats) {
+      sent_beats_.erase(sent_beats_.begin(),
+                        sent_beats_.begin() + static_cast<std::ptrdiff_t>(kMaxSentBeats / 2));
+    }
     sent_beats_.emplace_back(heartbeat_, clock_.NowMs());
   }
   HostRow r{};
@@ -179,7 +299,16 @@ absl::StatusOr<Lease> PrefixHost::Acquire(const Hit& hit) {
   const std::uint32_t row = free_rows_.back();
   WriteLeaseRow(row, hit.entry, hit.entry_gen, true);
   IndexEntry e;
-  if (!ReadEntry(hit.entry, &e) || static_cast<EntryState>(e.state) != EntryState::kPublished ||
+  OwnerClockLine c;
+  const bool entry_ok = ReadEntryAndClock(hit.entry, &e, &c);
+  if (StoodStill(c)) {
+    WriteLeaseRow(row, 0, 0, false, /*full_fence=*/false);
+    DropAfterPause();
+    return absl::UnavailableError(absl::StrCat(
+        "host ", host_, ": its clock stood still (a VM stop or suspend); leases dropped — "
+        "retry after Heartbeat()"));
+  }
+  if (!entry_ok || static_cast<EntryState>(e.state) != EntryState::kPublished ||
       e.entry_gen != hit.entry_gen) {
     WriteLeaseRow(row, 0, 0, false);
     return absl::NotFoundError("the block was retired before the lease took hold");
@@ -259,9 +388,22 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns,
   }
   const std::uint64_t first_id = lease_seq_ - n + 1;  // StoreLeaseRow numbered them in order
   mem_.FullFence();
-  // 3. Re-validate every entry: evict all, one fence, read; a torn line is read again alone.
+  // 3. Re-validate every entry: evict all (and the owner's clock line), one fence, read; a
+  //    torn line is read again alone.
   for (std::size_t i = 0; i < n; ++i) mem_.Evict(EntryOff(h_, chain_entries_[i]), sizeof(IndexEntry));
+  mem_.Evict(kOwnerClockOffset, sizeof(OwnerClockLine));
   mem_.FullFence();
+  OwnerClockLine c;
+  mem_.Read(kOwnerClockOffset, &c, sizeof(c));
+  if (!LineValid(c) && !ReadShared(mem_, kOwnerClockOffset, &c)) c = OwnerClockLine{};
+  if (StoodStill(c)) {
+    for (std::size_t i = 0; i < n; ++i) StoreLeaseRow(free_rows_[first_row + n - 1 - i], 0, 0, false);
+    mem_.Fence();
+    DropAfterPause();
+    return absl::UnavailableError(absl::StrCat(
+        "host ", host_, ": its clock stood still (a VM stop or suspend); leases dropped — "
+        "retry after Heartbeat()"));
+  }
   std::size_t held = 0;
   for (; held < n; ++held) {
     IndexEntry e;
@@ -308,12 +450,35 @@ absl::Status PrefixHost::Renew(Lease& lease) {
     }
   }
   WriteLeaseRow(lease.row, lease.entry, lease.entry_gen, true);
-  // A second look, now that the new row is in memory. If this host stalled between the
-  // clock sample and the write long enough for the old deadline to pass, the owner may
-  // have judged the old row expired and reclaimed the block while the write was on its
-  // way: the lease is lost even though the row now looks fresh (coherence/model:
+  // The entry and the owner's clock, read after the row is in memory.
+  IndexEntry e;
+  OwnerClockLine c;
+  const bool entry_ok = ReadEntryAndClock(lease.entry, &e, &c);
+  // A second look at the clock, now that the new row is in memory. If this host stalled
+  // between the clock sample and the write long enough for the old deadline to pass, the
+  // owner may have judged the old row expired and reclaimed the block while the write was
+  // on its way: the lease is lost even though the row now looks fresh (coherence/model:
   // RENEW_AS_CODED is this step without the second look, and SPIN finds the reclaim).
   const std::int64_t after = clock_.NowMs();
+  // That look is only as good as this host's clock: one that stood still (a VM stop, a
+  // suspend) passes it after the owner fenced this host or expired the row.
+  if (StoodStill(c.owner_ms, c.clock_id, after)) {
+    DropAfterPause();
+    return absl::DeadlineExceededError(absl::StrCat(
+        "host ", host_, ": its clock stood still (a VM stop or suspend) and the lease may have "
+        "been reclaimed; every lease is dropped — acquire again after Heartbeat()"));
+  }
+  // The entry must still hold the leased generation: published, or retired since (a lease
+  // keeps a retired block until it ends). Anything else means the block was reclaimed.
+  const auto state = static_cast<EntryState>(e.state);
+  const bool entry_holds =
+      entry_ok && e.publisher != kQuarantined &&
+      ((state == EntryState::kPublished && e.entry_gen == lease.entry_gen) ||
+       (state == EntryState::kRetired && e.entry_gen == lease.entry_gen + 1));
+  if (!entry_holds) {
+    Release(lease);
+    return absl::DeadlineExceededError("the block was reclaimed; the lease is lost");
+  }
   if (after > lease.deadline_ms || after > alive_until_ms_) {
     Release(lease);
     return absl::DeadlineExceededError(
@@ -349,6 +514,11 @@ void PrefixHost::ForgetRow(std::uint32_t row) {
 }
 
 absl::Status PrefixHost::ValidateAfterCopy(const Lease& lease) {
+  if (!Holds(lease)) {
+    return absl::FailedPreconditionError(
+        "this host no longer holds the lease (released, expired, fenced or dropped after a "
+        "pause); discard the copy");
+  }
   if (clock_.NowMs() > lease.deadline_ms) {
     return absl::DeadlineExceededError("the lease expired during the copy; discard it");
   }
@@ -408,6 +578,7 @@ absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {
   // The caller has freed what the last call handed out: this call's row write (or the
   // rejoin's) acknowledges it.
   acked_head_ = handed_head_;
+  const std::uint64_t pauses = pauses_;
   OwnerHostLine o{};
   const bool owner_ok = ReadOwnerLine(&o);
   if (owner_ok && o.fenced_incarnation >= incarnation_) {
@@ -417,6 +588,10 @@ absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {
                                            "; its leases are gone; rejoined as ",
                                            incarnation_));
   }
+  // The owner's clock: if this host's clock stood still since the last acknowledgement, it
+  // shows here even when no lease operation comes first.
+  OwnerClockLine c;
+  if (ReadShared(mem_, kOwnerClockOffset, &c) && StoodStill(c)) DropAfterPause();
   if (owner_ok) {
     while (return_head_ < o.return_tail) {
       ReturnSlot r;
@@ -442,6 +617,11 @@ absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {
     returned->insert(returned->end(), returned_.begin(), returned_.end());
     returned_.clear();
     handed_head_ = return_head_;
+  }
+  if (pauses_ != pauses) {
+    return absl::AbortedError(absl::StrCat(
+        "host ", host_, ": its clock stood still (a VM stop or suspend); its leases are gone; "
+        "leases again once this heartbeat is acknowledged"));
   }
   return absl::OkStatus();
 }

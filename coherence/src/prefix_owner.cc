@@ -5,7 +5,6 @@
 #include <set>
 #include <tuple>
 
-#include "absl/strings/str_cat.h"
 #include "cxlkv/coherence/prefix.h"
 #include "domain_internal.h"
 
@@ -82,7 +81,7 @@ std::uint32_t PrefixOwner::RevokeArena(const ArenaId& arena) {
 
 std::uint32_t PrefixOwner::EntriesNaming(const ArenaId& arena) const {
   auto it = arena_refs_.find(arena);
-  return it == arena_refs_.end() ? 0 : it->second;
+  return (it == arena_refs_.end() ? 0 : it->second) + quarantined_count_;
 }
 
 PrefixOwner::PrefixOwner(Mem& mem, Clock& clock, const DomainHeader& h, const Options& o)
@@ -93,13 +92,23 @@ absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& 
   auto h = ReadDomainHeader(mem);
   if (!h.ok()) return h.status();
   std::unique_ptr<PrefixOwner> o(new PrefixOwner(mem, clock, *h, options));
+  // A clock id of its own: hosts never compare this owner's clock with an earlier owner's.
+  OwnerClockLine last{};
+  if (!ReadShared(mem, kOwnerClockOffset, &last)) last = OwnerClockLine{};
+  o->clock_id_ = last.clock_id + 1 == 0 ? 1 : last.clock_id + 1;
+  o->clock_seq_ = last.seq;
   const std::int64_t now = clock.NowMs();
   o->index_.resize(h->index_entries);
   o->info_.resize(h->index_entries);
+  o->owner_lines_.resize(h->max_hosts);
+  // A line that never validates was torn by a previous owner that died writing it (the owner
+  // is the only writer of these lines). It is repaired, conservatively, instead of refusing
+  // the domain for good: see Quarantine and RebuildOwnerLine.
   for (std::uint32_t i = 0; i < h->index_entries; ++i) {
     IndexEntry& e = o->index_[i];
     if (!ReadShared(mem, EntryOff(*h, i), &e)) {
-      return absl::DataLossError(absl::StrCat("domain index entry ", i, " is corrupt"));
+      o->Quarantine(i, e, now);
+      continue;
     }
     if (StateOf(e) == EntryState::kPublished) {
       ++o->published_count_;
@@ -109,25 +118,84 @@ absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& 
     if (StateOf(e) == EntryState::kRetired) {
       o->info_[i].retired_at_ms = now;
       ++o->retired_count_;
-      o->Name(e.ref);
+      if (e.publisher == kQuarantined) {
+        ++o->quarantined_count_;  // quarantined by an earlier owner: its block is unknown
+      } else {
+        o->Name(e.ref);
+      }
     }
   }
-  o->owner_lines_.resize(h->max_hosts);
   for (std::uint32_t host = 0; host < h->max_hosts; ++host) {
     if (!ReadShared(mem, OwnerLineOff(*h, host), &o->owner_lines_[host])) {
-      return absl::DataLossError(absl::StrCat("domain owner line of host ", host, " is corrupt"));
+      o->RebuildOwnerLine(host);
     }
   }
   // Timers start now: a host or lease looks alive for a full TTL after an owner restart.
   o->heartbeats_.assign(h->max_hosts, TimedValue{~0ull, now});
   o->lease_seqs_.assign(std::size_t{h->max_hosts} * h->lease_rows, TimedValue{~0ull, now});
+  o->WriteClockLine();
   return o;
+}
+
+void PrefixOwner::Quarantine(std::uint32_t i, const IndexEntry& torn, std::int64_t now) {
+  // The entry's last write never completed: what memory holds mixes its old and new versions
+  // (one generation apart). Hosts skip it (its CRC fails), but a lease taken before the tear
+  // may still be in use, on a block nobody can name now. So the entry becomes retired, with
+  // no key and no block, at a generation above both versions: it is freed like any retired
+  // entry once no lease row names it, without a return, and its block leaks.
+  IndexEntry q{};
+  q.entry_gen = torn.entry_gen + 2;
+  q.state = static_cast<std::uint8_t>(EntryState::kRetired);
+  q.publisher = kQuarantined;
+  WriteEntry(i, q, /*full_fence=*/true);
+  info_[i] = EntryInfo{};
+  info_[i].retired_at_ms = now;
+  ++retired_count_;
+  ++quarantined_count_;
+  ++stats_.quarantined;
+}
+
+void PrefixOwner::RebuildOwnerLine(std::uint32_t host) {
+  // From the host's own lines, conservatively. Its current incarnation stays live (older ones
+  // fenced). Requests it had pending are dropped, not replayed: which of them were applied is
+  // unknown, and a replay could publish a block already returned and reused; their blocks
+  // leak. Returns go on after the highest one its return ring holds (the host may get some
+  // twice; its generation-checked free ignores the second). Acknowledgements start afresh.
+  HostRow row{};
+  const bool row_ok = ReadShared(mem_, HostRowOff(h_, host), &row);
+  std::uint64_t ring_head = row_ok ? row.ring_tail : 0;
+  std::uint64_t return_tail = row_ok ? row.return_head : 0;
+  for (std::uint64_t seq = 1; seq <= h_.ring_slots; ++seq) {
+    RequestSlot r;
+    if (!row_ok && ReadShared(mem_, RequestSlotOff(h_, host, seq), &r)) {
+      ring_head = std::max(ring_head, r.seq);
+    }
+    ReturnSlot back;
+    if (ReadShared(mem_, ReturnSlotOff(h_, host, seq), &back)) {
+      return_tail = std::max(return_tail, back.seq);
+    }
+  }
+  OwnerHostLine l{};
+  l.fenced_incarnation = row_ok && row.incarnation > 0 ? row.incarnation - 1 : 0;
+  l.ring_head = ring_head;
+  l.return_tail = return_tail;
+  owner_lines_[host] = l;
+  WriteOwnerLine(host);
+  ++stats_.owner_lines_rebuilt;
 }
 
 void PrefixOwner::WriteEntry(std::uint32_t i, const IndexEntry& e, bool full_fence) {
   index_[i] = e;
   SealLine(index_[i]);
   WriteShared(mem_, EntryOff(h_, i), index_[i], full_fence);
+}
+
+void PrefixOwner::WriteClockLine() {
+  OwnerClockLine c{};
+  c.seq = ++clock_seq_;
+  c.owner_ms = clock_.NowMs();  // read before the write: no reading is ahead of this clock
+  c.clock_id = clock_id_;
+  WriteShared(mem_, kOwnerClockOffset, c, false);
 }
 
 void PrefixOwner::WriteOwnerLine(std::uint32_t host) {
@@ -163,8 +231,7 @@ std::int64_t PrefixOwner::FindFreeSlot(Namespace ns, const PrefixKey& key) const
 }
 
 bool PrefixOwner::HostLive(std::uint32_t host, HostRow* row) {
-  if (!ReadShared(mem_, HostRowOff(h_, host), row)) return false;
-  return row->incarnation != 0 && row->incarnation > owner_lines_[host].fenced_incarnation;
+  return ReadShared(mem_, HostRowOff(h_, host), row) && Live(host, *row);
 }
 
 void PrefixOwner::Step() {
@@ -198,10 +265,15 @@ std::uint32_t PrefixOwner::ApplyRequests() {
       if (r.incarnation == row.incarnation) {
         Apply(host, r);
       } else {
-        // A late request of a fenced or crashed incarnation is not applied; its block
-        // goes back so that nothing leaks.
+        // A late request of a fenced or crashed incarnation is not applied; its block goes
+        // back so that nothing leaks — unless the index names it (an owner that died after
+        // applying the request, before its owner line said so, did publish it: handing it
+        // back would let the publisher reuse a published block), or its arena is revoked.
         ++stats_.rejected;
-        if (r.op == static_cast<std::uint32_t>(RequestOp::kPublish)) ReturnBlock(host, r.ref);
+        if (r.op == static_cast<std::uint32_t>(RequestOp::kPublish) &&
+            named_.count(r.ref) == 0 && !Revoked(r.ref)) {
+          ReturnBlock(host, r.ref);
+        }
       }
       ++head;
       ++applied;
@@ -304,22 +376,30 @@ std::uint32_t PrefixOwner::RetireNamespace(Namespace ns) {
 }
 
 std::uint32_t PrefixOwner::FenceExpiredHosts() {
-  const std::int64_t now = clock_.NowMs();
+  WriteClockLine();
   std::uint32_t fenced = 0;
   for (std::uint32_t host = 0; host < h_.max_hosts; ++host) {
+    // The clock is read on both sides of the row. A change is timed by the reading after it
+    // (the beat was sent before that), "unchanged for host_ttl" by the reading before it (the
+    // row was still unchanged when read, after that). Timing a change by a reading taken
+    // before the row was read let an owner stall in between count against the host.
+    const std::int64_t before = clock_.NowMs();
     HostRow row;
     if (!HostLive(host, &row)) continue;
+    const std::int64_t after = clock_.NowMs();
     TimedValue& hb = heartbeats_[host];
     const std::uint64_t stamp = RowStamp(row);
     if (stamp != hb.value) {
-      hb = TimedValue{stamp, now};
+      hb = TimedValue{stamp, after};
       OwnerHostLine& l = owner_lines_[host];
       if (l.acked_incarnation != row.incarnation || l.acked_heartbeat != row.heartbeat) {
         l.acked_incarnation = row.incarnation;
         l.acked_heartbeat = row.heartbeat;
+        l.acked_at_ms = after;
+        l.clock_id = clock_id_;
         WriteOwnerLine(host);
       }
-    } else if (now - hb.changed_at_ms > static_cast<std::int64_t>(h_.host_ttl_ms)) {
+    } else if (before - hb.changed_at_ms > static_cast<std::int64_t>(h_.host_ttl_ms)) {
       owner_lines_[host].fenced_incarnation = row.incarnation;
       WriteOwnerLine(host);
       ++fenced;
@@ -330,21 +410,35 @@ std::uint32_t PrefixOwner::FenceExpiredHosts() {
 }
 
 std::vector<std::pair<std::uint32_t, std::uint32_t>> PrefixOwner::ScanLeases() {
-  const std::int64_t now = clock_.NowMs();
   std::vector<std::pair<std::uint32_t, std::uint32_t>> held;
   for (auto& inf : info_) {
     inf.score *= 0.9;
     inf.leased = false;
   }
+  scan_rows_.resize(h_.lease_rows);
+  scan_torn_.resize(h_.lease_rows);
   for (std::uint32_t host = 0; host < h_.max_hosts; ++host) {
+    // Clock readings on both sides of the rows, as in FenceExpiredHosts: a change is timed by
+    // the reading after the rows were read, expiry judged by the reading before.
+    const std::int64_t before = clock_.NowMs();
     HostRow row;
-    if (!HostLive(host, &row)) continue;
+    const bool row_readable = ReadShared(mem_, HostRowOff(h_, host), &row);
+    // A torn host row (its writer died mid-line) hides which incarnation is current. Skipping
+    // the host then freed blocks under its valid leases; instead every held, fresh row of an
+    // incarnation not fenced counts — a superset of what the row would let count.
+    if (row_readable && !Live(host, row)) continue;
+    const std::uint64_t fenced = owner_lines_[host].fenced_incarnation;
     const std::uint64_t base = LeaseRowOff(h_, host, 0);
     mem_.Invalidate(base, std::uint64_t{h_.lease_rows} * sizeof(LeaseRow));
     for (std::uint32_t r = 0; r < h_.lease_rows; ++r) {
-      LeaseRow lr;
+      LeaseRow& lr = scan_rows_[r];
       mem_.Read(base + std::uint64_t{r} * sizeof(LeaseRow), &lr, sizeof(lr));
-      if (!LineValid(lr) && !ReadShared(mem_, LeaseRowOff(h_, host, r), &lr)) {
+      scan_torn_[r] = !LineValid(lr) && !ReadShared(mem_, LeaseRowOff(h_, host, r), &lr);
+    }
+    const std::int64_t after = clock_.NowMs();
+    for (std::uint32_t r = 0; r < h_.lease_rows; ++r) {
+      const LeaseRow& lr = scan_rows_[r];
+      if (scan_torn_[r]) {
         // Torn for good: we cannot tell what it holds, so nothing may be freed this round.
         held.emplace_back(~0u, ~0u);
         continue;
@@ -353,9 +447,10 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> PrefixOwner::ScanLeases() {
       // lease_seq restarts with every incarnation of the host: the stamp must change with
       // any write of the row, so it includes the row's CRC (incarnation, entry, gen, held).
       const std::uint64_t stamp = (std::uint64_t{lr.crc} << 32) ^ lr.lease_seq;
-      if (stamp != tv.value) tv = TimedValue{stamp, now};
-      if (lr.held == 0 || lr.incarnation != row.incarnation) continue;
-      if (now - tv.changed_at_ms > static_cast<std::int64_t>(h_.lease_ttl_ms)) {
+      if (stamp != tv.value) tv = TimedValue{stamp, after};
+      if (lr.held == 0) continue;
+      if (row_readable ? lr.incarnation != row.incarnation : lr.incarnation <= fenced) continue;
+      if (before - tv.changed_at_ms > static_cast<std::int64_t>(h_.lease_ttl_ms)) {
         ++stats_.leases_expired;  // counted each scan it stays expired
         continue;
       }
@@ -385,12 +480,14 @@ std::uint32_t PrefixOwner::Reclaim() {
         now - info_[i].retired_at_ms < static_cast<std::int64_t>(h_.grace_ms)) {
       continue;
     }
-    const std::uint32_t host = index_[i].publisher;
-    if (host >= h_.max_hosts) continue;
-    if (Revoked(index_[i].ref)) {  // reclaimed without a return: no ring room needed
+    // Reclaimed without a return, so no ring room needed: entries of a revoked arena, and
+    // quarantined ones (their block is unknown).
+    if (IsQuarantined(i) || Revoked(index_[i].ref)) {
       due.push_back(i);
       continue;
     }
+    const std::uint32_t host = index_[i].publisher;
+    if (host >= h_.max_hosts) continue;
     if (room[host] < 0) {
       HostRow row{};
       if (!ReadShared(mem_, HostRowOff(h_, host), &row)) row = HostRow{};
@@ -410,9 +507,17 @@ std::uint32_t PrefixOwner::Reclaim() {
   std::vector<std::uint8_t> touched(h_.max_hosts, 0);
   for (std::uint32_t i : due) {
     const IndexEntry& e = index_[i];
-    const std::uint32_t leased_gen = e.entry_gen - 1;  // the generation readers leased
-    if (std::binary_search(held.begin(), held.end(), std::make_pair(i, leased_gen))) continue;
-    if (!Revoked(e.ref)) {
+    const bool quarantined = IsQuarantined(i);
+    if (quarantined) {
+      // Leases on it name the generation it had before the tear, which is unknown: any held
+      // row on the entry keeps it.
+      const auto it = std::lower_bound(held.begin(), held.end(), std::make_pair(i, 0u));
+      if (it != held.end() && it->first == i) continue;
+    } else {
+      const std::uint32_t leased_gen = e.entry_gen - 1;  // the generation readers leased
+      if (std::binary_search(held.begin(), held.end(), std::make_pair(i, leased_gen))) continue;
+    }
+    if (!quarantined && !Revoked(e.ref)) {
       ReturnBlock(e.publisher, e.ref);
       touched[e.publisher] = 1;
     }
@@ -423,14 +528,52 @@ std::uint32_t PrefixOwner::Reclaim() {
   }
   for (std::uint32_t i : free_now) {
     IndexEntry e = index_[i];
-    Unname(e.ref);
+    if (IsQuarantined(i)) {
+      --quarantined_count_;
+    } else {
+      Unname(e.ref);
+    }
     --retired_count_;
     e.state = static_cast<std::uint8_t>(EntryState::kTombstone);
     ++e.entry_gen;
     WriteEntry(i, e, false);
     ++stats_.reclaimed;
   }
+  for (std::uint32_t i : free_now) ClearTombstones(i);
   return static_cast<std::uint32_t>(free_now.size());
+}
+
+bool PrefixOwner::OnAProbePath(std::uint32_t i) const {
+  // Entry i lies on the probe sequence of a published entry at q when that entry's probe
+  // start is at or before i (cyclically) and q after it. Such entries are in i's cluster:
+  // the run of non-empty entries after i.
+  const std::uint32_t mask = h_.index_entries - 1;
+  for (std::uint32_t d = 1; d < h_.index_entries; ++d) {
+    const std::uint32_t q = (i + d) & mask;
+    const IndexEntry& e = index_[q];
+    const EntryState s = StateOf(e);
+    if (s == EntryState::kEmpty) return false;
+    if (s != EntryState::kPublished) continue;
+    const std::uint32_t home = internal::ProbeStart(h_, e.ns, PrefixKey{e.key[0], e.key[1]});
+    if (((q - home) & mask) >= d) return true;
+  }
+  return false;
+}
+
+void PrefixOwner::ClearTombstones(std::uint32_t i) {
+  // A tombstone no published entry's probe sequence passes holds no chain together: it
+  // becomes EMPTY, so that lookups of absent keys stop there instead of probing on. Hosts
+  // find only published entries, and every entry between a published entry's probe start and
+  // itself stays non-empty for as long as it is published (docs/coherence.md). Then the
+  // tombstones just before it, each now followed by an EMPTY entry.
+  const std::uint32_t mask = h_.index_entries - 1;
+  for (std::uint32_t n = 0; n < h_.index_entries; ++n, i = (i - 1) & mask) {
+    if (StateOf(index_[i]) != EntryState::kTombstone || OnAProbePath(i)) return;
+    IndexEntry e{};
+    e.entry_gen = index_[i].entry_gen + 1;  // generations only grow: no stale hit matches again
+    e.state = static_cast<std::uint8_t>(EntryState::kEmpty);
+    WriteEntry(i, e, false);
+  }
 }
 
 std::uint32_t PrefixOwner::Evict(std::uint32_t n) {

@@ -256,6 +256,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Open(std::unique_ptr<Region> regio
   }
   a->region_ = std::move(region);
   a->read_only_ = options.read_only;
+  a->cache_ops_ = options.cache_ops;
   if (a->read_only_) return a;
   a->Recover();
   {
@@ -548,8 +549,19 @@ bool Arena::Persist(std::uint32_t index, std::uint32_t gen) noexcept {
   if (owner == 0 || WordState(w) != kAllocated || WordOwner(w) != owner || WordGen(w) != gen) {
     return false;
   }
-  return words_[index].compare_exchange_strong(w, PackWord(kAllocated, 0, gen, WordClass(w)),
-                                               std::memory_order_acq_rel);
+  if (!words_[index].compare_exchange_strong(w, PackWord(kAllocated, 0, gen, WordClass(w)),
+                                             std::memory_order_acq_rel)) {
+    return false;
+  }
+  // The block now outlives this process; it must outlive this host too. A CXL device keeps
+  // memory when its host dies, but not the host's cache: until the word is written back,
+  // memory still says "cached" or "owned by a process", the next Recover frees the block, and
+  // it is reused while the prefix index publishes it. Write it back and fence before
+  // returning, so nothing that announces the block (PrefixHost::Publish runs this as its
+  // commit step) can reach memory first.
+  cache_ops_.flush(&words_[index], sizeof(BlockWord));
+  cache_ops_.fence();
+  return true;
 }
 
 bool Arena::FreeShared(std::uint32_t index, std::uint32_t gen) noexcept {
@@ -559,6 +571,10 @@ bool Arena::FreeShared(std::uint32_t index, std::uint32_t gen) noexcept {
     const std::uint32_t cls = WordClass(w);
     if (words_[index].compare_exchange_weak(w, PackWord(kFree, 0, gen + 1, cls),
                                             std::memory_order_acq_rel)) {
+      // Written back like Persist's word: a free lost with this host's cache would leave the
+      // block persisted, which nothing ever frees; and peers (Resolve) see the new generation.
+      cache_ops_.flush(&words_[index], sizeof(BlockWord));
+      cache_ops_.fence();
       const ClassRecord& k = header_.classes[cls];
       const std::uint32_t i_in = index - k.first_index;
       Hints(region_->addr(), k)[i_in / 64].fetch_or(1ull << (i_in % 64), std::memory_order_release);
@@ -579,13 +595,24 @@ absl::StatusOr<std::byte*> Arena::Resolve(const Uuid& arena, std::uint32_t index
     return absl::OutOfRangeError(absl::StrCat("block ref index ", index, " is beyond the ",
                                               header_.total_blocks, " blocks of this arena"));
   }
+  // A read-only view is how another host opens this arena, and nothing is coherent between
+  // hosts: its cached copy of the word may predate the publisher's Persist. Drop it and read
+  // memory, where Persist and FreeShared write the word back before they return. (This
+  // process's own attached arena needs no such step: same host, same caches.)
+  if (read_only_) cache_ops_.invalidate(&words_[index], sizeof(BlockWord));
   const std::uint64_t v = words_[index].load(std::memory_order_acquire);
   if (WordState(v) != kAllocated || WordGen(v) != generation) {
     return absl::FailedPreconditionError(
         absl::StrCat("block ", index, " generation ", generation,
                      " is stale (the block was freed; current generation ", WordGen(v), ")"));
   }
-  return BlockAddr(index);
+  const std::uint32_t cls = WordClass(v);
+  if (cls >= header_.class_count) {
+    return absl::DataLossError(absl::StrCat("block ", index, ": map word names size class ", cls,
+                                            " of ", header_.class_count, "; the map is corrupt"));
+  }
+  return reinterpret_cast<std::byte*>(block_bias_[cls] +
+                                      std::uint64_t{index} * header_.classes[cls].stride_bytes);
 }
 
 std::int64_t Arena::IndexOfAddr(const void* addr) const noexcept {

@@ -60,9 +60,28 @@ struct alignas(64) OwnerHostLine {
   // count on being live until (its send time of that heartbeat) + host_ttl - margin.
   std::uint64_t acked_incarnation;
   std::uint64_t acked_heartbeat;
-  std::uint8_t reserved[12];
+  // The owner's clock, read after it saw acked_heartbeat (so not before that beat was
+  // sent), and whose clock that is (OwnerClockLine::clock_id; 0: none). The host compares
+  // it with its own clock to notice that its clock stood still (docs/coherence.md).
+  std::int64_t acked_at_ms;
+  std::uint32_t clock_id;
   std::uint32_t crc;
 };
+
+// Writer: the owner. One line in the header's page, after the header: the owner's clock,
+// written on every liveness round (PrefixOwner::FenceExpiredHosts). A reading is never ahead
+// of the owner's clock at the moment it is read (the owner reads its clock, then writes), so
+// a host that finds it far ahead of its own clock, compared with an earlier acknowledgement,
+// knows its own clock stood still meanwhile (docs/coherence.md, "Paused hosts").
+struct alignas(64) OwnerClockLine {
+  std::uint64_t seq;       // writes so far; 0: never written (no owner has opened the domain)
+  std::int64_t owner_ms;   // the owner's clock, read before this write
+  std::uint32_t clock_id;  // changes with each owner that opens the domain (clocks differ)
+  std::uint8_t reserved[40];
+  std::uint32_t crc;
+};
+inline constexpr std::uint64_t kOwnerClockOffset = 4096 - sizeof(OwnerClockLine);
+static_assert(sizeof(DomainHeader) <= kOwnerClockOffset);
 
 // Writer: host h.
 struct alignas(64) HostRow {
@@ -110,6 +129,9 @@ struct alignas(64) LeaseRow {
 };
 
 enum class EntryState : std::uint8_t { kEmpty = 0, kPublished = 1, kRetired = 2, kTombstone = 3 };
+// IndexEntry::publisher of an entry the owner found torn when it opened the domain: retired,
+// its key and block unknown (the block leaks); freed once no lease row names the entry.
+inline constexpr std::uint8_t kQuarantined = 0xFF;  // never a host id (max_hosts <= 255)
 
 // Writer: the owner. One line.
 struct alignas(64) IndexEntry {
@@ -124,6 +146,7 @@ struct alignas(64) IndexEntry {
 };
 
 static_assert(sizeof(OwnerHostLine) == 64 && sizeof(HostRow) == 64 && sizeof(ReturnSlot) == 64);
+static_assert(sizeof(OwnerClockLine) == 64 && offsetof(OwnerHostLine, crc) == 60);
 static_assert(sizeof(LeaseRow) == 64 && sizeof(IndexEntry) == 64 && sizeof(RequestSlot) == 128);
 static_assert(offsetof(IndexEntry, crc) == 60 && offsetof(LeaseRow, crc) == 60);
 

@@ -67,7 +67,7 @@ class Clock {
   virtual std::int64_t NowMs() = 0;
 };
 
-// CLOCK_MONOTONIC.
+// CLOCK_BOOTTIME: monotonic, and counts time the machine spent suspended.
 class SteadyClock final : public Clock {
  public:
   std::int64_t NowMs() override;

@@ -89,6 +89,9 @@ class PrefixHost {
   struct Options {
     // Safety margin under lease_ttl for the local deadline (clock-rate drift between hosts).
     std::uint32_t margin_ms = 0;  // 0: lease_ttl / 4
+    // How far this host's clock may fall behind the owner's, beyond rate drift, before the
+    // host takes it for a pause (a stop of its clock) and drops its leases.
+    std::uint32_t pause_tolerance_ms = 0;  // 0: margin / 2
   };
 
   // Joins the domain as host `host_id` with a new incarnation: clears this host's lease
@@ -105,9 +108,11 @@ class PrefixHost {
   std::optional<Hit> Lookup(Namespace ns, const PrefixKey& key);
   // Takes a lease: writes this host's lease row, then re-validates the entry.
   // kNotFound: retired meanwhile; kResourceExhausted: no free lease row;
-  // kAborted: this host was fenced (it rejoined; take the lease again);
+  // kAborted: this host was fenced (it rejoined; take the lease again), or its clock stood
+  // still (its leases are dropped; take the lease again);
   // kUnavailable: the owner has not acknowledged a recent heartbeat of this host (it is
-  // down or behind), so no lease can be promised; retry after Heartbeat().
+  // down or behind), or this host's clock stood still just now, so no lease can be
+  // promised; retry after Heartbeat().
   absl::StatusOr<Lease> Acquire(const Hit& hit);
   // Lookup + Acquire; kNotFound on a miss.
   absl::StatusOr<Lease> LookupAndAcquire(Namespace ns, const PrefixKey& key);
@@ -121,15 +126,17 @@ class PrefixHost {
   // only if not even the first can be leased). kAborted / kUnavailable as Acquire.
   absl::StatusOr<std::size_t> AcquireChain(Namespace ns, std::span<const PrefixKey> keys,
                                            std::vector<Lease>* out);
-  // Extends the lease. kDeadlineExceeded if it already expired locally, or if it expired
-  // while the renewal was being written (a stall: the owner may have reclaimed the block);
-  // either way the lease is released: acquire again.
+  // Extends the lease. kDeadlineExceeded if it already expired locally, if it expired while
+  // the renewal was being written (a stall: the owner may have reclaimed the block), if the
+  // entry no longer holds the leased generation (reclaimed), or if this host's clock stood
+  // still (every lease is dropped then); either way the lease is released: acquire again.
   absl::Status Renew(Lease& lease);
   void Release(Lease& lease);
   // Releases several leases: every row cleared and flushed, then one store fence.
   void ReleaseAll(std::span<Lease> leases);
-  // After copying the block out: OK only if the lease is still valid on this host's clock
-  // and the entry still names this generation (else discard the copy).
+  // After copying the block out: OK only if this host still holds the lease, it is still
+  // valid on this host's clock, and the entry still names this generation (else discard the
+  // copy).
   absl::Status ValidateAfterCopy(const Lease& lease);
 
   // Asks the owner to publish a block this host wrote (and will not modify again).
@@ -146,7 +153,10 @@ class PrefixHost {
   // Bumps the heartbeat, collects blocks the owner returned (appended to `returned`, or
   // kept for the next call when it is null), frees rows of locally expired leases, and
   // checks for fencing: kAborted when this host was fenced — it has dropped every lease and
-  // rejoined with a new incarnation. Call it at least every host_ttl / 4.
+  // rejoined with a new incarnation — or when it found that its clock stood still (a VM
+  // stop, a suspend): it has dropped every lease, and takes leases again once the owner
+  // acknowledges a heartbeat sent after that (docs/coherence.md, "Paused hosts"). Call it
+  // at least every host_ttl / 4.
   // Returned blocks must be freed before the next call, which acknowledges them to the
   // owner; a process that dies in between gets them again after it joins (at-least-once
   // delivery: free by ref, whose generation check ignores a second delivery).
@@ -156,13 +166,33 @@ class PrefixHost {
   std::uint64_t incarnation() const { return incarnation_; }
   const DomainHeader& header() const { return h_; }
   std::size_t leases_held() const { return held_; }
+  // Heartbeats sent and remembered (with their send times) until the owner acknowledges one.
+  std::size_t unacked_heartbeats() const { return sent_beats_.size(); }
+  // Times this host found that its clock stood still and dropped its leases.
+  std::uint64_t pauses_detected() const { return pauses_; }
 
  private:
   PrefixHost(Mem& mem, Clock& clock, const DomainHeader& h, std::uint32_t host,
-             std::uint32_t margin_ms);
+             std::uint32_t margin_ms, std::uint32_t pause_tolerance_ms);
   absl::Status Rejoin();
   bool ReadEntry(std::uint32_t i, IndexEntry* e);
   bool ReadOwnerLine(OwnerHostLine* o);
+  // Re-reads an entry after this host's lease row write, and the owner's clock line with it
+  // (evictions of both, one fence). False if the entry never validated; a clock line that
+  // does not validate reads as never written.
+  bool ReadEntryAndClock(std::uint32_t i, IndexEntry* e, OwnerClockLine* c);
+  // Pause detection (docs/coherence.md, "Paused hosts"). `owner_ms` is a reading of the
+  // owner's clock `clock_id` that was taken before it was read here, at `host_ms` (a host
+  // clock reading taken after). True if this host's clock fell behind the owner's by more
+  // than the tolerance and rate drift since the last acknowledgement bounded their offset.
+  bool StoodStill(std::int64_t owner_ms, std::uint32_t clock_id, std::int64_t host_ms) const;
+  bool StoodStill(const OwnerClockLine& c) { return StoodStill(c.owner_ms, c.clock_id, clock_.NowMs()); }
+  // An acknowledgement of a beat sent at host time `sent_ms`, taken at owner time
+  // `acked_at_ms`: the owner's clock minus ours was at most their difference then.
+  void NoteOffsetBound(std::int64_t acked_at_ms, std::uint32_t clock_id, std::int64_t sent_ms);
+  // After a pause: every lease and the liveness credit were counted on a clock that lost
+  // time. Drops them all; leases again once a heartbeat sent from now on is acknowledged.
+  void DropAfterPause();
   void WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held,
                      bool full_fence = true);
   // The row's store and flush, no fence (WriteLeaseRow and the batched paths fence).
@@ -183,6 +213,7 @@ class PrefixHost {
   DomainHeader h_;
   std::uint32_t host_;
   std::uint32_t margin_ms_;
+  std::uint32_t pause_tolerance_ms_;
   std::uint64_t incarnation_ = 0;
   std::uint64_t heartbeat_ = 0;
   std::uint64_t ring_tail_ = 0;
@@ -197,7 +228,15 @@ class PrefixHost {
   // This host cannot be fenced before this time (from heartbeats the owner acknowledged).
   std::int64_t alive_until_ms_ = 0;
   std::vector<std::pair<std::uint64_t, std::int64_t>> sent_beats_;  // heartbeat, local send time
-  void NoteOwnerLine(const OwnerHostLine& o);
+  // `read_ms`: this host's clock, read after the line was.
+  void NoteOwnerLine(const OwnerHostLine& o, std::int64_t read_ms);
+  // The least upper bound known on (owner's clock - this host's clock) at host time
+  // offset_at_ms_, on the owner clock offset_clock_ (valid when offset_known_).
+  bool offset_known_ = false;
+  std::uint32_t offset_clock_ = 0;
+  std::int64_t offset_bound_ms_ = 0;
+  std::int64_t offset_at_ms_ = 0;
+  std::uint64_t pauses_ = 0;
   std::vector<BlockRef> returned_;   // returned blocks not yet handed to the caller
   std::vector<std::uint32_t> free_rows_;
   std::vector<Lease> rows_;  // by row; id 0: the row is free
@@ -227,6 +266,13 @@ class PrefixOwner {
     std::uint64_t hosts_fenced = 0;
     std::uint64_t leases_expired = 0;
     std::uint64_t returns_waiting = 0;  // reclaims deferred: the publisher's return ring was full
+    // Found by Open: index entries that never validated (a torn owner write). Each is
+    // quarantined — kept retired until no lease can name it, then freed without a return —
+    // and its block, which nobody can name any more, is leaked.
+    std::uint64_t quarantined = 0;
+    // Found by Open: owner lines that never validated, rebuilt from the host's own lines.
+    // Requests the host had pending then are dropped (their blocks leak).
+    std::uint64_t owner_lines_rebuilt = 0;
   };
 
   static absl::StatusOr<std::unique_ptr<PrefixOwner>> Open(Mem& mem, Clock& clock,
@@ -266,7 +312,8 @@ class PrefixOwner {
   std::uint32_t RevokeArena(const ArenaId& arena);
   // Published and retired entries that still name a block of `arena`. Once this is 0 after
   // RevokeArena, no lease on a block of the arena is valid any more and its memory may be
-  // lent again.
+  // lent again. Quarantined entries (Stats::quarantined) name a block nobody knows, which may
+  // be in any arena: each counts for every arena until it is freed.
   std::uint32_t EntriesNaming(const ArenaId& arena) const;
 
   const Stats& stats() const { return stats_; }
@@ -287,6 +334,19 @@ class PrefixOwner {
   };
   void WriteEntry(std::uint32_t i, const IndexEntry& e, bool full_fence);
   void WriteOwnerLine(std::uint32_t host);
+  // Publishes the owner's clock (OwnerClockLine) for hosts to notice their own stopping.
+  void WriteClockLine();
+  // Open's repairs of lines a dead owner left torn (Stats::quarantined, owner_lines_rebuilt).
+  void Quarantine(std::uint32_t i, const IndexEntry& torn, std::int64_t now);
+  void RebuildOwnerLine(std::uint32_t host);
+  bool IsQuarantined(std::uint32_t i) const {
+    return static_cast<EntryState>(index_[i].state) == EntryState::kRetired &&
+           index_[i].publisher == kQuarantined;
+  }
+  // Frees tombstone i — and the tombstones just before it — back to EMPTY where no published
+  // entry's probe sequence passes it (docs/coherence.md, "Index entries and their states").
+  void ClearTombstones(std::uint32_t i);
+  bool OnAProbePath(std::uint32_t i) const;
   std::int64_t FindKey(Namespace ns, const PrefixKey& key, bool published_only) const;
   std::int64_t FindFreeSlot(Namespace ns, const PrefixKey& key) const;
   void Apply(std::uint32_t host, const RequestSlot& r);
@@ -296,6 +356,9 @@ class PrefixOwner {
   // Writes a return slot (the caller checked ReturnRoom and writes the owner line after).
   void ReturnBlock(std::uint32_t host, const BlockRef& ref);
   bool HostLive(std::uint32_t host, HostRow* row);
+  bool Live(std::uint32_t host, const HostRow& row) const {
+    return row.incarnation != 0 && row.incarnation > owner_lines_[host].fenced_incarnation;
+  }
   // Scans every live lease row: marks leased entries, returns the (entry, gen) pairs held.
   std::vector<std::pair<std::uint32_t, std::uint32_t>> ScanLeases();
 
@@ -309,9 +372,14 @@ class PrefixOwner {
   std::vector<OwnerHostLine> owner_lines_;
   std::vector<TimedValue> heartbeats_;   // per host
   std::vector<TimedValue> lease_seqs_;   // per host x row
+  std::vector<LeaseRow> scan_rows_;      // ScanLeases' scratch: one host's rows
+  std::vector<std::uint8_t> scan_torn_;
   std::map<Namespace, int> pin_;
   std::uint32_t published_count_ = 0;
   std::uint32_t retired_count_ = 0;
+  std::uint32_t quarantined_count_ = 0;  // quarantined entries not freed yet
+  std::uint32_t clock_id_ = 0;           // this owner's OwnerClockLine::clock_id
+  std::uint64_t clock_seq_ = 0;
   struct RefHash {
     std::size_t operator()(const BlockRef& r) const;
   };

@@ -90,16 +90,40 @@ class SimClock final : public Clock {
       : global_ms_(global_ms), offset_ms_(offset_ms), rate_(rate) {}
   std::int64_t NowMs() override {
     if (on_read_) on_read_();
-    return offset_ms_ + static_cast<std::int64_t>(static_cast<double>(*global_ms_) * rate_);
+    return frozen_ ? held_ms_ : Running();
   }
   // Called before every reading: a simulation may let time pass (a stall) and others act.
   void set_on_read(std::function<void()> f) { on_read_ = std::move(f); }
 
+  // Stops the clock: readings hold still until Resume(), which carries on from the held
+  // value, so the stopped time is never counted. A VM stopped under kvmclock, or a host
+  // suspended whose clock does not count the suspension (CLOCK_MONOTONIC), reads like this.
+  void Freeze() {
+    if (!frozen_) held_ms_ = Running();
+    frozen_ = true;
+  }
+  void Resume() {
+    if (frozen_) offset_ms_ += held_ms_ - Running();
+    frozen_ = false;
+  }
+  // Steps the clock by delta_ms at once: forward, a suspension counted on resume
+  // (CLOCK_BOOTTIME); backward, a clock that lost time.
+  void Jump(std::int64_t delta_ms) {
+    offset_ms_ += delta_ms;
+    held_ms_ += delta_ms;
+  }
+
  private:
+  std::int64_t Running() const {
+    return offset_ms_ + static_cast<std::int64_t>(static_cast<double>(*global_ms_) * rate_);
+  }
+
   const std::int64_t* global_ms_;
   std::int64_t offset_ms_;
   double rate_;
   std::function<void()> on_read_;
+  bool frozen_ = false;
+  std::int64_t held_ms_ = 0;
 };
 
 }  // namespace cxlkv::coherence

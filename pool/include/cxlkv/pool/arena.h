@@ -10,6 +10,10 @@
 // everything the process still owns returns to the free pool, by itself on close, by the
 // next process that runs Recover() after a crash. So after kill -9 at any instant the map is
 // consistent: a block is free, owned by a live process, or persisted — never two of these.
+// The death of the whole host, on a pool device that keeps its memory, loses what the host's
+// cache held: Persist and FreeShared write their word back before returning, so persisted
+// blocks and shared frees survive it; other map changes may revert to an earlier state of
+// the same dead owners, which Recover then returns.
 //
 // Thread-safety: all methods may be called from any thread. Several processes on one host
 // may open the same arena at once. After fork() the child must not use blocks its parent
@@ -29,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cxlkv/coherence/cache.h"
 #include "cxlkv/pool/kv_layout.h"
 #include "cxlkv/pool/layout.h"
 #include "cxlkv/pool/region.h"
@@ -59,6 +64,15 @@ struct FormatOptions {
   bool exclusive = false;
 };
 
+// The cache-line operations the arena applies to map words that must reach memory (or be
+// fetched from it) on a pool shared without hardware coherence: coherence/cache.h by
+// default. Tests substitute recording ones to check which words are flushed or fetched.
+struct CacheOps {
+  void (*flush)(const void* addr, std::size_t len) noexcept = &coherence::Flush;
+  void (*fence)() noexcept = &coherence::Fence;
+  void (*invalidate)(const void* addr, std::size_t len) noexcept = &coherence::Invalidate;
+};
+
 struct OpenOptions {
   // When set, an arena formatted for a different layout is refused.
   std::optional<KvLayout> expect_layout;
@@ -66,6 +80,7 @@ struct OpenOptions {
   // For readers that only resolve refs (inspection, another host of a pooled region).
   // ClaimBatch and Persist then fail.
   bool read_only = false;
+  CacheOps cache_ops{};
 };
 
 struct ClassUsage {
@@ -124,7 +139,9 @@ class Arena {
   std::int64_t IndexOfAddr(const void* addr) const noexcept;
   // Address of the block a ref names, after checking that the ref's arena is this one, the
   // index is in range, and the block is allocated with that generation. A reader that copies
-  // data out must check again afterwards (the block may be freed meanwhile).
+  // data out must check again afterwards (the block may be freed meanwhile). A read-only
+  // view (another host's) fetches the map word from memory first (invalidate + load): its
+  // cached copy may be older than the publisher's Persist.
   absl::StatusOr<std::byte*> Resolve(const Uuid& arena, std::uint32_t index,
                                      std::uint32_t generation) const;
   bool read_only() const noexcept { return read_only_; }
@@ -144,11 +161,14 @@ class Arena {
   std::int64_t ClaimRun(std::uint32_t cls, std::uint32_t n, std::uint64_t align_bytes) noexcept;
   // Returns blocks this owner holds in kCached to the free pool.
   void ReleaseCached(const std::uint32_t* indexes, std::size_t n) noexcept;
-  // Frees a block owned by nobody or by another live process (CAS), or persisted. Returns
-  // false when the word does not match (stale generation, not allocated).
+  // Frees a block owned by nobody or by another live process (CAS), or persisted, and writes
+  // the word back to memory (flush + fence). Returns false when the word does not match
+  // (stale generation, not allocated).
   bool FreeShared(std::uint32_t index, std::uint32_t gen) noexcept;
   // Hands an allocated block of this owner to nobody: it survives this process and must be
-  // freed explicitly (by any process). False if the word is not ours/allocated/this gen.
+  // freed explicitly (by any process). The word is in memory when this returns (flush +
+  // fence), so the block survives this host's death too. False if the word is not
+  // ours/allocated/this gen. One line write-back: not on the allocation fast path.
   bool Persist(std::uint32_t index, std::uint32_t gen) noexcept;
 
   // Reclaims the blocks of dead owners on this host and repairs lost free hints. Safe to
@@ -184,6 +204,7 @@ class Arena {
   std::array<std::atomic<std::uint32_t>, kMaxClasses> cursor_{};  // hint word to try first
   std::atomic<std::int64_t> last_recover_ns_{0};
   bool read_only_ = false;
+  CacheOps cache_ops_;
 };
 
 // Validation used by Open() and by the fuzzer: bounds, alignment and overlap of every
