@@ -10,9 +10,13 @@
 # token). Host 0 (a process on guest a, over the Unix socket) grows an extent, writes and
 # publishes 4 prefixes of 8 blocks (16 KiB each) and serves them. Guest b, over TCP:
 #   1. host 2 grows an extent, publishes 2 prefixes and leases all 48 blocks (host 0's and
-#      its own), renewing the leases — and is killed with kill -9;
-#   2. `cxlkvctl --json` shows host 2 fenced, its extent quarantined (naming its arena, whose
-#      16 blocks are retired) and then free again, and host 0's 32 blocks all still published;
+#      its own), renewing the leases; host 3 leases 8 of host 2's blocks and keeps them;
+#      host 2 is killed with kill -9;
+#   2. `cxlkvctl --json` shows host 2 fenced and its extent quarantined (naming its arena,
+#      whose blocks are retired); the extent stays quarantined while host 3 holds its leases,
+#      past the grace period and the capacity lease, and host 0's 32 blocks stay published;
+#      host 3 then finds the bytes under its leases unchanged and the entries retired,
+#      releases, and the extent becomes free;
 #   3. host 2 comes back as a new incarnation, is lent an extent and publishes again;
 #   4. host 1 leases, copies and checks every byte of all 48 blocks, releases, leaves;
 #   5. host 2 stops (gives its extent back, leaves); b hands its verdict to a through the
@@ -140,7 +144,7 @@ capacity_lease_ms = 4000
 owner_period_ms = 10
 
 [hosts]
-allowed = [0, 1, 2]
+allowed = [0, 1, 2, 3]
 
 [capacity]
 default_share = 0.5
@@ -224,6 +228,12 @@ run_b() {
   ext="$(key extent "$work/victim.ready")"
   arena="$(key arena "$work/victim.ready")"
   expect "host 2's leases" "$(key leases "$work/victim.ready")" $((blocks_a + blocks_v))
+  # Host 3 leases (and checks) the 8 blocks of host 2's prefix 100 and keeps them leased.
+  "$CXLKV_BIN/cxlkv-guest-lease" hold --endpoint "$ep" --host 3 --prefixes 100:1 --blocks 8 \
+    --ready "$work/hold.ready" >"$out/host3.log" 2>&1 &
+  h3=$!
+  wait_until 90 "host 3 to lease host 2's blocks" ready "$h3" "$work/hold.ready" "$out/host3.log"
+  sed 's/^/  | /' "$out/host3.log"
   expect "host 2" "$(host_field 2 state)" live
   expect "extent $ext" "$(extent_field "$ext" state)" assigned
   expect "extent $ext's holder" "$(extent_field "$ext" host_id)" 2
@@ -234,37 +244,63 @@ run_b() {
   wait "$victim"
   note "kill -9 host 2 (pid $victim, incarnation $inc1): it held extent $ext (arena $arena) and $((blocks_a + blocks_v)) leases"
   echo "0 ms: kill -9 host 2 (extent $ext, arena $arena)" >"$tl"
+  event() { note "$1 ms: $2"; echo "$1 ms: $2" >>"$tl"; }
 
-  # 2. Fenced, quarantined, free; host 0's blocks untouched.
+  # 2. Host 2 fenced; its extent quarantined, naming its arena, whose blocks are retired.
   fenced_at='' quarantined_at=''
-  while :; do
+  polls=0
+  while [ -z "$fenced_at" ] || [ -z "$quarantined_at" ]; do
     now=$(($(ms) - t0))
+    [ "$now" -lt 60000 ] || fail "60 s after the kill: host 2 fenced at '${fenced_at}' ms, extent $ext quarantined at '${quarantined_at}' ms"
+    polls=$((polls + 1))
     if [ -z "$fenced_at" ] && [ "$(host_field 2 state)" = fenced ]; then
       fenced_at=$now
-      note "$now ms: host 2 fenced"
-      echo "$now ms: host 2 fenced" >>"$tl"
+      event "$now" "host 2 fenced"
     fi
     st="$(extent_field "$ext" state)"
-    if [ "$st" = quarantined ] && [ -z "$quarantined_at" ]; then
-      quarantined_at=$now
-      expect "the arena quarantined with extent $ext" "$(extent_field "$ext" arena)" "$arena"
-      line="extent $ext quarantined (arena $arena); index: $(index_field published) published, $(index_field retired) retired"
-      note "$now ms: $line"
-      echo "$now ms: $line" >>"$tl"
-    fi
-    [ "$st" = free ] && break
     case "$st" in
-      assigned|quarantined) ;;
-      *) fail "extent $ext: state '$st' after the kill" ;;
+      assigned) ;;
+      quarantined)
+        if [ -z "$quarantined_at" ]; then
+          quarantined_at=$now
+          expect "the arena quarantined with extent $ext" "$(extent_field "$ext" arena)" "$arena"
+          event "$now" "extent $ext quarantined (arena $arena); index: $(index_field published) published, $(index_field retired) retired"
+        fi ;;
+      *) fail "extent $ext: state '$st' while host 3 holds leases on its blocks" ;;
     esac
-    [ "$now" -lt 60000 ] || fail "extent $ext still $st 60 s after the kill"
     sleep 0.1
   done
+  note "($polls polls of cxlkvctl hosts/extents --json)"
+
+  # It stays quarantined while host 3 holds leases on its blocks: past the grace period and
+  # the capacity lease. The 8 unleased blocks are reclaimed, the 8 leased ones stay retired;
+  # host 0's 32 blocks stay published.
+  until [ $(($(ms) - t0 - quarantined_at)) -ge 4000 ]; do
+    st="$(extent_field "$ext" state)"
+    [ "$st" = quarantined ] || fail "extent $ext is $st while host 3 still holds leases on its blocks"
+    sleep 0.5
+  done
+  expect "extent $ext 4 s into the quarantine" "$(extent_field "$ext" state)" quarantined
+  expect "published blocks while host 3 holds" "$(index_field published)" "$blocks_a"
+  expect "retired blocks while host 3 holds" "$(index_field retired)" $((blocks_v / 2))
+  event $(($(ms) - t0)) "extent $ext still quarantined; index: $blocks_a published, $((blocks_v / 2)) retired (under host 3's leases)"
+  ctl extents
+
+  # Host 3 lets go: the bytes under its leases were never touched; its entries were retired.
+  kill -TERM "$h3"
+  wait "$h3"
+  rc=$?
+  sed 's/^/  | /' "$out/host3.log" | tail -n 1
+  [ "$rc" = 0 ] || fail "host 3 exited with $rc"
+  grep -q "8 of 8 blocks intact, 8 of them retired" "$out/host3.log" ||
+    fail "host 3 should find its 8 blocks intact and retired"
+  released_at=$(($(ms) - t0))
+  event "$released_at" "host 3 released its leases and left"
+  extent_free() { [ "$(extent_field "$ext" state)" = free ]; }
+  wait_until 30 "extent $ext to be free once host 3 let go" extent_free
   free_at=$(($(ms) - t0))
-  note "$free_at ms: extent $ext free again"
-  echo "$free_at ms: extent $ext free" >>"$tl"
-  [ -n "$quarantined_at" ] || fail "extent $ext went back to free without being seen quarantined"
-  [ -n "$fenced_at" ] || expect "host 2 after the kill" "$(host_field 2 state)" fenced
+  event "$free_at" "extent $ext free"
+  expect "host 2 after the kill" "$(host_field 2 state)" fenced
   expect "published blocks after the kill" "$(index_field published)" "$blocks_a"
   expect "retired blocks after the kill" "$(index_field retired)" 0
   expect "host 0 after the kill" "$(host_field 0 state)" live
@@ -305,7 +341,7 @@ run_b() {
   expect "host 2 at the end" "$(host_field 2 state)" left
   ctl hosts
   echo "$(($(ms) - t0)) ms: done" >>"$tl"
-  note "OK: host 2 fenced ${fenced_at:-?} ms, quarantined ${quarantined_at} ms and its extent free $free_at ms after kill -9; $blocks_a of host 0's blocks never lost; $((blocks_a + blocks_v)) blocks read back exactly"
+  note "OK: after kill -9, host 2 fenced at $fenced_at ms, its extent quarantined at $quarantined_at ms, held by host 3's leases until $released_at ms, free at $free_at ms; host 0's $blocks_a blocks never lost; $((blocks_a + blocks_v)) blocks read back exactly"
 }
 
 if [ "$CXLKV_ROLE" = a ]; then run_a; else run_b; fi

@@ -67,7 +67,7 @@ cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G,cxl-fmw.0.interleave-granularity=4k
 -netdev
 dgram,id=net0,local.type=unix,local.path=$1/net-$2.sock,remote.type=unix,remote.path=$1/net-$_peer.sock
 -device
-virtio-net-pci,netdev=net0,mac=52:54:00:c7:00:$_mac
+virtio-net-pci,bus=pcie.0,netdev=net0,mac=52:54:00:c7:00:$_mac
 ARGS
 }
 

@@ -18,6 +18,12 @@
 //     publisher's extent, copies the whole block out, validates the lease after the copy and
 //     compares every byte with what the publisher wrote; releases every lease and leaves.
 //     Waits (up to --timeout) for prefixes not published yet.
+//   cxlkv-guest-lease hold --endpoint E --host H --prefixes FIRST:N,... [--blocks B]
+//                          [--timeout SECS] --ready FILE
+//     As read, but keeps the leases (renewing them) after writing FILE, until SIGTERM; then
+//     copies every block again — the bytes must be unchanged: memory under a held lease is
+//     never lent again, even after its publisher died — reports how many entries were
+//     retired meanwhile (the validation after the copy fails), releases and leaves.
 //
 // Block content is a function of (arena uuid, prefix id, block number), so a reader that
 // got a block of another arena, another prefix or a stale copy sees wrong bytes. Exits 0 on
@@ -307,10 +313,86 @@ int Serve(const ServeOptions& o) {
   return 0;
 }
 
-// ---- read ---------------------------------------------------------------------------------
+// ---- read and hold ------------------------------------------------------------------------
+
+struct Tally {
+  std::uint64_t leased = 0, verified = 0, discarded = 0, released = 0;
+  std::vector<std::string> arenas;
+};
+
+// Copies block `b` of prefix `p` out of the block `l` names and compares every byte with what
+// its publisher wrote. Returns false when the lease's validation after the copy fails (the
+// copy must be discarded); a wrong byte under a valid lease fails the test.
+bool CopyAndCheck(Host& h, orch::PooledArenas& pooled, const co::Lease& l, std::uint32_t p,
+                  std::uint32_t b, const std::string& who, std::vector<std::byte>& copy,
+                  std::vector<std::byte>& want) {
+  auto addr = pooled.Resolve(l.ref);
+  if (!addr.ok()) {
+    Fail(who + ": prefix " + std::to_string(p) + " block " + std::to_string(b) +
+         ": leased but not allocated in its publisher's extent arena: " +
+         std::string(addr.status().message()));
+  }
+  co::Invalidate(*addr, copy.size());  // another host wrote it: read memory, not a stale line
+  std::memcpy(copy.data(), *addr, copy.size());
+  if (!h.prefix->ValidateAfterCopy(l).ok()) return false;
+  Fill(want.data(), want.size(), l.ref.arena, p, b);
+  if (std::memcmp(copy.data(), want.data(), copy.size()) != 0) {
+    std::size_t at = 0;
+    while (copy[at] == want[at]) ++at;
+    Fail(who + ": prefix " + std::to_string(p) + " block " + std::to_string(b) + " (arena " +
+         Hex(l.ref.arena, 16) + " index " + std::to_string(l.ref.index) +
+         "): wrong byte at offset " + std::to_string(at) + " of " + std::to_string(copy.size()));
+  }
+  return true;
+}
+
+// Leases every block of prefix `p` and checks each (retrying while it is not published yet
+// or a validation fails); returns the leases, still held.
+std::vector<co::Lease> TakeVerified(Host& h, orch::PooledArenas& pooled, std::uint32_t p,
+                                    std::uint32_t blocks, Clock::time_point deadline,
+                                    const std::string& who, Tally& t) {
+  const auto keys = Keys(p, blocks);
+  std::vector<std::byte> copy(kLayout.BlockBytes()), want(kLayout.BlockBytes());
+  for (;;) {
+    std::vector<co::Lease> leases;
+    auto n = h.prefix->AcquireChain(kNs, keys, &leases);
+    bool done = n.ok() && *n == keys.size();
+    if (done) {
+      t.leased += leases.size();
+      for (std::uint32_t b = 0; b < leases.size() && done; ++b) {
+        if (!CopyAndCheck(h, pooled, leases[b], p, b, who, copy, want)) {
+          ++t.discarded;  // the lease ended or the entry was retired during the copy
+          done = false;
+          break;
+        }
+        ++t.verified;
+        const std::string a = Hex(leases[b].ref.arena, 16);
+        if (std::find(t.arenas.begin(), t.arenas.end(), a) == t.arenas.end()) t.arenas.push_back(a);
+      }
+    }
+    if (done) return leases;
+    const std::size_t before = h.prefix->leases_held();
+    h.prefix->ReleaseAll(leases);
+    t.released += before - h.prefix->leases_held();
+    if (Clock::now() > deadline) {
+      Fail(who + ": prefix " + std::to_string(p) + ": " +
+           (n.ok() ? std::to_string(*n) + " of " + std::to_string(keys.size()) + " blocks published"
+                   : std::string(n.status().message())) +
+           " when the time was up");
+    }
+    (void)h.prefix->Heartbeat(nullptr);  // not published yet, or no acknowledged beat
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+std::string Arenas(const Tally& t) {
+  std::string s;
+  for (const std::string& a : t.arenas) s += (s.empty() ? "" : ", ") + a;
+  return s;
+}
 
 struct ReadOptions {
-  std::string endpoint, prefixes;
+  std::string endpoint, prefixes, ready;
   std::uint32_t host = 1, blocks = 8;
   double timeout_s = 60;
 };
@@ -320,79 +402,107 @@ int Read(const ReadOptions& o) {
   Host h;
   Join(h, o.endpoint, o.host);
   orch::PooledArenas pooled(*h.client);
-  const std::size_t block_bytes = kLayout.BlockBytes();
-  std::vector<std::byte> copy(block_bytes), want(block_bytes);
-  std::uint64_t leased = 0, verified = 0, discarded = 0, released = 0;
+  Tally t;
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration<double>(o.timeout_s);
-  std::vector<std::string> arenas;
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(o.timeout_s));
   for (std::uint32_t p : Expand(ParseRanges(o.prefixes))) {
-    const auto keys = Keys(p, o.blocks);
-    for (;;) {
-      std::vector<co::Lease> leases;
-      auto n = h.prefix->AcquireChain(kNs, keys, &leases);
-      bool done = n.ok() && *n == keys.size();
-      if (done) {
-        leased += leases.size();
-        for (std::uint32_t b = 0; b < leases.size() && done; ++b) {
-          const co::Lease& l = leases[b];
-          auto addr = pooled.Resolve(l.ref);
-          if (!addr.ok()) {
-            Fail(who + ": prefix " + std::to_string(p) + " block " + std::to_string(b) +
-                 ": leased but not allocated in its publisher's extent arena: " +
-                 std::string(addr.status().message()));
-          }
-          co::Invalidate(*addr, block_bytes);  // another host wrote it: read memory
-          std::memcpy(copy.data(), *addr, block_bytes);
-          if (!h.prefix->ValidateAfterCopy(l).ok()) {
-            ++discarded;  // the lease ended during the copy: take the prefix again
-            done = false;
-            break;
-          }
-          Fill(want.data(), want.size(), l.ref.arena, p, b);
-          if (std::memcmp(copy.data(), want.data(), block_bytes) != 0) {
-            std::size_t at = 0;
-            while (copy[at] == want[at]) ++at;
-            Fail(who + ": prefix " + std::to_string(p) + " block " + std::to_string(b) +
-                 " (arena " + Hex(l.ref.arena, 16) + " index " + std::to_string(l.ref.index) +
-                 "): wrong byte at offset " + std::to_string(at) + " of " +
-                 std::to_string(block_bytes));
-          }
-          ++verified;
-          const std::string a = Hex(l.ref.arena, 16);
-          if (std::find(arenas.begin(), arenas.end(), a) == arenas.end()) arenas.push_back(a);
-        }
-      }
-      const std::size_t before = h.prefix->leases_held();
-      h.prefix->ReleaseAll(leases);
-      released += before - h.prefix->leases_held();
-      if (done) break;
-      if (Clock::now() > deadline) {
-        Fail(who + ": prefix " + std::to_string(p) + ": " +
-             (n.ok() ? std::to_string(*n) + " of " + std::to_string(keys.size()) +
-                           " blocks published"
-                     : std::string(n.status().message())) +
-             " after " + std::to_string(o.timeout_s) + " s");
-      }
-      (void)h.prefix->Heartbeat(nullptr);  // not published yet, or no acknowledged beat
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    std::vector<co::Lease> leases = TakeVerified(h, pooled, p, o.blocks, deadline, who, t);
+    const std::size_t before = h.prefix->leases_held();
+    h.prefix->ReleaseAll(leases);
+    t.released += before - h.prefix->leases_held();
   }
   if (h.prefix->leases_held() != 0) {
     Fail(who + ": " + std::to_string(h.prefix->leases_held()) + " leases still held");
   }
   if (h.client->rejoins() != 0) Fail(who + ": fenced by the orchestrator while reading");
   if (auto st = h.client->Leave(); !st.ok()) Fail(who + ": leave: " + std::string(st.message()));
-  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
-  std::string from;
-  for (const std::string& a : arenas) from += (from.empty() ? "" : ", ") + a;
   std::printf("%s: verified %llu blocks (%llu KiB, every byte) from %zu arenas [%s] in %.1f s; "
               "%llu leases taken, %llu released, %llu copies discarded by validation; left\n",
-              who.c_str(), static_cast<unsigned long long>(verified),
-              static_cast<unsigned long long>(verified * block_bytes / 1024), arenas.size(),
-              from.c_str(), secs, static_cast<unsigned long long>(leased),
-              static_cast<unsigned long long>(released), static_cast<unsigned long long>(discarded));
-  std::fflush(stdout);
+              who.c_str(), static_cast<unsigned long long>(t.verified),
+              static_cast<unsigned long long>(t.verified * kLayout.BlockBytes() / 1024),
+              t.arenas.size(), Arenas(t).c_str(),
+              std::chrono::duration<double>(Clock::now() - start).count(),
+              static_cast<unsigned long long>(t.leased), static_cast<unsigned long long>(t.released),
+              static_cast<unsigned long long>(t.discarded));
+  return 0;
+}
+
+// Leases and checks the prefixes, writes `ready`, keeps the leases (renewing them) until
+// SIGTERM, then copies every block again: its bytes must be unchanged (the memory under a
+// held lease is never lent again, even when its publisher died), and the validation tells
+// whether the entry was retired meanwhile (its arena revoked). Releases and leaves.
+int Hold(const ReadOptions& o) {
+  const std::string who = "host " + std::to_string(o.host);
+  Host h;
+  Join(h, o.endpoint, o.host);
+  orch::PooledArenas pooled(*h.client);
+  Tally t;
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(o.timeout_s));
+  struct Held {
+    std::uint32_t p = 0, b = 0;
+    co::Lease lease;
+  };
+  std::vector<Held> held;
+  for (std::uint32_t p : Expand(ParseRanges(o.prefixes))) {
+    const auto leases = TakeVerified(h, pooled, p, o.blocks, deadline, who, t);
+    for (std::uint32_t b = 0; b < leases.size(); ++b) held.push_back(Held{p, b, leases[b]});
+  }
+  {
+    std::ofstream f(o.ready + ".tmp");
+    f << "host=" << o.host << "\nleases=" << held.size() << "\n";
+    f.close();
+    if (!f || std::rename((o.ready + ".tmp").c_str(), o.ready.c_str()) != 0) Fail("write " + o.ready);
+  }
+  Log(who, "holds " + std::to_string(held.size()) + " leases on verified blocks of arenas [" +
+               Arenas(t) + "]");
+  std::uint64_t renewals = 0;
+  while (!g_stop.load()) {
+    if (absl::IsAborted(h.prefix->Heartbeat(nullptr))) Fail(who + ": fenced by the prefix owner");
+    for (Held& x : held) {
+      if (auto st = h.prefix->Renew(x.lease); !st.ok()) {
+        Fail(who + ": renew the lease on prefix " + std::to_string(x.p) + " block " +
+             std::to_string(x.b) + ": " + std::string(st.message()));
+      }
+      ++renewals;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  // The bytes under the leases, once more.
+  std::uint32_t intact = 0, retired = 0;
+  std::vector<std::byte> copy(kLayout.BlockBytes()), want(kLayout.BlockBytes());
+  for (const Held& x : held) {
+    auto addr = pooled.Resolve(x.lease.ref);
+    if (!addr.ok()) {
+      Fail(who + ": prefix " + std::to_string(x.p) + " block " + std::to_string(x.b) +
+           " under a held lease no longer resolves: " + std::string(addr.status().message()));
+    }
+    co::Invalidate(*addr, copy.size());
+    std::memcpy(copy.data(), *addr, copy.size());
+    const absl::Status v = h.prefix->ValidateAfterCopy(x.lease);
+    if (absl::IsAborted(v)) {
+      ++retired;
+    } else if (!v.ok()) {
+      Fail(who + ": validate prefix " + std::to_string(x.p) + " block " + std::to_string(x.b) +
+           ": " + std::string(v.message()));
+    }
+    Fill(want.data(), want.size(), x.lease.ref.arena, x.p, x.b);
+    intact += std::memcmp(copy.data(), want.data(), copy.size()) == 0;
+  }
+  std::vector<co::Lease> leases;
+  for (const Held& x : held) leases.push_back(x.lease);
+  h.prefix->ReleaseAll(leases);
+  if (h.prefix->leases_held() != 0) Fail(who + ": leases still held after ReleaseAll");
+  if (h.client->rejoins() != 0) Fail(who + ": fenced by the orchestrator while holding");
+  if (auto st = h.client->Leave(); !st.ok()) Fail(who + ": leave: " + std::string(st.message()));
+  std::printf("%s: held %zu leases for %.1f s (%llu renewals); at the end %u of %zu blocks intact, "
+              "%u of them retired meanwhile; released all, left\n",
+              who.c_str(), held.size(), secs, static_cast<unsigned long long>(renewals), intact,
+              held.size(), retired);
+  if (intact != held.size()) Fail(who + ": a block changed under a held lease");
   return 0;
 }
 
@@ -416,6 +526,13 @@ int main(int argc, char** argv) {
   read->add_option("--prefixes", ro.prefixes, "prefixes to read, FIRST:COUNT[,...]")->required();
   read->add_option("--blocks", ro.blocks, "blocks per prefix")->check(CLI::Range(1, 64));
   read->add_option("--timeout", ro.timeout_s, "seconds to wait for unpublished prefixes");
+  CLI::App* hold = app.add_subcommand("hold", "lease and check prefixes, hold the leases until SIGTERM");
+  hold->add_option("--endpoint", ro.endpoint, "the orchestrator: a Unix socket or tcp:HOST:PORT")->required();
+  hold->add_option("--host", ro.host, "host id")->required();
+  hold->add_option("--prefixes", ro.prefixes, "prefixes to lease, FIRST:COUNT[,...]")->required();
+  hold->add_option("--blocks", ro.blocks, "blocks per prefix")->check(CLI::Range(1, 64));
+  hold->add_option("--timeout", ro.timeout_s, "seconds to wait for unpublished prefixes");
+  hold->add_option("--ready", ro.ready, "written once every lease is held")->required();
   CLI11_PARSE(app, argc, argv);
 
   struct sigaction sa {};
@@ -423,5 +540,6 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   setvbuf(stdout, nullptr, _IOLBF, 0);
-  return serve->parsed() ? Serve(so) : Read(ro);
+  if (serve->parsed()) return Serve(so);
+  return hold->parsed() ? Hold(ro) : Read(ro);
 }
