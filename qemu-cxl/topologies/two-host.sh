@@ -27,7 +27,7 @@
 TOPO_DESCRIPTION="two guests sharing one switch-attached Type-3 device (one host file)"
 TOPO_HOSTS=2
 TOPO_ROLES="a b"
-TOPO_TIMEOUT_S=240
+TOPO_TIMEOUT_S=300
 TOPO_DEFAULT_TESTS="smoke topology pool-share lease-share"
 
 CXLKV_EXPECT_MEMDEVS=1
@@ -78,6 +78,7 @@ topo_setup() {
     CXLKV_NET_ADDR="$CXLKV_NET_A" CXLKV_NET_PEER="$CXLKV_NET_B"
   fi
   export CXLKV_NET_ADDR CXLKV_NET_PEER
+  hostname "$CXLKV_TOPOLOGY-$CXLKV_ROLE"   # names the guest in the orchestrator's host list
   cxlkv_wait_memdevs 1 &&
     cxlkv_create_region 1 4096 mem0 &&
     cxlkv_create_devdax &&
