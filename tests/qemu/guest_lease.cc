@@ -153,22 +153,54 @@ std::string Hex(const std::uint8_t* b, std::size_t n) {
 }
 
 // Joins the control plane (the capacity side) and the prefix domain (the lease side).
+// The control plane has its own heartbeat thread; the prefix domain's heartbeat is driven by
+// this thread (PrefixHost is single-threaded), through Tick(), at least every 100 ms from
+// JoinPrefix() on. A host that stays silent for host_ttl is fenced by the owner, which
+// drops its leases and the publications of that incarnation: here that is a failure (the
+// guest stalled), reported as such.
 struct Host {
+  std::string who;
+  std::uint32_t id = 0;
   std::unique_ptr<orch::HostClient> client;
   std::unique_ptr<pool::Region> domain;
   std::unique_ptr<co::DirectMem> mem;
   co::SteadyClock clock;
   std::unique_ptr<co::PrefixHost> prefix;
+  Clock::time_point last_beat{};
+  std::vector<co::BlockRef> returned;  // blocks the owner handed back, for the publisher
+
+  void Beat() {
+    if (absl::IsAborted(prefix->Heartbeat(&returned))) {
+      Fail(who + ": fenced by the prefix owner (no heartbeat for host_ttl: the guest stalled)");
+    }
+    last_beat = Clock::now();
+  }
+  void Tick() {
+    if (Clock::now() - last_beat >= std::chrono::milliseconds(100)) Beat();
+  }
 };
 
-void Join(Host& h, const std::string& endpoint, std::uint32_t id) {
+// The control plane: joins, starts its heartbeats, maps the prefix domain it names.
+void JoinControl(Host& h, const std::string& endpoint, std::uint32_t id) {
+  h.who = "host " + std::to_string(id);
+  h.id = id;
   h.client = Must(orch::HostClient::Connect(endpoint, id), "join " + endpoint + " as host " +
                                                                 std::to_string(id));
   h.client->StartHeartbeats();
   h.domain = Must(pool::OpenRegion(h.client->domain_spec()),
                   "prefix domain " + h.client->domain_spec());
   h.mem = std::make_unique<co::DirectMem>(h.domain->addr(), h.domain->size_bytes());
-  h.prefix = Must(co::PrefixHost::Join(*h.mem, h.clock, id), "prefix domain join");
+}
+
+// The prefix domain: from here on, Tick() at least every 100 ms.
+void JoinPrefix(Host& h) {
+  h.prefix = Must(co::PrefixHost::Join(*h.mem, h.clock, h.id), h.who + ": prefix domain join");
+  h.Beat();
+}
+
+void Join(Host& h, const std::string& endpoint, std::uint32_t id) {
+  JoinControl(h, endpoint, id);
+  JoinPrefix(h);
 }
 
 // ---- serve --------------------------------------------------------------------------------
@@ -181,7 +213,7 @@ struct ServeOptions {
 int Serve(const ServeOptions& o) {
   const std::string who = "host " + std::to_string(o.host);
   Host h;
-  Join(h, o.endpoint, o.host);
+  JoinControl(h, o.endpoint, o.host);
   orch::PooledArenas pooled(*h.client);
   pool::FormatOptions fo;
   fo.layout = kLayout;
@@ -194,15 +226,17 @@ int Serve(const ServeOptions& o) {
   const std::size_t block_bytes = alloc->arena().class_record(0).block_bytes;
   Log(who, "incarnation " + std::to_string(h.client->incarnation()) + ", extent " +
                std::to_string(extent) + ", arena " + pool::UuidToString(uuid));
+  // Growing and formatting take a while under TCG: join the prefix domain only now.
+  JoinPrefix(h);
 
   // Prefill and publish.
   const std::vector<std::uint32_t> ids = Expand(ParseRanges(o.prefixes));
   std::vector<std::byte> buf(block_bytes);
-  std::vector<co::BlockRef> returned;
   std::uint32_t published = 0;
   for (std::uint32_t p : ids) {
     const auto keys = Keys(p, o.blocks);
     for (std::uint32_t b = 0; b < o.blocks; ++b) {
+      h.Tick();
       const BlockHandle bh = alloc->Alloc(0);
       if (!bh.valid()) Fail(who + ": " + std::string(alloc->ExplainAllocFailure(0).message()));
       Fill(buf.data(), buf.size(), uuid.data(), p, b);
@@ -216,7 +250,7 @@ int Serve(const ServeOptions& o) {
         st = h.prefix->Publish(kNs, keys[b], b ? keys[b - 1] : co::PrefixKey{}, ref,
                                [&] { return alloc->Persist(bh).ok(); });
         if (!absl::IsUnavailable(st)) break;
-        (void)h.prefix->Heartbeat(&returned);  // ring full: the owner is catching up
+        h.Beat();  // ring full: the owner is catching up
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
       if (!st.ok()) Fail(who + ": publish prefix " + std::to_string(p) + " block " +
@@ -239,7 +273,7 @@ int Serve(const ServeOptions& o) {
       Fail(who + ": the owner lists " + std::to_string(seen) + " of " + std::to_string(published) +
            " published blocks after 60 s");
     }
-    (void)h.prefix->Heartbeat(&returned);
+    h.Tick();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   Log(who, "published " + std::to_string(published) + " blocks (" + std::to_string(ids.size()) +
@@ -254,7 +288,7 @@ int Serve(const ServeOptions& o) {
     for (int tries = 0; (!n.ok() || *n != keys.size()) && tries < 200; ++tries) {
       h.prefix->ReleaseAll(got);
       got.clear();
-      (void)h.prefix->Heartbeat(&returned);
+      h.Tick();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       n = h.prefix->AcquireChain(kNs, keys, &got);
     }
@@ -280,14 +314,13 @@ int Serve(const ServeOptions& o) {
   // Serve: heartbeat the prefix domain, renew the held leases, free what the owner returns.
   std::uint64_t renewals = 0;
   while (!g_stop.load()) {
-    const absl::Status st = h.prefix->Heartbeat(&returned);
-    if (absl::IsAborted(st)) Fail(who + ": fenced by the prefix owner while serving");
-    for (const co::BlockRef& r : returned) {
+    h.Beat();
+    for (const co::BlockRef& r : h.returned) {
       if (std::memcmp(r.arena, uuid.data(), 16) == 0) {
         (void)alloc->Free(BlockHandle{r.index, r.generation});
       }
     }
-    returned.clear();
+    h.returned.clear();
     for (co::Lease& l : held) {
       if (auto rs = h.prefix->Renew(l); !rs.ok()) {
         Fail(who + ": renew a lease: " + std::string(rs.message()));
@@ -360,6 +393,7 @@ std::vector<co::Lease> TakeVerified(Host& h, orch::PooledArenas& pooled, std::ui
     if (done) {
       t.leased += leases.size();
       for (std::uint32_t b = 0; b < leases.size() && done; ++b) {
+        h.Tick();
         if (!CopyAndCheck(h, pooled, leases[b], p, b, who, copy, want)) {
           ++t.discarded;  // the lease ended or the entry was retired during the copy
           done = false;
@@ -380,7 +414,7 @@ std::vector<co::Lease> TakeVerified(Host& h, orch::PooledArenas& pooled, std::ui
                    : std::string(n.status().message())) +
            " when the time was up");
     }
-    (void)h.prefix->Heartbeat(nullptr);  // not published yet, or no acknowledged beat
+    h.Tick();  // not published yet, or no acknowledged beat
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
@@ -460,7 +494,7 @@ int Hold(const ReadOptions& o) {
                Arenas(t) + "]");
   std::uint64_t renewals = 0;
   while (!g_stop.load()) {
-    if (absl::IsAborted(h.prefix->Heartbeat(nullptr))) Fail(who + ": fenced by the prefix owner");
+    h.Beat();
     for (Held& x : held) {
       if (auto st = h.prefix->Renew(x.lease); !st.ok()) {
         Fail(who + ": renew the lease on prefix " + std::to_string(x.p) + " block " +
