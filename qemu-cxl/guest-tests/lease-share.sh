@@ -28,8 +28,8 @@
 # the index empty, and every block ever published (32 + 16 + 16) reclaimed. Logs of every
 # process and b's timeline come back under results/<guest>/lease-share/.
 #
-# Timing (domain.toml below): host and lease TTL 3 s, capacity lease 4 s, grace 1 s:
-# generous for TCG, where each guest gets a share of a busy machine. A cxlkvctl call costs
+# Timing (domain.toml below): host and lease TTL 5 s, heartbeats every second, capacity lease
+# 6 s, grace 1 s: generous for TCG, where a guest on a busy machine can stall for seconds. A cxlkvctl call costs
 # about a second there (process start, gRPC), so each look at the domain runs the calls it
 # needs at once and the checks read that snapshot.
 # shellcheck disable=SC2317  # the small predicates below run through wait_until
@@ -175,11 +175,11 @@ token_file = "$token"
 listen = ""
 
 [timing]
-lease_ttl_ms = 3000
-host_ttl_ms = 3000
-heartbeat_period_ms = 500
+lease_ttl_ms = 5000
+host_ttl_ms = 5000
+heartbeat_period_ms = 1000
 grace_ms = 1000
-capacity_lease_ms = 4000
+capacity_lease_ms = 6000
 owner_period_ms = 10
 
 [hosts]

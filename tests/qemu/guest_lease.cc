@@ -87,6 +87,40 @@ void Log(const std::string& who, const std::string& what) {
   std::fflush(stdout);
 }
 
+// HostClient's calls carry a fixed 2 s deadline; a TCG guest on a busy machine can stall
+// longer than that (the first call of a process also sets its gRPC channel up). Calls whose
+// repetition is harmless are retried on kDeadlineExceeded / kUnavailable for up to 60 s:
+// Join (a repeated join is a new incarnation that supersedes one whose reply was lost),
+// Grow (an extent granted to a lost reply is still this host's and returns when it leaves)
+// and Resolve (a lookup).
+bool Transient(const absl::Status& st) {
+  return absl::IsDeadlineExceeded(st) || absl::IsUnavailable(st);
+}
+
+template <typename F>
+auto Retry(const std::string& what, F call) -> decltype(call()) {
+  const auto end = Clock::now() + std::chrono::seconds(60);
+  for (int attempt = 1;; ++attempt) {
+    auto r = call();
+    if (r.ok() || !Transient(r.status()) || Clock::now() > end) return r;
+    std::printf("%s: %s (attempt %d); retrying\n", what.c_str(),
+                std::string(r.status().message()).c_str(), attempt);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+// Leaving (and giving an extent back before it) is not repeatable through HostClient; a late
+// reply to a request the orchestrator applied is reported, and the caller's checks of the
+// orchestrator's state (cxlkvctl hosts) decide.
+void MustLeave(orch::HostClient& c, const std::string& who) {
+  const absl::Status st = c.Leave();
+  if (st.ok()) return;
+  if (!Transient(st)) Fail(who + ": leave: " + std::string(st.message()));
+  std::printf("%s: leave: %s (the orchestrator's host list will tell)\n", who.c_str(),
+              std::string(st.message()).c_str());
+}
+
 struct Range {
   std::uint32_t first = 0, count = 0;
 };
@@ -184,8 +218,8 @@ struct Host {
 void JoinControl(Host& h, const std::string& endpoint, std::uint32_t id) {
   h.who = "host " + std::to_string(id);
   h.id = id;
-  h.client = Must(orch::HostClient::Connect(endpoint, id), "join " + endpoint + " as host " +
-                                                                std::to_string(id));
+  const std::string what = "join " + endpoint + " as host " + std::to_string(id);
+  h.client = Must(Retry(what, [&] { return orch::HostClient::Connect(endpoint, id); }), what);
   h.client->StartHeartbeats();
   h.domain = Must(pool::OpenRegion(h.client->domain_spec()),
                   "prefix domain " + h.client->domain_spec());
@@ -218,7 +252,7 @@ int Serve(const ServeOptions& o) {
   pool::FormatOptions fo;
   fo.layout = kLayout;
   fo.owner_slots = 8;
-  auto grown = Must(pooled.Grow(fo), who + ": grow an extent");
+  auto grown = Must(Retry(who + ": grow", [&] { return pooled.Grow(fo); }), who + ": grow an extent");
   const std::uint32_t extent = grown.extent;
   const std::atomic<bool>* revoked = grown.revoked;
   auto alloc = Must(BlockAllocator::Create(std::move(grown.arena)), who + ": allocator");
@@ -337,9 +371,13 @@ int Serve(const ServeOptions& o) {
   if (h.prefix->leases_held() != 0) Fail(who + ": leases still held after ReleaseAll");
   alloc.reset();
   if (auto st = pooled.Shrink(extent); !st.ok()) {
-    Fail(who + ": give extent " + std::to_string(extent) + " back: " + std::string(st.message()));
+    if (!Transient(st)) {
+      Fail(who + ": give extent " + std::to_string(extent) + " back: " + std::string(st.message()));
+    }
+    Log(who, "give extent " + std::to_string(extent) + " back: " + std::string(st.message()) +
+                 " (leaving returns it too)");
   }
-  if (auto st = h.client->Leave(); !st.ok()) Fail(who + ": leave: " + std::string(st.message()));
+  MustLeave(*h.client, who);
   Log(who, "stopped: released " + std::to_string(held.size()) + " leases (" +
                std::to_string(renewals) + " renewals), gave extent " + std::to_string(extent) +
                " back, left");
@@ -359,7 +397,7 @@ struct Tally {
 bool CopyAndCheck(Host& h, orch::PooledArenas& pooled, const co::Lease& l, std::uint32_t p,
                   std::uint32_t b, const std::string& who, std::vector<std::byte>& copy,
                   std::vector<std::byte>& want) {
-  auto addr = pooled.Resolve(l.ref);
+  auto addr = Retry(who + ": resolve", [&] { return pooled.Resolve(l.ref); });
   if (!addr.ok()) {
     Fail(who + ": prefix " + std::to_string(p) + " block " + std::to_string(b) +
          ": leased but not allocated in its publisher's extent arena: " +
@@ -450,7 +488,7 @@ int Read(const ReadOptions& o) {
     Fail(who + ": " + std::to_string(h.prefix->leases_held()) + " leases still held");
   }
   if (h.client->rejoins() != 0) Fail(who + ": fenced by the orchestrator while reading");
-  if (auto st = h.client->Leave(); !st.ok()) Fail(who + ": leave: " + std::string(st.message()));
+  MustLeave(*h.client, who);
   std::printf("%s: verified %llu blocks (%llu KiB, every byte) from %zu arenas [%s] in %.1f s; "
               "%llu leases taken, %llu released, %llu copies discarded by validation; left\n",
               who.c_str(), static_cast<unsigned long long>(t.verified),
@@ -509,7 +547,7 @@ int Hold(const ReadOptions& o) {
   std::uint32_t intact = 0, retired = 0;
   std::vector<std::byte> copy(kLayout.BlockBytes()), want(kLayout.BlockBytes());
   for (const Held& x : held) {
-    auto addr = pooled.Resolve(x.lease.ref);
+    auto addr = Retry(who + ": resolve", [&] { return pooled.Resolve(x.lease.ref); });
     if (!addr.ok()) {
       Fail(who + ": prefix " + std::to_string(x.p) + " block " + std::to_string(x.b) +
            " under a held lease no longer resolves: " + std::string(addr.status().message()));
@@ -531,7 +569,7 @@ int Hold(const ReadOptions& o) {
   h.prefix->ReleaseAll(leases);
   if (h.prefix->leases_held() != 0) Fail(who + ": leases still held after ReleaseAll");
   if (h.client->rejoins() != 0) Fail(who + ": fenced by the orchestrator while holding");
-  if (auto st = h.client->Leave(); !st.ok()) Fail(who + ": leave: " + std::string(st.message()));
+  MustLeave(*h.client, who);
   std::printf("%s: held %zu leases for %.1f s (%llu renewals); at the end %u of %zu blocks intact, "
               "%u of them retired meanwhile; released all, left\n",
               who.c_str(), held.size(), secs, static_cast<unsigned long long>(renewals), intact,
