@@ -280,7 +280,8 @@ run_b() {
   event() { note "$1 ms: $2"; echo "$1 ms: $2" >>"$tl"; }
 
   # 2. Host 2 fenced; its extent quarantined (its capacity lease ran out), naming its arena.
-  # Times are when the look that saw it ended.
+  # Times are when the look that saw it ended; the replies of one look are not one atomic
+  # view (the index counts may be from just before the quarantine).
   fenced_at='' quarantined_at=''
   while [ -z "$fenced_at" ] || [ -z "$quarantined_at" ]; do
     [ $(($(ms) - t0)) -lt 60000 ] ||
