@@ -12,23 +12,35 @@
 # bytes at the same offsets. QEMU's sharing is coherent on the host; this topology proves
 # mapping and layout compatibility, not cache flushing.
 #
+# The guests also share a private Ethernet link and nothing else: a virtio-net NIC each,
+# joined by a pair of Unix datagram sockets in the run's backing directory (QEMU's
+# `-netdev dgram`: no host network, no port to collide with a concurrent run, and either
+# guest may boot first — frames sent before the peer is up are dropped, ARP retries).
+# Guest a is CXLKV_NET_A, guest b CXLKV_NET_B; each sees its own address as CXLKV_NET_ADDR and
+# the other's as CXLKV_NET_PEER. The orchestrator's control plane runs over it (lease-share).
+#
 # Guest setup, on each guest: cxl create-region -m -t pmem -d decoder0.0 -w 1 -g 4096 mem0
-# -> region0, ndctl create-namespace -m devdax --map=mem -> /dev/dax0.0 (about 254 MiB).
+# -> region0, ndctl create-namespace -m devdax --map=mem -> /dev/dax0.0 (about 254 MiB), then
+# the link: ip addr add CXLKV_NET_ADDR/24 dev eth0.
 # CXLKV_ROLE is a or b. POSIX sh: read by qemu-cxl/run (host) and by the guest's init.
 
 TOPO_DESCRIPTION="two guests sharing one switch-attached Type-3 device (one host file)"
 TOPO_HOSTS=2
 TOPO_ROLES="a b"
-TOPO_TIMEOUT_S=180
-TOPO_DEFAULT_TESTS="smoke topology pool-share"
+TOPO_TIMEOUT_S=300
+TOPO_DEFAULT_TESTS="smoke topology pool-share lease-share"
 
 CXLKV_EXPECT_MEMDEVS=1
 CXLKV_EXPECT_REGIONS=1
 CXLKV_EXPECT_DAX=1
 CXLKV_EXPECT_CLASS=switch-pooled
 CXLKV_SHARED=1
+CXLKV_NET_A=10.76.0.1
+CXLKV_NET_B=10.76.0.2
 
 topo_qemu_args() {
+  _peer=b _mac=01
+  [ "$2" = b ] && _peer=a _mac=02
   cat <<ARGS
 -machine
 q35,cxl=on
@@ -52,11 +64,23 @@ cxl-downstream,port=1,bus=us0,id=dsp1,chassis=0,slot=5
 cxl-type3,bus=dsp0,memdev=cxl-mem0,lsa=cxl-lsa0,id=cxl-pmem0
 -M
 cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G,cxl-fmw.0.interleave-granularity=4k
+-netdev
+dgram,id=net0,local.type=unix,local.path=$1/net-$2.sock,remote.type=unix,remote.path=$1/net-$_peer.sock
+-device
+virtio-net-pci,bus=pcie.0,netdev=net0,mac=52:54:00:c7:00:$_mac
 ARGS
 }
 
 topo_setup() {
+  if [ "$CXLKV_ROLE" = b ]; then
+    CXLKV_NET_ADDR="$CXLKV_NET_B" CXLKV_NET_PEER="$CXLKV_NET_A"
+  else
+    CXLKV_NET_ADDR="$CXLKV_NET_A" CXLKV_NET_PEER="$CXLKV_NET_B"
+  fi
+  export CXLKV_NET_ADDR CXLKV_NET_PEER
+  hostname "$CXLKV_TOPOLOGY-$CXLKV_ROLE"   # names the guest in the orchestrator's host list
   cxlkv_wait_memdevs 1 &&
     cxlkv_create_region 1 4096 mem0 &&
-    cxlkv_create_devdax
+    cxlkv_create_devdax &&
+    cxlkv_net_up "$CXLKV_NET_ADDR/24"
 }

@@ -145,15 +145,25 @@ int Devdax(const std::string& spec) {
   }
 
   // kill -9 in the middle of allocating: the next opener gets everything back.
+  // The victim says when it has attached and allocated: under TCG on a busy machine a fixed
+  // delay may end before it did, and the recovery below would then find no dead owner of it.
+  int attached[2];
+  Check(::pipe(attached) == 0, "pipe");
   const pid_t victim = ::fork();
   if (victim == 0) {
     auto mine = OpenAllocator(spec);
+    bool told = false;
     for (;;) {
       const BlockHandle h = mine->Alloc(1);
+      if (!told && h.valid()) told = ::write(attached[1], "x", 1) == 1;
       if (h.valid() && h.index % 3 == 0) (void)mine->Free(h);
     }
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::close(attached[1]);
+  char byte = 0;
+  Check(::read(attached[0], &byte, 1) == 1, "the victim attached and allocated");
+  ::close(attached[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // in the middle of allocating
   ::kill(victim, SIGKILL);
   ::waitpid(victim, nullptr, 0);
   const pool::RecoveryReport rec = a->arena().Recover();
