@@ -81,7 +81,7 @@ TEST(Config, PlacementSectionComesFromTier) {
   auto bad = ParseConfig(WithExtra("[placement]\nlow_watermark = 0.9\nhigh_watermark = 0.5\n"),
                          "t.toml");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("t.toml:12: key 'placement.high_watermark': 0.5 must be "
+  EXPECT_NE(bad.status().message().find("t.toml:11: key 'placement.high_watermark': 0.5 must be "
                                         "above low_watermark (0.9)"),
             std::string::npos)
       << bad.status();
