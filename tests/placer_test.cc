@@ -57,7 +57,8 @@ TierState Roomy() {
 // Teaches the prior of `ns`: 40 new blocks, 20 of them back after 2 s (p = 0.5, so about 4 s
 // per reuse: below the ~9 s break-even). Keys start at `first`.
 void TeachPrior(Placer& p, Namespace ns, std::uint64_t first, std::uint64_t t0_ns) {
-  for (std::uint64_t i = 0; i < 40; ++i) p.RecordUse(ns, Key(first + i), t0_ns, kBlockBytes, kTokens);
+  for (std::uint64_t i = 0; i < 40; ++i)
+    p.RecordUse(ns, Key(first + i), t0_ns, kBlockBytes, kTokens);
   for (std::uint64_t i = 0; i < 20; ++i) {
     p.RecordUse(ns, Key(first + i), t0_ns + 2 * kSecond, kBlockBytes, kTokens);
   }

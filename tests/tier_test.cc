@@ -159,6 +159,26 @@ TEST(TierManager, PlaceTakesTheTargetTier) {
   EXPECT_EQ(m->Stats().dropped, 2u);
 }
 
+// The manager has one CXL arena: a block the rule sends to the pooled CXL tier lives there
+// too, and Move to either CXL kind promotes.
+TEST(TierManager, BothCxlKindsMeanTheArena) {
+  testing::TempDir dir("tier");
+  TierOptions o;
+  o.cooldown_ms = 0;
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  PlaceNew(*m, 1, Tier::kCxlPooled);
+  EXPECT_EQ(m->Where(KeyOf(1)), Residence::kCxl);
+  ExpectInCxl(*m, 1);
+  PlaceNew(*m, 2, Tier::kNvme);
+  ASSERT_TRUE(m->Move(KeyOf(2), Tier::kCxlPooled).ok());
+  EXPECT_EQ(m->Where(KeyOf(2)), Residence::kCxl);
+  ExpectInCxl(*m, 2);
+  ASSERT_TRUE(m->Move(KeyOf(1), Tier::kNvme).ok());
+  ASSERT_TRUE(m->Move(KeyOf(1), Tier::kCxlExpanded).ok());
+  ExpectInCxl(*m, 1);
+  EXPECT_EQ(m->Stats().cxl_blocks, 2u);
+}
+
 TEST(TierManager, PrefetchIsOneBatchAndCompletesAsynchronously) {
   testing::TempDir dir("tier");
   Clock clock;

@@ -33,8 +33,8 @@ class Reader {
     return absl::OkStatus();
   }
 
-  absl::Status U32(const toml::node& n, absl::string_view key, std::uint32_t* out,
-                   std::int64_t lo, std::int64_t hi) const {
+  absl::Status U32(const toml::node& n, absl::string_view key, std::uint32_t* out, std::int64_t lo,
+                   std::int64_t hi) const {
     if (!n.is_integer()) return Error(n, key, "expected an integer");
     const std::int64_t v = *n.value<std::int64_t>();
     if (v < lo || v > hi) {
@@ -131,7 +131,10 @@ absl::StatusOr<PlacementConfig> ParsePlacementConfig(absl::string_view text,
       return absl::OkStatus();
     });
   };
-  absl::Status st = section == nullptr ? absl::OkStatus() : p.Table(*section, "placement", {
+  absl::Status st;
+  // One key per line, in domain.example.toml's order.
+  // clang-format off
+  if (section != nullptr) st = p.Table(*section, "placement", {
     {"ttft_budget_ms", real(&pp.ttft_budget_s, 1, 1e6, 1e-3)},
     {"recompute_tokens_per_s", real(&pp.prefill_tokens_per_s, 1, 1e9, 1)},
     {"queue_depth_weight", real(&pp.queue_depth_weight, 0, 1000, 1)},
@@ -189,17 +192,20 @@ absl::StatusOr<PlacementConfig> ParsePlacementConfig(absl::string_view text,
        return p.Real(v, kk, &c.reuse_tracker.alpha, 0.001, 1);
      })},
   });
+  // clang-format on
   if (!st.ok()) return st;
   // The rule's cross-key checks ("placement.<key>: what"), reported at the key's line.
   if (absl::Status ps = pp.Validate(); !ps.ok()) {
     const std::string msg(ps.message());
     const std::size_t colon = msg.find(": ");
-    if (colon == std::string::npos) return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", msg));
+    if (colon == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", msg));
+    }
     const std::string key = msg.substr(0, colon);
     auto line = lines.find(key);
-    return absl::InvalidArgumentError(absl::StrCat(
-        source_name, line == lines.end() ? "" : absl::StrCat(":", line->second), ": key '", key,
-        "'", msg.substr(colon)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, line == lines.end() ? "" : absl::StrCat(":", line->second),
+                     ": key '", key, "'", msg.substr(colon)));
   }
   return c;
 }

@@ -40,8 +40,8 @@
 namespace cxlkv::tier {
 
 struct PlacerOptions {
-  PlacementParams params;          // the rule's (domain.toml [placement], calibrated)
-  ReuseTrackerOptions tracker;     // per-key reuse history
+  PlacementParams params;       // the rule's (domain.toml [placement], calibrated)
+  ReuseTrackerOptions tracker;  // per-key reuse history
   // A block without history of its own takes its namespace's prior first.
   bool namespace_prior = true;
   NamespaceReuseOptions prior;
@@ -88,10 +88,10 @@ struct ReuseEstimate {
 };
 
 struct PlacerStats {
-  std::uint64_t decisions = 0;  // Decide() and DecideVictim() calls
-  std::uint64_t victims = 0;    // of them, DecideVictim()
-  std::uint64_t from_prior = 0;     // decisions whose interval came from the namespace prior
-  std::uint64_t from_ancestor = 0;  // ... from an ancestor in the chain
+  std::uint64_t decisions = 0;             // Decide() and DecideVictim() calls
+  std::uint64_t victims = 0;               // of them, DecideVictim()
+  std::uint64_t from_prior = 0;            // decisions whose interval came from the namespace prior
+  std::uint64_t from_ancestor = 0;         // ... from an ancestor in the chain
   std::array<std::uint64_t, 6> clauses{};  // outcomes by Clause
 };
 
@@ -107,8 +107,8 @@ class Placer {
   // One use of `key` (looked up, hit or produced) at now_ns: the tracker folds in the
   // interval since its last use, and the namespace prior counts a first use as a new block
   // and a second as a reuse. Call once per use, in time order. O(1).
-  void RecordUse(coherence::Namespace ns, const coherence::PrefixKey& key,
-                 std::uint64_t now_ns, std::uint64_t size_bytes, std::uint32_t tokens) noexcept;
+  void RecordUse(coherence::Namespace ns, const coherence::PrefixKey& key, std::uint64_t now_ns,
+                 std::uint64_t size_bytes, std::uint32_t tokens) noexcept;
 
   // The reuse interval the rule is given for q at now_ns, and its source: the key's own
   // (ReuseTracker::ExpectedIntervalS); if that is infinite because the key has no history
@@ -127,8 +127,7 @@ class Placer {
   // A watermark victim (TierOptions::victim_tier): decided as Decide() with every CXL tier
   // full, so kNvme (NVMe, or the rule would keep it in CXL: the watermark needs the room) or
   // kDrop (recomputing beats an NVMe fetch). Never returns a CXL tier.
-  Tier DecideVictim(const PlacementQuery& q, const TierState& state,
-                    std::uint64_t now_ns) noexcept;
+  Tier DecideVictim(const PlacementQuery& q, const TierState& state, std::uint64_t now_ns) noexcept;
 
   const PlacerStats& stats() const noexcept { return stats_; }
   const PlacementRule& rule() const noexcept { return rule_; }
