@@ -50,6 +50,8 @@ struct io_uring;
 
 namespace cxlkv::tier {
 
+// Blocks are named by the prefix protocol's key (coherence/key.h), hashed as every
+// in-process map of them is.
 using NvmeKey = coherence::PrefixKey;
 using NvmeKeyHash = coherence::PrefixKeyHash;
 // "hi:lo" in hex, as errors print keys.

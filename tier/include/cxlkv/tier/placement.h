@@ -1,10 +1,11 @@
 // cxlkv/tier/placement.h — the CXL-vs-NVMe placement rule (DESIGN.md; docs/placement.md).
 //
-// For one KV block, PlacementRule::Decide() picks CXL-expanded, CXL-pooled, NVMe, or drop
-// (recompute the prefix on its next use) from the block's size, its expected reuse interval,
-// the prefill tokens a hit saves, the prefill queue depth, the CXL tiers' occupancy and the
-// namespace's pin level, given the tiers' latency, bandwidth and cost per GB
-// (PlacementParams: configured in domain.toml [placement], measured by calibrate.h).
+// For one KV block, PlacementRule::Decide() picks a Tier (tier.h): CXL-expanded, CXL-pooled,
+// NVMe, or drop (recompute the prefix on its next use) from the block's size, its expected
+// reuse interval, the prefill tokens a hit saves, the prefill queue depth, the CXL tiers'
+// occupancy and the namespace's pin level, given the tiers' latency, bandwidth and cost per GB
+// (PlacementParams: configured in domain.toml [placement] (placement_config.h), measured by
+// calibrate.h). Placer (placer.h) gathers those inputs for a serving process or a replay.
 //
 // The clauses, in order (the first that applies decides):
 //   1. kPinned           pin level >= params.pin_level (> 0): the block stays in CXL.
