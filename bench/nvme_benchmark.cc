@@ -1,4 +1,4 @@
-// nvme_benchmark — the NVMe tier (pool::NvmeStore) at KV block sizes; bench/nvme_vs_fio.sh
+// nvme_benchmark — the NVMe tier (tier::NvmeStore) at KV block sizes; bench/nvme_vs_fio.sh
 // runs it beside fio (io_uring, O_DIRECT, same directory, sizes and depths) and prints ratios.
 //
 //   NvmeWrite/<bytes>/qd:<n>        Puts of new blocks into free slots, n in flight; bytes/s
@@ -22,13 +22,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "cxlkv/pool/nvme_store.h"
+#include "cxlkv/tier/nvme_store.h"
 
 namespace {
 
-using cxlkv::pool::NvmeBatch;
-using cxlkv::pool::NvmeKey;
-using cxlkv::pool::NvmeStore;
+using cxlkv::tier::NvmeBatch;
+using cxlkv::tier::NvmeKey;
+using cxlkv::tier::NvmeStore;
 
 constexpr std::int64_t kSizes[] = {64 << 10, 256 << 10, 2 << 20};
 
@@ -77,7 +77,7 @@ struct Fixture {
     const std::string dir = BenchDir();
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
-    cxlkv::pool::NvmeStoreOptions o;
+    cxlkv::tier::NvmeStoreOptions o;
     o.dir = dir;
     o.payload_bytes = bytes;
     o.capacity_bytes = CapacityBytes();

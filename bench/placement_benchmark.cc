@@ -14,15 +14,15 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cxlkv/pool/placement.h"
-#include "cxlkv/pool/reuse_tracker.h"
+#include "cxlkv/tier/placement.h"
+#include "cxlkv/tier/reuse_tracker.h"
 
 namespace {
 
-using cxlkv::pool::BlockInputs;
-using cxlkv::pool::Explanation;
-using cxlkv::pool::PlacementParams;
-using cxlkv::pool::PlacementRule;
+using cxlkv::tier::BlockInputs;
+using cxlkv::tier::Explanation;
+using cxlkv::tier::PlacementParams;
+using cxlkv::tier::PlacementRule;
 
 std::vector<BlockInputs> Blocks() {
   std::mt19937_64 rng(1);
@@ -31,7 +31,7 @@ std::vector<BlockInputs> Blocks() {
   for (BlockInputs& b : v) {
     b.size_bytes = static_cast<std::uint64_t>(std::exp(std::log(65536.0) + u(rng) * std::log(2e5)));
     b.reuse_interval_s =
-        u(rng) < 0.1 ? cxlkv::pool::kNoReuse : std::exp(std::log(1e-3) + u(rng) * 18);
+        u(rng) < 0.1 ? cxlkv::tier::kNoReuse : std::exp(std::log(1e-3) + u(rng) * 18);
     b.tokens = static_cast<std::uint32_t>(b.size_bytes / 327680 + 1);
     b.queue_depth = static_cast<std::uint32_t>(u(rng) * 32);
     b.occupancy = {u(rng), u(rng)};
@@ -84,7 +84,7 @@ std::vector<cxlkv::coherence::PrefixKey> KeyStream(std::int64_t keys) {
 
 void BM_TrackerRecord(benchmark::State& state) {
   auto tracker =
-      *cxlkv::pool::ReuseTracker::Create({static_cast<std::uint32_t>(state.range(0)), 0.25});
+      *cxlkv::tier::ReuseTracker::Create({static_cast<std::uint32_t>(state.range(0)), 0.25});
   const auto keys = KeyStream(state.range(1));
   std::uint64_t now = 0;
   std::size_t i = 0;

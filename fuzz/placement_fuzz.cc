@@ -12,14 +12,14 @@
 #include <iterator>
 #include <string>
 
-#include "cxlkv/pool/calibrate.h"
-#include "cxlkv/pool/placement.h"
-#include "cxlkv/pool/reuse_tracker.h"
+#include "cxlkv/tier/calibrate.h"
+#include "cxlkv/tier/placement.h"
+#include "cxlkv/tier/reuse_tracker.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   const char* path = std::getenv("CXLKV_FUZZ_WRITE_SEED");
   if (path == nullptr) return 0;
-  auto t = cxlkv::pool::ReuseTracker::Create({64, 0.25});
+  auto t = cxlkv::tier::ReuseTracker::Create({64, 0.25});
   if (!t.ok()) std::abort();
   for (std::uint64_t k = 1; k <= 6; ++k) {
     for (std::uint64_t use = 0; use < k; ++use) t->Record({k, k * 7}, use * 1000000000ull * k, k << 20, 16);
@@ -40,20 +40,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   const std::string body(reinterpret_cast<const char*>(data) + 1, size - 1);
   if ((data[0] & 1) == 0) {
-    auto loaded = cxlkv::pool::ReuseTracker::Parse(body, "fuzz");
+    auto loaded = cxlkv::tier::ReuseTracker::Parse(body, "fuzz");
     if (loaded.ok()) {
       const auto& t = loaded->tracker;
       if (t.size() > t.capacity() || t.Entries().size() != t.size()) std::abort();
     }
     return 0;
   }
-  auto c = cxlkv::pool::CalibrationFromJson(body, "fuzz");
+  auto c = cxlkv::tier::CalibrationFromJson(body, "fuzz");
   if (!c.ok()) return 0;
-  auto again = cxlkv::pool::CalibrationFromJson(cxlkv::pool::CalibrationToJson(*c), "again");
+  auto again = cxlkv::tier::CalibrationFromJson(cxlkv::tier::CalibrationToJson(*c), "again");
   if (!again.ok()) std::abort();
-  cxlkv::pool::PlacementParams p;
-  (void)cxlkv::pool::ApplyCalibration(*c, &p);
+  cxlkv::tier::PlacementParams p;
+  (void)cxlkv::tier::ApplyCalibration(*c, &p);
   if (!p.Validate().ok()) std::abort();
-  if (!cxlkv::pool::PlacementRule::Create(p).ok()) std::abort();
+  if (!cxlkv::tier::PlacementRule::Create(p).ok()) std::abort();
   return 0;
 }

@@ -3,7 +3,7 @@
 //
 // The store lives in a directory under the temporary directory (a disk file system); a test
 // whose file system lacks O_DIRECT skips with the store's own message.
-#include "cxlkv/pool/nvme_store.h"
+#include "cxlkv/tier/nvme_store.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -28,9 +28,9 @@
 namespace cxlkv {
 namespace {
 
-using pool::NvmeBatch;
-using pool::NvmeStore;
-using pool::NvmeStoreOptions;
+using tier::NvmeBatch;
+using tier::NvmeStore;
+using tier::NvmeStoreOptions;
 using testing::AlignedBuffer;
 using testing::BlockIsIntact;
 using testing::FillBlock;
@@ -140,7 +140,7 @@ TEST(NvmeStore, BatchIsOneSubmitAndCompletesOnce) {
 
   // Prefetch into fresh buffers, completion observed by polling.
   std::vector<std::unique_ptr<AlignedBuffer>> outs;
-  std::vector<pool::NvmeKey> keys;
+  std::vector<tier::NvmeKey> keys;
   std::vector<void*> dests;
   for (int i = 0; i < kN; ++i) {
     outs.push_back(std::make_unique<AlignedBuffer>(kBlock));
@@ -253,7 +253,7 @@ TEST(NvmeStore, RestartRebuildsIndexFromSlotHeaders) {
   ASSERT_TRUE(absl::IsInvalidArgument(wrong.status())) << wrong.status();
   EXPECT_NE(wrong.status().message().find("payload_bytes=65536"), std::string::npos);
 
-  pool::NvmeOpenReport report;
+  tier::NvmeOpenReport report;
   OPEN_OR_SKIP(store, Options(dir.path()), &report);
   EXPECT_EQ(report.blocks_indexed, 9u);
   EXPECT_EQ(report.corrupt, 0u);
@@ -294,7 +294,7 @@ TEST(NvmeStore, CorruptPayloadIsReportedAndDropped) {
     ASSERT_TRUE(loc.ok());
     where = *loc;
   }
-  FlipByte(where.file, where.offset + pool::kNvmeHeaderBytes + 1234);
+  FlipByte(where.file, where.offset + tier::kNvmeHeaderBytes + 1234);
   {
     OPEN_OR_SKIP(store, Options(dir.path()), nullptr);
     auto n = store->Get(KeyOf(1), out.data(), kBlock);
@@ -302,7 +302,7 @@ TEST(NvmeStore, CorruptPayloadIsReportedAndDropped) {
     const std::string msg(n.status().message());
     EXPECT_NE(msg.find(where.file), std::string::npos) << msg;
     EXPECT_NE(msg.find("offset " + std::to_string(where.offset)), std::string::npos) << msg;
-    EXPECT_NE(msg.find(pool::NvmeKeyToString(KeyOf(1))), std::string::npos) << msg;
+    EXPECT_NE(msg.find(tier::NvmeKeyToString(KeyOf(1))), std::string::npos) << msg;
     EXPECT_EQ(out.data()[1234], 0) << "a corrupt block's bytes must not be left in the buffer";
     EXPECT_FALSE(store->Contains(KeyOf(1)));
     EXPECT_TRUE(absl::IsNotFound(store->Get(KeyOf(1), out.data(), kBlock).status()));
@@ -332,7 +332,7 @@ TEST(NvmeStore, CorruptHeaderIsReportedAtOpen) {
     where = *store->Locate(KeyOf(2));
   }
   FlipByte(where.file, where.offset + 50);  // inside the key field
-  pool::NvmeOpenReport report;
+  tier::NvmeOpenReport report;
   OPEN_OR_SKIP(store, Options(dir.path()), &report);
   EXPECT_EQ(report.corrupt, 1u);
   ASSERT_EQ(report.problems.size(), 1u);
@@ -349,7 +349,7 @@ TEST(NvmeStore, CorruptHeaderIsReportedAtOpen) {
 TEST(NvmeStore, CapacityLimitRefusesWritesAndKeepsBlocks) {
   testing::TempDir dir("nvme");
   auto o = Options(dir.path());
-  o.capacity_bytes = 4 * (kBlock + pool::kNvmeHeaderBytes);
+  o.capacity_bytes = 4 * (kBlock + tier::kNvmeHeaderBytes);
   OPEN_OR_SKIP(store, o, nullptr);
   AlignedBuffer in(kBlock), out(kBlock);
   for (std::uint64_t k = 0; k < 4; ++k) {
@@ -427,8 +427,8 @@ struct CrashLedger {
 
 NvmeStoreOptions CrashOptions(const std::string& dir) {
   auto o = Options(dir, kCrashBlock);
-  o.capacity_bytes = 40 * (kCrashBlock + pool::kNvmeHeaderBytes);  // tight: puts fail often
-  o.grow_bytes = 4 * (kCrashBlock + pool::kNvmeHeaderBytes);
+  o.capacity_bytes = 40 * (kCrashBlock + tier::kNvmeHeaderBytes);  // tight: puts fail often
+  o.grow_bytes = 4 * (kCrashBlock + tier::kNvmeHeaderBytes);
   return o;
 }
 
@@ -499,7 +499,7 @@ TEST(NvmeStoreCrash, KillDuringWritesNeverYieldsAWrongBlock) {
     ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
     ASSERT_TRUE(WIFSIGNALED(wstatus)) << "writer exited early with status "
                                       << WEXITSTATUS(wstatus) << " (iteration " << it << ")";
-    pool::NvmeOpenReport report;
+    tier::NvmeOpenReport report;
     auto store = NvmeStore::Open(CrashOptions(dir.path()), &report);
     ASSERT_TRUE(store.ok()) << store.status();
     for (std::uint64_t k = 0; k < kCrashKeys; ++k) {

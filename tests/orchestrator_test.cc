@@ -68,6 +68,30 @@ TEST(Config, ErrorsNameTheKeyAndLine) {
   }
 }
 
+// [placement] is tier/'s (tier/placement_config.h): the Config carries what it parsed, and its
+// errors come back through ParseConfig with the key and line.
+TEST(Config, PlacementSectionComesFromTier) {
+  auto c = ParseConfig(WithExtra("[placement]\nttft_budget_ms = 250\ntracker_entries = 1024\n"
+                                 "calibration = \"/tmp/cal.json\"\n"),
+                       "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->placement.params.ttft_budget_s, 0.25);
+  EXPECT_EQ(c->placement.reuse_tracker.entries, 1024u);
+  EXPECT_EQ(c->placement.calibration, "/tmp/cal.json");
+  auto bad = ParseConfig(WithExtra("[placement]\nlow_watermark = 0.9\nhigh_watermark = 0.5\n"),
+                         "t.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("t.toml:11: key 'placement.high_watermark': 0.5 must be "
+                                        "above low_watermark (0.9)"),
+            std::string::npos)
+      << bad.status();
+  auto ex = LoadConfig(std::string(CXLKV_SOURCE_DIR) + "/orchestrator/domain.example.toml");
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  EXPECT_EQ(ex->placement.params.nvme_drive_bytes, 7.68e12);
+  EXPECT_EQ(*ex->PinLevelOf(ex->namespaces[0].Name()), 2);
+  EXPECT_NE(ex->PinLevelOf("acme/m/x").status().message().find("known: "), std::string::npos);
+}
+
 // rpc.tcp needs a token file that only its owner can read; TLS needs both halves.
 TEST(Config, TcpNeedsAPrivateTokenFile) {
   const std::string dir = ::testing::TempDir() + "cxlkv-token-" + std::to_string(::getpid());

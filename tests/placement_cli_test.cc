@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "cxlkv/pool/reuse_tracker.h"
+#include "cxlkv/tier/reuse_tracker.h"
 #include "gtest/gtest.h"
 
 namespace {
@@ -101,7 +101,7 @@ TEST(ExplainCli, BadInputNamesTheFlag) {
 }
 
 TEST(ExplainCli, PrefixFromStatsFile) {
-  auto t = cxlkv::pool::ReuseTracker::Create({1024, 0.25});
+  auto t = cxlkv::tier::ReuseTracker::Create({1024, 0.25});
   ASSERT_TRUE(t.ok());
   const cxlkv::coherence::PrefixKey key{0x1111222233334444ull, 0xaaaabbbbccccddddull};
   for (int i = 0; i < 10; ++i)
@@ -109,7 +109,7 @@ TEST(ExplainCli, PrefixFromStatsFile) {
   const std::string stats = "/tmp/cxlkv-cli-stats-" + std::to_string(::getpid());
   ASSERT_TRUE(t->Save(stats, 1'000'000'000ull + 9 * 20'000'000ull + 10'000'000ull).ok());
 
-  const CtlRun r = Ctl("explain " + cxlkv::pool::FormatPrefixKey(key) + " --stats " + stats +
+  const CtlRun r = Ctl("explain " + cxlkv::tier::FormatPrefixKey(key) + " --stats " + stats +
                        " --config " + kConfig + " --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);

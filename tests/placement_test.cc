@@ -1,7 +1,7 @@
-// pool/placement.h, reuse_tracker.h and calibrate.h: the placement rule's clauses at their
+// tier/placement.h, reuse_tracker.h and calibrate.h: the placement rule's clauses at their
 // boundaries, its monotonicity over random inputs, the README's worked example, the reuse
 // tracker and its stats file, calibration JSON, and the [placement] configuration.
-#include "cxlkv/pool/placement.h"
+#include "cxlkv/tier/placement.h"
 
 #include <unistd.h>
 
@@ -9,19 +9,20 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <random>
 #include <string>
 
-#include "cxlkv/orchestrator/config.h"
-#include "cxlkv/pool/calibrate.h"
-#include "cxlkv/pool/reuse_tracker.h"
+#include "cxlkv/tier/calibrate.h"
+#include "cxlkv/tier/placement_config.h"
+#include "cxlkv/tier/reuse_tracker.h"
 #include "gtest/gtest.h"
 #include "test_util.h"
 
-namespace cxlkv::pool {
+namespace cxlkv::tier {
 
 // Readable failures: "cxl-pooled/ttft-forced".
 void PrintTo(const Decision& d, std::ostream* os) {
@@ -390,10 +391,13 @@ TEST(PlacementProperty, DecideWithAndWithoutExplanationAgree) {
 // ---- the README's worked example ------------------------------------------------------------
 
 PlacementParams ExampleConfigParams() {
-  auto c =
-      orchestrator::LoadConfig(std::string(CXLKV_SOURCE_DIR) + "/orchestrator/domain.example.toml");
+  const std::string path = std::string(CXLKV_SOURCE_DIR) + "/orchestrator/domain.example.toml";
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto c = ParsePlacementConfig(text, path);
   EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? c->placement : PlacementParams{};
+  return c.ok() ? c->params : PlacementParams{};
 }
 
 TEST(ReadmeExample, Llama3_70B) {
@@ -873,7 +877,7 @@ TEST(Calibration, MeasuresMemoryAndNvmeAndSavesThem) {
 }
 
 TEST(Calibration, RefusesAnArenaAndBadDirectories) {
-  auto arena = testing::MustFormat("memfd:cal?size=16M", FormatOptions{});
+  auto arena = testing::MustFormat("memfd:cal?size=16M", pool::FormatOptions{});
   ASSERT_NE(arena, nullptr);
   CalibrateOptions o;
   o.budget_s = 0.1;
@@ -927,22 +931,40 @@ tracker_entries = 1024
 reuse_ewma_alpha = 0.5
 calibration = "/tmp/cal.json"
 )";
-  auto c = orchestrator::ParseConfig(text, "t.toml");
+  auto c = ParsePlacementConfig(text, "t.toml");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->placement.ttft_budget_s, 0.25);
-  EXPECT_FALSE(c->placement.cxl[0].present);
-  EXPECT_TRUE(c->placement.cxl[1].present);
-  EXPECT_DOUBLE_EQ(c->placement.cxl[1].figures.latency_s, 600e-9);
-  EXPECT_EQ(c->placement.cxl[1].figures.read_bytes_per_s, 20e9);
-  EXPECT_EQ(c->placement.nvme_drive_bytes, 4.0 * (1ull << 40));
-  EXPECT_EQ(c->placement.pin_level, 3);
-  EXPECT_DOUBLE_EQ(c->placement.cooldown_s, 0.1);
+  EXPECT_EQ(c->params.ttft_budget_s, 0.25);
+  EXPECT_FALSE(c->params.cxl[0].present);
+  EXPECT_TRUE(c->params.cxl[1].present);
+  EXPECT_DOUBLE_EQ(c->params.cxl[1].figures.latency_s, 600e-9);
+  EXPECT_EQ(c->params.cxl[1].figures.read_bytes_per_s, 20e9);
+  EXPECT_EQ(c->params.nvme_drive_bytes, 4.0 * (1ull << 40));
+  EXPECT_EQ(c->params.pin_level, 3);
+  EXPECT_DOUBLE_EQ(c->params.cooldown_s, 0.1);
   EXPECT_EQ(c->reuse_tracker.entries, 1024u);
   EXPECT_EQ(c->reuse_tracker.alpha, 0.5);
-  EXPECT_EQ(c->placement_calibration, "/tmp/cal.json");
-  EXPECT_EQ(*c->PinLevelOf("acme/m/l"), 3);
-  EXPECT_NE(c->PinLevelOf("acme/m/x").status().message().find("known: acme/m/l"),
-            std::string::npos);
+  EXPECT_EQ(c->calibration, "/tmp/cal.json");
+}
+
+TEST(PlacementConfig, NoSectionKeepsTheDefaults) {
+  auto c = ParsePlacementConfig(kMinimal, "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const PlacementParams d;
+  EXPECT_EQ(c->params.ttft_budget_s, d.ttft_budget_s);
+  EXPECT_EQ(c->params.nvme.read_bytes_per_s, d.nvme.read_bytes_per_s);
+  EXPECT_EQ(c->reuse_tracker.entries, ReuseTrackerOptions{}.entries);
+  EXPECT_TRUE(c->calibration.empty());
+  // A document that is not TOML names its line.
+  auto bad = ParsePlacementConfig("[placement\n", "t.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
+  EXPECT_EQ(bad.status().message().rfind("t.toml:1: ", 0), 0u) << bad.status();
+  // So does a [placement] that is not a table.
+  auto scalar = ParsePlacementConfig("placement = 3\n", "t.toml");
+  ASSERT_FALSE(scalar.ok());
+  EXPECT_NE(scalar.status().message().find("t.toml:1: key 'placement': expected a table"),
+            std::string::npos)
+      << scalar.status();
 }
 
 TEST(PlacementConfig, ErrorsNameTheKeyAndLine) {
@@ -969,7 +991,7 @@ TEST(PlacementConfig, ErrorsNameTheKeyAndLine) {
        "t.toml:14: key 'placement.tracker_entries': 8 is out of range"},
   };
   for (const Case& c : cases) {
-    auto got = orchestrator::ParseConfig(std::string(kMinimal) + c.extra, "t.toml");
+    auto got = ParsePlacementConfig(std::string(kMinimal) + c.extra, "t.toml");
     ASSERT_FALSE(got.ok()) << c.extra;
     EXPECT_TRUE(absl::IsInvalidArgument(got.status()));
     EXPECT_NE(got.status().message().find(c.want), std::string::npos)
@@ -978,4 +1000,4 @@ TEST(PlacementConfig, ErrorsNameTheKeyAndLine) {
 }
 
 }  // namespace
-}  // namespace cxlkv::pool
+}  // namespace cxlkv::tier

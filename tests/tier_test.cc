@@ -39,14 +39,14 @@ struct Clock {
   }
 };
 
-std::unique_ptr<pool::NvmeStore> OpenStore(const std::string& dir, std::uint64_t payload,
+std::unique_ptr<tier::NvmeStore> OpenStore(const std::string& dir, std::uint64_t payload,
                                            std::string* skip) {
-  pool::NvmeStoreOptions o;
+  tier::NvmeStoreOptions o;
   o.dir = dir;
   o.payload_bytes = payload;
   o.queue_depth = 32;
   o.grow_bytes = 0;
-  auto s = pool::NvmeStore::Open(o);
+  auto s = tier::NvmeStore::Open(o);
   if (!s.ok()) {
     *skip = std::string(s.status().message());
     return nullptr;
@@ -101,7 +101,7 @@ TEST(TierManager, DemoteFreesCxlAfterNvmeHasItAndPromoteRestores) {
   o.cooldown_ms = 100;
   o.now_ms = clock.fn();
   MANAGER_OR_SKIP(m, dir.path(), o);
-  for (std::uint64_t k = 0; k < 4; ++k) PlaceNew(*m, k, Tier::kCxl);
+  for (std::uint64_t k = 0; k < 4; ++k) PlaceNew(*m, k, Tier::kCxlExpanded);
   auto addr = m->Acquire(KeyOf(0));
   ASSERT_TRUE(addr.ok());
   const auto ref = *m->allocator().RefOf(*addr);
@@ -147,9 +147,9 @@ TEST(TierManager, PlaceTakesTheTargetTier) {
   EXPECT_FALSE(m->Where(KeyOf(2)).has_value());
   EXPECT_FALSE(m->allocator().Resolve(ref).ok()) << "a dropped block is freed";
 
-  PlaceNew(*m, 3, Tier::kCxl);
+  PlaceNew(*m, 3, Tier::kCxlExpanded);
   allocator::BlockHandle dup = m->allocator().Alloc(0);
-  EXPECT_TRUE(absl::IsAlreadyExists(m->Place(KeyOf(3), dup, Tier::kCxl)));
+  EXPECT_TRUE(absl::IsAlreadyExists(m->Place(KeyOf(3), dup, Tier::kCxlExpanded)));
   m->allocator().Free(dup);
 
   ASSERT_TRUE(m->Move(KeyOf(1), Tier::kDrop).ok());
@@ -159,6 +159,26 @@ TEST(TierManager, PlaceTakesTheTargetTier) {
   EXPECT_EQ(m->Stats().dropped, 2u);
 }
 
+// The manager has one CXL arena: a block the rule sends to the pooled CXL tier lives there
+// too, and Move to either CXL kind promotes.
+TEST(TierManager, BothCxlKindsMeanTheArena) {
+  testing::TempDir dir("tier");
+  TierOptions o;
+  o.cooldown_ms = 0;
+  MANAGER_OR_SKIP(m, dir.path(), o);
+  PlaceNew(*m, 1, Tier::kCxlPooled);
+  EXPECT_EQ(m->Where(KeyOf(1)), Residence::kCxl);
+  ExpectInCxl(*m, 1);
+  PlaceNew(*m, 2, Tier::kNvme);
+  ASSERT_TRUE(m->Move(KeyOf(2), Tier::kCxlPooled).ok());
+  EXPECT_EQ(m->Where(KeyOf(2)), Residence::kCxl);
+  ExpectInCxl(*m, 2);
+  ASSERT_TRUE(m->Move(KeyOf(1), Tier::kNvme).ok());
+  ASSERT_TRUE(m->Move(KeyOf(1), Tier::kCxlExpanded).ok());
+  ExpectInCxl(*m, 1);
+  EXPECT_EQ(m->Stats().cxl_blocks, 2u);
+}
+
 TEST(TierManager, PrefetchIsOneBatchAndCompletesAsynchronously) {
   testing::TempDir dir("tier");
   Clock clock;
@@ -166,9 +186,9 @@ TEST(TierManager, PrefetchIsOneBatchAndCompletesAsynchronously) {
   o.cooldown_ms = 10;
   o.now_ms = clock.fn();
   MANAGER_OR_SKIP(m, dir.path(), o);
-  std::vector<pool::NvmeKey> keys;
+  std::vector<tier::NvmeKey> keys;
   for (std::uint64_t k = 0; k < 8; ++k) {
-    PlaceNew(*m, k, Tier::kCxl, 5);
+    PlaceNew(*m, k, Tier::kCxlExpanded, 5);
     keys.push_back(KeyOf(k));
   }
   const auto before_demote = m->store().Stats().submit_calls;
@@ -199,7 +219,7 @@ TEST(TierManager, CooldownRefusesEarlyPromotionAndSaysWhy) {
   o.cooldown_ms = 100;
   o.now_ms = clock.fn();
   MANAGER_OR_SKIP(m, dir.path(), o);
-  PlaceNew(*m, 0, Tier::kCxl);
+  PlaceNew(*m, 0, Tier::kCxlExpanded);
   ASSERT_TRUE(m->Demote(KeyOf(0)).ok());
   clock.ms += 40;
   const tier::PromoteCheck c = m->CheckPromote(KeyOf(0));
@@ -229,7 +249,7 @@ TEST(TierManager, WatermarksDemoteLeastRecentlyUsedWithHysteresis) {
   o.cooldown_ms = 50;
   o.now_ms = clock.fn();
   MANAGER_OR_SKIP(m, dir.path(), o);
-  for (std::uint64_t k = 0; k < 12; ++k) PlaceNew(*m, k, Tier::kCxl);
+  for (std::uint64_t k = 0; k < 12; ++k) PlaceNew(*m, k, Tier::kCxlExpanded);
   EXPECT_EQ(m->Stats().cxl_blocks, 12u) << "at the high watermark nothing moves";
   EXPECT_EQ(m->Stats().demotions, 0u);
   // Touch 0 and 1 (most recently used now); pin 2 (never a victim).
@@ -238,7 +258,7 @@ TEST(TierManager, WatermarksDemoteLeastRecentlyUsedWithHysteresis) {
     m->Release(KeyOf(k));
   }
   ASSERT_TRUE(m->Acquire(KeyOf(2)).ok());
-  PlaceNew(*m, 12, Tier::kCxl);  // 13 > high: down to low (8): 5 victims
+  PlaceNew(*m, 12, Tier::kCxlExpanded);  // 13 > high: down to low (8): 5 victims
   EXPECT_EQ(m->Stats().cxl_blocks, 8u);
   EXPECT_EQ(m->Stats().watermark_runs, 1u);
   for (std::uint64_t k = 0; k <= 12; ++k) {
@@ -246,17 +266,17 @@ TEST(TierManager, WatermarksDemoteLeastRecentlyUsedWithHysteresis) {
     EXPECT_EQ(m->Where(KeyOf(k)), victim ? Residence::kNvme : Residence::kCxl) << "key " << k;
   }
   // Between the watermarks: no demotion (hysteresis).
-  for (std::uint64_t k = 13; k < 17; ++k) PlaceNew(*m, k, Tier::kCxl);
+  for (std::uint64_t k = 13; k < 17; ++k) PlaceNew(*m, k, Tier::kCxlExpanded);
   EXPECT_EQ(m->Stats().cxl_blocks, 12u);
   EXPECT_EQ(m->Stats().watermark_runs, 1u);
-  PlaceNew(*m, 17, Tier::kCxl);
+  PlaceNew(*m, 17, Tier::kCxlExpanded);
   EXPECT_EQ(m->Stats().cxl_blocks, 8u);
   EXPECT_EQ(m->Stats().watermark_runs, 2u);
   EXPECT_EQ(m->Where(KeyOf(2)), Residence::kCxl) << "pinned";
   m->Release(KeyOf(2));
   // A victim comes back intact once its cool-down has passed.
   clock.ms += 50;
-  ASSERT_TRUE(m->Move(KeyOf(3), Tier::kCxl).ok());
+  ASSERT_TRUE(m->Move(KeyOf(3), Tier::kCxlExpanded).ok());
   ExpectInCxl(*m, 3);
   EXPECT_EQ(m->Stats().cxl_blocks, 9u);
 }
@@ -275,14 +295,14 @@ TEST(TierManager, TouchOrdersAChainSoItsTailIsEvictedFirst) {
   MANAGER_OR_SKIP(m, dir.path(), o);
   // A chain 0..5 placed root first (so by placement order the root is the oldest), then two
   // unrelated blocks 6, 7 placed after it.
-  for (std::uint64_t k = 0; k < 8; ++k) PlaceNew(*m, k, Tier::kCxl);
+  for (std::uint64_t k = 0; k < 8; ++k) PlaceNew(*m, k, Tier::kCxlExpanded);
   std::vector<tier::Key> chain;
   for (std::uint64_t k = 0; k < 6; ++k) chain.push_back(KeyOf(k));
   chain.push_back(KeyOf(999));  // not tracked: skipped
   EXPECT_EQ(m->Touch(chain), 6u);
   // Order now, most recent first: 0 1 2 3 4 5 7 6. One more block: 9 > 8, down to 6: three
   // victims, the least recently used: 6, 7, then the chain's tail 5.
-  PlaceNew(*m, 8, Tier::kCxl);
+  PlaceNew(*m, 8, Tier::kCxlExpanded);
   EXPECT_EQ(m->Stats().cxl_blocks, 6u);
   for (std::uint64_t k = 0; k <= 8; ++k) {
     const bool gone = k == 5 || k == 6 || k == 7;
@@ -290,7 +310,7 @@ TEST(TierManager, TouchOrdersAChainSoItsTailIsEvictedFirst) {
   }
   // Order: 8 0 1 2 3 4. Three more blocks push three more out: the chain keeps shrinking
   // from its tail (4, 3, 2), its head stays usable.
-  for (std::uint64_t k = 9; k < 12; ++k) PlaceNew(*m, k, Tier::kCxl);
+  for (std::uint64_t k = 9; k < 12; ++k) PlaceNew(*m, k, Tier::kCxlExpanded);
   for (std::uint64_t k : {0, 1, 8, 9, 10, 11}) EXPECT_TRUE(m->Where(KeyOf(k)).has_value()) << k;
   for (std::uint64_t k : {2, 3, 4}) EXPECT_FALSE(m->Where(KeyOf(k)).has_value()) << k;
 }
@@ -310,7 +330,7 @@ TEST(TierManager, RetentionIsTheIdleAgeOfTheYoungestVictim) {
   // Blocks 0..3 placed at t = 1, 2, 3, 4 s; 0 touched at 5 s (order by use: 1 2 3 0).
   for (std::uint64_t k = 0; k < 4; ++k) {
     clock.ms = 1000 * static_cast<std::int64_t>(k + 1);
-    PlaceNew(*m, k, Tier::kCxl);
+    PlaceNew(*m, k, Tier::kCxlExpanded);
   }
   EXPECT_EQ(m->RetentionS(), inf);  // at the high watermark, not above it: nothing evicted
   clock.ms = 5000;
@@ -320,7 +340,7 @@ TEST(TierManager, RetentionIsTheIdleAgeOfTheYoungestVictim) {
   // Block 4 at 11 s: 5 > 4, down to 2: victims 1, 2, 3 (used at 2, 3, 4 s); the youngest, 3,
   // was idle 7 s.
   clock.ms = 11000;
-  PlaceNew(*m, 4, Tier::kCxl);
+  PlaceNew(*m, 4, Tier::kCxlExpanded);
   EXPECT_EQ(m->Stats().cxl_blocks, 2u);
   EXPECT_FALSE(m->Where(KeyOf(3)).has_value());
   EXPECT_TRUE(m->Where(KeyOf(0)).has_value());
@@ -332,7 +352,7 @@ TEST(TierManager, RetentionIsTheIdleAgeOfTheYoungestVictim) {
   EXPECT_DOUBLE_EQ(m->RetentionS(), 9.0);
   // Blocks 5, 6, 7 at 20 s push 5 > 4: down to 2, victims 0 (used at 5 s), 4 (11 s) and 5
   // (20 s): the youngest victim, 5, was idle 0 s. EWMA: 7 + 0.2 × (0 − 7) = 5.6 s.
-  for (std::uint64_t k = 5; k < 8; ++k) PlaceNew(*m, k, Tier::kCxl);
+  for (std::uint64_t k = 5; k < 8; ++k) PlaceNew(*m, k, Tier::kCxlExpanded);
   EXPECT_EQ(m->Stats().cxl_blocks, 2u);
   EXPECT_DOUBLE_EQ(m->RetentionS(), 5.6);
 }
@@ -363,7 +383,7 @@ TEST(TierManager, VictimTierAndReleaseHookOwnTheVictims) {
     return u.free + u.cached;
   };
   const std::uint32_t free0 = free_blocks();
-  for (std::uint64_t k = 0; k < 9; ++k) PlaceNew(*m, k, Tier::kCxl);  // 9 > 8: down to 4
+  for (std::uint64_t k = 0; k < 9; ++k) PlaceNew(*m, k, Tier::kCxlExpanded);  // 9 > 8: down to 4
   ASSERT_EQ(asked.size(), 5u) << "one question per victim, least recently used first";
   EXPECT_EQ(asked[0], KeyOf(0));
   EXPECT_EQ(m->Stats().cxl_blocks, 4u);
@@ -448,14 +468,14 @@ TEST(TierManager, ReadCopiesOutWithoutPromotingAndReportsPerKey) {
   EXPECT_EQ(m->store().Stats().submit_calls, submits + 1) << "one batch for the six writes";
   EXPECT_EQ(m->Stats().placed_nvme, 6u);
   EXPECT_EQ(m->Stats().demotions, 0u) << "a placement is not a demotion";
-  PlaceNew(*m, 6, Tier::kCxl);
+  PlaceNew(*m, 6, Tier::kCxlExpanded);
   // Corrupt key 5's copy.
   auto loc = m->store().Locate(KeyOf(5));
   ASSERT_TRUE(loc.ok());
   const int fd = ::open(loc->file.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   const char junk[4] = {9, 9, 9, 9};
-  ASSERT_EQ(::pwrite(fd, junk, 4, static_cast<off_t>(loc->offset + pool::kNvmeHeaderBytes + 8)),
+  ASSERT_EQ(::pwrite(fd, junk, 4, static_cast<off_t>(loc->offset + tier::kNvmeHeaderBytes + 8)),
             4);
   ::close(fd);
 
@@ -493,7 +513,7 @@ TEST(TierManager, FullDiskDemotionFailsAndBlocksStayInCxl) {
   o.auto_enforce = false;
   o.cooldown_ms = 0;
   MANAGER_OR_SKIP(m, fs->path() + "/store", o, 128 << 10, "8M");
-  for (std::uint64_t k = 0; k < 14; ++k) PlaceNew(*m, k, Tier::kCxl);
+  for (std::uint64_t k = 0; k < 14; ++k) PlaceNew(*m, k, Tier::kCxlExpanded);
   // 12 victims, room for about 7 slots of 132 KiB on the 1 MiB file system.
   auto demoted = m->EnforceWatermarks();
   ASSERT_TRUE(demoted.ok()) << demoted.status();
@@ -535,7 +555,7 @@ TEST(TierManager, CorruptNvmeCopyIsReportedAndDropped) {
   const int fd = ::open(loc->file.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   const char junk[4] = {1, 2, 3, 4};
-  ASSERT_EQ(::pwrite(fd, junk, 4, static_cast<off_t>(loc->offset + pool::kNvmeHeaderBytes + 64)),
+  ASSERT_EQ(::pwrite(fd, junk, 4, static_cast<off_t>(loc->offset + tier::kNvmeHeaderBytes + 64)),
             4);
   ::close(fd);
   absl::Status st = m->Promote(KeyOf(0));
@@ -553,8 +573,8 @@ TEST(TierManager, RestartAdoptsNvmeBlocks) {
   o.cooldown_ms = 1000000;
   {
     MANAGER_OR_SKIP(m, dir.path(), o);
-    for (std::uint64_t k = 0; k < 3; ++k) PlaceNew(*m, k, Tier::kCxl, 7);
-    ASSERT_TRUE(m->Demote(std::vector<pool::NvmeKey>{KeyOf(0), KeyOf(1)}).ok());
+    for (std::uint64_t k = 0; k < 3; ++k) PlaceNew(*m, k, Tier::kCxlExpanded, 7);
+    ASSERT_TRUE(m->Demote(std::vector<tier::NvmeKey>{KeyOf(0), KeyOf(1)}).ok());
   }
   MANAGER_OR_SKIP(m, dir.path(), o);
   EXPECT_EQ(m->Where(KeyOf(0)), Residence::kNvme);

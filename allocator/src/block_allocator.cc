@@ -14,7 +14,9 @@
 
 namespace cxlkv::allocator {
 namespace internal {
-constinit thread_local TlsSlot tls_slots[kMaxAllocators] CXLKV_ALLOCATOR_TLS;
+// "= {}": the zero state spelled out, which clang needs to see constinit's constant
+// initializer (gcc accepts the implicit zero-initialization of a thread_local).
+constinit thread_local TlsSlot tls_slots[kMaxAllocators] CXLKV_ALLOCATOR_TLS = {};
 }  // namespace internal
 
 using internal::Magazine;

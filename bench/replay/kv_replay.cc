@@ -13,9 +13,9 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cxlkv/pool/calibrate.h"
-#include "cxlkv/pool/placement.h"
 #include "cxlkv/pool/region.h"
+#include "cxlkv/tier/calibrate.h"
+#include "cxlkv/tier/placement.h"
 #include "nlohmann/json.hpp"
 #include "replay.h"
 #include "trace.h"
@@ -127,33 +127,33 @@ int main(int argc, char** argv) {
   const std::uint64_t moved = profile.MovedBlockBytes();
 
   // Tier figures: calibration (measured now, or loaded) folded into the rule's parameters.
-  pool::Calibration cal;
+  tier::Calibration cal;
   if (!c.calibration.empty()) {
-    auto l = pool::LoadCalibration(c.calibration);
+    auto l = tier::LoadCalibration(c.calibration);
     if (!l.ok()) return Fail(std::string(l.status().message()));
     cal = *l;
   } else {
     const std::string scratch = absl::StrCat(c.shm_dir, "/cxlkv-replay-calib-", ::getpid());
     auto region = pool::OpenRegion(absl::StrCat("file:", scratch, "?size=256M"));
     if (!region.ok()) return Fail(std::string(region.status().message()));
-    pool::CalibrateOptions co;
+    tier::CalibrateOptions co;
     co.budget_s = c.calibrate_budget_s;
-    auto m = pool::Calibrate(region->get(), c.nvme_dir, co);
+    auto m = tier::Calibrate(region->get(), c.nvme_dir, co);
     region->reset();
     ::unlink(scratch.c_str());
     if (!m.ok()) return Fail(std::string(m.status().message()));
     cal = *m;
   }
-  if (auto st = pool::SaveCalibration(cal, c.out + "/calibration.json"); !st.ok()) {
+  if (auto st = tier::SaveCalibration(cal, c.out + "/calibration.json"); !st.ok()) {
     return Fail(std::string(st.message()));
   }
-  pool::PlacementParams params;
+  tier::PlacementParams params;
   params.cxl[1].present = false;  // one CXL tier: the emulated arena (cxl-expanded)
   params.prefill_tokens_per_s = c.prefill_tokens_per_s;
   params.queue_depth_weight = c.queue_weight;
   params.low_watermark = c.low_watermark;
   params.high_watermark = c.high_watermark;
-  std::vector<std::string> applied = pool::ApplyCalibration(cal, &params);
+  std::vector<std::string> applied = tier::ApplyCalibration(cal, &params);
   if (auto st = params.Validate(); !st.ok()) return Fail(std::string(st.message()));
 
   const auto cxl_blocks = static_cast<std::uint32_t>(c.cxl_gib * D(1ull << 30) / D(modeled));
@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
       }
       nlohmann::json clauses;
       for (int k = 0; k < 6; ++k) {
-        clauses[std::string(pool::ClauseName(static_cast<pool::Clause>(k)))] = r->clauses[k];
+        clauses[std::string(tier::ClauseName(static_cast<tier::Clause>(k)))] = r->clauses[k];
       }
       nlohmann::json wl;
       for (int k = 0; k < replay::kWorkloadCount; ++k) {
@@ -401,7 +401,7 @@ int main(int argc, char** argv) {
                    {"nvme_read_bytes_per_s", params.nvme.read_bytes_per_s},
                    {"prefill_tokens_per_s", params.prefill_tokens_per_s},
                    {"queue_depth_weight", params.queue_depth_weight}}},
-      {"calibration", nlohmann::json::parse(pool::CalibrationToJson(cal, -1), nullptr, false)},
+      {"calibration", nlohmann::json::parse(tier::CalibrationToJson(cal, -1), nullptr, false)},
       {"verdicts", verdicts},
       {"bound", bounds},
       {"runs", runs}};

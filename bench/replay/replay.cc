@@ -24,9 +24,9 @@
 #include "cxlkv/coherence/mem.h"
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/pool/arena.h"
-#include "cxlkv/pool/nvme_store.h"
 #include "cxlkv/pool/region.h"
-#include "cxlkv/pool/reuse_tracker.h"
+#include "cxlkv/tier/nvme_store.h"
+#include "cxlkv/tier/placer.h"
 #include "cxlkv/tier/tier_manager.h"
 
 namespace cxlkv::replay {
@@ -37,11 +37,7 @@ using allocator::BlockAllocator;
 using allocator::BlockHandle;
 using co::PrefixKey;
 
-struct KeyHash {
-  std::size_t operator()(const PrefixKey& k) const noexcept {
-    return static_cast<std::size_t>(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull));
-  }
-};
+using KeyHash = co::PrefixKeyHash;
 
 // The trace's time, in the milliseconds the index's leases and heartbeats use.
 class ReplayClock final : public co::Clock {
@@ -70,7 +66,7 @@ std::vector<PrefixKey> ChainKeys(const Request& q, std::uint32_t tpb) {
 
 // Modeled TTFT: the fetches, then the prefill of every token no hit covers, slowed by the
 // prefills queued ahead (the rule's own recompute model).
-double ModeledTtft(const pool::PlacementParams& p, double block_bytes, std::size_t cxl_hits,
+double ModeledTtft(const tier::PlacementParams& p, double block_bytes, std::size_t cxl_hits,
                    std::size_t nvme_hits, std::size_t nvme_runs, double miss_tokens,
                    std::uint32_t queue_depth) {
   double ttft = 0;
@@ -173,11 +169,17 @@ class Engine {
   // per policy. `first`: the run's position in the request's chain.
   absl::Status LookupNvme(const Request& q, std::span<const PrefixKey> chain, std::size_t first,
                           std::size_t* got, ReplayResult* r);
-  // `chain`/`pos`: the request's chain and the block's place in it. A block with no reuse
-  // history of its own takes its nearest ancestor's expected interval (a turn's new blocks
-  // come back with the conversation that reuses its parents).
-  pool::Decision Decide(co::Namespace ns, const PrefixKey& key, std::size_t depth, double occupancy_delta = 0,
-                        std::span<const PrefixKey> chain = {}, std::size_t pos = 0);
+  // The Placer's decision for a block of depth `depth` (1 + its place in its chain);
+  // `chain`/`pos`: the request's chain and the block's place in it (a block without history
+  // may take an ancestor's reuse interval). `occupancy_delta`: CXL occupancy the placement
+  // itself adds.
+  tier::Decision Decide(co::Namespace ns, const PrefixKey& key, std::size_t depth,
+                        double occupancy_delta, std::span<const PrefixKey> chain = {},
+                        std::size_t pos = 0);
+  // What the Placer needs of the tiers now: CXL occupancy (plus occupancy_delta; one CXL
+  // tier, the pooled one absent), its retention (o_.retention_pressure), the queue depth.
+  tier::TierState State(double occupancy_delta) const;
+  tier::PlacementQuery Query(co::Namespace ns, const PrefixKey& key, std::size_t depth) const;
   // A CXL block for a new block's bytes: waits for retired blocks to come back if needed.
   absl::StatusOr<BlockHandle> AllocCxl();
   // Publishes a CXL-resident block in the index under (ns, key, parent).
@@ -186,7 +188,7 @@ class Engine {
   // TierOptions::release_cxl: a published block is retired (its arena block comes back
   // through the owner once no lease names it); a staging block is freed.
   void ReleaseCxl(const PrefixKey& key, BlockHandle h);
-  // Where a watermark victim goes (TierOptions::victim_tier).
+  // Where a watermark victim goes (TierOptions::victim_tier): the Placer re-decides it.
   tier::Tier VictimTier(const PrefixKey& key);
   // Writes the queued NVMe placements in one batch.
   absl::Status FlushNvme(ReplayResult* r);
@@ -212,22 +214,14 @@ class Engine {
   std::unique_ptr<co::PrefixOwner> owner_;
   std::unique_ptr<co::PrefixHost> host_;
   std::unique_ptr<tier::TierManager> tier_;
-  std::optional<pool::PlacementRule> rule_;
-  std::optional<pool::ReuseTracker> tracker_;
-  std::optional<pool::NamespaceReuse> prior_;  // o_.ns_prior
+  std::optional<tier::Placer> placer_;  // the rule policy's
   absl::flat_hash_map<PrefixKey, Published, KeyHash> published_;
   std::uint64_t awaiting_return_ = 0;  // retired blocks not yet handed back by the owner
   std::uint64_t freed_ = 0;
-  std::uint64_t inherited_ = 0;
-  std::uint64_t victims_decided_ = 0;
-  std::uint64_t from_prior_ = 0;
-  // One use of a block: the tracker (per key) and the namespace prior learn from it.
+  // One use of a block: the Placer's tracker (per key) and namespace prior learn from it.
   void RecordUse(co::Namespace ns, const PrefixKey& key, std::uint64_t now_ns) {
-    const pool::RecordOutcome o =
-        tracker_->Record(key, now_ns, modeled_, o_.profile.tokens_per_block);
-    if (prior_) prior_->Observe(ns, o);
+    if (placer_) placer_->RecordUse(ns, key, now_ns, modeled_, o_.profile.tokens_per_block);
   }
-  std::array<std::uint64_t, 6>* clauses_ = nullptr;  // the running result's clause counts
   absl::Status callback_error_;  // the first failure inside a TierManager callback
   Buffers scratch_, nvme_bufs_;
   std::vector<PrefixKey> pending_keys_;  // new blocks queued for NVMe, in staging blocks
@@ -296,7 +290,7 @@ absl::Status Engine::Setup() {
     // The NVMe store (every policy but recompute has one; cxl-lru never writes to it).
     std::error_code ec;
     std::filesystem::remove_all(o_.nvme_dir, ec);
-    pool::NvmeStoreOptions so;
+    tier::NvmeStoreOptions so;
     so.dir = o_.nvme_dir;
     so.payload_bytes = moved_;
     // Slack over nvme_blocks: deleted slots are retired in the background.
@@ -304,7 +298,7 @@ absl::Status Engine::Setup() {
     const std::uint64_t slot = (moved_ + 4095) / 4096 * 4096 + 4096;
     so.capacity_bytes = (nvme_blocks + nvme_blocks / 4 + 256) * slot;
     so.grow_bytes = 16ull << 20;
-    auto store = pool::NvmeStore::Open(so);
+    auto store = tier::NvmeStore::Open(so);
     if (!store.ok()) return store.status();
 
     // The TierManager moves the blocks; the policy is in its options and in ServeRequest.
@@ -341,17 +335,14 @@ absl::Status Engine::Setup() {
     tier_ = std::move(*m);
   }
   if (o_.policy == Policy::kRule) {
-    auto rule = pool::PlacementRule::Create(o_.params);
-    if (!rule.ok()) return rule.status();
-    rule_.emplace(std::move(*rule));
-  }
-  auto tracker = pool::ReuseTracker::Create(pool::ReuseTrackerOptions{1u << 20, 0.25});
-  if (!tracker.ok()) return tracker.status();
-  tracker_.emplace(std::move(*tracker));
-  if (o_.ns_prior) {
-    auto prior = pool::NamespaceReuse::Create();
-    if (!prior.ok()) return prior.status();
-    prior_.emplace(std::move(*prior));
+    tier::PlacerOptions po;
+    po.params = o_.params;
+    po.tracker = tier::ReuseTrackerOptions{1u << 20, 0.25};
+    po.namespace_prior = o_.ns_prior;
+    po.inherit_from_chain = o_.inherit_reuse;
+    auto placer = tier::Placer::Create(po);
+    if (!placer.ok()) return placer.status();
+    placer_.emplace(std::move(*placer));
   }
   return absl::OkStatus();
 }
@@ -393,50 +384,41 @@ absl::Status Engine::Pump() {
   return absl::OkStatus();
 }
 
-pool::Decision Engine::Decide(co::Namespace ns, const PrefixKey& key, std::size_t depth, double occupancy_delta,
-                              std::span<const PrefixKey> chain, std::size_t pos) {
-  pool::BlockInputs in;
-  in.size_bytes = modeled_;
-  const auto now = static_cast<std::uint64_t>(NowNs());
-  in.reuse_interval_s = tracker_->ExpectedIntervalS(key, now);
-  if (prior_ && std::isinf(in.reuse_interval_s)) {
-    const auto st = tracker_->Find(key);
-    if (!st || st->uses < 2) {  // no history of its own (not: a history gone idle)
-      in.reuse_interval_s = prior_->ExpectedIntervalS(ns);
-      if (!std::isinf(in.reuse_interval_s)) ++from_prior_;
-    }
-  }
-  if (o_.inherit_reuse && std::isinf(in.reuse_interval_s)) {
-    for (std::size_t up = 1; up <= std::min<std::size_t>(pos, 64); ++up) {
-      const double parent = tracker_->ExpectedIntervalS(chain[pos - up], now);
-      if (!std::isinf(parent)) {
-        in.reuse_interval_s = parent;
-        ++inherited_;
-        break;
-      }
-    }
-  }
-  in.tokens = o_.profile.tokens_per_block;
-  if (o_.rule_prefix_tokens) in.tokens *= static_cast<std::uint32_t>(depth);
-  in.queue_depth = queue_depth_;
-  in.occupancy = {std::min(1.0, CxlOccupancy() + occupancy_delta), 1.0};
-  if (o_.retention_pressure) in.retention_s[0] = tier_->RetentionS();
-  const pool::Decision d = rule_->Decide(in);
-  if (clauses_ != nullptr) ++(*clauses_)[static_cast<int>(d.clause)];
-  return d;
+tier::TierState Engine::State(double occupancy_delta) const {
+  tier::TierState s;
+  s.occupancy = {std::min(1.0, CxlOccupancy() + occupancy_delta), 1.0};
+  if (o_.retention_pressure) s.retention_s[0] = tier_->RetentionS();
+  s.queue_depth = queue_depth_;
+  return s;
+}
+
+tier::PlacementQuery Engine::Query(co::Namespace ns, const PrefixKey& key,
+                                   std::size_t depth) const {
+  tier::PlacementQuery q;
+  q.ns = ns;
+  q.key = key;
+  q.size_bytes = modeled_;
+  q.tokens = o_.profile.tokens_per_block;
+  if (o_.rule_prefix_tokens) q.tokens *= static_cast<std::uint32_t>(depth);
+  return q;
+}
+
+tier::Decision Engine::Decide(co::Namespace ns, const PrefixKey& key, std::size_t depth,
+                              double occupancy_delta, std::span<const PrefixKey> chain,
+                              std::size_t pos) {
+  tier::PlacementQuery q = Query(ns, key, depth);
+  q.chain = chain;
+  q.pos = pos;
+  return placer_->Decide(q, State(occupancy_delta), static_cast<std::uint64_t>(NowNs()));
 }
 
 tier::Tier Engine::VictimTier(const PrefixKey& key) {
-  ++victims_decided_;
-  // Re-decided with CXL full (occupancy 1): the watermark needs the room, so the choice is
-  // NVMe or drop, and drop wins when recomputing beats an NVMe fetch (the rule compares
-  // recompute with the fastest tier the block may live in — CXL is not one of them now).
+  // The namespace and depth it was published under (a staging block: neither known).
   auto it = published_.find(key);
   const std::size_t depth = it != published_.end() ? it->second.depth : 1;
   const co::Namespace ns = it != published_.end() ? it->second.ns : co::Namespace{};
-  return Decide(ns, key, depth, /*occupancy_delta=*/1.0).tier == pool::Tier::kDrop
-             ? tier::Tier::kDrop
-             : tier::Tier::kNvme;
+  return placer_->DecideVictim(Query(ns, key, depth), State(0),
+                               static_cast<std::uint64_t>(NowNs()));
 }
 
 void Engine::ReleaseCxl(const PrefixKey& key, BlockHandle h) {
@@ -555,8 +537,8 @@ absl::Status Engine::LookupNvme(const Request& q, std::span<const PrefixKey> cha
     const PrefixKey& key = chain[pos];
     bool up = o_.policy == Policy::kLruSpill;
     if (o_.policy == Policy::kRule) {
-      const pool::Decision d = Decide(q.ns, key, pos + 1, 1.0 / o_.cxl_blocks, chain, pos);
-      if (d.tier == pool::Tier::kCxlExpanded || d.tier == pool::Tier::kCxlPooled) {
+      const tier::Decision d = Decide(q.ns, key, pos + 1, 1.0 / o_.cxl_blocks, chain, pos);
+      if (tier::IsCxl(d.tier)) {
         const tier::PromoteCheck c = tier_->CheckPromote(key);
         if (c.verdict == tier::PromoteVerdict::kCoolingDown) ++r->cooldown_holds;
         up = c.allowed();
@@ -651,7 +633,6 @@ absl::Status Engine::FlushNvme(ReplayResult* r) {
 absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
   clock_.Set(q.arrival_s);
   now_s_ = q.arrival_s;
-  clauses_ = &r->clauses;
   if (auto st = Pump(); !st.ok()) return st;
   const std::uint32_t tpb = o_.profile.tokens_per_block;
   // The answer's blocks are written after the prompt's.
@@ -706,13 +687,12 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
         ++r->already_resident;
         continue;
       }
-      pool::Tier dest = o_.policy == Policy::kNvmeLru ? pool::Tier::kNvme : pool::Tier::kCxlExpanded;
+      tier::Tier dest = o_.policy == Policy::kNvmeLru ? tier::Tier::kNvme : tier::Tier::kCxlExpanded;
       if (o_.policy == Policy::kRule) {
         if (b >= n) RecordUse(q.ns, key, now_ns);  // produced now
         dest = Decide(q.ns, key, b + 1, 1.0 / o_.cxl_blocks, keys, b).tier;
-        if (dest == pool::Tier::kCxlPooled) dest = pool::Tier::kCxlExpanded;
       }
-      if (dest == pool::Tier::kDrop) {
+      if (dest == tier::Tier::kDrop) {
         ++r->placed_drop;
         continue;
       }
@@ -720,7 +700,7 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
       if (!h.ok()) return h.status();
       std::byte* data = scratch_.Get(2);  // what prefill computed
       FillBlock(key, data, moved_);
-      if (dest == pool::Tier::kNvme) {  // staged in CXL for the NVMe write
+      if (dest == tier::Tier::kNvme) {  // staged in CXL for the NVMe write
         std::memcpy(Alloc().Addr(*h), data, moved_);
         pending_keys_.push_back(key);
         pending_blocks_.push_back(*h);
@@ -735,7 +715,7 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
       }
       // The manager's watermarks run here: victims are re-decided (rule), dropped (cxl-lru)
       // or demoted (lru-spill) and retired from the index through release_cxl.
-      if (auto st = tier_->Place(key, *h, tier::Tier::kCxl); !st.ok()) return st;
+      if (auto st = tier_->Place(key, *h, dest); !st.ok()) return st;
       if (!callback_error_.ok()) return callback_error_;
       ++r->placed_cxl;
       r->cxl_write.blocks += 1;
@@ -766,8 +746,11 @@ absl::Status Engine::Run(ReplayResult* r) {
     ++r->requests;
   }
   r->blocks_freed = freed_;
-  r->inherited_reuse = inherited_;
-  r->prior_reuse = from_prior_;
+  if (placer_) {
+    r->inherited_reuse = placer_->stats().from_ancestor;
+    r->prior_reuse = placer_->stats().from_prior;
+    r->clauses = placer_->stats().clauses;
+  }
   if (tier_) {
     tier_->store().Drain();
     const tier::TierStats t = tier_->Stats();
@@ -783,7 +766,7 @@ absl::Status Engine::Run(ReplayResult* r) {
     r->owner_reclaimed = owner_->stats().reclaimed;
     const pool::ArenaUsage u = Alloc().arena().Usage();
     r->arena_persisted_end = u.classes.empty() ? 0 : u.classes[0].persisted;
-    const pool::NvmeStats s = tier_->store().Stats();
+    const tier::NvmeStats s = tier_->store().Stats();
     r->store_puts = s.puts;
     r->store_gets = s.gets;
     r->store_deletes = s.deletes;

@@ -6,11 +6,13 @@
 //   index      a PrefixOwner + PrefixHost on a domain formatted in a /dev/shm file; CXL
 //              blocks are published under their chained prefix keys and found only through
 //              PrefixHost::AcquireChain (leases, copy-out, ValidateAfterCopy, release)
-//   NVMe tier  a pool::NvmeStore (O_DIRECT + io_uring) in a directory, normally under /tmp
+//   NVMe tier  a tier::NvmeStore (O_DIRECT + io_uring) in a directory, normally under /tmp
 //   moves      a tier::TierManager over the two: placement, batched NVMe writes, watermarks
 //              (victims re-decided by the policy), NVMe capacity, cool-down, promotion and
 //              reads; CXL blocks it lets go are retired from the index (release_cxl)
-//   the rule   pool::PlacementRule with a pool::ReuseTracker per prefix key
+//   the rule   a tier::Placer (placement rule, reuse tracker, namespace prior, chain
+//              inheritance, retention pressure) decides new blocks, NVMe hits and victims;
+//              the replay is its driver and holds no policy of its own
 // Per request: the longest leading run of the prompt's blocks is looked up in the index (CXL
 // hits), then on NVMe (NVMe hits, read through the store and checked byte for byte), the rest
 // is "recomputed": its blocks (and those of the answer) are generated and placed per policy.
@@ -31,7 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "cxlkv/pool/placement.h"
+#include "cxlkv/tier/placement.h"
 #include "trace.h"
 
 namespace cxlkv::replay {
@@ -63,7 +65,7 @@ struct ReplayOptions {
   ModelProfile profile;
   // Tier figures (cxl[0] = the emulated CXL arena, nvme), prefill rate, queue-depth weight,
   // watermarks and cool-down. cxl[1] (pooled) should be absent: the replay has one CXL tier.
-  pool::PlacementParams params;
+  tier::PlacementParams params;
   std::uint32_t cxl_blocks = 4096;   // CXL capacity, equal for every policy that uses CXL
   std::uint32_t nvme_blocks = 65536; // NVMe capacity, equal for every policy that uses NVMe
   std::string shm_dir = "/dev/shm";  // arena and domain files go here
@@ -78,10 +80,12 @@ struct ReplayOptions {
   // A block with no reuse history of its own (new, or seen once) takes its nearest
   // ancestor's expected reuse interval in the request's chain — instead of "never reused",
   // which sends every new block to NVMe or drop (--no-inherit-reuse: the bare tracker).
+  // tier::PlacerOptions::inherit_from_chain.
   bool inherit_reuse = true;
   // A block with no reuse history of its own takes its namespace's prior first
-  // (pool::NamespaceReuse: how often and how soon the namespace's new blocks came back);
+  // (tier::NamespaceReuse: how often and how soon the namespace's new blocks came back);
   // the ancestor (inherit_reuse) only while the namespace has too little history.
+  // tier::PlacerOptions::namespace_prior.
   bool ns_prior = true;
   // Every policy marks a request's chain most recently used root first after serving it, so
   // LRU evicts chain tails before their heads (as vLLM's prefix cache does); false: blocks
@@ -119,7 +123,7 @@ struct ReplayResult {
   std::uint64_t prior_reuse = 0;      // decisions that took the namespace prior
   std::uint64_t cooldown_holds = 0;   // moves refused because the block moved recently
   std::uint64_t already_resident = 0; // recomputed blocks already held in a tier
-  std::array<std::uint64_t, 6> clauses{};  // Decide() outcomes by pool::Clause
+  std::array<std::uint64_t, 6> clauses{};  // Decide() outcomes by tier::Clause
   // Checks: each must stay 0.
   std::uint64_t verify_failures = 0, index_mismatches = 0, nvme_read_errors = 0;
   std::uint64_t copies_discarded = 0;  // ValidateAfterCopy refused a copy (counted as a miss)

@@ -16,18 +16,9 @@ constexpr std::size_t kNoOp = static_cast<std::size_t>(-1);
 // Weight of each watermark run in RetentionS()'s EWMA.
 constexpr double kRetentionAlpha = 0.2;
 
-std::string K(const Key& key) { return pool::NvmeKeyToString(key); }
+std::string K(const Key& key) { return NvmeKeyToString(key); }
 
 }  // namespace
-
-const char* TierName(Tier t) noexcept {
-  switch (t) {
-    case Tier::kCxl: return "cxl";
-    case Tier::kNvme: return "nvme";
-    case Tier::kDrop: return "drop";
-  }
-  return "?";
-}
 
 const char* ResidenceName(Residence r) noexcept {
   switch (r) {
@@ -58,7 +49,7 @@ absl::Status PromotionBatch::first_error() const {
 }
 
 absl::StatusOr<std::unique_ptr<TierManager>> TierManager::Create(
-    std::unique_ptr<allocator::BlockAllocator> cxl, std::unique_ptr<pool::NvmeStore> nvme,
+    std::unique_ptr<allocator::BlockAllocator> cxl, std::unique_ptr<NvmeStore> nvme,
     TierOptions options) {
   if (cxl == nullptr || nvme == nullptr) {
     return absl::InvalidArgumentError("TierManager: needs both a CXL allocator and an NVMe store");
@@ -200,7 +191,7 @@ absl::Status TierManager::Place(std::span<const Key> keys,
   }
   // A dropped new block was never resident: nobody else can know it.
   for (auto h : to_free) cxl_->Free(h);
-  if (target == Tier::kCxl && !placed.empty()) MaybeEnforce();
+  if (IsCxl(target) && !placed.empty()) MaybeEnforce();
   if (target == Tier::kNvme && !placed.empty()) {
     // Written straight to NVMe by the placement rule: no cool-down (it was never in use).
     std::vector<absl::Status> written;
@@ -214,7 +205,7 @@ absl::Status TierManager::Place(std::span<const Key> keys,
 }
 
 absl::Status TierManager::Move(const Key& key, Tier target) {
-  if (target == Tier::kCxl) {
+  if (IsCxl(target)) {
     if (Where(key) == Residence::kCxl) return absl::OkStatus();
     return Promote(key);
   }
@@ -265,7 +256,7 @@ absl::Status TierManager::DemoteKeys(std::span<const Key> keys,
   std::vector<absl::Status>& res = results != nullptr ? *results : local;
   res.assign(keys.size(), absl::OkStatus());
   std::vector<std::size_t> go;  // indexes into keys, in batch order
-  pool::NvmeBatch batch;
+  NvmeBatch batch;
   {
     std::lock_guard<std::mutex> l(mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -424,7 +415,7 @@ absl::Status TierManager::Prefetch(std::span<const Key> keys, PromotionBatch& ba
     }
     return absl::OkStatus();
   }
-  return nvme_->Submit(batch.io_, [this, &batch](pool::NvmeBatch&) { FinishPromotion(batch); });
+  return nvme_->Submit(batch.io_, [this, &batch](NvmeBatch&) { FinishPromotion(batch); });
 }
 
 void TierManager::FinishPromotion(PromotionBatch& batch) {
@@ -481,7 +472,7 @@ absl::Status TierManager::Read(std::span<const Key> keys, std::span<void* const>
     return absl::InvalidArgumentError(
         absl::StrCat("Read: ", keys.size(), " keys but ", dests.size(), " destinations"));
   }
-  pool::NvmeBatch batch;
+  NvmeBatch batch;
   std::vector<std::size_t> go;
   {
     std::lock_guard<std::mutex> l(mu_);

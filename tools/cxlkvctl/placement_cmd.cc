@@ -15,11 +15,11 @@
 #include "absl/strings/str_split.h"
 #include "commands.h"
 #include "cxlkv/orchestrator/config.h"
-#include "cxlkv/pool/calibrate.h"
-#include "cxlkv/pool/placement.h"
 #include "cxlkv/pool/region.h"
-#include "cxlkv/pool/reuse_tracker.h"
 #include "cxlkv/pool/spec.h"
+#include "cxlkv/tier/calibrate.h"
+#include "cxlkv/tier/placement.h"
+#include "cxlkv/tier/reuse_tracker.h"
 
 namespace cxlkv::ctl {
 namespace {
@@ -53,7 +53,7 @@ struct CalibrateArgs {
 };
 
 void RunCalibrate(const CalibrateArgs& a) {
-  pool::CalibrateOptions o;
+  tier::CalibrateOptions o;
   if (!(a.budget_ms >= 100 && a.budget_ms <= 600000)) {
     Fail("calibrate", absl::StrCat("--budget-ms: ", a.budget_ms, " is outside [100, 600000]"),
          kExitUsage);
@@ -65,25 +65,25 @@ void RunCalibrate(const CalibrateArgs& a) {
     if (!r.ok()) Fail("calibrate", absl::StrCat("--region: ", r.status().message()));
     region = std::move(*r);
   }
-  auto c = pool::Calibrate(region.get(), a.dir, o);
+  auto c = tier::Calibrate(region.get(), a.dir, o);
   if (!c.ok()) Fail("calibrate", c.status().message());
   if (!a.out.empty()) {
-    if (auto s = pool::SaveCalibration(*c, a.out); !s.ok())
+    if (auto s = tier::SaveCalibration(*c, a.out); !s.ok())
       Fail("calibrate", absl::StrCat("--out: ", s.message()));
   }
   if (a.json) {
-    std::cout << pool::CalibrationToJson(*c) << "\n";
+    std::cout << tier::CalibrationToJson(*c) << "\n";
   } else {
     std::cout << absl::StrFormat("calibration: %.2f s, %s\n", c->duration_s, c->measured_at);
     if (c->memory) {
-      const pool::MemoryCalibration& m = *c->memory;
+      const tier::MemoryCalibration& m = *c->memory;
       std::cout << absl::StrFormat(
           "memory  %s (%s): read %s, write %s, latency %s  [%s range, %s copies]\n", m.source,
           m.tier, Rate(m.read_bytes_per_s), Rate(m.write_bytes_per_s), Time(m.latency_s),
           pool::FormatBytes(m.bytes), pool::FormatBytes(m.block_bytes));
     }
     if (c->nvme) {
-      const pool::NvmeCalibration& n = *c->nvme;
+      const tier::NvmeCalibration& n = *c->nvme;
       std::cout << absl::StrFormat(
           "nvme    %s: 4 KiB read at QD1 %s mean (p50 %s); %s reads x%u: %s; 4 KiB x%u: %.0f IOPS  "
           "[%s scratch file, O_DIRECT]\n",
@@ -136,26 +136,26 @@ double ParseFraction(absl::string_view flag, absl::string_view v) {
 void RunExplain(const ExplainArgs& a) {
   auto cfg = orchestrator::LoadConfig(a.config);
   if (!cfg.ok()) Fail("explain", absl::StrCat("--config: ", cfg.status().message()));
-  pool::PlacementParams params = cfg->placement;
+  tier::PlacementParams params = cfg->placement.params;
 
   // Figures: the configuration's, replaced by a calibration (--calibration, else the config's).
-  const std::string cal_path = a.calibration.empty() ? cfg->placement_calibration : a.calibration;
+  const std::string cal_path = a.calibration.empty() ? cfg->placement.calibration : a.calibration;
   std::vector<std::string> cal_changes;
   if (!cal_path.empty()) {
-    auto cal = pool::LoadCalibration(cal_path);
+    auto cal = tier::LoadCalibration(cal_path);
     if (!cal.ok()) {
       Fail("explain", absl::StrCat(a.calibration.empty() ? "placement.calibration (config): "
                                                          : "--calibration: ",
                                    cal.status().message()));
     }
-    cal_changes = pool::ApplyCalibration(*cal, &params);
+    cal_changes = tier::ApplyCalibration(*cal, &params);
   }
-  auto rule = pool::PlacementRule::Create(params);
+  auto rule = tier::PlacementRule::Create(params);
   if (!rule.ok())
     Fail("explain",
          absl::StrCat("calibration made the parameters invalid: ", rule.status().message()));
 
-  pool::BlockInputs in;
+  tier::BlockInputs in;
   nlohmann::json prefix_json;
   std::string prefix_text;
   if (!a.prefix.empty()) {
@@ -167,13 +167,13 @@ void RunExplain(const ExplainArgs& a) {
       BadFlag("--reuse-ms", a.reuse_ms,
               "cannot be given with PREFIX: the interval comes from --stats");
     }
-    auto key = pool::ParsePrefixKey(a.prefix);
+    auto key = tier::ParsePrefixKey(a.prefix);
     if (!key.ok()) Fail("explain", absl::StrCat("PREFIX: ", key.status().message()), kExitUsage);
-    auto loaded = pool::ReuseTracker::Load(a.stats);
+    auto loaded = tier::ReuseTracker::Load(a.stats);
     if (!loaded.ok()) Fail("explain", absl::StrCat("--stats: ", loaded.status().message()));
     auto st = loaded->tracker.Find(*key);
     if (!st) {
-      Fail("explain", absl::StrCat("prefix ", pool::FormatPrefixKey(*key), " is not in ", a.stats,
+      Fail("explain", absl::StrCat("prefix ", tier::FormatPrefixKey(*key), " is not in ", a.stats,
                                    " (", loaded->tracker.size(),
                                    " prefixes tracked; it was never used, or was replaced)"));
     }
@@ -184,12 +184,12 @@ void RunExplain(const ExplainArgs& a) {
                             ? static_cast<double>(loaded->saved_at_ns - st->last_seen_ns) * 1e-9
                             : 0.0;
     prefix_text = absl::StrCat(
-        "prefix ", pool::FormatPrefixKey(*key), " (", a.stats, "): ", st->uses,
+        "prefix ", tier::FormatPrefixKey(*key), " (", a.stats, "): ", st->uses,
         " uses, EWMA interval ",
         std::isinf(st->ewma_interval_s) ? "none (used once)" : Time(st->ewma_interval_s),
         ", last use ", Time(idle), " before the file was saved\n");
     prefix_json = {
-        {"key", pool::FormatPrefixKey(*key)},
+        {"key", tier::FormatPrefixKey(*key)},
         {"stats_file", a.stats},
         {"uses", st->uses},
         {"ewma_interval_s", std::isinf(st->ewma_interval_s) ? nlohmann::json(nullptr)
@@ -213,7 +213,7 @@ void RunExplain(const ExplainArgs& a) {
     }
     double ms = 0;
     if (a.reuse_ms == "inf" || a.reuse_ms == "never") {
-      ms = pool::kNoReuse;
+      ms = tier::kNoReuse;
     } else if (!absl::SimpleAtod(a.reuse_ms, &ms) || !(ms >= 0) || std::isnan(ms)) {
       BadFlag("--reuse-ms", a.reuse_ms,
               "is not a number of milliseconds >= 0 (e.g. 250, or inf for a block never reused)");
@@ -245,7 +245,7 @@ void RunExplain(const ExplainArgs& a) {
     }
     auto seconds = [&](absl::string_view v) {
       double t = 0;
-      if (v == "inf") return pool::kNoReuse;
+      if (v == "inf") return tier::kNoReuse;
       if (!absl::SimpleAtod(v, &t) || !(t >= 0) || std::isinf(t)) {
         BadFlag("--retention-s", v,
                 "is not a number of seconds >= 0, or inf for a tier that is not evicting "
@@ -263,7 +263,7 @@ void RunExplain(const ExplainArgs& a) {
     in.pin_level = *pin;
   }
 
-  pool::Explanation why;
+  tier::Explanation why;
   rule->Decide(in, &why);
   if (a.json) {
     nlohmann::json j = nlohmann::json::parse(why.ToJson(-1));

@@ -27,21 +27,16 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "cxlkv/coherence/domain_layout.h"
+#include "cxlkv/coherence/key.h"
 #include "cxlkv/coherence/mem.h"
 
 namespace cxlkv::coherence {
 
-// ---- keys -----------------------------------------------------------------------------------
+// ---- keys (the types: key.h) -----------------------------------------------------------------
 
-// A namespace binds tenant, model and KV layout: a trust boundary no hit crosses.
-using Namespace = std::uint64_t;
 Namespace MakeNamespace(absl::string_view tenant, absl::string_view model,
                         absl::string_view kv_layout);
 
-struct PrefixKey {
-  std::uint64_t lo = 0, hi = 0;
-  bool operator==(const PrefixKey&) const = default;
-};
 // XXH3-128 of (namespace, parent key, token ids of this block). The first block of a
 // sequence chains from the all-zero key.
 PrefixKey ChainKey(Namespace ns, const PrefixKey& parent, std::span<const std::uint32_t> tokens);

@@ -1,6 +1,6 @@
 // cxlkv/tier/tier_manager.h — moves KV blocks between a CXL arena and the NVMe tier.
 //
-// TierManager owns a BlockAllocator (one size class of a CXL arena) and a pool::NvmeStore. It
+// TierManager owns a BlockAllocator (one size class of a CXL arena) and an NvmeStore. It
 // tracks every block handed to it by key and knows where each one lives:
 //   Place(key, block, target)  a new block: keep it in CXL, write it to NVMe, or drop it
 //   Demote(keys)               CXL -> NVMe: write, then free the CXL block (only on success:
@@ -9,8 +9,10 @@
 //                              io_uring submit per batch, completion by callback or Wait
 //   Acquire / Release          pin a CXL block for use (marks it recently used; no demotion)
 //   Read(keys)                 NVMe -> the caller's buffers, no promotion (one batch)
-// Where a block should go is not decided here: the placement rule (a separate module) picks a
-// Tier and calls Place/Move, and may re-decide watermark victims (TierOptions::victim_tier).
+// Where a block should go is not decided here: the placement rule (placement.h, through a
+// Placer, placer.h) picks a Tier (tier.h) and the caller calls Place/Move; the rule may
+// re-decide watermark victims (TierOptions::victim_tier). The manager has one CXL arena:
+// kCxlExpanded and kCxlPooled both mean that arena.
 // The only policy in this class is mechanical: capacity watermarks with hysteresis (above the
 // high watermark, the least recently used unpinned blocks leave CXL until at most the low
 // watermark remain), an NVMe capacity with LRU eviction, and an anti-thrash cool-down (a block
@@ -40,15 +42,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cxlkv/allocator/block_allocator.h"
-#include "cxlkv/pool/nvme_store.h"
+#include "cxlkv/tier/nvme_store.h"
+#include "cxlkv/tier/tier.h"
 
 namespace cxlkv::tier {
 
-using Key = pool::NvmeKey;
-
-// Destination a placement rule picks for a block.
-enum class Tier : std::uint8_t { kCxl, kNvme, kDrop };
-const char* TierName(Tier t) noexcept;
+using Key = NvmeKey;
 
 // Where a tracked block is now. kDemoting / kPromoting: NVMe I/O in flight.
 enum class Residence : std::uint8_t { kCxl, kNvme, kDemoting, kPromoting };
@@ -68,7 +67,7 @@ struct TierOptions {
   // Time source in milliseconds (monotonic); empty: CLOCK_MONOTONIC.
   std::function<std::int64_t()> now_ms;
   // Where a watermark victim goes: kNvme (demoted) or kDrop (forgotten). A placement rule
-  // re-decides each victim here. kCxl counts as kNvme: the watermark needs the room. Empty:
+  // re-decides each victim here. A CXL tier counts as kNvme: the watermark needs the room. Empty:
   // every victim is demoted. Called without the manager's lock held.
   std::function<Tier(const Key&)> victim_tier;
   // Called, without the lock, for every CXL block the manager lets go of that was resident
@@ -131,7 +130,7 @@ class PromotionBatch {
 
  private:
   friend class TierManager;
-  pool::NvmeBatch io_;
+  NvmeBatch io_;
   std::vector<Key> keys_;
   std::vector<absl::Status> status_;
   std::vector<std::size_t> io_op_;  // per key: index in io_, or kNoOp
@@ -145,7 +144,7 @@ class TierManager {
   // adopted as NVMe-resident, with no cool-down. kInvalidArgument for a size class out of
   // range, a block size larger than the store's payload_bytes, or bad watermarks.
   static absl::StatusOr<std::unique_ptr<TierManager>> Create(
-      std::unique_ptr<allocator::BlockAllocator> cxl, std::unique_ptr<pool::NvmeStore> nvme,
+      std::unique_ptr<allocator::BlockAllocator> cxl, std::unique_ptr<NvmeStore> nvme,
       TierOptions options);
   // Waits for NVMe I/O in flight; CXL blocks still tracked are freed.
   ~TierManager();
@@ -153,8 +152,8 @@ class TierManager {
   TierManager& operator=(const TierManager&) = delete;
 
   // A new block under key: `block` was allocated from allocator() (size class of the
-  // options) and filled by the caller; the manager owns it from now on. kCxl: tracked in CXL
-  // as most recently used. kNvme: written to NVMe, then its CXL block freed; if the write
+  // options) and filled by the caller; the manager owns it from now on. kCxlExpanded or
+  // kCxlPooled (both: this manager's one arena): tracked in CXL as most recently used. kNvme: written to NVMe, then its CXL block freed; if the write
   // fails the block stays tracked in CXL and the error is returned. kDrop: freed.
   // kAlreadyExists if key is tracked (the block is then left to the caller).
   absl::Status Place(const Key& key, allocator::BlockHandle block, Tier target);
@@ -162,8 +161,8 @@ class TierManager {
   // go to *results when given; returns the first error.
   absl::Status Place(std::span<const Key> keys, std::span<const allocator::BlockHandle> blocks,
                      Tier target, std::vector<absl::Status>* results = nullptr);
-  // Moves a tracked block: kCxl promotes (synchronously), kNvme demotes, kDrop forgets it and
-  // frees its CXL block or NVMe copy.
+  // Moves a tracked block: a CXL tier promotes (synchronously), kNvme demotes, kDrop forgets
+  // it and frees its CXL block or NVMe copy.
   absl::Status Move(const Key& key, Tier target);
 
   // CXL -> NVMe for these keys, one NVMe batch. Each key must be in CXL and unpinned. On
@@ -219,7 +218,7 @@ class TierManager {
   std::optional<allocator::BlockHandle> CxlBlock(const Key& key) const;
   TierStats Stats() const;
   allocator::BlockAllocator& allocator() const noexcept { return *cxl_; }
-  pool::NvmeStore& store() const noexcept { return *nvme_; }
+  NvmeStore& store() const noexcept { return *nvme_; }
   std::uint64_t block_bytes() const noexcept { return block_bytes_; }
 
  private:
@@ -250,7 +249,7 @@ class TierManager {
   void ReleaseCxl(const Key& key, allocator::BlockHandle h);
 
   std::unique_ptr<allocator::BlockAllocator> cxl_;
-  std::unique_ptr<pool::NvmeStore> nvme_;
+  std::unique_ptr<NvmeStore> nvme_;
   TierOptions options_;
   std::uint32_t cls_ = 0;
   std::uint64_t block_bytes_ = 0;
@@ -258,7 +257,7 @@ class TierManager {
   // Guards everything below (std::mutex: ThreadSanitizer understands it, Debian's absl::Mutex
   // is not instrumented). CheckLocked runs with it held; FinishPromotion takes it.
   mutable std::mutex mu_;
-  absl::flat_hash_map<Key, Entry, pool::NvmeKeyHash> entries_;
+  absl::flat_hash_map<Key, Entry, NvmeKeyHash> entries_;
   std::list<Key> lru_;  // front: most recently used
   std::list<Key> nvme_lru_;  // NVMe-only blocks, front: most recently demoted or read
   std::uint64_t cxl_resident_ = 0;

@@ -13,8 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "cxlkv/pool/placement.h"
-#include "cxlkv/pool/reuse_tracker.h"
+#include "cxlkv/tier/placement_config.h"
 
 namespace cxlkv::orchestrator {
 
@@ -58,12 +57,10 @@ struct Config {
   std::map<std::uint32_t, double> shares;     // per host id
   // [[namespace]]
   std::vector<NamespaceConfig> namespaces;
-  // [placement]: the CXL-vs-NVMe rule's parameters (pool/placement.h), converted to SI units
-  // (ttft_budget_ms -> ttft_budget_s, *_gbps -> bytes/s, ...), the reuse tracker's size, and
-  // an optional calibration file whose figures replace the configured ones.
-  pool::PlacementParams placement;
-  pool::ReuseTrackerOptions reuse_tracker;
-  std::string placement_calibration;
+  // [placement], parsed by tier/ (tier/placement_config.h): the CXL-vs-NVMe rule's parameters
+  // in SI units, the reuse tracker's size, and an optional calibration file whose figures
+  // replace the configured ones.
+  tier::PlacementConfig placement;
 
   // The pin level of a namespace named "tenant/model/layout"; kNotFound lists the known ones.
   absl::StatusOr<int> PinLevelOf(absl::string_view ns) const;

@@ -1,4 +1,4 @@
-// cxlkv/pool/nvme_store.h — the NVMe tier: KV blocks in O_DIRECT files driven by io_uring.
+// cxlkv/tier/nvme_store.h — the NVMe tier: KV blocks in O_DIRECT files driven by io_uring.
 //
 // NvmeStore keeps whole KV blocks, each under a 128-bit key (a coherence::PrefixKey), in
 // fixed-size slots of one file in a directory on a local file system (ext4, xfs; tmpfs also
@@ -23,8 +23,8 @@
 // waits for room, one thread at a time; a batch's callback runs on that thread, outside the
 // store's lock (it may Submit). A batch is owned by the caller; while it is in flight (from
 // Submit until done()) it, and every buffer named in it, must stay alive and untouched.
-#ifndef CXLKV_POOL_NVME_STORE_H_
-#define CXLKV_POOL_NVME_STORE_H_
+#ifndef CXLKV_TIER_NVME_STORE_H_
+#define CXLKV_TIER_NVME_STORE_H_
 
 #include <sys/uio.h>
 
@@ -43,19 +43,17 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "cxlkv/coherence/prefix.h"
-#include "cxlkv/pool/nvme_layout.h"
+#include "cxlkv/coherence/key.h"
+#include "cxlkv/tier/nvme_layout.h"
 
 struct io_uring;
 
-namespace cxlkv::pool {
+namespace cxlkv::tier {
 
+// Blocks are named by the prefix protocol's key (coherence/key.h), hashed as every
+// in-process map of them is.
 using NvmeKey = coherence::PrefixKey;
-struct NvmeKeyHash {
-  std::size_t operator()(const NvmeKey& k) const noexcept {
-    return static_cast<std::size_t>(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull));
-  }
-};
+using NvmeKeyHash = coherence::PrefixKeyHash;
 // "hi:lo" in hex, as errors print keys.
 std::string NvmeKeyToString(const NvmeKey& key);
 
@@ -307,6 +305,6 @@ class NvmeStore {
   NvmeStats stats_;
 };
 
-}  // namespace cxlkv::pool
+}  // namespace cxlkv::tier
 
-#endif  // CXLKV_POOL_NVME_STORE_H_
+#endif  // CXLKV_TIER_NVME_STORE_H_

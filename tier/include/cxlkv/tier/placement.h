@@ -1,10 +1,11 @@
-// cxlkv/pool/placement.h — the CXL-vs-NVMe placement rule (DESIGN.md; docs/placement.md).
+// cxlkv/tier/placement.h — the CXL-vs-NVMe placement rule (DESIGN.md; docs/placement.md).
 //
-// For one KV block, PlacementRule::Decide() picks CXL-expanded, CXL-pooled, NVMe, or drop
-// (recompute the prefix on its next use) from the block's size, its expected reuse interval,
-// the prefill tokens a hit saves, the prefill queue depth, the CXL tiers' occupancy and the
-// namespace's pin level, given the tiers' latency, bandwidth and cost per GB
-// (PlacementParams: configured in domain.toml [placement], measured by calibrate.h).
+// For one KV block, PlacementRule::Decide() picks a Tier (tier.h): CXL-expanded, CXL-pooled,
+// NVMe, or drop (recompute the prefix on its next use) from the block's size, its expected
+// reuse interval, the prefill tokens a hit saves, the prefill queue depth, the CXL tiers'
+// occupancy and the namespace's pin level, given the tiers' latency, bandwidth and cost per GB
+// (PlacementParams: configured in domain.toml [placement] (placement_config.h), measured by
+// calibrate.h). Placer (placer.h) gathers those inputs for a serving process or a replay.
 //
 // The clauses, in order (the first that applies decides):
 //   1. kPinned           pin level >= params.pin_level (> 0): the block stays in CXL.
@@ -39,8 +40,8 @@
 // Thread-safety: a PlacementRule is immutable after Create(); Decide() is const, noexcept,
 // allocation-free and safe from any number of threads. Cost: a few tens of floating-point
 // operations (bench/placement_benchmark.cc measures it).
-#ifndef CXLKV_POOL_PLACEMENT_H_
-#define CXLKV_POOL_PLACEMENT_H_
+#ifndef CXLKV_TIER_PLACEMENT_H_
+#define CXLKV_TIER_PLACEMENT_H_
 
 #include <array>
 #include <cstdint>
@@ -49,12 +50,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cxlkv/tier/tier.h"
 
-namespace cxlkv::pool {
-
-// Fastest first: a "faster" tier has a lower value.
-enum class Tier : std::uint8_t { kCxlExpanded = 0, kCxlPooled = 1, kNvme = 2, kDrop = 3 };
-inline constexpr int kCxlTierCount = 2;  // kCxlExpanded, kCxlPooled index CXL arrays
+namespace cxlkv::tier {
 
 enum class Clause : std::uint8_t {
   kPinned,
@@ -65,13 +63,9 @@ enum class Clause : std::uint8_t {
   kAboveBreakEven,
 };
 
-// "cxl-expanded", "cxl-pooled", "nvme", "drop".
-absl::string_view TierName(Tier tier) noexcept;
 // "pinned", "recompute-cheaper", "below-break-even", "ttft-forced", "cxl-full",
 // "above-break-even".
 absl::string_view ClauseName(Clause clause) noexcept;
-// Parses "expanded"/"cxl-expanded" and "pooled"/"cxl-pooled".
-absl::StatusOr<Tier> ParseCxlTier(absl::string_view name);
 
 // +inf: no reuse seen (a prefix used once), or unknown.
 inline constexpr double kNoReuse = std::numeric_limits<double>::infinity();
@@ -203,6 +197,6 @@ class PlacementRule {
   double pressure_tail_ = 0;   // max × (1 − high)
 };
 
-}  // namespace cxlkv::pool
+}  // namespace cxlkv::tier
 
-#endif  // CXLKV_POOL_PLACEMENT_H_
+#endif  // CXLKV_TIER_PLACEMENT_H_

@@ -1,4 +1,4 @@
-// cxlkv/pool/calibrate.h — start-up measurement of the tier figures the placement rule uses.
+// cxlkv/tier/calibrate.h — start-up measurement of the tier figures the placement rule uses.
 //
 // CalibrateMemory(): copy bandwidth out of and into a mapping (memcpy of large blocks,
 // rotating over the range) and load-to-use latency (a pointer chase over a random cycle of
@@ -12,8 +12,8 @@
 // holds an arena. Figures from a VM include the hypervisor's caching of the disk.
 // Thread-safety: the functions share no state; each measurement should run alone on the
 // machine for meaningful figures.
-#ifndef CXLKV_POOL_CALIBRATE_H_
-#define CXLKV_POOL_CALIBRATE_H_
+#ifndef CXLKV_TIER_CALIBRATE_H_
+#define CXLKV_TIER_CALIBRATE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -23,10 +23,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "cxlkv/pool/placement.h"
 #include "cxlkv/pool/region.h"
+#include "cxlkv/tier/placement.h"
 
-namespace cxlkv::pool {
+namespace cxlkv::tier {
 
 struct MemoryCalibration {
   std::string source;             // the region's spec, or "anonymous"
@@ -83,7 +83,7 @@ absl::StatusOr<NvmeCalibration> CalibrateNvme(const std::string& dir, double bud
 // that holds an arena is refused with kFailedPrecondition), NVMe on `nvme_dir` (empty: not
 // measured). The tier of a region follows its spec: shared=1 → cxl-pooled, memfd → dram,
 // otherwise cxl-expanded.
-absl::StatusOr<Calibration> Calibrate(const Region* region, const std::string& nvme_dir,
+absl::StatusOr<Calibration> Calibrate(const pool::Region* region, const std::string& nvme_dir,
                                       const CalibrateOptions& options = {});
 
 std::string CalibrationToJson(const Calibration& c, int indent = 2);
@@ -99,6 +99,6 @@ absl::StatusOr<Calibration> LoadCalibration(const std::string& path);
 // 1.9e9 (calibration)".
 std::vector<std::string> ApplyCalibration(const Calibration& c, PlacementParams* params);
 
-}  // namespace cxlkv::pool
+}  // namespace cxlkv::tier
 
-#endif  // CXLKV_POOL_CALIBRATE_H_
+#endif  // CXLKV_TIER_CALIBRATE_H_

@@ -1,6 +1,6 @@
 // Calibration: memcpy bandwidth and pointer-chase latency on a mapping; O_DIRECT read latency,
 // bandwidth and IOPS on a scratch file; JSON save/load.
-#include "cxlkv/pool/calibrate.h"
+#include "cxlkv/tier/calibrate.h"
 
 #include <fcntl.h>
 #include <linux/magic.h>
@@ -25,7 +25,13 @@
 #include "absl/strings/str_cat.h"
 #include "cxlkv/pool/layout.h"
 
-namespace cxlkv::pool {
+namespace cxlkv::tier {
+
+using pool::ErrnoStatus;
+using pool::Region;
+using pool::kArenaMagic;
+using pool::kFormattingMagic;
+using pool::SourceKind;
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -558,4 +564,4 @@ std::vector<std::string> ApplyCalibration(const Calibration& c, PlacementParams*
   return changes;
 }
 
-}  // namespace cxlkv::pool
+}  // namespace cxlkv::tier

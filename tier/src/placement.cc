@@ -1,5 +1,5 @@
 // The placement rule: precomputation, the decision, and its explanation (text and JSON).
-#include "cxlkv/pool/placement.h"
+#include "cxlkv/tier/placement.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace cxlkv::pool {
+namespace cxlkv::tier {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -51,20 +51,6 @@ nlohmann::json J(double v) {
 
 }  // namespace
 
-absl::string_view TierName(Tier tier) noexcept {
-  switch (tier) {
-    case Tier::kCxlExpanded:
-      return "cxl-expanded";
-    case Tier::kCxlPooled:
-      return "cxl-pooled";
-    case Tier::kNvme:
-      return "nvme";
-    case Tier::kDrop:
-      return "drop";
-  }
-  return "?";
-}
-
 absl::string_view ClauseName(Clause clause) noexcept {
   switch (clause) {
     case Clause::kPinned:
@@ -81,13 +67,6 @@ absl::string_view ClauseName(Clause clause) noexcept {
       return "above-break-even";
   }
   return "?";
-}
-
-absl::StatusOr<Tier> ParseCxlTier(absl::string_view name) {
-  if (name == "expanded" || name == "cxl-expanded") return Tier::kCxlExpanded;
-  if (name == "pooled" || name == "cxl-pooled") return Tier::kCxlPooled;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown CXL tier '", name, "' (use \"expanded\" or \"pooled\")"));
 }
 
 absl::Status PlacementParams::Validate() const {
@@ -478,4 +457,4 @@ std::string Explanation::ToJson(int indent) const {
   return j.dump(indent);
 }
 
-}  // namespace cxlkv::pool
+}  // namespace cxlkv::tier

@@ -1,4 +1,4 @@
-// cxlkv/pool/reuse_tracker.h — per-prefix reuse statistics for the placement rule.
+// cxlkv/tier/reuse_tracker.h — per-prefix reuse statistics for the placement rule.
 //
 // ReuseTracker keeps, per 128-bit prefix key (coherence::PrefixKey), an exponentially
 // weighted moving average of the interval between uses, the use count, the last use time and
@@ -22,8 +22,8 @@
 // namespace, how many of its new blocks were used again and after how long.
 //
 // Thread-safety: none; one thread (or the caller's lock) per tracker. Shard by key for more.
-#ifndef CXLKV_POOL_REUSE_TRACKER_H_
-#define CXLKV_POOL_REUSE_TRACKER_H_
+#ifndef CXLKV_TIER_REUSE_TRACKER_H_
+#define CXLKV_TIER_REUSE_TRACKER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -35,10 +35,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "cxlkv/coherence/prefix.h"
-#include "cxlkv/pool/placement.h"
+#include "cxlkv/coherence/key.h"
+#include "cxlkv/tier/placement.h"
 
-namespace cxlkv::pool {
+namespace cxlkv::tier {
 
 struct ReuseTrackerOptions {
   std::uint32_t entries = 65536;  // rounded up to a power of two; [64, 2^26]
@@ -175,6 +175,6 @@ class NamespaceReuse {
   absl::flat_hash_map<coherence::Namespace, NamespaceReuseStats> stats_;
 };
 
-}  // namespace cxlkv::pool
+}  // namespace cxlkv::tier
 
-#endif  // CXLKV_POOL_REUSE_TRACKER_H_
+#endif  // CXLKV_TIER_REUSE_TRACKER_H_

@@ -1,5 +1,5 @@
 // ReuseTracker: a fixed table of 4-way buckets, EWMA per prefix key, and its stats file.
-#include "cxlkv/pool/reuse_tracker.h"
+#include "cxlkv/tier/reuse_tracker.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -15,10 +15,12 @@
 #include "absl/strings/str_format.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/coherence/record.h"
-#include "cxlkv/pool/placement.h"
 #include "cxlkv/pool/region.h"
+#include "cxlkv/tier/placement.h"
 
-namespace cxlkv::pool {
+namespace cxlkv::tier {
+
+using pool::ErrnoStatus;
 
 static_assert(std::endian::native == std::endian::little, "the stats file is little-endian");
 
@@ -386,4 +388,4 @@ std::optional<NamespaceReuseStats> NamespaceReuse::Find(coherence::Namespace ns)
   return it->second;
 }
 
-}  // namespace cxlkv::pool
+}  // namespace cxlkv::tier

@@ -1,5 +1,5 @@
 // NvmeStore: open and scan, the batch submission path, completion reaping and retirement.
-#include "cxlkv/pool/nvme_store.h"
+#include "cxlkv/tier/nvme_store.h"
 
 #include <fcntl.h>
 #include <liburing.h>
@@ -24,7 +24,9 @@
 #include "absl/strings/str_format.h"
 #include "cxlkv/pool/region.h"
 
-namespace cxlkv::pool {
+namespace cxlkv::tier {
+
+using pool::ErrnoStatus;
 namespace {
 
 constexpr std::uint64_t RoundUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
@@ -1030,4 +1032,4 @@ NvmeStats NvmeStore::Stats() const {
   return s;
 }
 
-}  // namespace cxlkv::pool
+}  // namespace cxlkv::tier
