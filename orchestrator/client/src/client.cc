@@ -37,17 +37,19 @@ struct HostClient::Rpc {
   std::unique_ptr<pb::Orchestrator::Stub> stub;
 };
 
-HostClient::HostClient(std::unique_ptr<Rpc> rpc, std::uint32_t host)
-    : rpc_(std::move(rpc)), host_(host) {}
+HostClient::HostClient(std::unique_ptr<Rpc> rpc, std::uint32_t host, HostClientOptions options)
+    : rpc_(std::move(rpc)), host_(host), options_(std::move(options)) {}
 
 std::int64_t HostClient::NowMs() const {
+  if (options_.clock) return options_.clock().mono_ms;
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
 absl::StatusOr<std::unique_ptr<HostClient>> HostClient::Connect(const std::string& socket,
-                                                                std::uint32_t host_id) {
+                                                                std::uint32_t host_id,
+                                                                HostClientOptions options) {
   auto rpc = std::make_unique<Rpc>();
   // Reconnect fast: gRPC's default backoff (1 s and growing) after an orchestrator restart
   // would outlast host_ttl, and the host would be fenced for the orchestrator's absence.
@@ -60,7 +62,7 @@ absl::StatusOr<std::unique_ptr<HostClient>> HostClient::Connect(const std::strin
   rpc->endpoint = *std::move(endpoint);
   rpc->channel = grpc::CreateCustomChannel(rpc->endpoint.target, rpc->endpoint.credentials, args);
   rpc->stub = pb::Orchestrator::NewStub(rpc->channel);
-  std::unique_ptr<HostClient> c(new HostClient(std::move(rpc), host_id));
+  std::unique_ptr<HostClient> c(new HostClient(std::move(rpc), host_id, std::move(options)));
   if (auto st = c->Join(); !st.ok()) return st;
   return c;
 }
@@ -105,6 +107,7 @@ absl::Status HostClient::HeartbeatOnce() {
   if (auto st = FromGrpc(rpc_->stub->Heartbeat(ctx.get(), req, &rep), "heartbeat"); !st.ok()) {
     return st;  // the orchestrator is down: extents stay valid until their lease ends
   }
+  if (options_.before_heartbeat_applied) options_.before_heartbeat_applied();
   if (rep.fenced()) {
     ++rejoins_;
     return Join();

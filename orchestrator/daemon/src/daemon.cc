@@ -370,7 +370,8 @@ Orchestrator::Orchestrator(const Config& c, std::uint64_t pool_bytes)
 
 Orchestrator::~Orchestrator() { Stop(); }
 
-absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c) {
+absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c,
+                                                                 const OpenOptions& options) {
   auto pool = pool::OpenRegion(c.pool);
   if (!pool.ok()) {
     return absl::Status(pool.status().code(),
@@ -382,6 +383,7 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
         " bytes) is smaller than one extent (domain.extent_size)"));
   }
   std::unique_ptr<Orchestrator> o(new Orchestrator(c, (*pool)->size_bytes()));
+  if (options.clock != nullptr) o->clock_ = options.clock;
   o->pool_ = *std::move(pool);
   auto dom = pool::OpenRegion(c.prefix_domain);
   if (!dom.ok()) {
@@ -412,13 +414,13 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
                                                              "': ", header.status().message()));
   }
   absl::MutexLock l(&o->mu_);
-  auto owner = co::PrefixOwner::Open(*o->domain_mem_, o->clock_);
+  auto owner = co::PrefixOwner::Open(*o->domain_mem_, *o->clock_);
   if (!owner.ok()) return owner.status();
   o->owner_ = *std::move(owner);
   for (const NamespaceConfig& n : c.namespaces) {
     o->owner_->SetPinLevel(co::MakeNamespace(n.tenant, n.model, n.layout), n.pin);
   }
-  o->started_ms_ = o->clock_.NowMs();
+  o->started_ms_ = o->clock_->NowMs();
   if (auto st = o->state_.Load(o->started_ms_); !st.ok()) return st;
   return o;
 }
@@ -549,7 +551,7 @@ void Orchestrator::OwnerLoop() {
       owner_->Step();
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const std::int64_t now = clock_.NowMs();
+      const std::int64_t now = clock_->NowMs();
       // Both run every step (no short-circuit): expiry first, then the quarantine it feeds.
       const bool expired = state_.Expire(now);
       const bool tended = TendQuarantineLocked(now);

@@ -35,6 +35,21 @@ struct ExtentView {
   std::string state;  // free | assigned | quarantined
 };
 
+// One reading of the host's clocks (milliseconds). `mono_ms` is CLOCK_MONOTONIC, `boot_ms`
+// CLOCK_BOOTTIME (counts a suspend), `real_ms` CLOCK_REALTIME (wall time, stepped by NTP).
+struct HostClockReading {
+  std::int64_t mono_ms = 0, boot_ms = 0, real_ms = 0;
+};
+
+struct HostClientOptions {
+  // The host's clocks, read together: a seam for tests (a clock that freezes, a suspend).
+  // Empty: clock_gettime of the three clocks.
+  std::function<HostClockReading()> clock;
+  // Test hook: runs on the heartbeat's thread after its reply arrived and before the reply is
+  // applied, so a test can order a concurrent call (a Grow) in between without sleeping.
+  std::function<void()> before_heartbeat_applied;
+};
+
 struct HostCounters {
   std::uint64_t used_bytes = 0;
   std::uint64_t prefix_hits = 0, prefix_misses = 0;  // since the last heartbeat
@@ -44,7 +59,8 @@ class HostClient {
  public:
   // Connects to unix:<socket> and joins as host_id.
   static absl::StatusOr<std::unique_ptr<HostClient>> Connect(const std::string& socket,
-                                                             std::uint32_t host_id);
+                                                             std::uint32_t host_id,
+                                                             HostClientOptions options = {});
   ~HostClient();  // stops heartbeats and leaves
 
   // Starts the heartbeat thread (period from the orchestrator). `counters`, if set, is
@@ -71,12 +87,13 @@ class HostClient {
 
  private:
   struct Rpc;
-  HostClient(std::unique_ptr<Rpc> rpc, std::uint32_t host);
+  HostClient(std::unique_ptr<Rpc> rpc, std::uint32_t host, HostClientOptions options);
   absl::Status Join();
   std::int64_t NowMs() const;
 
   std::unique_ptr<Rpc> rpc_;
   std::uint32_t host_;
+  HostClientOptions options_;
   std::string domain_spec_, pool_spec_;
   std::uint64_t extent_bytes_ = 0;
   std::uint32_t period_ms_ = 250, host_ttl_ms_ = 2000;

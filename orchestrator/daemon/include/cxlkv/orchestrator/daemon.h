@@ -37,10 +37,17 @@ namespace cxlkv::orchestrator {
 class Metrics;
 class Service;
 
+struct OpenOptions {
+  // The orchestrator's clock (a seam for tests); null: CLOCK_MONOTONIC. Must outlive the
+  // orchestrator.
+  coherence::Clock* clock = nullptr;
+};
+
 class Orchestrator {
  public:
   // Opens (creating when absent) the pool and the prefix domain, loads the state file.
-  static absl::StatusOr<std::unique_ptr<Orchestrator>> Open(const Config& c);
+  static absl::StatusOr<std::unique_ptr<Orchestrator>> Open(const Config& c,
+                                                            const OpenOptions& options = {});
   ~Orchestrator();
 
   // Starts the owner thread, the RPC server and the metrics endpoint.
@@ -51,7 +58,7 @@ class Orchestrator {
   absl::Mutex mu_;
   DomainState state_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<coherence::PrefixOwner> owner_ ABSL_GUARDED_BY(mu_);
-  std::int64_t NowMs() { return clock_.NowMs(); }
+  std::int64_t NowMs() { return clock_->NowMs(); }
   const Config& config() const { return config_; }
   int tcp_port() const { return tcp_port_; }  // rpc.tcp's port once started (0: none)
   std::uint64_t pool_bytes() const { return pool_->size_bytes(); }
@@ -75,7 +82,8 @@ class Orchestrator {
   void AcceptLoop();
 
   Config config_;
-  coherence::SteadyClock clock_;
+  coherence::SteadyClock steady_;
+  coherence::Clock* clock_ = &steady_;
   std::unique_ptr<pool::Region> pool_;
   std::unique_ptr<pool::Region> domain_region_;
   std::unique_ptr<coherence::DirectMem> domain_mem_;
