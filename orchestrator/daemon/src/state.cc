@@ -61,9 +61,9 @@ void DomainState::Revoke(std::uint32_t i, std::int64_t reuse_ms) {
   e = q;
 }
 
-void DomainState::RevokeExtentsOf(std::uint32_t host, std::int64_t reuse_ms) {
+void DomainState::RevokeExtentsOf(std::uint32_t host) {
   for (std::uint32_t i = 0; i < extents_.size(); ++i) {
-    if (extents_[i].host == host) Revoke(i, std::min(reuse_ms, extents_[i].expires_ms));
+    if (extents_[i].host == host) Revoke(i, extents_[i].expires_ms);
   }
 }
 
@@ -93,7 +93,7 @@ absl::StatusOr<std::uint64_t> DomainState::Join(std::uint32_t host, const std::s
   // A new incarnation: what the old one held goes into quarantine until its old lease term
   // ends (the old incarnation may be a zombie that still writes) and no published entry
   // names a block in it.
-  RevokeExtentsOf(host, INT64_MAX);
+  RevokeExtentsOf(host);
   h.incarnation += 1;
   h.state = HostState::kLive;
   h.last_heartbeat_ms = now_ms;
@@ -115,16 +115,18 @@ absl::Status DomainState::Heartbeat(std::uint32_t host, std::uint64_t incarnatio
 }
 
 absl::Status DomainState::Leave(std::uint32_t host, std::uint64_t incarnation,
-                                std::int64_t now_ms) {
-  // A fenced host may still say goodbye: it gives back what it held at once instead of
-  // waiting for the capacity lease to run out.
+                                std::int64_t /*now_ms*/) {
+  // A fenced host may still say goodbye (its host state becomes "left").
   const bool fenced_self = host < hosts_.size() && hosts_[host].state == HostState::kFenced &&
                            hosts_[host].incarnation == incarnation;
   if (!fenced_self) {
     if (auto st = CheckCurrent(host, incarnation); !st.ok()) return st;
   }
-  // Given back: the host has stopped writing; its published blocks still hold the extents.
-  RevokeExtentsOf(host, now_ms);
+  // Quarantined until their lease term ends, not from now: a leaving process may still write
+  // its extents until it is gone (the preload's exit Leave runs before static destructors
+  // and while other threads still run; docs/preload.md "Exit"), and its published blocks
+  // still hold them. The term is what a zombie holder of a lost lease may use too.
+  RevokeExtentsOf(host);
   hosts_[host].state = HostState::kLeft;
   return absl::OkStatus();
 }

@@ -63,6 +63,8 @@ class DomainState {
   // kFailedPrecondition: not the current incarnation, or fenced (rejoin).
   absl::Status Heartbeat(std::uint32_t host, std::uint64_t incarnation, std::uint64_t used_bytes,
                          std::int64_t now_ms);
+  // The host leaves: its extents are quarantined until their lease term ends (the process
+  // may write them until it exits), like a lost lease's; also for a fenced incarnation.
   absl::Status Leave(std::uint32_t host, std::uint64_t incarnation, std::int64_t now_ms);
   // Grants up to n free extents within the host's share. kResourceExhausted when none.
   absl::StatusOr<std::vector<std::uint32_t>> Grow(std::uint32_t host, std::uint64_t incarnation,
@@ -92,8 +94,8 @@ class DomainState {
 
  private:
   absl::Status CheckCurrent(std::uint32_t host, std::uint64_t incarnation) const;
-  // Takes every extent of `host` away from it into quarantine, reusable from `reuse_ms`.
-  void RevokeExtentsOf(std::uint32_t host, std::int64_t reuse_ms);
+  // Takes every extent of `host` away from it into quarantine until its lease term ends.
+  void RevokeExtentsOf(std::uint32_t host);
   void Revoke(std::uint32_t i, std::int64_t reuse_ms);
 
   Config c_;
