@@ -100,8 +100,10 @@ class InProcessDomain {
     std::filesystem::remove_all(dir, ec);
   }
 
-  absl::Status Open() {
+  // new_domain: the first start (--new-domain).
+  absl::Status Open(bool new_domain = true) {
     OpenOptions o;
+    o.new_domain = new_domain;
     o.clock = &clock;
     auto opened = Orchestrator::Open(config, o);
     if (!opened.ok()) return opened.status();
@@ -154,11 +156,53 @@ TEST(OrchestratorOpen, AFormattedDomainWithoutItsStateFileIsDataLoss) {
     g.grace_ms = d.config.grace_ms;
     ASSERT_TRUE(co::FormatDomain(mem, g).ok());
   }
-  const absl::Status st = d.Open();
+  const absl::Status st = d.Open(/*new_domain=*/false);
   ASSERT_FALSE(st.ok()) << "opened a formatted domain without its state file as a new domain";
   EXPECT_TRUE(absl::IsDataLoss(st)) << st;
   EXPECT_NE(st.message().find(d.config.state_file), std::string::npos) << st;
   EXPECT_NE(st.message().find("--new-domain"), std::string::npos) << st;
+  // The operator's way out: a new domain on it, every extent quarantined for a full lease.
+  ASSERT_TRUE(d.Open(/*new_domain=*/true).ok());
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(d.ExtentState(i), "quarantined") << "extent " << i;
+  }
+  HostClocks clocks;
+  auto c = d.Connect(0, clocks);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(absl::IsResourceExhausted((*c)->Grow(1).status()));
+  d.clock.Set(kT0 + kLease);  // a full lease later (host 0 is fenced meanwhile: it rejoins)
+  ASSERT_TRUE(WaitFor([&] { return d.ExtentState(3) == "free"; })) << "no arena in it";
+  ASSERT_TRUE((*c)->HeartbeatOnce().ok());
+  EXPECT_EQ(GrowOne(**c), 0u);
+}
+
+// --new-domain creates the state file at once; later starts read it and need no flag, and
+// the flag is refused once the file exists. Without both flag and file, nothing starts.
+TEST(OrchestratorOpen, ANewDomainIsCreatedOnlyWhenAskedFor) {
+  InProcessDomain d;
+  const absl::Status not_asked = d.Open(/*new_domain=*/false);
+  EXPECT_TRUE(absl::IsFailedPrecondition(not_asked)) << not_asked;
+  EXPECT_NE(not_asked.message().find("--new-domain"), std::string::npos) << not_asked;
+  {
+    auto dom = pool::OpenRegion(d.config.prefix_domain);
+    ASSERT_TRUE(dom.ok()) << dom.status();
+    co::DirectMem mem((*dom)->addr(), (*dom)->size_bytes());
+    EXPECT_TRUE(absl::IsNotFound(co::ReadDomainHeader(mem).status())) << "refused, yet formatted";
+  }
+  ASSERT_TRUE(d.Open(/*new_domain=*/true).ok());
+  EXPECT_TRUE(std::filesystem::exists(d.config.state_file)) << "written at the first start";
+  for (std::uint32_t i = 0; i < 4; ++i) EXPECT_EQ(d.ExtentState(i), "free");
+  HostClocks clocks;
+  auto c = d.Connect(0, clocks);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::uint32_t a = GrowOne(**c);
+  d.orch->Stop();  // as if killed: the host is still there
+  d.orch.reset();
+  const absl::Status again = d.Open(/*new_domain=*/true);
+  EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;
+  EXPECT_NE(again.message().find(d.config.state_file), std::string::npos) << again;
+  ASSERT_TRUE(d.Open(/*new_domain=*/false).ok());
+  EXPECT_TRUE(d.Assigned(a, 0)) << "the assignment survived the restart";
 }
 
 // Audit #11: a Grow reply renews only the extents it grants (the orchestrator renews only

@@ -394,7 +394,50 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
   o->domain_mem_ = std::make_unique<co::DirectMem>(o->domain_region_->addr(),
                                                    o->domain_region_->size_bytes());
   auto header = co::ReadDomainHeader(*o->domain_mem_);
-  if (absl::IsNotFound(header.status())) {
+  if (!header.ok() && !absl::IsNotFound(header.status())) {
+    return absl::Status(header.status().code(), absl::StrCat("domain.prefix_domain '", c.prefix_domain,
+                                                             "': ", header.status().message()));
+  }
+  const bool formatted = header.ok();
+  // Only the state file says which extents are lent. Without it this is a new domain only
+  // when the operator says so (--new-domain): a lost or mis-pathed file must not free every
+  // extent that live hosts still write (docs/orchestrator.md "A new domain").
+  struct stat sb {};
+  const bool have_state = ::stat(c.state_file.c_str(), &sb) == 0;
+  if (!have_state && errno != ENOENT) {
+    return absl::PermissionDeniedError(absl::StrCat("domain.state_file ", c.state_file, ": ",
+                                                    std::strerror(errno)));
+  }
+  if (options.new_domain && have_state) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--new-domain: the state file ", c.state_file, " exists, so domain '", c.name,
+        "' is not new; start without --new-domain (move the file away only if the pool and "
+        "every host using it were re-created)"));
+  }
+  if (!options.new_domain && !have_state) {
+    if (formatted) {
+      return absl::DataLossError(absl::StrCat(
+          "the state file ", c.state_file, " does not exist, but the prefix domain '",
+          c.prefix_domain, "' is formatted: this domain ran before and its extent assignments "
+          "are lost, while hosts may still write the extents they hold. Restore the file or fix "
+          "domain.state_file; only if that is impossible, start once with --new-domain (every "
+          "extent then stays quarantined for a full capacity lease)"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the state file ", c.state_file, " does not exist: to create domain '", c.name,
+        "', start once with --new-domain (later starts read the state file)"));
+  }
+  o->started_ms_ = o->clock_->NowMs();
+  if (options.new_domain) {
+    absl::MutexLock l(&o->mu_);
+    // A domain whose prefix domain was in use: its extents may hold arenas that index entries
+    // name and that hosts of the old run still write.
+    if (formatted) o->state_.QuarantineAll(o->started_ms_);
+    // The state file exists from now on, before anything is formatted: a restart without
+    // --new-domain reads it.
+    if (auto st = o->SaveLocked(); !st.ok()) return st;
+  }
+  if (!formatted) {
     co::DomainGeometry g;
     g.max_hosts = c.max_hosts;
     g.index_entries = c.index_entries;
@@ -409,9 +452,6 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
           " bytes; this geometry needs ", co::DomainBytes(g), " (give it ?size= or fewer index_entries)"));
     }
     if (auto st = co::FormatDomain(*o->domain_mem_, g); !st.ok()) return st;
-  } else if (!header.ok()) {
-    return absl::Status(header.status().code(), absl::StrCat("domain.prefix_domain '", c.prefix_domain,
-                                                             "': ", header.status().message()));
   }
   absl::MutexLock l(&o->mu_);
   auto owner = co::PrefixOwner::Open(*o->domain_mem_, *o->clock_);
@@ -420,8 +460,9 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
   for (const NamespaceConfig& n : c.namespaces) {
     o->owner_->SetPinLevel(co::MakeNamespace(n.tenant, n.model, n.layout), n.pin);
   }
-  o->started_ms_ = o->clock_->NowMs();
-  if (auto st = o->state_.Load(o->started_ms_); !st.ok()) return st;
+  if (!options.new_domain) {
+    if (auto st = o->state_.Load(o->started_ms_); !st.ok()) return st;
+  }
   return o;
 }
 

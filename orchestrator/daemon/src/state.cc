@@ -77,6 +77,14 @@ void DomainState::ReleaseQuarantine(std::uint32_t i) {
   if (i < extents_.size() && extents_[i].quarantined) extents_[i] = ExtentInfo{};
 }
 
+void DomainState::QuarantineAll(std::int64_t now_ms) {
+  for (ExtentInfo& e : extents_) {
+    e = ExtentInfo{};
+    e.quarantined = true;
+    e.expires_ms = now_ms + c_.capacity_lease_ms;
+  }
+}
+
 std::uint32_t DomainState::ExtentsOf(std::uint32_t host) const {
   std::uint32_t n = 0;
   for (const ExtentInfo& e : extents_) n += e.host == host;
@@ -306,7 +314,10 @@ absl::Status DomainState::Deserialize(const std::string& text, std::int64_t now_
 absl::Status DomainState::Load(std::int64_t now_ms) {
   std::ifstream in(c_.state_file);
   if (!in) {
-    if (errno == ENOENT) return absl::OkStatus();  // a new domain
+    if (errno == ENOENT) {
+      // Never read as "a new domain" here: the caller knows whether one was asked for.
+      return absl::NotFoundError(absl::StrCat("state file ", c_.state_file, " does not exist"));
+    }
     return absl::PermissionDeniedError(absl::StrCat("cannot read state file ", c_.state_file,
                                                     ": ", std::strerror(errno)));
   }
@@ -336,18 +347,30 @@ absl::Status DomainState::Save() const {
     }
     off += static_cast<std::size_t>(n);
   }
-  if (::fsync(fd) != 0) {
+  // The contents and the size (fdatasync covers what reading the file back needs).
+  if (::fdatasync(fd) != 0) {
     ::close(fd);
-    return fail("cannot fsync");
+    return fail("cannot sync");
   }
   ::close(fd);
   if (::rename(tmp.c_str(), c_.state_file.c_str()) != 0) return fail("cannot rename");
-  const std::string dir = std::filesystem::path(c_.state_file).parent_path().string();
-  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
+  // The rename is durable only once the directory is: a change this reply reveals must not
+  // be undone by a power loss, so a directory that cannot be synced fails the save.
+  std::string dir = std::filesystem::path(c_.state_file).parent_path().string();
+  if (dir.empty()) dir = ".";
+  auto dir_fail = [&](const char* what) {
+    return absl::InternalError(absl::StrCat(
+        "cannot ", what, " directory ", dir, " to make the rename of ", c_.state_file,
+        " durable: ", std::strerror(errno), " (put domain.state_file on a local file system)"));
+  };
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return dir_fail("open");
+  if (::fsync(dfd) != 0) {
+    const absl::Status st = dir_fail("fsync");
     ::close(dfd);
+    return st;
   }
+  ::close(dfd);
   return absl::OkStatus();
 }
 

@@ -38,6 +38,13 @@ class Metrics;
 class Service;
 
 struct OpenOptions {
+  // The operator says this is a new domain (cxlkv-orchestrator --new-domain): no state file
+  // exists yet. Open writes one at once (later opens read it), and if the prefix domain was
+  // already formatted every extent starts quarantined for a full capacity lease. Refused
+  // when the state file exists. Without it, a missing state file fails Open: kDataLoss when
+  // the prefix domain is formatted (the domain ran before; its assignments are lost),
+  // kFailedPrecondition otherwise.
+  bool new_domain = false;
   // The orchestrator's clock (a seam for tests); null: CLOCK_MONOTONIC. Must outlive the
   // orchestrator.
   coherence::Clock* clock = nullptr;
@@ -45,7 +52,8 @@ struct OpenOptions {
 
 class Orchestrator {
  public:
-  // Opens (creating when absent) the pool and the prefix domain, loads the state file.
+  // Opens (creating when absent) the pool and the prefix domain, loads the state file (see
+  // OpenOptions::new_domain for a missing one).
   static absl::StatusOr<std::unique_ptr<Orchestrator>> Open(const Config& c,
                                                             const OpenOptions& options = {});
   ~Orchestrator();

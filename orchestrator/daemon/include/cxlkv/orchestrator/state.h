@@ -52,10 +52,19 @@ class DomainState {
  public:
   DomainState(const Config& c, std::uint64_t pool_bytes);
 
-  // Loads the state file if it exists (timers restart at now: conservative). kDataLoss if
-  // it exists but is corrupt or does not match the pool (never silently discarded).
+  // Loads the state file (timers restart at now: conservative). kNotFound naming the file if
+  // it does not exist: whether that is a new domain or a lost file is the caller's call
+  // (Orchestrator::Open, --new-domain). kDataLoss if it is corrupt or does not match the
+  // pool (never silently discarded).
   absl::Status Load(std::int64_t now_ms);
+  // Writes the state file: temp file, fdatasync, rename, fsync of the directory. Any failure,
+  // the directory's open and fsync included, is kInternal naming the path; the caller must
+  // then not reveal the change.
   absl::Status Save() const;
+  // A new domain on a prefix domain that was already in use: every extent starts quarantined
+  // for a full capacity lease, as if a host had held it (its arena is revoked at the owner
+  // and the extent is free once no entry names it).
+  void QuarantineAll(std::int64_t now_ms);
 
   // kPermissionDenied: host id not allowed by the config.
   absl::StatusOr<std::uint64_t> Join(std::uint32_t host, const std::string& hostname,
