@@ -384,6 +384,7 @@ TEST(OrchestratorAccept, ADisallowedUidIsRefusedAtAccept) {
         << "answered it";
     ASSERT_EQ(WEXITSTATUS(status), 0) << "child setup failed at step " << WEXITSTATUS(status);
   }
+  EXPECT_EQ(d.orch->peers_refused(), 64u);
   EXPECT_TRUE(WaitFor([&] { return count_fds() <= fds_before; }))
       << count_fds() << " descriptors open, " << fds_before << " before the refused connections";
   // The daemon's own uid is still served.

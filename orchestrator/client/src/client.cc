@@ -6,6 +6,7 @@
 
 #include <chrono>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cxlkv/orchestrator/endpoint.h"
 #include "orchestrator.grpc.pb.h"
@@ -77,7 +78,17 @@ absl::Status HostClient::Join() {
   auto ctx = Ctx(rpc_->endpoint);
   ctx->set_wait_for_ready(true);
   const auto sent = NowMs();
-  if (auto st = FromGrpc(rpc_->stub->Join(ctx.get(), req, &rep), "join"); !st.ok()) return st;
+  if (auto st = FromGrpc(rpc_->stub->Join(ctx.get(), req, &rep), "join"); !st.ok()) {
+    if ((absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) &&
+        absl::StartsWith(rpc_->endpoint.target, "unix:")) {
+      // A daemon closes a connection from a uid it does not allow before answering anything.
+      return absl::Status(st.code(), absl::StrCat(st.message(), " (", rpc_->endpoint.target,
+                                                  ": no orchestrator answered; if one runs, "
+                                                  "check that it allows uid ", ::geteuid(),
+                                                  " in rpc.allowed_uids)"));
+    }
+    return st;
+  }
   absl::MutexLock l(&mu_);
   incarnation_ = rep.incarnation();
   extents_.clear();

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -133,9 +134,9 @@ class Service final : public pb::Orchestrator::Service {
  public:
   explicit Service(Orchestrator& o) : o_(o) {}
 
-  // Every call: the connection's peer must be allowed (uid checked at accept time).
+  // Every call: a TCP peer must carry the token; a Unix-socket peer was let in by the
+  // accept loop, which checked its uid before gRPC saw the connection.
   grpc::Status Check(grpc::ServerContext* ctx) {
-    std::string who;
     const std::string peer = ctx->peer();
     if (absl::StartsWith(peer, "ipv4:") || absl::StartsWith(peer, "ipv6:")) {
       // A TCP peer (rpc.tcp): the token decides.
@@ -151,9 +152,11 @@ class Service final : public pb::Orchestrator::Service {
       }
       return grpc::Status::OK;
     }
-    if (!o_.PeerAllowed(peer, &who)) {
+    // Channels made from an accepted descriptor are named "fd:N"; the server listens on
+    // nothing else, so anything else is a transport this check does not know.
+    if (!absl::StartsWith(peer, "fd:")) {
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          absl::StrCat("peer ", who, " is not allowed (rpc.allowed_uids)"));
+                          absl::StrCat("peer ", peer, ": not a connection this daemon accepted"));
     }
     return grpc::Status::OK;
   }
@@ -466,21 +469,7 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
   return o;
 }
 
-bool Orchestrator::PeerAllowed(const std::string& peer, std::string* who) {
-  // Channels added from an accepted fd are named "fd:N".
-  int fd = -1;
-  if (std::sscanf(peer.c_str(), "fd:%d", &fd) != 1) {
-    *who = peer;
-    return false;
-  }
-  absl::MutexLock l(&peers_mu_);
-  auto it = peers_.find(fd);
-  if (it == peers_.end()) {
-    *who = peer;
-    return false;
-  }
-  *who = absl::StrCat("uid ", it->second.first, " pid ", it->second.second);
-  const uid_t uid = it->second.first;
+bool Orchestrator::UidAllowed(uid_t uid) const {
   if (uid == ::geteuid()) return true;
   for (std::uint32_t a : config_.allowed_uids) {
     if (a == uid) return true;
@@ -568,15 +557,28 @@ void Orchestrator::AcceptLoop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
     }
+    // The peer's credentials as the kernel recorded them at connect(). A uid that is not
+    // allowed is refused here: the connection is closed before gRPC sees it, and nothing of
+    // it is kept (per-call checks keyed by a reusable descriptor number would be fragile).
     ucred cred{};
     socklen_t len = sizeof(cred);
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || !UidAllowed(cred.uid)) {
+      const bool known = len == sizeof(cred);
       ::close(fd);
+      const std::uint64_t n = refused_.fetch_add(1) + 1;
+      // Logged at most once a second: a local user cannot flood the log by connecting.
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_refusal_log_ >= std::chrono::seconds(1)) {
+        last_refusal_log_ = now;
+        std::fprintf(stderr,
+                     "cxlkv-orchestrator: refused a connection on %s from %s: not the daemon's "
+                     "uid and not in rpc.allowed_uids (%llu refused so far)\n",
+                     config_.socket.c_str(),
+                     known ? absl::StrCat("uid ", cred.uid, " pid ", cred.pid).c_str()
+                           : "a peer without credentials",
+                     static_cast<unsigned long long>(n));
+      }
       continue;
-    }
-    {
-      absl::MutexLock l(&peers_mu_);
-      peers_[fd] = {cred.uid, cred.pid};  // a reused fd number overwrites its old peer
     }
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);  // gRPC drives it with epoll
     grpc::AddInsecureChannelFromFd(server_.get(), fd);

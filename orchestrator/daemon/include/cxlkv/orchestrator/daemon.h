@@ -13,7 +13,7 @@
 #include <sys/types.h>
 
 #include <atomic>
-#include <map>
+#include <chrono>
 #include <set>
 #include <memory>
 #include <string>
@@ -71,8 +71,9 @@ class Orchestrator {
   int tcp_port() const { return tcp_port_; }  // rpc.tcp's port once started (0: none)
   std::uint64_t pool_bytes() const { return pool_->size_bytes(); }
   std::int64_t started_ms() const { return started_ms_; }
-  // The peer credentials of the connection a call came on (ServerContext::peer()).
-  bool PeerAllowed(const std::string& peer, std::string* who);
+  // Unix-socket peers refused at accept since Start (their uid is neither the daemon's nor
+  // in rpc.allowed_uids): closed before gRPC saw them.
+  std::uint64_t peers_refused() const { return refused_.load(); }
   void CountPrefixTraffic(std::uint64_t hits, std::uint64_t misses);
   // Saves the state file; on failure the change must not be revealed (the caller fails).
   absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return state_.Save(); }
@@ -88,6 +89,7 @@ class Orchestrator {
   std::set<std::string> told_owner_ ABSL_GUARDED_BY(mu_);  // arenas revoked at the owner
   std::uint64_t quarantines_released_ ABSL_GUARDED_BY(mu_) = 0;
   void AcceptLoop();
+  bool UidAllowed(uid_t uid) const;
 
   Config config_;
   coherence::SteadyClock steady_;
@@ -103,8 +105,8 @@ class Orchestrator {
   std::atomic<bool> stop_{false};
   std::thread owner_thread_, accept_thread_;
   std::int64_t started_ms_ = 0;
-  absl::Mutex peers_mu_;
-  std::map<int, std::pair<uid_t, pid_t>> peers_ ABSL_GUARDED_BY(peers_mu_);  // by fd
+  std::atomic<std::uint64_t> refused_{0};
+  std::chrono::steady_clock::time_point last_refusal_log_{};  // the accept thread's
 };
 
 }  // namespace cxlkv::orchestrator
