@@ -14,8 +14,8 @@
 // sent; if the wall clock moved away from the boot clock (stepped on resume), or the boot
 // clock away from the monotonic one (a suspend), by more than the margin (¼ lease), no
 // extent is valid until a request sent after the pause is acknowledged. A VM stop whose
-// wall clock nothing corrects is caught only by that next reply (fenced); zero-copy users
-// must re-validate after use (cxlkv.h).
+// wall clock nothing corrects is caught only by that next reply (fenced), so a zero-copy
+// user should re-validate after use.
 //
 // Replies and concurrent calls: a heartbeat reply replaces nothing wholesale. It renews the
 // extents it lists; it drops a held extent it does not list only if the extent was granted
