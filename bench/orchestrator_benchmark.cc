@@ -85,7 +85,9 @@ struct Running {
   orch::Config config;
   std::unique_ptr<orch::Orchestrator> o;
   explicit Running(const orch::Config& c) : config(c) {
-    auto opened = orch::Orchestrator::Open(c);
+    orch::OpenOptions fresh;
+    fresh.new_domain = true;  // each run makes its own files
+    auto opened = orch::Orchestrator::Open(c, fresh);
     if (!opened.ok()) {
       std::fprintf(stderr, "%s\n", std::string(opened.status().message()).c_str());
       std::abort();

@@ -66,13 +66,18 @@ class OrchestratorProcess {
     EXPECT_EQ(std::system(cmd.c_str()), 0);
   }
 
+  // The first start creates the domain (--new-domain); later ones (a restart after Stop)
+  // read the state file it wrote.
   void Start() {
+    const bool first = !started_;
+    started_ = true;
     pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       const int null = open("/dev/null", O_WRONLY);
       dup2(null, 1);
-      execl(CXLKV_ORCHESTRATOR_BIN, CXLKV_ORCHESTRATOR_BIN, "--config", config.c_str(), nullptr);
+      execl(CXLKV_ORCHESTRATOR_BIN, CXLKV_ORCHESTRATOR_BIN, "--config", config.c_str(),
+            first ? "--new-domain" : nullptr, nullptr);
       _exit(127);
     }
     ASSERT_TRUE(WaitFor([&] {
@@ -110,6 +115,9 @@ class OrchestratorProcess {
 
   std::string dir, pool, domain, socket, config;
   pid_t pid = -1;
+
+ private:
+  bool started_ = false;
 };
 
 }  // namespace cxlkv::testing

@@ -1,10 +1,20 @@
 // orchestrator/: the configuration parser and the membership + capacity state machine.
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <fstream>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/state.h"
@@ -235,7 +245,9 @@ TEST(DomainState, SavedStateSurvivesAndCorruptionIsReported) {
   const Config c = TestConfig(file);
   {
     DomainState s(c, 1ull << 30);
-    ASSERT_TRUE(s.Load(0).ok()) << "no file: a new domain";
+    const absl::Status none = s.Load(0);
+    EXPECT_TRUE(absl::IsNotFound(none)) << "no file: the caller decides (--new-domain)";
+    EXPECT_NE(none.message().find(file), std::string::npos) << none;
     ASSERT_TRUE(s.Join(2, "c", 0).ok());
     ASSERT_TRUE(s.Grow(2, 1, 3, 0).ok());
     ASSERT_TRUE(s.Save().ok());
@@ -260,6 +272,101 @@ TEST(DomainState, SavedStateSurvivesAndCorruptionIsReported) {
   EXPECT_NE(st.message().find("checksum"), std::string::npos) << st;
   std::remove(file.c_str());
   rmdir(tmpl);
+}
+
+// Audit #3 (server half): a host that leaves (the preload's exit path) may still write its
+// extents until their lease term ends (static destructors, other threads until exit_group):
+// Leave quarantines them until then, as docs/preload.md ("Exit") says, and nobody else is
+// lent them before.
+TEST(DomainState, LeaveQuarantinesExtentsUntilTheirLeaseTermEnds) {
+  const Config c = TestConfig("/tmp/unused.state");
+  DomainState s(c, 64ull << 20);  // one extent
+  ASSERT_TRUE(s.Join(0, "a", 0).ok());
+  ASSERT_EQ(s.Grow(0, 1, 1, 0)->size(), 1u);
+  ASSERT_TRUE(s.Heartbeat(0, 1, 0, 1000).ok());  // the lease now ends at 1000 + 10000
+  ASSERT_TRUE(s.Leave(0, 1, 2000).ok());
+  const ExtentInfo& e = s.extents()[0];
+  EXPECT_TRUE(e.quarantined);
+  EXPECT_EQ(e.former_host, 0u);
+  EXPECT_EQ(e.expires_ms, 1000 + c.capacity_lease_ms)
+      << "a left host's extent is reusable before its lease term ends";
+  s.Expire(5000);
+  EXPECT_TRUE(s.extents()[0].quarantined);
+  ASSERT_TRUE(s.Join(1, "b", 5000).ok());
+  const auto none = s.Grow(1, 1, 1, 5000);
+  EXPECT_TRUE(absl::IsResourceExhausted(none.status())) << none.status();
+}
+
+#if defined(__x86_64__)
+// Runs Save() in a child process under a seccomp filter that fails syscall `nr` with `err`
+// (with flags_arg >= 0: only calls whose argument flags_arg has O_DIRECTORY); returns the
+// status's text, "OK", or "skip: ..." when seccomp is not available.
+std::string SaveUnderFilter(const DomainState& s, int nr, int flags_arg, int err) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  const pid_t p = ::fork();
+  if (p == 0) {
+    const std::uint32_t fail = SECCOMP_RET_ERRNO | static_cast<std::uint32_t>(err);
+    std::vector<sock_filter> prog = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<std::uint32_t>(nr), 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    if (flags_arg >= 0) {  // only calls with O_DIRECTORY in that argument (its low word)
+      prog.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
+                              static_cast<std::uint32_t>(offsetof(seccomp_data, args) + 8 * flags_arg)));
+      prog.push_back(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, O_DIRECTORY, 1, 0));
+      prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+    }
+    prog.push_back(BPF_STMT(BPF_RET | BPF_K, fail));
+    sock_fprog fp{static_cast<unsigned short>(prog.size()), prog.data()};
+    std::string out = "OK";
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fp) != 0) {
+      out = std::string("skip: seccomp: ") + std::strerror(errno);
+    } else if (const absl::Status st = s.Save(); !st.ok()) {
+      out = st.ToString();
+    }
+    (void)!::write(fds[1], out.data(), out.size());
+    _exit(0);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  ::waitpid(p, nullptr, 0);
+  return out;
+}
+#endif
+
+// The state file's rename is durable only once its directory is synced: a directory that
+// cannot be opened or synced fails Save, naming the directory, instead of passing silently.
+TEST(DomainState, SaveReportsAFailingDirectorySync) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "the seccomp filter here is written for x86-64";
+#else
+  char tmpl[] = "/tmp/cxlkv-state-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const Config c = TestConfig(std::string(tmpl) + "/d.state");
+  DomainState s(c, 1ull << 30);
+  ASSERT_TRUE(s.Join(0, "a", 0).ok());
+  ASSERT_EQ(SaveUnderFilter(s, -1, -1, 0), "OK") << "no filter";
+  // openat(..., O_DIRECTORY) fails: only the directory's open.
+  const std::string no_open = SaveUnderFilter(s, SYS_openat, 2, EACCES);
+  if (no_open.rfind("skip:", 0) == 0) GTEST_SKIP() << no_open;
+  EXPECT_NE(no_open.find("directory " + std::string(tmpl)), std::string::npos)
+      << "Save with a directory it cannot open to sync: " << no_open;
+  // fsync fails (the file itself is synced with fdatasync).
+  const std::string no_sync = SaveUnderFilter(s, SYS_fsync, -1, EIO);
+  EXPECT_NE(no_sync.find("directory " + std::string(tmpl)), std::string::npos)
+      << "Save with a failing directory fsync: " << no_sync;
+  EXPECT_NE(no_sync.find("Input/output error"), std::string::npos) << no_sync;
+  std::filesystem::remove_all(tmpl);
+#endif
 }
 
 }  // namespace

@@ -2,10 +2,14 @@
 #include "cxlkv/orchestrator/client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cxlkv/orchestrator/endpoint.h"
 #include "orchestrator.grpc.pb.h"
@@ -37,17 +41,50 @@ struct HostClient::Rpc {
   std::unique_ptr<pb::Orchestrator::Stub> stub;
 };
 
-HostClient::HostClient(std::unique_ptr<Rpc> rpc, std::uint32_t host)
-    : rpc_(std::move(rpc)), host_(host) {}
+HostClient::HostClient(std::unique_ptr<Rpc> rpc, std::uint32_t host, HostClientOptions options)
+    : rpc_(std::move(rpc)), host_(host), options_(std::move(options)) {}
 
-std::int64_t HostClient::NowMs() const {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+namespace {
+std::int64_t ClockMs(clockid_t id) {
+  timespec ts{};
+  ::clock_gettime(id, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+// The lease a reply states for an extent, as this host may count it from the request's send
+// time: ¾ of it, the rest is the margin for clock drift and the reply's delay.
+std::int64_t Usable(std::int64_t expires_in_ms) { return expires_in_ms * 3 / 4; }
+}  // namespace
+
+HostClockReading HostClient::ReadClocks() const {
+  if (options_.clock) return options_.clock();
+  HostClockReading r;
+  r.mono_ms = ClockMs(CLOCK_MONOTONIC);
+  r.boot_ms = ClockMs(CLOCK_BOOTTIME);
+  r.real_ms = ClockMs(CLOCK_REALTIME);
+  return r;
+}
+
+void HostClient::AcknowledgedLocked(const HostClockReading& sent) {
+  if (sent.boot_ms >= acked_.boot_ms) acked_ = sent;
+}
+
+bool HostClient::PausedLocked(const HostClockReading& now) const {
+  const std::int64_t boot = now.boot_ms - acked_.boot_ms;
+  const std::int64_t real = now.real_ms - acked_.real_ms;
+  const std::int64_t mono = now.mono_ms - acked_.mono_ms;
+  // Wall time went on while the boot clock stood (a VM stop, the wall clock stepped on
+  // resume), or was stepped at all; or the monotonic clock stood while the boot clock went
+  // on (a suspend). Slewing (at most 0.05 %) stays far below the margin.
+  return real - boot > margin_ms_ || boot - real > margin_ms_ || boot - mono > margin_ms_;
+}
+
+bool HostClient::ValidLocked(const Held& h, const HostClockReading& now) const {
+  return now.boot_ms <= h.valid_until_ms && !PausedLocked(now);
 }
 
 absl::StatusOr<std::unique_ptr<HostClient>> HostClient::Connect(const std::string& socket,
-                                                                std::uint32_t host_id) {
+                                                                std::uint32_t host_id,
+                                                                HostClientOptions options) {
   auto rpc = std::make_unique<Rpc>();
   // Reconnect fast: gRPC's default backoff (1 s and growing) after an orchestrator restart
   // would outlast host_ttl, and the host would be fenced for the orchestrator's absence.
@@ -60,7 +97,7 @@ absl::StatusOr<std::unique_ptr<HostClient>> HostClient::Connect(const std::strin
   rpc->endpoint = *std::move(endpoint);
   rpc->channel = grpc::CreateCustomChannel(rpc->endpoint.target, rpc->endpoint.credentials, args);
   rpc->stub = pb::Orchestrator::NewStub(rpc->channel);
-  std::unique_ptr<HostClient> c(new HostClient(std::move(rpc), host_id));
+  std::unique_ptr<HostClient> c(new HostClient(std::move(rpc), host_id, std::move(options)));
   if (auto st = c->Join(); !st.ok()) return st;
   return c;
 }
@@ -74,17 +111,29 @@ absl::Status HostClient::Join() {
   pb::JoinReply rep;
   auto ctx = Ctx(rpc_->endpoint);
   ctx->set_wait_for_ready(true);
-  const auto sent = NowMs();
-  if (auto st = FromGrpc(rpc_->stub->Join(ctx.get(), req, &rep), "join"); !st.ok()) return st;
+  const HostClockReading sent = ReadClocks();
+  if (auto st = FromGrpc(rpc_->stub->Join(ctx.get(), req, &rep), "join"); !st.ok()) {
+    if ((absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) &&
+        absl::StartsWith(rpc_->endpoint.target, "unix:")) {
+      // A daemon closes a connection from a uid it does not allow before answering anything.
+      return absl::Status(st.code(), absl::StrCat(st.message(), " (", rpc_->endpoint.target,
+                                                  ": no orchestrator answered; if one runs, "
+                                                  "check that it allows uid ", ::geteuid(),
+                                                  " in rpc.allowed_uids)"));
+    }
+    return st;
+  }
   absl::MutexLock l(&mu_);
   incarnation_ = rep.incarnation();
-  extents_.clear();
+  held_.clear();  // nothing held yet
+  grants_ = 0;
+  acked_ = sent;
   period_ms_ = rep.heartbeat_period_ms();
   host_ttl_ms_ = rep.host_ttl_ms();
+  margin_ms_ = host_ttl_ms_ / 4;  // until a reply states a lease
   domain_spec_ = rep.domain_spec();
   pool_spec_ = rep.pool_spec();
   extent_bytes_ = rep.extent_bytes();
-  valid_until_ms_ = sent;  // nothing held yet
   draining_ = false;
   return absl::OkStatus();
 }
@@ -92,7 +141,13 @@ absl::Status HostClient::Join() {
 absl::Status HostClient::HeartbeatOnce() {
   pb::HeartbeatRequest req;
   req.set_host_id(host_);
-  req.set_incarnation(incarnation());
+  std::uint64_t inc = 0, grants_before = 0;
+  {
+    absl::MutexLock l(&mu_);
+    inc = incarnation_;
+    grants_before = grants_;  // extents granted up to here are in the reply if still held
+  }
+  req.set_incarnation(inc);
   if (counters_) {
     const HostCounters hc = counters_();
     req.set_used_bytes(hc.used_bytes);
@@ -100,25 +155,33 @@ absl::Status HostClient::HeartbeatOnce() {
     req.set_prefix_misses(hc.prefix_misses);
   }
   pb::HeartbeatReply rep;
-  const std::int64_t sent = NowMs();
+  const HostClockReading sent = ReadClocks();
   auto ctx = Ctx(rpc_->endpoint, static_cast<int>(period_ms_ * 2));
   if (auto st = FromGrpc(rpc_->stub->Heartbeat(ctx.get(), req, &rep), "heartbeat"); !st.ok()) {
     return st;  // the orchestrator is down: extents stay valid until their lease ends
   }
+  if (options_.before_heartbeat_applied) options_.before_heartbeat_applied();
   if (rep.fenced()) {
     ++rejoins_;
     return Join();
   }
   absl::MutexLock l(&mu_);
+  if (incarnation_ != inc) return absl::OkStatus();  // rejoined meanwhile: not about us
   draining_ = rep.draining();
-  extents_.clear();
-  std::int64_t min_left = INT64_MAX;
-  for (const pb::Extent& e : rep.extents()) {
-    extents_.push_back(GrantedExtent{e.index(), e.offset(), e.length()});
-    min_left = std::min(min_left, e.expires_in_ms());
+  // Merged, never replaced: the reply may predate a Grow that completed while it travelled
+  // (audit #14), and a Shrink that completed meanwhile must not be undone.
+  std::map<std::uint32_t, std::int64_t> listed;  // extent -> lease left at the reply
+  for (const pb::Extent& e : rep.extents()) listed[e.index()] = e.expires_in_ms();
+  std::erase_if(held_, [&](const Held& h) {
+    return listed.count(h.extent.index) == 0 && h.grant <= grants_before;
+  });
+  for (Held& h : held_) {
+    const auto it = listed.find(h.extent.index);
+    if (it == listed.end()) continue;  // granted after this heartbeat was sent
+    h.valid_until_ms = std::max(h.valid_until_ms, sent.boot_ms + Usable(it->second));
+    margin_ms_ = it->second / 4;
   }
-  // The lease counts from the send time; a quarter is kept as margin for clock drift.
-  if (!extents_.empty()) valid_until_ms_ = sent + min_left * 3 / 4;
+  AcknowledgedLocked(sent);
   return absl::OkStatus();
 }
 
@@ -137,21 +200,31 @@ void HostClient::StartHeartbeats(std::function<HostCounters()> counters) {
 absl::StatusOr<std::vector<GrantedExtent>> HostClient::Grow(std::uint32_t n) {
   pb::GrowRequest req;
   req.set_host_id(host_);
-  req.set_incarnation(incarnation());
+  const std::uint64_t inc = incarnation();
+  req.set_incarnation(inc);
   req.set_extents(n);
   pb::GrowReply rep;
-  const std::int64_t sent = NowMs();
+  const HostClockReading sent = ReadClocks();
   auto ctx = Ctx(rpc_->endpoint);
   if (auto st = FromGrpc(rpc_->stub->Grow(ctx.get(), req, &rep), "grow"); !st.ok()) return st;
   std::vector<GrantedExtent> got;
   absl::MutexLock l(&mu_);
-  std::int64_t min_left = INT64_MAX;
+  if (incarnation_ != inc) {
+    // Granted to the incarnation this host had when it asked; it has been fenced and
+    // rejoined since, so the grant is the old incarnation's (the orchestrator takes it back).
+    return absl::FailedPreconditionError(absl::StrCat(
+        "grow: granted to incarnation ", inc, ", but host ", host_, " rejoined as incarnation ",
+        incarnation_, " meanwhile: grow again"));
+  }
+  ++grants_;
   for (const pb::Extent& e : rep.granted()) {
     got.push_back(GrantedExtent{e.index(), e.offset(), e.length()});
-    extents_.push_back(got.back());
-    min_left = std::min(min_left, e.expires_in_ms());
+    // Only the extents granted here get this deadline: the orchestrator renewed no other
+    // (audit #11).
+    held_.push_back(Held{got.back(), sent.boot_ms + Usable(e.expires_in_ms()), grants_});
+    margin_ms_ = e.expires_in_ms() / 4;
   }
-  if (!got.empty()) valid_until_ms_ = std::max(valid_until_ms_, sent + min_left * 3 / 4);
+  AcknowledgedLocked(sent);
   return got;
 }
 
@@ -164,8 +237,8 @@ absl::Status HostClient::Shrink(const std::vector<std::uint32_t>& ext) {
   auto ctx = Ctx(rpc_->endpoint);
   if (auto st = FromGrpc(rpc_->stub->Shrink(ctx.get(), req, &rep), "shrink"); !st.ok()) return st;
   absl::MutexLock l(&mu_);
-  std::erase_if(extents_, [&](const GrantedExtent& g) {
-    return std::find(ext.begin(), ext.end(), g.index) != ext.end();
+  std::erase_if(held_, [&](const Held& h) {
+    return std::find(ext.begin(), ext.end(), h.extent.index) != ext.end();
   });
   return absl::OkStatus();
 }
@@ -198,8 +271,8 @@ absl::StatusOr<std::vector<ExtentView>> HostClient::ListExtents() {
 
 bool HostClient::Holds(std::uint32_t extent) const {
   absl::MutexLock l(&mu_);
-  for (const GrantedExtent& g : extents_) {
-    if (g.index == extent) return true;
+  for (const Held& h : held_) {
+    if (h.extent.index == extent) return true;
   }
   return false;
 }
@@ -213,12 +286,29 @@ std::uint64_t HostClient::incarnation() const {
 
 std::vector<GrantedExtent> HostClient::extents() const {
   absl::MutexLock l(&mu_);
-  return extents_;
+  std::vector<GrantedExtent> out;
+  out.reserve(held_.size());
+  for (const Held& h : held_) out.push_back(h.extent);
+  return out;
+}
+
+bool HostClient::ExtentValid(std::uint32_t extent) const {
+  const HostClockReading now = ReadClocks();
+  absl::MutexLock l(&mu_);
+  for (const Held& h : held_) {
+    if (h.extent.index == extent) return ValidLocked(h, now);
+  }
+  return false;
 }
 
 bool HostClient::ExtentsValid() const {
+  const HostClockReading now = ReadClocks();
   absl::MutexLock l(&mu_);
-  return NowMs() <= valid_until_ms_;
+  if (held_.empty()) return false;
+  for (const Held& h : held_) {
+    if (!ValidLocked(h, now)) return false;
+  }
+  return true;
 }
 
 }  // namespace cxlkv::orchestrator

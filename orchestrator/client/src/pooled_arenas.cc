@@ -59,8 +59,8 @@ absl::StatusOr<PooledArenas::Grown> PooledArenas::Grow(const pool::FormatOptions
   fo.force = true;
   fo.exclusive = true;
   std::lock_guard l(mu_);
-  // Formatting writes the extent: only while the lease holds.
-  if (!client_.ExtentsValid()) {
+  // Formatting writes the extent: only while its lease holds.
+  if (!client_.ExtentValid(e.index)) {
     return give_back(absl::UnavailableError(absl::StrCat(
         "extent ", e.index, ": the capacity lease lapsed before the arena was formatted")));
   }
@@ -106,9 +106,14 @@ absl::Status PooledArenas::Shrink(std::uint32_t extent) {
     revoked = it->second.revoked->load();
     held_.erase(it);
   }
-  // A revoked extent is no longer this host's to give back.
-  if (revoked) return absl::OkStatus();
-  return client_.Shrink({extent});
+  // Given back even when revoked here: the lease may have lapsed on this host's clock only
+  // (or the host paused), and the orchestrator then still lends the extent to this host
+  // (audit #14). If it had taken the extent back already, there is nothing to give.
+  const absl::Status st = client_.Shrink({extent});
+  if (revoked && (absl::IsInvalidArgument(st) || absl::IsFailedPrecondition(st))) {
+    return absl::OkStatus();  // not held by this host (incarnation) any more
+  }
+  return st;
 }
 
 void PooledArenas::RevokeLocked(std::uint32_t extent, Held& h) {
@@ -136,12 +141,11 @@ void PooledArenas::Watch() {
   while (!stop_.load()) {
     {
       std::lock_guard l(mu_);
-      if (!held_.empty()) {
-        const bool valid = client_.ExtentsValid();
-        for (auto& [extent, h] : held_) {
-          if (h.revoked->load()) continue;
-          if (!valid || !client_.Holds(extent)) RevokeLocked(extent, h);
-        }
+      for (auto& [extent, h] : held_) {
+        if (h.revoked->load()) continue;
+        // Each extent on its own deadline (a Grow renews only what it grants); not held any
+        // more (fenced and rejoined) is not valid either.
+        if (!client_.ExtentValid(extent)) RevokeLocked(extent, h);
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -133,9 +134,9 @@ class Service final : public pb::Orchestrator::Service {
  public:
   explicit Service(Orchestrator& o) : o_(o) {}
 
-  // Every call: the connection's peer must be allowed (uid checked at accept time).
+  // Every call: a TCP peer must carry the token; a Unix-socket peer was let in by the
+  // accept loop, which checked its uid before gRPC saw the connection.
   grpc::Status Check(grpc::ServerContext* ctx) {
-    std::string who;
     const std::string peer = ctx->peer();
     if (absl::StartsWith(peer, "ipv4:") || absl::StartsWith(peer, "ipv6:")) {
       // A TCP peer (rpc.tcp): the token decides.
@@ -151,9 +152,11 @@ class Service final : public pb::Orchestrator::Service {
       }
       return grpc::Status::OK;
     }
-    if (!o_.PeerAllowed(peer, &who)) {
+    // Channels made from an accepted descriptor are named "fd:N"; the server listens on
+    // nothing else, so anything else is a transport this check does not know.
+    if (!absl::StartsWith(peer, "fd:")) {
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          absl::StrCat("peer ", who, " is not allowed (rpc.allowed_uids)"));
+                          absl::StrCat("peer ", peer, ": not a connection this daemon accepted"));
     }
     return grpc::Status::OK;
   }
@@ -370,7 +373,8 @@ Orchestrator::Orchestrator(const Config& c, std::uint64_t pool_bytes)
 
 Orchestrator::~Orchestrator() { Stop(); }
 
-absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c) {
+absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c,
+                                                                 const OpenOptions& options) {
   auto pool = pool::OpenRegion(c.pool);
   if (!pool.ok()) {
     return absl::Status(pool.status().code(),
@@ -382,6 +386,7 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
         " bytes) is smaller than one extent (domain.extent_size)"));
   }
   std::unique_ptr<Orchestrator> o(new Orchestrator(c, (*pool)->size_bytes()));
+  if (options.clock != nullptr) o->clock_ = options.clock;
   o->pool_ = *std::move(pool);
   auto dom = pool::OpenRegion(c.prefix_domain);
   if (!dom.ok()) {
@@ -392,7 +397,50 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
   o->domain_mem_ = std::make_unique<co::DirectMem>(o->domain_region_->addr(),
                                                    o->domain_region_->size_bytes());
   auto header = co::ReadDomainHeader(*o->domain_mem_);
-  if (absl::IsNotFound(header.status())) {
+  if (!header.ok() && !absl::IsNotFound(header.status())) {
+    return absl::Status(header.status().code(), absl::StrCat("domain.prefix_domain '", c.prefix_domain,
+                                                             "': ", header.status().message()));
+  }
+  const bool formatted = header.ok();
+  // Only the state file says which extents are lent. Without it this is a new domain only
+  // when the operator says so (--new-domain): a lost or mis-pathed file must not free every
+  // extent that live hosts still write (docs/orchestrator.md "A new domain").
+  struct stat sb {};
+  const bool have_state = ::stat(c.state_file.c_str(), &sb) == 0;
+  if (!have_state && errno != ENOENT) {
+    return absl::PermissionDeniedError(absl::StrCat("domain.state_file ", c.state_file, ": ",
+                                                    std::strerror(errno)));
+  }
+  if (options.new_domain && have_state) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--new-domain: the state file ", c.state_file, " exists, so domain '", c.name,
+        "' is not new; start without --new-domain (move the file away only if the pool and "
+        "every host using it were re-created)"));
+  }
+  if (!options.new_domain && !have_state) {
+    if (formatted) {
+      return absl::DataLossError(absl::StrCat(
+          "the state file ", c.state_file, " does not exist, but the prefix domain '",
+          c.prefix_domain, "' is formatted: this domain ran before and its extent assignments "
+          "are lost, while hosts may still write the extents they hold. Restore the file or fix "
+          "domain.state_file; only if that is impossible, start once with --new-domain (every "
+          "extent then stays quarantined for a full capacity lease)"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the state file ", c.state_file, " does not exist: to create domain '", c.name,
+        "', start once with --new-domain (later starts read the state file)"));
+  }
+  o->started_ms_ = o->clock_->NowMs();
+  if (options.new_domain) {
+    absl::MutexLock l(&o->mu_);
+    // A domain whose prefix domain was in use: its extents may hold arenas that index entries
+    // name and that hosts of the old run still write.
+    if (formatted) o->state_.QuarantineAll(o->started_ms_);
+    // The state file exists from now on, before anything is formatted: a restart without
+    // --new-domain reads it.
+    if (auto st = o->SaveLocked(); !st.ok()) return st;
+  }
+  if (!formatted) {
     co::DomainGeometry g;
     g.max_hosts = c.max_hosts;
     g.index_entries = c.index_entries;
@@ -407,37 +455,21 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
           " bytes; this geometry needs ", co::DomainBytes(g), " (give it ?size= or fewer index_entries)"));
     }
     if (auto st = co::FormatDomain(*o->domain_mem_, g); !st.ok()) return st;
-  } else if (!header.ok()) {
-    return absl::Status(header.status().code(), absl::StrCat("domain.prefix_domain '", c.prefix_domain,
-                                                             "': ", header.status().message()));
   }
   absl::MutexLock l(&o->mu_);
-  auto owner = co::PrefixOwner::Open(*o->domain_mem_, o->clock_);
+  auto owner = co::PrefixOwner::Open(*o->domain_mem_, *o->clock_);
   if (!owner.ok()) return owner.status();
   o->owner_ = *std::move(owner);
   for (const NamespaceConfig& n : c.namespaces) {
     o->owner_->SetPinLevel(co::MakeNamespace(n.tenant, n.model, n.layout), n.pin);
   }
-  o->started_ms_ = o->clock_.NowMs();
-  if (auto st = o->state_.Load(o->started_ms_); !st.ok()) return st;
+  if (!options.new_domain) {
+    if (auto st = o->state_.Load(o->started_ms_); !st.ok()) return st;
+  }
   return o;
 }
 
-bool Orchestrator::PeerAllowed(const std::string& peer, std::string* who) {
-  // Channels added from an accepted fd are named "fd:N".
-  int fd = -1;
-  if (std::sscanf(peer.c_str(), "fd:%d", &fd) != 1) {
-    *who = peer;
-    return false;
-  }
-  absl::MutexLock l(&peers_mu_);
-  auto it = peers_.find(fd);
-  if (it == peers_.end()) {
-    *who = peer;
-    return false;
-  }
-  *who = absl::StrCat("uid ", it->second.first, " pid ", it->second.second);
-  const uid_t uid = it->second.first;
+bool Orchestrator::UidAllowed(uid_t uid) const {
   if (uid == ::geteuid()) return true;
   for (std::uint32_t a : config_.allowed_uids) {
     if (a == uid) return true;
@@ -525,15 +557,28 @@ void Orchestrator::AcceptLoop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
     }
+    // The peer's credentials as the kernel recorded them at connect(). A uid that is not
+    // allowed is refused here: the connection is closed before gRPC sees it, and nothing of
+    // it is kept (per-call checks keyed by a reusable descriptor number would be fragile).
     ucred cred{};
     socklen_t len = sizeof(cred);
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || !UidAllowed(cred.uid)) {
+      const bool known = len == sizeof(cred);
       ::close(fd);
+      const std::uint64_t n = refused_.fetch_add(1) + 1;
+      // Logged at most once a second: a local user cannot flood the log by connecting.
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_refusal_log_ >= std::chrono::seconds(1)) {
+        last_refusal_log_ = now;
+        std::fprintf(stderr,
+                     "cxlkv-orchestrator: refused a connection on %s from %s: not the daemon's "
+                     "uid and not in rpc.allowed_uids (%llu refused so far)\n",
+                     config_.socket.c_str(),
+                     known ? absl::StrCat("uid ", cred.uid, " pid ", cred.pid).c_str()
+                           : "a peer without credentials",
+                     static_cast<unsigned long long>(n));
+      }
       continue;
-    }
-    {
-      absl::MutexLock l(&peers_mu_);
-      peers_[fd] = {cred.uid, cred.pid};  // a reused fd number overwrites its old peer
     }
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);  // gRPC drives it with epoll
     grpc::AddInsecureChannelFromFd(server_.get(), fd);
@@ -549,7 +594,7 @@ void Orchestrator::OwnerLoop() {
       owner_->Step();
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const std::int64_t now = clock_.NowMs();
+      const std::int64_t now = clock_->NowMs();
       // Both run every step (no short-circuit): expiry first, then the quarantine it feeds.
       const bool expired = state_.Expire(now);
       const bool tended = TendQuarantineLocked(now);

@@ -1,4 +1,4 @@
-// cxlkv-orchestrator --config domain.toml [--validate]
+// cxlkv-orchestrator --config domain.toml [--validate] [--new-domain]
 #include <signal.h>
 
 #include <cstdio>
@@ -15,6 +15,10 @@ int main(int argc, char** argv) {
   bool validate = false;
   app.add_option("--config", config_path, "the domain's TOML configuration")->required();
   app.add_flag("--validate", validate, "check the configuration and exit");
+  cxlkv::orchestrator::OpenOptions open;
+  app.add_flag("--new-domain", open.new_domain,
+               "the first start of a new domain: create its state file (refused when it exists; "
+               "without this flag a missing state file stops the daemon)");
   CLI11_PARSE(app, argc, argv);
 
   auto config = cxlkv::orchestrator::LoadConfig(config_path);
@@ -35,7 +39,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto o = cxlkv::orchestrator::Orchestrator::Open(*config);
+  auto o = cxlkv::orchestrator::Orchestrator::Open(*config, open);
   if (!o.ok()) {
     std::fprintf(stderr, "cxlkv-orchestrator: %s\n", std::string(o.status().message()).c_str());
     return 1;

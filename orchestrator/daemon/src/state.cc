@@ -61,9 +61,9 @@ void DomainState::Revoke(std::uint32_t i, std::int64_t reuse_ms) {
   e = q;
 }
 
-void DomainState::RevokeExtentsOf(std::uint32_t host, std::int64_t reuse_ms) {
+void DomainState::RevokeExtentsOf(std::uint32_t host) {
   for (std::uint32_t i = 0; i < extents_.size(); ++i) {
-    if (extents_[i].host == host) Revoke(i, std::min(reuse_ms, extents_[i].expires_ms));
+    if (extents_[i].host == host) Revoke(i, extents_[i].expires_ms);
   }
 }
 
@@ -75,6 +75,14 @@ void DomainState::SetQuarantineArena(std::uint32_t i, const std::string& arena_h
 
 void DomainState::ReleaseQuarantine(std::uint32_t i) {
   if (i < extents_.size() && extents_[i].quarantined) extents_[i] = ExtentInfo{};
+}
+
+void DomainState::QuarantineAll(std::int64_t now_ms) {
+  for (ExtentInfo& e : extents_) {
+    e = ExtentInfo{};
+    e.quarantined = true;
+    e.expires_ms = now_ms + c_.capacity_lease_ms;
+  }
 }
 
 std::uint32_t DomainState::ExtentsOf(std::uint32_t host) const {
@@ -93,7 +101,7 @@ absl::StatusOr<std::uint64_t> DomainState::Join(std::uint32_t host, const std::s
   // A new incarnation: what the old one held goes into quarantine until its old lease term
   // ends (the old incarnation may be a zombie that still writes) and no published entry
   // names a block in it.
-  RevokeExtentsOf(host, INT64_MAX);
+  RevokeExtentsOf(host);
   h.incarnation += 1;
   h.state = HostState::kLive;
   h.last_heartbeat_ms = now_ms;
@@ -115,16 +123,18 @@ absl::Status DomainState::Heartbeat(std::uint32_t host, std::uint64_t incarnatio
 }
 
 absl::Status DomainState::Leave(std::uint32_t host, std::uint64_t incarnation,
-                                std::int64_t now_ms) {
-  // A fenced host may still say goodbye: it gives back what it held at once instead of
-  // waiting for the capacity lease to run out.
+                                std::int64_t /*now_ms*/) {
+  // A fenced host may still say goodbye (its host state becomes "left").
   const bool fenced_self = host < hosts_.size() && hosts_[host].state == HostState::kFenced &&
                            hosts_[host].incarnation == incarnation;
   if (!fenced_self) {
     if (auto st = CheckCurrent(host, incarnation); !st.ok()) return st;
   }
-  // Given back: the host has stopped writing; its published blocks still hold the extents.
-  RevokeExtentsOf(host, now_ms);
+  // Quarantined until their lease term ends, not from now: a leaving process may still write
+  // its extents until it is gone (the preload's exit Leave runs before static destructors
+  // and while other threads still run; docs/preload.md "Exit"), and its published blocks
+  // still hold them. The term is what a zombie holder of a lost lease may use too.
+  RevokeExtentsOf(host);
   hosts_[host].state = HostState::kLeft;
   return absl::OkStatus();
 }
@@ -304,7 +314,10 @@ absl::Status DomainState::Deserialize(const std::string& text, std::int64_t now_
 absl::Status DomainState::Load(std::int64_t now_ms) {
   std::ifstream in(c_.state_file);
   if (!in) {
-    if (errno == ENOENT) return absl::OkStatus();  // a new domain
+    if (errno == ENOENT) {
+      // Never read as "a new domain" here: the caller knows whether one was asked for.
+      return absl::NotFoundError(absl::StrCat("state file ", c_.state_file, " does not exist"));
+    }
     return absl::PermissionDeniedError(absl::StrCat("cannot read state file ", c_.state_file,
                                                     ": ", std::strerror(errno)));
   }
@@ -334,18 +347,30 @@ absl::Status DomainState::Save() const {
     }
     off += static_cast<std::size_t>(n);
   }
-  if (::fsync(fd) != 0) {
+  // The contents and the size (fdatasync covers what reading the file back needs).
+  if (::fdatasync(fd) != 0) {
     ::close(fd);
-    return fail("cannot fsync");
+    return fail("cannot sync");
   }
   ::close(fd);
   if (::rename(tmp.c_str(), c_.state_file.c_str()) != 0) return fail("cannot rename");
-  const std::string dir = std::filesystem::path(c_.state_file).parent_path().string();
-  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
+  // The rename is durable only once the directory is: a change this reply reveals must not
+  // be undone by a power loss, so a directory that cannot be synced fails the save.
+  std::string dir = std::filesystem::path(c_.state_file).parent_path().string();
+  if (dir.empty()) dir = ".";
+  auto dir_fail = [&](const char* what) {
+    return absl::InternalError(absl::StrCat(
+        "cannot ", what, " directory ", dir, " to make the rename of ", c_.state_file,
+        " durable: ", std::strerror(errno), " (put domain.state_file on a local file system)"));
+  };
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return dir_fail("open");
+  if (::fsync(dfd) != 0) {
+    const absl::Status st = dir_fail("fsync");
     ::close(dfd);
+    return st;
   }
+  ::close(dfd);
   return absl::OkStatus();
 }
 

@@ -10,8 +10,9 @@
 // Errors: Connect() fails with the endpoint's error (endpoint.h: a malformed tcp: address,
 // a missing or unsafe token file, an unreadable CA). A call fails with the orchestrator's
 // own status, code and message unchanged (e.g. kFailedPrecondition "host 3 is not live",
-// kPermissionDenied for a peer outside rpc.allowed_uids, kUnauthenticated for a wrong
-// token); kUnavailable or kDeadlineExceeded when no orchestrator answers in time.
+// kUnauthenticated for a wrong token); kUnavailable or kDeadlineExceeded when no
+// orchestrator answers in time, and kUnavailable for a uid outside rpc.allowed_uids (the
+// daemon closes such a connection at accept and logs the uid).
 //
 // Thread-safety: calls may be made from several threads at once.
 #ifndef CXLKV_ORCHESTRATOR_OPERATOR_CLIENT_H_

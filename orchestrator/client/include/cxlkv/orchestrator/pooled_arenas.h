@@ -4,12 +4,13 @@
 // Grow() asks the orchestrator for one extent (a capacity lease), maps that window of the
 // pool and formats a fresh arena in it: whatever a former holder left there is dead (the
 // orchestrator lends an extent again only after the prefix index dropped every block of the
-// old arena, docs/orchestrator.md "Extents and the arenas in them"). Shrink() gives it back.
+// old arena, docs/orchestrator.md "Extents and the arenas in them"). Shrink() gives it back,
+// revoked or not.
 //
 // Revocation: the host may use an extent only while its lease holds on its own clock
-// (HostClient::ExtentsValid, which ends before the orchestrator's expiry). A watchdog thread
-// checks every 5 ms; when the lease lapsed (the orchestrator unreachable for most of a
-// lease, or this host fenced and rejoined), it replaces the extent's mapping in this process
+// (HostClient::ExtentValid, which ends before the orchestrator's expiry). A watchdog thread
+// checks each extent every 5 ms; when its lease lapsed (the orchestrator unreachable for
+// most of a lease, a pause of this host, or this host fenced and rejoined), it replaces the extent's mapping in this process
 // with private anonymous memory, so that nothing this process still writes there can reach
 // the pool, which may already be lent to another host. The arena's contents read as zero
 // from then on (a KV cache loses those blocks); revoked() says so and the C API fails every
@@ -57,7 +58,9 @@ class PooledArenas {
   };
   // One more extent with a fresh arena formatted in it (options.force is implied).
   absl::StatusOr<Grown> Grow(const pool::FormatOptions& options);
-  // Gives the extent back. Close its arena first (the caller's last use of the memory).
+  // Gives the extent back. Close its arena first (the caller's last use of the memory). A
+  // revoked extent is given back too (its lease may have lapsed on this host's clock only);
+  // OK when the orchestrator had already taken it.
   absl::Status Shrink(std::uint32_t extent);
 
   // One more extent for memory the caller maps and formats itself (a process heap): its

@@ -13,7 +13,7 @@
 #include <sys/types.h>
 
 #include <atomic>
-#include <map>
+#include <chrono>
 #include <set>
 #include <memory>
 #include <string>
@@ -37,10 +37,25 @@ namespace cxlkv::orchestrator {
 class Metrics;
 class Service;
 
+struct OpenOptions {
+  // The operator says this is a new domain (cxlkv-orchestrator --new-domain): no state file
+  // exists yet. Open writes one at once (later opens read it), and if the prefix domain was
+  // already formatted every extent starts quarantined for a full capacity lease. Refused
+  // when the state file exists. Without it, a missing state file fails Open: kDataLoss when
+  // the prefix domain is formatted (the domain ran before; its assignments are lost),
+  // kFailedPrecondition otherwise.
+  bool new_domain = false;
+  // The orchestrator's clock (a seam for tests); null: CLOCK_MONOTONIC. Must outlive the
+  // orchestrator.
+  coherence::Clock* clock = nullptr;
+};
+
 class Orchestrator {
  public:
-  // Opens (creating when absent) the pool and the prefix domain, loads the state file.
-  static absl::StatusOr<std::unique_ptr<Orchestrator>> Open(const Config& c);
+  // Opens (creating when absent) the pool and the prefix domain, loads the state file (see
+  // OpenOptions::new_domain for a missing one).
+  static absl::StatusOr<std::unique_ptr<Orchestrator>> Open(const Config& c,
+                                                            const OpenOptions& options = {});
   ~Orchestrator();
 
   // Starts the owner thread, the RPC server and the metrics endpoint.
@@ -51,13 +66,14 @@ class Orchestrator {
   absl::Mutex mu_;
   DomainState state_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<coherence::PrefixOwner> owner_ ABSL_GUARDED_BY(mu_);
-  std::int64_t NowMs() { return clock_.NowMs(); }
+  std::int64_t NowMs() { return clock_->NowMs(); }
   const Config& config() const { return config_; }
   int tcp_port() const { return tcp_port_; }  // rpc.tcp's port once started (0: none)
   std::uint64_t pool_bytes() const { return pool_->size_bytes(); }
   std::int64_t started_ms() const { return started_ms_; }
-  // The peer credentials of the connection a call came on (ServerContext::peer()).
-  bool PeerAllowed(const std::string& peer, std::string* who);
+  // Unix-socket peers refused at accept since Start (their uid is neither the daemon's nor
+  // in rpc.allowed_uids): closed before gRPC saw them.
+  std::uint64_t peers_refused() const { return refused_.load(); }
   void CountPrefixTraffic(std::uint64_t hits, std::uint64_t misses);
   // Saves the state file; on failure the change must not be revealed (the caller fails).
   absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return state_.Save(); }
@@ -73,9 +89,11 @@ class Orchestrator {
   std::set<std::string> told_owner_ ABSL_GUARDED_BY(mu_);  // arenas revoked at the owner
   std::uint64_t quarantines_released_ ABSL_GUARDED_BY(mu_) = 0;
   void AcceptLoop();
+  bool UidAllowed(uid_t uid) const;
 
   Config config_;
-  coherence::SteadyClock clock_;
+  coherence::SteadyClock steady_;
+  coherence::Clock* clock_ = &steady_;
   std::unique_ptr<pool::Region> pool_;
   std::unique_ptr<pool::Region> domain_region_;
   std::unique_ptr<coherence::DirectMem> domain_mem_;
@@ -87,8 +105,8 @@ class Orchestrator {
   std::atomic<bool> stop_{false};
   std::thread owner_thread_, accept_thread_;
   std::int64_t started_ms_ = 0;
-  absl::Mutex peers_mu_;
-  std::map<int, std::pair<uid_t, pid_t>> peers_ ABSL_GUARDED_BY(peers_mu_);  // by fd
+  std::atomic<std::uint64_t> refused_{0};
+  std::chrono::steady_clock::time_point last_refusal_log_{};  // the accept thread's
 };
 
 }  // namespace cxlkv::orchestrator

@@ -52,10 +52,19 @@ class DomainState {
  public:
   DomainState(const Config& c, std::uint64_t pool_bytes);
 
-  // Loads the state file if it exists (timers restart at now: conservative). kDataLoss if
-  // it exists but is corrupt or does not match the pool (never silently discarded).
+  // Loads the state file (timers restart at now: conservative). kNotFound naming the file if
+  // it does not exist: whether that is a new domain or a lost file is the caller's call
+  // (Orchestrator::Open, --new-domain). kDataLoss if it is corrupt or does not match the
+  // pool (never silently discarded).
   absl::Status Load(std::int64_t now_ms);
+  // Writes the state file: temp file, fdatasync, rename, fsync of the directory. Any failure,
+  // the directory's open and fsync included, is kInternal naming the path; the caller must
+  // then not reveal the change.
   absl::Status Save() const;
+  // A new domain on a prefix domain that was already in use: every extent starts quarantined
+  // for a full capacity lease, as if a host had held it (its arena is revoked at the owner
+  // and the extent is free once no entry names it).
+  void QuarantineAll(std::int64_t now_ms);
 
   // kPermissionDenied: host id not allowed by the config.
   absl::StatusOr<std::uint64_t> Join(std::uint32_t host, const std::string& hostname,
@@ -63,6 +72,8 @@ class DomainState {
   // kFailedPrecondition: not the current incarnation, or fenced (rejoin).
   absl::Status Heartbeat(std::uint32_t host, std::uint64_t incarnation, std::uint64_t used_bytes,
                          std::int64_t now_ms);
+  // The host leaves: its extents are quarantined until their lease term ends (the process
+  // may write them until it exits), like a lost lease's; also for a fenced incarnation.
   absl::Status Leave(std::uint32_t host, std::uint64_t incarnation, std::int64_t now_ms);
   // Grants up to n free extents within the host's share. kResourceExhausted when none.
   absl::StatusOr<std::vector<std::uint32_t>> Grow(std::uint32_t host, std::uint64_t incarnation,
@@ -92,8 +103,8 @@ class DomainState {
 
  private:
   absl::Status CheckCurrent(std::uint32_t host, std::uint64_t incarnation) const;
-  // Takes every extent of `host` away from it into quarantine, reusable from `reuse_ms`.
-  void RevokeExtentsOf(std::uint32_t host, std::int64_t reuse_ms);
+  // Takes every extent of `host` away from it into quarantine until its lease term ends.
+  void RevokeExtentsOf(std::uint32_t host);
   void Revoke(std::uint32_t i, std::int64_t reuse_ms);
 
   Config c_;
