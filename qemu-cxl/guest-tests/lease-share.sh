@@ -189,7 +189,8 @@ allowed = [0, 1, 2, 3]
 default_share = 0.5
 EOF
   cp "$work/domain.toml" "$out/"
-  "$CXLKV_BIN/cxlkv-orchestrator" --config "$work/domain.toml" >"$out/orchestrator.log" 2>&1 &
+  # --new-domain: the first start of this domain creates its state file.
+  "$CXLKV_BIN/cxlkv-orchestrator" --config "$work/domain.toml" --new-domain >"$out/orchestrator.log" 2>&1 &
   opid=$!
   wait_until 60 "the orchestrator's socket $ep" ready "$opid" "$ep" "$out/orchestrator.log"
   indent "$out/orchestrator.log"
