@@ -28,6 +28,7 @@
 #include "cxlkv/orchestrator/daemon.h"
 #include "cxlkv/orchestrator/pooled_arenas.h"
 #include "cxlkv/pool/region.h"
+#include "cxlkv/pool/spec.h"
 #include "gtest/gtest.h"
 
 namespace cxlkv::orchestrator {
@@ -76,12 +77,14 @@ struct HostClocks {
 
 class InProcessDomain {
  public:
-  explicit InProcessDomain(const std::string& host_ttl_ms = "2000") {
+  // pool_query: the pool's spec after "file:<dir>/pool?".
+  explicit InProcessDomain(const std::string& host_ttl_ms = "2000",
+                           const std::string& pool_query = "size=64M") {
     char tmpl[] = "/tmp/cxlkv-inproc-XXXXXX";
     EXPECT_NE(::mkdtemp(tmpl), nullptr);
     dir = tmpl;
     auto c = ParseConfig("[domain]\nname = \"inproc\"\n"
-                         "pool = \"file:" + dir + "/pool?size=64M\"\n"
+                         "pool = \"file:" + dir + "/pool?" + pool_query + "\"\n"
                          "prefix_domain = \"file:" + dir + "/domain?size=4M\"\n"
                          "extent_size = \"16M\"\nstate_file = \"" + dir + "/d.state\"\n"
                          "index_entries = 1024\nmax_hosts = 4\n"
@@ -291,6 +294,38 @@ TEST(PooledArenas, ARevokedExtentIsStillGivenBack) {
   EXPECT_NE(d.ExtentState(extent), "assigned")
       << "Shrink of a revoked extent did not give it back: the orchestrator still lends it to "
          "host 0 (renewed by every heartbeat, never used)";
+}
+
+// A pool that is itself a window of its source (offset=, length=): an extent's window is the
+// pool's offset plus the extent's offset inside the pool, so the host maps the bytes the
+// orchestrator lends. (It replaced the pool's offset with the extent's: host 0's arena landed
+// at file offset 0, outside the pool, found by the two-host QEMU test's set-up.)
+TEST(PooledArenas, AnExtentOfAWindowedPoolIsInsideThePool) {
+  InProcessDomain d("2000", "size=96M&offset=32M&length=64M");
+  ASSERT_TRUE(d.Open().ok());
+  HostClocks clocks;
+  auto c = d.Connect(0, clocks);
+  ASSERT_TRUE(c.ok()) << c.status();
+  PooledArenas arenas(**c);
+  auto raw = arenas.GrowRaw([](std::uint32_t) {});
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  auto spec = pool::ParseSourceSpec(raw->spec);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::uint64_t pool_offset = 32ull << 20, extent_bytes = 16ull << 20;
+  EXPECT_EQ(spec->offset, pool_offset + raw->extent * extent_bytes) << raw->spec;
+  EXPECT_EQ(spec->length, extent_bytes) << raw->spec;
+  {
+    // What the host writes through its window is what the pool holds at the extent's place.
+    auto window = pool::OpenRegion(raw->spec);
+    ASSERT_TRUE(window.ok()) << window.status();
+    std::memset((*window)->addr(), 0xA5, 4096);
+    auto whole = pool::OpenRegion("file:" + d.dir + "/pool");
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    const std::byte* lent = (*whole)->addr() + pool_offset + raw->extent * extent_bytes;
+    for (std::size_t i = 0; i < 4096; ++i) ASSERT_EQ(lent[i], std::byte{0xA5}) << "byte " << i;
+    EXPECT_EQ((*whole)->addr()[0], std::byte{0}) << "the host wrote before the pool's window";
+  }
+  ASSERT_TRUE(arenas.Shrink(raw->extent).ok());
 }
 
 // Audit #6: a host whose clocks froze (a VM stop: CLOCK_MONOTONIC and CLOCK_BOOTTIME held)

@@ -33,7 +33,7 @@ std::string PooledArenas::WindowSpec(std::uint64_t offset, std::uint64_t length)
   if (!spec.ok()) return client_.pool_spec();  // OpenRegion reports the error
   spec->size_bytes = 0;  // the pool exists: take its size
   spec->reserve = false;
-  spec->offset = offset;
+  spec->offset += offset;  // the extent's place inside the pool, which may be a window itself
   spec->length = length;
   return spec->ToString();
 }
