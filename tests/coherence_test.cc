@@ -1,9 +1,11 @@
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/crc32c.h"
+#include "cxlkv/coherence/mem.h"
 #include "cxlkv/coherence/record.h"
 #include "gtest/gtest.h"
 
@@ -116,6 +118,32 @@ TEST(Cache, CopyNtEveryKindAlignmentAndLength) {
       }
     }
   }
+}
+
+// DirectMem on ordinary memory: every primitive leaves the bytes where the calls put them,
+// streaming stores (WriteNt) included, whatever the alignment.
+TEST(DirectMem, EveryPrimitiveKeepsTheBytes) {
+  alignas(64) static std::byte region[8192];
+  std::memset(region, 0, sizeof(region));
+  DirectMem m(region, sizeof(region));
+  EXPECT_EQ(m.size_bytes(), sizeof(region));
+  std::vector<unsigned char> src(300), back(300);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 13 + 1);
+  for (std::uint64_t off : {0u, 64u, 200u}) {
+    m.WriteNt(off, src.data(), src.size());
+    m.Fence();
+    m.Invalidate(off, src.size());
+    m.Read(off, back.data(), back.size());
+    EXPECT_EQ(back, src) << "WriteNt at " << off;
+  }
+  m.Write(4096, src.data(), src.size());
+  m.Flush(4096, src.size());
+  m.FullFence();
+  m.Evict(4096, src.size());
+  m.FullFence();
+  std::fill(back.begin(), back.end(), 0);
+  m.Read(4096, back.data(), back.size());
+  EXPECT_EQ(back, src);
 }
 
 }  // namespace
