@@ -1,3 +1,6 @@
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <random>
@@ -144,6 +147,36 @@ TEST(DirectMem, EveryPrimitiveKeepsTheBytes) {
   std::fill(back.begin(), back.end(), 0);
   m.Read(4096, back.data(), back.size());
   EXPECT_EQ(back, src);
+}
+
+// Flush, Invalidate and Evict issue their instruction on every line of the range and on no
+// line past it. On coherent memory no load can tell a skipped line, but the MMU can: like a
+// load, clwb / clflushopt / clflush fault on a page without access. The range ends in (or
+// just before) such a page.
+TEST(CacheDeathTest, EachFlushReachesTheLastLineOfItsRangeAndNoFurther) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  auto* map = static_cast<std::byte*>(::mmap(nullptr, 2 * static_cast<std::size_t>(page),
+                                             PROT_READ | PROT_WRITE,
+                                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(map, MAP_FAILED);
+  std::memset(map, 1, static_cast<std::size_t>(page));
+  ASSERT_EQ(::mprotect(map + page, static_cast<std::size_t>(page), PROT_NONE), 0);
+  std::byte* const near_end = map + page - 100;  // a range from here of 100 bytes stays out
+  const std::vector<std::pair<const char*, void (*)(const void*, std::size_t)>> ops = {
+      {"Flush", [](const void* p, std::size_t n) { Flush(p, n); }},
+      {"Invalidate", [](const void* p, std::size_t n) { Invalidate(p, n); }},
+      {"Evict", [](const void* p, std::size_t n) { Evict(p, n); }},
+      {"FlushWith(clwb)", [](const void* p, std::size_t n) { FlushWith(FlushKind::kClwb, p, n); }},
+      {"FlushWith(clflushopt)",
+       [](const void* p, std::size_t n) { FlushWith(FlushKind::kClflushopt, p, n); }},
+      {"FlushWith(clflush)",
+       [](const void* p, std::size_t n) { FlushWith(FlushKind::kClflush, p, n); }},
+  };
+  for (const auto& [name, op] : ops) {
+    op(near_end, 100);  // the whole range is accessible: no fault
+    EXPECT_DEATH(op(near_end, 101), "") << name << " skipped the range's last line";
+  }
+  ::munmap(map, 2 * static_cast<std::size_t>(page));
 }
 
 }  // namespace
