@@ -1,12 +1,15 @@
-// DirectMem, the Mem seam on a real mapping, issues exactly the cache.h operation each of its
-// primitives promises, over the range asked for. On coherent memory no load can tell a
-// missing write-back, so the calls themselves are checked (tests/cache_recorder.h).
+// Code that publishes shared memory issues exactly the cache.h operations its contract
+// promises, over the ranges asked for: DirectMem (the Mem seam on a real mapping) and an
+// arena's format. On coherent memory no load can tell a missing write-back, so the calls
+// themselves are checked (tests/cache_recorder.h).
 #include <cstring>
 #include <vector>
 
 #include "cache_recorder.h"
 #include "cxlkv/coherence/mem.h"
+#include "cxlkv/pool/arena.h"
 #include "gtest/gtest.h"
+#include "test_util.h"
 
 namespace cxlkv::testing {
 namespace {
@@ -50,6 +53,40 @@ TEST(CacheRecorder, CoveredJoinsAdjacentCalls) {
   EXPECT_TRUE(rec.Covered(CacheOp::kFlush, buf, 164));
   EXPECT_FALSE(rec.Covered(CacheOp::kFlush, buf, 165));
   EXPECT_FALSE(rec.Covered(CacheOp::kInvalidate, buf, 1));
+}
+
+// Arena::Format's publication order (pool/src/arena.cc): the formatting mark, then the
+// owner table, map and hints, then the header, then the final magic word, each written back
+// and fenced before the next store, so a crash or a reader on another host sees a formatting
+// mark or a complete arena, never a header over stale tables.
+TEST(ArenaSeam, FormatWritesBackEachStepBeforeTheNext) {
+  pool::FormatOptions o;
+  o.layout = TinyLayout();
+  auto region = MustOpen("memfd:?size=4M");
+  ASSERT_NE(region, nullptr);
+  const std::byte* base = region->addr();
+  CacheRecorder rec;
+  auto arena = pool::Arena::Format(std::move(region), o);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  const pool::ArenaHeader& h = (*arena)->header();
+  const std::vector<CacheCall> calls = rec.Take();
+  const std::uint64_t tables = h.metadata_bytes - h.owner_table_offset;
+  const CacheCall fence{CacheOp::kFence, nullptr, 0};
+  const std::vector<CacheCall> want = {
+      {CacheOp::kFlush, base, 8},
+      fence,  // formatting mark
+      {CacheOp::kFlush, base + h.owner_table_offset, tables},
+      fence,  // tables
+      {CacheOp::kFlush, base, pool::kHeaderReservedBytes},
+      fence,  // header
+      {CacheOp::kFlush, base, 8},
+      fence,  // final magic
+  };
+  ASSERT_GE(calls.size(), want.size());
+  EXPECT_EQ(std::vector<CacheCall>(calls.begin(),
+                                   calls.begin() + static_cast<std::ptrdiff_t>(want.size())),
+            want)
+      << "Format must write back and fence each step before the next";
 }
 
 }  // namespace

@@ -155,13 +155,13 @@ TEST(DirectMem, EveryPrimitiveKeepsTheBytes) {
 // just before) such a page.
 TEST(CacheDeathTest, EachFlushReachesTheLastLineOfItsRangeAndNoFurther) {
   const long page = ::sysconf(_SC_PAGESIZE);
-  auto* map = static_cast<std::byte*>(::mmap(nullptr, 2 * static_cast<std::size_t>(page),
-                                             PROT_READ | PROT_WRITE,
-                                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  auto* map =
+      static_cast<std::byte*>(::mmap(nullptr, 2 * static_cast<std::size_t>(page),
+                                     PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(map, MAP_FAILED);
   std::memset(map, 1, static_cast<std::size_t>(page));
   ASSERT_EQ(::mprotect(map + page, static_cast<std::size_t>(page), PROT_NONE), 0);
-  std::byte* const near_end = map + page - 100;  // a range from here of 100 bytes stays out
+  std::byte* const near_end = map + page - 100;  // 100 bytes from here end at the boundary
   const std::vector<std::pair<const char*, void (*)(const void*, std::size_t)>> ops = {
       {"Flush", [](const void* p, std::size_t n) { Flush(p, n); }},
       {"Invalidate", [](const void* p, std::size_t n) { Invalidate(p, n); }},
