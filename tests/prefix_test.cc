@@ -3,6 +3,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "cxlkv/coherence/prefix.h"
@@ -503,6 +504,29 @@ TEST(PrefixDirected, HostThatLookedBeforeFormatJoinsAfterIt) {
   Domain d(*ov, clock);
   auto h = PrefixHost::Join(*hv, clock, 0);
   EXPECT_TRUE(h.ok()) << "joined against its stale copy of the unformatted header: " << h.status();
+}
+
+// Acquire's re-validation must read the entry from memory, not the copy its Lookup left in
+// this host's cache: an entry retired in between is not leased.
+TEST(PrefixDirected, AcquireDoesNotLeaseAnEntryRetiredAfterTheLookup) {
+  ManualClock clock;
+  SimMemory media(4 << 20, 25);
+  auto ov = media.NewView(0), av = media.NewView(0), bv = media.NewView(0);
+  Domain d(*ov, clock);
+  auto a = std::move(*PrefixHost::Join(*av, clock, 0));
+  auto b = std::move(*PrefixHost::Join(*bv, clock, 1));
+  const Namespace ns = MakeNamespace("t", "m", "l");
+  const PrefixKey key = ChainKey(ns, PrefixKey{}, kTokens);
+  ASSERT_TRUE(a->Publish(ns, key, PrefixKey{}, Ref(6)).ok());
+  d.owner->Step();
+  const std::optional<Hit> hit = b->Lookup(ns, key);
+  ASSERT_TRUE(hit.has_value());
+  ASSERT_TRUE(d.owner->RetireKey(ns, key).ok());
+  const absl::StatusOr<Lease> lease = b->Acquire(*hit);
+  EXPECT_TRUE(absl::IsNotFound(lease.status()))
+      << "leased an entry retired after the lookup (re-validation read its cached copy): "
+      << lease.status();
+  EXPECT_EQ(b->leases_held(), 0u);
 }
 
 // AcquireChain's lookup must drop the index lines it read on an earlier call: keys that
