@@ -3,7 +3,6 @@
 #include <cstring>
 #include <functional>
 #include <map>
-#include <optional>
 #include <vector>
 
 #include "cxlkv/coherence/prefix.h"
@@ -519,7 +518,7 @@ TEST(PrefixDirected, AcquireDoesNotLeaseAnEntryRetiredAfterTheLookup) {
   const PrefixKey key = ChainKey(ns, PrefixKey{}, kTokens);
   ASSERT_TRUE(a->Publish(ns, key, PrefixKey{}, Ref(6)).ok());
   d.owner->Step();
-  const std::optional<Hit> hit = b->Lookup(ns, key);
+  const auto hit = b->Lookup(ns, key);
   ASSERT_TRUE(hit.has_value());
   ASSERT_TRUE(d.owner->RetireKey(ns, key).ok());
   const absl::StatusOr<Lease> lease = b->Acquire(*hit);
