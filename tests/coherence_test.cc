@@ -1,9 +1,14 @@
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/crc32c.h"
+#include "cxlkv/coherence/mem.h"
 #include "cxlkv/coherence/record.h"
 #include "gtest/gtest.h"
 
@@ -116,6 +121,62 @@ TEST(Cache, CopyNtEveryKindAlignmentAndLength) {
       }
     }
   }
+}
+
+// DirectMem on ordinary memory: every primitive leaves the bytes where the calls put them,
+// streaming stores (WriteNt) included, whatever the alignment.
+TEST(DirectMem, EveryPrimitiveKeepsTheBytes) {
+  alignas(64) static std::byte region[8192];
+  std::memset(region, 0, sizeof(region));
+  DirectMem m(region, sizeof(region));
+  EXPECT_EQ(m.size_bytes(), sizeof(region));
+  std::vector<unsigned char> src(300), back(300);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 13 + 1);
+  for (std::uint64_t off : {0u, 64u, 200u}) {
+    m.WriteNt(off, src.data(), src.size());
+    m.Fence();
+    m.Invalidate(off, src.size());
+    m.Read(off, back.data(), back.size());
+    EXPECT_EQ(back, src) << "WriteNt at " << off;
+  }
+  m.Write(4096, src.data(), src.size());
+  m.Flush(4096, src.size());
+  m.FullFence();
+  m.Evict(4096, src.size());
+  m.FullFence();
+  std::fill(back.begin(), back.end(), 0);
+  m.Read(4096, back.data(), back.size());
+  EXPECT_EQ(back, src);
+}
+
+// Flush, Invalidate and Evict issue their instruction on every line of the range and on no
+// line past it. On coherent memory no load can tell a skipped line, but the MMU can: like a
+// load, clwb / clflushopt / clflush fault on a page without access. The range ends in (or
+// just before) such a page.
+TEST(CacheDeathTest, EachFlushReachesTheLastLineOfItsRangeAndNoFurther) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  auto* map =
+      static_cast<std::byte*>(::mmap(nullptr, 2 * static_cast<std::size_t>(page),
+                                     PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(map, MAP_FAILED);
+  std::memset(map, 1, static_cast<std::size_t>(page));
+  ASSERT_EQ(::mprotect(map + page, static_cast<std::size_t>(page), PROT_NONE), 0);
+  std::byte* const near_end = map + page - 100;  // 100 bytes from here end at the boundary
+  const std::vector<std::pair<const char*, void (*)(const void*, std::size_t)>> ops = {
+      {"Flush", [](const void* p, std::size_t n) { Flush(p, n); }},
+      {"Invalidate", [](const void* p, std::size_t n) { Invalidate(p, n); }},
+      {"Evict", [](const void* p, std::size_t n) { Evict(p, n); }},
+      {"FlushWith(clwb)", [](const void* p, std::size_t n) { FlushWith(FlushKind::kClwb, p, n); }},
+      {"FlushWith(clflushopt)",
+       [](const void* p, std::size_t n) { FlushWith(FlushKind::kClflushopt, p, n); }},
+      {"FlushWith(clflush)",
+       [](const void* p, std::size_t n) { FlushWith(FlushKind::kClflush, p, n); }},
+  };
+  for (const auto& [name, op] : ops) {
+    op(near_end, 100);  // the whole range is accessible: no fault
+    EXPECT_DEATH(op(near_end, 101), "") << name << " skipped the range's last line";
+  }
+  ::munmap(map, 2 * static_cast<std::size_t>(page));
 }
 
 }  // namespace

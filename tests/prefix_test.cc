@@ -1029,6 +1029,129 @@ TEST(PrefixAudit, SkewedClocksAndAStalledOwnerAreNoPause) {
     EXPECT_EQ(w.h1->pauses_detected(), 0u) << "rate " << rate;
     EXPECT_TRUE(w.h1->ValidateAfterCopy(*lease).ok());
   }
+
+// Directed schedules for single-call weakenings the seeded simulation cannot tell apart from
+// the correct code (scripts/mutate-protocol, docs/mutation.md): each leaves a stale copy in
+// one host's cache, or keeps a write in the writer's, exactly where the call matters.
+
+// FormatDomain's contract: the domain is in memory when it returns. Another host joins with
+// nothing else run on the formatting host (an owner's Open would write the header back with
+// its own Invalidate and hide a missing Flush).
+TEST(PrefixDirected, FormattedDomainIsInMemoryWhenFormatReturns) {
+  ManualClock clock;
+  SimMemory media(4 << 20, 21);
+  auto fv = media.NewView(0), hv = media.NewView(0);
+  ASSERT_TRUE(FormatDomain(*fv, {4, 64, 4, 4, 1000, 1000, 50}).ok());
+  auto h = PrefixHost::Join(*hv, clock, 0);
+  EXPECT_TRUE(h.ok()) << "the header stayed in the formatting host's cache: " << h.status();
+}
+
+// A host that starts before the domain is formatted reads the header region (not found),
+// keeping those lines in its cache; after the format it must read memory, not its copy.
+TEST(PrefixDirected, HostThatLookedBeforeFormatJoinsAfterIt) {
+  ManualClock clock;
+  SimMemory media(4 << 20, 22);
+  auto ov = media.NewView(0), hv = media.NewView(0);
+  const absl::Status early = PrefixHost::Join(*hv, clock, 0).status();
+  ASSERT_TRUE(absl::IsNotFound(early)) << early;
+  Domain d(*ov, clock);
+  auto h = PrefixHost::Join(*hv, clock, 0);
+  EXPECT_TRUE(h.ok()) << "joined against its stale copy of the unformatted header: " << h.status();
+}
+
+// Acquire's re-validation must read the entry from memory, not the copy its Lookup left in
+// this host's cache: an entry retired in between is not leased.
+TEST(PrefixDirected, AcquireDoesNotLeaseAnEntryRetiredAfterTheLookup) {
+  ManualClock clock;
+  SimMemory media(4 << 20, 25);
+  auto ov = media.NewView(0), av = media.NewView(0), bv = media.NewView(0);
+  Domain d(*ov, clock);
+  auto a = std::move(*PrefixHost::Join(*av, clock, 0));
+  auto b = std::move(*PrefixHost::Join(*bv, clock, 1));
+  const Namespace ns = MakeNamespace("t", "m", "l");
+  const PrefixKey key = ChainKey(ns, PrefixKey{}, kTokens);
+  ASSERT_TRUE(a->Publish(ns, key, PrefixKey{}, Ref(6)).ok());
+  d.owner->Step();
+  const auto hit = b->Lookup(ns, key);
+  ASSERT_TRUE(hit.has_value());
+  ASSERT_TRUE(d.owner->RetireKey(ns, key).ok());
+  const absl::StatusOr<Lease> lease = b->Acquire(*hit);
+  EXPECT_TRUE(absl::IsNotFound(lease.status()))
+      << "leased an entry retired after the lookup (re-validation read its cached copy): "
+      << lease.status();
+  EXPECT_EQ(b->leases_held(), 0u);
+}
+
+// AcquireChain's lookup must drop the index lines it read on an earlier call: keys that
+// missed then and are published now are leased, not missed again from the cached copy.
+TEST(PrefixDirected, ChainSeesEntriesPublishedSinceItsLastLook) {
+  ManualClock clock;
+  SimMemory media(4 << 20, 23);
+  auto ov = media.NewView(0), av = media.NewView(0), bv = media.NewView(0);
+  Domain d(*ov, clock, {4, 64, 8, 16, 1000, 1000, 50});
+  auto a = std::move(*PrefixHost::Join(*av, clock, 0));
+  auto b = std::move(*PrefixHost::Join(*bv, clock, 1));
+  const Namespace ns = MakeNamespace("t", "m", "l");
+  const std::vector<PrefixKey> keys = Chain(ns, 3);
+  d.owner->Step();  // acknowledges b's heartbeat
+  std::vector<Lease> none;
+  auto miss = b->AcquireChain(ns, keys, &none);
+  ASSERT_TRUE(miss.ok()) << miss.status();
+  ASSERT_EQ(*miss, 0u) << "nothing published yet";
+  for (std::uint32_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(a->Publish(ns, keys[i], i ? keys[i - 1] : PrefixKey{}, Ref(200 + i)).ok());
+  }
+  d.owner->Step();
+  std::vector<Lease> got;
+  auto n = b->AcquireChain(ns, keys, &got);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, keys.size()) << "the chain read its cached copy of the index (all empty)";
+  b->ReleaseAll(got);
+}
+
+// AcquireChain's re-validation must read the entries again from memory after its lease
+// rows are there: an entry the owner retired between the lookup and the lease is not leased
+// (the chain form of "the block was retired before the lease took hold").
+TEST(PrefixDirected, ChainDoesNotLeaseAnEntryRetiredBetweenLookupAndLease) {
+  ManualClock clock;
+  SimMemory media(4 << 20, 24);
+  auto ov = media.NewView(0), av = media.NewView(0), bv = media.NewView(0);
+  Domain d(*ov, clock, {4, 64, 8, 16, 1000, 1000, 50});
+  auto a = std::move(*PrefixHost::Join(*av, clock, 0));
+  auto b = std::move(*PrefixHost::Join(*bv, clock, 1));
+  const Namespace ns = MakeNamespace("t", "m", "l");
+  const std::vector<PrefixKey> keys = Chain(ns, 2);
+  for (std::uint32_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(a->Publish(ns, keys[i], i ? keys[i - 1] : PrefixKey{}, Ref(300 + i)).ok());
+  }
+  d.owner->Step();
+  // The owner retires the first key at b's first fence after one of b's lease rows reached
+  // memory held: after b's lookup read the entry, before b's re-validation.
+  const DomainHeader h = d.owner->header();
+  auto b_row_held = [&] {
+    for (std::uint32_t r = 0; r < h.lease_rows; ++r) {
+      LeaseRow row;
+      media.ReadMedia(h.lease_rows_offset + (std::uint64_t{1} * h.lease_rows + r) * sizeof(row),
+                      &row, sizeof(row));
+      if (row.held != 0) return true;
+    }
+    return false;
+  };
+  bool retired = false;
+  bv->set_on_fence([&] {
+    if (!retired && b_row_held()) retired = d.owner->RetireKey(ns, keys[0]).ok();
+  });
+  std::vector<Lease> got;
+  auto n = b->AcquireChain(ns, keys, &got);
+  bv->set_on_fence({});
+  ASSERT_TRUE(retired) << "the schedule must retire the entry between lookup and lease";
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 0u) << "leased an entry retired before the lease took hold (re-validation read "
+                       "its cached copy)";
+  EXPECT_EQ(b->leases_held(), 0u);
+  EXPECT_FALSE(b_row_held()) << "the row of the failed lease is cleared again";
+  clock.now += 100;  // past grace: nothing holds the retired block
+  EXPECT_EQ(d.owner->Reclaim(), 1u);
 }
 
 }  // namespace
