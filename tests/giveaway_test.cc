@@ -1,0 +1,283 @@
+// Extents leaving this host (audit #4): every path that gives one away — revocation when the
+// capacity lease lapsed, Shrink, leaving the domain, and the C API's shrink / close / leave —
+// first stops this process's stores to it, writes back every line of it and fences, and
+// only then swaps the mapping or tells the orchestrator. Checked structurally (a
+// coherence::CacheObserver sees the flushes and fences; on one machine caches are coherent,
+// so the missing write-back would have no visible effect here), against a real
+// cxlkv-orchestrator whose answers the probes ask for at the moment of the fence.
+//
+// The C API is linked statically here (cxlkv_capi_static): libcxlkv.so carries a hidden copy
+// of coherence/ that the test's observer could not see.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache_trace.h"
+#include "capi_internal.h"
+#include "cxlkv/coherence/cache.h"
+#include "cxlkv/cxlkv.h"
+#include "cxlkv/orchestrator/client.h"
+#include "cxlkv/orchestrator/operator_client.h"
+#include "cxlkv/orchestrator/pooled_arenas.h"
+#include "cxlkv/pool/arena.h"
+#include "gtest/gtest.h"
+#include "orchestrator_process.h"
+
+namespace cxlkv::testing {
+namespace {
+
+namespace co = cxlkv::coherence;
+using orchestrator::HostClient;
+using orchestrator::OperatorClient;
+using orchestrator::PooledArenas;
+
+constexpr char kTiming[] =
+    "lease_ttl_ms = 400\nhost_ttl_ms = 400\nheartbeat_period_ms = 50\n"
+    "grace_ms = 20\ncapacity_lease_ms = 1000\n";
+constexpr std::size_t kExtentBytes = 16u << 20;  // OrchestratorProcess's extent_size
+constexpr std::uint32_t kHost = 2;
+
+// ",3,7,": the extents the orchestrator lists as assigned to `host` right now.
+std::string AssignedTo(OperatorClient& op, std::uint32_t host) {
+  auto ext = op.Extents();
+  if (!ext.ok()) return "error: " + std::string(ext.status().message());
+  std::string out = ",";
+  for (const auto& e : *ext) {
+    if (e.state == "assigned" && e.host == host) out += std::to_string(e.index) + ",";
+  }
+  return out;
+}
+bool Lists(const std::string& assigned, std::uint32_t extent) {
+  return assigned.find("," + std::to_string(extent) + ",") != std::string::npos;
+}
+
+// The last page of an extent holds 0x5a: a flush that shows it there covers the extent's
+// memory (an alias of it, after the window was swapped for private memory).
+void MarkLastPage(std::byte* base) { std::memset(base + kExtentBytes - 4096, 0x5a, 4096); }
+bool ShowsLastPage(const void* addr) {
+  const auto* p = static_cast<const unsigned char*>(addr) + kExtentBytes - 4096;
+  for (int i = 0; i < 4096; ++i) {
+    if (p[i] != 0x5a) return false;
+  }
+  return true;
+}
+
+// The first full-extent flush at or after `from` whose probe note is `note`, or -1.
+int FindExtentFlush(const std::vector<CacheTrace::Event>& ev, const std::string& note,
+                    std::size_t from = 0) {
+  for (std::size_t i = from; i < ev.size(); ++i) {
+    if (!ev[i].is_mark && ev[i].op == co::CacheOp::kFlush && ev[i].len == kExtentBytes &&
+        ev[i].note == note) {
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+pool::FormatOptions SmallBlocks() {
+  pool::FormatOptions o;
+  o.layout = pool::KvLayout{2, 2, 128, 2, 64, pool::KvLayoutKind::kContiguous};
+  return o;
+}
+
+struct Joined {
+  std::unique_ptr<HostClient> client;
+  std::unique_ptr<OperatorClient> op;
+};
+Joined Join(const OrchestratorProcess& o) {
+  Joined j;
+  auto c = HostClient::Connect(o.socket, kHost);
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return j;
+  j.client = std::move(*c);
+  j.client->StartHeartbeats();
+  auto op = OperatorClient::Connect(o.socket);
+  EXPECT_TRUE(op.ok()) << op.status();
+  if (op.ok()) j.op = std::move(*op);
+  return j;
+}
+
+// Resumes a SIGSTOPped orchestrator however the test ends.
+struct Resume {
+  pid_t pid;
+  ~Resume() { kill(pid, SIGCONT); }
+};
+
+// The lease lapses (orchestrator stopped): the watchdog swaps the window for private memory
+// while the program may still be writing it, so the write-back goes through a second view of
+// the extent's pages; it is fenced before the extent counts as revoked.
+TEST(PooledArenasGiveAway, RevokeWritesTheExtentBackBeforeItCountsAsRevoked) {
+  OrchestratorProcess o(kTiming);
+  o.Start();
+  Joined j = Join(o);
+  ASSERT_NE(j.client, nullptr);
+  PooledArenas pa(*j.client);
+  CacheTrace trace(kExtentBytes);
+  pa.OnRevoke([&](std::uint32_t e) { trace.Mark("revoked " + std::to_string(e)); });
+  auto g = pa.Grow(SmallBlocks());
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::byte* base = g->arena->region().addr();
+  ASSERT_EQ(g->arena->region().size_bytes(), kExtentBytes);
+  MarkLastPage(base);
+  const std::atomic<bool>* revoked = g->revoked;
+  trace.SetProbe([&](co::CacheOp op, const void* addr, std::size_t len) -> std::string {
+    if (op == co::CacheOp::kFence) return revoked->load() ? "revoked" : "held";
+    if (len != kExtentBytes) return "";
+    return ShowsLastPage(addr) ? "extent" : "other memory";
+  });
+  {
+    co::ScopedCacheObserver observe(trace);
+    Resume resume{o.pid};
+    kill(o.pid, SIGSTOP);
+    ASSERT_TRUE(WaitFor([&] { return pa.revocations() == 1; })) << "never revoked";
+  }
+  const auto ev = trace.events();
+  const int flush = FindExtentFlush(ev, "extent");
+  ASSERT_GE(flush, 0) << "revocation wrote none of the extent back\n" << CacheTrace::Dump(ev);
+  const int fence = CacheTrace::FenceAfter(ev, flush);
+  ASSERT_GE(fence, 0) << CacheTrace::Dump(ev);
+  EXPECT_EQ(ev[fence].note, "held") << "counted as revoked before the write-back was fenced\n"
+                                    << CacheTrace::Dump(ev);
+  EXPECT_LT(fence, CacheTrace::FindMark(ev, "revoked " + std::to_string(g->extent)))
+      << CacheTrace::Dump(ev);
+  EXPECT_EQ(base[kExtentBytes - 1], std::byte{0}) << "the window is private memory now";
+}
+
+// Shrink after closing the arena: the close wrote the extent back, and the orchestrator
+// still listed it as this host's when the write-back was fenced.
+TEST(PooledArenasGiveAway, CloseThenShrinkWritesBackBeforeTheRpc) {
+  OrchestratorProcess o(kTiming);
+  o.Start();
+  Joined j = Join(o);
+  ASSERT_NE(j.client, nullptr);
+  PooledArenas pa(*j.client);
+  auto g = pa.Grow(SmallBlocks());
+  ASSERT_TRUE(g.ok()) << g.status();
+  const auto base = reinterpret_cast<std::uintptr_t>(g->arena->region().addr());
+  MarkLastPage(g->arena->region().addr());
+  CacheTrace trace(kExtentBytes);
+  trace.SetProbe([&](co::CacheOp op, const void*, std::size_t) -> std::string {
+    return op == co::CacheOp::kFence ? AssignedTo(*j.op, kHost) : "";
+  });
+  {
+    co::ScopedCacheObserver observe(trace);
+    g->arena.reset();
+    trace.Mark("shrink");
+    ASSERT_TRUE(pa.Shrink(g->extent).ok());
+  }
+  const auto ev = trace.events();
+  const int flush = CacheTrace::FindFlush(ev, base, kExtentBytes);
+  ASSERT_GE(flush, 0) << "the extent went back unwritten\n" << CacheTrace::Dump(ev);
+  const int fence = CacheTrace::FenceAfter(ev, flush);
+  ASSERT_GE(fence, 0) << CacheTrace::Dump(ev);
+  EXPECT_TRUE(Lists(ev[fence].note, g->extent)) << CacheTrace::Dump(ev);
+  EXPECT_LT(fence, CacheTrace::FindMark(ev, "shrink"));
+  EXPECT_FALSE(Lists(AssignedTo(*j.op, kHost), g->extent)) << "Shrink gave it back";
+}
+
+// Destroying PooledArenas (leaving the domain) with an arena still open and a raw extent
+// held: the arena's extent is swapped and written back, the raw extent's holder is told to
+// stop writing (its revoke callback), both before the host leaves.
+TEST(PooledArenasGiveAway, DestroyGivesAwayWhatIsStillHeldBeforeLeaving) {
+  OrchestratorProcess o(kTiming);
+  o.Start();
+  Joined j = Join(o);
+  ASSERT_NE(j.client, nullptr);
+  auto pa = std::make_unique<PooledArenas>(*j.client);
+  CacheTrace trace(kExtentBytes);
+  auto g = pa->Grow(SmallBlocks());
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::byte* base = g->arena->region().addr();
+  MarkLastPage(base);
+  auto raw = pa->GrowRaw([&](std::uint32_t e) { trace.Mark("raw revoke " + std::to_string(e)); });
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  trace.SetProbe([&](co::CacheOp op, const void* addr, std::size_t len) -> std::string {
+    if (op == co::CacheOp::kFence) return AssignedTo(*j.op, kHost);
+    return len == kExtentBytes && ShowsLastPage(addr) ? "extent" : "";
+  });
+  {
+    co::ScopedCacheObserver observe(trace);
+    pa.reset();
+    trace.Mark("leave");
+    ASSERT_TRUE(j.client->Leave().ok());
+  }
+  const auto ev = trace.events();
+  const int flush = FindExtentFlush(ev, "extent");
+  ASSERT_GE(flush, 0) << "the open arena's extent was left unwritten\n" << CacheTrace::Dump(ev);
+  const int fence = CacheTrace::FenceAfter(ev, flush);
+  ASSERT_GE(fence, 0) << CacheTrace::Dump(ev);
+  EXPECT_TRUE(Lists(ev[fence].note, g->extent)) << CacheTrace::Dump(ev);
+  const int leave = CacheTrace::FindMark(ev, "leave");
+  EXPECT_LT(fence, leave) << CacheTrace::Dump(ev);
+  const int raw_revoke = CacheTrace::FindMark(ev, "raw revoke " + std::to_string(raw->extent));
+  EXPECT_GE(raw_revoke, 0) << "the raw extent's holder was never told\n" << CacheTrace::Dump(ev);
+  EXPECT_LT(raw_revoke, leave);
+  EXPECT_EQ(base[kExtentBytes - 1], std::byte{0}) << "the open arena's window is private now";
+}
+
+// The C API: cxlkv_domain_shrink, cxlkv_arena_close and cxlkv_domain_leave (with an arena
+// still open) each write the extent back and fence while the orchestrator still lists it as
+// this host's, i.e. before the Shrink / Leave RPC.
+TEST(CApiGiveAway, ShrinkCloseAndLeaveWriteBackBeforeTheRpc) {
+  OrchestratorProcess o(kTiming);
+  o.Start();
+  auto opc = OperatorClient::Connect(o.socket);
+  ASSERT_TRUE(opc.ok()) << opc.status();
+  const std::string spec = "orchestrator:" + o.socket;
+  cxlkv_domain* d = nullptr;
+  ASSERT_EQ(cxlkv_domain_join(spec.c_str(), kHost, &d), CXLKV_OK) << cxlkv_last_error();
+  cxlkv_arena_options opt{};
+  opt.layout = cxlkv_kv_layout{2, 2, 128, 2, 64, 0};
+  cxlkv_arena* a[3] = {};
+  std::uintptr_t base[3] = {};
+  std::uint32_t extent[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(cxlkv_domain_grow(d, &opt, &a[i]), CXLKV_OK) << cxlkv_last_error();
+    cxlkv_block_ref ref;
+    void* addr = nullptr;
+    ASSERT_EQ(cxlkv_alloc(a[i], 0, &ref, &addr), CXLKV_OK);
+    std::memset(addr, 0x30 + i, 4096);
+    const pool::Region& r = capi::ArenaOf(a[i]).region();
+    ASSERT_EQ(r.size_bytes(), kExtentBytes);
+    base[i] = reinterpret_cast<std::uintptr_t>(r.addr());
+    extent[i] = a[i]->extent;
+  }
+  CacheTrace trace(kExtentBytes);
+  trace.SetProbe([&](co::CacheOp op, const void*, std::size_t) -> std::string {
+    return op == co::CacheOp::kFence ? AssignedTo(**opc, kHost) : "";
+  });
+  {
+    co::ScopedCacheObserver observe(trace);
+    trace.Mark("shrink");
+    EXPECT_EQ(cxlkv_domain_shrink(d, a[0]), CXLKV_OK) << cxlkv_last_error();
+    trace.Mark("close");
+    cxlkv_arena_close(a[1]);
+    trace.Mark("leave");
+    cxlkv_domain_leave(d);
+    trace.Mark("end");
+  }
+  const auto ev = trace.events();
+  const char* const step[] = {"shrink", "close", "leave", "end"};
+  for (int i = 0; i < 3; ++i) {
+    const int from = CacheTrace::FindMark(ev, step[i]);
+    const int to = CacheTrace::FindMark(ev, step[i + 1]);
+    const int flush = CacheTrace::FindFlush(ev, base[i], kExtentBytes, static_cast<std::size_t>(from));
+    ASSERT_TRUE(flush >= 0 && flush < to)
+        << step[i] << ": the extent went back unwritten\n" << CacheTrace::Dump(ev);
+    const int fence = CacheTrace::FenceAfter(ev, flush);
+    ASSERT_TRUE(fence >= 0 && fence < to) << step[i] << "\n" << CacheTrace::Dump(ev);
+    EXPECT_TRUE(Lists(ev[fence].note, extent[i]))
+        << step[i] << ": the orchestrator had it back before the write-back was fenced\n"
+        << CacheTrace::Dump(ev);
+  }
+  const std::string after = AssignedTo(**opc, kHost);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(Lists(after, extent[i])) << after;
+}
+
+}  // namespace
+}  // namespace cxlkv::testing
