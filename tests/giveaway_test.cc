@@ -279,5 +279,95 @@ TEST(CApiGiveAway, ShrinkCloseAndLeaveWriteBackBeforeTheRpc) {
   for (int i = 0; i < 3; ++i) EXPECT_FALSE(Lists(after, extent[i])) << after;
 }
 
+// Audit #8: a GPU registration pins the arena's pages, which stay DMA targets whatever
+// happens to the mapping. Every use of an arena's memory that bypasses the page tables is
+// recorded with the function that ends it (gpu.cc records each cxlkv_gpu_register this way,
+// ending it with Drain + Unregister); those run before the extent leaves — revoked, shrunk,
+// or the arena closed — while the window still maps the extent, ahead of the write-back and
+// the RPC. (No GPU here: the users below stand in for the registrations, through the same
+// record.)
+TEST(CApiGiveAway, MemoryUsersEndBeforeTheExtentLeaves) {
+  OrchestratorProcess o(kTiming);
+  o.Start();
+  auto opc = OperatorClient::Connect(o.socket);
+  ASSERT_TRUE(opc.ok()) << opc.status();
+  const std::string spec = "orchestrator:" + o.socket;
+  cxlkv_domain* d = nullptr;
+  ASSERT_EQ(cxlkv_domain_join(spec.c_str(), kHost, &d), CXLKV_OK) << cxlkv_last_error();
+  cxlkv_arena_options opt{};
+  opt.layout = cxlkv_kv_layout{2, 2, 128, 2, 64, 0};
+  CacheTrace trace(kExtentBytes);
+  const int owner = 0;  // any address names the owner of the uses
+  std::atomic<bool> stopped{false};
+  struct Grown {
+    cxlkv_arena* arena = nullptr;
+    unsigned char* block = nullptr;
+    std::uint32_t extent = 0;
+  } g[2];
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(cxlkv_domain_grow(d, &opt, &g[i].arena), CXLKV_OK) << cxlkv_last_error();
+    cxlkv_block_ref ref;
+    void* addr = nullptr;
+    ASSERT_EQ(cxlkv_alloc(g[i].arena, 0, &ref, &addr), CXLKV_OK);
+    g[i].block = static_cast<unsigned char*>(addr);
+    std::memset(g[i].block, 0x40 + i, 4096);
+    g[i].extent = g[i].arena->extent;
+    MarkLastPage(capi::ArenaOf(g[i].arena).region().addr());
+    const unsigned char* block = g[i].block;
+    const int value = 0x40 + i;
+    const std::uint32_t extent = g[i].extent;
+    capi::AddMemoryUser(g[i].arena, &owner, static_cast<std::uint64_t>(i + 1), [&, block, value, extent] {
+      // Still the extent's memory, and still this host's.
+      const bool mapped = block[0] == value && block[4095] == value;
+      std::string where = " (orchestrator stopped)";  // asking it would wait for its deadline
+      if (!stopped.load()) where = Lists(AssignedTo(**opc, kHost), extent) ? " held" : " returned";
+      trace.Mark("drop " + std::to_string(extent) + (mapped ? " mapped" : " swapped") + where);
+    });
+  }
+  // A use removed before the give-away never runs.
+  capi::AddMemoryUser(g[0].arena, &owner, 99, [&] { trace.Mark("removed user ran"); });
+  capi::RemoveMemoryUser(&owner, 99);
+  trace.SetProbe([&](co::CacheOp op, const void* addr, std::size_t len) -> std::string {
+    if (op == co::CacheOp::kFence || len != kExtentBytes) return "";
+    return ShowsLastPage(addr) ? "extent" : "";
+  });
+  {
+    co::ScopedCacheObserver observe(trace);
+    // Shrink: the use ends, then the write-back, then the RPC.
+    trace.Mark("shrink");
+    EXPECT_EQ(cxlkv_domain_shrink(d, g[0].arena), CXLKV_OK) << cxlkv_last_error();
+    trace.Mark("shrunk");
+    // Revocation (orchestrator stopped past the lease): the use ends before the swap.
+    Resume resume{o.pid};
+    stopped = true;
+    kill(o.pid, SIGSTOP);
+    cxlkv_block_ref ref;
+    ASSERT_TRUE(WaitFor([&] { return cxlkv_alloc(g[1].arena, 0, &ref, nullptr) == CXLKV_E_REVOKED; }))
+        << "never revoked";
+    trace.Mark("revoked");
+  }
+  const auto ev = trace.events();
+  EXPECT_EQ(CacheTrace::FindMark(ev, "removed user ran"), -1) << CacheTrace::Dump(ev);
+  const std::string shrink_drop = "drop " + std::to_string(g[0].extent) + " mapped held";
+  const int d0 = CacheTrace::FindMark(ev, shrink_drop);
+  ASSERT_GE(d0, 0) << "shrink: the use did not end while the extent was still there\n"
+                   << CacheTrace::Dump(ev);
+  EXPECT_GT(d0, CacheTrace::FindMark(ev, "shrink"));
+  const int flush0 = CacheTrace::FindFlush(ev, reinterpret_cast<std::uintptr_t>(g[0].block), 4096);
+  ASSERT_GE(flush0, 0) << CacheTrace::Dump(ev);
+  EXPECT_LT(d0, flush0) << "the use outlived the write-back\n" << CacheTrace::Dump(ev);
+  EXPECT_LT(flush0, CacheTrace::FindMark(ev, "shrunk"));
+  const int d1 = CacheTrace::FindMark(
+      ev, "drop " + std::to_string(g[1].extent) + " mapped (orchestrator stopped)");
+  ASSERT_GE(d1, 0) << "revocation: the use did not end before the window was swapped\n"
+                   << CacheTrace::Dump(ev);
+  const int flush1 = FindExtentFlush(ev, "extent", static_cast<std::size_t>(d1));
+  EXPECT_GE(flush1, 0) << CacheTrace::Dump(ev);
+  EXPECT_LT(flush1, CacheTrace::FindMark(ev, "revoked"));
+  // Gone from the record: closing the revoked arena runs nothing more.
+  cxlkv_domain_leave(d);
+  EXPECT_EQ(trace.events().size(), ev.size());
+}
+
 }  // namespace
 }  // namespace cxlkv::testing

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -522,6 +523,12 @@ std::unique_ptr<CxlHeap> PooledHeapWithObject(const cxlkv::testing::ShmPath& poo
   return std::move(*h);
 }
 
+// Where the heap mapped its first extent: the first address of its reservation aligned like
+// the extent's length.
+std::uintptr_t SlabBase(const CxlHeap& h) {
+  return (h.range().lo + kExtentBytes - 1) & ~std::uintptr_t{kExtentBytes - 1};
+}
+
 // What a flush of the extent's length shows where the object lies: the object's bytes mean
 // the flushed range is (a view of) the extent's memory, not the private copy that replaced it.
 cxlkv::testing::CacheTrace::Probe ObjectProbe(std::uintptr_t slab, const unsigned char* object) {
@@ -548,7 +555,7 @@ TEST(PooledHeapGiveAway, RevokeWritesTheExtentBackBeforeItReturns) {
   auto h = PooledHeapWithObject(pool, &trace, &source, &p);
   ASSERT_NE(h, nullptr);
   ASSERT_NE(p, nullptr);
-  const std::uintptr_t slab = h->range().lo;
+  const std::uintptr_t slab = SlabBase(*h);
   trace.SetProbe(ObjectProbe(slab, p));
   {
     coherence::ScopedCacheObserver observe(trace);
@@ -582,7 +589,7 @@ TEST(PooledHeapGiveAway, DestroyWritesEachExtentBackBeforeShrink) {
   unsigned char* p = nullptr;
   auto h = PooledHeapWithObject(pool, &trace, &source, &p);
   ASSERT_NE(h, nullptr);
-  const std::uintptr_t slab = h->range().lo;
+  const std::uintptr_t slab = SlabBase(*h);
   {
     coherence::ScopedCacheObserver observe(trace);
     h->Free(p);
@@ -596,6 +603,66 @@ TEST(PooledHeapGiveAway, DestroyWritesEachExtentBackBeforeShrink) {
   ASSERT_GE(fence, 0) << trace.Dump(ev);
   ASSERT_GE(shrink, 0) << trace.Dump(ev);
   EXPECT_LT(fence, shrink) << "given back before the write-back was fenced\n" << trace.Dump(ev);
+}
+
+// Audit #8 in the heap: the give-away hook (where the shim unregisters CUDA registrations of
+// the extent) runs before the extent leaves — on revocation before the swap and the write-
+// back, on destruction before the write-back and Shrink — while the window still maps it.
+TEST(PooledHeapGiveAway, TheGiveAwayHookRunsFirstWhileTheExtentIsMapped) {
+  for (const bool revoke : {true, false}) {
+    SCOPED_TRACE(revoke ? "revoke" : "destroy");
+    cxlkv::testing::ShmPath pool(revoke ? "heap-hook-revoke" : "heap-hook-destroy");
+    cxlkv::testing::CacheTrace trace(kExtentBytes);
+    FileExtents* source = nullptr;
+    unsigned char* p = nullptr;
+    auto h = PooledHeapWithObject(pool, &trace, &source, &p);
+    ASSERT_NE(h, nullptr);
+    ASSERT_NE(p, nullptr);
+    struct Hook {
+      cxlkv::testing::CacheTrace* trace;
+      const unsigned char* object;
+    } hook{&trace, p};
+    h->OnGiveAway(
+        [](void* ctx, void* addr, std::size_t len) {
+          auto* k = static_cast<Hook*>(ctx);
+          const auto lo = reinterpret_cast<std::uintptr_t>(addr);
+          const auto o = reinterpret_cast<std::uintptr_t>(k->object);
+          const bool holds = lo <= o && o < lo + len && len == kExtentBytes;
+          k->trace->Mark(std::string("give away ") + (holds && k->object[0] == 0x5a ? "mapped" : "?"));
+        },
+        &hook);
+    const std::uintptr_t slab = SlabBase(*h);
+    {
+      coherence::ScopedCacheObserver observe(trace);
+      if (revoke) {
+        source->Revoke(0);
+        h->Free(p);
+      } else {
+        h->Free(p);
+      }
+      h.reset();
+    }
+    const auto ev = trace.events();
+    const int hook_at = cxlkv::testing::CacheTrace::FindMark(ev, "give away mapped");
+    ASSERT_GE(hook_at, 0) << cxlkv::testing::CacheTrace::Dump(ev);
+    int flush = -1;
+    for (std::size_t i = 0; i < ev.size(); ++i) {
+      if (!ev[i].is_mark && ev[i].op == coherence::CacheOp::kFlush && ev[i].len == kExtentBytes) {
+        flush = static_cast<int>(i);
+        break;
+      }
+    }
+    ASSERT_GE(flush, 0) << cxlkv::testing::CacheTrace::Dump(ev);
+    EXPECT_LT(hook_at, flush) << cxlkv::testing::CacheTrace::Dump(ev);
+    if (!revoke) {
+      EXPECT_LT(hook_at, cxlkv::testing::CacheTrace::FindMark(ev, "shrink 0"));
+    }
+    EXPECT_EQ(std::count_if(ev.begin(), ev.end(),
+                            [](const auto& e) { return e.is_mark && e.note.rfind("give away", 0) == 0; }),
+              1)
+        << "once per extent\n" << cxlkv::testing::CacheTrace::Dump(ev);
+    (void)slab;
+  }
 }
 
 }  // namespace

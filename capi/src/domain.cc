@@ -54,7 +54,13 @@ int ShrinkDomainArena(cxlkv_domain* d, cxlkv_arena* a) {
     std::erase(d->grown, a);
   }
   const std::uint32_t extent = a->extent;
-  delete a;  // the last use of the extent's memory
+  // In order: a revocation no longer touches the window (waiting out one in progress); the
+  // GPU and other users of the memory let go of it; the arena closes — its last stores, then
+  // the window sealed and written back as its region goes (pool/give_away.h); and only then
+  // does the orchestrator hear that the extent is free.
+  d->arenas->Closing(extent);
+  cxlkv::capi::DropMemoryUsers(a);
+  delete a;
   return FromStatus(d->arenas->Shrink(extent));
 }
 
@@ -198,6 +204,8 @@ CXLKV_API int cxlkv_domain_grow(cxlkv_domain* d, const cxlkv_arena_options* o, c
     std::lock_guard l(d->grown_mu);
     d->grown.push_back(a);
   }
+  // A revocation ends the arena's other users of the memory before it swaps the window.
+  d->arenas->OnGiveAway(grown->extent, [a] { cxlkv::capi::DropMemoryUsers(a); });
   *out = a;
   return CXLKV_OK;
 }
