@@ -6,6 +6,10 @@
 // so the missing write-back would have no visible effect here), against a real
 // cxlkv-orchestrator whose answers the probes ask for at the moment of the fence.
 //
+// Also here, for the same observer: GPU registrations and other users of an arena's memory
+// end before the extent leaves (audit #8), and the C API's copy-out invalidates what it reads
+// (audit #5).
+//
 // The C API is linked statically here (cxlkv_capi_static): libcxlkv.so carries a hidden copy
 // of coherence/ that the test's observer could not see.
 #include <signal.h>
@@ -27,6 +31,7 @@
 #include "cxlkv/pool/arena.h"
 #include "gtest/gtest.h"
 #include "orchestrator_process.h"
+#include "test_util.h"
 
 namespace cxlkv::testing {
 namespace {
@@ -367,6 +372,103 @@ TEST(CApiGiveAway, MemoryUsersEndBeforeTheExtentLeaves) {
   // Gone from the record: closing the revoked arena runs nothing more.
   cxlkv_domain_leave(d);
   EXPECT_EQ(trace.events().size(), ev.size());
+}
+
+// Audit #5 (here because it needs the observer inside the C API): cxlkv_lease_copy_out
+// invalidates exactly the block range it reads before the copy, then re-reads the index entry
+// (an invalidation of it) after the copy; cxlkv_block_invalidate invalidates the range it
+// hands out. A plain domain: no orchestrator needed.
+TEST(CApiCopyOut, InvalidatesTheRangeThenCopiesThenValidates) {
+  ShmPath dom("copyout-domain");
+  cxlkv_domain_geometry geo{};
+  geo.max_hosts = 2;
+  geo.index_entries = 64;
+  const std::uint64_t bytes = (cxlkv_domain_bytes(&geo) + 4095) / 4096 * 4096;
+  ASSERT_EQ(cxlkv_domain_format((dom.spec(std::to_string(bytes))).c_str(), &geo), CXLKV_OK)
+      << cxlkv_last_error();
+  cxlkv_owner* owner = nullptr;
+  cxlkv_domain *pub = nullptr, *reader = nullptr;
+  ASSERT_EQ(cxlkv_owner_open(dom.spec().c_str(), &owner), CXLKV_OK) << cxlkv_last_error();
+  ASSERT_EQ(cxlkv_domain_join(dom.spec().c_str(), 0, &pub), CXLKV_OK) << cxlkv_last_error();
+  ASSERT_EQ(cxlkv_domain_join(dom.spec().c_str(), 1, &reader), CXLKV_OK) << cxlkv_last_error();
+  cxlkv_pool* pool = nullptr;
+  ASSERT_EQ(cxlkv_pool_open("memfd:copyout?size=16M", &pool), CXLKV_OK);
+  cxlkv_arena_options opt{};
+  opt.layout = cxlkv_kv_layout{2, 2, 64, 2, 16, 0};  // 16 KiB blocks
+  cxlkv_arena* arena = nullptr;
+  ASSERT_EQ(cxlkv_arena_create(pool, &opt, &arena), CXLKV_OK) << cxlkv_last_error();
+  constexpr std::size_t kBlock = 16384;
+  std::vector<unsigned char> src(kBlock), dst(kBlock, 0);
+  for (std::size_t i = 0; i < kBlock; ++i) src[i] = static_cast<unsigned char>(i * 7 + 1);
+  cxlkv_block_ref ref;
+  void* block = nullptr;
+  ASSERT_EQ(cxlkv_alloc(arena, 0, &ref, &block), CXLKV_OK);
+  cxlkv_copy_to_block(block, src.data(), kBlock);
+  const std::uint64_t ns = cxlkv_namespace("t", "m", "l");
+  const std::uint32_t tok[] = {1, 2, 3};
+  const cxlkv_prefix_key key = cxlkv_prefix_key_chain(ns, nullptr, tok, 3);
+  ASSERT_EQ(cxlkv_prefix_publish(pub, ns, &key, nullptr, arena, &ref), CXLKV_OK);
+  cxlkv_owner_step(owner);
+  ASSERT_EQ(cxlkv_domain_heartbeat(reader, nullptr, nullptr), CXLKV_OK);
+  cxlkv_prefix_hit hit;
+  ASSERT_EQ(cxlkv_prefix_lookup(reader, ns, &key, &hit), CXLKV_OK);
+  cxlkv_lease lease;
+  ASSERT_EQ(cxlkv_lease_acquire(reader, &hit, &lease), CXLKV_OK) << cxlkv_last_error();
+
+  const auto lo = reinterpret_cast<std::uintptr_t>(block);
+  CacheTrace trace(64);
+  trace.SetProbe([&](co::CacheOp op, const void*, std::size_t) -> std::string {
+    if (op == co::CacheOp::kFence) return "";
+    return std::memcmp(dst.data(), src.data(), kBlock) == 0 ? "copied" : "not copied";
+  });
+  {
+    co::ScopedCacheObserver observe(trace);
+    ASSERT_EQ(cxlkv_lease_copy_out(reader, arena, &lease, 0, dst.data(), kBlock), CXLKV_OK)
+        << cxlkv_last_error();
+    trace.Mark("copied out");
+    const void* in_place = nullptr;
+    ASSERT_EQ(cxlkv_block_invalidate(reader, arena, &lease, 4096, 100, &in_place), CXLKV_OK);
+    EXPECT_EQ(in_place, static_cast<const std::byte*>(block) + 4096);
+    trace.Mark("invalidated");
+  }
+  EXPECT_EQ(dst, src);
+  const auto ev = trace.events();
+  int inv = -1;
+  for (std::size_t i = 0; i < ev.size(); ++i) {
+    if (!ev[i].is_mark && ev[i].op == co::CacheOp::kInvalidate && ev[i].addr == lo &&
+        ev[i].len == kBlock) {
+      inv = static_cast<int>(i);
+      break;
+    }
+  }
+  ASSERT_GE(inv, 0) << "the block was read without invalidating it\n" << CacheTrace::Dump(ev);
+  EXPECT_EQ(ev[inv].note, "not copied") << CacheTrace::Dump(ev);
+  int validate = -1;
+  for (std::size_t i = static_cast<std::size_t>(inv) + 1; i < ev.size(); ++i) {
+    if (!ev[i].is_mark && ev[i].op == co::CacheOp::kInvalidate && ev[i].note == "copied") {
+      validate = static_cast<int>(i);
+      break;
+    }
+  }
+  EXPECT_GE(validate, 0) << "no index entry read after the copy\n" << CacheTrace::Dump(ev);
+  EXPECT_LT(validate, CacheTrace::FindMark(ev, "copied out"));
+  const int zero_copy = [&] {
+    for (std::size_t i = static_cast<std::size_t>(CacheTrace::FindMark(ev, "copied out")); i < ev.size(); ++i) {
+      if (!ev[i].is_mark && ev[i].op == co::CacheOp::kInvalidate && ev[i].addr == lo + 4096 &&
+          ev[i].len == 100) {
+        return static_cast<int>(i);
+      }
+    }
+    return -1;
+  }();
+  EXPECT_GE(zero_copy, 0) << CacheTrace::Dump(ev);
+  EXPECT_LT(zero_copy, CacheTrace::FindMark(ev, "invalidated"));
+  ASSERT_EQ(cxlkv_lease_release(reader, &lease), CXLKV_OK);
+  cxlkv_domain_leave(pub);
+  cxlkv_domain_leave(reader);
+  cxlkv_owner_close(owner);
+  cxlkv_arena_close(arena);
+  cxlkv_pool_close(pool);
 }
 
 }  // namespace

@@ -230,4 +230,23 @@ absl::StatusOr<std::byte*> PooledArenas::Resolve(const coherence::BlockRef& ref)
                                           "' holds arena ", pool::UuidToString(id)));
 }
 
+absl::StatusOr<PooledArenas::BlockSpan> PooledArenas::ResolveBlock(const coherence::BlockRef& ref) {
+  auto addr = Resolve(ref);
+  if (!addr.ok()) return addr.status();
+  std::lock_guard l(mu_);
+  for (auto& [extent, p] : peers_) {
+    if (std::memcmp(p.arena->uuid().data(), ref.arena, 16) != 0) continue;
+    for (std::uint32_t c = 0; c < p.arena->class_count(); ++c) {
+      const pool::ClassRecord& k = p.arena->class_record(c);
+      if (ref.index >= k.first_index && ref.index - k.first_index < k.block_count) {
+        return BlockSpan{*addr, k.block_bytes};
+      }
+    }
+  }
+  pool::Uuid id;
+  std::memcpy(id.data(), ref.arena, id.size());
+  return absl::NotFoundError(absl::StrCat("arena ", pool::UuidToString(id),
+                                          " left the extents meanwhile; look the block up again"));
+}
+
 }  // namespace cxlkv::orchestrator

@@ -97,6 +97,13 @@ class PooledArenas {
   // kNotFound: no assigned extent holds that arena; kFailedPrecondition: it does not hold
   // that block (freed, another generation).
   absl::StatusOr<std::byte*> Resolve(const coherence::BlockRef& ref);
+  // Resolve() and the block's size (its class's block bytes), for a reader that must stay
+  // inside the block. Errors as Resolve.
+  struct BlockSpan {
+    std::byte* addr = nullptr;
+    std::uint64_t bytes = 0;
+  };
+  absl::StatusOr<BlockSpan> ResolveBlock(const coherence::BlockRef& ref);
 
   // Called (from the watchdog thread) after an extent was revoked.
   void OnRevoke(std::function<void(std::uint32_t extent)> fn);
