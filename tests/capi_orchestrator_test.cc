@@ -69,7 +69,9 @@ ExtentCounts Extents(const OrchestratorProcess& o) {
   return c;
 }
 
-// Small blocks (64 KiB) so that a 16 MiB extent holds a few hundred.
+// Small blocks (2 * 2 layers * 2 heads * 128 dims * 2 bytes * 64 tokens = 256 KiB) so that a
+// 16 MiB extent holds dozens.
+constexpr size_t kBlockBytes = 2 * 2 * 2 * 128 * 2 * 64;
 cxlkv_arena_options SmallBlocks() {
   cxlkv_arena_options o{};
   o.layout = cxlkv_kv_layout{2, 2, 128, 2, 64, 0};
@@ -138,10 +140,23 @@ TEST(CApiOrchestrator, ExtentArenasShareBlocksAndStayQuarantinedWhileLeased) {
     })) << "block " << i << ": " << cxlkv_last_error();
     const void* addr = nullptr;
     ASSERT_EQ(cxlkv_domain_resolve(d, &hit.ref, &addr), CXLKV_OK) << cxlkv_last_error();
-    const auto* bytes = static_cast<const unsigned char*>(addr);
-    for (size_t off = 0; off < 64 * 1024; off += 4096) {
-      ASSERT_EQ(bytes[off], 0x30 + i) << "block " << i << " offset " << off;
+    // Read through copy-out (invalidate, copy, validate): the resolved address is another
+    // host's memory, and a plain load may return a line this host cached earlier.
+    std::vector<unsigned char> copy(kBlockBytes);
+    ASSERT_EQ(cxlkv_lease_copy_out(d, nullptr, &leases[i], 0, copy.data(), copy.size()), CXLKV_OK)
+        << "block " << i << ": " << cxlkv_last_error();
+    for (size_t off = 0; off < copy.size(); ++off) {
+      ASSERT_EQ(copy[off], 0x30 + i) << "block " << i << " offset " << off;
     }
+    // The whole block, and not a byte past it.
+    EXPECT_EQ(cxlkv_lease_copy_out(d, nullptr, &leases[i], 0, copy.data(), copy.size() + 1),
+              CXLKV_E_INVALID);
+    EXPECT_NE(std::string(cxlkv_last_error()).find("of " + std::to_string(kBlockBytes) + " bytes"),
+              std::string::npos)
+        << cxlkv_last_error();
+    const void* in_place = nullptr;
+    ASSERT_EQ(cxlkv_block_invalidate(d, nullptr, &leases[i], 0, kBlockBytes, &in_place), CXLKV_OK);
+    EXPECT_EQ(in_place, addr);
     EXPECT_EQ(cxlkv_lease_validate(d, &leases[i]), CXLKV_OK) << "the copy counts";
   }
   for (int i = 1; i < kBlocks; ++i) ASSERT_EQ(cxlkv_lease_release(d, &leases[i]), CXLKV_OK);
@@ -172,6 +187,12 @@ TEST(CApiOrchestrator, ExtentArenasShareBlocksAndStayQuarantinedWhileLeased) {
   EXPECT_EQ(Extents(o).quarantined, 1u) << "lent again while a lease on a block in it is held";
   EXPECT_EQ(cxlkv_lease_validate(d, &leases[0]), CXLKV_E_STALE)
       << "the revoked arena's entry was retired: a copy no longer counts";
+  {
+    std::vector<unsigned char> copy(4096);
+    EXPECT_EQ(cxlkv_lease_copy_out(d, nullptr, &leases[0], 0, copy.data(), copy.size()),
+              CXLKV_E_STALE)
+        << "copy-out validates: " << cxlkv_last_error();
+  }
   ASSERT_EQ(cxlkv_lease_release(d, &leases[0]), CXLKV_OK);
   ASSERT_TRUE(WaitFor([&] {
     (void)cxlkv_domain_heartbeat(d, nullptr, nullptr);

@@ -16,6 +16,14 @@ static int failures = 0;
     }                                                                                         \
   } while (0)
 
+/* FNV-1a over n bytes: the copy-out checks compare the bytes read with the bytes written. */
+static uint64_t Checksum(const void* p, size_t n) {
+  const unsigned char* b = (const unsigned char*)p;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
 int main(void) {
   cxlkv_pool* pool = NULL;
   CHECK(cxlkv_pool_open("nvme:/dev/nvme0n1", &pool) == CXLKV_E_INVALID);
@@ -135,6 +143,65 @@ int main(void) {
     cxlkv_arena_stats ps;
     CHECK(cxlkv_arena_stats_get(arena, &ps) == CXLKV_OK);
     CHECK(ps.classes[0].persisted_blocks == 1); /* the domain holds it now */
+    /* Reading a leased block: cxlkv_lease_copy_out (invalidate, copy, validate) whole and in
+     * part, zero-copy through cxlkv_block_invalidate, bad arguments named, and a retirement
+     * between acquire and validate that makes the copy count for nothing. */
+    {
+      enum { kBlock = 16384 };
+      static unsigned char src[kBlock], dst[kBlock];
+      for (int i = 0; i < kBlock; ++i) src[i] = (unsigned char)(i * 131 + 7);
+      uint32_t t2[16];
+      for (int i = 0; i < 16; ++i) t2[i] = 3000 + i;
+      cxlkv_prefix_key key2 = cxlkv_prefix_key_chain(ns, NULL, t2, 16);
+      cxlkv_block_ref blk2;
+      void* p2 = NULL;
+      CHECK(cxlkv_alloc(arena, 0, &blk2, &p2) == CXLKV_OK);
+      cxlkv_copy_to_block(p2, src, kBlock);
+      CHECK(cxlkv_prefix_publish(a, ns, &key2, NULL, arena, &blk2) == CXLKV_OK);
+      cxlkv_owner_step(owner);
+      cxlkv_prefix_hit h2;
+      CHECK(cxlkv_prefix_lookup(b, ns, &key2, &h2) == CXLKV_OK);
+      cxlkv_lease l2;
+      CHECK(cxlkv_lease_acquire(b, &h2, &l2) == CXLKV_OK);
+      CHECK(cxlkv_lease_copy_out(b, arena, &l2, 0, dst, kBlock) == CXLKV_OK);
+      CHECK(Checksum(dst, kBlock) == Checksum(src, kBlock));
+      memset(dst, 0, kBlock);
+      CHECK(cxlkv_lease_copy_out(b, arena, &l2, 1000, dst, 500) == CXLKV_OK);
+      CHECK(Checksum(dst, 500) == Checksum(src + 1000, 500));
+      const void* in_place = NULL;
+      CHECK(cxlkv_block_invalidate(b, arena, &l2, 0, kBlock, &in_place) == CXLKV_OK);
+      CHECK(in_place == p2 && Checksum(in_place, kBlock) == Checksum(src, kBlock));
+      CHECK(cxlkv_lease_validate(b, &l2) == CXLKV_OK);
+
+      CHECK(cxlkv_lease_copy_out(b, arena, &l2, 0, dst, kBlock + 1) == CXLKV_E_INVALID);
+      CHECK(strstr(cxlkv_last_error(), "of 16384 bytes") != NULL);
+      CHECK(cxlkv_lease_copy_out(b, arena, &l2, kBlock, dst, 1) == CXLKV_E_INVALID);
+      CHECK(cxlkv_lease_copy_out(b, arena, &l2, UINT64_MAX, dst, 2) == CXLKV_E_INVALID);
+      CHECK(cxlkv_lease_copy_out(b, arena, &l2, 0, dst, 0) == CXLKV_E_INVALID);
+      CHECK(strstr(cxlkv_last_error(), "len") != NULL);
+      CHECK(cxlkv_lease_copy_out(b, arena, &l2, 0, NULL, 16) == CXLKV_E_INVALID);
+      CHECK(strstr(cxlkv_last_error(), "dst") != NULL);
+      CHECK(cxlkv_lease_copy_out(b, arena, NULL, 0, dst, 16) == CXLKV_E_INVALID);
+      CHECK(strstr(cxlkv_last_error(), "lease") != NULL);
+      CHECK(cxlkv_lease_copy_out(NULL, arena, &l2, 0, dst, 16) == CXLKV_E_INVALID);
+      CHECK(cxlkv_block_invalidate(b, arena, &l2, 0, 16, NULL) == CXLKV_E_INVALID);
+      CHECK(cxlkv_lease_copy_out(b, NULL, &l2, 0, dst, 16) == CXLKV_E_INVALID);
+      CHECK(strstr(cxlkv_last_error(), "orchestrator") != NULL);
+      {
+        cxlkv_lease expired = l2;
+        expired.deadline_ms = 0;
+        CHECK(cxlkv_lease_copy_out(b, arena, &expired, 0, dst, 16) == CXLKV_E_STALE);
+        CHECK(strstr(cxlkv_last_error(), "deadline") != NULL);
+      }
+      /* The publisher retires the entry and the owner applies it while b holds the lease. */
+      CHECK(cxlkv_prefix_retire(a, ns, &key2) == CXLKV_OK);
+      cxlkv_owner_step(owner);
+      CHECK(cxlkv_lease_copy_out(b, arena, &l2, 0, dst, kBlock) == CXLKV_E_STALE);
+      CHECK(strstr(cxlkv_last_error(), "retired") != NULL);
+      CHECK(cxlkv_lease_validate(b, &l2) == CXLKV_E_STALE);
+      CHECK(cxlkv_lease_release(b, &l2) == CXLKV_OK);
+      CHECK(cxlkv_prefix_retire(NULL, ns, &key2) == CXLKV_E_INVALID);
+    }
     cxlkv_domain_leave(a);
     cxlkv_domain_leave(b);
     cxlkv_owner_close(owner);

@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <random>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cxlkv/coherence/cache.h"
@@ -97,6 +100,37 @@ TEST(Cache, FlushAndInvalidateKeepData) {
   Invalidate(buf.data() + 1, 0);
   Invalidate(buf.data(), buf.size());
   for (std::size_t i = 0; i < buf.size(); ++i) ASSERT_EQ(buf[i], static_cast<unsigned char>(i * 7));
+}
+
+// The test seam: an installed observer sees each primitive, with its range, in order, on any
+// thread; after its ScopedCacheObserver is gone it sees nothing more.
+TEST(Cache, ObserverSeesEachPrimitiveWhileInstalled) {
+  struct Log final : CacheObserver {
+    std::mutex mu;
+    std::vector<std::tuple<CacheOp, const void*, std::size_t>> ops;
+    void OnCacheOp(CacheOp op, const void* addr, std::size_t len) noexcept override {
+      std::lock_guard l(mu);
+      ops.emplace_back(op, addr, len);
+    }
+  } log;
+  std::vector<unsigned char> buf(4096);
+  {
+    ScopedCacheObserver observe(log);
+    Flush(buf.data(), 100);
+    FlushWith(FlushKind::kClflush, buf.data() + 64, 64);
+    Invalidate(buf.data(), 200);
+    Evict(buf.data() + 128, 300);
+    std::thread([&] { Fence(); }).join();
+  }
+  Flush(buf.data(), 100);
+  Fence();
+  using Op = std::tuple<CacheOp, const void*, std::size_t>;
+  const std::vector<Op> want = {Op{CacheOp::kFlush, buf.data(), 100},
+                                Op{CacheOp::kFlush, buf.data() + 64, 64},
+                                Op{CacheOp::kInvalidate, buf.data(), 200},
+                                Op{CacheOp::kEvict, buf.data() + 128, 300},
+                                Op{CacheOp::kFence, nullptr, 0}};
+  EXPECT_EQ(log.ops, want);
 }
 
 TEST(Cache, CopyNtEveryKindAlignmentAndLength) {

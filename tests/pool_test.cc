@@ -4,12 +4,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <set>
 #include <tuple>
 #include <vector>
 
+#include "cache_trace.h"
+#include "cxlkv/coherence/cache.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/kv_layout.h"
 #include "cxlkv/pool/region.h"
@@ -597,6 +600,74 @@ TEST(Arena, PeerResolveReadsTheMapWordFromMemory) {
   EXPECT_FALSE((*peer)->Resolve(owner->uuid(), index, gen + 1).ok());
   peer->reset();
   cache_log = nullptr;
+
+// ---- Giving a window away (audit #4) ---------------------------------------------------------
+
+// The permissions ("rw-s", "r--s", ...) of this process's mapping that holds addr.
+std::string MappingPerms(const void* addr) {
+  const auto a = reinterpret_cast<std::uintptr_t>(addr);
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    unsigned long lo = 0, hi = 0;
+    char perms[8] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo <= a && a < hi) {
+      return perms;
+    }
+  }
+  return "unmapped";
+}
+
+// A window (one extent of a pooled source) is memory that changes hands between hosts. When
+// this process closes it, every line it dirtied must be written back first: caches are
+// physically tagged and unmapping writes nothing back, so a line evicted later would land in
+// the next holder's data. Closing the region therefore seals the window (read-only: a late
+// store faults instead of slipping in after the write-back), writes back every line of it
+// and fences, all before the unmap.
+TEST(GiveAway, ClosingAWindowSealsAndWritesItBackBeforeTheUnmap) {
+  ShmPath p("giveaway");
+  auto whole = MustOpen(p.spec("8M"));
+  ASSERT_NE(whole, nullptr);
+  auto w = MustOpen(p.spec() + "?offset=2M&length=4M");
+  ASSERT_NE(w, nullptr);
+  std::byte* const base = w->addr();
+  const std::size_t len = w->size_bytes();
+  std::memset(base, 0x5A, len);
+  cxlkv::testing::CacheTrace trace(len);
+  trace.SetProbe([&](coherence::CacheOp op, const void* addr, std::size_t) {
+    // Still mapped (the probe runs before the instruction), and how.
+    return op == coherence::CacheOp::kFence ? MappingPerms(base) : MappingPerms(addr);
+  });
+  {
+    coherence::ScopedCacheObserver observe(trace);
+    w.reset();
+    trace.Mark("closed");
+  }
+  const auto ev = trace.events();
+  const int flush = cxlkv::testing::CacheTrace::FindFlush(ev, reinterpret_cast<std::uintptr_t>(base), len);
+  ASSERT_GE(flush, 0) << "closing the window wrote none of it back\n" << trace.Dump(ev);
+  EXPECT_EQ(ev[flush].note.substr(0, 3), "r--") << "stores were not stopped before the write-back\n"
+                                                 << trace.Dump(ev);
+  const int fence = cxlkv::testing::CacheTrace::FenceAfter(ev, flush);
+  ASSERT_GE(fence, 0) << "no fence after the write-back\n" << trace.Dump(ev);
+  EXPECT_NE(ev[fence].note, "unmapped") << "unmapped before the fence\n" << trace.Dump(ev);
+  EXPECT_LT(fence, cxlkv::testing::CacheTrace::FindMark(ev, "closed"));
+  EXPECT_EQ(MappingPerms(base), "unmapped");
+  EXPECT_EQ(whole->addr()[2 << 20], std::byte{0x5A});
+}
+
+// A region of a whole source is not a window: closing it writes nothing back (a multi-GiB
+// pool closing at exit would pay for a flush of every line).
+TEST(GiveAway, ClosingAWholeSourceWritesNothingBack) {
+  ShmPath p("giveaway-whole");
+  auto whole = MustOpen(p.spec("4M"));
+  ASSERT_NE(whole, nullptr);
+  cxlkv::testing::CacheTrace trace(1 << 20);
+  {
+    coherence::ScopedCacheObserver observe(trace);
+    whole.reset();
+  }
+  for (const auto& e : trace.events()) EXPECT_NE(e.op, coherence::CacheOp::kFlush);
 }
 
 }  // namespace

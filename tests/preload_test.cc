@@ -5,12 +5,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "cache_trace.h"
+#include "cxlkv/coherence/cache.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/preload/cxl_heap.h"
 #include "cxlkv/preload/mapping_table.h"
@@ -466,6 +469,200 @@ TEST(CxlHeap, ForkGivesTheChildAPrivateCopy) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   for (int i = 0; i < (1 << 20); ++i) ASSERT_EQ(p[i], 0x5a) << "child wrote the parent's heap";
   h->Free(p);
+}
+
+
+// ---- a pooled heap giving its extents away (audit #4) ----------------------------------------
+
+// Extents of a file pool, lent the way the orchestrator lends them (a window spec each), and
+// the heap's calls back recorded in the trace: "shrink N" when it gives extent N back. The
+// test plays the domain's watchdog by calling revoke() itself.
+class FileExtents final : public ExtentSource {
+ public:
+  FileExtents(std::string path, std::uint64_t extent_bytes, cxlkv::testing::CacheTrace* trace)
+      : path_(std::move(path)), extent_bytes_(extent_bytes), trace_(trace) {}
+  absl::StatusOr<Extent> Grow(void (*revoke)(void*, std::uint32_t), void* ctx) override {
+    revoke_ = revoke;
+    ctx_ = ctx;
+    Extent e;
+    e.index = next_++;
+    e.length = extent_bytes_;
+    e.spec = "file:" + path_ + "?offset=" + std::to_string(e.index * extent_bytes_) +
+             "&length=" + std::to_string(extent_bytes_);
+    return e;
+  }
+  void Shrink(std::uint32_t extent) override { trace_->Mark("shrink " + std::to_string(extent)); }
+  std::string Describe() const override { return "test extents of " + path_; }
+  void Revoke(std::uint32_t extent) const { revoke_(ctx_, extent); }
+
+ private:
+  std::string path_;
+  std::uint64_t extent_bytes_;
+  cxlkv::testing::CacheTrace* trace_;
+  std::uint32_t next_ = 0;
+  void (*revoke_)(void*, std::uint32_t) = nullptr;
+  void* ctx_ = nullptr;
+};
+
+constexpr std::uint64_t kExtentBytes = 16u << 20;
+
+// A pooled heap over one extent with a 1 MiB object holding 0x5a; *source is the heap's.
+std::unique_ptr<CxlHeap> PooledHeapWithObject(const cxlkv::testing::ShmPath& pool,
+                                              cxlkv::testing::CacheTrace* trace,
+                                              FileExtents** source, unsigned char** object) {
+  EXPECT_TRUE(pool::OpenRegion(pool.spec("64M")).ok());  // creates the pool file
+  auto src = std::make_unique<FileExtents>(pool.path(), kExtentBytes, trace);
+  *source = src.get();
+  auto h = CxlHeap::OpenPooled(std::move(src), 1ull << 30);
+  EXPECT_TRUE(h.ok()) << h.status();
+  if (!h.ok()) return nullptr;
+  EXPECT_TRUE((*h)->Grow().ok());
+  *object = static_cast<unsigned char*>((*h)->Alloc(1 << 20, 0, false));
+  EXPECT_NE(*object, nullptr);
+  if (*object != nullptr) std::memset(*object, 0x5a, 1 << 20);
+  return std::move(*h);
+}
+
+// Where the heap mapped its first extent: the first address of its reservation aligned like
+// the extent's length.
+std::uintptr_t SlabBase(const CxlHeap& h) {
+  return (h.range().lo + kExtentBytes - 1) & ~std::uintptr_t{kExtentBytes - 1};
+}
+
+// What a flush of the extent's length shows where the object lies: the object's bytes mean
+// the flushed range is (a view of) the extent's memory, not the private copy that replaced it.
+cxlkv::testing::CacheTrace::Probe ObjectProbe(std::uintptr_t slab, const unsigned char* object) {
+  return [slab, object](coherence::CacheOp op, const void* addr, std::size_t len) -> std::string {
+    if (op == coherence::CacheOp::kFence || len != kExtentBytes) return "";
+    const auto* at = static_cast<const unsigned char*>(addr) +
+                     (reinterpret_cast<std::uintptr_t>(object) - slab);
+    for (int i = 0; i < (1 << 20); i += 4096) {
+      if (at[i] != 0x5a) return "not the object";
+    }
+    return "object";
+  };
+}
+
+// Revocation (the lease lapsed): the slab's pages become private memory holding the same
+// bytes, and every line this process dirtied in the extent is written back — through a
+// second view of the extent's pages, since the process keeps running in the window — and
+// fenced before Revoke returns, i.e. before the extent can be lent again.
+TEST(PooledHeapGiveAway, RevokeWritesTheExtentBackBeforeItReturns) {
+  cxlkv::testing::ShmPath pool("heap-revoke");
+  cxlkv::testing::CacheTrace trace(kExtentBytes);
+  FileExtents* source = nullptr;
+  unsigned char* p = nullptr;
+  auto h = PooledHeapWithObject(pool, &trace, &source, &p);
+  ASSERT_NE(h, nullptr);
+  ASSERT_NE(p, nullptr);
+  const std::uintptr_t slab = SlabBase(*h);
+  trace.SetProbe(ObjectProbe(slab, p));
+  {
+    coherence::ScopedCacheObserver observe(trace);
+    source->Revoke(0);
+    trace.Mark("revoke returned");
+  }
+  EXPECT_EQ(h->revocations(), 1u);
+  for (int i = 0; i < (1 << 20); ++i) ASSERT_EQ(p[i], 0x5a) << "the object lost its bytes";
+  const auto ev = trace.events();
+  int flush = -1;
+  for (std::size_t i = 0; i < ev.size(); ++i) {
+    if (!ev[i].is_mark && ev[i].op == coherence::CacheOp::kFlush && ev[i].len == kExtentBytes &&
+        ev[i].note == "object") {
+      flush = static_cast<int>(i);
+      break;
+    }
+  }
+  ASSERT_GE(flush, 0) << "revocation wrote none of the extent back\n" << trace.Dump(ev);
+  const int fence = cxlkv::testing::CacheTrace::FenceAfter(ev, flush);
+  ASSERT_GE(fence, 0) << trace.Dump(ev);
+  EXPECT_LT(fence, cxlkv::testing::CacheTrace::FindMark(ev, "revoke returned")) << trace.Dump(ev);
+  h.reset();  // a revoked extent is not given back (it is no longer the heap's)
+  EXPECT_EQ(cxlkv::testing::CacheTrace::FindMark(trace.events(), "shrink 0"), -1);
+}
+
+// Destroying the heap gives each extent back: written back and fenced before Shrink.
+TEST(PooledHeapGiveAway, DestroyWritesEachExtentBackBeforeShrink) {
+  cxlkv::testing::ShmPath pool("heap-destroy");
+  cxlkv::testing::CacheTrace trace(kExtentBytes);
+  FileExtents* source = nullptr;
+  unsigned char* p = nullptr;
+  auto h = PooledHeapWithObject(pool, &trace, &source, &p);
+  ASSERT_NE(h, nullptr);
+  const std::uintptr_t slab = SlabBase(*h);
+  {
+    coherence::ScopedCacheObserver observe(trace);
+    h->Free(p);
+    h.reset();
+  }
+  const auto ev = trace.events();
+  const int flush = cxlkv::testing::CacheTrace::FindFlush(ev, slab, kExtentBytes);
+  ASSERT_GE(flush, 0) << "the extent went back without a write-back\n" << trace.Dump(ev);
+  const int fence = cxlkv::testing::CacheTrace::FenceAfter(ev, flush);
+  const int shrink = cxlkv::testing::CacheTrace::FindMark(ev, "shrink 0");
+  ASSERT_GE(fence, 0) << trace.Dump(ev);
+  ASSERT_GE(shrink, 0) << trace.Dump(ev);
+  EXPECT_LT(fence, shrink) << "given back before the write-back was fenced\n" << trace.Dump(ev);
+}
+
+// Audit #8 in the heap: the give-away hook (where the shim unregisters CUDA registrations of
+// the extent) runs before the extent leaves — on revocation before the swap and the write-
+// back, on destruction before the write-back and Shrink — while the window still maps it.
+TEST(PooledHeapGiveAway, TheGiveAwayHookRunsFirstWhileTheExtentIsMapped) {
+  for (const bool revoke : {true, false}) {
+    SCOPED_TRACE(revoke ? "revoke" : "destroy");
+    cxlkv::testing::ShmPath pool(revoke ? "heap-hook-revoke" : "heap-hook-destroy");
+    cxlkv::testing::CacheTrace trace(kExtentBytes);
+    FileExtents* source = nullptr;
+    unsigned char* p = nullptr;
+    auto h = PooledHeapWithObject(pool, &trace, &source, &p);
+    ASSERT_NE(h, nullptr);
+    ASSERT_NE(p, nullptr);
+    struct Hook {
+      cxlkv::testing::CacheTrace* trace;
+      const unsigned char* object;
+    } hook{&trace, p};
+    h->OnGiveAway(
+        [](void* ctx, void* addr, std::size_t len) {
+          auto* k = static_cast<Hook*>(ctx);
+          const auto lo = reinterpret_cast<std::uintptr_t>(addr);
+          const auto o = reinterpret_cast<std::uintptr_t>(k->object);
+          const bool holds = lo <= o && o < lo + len && len == kExtentBytes;
+          k->trace->Mark(std::string("give away ") + (holds && k->object[0] == 0x5a ? "mapped" : "?"));
+        },
+        &hook);
+    const std::uintptr_t slab = SlabBase(*h);
+    {
+      coherence::ScopedCacheObserver observe(trace);
+      if (revoke) {
+        source->Revoke(0);
+        h->Free(p);
+      } else {
+        h->Free(p);
+      }
+      h.reset();
+    }
+    const auto ev = trace.events();
+    const int hook_at = cxlkv::testing::CacheTrace::FindMark(ev, "give away mapped");
+    ASSERT_GE(hook_at, 0) << cxlkv::testing::CacheTrace::Dump(ev);
+    int flush = -1;
+    for (std::size_t i = 0; i < ev.size(); ++i) {
+      if (!ev[i].is_mark && ev[i].op == coherence::CacheOp::kFlush && ev[i].len == kExtentBytes) {
+        flush = static_cast<int>(i);
+        break;
+      }
+    }
+    ASSERT_GE(flush, 0) << cxlkv::testing::CacheTrace::Dump(ev);
+    EXPECT_LT(hook_at, flush) << cxlkv::testing::CacheTrace::Dump(ev);
+    if (!revoke) {
+      EXPECT_LT(hook_at, cxlkv::testing::CacheTrace::FindMark(ev, "shrink 0"));
+    }
+    EXPECT_EQ(std::count_if(ev.begin(), ev.end(),
+                            [](const auto& e) { return e.is_mark && e.note.rfind("give away", 0) == 0; }),
+              1)
+        << "once per extent\n" << cxlkv::testing::CacheTrace::Dump(ev);
+    (void)slab;
+  }
 }
 
 }  // namespace

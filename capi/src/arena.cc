@@ -2,9 +2,12 @@
 // cxlkv_arena_*, cxlkv_alloc*, cxlkv_free*, block refs and stats), a thin translation to
 // pool/ and allocator/.
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -116,6 +119,62 @@ int FailRevoked(const cxlkv_arena* a) {
                            "this host was fenced); its blocks are gone: close it and grow again"));
 }
 
+std::uint64_t BlockBytes(const pool::Arena& arena, std::uint32_t index) {
+  for (std::uint32_t c = 0; c < arena.class_count(); ++c) {
+    const pool::ClassRecord& k = arena.class_record(c);
+    if (index >= k.first_index && index - k.first_index < k.block_count) return k.block_bytes;
+  }
+  return 0;
+}
+
+namespace {
+
+struct MemoryUser {
+  const cxlkv_arena* arena;
+  const void* owner;
+  std::uint64_t id;
+  std::function<void()> drop;
+};
+std::mutex memory_users_mu;
+std::vector<MemoryUser>& MemoryUsers() {
+  static auto* users = new std::vector<MemoryUser>();  // never destroyed: used at exit
+  return *users;
+}
+
+}  // namespace
+
+void AddMemoryUser(const cxlkv_arena* a, const void* owner, std::uint64_t id,
+                   std::function<void()> drop) {
+  std::lock_guard l(memory_users_mu);
+  MemoryUsers().push_back(MemoryUser{a, owner, id, std::move(drop)});
+}
+
+void RemoveMemoryUser(const void* owner, std::uint64_t id) {
+  std::lock_guard l(memory_users_mu);
+  std::erase_if(MemoryUsers(),
+                [&](const MemoryUser& u) { return u.owner == owner && u.id == id; });
+}
+
+void RemoveMemoryUsers(const void* owner) {
+  std::lock_guard l(memory_users_mu);
+  std::erase_if(MemoryUsers(), [&](const MemoryUser& u) { return u.owner == owner; });
+}
+
+void DropMemoryUsers(const cxlkv_arena* a) {
+  // Under the lock throughout: an owner removing its uses (a gpu handle closing) waits until
+  // a drop that uses it has finished.
+  std::lock_guard l(memory_users_mu);
+  auto& users = MemoryUsers();
+  for (auto it = users.begin(); it != users.end();) {
+    if (it->arena != a) {
+      ++it;
+      continue;
+    }
+    it->drop();
+    it = users.erase(it);
+  }
+}
+
 int RefToAddr(const cxlkv_arena* a, const cxlkv_block_ref* ref, void** addr) {
   if (a == nullptr || ref == nullptr || addr == nullptr) {
     return Fail(CXLKV_E_INVALID, "arena, ref and addr must be set");
@@ -177,6 +236,7 @@ CXLKV_API void cxlkv_arena_close(cxlkv_arena* arena) {
     (void)cxlkv::capi::ShrinkDomainArena(arena->domain, arena);
     return;
   }
+  cxlkv::capi::DropMemoryUsers(arena);  // before the mapping goes
   arena->pool->arena_open = false;
   delete arena;
 }

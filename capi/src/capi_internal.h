@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -68,6 +69,23 @@ inline bool Revoked(const cxlkv_arena* a) {
 int FailRevoked(const cxlkv_arena* a);
 // cxlkv_ref_to_addr: the address of ref's block in arena a.
 int RefToAddr(const cxlkv_arena* a, const cxlkv_block_ref* ref, void** addr);
+// Bytes of block `index` of arena `arena` (its class's block bytes); 0 past the last block.
+std::uint64_t BlockBytes(const pool::Arena& arena, std::uint32_t index);
+
+// What else reaches an arena's memory, bypassing this process's page tables: a GPU
+// registration's pinned pages stay DMA targets after a revocation swaps the mapping, and
+// after the arena closes (audit #8). Each such use is recorded with the function that ends
+// it; DropMemoryUsers runs them before the arena's memory is given away (its extent revoked
+// or shrunk, the arena closed). One library-wide lock guards the record; a drop function
+// runs under it and must not call these functions. `owner` and `id` name a use for removal.
+void AddMemoryUser(const cxlkv_arena* a, const void* owner, std::uint64_t id,
+                   std::function<void()> drop);
+// Forgets one use (it ended otherwise, e.g. cxlkv_gpu_unregister) without running it.
+void RemoveMemoryUser(const void* owner, std::uint64_t id);
+// Forgets every use by `owner` (a gpu handle closing: it ends them all itself).
+void RemoveMemoryUsers(const void* owner);
+// Ends and forgets every use of arena a's memory.
+void DropMemoryUsers(const cxlkv_arena* a);
 
 // ---- domain.cc
 // cxlkv_domain_shrink: closes arena a, grown in domain d, and gives its extent back.

@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "capi_internal.h"
 #include "cxlkv/allocator/block_allocator.h"
+#include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/mem.h"
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/cxlkv.h"
@@ -54,7 +55,13 @@ int ShrinkDomainArena(cxlkv_domain* d, cxlkv_arena* a) {
     std::erase(d->grown, a);
   }
   const std::uint32_t extent = a->extent;
-  delete a;  // the last use of the extent's memory
+  // In order: a revocation no longer touches the window (waiting out one in progress); the
+  // GPU and other users of the memory let go of it; the arena closes — its last stores, then
+  // the window sealed and written back as its region goes (pool/give_away.h); and only then
+  // does the orchestrator hear that the extent is free.
+  d->arenas->Closing(extent);
+  cxlkv::capi::DropMemoryUsers(a);
+  delete a;
   return FromStatus(d->arenas->Shrink(extent));
 }
 
@@ -198,6 +205,8 @@ CXLKV_API int cxlkv_domain_grow(cxlkv_domain* d, const cxlkv_arena_options* o, c
     std::lock_guard l(d->grown_mu);
     d->grown.push_back(a);
   }
+  // A revocation ends the arena's other users of the memory before it swaps the window.
+  d->arenas->OnGiveAway(grown->extent, [a] { cxlkv::capi::DropMemoryUsers(a); });
   *out = a;
   return CXLKV_OK;
 }
@@ -398,6 +407,100 @@ CXLKV_API int cxlkv_lease_validate(cxlkv_domain* d, const cxlkv_lease* lease) {
   if (d == nullptr || lease == nullptr) return Fail(CXLKV_E_INVALID, "domain and lease must be set");
   const absl::Status st = d->host->ValidateAfterCopy(ToLease(*lease));
   if (!st.ok()) return Fail(CXLKV_E_STALE, std::string(st.message()));
+  return CXLKV_OK;
+}
+
+CXLKV_API int cxlkv_prefix_retire(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* key) {
+  if (d == nullptr || key == nullptr) return Fail(CXLKV_E_INVALID, "domain and key must be set");
+  const absl::Status st = d->host->Retire(ns, co::PrefixKey{key->lo, key->hi});
+  if (absl::IsUnavailable(st)) return Fail(CXLKV_E_FULL, std::string(st.message()));
+  return FromStatus(st);
+}
+
+namespace {
+
+// The bytes [offset, offset + len) of a leased block in this process, after the argument,
+// deadline and block checks of cxlkv_lease_copy_out / cxlkv_block_invalidate (cxlkv.h).
+int LeasedRange(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* lease,
+                uint64_t offset, size_t len, const std::byte** out) {
+  if (d == nullptr || lease == nullptr) return Fail(CXLKV_E_INVALID, "domain and lease must be set");
+  if (len == 0) return Fail(CXLKV_E_INVALID, "len must be at least 1 byte");
+  if (d->clock.NowMs() > lease->deadline_ms) {
+    return Fail(CXLKV_E_STALE, "the lease's deadline has passed (" +
+                                   std::to_string(lease->deadline_ms) +
+                                   " ms): nothing was read; acquire the block again");
+  }
+  const cxlkv_block_ref& ref = lease->ref;
+  const cxlkv_arena* in = arena;
+  if (in != nullptr && !SameArena(in, &ref)) {
+    return Fail(CXLKV_E_FOREIGN, "the lease's block is not in this arena (another arena uuid)");
+  }
+  void* addr = nullptr;
+  std::uint64_t bytes = 0;
+  if (in == nullptr) {
+    std::lock_guard l(d->grown_mu);
+    for (cxlkv_arena* a : d->grown) {
+      if (SameArena(a, &ref)) in = a;
+    }
+    if (in != nullptr) {
+      if (const int rc = cxlkv::capi::RefToAddr(in, &ref, &addr); rc != CXLKV_OK) return rc;
+      bytes = cxlkv::capi::BlockBytes(cxlkv::capi::ArenaOf(in), ref.index);
+    }
+  } else {
+    if (const int rc = cxlkv::capi::RefToAddr(in, &ref, &addr); rc != CXLKV_OK) return rc;
+    bytes = cxlkv::capi::BlockBytes(cxlkv::capi::ArenaOf(in), ref.index);
+  }
+  if (in == nullptr) {
+    if (d->arenas == nullptr) {
+      return Fail(CXLKV_E_INVALID,
+                  "arena is NULL, but this domain was not joined through an orchestrator: pass "
+                  "the arena handle that maps the block's arena in this process");
+    }
+    auto span = d->arenas->ResolveBlock(ToCo(ref));
+    if (!span.ok()) {
+      const int code = FromStatus(span.status());
+      return code == CXLKV_E_MISMATCH ? Fail(CXLKV_E_STALE, LastError()) : code;
+    }
+    addr = span->addr;
+    bytes = span->bytes;
+  }
+  if (offset > bytes || len > bytes - offset) {
+    return Fail(CXLKV_E_INVALID, std::to_string(len) + " bytes at offset " +
+                                     std::to_string(offset) + " are not inside block " +
+                                     std::to_string(ref.index) + " of " +
+                                     std::to_string(bytes) + " bytes");
+  }
+  *out = static_cast<const std::byte*>(addr) + offset;
+  return CXLKV_OK;
+}
+
+}  // namespace
+
+CXLKV_API int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena,
+                                   const cxlkv_lease* lease, uint64_t offset, void* dst,
+                                   size_t len) {
+  if (dst == nullptr) return Fail(CXLKV_E_INVALID, "dst must be set");
+  const std::byte* src = nullptr;
+  if (const int rc = LeasedRange(d, arena, lease, offset, len, &src); rc != CXLKV_OK) return rc;
+  // Under the lease the block is immutable: after the invalidation (clflushopt, then mfence
+  // before any load) every line comes from memory, i.e. holds the published bytes.
+  co::Invalidate(src, len);
+  std::memcpy(dst, src, len);
+  // Whether the copy counts: the entry still published with the lease's generation, and the
+  // deadline not passed during the copy.
+  const absl::Status st = d->host->ValidateAfterCopy(ToLease(*lease));
+  if (!st.ok()) return Fail(CXLKV_E_STALE, std::string(st.message()));
+  return CXLKV_OK;
+}
+
+CXLKV_API int cxlkv_block_invalidate(cxlkv_domain* d, const cxlkv_arena* arena,
+                                     const cxlkv_lease* lease, uint64_t offset, size_t len,
+                                     const void** addr) {
+  if (addr == nullptr) return Fail(CXLKV_E_INVALID, "addr must be set");
+  const std::byte* p = nullptr;
+  if (const int rc = LeasedRange(d, arena, lease, offset, len, &p); rc != CXLKV_OK) return rc;
+  co::Invalidate(p, len);
+  *addr = p;
   return CXLKV_OK;
 }
 

@@ -79,6 +79,7 @@ CXLKV_API int cxlkv_gpu_open(int device, cxlkv_gpu** out) {
 
 CXLKV_API void cxlkv_gpu_close(cxlkv_gpu* g) {
   if (g == nullptr) return;
+  cxlkv::capi::RemoveMemoryUsers(g);  // the registrar unregisters everything as it goes
   g->engine.reset();
   delete g;
 }
@@ -87,9 +88,18 @@ CXLKV_API int cxlkv_gpu_register(cxlkv_gpu* g, const cxlkv_arena* arena, uint64_
   if (g == nullptr || arena == nullptr || registration == nullptr) {
     return Fail(CXLKV_E_INVALID, "gpu, arena and registration must be set");
   }
+  if (cxlkv::capi::Revoked(arena)) return cxlkv::capi::FailRevoked(arena);
   auto id = g->registrar->RegisterArena(cxlkv::capi::ArenaOf(arena));
   if (!id.ok()) return GpuFail(id.status());
-  *registration = *id;
+  // Pinned pages stay DMA targets whatever happens to the mapping: before the arena's extent
+  // is given away (revoked, shrunk) or the arena closes, the copies in flight finish and the
+  // registration goes (audit #8). Copies naming its blocks then fail with CXLKV_E_NOT_FOUND.
+  const std::uint64_t reg = *id;
+  cxlkv::capi::AddMemoryUser(arena, g, reg, [g, reg] {
+    (void)g->engine->Drain();
+    (void)g->registrar->Unregister(reg);
+  });
+  *registration = reg;
   return CXLKV_OK;
 }
 
@@ -156,6 +166,7 @@ CXLKV_API int cxlkv_gpu_register_wait(cxlkv_gpu* g, uint64_t registration) {
 
 CXLKV_API int cxlkv_gpu_unregister(cxlkv_gpu* g, uint64_t registration) {
   if (g == nullptr) return Fail(CXLKV_E_INVALID, "gpu must be set");
+  cxlkv::capi::RemoveMemoryUser(g, registration);
   return GpuFail(g->registrar->Unregister(registration));
 }
 

@@ -4,7 +4,11 @@
 #include <cpuid.h>
 #include <immintrin.h>
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/string_view.h"
 
@@ -122,7 +126,36 @@ void FlushRange(FlushKind kind, const void* addr, std::size_t len) noexcept {
   }
 }
 
+// The test observer (cache.h). `observer` is read on every primitive; `in_flight` counts the
+// callers between seeing it set and returning from its callback. Both are seq_cst so that
+// uninstalling (store nullptr, then wait for in_flight == 0) and notifying (count, then load
+// again) cannot miss each other: whichever comes second in the total order sees the first.
+std::atomic<CacheObserver*> observer{nullptr};
+std::atomic<int> in_flight{0};
+
+inline void Notify(CacheOp op, const void* addr, std::size_t len) noexcept {
+  if (observer.load(std::memory_order_relaxed) == nullptr) [[likely]] {
+    return;
+  }
+  in_flight.fetch_add(1);
+  if (CacheObserver* o = observer.load(); o != nullptr) o->OnCacheOp(op, addr, len);
+  in_flight.fetch_sub(1);
+}
+
 }  // namespace
+
+ScopedCacheObserver::ScopedCacheObserver(CacheObserver& o) noexcept {
+  CacheObserver* none = nullptr;
+  if (!observer.compare_exchange_strong(none, &o)) {
+    std::fprintf(stderr, "cxlkv: a second ScopedCacheObserver while one is installed\n");
+    std::abort();
+  }
+}
+
+ScopedCacheObserver::~ScopedCacheObserver() {
+  observer.store(nullptr);
+  while (in_flight.load() != 0) std::this_thread::yield();
+}
 
 const CpuFeatures& DetectedCpuFeatures() noexcept { return Get().features; }
 FlushKind ActiveFlushKind() noexcept { return Get().flush; }
@@ -153,21 +186,32 @@ absl::string_view CopyKindName(CopyKind kind) noexcept {
   return "?";
 }
 
-void Flush(const void* addr, std::size_t len) noexcept { FlushRange(Get().flush, addr, len); }
+void Flush(const void* addr, std::size_t len) noexcept {
+  Notify(CacheOp::kFlush, addr, len);
+  FlushRange(Get().flush, addr, len);
+}
 
 void FlushWith(FlushKind kind, const void* addr, std::size_t len) noexcept {
+  Notify(CacheOp::kFlush, addr, len);
   FlushRange(Strongest(kind, Get().features), addr, len);
 }
 
 void Invalidate(const void* addr, std::size_t len) noexcept {
+  Notify(CacheOp::kInvalidate, addr, len);
   FlushRange(Get().invalidate, addr, len);
   // clflushopt is ordered only by fences; mfence also keeps later loads behind the evictions.
   _mm_mfence();
 }
 
-void Evict(const void* addr, std::size_t len) noexcept { FlushRange(Get().invalidate, addr, len); }
+void Evict(const void* addr, std::size_t len) noexcept {
+  Notify(CacheOp::kEvict, addr, len);
+  FlushRange(Get().invalidate, addr, len);
+}
 
-void Fence() noexcept { _mm_sfence(); }
+void Fence() noexcept {
+  Notify(CacheOp::kFence, nullptr, 0);
+  _mm_sfence();
+}
 
 void CopyNtWith(CopyKind kind, void* dst, const void* src, std::size_t len) noexcept {
   kind = Strongest(kind, Get().features);

@@ -382,6 +382,17 @@ absl::Status CopyEngine::Wait(Ticket t) {
   }
 }
 
+absl::Status CopyEngine::Drain() {
+  if (absl::Status st = SetDevice(); !st.ok()) return st;
+  for (cudaStream_t s : streams_) {
+    if (s == nullptr) continue;
+    const cudaError_t e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess) return CudaStatus(e, kWhat, "cudaStreamSynchronize");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return RetireLocked(false);
+}
+
 absl::Status CopyEngine::StreamWait(Ticket t, cudaStream_t stream) {
   if (absl::Status st = SetDevice(); !st.ok()) return st;
   std::lock_guard<std::mutex> lock(mu_);

@@ -221,7 +221,8 @@ int cxlkv_domain_grow_extent(cxlkv_domain* d, cxlkv_revoke_fn on_revoke, void* c
                              uint32_t* extent, uint64_t* length, char* spec, size_t spec_len);
 int cxlkv_domain_shrink_extent(cxlkv_domain* d, uint32_t extent);
 /* The address of a block in any extent arena of the domain's pool (a prefix hit's ref, which
- * may name another host's arena). Copy out of it only under a lease, then validate the lease.
+ * may name another host's arena). Do not read it directly: read a leased block with
+ * cxlkv_lease_copy_out, or zero-copy through cxlkv_block_invalidate (below).
  * CXLKV_E_NOT_FOUND: no assigned extent holds that arena; CXLKV_E_STALE: not that block. */
 int cxlkv_domain_resolve(cxlkv_domain* d, const cxlkv_block_ref* ref, const void** addr);
 /* Call at least every host_ttl/4. Blocks the owner handed back that belong to `arena`
@@ -264,8 +265,62 @@ int cxlkv_lease_release_many(cxlkv_domain* d, cxlkv_lease* leases, size_t n);
  * written (the host stalled); either way it is released: acquire again. */
 int cxlkv_lease_renew(cxlkv_domain* d, cxlkv_lease* lease);
 int cxlkv_lease_release(cxlkv_domain* d, cxlkv_lease* lease);
-/* After copying the block out: 0 if the copy is good, CXLKV_E_STALE to discard it. */
+/* After reading the block: 0 if what was read is good, CXLKV_E_STALE to discard it (the
+ * lease expired, or the block was retired or reused since the lease was taken). It checks the
+ * index entry only: it cannot tell stale cache lines of the block's memory from fresh ones,
+ * which is why every read starts with an invalidation (below). */
 int cxlkv_lease_validate(cxlkv_domain* d, const cxlkv_lease* lease);
+
+/* Asks the owner to retire this host's published entry for key (applied at the owner's next
+ * step). Leases already taken keep the block from reuse until they end, but reads validated
+ * after the retirement fail with CXLKV_E_STALE. CXLKV_E_FULL: the request ring is full. */
+int cxlkv_prefix_retire(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* key);
+
+/* ---- Reading a leased block (docs/coherence.md, "Reading blocks through the C API") -------
+ *
+ * Caches are not coherent between the hosts of a CXL domain. This host may still hold lines
+ * of a block's memory from before the publisher wrote it (an earlier generation of the
+ * block, or another arena the extent held), and plain loads return them; cxlkv_lease_validate
+ * cannot notice, since it checks only the index entry. So every read of a block another
+ * process or host wrote begins by invalidating (clflushopt + mfence) the lines it will read,
+ * after the lease was acquired: while a lease holds, the block is immutable and cannot be
+ * reused, so lines fetched from memory after that point are the published bytes.
+ *
+ * `arena`, in both calls below: the arena handle that maps the block's arena in this process
+ * (cxlkv_arena_open on the publisher's pool), or NULL for a domain joined through an
+ * orchestrator, where the block is found in this host's extent arenas or in another host's
+ * extent (as cxlkv_domain_resolve). The range read is [offset, offset + len) of the block:
+ * len >= 1 and offset + len <= the block's size, else CXLKV_E_INVALID (the message gives
+ * the size). Other errors: CXLKV_E_INVALID for a NULL domain, lease or dst/addr argument
+ * (or arena NULL on a domain not joined through an orchestrator); CXLKV_E_FOREIGN when
+ * `arena` is not the lease's block's arena; CXLKV_E_NOT_FOUND when no mapped arena holds it;
+ * CXLKV_E_STALE when the lease's deadline has passed (nothing is read) or the arena no
+ * longer holds that generation of the block.
+ *
+ * cxlkv_lease_copy_out — the complete read, the one to use unless the data must stay in
+ * place: invalidates the range, copies it into dst (ordinary loads; non-temporal loads gain
+ * nothing on write-back memory), then validates the lease (cxlkv_lease_validate). Returns 0
+ * when dst holds the bytes as published; CXLKV_E_STALE when the block was retired, reused or
+ * the lease expired during the copy: dst was written and must be discarded. Cost: one
+ * clflushopt per 64-byte line, one mfence, the copy, one index-entry read. The domain handle
+ * is used by one thread at a time (as for every cxlkv_lease_* call). */
+int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* lease,
+                         uint64_t offset, void* dst, size_t len);
+/* cxlkv_block_invalidate — for zero-copy readers (a kernel or a GPU copy reading the block
+ * in place): checks the lease's deadline and the block as above, invalidates the range and
+ * stores its address in *addr. A zero-copy reader must, in this order:
+ *   1. acquire the lease (cxlkv_lease_acquire / cxlkv_lease_acquire_chain);
+ *   2. call cxlkv_block_invalidate over every byte it will read — after the lease, never
+ *      before it (lines fetched earlier may be an earlier generation's), and again after
+ *      each new acquisition of the same block;
+ *   3. read through *addr only, and never after lease->deadline_ms (renew before it);
+ *   4. cxlkv_lease_validate before using anything computed from what it read: on
+ *      CXLKV_E_STALE discard it all;
+ *   5. if it reads again after that validation (a long-running kernel, a second pass),
+ *      validate again after its last read before using those results;
+ *   6. release the lease only after its last read. */
+int cxlkv_block_invalidate(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* lease,
+                           uint64_t offset, size_t len, const void** addr);
 
 /* The owner role: one per domain. cxlkv_owner_step applies requests, fences, evicts and
  * reclaims; call it every few milliseconds. */

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "cxlkv/pool/give_away.h"
 
 namespace cxlkv::pool {
 namespace {
@@ -111,6 +112,9 @@ absl::Status ErrnoStatus(int err, absl::string_view object, absl::string_view ca
 }
 
 Region::~Region() {
+  // A window is one extent of a pooled source: memory that changes hands between hosts.
+  // Nothing this process wrote may reach it after the next holder does (give_away.h).
+  if (addr_ != nullptr && spec_.length != 0) (void)SealAndWriteBack(addr_, size_bytes_);
   if (addr_ != nullptr && in_reservation_) {
     // Put the caller's placeholder back, so nothing else is mapped into its reservation.
     (void)::mmap(addr_, size_bytes_, PROT_NONE,

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "cxlkv/config.h"
 #include "cxlkv/pool/arena.h"
+#include "cxlkv/pool/give_away.h"
 #include "cxlkv/pool/region.h"
 #include "cxlkv/preload/pointer_set.h"
 #include "log.h"
@@ -88,6 +89,14 @@ class JemallocHeap final : public CxlHeap {
   std::uint64_t revocations() const noexcept override {
     return revocations_.load(std::memory_order_relaxed);
   }
+  void OnGiveAway(void (*fn)(void*, void*, std::size_t), void* ctx) noexcept override {
+    pthread_mutex_lock(&grow_mu_);
+    pthread_mutex_lock(&mu_);
+    on_give_away_ = fn;
+    on_give_away_ctx_ = ctx;
+    pthread_mutex_unlock(&mu_);
+    pthread_mutex_unlock(&grow_mu_);
+  }
 
  private:
   static constexpr std::size_t kMaxSlabs = 1024;
@@ -135,6 +144,7 @@ class JemallocHeap final : public CxlHeap {
   const Run* RunOf(std::uintptr_t addr) const noexcept;                           // mu_ held
   void Revoke(std::uint32_t extent) noexcept;
   void RevokeSlabLocked(std::uint32_t slab) noexcept;  // grow_mu_ and mu_ held
+  bool SwapSlabPrivateLocked(std::uint32_t slab) noexcept;  // grow_mu_ and mu_ held
 
   Slab slabs_[kMaxSlabs];
   std::size_t nslabs_ = 0;   // mu_ (grows only)
@@ -158,6 +168,8 @@ class JemallocHeap final : public CxlHeap {
   std::atomic<bool> child_{false};  // a forked child: no new runs from the parent's extents
   std::atomic<std::uint64_t> revocations_{0};
   std::atomic<bool> ready_{false};  // the jemalloc arena exists
+  void (*on_give_away_)(void*, void*, std::size_t) = nullptr;  // grow_mu_ and mu_
+  void* on_give_away_ctx_ = nullptr;
 };
 
 absl::Status JemallocHeap::CreateJemallocArena(const std::string& name) {
@@ -334,16 +346,37 @@ void JemallocHeap::Revoke(std::uint32_t extent) noexcept {
   if (found) {
     Logf(LogLevel::kWarn,
          "extent %u revoked: its capacity lease lapsed (the orchestrator unreachable, or this "
-         "process fenced); the heap's objects there now live in private memory, and new "
-         "allocations come from other extents or the process allocator",
+         "process fenced) or the process left the domain; the heap's objects there now live "
+         "in private memory, and new allocations come from other extents or the process "
+         "allocator",
          static_cast<unsigned>(extent));
   }
 }
 
-// Swaps the slab's pool memory for private memory that holds the same bytes: from here on
-// nothing this process writes reaches the extent, which may be lent to another host once
-// the lease term ends; the objects in it stay valid for the program.
+// Swaps the slab's pool memory for private memory that holds the same bytes, and writes every
+// line of the extent back (pool/give_away.h): from here on nothing this process writes
+// reaches the extent, which may be lent to another host once the lease term ends, and
+// nothing it wrote before can land there later; the objects in it stay valid for the
+// program. Called when the lease lapsed, and when the process leaves the domain.
 void JemallocHeap::RevokeSlabLocked(std::uint32_t si) noexcept {
+  Slab& s = slabs_[si];
+  if (s.arena == nullptr) return;  // being destroyed: its destruction writes it back
+  const pool::Region& r = s.arena->region();
+  auto* lo = r.addr();
+  const std::uint64_t len = r.size_bytes();
+  // Users of the memory that bypass the page tables (CUDA registrations) go first, while
+  // the window still maps the extent.
+  if (on_give_away_ != nullptr) on_give_away_(on_give_away_ctx_, lo, len);
+  const int rc = pool::SwapAndWriteBack(lo, len, [&] { return SwapSlabPrivateLocked(si); });
+  if (rc != 0) {
+    Logf(LogLevel::kError, "extent %u: giving it away failed (%s); the window is inaccessible",
+         static_cast<unsigned>(s.extent), std::strerror(rc));
+  }
+  s.revoked = true;
+  revocations_.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool JemallocHeap::SwapSlabPrivateLocked(std::uint32_t si) noexcept {
   Slab& s = slabs_[si];
   const pool::Region& r = s.arena->region();
   auto* lo = r.addr();
@@ -358,6 +391,7 @@ void JemallocHeap::RevokeSlabLocked(std::uint32_t si) noexcept {
                      static_cast<off_t>(r.spec().offset));
     private_file = p == lo;
   }
+  bool all = true;
   for (std::size_t i = 0; i < nruns_; ++i) {
     Run& run = runs_[i];
     if (run.slab != si || run.inherited) continue;
@@ -377,6 +411,9 @@ void JemallocHeap::RevokeSlabLocked(std::uint32_t si) noexcept {
     if (!copied) {
       Logf(LogLevel::kError, "extent %u: could not copy %llu heap bytes at %p out of the pool",
            static_cast<unsigned>(s.extent), static_cast<unsigned long long>(run.bytes), a);
+      // Still the pool's pages (shared or, after a failed populate, private but unread): no
+      // store may reach them from here on.
+      if (!private_file) all = ::mprotect(a, run.bytes, PROT_NONE) == 0 && all;
     }
     run.inherited = true;
     held_bytes_.fetch_sub(run.bytes, std::memory_order_relaxed);
@@ -387,8 +424,7 @@ void JemallocHeap::RevokeSlabLocked(std::uint32_t si) noexcept {
     (void)::mmap(lo, k.data_offset & ~(std::uint64_t{kPageBytes} - 1), PROT_NONE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   }
-  s.revoked = true;
-  revocations_.fetch_add(1, std::memory_order_relaxed);
+  return all;
 }
 
 JemallocHeap::~JemallocHeap() {
@@ -403,9 +439,22 @@ JemallocHeap::~JemallocHeap() {
   nruns_ = 0;
   pthread_mutex_unlock(&mu_);
   for (std::size_t i = 0; i < nslabs_; ++i) {
+    // Out of the table first, under the locks, so a revocation racing with this leaves the
+    // slab alone (the domain's watchdog may call Revoke until the extent is given back).
+    pthread_mutex_lock(&grow_mu_);
+    pthread_mutex_lock(&mu_);
     const std::uint32_t extent = slabs_[i].extent;
     const bool revoked = slabs_[i].revoked;
-    slabs_[i].arena.reset();
+    std::unique_ptr<pool::Arena> arena = std::move(slabs_[i].arena);
+    slabs_[i].revoked = true;
+    pthread_mutex_unlock(&mu_);
+    pthread_mutex_unlock(&grow_mu_);
+    if (arena != nullptr && !revoked && on_give_away_ != nullptr) {
+      on_give_away_(on_give_away_ctx_, arena->region().addr(), arena->region().size_bytes());
+    }
+    // The arena returns its blocks, then its window is sealed and written back as the region
+    // goes (pool/give_away.h); only then is the extent given back.
+    arena.reset();
     if (source_ != nullptr && !revoked) source_->Shrink(extent);
   }
   if (source_ != nullptr) {

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cxlkv/coherence/cache.h"
+#include "cxlkv/pool/give_away.h"
 #include "cxlkv/pool/region.h"
 #include "cxlkv/pool/spec.h"
 
@@ -21,6 +22,27 @@ PooledArenas::PooledArenas(HostClient& client) : client_(client) {
 PooledArenas::~PooledArenas() {
   stop_ = true;
   if (watchdog_.joinable()) watchdog_.join();
+  // Leaving the domain: every extent still held stops being this host's when the client
+  // leaves, next. Each goes as a revocation does: an arena still open is swapped for private
+  // memory and written back, a raw extent's holder stops writing it and writes it back.
+  std::lock_guard l(mu_);
+  for (auto& [extent, h] : held_) {
+    if (!h.revoked->load()) RevokeLocked(extent, h);
+  }
+}
+
+void PooledArenas::OnGiveAway(std::uint32_t extent, std::function<void()> fn) {
+  std::lock_guard l(mu_);
+  auto it = held_.find(extent);
+  if (it != held_.end()) it->second.before_give_away = std::move(fn);
+}
+
+void PooledArenas::Closing(std::uint32_t extent) {
+  std::lock_guard l(mu_);
+  auto it = held_.find(extent);
+  if (it == held_.end()) return;
+  it->second.addr = nullptr;  // the caller's close writes the window back and unmaps it
+  it->second.before_give_away = nullptr;
 }
 
 void PooledArenas::OnRevoke(std::function<void(std::uint32_t)> fn) {
@@ -117,20 +139,23 @@ absl::Status PooledArenas::Shrink(std::uint32_t extent) {
 }
 
 void PooledArenas::RevokeLocked(std::uint32_t extent, Held& h) {
-  if (h.revoke) {  // a raw extent: the caller stops writing it
-    h.revoke(extent);
-    h.revoked->store(true);
-    revocations_.fetch_add(1);
-    if (on_revoke_) on_revoke_(extent);
-    return;
+  // First whatever reaches the extent's pages without this process's page tables (a GPU
+  // registration: pinned pages stay DMA targets after the mapping is swapped), while the
+  // window is still the extent's.
+  if (h.before_give_away) {
+    h.before_give_away();
+    h.before_give_away = nullptr;
   }
-  // Atomically swap the window for private memory: later stores of this process stay here.
-  void* p = ::mmap(h.addr, h.length, PROT_READ | PROT_WRITE,
-                   MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
-    // Could not replace it: make it inaccessible instead (a fault beats corrupting a
-    // neighbour's memory).
-    ::mprotect(h.addr, h.length, PROT_NONE);
+  if (h.revoke) {
+    h.revoke(extent);  // a raw extent: the caller stops writing it and writes it back
+  } else if (h.addr != nullptr) {
+    // Atomically swap the window for private memory, so later stores of this process stay
+    // in the process, and write every line of the extent back before it counts as revoked.
+    // (A window whose arena is being closed is the close's to write back: addr is null.)
+    (void)pool::SwapAndWriteBack(h.addr, h.length, [&] {
+      return ::mmap(h.addr, h.length, PROT_READ | PROT_WRITE,
+                    MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) != MAP_FAILED;
+    });
   }
   h.revoked->store(true);
   revocations_.fetch_add(1);
@@ -207,6 +232,25 @@ absl::StatusOr<std::byte*> PooledArenas::Resolve(const coherence::BlockRef& ref)
   }
   return absl::NotFoundError(absl::StrCat("no assigned extent of pool '", client_.pool_spec(),
                                           "' holds arena ", pool::UuidToString(id)));
+}
+
+absl::StatusOr<PooledArenas::BlockSpan> PooledArenas::ResolveBlock(const coherence::BlockRef& ref) {
+  auto addr = Resolve(ref);
+  if (!addr.ok()) return addr.status();
+  std::lock_guard l(mu_);
+  for (auto& [extent, p] : peers_) {
+    if (std::memcmp(p.arena->uuid().data(), ref.arena, 16) != 0) continue;
+    for (std::uint32_t c = 0; c < p.arena->class_count(); ++c) {
+      const pool::ClassRecord& k = p.arena->class_record(c);
+      if (ref.index >= k.first_index && ref.index - k.first_index < k.block_count) {
+        return BlockSpan{*addr, k.block_bytes};
+      }
+    }
+  }
+  pool::Uuid id;
+  std::memcpy(id.data(), ref.arena, id.size());
+  return absl::NotFoundError(absl::StrCat("arena ", pool::UuidToString(id),
+                                          " left the extents meanwhile; look the block up again"));
 }
 
 }  // namespace cxlkv::orchestrator

@@ -74,6 +74,37 @@ void CopyNt(void* dst, const void* src, std::size_t len) noexcept;
 void FlushWith(FlushKind kind, const void* addr, std::size_t len) noexcept;
 void CopyNtWith(CopyKind kind, void* dst, const void* src, std::size_t len) noexcept;
 
+// ---- Observing the primitives (tests) ----------------------------------------------------
+//
+// On one machine caches are coherent, so no test can see a missing write-back or
+// invalidation by its effect. A test can see it structurally instead: a CacheObserver,
+// installed by a ScopedCacheObserver for the test's duration, is told about every Flush,
+// FlushWith, Invalidate, Evict and Fence of the process, on whichever thread issues them,
+// just before the instruction runs (the range is still mapped and readable then, so the
+// observer may read it). CopyNt's own streaming stores and fence are not reported (its
+// ordinary-store head and tail are, as Flushes). Without an observer each primitive pays
+// one load of a null pointer.
+enum class CacheOp : std::uint8_t { kFlush, kInvalidate, kEvict, kFence };
+
+class CacheObserver {
+ public:
+  virtual ~CacheObserver() = default;
+  // Called concurrently from any thread; must not call the primitives itself. addr/len are
+  // the caller's range (0 for kFence).
+  virtual void OnCacheOp(CacheOp op, const void* addr, std::size_t len) noexcept = 0;
+};
+
+// Installs `observer` for the lifetime of this object (one at a time in a process: a second
+// one while another is installed aborts). The destructor uninstalls it and waits until no
+// thread is still inside a callback, so the observer may be destroyed right after.
+class ScopedCacheObserver {
+ public:
+  explicit ScopedCacheObserver(CacheObserver& observer) noexcept;
+  ~ScopedCacheObserver();
+  ScopedCacheObserver(const ScopedCacheObserver&) = delete;
+  ScopedCacheObserver& operator=(const ScopedCacheObserver&) = delete;
+};
+
 }  // namespace cxlkv::coherence
 
 #endif  // CXLKV_COHERENCE_CACHE_H_

@@ -100,6 +100,10 @@ class CopyEngine {
   absl::Status Wait(Ticket t);
   // Makes `stream` wait (on the device, not the host) for ticket t.
   absl::Status StreamWait(Ticket t, cudaStream_t stream);
+  // Blocks until every copy submitted so far is done (before host memory they use is
+  // unregistered: a revoked extent's pages must stop being DMA targets). The first failure
+  // seen, as Poll.
+  absl::Status Drain();
 
   CopyEngineStats stats() const;
   cudaStream_t stream(Direction d) const noexcept { return streams_[static_cast<int>(d)]; }

@@ -9,7 +9,9 @@
 //   file:   created with ?size= (and fallocated unless reserve=0), or opened at its size.
 //   memfd:  memfd_create(); shared with fork()ed children or via /proc/PID/fd/N.
 // A Region is immutable after creation and safe to read from any thread; destroying it
-// unmaps the memory.
+// unmaps the memory. Destroying a window (a spec with offset= and length=: one extent of a
+// pooled source, which another host may hold next) first seals it read-only and writes every
+// line of it back (give_away.h), so nothing this host wrote can land after it changed hands.
 #ifndef CXLKV_POOL_REGION_H_
 #define CXLKV_POOL_REGION_H_
 

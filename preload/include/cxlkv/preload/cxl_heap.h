@@ -78,6 +78,15 @@ class CxlHeap {
   }
   // Extents revoked so far.
   virtual std::uint64_t revocations() const noexcept { return 0; }
+  // A pooled heap: fn(ctx, addr, len) runs before an extent mapped at [addr, addr + len)
+  // stops being the heap's (revoked, or given back when the heap is destroyed), while it
+  // still maps the extent: end every use of that memory that bypasses the page tables there
+  // (CUDA registrations of it; audit #8). For a revocation it runs on the domain's watchdog
+  // thread with the heap's locks held: it must not allocate from this heap.
+  virtual void OnGiveAway(void (*fn)(void* ctx, void* addr, std::size_t len), void* ctx) noexcept {
+    (void)fn;
+    (void)ctx;
+  }
 
   // nullptr when the pool cannot serve the request (full, alignment beyond the region's).
   // align is a power of two (0: default alignment of 16).

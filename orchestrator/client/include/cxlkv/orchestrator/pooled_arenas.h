@@ -16,6 +16,14 @@
 // from then on (a KV cache loses those blocks); revoked() says so and the C API fails every
 // later call on that arena with CXLKV_E_REVOKED.
 //
+// Giving an extent away (revocation, Shrink, the destructor) always writes back every line
+// this host dirtied in it, and fences, before the extent stops being this host's
+// (pool/give_away.h): a line evicted later would land in the next holder's arena. Revocation
+// swaps first and writes back through a second view of the pages (the process may still be
+// running in the window); closing an arena writes its window back as the Region is
+// destroyed, before Shrink's RPC. Destroying PooledArenas (leaving the domain) revokes what
+// is still held: open arenas are swapped and written back, raw extents' callbacks run.
+//
 // Resolve() gives the address of a block in any host's extent arena (a published prefix
 // block): the extent is mapped read-only-in-spirit (an arena opened read_only: never
 // attached, never written) and cached by arena uuid; a miss asks the orchestrator which
@@ -58,10 +66,23 @@ class PooledArenas {
   };
   // One more extent with a fresh arena formatted in it (options.force is implied).
   absl::StatusOr<Grown> Grow(const pool::FormatOptions& options);
-  // Gives the extent back. Close its arena first (the caller's last use of the memory). A
-  // revoked extent is given back too (its lease may have lapsed on this host's clock only);
-  // OK when the orchestrator had already taken it.
+  // Gives the extent back. Close its arena first (the caller's last use of the memory; the
+  // close writes the window back), after Closing(). A revoked extent is given back too (its
+  // lease may have lapsed on this host's clock only); OK when the orchestrator had already
+  // taken it.
   absl::Status Shrink(std::uint32_t extent);
+  // Call before closing the arena of `extent` ahead of Shrink: from here on a revocation
+  // leaves the window alone (the close writes it back and unmaps it; the address may be
+  // mapped again for something else after that), and OnGiveAway's callback is forgotten.
+  // Waits for a revocation in progress.
+  void Closing(std::uint32_t extent);
+  // `fn` runs once, before a revocation or the destructor gives the extent away, while its
+  // window still maps the extent: end there every use of the memory that bypasses this
+  // process's page tables (a GPU registration's pinned pages stay DMA targets after the
+  // window is swapped). It runs on the watchdog thread with this object's lock held: it must
+  // not call back into PooledArenas. nullptr clears it. (Shrink's caller ends those uses
+  // itself, before closing the arena.)
+  void OnGiveAway(std::uint32_t extent, std::function<void()> fn);
 
   // One more extent for memory the caller maps and formats itself (a process heap): its
   // window's source spec. `revoke` is called from the watchdog thread when the lease
@@ -79,6 +100,13 @@ class PooledArenas {
   // kNotFound: no assigned extent holds that arena; kFailedPrecondition: it does not hold
   // that block (freed, another generation).
   absl::StatusOr<std::byte*> Resolve(const coherence::BlockRef& ref);
+  // Resolve() and the block's size (its class's block bytes), for a reader that must stay
+  // inside the block. Errors as Resolve.
+  struct BlockSpan {
+    std::byte* addr = nullptr;
+    std::uint64_t bytes = 0;
+  };
+  absl::StatusOr<BlockSpan> ResolveBlock(const coherence::BlockRef& ref);
 
   // Called (from the watchdog thread) after an extent was revoked.
   void OnRevoke(std::function<void(std::uint32_t extent)> fn);
@@ -91,6 +119,7 @@ class PooledArenas {
     pool::Uuid uuid{};
     std::unique_ptr<std::atomic<bool>> revoked;
     std::function<void(std::uint32_t)> revoke;  // raw extents: the caller's revocation
+    std::function<void()> before_give_away;     // OnGiveAway
   };
   struct Peer {
     std::unique_ptr<pool::Arena> arena;  // read-only
