@@ -600,6 +600,7 @@ TEST(Arena, PeerResolveReadsTheMapWordFromMemory) {
   EXPECT_FALSE((*peer)->Resolve(owner->uuid(), index, gen + 1).ok());
   peer->reset();
   cache_log = nullptr;
+}
 
 // ---- Giving a window away (audit #4) ---------------------------------------------------------
 

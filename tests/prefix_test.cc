@@ -1029,6 +1029,7 @@ TEST(PrefixAudit, SkewedClocksAndAStalledOwnerAreNoPause) {
     EXPECT_EQ(w.h1->pauses_detected(), 0u) << "rate " << rate;
     EXPECT_TRUE(w.h1->ValidateAfterCopy(*lease).ok());
   }
+}
 
 // Directed schedules for single-call weakenings the seeded simulation cannot tell apart from
 // the correct code (scripts/mutate-protocol, docs/mutation.md): each leaves a stale copy in
