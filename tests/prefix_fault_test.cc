@@ -6,9 +6,14 @@
 // protocol with faults injected at run time (a Mem whose mfence is an sfence, a give-away path
 // without write-back, a commit after the announcement, clocks that lose a suspend, too small
 // a margin); prefix_fault_<name>_test links a copy of the protocol compiled with one
-// CXLKV_FAULT_* switch (coherence/src), and runs only the test for that switch.
+// CXLKV_FAULT_* switch (coherence/src), and runs only the test for that switch: lease_flush
+// (no flush of the lease row), crc (no CRC check on shared lines), dup_ref (no refusal of a
+// PUBLISH naming a block already named), and acquire_sfence (an sfence after the lease rows:
+// shown to stay safe, the one weakening here that is not a bug).
 #include <cstdio>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "prefix_sim.h"
@@ -18,27 +23,36 @@ namespace {
 
 unsigned long long U(std::uint64_t v) { return static_cast<unsigned long long>(v); }
 
-// Runs the simulation over seeds 1..n with `tweak` applied to the config; returns how many
-// seeds ended in a violation (each printed).
-int Caught(int n, std::uint64_t steps, const std::function<void(PrefixSimulation::Config&)>& tweak,
-           const char* what) {
-  int caught = 0;
+// Runs the simulation over seeds 1..n with `tweak` applied to the config; returns the
+// violations found (one per seed at most, each printed).
+std::vector<std::string> Failures(int n, std::uint64_t steps,
+                                  const std::function<void(PrefixSimulation::Config&)>& tweak,
+                                  const char* what) {
+  std::vector<std::string> failures;
   for (std::uint64_t seed = 1; seed <= static_cast<std::uint64_t>(n); ++seed) {
     PrefixSimulation::Config c;
     c.seed = seed;
     tweak(c);
     PrefixSimulation sim(c);
     if (!sim.Run(steps)) {
-      ++caught;
+      failures.push_back(sim.failure());
       std::printf("%s, seed %llu: caught: %s\n", what, U(seed), sim.failure().c_str());
     }
   }
-  return caught;
+  return failures;
+}
+
+int Caught(int n, std::uint64_t steps, const std::function<void(PrefixSimulation::Config&)>& tweak,
+           const char* what) {
+  return static_cast<int>(Failures(n, steps, tweak, what).size());
 }
 
 #if !defined(CXLKV_FAULT_DROP_LEASE_FLUSH) && !defined(CXLKV_FAULT_NO_CRC_CHECK) && \
-    !defined(CXLKV_FAULT_NO_DUP_REF_CHECK)
+    !defined(CXLKV_FAULT_NO_DUP_REF_CHECK) && !defined(CXLKV_FAULT_ACQUIRE_SFENCE)
+#define CXLKV_REAL_PROTOCOL 1
+#endif
 
+#if defined(CXLKV_REAL_PROTOCOL) || defined(CXLKV_FAULT_ACQUIRE_SFENCE)
 // A publisher and a reader around one published block, each step taken by hand.
 struct World {
   World(const DomainGeometry& geometry, const SimOptions& options, std::uint32_t margin_ms = 0)
@@ -89,6 +103,37 @@ struct World {
   BlockRef block{};
 };
 
+// The reader leases the block (one Acquire, or AcquireChain), the owner retires it and, after
+// `grace_ms`, reclaims: true if it freed the block while the reader's lease was valid.
+bool FreedUnderLease(const SimOptions& o, std::uint32_t grace_ms, bool chain) {
+  World w(DomainGeometry{2, 16, 4, 4, 400, 4000, grace_ms}, o);
+  std::vector<Lease> leases;
+  if (chain) {
+    auto n = w.reader->AcquireChain(w.ns, std::span(&w.key, 1), &leases);
+    EXPECT_TRUE(n.ok() && *n == 1) << n.status();
+  } else {
+    auto lease = w.reader->LookupAndAcquire(w.ns, w.key);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    if (lease.ok()) leases.push_back(*lease);
+  }
+  if (leases.empty()) return false;
+  EXPECT_TRUE(w.owner->RetireKey(w.ns, w.key).ok());
+  if (grace_ms > 0) w.Pass(grace_ms);
+  const std::uint32_t freed = w.owner->Reclaim();
+  return freed > 0 && w.c1.NowMs() <= leases[0].deadline_ms;
+}
+
+SimOptions StoreBuffer(bool weak_full_fence) {
+  SimOptions o;
+  o.store_buffer = true;
+  o.store_drain_per_mille = 0;  // nothing drains on its own: the widest window
+  o.fault_full_fence_is_sfence = weak_full_fence;
+  return o;
+}
+#endif
+
+#ifdef CXLKV_REAL_PROTOCOL
+
 // Store buffer. Acquire is Dekker's pattern against retire-then-scan: the reader stores its
 // lease row and loads the entry; the owner stores RETIRED and (after grace) loads the rows.
 // Two things each keep them apart: a full fence between each side's store and load (the
@@ -97,27 +142,16 @@ struct World {
 // sfence, grace 0 — the reader's row is still in its store buffer when the owner scans, and
 // the block is freed under a lease. The simulator without a store buffer cannot tell.
 TEST(PrefixFault, StoreBufferCatchesAnMfenceThatIsOnlyAnSfence) {
-  auto freed_under_lease = [](const SimOptions& o, std::uint32_t grace_ms) {
-    World w(DomainGeometry{2, 16, 4, 4, 400, 4000, grace_ms}, o);
-    auto lease = w.reader->LookupAndAcquire(w.ns, w.key);
-    EXPECT_TRUE(lease.ok()) << lease.status();
-    if (!lease.ok()) return false;
-    EXPECT_TRUE(w.owner->RetireKey(w.ns, w.key).ok());
-    if (grace_ms > 0) w.Pass(grace_ms);
-    const std::uint32_t freed = w.owner->Reclaim();
-    return freed > 0 && w.c1.NowMs() <= lease->deadline_ms;
-  };
-  SimOptions sb;
-  sb.store_buffer = true;
-  sb.store_drain_per_mille = 0;
-  SimOptions weak = sb;
-  weak.fault_full_fence_is_sfence = true;
   SimOptions weak_no_sb;
   weak_no_sb.fault_full_fence_is_sfence = true;
-  EXPECT_TRUE(freed_under_lease(weak, 0)) << "an sfence where an mfence belongs must be caught";
-  EXPECT_FALSE(freed_under_lease(sb, 0)) << "the real protocol under a store buffer";
-  EXPECT_FALSE(freed_under_lease(weak_no_sb, 0)) << "no store buffer: fences indistinguishable";
-  EXPECT_FALSE(freed_under_lease(weak, 40)) << "grace alone keeps them apart";
+  for (const bool chain : {false, true}) {
+    EXPECT_TRUE(FreedUnderLease(StoreBuffer(true), 0, chain))
+        << "an sfence where an mfence belongs must be caught (chain " << chain << ")";
+    EXPECT_FALSE(FreedUnderLease(StoreBuffer(false), 0, chain)) << "the real protocol";
+    EXPECT_FALSE(FreedUnderLease(weak_no_sb, 0, chain))
+        << "no store buffer: the simulator cannot tell the fences apart";
+    EXPECT_FALSE(FreedUnderLease(StoreBuffer(true), 40, chain)) << "grace alone keeps them apart";
+  }
 }
 
 // Late write-back + extents changing hands: a host that gives an extent away without writing
@@ -195,7 +229,51 @@ TEST(PrefixFault, SuspendThatLosesTimeIsCaughtAudit6) {
   EXPECT_EQ(Caught(2, 40000, suspends(false), "suspend counted"), 0);
 }
 
-#endif  // the real protocol
+// Tearing, the real protocol: the same heavy tearing the no-CRC build is caught under (see
+// TornLinesAreCaughtWithoutTheCrcCheck), with crashes of hosts and the owner, so that torn
+// lines also outlive their writers. Every torn line fails its CRC and is read again — except
+// where the protocol gives up on a line that stays torn: open audit findings #12 (a host's
+// own row) and #13 (an owner-written line at Open), skipped with their reason until fixed.
+TEST(PrefixFault, HeavyTearingPassesWithTheCrcCheck) {
+  const auto failures = Failures(4, 50000, [](PrefixSimulation::Config& c) {
+    c.memory.tear_per_mille = 200;
+    c.memory.async_writeback = true;
+    c.memory.writeback_progress_per_mille = 1000;
+    c.host_crash_per_100k = 200;
+    c.owner_crash_per_100k = 20;
+  }, "heavy tearing");
+  std::vector<std::string> known;
+  for (const std::string& f : failures) {
+    EXPECT_TRUE(OpenAuditFinding(f)) << f;
+    if (OpenAuditFinding(f)) known.push_back(f);
+  }
+  if (!known.empty() && known.size() == failures.size()) {
+    GTEST_SKIP() << known.size() << " seed(s) hit open audit findings (fixed on branch "
+                 << "h-audit): " << known[0];
+  }
+}
+
+#endif  // CXLKV_REAL_PROTOCOL
+
+#ifdef CXLKV_FAULT_ACQUIRE_SFENCE
+// The protocol compiled with an sfence, not an mfence, after the lease rows of Acquire and
+// AcquireChain (and Renew). It stays safe under the store buffer even with grace 0: the
+// Invalidate before the re-read of the entry ends with an mfence of its own, which drains the
+// buffer before that load (and the grace period covers the rest). So that explicit mfence is
+// not load-bearing for Acquire; Renew's second look, which reads a clock rather than memory,
+// is covered by the margin.
+TEST(PrefixFault, AcquireWithAnSfenceAfterTheLeaseRowIsStillSafe) {
+  for (const bool chain : {false, true}) {
+    EXPECT_FALSE(FreedUnderLease(StoreBuffer(false), 0, chain)) << "chain " << chain;
+  }
+  EXPECT_EQ(Caught(3, 50000, [](PrefixSimulation::Config& c) {
+              const std::uint64_t seed = c.seed;
+              c = PrefixSimulation::AllFaults(seed);
+              c.geometry.grace_ms = 0;
+              c.memory.tear_per_mille = 0;  // tearing's open findings are another test's
+            }, "sfence after the lease row, grace 0"), 0);
+}
+#endif
 
 #ifdef CXLKV_FAULT_DROP_LEASE_FLUSH
 // The protocol compiled with the lease row's flush removed: the owner cannot see the lease,

@@ -250,6 +250,30 @@ void SimMemory::HostView::Read(std::uint64_t offset, void* dst, std::size_t len)
   if (forwarded) ++media_.stats_.forwarded_loads;
 }
 
+void SimMemory::HostView::Peek(std::uint64_t offset, void* dst, std::size_t len) const {
+  auto* out = static_cast<std::byte*>(dst);
+  std::memcpy(out, media_.media_.data() + offset, len);
+  auto overlay = [&](std::uint64_t lo, const std::byte* src, std::size_t n) {
+    const std::uint64_t a = std::max(offset, lo), b = std::min(offset + len, lo + n);
+    if (a < b) std::memcpy(out + (a - offset), src + (a - lo), b - a);
+  };
+  for (const InFlight& w : media_.in_flight_) {
+    if (w.issuer != this) continue;
+    for (int b = 0; b < 8; ++b) {
+      if (w.left & (1u << b)) overlay(w.line * 64 + 8 * b, w.data.data() + 8 * b, 8);
+    }
+  }
+  for (std::uint64_t line = offset / 64; len > 0 && line <= (offset + len - 1) / 64; ++line) {
+    auto it = lines_.find(line);
+    if (it != lines_.end() && it->second.dirty) overlay(line * 64, it->second.data.data(), 64);
+  }
+  for (const SbOp& op : sb_) {
+    if (op.kind == SbOp::kStore || op.kind == SbOp::kNt) {
+      overlay(op.line * 64 + op.in, op.data.data() + op.in, op.len);
+    }
+  }
+}
+
 void SimMemory::HostView::Write(std::uint64_t offset, const void* src, std::size_t len) {
   Access();
   const auto* p = static_cast<const std::byte*>(src);

@@ -162,6 +162,10 @@ class SimMemory::HostView final : public Mem {
   void Crash();
   // Drains the store buffer now (stores reach this cache, their clwbs are issued).
   void DrainStoreBuffer();
+  // What this host would load after Invalidate, without touching anything: its buffered
+  // stores, else its dirty lines, else its write-backs in flight, else memory (for a
+  // simulation's invariant checks and diagnostics).
+  void Peek(std::uint64_t offset, void* dst, std::size_t len) const;
   std::size_t cached_lines() const { return lines_.size(); }
   std::size_t buffered_stores() const { return sb_.size(); }
 
