@@ -253,6 +253,28 @@ TEST(PrefixFault, HeavyTearingPassesWithTheCrcCheck) {
   }
 }
 
+// Owner crashes, the real protocol: a new owner opens the same media after the old one died
+// between any two of its stores. Every failure class on, the owner crashing some 500 times
+// per 10^5 steps, its dirty lines landing late. Open audit finding #2 (a stale incarnation's
+// request replayed by the new owner hands back a block the index still publishes) shows up
+// here, attributed and skipped until fixed.
+TEST(PrefixFault, FrequentOwnerCrashesPassExceptOpenFindings) {
+  const auto failures = Failures(3, 60000, [](PrefixSimulation::Config& c) {
+    c = PrefixSimulation::AllFaults(c.seed);
+    c.owner_crash_per_100k = 200;
+    c.memory.late_land_per_mille = 1;
+  }, "frequent owner crashes");
+  std::vector<std::string> known;
+  for (const std::string& f : failures) {
+    EXPECT_TRUE(OpenAuditFinding(f)) << f;
+    if (OpenAuditFinding(f)) known.push_back(f);
+  }
+  if (!known.empty() && known.size() == failures.size()) {
+    GTEST_SKIP() << known.size() << " seed(s) hit open audit findings (fixed on branch "
+                 << "h-audit): " << known[0];
+  }
+}
+
 #endif  // CXLKV_REAL_PROTOCOL
 
 #ifdef CXLKV_FAULT_ACQUIRE_SFENCE
