@@ -13,7 +13,7 @@
 //     host's dirty lines, an mfence that is only an sfence (Config::memory, sim.h);
 //   - crashes inside calls: a host between any two of its stores (so mid-publish too, and
 //     inside the publish's commit), the owner likewise, a new owner opening the same media;
-//   - clocks: suspends that freeze a host's or the owner's clock (catching up on thaw, or
+//   - clocks: suspends that freeze a host's or the owner's clock (catching up on resume, or
 //     losing the span: audit #6), drift changes within 1 ± drift;
 //   - extents: blocks live in extents that move between hosts; the give-away path writes the
 //     extent back and fences (or, as a fault, does not), and block data is checked on use.
@@ -189,9 +189,9 @@ class PrefixSimulation {
   bool Drain() {
     draining_ = true;
     c_.preempt_per_mille = 0;  // nothing else runs now: no one to interleave with
-    owner_clock_->Thaw();
+    owner_clock_->Resume();
     for (Host& host : hosts_) {
-      host.clock->Thaw();
+      host.clock->Resume();
       host.suspended = false;
     }
     owner_suspended_until_ = 0;
@@ -452,7 +452,7 @@ class PrefixSimulation {
     }
     if (now_ < owner_suspended_until_) return;
     if (owner_clock_->frozen()) {
-      owner_clock_->Thaw();
+      owner_clock_->Resume();
       if (!c_.freeze_loses_time) owner_clock_->Jump(now_ - owner_suspended_from_);
     }
     RunOwner([&] {
@@ -634,7 +634,7 @@ class PrefixSimulation {
 
   void Resume(Host& host) {
     host.suspended = false;
-    host.clock->Thaw();
+    host.clock->Resume();
     const std::int64_t span = static_cast<std::int64_t>(
         static_cast<double>(now_ - host.paused_from) * host.clock->rate());
     if (c_.freeze_loses_time) {

@@ -25,7 +25,7 @@
 //   - late_writeback: Crash() keeps (or loses) each dirty line instead of settling it at once;
 //     kept lines reach the media at random later Tick()s, as from a machine that hung and came
 //     back or a dead process whose machine lives on. A live view's dirty lines always arrive
-//     late in this sense: Abandon-style give-aways without a Flush leave them to eviction.
+//     late in this sense: memory given away without a Flush leaves them to eviction.
 //   - fault_full_fence_is_sfence: fault injection, not hardware: FullFence and Invalidate's
 //     fence act as an sfence (DirectMem::FullFence written as _mm_sfence). With the store buffer
 //     on, buffered stores then stay buffered past later loads.
@@ -210,7 +210,7 @@ class SimMemory::HostView final : public Mem {
 };
 
 // A simulated host clock: global time scaled by a rate close to 1, plus an offset. It can
-// freeze (a suspend, a stopped VM), thaw, jump forward and change its rate (drift).
+// freeze (a suspend, a stopped VM), resume, jump and change its rate (drift).
 class SimClock final : public Clock {
  public:
   SimClock(const std::int64_t* global_ms, std::int64_t offset_ms, double rate)
@@ -224,22 +224,23 @@ class SimClock final : public Clock {
   // The reading without the hook (for a simulation's own invariant checks).
   std::int64_t PeekMs() const { return Reading(); }
 
-  // Stops the clock: every reading returns the current one until Thaw().
+  // Stops the clock: readings hold still until Resume(), which carries on from the held
+  // value, so the stopped time is never counted — as CLOCK_MONOTONIC across a suspend, or
+  // kvmclock across a stopped VM, read. Jump() after Resume() counts it instead.
   void Freeze() {
     if (frozen_) return;
     Rebase();
     frozen_ = true;
   }
-  // Runs again from the reading it stopped at: the frozen span is lost, as CLOCK_MONOTONIC
-  // loses a suspend (and kvmclock a stopped VM). Jump() after it catches up instead.
-  void Thaw() {
+  void Resume() {
     if (!frozen_) return;
     frozen_ = false;
     base_ms_ = *global_ms_;
   }
-  // Steps the clock forward by ms >= 0 (a clock that counts the time it was stopped).
-  void Jump(std::int64_t ms) { offset_ms_ += ms > 0 ? ms : 0; }
-  // From now on the clock runs at `rate` (global milliseconds per its millisecond).
+  // Steps the clock by delta_ms at once (frozen or not): forward, a suspension counted on
+  // resume (CLOCK_BOOTTIME); backward, a clock that lost time.
+  void Jump(std::int64_t delta_ms) { offset_ms_ += delta_ms; }
+  // From now on the clock runs at `rate` (global milliseconds per its millisecond): drift.
   void set_rate(double rate) {
     Rebase();
     rate_ = rate;
