@@ -213,11 +213,14 @@ TEST(PrefixFault, DriftBeyondTheMarginIsCaught) {
   EXPECT_FALSE(freed_under_lease(0)) << "the default margin (lease_ttl / 4)";
 }
 
-// Suspends. With clocks that count the suspended time (CLOCK_BOOTTIME) the protocol is safe;
-// with clocks that lose it (CLOCK_MONOTONIC across S3, kvmclock across a VM stop) a host
-// wakes with leases that look valid on blocks the owner reclaimed meanwhile: audit #6. This
-// test documents that the simulator exposes it (the fix is a clock choice, not this file's).
-TEST(PrefixFault, SuspendThatLosesTimeIsCaughtAudit6) {
+// Suspends. With clocks that count the suspended time (CLOCK_BOOTTIME) the protocol is safe.
+// With clocks that lose it (CLOCK_MONOTONIC across S3, kvmclock across a VM stop) a host wakes
+// with leases that look valid on blocks the owner reclaimed meanwhile: audit #6. The host must
+// notice the pause at its next acquire, renew or heartbeat (docs/coherence.md, "Paused hosts");
+// leases held across the pause are promised again only once acquired or renewed after it, and
+// a copy only once ValidateAfterCopy passed. A violation of that is attributed to #6 and
+// skipped until the fix is in.
+TEST(PrefixFault, SuspendsThatLoseTimePassExceptOpenFindings) {
   auto suspends = [](bool lose) {
     return [lose](PrefixSimulation::Config& c) {
       c.clock_faults = true;
@@ -225,8 +228,30 @@ TEST(PrefixFault, SuspendThatLosesTimeIsCaughtAudit6) {
       c.tokens = 2;  // few keys: a leased key is retired during a suspend more often
     };
   };
-  EXPECT_GE(Caught(4, 40000, suspends(true), "suspend loses time (audit #6)"), 3);
   EXPECT_EQ(Caught(2, 40000, suspends(false), "suspend counted"), 0);
+  const auto failures = Failures(4, 40000, suspends(true), "suspend loses time");
+  std::vector<std::string> known;
+  for (const std::string& f : failures) {
+    EXPECT_TRUE(OpenAuditFinding(f)) << f;
+    if (OpenAuditFinding(f)) known.push_back(f);
+  }
+  if (!known.empty() && known.size() == failures.size()) {
+    GTEST_SKIP() << known.size() << " seed(s) hit open audit finding #6 (fixed on branch "
+                 << "h-audit): " << known[0];
+  }
+}
+
+// The same suspends, with data used in place as long as the lease looks valid on the host's
+// clock, without validating after use: blocks reclaimed during the suspend are used after it.
+// Nothing the host does between the resume and its next call can notice the pause, so in-place
+// users must validate after use (docs/coherence.md, "Paused hosts").
+TEST(PrefixFault, ZeroCopyUseAcrossASuspendThatLosesTimeIsCaught) {
+  EXPECT_GE(Caught(4, 40000, [](PrefixSimulation::Config& c) {
+              c.clock_faults = true;
+              c.freeze_loses_time = true;
+              c.zero_copy_across_suspends = true;
+              c.tokens = 2;
+            }, "zero-copy across a suspend that loses time"), 3);
 }
 
 // Tearing, the real protocol: the same heavy tearing the no-CRC build is caught under (see
