@@ -255,6 +255,27 @@ TEST(PrefixFault, ZeroCopyUseAcrossASuspendThatLosesTimeIsCaught) {
             }, "zero-copy across a suspend that loses time"), 3);
 }
 
+// Owner fail-over (not a feature today): a dead owner replaced on another machine while the
+// old one lives on, its cache holding what the dead process left dirty. Those lines land
+// late, over what the new owner wrote: entries revert, blocks are published twice or after
+// their return. The protection is the same as for extents: the old machine's cache is written
+// back (or the machine reset) before the new owner opens; with it, fail-over is safe here.
+TEST(PrefixFault, OwnerFailoverWithoutTheOldMachinesWriteBackIsCaught) {
+  auto failover = [](bool writeback) {
+    return [writeback](PrefixSimulation::Config& c) {
+      c = PrefixSimulation::AllFaults(c.seed);
+      c.owner_crash_per_100k = 200;
+      c.owner_failover = true;
+      c.failover_writeback = writeback;
+      c.memory.late_land_per_mille = 1;
+    };
+  };
+  EXPECT_GE(Caught(6, 100000, failover(false), "fail-over, no write-back"), 2);
+  for (const std::string& f : Failures(3, 60000, failover(true), "fail-over after write-back")) {
+    EXPECT_TRUE(OpenAuditFinding(f)) << f;
+  }
+}
+
 // Tearing, the real protocol: the same heavy tearing the no-CRC build is caught under (see
 // TornLinesAreCaughtWithoutTheCrcCheck), with crashes of hosts and the owner, so that torn
 // lines also outlive their writers. Every torn line fails its CRC and is read again — except

@@ -81,6 +81,9 @@ class PrefixSimulation {
     // A crashed owner is replaced on another machine (a new view) while the old machine lives
     // on with the dead process's dirty lines (with memory.late_writeback they land later).
     bool owner_failover = false;
+    // With owner_failover: the old machine writes its whole cache back (its agent, or a
+    // reset that flushes) before the new owner opens — the protection fail-over needs.
+    bool failover_writeback = false;
     // Suspends: a pausing host (or the owner) has its clock frozen; on resume the clock jumps
     // by the frozen span (CLOCK_BOOTTIME) — or, with freeze_loses_time, does not
     // (CLOCK_MONOTONIC across S3, kvmclock across a VM stop: audit #6). Clock rates change
@@ -594,6 +597,7 @@ class PrefixSimulation {
     if (c_.owner_failover) {
       // Another machine takes over; the old one is alive (only the owner process died) and
       // its cache still holds what the process left dirty, to land at some later time.
+      if (c_.failover_writeback) owner_view_->WriteBackAll();
       retired_owner_views_.push_back(std::move(owner_view_));
       owner_view_ = media_.NewView(c_.evict_per_mille);
       HookOwnerView();

@@ -417,6 +417,17 @@ void SimMemory::HostView::DrainStoreBuffer() {
   while (!sb_.empty()) DrainOne();
 }
 
+void SimMemory::HostView::WriteBackAll() {
+  DrainStoreBuffer();
+  for (auto& [line, l] : lines_) {
+    if (l.dirty) {
+      WriteBack(line, l);
+      l.dirty = false;
+    }
+  }
+  media_.CompleteAll(this);
+}
+
 void SimMemory::HostView::Crash() {
   sb_.clear();  // stores not yet in the cache die with the host
   // Write-backs already on their way each land or are lost, older before newer.

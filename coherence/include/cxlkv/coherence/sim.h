@@ -162,6 +162,9 @@ class SimMemory::HostView final : public Mem {
   void Crash();
   // Drains the store buffer now (stores reach this cache, their clwbs are issued).
   void DrainStoreBuffer();
+  // Writes every dirty line back now and completes this host's write-backs in flight (a
+  // whole-cache write-back, wbinvd-like, e.g. by the machine's agent after its process died).
+  void WriteBackAll();
   // What this host would load after Invalidate, without touching anything: its buffered
   // stores, else its dirty lines, else its write-backs in flight, else memory (for a
   // simulation's invariant checks and diagnostics).
