@@ -247,12 +247,16 @@ TEST(PrefixFault, SuspendsThatLoseTimePassExceptOpenFindings) {
 // Nothing the host does between the resume and its next call can notice the pause, so in-place
 // users must validate after use (docs/coherence.md, "Paused hosts").
 TEST(PrefixFault, ZeroCopyUseAcrossASuspendThatLosesTimeIsCaught) {
-  EXPECT_GE(Caught(4, 40000, [](PrefixSimulation::Config& c) {
-              c.clock_faults = true;
-              c.freeze_loses_time = true;
-              c.zero_copy_across_suspends = true;
-              c.tokens = 2;
-            }, "zero-copy across a suspend that loses time"), 3);
+  EXPECT_GE(Caught(
+                4, 40000,
+                [](PrefixSimulation::Config& c) {
+                  c.clock_faults = true;
+                  c.freeze_loses_time = true;
+                  c.zero_copy_across_suspends = true;
+                  c.tokens = 2;
+                },
+                "zero-copy across a suspend that loses time"),
+            3);
 }
 
 // Owner fail-over (not a feature today): a dead owner replaced on another machine while the
@@ -282,13 +286,16 @@ TEST(PrefixFault, OwnerFailoverWithoutTheOldMachinesWriteBackIsCaught) {
 // where the protocol gives up on a line that stays torn: open audit findings #12 (a host's
 // own row) and #13 (an owner-written line at Open), skipped with their reason until fixed.
 TEST(PrefixFault, HeavyTearingPassesWithTheCrcCheck) {
-  const auto failures = Failures(4, 50000, [](PrefixSimulation::Config& c) {
-    c.memory.tear_per_mille = 200;
-    c.memory.async_writeback = true;
-    c.memory.writeback_progress_per_mille = 1000;
-    c.host_crash_per_100k = 200;
-    c.owner_crash_per_100k = 20;
-  }, "heavy tearing");
+  const auto failures = Failures(
+      4, 50000,
+      [](PrefixSimulation::Config& c) {
+        c.memory.tear_per_mille = 200;
+        c.memory.async_writeback = true;
+        c.memory.writeback_progress_per_mille = 1000;
+        c.host_crash_per_100k = 200;
+        c.owner_crash_per_100k = 20;
+      },
+      "heavy tearing");
   std::vector<std::string> known;
   for (const std::string& f : failures) {
     EXPECT_TRUE(OpenAuditFinding(f)) << f;
@@ -306,11 +313,14 @@ TEST(PrefixFault, HeavyTearingPassesWithTheCrcCheck) {
 // request replayed by the new owner hands back a block the index still publishes) shows up
 // here, attributed and skipped until fixed.
 TEST(PrefixFault, FrequentOwnerCrashesPassExceptOpenFindings) {
-  const auto failures = Failures(3, 60000, [](PrefixSimulation::Config& c) {
-    c = PrefixSimulation::AllFaults(c.seed);
-    c.owner_crash_per_100k = 200;
-    c.memory.late_land_per_mille = 1;
-  }, "frequent owner crashes");
+  const auto failures = Failures(
+      3, 60000,
+      [](PrefixSimulation::Config& c) {
+        c = PrefixSimulation::AllFaults(c.seed);
+        c.owner_crash_per_100k = 200;
+        c.memory.late_land_per_mille = 1;
+      },
+      "frequent owner crashes");
   std::vector<std::string> known;
   for (const std::string& f : failures) {
     EXPECT_TRUE(OpenAuditFinding(f)) << f;
@@ -335,12 +345,16 @@ TEST(PrefixFault, AcquireWithAnSfenceAfterTheLeaseRowIsStillSafe) {
   for (const bool chain : {false, true}) {
     EXPECT_FALSE(FreedUnderLease(StoreBuffer(false), 0, chain)) << "chain " << chain;
   }
-  EXPECT_EQ(Caught(3, 50000, [](PrefixSimulation::Config& c) {
-              const std::uint64_t seed = c.seed;
-              c = PrefixSimulation::AllFaults(seed);
-              c.geometry.grace_ms = 0;
-              c.memory.tear_per_mille = 0;  // tearing's open findings are another test's
-            }, "sfence after the lease row, grace 0"), 0);
+  EXPECT_EQ(Caught(
+                3, 50000,
+                [](PrefixSimulation::Config& c) {
+                  const std::uint64_t seed = c.seed;
+                  c = PrefixSimulation::AllFaults(seed);
+                  c.geometry.grace_ms = 0;
+                  c.memory.tear_per_mille = 0;  // tearing's open findings are another test's
+                },
+                "sfence after the lease row, grace 0"),
+            0);
 }
 #endif
 
@@ -348,9 +362,12 @@ TEST(PrefixFault, AcquireWithAnSfenceAfterTheLeaseRowIsStillSafe) {
 // The protocol compiled with the lease row's flush removed: the owner cannot see the lease,
 // reclaims the block, and a host is found using it under a lease it still believes valid.
 TEST(PrefixFault, SimulatorCatchesAMissingLeaseFlush) {
-  const int caught = Caught(5, 200000, [](PrefixSimulation::Config& c) {
-    c.evict_per_mille = 5;  // caches rarely write the row back on their own
-  }, "no lease-row flush");
+  const int caught = Caught(
+      5, 200000,
+      [](PrefixSimulation::Config& c) {
+        c.evict_per_mille = 5;  // caches rarely write the row back on their own
+      },
+      "no lease-row flush");
   EXPECT_GE(caught, 3) << "the simulator must expose the missing flush for most seeds";
 }
 #endif
@@ -368,7 +385,9 @@ TEST(PrefixFault, TornLinesAreCaughtWithoutTheCrcCheck) {
   };
   EXPECT_GE(Caught(6, 100000, tearing, "no CRC check"), 4);
   // The same protocol without tearing is not caught: the CRC check is what tearing needs.
-  EXPECT_EQ(Caught(2, 30000, [](PrefixSimulation::Config&) {}, "no CRC check, no tearing"), 0);
+  EXPECT_EQ(Caught(
+                2, 30000, [](PrefixSimulation::Config&) {}, "no CRC check, no tearing"),
+            0);
 }
 #endif
 
@@ -381,7 +400,9 @@ TEST(PrefixFault, OwnerCrashReplaysAreCaughtWithoutTheDuplicateCheck) {
   auto crashes = [](PrefixSimulation::Config& c) { c.owner_crash_per_100k = 200; };
   EXPECT_GE(Caught(6, 100000, crashes, "no duplicate-ref check, owner crashes"), 4);
   // Without owner crashes nothing replays a request, and the same protocol passes.
-  EXPECT_EQ(Caught(2, 30000, [](PrefixSimulation::Config&) {}, "no duplicate-ref check"), 0);
+  EXPECT_EQ(Caught(
+                2, 30000, [](PrefixSimulation::Config&) {}, "no duplicate-ref check"),
+            0);
 }
 #endif
 

@@ -43,9 +43,13 @@ using namespace cxlkv::coherence;
 // came with them: the host's pause detection (with the fixes of #6, #12 and #17) and the
 // owner's quarantine of torn entries (with those of #1, #2, #7 and #13).
 template <typename H>
-constexpr bool kHostHasAuditFixes = requires(const H& h) { h.pauses_detected(); };
+constexpr bool kHostHasAuditFixes = requires(const H& h) {
+  h.pauses_detected();
+};
 template <typename S>
-constexpr bool kOwnerHasAuditFixes = requires(const S& s) { s.quarantined; };
+constexpr bool kOwnerHasAuditFixes = requires(const S& s) {
+  s.quarantined;
+};
 
 // A violation the simulation attributes to an open finding of the correctness audit
 // (/work/shared/reference/audit.md) by a condition it observed, not by guess: a block handed
@@ -162,8 +166,8 @@ class PrefixSimulation {
       Host host;
       host.view = media_.NewView(c.evict_per_mille);
       std::uniform_real_distribution<double> rate(0.99, 1.01);
-      host.clock = std::make_unique<SimClock>(&now_, static_cast<std::int64_t>(rng_() % 100000),
-                                              rate(rng_));
+      host.clock =
+          std::make_unique<SimClock>(&now_, static_cast<std::int64_t>(rng_() % 100000), rate(rng_));
       host.view->set_on_fence([this, h] {
         Preempt(h);
         CrashPoint(h);
@@ -230,8 +234,7 @@ class PrefixSimulation {
       HostRow row;
       OwnerHostLine line;
       media_.ReadMedia(HostRowOff(h), &row, sizeof(row));
-      media_.ReadMedia(header_.owner_area_offset + std::uint64_t{h} * kLine, &line,
-                       sizeof(line));
+      media_.ReadMedia(header_.owner_area_offset + std::uint64_t{h} * kLine, &line, sizeof(line));
       if (LineValid(row) && row.ring_tail > line.ring_head) {
         Violation("host " + std::to_string(h) + " is live but " +
                   std::to_string(row.ring_tail - line.ring_head) +
@@ -244,8 +247,8 @@ class PrefixSimulation {
     for (const auto& [ns, keys] : published_keys_) {
       for (const auto& [lo, hi] : keys) (void)owner_->RetireKey(ns, PrefixKey{lo, hi});
     }
-    const std::int64_t wait = 3 * (c_.geometry.lease_ttl_ms + c_.geometry.host_ttl_ms +
-                                   c_.geometry.grace_ms);
+    const std::int64_t wait =
+        3 * (c_.geometry.lease_ttl_ms + c_.geometry.host_ttl_ms + c_.geometry.grace_ms);
     for (std::int64_t t = 0; t < wait && failure_.empty(); t += 5) {
       Advance(5);
       media_.Tick();
@@ -290,16 +293,15 @@ class PrefixSimulation {
       OwnerHostLine line;
       media_.ReadMedia(header_.owner_area_offset + std::uint64_t{e.publisher} * kLine, &line,
                        sizeof(line));
-      why += " [entry " + std::to_string(i) + " state " + std::to_string(e.state) +
-             ", publisher " + std::to_string(e.publisher) +
+      why += " [entry " + std::to_string(i) + " state " + std::to_string(e.state) + ", publisher " +
+             std::to_string(e.publisher) +
              (LineValid(row) ? "" : " whose host row is torn for good (a dead writer)") +
              ", its returns acknowledged " + std::to_string(row.return_head) + " of " +
              std::to_string(line.return_tail) + "]" +
              (e.publisher < hosts_.size() ? Audit12Note(hosts_[e.publisher]) : "");
     }
     if (left != 0 && failure_.empty()) {
-      Violation(std::to_string(left) + " entries never reclaimed after every host stopped:" +
-                why);
+      Violation(std::to_string(left) + " entries never reclaimed after every host stopped:" + why);
     }
     return failure_.empty();
   }
@@ -328,7 +330,9 @@ class PrefixSimulation {
     return (std::uint64_t{e} << 56) | (std::uint64_t{epoch & 0xFFFFFF} << 32) | k;
   }
   static std::uint32_t ExtentOf(BlockId id) { return static_cast<std::uint32_t>(id >> 56); }
-  static std::uint32_t EpochOf(BlockId id) { return static_cast<std::uint32_t>(id >> 32) & 0xFFFFFF; }
+  static std::uint32_t EpochOf(BlockId id) {
+    return static_cast<std::uint32_t>(id >> 32) & 0xFFFFFF;
+  }
   static std::uint32_t IndexOf(BlockId id) { return static_cast<std::uint32_t>(id); }
   struct ActorCrash {
     std::uint32_t actor;
@@ -340,14 +344,14 @@ class PrefixSimulation {
     std::vector<Lease> leases;
     std::int64_t paused_until = 0;
     std::int64_t paused_from = 0;
-    bool suspended = false;          // clock frozen while paused
-    std::int64_t lost_ms = 0;        // time its clock lost in suspends (freeze_loses_time)
-    std::int32_t extent = -1;        // held extent, or -1
-    std::int32_t draft = -1;         // block written in it but not published yet, or -1
+    bool suspended = false;    // clock frozen while paused
+    std::int64_t lost_ms = 0;  // time its clock lost in suspends (freeze_loses_time)
+    std::int32_t extent = -1;  // held extent, or -1
+    std::int32_t draft = -1;   // block written in it but not published yet, or -1
     bool down = false;
-    bool publishing = false;  // inside Publish
-    std::uint64_t incarnation = 0;  // the last one that joined
-    bool reused_incarnation = false;  // a rejoin that did not move past the last incarnation
+    bool publishing = false;            // inside Publish
+    std::uint64_t incarnation = 0;      // the last one that joined
+    bool reused_incarnation = false;    // a rejoin that did not move past the last incarnation
     bool joined_over_torn_row = false;  // a rejoin that found its own host row torn
     // Leases are promised while the clock runs: one held across a suspend that lost time is
     // not (the protocol may notice the pause only at its next call), until acquired or
@@ -375,9 +379,9 @@ class PrefixSimulation {
   };
   // Ground truth about a block.
   struct BlockTruth {
-    bool in_domain = false;  // published (persisted, request posted) and not handed back yet
-    bool persisted = false;  // its publisher committed it (else a crash freed it at restart)
-    bool dup_ok = false;     // handed back before an owner crash: may come back once more
+    bool in_domain = false;         // published (persisted, request posted) and not handed back yet
+    bool persisted = false;         // its publisher committed it (else a crash freed it at restart)
+    bool dup_ok = false;            // handed back before an owner crash: may come back once more
     std::uint64_t incarnation = 0;  // of its publisher when it published it
     bool returned_to_later_incarnation = false;
   };
@@ -816,8 +820,7 @@ class PrefixSimulation {
       t.returned_to_later_incarnation = true;
     }
     if (!t.persisted) return;  // a dead publisher's request, never committed: its free ignores it
-    const auto again =
-        std::find(host.may_come_again.begin(), host.may_come_again.end(), IdOf(r));
+    const auto again = std::find(host.may_come_again.begin(), host.may_come_again.end(), IdOf(r));
     if (!t.in_domain && again != host.may_come_again.end()) {
       host.may_come_again.erase(again);  // handed out before a crash, not acknowledged
       return;
@@ -951,23 +954,22 @@ class PrefixSimulation {
     if (!host.prefix->ValidateAfterCopy(l).ok()) return;
     ++events_.copies_checked;
     if (it == truth_.end() || !it->second.in_domain) {
-      Violation("host " + std::to_string(h) + " validated a copy of block " +
-                std::to_string(k) + " of extent " + std::to_string(e) +
-                " after it was reclaimed" + ClockNote(host));
+      Violation("host " + std::to_string(h) + " validated a copy of block " + std::to_string(k) +
+                " of extent " + std::to_string(e) + " after it was reclaimed" + ClockNote(host));
       return;
     }
     Pattern(IdOf(l.ref), want);
     if (std::memcmp(got, want, kBlockBytes) != 0) {
-      Violation("host " + std::to_string(h) + " copied block " + std::to_string(k) +
-                " of extent " + std::to_string(e) +
+      Violation("host " + std::to_string(h) + " copied block " + std::to_string(k) + " of extent " +
+                std::to_string(e) +
                 " under a lease that validated, and the data is not the block's");
     }
   }
 
   static std::string Name(const BlockRef& r) {
     const BlockId id = IdOf(r);
-    return std::to_string(IndexOf(id)) + " of extent " + std::to_string(ExtentOf(id)) +
-           " epoch " + std::to_string(EpochOf(id));
+    return std::to_string(IndexOf(id)) + " of extent " + std::to_string(ExtentOf(id)) + " epoch " +
+           std::to_string(EpochOf(id));
   }
 
   static std::string Audit12Note(const Host& host) {

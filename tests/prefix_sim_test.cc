@@ -6,11 +6,12 @@
 // on every copy; invariants after every step; then every host stops and everything must be
 // reclaimed. CXLKV_SIM_STEPS sets the length (the stress label runs 10^6 steps), CXLKV_SEED
 // the seed (printed; replay a failure with it).
+#include "prefix_sim.h"
+
 #include <cstdio>
 #include <cstdlib>
 
 #include "gtest/gtest.h"
-#include "prefix_sim.h"
 #include "test_util.h"
 
 namespace cxlkv::testing {
@@ -27,22 +28,24 @@ void Report(std::uint64_t seed, const PrefixSimulation& sim) {
   const auto st = sim.owner_stats();
   const auto& ev = sim.events();
   const auto& mem = sim.memory_stats();
-  std::printf("simulation seed=%llu steps=%llu: published %llu, duplicates %llu, retired %llu, "
-              "reclaimed %llu, evicted %llu, fenced %llu, uses %llu, preemptions %llu\n",
-              U(seed), U(sim.steps_run()), U(st.published), U(st.duplicates), U(st.retired),
-              U(st.reclaimed), U(st.evicted), U(st.hosts_fenced), U(sim.uses()),
-              U(sim.preemptions()));
-  std::printf("  store buffer: %llu fills missed a store buffered on another host; %llu loads "
-              "ran past own buffered stores, %llu forwarded\n",
-              U(mem.missed_buffered), U(mem.reordered_loads), U(mem.forwarded_loads));
+  std::printf(
+      "simulation seed=%llu steps=%llu: published %llu, duplicates %llu, retired %llu, "
+      "reclaimed %llu, evicted %llu, fenced %llu, uses %llu, preemptions %llu\n",
+      U(seed), U(sim.steps_run()), U(st.published), U(st.duplicates), U(st.retired),
+      U(st.reclaimed), U(st.evicted), U(st.hosts_fenced), U(sim.uses()), U(sim.preemptions()));
+  std::printf(
+      "  store buffer: %llu fills missed a store buffered on another host; %llu loads "
+      "ran past own buffered stores, %llu forwarded\n",
+      U(mem.missed_buffered), U(mem.reordered_loads), U(mem.forwarded_loads));
   std::printf("  tearing: %llu torn stores, %llu partial write-backs\n", U(mem.torn_stores),
               U(mem.partial_writebacks));
   std::printf("  late write-back: %llu lines landed after their host died, %llu lost\n",
               U(mem.late_lines), U(mem.lost_lines));
-  std::printf("  crashes: %llu between calls, %llu inside calls (%llu inside Publish), "
-              "owner %llu (opened %llu times)\n",
-              U(ev.host_crashes), U(ev.host_crashes_in_call), U(ev.publishes_crashed),
-              U(ev.owner_crashes), U(ev.owner_opens));
+  std::printf(
+      "  crashes: %llu between calls, %llu inside calls (%llu inside Publish), "
+      "owner %llu (opened %llu times)\n",
+      U(ev.host_crashes), U(ev.host_crashes_in_call), U(ev.publishes_crashed), U(ev.owner_crashes),
+      U(ev.owner_opens));
   std::printf("  clocks: %llu host suspends, %llu owner suspends, %llu rate changes\n",
               U(ev.suspends), U(ev.owner_suspends), U(ev.rate_changes));
   std::printf("  extents: %llu given away, %llu lent to another host; %llu copies checked\n",

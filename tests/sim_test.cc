@@ -2,10 +2,11 @@
 // buffers, asynchronous and torn write-backs, late write-back after a crash, and clocks that
 // freeze, jump and drift. Each test shows the behaviour the class adds and that it is off by
 // default.
+#include "cxlkv/coherence/sim.h"
+
 #include <cstdint>
 #include <cstring>
 
-#include "cxlkv/coherence/sim.h"
 #include "gtest/gtest.h"
 
 namespace cxlkv::coherence {

@@ -11,7 +11,8 @@ constexpr std::uint8_t kAllWords = 0xFF;
 // Bit w set for every 8-byte word of a line that bytes [in, in + len) touch.
 std::uint8_t WordsOf(std::size_t in, std::size_t len) {
   std::uint8_t m = 0;
-  for (std::size_t w = in / 8; w <= (in + len - 1) / 8; ++w) m |= static_cast<std::uint8_t>(1u << w);
+  for (std::size_t w = in / 8; w <= (in + len - 1) / 8; ++w)
+    m |= static_cast<std::uint8_t>(1u << w);
   return m;
 }
 }  // namespace

@@ -254,8 +254,8 @@ class SimClock final : public Clock {
  private:
   std::int64_t Reading() const {
     if (frozen_) return offset_ms_;
-    return offset_ms_ + static_cast<std::int64_t>(static_cast<double>(*global_ms_ - base_ms_) *
-                                                  rate_);
+    return offset_ms_ +
+           static_cast<std::int64_t>(static_cast<double>(*global_ms_ - base_ms_) * rate_);
   }
   void Rebase() {
     if (frozen_) return;
