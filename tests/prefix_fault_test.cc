@@ -1,7 +1,19 @@
-// The protocol compiled with one flush removed (the lease row's, CXLKV_FAULT_DROP_LEASE_FLUSH)
-// must be caught by the non-coherent simulator: the owner cannot see the lease, reclaims the
-// block, and a host is found using it under a lease it still believes valid.
+// Each failure class of the non-coherence simulator against the protection that meets it: the
+// protocol (or its caller) with that protection removed must fail under the class, and the
+// real protocol must not (tests/prefix_sim_test.cc runs it under every class at once).
+//
+// This file builds several binaries (tests/CMakeLists.txt): prefix_fault_test runs the real
+// protocol with faults injected at run time (a Mem whose mfence is an sfence, a give-away path
+// without write-back, a commit after the announcement, clocks that lose a suspend, too small
+// a margin); prefix_fault_<name>_test links a copy of the protocol compiled with one
+// CXLKV_FAULT_* switch (coherence/src), and runs only the test for that switch: lease_flush
+// (no flush of the lease row), crc (no CRC check on shared lines), dup_ref (no refusal of a
+// PUBLISH naming a block already named), and acquire_sfence (an sfence after the lease rows:
+// shown to stay safe, the one weakening here that is not a bug).
 #include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "prefix_sim.h"
@@ -9,21 +21,390 @@
 namespace cxlkv::testing {
 namespace {
 
-TEST(PrefixFault, SimulatorCatchesAMissingLeaseFlush) {
-  int caught = 0;
-  for (std::uint64_t seed = 1; seed <= 5; ++seed) {
+unsigned long long U(std::uint64_t v) { return static_cast<unsigned long long>(v); }
+
+// Runs the simulation over seeds 1..n with `tweak` applied to the config, then drains it (every
+// live host's requests applied, every entry reclaimed once the hosts stop); returns the
+// violations found (one per seed at most, each printed).
+std::vector<std::string> Failures(int n, std::uint64_t steps,
+                                  const std::function<void(PrefixSimulation::Config&)>& tweak,
+                                  const char* what) {
+  std::vector<std::string> failures;
+  for (std::uint64_t seed = 1; seed <= static_cast<std::uint64_t>(n); ++seed) {
     PrefixSimulation::Config c;
     c.seed = seed;
-    c.evict_per_mille = 5;  // caches rarely write the row back on their own
+    tweak(c);
     PrefixSimulation sim(c);
-    if (!sim.Run(200000)) {
-      ++caught;
-      std::printf("seed %llu: caught: %s\n", static_cast<unsigned long long>(seed),
-                  sim.failure().c_str());
+    if (!sim.Run(steps) || !sim.Drain()) {
+      failures.push_back(sim.failure());
+      std::printf("%s, seed %llu: caught: %s\n", what, U(seed), sim.failure().c_str());
     }
   }
+  return failures;
+}
+
+int Caught(int n, std::uint64_t steps, const std::function<void(PrefixSimulation::Config&)>& tweak,
+           const char* what) {
+  return static_cast<int>(Failures(n, steps, tweak, what).size());
+}
+
+#if !defined(CXLKV_FAULT_DROP_LEASE_FLUSH) && !defined(CXLKV_FAULT_NO_CRC_CHECK) && \
+    !defined(CXLKV_FAULT_NO_DUP_REF_CHECK) && !defined(CXLKV_FAULT_ACQUIRE_SFENCE)
+#define CXLKV_REAL_PROTOCOL 1
+#endif
+
+#if defined(CXLKV_REAL_PROTOCOL) || defined(CXLKV_FAULT_ACQUIRE_SFENCE)
+// A publisher and a reader around one published block, each step taken by hand.
+struct World {
+  World(const DomainGeometry& geometry, const SimOptions& options, std::uint32_t margin_ms = 0)
+      : g(geometry), media(DomainBytes(g), 42, options) {
+    ov = media.NewView(0);
+    v0 = media.NewView(0);
+    v1 = media.NewView(0);
+    EXPECT_TRUE(FormatDomain(*ov, g).ok());
+    media.Settle();
+    owner = std::move(*PrefixOwner::Open(*ov, oc));
+    PrefixHost::Options o;
+    o.margin_ms = margin_ms;
+    publisher = std::move(*PrefixHost::Join(*v0, c0, 0, o));
+    reader = std::move(*PrefixHost::Join(*v1, c1, 1, o));
+    for (int i = 0; i < 3; ++i) Beat();
+    const std::uint32_t token = 1;
+    key = ChainKey(ns, PrefixKey{}, std::span(&token, 1));
+    block.arena[0] = 1;
+    block.index = 7;
+    block.generation = 1;
+    EXPECT_TRUE(publisher->Publish(ns, key, PrefixKey{}, block).ok());
+    Pass(10);
+    owner->Step();
+    Pass(10);
+  }
+  // Time passes: store buffers drain and write-backs complete (as they do in nanoseconds).
+  void Pass(std::int64_t ms) {
+    now += ms;
+    media.Settle();
+  }
+  void Beat() {
+    EXPECT_TRUE(publisher->Heartbeat(nullptr).ok());
+    EXPECT_TRUE(reader->Heartbeat(nullptr).ok());
+    Pass(10);
+    owner->Step();
+    Pass(10);
+  }
+
+  DomainGeometry g;
+  SimMemory media;
+  std::int64_t now = 0;
+  std::unique_ptr<SimMemory::HostView> ov, v0, v1;
+  SimClock oc{&now, 0, 1.0}, c0{&now, 0, 1.0}, c1{&now, 0, 1.0};
+  std::unique_ptr<PrefixOwner> owner;
+  std::unique_ptr<PrefixHost> publisher, reader;
+  Namespace ns = MakeNamespace("t", "m", "l");
+  PrefixKey key;
+  BlockRef block{};
+};
+
+// The reader leases the block (one Acquire, or AcquireChain), the owner retires it and, after
+// `grace_ms`, reclaims: true if it freed the block while the reader's lease was valid.
+bool FreedUnderLease(const SimOptions& o, std::uint32_t grace_ms, bool chain) {
+  World w(DomainGeometry{2, 16, 4, 4, 400, 4000, grace_ms}, o);
+  std::vector<Lease> leases;
+  if (chain) {
+    auto n = w.reader->AcquireChain(w.ns, std::span(&w.key, 1), &leases);
+    EXPECT_TRUE(n.ok() && *n == 1) << n.status();
+  } else {
+    auto lease = w.reader->LookupAndAcquire(w.ns, w.key);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    if (lease.ok()) leases.push_back(*lease);
+  }
+  if (leases.empty()) return false;
+  EXPECT_TRUE(w.owner->RetireKey(w.ns, w.key).ok());
+  if (grace_ms > 0) w.Pass(grace_ms);
+  const std::uint32_t freed = w.owner->Reclaim();
+  return freed > 0 && w.c1.NowMs() <= leases[0].deadline_ms;
+}
+
+SimOptions StoreBuffer(bool weak_full_fence) {
+  SimOptions o;
+  o.store_buffer = true;
+  o.store_drain_per_mille = 0;  // nothing drains on its own: the widest window
+  o.fault_full_fence_is_sfence = weak_full_fence;
+  return o;
+}
+#endif
+
+#ifdef CXLKV_REAL_PROTOCOL
+
+// Store buffer. Acquire is Dekker's pattern against retire-then-scan: the reader stores its
+// lease row and loads the entry; the owner stores RETIRED and (after grace) loads the rows.
+// Two things each keep them apart: a full fence between each side's store and load (the
+// reader has two: WriteLeaseRow's, and the one Invalidate ends with before the re-read), and
+// the grace period, during which any store buffer drains. With both gone — every mfence an
+// sfence, grace 0 — the reader's row is still in its store buffer when the owner scans, and
+// the block is freed under a lease. The simulator without a store buffer cannot tell.
+TEST(PrefixFault, StoreBufferCatchesAnMfenceThatIsOnlyAnSfence) {
+  SimOptions weak_no_sb;
+  weak_no_sb.fault_full_fence_is_sfence = true;
+  for (const bool chain : {false, true}) {
+    EXPECT_TRUE(FreedUnderLease(StoreBuffer(true), 0, chain))
+        << "an sfence where an mfence belongs must be caught (chain " << chain << ")";
+    EXPECT_FALSE(FreedUnderLease(StoreBuffer(false), 0, chain)) << "the real protocol";
+    EXPECT_FALSE(FreedUnderLease(weak_no_sb, 0, chain))
+        << "no store buffer: the simulator cannot tell the fences apart";
+    EXPECT_FALSE(FreedUnderLease(StoreBuffer(true), 40, chain)) << "grace alone keeps them apart";
+  }
+}
+
+// Late write-back + extents changing hands: a host that gives an extent away without writing
+// it back leaves dirty lines (a block it was still filling) that reach memory after the next
+// holder wrote its own blocks there: readers copy wrong data under leases that validate.
+// The give-away path that writes back and fences is safe under the same seeds.
+TEST(PrefixFault, ExtentGivenAwayWithoutWriteBackIsCaught) {
+  auto handoff = [](bool writeback) {
+    return [writeback](PrefixSimulation::Config& c) {
+      c.extent_handoff = true;
+      c.giveaway_per_mille = 100;
+      c.giveaway_writeback = writeback;
+      c.memory.late_writeback = true;
+    };
+  };
+  EXPECT_GE(Caught(5, 50000, handoff(false), "give-away without write-back"), 4)
+      << "the simulator must expose a give-away path that does not write back";
+  EXPECT_EQ(Caught(3, 30000, handoff(true), "give-away with write-back"), 0);
+}
+
+// Crashes inside the publish path: Publish's `commit` (persist the block) runs after the
+// request is durable and before it is announced. A caller that persists only after Publish
+// returned loses, at a crash in between, a block the owner then publishes: the restarted
+// publisher never persisted it and frees it.
+TEST(PrefixFault, CommitAfterTheAnnouncementIsCaughtByCrashesMidPublish) {
+  auto crashes = [](bool late_commit) {
+    return [late_commit](PrefixSimulation::Config& c) {
+      c.host_crash_per_100k = 2000;
+      c.commit_after_publish = late_commit;
+    };
+  };
+  EXPECT_GE(Caught(5, 20000, crashes(true), "commit after the announcement"), 4);
+  EXPECT_EQ(Caught(5, 20000, crashes(false), "commit inside Publish"), 0);
+}
+
+// Clock drift: a lease ends `margin` before lease_ttl on the host's clock, which must cover
+// the drift between the host's and the owner's clocks over a TTL. Host at 0.95, owner at
+// 1.05 (10% apart: 40 ms over a 400 ms TTL): a 1 ms margin lets the owner free the block
+// while the host's deadline is still ahead; the default 100 ms does not.
+TEST(PrefixFault, DriftBeyondTheMarginIsCaught) {
+  auto freed_under_lease = [](std::uint32_t margin_ms) {
+    World w(DomainGeometry{2, 16, 4, 4, 400, 100000, 0}, SimOptions{}, margin_ms);
+    w.c1.set_rate(0.95);
+    w.oc.set_rate(1.05);
+    auto lease = w.reader->LookupAndAcquire(w.ns, w.key);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    if (!lease.ok()) return false;
+    EXPECT_TRUE(w.owner->RetireKey(w.ns, w.key).ok());
+    bool violated = false;
+    for (int t = 0; t < 600 && !violated; ++t) {
+      w.Pass(1);
+      const bool freed = w.owner->Reclaim() > 0 || w.owner->retired_entries() == 0;
+      violated = freed && w.c1.NowMs() <= lease->deadline_ms;
+      if (freed) break;
+    }
+    return violated;
+  };
+  EXPECT_TRUE(freed_under_lease(1)) << "a margin below the drift must be caught";
+  EXPECT_FALSE(freed_under_lease(0)) << "the default margin (lease_ttl / 4)";
+}
+
+// Suspends. With clocks that count the suspended time (CLOCK_BOOTTIME) the protocol is safe.
+// With clocks that lose it (CLOCK_MONOTONIC across S3, kvmclock across a VM stop) a host wakes
+// with leases that look valid on blocks the owner reclaimed meanwhile: audit #6. The host must
+// notice the pause at its next acquire, renew or heartbeat (docs/coherence.md, "Paused hosts");
+// leases held across the pause are promised again only once acquired or renewed after it, and
+// a copy only once ValidateAfterCopy passed. A violation of that is attributed to #6 and
+// skipped until the fix is in.
+TEST(PrefixFault, SuspendsThatLoseTimePassExceptOpenFindings) {
+  auto suspends = [](bool lose) {
+    return [lose](PrefixSimulation::Config& c) {
+      c.clock_faults = true;
+      c.freeze_loses_time = lose;
+      c.tokens = 2;  // few keys: a leased key is retired during a suspend more often
+    };
+  };
+  EXPECT_EQ(Caught(1, 40000, suspends(false), "suspend counted"), 0);
+  const auto failures = Failures(3, 40000, suspends(true), "suspend loses time");
+  std::vector<std::string> known;
+  for (const std::string& f : failures) {
+    EXPECT_TRUE(OpenAuditFinding(f)) << f;
+    if (OpenAuditFinding(f)) known.push_back(f);
+  }
+  if (!known.empty() && known.size() == failures.size()) {
+    GTEST_SKIP() << known.size() << " seed(s) hit open audit finding #6 (fixed on branch "
+                 << "h-audit): " << known[0];
+  }
+}
+
+// The same suspends, with data used in place as long as the lease looks valid on the host's
+// clock, without validating after use: blocks reclaimed during the suspend are used after it.
+// Nothing the host does between the resume and its next call can notice the pause, so in-place
+// users must validate after use (docs/coherence.md, "Paused hosts").
+TEST(PrefixFault, ZeroCopyUseAcrossASuspendThatLosesTimeIsCaught) {
+  EXPECT_GE(Caught(
+                4, 40000,
+                [](PrefixSimulation::Config& c) {
+                  c.clock_faults = true;
+                  c.freeze_loses_time = true;
+                  c.zero_copy_across_suspends = true;
+                  c.tokens = 2;
+                },
+                "zero-copy across a suspend that loses time"),
+            3);
+}
+
+// Owner fail-over (not a feature today): a dead owner replaced on another machine while the
+// old one lives on, its cache holding what the dead process left dirty. Those lines land
+// late, over what the new owner wrote: entries revert, blocks are published twice or after
+// their return. The protection is the same as for extents: the old machine's cache is written
+// back (or the machine reset) before the new owner opens; with it, fail-over is safe here.
+TEST(PrefixFault, OwnerFailoverWithoutTheOldMachinesWriteBackIsCaught) {
+  auto failover = [](bool writeback) {
+    return [writeback](PrefixSimulation::Config& c) {
+      c = PrefixSimulation::AllFaults(c.seed);
+      c.owner_crash_per_100k = 200;
+      c.owner_failover = true;
+      c.failover_writeback = writeback;
+      c.memory.late_land_per_mille = 1;
+    };
+  };
+  EXPECT_GE(Caught(6, 100000, failover(false), "fail-over, no write-back"), 2);
+  for (const std::string& f : Failures(3, 60000, failover(true), "fail-over after write-back")) {
+    EXPECT_TRUE(OpenAuditFinding(f)) << f;
+  }
+}
+
+// Tearing, the real protocol: the same heavy tearing the no-CRC build is caught under (see
+// TornLinesAreCaughtWithoutTheCrcCheck), with crashes of hosts and the owner, so that torn
+// lines also outlive their writers. Every torn line fails its CRC and is read again — except
+// where the protocol gives up on a line that stays torn: open audit findings #12 (a host's
+// own row) and #13 (an owner-written line at Open), skipped with their reason until fixed.
+TEST(PrefixFault, HeavyTearingPassesWithTheCrcCheck) {
+  const auto failures = Failures(
+      4, 50000,
+      [](PrefixSimulation::Config& c) {
+        c.memory.tear_per_mille = 200;
+        c.memory.async_writeback = true;
+        c.memory.writeback_progress_per_mille = 1000;
+        c.host_crash_per_100k = 200;
+        c.owner_crash_per_100k = 20;
+      },
+      "heavy tearing");
+  std::vector<std::string> known;
+  for (const std::string& f : failures) {
+    EXPECT_TRUE(OpenAuditFinding(f)) << f;
+    if (OpenAuditFinding(f)) known.push_back(f);
+  }
+  if (!known.empty() && known.size() == failures.size()) {
+    GTEST_SKIP() << known.size() << " seed(s) hit open audit findings (fixed on branch "
+                 << "h-audit): " << known[0];
+  }
+}
+
+// Owner crashes, the real protocol: a new owner opens the same media after the old one died
+// between any two of its stores. Every failure class on, the owner crashing some 500 times
+// per 10^5 steps, its dirty lines landing late. Open audit finding #2 (a stale incarnation's
+// request replayed by the new owner hands back a block the index still publishes) shows up
+// here, attributed and skipped until fixed.
+TEST(PrefixFault, FrequentOwnerCrashesPassExceptOpenFindings) {
+  const auto failures = Failures(
+      3, 60000,
+      [](PrefixSimulation::Config& c) {
+        c = PrefixSimulation::AllFaults(c.seed);
+        c.owner_crash_per_100k = 200;
+        c.memory.late_land_per_mille = 1;
+      },
+      "frequent owner crashes");
+  std::vector<std::string> known;
+  for (const std::string& f : failures) {
+    EXPECT_TRUE(OpenAuditFinding(f)) << f;
+    if (OpenAuditFinding(f)) known.push_back(f);
+  }
+  if (!known.empty() && known.size() == failures.size()) {
+    GTEST_SKIP() << known.size() << " seed(s) hit open audit findings (fixed on branch "
+                 << "h-audit): " << known[0];
+  }
+}
+
+#endif  // CXLKV_REAL_PROTOCOL
+
+#ifdef CXLKV_FAULT_ACQUIRE_SFENCE
+// The protocol compiled with an sfence, not an mfence, after the lease rows of Acquire and
+// AcquireChain (and Renew). It stays safe under the store buffer even with grace 0: the
+// Invalidate before the re-read of the entry ends with an mfence of its own, which drains the
+// buffer before that load (and the grace period covers the rest). So that explicit mfence is
+// not load-bearing for Acquire; Renew's second look, which reads a clock rather than memory,
+// is covered by the margin.
+TEST(PrefixFault, AcquireWithAnSfenceAfterTheLeaseRowIsStillSafe) {
+  for (const bool chain : {false, true}) {
+    EXPECT_FALSE(FreedUnderLease(StoreBuffer(false), 0, chain)) << "chain " << chain;
+  }
+  EXPECT_EQ(Caught(
+                3, 50000,
+                [](PrefixSimulation::Config& c) {
+                  const std::uint64_t seed = c.seed;
+                  c = PrefixSimulation::AllFaults(seed);
+                  c.geometry.grace_ms = 0;
+                  c.memory.tear_per_mille = 0;  // tearing's open findings are another test's
+                },
+                "sfence after the lease row, grace 0"),
+            0);
+}
+#endif
+
+#ifdef CXLKV_FAULT_DROP_LEASE_FLUSH
+// The protocol compiled with the lease row's flush removed: the owner cannot see the lease,
+// reclaims the block, and a host is found using it under a lease it still believes valid.
+TEST(PrefixFault, SimulatorCatchesAMissingLeaseFlush) {
+  const int caught = Caught(
+      5, 200000,
+      [](PrefixSimulation::Config& c) {
+        c.evict_per_mille = 5;  // caches rarely write the row back on their own
+      },
+      "no lease-row flush");
   EXPECT_GE(caught, 3) << "the simulator must expose the missing flush for most seeds";
 }
+#endif
+
+#ifdef CXLKV_FAULT_NO_CRC_CHECK
+// Tearing: the protocol compiled to accept a shared line without checking its CRC (no retry
+// of a torn read). Torn stores and write-backs landing in parts then hand readers lines that
+// mix two versions (a new key with an old block, a request slot whose second line is stale).
+TEST(PrefixFault, TornLinesAreCaughtWithoutTheCrcCheck) {
+  auto tearing = [](PrefixSimulation::Config& c) {
+    c.memory.tear_per_mille = 200;
+    c.memory.async_writeback = true;
+    c.memory.writeback_progress_per_mille = 1000;
+    c.host_crash_per_100k = 200;
+  };
+  EXPECT_GE(Caught(6, 100000, tearing, "no CRC check"), 4);
+  // The same protocol without tearing is not caught: the CRC check is what tearing needs.
+  EXPECT_EQ(Caught(
+                2, 30000, [](PrefixSimulation::Config&) {}, "no CRC check, no tearing"),
+            0);
+}
+#endif
+
+#ifdef CXLKV_FAULT_NO_DUP_REF_CHECK
+// Owner crashes: the protocol compiled without the owner's refusal of a PUBLISH naming a
+// block already in the index. A new owner replays requests its crashed predecessor applied but
+// did not acknowledge (the entry was written, ring_head was not); without the refusal the
+// replay finds the key published and hands the block back while the entry still names it.
+TEST(PrefixFault, OwnerCrashReplaysAreCaughtWithoutTheDuplicateCheck) {
+  auto crashes = [](PrefixSimulation::Config& c) { c.owner_crash_per_100k = 200; };
+  EXPECT_GE(Caught(6, 100000, crashes, "no duplicate-ref check, owner crashes"), 4);
+  // Without owner crashes nothing replays a request, and the same protocol passes.
+  EXPECT_EQ(Caught(
+                2, 30000, [](PrefixSimulation::Config&) {}, "no duplicate-ref check"),
+            0);
+}
+#endif
 
 }  // namespace
 }  // namespace cxlkv::testing

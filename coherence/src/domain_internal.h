@@ -44,6 +44,9 @@ bool ReadShared(Mem& mem, std::uint64_t off, T* out) {
   for (int attempt = 0; attempt < 8; ++attempt) {
     mem.Invalidate(off, sizeof(T));
     mem.Read(off, out, sizeof(T));
+#ifdef CXLKV_FAULT_NO_CRC_CHECK  // defined only by a fault-injection test build
+    return true;
+#endif
     if (LineValid(*out)) return true;
   }
   return false;

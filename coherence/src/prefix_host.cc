@@ -219,7 +219,11 @@ void PrefixHost::WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint
   // Clearing a row needs only a store fence: a row seen held a little longer merely delays
   // reclaim, and x86 never moves the data loads of the lease past this later store.
   if (full_fence) {
+#ifdef CXLKV_FAULT_ACQUIRE_SFENCE  // defined only by a fault-injection test build
+    mem_.Fence();
+#else
     mem_.FullFence();
+#endif
   } else {
     mem_.Fence();
   }
@@ -387,7 +391,11 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns,
                   chain_read_[i].entry_gen, true);
   }
   const std::uint64_t first_id = lease_seq_ - n + 1;  // StoreLeaseRow numbered them in order
+#ifdef CXLKV_FAULT_ACQUIRE_SFENCE  // defined only by a fault-injection test build
+  mem_.Fence();
+#else
   mem_.FullFence();
+#endif
   // 3. Re-validate every entry: evict all (and the owner's clock line), one fence, read; a
   //    torn line is read again alone.
   for (std::size_t i = 0; i < n; ++i) mem_.Evict(EntryOff(h_, chain_entries_[i]), sizeof(IndexEntry));
