@@ -92,8 +92,9 @@ install(FILES "${PROJECT_BINARY_DIR}/install/cxlkv.pc"
 # The CMake package: find_package(cxlkv) gives the imported target cxlkv::cxlkv.
 install(EXPORT cxlkvTargets NAMESPACE cxlkv:: FILE cxlkvTargets.cmake
         DESTINATION ${CXLKV_CMAKE_PACKAGE_DIR})
-file(CONFIGURE OUTPUT "${PROJECT_BINARY_DIR}/install/cxlkvConfig.cmake.in" @ONLY CONTENT
-"# cxlkv @PROJECT_VERSION@: find_package(cxlkv) defines the imported target cxlkv::cxlkv
+# (file(WRITE), not file(CONFIGURE): @PACKAGE_INIT@ is for configure_package_config_file.)
+file(WRITE "${PROJECT_BINARY_DIR}/install/cxlkvConfig.cmake.in"
+"# cxlkv ${PROJECT_VERSION}: find_package(cxlkv) defines the imported target cxlkv::cxlkv
 # (libcxlkv.so and include/cxlkv/cxlkv.h). See README.md, \"Install\".
 @PACKAGE_INIT@
 include(\"\${CMAKE_CURRENT_LIST_DIR}/cxlkvTargets.cmake\")

@@ -40,9 +40,9 @@ absl::Status OpenFile(const SourceSpec& spec, const std::string& /*name*/, Opene
           absl::StrCat(spec.path, ": file is empty; add ?size=BYTES to the spec"));
     }
   } else if (existing != 0 && existing != size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        spec.path, ": file is ", existing, " bytes but the spec asks for ", size,
-        "; drop size= to use the file as it is, or remove the file to recreate it"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.path, ": file is ", existing, " bytes but the spec asks for ", size,
+                     "; drop size= to use the file as it is, or remove the file to recreate it"));
   }
   out->size_bytes = size;
   if (size % kPageBytes != 0) return absl::OkStatus();  // region.cc reports it, file untouched

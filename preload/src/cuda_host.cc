@@ -92,7 +92,7 @@ void ResolveCuda() noexcept {
 struct CudaBlock {
   std::uintptr_t addr;
   std::size_t bytes;
-  bool registered;  // pinned: by the whole-heap registration, or by its own call
+  bool registered;        // pinned: by the whole-heap registration, or by its own call
   bool own_registration;  // registered alone (the heap has no fixed range or refused)
 };
 
@@ -109,15 +109,19 @@ void PinHeap() noexcept {
   Guard g;
   const AddressRange r = heap->range();
   if (r.bytes == 0) {
-    Logf(LogLevel::kInfo, "the CXL heap has no fixed range (%s); cuda host blocks are "
-         "registered one by one", state_reason);
+    Logf(LogLevel::kInfo,
+         "the CXL heap has no fixed range (%s); cuda host blocks are "
+         "registered one by one",
+         state_reason);
     heap_pin = HeapPin::kFailed;
     return;
   }
   auto plan = gpu::PlanChunks(r.bytes, kPage);
   if (!plan.ok()) {
-    Logf(LogLevel::kWarn, "cannot plan the heap's registration: %s; cuda host blocks are "
-         "registered one by one", std::string(plan.status().message()).c_str());
+    Logf(LogLevel::kWarn,
+         "cannot plan the heap's registration: %s; cuda host blocks are "
+         "registered one by one",
+         std::string(plan.status().message()).c_str());
     heap_pin = HeapPin::kFailed;
     return;
   }
@@ -131,7 +135,8 @@ void PinHeap() noexcept {
       Logf(LogLevel::kWarn,
            "cudaHostRegister of heap chunk %zu (%llu bytes at offset %llu) failed: %s (error %d); "
            "cuda host blocks are registered one by one",
-           done, static_cast<unsigned long long>(c.bytes), static_cast<unsigned long long>(c.offset),
+           done, static_cast<unsigned long long>(c.bytes),
+           static_cast<unsigned long long>(c.offset),
            cuda.GetErrorString != nullptr ? cuda.GetErrorString(err) : "?", err);
       for (std::size_t k = 0; k < done; ++k) {
         cuda.HostUnregister(reinterpret_cast<void*>(r.lo + (*plan)[k].offset));

@@ -30,7 +30,7 @@ namespace {
 constexpr auto kGrowWait = std::chrono::seconds(1);
 constexpr std::int64_t kGrowRetryMs = 1000;
 pthread_mutex_t grow_mu = PTHREAD_MUTEX_INITIALIZER;
-pthread_cond_t grow_cv;  // CLOCK_MONOTONIC, set up in StartGrower
+pthread_cond_t grow_cv;                           // CLOCK_MONOTONIC, set up in StartGrower
 std::uint64_t grow_requested = 0, grow_done = 0;  // grow_mu
 std::int64_t grow_retry_at_ms = 0;                // grow_mu
 

@@ -110,9 +110,8 @@ __attribute__((constructor)) void Start() {
   const bool pooled = absl::StartsWith(settings->pool, kOrchestratorPrefix);
   DomainSource* source = nullptr;
   if (pooled) {
-    auto loaded = DomainSource::Load(settings->library,
-                                     settings->pool.substr(kOrchestratorPrefix.size()),
-                                     settings->host_id);
+    auto loaded = DomainSource::Load(
+        settings->library, settings->pool.substr(kOrchestratorPrefix.size()), settings->host_id);
     if (loaded.ok()) {
       source = loaded->get();
       opened = CxlHeap::OpenPooled(*std::move(loaded), kPooledReserveBytes);
@@ -121,7 +120,8 @@ __attribute__((constructor)) void Start() {
     }
   } else {
     auto spec = pool::ParseSourceSpec(settings->pool);
-    opened = spec.ok() ? CxlHeap::Open(*spec) : absl::StatusOr<std::unique_ptr<CxlHeap>>(spec.status());
+    opened =
+        spec.ok() ? CxlHeap::Open(*spec) : absl::StatusOr<std::unique_ptr<CxlHeap>>(spec.status());
   }
   if (opened.ok() && pooled) {
     heap = opened->get();  // the grower thread uses it from its first instruction

@@ -3,13 +3,12 @@
  * a block, writes and reads it back, frees it, and checks that the libcxlkv it runs on is the
  * installed one: argv[1] is the directory it must come from. Exit 0 when all of that holds. */
 #define _GNU_SOURCE
+#include <cxlkv/cxlkv.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <cxlkv/cxlkv.h>
 
 static int Fail(const char* what, int rc) {
   fprintf(stderr, "consumer: %s failed: %d (%s) — %s\n", what, rc, cxlkv_strerror(rc),
