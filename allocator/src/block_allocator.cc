@@ -14,7 +14,9 @@
 
 namespace cxlkv::allocator {
 namespace internal {
-constinit thread_local TlsSlot tls_slots[kMaxAllocators] CXLKV_ALLOCATOR_TLS;
+// `{}`: zero, as static storage is anyway; without an initializer clang does not take the
+// declaration as constant-initialized (constinit).
+constinit thread_local TlsSlot tls_slots[kMaxAllocators] CXLKV_ALLOCATOR_TLS{};
 }  // namespace internal
 
 using internal::Magazine;

@@ -199,9 +199,10 @@ bool CudaHostAllocCxl(void** out, std::size_t size) noexcept {
   }
   pthread_mutex_lock(&cuda_mu);
   const bool room = cuda_nblocks < kMaxCudaBlocks;
-  if (room)
+  if (room) {
     cuda_blocks[cuda_nblocks++] =
         CudaBlock{reinterpret_cast<std::uintptr_t>(p), bytes, registered, own};
+  }
   pthread_mutex_unlock(&cuda_mu);
   if (!room) {
     if (own) cuda.HostUnregister(p);

@@ -78,7 +78,7 @@ __attribute__((constructor)) void Start() {
     const std::string path = ExpandPid(settings->log_path, static_cast<int>(::getpid()));
     log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0) {
-      errors.push_back("CXLKV_LOG: cannot open " + path + ": " + std::strerror(errno) +
+      errors.push_back("CXLKV_LOG: cannot open " + path + ": " + ErrnoText(errno) +
                        "; logging to stderr");
       log_fd = 2;
     }
@@ -168,7 +168,8 @@ __attribute__((destructor)) void Stop() {
   const std::string path = ExpandPid(settings->stats_path, ctx.pid);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    Logf(LogLevel::kError, "CXLKV_STATS: cannot write %s: %s", path.c_str(), std::strerror(errno));
+    Logf(LogLevel::kError, "CXLKV_STATS: cannot write %s: %s", path.c_str(),
+         ErrnoText(errno).c_str());
     return;
   }
   (void)!::write(fd, json.data(), json.size());
