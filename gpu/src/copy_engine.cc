@@ -200,7 +200,7 @@ absl::Status CopyEngine::EnqueueKernel(const PagedCache& cache, Direction dir,
     pages[i] = b.page;
   }
   if (stage) {
-    std::memcpy(bases, cache.layer_base.data(), 8 * cache.layers);
+    std::memcpy(bases, cache.layer_base.data(), sizeof(*bases) * cache.layers);
     CXLKV_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(slots_[slot].device, host, layout.bytes, cudaMemcpyHostToDevice, s), kWhat);
   }
@@ -352,7 +352,7 @@ absl::Status CopyEngine::Poll(Ticket t) {
   if (t == 0 || t >= next_ticket_) {
     return absl::NotFoundError(absl::StrCat("ticket ", t, " was not issued by this engine"));
   }
-  const absl::Status st = RetireLocked(false);
+  absl::Status st = RetireLocked(false);  // not const: returned by move
   for (const InFlight& f : in_flight_) {
     if (f.ticket == t) {
       return st.ok() ? absl::UnavailableError(absl::StrCat("ticket ", t, " is still copying")) : st;
@@ -370,7 +370,7 @@ absl::Status CopyEngine::Wait(Ticket t) {
       if (t == 0 || t >= next_ticket_) {
         return absl::NotFoundError(absl::StrCat("ticket ", t, " was not issued by this engine"));
       }
-      const absl::Status st = RetireLocked(false);
+      absl::Status st = RetireLocked(false);  // not const: returned by move
       for (const InFlight& f : in_flight_) {
         if (f.ticket == t) ev = f.event;
       }

@@ -146,18 +146,19 @@ absl::Status ValidateMap(const ArenaHeader& h, const std::byte* base, absl::stri
     for (std::uint32_t i = k.first_index; i < k.first_index + k.block_count; ++i) {
       const std::uint64_t w = words[i].load(std::memory_order_relaxed);
       const char* problem = nullptr;
-      if (w & kReservedMask)
+      if (w & kReservedMask) {
         problem = "reserved bits set";
-      else if (WordClass(w) != c)
+      } else if (WordClass(w) != c) {
         problem = "class bits do not match the block's class";
-      else if (WordState(w) > kAllocated)
+      } else if (WordState(w) > kAllocated) {
         problem = "invalid state";
-      else if (WordOwner(w) > h.owner_slots)
+      } else if (WordOwner(w) > h.owner_slots) {
         problem = "owner outside the owner table";
-      else if (WordState(w) == kFree && WordOwner(w) != 0)
+      } else if (WordState(w) == kFree && WordOwner(w) != 0) {
         problem = "free block has an owner";
-      else if (WordState(w) == kCached && WordOwner(w) == 0)
+      } else if (WordState(w) == kCached && WordOwner(w) == 0) {
         problem = "cached block has no owner";
+      }
       if (problem != nullptr) {
         return Corrupt(what, absl::StrCat("map word of block ", i, " (class ", c, ") = 0x",
                                           absl::Hex(w), ": ", problem));

@@ -69,17 +69,17 @@ absl::StatusOr<KvLayout> ParseKvLayout(absl::string_view text) {
           "qwen2-72b) or L=layers,H=kv_heads,D=head_dim,B=dtype_bytes,T=tokens_per_block"));
     }
     const absl::string_view key = part.substr(0, eq);
-    if (key == "L")
+    if (key == "L") {
       out.layers = v;
-    else if (key == "H")
+    } else if (key == "H") {
       out.kv_heads = v;
-    else if (key == "D")
+    } else if (key == "D") {
       out.head_dim = v;
-    else if (key == "B")
+    } else if (key == "B") {
       out.dtype_bytes = v;
-    else if (key == "T")
+    } else if (key == "T") {
       out.tokens_per_block = v;
-    else {
+    } else {
       return absl::InvalidArgumentError(
           absl::StrCat("KV layout '", text, "': unknown key '", key, "' (L, H, D, B, T)"));
     }

@@ -179,9 +179,11 @@ absl::Status JemallocHeap::CreateJemallocArena(const std::string& name) {
   extent_hooks_t* hooks = &box_.hooks;
   unsigned ind = 0;
   std::size_t sz = sizeof(ind);
+  // The new value is the hooks pointer itself, so its size is a pointer's.
+  // NOLINTNEXTLINE(bugprone-sizeof-expression): sizeof(extent_hooks_t*) is meant
   if (int rc = mallctl("arenas.create", &ind, &sz, &hooks, sizeof(hooks)); rc != 0) {
-    return absl::InternalError(absl::StrCat(
-        name, ": jemalloc refused a new arena (arenas.create: ", std::strerror(rc), ")"));
+    return absl::InternalError(
+        absl::StrCat(name, ": jemalloc refused a new arena (arenas.create: ", ErrnoText(rc), ")"));
   }
   arena_ind_ = ind;
   flags_ = static_cast<int>(MALLOCX_ARENA(ind)) | MALLOCX_TCACHE_NONE;
@@ -261,10 +263,10 @@ absl::StatusOr<std::unique_ptr<CxlHeap>> JemallocHeap::OpenPooled(
   void* r = ::mmap(nullptr, reserve_bytes, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (r == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        source->Describe(), ": cannot reserve ", pool::FormatBytes(reserve_bytes),
-        " of address space for the heap's extents (mmap: ", std::strerror(errno),
-        "); is RLIMIT_AS (ulimit -v) limited?"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(source->Describe(), ": cannot reserve ", pool::FormatBytes(reserve_bytes),
+                     " of address space for the heap's extents (mmap: ", ErrnoText(errno),
+                     "); is RLIMIT_AS (ulimit -v) limited?"));
   }
   std::unique_ptr<JemallocHeap> h(new JemallocHeap());
   h->source_ = std::move(source);

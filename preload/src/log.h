@@ -3,7 +3,10 @@
 #ifndef CXLKV_PRELOAD_SRC_LOG_H_
 #define CXLKV_PRELOAD_SRC_LOG_H_
 
+#include <string.h>
+
 #include <atomic>
+#include <string>
 
 #include "cxlkv/preload/settings.h"
 
@@ -12,6 +15,13 @@ namespace cxlkv::preload {
 void LogSetup(LogLevel level, int fd) noexcept;
 bool LogEnabled(LogLevel level) noexcept;
 void Logf(LogLevel level, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
+
+// errno as text: strerror may share its buffer between threads (MT-Unsafe); GNU strerror_r
+// returns the message (in buf or static).
+inline std::string ErrnoText(int err) {
+  char buf[128];
+  return ::strerror_r(err, buf, sizeof(buf));
+}
 
 // True the first time it is called for `flag` (for "log once" sites).
 inline bool FirstTime(std::atomic<bool>& flag) noexcept {

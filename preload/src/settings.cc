@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cxlkv/pool/spec.h"
+#include "log.h"
 
 namespace cxlkv::preload {
 namespace {
@@ -46,7 +47,7 @@ absl::Status ReadFile(const std::string& path, std::string* out) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat("CXLKV_CONFIG=", path,
-                                            ": cannot open: ", std::strerror(errno),
+                                            ": cannot open: ", ErrnoText(errno),
                                             "; point CXLKV_CONFIG at a readable file"));
   }
   char buf[4096];
@@ -183,7 +184,7 @@ namespace {
 std::size_t Distance(absl::string_view a, absl::string_view b) {
   constexpr std::size_t kMax = 48;
   if (a.size() >= kMax || b.size() >= kMax) return kMax;
-  std::size_t prev[kMax], cur[kMax];
+  std::size_t prev[kMax] = {}, cur[kMax] = {};
   for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
   for (std::size_t i = 1; i <= a.size(); ++i) {
     cur[0] = i;

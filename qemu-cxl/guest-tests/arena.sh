@@ -2,6 +2,7 @@
 # arena: a KV arena on the real /dev/daxX.Y: format honouring the device alignment, allocate,
 # copy with streaming stores and read back, misuse detection, two processes at once, kill -9
 # and recovery; then `cxlkvctl arena info` and the KV workload driver on the same device.
+# needs: cxlkvctl cxlkv-guest-pool cxlkv-workload
 set -eu
 spec="devdax:${CXLKV_DAX:?}"
 "$CXLKV_BIN/cxlkv-guest-pool" devdax "$spec"

@@ -2,6 +2,7 @@
 # kmem: the CXL dax device onlined as system RAM becomes a CPU-less NUMA node; cxlkvctl lists
 # it as a kmem source, memkind's MEMKIND_DAX_KMEM and a kmem:node=N arena allocate there.
 # Reconfigures the device itself unless the run was started with --kmem, so run it last.
+# needs: cxlkvctl cxlkv-guest-kmem
 set -eu
 node="${CXLKV_KMEM_NODE:-}"
 if [ -z "$node" ]; then

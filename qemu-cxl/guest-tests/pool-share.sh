@@ -3,6 +3,7 @@
 # (written with streaming stores, persisted, map flushed); guest b waits for that arena,
 # opens it read-only and reads every published block by BlockRef, checking its content and
 # that its generation did not change while it was read.
+# needs: cxlkv-guest-pool
 set -eu
 spec="devdax:${CXLKV_DAX:?}"
 case "${CXLKV_ROLE:-}" in

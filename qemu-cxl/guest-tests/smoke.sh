@@ -7,6 +7,7 @@
 # every command succeeds). On a shared topology (CXLKV_SHARED=1) the guests hand a pattern to
 # each other through the shared device. Prints the tools' views for the log.
 # Device DAX has no read(2)/write(2), so I/O goes through daxio (pmdk-tools), which mmaps.
+# needs: cxlkvctl
 
 fail() { echo "smoke: FAIL: $*"; exit 1; }
 show() { echo "+ $*"; "$@"; }

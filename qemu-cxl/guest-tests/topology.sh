@@ -3,6 +3,7 @@
 # regions and dax devices, and classifies the devdax source as the topology expects
 # (CXLKV_EXPECT_CLASS: expanded or switch-pooled). On a shared topology the operator
 # declares the device shared, as a config would.
+# needs: cxlkvctl cxlkv-guest-topocheck
 set -u
 out="${CXLKV_OUT:-/tmp}"
 cxl list -M > "$out/memdevs.json" || exit 1

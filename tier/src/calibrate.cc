@@ -520,9 +520,10 @@ absl::Status SaveCalibration(const Calibration& c, const std::string& path) {
     std::ofstream out(tmp, std::ios::trunc);
     out << CalibrationToJson(c) << "\n";
     out.flush();
-    if (!out)
+    if (!out) {
       return absl::UnavailableError(
           absl::StrCat(tmp, ": write failed (directory writable? disk full?)"));
+    }
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;

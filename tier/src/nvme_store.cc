@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -34,9 +35,16 @@ constexpr std::size_t kReapBatch = 64;
 constexpr std::size_t kMaxProblems = 64;
 constexpr std::uint64_t kScanBufferBytes = 64ull << 20;  // read buffers of one scan round
 
+// errno as text: strerror may share its buffer between threads (MT-Unsafe); GNU strerror_r
+// returns the message (in buf or static).
+std::string ErrnoText(int err) {
+  char buf[128];
+  return ::strerror_r(err, buf, sizeof(buf));
+}
+
 [[noreturn]] void Bug(const char* what, int err = 0) {
   std::fprintf(stderr, "cxlkv NvmeStore bug: %s%s%s\n", what, err != 0 ? ": " : "",
-               err != 0 ? std::strerror(err) : "");
+               err != 0 ? ErrnoText(err).c_str() : "");
   std::abort();
 }
 
@@ -63,7 +71,7 @@ std::uint64_t NowUnixNs() {
 absl::Status WriteError(int err, absl::string_view object, absl::string_view call) {
   if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        object, ": ", call, ": ", std::strerror(err),
+        object, ": ", call, ": ", ErrnoText(err),
         " — free space on that file system (or raise the quota / file size limit) or open the "
         "store with a smaller capacity_bytes; blocks already stored are intact"));
   }
@@ -239,12 +247,12 @@ absl::Status NvmeStore::Init(const NvmeStoreOptions& o, NvmeOpenReport* report) 
   if (int rc = io_uring_queue_init(queue_depth_, ring_.get(), 0); rc < 0) {
     ring_.reset();
     if (rc == -ENOMEM) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          dir_, ": io_uring_queue_init(", queue_depth_, "): ", std::strerror(-rc),
-          " — lower queue_depth or raise RLIMIT_MEMLOCK (ulimit -l)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(dir_, ": io_uring_queue_init(", queue_depth_, "): ", ErrnoText(-rc),
+                       " — lower queue_depth or raise RLIMIT_MEMLOCK (ulimit -l)"));
     }
     return absl::FailedPreconditionError(absl::StrCat(
-        dir_, ": io_uring is unavailable: io_uring_queue_init: ", std::strerror(-rc),
+        dir_, ": io_uring is unavailable: io_uring_queue_init: ", ErrnoText(-rc),
         " — check sysctl kernel.io_uring_disabled and the container's seccomp profile"));
   }
   zero_header_ = AlignedAlloc(kNvmeHeaderBytes);

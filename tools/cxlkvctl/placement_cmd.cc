@@ -151,9 +151,10 @@ void RunExplain(const ExplainArgs& a) {
     cal_changes = tier::ApplyCalibration(*cal, &params);
   }
   auto rule = tier::PlacementRule::Create(params);
-  if (!rule.ok())
+  if (!rule.ok()) {
     Fail("explain",
          absl::StrCat("calibration made the parameters invalid: ", rule.status().message()));
+  }
 
   tier::BlockInputs in;
   nlohmann::json prefix_json;

@@ -13,12 +13,22 @@
 #include "absl/strings/str_format.h"
 
 namespace cxlkv::orchestrator {
+namespace {
+
+// errno as text: strerror may share its buffer between threads (MT-Unsafe); GNU strerror_r
+// returns the message (in buf or static).
+std::string ErrnoText(int err) {
+  char buf[128];
+  return ::strerror_r(err, buf, sizeof(buf));
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_view what) {
   std::ifstream f(path, std::ios::binary);
   if (!f) {
-    return absl::NotFoundError(absl::StrCat(what, " '", path, "': cannot read: ",
-                                            std::strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat(what, " '", path, "': cannot read: ", ErrnoText(errno)));
   }
   // Bounded: certificates and tokens are small, and a path may name a device or /proc file.
   std::string out(1 << 20, '\0');
@@ -33,7 +43,7 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path, absl::string_view what) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat(what, " '", path, "': ", std::strerror(errno),
+    return absl::NotFoundError(absl::StrCat(what, " '", path, "': ", ErrnoText(errno),
                                             "; create it with e.g. `head -c 32 /dev/urandom | "
                                             "base64 > FILE && chmod 600 FILE`"));
   }

@@ -95,7 +95,7 @@ class Parser {
     if (t == nullptr) return Error(n, name, "expected a table");
     for (auto&& [k, v] : *t) {
       const std::string key(k.str());
-      const std::string full = name.empty() ? key : name + "." + key;
+      const std::string full = name.empty() ? key : absl::StrCat(name, ".", key);
       auto it = handlers.find(key);
       if (it == handlers.end()) {
         std::string known;
@@ -196,11 +196,13 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
               const std::string hs(hk.str());
               if (hs.empty() || hs.size() > 4 ||
                   !std::all_of(hs.begin(), hs.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-                return p.Error(hv, sk + "." + hs, "keys of [capacity.shares] are host ids (0..1023)");
+                return p.Error(hv, absl::StrCat(sk, ".", hs),
+                               "keys of [capacity.shares] are host ids (0..1023)");
               }
               host = static_cast<std::uint32_t>(std::stoul(hs));
               double share = 0;
-              if (auto s2 = p.Real(hv, sk + "." + hs, &share, 0, 1); !s2.ok()) return s2;
+              if (auto s2 = p.Real(hv, absl::StrCat(sk, ".", hs), &share, 0, 1); !s2.ok())
+                return s2;
               c.shares[host] = share;
             }
             return absl::OkStatus();

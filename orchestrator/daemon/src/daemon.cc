@@ -2,9 +2,9 @@
 // peers' credentials are checked, and a Prometheus endpoint.
 #include "cxlkv/orchestrator/daemon.h"
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
-#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -18,11 +18,13 @@
 #include <map>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "cxlkv/orchestrator/token.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/domain_layout.h"
+#include "cxlkv/orchestrator/token.h"
 #include "cxlkv/pool/arena.h"
 #include "orchestrator.grpc.pb.h"
 #include "prometheus/counter.h"
@@ -37,6 +39,13 @@ namespace pb = ::cxlkv::orchestrator::v1;
 namespace co = ::cxlkv::coherence;
 
 namespace {
+
+// errno as text: strerror may share its buffer between threads (MT-Unsafe); GNU strerror_r
+// returns the message (in buf or static).
+std::string ErrnoText(int err) {
+  char buf[128];
+  return ::strerror_r(err, buf, sizeof(buf));
+}
 
 grpc::Status ToGrpc(const absl::Status& st) {
   if (st.ok()) return grpc::Status::OK;
@@ -505,8 +514,8 @@ absl::Status Orchestrator::Start() {
   // Bound now, listening only once every endpoint is up: a connect to the socket succeeds
   // exactly when the daemon (TCP included) is ready, which is what launchers wait for.
   if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return absl::UnavailableError(absl::StrCat("rpc.socket '", config_.socket, "': ",
-                                               std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("rpc.socket '", config_.socket, "': ", ErrnoText(errno)));
   }
   ::chmod(config_.socket.c_str(), 0666);  // access is decided by peer credentials
   service_ = std::make_unique<Service>(*this);
@@ -540,8 +549,8 @@ absl::Status Orchestrator::Start() {
   }
   tcp_port_ = tcp_port;
   if (::listen(listen_fd_, 128) != 0) {
-    return absl::UnavailableError(absl::StrCat("rpc.socket '", config_.socket, "': listen: ",
-                                               std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("rpc.socket '", config_.socket, "': listen: ", ErrnoText(errno)));
   }
   owner_thread_ = std::thread([this] { OwnerLoop(); });
   accept_thread_ = std::thread([this] { AcceptLoop(); });

@@ -16,6 +16,16 @@
 #include "nlohmann/json.hpp"
 
 namespace cxlkv::orchestrator {
+namespace {
+
+// errno as text: strerror may share its buffer between threads (MT-Unsafe); GNU strerror_r
+// returns the message (in buf or static).
+std::string ErrnoText(int err) {
+  char buf[128];
+  return ::strerror_r(err, buf, sizeof(buf));
+}
+
+}  // namespace
 
 const char* HostStateName(HostState s) {
   switch (s) {
@@ -319,7 +329,7 @@ absl::Status DomainState::Load(std::int64_t now_ms) {
       return absl::NotFoundError(absl::StrCat("state file ", c_.state_file, " does not exist"));
     }
     return absl::PermissionDeniedError(absl::StrCat("cannot read state file ", c_.state_file,
-                                                    ": ", std::strerror(errno)));
+                                                    ": ", ErrnoText(errno)));
   }
   std::stringstream ss;
   ss << in.rdbuf();
@@ -333,7 +343,7 @@ absl::Status DomainState::Save() const {
   const std::string text = Serialize();
   const std::string tmp = c_.state_file + ".tmp";
   auto fail = [&](const char* what) {
-    return absl::InternalError(absl::StrCat(what, " ", tmp, ": ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat(what, " ", tmp, ": ", ErrnoText(errno)));
   };
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return fail("cannot create");

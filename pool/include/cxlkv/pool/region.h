@@ -2,7 +2,9 @@
 //
 // OpenRegion() is the backend seam: every backend produces the same Region, a MAP_SHARED
 // mapping of a file descriptor with a known size and alignment, so arenas, tests and tools
-// run the same code on /dev/daxX.Y as on a file in /dev/shm.
+// run the same code on /dev/daxX.Y as on a file in /dev/shm. Each kind opens its source in its
+// own file (pool/src/region_<kind>.cc, behind the table in pool/src/region_source.h); the
+// page and window checks and the mapping are shared (region.cc).
 //   devdax: size and alignment from libdaxctl; the mapping honours the device alignment.
 //   kmem:   an anonymous shmem object whose pages are bound to the NUMA node (mbind
 //           MPOL_BIND), so it is shared with fork()ed children only.

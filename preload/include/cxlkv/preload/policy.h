@@ -7,7 +7,7 @@
 // header in front of the block: a pointer inside the bootstrap buffer is the bootstrap's,
 // one inside the CXL heap's range is CXL's, anything else belongs to the process's own
 // allocator (including memory allocated before the shim was loaded or by another allocator).
-// All functions are constexpr/noexcept and thread-safe.
+// All functions are noexcept and thread-safe, and constexpr except the address comparisons.
 #ifndef CXLKV_PRELOAD_POLICY_H_
 #define CXLKV_PRELOAD_POLICY_H_
 
@@ -45,7 +45,8 @@ constexpr bool MmapEligible(const void* addr, int prot, int flags, int fd,
 struct AddressRange {
   std::uintptr_t lo = 0;
   std::uintptr_t bytes = 0;
-  constexpr bool Contains(const void* p) const noexcept {
+  // Not constexpr: a pointer-to-integer cast never is (clang rejects the declaration).
+  bool Contains(const void* p) const noexcept {
     return reinterpret_cast<std::uintptr_t>(p) - lo < bytes;  // one compare (wraps below lo)
   }
 };

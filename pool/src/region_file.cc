@@ -1,0 +1,68 @@
+// file: a regular file (e.g. in /dev/shm or on a DAX file system). Created with ?size= (and
+// fallocated unless reserve=0), or opened at its size.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "cxlkv/pool/region.h"
+#include "region_source.h"
+
+namespace cxlkv::pool {
+namespace {
+
+std::string FileName(const SourceSpec& spec) { return spec.path; }
+
+absl::Status OpenFile(const SourceSpec& spec, const std::string& /*name*/, OpenedSource* out) {
+  std::uint64_t size = spec.size_bytes;
+  const int flags = O_RDWR | O_CLOEXEC | (size != 0 ? O_CREAT : 0);
+  out->fd.fd = ::open(spec.path.c_str(), flags, 0600);
+  if (out->fd.fd < 0) {
+    if (errno == ENOENT && size == 0) {
+      return absl::NotFoundError(absl::StrCat(
+          spec.path, ": file does not exist; add ?size=BYTES to the spec to create it"));
+    }
+    return ErrnoStatus(errno, spec.path, "open");
+  }
+  struct stat st {};
+  if (::fstat(out->fd.fd, &st) != 0) return ErrnoStatus(errno, spec.path, "fstat");
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.path, ": not a regular file; use devdax: for device-DAX character devices"));
+  }
+  const auto existing = static_cast<std::uint64_t>(st.st_size);
+  if (size == 0) {
+    size = existing;
+    if (size == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(spec.path, ": file is empty; add ?size=BYTES to the spec"));
+    }
+  } else if (existing != 0 && existing != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.path, ": file is ", existing, " bytes but the spec asks for ", size,
+                     "; drop size= to use the file as it is, or remove the file to recreate it"));
+  }
+  out->size_bytes = size;
+  if (size % kPageBytes != 0) return absl::OkStatus();  // region.cc reports it, file untouched
+  if (existing == 0) {
+    if (::ftruncate(out->fd.fd, static_cast<off_t>(size)) != 0) {
+      return ErrnoStatus(errno, spec.path, "ftruncate");
+    }
+    if (spec.reserve) {
+      // Reserve now so a full file system is an error here, not a SIGBUS later.
+      if (int rc = ::posix_fallocate(out->fd.fd, 0, static_cast<off_t>(size)); rc != 0) {
+        (void)::ftruncate(out->fd.fd, 0);
+        return ErrnoStatus(rc, spec.path, "posix_fallocate");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const SourceBackend kFileBackend = {&FileName, &OpenFile, nullptr, true};
+
+}  // namespace cxlkv::pool

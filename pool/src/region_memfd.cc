@@ -1,0 +1,31 @@
+// memfd: memfd_create() of the spec's size; shared with fork()ed children or through
+// /proc/PID/fd/N. The backend of the unit tests.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "cxlkv/pool/region.h"
+#include "region_source.h"
+
+namespace cxlkv::pool {
+namespace {
+
+std::string MemfdName(const SourceSpec& spec) { return absl::StrCat("memfd:", spec.path); }
+
+absl::Status OpenMemfd(const SourceSpec& spec, const std::string& name, OpenedSource* out) {
+  out->fd.fd = ::memfd_create(spec.path.c_str(), MFD_CLOEXEC);
+  if (out->fd.fd < 0) return ErrnoStatus(errno, name, "memfd_create");
+  out->size_bytes = spec.size_bytes;  // a multiple of the page (checked by the caller)
+  if (::ftruncate(out->fd.fd, static_cast<off_t>(out->size_bytes)) != 0) {
+    return ErrnoStatus(errno, name, "ftruncate");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const SourceBackend kMemfdBackend = {&MemfdName, &OpenMemfd, nullptr, true};
+
+}  // namespace cxlkv::pool
