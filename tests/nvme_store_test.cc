@@ -28,13 +28,13 @@
 namespace cxlkv {
 namespace {
 
-using tier::NvmeBatch;
-using tier::NvmeStore;
-using tier::NvmeStoreOptions;
 using testing::AlignedBuffer;
 using testing::BlockIsIntact;
 using testing::FillBlock;
 using testing::KeyOf;
+using tier::NvmeBatch;
+using tier::NvmeStore;
+using tier::NvmeStoreOptions;
 
 constexpr std::uint64_t kBlock = 64 << 10;
 

@@ -12,12 +12,12 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
-#include <functional>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -83,16 +83,28 @@ class InProcessDomain {
     char tmpl[] = "/tmp/cxlkv-inproc-XXXXXX";
     EXPECT_NE(::mkdtemp(tmpl), nullptr);
     dir = tmpl;
-    auto c = ParseConfig("[domain]\nname = \"inproc\"\n"
-                         "pool = \"file:" + dir + "/pool?" + pool_query + "\"\n"
-                         "prefix_domain = \"file:" + dir + "/domain?size=4M\"\n"
-                         "extent_size = \"16M\"\nstate_file = \"" + dir + "/d.state\"\n"
-                         "index_entries = 1024\nmax_hosts = 4\n"
-                         "[rpc]\nsocket = \"" + dir + "/o.sock\"\n[metrics]\nlisten = \"\"\n"
-                         "[timing]\nlease_ttl_ms = 2000\nheartbeat_period_ms = 250\n"
-                         "grace_ms = 20\nhost_ttl_ms = " + host_ttl_ms + "\n"
-                         "capacity_lease_ms = " + std::to_string(kLease) + "\n",
-                         "inproc.toml");
+    auto c = ParseConfig(
+        "[domain]\nname = \"inproc\"\n"
+        "pool = \"file:" +
+            dir + "/pool?" + pool_query +
+            "\"\n"
+            "prefix_domain = \"file:" +
+            dir +
+            "/domain?size=4M\"\n"
+            "extent_size = \"16M\"\nstate_file = \"" +
+            dir +
+            "/d.state\"\n"
+            "index_entries = 1024\nmax_hosts = 4\n"
+            "[rpc]\nsocket = \"" +
+            dir +
+            "/o.sock\"\n[metrics]\nlisten = \"\"\n"
+            "[timing]\nlease_ttl_ms = 2000\nheartbeat_period_ms = 250\n"
+            "grace_ms = 20\nhost_ttl_ms = " +
+            host_ttl_ms +
+            "\n"
+            "capacity_lease_ms = " +
+            std::to_string(kLease) + "\n",
+        "inproc.toml");
     EXPECT_TRUE(c.ok()) << c.status();
     config = *c;
   }

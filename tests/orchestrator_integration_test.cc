@@ -2,12 +2,12 @@
 // crash and fencing, orchestrator kill -9 and restart while hosts publish, drain.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/un.h>
-#include <netinet/in.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 

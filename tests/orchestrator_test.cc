@@ -11,8 +11,8 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
-#include <fstream>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -88,8 +88,8 @@ TEST(Config, PlacementSectionComesFromTier) {
   EXPECT_EQ(c->placement.params.ttft_budget_s, 0.25);
   EXPECT_EQ(c->placement.reuse_tracker.entries, 1024u);
   EXPECT_EQ(c->placement.calibration, "/tmp/cal.json");
-  auto bad = ParseConfig(WithExtra("[placement]\nlow_watermark = 0.9\nhigh_watermark = 0.5\n"),
-                         "t.toml");
+  auto bad =
+      ParseConfig(WithExtra("[placement]\nlow_watermark = 0.9\nhigh_watermark = 0.5\n"), "t.toml");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("t.toml:11: key 'placement.high_watermark': 0.5 must be "
                                         "above low_watermark (0.9)"),
@@ -316,8 +316,9 @@ std::string SaveUnderFilter(const DomainState& s, int nr, int flags_arg, int err
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
     if (flags_arg >= 0) {  // only calls with O_DIRECTORY in that argument (its low word)
-      prog.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
-                              static_cast<std::uint32_t>(offsetof(seccomp_data, args) + 8 * flags_arg)));
+      prog.push_back(
+          BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
+                   static_cast<std::uint32_t>(offsetof(seccomp_data, args) + 8 * flags_arg)));
       prog.push_back(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, O_DIRECTORY, 1, 0));
       prog.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
     }
@@ -336,7 +337,8 @@ std::string SaveUnderFilter(const DomainState& s, int nr, int flags_arg, int err
   ::close(fds[1]);
   std::string out;
   char buf[512];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;)
+    out.append(buf, static_cast<std::size_t>(n));
   ::close(fds[0]);
   ::waitpid(p, nullptr, 0);
   return out;

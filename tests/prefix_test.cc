@@ -1,12 +1,13 @@
 // coherence/prefix.h: keys, namespaces, and the host/owner flows on a real mapping and on
 // the simulator, step by step.
+#include "cxlkv/coherence/prefix.h"
+
 #include <cstring>
 #include <functional>
 #include <map>
 #include <set>
 #include <vector>
 
-#include "cxlkv/coherence/prefix.h"
 #include "cxlkv/coherence/sim.h"
 #include "cxlkv/pool/region.h"
 #include "gtest/gtest.h"
@@ -477,7 +478,6 @@ TEST(Prefix, RingFullIsReportedAndHeaderChecked) {
   EXPECT_FALSE(PrefixHost::Join(*av, clock, 99).ok()) << "host id beyond the domain";
 }
 
-
 // ---- the directed schedules of the protocol audit ------------------------------------------
 //
 // Each test below replays one finding of the audit (issue #17) on the simulator and failed on
@@ -660,8 +660,8 @@ TEST(PrefixAudit, TornHostRowOfADeadHostStillLetsItsLeasesExpire) {
   w.v1->Crash();
   w.Tear<HostRow>(w.HostRowOff(1));
   w.now = 200;
-  EXPECT_EQ(w.owner->Reclaim(), 0u) << "freed at 200 under a lease valid until "
-                                    << lease->deadline_ms;
+  EXPECT_EQ(w.owner->Reclaim(), 0u)
+      << "freed at 200 under a lease valid until " << lease->deadline_ms;
   w.now = 200 + w.g.lease_ttl_ms + 1;
   EXPECT_EQ(w.owner->Reclaim(), 1u) << "the dead host's lease row never expired";
 }
@@ -703,9 +703,9 @@ TEST(PrefixAudit, TornOwnHostRowDoesNotWedgeTheHostId) {
   back.clear();
   for (std::uint32_t i = 10; i < 14; ++i) cycle(i);
   for (std::uint32_t i = 10; i < 14; ++i) {
-    EXPECT_EQ(back.count(100 + i), 1u) << "block " << 100 + i << " published after the rejoin "
-                                       << "never came back (published "
-                                       << w.owner->stats().published << ")";
+    EXPECT_EQ(back.count(100 + i), 1u)
+        << "block " << 100 + i << " published after the rejoin "
+        << "never came back (published " << w.owner->stats().published << ")";
   }
 }
 
@@ -821,7 +821,8 @@ TEST(PrefixAudit, MissAfterChurnProbesAFewEntriesNotTheIndex) {
   ASSERT_EQ(w.owner->stats().reclaimed, 640u);
   ASSERT_EQ(w.owner->published_entries(), 8u);
   const DomainHeader& h = w.owner->header();
-  CountingMem counting(*w.v1, h.index_offset, h.index_offset + h.index_entries * sizeof(IndexEntry));
+  CountingMem counting(*w.v1, h.index_offset,
+                       h.index_offset + h.index_entries * sizeof(IndexEntry));
   w.h1.reset();
   w.h1 = std::move(*PrefixHost::Join(counting, w.c1, 1));
   std::uint64_t worst = 0;
@@ -1005,7 +1006,6 @@ TEST(PrefixAudit, ClockThatCountsTheStopExpiresTheLease) {
   EXPECT_TRUE(absl::IsAborted(w.h1->Heartbeat(nullptr))) << "fenced meanwhile";
   EXPECT_EQ(w.h1->leases_held(), 0u);
 }
-
 
 // Audit #6, the other way round: clocks that differ in offset and rate (within the drift the
 // protocol allows), and an owner that stalls and then catches up, are no pause.

@@ -475,8 +475,7 @@ TEST(TierManager, ReadCopiesOutWithoutPromotingAndReportsPerKey) {
   const int fd = ::open(loc->file.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   const char junk[4] = {9, 9, 9, 9};
-  ASSERT_EQ(::pwrite(fd, junk, 4, static_cast<off_t>(loc->offset + tier::kNvmeHeaderBytes + 8)),
-            4);
+  ASSERT_EQ(::pwrite(fd, junk, 4, static_cast<off_t>(loc->offset + tier::kNvmeHeaderBytes + 8)), 4);
   ::close(fd);
 
   const std::vector<tier::Key> want = {KeyOf(0), KeyOf(4), KeyOf(6), KeyOf(99), KeyOf(5)};

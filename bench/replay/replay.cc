@@ -687,7 +687,8 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
         ++r->already_resident;
         continue;
       }
-      tier::Tier dest = o_.policy == Policy::kNvmeLru ? tier::Tier::kNvme : tier::Tier::kCxlExpanded;
+      tier::Tier dest =
+          o_.policy == Policy::kNvmeLru ? tier::Tier::kNvme : tier::Tier::kCxlExpanded;
       if (o_.policy == Policy::kRule) {
         if (b >= n) RecordUse(q.ns, key, now_ns);  // produced now
         dest = Decide(q.ns, key, b + 1, 1.0 / o_.cxl_blocks, keys, b).tier;

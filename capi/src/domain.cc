@@ -144,8 +144,8 @@ CXLKV_API int cxlkv_domain_join(const char* spec, uint32_t host_id, cxlkv_domain
   if (absl::StartsWith(domain_spec, kOrchestrator)) {
     // A pooled domain run by cxlkv-orchestrator: join it there (membership, heartbeats on a
     // thread of the client's), then map the prefix domain it names.
-    auto client = cxlkv::orchestrator::HostClient::Connect(
-        domain_spec.substr(kOrchestrator.size()), host_id);
+    auto client =
+        cxlkv::orchestrator::HostClient::Connect(domain_spec.substr(kOrchestrator.size()), host_id);
     if (!client.ok()) return FromStatus(client.status());
     d->client = std::move(*client);
     d->client->StartHeartbeats();
@@ -178,9 +178,10 @@ CXLKV_API void cxlkv_domain_leave(cxlkv_domain* d) {
 CXLKV_API int cxlkv_domain_grow(cxlkv_domain* d, const cxlkv_arena_options* o, cxlkv_arena** out) {
   if (d == nullptr || out == nullptr) return Fail(CXLKV_E_INVALID, "domain and out must be set");
   if (d->arenas == nullptr) {
-    return Fail(CXLKV_E_INVALID,
-                "this domain was not joined through an orchestrator (join \"orchestrator:<socket>\")"
-                " and has no pooled capacity to grow into");
+    return Fail(
+        CXLKV_E_INVALID,
+        "this domain was not joined through an orchestrator (join \"orchestrator:<socket>\")"
+        " and has no pooled capacity to grow into");
   }
   cxlkv::pool::FormatOptions fo;
   if (o != nullptr) {
@@ -198,8 +199,8 @@ CXLKV_API int cxlkv_domain_grow(cxlkv_domain* d, const cxlkv_arena_options* o, c
     (void)d->arenas->Shrink(grown->extent);
     return FromStatus(alloc.status());
   }
-  auto* a = new (std::nothrow) cxlkv_arena{nullptr, std::move(*alloc), d, grown->extent,
-                                           grown->revoked};
+  auto* a =
+      new (std::nothrow) cxlkv_arena{nullptr, std::move(*alloc), d, grown->extent, grown->revoked};
   if (a == nullptr) return Fail(CXLKV_E_INTERNAL, "out of memory");
   {
     std::lock_guard l(d->grown_mu);
@@ -223,9 +224,10 @@ CXLKV_API int cxlkv_domain_grow_extent(cxlkv_domain* d, cxlkv_revoke_fn on_revok
     return Fail(CXLKV_E_INVALID, "domain, on_revoke, extent, length and spec must be set");
   }
   if (d->arenas == nullptr) {
-    return Fail(CXLKV_E_INVALID,
-                "this domain was not joined through an orchestrator (join \"orchestrator:<socket>\")"
-                " and has no pooled capacity to grow into");
+    return Fail(
+        CXLKV_E_INVALID,
+        "this domain was not joined through an orchestrator (join \"orchestrator:<socket>\")"
+        " and has no pooled capacity to grow into");
   }
   auto raw = d->arenas->GrowRaw([on_revoke, ctx](std::uint32_t e) { on_revoke(ctx, e); });
   if (!raw.ok()) return FromStatus(raw.status());
@@ -287,7 +289,8 @@ CXLKV_API int cxlkv_domain_heartbeat(cxlkv_domain* d, cxlkv_arena* arena, size_t
       into = arena;
     }
     for (cxlkv_arena* g : d->grown) {
-      if (into == nullptr && std::memcmp(r.arena, g->alloc->arena().uuid().data(), 16) == 0) into = g;
+      if (into == nullptr && std::memcmp(r.arena, g->alloc->arena().uuid().data(), 16) == 0)
+        into = g;
     }
     if (into == nullptr || Revoked(into)) continue;
     n += into->alloc->Free(BlockHandle{r.index, r.generation}) == FreeResult::kOk;
@@ -328,11 +331,10 @@ CXLKV_API int cxlkv_prefix_publish(cxlkv_domain* d, uint64_t ns, const cxlkv_pre
   if (!SameArena(arena, ref)) return Fail(CXLKV_E_FOREIGN, "block ref names another arena");
   const co::PrefixKey p = parent ? co::PrefixKey{parent->lo, parent->hi} : co::PrefixKey{};
   absl::Status persist = absl::OkStatus();
-  const absl::Status st = d->host->Publish(
-      ns, co::PrefixKey{key->lo, key->hi}, p, ToCo(*ref), [&] {
-        persist = arena->alloc->Persist(BlockHandle{ref->index, ref->generation});
-        return persist.ok();
-      });
+  const absl::Status st = d->host->Publish(ns, co::PrefixKey{key->lo, key->hi}, p, ToCo(*ref), [&] {
+    persist = arena->alloc->Persist(BlockHandle{ref->index, ref->generation});
+    return persist.ok();
+  });
   if (!persist.ok()) return FromStatus(persist);
   if (absl::IsUnavailable(st)) return Fail(CXLKV_E_FULL, std::string(st.message()));
   return FromStatus(st);
@@ -387,7 +389,8 @@ CXLKV_API int cxlkv_lease_release_many(cxlkv_domain* d, cxlkv_lease* leases, siz
 }
 
 CXLKV_API int cxlkv_lease_renew(cxlkv_domain* d, cxlkv_lease* lease) {
-  if (d == nullptr || lease == nullptr) return Fail(CXLKV_E_INVALID, "domain and lease must be set");
+  if (d == nullptr || lease == nullptr)
+    return Fail(CXLKV_E_INVALID, "domain and lease must be set");
   co::Lease l = ToLease(*lease);
   const absl::Status st = d->host->Renew(l);
   if (absl::IsDeadlineExceeded(st)) return Fail(CXLKV_E_STALE, std::string(st.message()));
@@ -397,14 +400,16 @@ CXLKV_API int cxlkv_lease_renew(cxlkv_domain* d, cxlkv_lease* lease) {
 }
 
 CXLKV_API int cxlkv_lease_release(cxlkv_domain* d, cxlkv_lease* lease) {
-  if (d == nullptr || lease == nullptr) return Fail(CXLKV_E_INVALID, "domain and lease must be set");
+  if (d == nullptr || lease == nullptr)
+    return Fail(CXLKV_E_INVALID, "domain and lease must be set");
   co::Lease l = ToLease(*lease);
   d->host->Release(l);
   return CXLKV_OK;
 }
 
 CXLKV_API int cxlkv_lease_validate(cxlkv_domain* d, const cxlkv_lease* lease) {
-  if (d == nullptr || lease == nullptr) return Fail(CXLKV_E_INVALID, "domain and lease must be set");
+  if (d == nullptr || lease == nullptr)
+    return Fail(CXLKV_E_INVALID, "domain and lease must be set");
   const absl::Status st = d->host->ValidateAfterCopy(ToLease(*lease));
   if (!st.ok()) return Fail(CXLKV_E_STALE, std::string(st.message()));
   return CXLKV_OK;
@@ -423,7 +428,8 @@ namespace {
 // deadline and block checks of cxlkv_lease_copy_out / cxlkv_block_invalidate (cxlkv.h).
 int LeasedRange(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* lease,
                 uint64_t offset, size_t len, const std::byte** out) {
-  if (d == nullptr || lease == nullptr) return Fail(CXLKV_E_INVALID, "domain and lease must be set");
+  if (d == nullptr || lease == nullptr)
+    return Fail(CXLKV_E_INVALID, "domain and lease must be set");
   if (len == 0) return Fail(CXLKV_E_INVALID, "len must be at least 1 byte");
   if (d->clock.NowMs() > lease->deadline_ms) {
     return Fail(CXLKV_E_STALE, "the lease's deadline has passed (" +
@@ -467,8 +473,8 @@ int LeasedRange(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* le
   if (offset > bytes || len > bytes - offset) {
     return Fail(CXLKV_E_INVALID, std::to_string(len) + " bytes at offset " +
                                      std::to_string(offset) + " are not inside block " +
-                                     std::to_string(ref.index) + " of " +
-                                     std::to_string(bytes) + " bytes");
+                                     std::to_string(ref.index) + " of " + std::to_string(bytes) +
+                                     " bytes");
   }
   *out = static_cast<const std::byte*>(addr) + offset;
   return CXLKV_OK;
@@ -523,4 +529,3 @@ CXLKV_API void cxlkv_owner_step(cxlkv_owner* o) {
 }
 
 CXLKV_API void cxlkv_owner_close(cxlkv_owner* o) { delete o; }
-

@@ -160,11 +160,10 @@ void PrefixHost::NoteOwnerLine(const OwnerHostLine& o, std::int64_t read_ms) {
   while (k < sent_beats_.size() && sent_beats_[k].first <= o.acked_heartbeat) ++k;
   if (k == 0) return;
   const std::int64_t sent_ms = sent_beats_[k - 1].second;
-  alive_until_ms_ = std::max(alive_until_ms_,
-                             sent_ms + static_cast<std::int64_t>(h_.host_ttl_ms) - margin_ms_);
+  alive_until_ms_ =
+      std::max(alive_until_ms_, sent_ms + static_cast<std::int64_t>(h_.host_ttl_ms) - margin_ms_);
   if (o.clock_id != 0) NoteOffsetBound(o.acked_at_ms, o.clock_id, sent_ms);
-  sent_beats_.erase(sent_beats_.begin(),
-                    sent_beats_.begin() + static_cast<std::ptrdiff_t>(k - 1));
+  sent_beats_.erase(sent_beats_.begin(), sent_beats_.begin() + static_cast<std::ptrdiff_t>(k - 1));
 }
 
 // The owner read its clock after it saw the beat, and the beat left after this host read
@@ -308,9 +307,10 @@ absl::StatusOr<Lease> PrefixHost::Acquire(const Hit& hit) {
   if (StoodStill(c)) {
     WriteLeaseRow(row, 0, 0, false, /*full_fence=*/false);
     DropAfterPause();
-    return absl::UnavailableError(absl::StrCat(
-        "host ", host_, ": its clock stood still (a VM stop or suspend); leases dropped — "
-        "retry after Heartbeat()"));
+    return absl::UnavailableError(
+        absl::StrCat("host ", host_,
+                     ": its clock stood still (a VM stop or suspend); leases dropped — "
+                     "retry after Heartbeat()"));
   }
   if (!entry_ok || static_cast<EntryState>(e.state) != EntryState::kPublished ||
       e.entry_gen != hit.entry_gen) {
@@ -405,12 +405,14 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns,
   mem_.Read(kOwnerClockOffset, &c, sizeof(c));
   if (!LineValid(c) && !ReadShared(mem_, kOwnerClockOffset, &c)) c = OwnerClockLine{};
   if (StoodStill(c)) {
-    for (std::size_t i = 0; i < n; ++i) StoreLeaseRow(free_rows_[first_row + n - 1 - i], 0, 0, false);
+    for (std::size_t i = 0; i < n; ++i)
+      StoreLeaseRow(free_rows_[first_row + n - 1 - i], 0, 0, false);
     mem_.Fence();
     DropAfterPause();
-    return absl::UnavailableError(absl::StrCat(
-        "host ", host_, ": its clock stood still (a VM stop or suspend); leases dropped — "
-        "retry after Heartbeat()"));
+    return absl::UnavailableError(
+        absl::StrCat("host ", host_,
+                     ": its clock stood still (a VM stop or suspend); leases dropped — "
+                     "retry after Heartbeat()"));
   }
   std::size_t held = 0;
   for (; held < n; ++held) {
@@ -472,17 +474,17 @@ absl::Status PrefixHost::Renew(Lease& lease) {
   // suspend) passes it after the owner fenced this host or expired the row.
   if (StoodStill(c.owner_ms, c.clock_id, after)) {
     DropAfterPause();
-    return absl::DeadlineExceededError(absl::StrCat(
-        "host ", host_, ": its clock stood still (a VM stop or suspend) and the lease may have "
-        "been reclaimed; every lease is dropped — acquire again after Heartbeat()"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("host ", host_,
+                     ": its clock stood still (a VM stop or suspend) and the lease may have "
+                     "been reclaimed; every lease is dropped — acquire again after Heartbeat()"));
   }
   // The entry must still hold the leased generation: published, or retired since (a lease
   // keeps a retired block until it ends). Anything else means the block was reclaimed.
   const auto state = static_cast<EntryState>(e.state);
-  const bool entry_holds =
-      entry_ok && e.publisher != kQuarantined &&
-      ((state == EntryState::kPublished && e.entry_gen == lease.entry_gen) ||
-       (state == EntryState::kRetired && e.entry_gen == lease.entry_gen + 1));
+  const bool entry_holds = entry_ok && e.publisher != kQuarantined &&
+                           ((state == EntryState::kPublished && e.entry_gen == lease.entry_gen) ||
+                            (state == EntryState::kRetired && e.entry_gen == lease.entry_gen + 1));
   if (!entry_holds) {
     Release(lease);
     return absl::DeadlineExceededError("the block was reclaimed; the lease is lost");
@@ -627,9 +629,10 @@ absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {
     handed_head_ = return_head_;
   }
   if (pauses_ != pauses) {
-    return absl::AbortedError(absl::StrCat(
-        "host ", host_, ": its clock stood still (a VM stop or suspend); its leases are gone; "
-        "leases again once this heartbeat is acknowledged"));
+    return absl::AbortedError(
+        absl::StrCat("host ", host_,
+                     ": its clock stood still (a VM stop or suspend); its leases are gone; "
+                     "leases again once this heartbeat is acknowledged"));
   }
   return absl::OkStatus();
 }

@@ -270,8 +270,8 @@ std::uint32_t PrefixOwner::ApplyRequests() {
         // applying the request, before its owner line said so, did publish it: handing it
         // back would let the publisher reuse a published block), or its arena is revoked.
         ++stats_.rejected;
-        if (r.op == static_cast<std::uint32_t>(RequestOp::kPublish) &&
-            named_.count(r.ref) == 0 && !Revoked(r.ref)) {
+        if (r.op == static_cast<std::uint32_t>(RequestOp::kPublish) && named_.count(r.ref) == 0 &&
+            !Revoked(r.ref)) {
           ReturnBlock(host, r.ref);
         }
       }

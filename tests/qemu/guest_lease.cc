@@ -132,8 +132,8 @@ std::vector<Range> ParseRanges(const std::string& text) {
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     std::vector<absl::string_view> fc = absl::StrSplit(part, ':');
     Range r;
-    if (fc.size() != 2 || !absl::SimpleAtoi(fc[0], &r.first) || !absl::SimpleAtoi(fc[1], &r.count) ||
-        r.count == 0) {
+    if (fc.size() != 2 || !absl::SimpleAtoi(fc[0], &r.first) ||
+        !absl::SimpleAtoi(fc[1], &r.count) || r.count == 0) {
       Fail("'" + text + "': give prefix ranges as FIRST:COUNT[,FIRST:COUNT...]");
     }
     out.push_back(r);
@@ -221,8 +221,8 @@ void JoinControl(Host& h, const std::string& endpoint, std::uint32_t id) {
   const std::string what = "join " + endpoint + " as host " + std::to_string(id);
   h.client = Must(Retry(what, [&] { return orch::HostClient::Connect(endpoint, id); }), what);
   h.client->StartHeartbeats();
-  h.domain = Must(pool::OpenRegion(h.client->domain_spec()),
-                  "prefix domain " + h.client->domain_spec());
+  h.domain =
+      Must(pool::OpenRegion(h.client->domain_spec()), "prefix domain " + h.client->domain_spec());
   h.mem = std::make_unique<co::DirectMem>(h.domain->addr(), h.domain->size_bytes());
 }
 
@@ -252,7 +252,8 @@ int Serve(const ServeOptions& o) {
   pool::FormatOptions fo;
   fo.layout = kLayout;
   fo.owner_slots = 8;
-  auto grown = Must(Retry(who + ": grow", [&] { return pooled.Grow(fo); }), who + ": grow an extent");
+  auto grown =
+      Must(Retry(who + ": grow", [&] { return pooled.Grow(fo); }), who + ": grow an extent");
   const std::uint32_t extent = grown.extent;
   const std::atomic<bool>* revoked = grown.revoked;
   auto alloc = Must(BlockAllocator::Create(std::move(grown.arena)), who + ": allocator");
@@ -287,8 +288,9 @@ int Serve(const ServeOptions& o) {
         h.Beat();  // ring full: the owner is catching up
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
-      if (!st.ok()) Fail(who + ": publish prefix " + std::to_string(p) + " block " +
-                         std::to_string(b) + ": " + std::string(st.message()));
+      if (!st.ok())
+        Fail(who + ": publish prefix " + std::to_string(p) + " block " + std::to_string(b) + ": " +
+             std::string(st.message()));
       ++published;
     }
   }
@@ -361,7 +363,8 @@ int Serve(const ServeOptions& o) {
       }
       ++renewals;
     }
-    if (revoked->load()) Fail(who + ": extent " + std::to_string(extent) + " was revoked while serving");
+    if (revoked->load())
+      Fail(who + ": extent " + std::to_string(extent) + " was revoked while serving");
     if (h.client->rejoins() != 0) Fail(who + ": fenced by the orchestrator while serving");
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -477,7 +480,7 @@ int Read(const ReadOptions& o) {
   Tally t;
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(o.timeout_s));
+                                    std::chrono::duration<double>(o.timeout_s));
   for (std::uint32_t p : Expand(ParseRanges(o.prefixes))) {
     std::vector<co::Lease> leases = TakeVerified(h, pooled, p, o.blocks, deadline, who, t);
     const std::size_t before = h.prefix->leases_held();
@@ -489,14 +492,14 @@ int Read(const ReadOptions& o) {
   }
   if (h.client->rejoins() != 0) Fail(who + ": fenced by the orchestrator while reading");
   MustLeave(*h.client, who);
-  std::printf("%s: verified %llu blocks (%llu KiB, every byte) from %zu arenas [%s] in %.1f s; "
-              "%llu leases taken, %llu released, %llu copies discarded by validation; left\n",
-              who.c_str(), static_cast<unsigned long long>(t.verified),
-              static_cast<unsigned long long>(t.verified * kLayout.BlockBytes() / 1024),
-              t.arenas.size(), Arenas(t).c_str(),
-              std::chrono::duration<double>(Clock::now() - start).count(),
-              static_cast<unsigned long long>(t.leased), static_cast<unsigned long long>(t.released),
-              static_cast<unsigned long long>(t.discarded));
+  std::printf(
+      "%s: verified %llu blocks (%llu KiB, every byte) from %zu arenas [%s] in %.1f s; "
+      "%llu leases taken, %llu released, %llu copies discarded by validation; left\n",
+      who.c_str(), static_cast<unsigned long long>(t.verified),
+      static_cast<unsigned long long>(t.verified * kLayout.BlockBytes() / 1024), t.arenas.size(),
+      Arenas(t).c_str(), std::chrono::duration<double>(Clock::now() - start).count(),
+      static_cast<unsigned long long>(t.leased), static_cast<unsigned long long>(t.released),
+      static_cast<unsigned long long>(t.discarded));
   return 0;
 }
 
@@ -512,7 +515,7 @@ int Hold(const ReadOptions& o) {
   Tally t;
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(o.timeout_s));
+                                    std::chrono::duration<double>(o.timeout_s));
   struct Held {
     std::uint32_t p = 0, b = 0;
     co::Lease lease;
@@ -526,7 +529,8 @@ int Hold(const ReadOptions& o) {
     std::ofstream f(o.ready + ".tmp");
     f << "host=" << o.host << "\nleases=" << held.size() << "\n";
     f.close();
-    if (!f || std::rename((o.ready + ".tmp").c_str(), o.ready.c_str()) != 0) Fail("write " + o.ready);
+    if (!f || std::rename((o.ready + ".tmp").c_str(), o.ready.c_str()) != 0)
+      Fail("write " + o.ready);
   }
   Log(who, "holds " + std::to_string(held.size()) + " leases on verified blocks of arenas [" +
                Arenas(t) + "]");
@@ -570,10 +574,11 @@ int Hold(const ReadOptions& o) {
   if (h.prefix->leases_held() != 0) Fail(who + ": leases still held after ReleaseAll");
   if (h.client->rejoins() != 0) Fail(who + ": fenced by the orchestrator while holding");
   MustLeave(*h.client, who);
-  std::printf("%s: held %zu leases for %.1f s (%llu renewals); at the end %u of %zu blocks intact, "
-              "%u of them retired meanwhile; released all, left\n",
-              who.c_str(), held.size(), secs, static_cast<unsigned long long>(renewals), intact,
-              held.size(), retired);
+  std::printf(
+      "%s: held %zu leases for %.1f s (%llu renewals); at the end %u of %zu blocks intact, "
+      "%u of them retired meanwhile; released all, left\n",
+      who.c_str(), held.size(), secs, static_cast<unsigned long long>(renewals), intact,
+      held.size(), retired);
   if (intact != held.size()) Fail(who + ": a block changed under a held lease");
   return 0;
 }
@@ -585,21 +590,27 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   ServeOptions so;
   CLI::App* serve = app.add_subcommand("serve", "publish prefixes from an extent and serve them");
-  serve->add_option("--endpoint", so.endpoint, "the orchestrator: a Unix socket or tcp:HOST:PORT")->required();
+  serve->add_option("--endpoint", so.endpoint, "the orchestrator: a Unix socket or tcp:HOST:PORT")
+      ->required();
   serve->add_option("--host", so.host, "host id")->required();
-  serve->add_option("--prefixes", so.prefixes, "prefixes to publish, FIRST:COUNT[,...]")->required();
+  serve->add_option("--prefixes", so.prefixes, "prefixes to publish, FIRST:COUNT[,...]")
+      ->required();
   serve->add_option("--blocks", so.blocks, "blocks per prefix")->check(CLI::Range(1, 64));
   serve->add_option("--hold", so.hold, "prefixes to lease and keep leased, FIRST:COUNT[,...]");
-  serve->add_option("--ready", so.ready, "written once everything is published and leased")->required();
+  serve->add_option("--ready", so.ready, "written once everything is published and leased")
+      ->required();
   ReadOptions ro;
   CLI::App* read = app.add_subcommand("read", "lease, copy and check every block of prefixes");
-  read->add_option("--endpoint", ro.endpoint, "the orchestrator: a Unix socket or tcp:HOST:PORT")->required();
+  read->add_option("--endpoint", ro.endpoint, "the orchestrator: a Unix socket or tcp:HOST:PORT")
+      ->required();
   read->add_option("--host", ro.host, "host id")->required();
   read->add_option("--prefixes", ro.prefixes, "prefixes to read, FIRST:COUNT[,...]")->required();
   read->add_option("--blocks", ro.blocks, "blocks per prefix")->check(CLI::Range(1, 64));
   read->add_option("--timeout", ro.timeout_s, "seconds to wait for unpublished prefixes");
-  CLI::App* hold = app.add_subcommand("hold", "lease and check prefixes, hold the leases until SIGTERM");
-  hold->add_option("--endpoint", ro.endpoint, "the orchestrator: a Unix socket or tcp:HOST:PORT")->required();
+  CLI::App* hold =
+      app.add_subcommand("hold", "lease and check prefixes, hold the leases until SIGTERM");
+  hold->add_option("--endpoint", ro.endpoint, "the orchestrator: a Unix socket or tcp:HOST:PORT")
+      ->required();
   hold->add_option("--host", ro.host, "host id")->required();
   hold->add_option("--prefixes", ro.prefixes, "prefixes to lease, FIRST:COUNT[,...]")->required();
   hold->add_option("--blocks", ro.blocks, "blocks per prefix")->check(CLI::Range(1, 64));

@@ -28,9 +28,9 @@
 namespace cxlkv::tier {
 
 using pool::ErrnoStatus;
-using pool::Region;
 using pool::kArenaMagic;
 using pool::kFormattingMagic;
+using pool::Region;
 using pool::SourceKind;
 namespace {
 

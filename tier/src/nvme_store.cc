@@ -82,14 +82,22 @@ std::string FsType(int fd) {
   struct statfs sf {};
   if (::fstatfs(fd, &sf) != 0) return "unknown";
   switch (static_cast<unsigned long>(sf.f_type)) {
-    case 0xEF53: return "ext4";
-    case 0x58465342: return "xfs";
-    case 0x9123683E: return "btrfs";
-    case 0x01021994: return "tmpfs";
-    case 0x65735546: return "fuse";
-    case 0x6969: return "nfs";
-    case 0x794c7630: return "overlayfs";
-    default: return absl::StrFormat("type %#lx", static_cast<unsigned long>(sf.f_type));
+    case 0xEF53:
+      return "ext4";
+    case 0x58465342:
+      return "xfs";
+    case 0x9123683E:
+      return "btrfs";
+    case 0x01021994:
+      return "tmpfs";
+    case 0x65735546:
+      return "fuse";
+    case 0x6969:
+      return "nfs";
+    case 0x794c7630:
+      return "overlayfs";
+    default:
+      return absl::StrFormat("type %#lx", static_cast<unsigned long>(sf.f_type));
   }
 }
 
@@ -198,9 +206,9 @@ absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Open(const NvmeStoreOption
 absl::Status NvmeStore::Init(const NvmeStoreOptions& o, NvmeOpenReport* report) {
   if (o.dir.empty()) return absl::InvalidArgumentError("NvmeStore: options.dir is empty");
   if (o.payload_bytes == 0 || o.payload_bytes > kNvmeMaxPayloadBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        o.dir, ": payload_bytes ", o.payload_bytes, " must be in 1..", kNvmeMaxPayloadBytes,
-        " (the KV block size)"));
+    return absl::InvalidArgumentError(absl::StrCat(o.dir, ": payload_bytes ", o.payload_bytes,
+                                                   " must be in 1..", kNvmeMaxPayloadBytes,
+                                                   " (the KV block size)"));
   }
   if (o.queue_depth == 0 || o.queue_depth > 4096) {
     return absl::InvalidArgumentError(
@@ -235,8 +243,9 @@ absl::Status NvmeStore::Init(const NvmeStoreOptions& o, NvmeOpenReport* report) 
   if (::flock(dir_fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
       return absl::FailedPreconditionError(absl::StrCat(
-          dir_, ": the NVMe store is open in another process (it holds the directory's flock); "
-                "stop that process or use another directory"));
+          dir_,
+          ": the NVMe store is open in another process (it holds the directory's flock); "
+          "stop that process or use another directory"));
     }
     return ErrnoStatus(errno, dir_, "flock");
   }
@@ -269,23 +278,22 @@ absl::Status NvmeStore::OpenMeta(const NvmeStoreOptions& o) {
     const ssize_t n = ::pread(fd.fd, &meta, sizeof(meta), 0);
     if (n < 0) return ErrnoStatus(errno, meta_path_, "read");
     if (static_cast<std::size_t>(n) != sizeof(meta)) {
-      return absl::DataLossError(absl::StrCat(
-          meta_path_, ": truncated (", n, " bytes); the store's metadata is lost — remove ",
-          dir_, " to start an empty store"));
+      return absl::DataLossError(absl::StrCat(meta_path_, ": truncated (", n,
+                                              " bytes); the store's metadata is lost — remove ",
+                                              dir_, " to start an empty store"));
     }
-    if (auto st = coherence::Check(meta, kNvmeMetaMagic, kNvmeVersion, kNvmeVersion,
-                                   meta_path_);
+    if (auto st = coherence::Check(meta, kNvmeMetaMagic, kNvmeVersion, kNvmeVersion, meta_path_);
         !st.ok()) {
-      return absl::Status(st.code(), absl::StrCat(st.message(), " — remove ", dir_,
-                                                  " to start an empty store"));
+      return absl::Status(
+          st.code(), absl::StrCat(st.message(), " — remove ", dir_, " to start an empty store"));
     }
     if (meta.payload_capacity_bytes != o.payload_bytes || meta.slot_bytes != slot_bytes_ ||
         meta.header_bytes != kNvmeHeaderBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          dir_, ": the store was created for blocks of ", meta.payload_capacity_bytes,
-          " bytes (slots of ", meta.slot_bytes, "), not ", o.payload_bytes,
-          "; open it with payload_bytes=", meta.payload_capacity_bytes,
-          " or use another directory"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir_, ": the store was created for blocks of ", meta.payload_capacity_bytes,
+                       " bytes (slots of ", meta.slot_bytes, "), not ", o.payload_bytes,
+                       "; open it with payload_bytes=", meta.payload_capacity_bytes,
+                       " or use another directory"));
     }
     std::memcpy(uuid_, meta.uuid, sizeof(uuid_));
     return absl::OkStatus();
@@ -342,8 +350,7 @@ absl::Status NvmeStore::OpenSlots() {
   return absl::OkStatus();
 }
 
-absl::Status NvmeStore::WriteSync(std::uint64_t offset, const std::byte* buf,
-                                  std::uint64_t bytes) {
+absl::Status NvmeStore::WriteSync(std::uint64_t offset, const std::byte* buf, std::uint64_t bytes) {
   const ssize_t n = ::pwrite(slots_fd_, buf, bytes, static_cast<off_t>(offset));
   if (n < 0) return WriteError(errno, slots_path_, "write");
   if (static_cast<std::uint64_t>(n) != bytes) {
@@ -359,8 +366,8 @@ absl::Status NvmeStore::Scan(bool verify_payloads, NvmeOpenReport* report) {
   std::lock_guard<std::mutex> l(mu_);
   const std::uint64_t total = slots_.size();
   const std::uint64_t read_bytes = verify_payloads ? slot_bytes_ : kNvmeHeaderBytes;
-  const std::uint64_t depth = std::clamp<std::uint64_t>(kScanBufferBytes / read_bytes, 1,
-                                                        queue_depth_);
+  const std::uint64_t depth =
+      std::clamp<std::uint64_t>(kScanBufferBytes / read_bytes, 1, queue_depth_);
   std::vector<std::byte*> bufs(depth);
   for (auto& b : bufs) b = AlignedAlloc(read_bytes);
   std::vector<std::uint64_t> superseded;
@@ -409,13 +416,13 @@ absl::Status NvmeStore::Scan(bool verify_payloads, NvmeOpenReport* report) {
       }
       NvmeSlotHeader h;
       std::memcpy(&h, bufs[i], sizeof(h));
-      absl::Status st = coherence::Check(h, kNvmeSlotMagic, kNvmeVersion, kNvmeVersion,
-                                         SlotName(slot));
+      absl::Status st =
+          coherence::Check(h, kNvmeSlotMagic, kNvmeVersion, kNvmeVersion, SlotName(slot));
       if (absl::IsNotFound(st)) continue;  // never written, or retired
       if (st.ok() && std::memcmp(h.store_uuid, uuid_, sizeof(uuid_)) != 0) {
         st = absl::DataLossError(absl::StrCat(SlotName(slot), ": written by another store"));
-      } else if (st.ok() && (h.slot != slot || h.payload_bytes == 0 ||
-                             h.payload_bytes > payload_bytes_)) {
+      } else if (st.ok() &&
+                 (h.slot != slot || h.payload_bytes == 0 || h.payload_bytes > payload_bytes_)) {
         st = absl::DataLossError(absl::StrCat(SlotName(slot), ": header names slot ", h.slot,
                                               " and ", h.payload_bytes, " payload bytes"));
       } else if (st.ok() && verify_payloads &&
@@ -482,10 +489,9 @@ absl::Status NvmeStore::Grow(const NvmeKey& key) {
   if (want <= have) {
     ++stats_.out_of_space;
     return absl::ResourceExhaustedError(absl::StrCat(
-        dir_, ": store full: all ", have, " slots (capacity_bytes allows ", capacity_slots_,
-        " of ", slot_bytes_, " bytes) hold blocks or are being retired; cannot store block ",
-        NvmeKeyToString(key),
-        " — delete blocks, or open the store with a larger capacity_bytes"));
+        dir_, ": store full: all ", have, " slots (capacity_bytes allows ", capacity_slots_, " of ",
+        slot_bytes_, " bytes) hold blocks or are being retired; cannot store block ",
+        NvmeKeyToString(key), " — delete blocks, or open the store with a larger capacity_bytes"));
   }
   if (preallocate_) {
     int rc = 0;
@@ -635,8 +641,8 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
     if (op.kind == NvmeOpKind::kDelete) {
       auto it = index_.find(op.key);
       if (it == index_.end()) {
-        CompleteOp(&batch, i, absl::NotFoundError(absl::StrCat(dir_, ": no block ",
-                                                               NvmeKeyToString(op.key))),
+        CompleteOp(&batch, i,
+                   absl::NotFoundError(absl::StrCat(dir_, ": no block ", NvmeKeyToString(op.key))),
                    0, &finished);
         continue;
       }
@@ -690,8 +696,8 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
     } else {  // kGet
       auto it = index_.find(op.key);
       if (it == index_.end()) {
-        CompleteOp(&batch, i, absl::NotFoundError(absl::StrCat(dir_, ": no block ",
-                                                               NvmeKeyToString(op.key))),
+        CompleteOp(&batch, i,
+                   absl::NotFoundError(absl::StrCat(dir_, ": no block ", NvmeKeyToString(op.key))),
                    0, &finished);
         continue;
       }
@@ -748,8 +754,7 @@ absl::Status NvmeStore::Prefetch(std::span<const NvmeKey> keys, std::span<void* 
                                  NvmeBatch::Callback done) {
   if (keys.size() != dests.size()) {
     return absl::InvalidArgumentError(absl::StrCat(dir_, ": Prefetch of ", keys.size(),
-                                                   " keys into ", dests.size(),
-                                                   " destinations"));
+                                                   " keys into ", dests.size(), " destinations"));
   }
   if (!batch.done()) {
     return absl::FailedPreconditionError(
@@ -765,8 +770,7 @@ absl::Status NvmeStore::Prefetch(std::span<const NvmeKey> keys, std::span<void* 
 void NvmeStore::Verify(Io* io, int res) const {
   const std::string where = absl::StrCat(SlotName(io->slot), ": key ", NvmeKeyToString(io->key));
   const std::uint64_t n = io->payload_bytes;
-  const std::byte* payload =
-      io->bounced ? io->bounce : static_cast<const std::byte*>(io->dest);
+  const std::byte* payload = io->bounced ? io->bounce : static_cast<const std::byte*>(io->dest);
   absl::Status st;
   if (res < 0) {
     st = ErrnoStatus(-res, where, "read");
@@ -784,19 +788,19 @@ void NvmeStore::Verify(Io* io, int res) const {
                h.payload_bytes != n) {
       st = absl::DataLossError(absl::StrCat(
           where, ": slot header names key ", NvmeKeyToString({h.key_lo, h.key_hi}), " seq ",
-          h.head.seq, " slot ", h.slot, " (", h.payload_bytes, " bytes), expected seq ",
-          io->seq, " (", n, " bytes): the slot was overwritten behind the store's back"));
+          h.head.seq, " slot ", h.slot, " (", h.payload_bytes, " bytes), expected seq ", io->seq,
+          " (", n, " bytes): the slot was overwritten behind the store's back"));
     } else if (const std::uint64_t got = XXH3_64bits(payload, n); got != h.payload_xxh3) {
-      st = absl::DataLossError(absl::StrFormat(
-          "%s: payload checksum mismatch (header says %016x, data hashes to %016x)", where,
-          h.payload_xxh3, got));
+      st = absl::DataLossError(
+          absl::StrFormat("%s: payload checksum mismatch (header says %016x, data hashes to %016x)",
+                          where, h.payload_xxh3, got));
     }
   }
   if (st.ok()) {
     if (io->bounced) std::memcpy(io->dest, io->bounce, n);
   } else if (absl::IsDataLoss(st)) {
-    st = absl::DataLossError(absl::StrCat(
-        st.message(), "; the block was dropped from the store — recompute it"));
+    st = absl::DataLossError(
+        absl::StrCat(st.message(), "; the block was dropped from the store — recompute it"));
     if (!io->bounced) std::memset(io->dest, 0, std::min(n, io->dest_capacity));
   }
   io->verdict = std::move(st);
@@ -824,11 +828,10 @@ void NvmeStore::Apply(const Completion& c, std::vector<NvmeBatch*>* finished) {
         CompleteOp(io->batch, io->op, absl::OkStatus(), io->payload_bytes, finished);
       } else {
         // Nothing in the index changed; the slot may hold part of this write: retire it.
-        absl::Status st =
-            c.res < 0 ? WriteError(-c.res, SlotName(io->slot), "write")
-                      : WriteError(ENOSPC, SlotName(io->slot),
-                                   absl::StrCat("write (short: ", c.res, " of ",
-                                                io->expect_bytes, " bytes)"));
+        absl::Status st = c.res < 0 ? WriteError(-c.res, SlotName(io->slot), "write")
+                                    : WriteError(ENOSPC, SlotName(io->slot),
+                                                 absl::StrCat("write (short: ", c.res, " of ",
+                                                              io->expect_bytes, " bytes)"));
         if (absl::IsResourceExhausted(st)) ++stats_.out_of_space;
         Retire(io->slot);
         CompleteOp(io->batch, io->op,

@@ -337,8 +337,8 @@ absl::StatusOr<ReuseTracker::Loaded> ReuseTracker::Parse(absl::string_view bytes
 
 absl::StatusOr<NamespaceReuse> NamespaceReuse::Create(const NamespaceReuseOptions& o) {
   if (!(o.window_blocks >= 1 && o.window_blocks <= 1e12)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "NamespaceReuse: window_blocks ", o.window_blocks, " is out of range [1, 1e12]"));
+    return absl::InvalidArgumentError(absl::StrCat("NamespaceReuse: window_blocks ",
+                                                   o.window_blocks, " is out of range [1, 1e12]"));
   }
   if (!(o.alpha > 0 && o.alpha <= 1)) {
     return absl::InvalidArgumentError(

@@ -109,36 +109,38 @@ void AddDomainCommands(CLI::App& app) {
                 r.extents_total, static_cast<unsigned long long>(r.extent_bytes >> 20),
                 r.extents_assigned, r.extents_free, r.extents_quarantined);
     std::printf("hosts      %u live, %u fenced\n", r.hosts_live, r.hosts_fenced);
-    std::printf("prefixes   %llu published (domain %s); %llu duplicates, %llu reclaimed, %llu evicted\n",
-                static_cast<unsigned long long>(r.prefixes_published), r.domain_spec.c_str(),
-                static_cast<unsigned long long>(r.prefix_duplicates),
-                static_cast<unsigned long long>(r.prefixes_reclaimed),
-                static_cast<unsigned long long>(r.prefixes_evicted));
+    std::printf(
+        "prefixes   %llu published (domain %s); %llu duplicates, %llu reclaimed, %llu evicted\n",
+        static_cast<unsigned long long>(r.prefixes_published), r.domain_spec.c_str(),
+        static_cast<unsigned long long>(r.prefix_duplicates),
+        static_cast<unsigned long long>(r.prefixes_reclaimed),
+        static_cast<unsigned long long>(r.prefixes_evicted));
     std::printf("uptime     %.1f s; %llu extent assignments restored at start\n",
                 static_cast<double>(r.uptime_ms) / 1000.0,
                 static_cast<unsigned long long>(r.recovered_at_start));
   });
-  Sub(app, "hosts", "hosts of the domain: incarnation, state, heartbeat age, extents", o)->callback([o] {
-    const auto hosts = Invoke(*o, "hosts", [](auto& c) { return c.Hosts(); });
-    std::vector<WireJson> list;
-    list.reserve(hosts.size());
-    for (const orch::HostView& h : hosts) {
-      WireJson j;
-      j.U32("host_id", h.host_id).U64("incarnation", h.incarnation).Str("state", h.state);
-      j.I64("last_heartbeat_ms_ago", h.last_heartbeat_ms_ago).U32("extents", h.extents);
-      j.U64("used_bytes", h.used_bytes).Str("hostname", h.hostname);
-      list.push_back(std::move(j));
-    }
-    if (PrintJson(*o, WireJson().List("hosts", std::move(list)))) return;
-    std::printf("%-5s %-11s %-9s %-10s %-8s %-12s %s\n", "HOST", "INCARNATION", "STATE",
-                "HEARTBEAT", "EXTENTS", "USED", "NAME");
-    for (const orch::HostView& h : hosts) {
-      std::printf("%-5u %-11llu %-9s %-10s %-8u %-12llu %s\n", h.host_id,
-                  static_cast<unsigned long long>(h.incarnation), h.state.c_str(),
-                  (std::to_string(h.last_heartbeat_ms_ago) + " ms").c_str(), h.extents,
-                  static_cast<unsigned long long>(h.used_bytes), h.hostname.c_str());
-    }
-  });
+  Sub(app, "hosts", "hosts of the domain: incarnation, state, heartbeat age, extents", o)
+      ->callback([o] {
+        const auto hosts = Invoke(*o, "hosts", [](auto& c) { return c.Hosts(); });
+        std::vector<WireJson> list;
+        list.reserve(hosts.size());
+        for (const orch::HostView& h : hosts) {
+          WireJson j;
+          j.U32("host_id", h.host_id).U64("incarnation", h.incarnation).Str("state", h.state);
+          j.I64("last_heartbeat_ms_ago", h.last_heartbeat_ms_ago).U32("extents", h.extents);
+          j.U64("used_bytes", h.used_bytes).Str("hostname", h.hostname);
+          list.push_back(std::move(j));
+        }
+        if (PrintJson(*o, WireJson().List("hosts", std::move(list)))) return;
+        std::printf("%-5s %-11s %-9s %-10s %-8s %-12s %s\n", "HOST", "INCARNATION", "STATE",
+                    "HEARTBEAT", "EXTENTS", "USED", "NAME");
+        for (const orch::HostView& h : hosts) {
+          std::printf("%-5u %-11llu %-9s %-10s %-8u %-12llu %s\n", h.host_id,
+                      static_cast<unsigned long long>(h.incarnation), h.state.c_str(),
+                      (std::to_string(h.last_heartbeat_ms_ago) + " ms").c_str(), h.extents,
+                      static_cast<unsigned long long>(h.used_bytes), h.hostname.c_str());
+        }
+      });
   Sub(app, "extents", "every extent of the pooled region and who holds it", o)->callback([o] {
     const auto extents = Invoke(*o, "extents", [](auto& c) { return c.Extents(); });
     std::vector<WireJson> list;
@@ -164,8 +166,7 @@ void AddDomainCommands(CLI::App& app) {
   CLI::App* pre = Sub(app, "prefixes", "shared prefix index entries (published and retired)", o);
   pre->add_option("--limit", *limit, "entries to list (0: all)")->default_val(50);
   pre->callback([o, limit] {
-    const orch::PrefixList r =
-        Invoke(*o, "prefixes", [&](auto& c) { return c.Prefixes(*limit); });
+    const orch::PrefixList r = Invoke(*o, "prefixes", [&](auto& c) { return c.Prefixes(*limit); });
     std::vector<WireJson> list;
     list.reserve(r.prefixes.size());
     for (const orch::PrefixView& p : r.prefixes) {
@@ -182,8 +183,7 @@ void AddDomainCommands(CLI::App& app) {
                 "PUBLISHER", "BLOCK");
     for (const orch::PrefixView& p : r.prefixes) {
       std::printf("%-7u %-10s %016llx   %-34s %-9u %u\n", p.entry, p.state.c_str(),
-                  static_cast<unsigned long long>(p.ns), p.key.c_str(), p.publisher,
-                  p.block_index);
+                  static_cast<unsigned long long>(p.ns), p.key.c_str(), p.publisher, p.block_index);
     }
   });
   auto host = std::make_shared<unsigned>(0);

@@ -118,8 +118,8 @@ absl::Status HostClient::Join() {
       // A daemon closes a connection from a uid it does not allow before answering anything.
       return absl::Status(st.code(), absl::StrCat(st.message(), " (", rpc_->endpoint.target,
                                                   ": no orchestrator answered; if one runs, "
-                                                  "check that it allows uid ", ::geteuid(),
-                                                  " in rpc.allowed_uids)"));
+                                                  "check that it allows uid ",
+                                                  ::geteuid(), " in rpc.allowed_uids)"));
     }
     return st;
   }
@@ -191,7 +191,8 @@ void HostClient::StartHeartbeats(std::function<HostCounters()> counters) {
     while (!stop_.load()) {
       (void)HeartbeatOnce();
       for (std::uint32_t t = 0; t < period_ms_ && !stop_.load(); t += 10) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(std::min<std::uint32_t>(10, period_ms_)));
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(std::min<std::uint32_t>(10, period_ms_)));
       }
     }
   });
@@ -212,9 +213,9 @@ absl::StatusOr<std::vector<GrantedExtent>> HostClient::Grow(std::uint32_t n) {
   if (incarnation_ != inc) {
     // Granted to the incarnation this host had when it asked; it has been fenced and
     // rejoined since, so the grant is the old incarnation's (the orchestrator takes it back).
-    return absl::FailedPreconditionError(absl::StrCat(
-        "grow: granted to incarnation ", inc, ", but host ", host_, " rejoined as incarnation ",
-        incarnation_, " meanwhile: grow again"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("grow: granted to incarnation ", inc, ", but host ", host_,
+                     " rejoined as incarnation ", incarnation_, " meanwhile: grow again"));
   }
   ++grants_;
   for (const pb::Extent& e : rep.granted()) {

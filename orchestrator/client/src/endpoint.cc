@@ -41,9 +41,10 @@ absl::StatusOr<Endpoint> ResolveEndpoint(const std::string& where) {
   }
   const char* token_file = std::getenv("CXLKV_RPC_TOKEN_FILE");
   if (token_file == nullptr || *token_file == '\0') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", where, "': the orchestrator's TCP endpoint needs the domain's token; set "
-        "CXLKV_RPC_TOKEN_FILE to the file holding it (the daemon's rpc.token_file)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", where,
+                     "': the orchestrator's TCP endpoint needs the domain's token; set "
+                     "CXLKV_RPC_TOKEN_FILE to the file holding it (the daemon's rpc.token_file)"));
   }
   auto token = ReadTokenFile(token_file, "CXLKV_RPC_TOKEN_FILE");
   if (!token.ok()) return token.status();

@@ -53,7 +53,7 @@ void PooledArenas::OnRevoke(std::function<void(std::uint32_t)> fn) {
 std::string PooledArenas::WindowSpec(std::uint64_t offset, std::uint64_t length) const {
   auto spec = pool::ParseSourceSpec(client_.pool_spec());
   if (!spec.ok()) return client_.pool_spec();  // OpenRegion reports the error
-  spec->size_bytes = 0;  // the pool exists: take its size
+  spec->size_bytes = 0;                        // the pool exists: take its size
   spec->reserve = false;
   spec->offset += offset;  // the extent's place inside the pool, which may be a window itself
   spec->length = length;
@@ -71,10 +71,10 @@ absl::StatusOr<PooledArenas::Grown> PooledArenas::Grow(const pool::FormatOptions
   };
   auto region = pool::OpenRegion(WindowSpec(e.offset, e.length));
   if (!region.ok()) {
-    return give_back(absl::Status(region.status().code(),
-                                  absl::StrCat("extent ", e.index, " of domain pool '",
-                                               client_.pool_spec(), "': ",
-                                               region.status().message())));
+    return give_back(
+        absl::Status(region.status().code(),
+                     absl::StrCat("extent ", e.index, " of domain pool '", client_.pool_spec(),
+                                  "': ", region.status().message())));
   }
   std::byte* addr = (*region)->addr();
   pool::FormatOptions fo = options;

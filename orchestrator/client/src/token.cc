@@ -51,22 +51,22 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path, absl::string_
     return absl::InvalidArgumentError(absl::StrCat(what, " '", path, "': not a regular file"));
   }
   if ((st.st_mode & 077) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        what, " '", path, "': readable or writable by group or others (mode ",
-        absl::StrFormat("%o", st.st_mode & 0777), "); `chmod 600 ", path, "`"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(what, " '", path, "': readable or writable by group or others (mode ",
+                     absl::StrFormat("%o", st.st_mode & 0777), "); `chmod 600 ", path, "`"));
   }
   auto text = ReadSmallFile(path, what);
   if (!text.ok()) return text.status();
   const std::string token(absl::StripAsciiWhitespace(*text));
   if (token.size() < 16 || token.size() > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " '", path, "': the token must be 16 to 4096 characters (it has ", token.size(),
-        "); e.g. `head -c 32 /dev/urandom | base64`"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "': the token must be 16 to 4096 characters (it has ",
+                     token.size(), "); e.g. `head -c 32 /dev/urandom | base64`"));
   }
   for (char c : token) {
     if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " '", path, "': the token must be printable ASCII without spaces"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " '", path, "': the token must be printable ASCII without spaces"));
     }
   }
   return token;

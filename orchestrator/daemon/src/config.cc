@@ -1,6 +1,5 @@
 // domain.toml parsing with toml++: every key is known, typed and range-checked.
 #include "cxlkv/orchestrator/config.h"
-#include "cxlkv/orchestrator/token.h"
 
 #include <algorithm>
 #include <fstream>
@@ -8,9 +7,10 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/orchestrator/token.h"
 #define TOML_EXCEPTIONS 1
-#include "toml++/toml.h"
 #include "cxlkv/pool/spec.h"
+#include "toml++/toml.h"
 
 namespace cxlkv::orchestrator {
 namespace {
@@ -20,8 +20,9 @@ class Parser {
   explicit Parser(absl::string_view source) : source_(source) {}
 
   absl::Status Error(const toml::node& n, absl::string_view key, absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(source_, ":", static_cast<std::uint64_t>(n.source().begin.line),
-                                                   ": key '", key, "': ", what));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ":", static_cast<std::uint64_t>(n.source().begin.line), ": key '",
+                     key, "': ", what));
   }
 
   absl::Status Str(const toml::node& n, absl::string_view key, std::string* out) const {
@@ -37,8 +38,8 @@ class Parser {
     return absl::OkStatus();
   }
 
-  absl::Status U32(const toml::node& n, absl::string_view key, std::uint32_t* out,
-                   std::int64_t lo, std::int64_t hi) const {
+  absl::Status U32(const toml::node& n, absl::string_view key, std::uint32_t* out, std::int64_t lo,
+                   std::int64_t hi) const {
     if (!n.is_integer()) return Error(n, key, "expected an integer");
     const std::int64_t v = *n.value<std::int64_t>();
     if (v < lo || v > hi) {
@@ -51,8 +52,8 @@ class Parser {
   absl::Status Real(const toml::node& n, absl::string_view key, double* out, double lo,
                     double hi) const {
     if (!n.is_number()) return Error(n, key, "expected a number");
-    const double v = n.is_integer() ? static_cast<double>(*n.value<std::int64_t>())
-                                    : *n.value<double>();
+    const double v =
+        n.is_integer() ? static_cast<double>(*n.value<std::int64_t>()) : *n.value<double>();
     if (!(v >= lo && v <= hi)) {
       return Error(n, key, absl::StrCat(v, " is out of range [", lo, ", ", hi, "]"));
     }
@@ -130,141 +131,187 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
     root = toml::parse(std::string_view(text.data(), text.size()),
                        std::string_view(source_name.data(), source_name.size()));
   } catch (const toml::parse_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat(source_name, ":", static_cast<std::uint64_t>(e.source().begin.line), ": ",
-                                                   std::string(e.description())));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ":", static_cast<std::uint64_t>(e.source().begin.line), ": ",
+                     std::string(e.description())));
   }
   Config c;
   Parser p(source_name);
   using H = Parser::Handler;
   const toml::node& rootn = root;
-  absl::Status st = p.Table(rootn, "", {
-    {"domain", H([&](const toml::node& n, const std::string& k) {
-       return p.Table(n, k, {
-         {"name", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.name); })},
-         {"pool", H([&](auto& v, auto& kk) { return p.Spec(v, kk, &c.pool); })},
-         {"prefix_domain", H([&](auto& v, auto& kk) { return p.Spec(v, kk, &c.prefix_domain); })},
-         {"extent_size", H([&](auto& v, auto& kk) { return p.Size(v, kk, &c.extent_bytes); })},
-         {"state_file", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.state_file); })},
-         {"max_hosts", H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.max_hosts, 1, 1024); })},
-         {"index_entries",
-          H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.index_entries, 64, 1 << 26); })},
-         {"lease_rows", H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.lease_rows, 1, 65536); })},
-         {"ring_slots", H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.ring_slots, 4, 65536); })},
-       });
-     })},
-    {"rpc", H([&](const toml::node& n, const std::string& k) {
-       return p.Table(n, k, {
-         {"socket", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.socket); })},
-         {"allowed_uids",
-          H([&](auto& v, auto& kk) { return p.U32List(v, kk, &c.allowed_uids, 0xFFFFFFFE); })},
-         {"tcp", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.tcp); })},
-         {"token_file", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.token_file); })},
-         {"tls_cert", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.tls_cert); })},
-         {"tls_key", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.tls_key); })},
-       });
-     })},
-    {"metrics", H([&](const toml::node& n, const std::string& k) {
-       return p.Table(n, k, {
-         {"listen", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.metrics_listen); })},
-       });
-     })},
-    {"timing", H([&](const toml::node& n, const std::string& k) {
-       return p.Table(n, k, {
-         {"lease_ttl_ms", H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.lease_ttl_ms, 10, 3600000); })},
-         {"host_ttl_ms", H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.host_ttl_ms, 10, 3600000); })},
-         {"heartbeat_period_ms",
-          H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.heartbeat_period_ms, 1, 600000); })},
-         {"grace_ms", H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.grace_ms, 0, 600000); })},
-         {"capacity_lease_ms",
-          H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.capacity_lease_ms, 10, 86400000); })},
-         {"owner_period_ms", H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.owner_period_ms, 1, 10000); })},
-       });
-     })},
-    {"hosts", H([&](const toml::node& n, const std::string& k) {
-       return p.Table(n, k, {
-         {"allowed", H([&](auto& v, auto& kk) { return p.U32List(v, kk, &c.allowed_hosts, 1023); })},
-       });
-     })},
-    {"capacity", H([&](const toml::node& n, const std::string& k) {
-       return p.Table(n, k, {
-         {"default_share", H([&](auto& v, auto& kk) { return p.Real(v, kk, &c.default_share, 0, 1); })},
-         {"shares", H([&](const toml::node& sn, const std::string& sk) {
-            const toml::table* t = sn.as_table();
-            if (t == nullptr) return p.Error(sn, sk, "expected a table of host id = share");
-            for (auto&& [hk, hv] : *t) {
-              std::uint32_t host = 0;
-              const std::string hs(hk.str());
-              if (hs.empty() || hs.size() > 4 ||
-                  !std::all_of(hs.begin(), hs.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-                return p.Error(hv, absl::StrCat(sk, ".", hs),
-                               "keys of [capacity.shares] are host ids (0..1023)");
-              }
-              host = static_cast<std::uint32_t>(std::stoul(hs));
-              double share = 0;
-              if (auto s2 = p.Real(hv, absl::StrCat(sk, ".", hs), &share, 0, 1); !s2.ok())
-                return s2;
-              c.shares[host] = share;
-            }
-            return absl::OkStatus();
-          })},
-       });
-     })},
-    {"namespace", H([&](const toml::node& n, const std::string& k) {
-       const toml::array* a = n.as_array();
-       if (a == nullptr || !a->is_array_of_tables()) {
-         return p.Error(n, k, "expected [[namespace]] tables");
-       }
-       for (const toml::node& t : *a) {
-         NamespaceConfig ns;
-         if (auto s2 = p.Table(t, k, {
-               {"tenant", H([&](auto& v, auto& kk) { return p.Str(v, kk, &ns.tenant); })},
-               {"model", H([&](auto& v, auto& kk) { return p.Str(v, kk, &ns.model); })},
-               {"layout", H([&](auto& v, auto& kk) { return p.Str(v, kk, &ns.layout); })},
-               {"pin", H([&](auto& v, auto& kk) {
-                  std::uint32_t pin = 0;
-                  auto s3 = p.U32(v, kk, &pin, 0, 3);
-                  ns.pin = static_cast<int>(pin);
-                  return s3;
-                })},
-             });
-             !s2.ok()) {
-           return s2;
-         }
-         if (ns.tenant.empty() || ns.model.empty() || ns.layout.empty()) {
-           return p.Error(t, k, "each [[namespace]] needs tenant, model and layout");
-         }
-         c.namespaces.push_back(ns);
-       }
-       return absl::OkStatus();
-     })},
-    {"placement", H([&](const toml::node&, const std::string&) {
-       // tier/ owns the section's keys; it reads them from the same text.
-       auto placement = tier::ParsePlacementConfig(text, source_name);
-       if (!placement.ok()) return placement.status();
-       c.placement = *std::move(placement);
-       return absl::OkStatus();
-     })},
-  });
+  absl::Status st = p.Table(
+      rootn, "",
+      {
+          {"domain", H([&](const toml::node& n, const std::string& k) {
+             return p.Table(
+                 n, k,
+                 {
+                     {"name", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.name); })},
+                     {"pool", H([&](auto& v, auto& kk) { return p.Spec(v, kk, &c.pool); })},
+                     {"prefix_domain",
+                      H([&](auto& v, auto& kk) { return p.Spec(v, kk, &c.prefix_domain); })},
+                     {"extent_size",
+                      H([&](auto& v, auto& kk) { return p.Size(v, kk, &c.extent_bytes); })},
+                     {"state_file",
+                      H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.state_file); })},
+                     {"max_hosts",
+                      H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.max_hosts, 1, 1024); })},
+                     {"index_entries", H([&](auto& v, auto& kk) {
+                        return p.U32(v, kk, &c.index_entries, 64, 1 << 26);
+                      })},
+                     {"lease_rows",
+                      H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.lease_rows, 1, 65536); })},
+                     {"ring_slots",
+                      H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.ring_slots, 4, 65536); })},
+                 });
+           })},
+          {"rpc", H([&](const toml::node& n, const std::string& k) {
+             return p.Table(
+                 n, k,
+                 {
+                     {"socket", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.socket); })},
+                     {"allowed_uids", H([&](auto& v, auto& kk) {
+                        return p.U32List(v, kk, &c.allowed_uids, 0xFFFFFFFE);
+                      })},
+                     {"tcp", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.tcp); })},
+                     {"token_file",
+                      H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.token_file); })},
+                     {"tls_cert", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.tls_cert); })},
+                     {"tls_key", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.tls_key); })},
+                 });
+           })},
+          {"metrics", H([&](const toml::node& n, const std::string& k) {
+             return p.Table(n, k,
+                            {
+                                {"listen", H([&](auto& v, auto& kk) {
+                                   return p.Str(v, kk, &c.metrics_listen);
+                                 })},
+                            });
+           })},
+          {"timing", H([&](const toml::node& n, const std::string& k) {
+             return p.Table(n, k,
+                            {
+                                {"lease_ttl_ms", H([&](auto& v, auto& kk) {
+                                   return p.U32(v, kk, &c.lease_ttl_ms, 10, 3600000);
+                                 })},
+                                {"host_ttl_ms", H([&](auto& v, auto& kk) {
+                                   return p.U32(v, kk, &c.host_ttl_ms, 10, 3600000);
+                                 })},
+                                {"heartbeat_period_ms", H([&](auto& v, auto& kk) {
+                                   return p.U32(v, kk, &c.heartbeat_period_ms, 1, 600000);
+                                 })},
+                                {"grace_ms", H([&](auto& v, auto& kk) {
+                                   return p.U32(v, kk, &c.grace_ms, 0, 600000);
+                                 })},
+                                {"capacity_lease_ms", H([&](auto& v, auto& kk) {
+                                   return p.U32(v, kk, &c.capacity_lease_ms, 10, 86400000);
+                                 })},
+                                {"owner_period_ms", H([&](auto& v, auto& kk) {
+                                   return p.U32(v, kk, &c.owner_period_ms, 1, 10000);
+                                 })},
+                            });
+           })},
+          {"hosts", H([&](const toml::node& n, const std::string& k) {
+             return p.Table(n, k,
+                            {
+                                {"allowed", H([&](auto& v, auto& kk) {
+                                   return p.U32List(v, kk, &c.allowed_hosts, 1023);
+                                 })},
+                            });
+           })},
+          {"capacity", H([&](const toml::node& n, const std::string& k) {
+             return p.Table(
+                 n, k,
+                 {
+                     {"default_share",
+                      H([&](auto& v, auto& kk) { return p.Real(v, kk, &c.default_share, 0, 1); })},
+                     {"shares", H([&](const toml::node& sn, const std::string& sk) {
+                        const toml::table* t = sn.as_table();
+                        if (t == nullptr)
+                          return p.Error(sn, sk, "expected a table of host id = share");
+                        for (auto&& [hk, hv] : *t) {
+                          std::uint32_t host = 0;
+                          const std::string hs(hk.str());
+                          if (hs.empty() || hs.size() > 4 ||
+                              !std::all_of(hs.begin(), hs.end(),
+                                           [](char ch) { return ch >= '0' && ch <= '9'; })) {
+                            return p.Error(hv, absl::StrCat(sk, ".", hs),
+                                           "keys of [capacity.shares] are host ids (0..1023)");
+                          }
+                          host = static_cast<std::uint32_t>(std::stoul(hs));
+                          double share = 0;
+                          if (auto s2 = p.Real(hv, absl::StrCat(sk, ".", hs), &share, 0, 1);
+                              !s2.ok())
+                            return s2;
+                          c.shares[host] = share;
+                        }
+                        return absl::OkStatus();
+                      })},
+                 });
+           })},
+          {"namespace", H([&](const toml::node& n, const std::string& k) {
+             const toml::array* a = n.as_array();
+             if (a == nullptr || !a->is_array_of_tables()) {
+               return p.Error(n, k, "expected [[namespace]] tables");
+             }
+             for (const toml::node& t : *a) {
+               NamespaceConfig ns;
+               if (auto s2 = p.Table(
+                       t, k,
+                       {
+                           {"tenant",
+                            H([&](auto& v, auto& kk) { return p.Str(v, kk, &ns.tenant); })},
+                           {"model", H([&](auto& v, auto& kk) { return p.Str(v, kk, &ns.model); })},
+                           {"layout",
+                            H([&](auto& v, auto& kk) { return p.Str(v, kk, &ns.layout); })},
+                           {"pin", H([&](auto& v, auto& kk) {
+                              std::uint32_t pin = 0;
+                              auto s3 = p.U32(v, kk, &pin, 0, 3);
+                              ns.pin = static_cast<int>(pin);
+                              return s3;
+                            })},
+                       });
+                   !s2.ok()) {
+                 return s2;
+               }
+               if (ns.tenant.empty() || ns.model.empty() || ns.layout.empty()) {
+                 return p.Error(t, k, "each [[namespace]] needs tenant, model and layout");
+               }
+               c.namespaces.push_back(ns);
+             }
+             return absl::OkStatus();
+           })},
+          {"placement", H([&](const toml::node&, const std::string&) {
+             // tier/ owns the section's keys; it reads them from the same text.
+             auto placement = tier::ParsePlacementConfig(text, source_name);
+             if (!placement.ok()) return placement.status();
+             c.placement = *std::move(placement);
+             return absl::OkStatus();
+           })},
+      });
   if (!st.ok()) return st;
   // Required keys and cross-key rules.
   auto missing = [&](absl::string_view key, absl::string_view example) {
-    return absl::InvalidArgumentError(absl::StrCat(source_name, ": key '", key,
-                                                   "' is required (for example ", example, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": key '", key, "' is required (for example ", example, ")"));
   };
   if (c.pool.empty()) return missing("domain.pool", "pool = \"file:/dev/shm/cxlkv-pool?size=8G\"");
   if (c.prefix_domain.empty()) {
-    return missing("domain.prefix_domain", "prefix_domain = \"file:/dev/shm/cxlkv-domain?size=64M\"");
+    return missing("domain.prefix_domain",
+                   "prefix_domain = \"file:/dev/shm/cxlkv-domain?size=64M\"");
   }
-  if (c.state_file.empty()) return missing("domain.state_file", "state_file = \"/var/lib/cxlkv/domain.state\"");
+  if (c.state_file.empty())
+    return missing("domain.state_file", "state_file = \"/var/lib/cxlkv/domain.state\"");
   if (c.socket.empty()) return missing("rpc.socket", "socket = \"/run/cxlkv/domain.sock\"");
   if (!c.tcp.empty()) {
     if (c.tcp.rfind(':') == std::string::npos || c.tcp.back() == ':') {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source_name, ": key 'rpc.tcp': '", c.tcp, "' is not HOST:PORT (e.g. \"0.0.0.0:7443\")"));
+      return absl::InvalidArgumentError(absl::StrCat(source_name, ": key 'rpc.tcp': '", c.tcp,
+                                                     "' is not HOST:PORT (e.g. \"0.0.0.0:7443\")"));
     }
     if (c.token_file.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          source_name, ": key 'rpc.token_file' is required with rpc.tcp (TCP peers have no "
+          source_name,
+          ": key 'rpc.token_file' is required with rpc.tcp (TCP peers have no "
           "credentials to check; every call must carry the domain's token), e.g. token_file = "
           "\"/etc/cxlkv/rpc.token\""));
     }
@@ -272,9 +319,10 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
     if (!token.ok()) return token.status();
     c.token = *std::move(token);
   } else if (!c.token_file.empty() || !c.tls_cert.empty() || !c.tls_key.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source_name, ": rpc.token_file, rpc.tls_cert and rpc.tls_key apply to rpc.tcp, which is "
-        "not set; add tcp = \"HOST:PORT\" or drop them"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name,
+                     ": rpc.token_file, rpc.tls_cert and rpc.tls_key apply to rpc.tcp, which is "
+                     "not set; add tcp = \"HOST:PORT\" or drop them"));
   }
   if (c.tls_cert.empty() != c.tls_key.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -286,9 +334,9 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
         " bytes is not a multiple of 2 MiB (extents are mapped with huge-page alignment)"));
   }
   if (c.heartbeat_period_ms * 4 > c.host_ttl_ms) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source_name, ": key 'timing.heartbeat_period_ms': ", c.heartbeat_period_ms,
-        " ms must be at most host_ttl_ms / 4 (", c.host_ttl_ms / 4, " ms)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": key 'timing.heartbeat_period_ms': ", c.heartbeat_period_ms,
+                     " ms must be at most host_ttl_ms / 4 (", c.host_ttl_ms / 4, " ms)"));
   }
   if (c.capacity_lease_ms < c.host_ttl_ms) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -297,9 +345,9 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
   }
   for (std::uint32_t h : c.allowed_hosts) {
     if (h >= c.max_hosts) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source_name, ": key 'hosts.allowed': host id ", h, " is not below domain.max_hosts (",
-          c.max_hosts, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(source_name, ": key 'hosts.allowed': host id ",
+                                                     h, " is not below domain.max_hosts (",
+                                                     c.max_hosts, ")"));
     }
   }
   return c;
@@ -311,10 +359,9 @@ absl::StatusOr<int> Config::PinLevelOf(absl::string_view ns) const {
     if (n.Name() == ns) return n.pin;
     absl::StrAppend(&known, known.empty() ? "" : ", ", n.Name());
   }
-  return absl::NotFoundError(absl::StrCat("namespace '", ns, "' is not in the configuration (",
-                                          known.empty() ? "it has no [[namespace]] tables"
-                                                        : absl::StrCat("known: ", known),
-                                          ")"));
+  return absl::NotFoundError(absl::StrCat(
+      "namespace '", ns, "' is not in the configuration (",
+      known.empty() ? "it has no [[namespace]] tables" : absl::StrCat("known: ", known), ")"));
 }
 
 absl::StatusOr<Config> LoadConfig(const std::string& path) {

@@ -54,10 +54,14 @@ grpc::Status ToGrpc(const absl::Status& st) {
 
 const char* EntryStateName(std::uint8_t s) {
   switch (static_cast<co::EntryState>(s)) {
-    case co::EntryState::kEmpty: return "empty";
-    case co::EntryState::kPublished: return "published";
-    case co::EntryState::kRetired: return "retired";
-    case co::EntryState::kTombstone: return "tombstone";
+    case co::EntryState::kEmpty:
+      return "empty";
+    case co::EntryState::kPublished:
+      return "published";
+    case co::EntryState::kRetired:
+      return "retired";
+    case co::EntryState::kTombstone:
+      return "tombstone";
   }
   return "?";
 }
@@ -69,23 +73,54 @@ const char* EntryStateName(std::uint8_t s) {
 class Metrics {
  public:
   explicit Metrics(const std::string& listen)
-      : exposer_(listen), registry_(std::make_shared<prometheus::Registry>()),
-        extents_(prometheus::BuildGauge().Name("cxlkv_extents").Help("Extents of the pooled region by state").Register(*registry_)),
-        capacity_(prometheus::BuildGauge().Name("cxlkv_capacity_bytes").Help("Pooled capacity by state").Register(*registry_)),
-        hosts_(prometheus::BuildGauge().Name("cxlkv_hosts").Help("Hosts by state").Register(*registry_)),
-        host_used_(prometheus::BuildGauge().Name("cxlkv_host_used_bytes").Help("Bytes each host reports in use").Register(*registry_)),
-        host_extents_(prometheus::BuildGauge().Name("cxlkv_host_extents").Help("Extents each host holds").Register(*registry_)),
-        entries_(prometheus::BuildGauge().Name("cxlkv_prefix_entries").Help("Shared prefix index entries by state").Register(*registry_)),
-        events_(prometheus::BuildGauge().Name("cxlkv_prefix_events").Help("Owner counters since start (published, duplicates, retired, reclaimed, evicted, fenced, leases_expired, returns_waiting)").Register(*registry_)),
-        traffic_(prometheus::BuildCounter().Name("cxlkv_prefix_lookups_total").Help("Prefix lookups hosts reported, by result").Register(*registry_)),
-        step_(prometheus::BuildHistogram().Name("cxlkv_owner_step_seconds").Help("Owner step (apply, fence, evict, reclaim) latency").Register(*registry_)),
-        step_hist_(step_.Add({}, prometheus::Histogram::BucketBoundaries{1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2})),
+      : exposer_(listen),
+        registry_(std::make_shared<prometheus::Registry>()),
+        extents_(prometheus::BuildGauge()
+                     .Name("cxlkv_extents")
+                     .Help("Extents of the pooled region by state")
+                     .Register(*registry_)),
+        capacity_(prometheus::BuildGauge()
+                      .Name("cxlkv_capacity_bytes")
+                      .Help("Pooled capacity by state")
+                      .Register(*registry_)),
+        hosts_(prometheus::BuildGauge()
+                   .Name("cxlkv_hosts")
+                   .Help("Hosts by state")
+                   .Register(*registry_)),
+        host_used_(prometheus::BuildGauge()
+                       .Name("cxlkv_host_used_bytes")
+                       .Help("Bytes each host reports in use")
+                       .Register(*registry_)),
+        host_extents_(prometheus::BuildGauge()
+                          .Name("cxlkv_host_extents")
+                          .Help("Extents each host holds")
+                          .Register(*registry_)),
+        entries_(prometheus::BuildGauge()
+                     .Name("cxlkv_prefix_entries")
+                     .Help("Shared prefix index entries by state")
+                     .Register(*registry_)),
+        events_(prometheus::BuildGauge()
+                    .Name("cxlkv_prefix_events")
+                    .Help("Owner counters since start (published, duplicates, retired, reclaimed, "
+                          "evicted, fenced, leases_expired, returns_waiting)")
+                    .Register(*registry_)),
+        traffic_(prometheus::BuildCounter()
+                     .Name("cxlkv_prefix_lookups_total")
+                     .Help("Prefix lookups hosts reported, by result")
+                     .Register(*registry_)),
+        step_(prometheus::BuildHistogram()
+                  .Name("cxlkv_owner_step_seconds")
+                  .Help("Owner step (apply, fence, evict, reclaim) latency")
+                  .Register(*registry_)),
+        step_hist_(step_.Add({}, prometheus::Histogram::BucketBoundaries{1e-5, 5e-5, 1e-4, 5e-4,
+                                                                         1e-3, 5e-3, 1e-2, 5e-2})),
         hits_(traffic_.Add({{"result", "hit"}})),
         misses_(traffic_.Add({{"result", "miss"}})) {
     exposer_.RegisterCollectable(registry_);
   }
   void Update(const DomainState& s, const co::PrefixOwner& o, std::uint64_t extent_bytes) {
-    std::map<std::string, std::uint64_t> by_extent_state{{"free", 0}, {"assigned", 0}, {"quarantined", 0}};
+    std::map<std::string, std::uint64_t> by_extent_state{
+        {"free", 0}, {"assigned", 0}, {"quarantined", 0}};
     for (const ExtentInfo& e : s.extents()) ++by_extent_state[e.state_name()];
     for (const auto& [name, n] : by_extent_state) {
       extents_.Add({{"state", name}}).Set(static_cast<double>(n));
@@ -151,11 +186,11 @@ class Service final : public pb::Orchestrator::Service {
       // A TCP peer (rpc.tcp): the token decides.
       const auto& md = ctx->client_metadata();
       const auto it = md.find("authorization");
-      if (it == md.end() ||
-          !TokenMatches(absl::string_view(it->second.data(), it->second.size()),
-                        o_.config().token)) {
+      if (it == md.end() || !TokenMatches(absl::string_view(it->second.data(), it->second.size()),
+                                          o_.config().token)) {
         return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                            absl::StrCat("peer ", peer, ": missing or wrong token (the client "
+                            absl::StrCat("peer ", peer,
+                                         ": missing or wrong token (the client "
                                          "reads it from CXLKV_RPC_TOKEN_FILE; the daemon from "
                                          "rpc.token_file)"));
       }
@@ -183,7 +218,8 @@ class Service final : public pb::Orchestrator::Service {
     e->set_arena(x.arena);
   }
 
-  grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* req, pb::JoinReply* rep) override {
+  grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* req,
+                    pb::JoinReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
     auto inc = o_.state_.Join(req->host_id(), req->hostname(), o_.NowMs());
@@ -205,7 +241,8 @@ class Service final : public pb::Orchestrator::Service {
     o_.CountPrefixTraffic(req->prefix_hits(), req->prefix_misses());
     absl::MutexLock l(&o_.mu_);
     const std::int64_t now = o_.NowMs();
-    const absl::Status st = o_.state_.Heartbeat(req->host_id(), req->incarnation(), req->used_bytes(), now);
+    const absl::Status st =
+        o_.state_.Heartbeat(req->host_id(), req->incarnation(), req->used_bytes(), now);
     if (absl::IsFailedPrecondition(st)) {
       rep->set_fenced(true);
       return grpc::Status::OK;
@@ -221,7 +258,8 @@ class Service final : public pb::Orchestrator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Leave(grpc::ServerContext* ctx, const pb::LeaveRequest* req, pb::LeaveReply*) override {
+  grpc::Status Leave(grpc::ServerContext* ctx, const pb::LeaveRequest* req,
+                     pb::LeaveReply*) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
     if (auto st = o_.state_.Leave(req->host_id(), req->incarnation(), o_.NowMs()); !st.ok()) {
@@ -230,10 +268,12 @@ class Service final : public pb::Orchestrator::Service {
     return ToGrpc(o_.SaveLocked());
   }
 
-  grpc::Status Grow(grpc::ServerContext* ctx, const pb::GrowRequest* req, pb::GrowReply* rep) override {
+  grpc::Status Grow(grpc::ServerContext* ctx, const pb::GrowRequest* req,
+                    pb::GrowReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     if (req->extents() > 1024) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "grow by at most 1024 extents a call");
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "grow by at most 1024 extents a call");
     }
     absl::MutexLock l(&o_.mu_);
     const std::int64_t now = o_.NowMs();
@@ -250,7 +290,8 @@ class Service final : public pb::Orchestrator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Shrink(grpc::ServerContext* ctx, const pb::ShrinkRequest* req, pb::ShrinkReply*) override {
+  grpc::Status Shrink(grpc::ServerContext* ctx, const pb::ShrinkRequest* req,
+                      pb::ShrinkReply*) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     std::vector<std::uint32_t> ext(req->extents().begin(), req->extents().end());
     absl::MutexLock l(&o_.mu_);
@@ -260,7 +301,8 @@ class Service final : public pb::Orchestrator::Service {
     return ToGrpc(o_.SaveLocked());
   }
 
-  grpc::Status Status(grpc::ServerContext* ctx, const pb::StatusRequest*, pb::StatusReply* rep) override {
+  grpc::Status Status(grpc::ServerContext* ctx, const pb::StatusRequest*,
+                      pb::StatusReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
     const Config& c = o_.config();
@@ -293,7 +335,8 @@ class Service final : public pb::Orchestrator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Hosts(grpc::ServerContext* ctx, const pb::HostsRequest*, pb::HostsReply* rep) override {
+  grpc::Status Hosts(grpc::ServerContext* ctx, const pb::HostsRequest*,
+                     pb::HostsReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
     const std::int64_t now = o_.NowMs();
@@ -312,7 +355,8 @@ class Service final : public pb::Orchestrator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Extents(grpc::ServerContext* ctx, const pb::ExtentsRequest*, pb::ExtentsReply* rep) override {
+  grpc::Status Extents(grpc::ServerContext* ctx, const pb::ExtentsRequest*,
+                       pb::ExtentsReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
     const std::int64_t now = o_.NowMs();
@@ -333,7 +377,8 @@ class Service final : public pb::Orchestrator::Service {
       const auto s = static_cast<co::EntryState>(e.state);
       if (s != co::EntryState::kPublished && s != co::EntryState::kRetired) continue;
       (s == co::EntryState::kPublished ? published : retired)++;
-      if (req->limit() != 0 && static_cast<std::uint32_t>(rep->prefixes_size()) >= req->limit()) continue;
+      if (req->limit() != 0 && static_cast<std::uint32_t>(rep->prefixes_size()) >= req->limit())
+        continue;
       pb::Prefix* p = rep->add_prefixes();
       p->set_entry(i);
       p->set_state(EntryStateName(e.state));
@@ -347,14 +392,16 @@ class Service final : public pb::Orchestrator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Drain(grpc::ServerContext* ctx, const pb::DrainRequest* req, pb::DrainReply*) override {
+  grpc::Status Drain(grpc::ServerContext* ctx, const pb::DrainRequest* req,
+                     pb::DrainReply*) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
     if (auto st = o_.state_.Drain(req->host_id()); !st.ok()) return ToGrpc(st);
     return ToGrpc(o_.SaveLocked());
   }
 
-  grpc::Status Evict(grpc::ServerContext* ctx, const pb::EvictRequest* req, pb::EvictReply* rep) override {
+  grpc::Status Evict(grpc::ServerContext* ctx, const pb::EvictRequest* req,
+                     pb::EvictReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     const NamespaceConfig* found = nullptr;
     for (const NamespaceConfig& n : o_.config().namespaces) {
@@ -366,8 +413,8 @@ class Service final : public pb::Orchestrator::Service {
                                        "' in the config (name it tenant/model/layout)"));
     }
     absl::MutexLock l(&o_.mu_);
-    rep->set_retired(o_.owner_->RetireNamespace(
-        co::MakeNamespace(found->tenant, found->model, found->layout)));
+    rep->set_retired(
+        o_.owner_->RetireNamespace(co::MakeNamespace(found->tenant, found->model, found->layout)));
     return grpc::Status::OK;
   }
 
@@ -390,9 +437,9 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
                         absl::StrCat("domain.pool '", c.pool, "': ", pool.status().message()));
   }
   if ((*pool)->size_bytes() < c.extent_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "domain.pool '", c.pool, "' (", (*pool)->size_bytes(),
-        " bytes) is smaller than one extent (domain.extent_size)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("domain.pool '", c.pool, "' (", (*pool)->size_bytes(),
+                     " bytes) is smaller than one extent (domain.extent_size)"));
   }
   std::unique_ptr<Orchestrator> o(new Orchestrator(c, (*pool)->size_bytes()));
   if (options.clock != nullptr) o->clock_ = options.clock;
@@ -403,12 +450,13 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
                                                           "': ", dom.status().message()));
   }
   o->domain_region_ = *std::move(dom);
-  o->domain_mem_ = std::make_unique<co::DirectMem>(o->domain_region_->addr(),
-                                                   o->domain_region_->size_bytes());
+  o->domain_mem_ =
+      std::make_unique<co::DirectMem>(o->domain_region_->addr(), o->domain_region_->size_bytes());
   auto header = co::ReadDomainHeader(*o->domain_mem_);
   if (!header.ok() && !absl::IsNotFound(header.status())) {
-    return absl::Status(header.status().code(), absl::StrCat("domain.prefix_domain '", c.prefix_domain,
-                                                             "': ", header.status().message()));
+    return absl::Status(
+        header.status().code(),
+        absl::StrCat("domain.prefix_domain '", c.prefix_domain, "': ", header.status().message()));
   }
   const bool formatted = header.ok();
   // Only the state file says which extents are lent. Without it this is a new domain only
@@ -417,8 +465,8 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
   struct stat sb {};
   const bool have_state = ::stat(c.state_file.c_str(), &sb) == 0;
   if (!have_state && errno != ENOENT) {
-    return absl::PermissionDeniedError(absl::StrCat("domain.state_file ", c.state_file, ": ",
-                                                    std::strerror(errno)));
+    return absl::PermissionDeniedError(
+        absl::StrCat("domain.state_file ", c.state_file, ": ", std::strerror(errno)));
   }
   if (options.new_domain && have_state) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -430,14 +478,15 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
     if (formatted) {
       return absl::DataLossError(absl::StrCat(
           "the state file ", c.state_file, " does not exist, but the prefix domain '",
-          c.prefix_domain, "' is formatted: this domain ran before and its extent assignments "
+          c.prefix_domain,
+          "' is formatted: this domain ran before and its extent assignments "
           "are lost, while hosts may still write the extents they hold. Restore the file or fix "
           "domain.state_file; only if that is impossible, start once with --new-domain (every "
           "extent then stays quarantined for a full capacity lease)"));
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the state file ", c.state_file, " does not exist: to create domain '", c.name,
-        "', start once with --new-domain (later starts read the state file)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the state file ", c.state_file, " does not exist: to create domain '", c.name,
+                     "', start once with --new-domain (later starts read the state file)"));
   }
   o->started_ms_ = o->clock_->NowMs();
   if (options.new_domain) {
@@ -459,9 +508,10 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
     g.host_ttl_ms = c.host_ttl_ms;
     g.grace_ms = c.grace_ms;
     if (co::DomainBytes(g) > o->domain_region_->size_bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "domain.prefix_domain '", c.prefix_domain, "' holds ", o->domain_region_->size_bytes(),
-          " bytes; this geometry needs ", co::DomainBytes(g), " (give it ?size= or fewer index_entries)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("domain.prefix_domain '", c.prefix_domain, "' holds ",
+                       o->domain_region_->size_bytes(), " bytes; this geometry needs ",
+                       co::DomainBytes(g), " (give it ?size= or fewer index_entries)"));
     }
     if (auto st = co::FormatDomain(*o->domain_mem_, g); !st.ok()) return st;
   }
@@ -495,15 +545,15 @@ absl::Status Orchestrator::Start() {
     try {
       metrics_ = std::make_unique<Metrics>(config_.metrics_listen);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat("metrics.listen '", config_.metrics_listen,
-                                                 "': ", e.what()));
+      return absl::UnavailableError(
+          absl::StrCat("metrics.listen '", config_.metrics_listen, "': ", e.what()));
     }
   }
   // The socket: created fresh (a stale one from a killed daemon is replaced).
   sockaddr_un addr{};
   if (config_.socket.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("rpc.socket '", config_.socket,
-                                                   "' is longer than a Unix socket path may be"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rpc.socket '", config_.socket, "' is longer than a Unix socket path may be"));
   }
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(config_.socket).parent_path(), ec);

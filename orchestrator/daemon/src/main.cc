@@ -5,8 +5,8 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "cxlkv/orchestrator/config.h"
 #include "absl/strings/str_cat.h"
+#include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/daemon.h"
 
 // An exception escaping main (CLI11, the standard library: a bug or memory exhaustion) ends the
@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
 
   auto config = cxlkv::orchestrator::LoadConfig(config_path);
   if (!config.ok()) {
-    std::fprintf(stderr, "cxlkv-orchestrator: %s\n", std::string(config.status().message()).c_str());
+    std::fprintf(stderr, "cxlkv-orchestrator: %s\n",
+                 std::string(config.status().message()).c_str());
     return 2;
   }
   if (validate) {
@@ -57,14 +58,15 @@ int main(int argc, char** argv) {
         config->tcp.empty()
             ? std::string()
             : absl::StrCat(" and tcp:", config->tcp.substr(0, config->tcp.rfind(':')), ":",
-                           (*o)->tcp_port(), config->tls_cert.empty() ? " (token)" : " (token, TLS)");
-    std::printf("cxlkv-orchestrator: domain '%s' up: rpc unix:%s%s, metrics %s, %zu extents of %llu MiB, "
-                "%u restored from %s\n",
-                config->name.c_str(), config->socket.c_str(), tcp.c_str(),
-                config->metrics_listen.empty() ? "off" : config->metrics_listen.c_str(),
-                (*o)->state_.extents().size(),
-                static_cast<unsigned long long>(config->extent_bytes >> 20),
-                (*o)->state_.recovered_extents(), config->state_file.c_str());
+                           (*o)->tcp_port(),
+                           config->tls_cert.empty() ? " (token)" : " (token, TLS)");
+    std::printf(
+        "cxlkv-orchestrator: domain '%s' up: rpc unix:%s%s, metrics %s, %zu extents of %llu MiB, "
+        "%u restored from %s\n",
+        config->name.c_str(), config->socket.c_str(), tcp.c_str(),
+        config->metrics_listen.empty() ? "off" : config->metrics_listen.c_str(),
+        (*o)->state_.extents().size(), static_cast<unsigned long long>(config->extent_bytes >> 20),
+        (*o)->state_.recovered_extents(), config->state_file.c_str());
   }
   std::fflush(stdout);
   int sig = 0;

@@ -29,34 +29,41 @@ std::string ErrnoText(int err) {
 
 const char* HostStateName(HostState s) {
   switch (s) {
-    case HostState::kAbsent: return "absent";
-    case HostState::kLive: return "live";
-    case HostState::kFenced: return "fenced";
-    case HostState::kDraining: return "draining";
-    case HostState::kLeft: return "left";
+    case HostState::kAbsent:
+      return "absent";
+    case HostState::kLive:
+      return "live";
+    case HostState::kFenced:
+      return "fenced";
+    case HostState::kDraining:
+      return "draining";
+    case HostState::kLeft:
+      return "left";
   }
   return "?";
 }
 
 DomainState::DomainState(const Config& c, std::uint64_t pool_bytes)
-    : c_(c), pool_bytes_(pool_bytes), hosts_(c.max_hosts),
+    : c_(c),
+      pool_bytes_(pool_bytes),
+      hosts_(c.max_hosts),
       extents_(static_cast<std::size_t>(pool_bytes / c.extent_bytes)) {}
 
 absl::Status DomainState::CheckCurrent(std::uint32_t host, std::uint64_t incarnation) const {
   if (host >= hosts_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("host id ", host, " is not below max_hosts ",
-                                                   hosts_.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("host id ", host, " is not below max_hosts ", hosts_.size()));
   }
   const HostInfo& h = hosts_[host];
   if (h.state == HostState::kFenced) {
-    return absl::FailedPreconditionError(absl::StrCat("host ", host, " incarnation ", incarnation,
-                                                      " was fenced: join again"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("host ", host, " incarnation ", incarnation, " was fenced: join again"));
   }
   if (h.incarnation != incarnation || h.state == HostState::kAbsent ||
       h.state == HostState::kLeft) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "host ", host, " incarnation ", incarnation, " is not current (current ", h.incarnation,
-        ", ", HostStateName(h.state), "): join again"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("host ", host, " incarnation ", incarnation, " is not current (current ",
+                     h.incarnation, ", ", HostStateName(h.state), "): join again"));
   }
   return absl::OkStatus();
 }
@@ -127,7 +134,8 @@ absl::Status DomainState::Heartbeat(std::uint32_t host, std::uint64_t incarnatio
   h.last_heartbeat_ms = now_ms;
   h.used_bytes = used_bytes;
   for (ExtentInfo& e : extents_) {
-    if (e.host == host && e.incarnation == incarnation) e.expires_ms = now_ms + c_.capacity_lease_ms;
+    if (e.host == host && e.incarnation == incarnation)
+      e.expires_ms = now_ms + c_.capacity_lease_ms;
   }
   return absl::OkStatus();
 }
@@ -161,9 +169,9 @@ absl::StatusOr<std::vector<std::uint32_t>> DomainState::Grow(std::uint32_t host,
       std::floor(c_.ShareOf(host) * static_cast<double>(extents_.size()) + 1e-9));
   const std::uint32_t held = ExtentsOf(host);
   if (held >= cap) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "host ", host, " holds ", held, " extents, its share (", c_.ShareOf(host), " of ",
-        extents_.size(), ") allows ", cap));
+    return absl::ResourceExhaustedError(absl::StrCat("host ", host, " holds ", held,
+                                                     " extents, its share (", c_.ShareOf(host),
+                                                     " of ", extents_.size(), ") allows ", cap));
   }
   n = std::min(n, cap - held);
   std::vector<std::uint32_t> granted;
@@ -178,9 +186,9 @@ absl::StatusOr<std::vector<std::uint32_t>> DomainState::Grow(std::uint32_t host,
   if (granted.empty()) {
     std::uint32_t quarantined = 0;
     for (const ExtentInfo& e : extents_) quarantined += e.quarantined;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the pool has no free extent (", extents_.size(), " in all, ", quarantined,
-        " quarantined until the prefix blocks in them are reclaimed)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the pool has no free extent (", extents_.size(), " in all, ", quarantined,
+                     " quarantined until the prefix blocks in them are reclaimed)"));
   }
   return granted;
 }
@@ -232,8 +240,10 @@ std::string DomainState::Serialize() const {
   for (std::uint32_t i = 0; i < hosts_.size(); ++i) {
     const HostInfo& h = hosts_[i];
     if (h.state == HostState::kAbsent) continue;
-    j["hosts"].push_back({{"id", i}, {"incarnation", h.incarnation},
-                          {"state", static_cast<int>(h.state)}, {"hostname", h.hostname}});
+    j["hosts"].push_back({{"id", i},
+                          {"incarnation", h.incarnation},
+                          {"state", static_cast<int>(h.state)},
+                          {"hostname", h.hostname}});
   }
   j["extents"] = nlohmann::json::array();
   for (std::uint32_t i = 0; i < extents_.size(); ++i) {
@@ -242,8 +252,11 @@ std::string DomainState::Serialize() const {
     if (e.quarantined) {
       // The reuse time is not saved: after a restart every quarantine waits a full capacity
       // lease again (conservative, like every other timer).
-      j["extents"].push_back({{"index", i}, {"quarantined", true}, {"former_host", e.former_host},
-                              {"incarnation", e.incarnation}, {"arena", e.arena},
+      j["extents"].push_back({{"index", i},
+                              {"quarantined", true},
+                              {"former_host", e.former_host},
+                              {"incarnation", e.incarnation},
+                              {"arena", e.arena},
                               {"arena_checked", e.arena_checked}});
       continue;
     }
@@ -298,9 +311,11 @@ absl::Status DomainState::Deserialize(const std::string& text, std::int64_t now_
         x.former_host = e.at("former_host").get<std::uint32_t>();
         x.arena = e.at("arena").get<std::string>();
         x.arena_checked = e.at("arena_checked").get<bool>();
-        if (!x.quarantined || (x.former_host >= hosts.size() && x.former_host != ExtentInfo::kNoHost) ||
-            (!x.arena.empty() && (x.arena.size() != 32 ||
-                                  x.arena.find_first_not_of("0123456789abcdef") != std::string::npos))) {
+        if (!x.quarantined ||
+            (x.former_host >= hosts.size() && x.former_host != ExtentInfo::kNoHost) ||
+            (!x.arena.empty() &&
+             (x.arena.size() != 32 ||
+              x.arena.find_first_not_of("0123456789abcdef") != std::string::npos))) {
           return absl::DataLossError(absl::StrCat("state file: bad extent record ", e.dump()));
         }
       } else {
@@ -328,8 +343,8 @@ absl::Status DomainState::Load(std::int64_t now_ms) {
       // Never read as "a new domain" here: the caller knows whether one was asked for.
       return absl::NotFoundError(absl::StrCat("state file ", c_.state_file, " does not exist"));
     }
-    return absl::PermissionDeniedError(absl::StrCat("cannot read state file ", c_.state_file,
-                                                    ": ", ErrnoText(errno)));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot read state file ", c_.state_file, ": ", ErrnoText(errno)));
   }
   std::stringstream ss;
   ss << in.rdbuf();

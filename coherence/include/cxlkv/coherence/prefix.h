@@ -181,7 +181,9 @@ class PrefixHost {
   // clock reading taken after). True if this host's clock fell behind the owner's by more
   // than the tolerance and rate drift since the last acknowledgement bounded their offset.
   bool StoodStill(std::int64_t owner_ms, std::uint32_t clock_id, std::int64_t host_ms) const;
-  bool StoodStill(const OwnerClockLine& c) { return StoodStill(c.owner_ms, c.clock_id, clock_.NowMs()); }
+  bool StoodStill(const OwnerClockLine& c) {
+    return StoodStill(c.owner_ms, c.clock_id, clock_.NowMs());
+  }
   // An acknowledgement of a beat sent at host time `sent_ms`, taken at owner time
   // `acked_at_ms`: the owner's clock minus ours was at most their difference then.
   void NoteOffsetBound(std::int64_t acked_at_ms, std::uint32_t clock_id, std::int64_t sent_ms);

@@ -91,17 +91,17 @@ struct NvmeOpenReport {
 };
 
 struct NvmeStats {
-  std::uint64_t blocks = 0;           // keys in the index
-  std::uint64_t payload_bytes = 0;    // sum of their payload lengths
-  std::uint64_t slots_in_file = 0;    // slots the file has room for now
-  std::uint64_t slots_free = 0;       // of those, free
-  std::uint64_t capacity_slots = 0;   // the configured limit, in slots (0: none)
-  std::uint64_t in_flight = 0;        // I/Os submitted and not yet reaped
-  std::uint64_t submit_calls = 0;     // io_uring_submit calls that sent at least one I/O
+  std::uint64_t blocks = 0;          // keys in the index
+  std::uint64_t payload_bytes = 0;   // sum of their payload lengths
+  std::uint64_t slots_in_file = 0;   // slots the file has room for now
+  std::uint64_t slots_free = 0;      // of those, free
+  std::uint64_t capacity_slots = 0;  // the configured limit, in slots (0: none)
+  std::uint64_t in_flight = 0;       // I/Os submitted and not yet reaped
+  std::uint64_t submit_calls = 0;    // io_uring_submit calls that sent at least one I/O
   std::uint64_t puts = 0, gets = 0, deletes = 0;  // completed OK
-  std::uint64_t data_loss = 0;        // blocks dropped because a read failed its checks
-  std::uint64_t out_of_space = 0;     // puts refused with kResourceExhausted
-  std::uint64_t tombstones = 0;       // retired slots overwritten with a zero header
+  std::uint64_t data_loss = 0;                    // blocks dropped because a read failed its checks
+  std::uint64_t out_of_space = 0;                 // puts refused with kResourceExhausted
+  std::uint64_t tombstones = 0;                   // retired slots overwritten with a zero header
 };
 
 enum class NvmeOpKind : std::uint8_t { kPut, kGet, kDelete };
@@ -296,7 +296,7 @@ class NvmeStore {
   std::uint32_t unsubmitted_ = 0;  // SQEs prepared, not yet submitted
   std::uint64_t next_seq_ = 1;
   absl::flat_hash_map<NvmeKey, IndexEntry, NvmeKeyHash> index_;
-  std::vector<Slot> slots_;  // size = slots the file has room for
+  std::vector<Slot> slots_;                // size = slots the file has room for
   std::vector<std::uint64_t> free_slots_;  // LIFO
   std::vector<std::uint64_t> tombstone_queue_;
   std::vector<Io*> io_free_;

@@ -121,7 +121,7 @@ struct BlockInputs {
   // pressure — f = 1 at any occupancy below 1 (see the header comment). +inf or NaN: the tier
   // is not evicting, or nobody says: f comes from occupancy.
   std::array<double, kCxlTierCount> retention_s = {kNoReuse, kNoReuse};
-  int pin_level = 0;                                     // the namespace's [[namespace]] pin
+  int pin_level = 0;  // the namespace's [[namespace]] pin
 };
 
 struct Decision {

@@ -140,16 +140,16 @@ struct ReuseTracker::Loaded {
 // (reused/new lags: blocks created within the last `first` seconds have not had their chance
 // yet, which biases p low — towards colder tiers — by about first × new-block rate / window.)
 struct NamespaceReuseOptions {
-  double window_blocks = 4096;   // decay horizon in new blocks, >= 1
-  double alpha = 0.05;           // EWMA weight of the newest first-reuse interval, (0, 1]
-  std::uint32_t min_new = 32;    // new blocks seen before the prior is used
-  std::uint32_t min_reused = 8;  // of them, reused at least this many times
+  double window_blocks = 4096;          // decay horizon in new blocks, >= 1
+  double alpha = 0.05;                  // EWMA weight of the newest first-reuse interval, (0, 1]
+  std::uint32_t min_new = 32;           // new blocks seen before the prior is used
+  std::uint32_t min_reused = 8;         // of them, reused at least this many times
   std::uint32_t max_namespaces = 4096;  // namespaces past this are not learned (kNoReuse)
 };
 
 struct NamespaceReuseStats {
-  double new_blocks = 0;   // decayed count
-  double reused = 0;       // decayed count
+  double new_blocks = 0;  // decayed count
+  double reused = 0;      // decayed count
   double first_interval_s = 0;
   std::uint64_t new_total = 0, reused_total = 0;  // undecayed, for reports
   double reuse_probability() const { return new_blocks > 0 ? reused / new_blocks : 0; }

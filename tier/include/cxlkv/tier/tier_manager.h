@@ -153,9 +153,10 @@ class TierManager {
 
   // A new block under key: `block` was allocated from allocator() (size class of the
   // options) and filled by the caller; the manager owns it from now on. kCxlExpanded or
-  // kCxlPooled (both: this manager's one arena): tracked in CXL as most recently used. kNvme: written to NVMe, then its CXL block freed; if the write
-  // fails the block stays tracked in CXL and the error is returned. kDrop: freed.
-  // kAlreadyExists if key is tracked (the block is then left to the caller).
+  // kCxlPooled (both: this manager's one arena): tracked in CXL as most recently used. kNvme:
+  // written to NVMe, then its CXL block freed; if the write fails the block stays tracked in CXL
+  // and the error is returned. kDrop: freed. kAlreadyExists if key is tracked (the block is then
+  // left to the caller).
   absl::Status Place(const Key& key, allocator::BlockHandle block, Tier target);
   // Place for many blocks to one tier; kNvme writes them in one NVMe batch. Per-key results
   // go to *results when given; returns the first error.

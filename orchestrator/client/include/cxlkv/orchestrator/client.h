@@ -136,8 +136,8 @@ class HostClient {
   mutable absl::Mutex mu_;
   std::uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
-  std::uint64_t grants_ ABSL_GUARDED_BY(mu_) = 0;  // Grow replies applied, this incarnation
-  HostClockReading acked_ ABSL_GUARDED_BY(mu_);    // send readings of the last acknowledged
+  std::uint64_t grants_ ABSL_GUARDED_BY(mu_) = 0;    // Grow replies applied, this incarnation
+  HostClockReading acked_ ABSL_GUARDED_BY(mu_);      // send readings of the last acknowledged
   std::int64_t margin_ms_ ABSL_GUARDED_BY(mu_) = 0;  // ¼ of the lease the replies state
   std::atomic<bool> draining_{false};
   std::atomic<std::uint64_t> rejoins_{0};

@@ -23,7 +23,7 @@ namespace cxlkv::orchestrator {
 struct Endpoint {
   std::string target;  // gRPC target: unix:PATH or HOST:PORT
   std::shared_ptr<grpc::ChannelCredentials> credentials;
-  std::string token;   // TCP: sent as "authorization: Bearer <token>"
+  std::string token;  // TCP: sent as "authorization: Bearer <token>"
   std::string Describe() const;
   // Adds the token (if any) to a call.
   void Authorize(grpc::ClientContext* ctx) const;

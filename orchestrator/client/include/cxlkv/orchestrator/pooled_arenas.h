@@ -10,11 +10,11 @@
 // Revocation: the host may use an extent only while its lease holds on its own clock
 // (HostClient::ExtentValid, which ends before the orchestrator's expiry). A watchdog thread
 // checks each extent every 5 ms; when its lease lapsed (the orchestrator unreachable for
-// most of a lease, a pause of this host, or this host fenced and rejoined), it replaces the extent's mapping in this process
-// with private anonymous memory, so that nothing this process still writes there can reach
-// the pool, which may already be lent to another host. The arena's contents read as zero
-// from then on (a KV cache loses those blocks); revoked() says so and the C API fails every
-// later call on that arena with CXLKV_E_REVOKED.
+// most of a lease, a pause of this host, or this host fenced and rejoined), it replaces the
+// extent's mapping in this process with private anonymous memory, so that nothing this process
+// still writes there can reach the pool, which may already be lent to another host. The arena's
+// contents read as zero from then on (a KV cache loses those blocks); revoked() says so and the C
+// API fails every later call on that arena with CXLKV_E_REVOKED.
 //
 // Giving an extent away (revocation, Shrink, the destructor) always writes back every line
 // this host dirtied in it, and fences, before the extent stops being this host's
@@ -131,7 +131,7 @@ class PooledArenas {
 
   HostClient& client_;
   std::mutex mu_;
-  std::map<std::uint32_t, Held> held_;  // by extent index
+  std::map<std::uint32_t, Held> held_;   // by extent index
   std::map<std::uint32_t, Peer> peers_;  // by extent index
   std::function<void(std::uint32_t)> on_revoke_;
   std::atomic<std::uint64_t> revocations_{0};

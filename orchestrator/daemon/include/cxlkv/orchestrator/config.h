@@ -37,10 +37,10 @@ struct Config {
   // [rpc]
   std::string socket;
   std::vector<std::uint32_t> allowed_uids;  // besides the daemon's own uid
-  std::string tcp;         // HOST:PORT; empty: Unix socket only
-  std::string token_file;  // required with tcp: every TCP call carries this token
-  std::string token;       // its contents, read when the config is loaded
-  std::string tls_cert, tls_key;  // PEM files: TCP with TLS (both or neither)
+  std::string tcp;                          // HOST:PORT; empty: Unix socket only
+  std::string token_file;                   // required with tcp: every TCP call carries this token
+  std::string token;                        // its contents, read when the config is loaded
+  std::string tls_cert, tls_key;            // PEM files: TCP with TLS (both or neither)
   // [metrics]
   std::string metrics_listen;  // host:port; empty: no endpoint
   // [timing]
@@ -53,8 +53,8 @@ struct Config {
   // [hosts]
   std::vector<std::uint32_t> allowed_hosts;  // empty: every id below max_hosts
   // [capacity]
-  double default_share = 1.0;                 // fraction of the extents one host may hold
-  std::map<std::uint32_t, double> shares;     // per host id
+  double default_share = 1.0;              // fraction of the extents one host may hold
+  std::map<std::uint32_t, double> shares;  // per host id
   // [[namespace]]
   std::vector<NamespaceConfig> namespaces;
   // [placement], parsed by tier/ (tier/placement_config.h): the CXL-vs-NVMe rule's parameters

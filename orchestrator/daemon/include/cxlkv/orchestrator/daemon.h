@@ -14,8 +14,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 

@@ -7,8 +7,8 @@
 #ifndef CXLKV_ORCHESTRATOR_STATE_H_
 #define CXLKV_ORCHESTRATOR_STATE_H_
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -39,7 +39,7 @@ struct ExtentInfo {
   std::int64_t expires_ms = 0;  // orchestrator clock; renewed by the holder's heartbeats
   bool quarantined = false;
   std::uint32_t former_host = kNoHost;  // quarantined: who held it
-  std::string arena;  // quarantined: the arena found in it (32 hex digits), "" if none yet
+  std::string arena;           // quarantined: the arena found in it (32 hex digits), "" if none yet
   bool arena_checked = false;  // quarantined: the extent's header has been read
   static constexpr std::uint32_t kNoHost = ~0u;
   bool free() const { return host == kNoHost && !quarantined; }
