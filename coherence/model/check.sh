@@ -46,39 +46,50 @@ jobs_max="$(nproc 2>/dev/null || echo 2)"
 [ "$jobs_max" -gt 4 ] && jobs_max=4
 
 # Checks: name | expect (pass|fail) | spin -D flags | cc flags | pan flags
-# Safety runs: assertions (S1-S3) + the Monitor's invariants (S4) + invalid end states.
+# The base configuration (BASE) is the one docs/model.md describes: the owner, the publisher
+# (host 0) and one reader host, with an owner crash, a publisher crash, torn host rows and the
+# explicit lease clock. Every bug variant is BASE plus one -D. Safety runs: assertions
+# (S1-S3) + the Monitor's invariants (S4) + invalid end states, exhaustive (depth-first: a
+# bug variant's counterexample is found in seconds, but it is long; --trail prints its end).
 # -m: the depth bound is large enough that no pass is truncated (checked below).
+BASE="-DIDLE_HOST2"
 SAFE_CC="-DNOCLAIM -DSAFETY -DCOLLAPSE"
 SAFE_PAN="-m4000000 -w25"
 LIVE_CC="-DNFAIR=3 -DCOLLAPSE"
 LIVE_PAN="-a -f -m4000000 -w25"
 # Longest first, so that two at a time finish together.
 checks=(
-  "liveness|pass|-DLIVENESS|$LIVE_CC|$LIVE_PAN -N live"
-  "safety|pass||$SAFE_CC|$SAFE_PAN"
-  "BUG_NO_FLUSH_LEASE|fail|-DBUG_NO_FLUSH_LEASE|$SAFE_CC|$SAFE_PAN"
-  "BUG_NO_REVALIDATE|fail|-DBUG_NO_REVALIDATE|$SAFE_CC|$SAFE_PAN"
-  "BUG_STALE_REVALIDATE|fail|-DBUG_STALE_REVALIDATE|$SAFE_CC|$SAFE_PAN"
-  "BUG_NO_FLUSH_RETIRE|fail|-DBUG_NO_FLUSH_RETIRE|$SAFE_CC|$SAFE_PAN"
-  "BUG_NO_VALIDATE_AFTER_COPY|fail|-DBUG_NO_VALIDATE_AFTER_COPY -DIDLE_HOST2|$SAFE_CC|$SAFE_PAN"
-  "BUG_NO_INVALIDATE_BLOCK|fail|-DBUG_NO_INVALIDATE_BLOCK -DIDLE_HOST2|$SAFE_CC|$SAFE_PAN"
-  "BUG_UNACKED_HEARTBEAT|fail|-DBUG_UNACKED_HEARTBEAT|$SAFE_CC|$SAFE_PAN"
-  "BUG_DUP_REF|fail|-DBUG_DUP_REF -DDUP_REQUEST|$SAFE_CC|$SAFE_PAN"
-  "BUG_RENEW_NO_SECOND_LOOK|fail|-DBUG_RENEW_NO_SECOND_LOOK|$SAFE_CC|$SAFE_PAN"
-  "BUG_SCAN_ALL_ROWS|fail|-DLIVENESS -DBUG_SCAN_ALL_ROWS|$LIVE_CC|$LIVE_PAN -N live"
-  "BUG_NEVER_FENCE|fail|-DLIVENESS -DBUG_NEVER_FENCE|$LIVE_CC|$LIVE_PAN -N fenced0"
+  "liveness|pass|$BASE -DLIVENESS|$LIVE_CC|$LIVE_PAN -N live"
+  "safety|pass|$BASE|$SAFE_CC|$SAFE_PAN"
+  "BUG_SAMPLE_BEFORE_READ|fail|$BASE -DBUG_SAMPLE_BEFORE_READ|$SAFE_CC|$SAFE_PAN"
+  "BUG_STALE_RETURN|fail|$BASE -DBUG_STALE_RETURN|$SAFE_CC|$SAFE_PAN"
+  "BUG_TORN_ROW_SKIPPED|fail|$BASE -DBUG_TORN_ROW_SKIPPED|$SAFE_CC|$SAFE_PAN"
+  "BUG_NO_GEN_FREE|fail|$BASE -DBUG_NO_GEN_FREE|$SAFE_CC|$SAFE_PAN"
+  "BUG_NO_FLUSH_LEASE|fail|$BASE -DBUG_NO_FLUSH_LEASE|$SAFE_CC|$SAFE_PAN"
+  "BUG_NO_REVALIDATE|fail|$BASE -DBUG_NO_REVALIDATE|$SAFE_CC|$SAFE_PAN"
+  "BUG_STALE_REVALIDATE|fail|$BASE -DBUG_STALE_REVALIDATE|$SAFE_CC|$SAFE_PAN"
+  "BUG_NO_FLUSH_RETIRE|fail|$BASE -DBUG_NO_FLUSH_RETIRE|$SAFE_CC|$SAFE_PAN"
+  "BUG_NO_VALIDATE_AFTER_COPY|fail|$BASE -DBUG_NO_VALIDATE_AFTER_COPY|$SAFE_CC|$SAFE_PAN"
+  "BUG_NO_INVALIDATE_BLOCK|fail|$BASE -DBUG_NO_INVALIDATE_BLOCK|$SAFE_CC|$SAFE_PAN"
+  "BUG_UNACKED_HEARTBEAT|fail|$BASE -DBUG_UNACKED_HEARTBEAT|$SAFE_CC|$SAFE_PAN"
+  "BUG_DUP_REF|fail|$BASE -DBUG_DUP_REF -DDUP_REQUEST|$SAFE_CC|$SAFE_PAN"
+  "BUG_RENEW_NO_SECOND_LOOK|fail|$BASE -DBUG_RENEW_NO_SECOND_LOOK|$SAFE_CC|$SAFE_PAN"
+  "BUG_SCAN_ALL_ROWS|fail|$BASE -DLIVENESS -DBUG_SCAN_ALL_ROWS|$LIVE_CC|$LIVE_PAN -N live"
+  "BUG_NEVER_FENCE|fail|$BASE -DLIVENESS -DBUG_NEVER_FENCE|$LIVE_CC|$LIVE_PAN -N fenced0"
+  "BUG_ROOM_BEFORE_SCAN|fail|$BASE -DLIVENESS -DBUG_ROOM_BEFORE_SCAN|$LIVE_CC|$LIVE_PAN -N live"
 )
 if [ "$extended" -eq 1 ]; then
   checks=(
-    "safety_maxpub3|pass|-DMAXPUB=3|$SAFE_CC|$SAFE_PAN"
-    "safety_dup_request|pass|-DDUP_REQUEST|$SAFE_CC|$SAFE_PAN"
-    "safety_full_caches|pass|-DFULL_CACHES|$SAFE_CC|$SAFE_PAN"
-    "live_reclaim0|pass|-DLIVENESS|$LIVE_CC|$LIVE_PAN -N reclaim0"
-    "live_reclaim1|pass|-DLIVENESS|$LIVE_CC|$LIVE_PAN -N reclaim1"
-    "live_fenced0|pass|-DLIVENESS|$LIVE_CC|$LIVE_PAN -N fenced0"
-    "info_NO_GRACE|pass|-DBUG_NO_GRACE|$SAFE_CC|$SAFE_PAN"
-    "info_NO_DEADLINE_CHECK|pass|-DNO_DEADLINE_CHECK=1|$SAFE_CC|$SAFE_PAN"
-    "info_NO_GEN_CHECK|pass|-DNO_GEN_CHECK=1|$SAFE_CC|$SAFE_PAN"
+    "safety_2readers_nocrash|pass|-DMAXOCRASH=0 -DMAXPCRASH=0|$SAFE_CC|-m4000000 -w27"
+    "safety_maxpub3|pass|$BASE -DMAXPUB=3|$SAFE_CC|$SAFE_PAN"
+    "safety_dup_request|pass|$BASE -DDUP_REQUEST|$SAFE_CC|$SAFE_PAN"
+    "safety_full_caches|pass|$BASE -DFULL_CACHES|$SAFE_CC|$SAFE_PAN"
+    "live_reclaim0|pass|$BASE -DLIVENESS|$LIVE_CC|$LIVE_PAN -N reclaim0"
+    "live_reclaim1|pass|$BASE -DLIVENESS|$LIVE_CC|$LIVE_PAN -N reclaim1"
+    "live_fenced0|pass|$BASE -DLIVENESS|$LIVE_CC|$LIVE_PAN -N fenced0"
+    "info_NO_GRACE|pass|$BASE -DBUG_NO_GRACE|$SAFE_CC|$SAFE_PAN"
+    "info_NO_DEADLINE_CHECK|pass|$BASE -DNO_DEADLINE_CHECK=1|$SAFE_CC|$SAFE_PAN"
+    "info_NO_GEN_CHECK|pass|$BASE -DNO_GEN_CHECK=1|$SAFE_CC|$SAFE_PAN"
     "${checks[@]}"
   )
 fi
