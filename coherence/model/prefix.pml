@@ -236,10 +236,13 @@ inline read_block(r, b, v) { v = bwr[b] }
  * the host's clock), 0 = past it. Labels of reader r's current incarnation sit in its host
  * row (C_hb, M_hb), in HC (the newest acknowledged beat the host has credited: alive_until_ms_
  * is in the future iff HC = 1), in its owner line (OL_ah) and in the owner's pending read
- * (rb). Time passing turns every 1 into 0 at once (hb_tick). A beat sent while the previous
- * one is still fresh gets the same label (docs/model.md, "Abstractions"). */
+ * (rb). Time passing turns every 1 into 0 at once (hb_tick); a lease held then is past its
+ * deadline for good (Deadline() caps it at alive_until_ms_ when it is taken or renewed). A
+ * beat sent while the previous one is still fresh gets the same label (docs/model.md). */
 inline hb_tick(r) {
   C_hb[r] = 0; HC[r] = 0;
+  /* a lease's deadline is capped by alive_until when it is taken or renewed: it has passed */
+  if :: ph[r] >= ACQ && ph[r] <= COPYING -> la[r] = HOST_CAP :: else -> skip fi;
   if :: M_inc[r] == C_inc[r] -> M_hb[r] = 0 :: else -> skip fi;
   if :: OL_ai[r] == C_inc[r] -> OL_ah[r] = 0 :: else -> skip fi;
   if :: fh == r && dec != D_NONE && ri == C_inc[r] -> rb = 0 :: else -> skip fi
