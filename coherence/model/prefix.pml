@@ -4,33 +4,43 @@
  * coherent between hosts. docs/model.md maps every step to the code, states the assumptions
  * and lists what was checked; coherence/model/check.sh runs every check.
  *
- * Processes (3 hosts of one domain and its owner)
- *   Owner      PrefixOwner::Step: ApplyRequests, FenceExpiredHosts, Evict/Retire, Reclaim
- *   Publisher  host 0: writes blocks, posts PUBLISH requests, takes returned blocks back
+ * Processes (3 hosts of one domain, its owner, and time)
+ *   Owner      PrefixOwner::Step: ApplyRequests, FenceExpiredHosts, Retire, Reclaim
+ *              (ScanLeases, ReturnBlock); it may crash between any two of its shared
+ *              stores, and a new owner then starts from shared state only (Open)
+ *   Publisher  host 0: writes blocks, posts PUBLISH requests, collects returned blocks and
+ *              frees them (generation-checked); it may crash, also between the request slot
+ *              and the ring_tail that announces it, and rejoin as a new incarnation
  *   Reader(r)  hosts 1 and 2 (r = 0, 1): Lookup, Acquire, read + ValidateAfterCopy, Renew,
  *              Release, Heartbeat (+ Rejoin); faults: crash, restart, pause
+ *   Clock      the lease clock: one tick ages every lease-time stamp of hosts and owner
  *   Evictor    the caches: a dirty line is written back, a clean copy dropped, at any time
- *   Monitor    index invariants: no block named by two entries, no named block handed back
+ *   Monitor    index invariants: no ref named by two live entries; a published ref's
+ *              block is allocated and holds the data it was published with
  *
- * Non-coherent memory. Every shared line has one writer. The writer's cached copy (C_*, O_*,
- * with a dirty bit) and memory (M_*) are separate variables. A store changes the cache only;
- * Flush copies a dirty line to memory; the Evictor may also copy it at any time (a dirty line
- * evicted). A reader's Invalidate + load gets what memory holds at that step. A load with no
- * Invalidate goes through the reader's cached copy (HE_*, HB_*), which the Evictor may drop at
- * any time; those copies are kept only where some step reads without Invalidate (the bug
- * variants, and -DFULL_CACHES). Elsewhere every read refetches, so a reader's copy is dead
- * between reads and is dropped right after the read (which the Evictor may do anyway).
+ * Non-coherent memory. Every shared line has one writer. Where a store can sit in the
+ * writer's cache for a while (lease rows, host rows, the index entries), the cached copy
+ * (C_*, O_*, with a dirty bit) and memory (M_*) are separate variables: a store changes the
+ * cache only; Flush copies a dirty line to memory; the Evictor may also copy it at any time.
+ * Lines that the code writes with WriteShared (store + Flush + Fence) and that no bug variant
+ * leaves unflushed (owner lines, return slot, request slot, the publisher's host row) are
+ * one variable: memory. A reader's Invalidate + load gets what memory holds at that step. A
+ * load with no Invalidate goes through the reader's cached copy (HE_*, HB_*), which the
+ * Evictor may drop at any time; those copies are kept only where some step reads without
+ * Invalidate (the bug variants, and -DFULL_CACHES).
  *
- * Time. There are no clocks. What the owner may conclude from its own clock is bounded by
- * ghost state kept with each reader, that only time (not the reader's code) moves forward:
- *   LF[r]   lease row versions >= LF[r] are before their local deadline on host r's clock
- *           (version 0: the row in memory; version 1: the row a Renew is about to write)
- *   labels  every heartbeat is named 0 (past its deadline: send time + host_ttl - margin) or
- *           1, 2 (before it; 2 is younger); see hb_tick
- * The owner may judge lease version v expired only if v < LF[r], and may fence a host only if
- * the heartbeat it read is named 0: "the owner's TTL for a write fires only after the
- * writer's own deadline for it" (clock-rate drift bounded by the margin). docs/model.md,
- * "Assumptions".
+ * Lease time is explicit. A global clock ticks (process Clock); every lease-time stamp is
+ * kept as its age in ticks, saturating. lease_ttl = 3 ticks, margin = 1 tick: a host uses a
+ * lease while the age of its clock sample is <= 2 (deadline = sample + ttl - margin); the
+ * owner judges a lease row expired once the age of the owner-clock time it first saw the
+ * row's current stamp (changed_at) is >= 4 (now - changed_at > ttl). Where the owner takes
+ * that sample (after its read of the row: the fixed code; before it: BUG_SAMPLE_BEFORE_READ)
+ * is modelled: a sample taken before a read credits a row written between the two with an
+ * earlier time than its writer's own sample. Host clocks and the owner's clock run at the
+ * same rate (a rate difference below the margin is what the margin absorbs).
+ * Heartbeat time (host liveness and fencing) keeps the label abstraction (hb_tick): the
+ * owner fences on a beat only when the beat is past its sender's deadline -- that is the
+ * read-then-sample order assumed, not checked, for FenceExpiredHosts (docs/model.md).
  */
 
 /* ---- sizes and bounds ---------------------------------------------------------------------- */
@@ -38,8 +48,19 @@
 #define NE      2       /* index entries; key k lives in entry k (probing abstracted)          */
 #define NB      2       /* blocks                                                              */
 #ifndef MAXPUB
-#define MAXPUB  2       /* PUBLISH requests in all: bounds entry_gen and block reuse           */
+#define MAXPUB  2       /* PUBLISH requests in all: bounds entry_gen and block versions        */
 #endif
+#ifndef MAXOCRASH
+#define MAXOCRASH 1     /* owner crashes in a run                                              */
+#endif
+#ifndef MAXPCRASH
+#define MAXPCRASH 1     /* publisher crashes in a run (its incarnation labels are exact at 1)  */
+#endif
+
+/* lease clock: ages in ticks */
+#define HOST_LAST  2    /* a host uses a lease while its sample's age <= ttl - margin          */
+#define HOST_CAP   3    /* ... so ages past 2 are all alike                                    */
+#define OWNER_EXP  4    /* the owner: expired once now - changed_at > ttl (3)                  */
 
 /* entry_gen carries the state: 0 EMPTY, 3k+1 PUBLISHED, 3k+2 RETIRED, 3k+3 TOMBSTONE */
 #define PUB(g)       ((g) % 3 == 1)
@@ -48,20 +69,13 @@
 
 /* reader phases */
 #define IDLE     0
-#define LOOKED   1      /* Lookup returned (le, lg, lb)                                        */
+#define LOOKED   1      /* Lookup returned (le, lg, lb, lv)                                    */
 #define ACQ      2      /* Acquire: lease row stored, flushed, full fence; not re-validated    */
 #define HELD     3      /* Acquire re-validated the entry: the lease is held                   */
 #define RENEW    4      /* Renew: clock sampled, the row not yet written again                 */
 #define COPYING  5      /* a read started under a valid lease; the copy not yet validated      */
 #define DOWN     6      /* crashed; will restart (Join again)                                  */
 #define DEAD     7      /* crashed for good                                                    */
-
-/* block life (ghost) */
-#define B_OWN    0      /* with the publisher, not published since it was written             */
-#define B_PUB    1      /* named by a PUBLISHED entry                                          */
-#define B_RET    2      /* named by a RETIRED entry                                            */
-#define B_FREED  3      /* reclaimed: handed back to the publisher; its data still intact      */
-#define B_REUSED 4      /* the publisher wrote new data into it                                */
 
 /* the owner's FenceExpiredHosts decision */
 #define D_NONE   0
@@ -83,116 +97,125 @@
 #endif
 
 /* ---- index entries: written by the owner -------------------------------------------------- */
-byte O_gen[NE]; bit O_blk[NE]; bit O_edirty[NE];      /* owner's cache (authoritative copy)   */
-byte M_gen[NE]; bit M_blk[NE];                        /* memory                               */
-bit  graced[NE];                                      /* retired at least one Step ago        */
-bit  due[NE];                                         /* Reclaim: scanned, no lease: to free  */
+/* {entry_gen, ref = (block, block generation)}; the owner's cache is also its index_ copy    */
+byte O_gen[NE]; bit O_blk[NE]; byte O_ver[NE]; bit O_edirty[NE];
+byte M_gen[NE]; bit M_blk[NE]; byte M_ver[NE];
 
-/* ---- owner lines: written by the owner ---------------------------------------------------- */
-byte O_fen[NR]; byte O_ai[NR]; byte O_ah[NR]; bit O_odirty[NR];   /* fenced_incarnation,      */
-byte M_fen[NR]; byte M_ai[NR]; byte M_ah[NR];                     /* acked_incarnation, beat  */
-bit  O_head; bit O_hdirty; bit M_head;                /* ring_head of host 0                  */
-bit  O_ret[NB]; bit O_rdirty[NB]; bit M_ret[NB];      /* return ring: a toggle per block      */
+/* ---- owner lines (WriteShared: memory only) ----------------------------------------------- */
+byte OL_fen[NR]; byte OL_ai[NR]; byte OL_ah[NR];     /* readers: fenced_inc, acked inc/beat   */
+bit  OL_head;                                         /* host 0: ring_head (a one-slot ring)   */
+bit  OL_rt;                                           /* host 0: return_tail (one-slot ring)   */
 
-/* ---- host rows and lease rows: written by reader r (one lease row each) ------------------- */
+/* ---- return slot of host 0 (WriteShared): seq, ref ----------------------------------------- */
+bit  RS_sq; bit RS_b; byte RS_v;
+
+/* ---- host rows and lease rows of the readers: written by reader r ------------------------- */
 byte C_inc[NR]; byte C_hb[NR]; bit C_hdirty[NR];      /* incarnation, heartbeat (label)       */
 byte M_inc[NR]; byte M_hb[NR];
-bit  C_lh[NR]; bit C_le[NR]; byte C_lg[NR]; byte C_li[NR]; bit C_lv[NR]; bit C_ldirty[NR];
-bit  M_lh[NR]; bit M_le[NR]; byte M_lg[NR]; byte M_li[NR]; bit M_lv[NR];
-                                    /* held, entry, entry_gen, incarnation, lease_seq version */
+bit  C_lh[NR]; bit C_le[NR]; byte C_lg[NR]; byte C_li[NR]; bit C_ldirty[NR];
+bit  M_lh[NR]; bit M_le[NR]; byte M_lg[NR]; byte M_li[NR];
+                                                /* held, entry, entry_gen, incarnation      */
 
-/* ---- request slot: written by the publisher ----------------------------------------------- */
-bit  C_rs; bit C_rk; bit C_rb; bit C_rdirty;          /* seq (a toggle), key, block           */
-bit  M_rs; bit M_rk; bit M_rb;
+/* ---- host 0 (the publisher): host row and request slot (WriteShared) ---------------------- */
+bit  P_inc;                   /* incarnation label in the row: 1 = the newest, 0 = an older one */
+bit  P_tail;                  /* ring_tail                                                      */
+bit  P_ack;                   /* return_head: returns acknowledged (freed)                      */
+bit  R_sq; bit R_k; bit R_b; byte R_v; bit R_inc;     /* seq, key, ref, incarnation label       */
 
 /* ---- reader-local state ------------------------------------------------------------------- */
 byte ph[NR];
-bit  le[NR]; byte lg[NR]; bit lb[NR];                 /* the lease: entry, gen, block         */
+bit  le[NR]; byte lg[NR]; bit lb[NR]; byte lv[NR];    /* the lease: entry, gen, ref           */
 byte HC[NR];                                          /* label of the newest credited beat    */
-byte LF[NR];                                          /* ghost: lease versions >= LF fresh    */
+byte la[NR];                                          /* age of the lease's clock sample      */
+byte ln[NR];                                          /* age of Renew's new sample            */
 #ifdef KEEP_ENTRY_CACHE
-bit  HE_p[NR*NE]; byte HE_gen[NR*NE]; bit HE_blk[NR*NE];
+bit  HE_p[NR*NE]; byte HE_gen[NR*NE]; bit HE_blk[NR*NE]; byte HE_ver[NR*NE];
 #endif
 #ifdef KEEP_BLOCK_CACHE
 bit  HB_p[NR*NB]; byte HB_v[NR*NB];
 #endif
 
-/* ---- publisher-local state ---------------------------------------------------------------- */
-bit  pown[NB];                                        /* blocks the publisher holds           */
-bit  ptaken[NB];                                      /* return toggles consumed              */
-byte npub;                                            /* PUBLISH requests posted              */
+/* ---- publisher-local state (lost in a crash) ---------------------------------------------- */
+bit  pup = 1;                 /* running                                                        */
+bit  pt;                      /* its ring_tail                                                  */
+bit  phead;                   /* returns collected                                              */
+bit  phand;                   /* returns handed to the caller (acknowledged at the next beat)   */
+byte npub;                    /* PUBLISH requests posted (a bound)                              */
+byte pcr;                     /* crashes so far (a bound)                                       */
 #ifdef DUP_REQUEST
 bit  dupsent;
 #endif
 
-/* ---- the owner's FenceExpiredHosts read, pending until its write -------------------------- */
-byte fh; byte ri; byte rb; byte dec;                  /* host, incarnation, beat, decision    */
+/* ---- the arena of host 0 (persistent: survives a publisher crash) ------------------------- */
+bit  pown[NB];                /* free in the publisher's allocator                             */
+byte bwr[NB];                 /* the block's generation = version of the data it holds         */
 
-/* ---- the blocks (ghost) ------------------------------------------------------------------- */
-byte bwr[NB];                                         /* data version in memory (writes)      */
-byte bst[NB];                                         /* B_*                                  */
-bit  bent[NB]; byte bgen[NB]; byte bver[NB];          /* last publish: entry, gen, version    */
+/* ---- owner-local state (lost in a crash) --------------------------------------------------- */
+bit  graced[NE];              /* retired at least one Step ago                                 */
+byte dueE = NE;               /* Reclaim: scanned, no lease: to free (one: the ring has 1 slot) */
+byte fh; byte ri; byte rb; byte dec;   /* FenceExpiredHosts' read, pending until its write     */
+bit  seen[NR];                /* the owner's remembered stamp of reader r's lease row is the   */
+                              /* row in memory (every write of the row changes its stamp)      */
+byte oc[NR];                  /* age of changed_at: the owner's time it first saw that stamp   */
+byte os;                      /* BUG_SAMPLE_BEFORE_READ: age of the scan's early clock sample  */
+bit  osact;                   /* ... taken, its reads not done yet                             */
+bit  rtp;                     /* a return slot written, return_tail not yet in the owner line  */
+byte ocr;                     /* owner crashes so far (a bound)                                */
 
 /* ---- predicates ---------------------------------------------------------------------------- */
 #define ALIVE(r)    (HC[r] > 0)                       /* now <= alive_until_ms_               */
-#define LEASE_OK(r) (LF[r] == 0 && ALIVE(r))          /* now <= lease.deadline_ms             */
+#define LEASE_OK(r) (la[r] <= HOST_LAST && ALIVE(r))  /* now <= lease.deadline_ms             */
 #define RELIES(r)   (ph[r] >= HELD && ph[r] <= COPYING && LEASE_OK(r))
-#define HOSTLIVE(h) (M_inc[h] > O_fen[h])             /* PrefixOwner::HostLive                */
-/* data a reader of (e, g) on block b may use: published under (e, g), not rewritten since */
-#define DATA_OK(b, e, g, v) (bent[b] == (e) && bgen[b] == (g) && (v) == bver[b])
-#define NAMED(b)    ((LIVEG(O_gen[0]) && O_blk[0] == (b)) || (LIVEG(O_gen[1]) && O_blk[1] == (b)))
+#define HOSTLIVE(h) (M_inc[h] > OL_fen[h])            /* PrefixOwner::HostLive                */
+#define NAMED(b, v) ((LIVEG(O_gen[0]) && O_blk[0] == (b) && O_ver[0] == (v)) || \
+                     (LIVEG(O_gen[1]) && O_blk[1] == (b) && O_ver[1] == (v)))
+#define ROOM        (OL_rt == P_ack)                  /* ReturnRoom(0) > 0 (one slot)         */
 
 /* ---- cache primitives ---------------------------------------------------------------------- */
 inline flush_entry(e) {
-  if :: O_edirty[e] -> M_gen[e] = O_gen[e]; M_blk[e] = O_blk[e]; O_edirty[e] = 0
+  if :: O_edirty[e] -> M_gen[e] = O_gen[e]; M_blk[e] = O_blk[e]; M_ver[e] = O_ver[e];
+                       O_edirty[e] = 0
      :: else -> skip fi
 }
-inline flush_owner_line(h) {
-  if :: O_odirty[h] -> M_fen[h] = O_fen[h]; M_ai[h] = O_ai[h]; M_ah[h] = O_ah[h]; O_odirty[h] = 0
-     :: else -> skip fi
-}
-inline flush_head() { if :: O_hdirty -> M_head = O_head; O_hdirty = 0 :: else -> skip fi }
-inline flush_ret(b) { if :: O_rdirty[b] -> M_ret[b] = O_ret[b]; O_rdirty[b] = 0 :: else -> skip fi }
 inline flush_host_row(r) {
   if :: C_hdirty[r] -> M_inc[r] = C_inc[r]; M_hb[r] = C_hb[r]; C_hdirty[r] = 0
      :: else -> skip fi
 }
+/* a new stamp reaches memory: the owner's remembered one no longer matches */
 inline flush_lease_row(r) {
   if :: C_ldirty[r] -> M_lh[r] = C_lh[r]; M_le[r] = C_le[r]; M_lg[r] = C_lg[r];
-                       M_li[r] = C_li[r]; M_lv[r] = C_lv[r]; C_ldirty[r] = 0
-     :: else -> skip fi
-}
-inline flush_request() {
-  if :: C_rdirty -> M_rs = C_rs; M_rk = C_rk; M_rb = C_rb; C_rdirty = 0
+                       M_li[r] = C_li[r]; C_ldirty[r] = 0; seen[r] = 0; oc[r] = 0
      :: else -> skip fi
 }
 /* PrefixHost::WriteLeaseRow: store (into the cache), Flush, FullFence */
 inline write_lease_row(r, held, e, g) {
-  C_lh[r] = held; C_le[r] = e; C_lg[r] = g; C_li[r] = C_inc[r]; C_lv[r] = 0; C_ldirty[r] = 1;
+  C_lh[r] = held; C_le[r] = e; C_lg[r] = g; C_li[r] = C_inc[r]; C_ldirty[r] = 1;
   flush_lease_row(r)
 }
 
-/* reader r reads entry k into (g, b); read_entry_inv: Invalidate, then load */
+/* reader r reads entry k into (g, b, v); read_entry_inv: Invalidate, then load */
 #ifdef KEEP_ENTRY_CACHE
-inline read_entry_inv(r, k, g, b) {
+inline read_entry_inv(r, k, g, b, v) {
   HE_p[r*NE+k] = 1; HE_gen[r*NE+k] = M_gen[k]; HE_blk[r*NE+k] = M_blk[k];
-  g = HE_gen[r*NE+k]; b = HE_blk[r*NE+k]
+  HE_ver[r*NE+k] = M_ver[k];
+  g = HE_gen[r*NE+k]; b = HE_blk[r*NE+k]; v = HE_ver[r*NE+k]
 }
-inline read_entry_cached(r, k, g, b) {     /* a load with no Invalidate: may hit a stale copy */
-  if :: !HE_p[r*NE+k] -> HE_p[r*NE+k] = 1; HE_gen[r*NE+k] = M_gen[k]; HE_blk[r*NE+k] = M_blk[k]
+inline read_entry_cached(r, k, g, b, v) {  /* a load with no Invalidate: may hit a stale copy */
+  if :: !HE_p[r*NE+k] -> HE_p[r*NE+k] = 1; HE_gen[r*NE+k] = M_gen[k]; HE_blk[r*NE+k] = M_blk[k];
+                         HE_ver[r*NE+k] = M_ver[k]
      :: else -> skip fi;
-  g = HE_gen[r*NE+k]; b = HE_blk[r*NE+k]
+  g = HE_gen[r*NE+k]; b = HE_blk[r*NE+k]; v = HE_ver[r*NE+k]
 }
 #else
-inline read_entry_inv(r, k, g, b) { g = M_gen[k]; b = M_blk[k] }
+inline read_entry_inv(r, k, g, b, v) { g = M_gen[k]; b = M_blk[k]; v = M_ver[k] }
 #endif
 #ifdef BUG_STALE_REVALIDATE
-#define read_entry_reval(r, k, g, b) read_entry_cached(r, k, g, b)
+#define read_entry_reval(r, k, g, b, v) read_entry_cached(r, k, g, b, v)
 #else
-#define read_entry_reval(r, k, g, b) read_entry_inv(r, k, g, b)
+#define read_entry_reval(r, k, g, b, v) read_entry_inv(r, k, g, b, v)
 #endif
 
-/* reader r reads block b's data: the version it gets */
+/* reader r reads block b's data: the generation (version) of the data it gets */
 #ifdef KEEP_BLOCK_CACHE
 inline read_block(r, b, v) {
 #ifdef BUG_NO_INVALIDATE_BLOCK
@@ -212,14 +235,16 @@ inline read_block(r, b, v) { v = bwr[b] }
  * A heartbeat is named by a label: 1 = before its deadline (send time + host_ttl - margin on
  * the host's clock), 0 = past it. Labels of reader r's current incarnation sit in its host
  * row (C_hb, M_hb), in HC (the newest acknowledged beat the host has credited: alive_until_ms_
- * is in the future iff HC = 1), in its owner line (O_ah, M_ah) and in the owner's pending read
- * (rb). Time passing turns every 1 into 0 at once (hb_tick). A beat sent while the previous
- * one is still fresh gets the same label (docs/model.md, "Abstractions"). */
+ * is in the future iff HC = 1), in its owner line (OL_ah) and in the owner's pending read
+ * (rb). Time passing turns every 1 into 0 at once (hb_tick); a lease held then is past its
+ * deadline for good (Deadline() caps it at alive_until_ms_ when it is taken or renewed). A
+ * beat sent while the previous one is still fresh gets the same label (docs/model.md). */
 inline hb_tick(r) {
   C_hb[r] = 0; HC[r] = 0;
+  /* a lease's deadline is capped by alive_until when it is taken or renewed: it has passed */
+  if :: ph[r] >= ACQ && ph[r] <= COPYING -> la[r] = HOST_CAP :: else -> skip fi;
   if :: M_inc[r] == C_inc[r] -> M_hb[r] = 0 :: else -> skip fi;
-  if :: O_ai[r] == C_inc[r] -> O_ah[r] = 0 :: else -> skip fi;
-  if :: M_ai[r] == C_inc[r] -> M_ah[r] = 0 :: else -> skip fi;
+  if :: OL_ai[r] == C_inc[r] -> OL_ah[r] = 0 :: else -> skip fi;
   if :: fh == r && dec != D_NONE && ri == C_inc[r] -> rb = 0 :: else -> skip fi
 }
 
@@ -230,15 +255,15 @@ inline hb_tick(r) {
  * none). A Rejoin renames every 1 of r into 0, then takes 1 itself; hosts may rejoin and
  * restart any number of times. */
 inline inc_new(r) {
-  O_fen[r] = 0; M_fen[r] = 0;                         /* fenced: an older incarnation      */
-  O_ai[r] = 0; M_ai[r] = 0; O_ah[r] = 0; M_ah[r] = 0; /* acknowledged: an older one        */
+  OL_fen[r] = 0;                                      /* fenced: an older incarnation      */
+  OL_ai[r] = 0; OL_ah[r] = 0;                         /* acknowledged: an older one        */
   if :: fh == r && dec != D_NONE -> ri = 0; rb = 0 :: else -> skip fi;
   M_li[r] = 0; C_li[r] = 0;                           /* rows of an older incarnation       */
   C_inc[r] = 1; M_inc[r] = 0                          /* the new one (not in memory yet)    */
 }
 
 /* ---- reader helpers ------------------------------------------------------------------------ */
-inline forget_lease(r) { ph[r] = IDLE; le[r] = 0; lg[r] = 0; lb[r] = 0; LF[r] = 0 }
+inline forget_lease(r) { ph[r] = IDLE; le[r] = 0; lg[r] = 0; lb[r] = 0; lv[r] = 0; la[r] = 0; ln[r] = 0 }
 inline release_row(r) {          /* PrefixHost::Release: held = 0, Flush, FullFence */
   write_lease_row(r, 0, 0, 0); forget_lease(r)
 }
@@ -256,22 +281,22 @@ inline rejoin(r) {
  * Reader hosts
  * ============================================================================================= */
 proctype Reader(byte r) {
-  byte g, tmp; bit b, k;
+  byte g, tmp, v; bit b, k;
 end_loop:
   do
   /* ---- Lookup(ns, key): Invalidate + read entry k; PUBLISHED is a hit. Takes no lease. */
   :: atomic { ph[r] == IDLE ->
        if :: k = 0 :: k = 1 fi;
-       read_entry_inv(r, k, g, b);
-       if :: PUB(g) -> le[r] = k; lg[r] = g; lb[r] = b; ph[r] = LOOKED
+       read_entry_inv(r, k, g, b, v);
+       if :: PUB(g) -> le[r] = k; lg[r] = g; lb[r] = b; lv[r] = v; ph[r] = LOOKED
           :: else -> skip fi;
-       g = 0; b = 0; k = 0 }
+       g = 0; b = 0; k = 0; v = 0 }
 
   /* ---- Acquire(hit), first half: alive (an acknowledged heartbeat), now sampled, then the
    *      lease row {held, entry, gen, incarnation, seq} stored, Flush, FullFence. */
   :: atomic { ph[r] == LOOKED && ALIVE(r) ->
-       LF[r] = 0;
-       C_lh[r] = 1; C_le[r] = le[r]; C_lg[r] = lg[r]; C_li[r] = C_inc[r]; C_lv[r] = 0;
+       la[r] = 0;
+       C_lh[r] = 1; C_le[r] = le[r]; C_lg[r] = lg[r]; C_li[r] = C_inc[r];
        C_ldirty[r] = 1;
 #ifndef BUG_NO_FLUSH_LEASE
        flush_lease_row(r);
@@ -282,20 +307,20 @@ end_loop:
 #ifdef BUG_NO_REVALIDATE
        g = lg[r];
 #else
-       read_entry_reval(r, le[r], g, b);
+       read_entry_reval(r, le[r], g, b, v);
 #endif
        if :: g == lg[r] -> ph[r] = HELD
           :: else -> release_row(r)                         /* kNotFound; the row cleared */
        fi;
-       g = 0; b = 0 }
+       g = 0; b = 0; v = 0 }
 
   /* ---- using the data under a valid lease (a zero-copy use, or the start of a copy): the
-   *      lease must protect it. S1: the block is not reclaimed, and holds the data that was
-   *      published under (le, lg). */
+   *      lease must protect it. S1: the block is not free in its publisher's allocator, and
+   *      holds the data of the ref the entry named (not rewritten since). */
   :: atomic { ph[r] == HELD && LEASE_OK(r) ->
        read_block(r, lb[r], tmp);
-       assert(bst[lb[r]] == B_PUB || bst[lb[r]] == B_RET);
-       assert(DATA_OK(lb[r], le[r], lg[r], tmp));
+       assert(!pown[lb[r]] && bwr[lb[r]] == lv[r]);
+       assert(tmp == lv[r]);
        tmp = 0;
        ph[r] = COPYING }
   /* ---- the copy ends (late, maybe: a pause, the deadline passed, the block reclaimed and
@@ -304,39 +329,36 @@ end_loop:
   :: atomic { ph[r] == COPYING ->
        read_block(r, lb[r], tmp);
 #ifdef BUG_NO_VALIDATE_AFTER_COPY
-       assert(DATA_OK(lb[r], le[r], lg[r], tmp));
+       assert(tmp == lv[r]);
 #else
        if
        :: LEASE_OK(r) || NO_DEADLINE_CHECK ->
-            read_entry_inv(r, le[r], g, b);
-            if :: g == lg[r] || NO_GEN_CHECK -> assert(DATA_OK(lb[r], le[r], lg[r], tmp))
+            read_entry_inv(r, le[r], g, b, v);
+            if :: g == lg[r] || NO_GEN_CHECK -> assert(tmp == lv[r])
                :: else -> skip                                      /* kAborted: discarded */
             fi
        :: else -> skip                                     /* kDeadlineExceeded: discarded */
        fi;
 #endif
-       tmp = 0; g = 0; b = 0;
+       tmp = 0; g = 0; b = 0; v = 0;
        ph[r] = HELD }
 
-  /* ---- Renew(lease): now sampled, the lease still valid ... */
-  :: atomic { ph[r] == HELD && LEASE_OK(r) -> ph[r] = RENEW }
-  /* ... then the row written again (lease_seq + 1: version 1), Flush, FullFence; the new
-   * deadline counts from the sample. The fixed Renew looks at the clock again after the
-   * write: if the old deadline has passed by then, the owner may have judged the old row
-   * expired and reclaimed the block while this write was on its way, so the lease is lost.
+  /* ---- Renew(lease): now sampled (ln), the lease still valid ... */
+  :: atomic { ph[r] == HELD && LEASE_OK(r) -> ln[r] = 0; ph[r] = RENEW }
+  /* ... then the row written again (lease_seq + 1), Flush, FullFence; the new deadline counts
+   * from the sample. The fixed Renew looks at the clock again after the write: if the old
+   * deadline has passed by then, the owner may have judged the old row expired and reclaimed
+   * the block while this write was on its way, so the lease is lost.
    * BUG_RENEW_NO_SECOND_LOOK: Renew without the second look, as prefix_host.cc had it until
    * SPIN found the reclaim (tests/prefix_test.cc, RenewThatStalledPastItsDeadline...). */
   :: atomic { ph[r] == RENEW ->
-       C_lv[r] = 1; C_ldirty[r] = 1; flush_lease_row(r);
+       C_ldirty[r] = 1; flush_lease_row(r);
 #ifdef BUG_RENEW_NO_SECOND_LOOK
        if :: true ->
 #else
-       if :: LF[r] == 0 && ALIVE(r) ->
+       if :: la[r] <= HOST_LAST && ALIVE(r) ->
 #endif
-             /* version 1 is now the current row: rename it 0 (LF moves with it) */
-             LF[r] = (LF[r] > 0 -> LF[r] - 1 : 0);
-             C_lv[r] = 0; M_lv[r] = 0;
-             ph[r] = HELD
+             la[r] = ln[r]; ln[r] = 0; ph[r] = HELD
           :: else -> release_row(r)                                  /* kDeadlineExceeded */
        fi }
 
@@ -348,9 +370,9 @@ end_loop:
    *      in the host row (send time taken before the store), Flush, Fence. */
   :: atomic { ph[r] < DOWN ->
        if
-       :: M_fen[r] >= C_inc[r] -> rejoin(r)
+       :: OL_fen[r] >= C_inc[r] -> rejoin(r)
        :: else ->
-            if :: M_ai[r] == C_inc[r] && M_ah[r] > HC[r] -> HC[r] = M_ah[r]
+            if :: OL_ai[r] == C_inc[r] && OL_ah[r] > HC[r] -> HC[r] = OL_ah[r]
                :: else -> skip fi;
             C_hb[r] = 1; C_hdirty[r] = 1; flush_host_row(r);
 #ifdef BUG_UNACKED_HEARTBEAT
@@ -359,8 +381,7 @@ end_loop:
             skip
        fi }
 
-  /* ---- time passes on host r's clock (a slow host, or a pause): a deadline arrives */
-  :: atomic { ph[r] >= ACQ && ph[r] <= COPYING && LF[r] < (ph[r] == RENEW -> 2 : 1) -> LF[r]++ }
+  /* ---- heartbeat time passes on host r's clock: its beats' deadlines arrive */
   :: atomic { ph[r] < DOWN && C_hb[r] > 0 -> hb_tick(r) }
 
   /* ---- crash: the host stops (to restart later, or for good); its caches (dirty lines
@@ -374,35 +395,37 @@ end_loop:
 #endif
        C_inc[r] = M_inc[r]; C_hb[r] = M_hb[r]; C_hdirty[r] = 0;
        C_lh[r] = M_lh[r]; C_le[r] = M_le[r]; C_lg[r] = M_lg[r]; C_li[r] = M_li[r];
-       C_lv[r] = M_lv[r]; C_ldirty[r] = 0;
+       C_ldirty[r] = 0;
 #ifdef KEEP_ENTRY_CACHE
-       HE_p[r*NE] = 0; HE_gen[r*NE] = 0; HE_blk[r*NE] = 0;
-       HE_p[r*NE+1] = 0; HE_gen[r*NE+1] = 0; HE_blk[r*NE+1] = 0;
+       HE_p[r*NE] = 0; HE_gen[r*NE] = 0; HE_blk[r*NE] = 0; HE_ver[r*NE] = 0;
+       HE_p[r*NE+1] = 0; HE_gen[r*NE+1] = 0; HE_blk[r*NE+1] = 0; HE_ver[r*NE+1] = 0;
 #endif
 #ifdef KEEP_BLOCK_CACHE
        HB_p[r*NB] = 0; HB_v[r*NB] = 0; HB_p[r*NB+1] = 0; HB_v[r*NB+1] = 0;
 #endif
-       LF[r] = 2; hb_tick(r) }
+       hb_tick(r) }
   /* ---- restart: Join again, with a new incarnation */
   :: atomic { ph[r] == DOWN -> rejoin(r) }
   od
 }
 
 /* =============================================================================================
- * The publisher (host 0); it does not fail in this model
+ * The publisher (host 0)
  * ============================================================================================= */
+/* a crash: local state is lost; the arena (pown, bwr) and shared lines stay */
+#define PCRASHPT \
+  if :: pcr < MAXPCRASH -> pcr++; pup = 0; pt = 0; phead = 0; phand = 0 :: true -> skip fi
+
 active proctype Publisher() {
   bit b, k;
 end_loop:
   do
-  /* the previous request was applied (Invalidate + read its owner line: ring_head; a ring of
-   * one slot); returned blocks are taken back (Heartbeat's return-ring collection); then a
-   * block it holds is written (streaming stores + Fence: in memory at once) and
-   * PUBLISH(key k, block b) posted: slot stored, Flush, Fence. */
-  :: atomic { M_head == C_rs && npub < MAXPUB &&
-              (pown[0] || M_ret[0] != ptaken[0] || pown[1] || M_ret[1] != ptaken[1]) ->
-       if :: M_ret[0] != ptaken[0] -> ptaken[0] = M_ret[0]; pown[0] = 1 :: else -> skip fi;
-       if :: M_ret[1] != ptaken[1] -> ptaken[1] = M_ret[1]; pown[1] = 1 :: else -> skip fi;
+  /* Publish: the ring has room (Invalidate + read the owner line: ring_head == ring_tail; a
+   * ring of one slot); a block it holds is written (streaming stores + Fence: in memory at
+   * once, and the block's generation moves on) and PUBLISH(key k, ref) stored in the request
+   * slot (seq = ring_tail + 1), Flush, Fence -- a crash may stop it here -- then ring_tail
+   * advanced in the host row, Flush, Fence. */
+  :: atomic { pup && pt == OL_head && npub < MAXPUB && (pown[0] || pown[1]) ->
        if
        :: npub == 0 -> b = 0; k = 0     /* blocks and entries are symmetric: the first */
        :: else ->                       /* publish names block 0 and key 0             */
@@ -411,79 +434,71 @@ end_loop:
             if :: k = 0 :: k = 1 fi
        fi;
        pown[b] = 0; bwr[b]++; npub++;
-       if :: bst[b] == B_FREED -> bst[b] = B_REUSED :: else -> skip fi;
-       C_rs = !C_rs; C_rk = k; C_rb = b; C_rdirty = 1; flush_request();
+       R_sq = !pt; R_k = k; R_b = b; R_v = bwr[b]; R_inc = 1;
+       PCRASHPT;
+       if :: pup -> pt = !pt; P_tail = pt; PCRASHPT :: else -> skip fi;
        b = 0; k = 0 }
 #ifdef DUP_REQUEST
-  /* once: a PUBLISH of a block that is already published (a replayed or forged request) */
-  :: atomic { M_head == C_rs && !dupsent && (bst[0] == B_PUB || bst[1] == B_PUB) ->
-       if :: bst[0] == B_PUB -> b = 0 :: bst[1] == B_PUB -> b = 1 fi;
-       if :: k = 0 :: k = 1 fi;
-       C_rs = !C_rs; C_rk = k; C_rb = b; C_rdirty = 1; flush_request();
-       dupsent = 1; b = 0; k = 0 }
+  /* once: a PUBLISH of a ref that is already published (a replayed or forged request) */
+  :: atomic { pup && pt == OL_head && !dupsent && (PUB(M_gen[0]) || PUB(M_gen[1])) ->
+       if :: PUB(M_gen[0]) -> R_b = M_blk[0]; R_v = M_ver[0]
+          :: PUB(M_gen[1]) -> R_b = M_blk[1]; R_v = M_ver[1] fi;
+       if :: R_k = 0 :: R_k = 1 fi;
+       R_sq = !pt; R_inc = 1; pt = !pt; P_tail = pt; dupsent = 1 }
 #endif
+  /* Heartbeat: the row acknowledges what the previous call handed out (return_head); the
+   * owner line is read and a new return collected (its slot's seq must be head + 1); the
+   * caller frees it: the allocator frees a ref only while the block is allocated with that
+   * generation (a second delivery, or a stale one, is ignored). */
+  :: atomic { pup && (phead != OL_rt || P_ack != phand) ->
+       P_ack = phand;
+       if
+       :: phead != OL_rt && RS_sq != phead ->
+            phead = !phead;
+#ifdef BUG_NO_GEN_FREE
+            pown[RS_b] = 1
+#else
+            if :: !pown[RS_b] && bwr[RS_b] == RS_v -> pown[RS_b] = 1 :: else -> skip fi
+#endif
+       :: else -> skip
+       fi;
+       phand = phead;
+       PCRASHPT }
+  /* Rejoin after a crash (PrefixHost::Join): a new incarnation above the row's; ring_tail
+   * from the row, and a request slot written but never announced (seq = ring_tail + 1, an
+   * older incarnation) is announced now, so that the owner returns its block; returns are
+   * collected again from the acknowledged return_head (at-least-once). */
+  :: atomic { !pup ->
+       R_inc = 0;                                         /* older incarnations: label 0 */
+       pt = P_tail;
+       if :: R_sq != P_tail && P_tail == OL_head -> pt = !pt :: else -> skip fi;
+       phead = P_ack; phand = P_ack;
+       P_inc = 1; P_tail = pt;                            /* the host row, Flush, Fence  */
+       pup = 1 }
   od
 }
 
 /* =============================================================================================
- * The owner (the reclaimer): PrefixOwner::Step in a loop
+ * The owner: PrefixOwner::Step in a loop
  * ============================================================================================= */
-inline return_block(b) { O_ret[b] = !O_ret[b]; O_rdirty[b] = 1; flush_ret(b) }
+/* the owner crashes right after a shared store: everything it kept in its own memory is
+ * lost; its stores are in memory already (each one was flushed) or, where a bug variant
+ * skipped a flush, in its machine's cache, which the new owner reads through (a restart on
+ * the same machine) and which the Evictor writes back in time */
+inline owner_crash() {
+  ocr++;
+  graced[0] = 0; graced[1] = 0; dueE = NE;
+  fh = 0; ri = 0; rb = 0; dec = D_NONE;
+  seen[0] = 0; seen[1] = 0; oc[0] = 0; oc[1] = 0; os = 0; osact = 0; rtp = 0;
+  e = 0; b = 0; v = 0; c0 = 0; c1 = 0; l0 = 0; l1 = 0; torn = 0
+}
+#define OCRASHPT if :: ocr < MAXOCRASH -> owner_crash(); goto down :: true -> skip fi
 
-/* the scan's verdict on reader h's row: does a live, unexpired lease name (e, g)? */
-inline scan_row(h, e, g) {
-#ifdef BUG_SCAN_ALL_ROWS
-  if :: M_lh[h] && M_le[h] == e && M_lg[h] == g -> live = 1 :: else -> skip fi
-#else
-  if
-  :: HOSTLIVE(h) && M_lh[h] && M_li[h] == M_inc[h] && M_le[h] == e && M_lg[h] == g ->
-       if
-       :: M_lv[h] < LF[h] ->                 /* lease_seq unchanged for lease_ttl: expired  */
-#ifdef LIVENESS
-            skip                             /* (time passes: the owner's clock gets there) */
-#else
-            if :: skip :: live = 1 fi        /* ... or the owner's clock is not there yet   */
-#endif
-       :: else -> live = 1
-       fi
-  :: else -> skip
-  fi
-#endif
-}
-
-/* Reclaim, first half, for entry e: RETIRED past grace and no live lease names
- * (e, gen - 1) in the scan (Invalidate + read every live host's rows) => due for freeing */
-inline reclaim_scan(e) {
-  g = O_gen[e];
-#ifdef BUG_NO_GRACE
-  if :: RET(g) ->
-#else
-  if :: RET(g) && graced[e] ->
-#endif
-       live = 0;
-       scan_row(0, e, g - 1);
-       scan_row(1, e, g - 1);
-       due[e] = !live
-  :: else -> skip
-  fi;
-  g = 0; live = 0
-}
-/* ... second half, a step later (hosts act in between): the block goes back to its
- * publisher (return ring) and the entry becomes TOMBSTONE(gen + 1), Flush, Fence */
-inline reclaim_free(e) {
-  if
-  :: due[e] ->
-       g = O_gen[e]; b = O_blk[e];
-       /* S3: never freed while a host holds a valid lease on it */
-       assert(!(RELIES(0) && le[0] == e && lg[0] == g - 1));
-       assert(!(RELIES(1) && le[1] == e && lg[1] == g - 1));
-       O_gen[e] = g + 1; O_edirty[e] = 1; flush_entry(e);
-       bst[b] = B_FREED;
-       return_block(b);
-       due[e] = 0; g = 0; b = 0
-  :: else -> skip
-  fi
-}
+/* ReturnBlock: the return slot (seq = return_tail + 1) written, Flush, Fence; return_tail
+ * moves on in owner memory, and reaches the owner line at its next write */
+inline return_block(xb, xv) { RS_sq = !OL_rt; RS_b = xb; RS_v = xv; rtp = 1 }
+/* WriteOwnerLine(0): ring_head and return_tail, Flush, Fence */
+#define WRITE_LINE0 if :: rtp -> OL_rt = !OL_rt; rtp = 0 :: else -> skip fi
 
 /* FenceExpiredHosts for reader h, first half: Invalidate + read the host row, decide */
 inline fence_read(h) {
@@ -505,45 +520,94 @@ inline fence_read(h) {
   fi
 }
 /* ... second half: write the owner line: fenced_incarnation, or the acknowledgement */
-inline fence_write(h) {
+#define FENCE_WRITE(h) \
+  if \
+  :: dec == D_FENCE -> OL_fen[h] = ri; fh = 0; ri = 0; rb = 0; dec = D_NONE; OCRASHPT \
+  :: dec == D_ACK && (OL_ai[h] != ri || OL_ah[h] != rb) -> \
+       OL_ai[h] = ri; OL_ah[h] = rb; fh = 0; ri = 0; rb = 0; dec = D_NONE; OCRASHPT \
+  :: else -> fh = 0; ri = 0; rb = 0; dec = D_NONE \
+  fi
+
+/* ScanLeases for reader h (rows naming entry e at generation g): HostLive (Invalidate + read
+ * the host row, which may be torn: unreadable), then Invalidate + read the lease row; a new
+ * stamp gets changed_at = the owner's clock sample (after the read in the fixed code; the
+ * early sample under BUG_SAMPLE_BEFORE_READ); a live row of the current incarnation naming
+ * (e, g) and not expired (now - changed_at <= ttl) keeps the block. */
+#ifdef BUG_SAMPLE_BEFORE_READ
+#define SAMPLE os
+#else
+#define SAMPLE 0
+#endif
+#ifdef BUG_SCAN_ALL_ROWS
+#define ROW_KEEPS(h, e) (M_lh[h] && M_le[h] == e && M_lg[h] + 1 == O_gen[e])
+#else
+#define ROW_KEEPS(h, e) (M_lh[h] && M_li[h] == M_inc[h] && M_le[h] == e && \
+                         M_lg[h] + 1 == O_gen[e] && oc[h] < OWNER_EXP + SAMPLE)
+#endif
+inline scan_host(h) {
   if
-  :: dec == D_FENCE -> O_fen[h] = ri; O_odirty[h] = 1; flush_owner_line(h)
-  :: dec == D_ACK && (O_ai[h] != ri || O_ah[h] != rb) ->
-       O_ai[h] = ri; O_ah[h] = rb; O_odirty[h] = 1; flush_owner_line(h)
-  :: else -> skip
-  fi;
-  fh = 0; ri = 0; rb = 0; dec = D_NONE
+#ifndef LIVENESS
+  :: h == 0 -> torn = 1       /* host 1's row is unreadable (torn); host 2 is its mirror */
+#endif
+  :: HOSTLIVE(h) ->
+       if :: !seen[h] && M_lh[h] -> seen[h] = 1; oc[h] = SAMPLE
+          :: !seen[h] && !M_lh[h] -> seen[h] = 1     /* a row not held: its age is moot */
+          :: else -> skip fi;
+       if :: ROW_KEEPS(h, 0) -> l0 = 1 :: else -> skip fi;
+       if :: ROW_KEEPS(h, 1) -> l1 = 1 :: else -> skip fi
+  :: !HOSTLIVE(h) ->
+#ifdef BUG_SCAN_ALL_ROWS
+       if :: ROW_KEEPS(h, 0) -> l0 = 1 :: else -> skip fi;   /* fenced hosts' rows too */
+       if :: ROW_KEEPS(h, 1) -> l1 = 1 :: else -> skip fi
+#else
+       skip
+#endif
+  fi
 }
 
 active proctype Owner() {
-  byte e, g;
-  bit b, live;
+  byte e, v;
+  bit b, c0, c1, l0, l1, torn;
 end_loop:
   do
   :: atomic {
-       fence_write(1);
+       FENCE_WRITE(1);
 
        /* grace: an entry retired in an earlier Step is past grace now */
        graced[0] = RET(O_gen[0]); graced[1] = RET(O_gen[1]);
 
-       /* ApplyRequests: host 0's slot (Invalidate + read); a new seq is applied */
+       /* ApplyRequests, host 0: Invalidate + read its row (ring_tail, incarnation,
+        * return_head); a request is consumed only while the return ring has room; Invalidate
+        * + read the slot (seq = ring_head + 1, else next round) */
        if
-       :: M_rs != O_head ->
-            e = M_rk; b = M_rb;
+       :: P_tail != OL_head && ROOM && R_sq != OL_head ->
+            e = R_k; b = R_b; v = R_v;
             if
-#ifndef BUG_DUP_REF
-            :: NAMED(b) -> skip                          /* a block named twice: rejected */
-#endif
-            :: else ->
+            :: R_inc == P_inc ->                            /* Apply */
                  if
-                 :: LIVEG(O_gen[e]) -> return_block(b)   /* key present / no free slot    */
-                 :: else ->                              /* insert PUBLISHED(gen + 1)     */
-                      O_gen[e] = O_gen[e] + 1; O_blk[e] = b; O_edirty[e] = 1; flush_entry(e);
-                      bst[b] = B_PUB; bent[b] = e; bgen[b] = O_gen[e]; bver[b] = bwr[b]
+#ifndef BUG_DUP_REF
+                 :: NAMED(b, v) -> skip                     /* a ref named twice: rejected */
+#endif
+                 :: else ->
+                      if
+                      :: LIVEG(O_gen[e]) -> return_block(b, v)   /* key present / no slot */
+                      :: else ->                                 /* PUBLISHED(gen + 1)    */
+                           O_gen[e] = O_gen[e] + 1; O_blk[e] = b; O_ver[e] = v;
+                           O_edirty[e] = 1; flush_entry(e)
+                      fi
                  fi
+            :: else ->          /* a late request of an older incarnation: not applied */
+#ifdef BUG_STALE_RETURN
+                 return_block(b, v)             /* its block goes back, named or not   */
+#else
+                 if :: NAMED(b, v) -> skip      /* the index names it: it is not ours  */
+                    :: else -> return_block(b, v) fi
+#endif
             fi;
-            O_head = M_rs; O_hdirty = 1; flush_head();
-            e = 0; b = 0
+            OCRASHPT;                           /* entry (or return slot) in memory    */
+            OL_head = !OL_head; WRITE_LINE0;    /* the owner line: ring_head           */
+            OCRASHPT;
+            e = 0; b = 0; v = 0
        :: else -> skip
        fi;
 
@@ -560,20 +624,98 @@ end_loop:
 #ifndef BUG_NO_FLUSH_RETIRE
             flush_entry(e);
 #endif
-            bst[O_blk[e]] = B_RET
+            OCRASHPT
        :: else -> skip
        fi;
        e = 0;
+#ifdef BUG_SAMPLE_BEFORE_READ
+       /* ScanLeases samples the clock before it reads any row */
+       if :: (RET(O_gen[0]) && graced[0]) || (RET(O_gen[1]) && graced[1]) -> os = 0; osact = 1
+          :: else -> skip fi;
+#endif
+       skip }
 
-       /* Reclaim: one scan of the live hosts' lease rows */
-       reclaim_scan(0);
-       reclaim_scan(1);
-
-       /* FenceExpiredHosts: read reader 0's host row ... */
+     /* Reclaim: if host 0's return ring has room (its row read), one scan of the live
+      * hosts' lease rows; the first entry past grace that no live, unexpired lease names is
+      * due (the ring has one slot). An unreadable host row frees nothing this round
+      * (BUG_TORN_ROW_SKIPPED: that host is skipped, as HostLive's false made ScanLeases do).
+      * BUG_ROOM_BEFORE_SCAN: the slot is promised to the first entry past grace before the
+      * scan, as prefix_owner.cc's Reclaim does (room counted down per due entry before
+      * ScanLeases): a leased retired entry then holds back every other one of its
+      * publisher. Then FenceExpiredHosts reads reader 0's host row. */
+     atomic {
+#ifdef BUG_NO_GRACE
+       c0 = RET(O_gen[0]); c1 = RET(O_gen[1]);        /* informational: no grace wait */
+#else
+       c0 = RET(O_gen[0]) && graced[0]; c1 = RET(O_gen[1]) && graced[1];
+#endif
+#ifdef BUG_ROOM_BEFORE_SCAN
+       if :: c0 -> c1 = 0 :: else -> skip fi;  /* the ring's one slot reserved for the first */
+#endif
+       if
+       :: (c0 || c1) && ROOM ->
+            scan_host(0);
+            scan_host(1);
+#ifdef BUG_TORN_ROW_SKIPPED
+            torn = 0;                           /* the torn host's rows were skipped */
+#endif
+            if
+            :: torn -> skip                     /* an unreadable host row: free nothing */
+            :: !torn && c0 && !l0 -> dueE = 0
+            :: !torn && !(c0 && !l0) && c1 && !l1 -> dueE = 1
+            :: else -> skip
+            fi
+       :: else -> skip
+       fi;
+       c0 = 0; c1 = 0; l0 = 0; l1 = 0; torn = 0; os = 0; osact = 0;
        fence_read(0) }
-     /* ... the host may act before the owner writes its owner line, or frees what the
-      * scan found unleased */
-     atomic { reclaim_free(0); reclaim_free(1); fence_write(0); fence_read(1) }
+
+     /* ... the hosts act, then the due entry is freed: its ref into the return slot, the
+      * owner line (return_tail), then the entry becomes TOMBSTONE(gen + 1), each stored,
+      * flushed, fenced. Then reader 0's owner line, and reader 1's host row read. */
+     atomic {
+       if
+       :: dueE < NE ->
+            e = dueE;
+            /* S3: never freed while a host holds a valid lease on it */
+            assert(!(RELIES(0) && le[0] == e && lg[0] + 1 == O_gen[e]));
+            assert(!(RELIES(1) && le[1] == e && lg[1] + 1 == O_gen[e]));
+            return_block(O_blk[e], O_ver[e]);
+            OCRASHPT;
+            WRITE_LINE0;
+            OCRASHPT;
+            O_gen[e] = O_gen[e] + 1; O_edirty[e] = 1; flush_entry(e);
+            dueE = NE; e = 0;
+            OCRASHPT
+       :: else -> skip
+       fi;
+       FENCE_WRITE(0);
+       fence_read(1) }
+  od;
+down:
+  /* PrefixOwner::Open: the index and the owner lines are read back (the new owner's state
+   * is theirs and nothing else: owner_crash cleared the rest); timers start now (a row's
+   * first read stamps it with the new owner's clock), grace counts from the first Step */
+  atomic { skip };
+  goto end_loop
+}
+
+/* =============================================================================================
+ * The lease clock: one tick ages every lease-time stamp that is still counting
+ * ============================================================================================= */
+#define AGES(r) ((ph[r] >= ACQ && ph[r] <= COPYING && la[r] < HOST_CAP) || \
+                 (ph[r] == RENEW && ln[r] < HOST_CAP) || (seen[r] && M_lh[r] && oc[r] < OWNER_EXP))
+inline age(r) {
+  if :: ph[r] >= ACQ && ph[r] <= COPYING && la[r] < HOST_CAP -> la[r]++ :: else -> skip fi;
+  if :: ph[r] == RENEW && ln[r] < HOST_CAP -> ln[r]++ :: else -> skip fi;
+  if :: seen[r] && M_lh[r] && oc[r] < OWNER_EXP -> oc[r]++ :: else -> skip fi
+}
+active proctype Clock() {
+end_loop:
+  do
+  :: atomic { AGES(0) || AGES(1) || (osact && os < OWNER_EXP) ->
+       age(0); age(1);
+       if :: osact && os < OWNER_EXP -> os++ :: else -> skip fi }
   od
 }
 
@@ -589,17 +731,11 @@ end_loop:
   :: atomic { C_hdirty[1] -> flush_host_row(1) }
   :: atomic { O_edirty[0] -> flush_entry(0) }
   :: atomic { O_edirty[1] -> flush_entry(1) }
-  :: atomic { O_odirty[0] -> flush_owner_line(0) }
-  :: atomic { O_odirty[1] -> flush_owner_line(1) }
-  :: atomic { O_hdirty -> flush_head() }
-  :: atomic { O_rdirty[0] -> flush_ret(0) }
-  :: atomic { O_rdirty[1] -> flush_ret(1) }
-  :: atomic { C_rdirty -> flush_request() }
 #ifdef KEEP_ENTRY_CACHE
-  :: atomic { HE_p[0] -> HE_p[0] = 0; HE_gen[0] = 0; HE_blk[0] = 0 }
-  :: atomic { HE_p[1] -> HE_p[1] = 0; HE_gen[1] = 0; HE_blk[1] = 0 }
-  :: atomic { HE_p[2] -> HE_p[2] = 0; HE_gen[2] = 0; HE_blk[2] = 0 }
-  :: atomic { HE_p[3] -> HE_p[3] = 0; HE_gen[3] = 0; HE_blk[3] = 0 }
+  :: atomic { HE_p[0] -> HE_p[0] = 0; HE_gen[0] = 0; HE_blk[0] = 0; HE_ver[0] = 0 }
+  :: atomic { HE_p[1] -> HE_p[1] = 0; HE_gen[1] = 0; HE_blk[1] = 0; HE_ver[1] = 0 }
+  :: atomic { HE_p[2] -> HE_p[2] = 0; HE_gen[2] = 0; HE_blk[2] = 0; HE_ver[2] = 0 }
+  :: atomic { HE_p[3] -> HE_p[3] = 0; HE_gen[3] = 0; HE_blk[3] = 0; HE_ver[3] = 0 }
 #endif
 #ifdef FULL_CACHES
   :: atomic { HB_p[0] -> HB_p[0] = 0; HB_v[0] = 0 }
@@ -611,13 +747,16 @@ end_loop:
 }
 
 /* =============================================================================================
- * S4, index invariants: a block is named by one live entry at most, and a block a live entry
- * names is not with its publisher (else it could be handed out twice)
+ * S4, index invariants: no ref is named by two live entries, and a PUBLISHED entry's block is
+ * allocated in its publisher's arena and holds the data of that ref (else it could be handed
+ * out twice, or rewritten under its readers)
  * ============================================================================================= */
-#define INV_ONE_NAME  (!(LIVEG(O_gen[0]) && LIVEG(O_gen[1]) && O_blk[0] == O_blk[1]))
-#define INV_NOT_OWNED (!(pown[0] && NAMED(0)) && !(pown[1] && NAMED(1)))
+#define INV_ONE_NAME  (!(LIVEG(O_gen[0]) && LIVEG(O_gen[1]) && O_blk[0] == O_blk[1] && \
+                         O_ver[0] == O_ver[1]))
+#define PUB_INTACT(e) (!PUB(O_gen[e]) || (!pown[O_blk[e]] && bwr[O_blk[e]] == O_ver[e]))
+#define INV_INTACT    (PUB_INTACT(0) && PUB_INTACT(1))
 active proctype Monitor() {
-  atomic { !(INV_ONE_NAME && INV_NOT_OWNED) -> assert(INV_ONE_NAME && INV_NOT_OWNED) }
+  atomic { !(INV_ONE_NAME && INV_INTACT) -> assert(INV_ONE_NAME && INV_INTACT) }
 }
 
 init {
@@ -626,6 +765,7 @@ init {
     for (i : 0 .. NR - 1) {
       C_inc[i] = 1; M_inc[i] = 1; C_hb[i] = 1; M_hb[i] = 1; C_li[i] = 1; M_li[i] = 1
     }
+    P_inc = 1;
     pown[0] = 1; pown[1] = 1;
     run Reader(0);
 #ifndef IDLE_HOST2
@@ -647,5 +787,5 @@ init {
 ltl reclaim0 { [] (ORPHANED(0) -> <> !RET(O_gen[0])) }
 ltl reclaim1 { [] (ORPHANED(1) -> <> !RET(O_gen[1])) }
 ltl live     { [] (ORPHANED(0) -> <> !RET(O_gen[0])) && [] (ORPHANED(1) -> <> !RET(O_gen[1])) &&
-               [] ((ph[0] == DEAD && M_inc[0] > O_fen[0]) -> <> (M_inc[0] <= O_fen[0])) }
-ltl fenced0  { [] ((ph[0] == DEAD && M_inc[0] > O_fen[0]) -> <> (M_inc[0] <= O_fen[0])) }
+               [] ((ph[0] == DEAD && M_inc[0] > OL_fen[0]) -> <> (M_inc[0] <= OL_fen[0])) }
+ltl fenced0  { [] ((ph[0] == DEAD && M_inc[0] > OL_fen[0]) -> <> (M_inc[0] <= OL_fen[0])) }
