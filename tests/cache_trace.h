@@ -26,7 +26,8 @@ namespace cxlkv::testing {
 
 class CacheTrace final : public coherence::CacheObserver {
  public:
-  using Probe = std::function<std::string(coherence::CacheOp op, const void* addr, std::size_t len)>;
+  using Probe =
+      std::function<std::string(coherence::CacheOp op, const void* addr, std::size_t len)>;
 
   struct Event {
     bool is_mark = false;

@@ -120,11 +120,10 @@ TEST(Cache, ObserverSeesEachPrimitiveWhileInstalled) {
   Flush(buf.data(), 100);
   Fence();
   using Op = std::tuple<CacheOp, const void*, std::size_t>;
-  const std::vector<Op> want = {Op{CacheOp::kFlush, buf.data(), 100},
-                                Op{CacheOp::kFlush, buf.data() + 64, 64},
-                                Op{CacheOp::kInvalidate, buf.data(), 200},
-                                Op{CacheOp::kEvict, buf.data() + 128, 300},
-                                Op{CacheOp::kFence, nullptr, 0}};
+  const std::vector<Op> want = {
+      Op{CacheOp::kFlush, buf.data(), 100}, Op{CacheOp::kFlush, buf.data() + 64, 64},
+      Op{CacheOp::kInvalidate, buf.data(), 200}, Op{CacheOp::kEvict, buf.data() + 128, 300},
+      Op{CacheOp::kFence, nullptr, 0}};
   EXPECT_EQ(log.ops, want);
 }
 

@@ -271,9 +271,10 @@ TEST(CApiGiveAway, ShrinkCloseAndLeaveWriteBackBeforeTheRpc) {
   for (int i = 0; i < 3; ++i) {
     const int from = CacheTrace::FindMark(ev, step[i]);
     const int to = CacheTrace::FindMark(ev, step[i + 1]);
-    const int flush = CacheTrace::FindFlush(ev, base[i], kExtentBytes, static_cast<std::size_t>(from));
-    ASSERT_TRUE(flush >= 0 && flush < to)
-        << step[i] << ": the extent went back unwritten\n" << CacheTrace::Dump(ev);
+    const int flush =
+        CacheTrace::FindFlush(ev, base[i], kExtentBytes, static_cast<std::size_t>(from));
+    ASSERT_TRUE(flush >= 0 && flush < to) << step[i] << ": the extent went back unwritten\n"
+                                          << CacheTrace::Dump(ev);
     const int fence = CacheTrace::FenceAfter(ev, flush);
     ASSERT_TRUE(fence >= 0 && fence < to) << step[i] << "\n" << CacheTrace::Dump(ev);
     EXPECT_TRUE(Lists(ev[fence].note, extent[i]))
@@ -321,13 +322,15 @@ TEST(CApiGiveAway, MemoryUsersEndBeforeTheExtentLeaves) {
     const unsigned char* block = g[i].block;
     const int value = 0x40 + i;
     const std::uint32_t extent = g[i].extent;
-    capi::AddMemoryUser(g[i].arena, &owner, static_cast<std::uint64_t>(i + 1), [&, block, value, extent] {
-      // Still the extent's memory, and still this host's.
-      const bool mapped = block[0] == value && block[4095] == value;
-      std::string where = " (orchestrator stopped)";  // asking it would wait for its deadline
-      if (!stopped.load()) where = Lists(AssignedTo(**opc, kHost), extent) ? " held" : " returned";
-      trace.Mark("drop " + std::to_string(extent) + (mapped ? " mapped" : " swapped") + where);
-    });
+    capi::AddMemoryUser(
+        g[i].arena, &owner, static_cast<std::uint64_t>(i + 1), [&, block, value, extent] {
+          // Still the extent's memory, and still this host's.
+          const bool mapped = block[0] == value && block[4095] == value;
+          std::string where = " (orchestrator stopped)";  // asking it would wait for its deadline
+          if (!stopped.load())
+            where = Lists(AssignedTo(**opc, kHost), extent) ? " held" : " returned";
+          trace.Mark("drop " + std::to_string(extent) + (mapped ? " mapped" : " swapped") + where);
+        });
   }
   // A use removed before the give-away never runs.
   capi::AddMemoryUser(g[0].arena, &owner, 99, [&] { trace.Mark("removed user ran"); });
@@ -347,8 +350,9 @@ TEST(CApiGiveAway, MemoryUsersEndBeforeTheExtentLeaves) {
     stopped = true;
     kill(o.pid, SIGSTOP);
     cxlkv_block_ref ref;
-    ASSERT_TRUE(WaitFor([&] { return cxlkv_alloc(g[1].arena, 0, &ref, nullptr) == CXLKV_E_REVOKED; }))
-        << "never revoked";
+    ASSERT_TRUE(WaitFor([&] {
+      return cxlkv_alloc(g[1].arena, 0, &ref, nullptr) == CXLKV_E_REVOKED;
+    })) << "never revoked";
     trace.Mark("revoked");
   }
   const auto ev = trace.events();
@@ -453,7 +457,8 @@ TEST(CApiCopyOut, InvalidatesTheRangeThenCopiesThenValidates) {
   EXPECT_GE(validate, 0) << "no index entry read after the copy\n" << CacheTrace::Dump(ev);
   EXPECT_LT(validate, CacheTrace::FindMark(ev, "copied out"));
   const int zero_copy = [&] {
-    for (std::size_t i = static_cast<std::size_t>(CacheTrace::FindMark(ev, "copied out")); i < ev.size(); ++i) {
+    for (std::size_t i = static_cast<std::size_t>(CacheTrace::FindMark(ev, "copied out"));
+         i < ev.size(); ++i) {
       if (!ev[i].is_mark && ev[i].op == co::CacheOp::kInvalidate && ev[i].addr == lo + 4096 &&
           ev[i].len == 100) {
         return static_cast<int>(i);

@@ -489,7 +489,6 @@ TEST(Arena, ClaimRunIsContiguousAlignedAndAllOrNothing) {
   EXPECT_EQ(a->ClaimBatch(0, &one, 1), 0u);
 }
 
-
 // ---- Giving a window away (audit #4) ---------------------------------------------------------
 
 // The permissions ("rw-s", "r--s", ...) of this process's mapping that holds addr.
@@ -533,10 +532,11 @@ TEST(GiveAway, ClosingAWindowSealsAndWritesItBackBeforeTheUnmap) {
     trace.Mark("closed");
   }
   const auto ev = trace.events();
-  const int flush = cxlkv::testing::CacheTrace::FindFlush(ev, reinterpret_cast<std::uintptr_t>(base), len);
+  const int flush =
+      cxlkv::testing::CacheTrace::FindFlush(ev, reinterpret_cast<std::uintptr_t>(base), len);
   ASSERT_GE(flush, 0) << "closing the window wrote none of it back\n" << trace.Dump(ev);
   EXPECT_EQ(ev[flush].note.substr(0, 3), "r--") << "stores were not stopped before the write-back\n"
-                                                 << trace.Dump(ev);
+                                                << trace.Dump(ev);
   const int fence = cxlkv::testing::CacheTrace::FenceAfter(ev, flush);
   ASSERT_GE(fence, 0) << "no fence after the write-back\n" << trace.Dump(ev);
   EXPECT_NE(ev[fence].note, "unmapped") << "unmapped before the fence\n" << trace.Dump(ev);

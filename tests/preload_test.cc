@@ -471,7 +471,6 @@ TEST(CxlHeap, ForkGivesTheChildAPrivateCopy) {
   h->Free(p);
 }
 
-
 // ---- a pooled heap giving its extents away (audit #4) ----------------------------------------
 
 // Extents of a file pool, lent the way the orchestrator lends them (a window spec each), and
@@ -534,8 +533,8 @@ std::uintptr_t SlabBase(const CxlHeap& h) {
 cxlkv::testing::CacheTrace::Probe ObjectProbe(std::uintptr_t slab, const unsigned char* object) {
   return [slab, object](coherence::CacheOp op, const void* addr, std::size_t len) -> std::string {
     if (op == coherence::CacheOp::kFence || len != kExtentBytes) return "";
-    const auto* at = static_cast<const unsigned char*>(addr) +
-                     (reinterpret_cast<std::uintptr_t>(object) - slab);
+    const auto* at =
+        static_cast<const unsigned char*>(addr) + (reinterpret_cast<std::uintptr_t>(object) - slab);
     for (int i = 0; i < (1 << 20); i += 4096) {
       if (at[i] != 0x5a) return "not the object";
     }
@@ -628,7 +627,8 @@ TEST(PooledHeapGiveAway, TheGiveAwayHookRunsFirstWhileTheExtentIsMapped) {
           const auto lo = reinterpret_cast<std::uintptr_t>(addr);
           const auto o = reinterpret_cast<std::uintptr_t>(k->object);
           const bool holds = lo <= o && o < lo + len && len == kExtentBytes;
-          k->trace->Mark(std::string("give away ") + (holds && k->object[0] == 0x5a ? "mapped" : "?"));
+          k->trace->Mark(std::string("give away ") +
+                         (holds && k->object[0] == 0x5a ? "mapped" : "?"));
         },
         &hook);
     const std::uintptr_t slab = SlabBase(*h);
@@ -657,10 +657,12 @@ TEST(PooledHeapGiveAway, TheGiveAwayHookRunsFirstWhileTheExtentIsMapped) {
     if (!revoke) {
       EXPECT_LT(hook_at, cxlkv::testing::CacheTrace::FindMark(ev, "shrink 0"));
     }
-    EXPECT_EQ(std::count_if(ev.begin(), ev.end(),
-                            [](const auto& e) { return e.is_mark && e.note.rfind("give away", 0) == 0; }),
-              1)
-        << "once per extent\n" << cxlkv::testing::CacheTrace::Dump(ev);
+    EXPECT_EQ(
+        std::count_if(ev.begin(), ev.end(),
+                      [](const auto& e) { return e.is_mark && e.note.rfind("give away", 0) == 0; }),
+        1)
+        << "once per extent\n"
+        << cxlkv::testing::CacheTrace::Dump(ev);
     (void)slab;
   }
 }

@@ -1,6 +1,8 @@
 // The C API's arena half: pools, KV arenas and their blocks (cxlkv.h: cxlkv_pool_*,
 // cxlkv_arena_*, cxlkv_alloc*, cxlkv_free*, block refs and stats), a thin translation to
 // pool/ and allocator/.
+#include "cxlkv/pool/arena.h"
+
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -15,7 +17,6 @@
 #include "cxlkv/allocator/block_allocator.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/cxlkv.h"
-#include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
 
 namespace {
@@ -151,8 +152,7 @@ void AddMemoryUser(const cxlkv_arena* a, const void* owner, std::uint64_t id,
 
 void RemoveMemoryUser(const void* owner, std::uint64_t id) {
   std::lock_guard l(memory_users_mu);
-  std::erase_if(MemoryUsers(),
-                [&](const MemoryUser& u) { return u.owner == owner && u.id == id; });
+  std::erase_if(MemoryUsers(), [&](const MemoryUser& u) { return u.owner == owner && u.id == id; });
 }
 
 void RemoveMemoryUsers(const void* owner) {

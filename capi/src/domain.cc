@@ -423,7 +423,8 @@ namespace {
 // deadline and block checks of cxlkv_lease_copy_out / cxlkv_block_invalidate (cxlkv.h).
 int LeasedRange(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* lease,
                 uint64_t offset, size_t len, const std::byte** out) {
-  if (d == nullptr || lease == nullptr) return Fail(CXLKV_E_INVALID, "domain and lease must be set");
+  if (d == nullptr || lease == nullptr)
+    return Fail(CXLKV_E_INVALID, "domain and lease must be set");
   if (len == 0) return Fail(CXLKV_E_INVALID, "len must be at least 1 byte");
   if (d->clock.NowMs() > lease->deadline_ms) {
     return Fail(CXLKV_E_STALE, "the lease's deadline has passed (" +
@@ -467,8 +468,8 @@ int LeasedRange(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* le
   if (offset > bytes || len > bytes - offset) {
     return Fail(CXLKV_E_INVALID, std::to_string(len) + " bytes at offset " +
                                      std::to_string(offset) + " are not inside block " +
-                                     std::to_string(ref.index) + " of " +
-                                     std::to_string(bytes) + " bytes");
+                                     std::to_string(ref.index) + " of " + std::to_string(bytes) +
+                                     " bytes");
   }
   *out = static_cast<const std::byte*>(addr) + offset;
   return CXLKV_OK;

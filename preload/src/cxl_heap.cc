@@ -408,8 +408,8 @@ bool JemallocHeap::SwapSlabPrivateLocked(std::uint32_t si) noexcept {
                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (c != -1) {
         std::memcpy(reinterpret_cast<void*>(c), a, run.bytes);
-        copied = ::syscall(SYS_mremap, c, run.bytes, run.bytes, MREMAP_MAYMOVE | MREMAP_FIXED,
-                           a) == reinterpret_cast<long>(a);
+        copied = ::syscall(SYS_mremap, c, run.bytes, run.bytes, MREMAP_MAYMOVE | MREMAP_FIXED, a) ==
+                 reinterpret_cast<long>(a);
       }
     }
     if (!copied) {
