@@ -192,7 +192,9 @@ int cxlkv_domain_format(const char* spec, const cxlkv_domain_geometry* g);
  * (membership and heartbeats to it run on a thread of their own; the prefix domain is the
  * one it names; CXLKV_E_PERMISSION if it does not admit this host id or this uid). */
 int cxlkv_domain_join(const char* spec, uint32_t host_id, cxlkv_domain** out);
-/* Leaves the domain; arenas still grown in it are closed and their extents given back. */
+/* Leaves the domain; arenas still grown in it are closed and their extents given back, and
+ * every raw extent still held is revoked first (its on_revoke runs), all written back before
+ * the orchestrator hears of it. */
 void cxlkv_domain_leave(cxlkv_domain* d);
 
 /* Pooled capacity (a domain joined as "orchestrator:<socket>"): KV arenas in extents of the
@@ -203,7 +205,10 @@ void cxlkv_domain_leave(cxlkv_domain* d);
  * free pool (quarantined) until the orchestrator has reclaimed them, even if this host dies.
  * If the lease lapses (the orchestrator unreachable for most of a lease, or this host fenced)
  * the extent is revoked: the process's mapping of it is replaced by private memory, its blocks
- * read as zero, and every call on the arena fails with CXLKV_E_REVOKED.
+ * read as zero, and every call on the arena fails with CXLKV_E_REVOKED. Whichever way an
+ * extent leaves (shrink, close, leave, revocation), GPU registrations of its arena end first
+ * and every cache line this host dirtied in it is written back before it is no longer this
+ * host's (docs/orchestrator.md, "Writing back before an extent leaves").
  * CXLKV_E_INVALID: not joined through an orchestrator; CXLKV_E_FULL: no free extent, or the
  * host's share is used up. */
 int cxlkv_domain_grow(cxlkv_domain* d, const cxlkv_arena_options* options, cxlkv_arena** out);
@@ -214,7 +219,8 @@ int cxlkv_domain_shrink(cxlkv_domain* d, cxlkv_arena* arena);
  * extent) is called from the domain's watchdog thread; when it returns, the caller must no
  * longer write the window (it keeps at least a quarter of a capacity lease before the
  * orchestrator may lend the extent to another host). cxlkv_domain_shrink_extent gives it
- * back; cxlkv_domain_leave gives back every extent still held. Errors as cxlkv_domain_grow;
+ * back (write the window back first: munmap writes nothing back); cxlkv_domain_leave calls
+ * on_revoke for every extent still held, then gives them back. Errors as cxlkv_domain_grow;
  * CXLKV_E_INVALID also when spec_len is too small for the spec (its length is in *length). */
 typedef void (*cxlkv_revoke_fn)(void* ctx, uint32_t extent);
 int cxlkv_domain_grow_extent(cxlkv_domain* d, cxlkv_revoke_fn on_revoke, void* ctx,
@@ -339,7 +345,12 @@ void cxlkv_owner_close(cxlkv_owner* o);
  * Registration pins a whole arena (never single blocks) with cudaHostRegister
  * (Portable | Mapped) in chunks of at most 64 GiB on the registration thread: it starts at
  * once and completes in the background; poll or wait for it before copying from the arena.
- * Close the gpu handle (or unregister) before closing the arenas it registered.
+ * Pinned pages stay DMA targets whatever happens to the mapping, so a registration ends by
+ * itself before its arena's memory is given away — the arena closed or shrunk, or its extent
+ * revoked: the handle's queued copies are drained, the registration is unpinned, and later
+ * copies naming its blocks fail with CXLKV_E_NOT_FOUND (a revoked arena cannot be registered:
+ * CXLKV_E_REVOKED). Zero-copy kernels still reading it then fault rather than reach memory
+ * that is no longer this host's: stop them before an extent may leave.
  *
  * The device side is a paged KV cache described by cxlkv_gpu_cache: page p, layer l, part k
  * (k < kv_parts; 2 when K and V are apart) lies at

@@ -79,7 +79,15 @@ absl::Status ErrnoStatus(int err, absl::string_view object, absl::string_view ca
   }
 }
 
+std::uint64_t Region::Track() {
+  if (tracked_id_ == 0 && addr_ != nullptr) tracked_id_ = TrackRegion(addr_, size_bytes_);
+  return tracked_id_;
+}
+
 Region::~Region() {
+  // Out of the table first: a revocation in progress on this mapping finishes, later ones
+  // leave it alone.
+  if (tracked_id_ != 0) UntrackRegion(tracked_id_);
   // A window is one extent of a pooled source: memory that changes hands between hosts.
   // Nothing this process wrote may reach it after the next holder does (give_away.h).
   if (addr_ != nullptr && spec_.length != 0) (void)SealAndWriteBack(addr_, size_bytes_);

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -403,11 +404,14 @@ bool JemallocHeap::SwapSlabPrivateLocked(std::uint32_t si) noexcept {
       // Device DAX has no private mappings (or the kernel lacks MADV_POPULATE_WRITE): copy
       // the run and move the copy over it. A store another thread makes to the run between
       // the copy and the move is lost — the price of a lease that lapsed (docs/preload.md).
-      void* c = ::mmap(nullptr, run.bytes, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (c != MAP_FAILED) {
-        std::memcpy(c, a, run.bytes);
-        copied = ::mremap(c, run.bytes, run.bytes, MREMAP_MAYMOVE | MREMAP_FIXED, a) == a;
+      // Raw system calls: libc's mmap is the shim's, which would serve this from the heap
+      // whose locks are held here.
+      const long c = ::syscall(SYS_mmap, nullptr, run.bytes, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (c != -1) {
+        std::memcpy(reinterpret_cast<void*>(c), a, run.bytes);
+        copied = ::syscall(SYS_mremap, c, run.bytes, run.bytes, MREMAP_MAYMOVE | MREMAP_FIXED, a) ==
+                 reinterpret_cast<long>(a);
       }
     }
     if (!copied) {

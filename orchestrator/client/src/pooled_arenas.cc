@@ -40,9 +40,7 @@ void PooledArenas::OnGiveAway(std::uint32_t extent, std::function<void()> fn) {
 void PooledArenas::Closing(std::uint32_t extent) {
   std::lock_guard l(mu_);
   auto it = held_.find(extent);
-  if (it == held_.end()) return;
-  it->second.addr = nullptr;  // the caller's close writes the window back and unmaps it
-  it->second.before_give_away = nullptr;
+  if (it != held_.end()) it->second.before_give_away = nullptr;
 }
 
 void PooledArenas::OnRevoke(std::function<void(std::uint32_t)> fn) {
@@ -76,7 +74,7 @@ absl::StatusOr<PooledArenas::Grown> PooledArenas::Grow(const pool::FormatOptions
                      absl::StrCat("extent ", e.index, " of domain pool '", client_.pool_spec(),
                                   "': ", region.status().message())));
   }
-  std::byte* addr = (*region)->addr();
+  const std::uint64_t tracked = (*region)->Track();  // for a revocation (RevokeLocked)
   pool::FormatOptions fo = options;
   fo.force = true;
   fo.exclusive = true;
@@ -89,7 +87,7 @@ absl::StatusOr<PooledArenas::Grown> PooledArenas::Grow(const pool::FormatOptions
   auto arena = pool::Arena::Format(*std::move(region), fo);
   if (!arena.ok()) return give_back(arena.status());
   Held h;
-  h.addr = addr;
+  h.region = tracked;
   h.length = e.length;
   h.uuid = (*arena)->uuid();
   h.revoked = std::make_unique<std::atomic<bool>>(false);
@@ -148,13 +146,14 @@ void PooledArenas::RevokeLocked(std::uint32_t extent, Held& h) {
   }
   if (h.revoke) {
     h.revoke(extent);  // a raw extent: the caller stops writing it and writes it back
-  } else if (h.addr != nullptr) {
+  } else {
     // Atomically swap the window for private memory, so later stores of this process stay
-    // in the process, and write every line of the extent back before it counts as revoked.
-    // (A window whose arena is being closed is the close's to write back: addr is null.)
-    (void)pool::SwapAndWriteBack(h.addr, h.length, [&] {
-      return ::mmap(h.addr, h.length, PROT_READ | PROT_WRITE,
-                    MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) != MAP_FAILED;
+    // in the process, and write every line of the extent back before it counts as revoked —
+    // if the caller's arena still maps it: a closed arena's region wrote it back as it went,
+    // and its address may hold something else by now.
+    (void)pool::WithTrackedRegion(h.region, [](std::byte* addr, std::uint64_t len) {
+      (void)pool::SwapAndWriteBack(addr, len,
+                                   [&] { return pool::SwapForPrivateMemory(addr, len); });
     });
   }
   h.revoked->store(true);

@@ -17,12 +17,14 @@
 //   3. only then unmap it, tell the orchestrator (Shrink, Leave) or let the lease run out.
 //
 // Cost: one flush instruction per 64-byte line of the extent whether or not it is cached
-// (tens of ms per GiB), plus, for SwapAndWriteBack, populating a second view of the pages.
-// Paid once per extent given away, never on a hot path.
+// (about 60-80 ms per GiB with clwb on the project's EPYC dev machine, dirty or clean), plus,
+// for SwapAndWriteBack, populating a second view of the pages. Paid once per extent given
+// away, never on a hot path.
 //
 // Thread-safety: each call works on the caller's window only; the caller serializes calls
-// for one window. Allocation-free and noexcept (the preload shim calls it with its heap
-// locked).
+// for one window. Allocation-free and noexcept, and every memory-management call is a raw
+// system call: the preload shim calls these with its heap locked, and interposes libc's
+// mmap/mremap/munmap.
 #ifndef CXLKV_POOL_GIVE_AWAY_H_
 #define CXLKV_POOL_GIVE_AWAY_H_
 
@@ -58,6 +60,28 @@ void WriteBackRange(const void* addr, std::uint64_t len) noexcept;
 // there was neither a second view nor a seal (mprotect's errno: nothing written back).
 [[nodiscard]] int SwapAndWriteBack(std::byte* addr, std::uint64_t len,
                                    absl::FunctionRef<bool()> swap) noexcept;
+
+// The usual `swap` for SwapAndWriteBack: private anonymous memory (reads zero) atomically in
+// place of [addr, addr + len) (MAP_FIXED; a raw system call, as above). false if the kernel
+// refused.
+bool SwapForPrivateMemory(std::byte* addr, std::uint64_t len) noexcept;
+
+// ---- Giving away a window someone else owns ---------------------------------------------
+//
+// PooledArenas revokes extents whose arenas — and so whose Regions — its caller owns: by the
+// time the lease lapses the caller may have closed the arena, and the address may already
+// be mapped again for something else, which a MAP_FIXED swap would destroy. So the owner of
+// the Region tracks it (Region::Track() returns an id), and the revoking side acts through
+// WithTrackedRegion: fn(addr, len) runs only while that very Region still maps its memory,
+// and the Region's destruction waits until fn has returned. false: the Region is gone (its
+// destruction wrote it back already; give_away.h's rule for windows).
+bool WithTrackedRegion(std::uint64_t id,
+                       absl::FunctionRef<void(std::byte* addr, std::uint64_t len)> fn);
+
+// For Region only: enter a mapping in the table WithTrackedRegion reads, and take it out
+// (waiting for a WithTrackedRegion on it to finish).
+std::uint64_t TrackRegion(std::byte* addr, std::uint64_t len);
+void UntrackRegion(std::uint64_t id);
 
 }  // namespace cxlkv::pool
 

@@ -48,6 +48,11 @@ class Region {
   // memfd outlive one user: the pool keeps the original, each arena gets a duplicate.
   absl::StatusOr<std::unique_ptr<Region>> Duplicate() const;
 
+  // Enters this mapping in give_away.h's table, for a party that may have to give the memory
+  // away after handing the Region to someone else (WithTrackedRegion). Idempotent; the id
+  // stays valid until the Region is destroyed. Not thread-safe: call it before sharing.
+  std::uint64_t Track();
+
  private:
   friend absl::StatusOr<std::unique_ptr<Region>> OpenRegionAt(const SourceSpec&, void*);
   Region() = default;
@@ -59,6 +64,7 @@ class Region {
   std::uint64_t alignment_ = 0;
   int fd_ = -1;
   bool in_reservation_ = false;
+  std::uint64_t tracked_id_ = 0;  // Track()
 };
 
 // Opens and maps a source. Errors name the source and the fix: kNotFound (no such device,

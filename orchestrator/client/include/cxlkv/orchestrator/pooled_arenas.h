@@ -71,10 +71,10 @@ class PooledArenas {
   // lease may have lapsed on this host's clock only); OK when the orchestrator had already
   // taken it.
   absl::Status Shrink(std::uint32_t extent);
-  // Call before closing the arena of `extent` ahead of Shrink: from here on a revocation
-  // leaves the window alone (the close writes it back and unmaps it; the address may be
-  // mapped again for something else after that), and OnGiveAway's callback is forgotten.
-  // Waits for a revocation in progress.
+  // Call before closing the arena of `extent` ahead of Shrink: OnGiveAway's callback is
+  // forgotten (waiting for a revocation in progress), since what it ends goes with the
+  // arena. (A revocation after the close leaves the window alone: the close wrote it back,
+  // and its address may be mapped again for something else.)
   void Closing(std::uint32_t extent);
   // `fn` runs once, before a revocation or the destructor gives the extent away, while its
   // window still maps the extent: end there every use of the memory that bypasses this
@@ -114,7 +114,7 @@ class PooledArenas {
 
  private:
   struct Held {
-    std::byte* addr = nullptr;
+    std::uint64_t region = 0;  // the arena's window (pool::Region::Track); 0 for raw extents
     std::uint64_t length = 0;
     pool::Uuid uuid{};
     std::unique_ptr<std::atomic<bool>> revoked;
