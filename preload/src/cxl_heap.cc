@@ -373,7 +373,7 @@ void JemallocHeap::RevokeSlabLocked(std::uint32_t si) noexcept {
   const int rc = pool::SwapAndWriteBack(lo, len, [&] { return SwapSlabPrivateLocked(si); });
   if (rc != 0) {
     Logf(LogLevel::kError, "extent %u: giving it away failed (%s); the window is inaccessible",
-         static_cast<unsigned>(s.extent), std::strerror(rc));
+         static_cast<unsigned>(s.extent), ErrnoText(rc).c_str());
   }
   s.revoked = true;
   revocations_.fetch_add(1, std::memory_order_relaxed);

@@ -129,7 +129,7 @@ absl::Status PooledArenas::Shrink(std::uint32_t extent) {
   // Given back even when revoked here: the lease may have lapsed on this host's clock only
   // (or the host paused), and the orchestrator then still lends the extent to this host
   // (audit #14). If it had taken the extent back already, there is nothing to give.
-  const absl::Status st = client_.Shrink({extent});
+  absl::Status st = client_.Shrink({extent});
   if (revoked && (absl::IsInvalidArgument(st) || absl::IsFailedPrecondition(st))) {
     return absl::OkStatus();  // not held by this host (incarnation) any more
   }
