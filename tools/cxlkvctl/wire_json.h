@@ -37,7 +37,7 @@ inline bool WireJsonEscapes(std::uint32_t cp) {
 inline std::string WireJsonString(std::string_view s) {
   std::string out = "\"";
   auto hex4 = [&out](std::uint32_t u) {
-    char buf[8];
+    char buf[16];  // "\\u" + up to 8 hex digits + NUL: gcc -O2 cannot tell u < 0x10000
     std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(u));
     out += buf;
   };
