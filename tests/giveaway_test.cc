@@ -7,8 +7,9 @@
 // cxlkv-orchestrator whose answers the probes ask for at the moment of the fence.
 //
 // Also here, for the same observer: GPU registrations and other users of an arena's memory
-// end before the extent leaves (audit #8), and the C API's copy-out invalidates what it reads
-// (audit #5).
+// end before the extent leaves (audit #8), the C API's copy-out invalidates what it reads
+// (audit #5), and its copy into a block is a streaming copy (a tests/cache_recorder.h
+// recorder sees it: this binary is linked with the recorder's --wrap options).
 //
 // The C API is linked statically here (cxlkv_capi_static): libcxlkv.so carries a hidden copy
 // of coherence/ that the test's observer could not see.
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "cache_recorder.h"
 #include "cache_trace.h"
 #include "capi_internal.h"
 #include "cxlkv/coherence/cache.h"
@@ -474,6 +476,23 @@ TEST(CApiCopyOut, InvalidatesTheRangeThenCopiesThenValidates) {
   cxlkv_owner_close(owner);
   cxlkv_arena_close(arena);
   cxlkv_pool_close(pool);
+}
+
+// cxlkv_copy_to_block fills a block for other hosts: streaming stores over exactly the block's
+// range (they bypass this host's cache and are fenced on return), not cached stores that
+// would stay here until evicted. On coherent memory only the recorder can tell.
+TEST(CApiCopyToBlock, IsOneStreamingCopyOfExactlyTheRange) {
+  std::vector<unsigned char> block(4096 + 64), src(4000);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 3 + 1);
+  void* const at = block.data() + 64;
+  std::vector<CacheCall> calls;
+  {
+    CacheRecorder rec;
+    cxlkv_copy_to_block(at, src.data(), src.size());
+    calls = rec.Take();
+  }
+  EXPECT_EQ(calls, (std::vector<CacheCall>{{CacheOp::kCopyNt, at, src.size()}}));
+  EXPECT_EQ(std::memcmp(at, src.data(), src.size()), 0);
 }
 
 }  // namespace

@@ -39,32 +39,6 @@ namespace cxlkv::testing {
 
 using namespace cxlkv::coherence;
 
-// Whether this build's protocol carries the audit fixes (branch h-audit), told by API that
-// came with them: the host's pause detection (with the fixes of #6, #12 and #17) and the
-// owner's quarantine of torn entries (with those of #1, #2, #7 and #13).
-template <typename H>
-constexpr bool kHostHasAuditFixes = requires(const H& h) {
-  h.pauses_detected();
-};
-template <typename S>
-constexpr bool kOwnerHasAuditFixes = requires(const S& s) {
-  s.quarantined;
-};
-
-// A violation the simulation attributes to an open finding of the correctness audit
-// (/work/shared/reference/audit.md) by a condition it observed, not by guess: a block handed
-// back to a later incarnation of its publisher after an owner crash while an entry still
-// publishes it (#2), a host that rejoined over its own torn host row (#12), an owner that
-// cannot reopen over a torn line (#13), a host clock that lost a suspend (#6). Only while the
-// protocol lacks the fix: with it, the same violation is a regression and fails.
-inline bool OpenAuditFinding(const std::string& failure) {
-  const bool host_open = !kHostHasAuditFixes<PrefixHost>;
-  const bool owner_open = !kOwnerHasAuditFixes<PrefixOwner::Stats>;
-  auto has = [&](const char* mark) { return failure.find(mark) != std::string::npos; };
-  return (host_open && (has("audit #12)") || has("audit #6,"))) ||
-         (owner_open && (has("audit #2)") || has("audit #13:")));
-}
-
 class PrefixSimulation {
  public:
   struct Config {
@@ -1038,12 +1012,7 @@ class PrefixSimulation {
       if (e.state != static_cast<std::uint8_t>(EntryState::kPublished)) continue;
       const auto it = truth_.find(IdOf(e.ref));
       if (it == truth_.end() || !it->second.in_domain) {
-        const bool audit2 = !kOwnerHasAuditFixes<PrefixOwner::Stats> && it != truth_.end() &&
-                            it->second.returned_to_later_incarnation && events_.owner_crashes > 0;
-        Violation(std::string("an index entry publishes a block its publisher already freed") +
-                  (audit2 ? " (handed back to a later incarnation of its publisher after an "
-                            "owner crash, as a new owner replays a stale request: audit #2)"
-                          : ""));
+        Violation("an index entry publishes a block its publisher already freed");
       }
     }
     std::sort(named_.begin(), named_.end());

@@ -58,10 +58,6 @@ TEST(PrefixSimulation, EveryFailureClassAtOnce) {
   PrefixSimulation sim(PrefixSimulation::AllFaults(seed));
   const bool ok = sim.Run(steps);
   Report(seed, sim);
-  if (!ok && OpenAuditFinding(sim.failure())) {
-    GTEST_SKIP() << "open audit finding (fixed on branch h-audit): " << sim.failure()
-                 << " (replay: CXLKV_SEED=" << seed << ")";
-  }
   ASSERT_TRUE(ok) << sim.failure() << " (replay: CXLKV_SEED=" << seed << ")";
   // The run exercised what it claims to.
   const auto st = sim.owner_stats();

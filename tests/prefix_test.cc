@@ -2,6 +2,7 @@
 // the simulator, step by step.
 #include "cxlkv/coherence/prefix.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -104,6 +105,22 @@ TEST(Prefix, PublishLookupLeaseRetireReclaimOnAMapping) {
 
 TEST(Prefix, PublishLookupLeaseRetireReclaimOnTheSimulator) {
   SimMemory media(4 << 20, 42);
+  auto owner = media.NewView(0), a = media.NewView(0), b = media.NewView(0);
+  PublishAndLease(*owner, *a, *b);
+}
+
+// Write-backs that complete only at their issuer's next fence: x86 gives no bound on when a
+// clwb completes until an sfence or mfence, so every record a call writes must be fenced
+// before the call returns, or the other side acts on it only after this host's next call.
+SimOptions WriteBacksHeldToTheNextFence() {
+  SimOptions o;
+  o.async_writeback = true;
+  o.writeback_progress_per_mille = 0;
+  return o;
+}
+
+TEST(Prefix, PublishLookupLeaseRetireReclaimWithWriteBacksHeldToTheNextFence) {
+  SimMemory media(4 << 20, 42, WriteBacksHeldToTheNextFence());
   auto owner = media.NewView(0), a = media.NewView(0), b = media.NewView(0);
   PublishAndLease(*owner, *a, *b);
 }
@@ -244,6 +261,12 @@ TEST(Prefix, ChainLeasesOnAMapping) {
 
 TEST(Prefix, ChainLeasesOnTheSimulator) {
   SimMemory media(4 << 20, 43);
+  auto owner = media.NewView(0), a = media.NewView(0), b = media.NewView(0);
+  ChainLeases(*owner, *a, *b);
+}
+
+TEST(Prefix, ChainLeasesWithWriteBacksHeldToTheNextFence) {
+  SimMemory media(4 << 20, 43, WriteBacksHeldToTheNextFence());
   auto owner = media.NewView(0), a = media.NewView(0), b = media.NewView(0);
   ChainLeases(*owner, *a, *b);
 }
@@ -464,13 +487,16 @@ TEST(Prefix, RingFullIsReportedAndHeaderChecked) {
   const Namespace ns = MakeNamespace("t", "m", "l");
   for (std::uint32_t i = 0; i < 4; ++i) {
     const std::uint32_t t = i;
-    ASSERT_TRUE(a->Publish(ns, ChainKey(ns, PrefixKey{}, std::span(&t, 1)), PrefixKey{}, Ref(i)).ok());
+    ASSERT_TRUE(
+        a->Publish(ns, ChainKey(ns, PrefixKey{}, std::span(&t, 1)), PrefixKey{}, Ref(i)).ok());
   }
   const std::uint32_t t = 9;
-  const absl::Status full = a->Publish(ns, ChainKey(ns, PrefixKey{}, std::span(&t, 1)), PrefixKey{}, Ref(9));
+  const absl::Status full =
+      a->Publish(ns, ChainKey(ns, PrefixKey{}, std::span(&t, 1)), PrefixKey{}, Ref(9));
   EXPECT_TRUE(absl::IsUnavailable(full)) << full;
   d.owner->ApplyRequests();
-  EXPECT_TRUE(a->Publish(ns, ChainKey(ns, PrefixKey{}, std::span(&t, 1)), PrefixKey{}, Ref(9)).ok());
+  EXPECT_TRUE(
+      a->Publish(ns, ChainKey(ns, PrefixKey{}, std::span(&t, 1)), PrefixKey{}, Ref(9)).ok());
 
   SimMemory blank(1 << 20, 1);
   auto bv = blank.NewView(0);
@@ -488,9 +514,10 @@ TEST(Prefix, RingFullIsReportedAndHeaderChecked) {
 // test uses, to change memory behind the protocol's back (what a crash leaves).
 struct World {
   explicit World(const DomainGeometry& geometry = {2, 16, 4, 4, 400, 4000, 40},
-                 std::int64_t host1_offset_ms = 0, double host1_rate = 1.0)
+                 std::int64_t host1_offset_ms = 0, double host1_rate = 1.0,
+                 const SimOptions& options = {})
       : g(geometry),
-        media(DomainBytes(geometry), 42),
+        media(DomainBytes(geometry), 42, options),
         ov(media.NewView(0)),
         v0(media.NewView(0)),
         v1(media.NewView(0)),
@@ -1039,12 +1066,59 @@ TEST(PrefixAudit, SkewedClocksAndAStalledOwnerAreNoPause) {
 // nothing else run on the formatting host (an owner's Open would write the header back with
 // its own Invalidate and hide a missing Flush).
 TEST(PrefixDirected, FormattedDomainIsInMemoryWhenFormatReturns) {
-  ManualClock clock;
-  SimMemory media(4 << 20, 21);
-  auto fv = media.NewView(0), hv = media.NewView(0);
-  ASSERT_TRUE(FormatDomain(*fv, {4, 64, 4, 4, 1000, 1000, 50}).ok());
-  auto h = PrefixHost::Join(*hv, clock, 0);
-  EXPECT_TRUE(h.ok()) << "the header stayed in the formatting host's cache: " << h.status();
+  for (const bool held : {false, true}) {
+    ManualClock clock;
+    SimMemory media(4 << 20, 21, held ? WriteBacksHeldToTheNextFence() : SimOptions{});
+    auto fv = media.NewView(0), hv = media.NewView(0);
+    ASSERT_TRUE(FormatDomain(*fv, {4, 64, 4, 4, 1000, 1000, 50}).ok());
+    auto h = PrefixHost::Join(*hv, clock, 0);
+    EXPECT_TRUE(h.ok()) << "the header is not in memory (write-backs held to the next fence: "
+                        << held << "): " << h.status();
+  }
+}
+
+// A format over a used region, cut by a crash at any point after its header was stored:
+// whatever of it reached memory, a valid header never stands over the old tables. The tables
+// must be in memory before the header is written, not merely on their way with it.
+TEST(PrefixDirected, FormatCutByACrashNeverLeavesAHeaderOverOldTables) {
+  struct Crashed {};
+  const DomainGeometry g{4, 64, 4, 4, 1000, 1000, 50};
+  int headers_landed = 0;
+  for (std::uint64_t seed = 1; seed <= 32; ++seed) {
+    SimMemory media(4 << 20, seed, WriteBacksHeldToTheNextFence());
+    auto old = media.NewView(0), fv = media.NewView(0), check = media.NewView(0);
+    ASSERT_TRUE(FormatDomain(*old, g).ok());
+    const std::uint64_t end = DomainBytes(g);
+    const std::vector<std::byte> junk(end - 4096, std::byte{0xA5});  // the old domain's data
+    old->Write(4096, junk.data(), junk.size());
+    old->Flush(4096, junk.size());
+    old->FullFence();
+    bool header_stored = false;
+    fv->set_on_store([&] {
+      std::uint64_t first = 0;
+      fv->Peek(0, &first, sizeof(first));
+      header_stored = first != 0;  // the zeroing writes 0 there first; the header does not
+    });
+    fv->set_on_fence([&] {
+      if (header_stored) throw Crashed{};
+    });
+    try {
+      (void)FormatDomain(*fv, g);
+    } catch (const Crashed&) {
+      fv->Crash();
+    }
+    fv->set_on_store({});
+    fv->set_on_fence({});
+    if (!ReadDomainHeader(*check).ok()) continue;  // the header was lost: no domain, fine
+    ++headers_landed;
+    std::vector<std::byte> tables(end - 4096);
+    media.ReadMedia(4096, tables.data(), tables.size());
+    const auto left =
+        std::find_if(tables.begin(), tables.end(), [](std::byte b) { return b != std::byte{0}; });
+    EXPECT_EQ(left, tables.end()) << "a valid header over old table bytes at offset "
+                                  << 4096 + (left - tables.begin()) << " (seed " << seed << ")";
+  }
+  EXPECT_GT(headers_landed, 0) << "no crash landed the header: the test tested nothing";
 }
 
 // A host that starts before the domain is formatted reads the header region (not found),
@@ -1113,9 +1187,9 @@ TEST(PrefixDirected, ChainSeesEntriesPublishedSinceItsLastLook) {
 // AcquireChain's re-validation must read the entries again from memory after its lease
 // rows are there: an entry the owner retired between the lookup and the lease is not leased
 // (the chain form of "the block was retired before the lease took hold").
-TEST(PrefixDirected, ChainDoesNotLeaseAnEntryRetiredBetweenLookupAndLease) {
+void ChainDoesNotLeaseAnEntryRetiredBetweenLookupAndLease(const SimOptions& options) {
   ManualClock clock;
-  SimMemory media(4 << 20, 24);
+  SimMemory media(4 << 20, 24, options);
   auto ov = media.NewView(0), av = media.NewView(0), bv = media.NewView(0);
   Domain d(*ov, clock, {4, 64, 8, 16, 1000, 1000, 50});
   auto a = std::move(*PrefixHost::Join(*av, clock, 0));
@@ -1126,21 +1200,27 @@ TEST(PrefixDirected, ChainDoesNotLeaseAnEntryRetiredBetweenLookupAndLease) {
     ASSERT_TRUE(a->Publish(ns, keys[i], i ? keys[i - 1] : PrefixKey{}, Ref(300 + i)).ok());
   }
   d.owner->Step();
-  // The owner retires the first key at b's first fence after one of b's lease rows reached
-  // memory held: after b's lookup read the entry, before b's re-validation.
+  // The owner retires the first key at b's first fence after b stored a lease row: after b's
+  // lookup read the entry, before b's re-validation. (`in_memory`: what memory holds; else
+  // what b would load, its own stores included.)
   const DomainHeader h = d.owner->header();
-  auto b_row_held = [&] {
+  auto b_row_held = [&](bool in_memory) {
     for (std::uint32_t r = 0; r < h.lease_rows; ++r) {
       LeaseRow row;
-      media.ReadMedia(h.lease_rows_offset + (std::uint64_t{1} * h.lease_rows + r) * sizeof(row),
-                      &row, sizeof(row));
+      const std::uint64_t off =
+          h.lease_rows_offset + (std::uint64_t{1} * h.lease_rows + r) * sizeof(row);
+      if (in_memory) {
+        media.ReadMedia(off, &row, sizeof(row));
+      } else {
+        bv->Peek(off, &row, sizeof(row));
+      }
       if (row.held != 0) return true;
     }
     return false;
   };
   bool retired = false;
   bv->set_on_fence([&] {
-    if (!retired && b_row_held()) retired = d.owner->RetireKey(ns, keys[0]).ok();
+    if (!retired && b_row_held(false)) retired = d.owner->RetireKey(ns, keys[0]).ok();
   });
   std::vector<Lease> got;
   auto n = b->AcquireChain(ns, keys, &got);
@@ -1150,9 +1230,139 @@ TEST(PrefixDirected, ChainDoesNotLeaseAnEntryRetiredBetweenLookupAndLease) {
   EXPECT_EQ(*n, 0u) << "leased an entry retired before the lease took hold (re-validation read "
                        "its cached copy)";
   EXPECT_EQ(b->leases_held(), 0u);
-  EXPECT_FALSE(b_row_held()) << "the row of the failed lease is cleared again";
+  EXPECT_FALSE(b_row_held(true)) << "the row of the failed lease is cleared in memory";
   clock.now += 100;  // past grace: nothing holds the retired block
   EXPECT_EQ(d.owner->Reclaim(), 1u);
+}
+
+TEST(PrefixDirected, ChainDoesNotLeaseAnEntryRetiredBetweenLookupAndLease) {
+  for (const bool held : {false, true}) {
+    SCOPED_TRACE(held ? "write-backs held to the next fence" : "write-backs at once");
+    ChainDoesNotLeaseAnEntryRetiredBetweenLookupAndLease(held ? WriteBacksHeldToTheNextFence()
+                                                              : SimOptions{});
+  }
+}
+
+// After a pause a host drops its leases (audit #6). The rows it clears must be in memory when
+// the call that noticed the pause returns, so that the owner reclaims those blocks at once
+// rather than a lease TTL later. Each call that notices a pause: Renew, Acquire (with a lease
+// held from before), AcquireChain (with none: its own rows are all it clears).
+TEST(PrefixDirected, RowsDroppedAfterAPauseAreInMemoryWhenTheCallReturns) {
+  const char* const calls[] = {"Renew", "Acquire", "AcquireChain"};
+  for (int call = 0; call < 3; ++call) {
+    SCOPED_TRACE(calls[call]);
+    // TTLs far longer than the test: a row still held in memory keeps its block.
+    World w({2, 16, 4, 4, 4000, 100000, 40}, 0, 1.0, WriteBacksHeldToTheNextFence());
+    ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+    ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(2), PrefixKey{}, Ref(8)).ok());
+    w.owner->Step();
+    w.now += 100;
+    auto lease = w.h1->LookupAndAcquire(w.ns, w.Key(1));
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    if (call == 2) w.h1->Release(*lease);
+    const auto hit = w.h1->Lookup(w.ns, w.Key(2));
+    ASSERT_TRUE(hit.has_value());
+    w.c1.Freeze();  // 800 ms stand still on host 1's clock (tolerance: 500)
+    for (int i = 0; i < 16; ++i) {
+      w.now += 50;
+      ASSERT_TRUE(w.h0->Heartbeat(nullptr).ok());
+      w.owner->Step();
+    }
+    w.c1.Resume();
+    absl::Status st;
+    if (call == 0) {
+      st = w.h1->Renew(*lease);
+    } else if (call == 1) {
+      st = w.h1->Acquire(*hit).status();
+    } else {
+      std::vector<Lease> got;
+      const PrefixKey key = w.Key(2);
+      st = w.h1->AcquireChain(w.ns, std::span(&key, 1), &got).status();
+    }
+    ASSERT_FALSE(st.ok()) << "the pause went unnoticed";
+    EXPECT_EQ(w.h1->pauses_detected(), 1u) << st;
+    EXPECT_EQ(w.h1->leases_held(), 0u);
+    ASSERT_TRUE(w.owner->RetireKey(w.ns, w.Key(1)).ok());
+    ASSERT_TRUE(w.owner->RetireKey(w.ns, w.Key(2)).ok());
+    w.now += 50;  // past grace
+    EXPECT_EQ(w.owner->Reclaim(), 2u) << "a row the host dropped is still held in memory";
+  }
+}
+
+// AcquireChain judges a pause by the owner's clock line as memory holds it, not by the copy an
+// earlier call left in this host's cache (the chain form of
+// PausedHostIsCaughtBeforeTheOwnerFencesIt).
+TEST(PrefixDirected, ChainNoticesAPauseByTheOwnersCurrentClock) {
+  World w({2, 16, 4, 4, 400, 1000, 40});
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(2), PrefixKey{}, Ref(8)).ok());
+  w.owner->Step();
+  w.now = 100;
+  const PrefixKey k1 = w.Key(1), k2 = w.Key(2);
+  std::vector<Lease> first;
+  auto n = w.h1->AcquireChain(w.ns, std::span(&k1, 1), &first);  // reads the clock line
+  ASSERT_TRUE(n.ok() && *n == 1) << n.status();
+  w.h1->ReleaseAll(first);
+  w.c1.Freeze();
+  while (w.now < 900) {
+    w.now += 50;
+    ASSERT_TRUE(w.h0->Heartbeat(nullptr).ok());
+    w.owner->Step();
+  }
+  w.c1.Resume();
+  std::vector<Lease> got;
+  const auto again = w.h1->AcquireChain(w.ns, std::span(&k2, 1), &got);
+  EXPECT_TRUE(absl::IsUnavailable(again.status()))
+      << "leased after its clock stood still for 800 ms, judged by a cached clock line: "
+      << again.status();
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(w.h1->leases_held(), 0u);
+}
+
+// Returns need room in the publisher's return ring. Room is spent only on entries that are
+// reclaimed now: retired entries still leased — here more of them than the ring has slots,
+// and earlier in the index than the unleased ones — must not use it up and starve the
+// publisher's other returns for as long as the leases last.
+TEST(PrefixAudit, LongLeasesDoNotStarveThePublishersOtherReturns) {
+  // 4 return slots, 8 lease rows, leases far longer than the test.
+  World w({2, 32, 8, 4, 100000, 100000, 40});
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> by_entry;  // (entry, key)
+  for (std::uint32_t k = 1; k <= 8; ++k) {
+    ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(k), PrefixKey{}, Ref(k)).ok());
+    if (k % 4 == 0) w.Beat();  // 4 request slots
+  }
+  w.Beat();
+  for (std::uint32_t k = 1; k <= 8; ++k) {
+    const auto hit = w.h1->Lookup(w.ns, w.Key(k));
+    ASSERT_TRUE(hit.has_value()) << "key " << k;
+    by_entry.emplace_back(hit->entry, k);
+  }
+  std::sort(by_entry.begin(), by_entry.end());
+  // The 6 entries first in index order are leased; the last 2 are not.
+  std::vector<Lease> leases;
+  for (std::size_t i = 0; i < 6; ++i) {
+    auto l = w.h1->LookupAndAcquire(w.ns, w.Key(by_entry[i].second));
+    ASSERT_TRUE(l.ok()) << l.status();
+    leases.push_back(*l);
+  }
+  for (std::uint32_t k = 1; k <= 8; ++k) ASSERT_TRUE(w.owner->RetireKey(w.ns, w.Key(k)).ok());
+  w.now += 50;  // past grace
+  EXPECT_EQ(w.owner->Reclaim(), 2u) << "the unleased entries wait behind leased ones";
+  std::vector<BlockRef> back;
+  ASSERT_TRUE(w.h0->Heartbeat(&back).ok());
+  std::set<std::uint32_t> got;
+  for (const BlockRef& r : back) got.insert(r.index);
+  EXPECT_EQ(got, (std::set<std::uint32_t>{by_entry[6].second, by_entry[7].second}));
+  // Released: the rest go back as fast as host 0 takes them, 4 slots at a time.
+  w.h1->ReleaseAll(leases);
+  for (int round = 0; round < 4 && got.size() < 8; ++round) {
+    EXPECT_LE(w.owner->Reclaim(), 2u) << "2 of the ring's 4 slots hold returns not yet taken";
+    back.clear();
+    ASSERT_TRUE(w.h0->Heartbeat(&back).ok());  // takes them; the next beat acknowledges
+    for (const BlockRef& r : back) got.insert(r.index);
+  }
+  EXPECT_EQ(got.size(), 8u);
+  EXPECT_EQ(w.owner->retired_entries(), 0u);
 }
 
 }  // namespace

@@ -47,8 +47,8 @@ absl::StatusOr<std::unique_ptr<PrefixHost>> PrefixHost::Join(Mem& mem, Clock& cl
   auto h = ReadDomainHeader(mem);
   if (!h.ok()) return h.status();
   if (host_id >= h->max_hosts) {
-    return absl::InvalidArgumentError(absl::StrCat("host id ", host_id, " is outside the domain's ",
-                                                   h->max_hosts, " host rows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("host id ", host_id, " is outside the domain's ", h->max_hosts, " host rows"));
   }
   const std::uint32_t margin = options.margin_ms != 0 ? options.margin_ms : h->lease_ttl_ms / 4;
   if (margin >= h->lease_ttl_ms) {
@@ -104,9 +104,10 @@ absl::Status PrefixHost::Rejoin() {
   // Rows of the old incarnation go first (the owner ignores them once it sees the new
   // incarnation, but a clean table is what a restarted owner must find).
   for (std::uint32_t r = h_.lease_rows; r-- > 0;) {
-    WriteLeaseRow(r, 0, 0, false);
+    StoreLeaseRow(r, 0, 0, false);
     free_rows_.push_back(r);
   }
+  mem_.Fence();
   heartbeat_ = row.heartbeat + 1;
   // Requests of the old incarnation stay in the ring: the owner returns their blocks. One
   // written but not announced before a crash is announced now, for the same reason.
@@ -211,21 +212,12 @@ void PrefixHost::DropAfterPause() {
   ++pauses_;
 }
 
-void PrefixHost::WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen,
-                               bool held, bool full_fence) {
-  StoreLeaseRow(row, entry, gen, held);
-  // Full fence: the re-validation load that follows an acquire must not pass this store.
-  // Clearing a row needs only a store fence: a row seen held a little longer merely delays
-  // reclaim, and x86 never moves the data loads of the lease past this later store.
-  if (full_fence) {
-#ifdef CXLKV_FAULT_ACQUIRE_SFENCE  // defined only by a fault-injection test build
-    mem_.Fence();
-#else
-    mem_.FullFence();
-#endif
-  } else {
-    mem_.Fence();
-  }
+void PrefixHost::ClearLeaseRow(std::uint32_t row) {
+  StoreLeaseRow(row, 0, 0, false);
+  // A store fence: the cleared row is on its way to memory when the call returns, so the
+  // owner may reclaim at once. Nothing needs it before a later load: a row seen held a little
+  // longer only delays a reclaim, and x86 never moves the lease's data loads past a store.
+  mem_.Fence();
 }
 
 void PrefixHost::StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen,
@@ -260,7 +252,7 @@ void PrefixHost::WriteHostRow() {
   r.heartbeat = heartbeat_;
   r.ring_tail = ring_tail_;
   r.return_head = acked_head_;
-  WriteShared(mem_, HostRowOff(h_, host_), r, false);
+  WriteShared(mem_, HostRowOff(h_, host_), r);
 }
 
 std::optional<Hit> PrefixHost::Lookup(Namespace ns, const PrefixKey& key) {
@@ -284,9 +276,10 @@ absl::Status PrefixHost::EnsureAlive() {
   // No acknowledged heartbeat recent enough to promise a lease: beat, and look again.
   if (auto st = Heartbeat(nullptr); !st.ok()) return st;
   if (clock_.NowMs() > alive_until_ms_) {
-    return absl::UnavailableError(absl::StrCat(
-        "host ", host_, ": the owner has not acknowledged a recent heartbeat (down or "
-        "behind); no lease can be promised — retry after Heartbeat()"));
+    return absl::UnavailableError(
+        absl::StrCat("host ", host_,
+                     ": the owner has not acknowledged a recent heartbeat (down or "
+                     "behind); no lease can be promised — retry after Heartbeat()"));
   }
   return absl::OkStatus();
 }
@@ -295,17 +288,19 @@ absl::StatusOr<Lease> PrefixHost::Acquire(const Hit& hit) {
   if (hit.entry >= h_.index_entries) return absl::InvalidArgumentError("hit names no entry");
   if (auto st = EnsureAlive(); !st.ok()) return st;
   if (free_rows_.empty()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "host ", host_, " holds all ", h_.lease_rows, " lease rows; release some"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host ", host_, " holds all ", h_.lease_rows, " lease rows; release some"));
   }
   const std::int64_t now = clock_.NowMs();  // before the row can be seen: deadline is safe
   const std::uint32_t row = free_rows_.back();
-  WriteLeaseRow(row, hit.entry, hit.entry_gen, true);
+  // The row's store and write-back, then the re-read of the entry: the mfence inside
+  // ReadEntryAndClock is this side's fence of rule 4 (no load of the entry passes the row).
+  StoreLeaseRow(row, hit.entry, hit.entry_gen, true);
   IndexEntry e;
   OwnerClockLine c;
   const bool entry_ok = ReadEntryAndClock(hit.entry, &e, &c);
   if (StoodStill(c)) {
-    WriteLeaseRow(row, 0, 0, false, /*full_fence=*/false);
+    ClearLeaseRow(row);
     DropAfterPause();
     return absl::UnavailableError(
         absl::StrCat("host ", host_,
@@ -314,7 +309,7 @@ absl::StatusOr<Lease> PrefixHost::Acquire(const Hit& hit) {
   }
   if (!entry_ok || static_cast<EntryState>(e.state) != EntryState::kPublished ||
       e.entry_gen != hit.entry_gen) {
-    WriteLeaseRow(row, 0, 0, false);
+    ClearLeaseRow(row);
     return absl::NotFoundError("the block was retired before the lease took hold");
   }
   free_rows_.pop_back();
@@ -332,8 +327,7 @@ absl::StatusOr<Lease> PrefixHost::LookupAndAcquire(Namespace ns, const PrefixKey
 
 // The same steps as Lookup + Acquire for each key, with each step's cache-line work for all
 // keys issued before the one fence it needs: evictions overlap, and so do the misses.
-absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns,
-                                                     std::span<const PrefixKey> keys,
+absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<const PrefixKey> keys,
                                                      std::vector<Lease>* out) {
   if (keys.empty()) return 0;
   if (auto st = EnsureAlive(); !st.ok()) return st;
@@ -379,26 +373,23 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns,
   }
   if (n == 0) return 0;
   if (free_rows_.empty()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "host ", host_, " holds all ", h_.lease_rows, " lease rows; release some"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host ", host_, " holds all ", h_.lease_rows, " lease rows; release some"));
   }
   n = std::min(n, free_rows_.size());
-  // 2. Lease rows: store + flush each, one full fence (no re-validation load may pass them).
+  // 2. Lease rows: store + flush each.
   const std::int64_t now = clock_.NowMs();  // before any row can be seen: deadline is safe
   const std::size_t first_row = free_rows_.size() - n;  // rows taken from the back
   for (std::size_t i = 0; i < n; ++i) {
-    StoreLeaseRow(free_rows_[first_row + n - 1 - i], chain_entries_[i],
-                  chain_read_[i].entry_gen, true);
+    StoreLeaseRow(free_rows_[first_row + n - 1 - i], chain_entries_[i], chain_read_[i].entry_gen,
+                  true);
   }
   const std::uint64_t first_id = lease_seq_ - n + 1;  // StoreLeaseRow numbered them in order
-#ifdef CXLKV_FAULT_ACQUIRE_SFENCE  // defined only by a fault-injection test build
-  mem_.Fence();
-#else
-  mem_.FullFence();
-#endif
-  // 3. Re-validate every entry: evict all (and the owner's clock line), one fence, read; a
-  //    torn line is read again alone.
-  for (std::size_t i = 0; i < n; ++i) mem_.Evict(EntryOff(h_, chain_entries_[i]), sizeof(IndexEntry));
+  // 3. Re-validate every entry: evict all (and the owner's clock line), one full fence, read;
+  //    a torn line is read again alone. That fence is also rule 4's fence between the rows
+  //    and the re-validation loads: it drains the rows and completes their write-backs first.
+  for (std::size_t i = 0; i < n; ++i)
+    mem_.Evict(EntryOff(h_, chain_entries_[i]), sizeof(IndexEntry));
   mem_.Evict(kOwnerClockOffset, sizeof(OwnerClockLine));
   mem_.FullFence();
   OwnerClockLine c;
@@ -426,14 +417,15 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns,
   }
   // Rows past the run are cleared again (one store fence: a row seen held a little longer
   // only delays a reclaim).
-  for (std::size_t i = held; i < n; ++i) StoreLeaseRow(free_rows_[first_row + n - 1 - i], 0, 0, false);
+  for (std::size_t i = held; i < n; ++i)
+    StoreLeaseRow(free_rows_[first_row + n - 1 - i], 0, 0, false);
   if (held < n) mem_.Fence();
   const std::int64_t deadline = Deadline(now);
   out->reserve(out->size() + held);
   for (std::size_t i = 0; i < held; ++i) {
     const std::uint32_t row = free_rows_[first_row + n - 1 - i];
-    Lease lease{row, chain_entries_[i], chain_read_[i].entry_gen, chain_read_[i].ref, deadline,
-                first_id + i};
+    Lease lease{row,      chain_entries_[i], chain_read_[i].entry_gen, chain_read_[i].ref,
+                deadline, first_id + i};
     rows_[row] = lease;
     out->push_back(lease);
   }
@@ -459,8 +451,9 @@ absl::Status PrefixHost::Renew(Lease& lease) {
       return absl::UnavailableError("the owner has not acknowledged a recent heartbeat");
     }
   }
-  WriteLeaseRow(lease.row, lease.entry, lease.entry_gen, true);
-  // The entry and the owner's clock, read after the row is in memory.
+  StoreLeaseRow(lease.row, lease.entry, lease.entry_gen, true);
+  // The entry and the owner's clock, read after the row is in memory (the mfence inside
+  // ReadEntryAndClock drains the row's store and completes its write-back first).
   IndexEntry e;
   OwnerClockLine c;
   const bool entry_ok = ReadEntryAndClock(lease.entry, &e, &c);
@@ -502,7 +495,7 @@ absl::Status PrefixHost::Renew(Lease& lease) {
 
 void PrefixHost::Release(Lease& lease) {
   if (!Holds(lease)) return;
-  WriteLeaseRow(lease.row, 0, 0, false, /*full_fence=*/false);
+  ClearLeaseRow(lease.row);
   ForgetRow(lease.row);
 }
 
@@ -544,14 +537,14 @@ absl::Status PrefixHost::PostRequest(RequestSlot slot, const std::function<bool(
   OwnerHostLine o{};
   if (!ReadOwnerLine(&o)) return absl::UnavailableError("owner line unreadable; retry");
   if (ring_tail_ - std::min(o.ring_head, ring_tail_) >= h_.ring_slots) {
-    return absl::UnavailableError(absl::StrCat(
-        "host ", host_, ": request ring full (", h_.ring_slots,
-        " pending); the owner is behind or down — retry later"));
+    return absl::UnavailableError(
+        absl::StrCat("host ", host_, ": request ring full (", h_.ring_slots,
+                     " pending); the owner is behind or down — retry later"));
   }
   slot.seq = ring_tail_ + 1;
   slot.incarnation = incarnation_;
   // The slot reaches memory before the tail that makes it visible (both flushed, fenced).
-  WriteShared(mem_, RequestSlotOff(h_, host_, slot.seq), slot, false);
+  WriteShared(mem_, RequestSlotOff(h_, host_, slot.seq), slot);
   if (commit && !commit()) {
     return absl::AbortedError("publication abandoned by the caller before it was announced");
   }
@@ -570,8 +563,11 @@ absl::Status PrefixHost::Publish(Namespace ns, const PrefixKey& key, const Prefi
   s.parent[0] = parent.lo;
   s.parent[1] = parent.hi;
   s.ref = ref;
-  // The block's bytes must be in memory before the request: streaming stores need a fence.
-  mem_.Fence();
+  // No fence of its own for the block's bytes: the store fence after the request slot (in
+  // PostRequest, before `commit` and before the host row that announces the slot) orders
+  // every earlier store, streaming ones included, before the announcement. A slot that lands
+  // without its block (a crash before that fence) is announced only by a later incarnation's
+  // Rejoin, and the owner returns a stale incarnation's block instead of publishing it.
   return PostRequest(s, commit);
 }
 
@@ -595,8 +591,7 @@ absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {
     const std::uint64_t old = incarnation_;
     if (auto st = Rejoin(); !st.ok()) return st;
     return absl::AbortedError(absl::StrCat("host ", host_, " was fenced as incarnation ", old,
-                                           "; its leases are gone; rejoined as ",
-                                           incarnation_));
+                                           "; its leases are gone; rejoined as ", incarnation_));
   }
   // The owner's clock: if this host's clock stood still since the last acknowledgement, it
   // shows here even when no lease operation comes first.
@@ -617,7 +612,7 @@ absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {
   const std::int64_t now = clock_.NowMs();
   for (std::uint32_t row = 0; row < rows_.size(); ++row) {
     if (rows_[row].id != 0 && now > rows_[row].deadline_ms) {
-      WriteLeaseRow(row, 0, 0, false);
+      ClearLeaseRow(row);
       ForgetRow(row);
     }
   }

@@ -190,9 +190,9 @@ class PrefixHost {
   // After a pause: every lease and the liveness credit were counted on a clock that lost
   // time. Drops them all; leases again once a heartbeat sent from now on is acknowledged.
   void DropAfterPause();
-  void WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held,
-                     bool full_fence = true);
-  // The row's store and flush, no fence (WriteLeaseRow and the batched paths fence).
+  // Clears a row: store, flush, store fence (the row is on its way to memory on return).
+  void ClearLeaseRow(std::uint32_t row);
+  // The row's store and flush, no fence (ClearLeaseRow and the callers that batch fence).
   void StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held);
   // kUnavailable unless an acknowledged heartbeat covers now (beats once to get one).
   absl::Status EnsureAlive();
@@ -234,7 +234,7 @@ class PrefixHost {
   std::int64_t offset_bound_ms_ = 0;
   std::int64_t offset_at_ms_ = 0;
   std::uint64_t pauses_ = 0;
-  std::vector<BlockRef> returned_;   // returned blocks not yet handed to the caller
+  std::vector<BlockRef> returned_;  // returned blocks not yet handed to the caller
   std::vector<std::uint32_t> free_rows_;
   std::vector<Lease> rows_;  // by row; id 0: the row is free
   std::size_t held_ = 0;
@@ -255,8 +255,8 @@ class PrefixOwner {
   struct Stats {
     std::uint64_t requests_applied = 0;
     std::uint64_t published = 0;
-    std::uint64_t duplicates = 0;   // publish of a key already present: block returned
-    std::uint64_t rejected = 0;     // malformed, foreign namespace or stale requests
+    std::uint64_t duplicates = 0;  // publish of a key already present: block returned
+    std::uint64_t rejected = 0;    // malformed, foreign namespace or stale requests
     std::uint64_t retired = 0;
     std::uint64_t reclaimed = 0;
     std::uint64_t evicted = 0;
@@ -329,7 +329,7 @@ class PrefixOwner {
     std::uint64_t value = ~0ull;
     std::int64_t changed_at_ms = 0;
   };
-  void WriteEntry(std::uint32_t i, const IndexEntry& e, bool full_fence);
+  void WriteEntry(std::uint32_t i, const IndexEntry& e);
   void WriteOwnerLine(std::uint32_t host);
   // Publishes the owner's clock (OwnerClockLine) for hosts to notice their own stopping.
   void WriteClockLine();
@@ -367,9 +367,9 @@ class PrefixOwner {
   std::vector<IndexEntry> index_;  // authoritative: the owner is the index's only writer
   std::vector<EntryInfo> info_;
   std::vector<OwnerHostLine> owner_lines_;
-  std::vector<TimedValue> heartbeats_;   // per host
-  std::vector<TimedValue> lease_seqs_;   // per host x row
-  std::vector<LeaseRow> scan_rows_;      // ScanLeases' scratch: one host's rows
+  std::vector<TimedValue> heartbeats_;  // per host
+  std::vector<TimedValue> lease_seqs_;  // per host x row
+  std::vector<LeaseRow> scan_rows_;     // ScanLeases' scratch: one host's rows
   std::vector<std::uint8_t> scan_torn_;
   std::map<Namespace, int> pin_;
   std::uint32_t published_count_ = 0;
