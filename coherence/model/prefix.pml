@@ -187,7 +187,8 @@ inline flush_lease_row(r) {
                        M_li[r] = C_li[r]; C_ldirty[r] = 0; seen[r] = 0; oc[r] = 0
      :: else -> skip fi
 }
-/* PrefixHost::WriteLeaseRow: store (into the cache), Flush, FullFence */
+/* PrefixHost::StoreLeaseRow: store (into the cache), Flush; the mfence that orders it before
+   the next load is the one that load starts with (ReadEntryAndClock) */
 inline write_lease_row(r, held, e, g) {
   C_lh[r] = held; C_le[r] = e; C_lg[r] = g; C_li[r] = C_inc[r]; C_ldirty[r] = 1;
   flush_lease_row(r)
@@ -264,7 +265,7 @@ inline inc_new(r) {
 
 /* ---- reader helpers ------------------------------------------------------------------------ */
 inline forget_lease(r) { ph[r] = IDLE; le[r] = 0; lg[r] = 0; lb[r] = 0; lv[r] = 0; la[r] = 0; ln[r] = 0 }
-inline release_row(r) {          /* PrefixHost::Release: held = 0, Flush, FullFence */
+inline release_row(r) {          /* PrefixHost::Release: held = 0, Flush, Fence */
   write_lease_row(r, 0, 0, 0); forget_lease(r)
 }
 /* PrefixHost::Rejoin (and Join after a restart): an incarnation above the row's and the
@@ -640,9 +641,10 @@ end_loop:
       * due (the ring has one slot). An unreadable host row frees nothing this round
       * (BUG_TORN_ROW_SKIPPED: that host is skipped, as HostLive's false made ScanLeases do).
       * BUG_ROOM_BEFORE_SCAN: the slot is promised to the first entry past grace before the
-      * scan, as prefix_owner.cc's Reclaim does (room counted down per due entry before
+      * scan, as prefix_owner.cc's Reclaim once did (room counted down per due entry before
       * ScanLeases): a leased retired entry then holds back every other one of its
-      * publisher. Then FenceExpiredHosts reads reader 0's host row. */
+      * publisher (tests/prefix_test.cc: LongLeasesDoNotStarveThePublishersOtherReturns).
+      * Then FenceExpiredHosts reads reader 0's host row. */
      atomic {
 #ifdef BUG_NO_GRACE
        c0 = RET(O_gen[0]); c1 = RET(O_gen[1]);        /* informational: no grace wait */

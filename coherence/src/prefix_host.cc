@@ -101,13 +101,14 @@ absl::Status PrefixHost::Rejoin() {
   rows_.assign(h_.lease_rows, Lease{});  // a fenced incarnation's leases are void
   held_ = 0;
   free_rows_.clear();
-  // Rows of the old incarnation go first (the owner ignores them once it sees the new
-  // incarnation, but a clean table is what a restarted owner must find).
+  // Rows of the old incarnation are cleared (the owner ignores them once it sees the new
+  // incarnation, but a clean table is what a restarted owner must find). The host row's
+  // fence below completes these write-backs too; until then the old rows only keep blocks
+  // a little longer, never less.
   for (std::uint32_t r = h_.lease_rows; r-- > 0;) {
     StoreLeaseRow(r, 0, 0, false);
     free_rows_.push_back(r);
   }
-  mem_.Fence();
   heartbeat_ = row.heartbeat + 1;
   // Requests of the old incarnation stay in the ring: the owner returns their blocks. One
   // written but not announced before a crash is announced now, for the same reason.
