@@ -48,6 +48,7 @@ from . import _buffers, _lib
 from .errors import (
     ClosedError,
     CxlkvError,
+    FullError,
     InvalidArgumentError,
     MismatchError,
     NotFoundError,
@@ -412,14 +413,33 @@ class Domain:
                        "cxlkv_lease_acquire", repr(self))
         return Leases(self, arr, 1, None)
 
-    def acquire_chain(self, ns: NamespaceLike, keys: Sequence[PrefixKey]) -> "Leases":
+    def acquire_chain(self, ns: NamespaceLike, keys: Sequence[PrefixKey], *,
+                      wait_s: float = 0.0) -> "Leases":
         """Looks up and leases the longest leading run of published `keys` in one pass
         (``cxlkv_lease_acquire_chain``). ``len(result)`` is 0 when the first key misses.
 
+        Args:
+            wait_s: on FullError, heartbeat and retry for up to this long (a host that just
+                joined has no heartbeat the owner acknowledged yet; rows may free up).
+
         Raises:
             FullError: not even the first key could be leased (no free row, or the owner has
-                not confirmed this host recently: heartbeat and retry).
+                not confirmed this host recently), also after `wait_s`.
         """
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return self._acquire_chain(ns, keys)
+            except FullError:
+                if time.monotonic() >= deadline:
+                    raise
+            try:
+                self.heartbeat()
+            except MismatchError:
+                pass  # fenced and rejoined: the retry runs as the new incarnation
+            time.sleep(0.002)
+
+    def _acquire_chain(self, ns: NamespaceLike, keys: Sequence[PrefixKey]) -> "Leases":
         n = len(keys)
         arr = (_lib.LeaseC * max(n, 1))()
         if n == 0:

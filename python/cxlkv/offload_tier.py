@@ -39,7 +39,6 @@ from .errors import (
     FullError,
     InvalidArgumentError,
     KeyLengthError,
-    MismatchError,
 )
 from .keys import Namespace, PrefixKey
 
@@ -108,11 +107,13 @@ class OffloadTier:
         visibility_timeout_s: how long ``lookup`` says "in flight" for a published key the
             owner has not applied yet.
         max_batch: keys leased per ``cxlkv_lease_acquire_chain``.
+        acquire_wait_s: how long a load waits for a lease row or the owner's confirmation of
+            this host before the rest of the job fails.
     """
 
     def __init__(self, domain: Domain, namespace: Namespace, primary_kv_view: Any, *,
                  block_bytes: int, size_class: int = 0, visibility_timeout_s: float = 5.0,
-                 max_batch: int = 64) -> None:
+                 max_batch: int = 64, acquire_wait_s: float = 0.25) -> None:
         home = domain.home_arena
         if home is None:
             raise InvalidArgumentError(f"{domain!r} has no arena attached",
@@ -151,6 +152,7 @@ class OffloadTier:
         self.size_class = size_class
         self.visibility_timeout_s = visibility_timeout_s
         self.max_batch = max_batch
+        self.acquire_wait_s = acquire_wait_s
         self._q: "queue.Queue[Optional[_Queued]]" = queue.Queue()
         self._done: Deque[TierJobResult] = collections.deque()
         self._mu = threading.Lock()
@@ -337,13 +339,9 @@ class OffloadTier:
         while i < n:
             chunk = q.pks[i:i + self.max_batch]
             try:
-                leases = d.acquire_chain(self.namespace, chunk)
+                leases = d.acquire_chain(self.namespace, chunk, wait_s=self.acquire_wait_s)
             except FullError:
-                try:
-                    d.heartbeat()
-                    leases = d.acquire_chain(self.namespace, chunk)
-                except (FullError, MismatchError):
-                    break
+                break
             with leases:
                 for j in range(len(leases)):
                     bid = int(q.block_ids[i + j])

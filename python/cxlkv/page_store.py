@@ -40,7 +40,6 @@ from .errors import (
     ClosedError,
     FullError,
     InvalidArgumentError,
-    MismatchError,
 )
 from .keys import Namespace, PrefixKey, digest_bytes
 
@@ -142,10 +141,12 @@ class PageStore:
         page_bytes: bytes of one page (all segments); at most the arena's block size.
         size_class: the arena size class pages are allocated from.
         max_batch: keys leased per ``cxlkv_lease_acquire_chain`` (<= the domain's lease rows).
+        acquire_wait_s: how long a read waits for a lease row or for the owner to confirm this
+            host (``Domain.acquire_chain``'s ``wait_s``) before it counts the pages as misses.
     """
 
     def __init__(self, domain: Domain, namespace: Namespace, *, page_bytes: int,
-                 size_class: int = 0, max_batch: int = 64) -> None:
+                 size_class: int = 0, max_batch: int = 64, acquire_wait_s: float = 0.25) -> None:
         home = domain.home_arena
         if home is None:
             raise InvalidArgumentError(f"{domain!r} has no arena attached", operation="PageStore",
@@ -164,6 +165,7 @@ class PageStore:
         self.page_bytes = page_bytes
         self.size_class = size_class
         self.max_batch = max_batch
+        self.acquire_wait_s = acquire_wait_s
         self.mem_pool_host: Any = None
         self._closed = False
 
@@ -269,14 +271,9 @@ class PageStore:
 
     def _acquire(self, pks: Sequence[PrefixKey]) -> Optional[Leases]:
         try:
-            return self.domain.acquire_chain(self.namespace, pks)
+            return self.domain.acquire_chain(self.namespace, pks, wait_s=self.acquire_wait_s)
         except FullError:
-            # The owner may not have acknowledged a recent heartbeat: beat once and retry.
-            try:
-                self.domain.heartbeat()
-                return self.domain.acquire_chain(self.namespace, pks)
-            except (FullError, MismatchError):
-                return None
+            return None  # no lease row, or the owner is not confirming this host: a miss
 
     def _read(self, pks: List[PrefixKey], segs: List[Segments]) -> List[bool]:
         out = [False] * len(pks)
