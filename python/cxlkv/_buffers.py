@@ -94,7 +94,7 @@ def address(
                 hint="pass a writable array (e.g. numpy.empty_like(x))")
         addr, size = int(obj.__array_interface__["data"][0]), int(obj.nbytes)
     elif _is_tensor(obj):
-        if obj.device.type != "cpu":
+        if not obj.is_cpu:
             raise BufferMismatchError(
                 f"{describe(obj)} is not in host memory",
                 operation=what,

@@ -314,10 +314,12 @@ def load() -> Library:
     )
 
 
-def check(lib: Library, rc: int, operation: str, subject: str,
+def check(lib: Library, rc: int, operation: str, subject: object,
           hint: Optional[str] = None) -> None:
     """Raises the exception for a non-zero return code, with the library's message (and
-    `hint`, else the code's default, as what to do)."""
+    `hint`, else the code's default, as what to do). `subject` names the object: a str, or
+    an object whose repr() does (computed only on failure: this runs on every call)."""
     if rc != 0:
         raise errors.from_code(rc, lib.last_error() or lib.strerror(rc), operation=operation,
-                               subject=subject, hint=hint)
+                               subject=subject if isinstance(subject, str) else repr(subject),
+                               hint=hint)

@@ -63,6 +63,7 @@ from .pool import Arena, Block, KvLayout, arena_options, uuid_str
 
 NamespaceLike = Union[Namespace, int]
 _LEASE_SIZE = ctypes.sizeof(_lib.LeaseC)
+_UNRESOLVED = object()
 
 
 def _ns_id(ns: NamespaceLike) -> int:
@@ -327,7 +328,7 @@ class Domain:
             lib = _lib.load()
             _lib.check(lib, lib.cxlkv_domain_grow(h, ctypes.byref(opts) if opts is not None
                                                   else None, ctypes.byref(out)),
-                       "cxlkv_domain_grow", repr(self),
+                       "cxlkv_domain_grow", self,
                        hint="join through the orchestrator (orchestrator:<socket>) to grow"
                        if not self.via_orchestrator else None)
         arena = Arena(int(out.value or 0), None, where=f"an extent of {self.spec}")
@@ -350,7 +351,7 @@ class Domain:
             lib = _lib.load()
             rc = lib.cxlkv_domain_heartbeat(h, home, ctypes.byref(freed))
             self.blocks_returned += int(freed.value)
-            _lib.check(lib, rc, "cxlkv_domain_heartbeat", repr(self))
+            _lib.check(lib, rc, "cxlkv_domain_heartbeat", self)
             return int(freed.value)
 
     def start_heartbeat(self, period_s: float = 0.1) -> None:
@@ -394,7 +395,7 @@ class Domain:
             rc = lib.cxlkv_prefix_lookup(h, _ns_id(ns), ctypes.addressof(kc), ctypes.byref(hit))
             if rc == E_NOT_FOUND:
                 return None
-            _lib.check(lib, rc, "cxlkv_prefix_lookup", repr(self))
+            _lib.check(lib, rc, "cxlkv_prefix_lookup", self)
         return Hit(hit.entry, hit.entry_gen, hit.publisher, bytes(hit.ref.arena_uuid),
                    hit.ref.index, hit.ref.generation, hit)
 
@@ -410,7 +411,7 @@ class Domain:
             h = self._handle("acquire")
             lib = _lib.load()
             _lib.check(lib, lib.cxlkv_lease_acquire(h, ctypes.byref(hit._c), ctypes.addressof(arr)),
-                       "cxlkv_lease_acquire", repr(self))
+                       "cxlkv_lease_acquire", self)
         return Leases(self, arr, 1, None)
 
     def acquire_chain(self, ns: NamespaceLike, keys: Sequence[PrefixKey], *,
@@ -452,7 +453,7 @@ class Domain:
             _lib.check(lib, lib.cxlkv_lease_acquire_chain(h, _ns_id(ns), ctypes.addressof(karr),
                                                           n, ctypes.addressof(arr),
                                                           ctypes.byref(got)),
-                       "cxlkv_lease_acquire_chain", repr(self))
+                       "cxlkv_lease_acquire_chain", self)
         return Leases(self, arr, int(got.value), list(keys[: int(got.value)]))
 
     # ---- publishing -------------------------------------------------------------------------
@@ -513,7 +514,7 @@ class Domain:
             _lib.check(lib, lib.cxlkv_prefix_publish(
                 h, _ns_id(ns), ctypes.addressof(kc),
                 ctypes.addressof(pc) if pc is not None else None, arena.handle(),
-                ctypes.byref(block.ref)), "cxlkv_prefix_publish", repr(self))
+                ctypes.byref(block.ref)), "cxlkv_prefix_publish", self)
 
     def retire(self, ns: NamespaceLike, key: PrefixKey) -> None:
         """Asks the owner to retire this host's published entry for `key`."""
@@ -522,7 +523,7 @@ class Domain:
             h = self._handle("retire")
             lib = _lib.load()
             _lib.check(lib, lib.cxlkv_prefix_retire(h, _ns_id(ns), ctypes.addressof(kc)),
-                       "cxlkv_prefix_retire", repr(self))
+                       "cxlkv_prefix_retire", self)
 
 
 class Leases:
@@ -541,6 +542,7 @@ class Leases:
         self.keys = keys
         self._released = n == 0
         self._arena_cache: Dict[bytes, Optional[int]] = {}
+        self._arena_of: List[Any] = [_UNRESOLVED] * n
 
     def __len__(self) -> int:
         return self._n
@@ -585,10 +587,14 @@ class Leases:
         return bytes(self._arr[i].ref.arena_uuid)
 
     def _arena(self, i: int, what: str) -> Optional[int]:
-        uuid = bytes(self._arr[i].ref.arena_uuid)
-        if uuid not in self._arena_cache:
-            self._arena_cache[uuid] = self._domain._arena_handle_for(uuid, what)
-        return self._arena_cache[uuid]
+        """The arena handle holding lease i's block (resolved once per lease)."""
+        h = self._arena_of[i]
+        if h is _UNRESOLVED:
+            uuid = bytes(self._arr[i].ref.arena_uuid)
+            if uuid not in self._arena_cache:
+                self._arena_cache[uuid] = self._domain._arena_handle_for(uuid, what)
+            h = self._arena_of[i] = self._arena_cache[uuid]
+        return h
 
     # ---- reads ------------------------------------------------------------------------------
 
@@ -607,9 +613,10 @@ class Leases:
             h = d._handle("copy_out")
             lib = _lib.load()
             rc = lib.cxlkv_lease_copy_out(h, arena, la, offset, ptr, n)
+        if rc:
             if rc == E_STALE:
                 return False
-            _lib.check(lib, rc, "cxlkv_lease_copy_out", repr(d),
+            _lib.check(lib, rc, "cxlkv_lease_copy_out", d,
                        hint="read inside the block: offset + destination bytes <= the block size"
                        if rc == E_INVALID else None)
         return True
@@ -653,7 +660,7 @@ class Leases:
             rc = lib.cxlkv_lease_validate(h, la)
             if rc == E_STALE:
                 return False
-            _lib.check(lib, rc, "cxlkv_lease_validate", repr(d))
+            _lib.check(lib, rc, "cxlkv_lease_validate", d)
         return True
 
     def renew(self, i: int) -> None:
@@ -663,7 +670,7 @@ class Leases:
         with d._lock:
             h = d._handle("renew")
             lib = _lib.load()
-            _lib.check(lib, lib.cxlkv_lease_renew(h, la), "cxlkv_lease_renew", repr(d))
+            _lib.check(lib, lib.cxlkv_lease_renew(h, la), "cxlkv_lease_renew", d)
 
     def view(self, i: int, *, offset: int = 0, nbytes: int) -> "ZeroCopyView":
         """A zero-copy read-only view of `nbytes` of block `i` from `offset`; see the module
@@ -677,7 +684,7 @@ class Leases:
             lib = _lib.load()
             _lib.check(lib, lib.cxlkv_block_invalidate(h, arena, la, offset, nbytes,
                                                        ctypes.byref(addr)),
-                       "cxlkv_block_invalidate", repr(d))
+                       "cxlkv_block_invalidate", d)
         return ZeroCopyView(self, i, int(addr.value or 0), nbytes)
 
     def release(self) -> None:
@@ -692,7 +699,7 @@ class Leases:
             lib = _lib.load()
             _lib.check(lib, lib.cxlkv_lease_release_many(d._handle("release"), self._base,
                                                          self._n),
-                       "cxlkv_lease_release_many", repr(d))
+                       "cxlkv_lease_release_many", d)
 
 
 class ZeroCopyView:

@@ -232,7 +232,7 @@ class Arena:
         out = ctypes.c_void_p()
         _lib.check(lib, lib.cxlkv_arena_create(pool.handle(), ctypes.byref(opts),
                                                ctypes.byref(out)),
-                   "cxlkv_arena_create", repr(pool))
+                   "cxlkv_arena_create", pool)
         return cls(int(out.value or 0), pool)
 
     @classmethod
@@ -248,7 +248,7 @@ class Arena:
         _lib.check(lib, lib.cxlkv_arena_open(pool.handle(),
                                              ctypes.byref(lay) if lay is not None else None,
                                              ctypes.byref(out)),
-                   "cxlkv_arena_open", repr(pool))
+                   "cxlkv_arena_open", pool)
         return cls(int(out.value or 0), pool)
 
     @classmethod
@@ -319,14 +319,14 @@ class Arena:
         addr = ctypes.c_void_p()
         _lib.check(lib, lib.cxlkv_alloc(self.handle(), size_class, ctypes.byref(ref),
                                         ctypes.byref(addr)),
-                   "cxlkv_alloc", repr(self))
+                   "cxlkv_alloc", self)
         return Block(ref, int(addr.value or 0), self.block_size(size_class))
 
     def free(self, block: Block) -> None:
         """Frees a block this process allocated (DoubleFreeError, StaleError, ForeignError)."""
         lib = _lib.load()
         _lib.check(lib, lib.cxlkv_free(self.handle(), ctypes.byref(block.ref)), "cxlkv_free",
-                   repr(self))
+                   self)
 
     def write(self, block: Block, data: Any, offset: int = 0) -> None:
         """Copies `data` (array, tensor or buffer) into a block this process owns and has not
@@ -346,7 +346,7 @@ class Arena:
         addr = ctypes.c_void_p()
         _lib.check(lib, lib.cxlkv_ref_to_addr(self.handle(), ctypes.byref(ref),
                                               ctypes.byref(addr)),
-                   "cxlkv_ref_to_addr", repr(self))
+                   "cxlkv_ref_to_addr", self)
         return int(addr.value or 0)
 
     def stats(self) -> ArenaStats:
@@ -354,7 +354,7 @@ class Arena:
         lib = _lib.load()
         st = _lib.ArenaStatsC()
         _lib.check(lib, lib.cxlkv_arena_stats_get(self.handle(), ctypes.byref(st)),
-                   "cxlkv_arena_stats_get", repr(self))
+                   "cxlkv_arena_stats_get", self)
         classes = [
             ClassStats(c.block_bytes, c.total_blocks, c.free_blocks, c.cached_blocks,
                        c.allocated_blocks, c.persisted_blocks, c.largest_free_run, c.allocs,

@@ -1,0 +1,190 @@
+#!/usr/bin/python3
+"""Per-block cost of lookup + chain lease + validated copy-out into a torch tensor, from Python
+(the cxlkv package) against the same loop in C (capi_copyout_benchmark), same setup.
+
+One request's prefix is `chain` published blocks of B bytes. Per request, from Python:
+
+    with reader.acquire_chain(ns, keys) as leases:      # cxlkv_lease_acquire_chain
+        for i in range(len(leases)):
+            leases.copy_out(i, dst[i])                   # checks the tensor, cxlkv_lease_copy_out
+                                                         # leaving: cxlkv_lease_release_many
+
+with ``dst`` a (chain, B/2) float16 CPU tensor; capi_copyout_benchmark does the same calls in
+C into a plain buffer. Both: host 0 publishes into an arena in /dev/shm, host 1 reads with its
+own pool and arena handles, the owner role steps every 2 ms on a thread, the reader
+heartbeats every 100 ms from its loop. Every copy is compared with what was published after
+the timed runs.
+
+Run (Debian's interpreter, a release build):
+    cmake --preset release && cmake --build build/release --target capi_copyout_benchmark
+    /usr/bin/python3 bench/python_copyout.py [--reps 5] [--min-time 1] [--json out.json]
+
+Prints, per block size: C and Python time per block (median of the repetitions) and
+bandwidth, Python's share of C's bandwidth, and Python's added time per block (its per-call
+overhead). bench/RESULTS.md records a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def python_run(block: int, chain: int, reps: int, min_time: float) -> Dict[str, Any]:
+    import numpy as np
+    import torch
+
+    import cxlkv
+    from cxlkv.pool import layout_for_block_bytes
+
+    tag = f"/dev/shm/cxlkv-bench-pycopyout-{os.getpid()}-{block}"
+    paths = [tag + "-domain", tag + "-pool"]
+    g = cxlkv.Geometry()
+    dspec = f"file:{paths[0]}?size={(g.bytes_needed() + 4095) // 4096 * 4096}"
+    try:
+        cxlkv.Domain.format(dspec, g)
+        owner = cxlkv.Owner.open(dspec).start(0.002)
+        lay, _ = layout_for_block_bytes(block)
+        pub_pool = cxlkv.Pool.open(f"file:{paths[1]}?size={block * (chain + 4) + (8 << 20)}")
+        pub_arena = cxlkv.Arena.create(pub_pool, lay)
+        read_arena = cxlkv.Arena.open_spec(f"file:{paths[1]}")
+        pub = cxlkv.Domain.join(dspec, 0, arenas=[pub_arena], heartbeat_s=0.1)
+        reader = cxlkv.Domain.join(dspec, 1, arenas=[read_arena], heartbeat_s=None)
+        ns = cxlkv.Namespace("bench", "copyout-py", str(block))
+        keys = ns.chain_keys(np.arange(16 * chain), 16)
+        rng = np.random.default_rng(block)
+        data = [rng.integers(0, 256, block, dtype=np.uint8) for _ in range(chain)]
+        parent = None
+        for k, v in zip(keys, data):
+            pub.publish(ns, k, v, parent=parent)
+            parent = k
+        while reader.lookup(ns, keys[-1]) is None:
+            time.sleep(0.001)
+        dst = torch.empty((chain, block // 2), dtype=torch.float16)
+
+        def requests(n: int) -> float:
+            next_beat = 0.0
+            t0 = time.perf_counter()
+            for _ in range(n):
+                now = time.monotonic()
+                if now >= next_beat:
+                    reader.heartbeat()
+                    next_beat = now + 0.1
+                with reader.acquire_chain(ns, keys, wait_s=1.0) as leases:
+                    if len(leases) != chain:
+                        raise RuntimeError(f"leased {len(leases)} of {chain} blocks")
+                    for i in range(chain):
+                        leases.copy_out(i, dst[i])
+            return time.perf_counter() - t0
+
+        # Calibrate the request count to about min_time per repetition.
+        n = 1
+        while requests(n) < min_time / 10:
+            n *= 2
+        per = requests(n) / n
+        n = max(1, int(min_time / per))
+        times = [requests(n) / n for _ in range(reps)]
+        for i in range(chain):
+            if dst[i].numpy().view(np.uint8).tobytes() != data[i].tobytes():
+                raise RuntimeError(f"block {i} read back differs from what was published")
+        reader.leave()
+        pub.leave()
+        read_arena.close()
+        pub_arena.close()
+        pub_pool.close()
+        owner.close()
+        return {"per_request_s": statistics.median(times), "reps": times, "requests": n}
+    finally:
+        for p in paths:
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+
+def c_run(binary: str, reps: int, min_time: float, sizes: List[int], chain: int
+          ) -> Dict[int, Dict[str, Any]]:
+    filt = "|".join(f"block_bytes:{b}/chain:{chain}/" for b in sizes)
+    out = subprocess.run(
+        [binary, f"--benchmark_filter=BM_CapiChainCopyOut/({filt})",
+         f"--benchmark_repetitions={reps}", f"--benchmark_min_time={min_time}",
+         "--benchmark_format=json"], check=True, capture_output=True, text=True).stdout
+    res: Dict[int, Dict[str, Any]] = {}
+    for b in json.loads(out)["benchmarks"]:
+        if b.get("run_type") == "iteration":
+            size = int(b["name"].split("block_bytes:")[1].split("/")[0])
+            res.setdefault(size, {"reps": []})["reps"].append(b["real_time"] * 1e-6)  # us -> s
+    for v in res.values():
+        v["per_request_s"] = statistics.median(v["reps"])
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="65536,5242880", help="block sizes in bytes")
+    ap.add_argument("--chain", type=int, default=8, help="blocks per request")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--min-time", type=float, default=1.0, help="seconds per repetition")
+    ap.add_argument("--c-bench", default=str(ROOT / "build/release/bench/capi_copyout_benchmark"))
+    ap.add_argument("--library", default=str(ROOT / "build/release/capi/libcxlkv.so.0"),
+                    help="libcxlkv for the Python side (default: the release build's)")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if os.path.exists(args.library):
+        os.environ["CXLKV_LIBRARY"] = args.library
+    sys.path.insert(0, str(ROOT / "python"))
+    import cxlkv
+
+    info = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": f"{os.uname().sysname} {os.uname().release}, {os.cpu_count()} CPUs",
+            "load_before": open("/proc/loadavg").read().split()[:3],
+            "library": repr(cxlkv.library()), "python": sys.version.split()[0]}
+    c = c_run(args.c_bench, args.reps, args.min_time, sizes, args.chain) \
+        if os.path.exists(args.c_bench) else {}
+    rows = []
+    for b in sizes:
+        py = python_run(b, args.chain, args.reps, args.min_time)
+        row: Dict[str, Any] = {"block_bytes": b, "chain": args.chain,
+                               "py_us_per_block": py["per_request_s"] / args.chain * 1e6,
+                               "py_GBps": b * args.chain / py["per_request_s"] / 1e9}
+        if b in c:
+            row["c_us_per_block"] = c[b]["per_request_s"] / args.chain * 1e6
+            row["c_GBps"] = b * args.chain / c[b]["per_request_s"] / 1e9
+            row["py_share_of_c_bandwidth"] = row["py_GBps"] / row["c_GBps"]
+            row["py_added_us_per_block"] = row["py_us_per_block"] - row["c_us_per_block"]
+        rows.append(row)
+    info["load_after"] = open("/proc/loadavg").read().split()[:3]
+    print(f"# {info['date']}  {info['host']}  load {' '.join(info['load_before'])}"
+          f" -> {' '.join(info['load_after'])}")
+    print(f"# {info['library']}; python {info['python']}; median of {args.reps} x "
+          f"{args.min_time}s; {args.chain} blocks per request")
+    print(f"{'block':>9} {'C us/blk':>9} {'C GB/s':>7} {'Py us/blk':>10} {'Py GB/s':>8} "
+          f"{'Py/C bw':>8} {'Py +us/blk':>10}")
+    for r in rows:
+        c_us = f"{r['c_us_per_block']:9.1f}" if "c_us_per_block" in r else f"{'-':>9}"
+        c_bw = f"{r['c_GBps']:7.2f}" if "c_GBps" in r else f"{'-':>7}"
+        share = f"{100 * r['py_share_of_c_bandwidth']:7.1f}%" if "c_GBps" in r else f"{'-':>8}"
+        add = f"{r['py_added_us_per_block']:10.2f}" if "c_GBps" in r else f"{'-':>10}"
+        print(f"{r['block_bytes']:>9} {c_us} {c_bw} {r['py_us_per_block']:10.1f} "
+              f"{r['py_GBps']:8.2f} {share} {add}")
+    if not c:
+        print(f"(no C figures: {args.c_bench} not built; cmake --build build/release --target "
+              "capi_copyout_benchmark)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"info": info, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
