@@ -39,93 +39,100 @@ from typing import Any, Dict, List
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def python_run(block: int, chain: int, reps: int, min_time: float) -> Dict[str, Any]:
-    import numpy as np
-    import torch
+class PythonSide:
+    """The Python loop's setup for one block size (files in /dev/shm, removed by close())."""
 
-    import cxlkv
-    from cxlkv.pool import layout_for_block_bytes
+    def __init__(self, block: int, chain: int) -> None:
+        import numpy as np
+        import torch
 
-    tag = f"/dev/shm/cxlkv-bench-pycopyout-{os.getpid()}-{block}"
-    paths = [tag + "-domain", tag + "-pool"]
-    g = cxlkv.Geometry()
-    dspec = f"file:{paths[0]}?size={(g.bytes_needed() + 4095) // 4096 * 4096}"
-    try:
+        import cxlkv
+        from cxlkv.pool import layout_for_block_bytes
+
+        self.chain = chain
+        tag = f"/dev/shm/cxlkv-bench-pycopyout-{os.getpid()}-{block}"
+        self.paths = [tag + "-domain", tag + "-pool"]
+        g = cxlkv.Geometry()
+        dspec = f"file:{self.paths[0]}?size={(g.bytes_needed() + 4095) // 4096 * 4096}"
         cxlkv.Domain.format(dspec, g)
-        owner = cxlkv.Owner.open(dspec).start(0.002)
+        self.owner = cxlkv.Owner.open(dspec).start(0.002)
         lay, _ = layout_for_block_bytes(block)
-        pub_pool = cxlkv.Pool.open(f"file:{paths[1]}?size={block * (chain + 4) + (8 << 20)}")
-        pub_arena = cxlkv.Arena.create(pub_pool, lay)
-        read_arena = cxlkv.Arena.open_spec(f"file:{paths[1]}")
-        pub = cxlkv.Domain.join(dspec, 0, arenas=[pub_arena], heartbeat_s=0.1)
-        reader = cxlkv.Domain.join(dspec, 1, arenas=[read_arena], heartbeat_s=None)
-        ns = cxlkv.Namespace("bench", "copyout-py", str(block))
-        keys = ns.chain_keys(np.arange(16 * chain), 16)
+        self.pub_pool = cxlkv.Pool.open(
+            f"file:{self.paths[1]}?size={block * (chain + 4) + (8 << 20)}")
+        self.pub_arena = cxlkv.Arena.create(self.pub_pool, lay)
+        self.read_arena = cxlkv.Arena.open_spec(f"file:{self.paths[1]}")
+        self.pub = cxlkv.Domain.join(dspec, 0, arenas=[self.pub_arena], heartbeat_s=0.1)
+        self.reader = cxlkv.Domain.join(dspec, 1, arenas=[self.read_arena], heartbeat_s=None)
+        self.ns = cxlkv.Namespace("bench", "copyout-py", str(block))
+        self.keys = self.ns.chain_keys(np.arange(16 * chain), 16)
         rng = np.random.default_rng(block)
-        data = [rng.integers(0, 256, block, dtype=np.uint8) for _ in range(chain)]
+        self.data = [rng.integers(0, 256, block, dtype=np.uint8) for _ in range(chain)]
         parent = None
-        for k, v in zip(keys, data):
-            pub.publish(ns, k, v, parent=parent)
+        for k, v in zip(self.keys, self.data):
+            self.pub.publish(self.ns, k, v, parent=parent)
             parent = k
-        while reader.lookup(ns, keys[-1]) is None:
+        while self.reader.lookup(self.ns, self.keys[-1]) is None:
             time.sleep(0.001)
-        dst = torch.empty((chain, block // 2), dtype=torch.float16)
+        self.dst = torch.empty((chain, block // 2), dtype=torch.float16)
+        self.n = 0
 
-        def requests(n: int) -> float:
-            next_beat = 0.0
-            t0 = time.perf_counter()
-            for _ in range(n):
-                now = time.monotonic()
-                if now >= next_beat:
-                    reader.heartbeat()
-                    next_beat = now + 0.1
-                with reader.acquire_chain(ns, keys, wait_s=1.0) as leases:
-                    if len(leases) != chain:
-                        raise RuntimeError(f"leased {len(leases)} of {chain} blocks")
-                    for i in range(chain):
-                        leases.copy_out(i, dst[i])
-            return time.perf_counter() - t0
+    def requests(self, n: int) -> float:
+        """Seconds for n requests (the loop the C benchmark runs)."""
+        reader, ns, keys, dst, chain = self.reader, self.ns, self.keys, self.dst, self.chain
+        next_beat = 0.0
+        t0 = time.perf_counter()
+        for _ in range(n):
+            now = time.monotonic()
+            if now >= next_beat:
+                reader.heartbeat()
+                next_beat = now + 0.1
+            with reader.acquire_chain(ns, keys, wait_s=1.0) as leases:
+                if len(leases) != chain:
+                    raise RuntimeError(f"leased {len(leases)} of {chain} blocks")
+                for i in range(chain):
+                    leases.copy_out(i, dst[i])
+        return time.perf_counter() - t0
 
-        # Calibrate the request count to about min_time per repetition.
-        n = 1
-        while requests(n) < min_time / 10:
-            n *= 2
-        per = requests(n) / n
-        n = max(1, int(min_time / per))
-        times = [requests(n) / n for _ in range(reps)]
-        for i in range(chain):
-            if dst[i].numpy().view(np.uint8).tobytes() != data[i].tobytes():
+    def measure(self, min_time: float) -> float:
+        """Seconds per request over about min_time."""
+        if not self.n:  # calibrate once
+            n = 1
+            while self.requests(n) < min_time / 10:
+                n *= 2
+            self.n = max(1, int(min_time / (self.requests(n) / n)))
+        return self.requests(self.n) / self.n
+
+    def verify(self) -> None:
+        import numpy as np
+
+        for i in range(self.chain):
+            if self.dst[i].numpy().view(np.uint8).tobytes() != self.data[i].tobytes():
                 raise RuntimeError(f"block {i} read back differs from what was published")
-        reader.leave()
-        pub.leave()
-        read_arena.close()
-        pub_arena.close()
-        pub_pool.close()
-        owner.close()
-        return {"per_request_s": statistics.median(times), "reps": times, "requests": n}
-    finally:
-        for p in paths:
+
+    def close(self) -> None:
+        self.reader.leave()
+        self.pub.leave()
+        self.read_arena.close()
+        self.pub_arena.close()
+        self.pub_pool.close()
+        self.owner.close()
+        for p in self.paths:
             try:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
 
 
-def c_run(binary: str, reps: int, min_time: float, sizes: List[int], chain: int
-          ) -> Dict[int, Dict[str, Any]]:
-    filt = "|".join(f"block_bytes:{b}/chain:{chain}/" for b in sizes)
+def c_once(binary: str, block: int, chain: int, min_time: float) -> float:
+    """Seconds per request from one run of capi_copyout_benchmark."""
     out = subprocess.run(
-        [binary, f"--benchmark_filter=BM_CapiChainCopyOut/({filt})",
-         f"--benchmark_repetitions={reps}", f"--benchmark_min_time={min_time}",
-         "--benchmark_format=json"], check=True, capture_output=True, text=True).stdout
-    res: Dict[int, Dict[str, Any]] = {}
-    for b in json.loads(out)["benchmarks"]:
-        if b.get("run_type") == "iteration":
-            size = int(b["name"].split("block_bytes:")[1].split("/")[0])
-            res.setdefault(size, {"reps": []})["reps"].append(b["real_time"] * 1e-6)  # us -> s
-    for v in res.values():
-        v["per_request_s"] = statistics.median(v["reps"])
-    return res
+        [binary, f"--benchmark_filter=BM_CapiChainCopyOut/block_bytes:{block}/chain:{chain}/",
+         f"--benchmark_min_time={min_time}", "--benchmark_format=json"],
+        check=True, capture_output=True, text=True).stdout
+    (b,) = [b for b in json.loads(out)["benchmarks"] if b.get("run_type") == "iteration"]
+    if b.get("error_occurred"):
+        raise RuntimeError(f"capi_copyout_benchmark: {b.get('error_message')}")
+    return float(b["real_time"]) * 1e-6  # us per request -> s
 
 
 def main() -> int:
@@ -133,7 +140,7 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="65536,5242880", help="block sizes in bytes")
     ap.add_argument("--chain", type=int, default=8, help="blocks per request")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5, help="rounds (each: one C run, one Python run)")
     ap.add_argument("--min-time", type=float, default=1.0, help="seconds per repetition")
     ap.add_argument("--c-bench", default=str(ROOT / "build/release/bench/capi_copyout_benchmark"))
     ap.add_argument("--library", default=str(ROOT / "build/release/capi/libcxlkv.so.0"),
@@ -150,17 +157,33 @@ def main() -> int:
             "host": f"{os.uname().sysname} {os.uname().release}, {os.cpu_count()} CPUs",
             "load_before": open("/proc/loadavg").read().split()[:3],
             "library": repr(cxlkv.library()), "python": sys.version.split()[0]}
-    c = c_run(args.c_bench, args.reps, args.min_time, sizes, args.chain) \
-        if os.path.exists(args.c_bench) else {}
+    have_c = os.path.exists(args.c_bench)
     rows = []
     for b in sizes:
-        py = python_run(b, args.chain, args.reps, args.min_time)
-        row: Dict[str, Any] = {"block_bytes": b, "chain": args.chain,
-                               "py_us_per_block": py["per_request_s"] / args.chain * 1e6,
-                               "py_GBps": b * args.chain / py["per_request_s"] / 1e9}
-        if b in c:
-            row["c_us_per_block"] = c[b]["per_request_s"] / args.chain * 1e6
-            row["c_GBps"] = b * args.chain / c[b]["per_request_s"] / 1e9
+        # Rounds alternate C and Python, so a change in the machine's load hits both.
+        py_side = PythonSide(b, args.chain)
+        py_t: List[float] = []
+        c_t: List[float] = []
+        try:
+            for _ in range(args.reps):
+                if have_c:
+                    # The Python reader must not fall silent meanwhile (the owner would fence
+                    # it): a heartbeat thread keeps it alive, stopped again before it measures.
+                    py_side.reader.start_heartbeat(0.1)
+                    c_t.append(c_once(args.c_bench, b, args.chain, args.min_time))
+                    py_side.reader.stop_heartbeat()
+                py_t.append(py_side.measure(args.min_time))
+            py_side.verify()
+        finally:
+            py_side.close()
+        py = statistics.median(py_t)
+        row: Dict[str, Any] = {"block_bytes": b, "chain": args.chain, "py_s_per_request": py_t,
+                               "py_us_per_block": py / args.chain * 1e6,
+                               "py_GBps": b * args.chain / py / 1e9}
+        if c_t:
+            c = statistics.median(c_t)
+            row.update(c_s_per_request=c_t, c_us_per_block=c / args.chain * 1e6,
+                       c_GBps=b * args.chain / c / 1e9)
             row["py_share_of_c_bandwidth"] = row["py_GBps"] / row["c_GBps"]
             row["py_added_us_per_block"] = row["py_us_per_block"] - row["c_us_per_block"]
         rows.append(row)
@@ -168,7 +191,7 @@ def main() -> int:
     print(f"# {info['date']}  {info['host']}  load {' '.join(info['load_before'])}"
           f" -> {' '.join(info['load_after'])}")
     print(f"# {info['library']}; python {info['python']}; median of {args.reps} x "
-          f"{args.min_time}s; {args.chain} blocks per request")
+          f"{args.min_time}s, C and Python alternating; {args.chain} blocks per request")
     print(f"{'block':>9} {'C us/blk':>9} {'C GB/s':>7} {'Py us/blk':>10} {'Py GB/s':>8} "
           f"{'Py/C bw':>8} {'Py +us/blk':>10}")
     for r in rows:
@@ -178,7 +201,7 @@ def main() -> int:
         add = f"{r['py_added_us_per_block']:10.2f}" if "c_GBps" in r else f"{'-':>10}"
         print(f"{r['block_bytes']:>9} {c_us} {c_bw} {r['py_us_per_block']:10.1f} "
               f"{r['py_GBps']:8.2f} {share} {add}")
-    if not c:
+    if not have_c:
         print(f"(no C figures: {args.c_bench} not built; cmake --build build/release --target "
               "capi_copyout_benchmark)")
     if args.json:

@@ -55,6 +55,7 @@ from .errors import (
     StaleError,
     BufferMismatchError,
     E_INVALID,
+    E_MISMATCH,
     E_NOT_FOUND,
     E_STALE,
 )
@@ -272,6 +273,10 @@ class Domain:
             if self._h:
                 _lib.load().cxlkv_domain_leave(self._h)
                 self._h = None
+                # cxlkv_domain_leave closed the arenas grown in the domain's extents.
+                for a in self._arenas.values():
+                    if a.pool is None:
+                        a._h = None
 
     close = leave
 
@@ -288,7 +293,7 @@ class Domain:
         arena attached, the arena this host publishes from: heartbeats free into it the
         blocks the owner hands back. (``cxlkv_domain_heartbeat`` frees returned blocks only
         into the arena it is given and drops the rest, so one handle publishes from one
-        arena.)"""
+        arena.) Keep the home arena open while the domain is joined."""
         with self._lock:
             self._arenas[arena.uuid] = arena
             if self._home is None:
@@ -351,7 +356,10 @@ class Domain:
             lib = _lib.load()
             rc = lib.cxlkv_domain_heartbeat(h, home, ctypes.byref(freed))
             self.blocks_returned += int(freed.value)
-            _lib.check(lib, rc, "cxlkv_domain_heartbeat", self)
+            _lib.check(lib, rc, "cxlkv_domain_heartbeat", self,
+                       hint="this host was fenced (silent for longer than host_ttl) and has "
+                       "rejoined; its leases are gone: acquire again, and heartbeat at least "
+                       "every host_ttl/4" if rc == E_MISMATCH else None)
             return int(freed.value)
 
     def start_heartbeat(self, period_s: float = 0.1) -> None:

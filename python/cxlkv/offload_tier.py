@@ -281,9 +281,11 @@ class OffloadTier:
             t0 = time.monotonic()
             try:
                 res = self._store(q) if q.kind == "store" else self._load(q)
-            except CxlkvError as e:  # a closed domain, an arena not attached, ...
+            except Exception as e:  # a closed domain, an arena not attached, ...: the job
+                # fails, the worker (and the scheduler's process) carry on
+                msg = str(e) if isinstance(e, CxlkvError) else f"{type(e).__name__}: {e}"
                 res = TierJobResult(q.job.job_id, False, [] if q.kind == "load" else None,
-                                    error=str(e))
+                                    error=msg)
             res.transfer_time = time.monotonic() - t0
             with self._mu:
                 if q.kind == "store":
