@@ -139,6 +139,6 @@ def address(
         raise BufferMismatchError(
             f"{describe(obj)} holds {size} bytes, expected exactly {nbytes}",
             operation=what,
-            hint=f"pass a buffer of {nbytes} bytes (the page/block size this store was opened with)",
+            hint=f"pass a buffer of {nbytes} bytes (the page or block size asked for)",
         )
     return addr, size

@@ -22,7 +22,7 @@ import ctypes
 import os
 import re
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 from . import errors
 
@@ -216,6 +216,11 @@ class Library:
         self.path = path
         self.realpath = os.path.realpath(path)
 
+    def __getattr__(self, name: str) -> Any:
+        # The C functions are set as attributes in __init__ (from _PROTOTYPES); this only
+        # runs for a name that is not one of them, and tells type checkers they exist.
+        raise AttributeError(f"libcxlkv has no function {name} in this binding")
+
     @property
     def version(self) -> str:
         """The library's version, from its file name (``libcxlkv.so.X.Y.Z``).
@@ -255,7 +260,7 @@ def _candidates() -> Iterator[Tuple[str, str]]:
     here = Path(__file__).resolve().parent
     yield "next to the package", str(here / SONAME)
     try:
-        from . import _install_paths  # written by cmake --install
+        from . import _install_paths  # type: ignore[attr-defined]  # written by cmake --install
 
         rel = getattr(_install_paths, "LIBRARY_RELATIVE_TO_PACKAGE", None)
         if rel:

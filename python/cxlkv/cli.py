@@ -121,7 +121,8 @@ def _print_text(rep: Dict[str, Any]) -> None:
         print(f"  arena     {p['arena_uuid']}: region {_size(p['region_bytes'])}, metadata "
               f"{_size(p['metadata_bytes'])}, {p['owners_active']} process(es) attached")
         for c in p["classes"]:
-            print(f"  class {c['class']}   blocks of {_size(c['block_bytes'])}: {c['total_blocks']} "
+            print(f"  class {c['class']}   blocks of {_size(c['block_bytes'])}: "
+                  f"{c['total_blocks']} "
                   f"total, {c['free_blocks']} free, {c['allocated_blocks']} allocated, "
                   f"{c['persisted_blocks']} published/persisted, {c['cached_blocks']} cached")
     for d in rep["domains"]:

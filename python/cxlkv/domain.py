@@ -722,7 +722,7 @@ class ZeroCopyView:
         self._leases = leases
         self._i = i
         buf = (ctypes.c_uint8 * nbytes).from_address(addr)
-        self.array: np.ndarray = np.frombuffer(buf, dtype=np.uint8)
+        self.array: np.ndarray = np.frombuffer(memoryview(buf), dtype=np.uint8)
         self.array.setflags(write=False)
         self.valid: Optional[bool] = None
         self.taken_at = time.monotonic()

@@ -67,7 +67,8 @@ DEFAULT_HINTS: Dict[int, str] = {
     E_PERMISSION: "run as a user allowed to open and map the source (e.g. a member of its group), "
     "or fix its permissions",
     E_EXISTS: "open the existing arena (Arena.open), or format with force=True to overwrite it",
-    E_CORRUPT: "nothing was modified; run `cxlkvctl arena recover <spec>` or format the source again",
+    E_CORRUPT: "nothing was modified; run `cxlkvctl arena recover <spec>` or format the "
+    "source again",
     E_MISMATCH: "open it with the layout and version it was formatted with, and make sure no "
     "other process uses or formats it (for a domain: this host was fenced and rejoined)",
     E_FULL: "free blocks or release leases, heartbeat and retry, or format a larger pool/domain",

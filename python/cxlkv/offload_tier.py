@@ -143,7 +143,8 @@ class OffloadTier:
         if nbytes % block_bytes:
             raise BufferMismatchError(
                 f"the primary view holds {nbytes} bytes, not a whole number of {block_bytes}-byte "
-                f"blocks", operation="OffloadTier", hint="pass block_bytes = the primary block size")
+                f"blocks", operation="OffloadTier",
+                hint="pass block_bytes = the primary block size")
         self._keep = (view, arr)
         self.num_blocks = nbytes // block_bytes
         self.block_bytes = block_bytes

@@ -53,7 +53,8 @@ def _indices_array(host_indices: Any, what: str) -> np.ndarray:
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise InvalidArgumentError(
             f"host_indices must be a 1-D integer tensor/array, got shape {arr.shape} dtype "
-            f"{arr.dtype}", operation=what, hint="pass the token indices of the pages in the host pool")
+            f"{arr.dtype}", operation=what,
+            hint="pass the token indices of the pages in the host pool")
     return arr.astype(np.int64, copy=False)
 
 

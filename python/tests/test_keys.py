@@ -17,7 +17,8 @@ from conftest import HERE
 def test_namespace_and_keys_are_the_same_in_another_process(ns: cxlkv.Namespace) -> None:
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import cxlkv;"
             "n = cxlkv.Namespace('pytest', 'model-a', 'layout-1');"
-            "print(n.id, n.chain_keys(range(32), 16)[-1].hex(), n.digest_key(b'\\x07' * 32, 3).hex())")
+            "print(n.id, n.chain_keys(range(32), 16)[-1].hex(),"
+            " n.digest_key(b'\\x07' * 32, 3).hex())")
     out = subprocess.run([sys.executable, "-c", code, str(HERE.parent)], check=True,
                          capture_output=True, text=True).stdout.split()
     assert int(out[0]) == ns.id

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-from typing import Any, Callable, List
+from typing import Any, List
 
 import pytest
 

@@ -22,7 +22,6 @@ import inspect
 import json
 import os
 import sys
-import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -69,7 +68,7 @@ class _TempDomain:
     """A domain and a pool in /dev/shm with an owner thread, removed afterwards."""
 
     def __init__(self, block_bytes: int) -> None:
-        from .. import Arena, Domain, Geometry, KvLayout, Owner, Pool
+        from .. import Arena, Domain, Geometry, Owner, Pool
         from ..pool import layout_for_block_bytes
 
         tag = f"cxlkv-check-{os.getpid()}-{int(time.time() * 1e6)}"
@@ -101,6 +100,18 @@ def _wait(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
             return True
         time.sleep(0.005)
     return cond()
+
+
+def _finished(tier: Any) -> List[Any]:
+    """The first batch of finished jobs a tier reports (waits up to 5 s)."""
+    done: List[Any] = []
+
+    def poll() -> bool:
+        done.extend(tier.get_finished())
+        return bool(done)
+
+    _wait(poll)
+    return done
 
 
 def _roundtrip_sglang(mod: Any) -> List[str]:
@@ -162,16 +173,14 @@ def _roundtrip_vllm(mod: Any) -> List[str]:
             args = dict(job_id=1, keys=keys, block_ids=np.arange(4), is_promotion=False,
                         req_context=None)
             tier.submit_store(base.JobMetadata(**{k: v for k, v in args.items() if k in fields}))
-            done: List[Any] = []
-            _wait(lambda: bool(done.extend(tier.get_finished()) or done))
+            done = _finished(tier)
             if not done or not done[0].success:
                 return [f"the store job did not succeed: {done}"]
             if not _wait(lambda: all(tier.lookup(k, None) for k in keys)):
                 return ["lookup does not find the stored blocks"]
             args.update(job_id=2, block_ids=np.arange(4, 8), is_promotion=True)
             tier.submit_load(base.JobMetadata(**{k: v for k, v in args.items() if k in fields}))
-            done.clear()
-            _wait(lambda: bool(done.extend(tier.get_finished()) or done))
+            done = _finished(tier)
             if not done or not done[0].success:
                 return [f"the load job did not succeed: {done}"]
             if primary[: 4 * block_bytes] != primary[4 * block_bytes:]:
