@@ -19,9 +19,11 @@ Run (Debian's interpreter, a release build):
     cmake --preset release && cmake --build build/release --target capi_copyout_benchmark
     /usr/bin/python3 bench/python_copyout.py [--reps 5] [--min-time 1] [--json out.json]
 
-Prints, per block size: C and Python time per block (median of the repetitions) and
-bandwidth, Python's share of C's bandwidth, and Python's added time per block (its per-call
-overhead). bench/RESULTS.md records a run.
+Python runs two ways: one ``copy_out(i, dst[i])`` per block (above), and one
+``leases.copy_out_rows(dst)`` per request (the tensor checked once, block i into row i).
+Prints, per block size and variant: time per block (median of the rounds) and bandwidth,
+Python's share of C's bandwidth, and Python's added time per block (its per-call overhead).
+bench/RESULTS.md records a run.
 """
 
 from __future__ import annotations
@@ -76,8 +78,9 @@ class PythonSide:
         self.dst = torch.empty((chain, block // 2), dtype=torch.float16)
         self.n = 0
 
-    def requests(self, n: int) -> float:
-        """Seconds for n requests (the loop the C benchmark runs)."""
+    def requests(self, n: int, rows: bool) -> float:
+        """Seconds for n requests (the loop the C benchmark runs); `rows`: the whole run in
+        one copy_out_rows call instead of one copy_out per block."""
         reader, ns, keys, dst, chain = self.reader, self.ns, self.keys, self.dst, self.chain
         next_beat = 0.0
         t0 = time.perf_counter()
@@ -89,18 +92,22 @@ class PythonSide:
             with reader.acquire_chain(ns, keys, wait_s=1.0) as leases:
                 if len(leases) != chain:
                     raise RuntimeError(f"leased {len(leases)} of {chain} blocks")
-                for i in range(chain):
-                    leases.copy_out(i, dst[i])
+                if rows:
+                    if not all(leases.copy_out_rows(dst)):
+                        raise RuntimeError("a block went stale")
+                else:
+                    for i in range(chain):
+                        leases.copy_out(i, dst[i])
         return time.perf_counter() - t0
 
-    def measure(self, min_time: float) -> float:
+    def measure(self, min_time: float, rows: bool) -> float:
         """Seconds per request over about min_time."""
-        if not self.n:  # calibrate once
+        if not self.n:  # calibrate once, on the slower variant
             n = 1
-            while self.requests(n) < min_time / 10:
+            while self.requests(n, False) < min_time / 10:
                 n *= 2
-            self.n = max(1, int(min_time / (self.requests(n) / n)))
-        return self.requests(self.n) / self.n
+            self.n = max(1, int(min_time / (self.requests(n, False) / n)))
+        return self.requests(self.n, rows) / self.n
 
     def verify(self) -> None:
         import numpy as np
@@ -163,6 +170,7 @@ def main() -> int:
         # Rounds alternate C and Python, so a change in the machine's load hits both.
         py_side = PythonSide(b, args.chain)
         py_t: List[float] = []
+        rows_t: List[float] = []
         c_t: List[float] = []
         try:
             for _ in range(args.reps):
@@ -172,35 +180,42 @@ def main() -> int:
                     py_side.reader.start_heartbeat(0.1)
                     c_t.append(c_once(args.c_bench, b, args.chain, args.min_time))
                     py_side.reader.stop_heartbeat()
-                py_t.append(py_side.measure(args.min_time))
-            py_side.verify()
+                py_t.append(py_side.measure(args.min_time, rows=False))
+                py_side.dst.zero_()
+                rows_t.append(py_side.measure(args.min_time, rows=True))
+                py_side.verify()
         finally:
             py_side.close()
-        py = statistics.median(py_t)
-        row: Dict[str, Any] = {"block_bytes": b, "chain": args.chain, "py_s_per_request": py_t,
-                               "py_us_per_block": py / args.chain * 1e6,
-                               "py_GBps": b * args.chain / py / 1e9}
+        row: Dict[str, Any] = {"block_bytes": b, "chain": args.chain}
+        for name, ts in (("py", py_t), ("rows", rows_t), ("c", c_t)):
+            if ts:
+                t = statistics.median(ts)
+                row.update({f"{name}_s_per_request": ts,
+                            f"{name}_us_per_block": t / args.chain * 1e6,
+                            f"{name}_GBps": b * args.chain / t / 1e9})
         if c_t:
-            c = statistics.median(c_t)
-            row.update(c_s_per_request=c_t, c_us_per_block=c / args.chain * 1e6,
-                       c_GBps=b * args.chain / c / 1e9)
-            row["py_share_of_c_bandwidth"] = row["py_GBps"] / row["c_GBps"]
-            row["py_added_us_per_block"] = row["py_us_per_block"] - row["c_us_per_block"]
+            for name in ("py", "rows"):
+                row[f"{name}_share_of_c_bandwidth"] = row[f"{name}_GBps"] / row["c_GBps"]
+                row[f"{name}_added_us_per_block"] = (row[f"{name}_us_per_block"]
+                                                     - row["c_us_per_block"])
         rows.append(row)
     info["load_after"] = open("/proc/loadavg").read().split()[:3]
     print(f"# {info['date']}  {info['host']}  load {' '.join(info['load_before'])}"
           f" -> {' '.join(info['load_after'])}")
     print(f"# {info['library']}; python {info['python']}; median of {args.reps} x "
           f"{args.min_time}s, C and Python alternating; {args.chain} blocks per request")
-    print(f"{'block':>9} {'C us/blk':>9} {'C GB/s':>7} {'Py us/blk':>10} {'Py GB/s':>8} "
-          f"{'Py/C bw':>8} {'Py +us/blk':>10}")
+    print("Py: one copy_out(i, dst[i]) per block; rows: one copy_out_rows(dst) per request")
+    print(f"{'block':>9} {'variant':>7} {'us/block':>9} {'GB/s':>7} {'of C bw':>8} "
+          f"{'+us/block':>10}")
     for r in rows:
-        c_us = f"{r['c_us_per_block']:9.1f}" if "c_us_per_block" in r else f"{'-':>9}"
-        c_bw = f"{r['c_GBps']:7.2f}" if "c_GBps" in r else f"{'-':>7}"
-        share = f"{100 * r['py_share_of_c_bandwidth']:7.1f}%" if "c_GBps" in r else f"{'-':>8}"
-        add = f"{r['py_added_us_per_block']:10.2f}" if "c_GBps" in r else f"{'-':>10}"
-        print(f"{r['block_bytes']:>9} {c_us} {c_bw} {r['py_us_per_block']:10.1f} "
-              f"{r['py_GBps']:8.2f} {share} {add}")
+        for name, label in (("c", "C"), ("py", "Py"), ("rows", "rows")):
+            if f"{name}_GBps" not in r:
+                continue
+            share = r.get(f"{name}_share_of_c_bandwidth")
+            added = r.get(f"{name}_added_us_per_block")
+            print(f"{r['block_bytes']:>9} {label:>7} {r[f'{name}_us_per_block']:9.1f} "
+                  f"{r[f'{name}_GBps']:7.2f} "
+                  + (f"{100 * share:7.1f}% {added:10.2f}" if share is not None else ""))
     if not have_c:
         print(f"(no C figures: {args.c_bench} not built; cmake --build build/release --target "
               "capi_copyout_benchmark)")

@@ -651,6 +651,56 @@ class Leases:
                 f"lease {i} of {self!r} went stale during the copy", operation="copy_out",
                 hint="discard the destination's contents and acquire the prefix again")
 
+    def copy_out_rows(self, dst: Any, *, offset: int = 0, dtype: Any = None) -> List[bool]:
+        """Copies every leased block into its row of `dst` (block i into ``dst[i]``), each
+        validated as :meth:`copy_out` does; one bool per lease, False: that row went stale and
+        must be discarded. The fast way to fill a request's KV slots: `dst` is checked once,
+        and the rows' addresses follow from its shape.
+
+        Args:
+            dst: a C-contiguous writable numpy array or CPU torch tensor with at least
+                ``len(self)`` rows (first dimension); each row's bytes are read from `offset`
+                in its block.
+            dtype: if given, `dst`'s element type must be this.
+
+        Raises:
+            BufferMismatchError: `dst` is not such an array, or has too few rows.
+            InvalidArgumentError: a row is larger than its block (the message gives the size).
+        """
+        n = self._n
+        base_lease = self._addr(0, "copy_out_rows") if n else 0
+        shape = getattr(dst, "shape", None)
+        if not shape:
+            raise BufferMismatchError(
+                f"{_buffers.describe(dst)} has no rows", operation="copy_out_rows",
+                hint="pass an array or tensor shaped (blocks, ...)")
+        ptr, size = _buffers.address(dst, writable=True, what="copy_out_rows destination",
+                                     dtype=dtype)
+        rows = int(shape[0])
+        if rows < n:
+            raise BufferMismatchError(
+                f"{_buffers.describe(dst)} has {rows} rows for {n} leased blocks",
+                operation="copy_out_rows", hint="pass one row per leased block")
+        if n == 0:
+            return []
+        row = size // rows
+        arenas = [self._arena(i, "copy_out_rows") for i in range(n)]
+        d = self._domain
+        lib = _lib.load()
+        fn = lib.cxlkv_lease_copy_out
+        out = [True] * n
+        with d._lock:
+            h = d._handle("copy_out_rows")
+            for i in range(n):
+                rc = fn(h, arenas[i], base_lease + i * _LEASE_SIZE, offset, ptr + i * row, row)
+                if rc:
+                    if rc != E_STALE:
+                        _lib.check(lib, rc, "cxlkv_lease_copy_out", d,
+                                   hint="read inside the block: offset + row bytes <= the "
+                                   "block size" if rc == E_INVALID else None)
+                    out[i] = False
+        return out
+
     def read(self, i: int, nbytes: int, *, offset: int = 0, dtype: Any = np.uint8) -> np.ndarray:
         """A new numpy array with `nbytes` of block `i` (validated; StaleError if stale)."""
         out = np.empty(nbytes // np.dtype(dtype).itemsize, dtype=dtype)

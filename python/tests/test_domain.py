@@ -107,6 +107,33 @@ def test_copy_out_into_torch_tensors(env: Env, ns: cxlkv.Namespace) -> None:
         assert leases.validate(0)
 
 
+def test_copy_out_rows_fills_one_row_per_block(env: Env, ns: cxlkv.Namespace) -> None:
+    torch = pytest.importorskip("torch", reason="python3-torch is not installed")
+    a, b = env.host(0), env.host(1)
+    keys = ns.chain_keys(range(64), 16)
+    data = blocks(4, env.block_bytes, seed=9)
+    publish_chain(a, ns, keys[:3], data[:3])
+    dst = torch.zeros((4, env.block_bytes // 2), dtype=torch.float16)
+    with b.acquire_chain(ns, keys, wait_s=1.0) as leases:
+        assert len(leases) == 3
+        assert leases.copy_out_rows(dst, dtype=torch.float16) == [True] * 3
+        for i in range(3):
+            assert bytes(dst[i].numpy().view(np.uint8)) == data[i].tobytes()
+        assert not dst[3].any()  # a row past the leased run is left alone
+        half = np.zeros((3, 100), np.uint8)
+        assert leases.copy_out_rows(half, offset=50) == [True] * 3
+        assert all(np.array_equal(half[i], data[i][50:150]) for i in range(3))
+        with pytest.raises(BufferMismatchError, match="2 rows for 3 leased blocks"):
+            leases.copy_out_rows(np.zeros((2, 8), np.uint8))
+        with pytest.raises(BufferMismatchError, match="wrong dtype"):
+            leases.copy_out_rows(dst, dtype=torch.float32)
+        with pytest.raises(InvalidArgumentError, match=f"of {env.block_bytes} bytes"):
+            leases.copy_out_rows(np.zeros((3, env.block_bytes + 1), np.uint8))
+        a.retire(ns, keys[1])
+        wait_until(lambda: b.lookup(ns, keys[1]) is None)
+        assert leases.copy_out_rows(half) == [True, False, True]  # row 1: discard
+
+
 def test_copy_out_refuses_read_only_and_odd_buffers(env: Env, ns: cxlkv.Namespace) -> None:
     a, b = env.host(0), env.host(1)
     key = ns.chain_key([1] * 16)
