@@ -89,12 +89,12 @@ def test_lookup_says_in_flight_until_the_owner_applied_the_store(env: Env,
 
 def test_lookup_gives_up_on_a_publication_never_applied(env: Env, ns: cxlkv.Namespace) -> None:
     env.owner.stop()
-    a = tier(env, 0, ns, primary(4), visibility_timeout_s=0.05)
+    a = tier(env, 0, ns, primary(4), visibility_timeout_s=1.0)
     k = offload_keys(1, salt=b"never")
     a.submit_store(cxlkv.TierJob(1, k, np.array([0])))
     finished(a)
     assert a.lookup(k[0]) is None
-    time.sleep(0.1)
+    time.sleep(1.1)
     assert a.lookup(k[0]) is False
     env.owner.start(0.002)
 
