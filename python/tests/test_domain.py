@@ -254,6 +254,27 @@ def test_publish_failures_leak_no_block(env: Env, ns: cxlkv.Namespace) -> None:
         lone.leave()
 
 
+def test_publish_failing_after_the_alloc_frees_the_block(make_env, ns: cxlkv.Namespace) -> None:
+    env = make_env(geometry=cxlkv.Geometry(ring_slots=4))
+    env.owner.stop()  # nothing consumes the request ring
+    a = env.host(0, heartbeat_s=None)
+    arena = a.home_arena
+    assert arena is not None
+    before = allocated(arena)
+    data = np.ones(64, np.uint8)
+    for i in range(4):
+        a.publish(ns, ns.chain_key([i]), data)
+    with pytest.raises(FullError, match="request ring full") as e:
+        a.publish(ns, ns.chain_key([99]), data)
+    assert "owner is behind" in str(e.value)
+    assert allocated(arena) == before + 4  # the fifth block went back
+    a.leave()
+    with pytest.raises(ClosedError):
+        a.publish(ns, ns.chain_key([100]), data)
+    assert allocated(arena) == before + 4
+    env.owner.start(0.002)
+
+
 def test_duplicate_publish_comes_back_through_heartbeats(env: Env, ns: cxlkv.Namespace) -> None:
     a = env.host(0)
     arena = a.home_arena

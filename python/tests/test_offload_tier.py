@@ -87,6 +87,16 @@ def test_lookup_says_in_flight_until_the_owner_applied_the_store(env: Env,
     wait_until(lambda: all(a.lookup(k) is True for k in keys), what="the owner to apply")
 
 
+def test_lookup_says_in_flight_while_a_store_is_queued(env: Env, ns: cxlkv.Namespace) -> None:
+    a = tier(env, 0, ns, primary(12))
+    k = offload_keys(1, salt=b"queued")
+    with a.domain._lock:  # the worker cannot start the job; this thread can still look up
+        a.submit_store(cxlkv.TierJob(1, k, np.array([0])))
+        assert a.lookup(k[0]) is None
+    assert finished(a)[0].success
+    wait_until(lambda: a.lookup(k[0]) is True)
+
+
 def test_lookup_gives_up_on_a_publication_never_applied(env: Env, ns: cxlkv.Namespace) -> None:
     env.owner.stop()
     a = tier(env, 0, ns, primary(4), visibility_timeout_s=1.0)

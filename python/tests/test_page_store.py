@@ -85,6 +85,19 @@ def test_leading_run_stops_at_a_gap(env: Env, ns: cxlkv.Namespace) -> None:
     assert r.batch_get_v1(keys[:4], np.arange(4 * PAGE)) == [True, True, False, False]
 
 
+def test_a_gap_ends_the_read_even_across_batches(env: Env, ns: cxlkv.Namespace) -> None:
+    w, r = store(env, 0, ns), store(env, 1, ns, max_batch=2)
+    w.register_mem_pool_host(host_pool(7))
+    dst = host_pool()
+    r.register_mem_pool_host(dst)
+    keys = page_hashes(list(range(5 * PAGE)), PAGE)
+    w.batch_set_v1(keys[:2], np.arange(2 * PAGE))
+    w.batch_set_v1(keys[3:5], np.arange(3 * PAGE, 5 * PAGE))  # keys[2] missing
+    wait_until(lambda: r.exists(keys[4]))
+    assert r.batch_get_v1(keys, np.arange(5 * PAGE)) == [True, True, False, False, False]
+    assert not dst.data[:, 4 * PAGE:].any()  # nothing past the gap was read
+
+
 def test_tensor_api(env: Env, ns: cxlkv.Namespace) -> None:
     torch = pytest.importorskip("torch", reason="python3-torch is not installed")
     w, r = store(env, 0, ns), store(env, 1, ns)
