@@ -12,6 +12,10 @@
 #   ${libdir}/cmake/cxlkv/                                    find_package(cxlkv) -> cxlkv::cxlkv
 #   ${docdir}/                                                README.md, orchestrator.md, the
 #                                                             example domain configuration
+#   CXLKV_PYTHON_INSTALL_DIR/cxlkv/                           the Python package (python/cxlkv),
+#                                                             with _install_paths.py naming
+#                                                             libcxlkv.so.0 relative to it
+#                                                             (CXLKV_INSTALL_PYTHON=OFF: left out)
 # Targets are named, never located, so the modules can move between directories. Included at
 # the end of the root CMakeLists.txt, once every target exists. tests/install/run.sh checks it.
 include(GNUInstallDirs)
@@ -109,3 +113,49 @@ write_basic_package_version_file("${PROJECT_BINARY_DIR}/install/cxlkvConfigVersi
 install(FILES "${PROJECT_BINARY_DIR}/install/cxlkvConfig.cmake"
               "${PROJECT_BINARY_DIR}/install/cxlkvConfigVersion.cmake"
         DESTINATION ${CXLKV_CMAKE_PACKAGE_DIR})
+
+# The Python package (python/cxlkv, a ctypes binding: no compiled part). Installed as plain
+# files where Debian's python3 looks: lib/python3.<minor>/dist-packages is on its sys.path
+# under both /usr and /usr/local. The interpreter named by CXLKV_PYTHON gives <minor>;
+# another prefix needs PYTHONPATH=<prefix>/<dir>. _install_paths.py, written at install time,
+# names the installed libcxlkv.so.0 relative to the package, so a DESTDIR staging or a moved
+# prefix still finds it.
+option(CXLKV_INSTALL_PYTHON "Install the Python package" ON)
+if(CXLKV_INSTALL_PYTHON)
+  set(CXLKV_PYTHON "/usr/bin/python3" CACHE FILEPATH
+      "The Python interpreter the package is installed for (Debian's sees python3-numpy)")
+  set(_cxlkv_py_dir "lib/python3/dist-packages")
+  if(EXISTS "${CXLKV_PYTHON}")
+    execute_process(COMMAND "${CXLKV_PYTHON}" -c
+                    "import sys; print('%d.%d' % sys.version_info[:2])"
+                    OUTPUT_VARIABLE _cxlkv_py_ver OUTPUT_STRIP_TRAILING_WHITESPACE
+                    RESULT_VARIABLE _cxlkv_py_rc)
+    if(_cxlkv_py_rc EQUAL 0 AND _cxlkv_py_ver MATCHES "^3\\.[0-9]+$")
+      set(_cxlkv_py_dir "lib/python${_cxlkv_py_ver}/dist-packages")
+    endif()
+  endif()
+  set(CXLKV_PYTHON_INSTALL_DIR "${_cxlkv_py_dir}" CACHE STRING
+      "Where the Python package is installed (relative to the prefix, or absolute)")
+  # tests/install/run.sh reads it from here (this file is included after tests/).
+  set_property(TARGET cxlkv PROPERTY CXLKV_PYTHON_INSTALL_DIR "${CXLKV_PYTHON_INSTALL_DIR}")
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/cxlkv DESTINATION ${CXLKV_PYTHON_INSTALL_DIR}
+          FILES_MATCHING PATTERN "*.py" PATTERN "py.typed" PATTERN "__pycache__" EXCLUDE)
+  # (An install script, so the prefix is the one given at install time.)
+  file(CONFIGURE OUTPUT "${PROJECT_BINARY_DIR}/install/python_paths.cmake" @ONLY CONTENT [==[
+set(_py [[@CXLKV_PYTHON_INSTALL_DIR@]])
+set(_lib [[@CMAKE_INSTALL_LIBDIR@]])
+if(NOT IS_ABSOLUTE "${_py}")
+  set(_py "${CMAKE_INSTALL_PREFIX}/${_py}")
+endif()
+if(NOT IS_ABSOLUTE "${_lib}")
+  set(_lib "${CMAKE_INSTALL_PREFIX}/${_lib}")
+endif()
+file(RELATIVE_PATH _rel "${_py}/cxlkv" "${_lib}/libcxlkv.so.0")
+file(WRITE "$ENV{DESTDIR}${_py}/cxlkv/_install_paths.py"
+"\"\"\"Written by cmake --install: the installed libcxlkv.so.0, relative to this package.\"\"\"
+LIBRARY_RELATIVE_TO_PACKAGE = \"${_rel}\"
+")
+message(STATUS "Python package: ${_py}/cxlkv (libcxlkv.so.0: ${_rel} from it)")
+]==])
+  install(SCRIPT "${PROJECT_BINARY_DIR}/install/python_paths.cmake")
+endif()

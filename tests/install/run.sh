@@ -8,16 +8,21 @@
 #      (LD_LIBRARY_PATH = pkg-config's libdir);
 #   3. configures consumer/ (find_package(cxlkv) -> cxlkv::cxlkv) with CMAKE_PREFIX_PATH and
 #      runs what it builds (found through the build RPATH CMake gives it).
+#   4. (with a Python package directory, the 8th argument) imports the installed Python package
+#      with Debian's /usr/bin/python3 from outside the tree, CXLKV_LIBRARY unset, and checks it
+#      loaded the prefix's libcxlkv.so.0 (through _install_paths.py) and that
+#      `python -m cxlkv status` reports it.
 # The consumer opens a memfd pool, formats an arena, allocates, writes, reads back and frees a
 # block through the C API, and fails unless libcxlkv was loaded from the prefix.
 # Usage: run.sh <build dir> <libdir> <bindir> <includedir> <cmake> <C compiler> <pkg-config>
+#               [<python package dir>]
 #   (the directories relative to the prefix, as GNUInstallDirs named them for this build)
 set -euo pipefail
-if [[ $# -ne 7 ]]; then
-  echo "usage: $0 <build dir> <libdir> <bindir> <includedir> <cmake> <cc> <pkg-config>" >&2
+if [[ $# -ne 7 && $# -ne 8 ]]; then
+  echo "usage: $0 <build dir> <libdir> <bindir> <includedir> <cmake> <cc> <pkg-config> [<pydir>]" >&2
   exit 2
 fi
-build=$1 libdir=$2 bindir=$3 includedir=$4 cmake=$5 cc=$6 pkgconfig=$7
+build=$1 libdir=$2 bindir=$3 includedir=$4 cmake=$5 cc=$6 pkgconfig=$7 pydir=${8:-}
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/cxlkv-install.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -83,5 +88,27 @@ echo "== find_package(cxlkv) with CMAKE_PREFIX_PATH=$prefix"
 "$cmake" --build "$tmp/consumer-build" >>"$tmp/consumer.log" 2>&1 ||
   { cat "$tmp/consumer.log" >&2; fail "the CMake consumer does not build"; }
 "$tmp/consumer-build/consumer" "$L" || fail "the C program built with find_package failed"
+
+if [[ -n $pydir ]]; then
+  echo "== the Python package in $prefix/$pydir"
+  P=$prefix/$pydir/cxlkv
+  for f in "$P/__init__.py" "$P/py.typed" "$P/_install_paths.py" "$P/integrations/check.py"; do
+    [[ -e $f ]] || fail "${f#"$prefix"/} is not installed"
+  done
+  if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+    echo "   skipped the import: /usr/bin/python3 has no numpy (apt-get install python3-numpy)"
+  else
+    # From an empty directory, so nothing of the source tree is importable.
+    out=$(cd "$tmp" && env -u CXLKV_LIBRARY PYTHONPATH="$prefix/$pydir" /usr/bin/python3 -c \
+          'import cxlkv; l = cxlkv.library(); print(cxlkv.__file__); print(l.realpath); print(l.how)') ||
+      fail "the installed Python package does not import"
+    [[ $(sed -n 1p <<<"$out") == "$P/__init__.py" ]] || fail "imported cxlkv from elsewhere: $out"
+    [[ $(sed -n 2p <<<"$out") == "$(readlink -f "$L/libcxlkv.so.0")" ]] ||
+      fail "the installed package loaded another libcxlkv: $out"
+    [[ $(sed -n 3p <<<"$out") == "cmake --install" ]] || fail "found the library by: $out"
+    (cd "$tmp" && env -u CXLKV_LIBRARY PYTHONPATH="$prefix/$pydir" /usr/bin/python3 -m cxlkv status |
+      grep -qF "$(readlink -f "$L/libcxlkv.so.0")") || fail "python -m cxlkv status does not report it"
+  fi
+fi
 
 echo "install test: passed"

@@ -1,0 +1,266 @@
+"""``python -m cxlkv.integrations.check``: is an installed engine one the adapters fit?
+
+For each engine (SGLang, vLLM) it reports, where the engine is importable:
+
+1. its version against the adapter's pin (:data:`cxlkv.integrations.TARGETS`);
+2. the interface: the base class imports, the adapter implements every abstract method, and
+   each method the adapter overrides has the base class's parameters;
+3. a round trip through the adapter itself on a temporary domain and pool in ``/dev/shm``
+   (an owner thread in this process): pages/blocks stored from one buffer, found, loaded into
+   another, compared byte for byte.
+
+Exit status: 0 when every installed engine passes, 1 when one fails, 77 when none is
+installed (nothing to check). ``--json`` prints the findings as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import inspect
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import TARGETS, version_supported
+
+Finding = Dict[str, Any]
+
+
+def _params(fn: Any) -> List[str]:
+    try:
+        return [p for p in inspect.signature(fn).parameters if p != "self"]
+    except (TypeError, ValueError):
+        return []
+
+
+def _interface(base: type, adapter: Optional[type]) -> List[str]:
+    """Problems with how `adapter` fits `base` (empty: it fits)."""
+    if adapter is None:
+        return ["the adapter class was not defined"]
+    problems: List[str] = []
+    missing = sorted(getattr(adapter, "__abstractmethods__", ()))
+    if missing:
+        problems.append(f"abstract methods not implemented: {', '.join(missing)}")
+    for name, ours in vars(adapter).items():
+        if name.startswith("_") or not callable(ours):
+            continue
+        theirs = getattr(base, name, None)
+        if theirs is None:
+            continue
+        pb, po = _params(theirs), _params(ours)
+        if pb and po and pb != po and not any(p.startswith("*") for p in po):
+            problems.append(f"{name}{tuple(pb)} in {base.__name__}, {name}{tuple(po)} in the "
+                            "adapter")
+    for name in getattr(base, "__abstractmethods__", ()):
+        if name not in vars(adapter) and not any(name in vars(c) for c in adapter.__mro__[:-1]
+                                                 if c is not base):
+            problems.append(f"{base.__name__}.{name} is abstract and not overridden")
+    return problems
+
+
+class _TempDomain:
+    """A domain and a pool in /dev/shm with an owner thread, removed afterwards."""
+
+    def __init__(self, block_bytes: int) -> None:
+        from .. import Arena, Domain, Geometry, Owner, Pool
+        from ..pool import layout_for_block_bytes
+
+        tag = f"cxlkv-check-{os.getpid()}-{int(time.time() * 1e6)}"
+        self.paths = [f"/dev/shm/{tag}-domain", f"/dev/shm/{tag}-pool"]
+        g = Geometry()
+        size = (g.bytes_needed() + 4095) // 4096 * 4096
+        self.domain_spec = f"file:{self.paths[0]}?size={size}"
+        self.pool_spec = f"file:{self.paths[1]}?size={max(64 << 20, block_bytes * 64)}"
+        Domain.format(self.domain_spec, g)
+        self.owner = Owner.open(self.domain_spec).start(0.002)
+        lay, _ = layout_for_block_bytes(block_bytes)
+        with Pool.open(self.pool_spec) as p:
+            Arena.create(p, lay).close()
+        self.pool_spec = f"file:{self.paths[1]}"
+
+    def close(self) -> None:
+        self.owner.close()
+        for p in self.paths:
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+
+def _wait(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.005)
+    return cond()
+
+
+def _finished(tier: Any) -> List[Any]:
+    """The first batch of finished jobs a tier reports (waits up to 5 s)."""
+    done: List[Any] = []
+
+    def poll() -> bool:
+        done.extend(tier.get_finished())
+        return bool(done)
+
+    _wait(poll)
+    return done
+
+
+def _roundtrip_sglang(mod: Any) -> List[str]:
+    from ..page_store import HostPagePool
+    from sglang.srt.mem_cache import hicache_storage as hs
+
+    page, tokens, token_bytes = 16, 64, 256
+    td = _TempDomain(2 * page * token_bytes)
+    try:
+        fields = {f.name: f for f in dataclasses.fields(hs.HiCacheStorageConfig)}
+        known = dict(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                     dp_rank=0, dp_size=1, is_mla_model=False, enable_storage_metrics=False,
+                     is_page_first_layout=True, model_name="cxlkv-check", extra_config={})
+        need = [n for n, f in fields.items()
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        unknown = [n for n in need if n not in known]
+        if unknown:
+            return [f"HiCacheStorageConfig has required fields the check does not know: {unknown}"]
+        cfg = hs.HiCacheStorageConfig(**{n: v for n, v in known.items() if n in fields})
+        kw = dict(domain=td.domain_spec, host_id=0, pool=td.pool_spec, allow_untested_version=True)
+        backend = mod.CxlkvHiCacheStorage(cfg, kw)
+        try:
+            rng = np.random.default_rng(1)
+            src = rng.integers(0, 256, (2, tokens, token_bytes), dtype=np.uint8)
+            dst = np.zeros_like(src)
+            backend.register_mem_pool_host(HostPagePool(src, page, kv_parts=2))
+            keys = [bytes([i]) * 32 for i in range(tokens // page)]
+            hexkeys = [k.hex() for k in keys]
+            idx = np.arange(tokens, dtype=np.int64)
+            if not all(backend.batch_set_v1(hexkeys, idx)):
+                return ["batch_set_v1 did not store every page"]
+            if not _wait(lambda: backend.batch_exists(hexkeys) == len(keys)):
+                return [f"batch_exists found {backend.batch_exists(hexkeys)} of {len(keys)} pages"]
+            backend.register_mem_pool_host(HostPagePool(dst, page, kv_parts=2))
+            if not all(backend.batch_get_v1(hexkeys, idx)):
+                return ["batch_get_v1 did not read every page"]
+            if not np.array_equal(src, dst):
+                return ["pages read back differ from the pages stored"]
+            return []
+        finally:
+            backend.close()
+    finally:
+        td.close()
+
+
+def _roundtrip_vllm(mod: Any) -> List[str]:
+    from vllm.v1.kv_offload.tiering import base
+
+    block_bytes, blocks = 4096, 8
+    td = _TempDomain(block_bytes)
+    try:
+        primary = bytearray(os.urandom(block_bytes * blocks))
+        tier = mod.CxlkvSecondaryTier(None, memoryview(primary), domain=td.domain_spec,
+                                      host_id=0, pool=td.pool_spec, block_bytes=block_bytes,
+                                      allow_untested_version=True)
+        try:
+            keys = [bytes([i]) * 32 + (0).to_bytes(4, "big") for i in range(4)]
+            fields = {f.name for f in dataclasses.fields(base.JobMetadata)}
+            args = dict(job_id=1, keys=keys, block_ids=np.arange(4), is_promotion=False,
+                        req_context=None)
+            tier.submit_store(base.JobMetadata(**{k: v for k, v in args.items() if k in fields}))
+            done = _finished(tier)
+            if not done or not done[0].success:
+                return [f"the store job did not succeed: {done}"]
+            if not _wait(lambda: all(tier.lookup(k, None) for k in keys)):
+                return ["lookup does not find the stored blocks"]
+            args.update(job_id=2, block_ids=np.arange(4, 8), is_promotion=True)
+            tier.submit_load(base.JobMetadata(**{k: v for k, v in args.items() if k in fields}))
+            done = _finished(tier)
+            if not done or not done[0].success:
+                return [f"the load job did not succeed: {done}"]
+            if primary[: 4 * block_bytes] != primary[4 * block_bytes:]:
+                return ["blocks loaded differ from the blocks stored"]
+            return []
+        finally:
+            tier.shutdown()
+    finally:
+        td.close()
+
+
+ENGINES: Dict[str, Tuple[str, str, str, Callable[[Any], List[str]]]] = {
+    # engine: (adapter module, base class path, adapter class, round trip)
+    "sglang": ("cxlkv.integrations.sglang", "sglang.srt.mem_cache.hicache_storage.HiCacheStorage",
+               "CxlkvHiCacheStorage", _roundtrip_sglang),
+    "vllm": ("cxlkv.integrations.vllm", "vllm.v1.kv_offload.tiering.base.SecondaryTierManager",
+             "CxlkvSecondaryTier", _roundtrip_vllm),
+}
+
+
+def check_engine(engine: str) -> Finding:
+    """The findings for one engine: ``status`` is "not installed", "ok" or "failed"."""
+    target = TARGETS[engine]
+    f: Finding = {"engine": engine, "pinned": f">={target.min_version},<{target.below_version}",
+                  "interface": target.interface, "source": target.source, "problems": []}
+    try:
+        eng = importlib.import_module(engine)
+    except ImportError as e:
+        f.update(status="not installed", reason=str(e))
+        return f
+    f["version"] = getattr(eng, "__version__", None)
+    if not f["version"] or not version_supported(engine, f["version"]):
+        f["problems"].append(f"version {f['version']} is outside the pin {f['pinned']}")
+    mod_name, base_path, cls_name, roundtrip = ENGINES[engine]
+    mod = importlib.import_module(mod_name)
+    try:
+        bmod, bname = base_path.rsplit(".", 1)
+        base = getattr(importlib.import_module(bmod), bname)
+    except (ImportError, AttributeError) as e:
+        f["problems"].append(f"{base_path} cannot be imported: {e}")
+        f["status"] = "failed"
+        return f
+    f["problems"] += _interface(base, getattr(mod, cls_name))
+    if not any("abstract" in p or "not defined" in p for p in f["problems"]):
+        try:
+            f["problems"] += roundtrip(mod)
+        except Exception as e:  # report, do not crash the check
+            f["problems"].append(f"round trip failed: {type(e).__name__}: {e}")
+    f["status"] = "failed" if f["problems"] else "ok"
+    return f
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m cxlkv.integrations.check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print the findings as JSON")
+    ap.add_argument("engines", nargs="*", default=sorted(ENGINES), help="engines to check")
+    args = ap.parse_args(argv)
+    for e in args.engines:
+        if e not in ENGINES:
+            ap.error(f"unknown engine {e!r}; known: {', '.join(sorted(ENGINES))}")
+    findings = [check_engine(e) for e in args.engines]
+    if args.json:
+        print(json.dumps(findings, indent=2))
+    else:
+        for f in findings:
+            head = f"{f['engine']}: {f['status']}"
+            if f.get("version"):
+                head += f" (version {f['version']}, adapter pinned to {f['pinned']})"
+            print(head)
+            if f["status"] == "not installed":
+                print(f"  skipped: {f['reason']}")
+            for p in f["problems"]:
+                print(f"  problem: {p}")
+    if any(f["status"] == "failed" for f in findings):
+        return 1
+    if all(f["status"] == "not installed" for f in findings):
+        return 77
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Namespaces and prefix keys.
+
+A :class:`Namespace` binds tenant, model and KV layout (``cxlkv_namespace``): lookups never
+cross namespaces, so everything that changes the bytes of a block — model, dtype, tensor
+parallel rank and size, page size, layout — belongs in it. It is a correctness boundary, not
+a security one (docs/coherence.md, "Keys").
+
+A :class:`PrefixKey` (128 bits) names one block. There are two ways to get one:
+
+* from token ids, chained on the parent block's key: :meth:`Namespace.chain_key` and
+  :meth:`Namespace.chain_keys` (``cxlkv_prefix_key_chain``: XXH3-128 of namespace, parent key
+  and the block's token ids) — what the C tools and benchmarks use;
+* from an engine's own chained page digest: :meth:`Namespace.digest_key`. SGLang's page hash
+  (SHA-256 over the prior hash and the page's tokens, 32 bytes) and vLLM's block hash (32 bytes
+  for sha256, 16 for a 128-bit hash) already identify a whole prefix, so the key depends on
+  the digest alone and a single key can be looked up without its parents. The derivation
+  goes through the same C function: the key is ``cxlkv_prefix_key_chain(ns, root, words)``
+  where ``words`` are the 32-bit words ``[0x44475354 ("DGST"), group, len(digest)]`` followed
+  by the digest read as little-endian 32-bit words. No token id of a real vocabulary is
+  0x44475354, so a digest key never equals a token-chained key; ``group`` separates the KV
+  cache groups of one model (vLLM's group index). Process-independent: the same digest gives
+  the same key on every host.
+
+Keys are plain values: hashable, comparable, safe to share between threads and processes
+(``bytes(key)`` is 16 bytes, little-endian ``lo`` then ``hi``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Iterable, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _lib
+from .errors import InvalidArgumentError, KeyLengthError
+
+DIGEST_TAG = 0x44475354  # "DGST" little-endian
+DIGEST_LENGTHS = (16, 32)
+
+
+@dataclass(frozen=True)
+class PrefixKey:
+    """The 128-bit key of one KV block."""
+
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.lo < 1 << 64 and 0 <= self.hi < 1 << 64):
+            raise KeyLengthError(
+                f"PrefixKey(lo={self.lo:#x}, hi={self.hi:#x}) has a word outside 0..2^64-1",
+                operation="PrefixKey", hint="build keys with Namespace.chain_key or digest_key")
+
+    def __bytes__(self) -> bytes:
+        return self.lo.to_bytes(8, "little") + self.hi.to_bytes(8, "little")
+
+    @classmethod
+    def from_bytes(cls, b: bytes) -> "PrefixKey":
+        """The key whose ``bytes()`` is `b` (16 bytes)."""
+        if len(b) != 16:
+            raise KeyLengthError(f"a PrefixKey is 16 bytes, got {len(b)}",
+                                 operation="PrefixKey.from_bytes",
+                                 hint="pass bytes(key) of a PrefixKey; for an engine digest use "
+                                 "Namespace.digest_key")
+        return cls(int.from_bytes(b[:8], "little"), int.from_bytes(b[8:], "little"))
+
+    def hex(self) -> str:
+        return bytes(self).hex()
+
+    def to_c(self) -> _lib.PrefixKeyC:
+        return _lib.PrefixKeyC(self.lo, self.hi)
+
+    def __repr__(self) -> str:
+        return f"PrefixKey({self.hex()})"
+
+
+def keys_to_c(keys: Sequence[PrefixKey]) -> "ctypes.Array[_lib.PrefixKeyC]":
+    """An array of C keys (what cxlkv_lease_acquire_chain takes)."""
+    arr = (_lib.PrefixKeyC * len(keys))()
+    for i, k in enumerate(keys):
+        if not isinstance(k, PrefixKey):
+            raise InvalidArgumentError(
+                f"keys[{i}] is a {type(k).__name__}, not a PrefixKey",
+                operation="keys", hint="build keys with Namespace.chain_key or digest_key")
+        arr[i].lo = k.lo
+        arr[i].hi = k.hi
+    return arr
+
+
+TokenIds = Union[Sequence[int], np.ndarray, Any]
+
+
+def _tokens_u32(tokens: TokenIds, what: str) -> np.ndarray:
+    if hasattr(tokens, "detach") and hasattr(tokens, "numpy"):  # a torch tensor
+        tokens = tokens.detach().cpu().numpy()
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise InvalidArgumentError(f"{what}: token ids must be one-dimensional, got shape "
+                                   f"{arr.shape}", operation="chain_key",
+                                   hint="pass one block's token ids as a flat list or array")
+    if arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0 or int(arr.max()) >= 1 << 32):
+        raise InvalidArgumentError(f"{what}: token ids must be integers in 0..2^32-1",
+                                   operation="chain_key", hint="pass the tokenizer's ids")
+    return np.ascontiguousarray(arr, dtype=np.uint32)
+
+
+class Namespace:
+    """A tenant + model + KV layout; every key lives in one.
+
+    Args:
+        tenant, model, kv_layout: free-form names; equal names give the equal namespace id on
+            every host and process. Put everything that changes a block's bytes in them (e.g.
+            ``kv_layout="bf16 L80 H8 D128 page16 tp0/8"``).
+    """
+
+    def __init__(self, tenant: str, model: str, kv_layout: str) -> None:
+        for name, v in (("tenant", tenant), ("model", model), ("kv_layout", kv_layout)):
+            if not isinstance(v, str):
+                raise InvalidArgumentError(f"{name} must be a str, got {type(v).__name__}",
+                                           operation="Namespace", hint="pass names as str")
+            if "\0" in v:
+                raise InvalidArgumentError(f"{name} {v!r} contains a NUL byte",
+                                           operation="Namespace",
+                                           hint="the C API takes NUL-terminated names")
+        self.tenant, self.model, self.kv_layout = tenant, model, kv_layout
+        lib = _lib.load()
+        self.id: int = int(lib.cxlkv_namespace(tenant.encode(), model.encode(),
+                                               kv_layout.encode()))
+
+    def __repr__(self) -> str:
+        return (f"Namespace({self.tenant!r}, {self.model!r}, {self.kv_layout!r}, "
+                f"id={self.id:#018x})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Namespace) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    # ---- keys from token ids ----------------------------------------------------------------
+
+    def chain_key(self, tokens: TokenIds, parent: Optional[PrefixKey] = None) -> PrefixKey:
+        """The key of a block holding `tokens`, chained on `parent` (None for the first)."""
+        arr = _tokens_u32(tokens, "chain_key")
+        return self._chain(arr.ctypes.data, arr.size, parent)
+
+    def chain_keys(self, tokens: TokenIds, tokens_per_block: int,
+                   parent: Optional[PrefixKey] = None) -> List[PrefixKey]:
+        """Keys of the full blocks of a token sequence, each chained on the one before.
+
+        A trailing partial block gets no key (it is not shareable until full).
+        """
+        if tokens_per_block <= 0:
+            raise InvalidArgumentError(f"tokens_per_block must be > 0, got {tokens_per_block}",
+                                       operation="chain_keys",
+                                       hint="pass the arena layout's tokens_per_block")
+        arr = _tokens_u32(tokens, "chain_keys")
+        keys: List[PrefixKey] = []
+        base = arr.ctypes.data
+        for i in range(arr.size // tokens_per_block):
+            parent = self._chain(base + 4 * i * tokens_per_block, tokens_per_block, parent)
+            keys.append(parent)
+        return keys
+
+    def _chain(self, addr: int, n: int, parent: Optional[PrefixKey]) -> PrefixKey:
+        lib = _lib.load()
+        pc = parent.to_c() if parent is not None else None
+        k = lib.cxlkv_prefix_key_chain(self.id, ctypes.addressof(pc) if pc is not None else None,
+                                       addr if n else None, n)
+        return PrefixKey(int(k.lo), int(k.hi))
+
+    # ---- keys from engine digests -----------------------------------------------------------
+
+    def digest_key(self, digest: Union[bytes, bytearray, memoryview, str], group: int = 0
+                   ) -> PrefixKey:
+        """The key of the block an engine names by `digest` (its chained page/block hash).
+
+        Args:
+            digest: 16 or 32 bytes (a 128- or 256-bit hash), or the same as a hex string
+                (SGLang's ``get_hash_str`` output).
+            group: the KV cache group (vLLM's group index), 0..2^32-1.
+
+        Raises:
+            KeyLengthError: another length, or a string that is not hex.
+        """
+        raw = digest_bytes(digest, "digest_key")
+        if not 0 <= group < 1 << 32:
+            raise KeyLengthError(f"group {group} is outside 0..2^32-1", operation="digest_key",
+                                 hint="pass the engine's KV cache group index")
+        words = np.empty(3 + len(raw) // 4, dtype=np.uint32)
+        words[:3] = (DIGEST_TAG, group, len(raw))
+        words[3:] = np.frombuffer(raw, dtype="<u4")
+        return self._chain(words.ctypes.data, words.size, None)
+
+
+def digest_bytes(digest: Union[bytes, bytearray, memoryview, str], what: str) -> bytes:
+    """An engine digest as bytes (16 or 32), from bytes or a hex string."""
+    if isinstance(digest, str):
+        try:
+            raw = bytes.fromhex(digest)
+        except ValueError:
+            raise KeyLengthError(
+                f"key {digest[:80]!r} is not a hex digest", operation=what,
+                hint="pass the engine's page hash unchanged (hex of 16 or 32 bytes), or its bytes",
+            ) from None
+    elif isinstance(digest, (bytes, bytearray, memoryview)):
+        raw = bytes(digest)
+    else:
+        raise KeyLengthError(f"key of type {type(digest).__name__}", operation=what,
+                             hint="pass the engine's digest as bytes or a hex string")
+    if len(raw) not in DIGEST_LENGTHS:
+        raise KeyLengthError(
+            f"digest of {len(raw)} bytes ({raw[:8].hex()}…): expected 16 or 32 bytes",
+            operation=what,
+            hint="pass the engine's 128- or 256-bit page hash itself, without suffixes (put "
+            "model, rank and layout in the Namespace instead)",
+        )
+    return raw
+
+
+def parse_keys(keys: Iterable[Any], ns: Namespace, what: str) -> List[PrefixKey]:
+    """PrefixKeys from PrefixKey objects or engine digests (bytes or hex)."""
+    out: List[PrefixKey] = []
+    for k in keys:
+        out.append(k if isinstance(k, PrefixKey) else ns.digest_key(digest_bytes(k, what)))
+    return out

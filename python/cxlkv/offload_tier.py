@@ -1,0 +1,361 @@
+"""An offload tier with the shape of vLLM's ``SecondaryTierManager``, on a CXL domain.
+
+vLLM's tiered offloading keeps a CPU primary tier (one memoryview of blocks) and cascades
+stores to secondary tiers; loads are staged secondary → primary → GPU. A secondary tier
+answers ``lookup(key)`` (present / missing / ``None``: in flight, retry), takes asynchronous
+jobs naming primary blocks (``submit_store`` reads them, ``submit_load`` writes them) and
+reports them through ``get_finished``. Every call runs in the scheduler and must not block.
+
+:class:`OffloadTier` does that on a :class:`~cxlkv.Domain`: the calls validate their input
+and queue a job; a worker thread does the copies (publish: allocate, ``cxlkv_copy_to_block``,
+``cxlkv_prefix_publish``; load: ``cxlkv_lease_acquire_chain`` then a validated
+``cxlkv_lease_copy_out`` into each primary block). Keys are vLLM's ``OffloadKey`` bytes: the
+block hash (16 or 32 bytes) followed by the KV cache group index (4 bytes, big-endian); they
+map to prefix keys with :meth:`Namespace.digest_key`, so any host of the domain that computes
+the same block hash finds the block (vLLM's hashes are process-independent only with a fixed
+``PYTHONHASHSEED``, see the integrations notes).
+
+``lookup`` says ``None`` while a store of the key is queued or running, and after it is
+published until the owner has applied it (at most ``visibility_timeout_s``; then ``False``).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _lib
+from .domain import Domain
+from .errors import (
+    BufferMismatchError,
+    ClosedError,
+    CxlkvError,
+    FullError,
+    InvalidArgumentError,
+    KeyLengthError,
+)
+from .keys import Namespace, PrefixKey
+
+GROUP_BYTES = 4
+
+
+@dataclass
+class TierJob:
+    """A transfer job (vLLM's ``JobMetadata``): ``keys[i]`` is stored from / loaded into
+    primary block ``block_ids[i]``."""
+
+    job_id: int
+    keys: Sequence[bytes]
+    block_ids: Any  # 1-D integer np.ndarray (or sequence)
+    is_promotion: bool = False
+    req_context: Any = None
+
+
+@dataclass
+class TierJobResult:
+    """A finished job (vLLM's ``JobResult`` with its optional fields)."""
+
+    job_id: int
+    success: bool
+    successful_keys: Optional[List[bytes]] = None  # loads that failed part way: what succeeded
+    transfer_time: Optional[float] = None  # seconds
+    transfer_bytes: Optional[int] = None
+    error: Optional[str] = None  # why it failed, when it failed on an error
+
+
+@dataclass
+class _Queued:
+    kind: str  # "store" | "load"
+    job: TierJob
+    pks: List[PrefixKey]
+    kbytes: List[bytes]
+    block_ids: np.ndarray
+    submitted: float = field(default_factory=time.monotonic)
+
+
+def offload_key_parts(key: Any, what: str = "key") -> Tuple[bytes, int]:
+    """(block hash, group index) of a vLLM OffloadKey (block hash + 4-byte big-endian group)."""
+    if not isinstance(key, (bytes, bytearray, memoryview)):
+        raise KeyLengthError(f"OffloadKey of type {type(key).__name__}", operation=what,
+                             hint="pass vLLM's OffloadKey (bytes) unchanged")
+    raw = bytes(key)
+    if len(raw) - GROUP_BYTES not in (16, 32):
+        raise KeyLengthError(
+            f"OffloadKey of {len(raw)} bytes ({raw[:8].hex()}…): expected a 16- or 32-byte block "
+            f"hash followed by the 4-byte group index (20 or 36 bytes)", operation=what,
+            hint="pass vLLM's OffloadKey unchanged (make_offload_key(block_hash, group_idx))")
+    return raw[:-GROUP_BYTES], int.from_bytes(raw[-GROUP_BYTES:], "big")
+
+
+class OffloadTier:
+    """vLLM ``SecondaryTierManager``-shaped tier over a :class:`~cxlkv.Domain`.
+
+    Args:
+        domain: the joined domain (its home arena stores this host's blocks; other hosts'
+            arenas must be attached for loads).
+        namespace: model, layout, TP rank: blocks are shared only within it.
+        primary_kv_view: the primary tier's memory (a writable, contiguous buffer: vLLM's
+            ``memoryview``, a numpy array or CPU tensor) of ``n * block_bytes`` bytes.
+        block_bytes: bytes of one primary block; at most the arena's block size.
+        size_class: the arena size class blocks are allocated from.
+        visibility_timeout_s: how long ``lookup`` says "in flight" for a published key the
+            owner has not applied yet.
+        max_batch: keys leased per ``cxlkv_lease_acquire_chain``.
+        acquire_wait_s: how long a load waits for a lease row or the owner's confirmation of
+            this host before the rest of the job fails.
+    """
+
+    def __init__(self, domain: Domain, namespace: Namespace, primary_kv_view: Any, *,
+                 block_bytes: int, size_class: int = 0, visibility_timeout_s: float = 5.0,
+                 max_batch: int = 64, acquire_wait_s: float = 0.25) -> None:
+        home = domain.home_arena
+        if home is None:
+            raise InvalidArgumentError(f"{domain!r} has no arena attached",
+                                       operation="OffloadTier",
+                                       hint="Domain.join(spec, host, arenas=[arena]) first")
+        if not 0 < block_bytes <= home.block_size(size_class):
+            raise InvalidArgumentError(
+                f"primary blocks of {block_bytes} bytes do not fit the arena's blocks of "
+                f"{home.block_size(size_class)}", operation="OffloadTier",
+                hint="format the arena with a block size >= the primary block size")
+        view = primary_kv_view
+        try:
+            mv = memoryview(view) if not hasattr(view, "data_ptr") else None
+        except TypeError:
+            mv = None
+        if mv is not None:
+            if mv.readonly or not mv.c_contiguous:
+                raise BufferMismatchError("the primary view must be writable and contiguous",
+                                          operation="OffloadTier",
+                                          hint="pass the primary tier's memoryview")
+            arr = np.frombuffer(mv.cast("B"), dtype=np.uint8)
+        else:
+            arr = view
+        from . import _buffers
+
+        self._base, nbytes = _buffers.address(arr, writable=True, what="primary_kv_view")
+        if nbytes % block_bytes:
+            raise BufferMismatchError(
+                f"the primary view holds {nbytes} bytes, not a whole number of {block_bytes}-byte "
+                f"blocks", operation="OffloadTier",
+                hint="pass block_bytes = the primary block size")
+        self._keep = (view, arr)
+        self.num_blocks = nbytes // block_bytes
+        self.block_bytes = block_bytes
+        self.domain = domain
+        self.namespace = namespace
+        self.size_class = size_class
+        self.visibility_timeout_s = visibility_timeout_s
+        self.max_batch = max_batch
+        self.acquire_wait_s = acquire_wait_s
+        self._q: "queue.Queue[Optional[_Queued]]" = queue.Queue()
+        self._done: Deque[TierJobResult] = collections.deque()
+        self._mu = threading.Lock()
+        self._storing: Dict[bytes, int] = {}  # key -> stores queued or running
+        self._unapplied: Dict[bytes, float] = {}  # published, not seen yet -> give up at
+        self._pending = 0  # jobs queued or running
+        self._idle = threading.Condition(self._mu)
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name=f"cxlkv-offload {namespace!r}",
+                                        daemon=True)
+        self._worker.start()
+
+    def __repr__(self) -> str:
+        return f"OffloadTier({self.namespace!r} on {self.domain!r})"
+
+    # ---- the scheduler's calls (non-blocking) ---------------------------------------------
+
+    def key(self, key: Any, what: str = "key") -> PrefixKey:
+        digest, group = offload_key_parts(key, what)
+        return self.namespace.digest_key(digest, group)
+
+    def lookup(self, key: Any, req_context: Any = None) -> Optional[bool]:
+        """True: present and ready; False: not here; None: being stored, retry later."""
+        self._check_open("lookup")
+        pk = self.key(key, "lookup")
+        kb = bytes(key)
+        if self.domain.lookup(self.namespace, pk) is not None:
+            with self._mu:
+                self._unapplied.pop(kb, None)
+            return True
+        with self._mu:
+            if self._storing.get(kb):
+                return None
+            until = self._unapplied.get(kb)
+            if until is not None:
+                if time.monotonic() < until:
+                    return None
+                del self._unapplied[kb]
+        return False
+
+    def submit_store(self, job: TierJob) -> None:
+        """Queues a store of primary blocks ``job.block_ids`` under ``job.keys``."""
+        q = self._validate(job, "submit_store", "store")
+        with self._mu:
+            for kb in q.kbytes:
+                self._storing[kb] = self._storing.get(kb, 0) + 1
+            self._pending += 1
+        self._q.put(q)
+
+    def submit_load(self, job: TierJob) -> None:
+        """Queues a load of ``job.keys`` into primary blocks ``job.block_ids``."""
+        q = self._validate(job, "submit_load", "load")
+        with self._mu:
+            self._pending += 1
+        self._q.put(q)
+
+    def get_finished(self) -> List[TierJobResult]:
+        """Jobs finished since the last call."""
+        out: List[TierJobResult] = []
+        with self._mu:
+            while self._done:
+                out.append(self._done.popleft())
+        return out
+
+    def touch(self, keys: Iterable[Any], req_context: Any = None) -> None:
+        """Recency hint. The domain's owner decides evictions, and a lease is what keeps a
+        block from reuse, so there is nothing to record here."""
+        return None
+
+    def drain(self, timeout_s: Optional[float] = None) -> bool:
+        """Waits until every submitted job has finished; False on timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._idle:
+            while self._pending:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def shutdown(self) -> None:
+        """Finishes the submitted jobs, then stops the worker. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._q.put(None)
+        self._worker.join()
+
+    close = shutdown
+
+    # ---- validation -------------------------------------------------------------------------
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise ClosedError(f"{self!r} was shut down", operation=what,
+                              hint="create a new OffloadTier")
+        self.domain._handle(what)
+
+    def _validate(self, job: TierJob, what: str, kind: str) -> _Queued:
+        self._check_open(what)
+        keys = list(job.keys)
+        bids = np.asarray(job.block_ids)
+        if bids.ndim != 1 or (bids.size and bids.dtype.kind not in "iu"):
+            raise InvalidArgumentError(f"job {job.job_id}: block_ids must be a 1-D integer array",
+                                       operation=what, hint="pass primary block ids")
+        if len(keys) != bids.size:
+            raise InvalidArgumentError(
+                f"job {job.job_id}: {len(keys)} keys but {bids.size} block ids", operation=what,
+                hint="pass one primary block id per key")
+        bad = bids[(bids < 0) | (bids >= self.num_blocks)] if bids.size else bids
+        if bad.size:
+            raise InvalidArgumentError(
+                f"job {job.job_id}: block id {int(bad[0])} is outside the primary view's "
+                f"{self.num_blocks} blocks", operation=what,
+                hint="block ids index the primary memoryview")
+        pks = [self.key(k, what) for k in keys]
+        return _Queued(kind, job, pks, [bytes(k) for k in keys], bids.astype(np.int64))
+
+    # ---- the worker ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            q = self._q.get()
+            if q is None:
+                return
+            t0 = time.monotonic()
+            try:
+                res = self._store(q) if q.kind == "store" else self._load(q)
+            except Exception as e:  # a closed domain, an arena not attached, ...: the job
+                # fails, the worker (and the scheduler's process) carry on
+                msg = str(e) if isinstance(e, CxlkvError) else f"{type(e).__name__}: {e}"
+                res = TierJobResult(q.job.job_id, False, [] if q.kind == "load" else None,
+                                    error=msg)
+            res.transfer_time = time.monotonic() - t0
+            with self._mu:
+                if q.kind == "store":
+                    for kb in q.kbytes:
+                        n = self._storing.get(kb, 0) - 1
+                        if n > 0:
+                            self._storing[kb] = n
+                        else:
+                            self._storing.pop(kb, None)
+                self._done.append(res)
+                self._pending -= 1
+                self._idle.notify_all()
+
+    def _store(self, q: _Queued) -> TierJobResult:
+        d, home = self.domain, self.domain.home_arena
+        assert home is not None
+        lib = _lib.load()
+        moved = 0
+        parent: Optional[PrefixKey] = None
+        ok = True
+        for pk, kb, bid in zip(q.pks, q.kbytes, q.block_ids.tolist()):
+            if d.lookup(self.namespace, pk) is not None:
+                parent = pk
+                continue
+            try:
+                block = home.alloc(self.size_class)
+            except FullError:
+                ok = False
+                break
+            lib.cxlkv_copy_to_block(block.addr, self._base + bid * self.block_bytes,
+                                    self.block_bytes)
+            try:
+                d.publish_block(self.namespace, pk, block, parent=parent)
+            except FullError:
+                home.free(block)
+                ok = False
+                break
+            except BaseException:
+                home.free(block)
+                raise
+            moved += self.block_bytes
+            with self._mu:
+                self._unapplied[kb] = time.monotonic() + self.visibility_timeout_s
+            parent = pk
+        return TierJobResult(q.job.job_id, ok, transfer_bytes=moved)
+
+    def _load(self, q: _Queued) -> TierJobResult:
+        d = self.domain
+        good: List[bytes] = []
+        moved = 0
+        i = 0
+        n = len(q.pks)
+        while i < n:
+            chunk = q.pks[i:i + self.max_batch]
+            try:
+                leases = d.acquire_chain(self.namespace, chunk, wait_s=self.acquire_wait_s)
+            except FullError:
+                break
+            with leases:
+                for j in range(len(leases)):
+                    bid = int(q.block_ids[i + j])
+                    la = leases._addr(j, "load")
+                    if leases._copy_out_ptr(j, la, 0, self._base + bid * self.block_bytes,
+                                            self.block_bytes):
+                        good.append(q.kbytes[i + j])
+                        moved += self.block_bytes
+            if len(leases) < len(chunk):
+                break
+            i += len(chunk)
+        success = len(good) == n
+        return TierJobResult(q.job.job_id, success, None if success else good,
+                             transfer_bytes=moved)
