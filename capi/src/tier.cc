@@ -144,6 +144,7 @@ struct LastMove {
 // What the tier knows of a key beyond the manager's record: what the rule is told about it
 // when it is decided outside a request (a watermark victim, explain) and its last move.
 struct KeyMeta {
+  Key parent;  // the block before it in the chain it was placed or prefetched with; 0: none
   std::uint64_t ns = 0;
   std::uint32_t tokens = 0;
   std::int32_t pin = 0;
@@ -299,9 +300,11 @@ LastMove DecideLocked(Tier* t, const cxlkv_tier_request* r, std::span<const Key>
   return mv;
 }
 
-void RememberLocked(Tier* t, const Key& key, const cxlkv_tier_request* r, LastMove mv) {
-  KeyMeta& k = t->meta[key];
+void RememberLocked(Tier* t, std::span<const Key> chain, std::size_t pos,
+                    const cxlkv_tier_request* r, LastMove mv) {
+  KeyMeta& k = t->meta[chain[pos]];
   if (r != nullptr) {
+    k.parent = pos > 0 ? chain[pos - 1] : Key{};
     k.ns = r->ns;
     k.tokens = TokensOf(t, r);
     k.pin = r->pin;
@@ -405,11 +408,16 @@ int Place(Tier* t, const cxlkv_tier_request* r, const void* const* data,
       if (st[j].ok()) {
         res[i] = CXLKV_TIER_ON_NVME;
         ++t->placed_nvme;
-      } else if (absl::IsAlreadyExists(st[j])) {  // the same key twice in this batch
+        continue;
+      }
+      if (absl::IsAlreadyExists(st[j])) {  // the same key twice in this batch
         alloc.Free(pending_blocks[j]);
         res[i] = FromResidence(t->m->Where(pending_keys[j]));
         ++t->already_held;
-      } else if (t->m->Where(pending_keys[j]) == ti::Residence::kCxl) {
+        continue;
+      }
+      const std::optional<ti::Residence> where = t->m->Where(pending_keys[j]);
+      if (where == ti::Residence::kCxl) {
         // The write failed (the store is full, an I/O error): the block stays in CXL, where
         // nothing is lost; the watermarks may demote it later.
         res[i] = CXLKV_TIER_IN_CXL;
@@ -418,8 +426,10 @@ int Place(Tier* t, const cxlkv_tier_request* r, const void* const* data,
         k.last.event = Event::kNvmeWriteFailed;
         k.last.note = std::string(st[j].message());
       } else {
-        res[i] = CodeOf(st[j]);
-        first.Note(res[i], std::string(st[j].message()));
+        // Between entering the manager and its write, another thread's watermark run took the
+        // staged block as a victim: it went to NVMe (or was dropped) that way instead.
+        res[i] = where.has_value() ? FromResidence(where) : CXLKV_TIER_DROPPED;
+        ++(where.has_value() ? t->placed_nvme : t->placed_dropped);
       }
     }
     pending_keys.clear();
@@ -449,7 +459,7 @@ int Place(Tier* t, const cxlkv_tier_request* r, const void* const* data,
       }
       mv = DecideLocked(t, r, chain, pos, add, Event::kPlaced);
       const ti::Tier dest = mv.decision.tier;
-      RememberLocked(t, key, r, mv);
+      RememberLocked(t, chain, pos, r, mv);
       if (dest == ti::Tier::kDrop) ++t->placed_dropped;
     }
     const ti::Tier dest = mv.decision.tier;
@@ -513,11 +523,7 @@ int Place(Tier* t, const cxlkv_tier_request* r, const void* const* data,
 int PrefetchResult(const absl::Status& st) {
   if (st.ok()) return CXLKV_TIER_IN_CXL;
   if (absl::IsNotFound(st)) return CXLKV_TIER_MISSING;  // dropped meanwhile
-  if (absl::IsDataLoss(st)) {
-    return Fail(CXLKV_E_CORRUPT, absl::StrCat(st.message(), " — the block is dropped: recompute "
-                                                            "it and place it again"));
-  }
-  return CodeOf(st);
+  return CodeOf(st);  // kDataLoss: CXLKV_E_CORRUPT, the store's message says it was dropped
 }
 
 // Finishes a prefetch whose reads are done: results, what explain remembers, watermarks.
@@ -704,8 +710,19 @@ std::string Explain(Tier* t, const Key& key, bool json) {
       absl::StrAppend(&text, " (not the rule's decision)\n");
     }
     j["last_move"] = std::move(m);
-    // What the rule would say now, outside any request (no chain: no ancestor).
-    const ti::PlacementQuery q = Query(t, k.ns, key, k.tokens, k.pin);
+    // What the rule would say now, with the ancestors the tier remembers (parent links of the
+    // keys it was placed with, as far as the Placer looks up a chain).
+    std::vector<Key> chain = {key};
+    for (Key up = k.parent; !(up == Key{}) && chain.size() <= t->placer->options().max_ancestors;) {
+      chain.push_back(up);
+      auto pit = t->meta.find(up);
+      if (pit == t->meta.end()) break;
+      up = pit->second.parent;
+    }
+    std::reverse(chain.begin(), chain.end());
+    ti::PlacementQuery q = Query(t, k.ns, key, k.tokens, k.pin);
+    q.chain = chain;
+    q.pos = chain.size() - 1;
     const bool in_cxl = where == ti::Residence::kCxl;
     const ti::TierState state =
         State(t, in_cxl ? 0.0 : 1.0 / static_cast<double>(t->capacity), t->queue_depth);
@@ -1123,11 +1140,7 @@ CXLKV_API int cxlkv_tier_read(cxlkv_tier* t, const cxlkv_prefix_key* keys, size_
         } else if (absl::IsFailedPrecondition(st[j])) {
           again.push_back(i);  // promoted meanwhile
         } else {
-          res[i] = st[j].code() == absl::StatusCode::kDataLoss
-                       ? Fail(CXLKV_E_CORRUPT,
-                              absl::StrCat(st[j].message(), " — the block is dropped: recompute "
-                                                            "it and place it again"))
-                       : FromStatus(st[j]);
+          res[i] = FromStatus(st[j]);  // kDataLoss: CXLKV_E_CORRUPT (the store dropped it)
           first.Note(res[i], cxlkv::capi::LastError());
         }
       }
@@ -1189,7 +1202,7 @@ CXLKV_API int cxlkv_tier_prefetch(cxlkv_tier* t, const cxlkv_tier_request* r, ui
             mv.note = absl::StrCat("the rule wants it in CXL, but promotion is ",
                                    ti::PromoteVerdictName(c.verdict));
           }
-          RememberLocked(t, key, r, std::move(mv));
+          RememberLocked(t, chain, pos, r, std::move(mv));
           p->results[i] = CXLKV_TIER_ON_NVME;
           ++t->prefetch_kept;
           continue;
@@ -1197,7 +1210,7 @@ CXLKV_API int cxlkv_tier_prefetch(cxlkv_tier* t, const cxlkv_tier_request* r, ui
       } else {
         mv.at_ns = NowNs();
       }
-      RememberLocked(t, key, r, mv);
+      RememberLocked(t, chain, pos, r, mv);
       promote.push_back(key);
       p->at.push_back(i);
       p->decisions.push_back(std::move(mv));
