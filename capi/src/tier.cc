@@ -12,6 +12,8 @@
 // the tier ends) > Tier::mu (the Placer and what the tier remembers per key) > the manager's
 // own lock. Tier::mu is never held across a TierManager call that can run the watermarks
 // (Place, Prefetch, EnforceWatermarks): those call back into VictimTier, which takes it.
+#include "cxlkv/tier/tier.h"
+
 #include <sched.h>
 #include <time.h>
 
@@ -46,7 +48,6 @@
 #include "cxlkv/tier/placement.h"
 #include "cxlkv/tier/placement_config.h"
 #include "cxlkv/tier/placer.h"
-#include "cxlkv/tier/tier.h"
 #include "cxlkv/tier/tier_manager.h"
 #include "nlohmann/json.hpp"
 
@@ -86,36 +87,54 @@ enum class Event : std::uint8_t {
 
 const char* EventName(Event e) {
   switch (e) {
-    case Event::kPlaced: return "placed";
-    case Event::kNvmeWriteFailed: return "nvme-write-failed";
-    case Event::kVictim: return "watermark-victim";
-    case Event::kDemoted: return "demoted-by-caller";
-    case Event::kPromoted: return "promoted";
-    case Event::kPromoteFailed: return "promotion-failed";
-    case Event::kPrefetchKept: return "prefetch-kept-on-nvme";
-    case Event::kDropped: return "dropped-by-caller";
+    case Event::kPlaced:
+      return "placed";
+    case Event::kNvmeWriteFailed:
+      return "nvme-write-failed";
+    case Event::kVictim:
+      return "watermark-victim";
+    case Event::kDemoted:
+      return "demoted-by-caller";
+    case Event::kPromoted:
+      return "promoted";
+    case Event::kPromoteFailed:
+      return "promotion-failed";
+    case Event::kPrefetchKept:
+      return "prefetch-kept-on-nvme";
+    case Event::kDropped:
+      return "dropped-by-caller";
   }
   return "?";
 }
 
 const char* SourceName(ti::ReuseSource s) {
   switch (s) {
-    case ti::ReuseSource::kOwn: return "own";
-    case ti::ReuseSource::kPrior: return "namespace-prior";
-    case ti::ReuseSource::kAncestor: return "ancestor";
-    case ti::ReuseSource::kNone: return "none";
+    case ti::ReuseSource::kOwn:
+      return "own";
+    case ti::ReuseSource::kPrior:
+      return "namespace-prior";
+    case ti::ReuseSource::kAncestor:
+      return "ancestor";
+    case ti::ReuseSource::kNone:
+      return "none";
   }
   return "?";
 }
 
 const char* ResidenceName(int r) {
   switch (r) {
-    case CXLKV_TIER_MISSING: return "missing";
-    case CXLKV_TIER_IN_CXL: return "cxl";
-    case CXLKV_TIER_ON_NVME: return "nvme";
-    case CXLKV_TIER_DEMOTING: return "demoting";
-    case CXLKV_TIER_PROMOTING: return "promoting";
-    case CXLKV_TIER_DROPPED: return "dropped";
+    case CXLKV_TIER_MISSING:
+      return "missing";
+    case CXLKV_TIER_IN_CXL:
+      return "cxl";
+    case CXLKV_TIER_ON_NVME:
+      return "nvme";
+    case CXLKV_TIER_DEMOTING:
+      return "demoting";
+    case CXLKV_TIER_PROMOTING:
+      return "promoting";
+    case CXLKV_TIER_DROPPED:
+      return "dropped";
   }
   return "?";
 }
@@ -123,10 +142,14 @@ const char* ResidenceName(int r) {
 int FromResidence(std::optional<ti::Residence> r) {
   if (!r) return CXLKV_TIER_MISSING;
   switch (*r) {
-    case ti::Residence::kCxl: return CXLKV_TIER_IN_CXL;
-    case ti::Residence::kNvme: return CXLKV_TIER_ON_NVME;
-    case ti::Residence::kDemoting: return CXLKV_TIER_DEMOTING;
-    case ti::Residence::kPromoting: return CXLKV_TIER_PROMOTING;
+    case ti::Residence::kCxl:
+      return CXLKV_TIER_IN_CXL;
+    case ti::Residence::kNvme:
+      return CXLKV_TIER_ON_NVME;
+    case ti::Residence::kDemoting:
+      return CXLKV_TIER_DEMOTING;
+    case ti::Residence::kPromoting:
+      return CXLKV_TIER_PROMOTING;
   }
   return CXLKV_TIER_MISSING;
 }
@@ -198,8 +221,8 @@ struct cxlkv_tier {
   std::uint64_t high = 0, low = 0;
   std::uint64_t block_bytes = 0;
   std::uint32_t class_tokens = 0;
-  std::string name;    // "tier over arena <uuid> class <n>", for messages
-  std::string config;  // the config's path, or "defaults"
+  std::string name;                      // "tier over arena <uuid> class <n>", for messages
+  std::string config;                    // the config's path, or "defaults"
   std::vector<std::string> calibration;  // what the calibration replaced
 
   std::shared_mutex life;
@@ -367,17 +390,17 @@ int CheckRequest(const Tier* t, const cxlkv_tier_request* r) {
                              ", first ", r->first, ")"));
   }
   if (r->pin < 0 || r->pin > 3) {
-    return Fail(CXLKV_E_INVALID,
-                absl::StrCat("request: pin ", r->pin, " is out of range [0, 3] (as [[namespace]] pin)"));
+    return Fail(CXLKV_E_INVALID, absl::StrCat("request: pin ", r->pin,
+                                              " is out of range [0, 3] (as [[namespace]] pin)"));
   }
   return CXLKV_OK;
 }
 
 int CheckLen(const Tier* t, std::size_t len, const char* what) {
   if (len != t->block_bytes) {
-    return Fail(CXLKV_E_INVALID, absl::StrCat(what, ": len is ", len, " bytes but ", t->name,
-                                              " keeps blocks of ", t->block_bytes,
-                                              " bytes (cxlkv_tier_block_size)"));
+    return Fail(CXLKV_E_INVALID,
+                absl::StrCat(what, ": len is ", len, " bytes but ", t->name, " keeps blocks of ",
+                             t->block_bytes, " bytes (cxlkv_tier_block_size)"));
   }
   return CXLKV_OK;
 }
@@ -647,8 +670,8 @@ std::string Explain(Tier* t, const Key& key, bool json) {
                       {"retry_after_ms", c.retry_after_ms}};
     absl::StrAppend(&text, "promotion now: ", ti::PromoteVerdictName(c.verdict));
     if (c.verdict == ti::PromoteVerdict::kCoolingDown) {
-      absl::StrAppend(&text, " (demoted ", c.demoted_ms_ago, " ms ago; retry in ",
-                      c.retry_after_ms, " ms; placement.cooldown_ms sets it)");
+      absl::StrAppend(&text, " (demoted ", c.demoted_ms_ago, " ms ago; retry in ", c.retry_after_ms,
+                      " ms; placement.cooldown_ms sets it)");
     }
     absl::StrAppend(&text, "\n");
   }
@@ -657,10 +680,9 @@ std::string Explain(Tier* t, const Key& key, bool json) {
   // Its reuse history.
   if (auto st = t->placer->tracker().Find(key)) {
     const double idle_s =
-        static_cast<double>(static_cast<std::uint64_t>(now_ns) - std::min<std::uint64_t>(
-                                                                     st->last_seen_ns,
-                                                                     static_cast<std::uint64_t>(
-                                                                         now_ns))) *
+        static_cast<double>(
+            static_cast<std::uint64_t>(now_ns) -
+            std::min<std::uint64_t>(st->last_seen_ns, static_cast<std::uint64_t>(now_ns))) *
         1e-9;
     j["reuse"] = {{"uses", st->uses},
                   {"ewma_interval_s", JsonSeconds(st->ewma_interval_s)},
@@ -670,8 +692,9 @@ std::string Explain(Tier* t, const Key& key, bool json) {
                     ", last use ", Seconds(idle_s), " ago\n");
   } else {
     j["reuse"] = nullptr;
-    absl::StrAppend(&text, "reuse: no use recorded (cxlkv_tier_use, or place with "
-                           "CXLKV_TIER_RECORD_USE, records them)\n");
+    absl::StrAppend(&text,
+                    "reuse: no use recorded (cxlkv_tier_use, or place with "
+                    "CXLKV_TIER_RECORD_USE, records them)\n");
   }
   // Its last move, with the rule's inputs and verdict then.
   auto it = t->meta.find(key);
@@ -685,12 +708,10 @@ std::string Explain(Tier* t, const Key& key, bool json) {
     const KeyMeta& k = it->second;
     const LastMove& mv = k.last;
     const double ago_s = static_cast<double>(now_ns - mv.at_ns) * 1e-9;
-    nlohmann::json m = {{"event", EventName(mv.event)},
-                        {"s_ago", ago_s},
-                        {"by_rule", mv.by_rule},
-                        {"namespace", absl::StrFormat("0x%016x", k.ns)},
-                        {"tokens", k.tokens},
-                        {"pin", k.pin}};
+    nlohmann::json m = {
+        {"event", EventName(mv.event)}, {"s_ago", ago_s},
+        {"by_rule", mv.by_rule},        {"namespace", absl::StrFormat("0x%016x", k.ns)},
+        {"tokens", k.tokens},           {"pin", k.pin}};
     absl::StrAppend(&text, "last move, ", Seconds(ago_s), " ago: ", EventName(mv.event));
     if (!mv.note.empty()) {
       m["note"] = mv.note;
@@ -733,10 +754,9 @@ std::string Explain(Tier* t, const Key& key, bool json) {
     j["now"] = {{"reuse_source", SourceName(est.source)},
                 {"verdict", {{"tier", ti::TierName(d.tier)}, {"clause", ti::ClauseName(d.clause)}}},
                 {"explanation", nlohmann::json::parse(why.ToJson(-1))}};
-    absl::StrAppend(&text, "if decided now: ", ti::TierName(d.tier), " (",
-                    ti::ClauseName(d.clause), "; reuse interval ", Seconds(est.interval_s),
-                    " from ", SourceName(est.source), ", break-even ", Seconds(why.break_even_s),
-                    ", CXL occupancy ",
+    absl::StrAppend(&text, "if decided now: ", ti::TierName(d.tier), " (", ti::ClauseName(d.clause),
+                    "; reuse interval ", Seconds(est.interval_s), " from ", SourceName(est.source),
+                    ", break-even ", Seconds(why.break_even_s), ", CXL occupancy ",
                     absl::StrFormat("%.3f", state.occupancy[static_cast<std::size_t>(t->slot)]),
                     ")\n");
   }
@@ -845,8 +865,8 @@ int Open(cxlkv_arena* arena, const cxlkv_tier_options* o, std::unique_ptr<Tier>&
   po.tracker = cfg.reuse_tracker;
   auto placer = ti::Placer::Create(po);
   if (!placer.ok()) {
-    return Fail(CXLKV_E_INVALID, absl::StrCat("cxlkv_tier_open: ", t->config, ": ",
-                                              placer.status().message()));
+    return Fail(CXLKV_E_INVALID,
+                absl::StrCat("cxlkv_tier_open: ", t->config, ": ", placer.status().message()));
   }
   t->placer.emplace(std::move(*placer));
 
@@ -962,8 +982,8 @@ CXLKV_API int cxlkv_tier_use(cxlkv_tier* t, const cxlkv_tier_request* r) {
   return CXLKV_OK;
 }
 
-CXLKV_API int cxlkv_tier_place(cxlkv_tier* t, const cxlkv_tier_request* r,
-                               const void* const* data, size_t len, int* results) {
+CXLKV_API int cxlkv_tier_place(cxlkv_tier* t, const cxlkv_tier_request* r, const void* const* data,
+                               size_t len, int* results) {
   if (const int rc = CheckRequest(t, r); rc != CXLKV_OK) return rc;
   if (data == nullptr) return Fail(CXLKV_E_INVALID, "cxlkv_tier_place: data must be set");
   for (std::size_t i = 0; i < r->n - r->first; ++i) {
@@ -992,16 +1012,18 @@ CXLKV_API int cxlkv_tier_place_blocks(cxlkv_tier* t, const cxlkv_tier_request* r
         ref.index - cr.first_index >= cr.block_count) {
       return Fail(CXLKV_E_FOREIGN,
                   absl::StrCat("cxlkv_tier_place_blocks: refs[", i, "] (block ", ref.index,
-                               ") is not a block of size class ", t->cls, " of the tier's arena; "
-                               "allocate it with cxlkv_alloc(arena, ", t->cls, ", ...)"));
+                               ") is not a block of size class ", t->cls,
+                               " of the tier's arena; "
+                               "allocate it with cxlkv_alloc(arena, ",
+                               t->cls, ", ...)"));
     }
     cxlkv::allocator::BlockRef br;
     std::memcpy(br.arena.data(), ref.arena_uuid, 16);
     br.index = ref.index;
     br.generation = ref.generation;
     if (auto p = alloc.Resolve(br); !p.ok()) {
-      return Fail(CXLKV_E_STALE, absl::StrCat("cxlkv_tier_place_blocks: refs[", i, "]: ",
-                                              p.status().message(), "; nothing was taken"));
+      return Fail(CXLKV_E_STALE, absl::StrCat("cxlkv_tier_place_blocks: refs[", i,
+                                              "]: ", p.status().message(), "; nothing was taken"));
     }
     for (std::size_t k = 0; k < i; ++k) {
       if (blocks[k].index == ref.index) {
@@ -1266,8 +1288,7 @@ CXLKV_API int cxlkv_tier_demote(cxlkv_tier* t, const cxlkv_prefix_key* keys, siz
   return first.Return();
 }
 
-CXLKV_API int cxlkv_tier_drop(cxlkv_tier* t, const cxlkv_prefix_key* keys, size_t n,
-                              int* results) {
+CXLKV_API int cxlkv_tier_drop(cxlkv_tier* t, const cxlkv_prefix_key* keys, size_t n, int* results) {
   if (t == nullptr || (n != 0 && keys == nullptr)) {
     return Fail(CXLKV_E_INVALID, "cxlkv_tier_drop: tier and keys must be set");
   }
@@ -1297,8 +1318,9 @@ CXLKV_API int cxlkv_tier_drop(cxlkv_tier* t, const cxlkv_prefix_key* keys, size_
 CXLKV_API int cxlkv_tier_explain(cxlkv_tier* t, const cxlkv_prefix_key* key, uint32_t flags,
                                  char* buf, size_t len, size_t* needed) {
   if (t == nullptr || key == nullptr || (buf == nullptr && len != 0)) {
-    return Fail(CXLKV_E_INVALID, "cxlkv_tier_explain: tier and key must be set (buf may be "
-                                 "NULL only with len 0)");
+    return Fail(CXLKV_E_INVALID,
+                "cxlkv_tier_explain: tier and key must be set (buf may be "
+                "NULL only with len 0)");
   }
   if ((flags & ~CXLKV_TIER_EXPLAIN_JSON) != 0) {
     return Fail(CXLKV_E_INVALID, absl::StrCat("cxlkv_tier_explain: unknown flags 0x",
@@ -1314,8 +1336,8 @@ CXLKV_API int cxlkv_tier_explain(cxlkv_tier* t, const cxlkv_prefix_key* key, uin
   std::memcpy(buf, s.data(), n);
   buf[n] = '\0';
   if (n < s.size()) {
-    return Fail(CXLKV_E_INVALID, absl::StrCat("cxlkv_tier_explain: the account is ",
-                                              s.size() + 1, " bytes with its NUL; len is ", len));
+    return Fail(CXLKV_E_INVALID, absl::StrCat("cxlkv_tier_explain: the account is ", s.size() + 1,
+                                              " bytes with its NUL; len is ", len));
   }
   return CXLKV_OK;
 }

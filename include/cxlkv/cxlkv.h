@@ -594,11 +594,11 @@ int cxlkv_tier_place(cxlkv_tier* t, const cxlkv_tier_request* r, const void* con
  * Every ref is checked first (CXLKV_E_FOREIGN: another arena or class; CXLKV_E_STALE: not
  * allocated) and nothing is taken if one fails; otherwise every block is the tier's from then
  * on: kept, written to NVMe and freed, or freed (dropped, or the key was already held). */
-int cxlkv_tier_place_blocks(cxlkv_tier* t, const cxlkv_tier_request* r,
-                            const cxlkv_block_ref* refs, int* results);
+int cxlkv_tier_place_blocks(cxlkv_tier* t, const cxlkv_tier_request* r, const cxlkv_block_ref* refs,
+                            int* results);
 
 typedef struct cxlkv_tier_location {
-  int32_t residence;   /* CXLKV_TIER_MISSING .. CXLKV_TIER_PROMOTING */
+  int32_t residence; /* CXLKV_TIER_MISSING .. CXLKV_TIER_PROMOTING */
   uint32_t reserved;
   void* addr;          /* CXLKV_TIER_IN_CXL: the block's address in this process, else NULL */
   cxlkv_block_ref ref; /* CXLKV_TIER_IN_CXL: the block, else zero */
@@ -675,7 +675,7 @@ typedef struct cxlkv_tier_stats {
   uint64_t cxl_blocks;  /* in CXL now (including blocks being demoted) */
   uint64_t nvme_blocks; /* only on NVMe now (including blocks being promoted) */
   uint64_t placed_cxl, placed_nvme, placed_dropped; /* new blocks, by where the rule sent them */
-  uint64_t already_held;        /* placements of keys the tier held already */
+  uint64_t already_held;                            /* placements of keys the tier held already */
   uint64_t nvme_write_failures; /* placements kept in CXL because their NVMe write failed */
   uint64_t demotions;           /* CXL -> NVMe moves (watermarks and cxlkv_tier_demote) */
   uint64_t demotion_failures;
@@ -684,19 +684,19 @@ typedef struct cxlkv_tier_stats {
   uint64_t promotions_refused; /* cool-down */
   uint64_t prefetch_kept;      /* prefetched NVMe blocks the rule left on NVMe */
   uint64_t watermark_runs;
-  uint64_t victims_dropped; /* watermark victims the rule dropped instead of demoting */
-  uint64_t nvme_evicted;    /* deleted past nvme_blocks */
-  uint64_t dropped;         /* by the rule, cxlkv_tier_drop, or lost to a failed NVMe check */
+  uint64_t victims_dropped;       /* watermark victims the rule dropped instead of demoting */
+  uint64_t nvme_evicted;          /* deleted past nvme_blocks */
+  uint64_t dropped;               /* by the rule, cxlkv_tier_drop, or lost to a failed NVMe check */
   uint64_t cxl_reads, nvme_reads; /* blocks copied out by cxlkv_tier_read */
   uint64_t uses;                  /* uses recorded */
-  uint64_t decisions;   /* rule decisions (placements, prefetches, victims) */
-  uint64_t from_prior;    /* decisions whose reuse interval came from the namespace's prior */
-  uint64_t from_ancestor; /* ... from an ancestor in the chain */
-  uint64_t clauses[6];  /* decisions by clause: pinned, recompute-cheaper, below-break-even,
-                           ttft-forced, cxl-full, above-break-even */
+  uint64_t decisions;             /* rule decisions (placements, prefetches, victims) */
+  uint64_t from_prior;      /* decisions whose reuse interval came from the namespace's prior */
+  uint64_t from_ancestor;   /* ... from an ancestor in the chain */
+  uint64_t clauses[6];      /* decisions by clause: pinned, recompute-cheaper, below-break-even,
+                               ttft-forced, cxl-full, above-break-even */
   uint64_t nvme_file_bytes; /* the store's slot file */
   uint64_t nvme_data_loss;  /* NVMe blocks dropped because a read failed its checks */
-  double retention_s; /* how long an unused block lasts in CXL before eviction; +inf: none yet */
+  double retention_s;  /* how long an unused block lasts in CXL before eviction; +inf: none yet */
   double break_even_s; /* the rule's break-even reuse interval for one block now */
 } cxlkv_tier_stats;
 
