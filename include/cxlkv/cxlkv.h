@@ -592,14 +592,15 @@ int cxlkv_tier_place(cxlkv_tier* t, const cxlkv_tier_request* r, const void* con
 /* As cxlkv_tier_place, for blocks the caller allocated in the tier's arena and size class
  * (cxlkv_alloc) and filled itself (a GPU copy into CXL, say): refs[i] holds chain[first + i].
  * Every ref is checked first (CXLKV_E_FOREIGN: another arena or class; CXLKV_E_STALE: not
- * allocated) and nothing is taken if one fails; otherwise every block is the tier's from then
- * on: kept, written to NVMe and freed, or freed (dropped, or the key was already held). */
+ * allocated; CXLKV_E_INVALID: the same block twice) and nothing is taken if one fails;
+ * otherwise every block is the tier's from then on: kept in place, written to NVMe and freed,
+ * or freed (dropped, or the key was already held). */
 int cxlkv_tier_place_blocks(cxlkv_tier* t, const cxlkv_tier_request* r, const cxlkv_block_ref* refs,
                             int* results);
 
 typedef struct cxlkv_tier_location {
-  int32_t residence; /* CXLKV_TIER_MISSING .. CXLKV_TIER_PROMOTING */
-  uint32_t reserved;
+  int32_t residence;   /* CXLKV_TIER_MISSING .. CXLKV_TIER_PROMOTING */
+  uint32_t reserved;   /* 0 */
   void* addr;          /* CXLKV_TIER_IN_CXL: the block's address in this process, else NULL */
   cxlkv_block_ref ref; /* CXLKV_TIER_IN_CXL: the block, else zero */
 } cxlkv_tier_location;
@@ -635,10 +636,12 @@ int cxlkv_tier_prefetch(cxlkv_tier* t, const cxlkv_tier_request* r, uint64_t* ti
  * run (reaps completed I/O, never blocks), CXLKV_E_NOT_FOUND for an unknown or finished
  * ticket. results (n - first entries, may be NULL, filled when done): CXLKV_TIER_IN_CXL
  * (promoted, or already there), CXLKV_TIER_ON_NVME (the rule or the cool-down kept it
- * there), CXLKV_TIER_MISSING, or an error — CXLKV_E_FULL (no free CXL block), CXLKV_E_BUSY
- * (cooling down, forced; or in flight), CXLKV_E_CORRUPT (the NVMe copy failed its checks and
- * is dropped). Returns 0 even when some keys failed: check results. The watermarks run when
- * the ticket finishes. */
+ * there), CXLKV_TIER_DEMOTING / _PROMOTING (in flight when asked: look again later),
+ * CXLKV_TIER_MISSING, or an error — CXLKV_E_FULL (no free CXL block), CXLKV_E_BUSY (cooling
+ * down, with CXLKV_TIER_PREFETCH_FORCE), CXLKV_E_CORRUPT (the NVMe copy failed its checks and
+ * is dropped: recompute it). Returns 0 even when some keys failed (the last error names the
+ * first): check results. Every ticket must be collected (or the tier closed). The watermarks
+ * run when the ticket finishes. */
 int cxlkv_tier_prefetch_poll(cxlkv_tier* t, uint64_t ticket, int* results);
 /* As poll, blocking until the reads are done. */
 int cxlkv_tier_prefetch_wait(cxlkv_tier* t, uint64_t ticket, int* results);
@@ -669,35 +672,55 @@ int cxlkv_tier_explain(cxlkv_tier* t, const cxlkv_prefix_key* key, uint32_t flag
 
 typedef struct cxlkv_tier_stats {
   uint64_t block_bytes;
-  uint64_t cxl_capacity_blocks;   /* options.cxl_blocks, or the class's blocks */
-  uint64_t high_watermark_blocks; /* from placement.high_watermark × capacity */
+  /* CXL capacity (options.cxl_blocks, or the class's blocks) and the watermarks in blocks
+   * (placement.high_watermark / low_watermark of it) */
+  uint64_t cxl_capacity_blocks;
+  uint64_t high_watermark_blocks;
   uint64_t low_watermark_blocks;
-  uint64_t cxl_blocks;  /* in CXL now (including blocks being demoted) */
-  uint64_t nvme_blocks; /* only on NVMe now (including blocks being promoted) */
-  uint64_t placed_cxl, placed_nvme, placed_dropped; /* new blocks, by where the rule sent them */
-  uint64_t already_held;                            /* placements of keys the tier held already */
-  uint64_t nvme_write_failures; /* placements kept in CXL because their NVMe write failed */
-  uint64_t demotions;           /* CXL -> NVMe moves (watermarks and cxlkv_tier_demote) */
+  /* Held now: in CXL (including blocks being demoted), only on NVMe (including blocks being
+   * promoted). */
+  uint64_t cxl_blocks;
+  uint64_t nvme_blocks;
+  /* Placements: new blocks by where the rule sent them; keys already held; blocks kept in
+   * CXL because their NVMe write failed. */
+  uint64_t placed_cxl;
+  uint64_t placed_nvme;
+  uint64_t placed_dropped;
+  uint64_t already_held;
+  uint64_t nvme_write_failures;
+  /* Moves: CXL -> NVMe (the watermarks and cxlkv_tier_demote), NVMe -> CXL, promotions the
+   * cool-down refused, prefetched NVMe blocks the rule left on NVMe. */
+  uint64_t demotions;
   uint64_t demotion_failures;
-  uint64_t promotions; /* NVMe -> CXL */
+  uint64_t promotions;
   uint64_t promotion_failures;
-  uint64_t promotions_refused; /* cool-down */
-  uint64_t prefetch_kept;      /* prefetched NVMe blocks the rule left on NVMe */
+  uint64_t promotions_refused;
+  uint64_t prefetch_kept;
+  /* Watermark runs, and their victims the rule dropped instead of demoting. */
   uint64_t watermark_runs;
-  uint64_t victims_dropped;       /* watermark victims the rule dropped instead of demoting */
-  uint64_t nvme_evicted;          /* deleted past nvme_blocks */
-  uint64_t dropped;               /* by the rule, cxlkv_tier_drop, or lost to a failed NVMe check */
-  uint64_t cxl_reads, nvme_reads; /* blocks copied out by cxlkv_tier_read */
-  uint64_t uses;                  /* uses recorded */
-  uint64_t decisions;             /* rule decisions (placements, prefetches, victims) */
-  uint64_t from_prior;      /* decisions whose reuse interval came from the namespace's prior */
-  uint64_t from_ancestor;   /* ... from an ancestor in the chain */
-  uint64_t clauses[6];      /* decisions by clause: pinned, recompute-cheaper, below-break-even,
-                               ttft-forced, cxl-full, above-break-even */
-  uint64_t nvme_file_bytes; /* the store's slot file */
-  uint64_t nvme_data_loss;  /* NVMe blocks dropped because a read failed its checks */
-  double retention_s;  /* how long an unused block lasts in CXL before eviction; +inf: none yet */
-  double break_even_s; /* the rule's break-even reuse interval for one block now */
+  uint64_t victims_dropped;
+  /* Blocks deleted past nvme_blocks; blocks forgotten (cxlkv_tier_drop, victims dropped,
+   * NVMe copies that failed their checks). */
+  uint64_t nvme_evicted;
+  uint64_t dropped;
+  /* Blocks copied out by cxlkv_tier_read, from each tier; uses recorded. */
+  uint64_t cxl_reads;
+  uint64_t nvme_reads;
+  uint64_t uses;
+  /* Rule decisions (placements, prefetches, victims); those whose reuse interval came from
+   * the namespace's prior, or from an ancestor in the chain; and by clause: pinned,
+   * recompute-cheaper, below-break-even, ttft-forced, cxl-full, above-break-even. */
+  uint64_t decisions;
+  uint64_t from_prior;
+  uint64_t from_ancestor;
+  uint64_t clauses[6];
+  /* The store's slot file; NVMe blocks dropped because a read failed its checks. */
+  uint64_t nvme_file_bytes;
+  uint64_t nvme_data_loss;
+  /* How long an unused block lasts in CXL before the watermarks evict it (+inf until they
+   * first do); the rule's break-even reuse interval for one block at the occupancy now. */
+  double retention_s;
+  double break_even_s;
 } cxlkv_tier_stats;
 
 int cxlkv_tier_stats_get(cxlkv_tier* t, cxlkv_tier_stats* stats);
