@@ -687,7 +687,8 @@ std::string Explain(Tier* t, const Key& key, bool json) {
     j["reuse"] = {{"uses", st->uses},
                   {"ewma_interval_s", JsonSeconds(st->ewma_interval_s)},
                   {"last_use_s_ago", idle_s}};
-    absl::StrAppend(&text, "reuse: ", st->uses, " uses recorded, EWMA interval ",
+    absl::StrAppend(&text, "reuse: ", st->uses, st->uses == 1 ? " use" : " uses",
+                    " recorded, EWMA interval ",
                     std::isinf(st->ewma_interval_s) ? "none yet" : Seconds(st->ewma_interval_s),
                     ", last use ", Seconds(idle_s), " ago\n");
   } else {
