@@ -770,11 +770,17 @@ std::string Explain(Tier* t, const Key& key, bool json) {
 
 namespace {
 
+// errno as text (strerror may share its buffer between threads; GNU strerror_r does not).
+std::string ErrnoText(int err) {
+  char buf[128];
+  return ::strerror_r(err, buf, sizeof(buf));
+}
+
 absl::StatusOr<std::string> ReadConfig(const char* path) {
   std::FILE* f = std::fopen(path, "rb");
   if (f == nullptr) {
     const int err = errno;
-    const std::string why = absl::StrCat("config_path ", path, ": ", std::strerror(err));
+    const std::string why = absl::StrCat("config_path ", path, ": ", ErrnoText(err));
     if (err == ENOENT) {
       return absl::NotFoundError(
           absl::StrCat(why, " — pass the path of a domain.toml, or NULL for the defaults"));
