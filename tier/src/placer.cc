@@ -39,10 +39,7 @@ absl::StatusOr<Placer> Placer::Create(const PlacerOptions& options) {
 
 Placer::Placer(const PlacerOptions& options, PlacementRule rule, ReuseTracker tracker,
                std::optional<NamespaceReuse> prior)
-    : options_(options),
-      rule_(rule),
-      tracker_(std::move(tracker)),
-      prior_(std::move(prior)) {}
+    : options_(options), rule_(rule), tracker_(std::move(tracker)), prior_(std::move(prior)) {}
 
 void Placer::RecordUse(coherence::Namespace ns, const coherence::PrefixKey& key,
                        std::uint64_t now_ns, std::uint64_t size_bytes,
