@@ -679,11 +679,9 @@ std::string Explain(Tier* t, const Key& key, bool json) {
   std::lock_guard l(t->mu);
   // Its reuse history.
   if (auto st = t->placer->tracker().Find(key)) {
+    const auto now = static_cast<std::uint64_t>(now_ns);
     const double idle_s =
-        static_cast<double>(
-            static_cast<std::uint64_t>(now_ns) -
-            std::min<std::uint64_t>(st->last_seen_ns, static_cast<std::uint64_t>(now_ns))) *
-        1e-9;
+        now > st->last_seen_ns ? static_cast<double>(now - st->last_seen_ns) * 1e-9 : 0.0;
     j["reuse"] = {{"uses", st->uses},
                   {"ewma_interval_s", JsonSeconds(st->ewma_interval_s)},
                   {"last_use_s_ago", idle_s}};

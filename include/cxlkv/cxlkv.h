@@ -560,7 +560,7 @@ typedef struct cxlkv_tier_request {
   size_t first;                  /* first key acted on; < n */
   uint32_t tokens;      /* prefill tokens one block's hit saves; 0: the class's tokens per block */
   uint32_t queue_depth; /* prefills queued on the GPU now (they would wait behind a recompute) */
-  int32_t pin;          /* the namespace's pin level ([[namespace]] pin); 0: none */
+  int32_t pin;          /* the namespace's pin level ([[namespace]] pin), 0..3; 0: none */
   uint32_t flags;       /* CXLKV_TIER_RECORD_USE, CXLKV_TIER_PREFETCH_FORCE */
 } cxlkv_tier_request;
 
