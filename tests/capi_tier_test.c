@@ -410,6 +410,7 @@ static void TestRoundTrip(cxlkv_tier* t) {
   CHECK(cxlkv_tier_acquire(t, &cold[0], &addr, &ref) == CXLKV_OK);
   CHECK(addr != NULL && Intact(addr, kBlock0, cold[0]));
   CHECK(cxlkv_tier_demote(t, &cold[0], 1, res) == CXLKV_E_BUSY && res[0] == CXLKV_E_BUSY);
+  CHECK(strstr(cxlkv_strerror(CXLKV_E_BUSY), "busy") != NULL);
   CHECK(cxlkv_tier_drop(t, &cold[0], 1, res) == CXLKV_E_BUSY);
   CHECK(cxlkv_tier_release(t, &cold[0]) == CXLKV_OK);
   CHECK(cxlkv_tier_demote(t, &cold[0], 1, res) == CXLKV_OK);
