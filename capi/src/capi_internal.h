@@ -7,6 +7,9 @@
 //   domain.cc  the shared prefix domain (cxlkv_domain_*, cxlkv_prefix_*, cxlkv_lease_*,
 //              cxlkv_owner_*); defines cxlkv_domain and cxlkv_owner
 //   gpu.cc     GPU registration and copies (cxlkv_gpu_*)
+//   tier.cc    an arena's size class and an NVMe store under the placement rule
+//              (cxlkv_tier_*); defines cxlkv_tier, a memory user of its arena
+//   key.cc     keys from an engine's own block digest (cxlkv_prefix_key_from_digest)
 //
 // Rule: inside the library, one part reaches another only through the C++ functions
 // declared here, never by calling an exported cxlkv_* function (such a call would go

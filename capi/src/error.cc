@@ -92,6 +92,8 @@ CXLKV_API const char* cxlkv_strerror(int code) {
       return "CUDA error";
     case CXLKV_E_REVOKED:
       return "extent revoked: capacity lease lapsed";
+    case CXLKV_E_BUSY:
+      return "busy: I/O in flight, pinned or cooling down; retry";
     default:
       return "unknown error code";
   }

@@ -7,6 +7,10 @@
  *   cxlkv_arena  a KV arena formatted in a pool, with its block allocator. One arena per pool.
  *   cxlkv_block_ref  (arena uuid, index, generation): names one allocation of a block; valid
  *                in every process that maps the arena, stale once the block is freed.
+ *   cxlkv_domain, cxlkv_owner  the shared prefix index of a CXL domain (below)
+ *   cxlkv_tier   a size class of an arena plus an NVMe store, with the CXL-vs-NVMe placement
+ *                rule moving blocks between them (below)
+ *   cxlkv_gpu    a CUDA device copying blocks to and from registered arenas (below)
  *
  * Errors: every function that can fail returns 0 or a negative CXLKV_E_* code.
  * cxlkv_strerror(code) names the code; cxlkv_last_error() returns this thread's message for
@@ -47,6 +51,7 @@ enum {
   CXLKV_E_PENDING = -14,    /* not finished yet (registration or copy): poll again */
   CXLKV_E_CUDA = -15,       /* the CUDA driver refused or failed; see cxlkv_last_error() */
   CXLKV_E_REVOKED = -16,    /* the arena's extent was revoked (capacity lease lapsed): close it */
+  CXLKV_E_BUSY = -17,       /* refused for now: I/O in flight, pinned, or cooling down; retry */
 };
 
 typedef struct cxlkv_pool cxlkv_pool;
@@ -241,6 +246,24 @@ uint64_t cxlkv_namespace(const char* tenant, const char* model, const char* kv_l
 /* Chains a block's key from its parent's (NULL for the first block) and its tokens. */
 cxlkv_prefix_key cxlkv_prefix_key_chain(uint64_t ns, const cxlkv_prefix_key* parent,
                                         const uint32_t* tokens, size_t n_tokens);
+/* A block's key from a digest the engine computed itself (vLLM's block hash, SGLang's page
+ * hash: already chained over the block's tokens and its parent's hash), for engines that do
+ * not keep token ids. digest_len is 16 (a 128-bit digest) or 32 (256-bit); anything else is
+ * CXLKV_E_INVALID, naming the length. `digest` is the digest's bytes in the order the engine's
+ * hash function emits them (Python: hashlib's .digest(), bytes.fromhex() of a hex digest;
+ * every process that must find the block has to pass the same bytes). `parent` is the
+ * previous block's key (from this function), NULL for the first block of a sequence: chains
+ * link as with cxlkv_prefix_key_chain, and the prefix index records the parent.
+ * The key is XXH3-128 with seed 0x63786c6b76646731 ("cxlkvdg1"; the token chain uses 0, so
+ * digest keys and token keys come from different hash functions) over: ns, parent.lo and
+ * parent.hi as little-endian 64-bit words (the zero key for no parent), digest_len as one
+ * byte, then the digest bytes; key.lo / key.hi are the hash's low / high 64 bits as host
+ * integers, and the all-zero key (the root) is never returned (it becomes lo = 1).
+ * Equal (ns, parent, digest) give equal keys in every process, on every host and in every
+ * version of this library (the format is frozen; tests pin it), so engines on different
+ * hosts find each other's blocks. Pure: any thread. *out is written only on success. */
+int cxlkv_prefix_key_from_digest(uint64_t ns, const cxlkv_prefix_key* parent, const void* digest,
+                                 size_t digest_len, cxlkv_prefix_key* out);
 
 /* Finds a published block; takes no lease. CXLKV_E_NOT_FOUND on a miss. */
 int cxlkv_prefix_lookup(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* key,
@@ -436,6 +459,271 @@ int cxlkv_gpu_wait(cxlkv_gpu* gpu, uint64_t ticket);
 /* Makes a CUDA stream (a cudaStream_t) wait for a ticket on the device: the compute of
  * layer i waits for layer i's copy only. */
 int cxlkv_gpu_stream_wait(cxlkv_gpu* gpu, uint64_t ticket, void* cuda_stream);
+
+/* ---- Tiering: CXL and NVMe under the placement rule (docs/tier-capi.md) -----------------
+ *
+ * A cxlkv_tier keeps KV blocks of one size class of an arena (the CXL tier) and an NVMe
+ * store (O_DIRECT slot files on io_uring, in a directory on a local file system) and moves
+ * them between the two by the placement rule (docs/placement.md): each block is kept in
+ * CXL, written to NVMe, or dropped (recomputing it is cheaper than any fetch), from its size,
+ * its expected reuse interval (learned from cxlkv_tier_use, else its namespace's prior, else
+ * its chain's ancestors), the prefill tokens a hit saves, the GPU's prefill queue and the
+ * CXL tier's occupancy and retention. Above the high watermark the least recently used
+ * unpinned CXL blocks leave CXL until the low watermark, each re-decided by the rule (NVMe,
+ * or drop); a block demoted less than the cool-down ago is not promoted back (anti-thrash).
+ * The rule's parameters come from the [placement] table of a domain.toml
+ * (orchestrator/domain.example.toml lists the keys), or its defaults.
+ *
+ * Keys are cxlkv_prefix_key values (cxlkv_prefix_key_chain, cxlkv_prefix_key_from_digest),
+ * unique within the tier. Every call that takes keys acts on each key on its own and reports
+ * per key in `results` (may be NULL): a CXLKV_TIER_* residence (>= 0) or a CXLKV_E_* code
+ * (< 0); it returns 0 when every key succeeded, else the first key's error (its message in
+ * cxlkv_last_error()). A NULL tier or key array, or a `len` that is not the tier's block size
+ * (cxlkv_tier_block_size), is CXLKV_E_INVALID before any key is looked at.
+ *
+ * Thread-safety: a tier may be used from any number of threads at once. The rule's state
+ * (reuse history, decisions) is behind one lock per tier; NVMe I/O runs outside it. There is
+ * no background thread: NVMe completions are reaped by the threads in cxlkv_tier_read,
+ * cxlkv_tier_prefetch_poll / _wait and the other calls that wait for I/O.
+ * Ownership and lifetime: the tier borrows its arena (close the tier first). Blocks the tier
+ * holds are allocated in the arena's size class by this process (cxlkv_arena_stats counts
+ * them; never cxlkv_free them) and return to the arena when the tier closes; blocks on NVMe
+ * survive: a tier opened later on the same directory finds them again (CXLKV_TIER_ON_NVME).
+ * If the arena is closed (or its extent revoked or shrunk) while the tier is open, the tier
+ * ends with it: NVMe I/O is drained, its CXL blocks are freed, and every later call fails with
+ * CXLKV_E_INVALID ("closed") — cxlkv_tier_close must still be called. */
+
+typedef struct cxlkv_tier cxlkv_tier;
+
+/* Where a key's block is. CXLKV_TIER_DROPPED only in results of a placement (the rule sent
+ * the block nowhere: recompute it when needed). */
+enum {
+  CXLKV_TIER_MISSING = 0,   /* not held by the tier */
+  CXLKV_TIER_IN_CXL = 1,    /* in the arena; cxlkv_tier_lookup gives its address */
+  CXLKV_TIER_ON_NVME = 2,   /* only on NVMe */
+  CXLKV_TIER_DEMOTING = 3,  /* in flight: being written to NVMe */
+  CXLKV_TIER_PROMOTING = 4, /* in flight: being read back into CXL */
+  CXLKV_TIER_DROPPED = 5,
+};
+
+/* Which of the rule's two CXL tiers the arena is (their prices and speeds differ). */
+enum {
+  CXLKV_TIER_CXL_EXPANDED = 0, /* a CXL memory expander in this host (the default) */
+  CXLKV_TIER_CXL_POOLED = 1,   /* switch-attached memory pooled across hosts */
+};
+
+#define CXLKV_TIER_NVME_DSYNC 1u /* open: every NVMe write is on stable media when it completes */
+
+typedef struct cxlkv_tier_options {
+  uint32_t size_class; /* the arena's size class the tier keeps blocks of */
+  uint32_t cxl_kind;   /* CXLKV_TIER_CXL_EXPANDED or CXLKV_TIER_CXL_POOLED */
+  /* The CXL capacity the occupancy and the watermarks count against, in blocks; 0: every
+   * block of the class. Keep some blocks beyond the high watermark free: promotions and
+   * blocks on their way to NVMe pass through CXL. */
+  uint64_t cxl_blocks;
+  const char* nvme_dir; /* the NVMe store's directory (created if missing); required */
+  /* At most this many blocks only on NVMe; past it the least recently used are deleted.
+   * 0: no limit but nvme_bytes. */
+  uint64_t nvme_blocks;
+  /* Limit on the store's slot file in bytes; 0: room for nvme_blocks (with slack for slots
+   * being retired), or the file system's free space when nvme_blocks is 0 too. */
+  uint64_t nvme_bytes;
+  /* A domain.toml whose [placement] table configures the rule (other tables are ignored;
+   * placement.calibration, when set, replaces the figures it measured); NULL: the defaults. */
+  const char* config_path;
+  uint32_t nvme_queue_depth; /* io_uring entries, the most NVMe I/Os in flight; 0: 64 */
+  uint32_t flags;            /* CXLKV_TIER_NVME_DSYNC */
+} cxlkv_tier_options;
+
+/* Opens a tier over `arena` (one tier per size class of an arena) and the store in
+ * o->nvme_dir. Errors name the field and the fix: CXLKV_E_INVALID for a size class or
+ * cxl_kind out of range, a cxl_blocks larger than the class, a bad config key ("<path>:<line>:
+ * key 'placement.<key>': <what>"), a store whose block size differs from the class's;
+ * CXLKV_E_NOT_FOUND for a config or calibration file that is missing; CXLKV_E_EXISTS when
+ * the class already has a tier; CXLKV_E_MISMATCH for a store directory on a file system
+ * without O_DIRECT or in use by another tier or process; CXLKV_E_PERMISSION; CXLKV_E_REVOKED. */
+int cxlkv_tier_open(cxlkv_arena* arena, const cxlkv_tier_options* o, cxlkv_tier** out);
+/* Waits for NVMe I/O in flight (prefetches included: their tickets are gone), frees the
+ * tier's CXL blocks (their data is lost; demote first what must survive) and closes the
+ * store. NULL is ignored. No other call on the tier may be running or follow. */
+void cxlkv_tier_close(cxlkv_tier* t);
+/* The tier's block size in bytes (every `len` below); 0 for NULL or a closed tier. */
+uint64_t cxlkv_tier_block_size(const cxlkv_tier* t);
+
+/* What the rule is told about the blocks of one call: one request's chain of keys. The call
+ * acts on chain[first..n); the keys before a block in the chain are its ancestors (a block
+ * with no reuse history of its own may take the nearest ancestor's). */
+typedef struct cxlkv_tier_request {
+  uint64_t ns;                   /* the keys' namespace (cxlkv_namespace) */
+  const cxlkv_prefix_key* chain; /* the request's keys, root first */
+  size_t n;                      /* keys in chain */
+  size_t first;                  /* first key acted on; < n */
+  uint32_t tokens;      /* prefill tokens one block's hit saves; 0: the class's tokens per block */
+  uint32_t queue_depth; /* prefills queued on the GPU now (they would wait behind a recompute) */
+  int32_t pin;          /* the namespace's pin level ([[namespace]] pin), 0..3; 0: none */
+  uint32_t flags;       /* CXLKV_TIER_RECORD_USE, CXLKV_TIER_PREFETCH_FORCE */
+} cxlkv_tier_request;
+
+/* place: record a use of each placed block first (a block this request produced and did not
+ * pass to cxlkv_tier_use). */
+#define CXLKV_TIER_RECORD_USE 1u
+/* prefetch: promote every NVMe block asked for, whatever the rule says (cool-down still
+ * applies: CXLKV_E_BUSY). */
+#define CXLKV_TIER_PREFETCH_FORCE 2u
+
+/* Records that the request uses chain[first..n) now — the rule's only source of reuse
+ * history, so call it once per request, for the blocks it looked up (hits and misses alike),
+ * or for those it hit, with the produced ones recorded by place (CXLKV_TIER_RECORD_USE) —
+ * and marks those blocks most recently used in their tier, the root most (a chain is useful
+ * only up to its first missing block, so its tail leaves CXL first). Keys not held are
+ * recorded too. Cost: a few hundred ns per key. */
+int cxlkv_tier_use(cxlkv_tier* t, const cxlkv_tier_request* r);
+
+/* Places new blocks: chain[first + i] from data[i] (len bytes, the tier's block size), each
+ * where the rule decides — CXL (copied into a new block with non-temporal stores), NVMe (the
+ * NVMe-bound blocks of the call are written in one batch, staged through CXL blocks) or
+ * nowhere. results[i] (n - first entries, may be NULL): CXLKV_TIER_IN_CXL / _ON_NVME /
+ * _DROPPED, or, for a key the tier already holds, its residence (the data is not copied);
+ * a block whose NVMe write failed stays in CXL (CXLKV_TIER_IN_CXL; the failure is in
+ * cxlkv_tier_explain). CXLKV_E_FULL: no free block in the class to hold or stage it. The
+ * watermarks run after each block kept in CXL; the chain is then marked used root first. */
+int cxlkv_tier_place(cxlkv_tier* t, const cxlkv_tier_request* r, const void* const* data,
+                     size_t len, int* results);
+/* As cxlkv_tier_place, for blocks the caller allocated in the tier's arena and size class
+ * (cxlkv_alloc) and filled itself (a GPU copy into CXL, say): refs[i] holds chain[first + i].
+ * Every ref is checked first (CXLKV_E_FOREIGN: another arena or class; CXLKV_E_STALE: not
+ * allocated; CXLKV_E_INVALID: the same block twice) and nothing is taken if one fails;
+ * otherwise every block is the tier's from then on: kept in place, written to NVMe and freed,
+ * or freed (dropped, or the key was already held). */
+int cxlkv_tier_place_blocks(cxlkv_tier* t, const cxlkv_tier_request* r, const cxlkv_block_ref* refs,
+                            int* results);
+
+typedef struct cxlkv_tier_location {
+  int32_t residence;   /* CXLKV_TIER_MISSING .. CXLKV_TIER_PROMOTING */
+  uint32_t reserved;   /* 0 */
+  void* addr;          /* CXLKV_TIER_IN_CXL: the block's address in this process, else NULL */
+  cxlkv_block_ref ref; /* CXLKV_TIER_IN_CXL: the block, else zero */
+} cxlkv_tier_location;
+
+/* Where each of n keys is now, into out[0..n). A CXL address stays valid only while the
+ * block stays in CXL (the watermarks may demote it at any time): pin it with
+ * cxlkv_tier_acquire to read it in place. Records no use. Always 0 for valid arguments. */
+int cxlkv_tier_lookup(cxlkv_tier* t, const cxlkv_prefix_key* keys, size_t n,
+                      cxlkv_tier_location* out);
+/* Pins a CXL-resident block (no demotion, no drop) and marks it most recently used; *addr and
+ * *ref (each may be NULL) get it. Pins count: release as often as acquired.
+ * CXLKV_E_NOT_FOUND: not held; CXLKV_E_BUSY: on NVMe or in flight (prefetch it first). */
+int cxlkv_tier_acquire(cxlkv_tier* t, const cxlkv_prefix_key* key, void** addr,
+                       cxlkv_block_ref* ref);
+int cxlkv_tier_release(cxlkv_tier* t, const cxlkv_prefix_key* key);
+
+/* Copies each key's block into dsts[i] (len bytes, the tier's block size) from where it is:
+ * a pinned copy from CXL, or one NVMe batch read for those on NVMe (no promotion; 4 KiB
+ * aligned buffers are read into directly). Waits for I/O in flight on a key (up to 10 s, then
+ * CXLKV_E_BUSY). results[i]: the residence it was read from, or CXLKV_E_NOT_FOUND (not
+ * held), CXLKV_E_CORRUPT (the NVMe copy failed its checksums and is dropped: recompute it).
+ * Bytes read equal the bytes placed, whatever moves happened between. Records no use. */
+int cxlkv_tier_read(cxlkv_tier* t, const cxlkv_prefix_key* keys, size_t n, void* const* dsts,
+                    size_t len, int* results);
+
+/* Starts promoting chain[first..n) from NVMe back into CXL, one NVMe submission, and returns
+ * at once with a ticket. For each NVMe block the rule decides first, as for a new placement:
+ * only blocks it would keep in CXL, and not cooling down, are promoted; the others stay on
+ * NVMe (read them with cxlkv_tier_read). CXLKV_TIER_PREFETCH_FORCE promotes every NVMe block
+ * the cool-down allows. Records no use. */
+int cxlkv_tier_prefetch(cxlkv_tier* t, const cxlkv_tier_request* r, uint64_t* ticket);
+/* 0 once the ticket's reads are done (the ticket is then gone), CXLKV_E_PENDING while they
+ * run (reaps completed I/O, never blocks), CXLKV_E_NOT_FOUND for an unknown or finished
+ * ticket. results (n - first entries, may be NULL, filled when done): CXLKV_TIER_IN_CXL
+ * (promoted, or already there), CXLKV_TIER_ON_NVME (the rule or the cool-down kept it
+ * there), CXLKV_TIER_DEMOTING / _PROMOTING (in flight when asked: look again later),
+ * CXLKV_TIER_MISSING, or an error — CXLKV_E_FULL (no free CXL block), CXLKV_E_BUSY (cooling
+ * down, with CXLKV_TIER_PREFETCH_FORCE), CXLKV_E_CORRUPT (the NVMe copy failed its checks and
+ * is dropped: recompute it). Returns 0 even when some keys failed (the last error names the
+ * first): check results. Every ticket must be collected (or the tier closed). The watermarks
+ * run when the ticket finishes. */
+int cxlkv_tier_prefetch_poll(cxlkv_tier* t, uint64_t ticket, int* results);
+/* As poll, blocking until the reads are done. */
+int cxlkv_tier_prefetch_wait(cxlkv_tier* t, uint64_t ticket, int* results);
+
+/* Writes CXL blocks to NVMe (one batch) and frees their CXL copies; the cool-down starts.
+ * results[i]: CXLKV_TIER_ON_NVME (demoted, or already there), CXLKV_E_NOT_FOUND,
+ * CXLKV_E_BUSY (pinned or in flight), or the write's error (CXLKV_E_FULL: the store is full;
+ * the block then stays in CXL, nothing is lost). */
+int cxlkv_tier_demote(cxlkv_tier* t, const cxlkv_prefix_key* keys, size_t n, int* results);
+/* Forgets blocks wherever they are (CXL block freed, NVMe copy deleted). results[i]:
+ * CXLKV_TIER_MISSING, or CXLKV_E_NOT_FOUND, CXLKV_E_BUSY (pinned or in flight). */
+int cxlkv_tier_drop(cxlkv_tier* t, const cxlkv_prefix_key* keys, size_t n, int* results);
+
+#define CXLKV_TIER_EXPLAIN_JSON 1u /* explain: one JSON object instead of text */
+
+/* Why `key` is where it is: its residence (NVMe file and offset, or CXL block), whether a
+ * promotion would be allowed now (cool-down), its reuse history, the last move the tier made
+ * of it (placement, demotion as a watermark victim or by the caller, promotion, a failed
+ * NVMe write) with the rule's inputs and verdict then — every figure and the clause that
+ * decided — and the rule's verdict if it were decided now. For a key the tier does not hold,
+ * its last move if it was dropped recently, and its reuse history. Text (several lines) or,
+ * with CXLKV_TIER_EXPLAIN_JSON, one JSON object (keys in docs/tier-capi.md). Writes at most
+ * len bytes including the NUL into buf; *needed (may be NULL) gets the full size including
+ * the NUL. buf NULL and len 0: only *needed (returns 0). CXLKV_E_INVALID when len is too
+ * small (buf then holds the truncated start). */
+int cxlkv_tier_explain(cxlkv_tier* t, const cxlkv_prefix_key* key, uint32_t flags, char* buf,
+                       size_t len, size_t* needed);
+
+typedef struct cxlkv_tier_stats {
+  uint64_t block_bytes;
+  /* CXL capacity (options.cxl_blocks, or the class's blocks) and the watermarks in blocks
+   * (placement.high_watermark / low_watermark of it) */
+  uint64_t cxl_capacity_blocks;
+  uint64_t high_watermark_blocks;
+  uint64_t low_watermark_blocks;
+  /* Held now: in CXL (including blocks being demoted), only on NVMe (including blocks being
+   * promoted). */
+  uint64_t cxl_blocks;
+  uint64_t nvme_blocks;
+  /* Placements: new blocks by where the rule sent them; keys already held; blocks kept in
+   * CXL because their NVMe write failed. */
+  uint64_t placed_cxl;
+  uint64_t placed_nvme;
+  uint64_t placed_dropped;
+  uint64_t already_held;
+  uint64_t nvme_write_failures;
+  /* Moves: CXL -> NVMe (the watermarks and cxlkv_tier_demote), NVMe -> CXL, promotions the
+   * cool-down refused, prefetched NVMe blocks the rule left on NVMe. */
+  uint64_t demotions;
+  uint64_t demotion_failures;
+  uint64_t promotions;
+  uint64_t promotion_failures;
+  uint64_t promotions_refused;
+  uint64_t prefetch_kept;
+  /* Watermark runs, and their victims the rule dropped instead of demoting. */
+  uint64_t watermark_runs;
+  uint64_t victims_dropped;
+  /* Blocks deleted past nvme_blocks; blocks forgotten (cxlkv_tier_drop, victims dropped,
+   * NVMe copies that failed their checks). */
+  uint64_t nvme_evicted;
+  uint64_t dropped;
+  /* Blocks copied out by cxlkv_tier_read, from each tier; uses recorded. */
+  uint64_t cxl_reads;
+  uint64_t nvme_reads;
+  uint64_t uses;
+  /* Rule decisions (placements, prefetches, victims); those whose reuse interval came from
+   * the namespace's prior, or from an ancestor in the chain; and by clause: pinned,
+   * recompute-cheaper, below-break-even, ttft-forced, cxl-full, above-break-even. */
+  uint64_t decisions;
+  uint64_t from_prior;
+  uint64_t from_ancestor;
+  uint64_t clauses[6];
+  /* The store's slot file; NVMe blocks dropped because a read failed its checks. */
+  uint64_t nvme_file_bytes;
+  uint64_t nvme_data_loss;
+  /* How long an unused block lasts in CXL before the watermarks evict it (+inf until they
+   * first do); the rule's break-even reuse interval for one block at the occupancy now. */
+  double retention_s;
+  double break_even_s;
+} cxlkv_tier_stats;
+
+int cxlkv_tier_stats_get(cxlkv_tier* t, cxlkv_tier_stats* stats);
 
 const char* cxlkv_strerror(int code);
 const char* cxlkv_last_error(void);

@@ -79,7 +79,7 @@ class Reader {
     if (t == nullptr) return Error(n, name, "expected a table");
     for (auto&& [k, v] : *t) {
       const std::string key(k.str());
-      const std::string full = name + "." + key;
+      const std::string full = absl::StrCat(name, ".", key);
       auto it = handlers.find(key);
       if (it == handlers.end()) {
         std::string known;
@@ -134,7 +134,7 @@ absl::StatusOr<PlacementConfig> ParsePlacementConfig(absl::string_view text,
   absl::Status st;
   // One key per line, in domain.example.toml's order.
   // clang-format off
-  if (section != nullptr) st = p.Table(*section, "placement", {
+  if (section != nullptr) { st = p.Table(*section, "placement", {
     {"ttft_budget_ms", real(&pp.ttft_budget_s, 1, 1e6, 1e-3)},
     {"recompute_tokens_per_s", real(&pp.prefill_tokens_per_s, 1, 1e9, 1)},
     {"queue_depth_weight", real(&pp.queue_depth_weight, 0, 1000, 1)},
@@ -191,7 +191,7 @@ absl::StatusOr<PlacementConfig> ParsePlacementConfig(absl::string_view text,
     {"reuse_ewma_alpha", H([&](auto& v, auto& kk) {
        return p.Real(v, kk, &c.reuse_tracker.alpha, 0.001, 1);
      })},
-  });
+  }); }
   // clang-format on
   if (!st.ok()) return st;
   // The rule's cross-key checks ("placement.<key>: what"), reported at the key's line.

@@ -34,15 +34,12 @@ absl::StatusOr<Placer> Placer::Create(const PlacerOptions& options) {
     if (!p.ok()) return p.status();
     prior.emplace(std::move(*p));
   }
-  return Placer(options, std::move(*rule), std::move(*tracker), std::move(prior));
+  return Placer(options, *rule, std::move(*tracker), std::move(prior));
 }
 
 Placer::Placer(const PlacerOptions& options, PlacementRule rule, ReuseTracker tracker,
                std::optional<NamespaceReuse> prior)
-    : options_(options),
-      rule_(std::move(rule)),
-      tracker_(std::move(tracker)),
-      prior_(std::move(prior)) {}
+    : options_(options), rule_(rule), tracker_(std::move(tracker)), prior_(std::move(prior)) {}
 
 void Placer::RecordUse(coherence::Namespace ns, const coherence::PrefixKey& key,
                        std::uint64_t now_ns, std::uint64_t size_bytes,

@@ -51,6 +51,19 @@ absl::Status PromotionBatch::first_error() const {
 absl::StatusOr<std::unique_ptr<TierManager>> TierManager::Create(
     std::unique_ptr<allocator::BlockAllocator> cxl, std::unique_ptr<NvmeStore> nvme,
     TierOptions options) {
+  allocator::BlockAllocator* a = cxl.get();
+  return Make(a, std::move(cxl), std::move(nvme), std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<TierManager>> TierManager::Create(allocator::BlockAllocator& cxl,
+                                                                 std::unique_ptr<NvmeStore> nvme,
+                                                                 TierOptions options) {
+  return Make(&cxl, nullptr, std::move(nvme), std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<TierManager>> TierManager::Make(
+    allocator::BlockAllocator* cxl, std::unique_ptr<allocator::BlockAllocator> owned,
+    std::unique_ptr<NvmeStore> nvme, TierOptions options) {
   if (cxl == nullptr || nvme == nullptr) {
     return absl::InvalidArgumentError("TierManager: needs both a CXL allocator and an NVMe store");
   }
@@ -87,7 +100,8 @@ absl::StatusOr<std::unique_ptr<TierManager>> TierManager::Create(
       m->EnterNvmeLocked(key, it->second);
     }
   }
-  m->cxl_ = std::move(cxl);
+  m->owned_cxl_ = std::move(owned);
+  m->cxl_ = cxl;
   m->nvme_ = std::move(nvme);
   return m;
 }

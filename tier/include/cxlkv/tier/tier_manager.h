@@ -22,8 +22,8 @@
 //
 // Thread-safety: every method may be called from any thread. The manager's lock is never held
 // across NVMe I/O. Prefetch callbacks run on the thread that reaps the NVMe completion.
-// Ownership: the manager owns the allocator, the store and every block placed in it; CXL
-// addresses from Acquire stay valid until the matching Release.
+// Ownership: the manager owns the store, every block placed in it and (unless created over a
+// borrowed one) the allocator; CXL addresses from Acquire stay valid until the matching Release.
 #ifndef CXLKV_TIER_TIER_MANAGER_H_
 #define CXLKV_TIER_TIER_MANAGER_H_
 
@@ -146,6 +146,12 @@ class TierManager {
   static absl::StatusOr<std::unique_ptr<TierManager>> Create(
       std::unique_ptr<allocator::BlockAllocator> cxl, std::unique_ptr<NvmeStore> nvme,
       TierOptions options);
+  // The same over an allocator the caller keeps and may go on using for other blocks (the C
+  // API's tier shares its arena handle's allocator): it must outlive the manager. The
+  // manager owns only the blocks handed to it.
+  static absl::StatusOr<std::unique_ptr<TierManager>> Create(allocator::BlockAllocator& cxl,
+                                                             std::unique_ptr<NvmeStore> nvme,
+                                                             TierOptions options);
   // Waits for NVMe I/O in flight; CXL blocks still tracked are freed.
   ~TierManager();
   TierManager(const TierManager&) = delete;
@@ -249,7 +255,12 @@ class TierManager {
   // Hands a CXL block that was resident under key to release_cxl, or frees it.
   void ReleaseCxl(const Key& key, allocator::BlockHandle h);
 
-  std::unique_ptr<allocator::BlockAllocator> cxl_;
+  static absl::StatusOr<std::unique_ptr<TierManager>> Make(
+      allocator::BlockAllocator* cxl, std::unique_ptr<allocator::BlockAllocator> owned,
+      std::unique_ptr<NvmeStore> nvme, TierOptions options);
+
+  std::unique_ptr<allocator::BlockAllocator> owned_cxl_;  // null when the caller keeps it
+  allocator::BlockAllocator* cxl_ = nullptr;
   std::unique_ptr<NvmeStore> nvme_;
   TierOptions options_;
   std::uint32_t cls_ = 0;
