@@ -352,6 +352,10 @@ class PrefixSimulation {
     // Acknowledged by the last heartbeat's row write, which may still be in the store buffer
     // or in flight: a crash before time passes can lose the acknowledgement.
     std::vector<BlockId> acked_unsettled;
+    // Inside Heartbeat: time that passes now (a stall at one of its stores or fences) does not
+    // settle this call's acknowledgement, whose row may still be dirty in the cache, not yet
+    // written back; time that passes after the call returns does.
+    bool in_heartbeat = false;
     std::vector<BlockId> may_come_again;
   };
   enum class ExtentState { kFree, kHeld, kQuarantined };
@@ -414,7 +418,9 @@ class PrefixSimulation {
     if (dt <= 0) return;
     now_ += dt;
     media_.Settle();  // a millisecond is long enough for store buffers and write-backs
-    for (Host& host : hosts_) host.acked_unsettled.clear();
+    for (Host& host : hosts_) {
+      if (!host.in_heartbeat) host.acked_unsettled.clear();
+    }
   }
 
   // A preemption point of `actor` (a host, or c_.hosts for the owner) in the middle of one
@@ -656,6 +662,7 @@ class PrefixSimulation {
                                host.acked_unsettled.end());
     host.last_returned.clear();
     host.acked_unsettled.clear();
+    host.in_heartbeat = false;
     host.down = true;
   }
 
@@ -777,7 +784,9 @@ class PrefixSimulation {
     Host& host = hosts_[h];
     std::vector<BlockRef> returned;
     host.acked_unsettled = host.last_returned;  // this heartbeat's row acknowledges them
+    host.in_heartbeat = true;
     const absl::Status st = host.prefix->Heartbeat(&returned);
+    host.in_heartbeat = false;
     if (absl::IsAborted(st)) host.leases.clear();  // fenced (or paused): every lease is void
     host.last_returned.clear();
     for (const BlockRef& r : returned) {
