@@ -188,7 +188,7 @@ TEST(PrefixFault, ExtentGivenAwayWithoutWriteBackIsCaught) {
       c.memory.late_writeback = true;
     };
   };
-  EXPECT_GE(Caught(5, 50000, handoff(false), "give-away without write-back"), 4)
+  EXPECT_GE(Caught(10, 50000, handoff(false), "give-away without write-back"), 5)
       << "the simulator must expose a give-away path that does not write back";
   EXPECT_EQ(Caught(3, 30000, handoff(true), "give-away with write-back"), 0);
 }
