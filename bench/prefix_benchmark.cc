@@ -25,7 +25,10 @@ class BenchClock final : public Clock {
   std::int64_t now = 1000;
 };
 
+// Not movable: the owner and hosts keep references to `clock` and `*mem`.
 struct Bed {
+  Bed(const Bed&) = delete;
+  Bed& operator=(const Bed&) = delete;
   std::unique_ptr<cxlkv::pool::Region> region;
   std::unique_ptr<DirectMem> mem;
   BenchClock clock;
@@ -51,7 +54,7 @@ void BM_PublishBlock(benchmark::State& state, bool cxlkv) {
   std::vector<std::byte> src(block);
   std::memset(src.data(), 0x5A, src.size());
   std::memset(dst->addr(), 0, dst->size_bytes());
-  Bed bed(DomainGeometry{2, 1 << 16, 16, 64, 2000, 2000, 100}, 1);
+  auto bed = std::make_unique<Bed>(DomainGeometry{2, 1 << 16, 16, 64, 2000, 2000, 100}, 1);
   const Namespace ns = MakeNamespace("bench", "model", "layout");
   std::uint32_t n = 0;
   for (auto _ : state) {
@@ -61,20 +64,21 @@ void BM_PublishBlock(benchmark::State& state, bool cxlkv) {
       BlockRef ref{};
       ref.index = n;
       const std::uint32_t token = n;
-      if (!bed.hosts[0]->Publish(ns, ChainKey(ns, PrefixKey{}, std::span(&token, 1)), PrefixKey{}, ref).ok()) {
+      if (!bed->hosts[0]->Publish(ns, ChainKey(ns, PrefixKey{}, std::span(&token, 1)), PrefixKey{}, ref).ok()) {
         state.SkipWithError("publish failed");
         break;
       }
-      if (n % 32 == 31) bed.owner->ApplyRequests();
+      if (n % 32 == 31) bed->owner->ApplyRequests();
     } else {
       std::memcpy(d, src.data(), block);
       Flush(d, block);
       Fence();
     }
     ++n;
-    if (bed.owner->published_entries() > 60000) {  // keep the index from filling up
+    if (bed->owner->published_entries() > 60000) {  // keep the index from filling up
       state.PauseTiming();
-      bed = Bed(DomainGeometry{2, 1 << 16, 16, 64, 2000, 2000, 100}, 1);
+      bed.reset();  // a new domain (the region's name is reused)
+      bed = std::make_unique<Bed>(DomainGeometry{2, 1 << 16, 16, 64, 2000, 2000, 100}, 1);
       state.ResumeTiming();
     }
   }
