@@ -114,18 +114,20 @@ def print_report(r: Dict[str, Any]) -> None:
     print(f"host {b['host']} (B) served {s['requests']} requests (the prompt + {lo}..{hi} user "
           "tokens), each cold (prefill everything) and shared (load the prompt's blocks, "
           "prefill the rest):")
-    print("  req tokens  loaded  ran cold/shared  copied      TTFT cold  TTFT shared "
-          "(lease+copy+prefill)   saved   logits")
+    print(f"  {'req':>3} {'tokens':>6} {'loaded':>10} {'ran cold/shared':>15} {'copied':>9} "
+          f"{'TTFT cold':>10} {'TTFT shared':>11} {'= lease + copy + rest':>22} {'saved':>10}"
+          "  logits")
     for i, q in enumerate(b["requests"]):
         same = ("identical" if q["logits_identical"] else
                 f"close ({q['logits_max_abs_diff']:.1e})" if q["logits_allclose"] else
                 f"DIFFER ({q['logits_max_abs_diff']:.1e})")
-        print(f"  {i:3d} {q['tokens']:6d} {q['blocks_loaded']:4d} blk {q['tokens_run_cold']:6d}/"
-              f"{q['tokens_run_shared']:<6d}  {_mib(q['bytes_copied']):>10}  "
-              f"{1e3 * q['ttft_cold_s']:7.1f} ms  {1e3 * q['ttft_shared_s']:7.1f} ms "
-              f"({1e3 * q['lease_s']:.2f}+{1e3 * q['copy_s']:.2f}+"
-              f"{1e3 * q['prefill_rest_s']:.1f})  {1e3 * (q['ttft_cold_s'] - q['ttft_shared_s']):7.1f} "
-              f"ms  {same}")
+        ran = f"{q['tokens_run_cold']}/{q['tokens_run_shared']}"
+        parts = (f"{1e3 * q['lease_s']:.2f} + {1e3 * q['copy_s']:.2f} + "
+                 f"{1e3 * q['prefill_rest_s']:.1f}")
+        saved = 1e3 * (q["ttft_cold_s"] - q["ttft_shared_s"])
+        print(f"  {i:3d} {q['tokens']:6d} {q['blocks_loaded']:>3d} blocks {ran:>15} "
+              f"{_mib(q['bytes_copied']):>9} {1e3 * q['ttft_cold_s']:7.1f} ms "
+              f"{1e3 * q['ttft_shared_s']:8.1f} ms {parts:>22} {saved:7.1f} ms  {same}")
     print(f"median    TTFT {s['ttft_cold_ms']:.1f} ms cold -> {s['ttft_shared_ms']:.1f} ms shared "
           f"({s['speedup']:.1f}x; saved {s['saved_ms']:.1f} ms of prefill per request); "
           f"{_mib(s['bytes_copied_per_request'])} copied per request at "

@@ -51,7 +51,8 @@ class LocalOrchestrator:
         if found is None:
             raise FileNotFoundError(
                 "cxlkv-orchestrator not found: build it (cmake --build build/dev --target "
-                "cxlkv-orchestrator), set CXLKV_ORCHESTRATOR_BIN, or pass --socket of a running one")
+                "cxlkv-orchestrator), set CXLKV_ORCHESTRATOR_BIN, or pass --socket of a running "
+                "one")
         self.binary = found
         self.pool_mib, self.extent_mib, self.max_hosts = pool_mib, extent_mib, max_hosts
         self.spec = ""

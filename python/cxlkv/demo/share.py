@@ -35,7 +35,7 @@ import torch
 import cxlkv
 from cxlkv.errors import FullError, MismatchError
 
-from .model import DTYPE_NAME, KvCache, KvSpec, ModelConfig, TinyDecoder
+from .model import DTYPE_NAME, KvCache, KvSpec, TinyDecoder
 
 MANIFEST_MAGIC = "cxlkv-demo-manifest/1"
 MANIFEST_BYTES = 2048
