@@ -66,7 +66,7 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--tokens-per-block", type=int, default=KvSpec().tokens_per_block)
     p.add_argument("--b-override", action="append", default=[], metavar="KEY=VALUE",
                    help="run host B with another model or KV layout (e.g. layers=5, "
-                   "tokens_per_block=8): it must refuse the prompt")
+                   "tokens_per_block=8): a different one refuses the prompt")
     p.add_argument("--threads", type=int, default=1, help="torch threads per host process")
     p.add_argument("--rtol", type=float, default=1e-5)
     p.add_argument("--atol", type=float, default=1e-5)
