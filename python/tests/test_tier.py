@@ -26,7 +26,6 @@ from cxlkv.errors import (
     BufferMismatchError,
     BusyError,
     ClosedError,
-    CorruptError,
     ExistsError,
     ForeignError,
     InvalidArgumentError,
