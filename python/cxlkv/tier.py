@@ -361,7 +361,6 @@ class PinnedBlock:
         self.ref = ref
         self.size_bytes = size_bytes
         self._released = False
-        self._views: List[np.ndarray] = []
 
     def __repr__(self) -> str:
         state = "released" if self._released else "pinned"
@@ -380,7 +379,6 @@ class PinnedBlock:
         buf = (ctypes.c_uint8 * self.size_bytes).from_address(self.addr)
         arr = np.frombuffer(memoryview(buf), dtype=dt)
         arr.setflags(write=False)
-        self._views.append(arr)
         return arr
 
     def release(self) -> None:
@@ -388,7 +386,6 @@ class PinnedBlock:
         if self._released:
             return
         self._released = True
-        self._views.clear()
         self._tier._release(self.key)
 
     def __enter__(self) -> "PinnedBlock":
@@ -891,8 +888,9 @@ class Tier:
                 f"blocks of {self._block} bytes are not a whole number of {dt} elements",
                 operation="read_array", subject=repr(self),
                 hint="read as uint8, or a dtype whose size divides the block")
-        out = np.empty((len(list(keys)), self._block // dt.itemsize), dtype=dt)
-        self.read(keys, out)
+        ks = _check_keys(keys, "read_array")
+        out = np.empty((len(ks), self._block // dt.itemsize), dtype=dt)
+        self.read(ks, out)
         return out
 
     # ---- moves ------------------------------------------------------------------------------
