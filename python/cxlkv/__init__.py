@@ -8,6 +8,8 @@ shaped like the serving engines' KV tiers:
   prefix blocks: lookup, chain leases (:class:`Leases`), validated copy-out into numpy arrays
   and torch tensors, zero-copy views, publish;
 * :class:`Namespace`, :class:`PrefixKey` — keys from token ids or from an engine's digests;
+* :class:`Tier` (:mod:`cxlkv.tier`) — one size class of an arena plus an NVMe store under the
+  CXL-vs-NVMe placement rule: place, lookup, read, prefetch, demote, explain, stats;
 * :class:`PageStore` (SGLang HiCache-shaped) and :class:`OffloadTier` (vLLM
   ``SecondaryTierManager``-shaped) in :mod:`cxlkv.page_store` and :mod:`cxlkv.offload_tier`;
 * :mod:`cxlkv.integrations` — thin adapters subclassing the engines' own classes, and
@@ -28,6 +30,17 @@ from .keys import Namespace, PrefixKey
 from .offload_tier import OffloadTier, TierJob, TierJobResult
 from .page_store import HostPagePool, PageStore
 from .pool import Arena, ArenaStats, Block, ClassStats, KvLayout, Pool
+from .tier import (
+    CxlKind,
+    Location,
+    PinnedBlock,
+    PrefetchTicket,
+    Residence,
+    Tier,
+    TierOptions,
+    TierResults,
+    TierStats,
+)
 
 __version__ = "0.1.0"
 
@@ -36,6 +49,7 @@ __all__ = [
     "ArenaStats",
     "Block",
     "ClassStats",
+    "CxlKind",
     "CxlkvError",
     "Domain",
     "Geometry",
@@ -43,14 +57,22 @@ __all__ = [
     "HostPagePool",
     "KvLayout",
     "Leases",
+    "Location",
     "Namespace",
     "OffloadTier",
     "Owner",
     "PageStore",
+    "PinnedBlock",
     "Pool",
+    "PrefetchTicket",
     "PrefixKey",
+    "Residence",
+    "Tier",
     "TierJob",
     "TierJobResult",
+    "TierOptions",
+    "TierResults",
+    "TierStats",
     "ZeroCopyView",
     "errors",
     "library",

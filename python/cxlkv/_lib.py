@@ -119,6 +119,82 @@ class LeaseC(ctypes.Structure):
     ]
 
 
+class TierOptionsC(ctypes.Structure):
+    _fields_ = [
+        ("size_class", c_u32),
+        ("cxl_kind", c_u32),
+        ("cxl_blocks", c_u64),
+        ("nvme_dir", ctypes.c_char_p),
+        ("nvme_blocks", c_u64),
+        ("nvme_bytes", c_u64),
+        ("config_path", ctypes.c_char_p),
+        ("nvme_queue_depth", c_u32),
+        ("flags", c_u32),
+    ]
+
+
+class TierRequestC(ctypes.Structure):
+    _fields_ = [
+        ("ns", c_u64),
+        ("chain", ctypes.c_void_p),  # const cxlkv_prefix_key*
+        ("n", ctypes.c_size_t),
+        ("first", ctypes.c_size_t),
+        ("tokens", c_u32),
+        ("queue_depth", c_u32),
+        ("pin", ctypes.c_int32),
+        ("flags", c_u32),
+    ]
+
+
+class TierLocationC(ctypes.Structure):
+    _fields_ = [
+        ("residence", ctypes.c_int32),
+        ("reserved", c_u32),
+        ("addr", ctypes.c_void_p),
+        ("ref", BlockRef),
+    ]
+
+
+TIER_CLAUSES = 6  # cxlkv_tier_stats.clauses
+
+
+class TierStatsC(ctypes.Structure):
+    _fields_ = [
+        ("block_bytes", c_u64),
+        ("cxl_capacity_blocks", c_u64),
+        ("high_watermark_blocks", c_u64),
+        ("low_watermark_blocks", c_u64),
+        ("cxl_blocks", c_u64),
+        ("nvme_blocks", c_u64),
+        ("placed_cxl", c_u64),
+        ("placed_nvme", c_u64),
+        ("placed_dropped", c_u64),
+        ("already_held", c_u64),
+        ("nvme_write_failures", c_u64),
+        ("demotions", c_u64),
+        ("demotion_failures", c_u64),
+        ("promotions", c_u64),
+        ("promotion_failures", c_u64),
+        ("promotions_refused", c_u64),
+        ("prefetch_kept", c_u64),
+        ("watermark_runs", c_u64),
+        ("victims_dropped", c_u64),
+        ("nvme_evicted", c_u64),
+        ("dropped", c_u64),
+        ("cxl_reads", c_u64),
+        ("nvme_reads", c_u64),
+        ("uses", c_u64),
+        ("decisions", c_u64),
+        ("from_prior", c_u64),
+        ("from_ancestor", c_u64),
+        ("clauses", c_u64 * TIER_CLAUSES),
+        ("nvme_file_bytes", c_u64),
+        ("nvme_data_loss", c_u64),
+        ("retention_s", ctypes.c_double),
+        ("break_even_s", ctypes.c_double),
+    ]
+
+
 # Every struct the ABI test compares with the C compiler's layout.
 STRUCTS = {
     "cxlkv_block_ref": BlockRef,
@@ -130,6 +206,10 @@ STRUCTS = {
     "cxlkv_prefix_key": PrefixKeyC,
     "cxlkv_prefix_hit": PrefixHitC,
     "cxlkv_lease": LeaseC,
+    "cxlkv_tier_options": TierOptionsC,
+    "cxlkv_tier_request": TierRequestC,
+    "cxlkv_tier_location": TierLocationC,
+    "cxlkv_tier_stats": TierStatsC,
 }
 
 _P = ctypes.c_void_p
@@ -162,6 +242,7 @@ _PROTOTYPES = {
     "cxlkv_domain_heartbeat": (_INT, [_P, _P, ctypes.POINTER(_SIZE)]),
     "cxlkv_namespace": (c_u64, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]),
     "cxlkv_prefix_key_chain": (PrefixKeyC, [c_u64, _P, _P, _SIZE]),
+    "cxlkv_prefix_key_from_digest": (_INT, [c_u64, _P, _P, _SIZE, _P]),
     "cxlkv_prefix_lookup": (_INT, [_P, c_u64, _P, ctypes.POINTER(PrefixHitC)]),
     "cxlkv_prefix_publish": (_INT, [_P, c_u64, _P, _P, _P, ctypes.POINTER(BlockRef)]),
     "cxlkv_prefix_retire": (_INT, [_P, c_u64, _P]),
@@ -178,6 +259,23 @@ _PROTOTYPES = {
     "cxlkv_owner_close": (None, [_P]),
     "cxlkv_gpu_open": (_INT, [_INT, _PP]),
     "cxlkv_gpu_close": (None, [_P]),
+    "cxlkv_tier_open": (_INT, [_P, ctypes.POINTER(TierOptionsC), _PP]),
+    "cxlkv_tier_close": (None, [_P]),
+    "cxlkv_tier_block_size": (c_u64, [_P]),
+    "cxlkv_tier_use": (_INT, [_P, ctypes.POINTER(TierRequestC)]),
+    "cxlkv_tier_place": (_INT, [_P, ctypes.POINTER(TierRequestC), _P, _SIZE, _P]),
+    "cxlkv_tier_place_blocks": (_INT, [_P, ctypes.POINTER(TierRequestC), _P, _P]),
+    "cxlkv_tier_lookup": (_INT, [_P, _P, _SIZE, _P]),
+    "cxlkv_tier_acquire": (_INT, [_P, _P, _PP, ctypes.POINTER(BlockRef)]),
+    "cxlkv_tier_release": (_INT, [_P, _P]),
+    "cxlkv_tier_read": (_INT, [_P, _P, _SIZE, _P, _SIZE, _P]),
+    "cxlkv_tier_prefetch": (_INT, [_P, ctypes.POINTER(TierRequestC), ctypes.POINTER(c_u64)]),
+    "cxlkv_tier_prefetch_poll": (_INT, [_P, c_u64, _P]),
+    "cxlkv_tier_prefetch_wait": (_INT, [_P, c_u64, _P]),
+    "cxlkv_tier_demote": (_INT, [_P, _P, _SIZE, _P]),
+    "cxlkv_tier_drop": (_INT, [_P, _P, _SIZE, _P]),
+    "cxlkv_tier_explain": (_INT, [_P, _P, c_u32, _P, _SIZE, ctypes.POINTER(_SIZE)]),
+    "cxlkv_tier_stats_get": (_INT, [_P, ctypes.POINTER(TierStatsC)]),
     "cxlkv_strerror": (ctypes.c_char_p, [_INT]),
     "cxlkv_last_error": (ctypes.c_char_p, []),
 }

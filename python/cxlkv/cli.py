@@ -1,6 +1,7 @@
 """``python -m cxlkv``: the package's command line.
 
-``python -m cxlkv status [--pool SPEC ...] [--domain SPEC ...] [--json]`` reports
+``python -m cxlkv status [--pool SPEC ...] [--domain SPEC ...] [--tier DIR ...] [--json]``
+reports
 
 * the library: version (from its file name), the file loaded and how it was found, the
   package version and location, and whether the GPU half works (built with CUDA, a device);
@@ -12,6 +13,14 @@
   default geometry needs. The C API exposes neither a formatted domain's geometry nor its
   occupancy without joining it as a host; for a domain run by an orchestrator,
   ``cxlkvctl status`` / ``prefixes`` show both.
+
+* each ``--tier DIR``: an NVMe tier store a :class:`cxlkv.Tier` left in DIR (it must exist and
+  hold ``cxlkv-nvme.meta``: nothing is created). The C API reads a store only through a tier,
+  so this opens one briefly over ``--tier-pool`` (default: the one ``--pool``) and its size
+  class ``--tier-class`` (default 0), both as the engine used them, and reports its counters
+  (``cxlkv_tier_stats``): the blocks on NVMe and the slot file's size (the move counters of a
+  tier just opened are zero). A store that a running tier holds (its lock) is reported as in
+  use: that process's ``Tier.stats()`` has its live counters.
 
 ``--json`` prints one JSON object (the test oracle, as with cxlkvctl). Exit status 0, or 1 if
 something asked for could not be read (the report says what).
@@ -106,6 +115,39 @@ def domain_status(spec: str) -> Dict[str, Any]:
     return out
 
 
+def tier_status(directory: str, pool_spec: Optional[str], size_class: int) -> Dict[str, Any]:
+    from .pool import Arena, Pool
+    from .tier import Tier, TierOptions
+
+    out: Dict[str, Any] = {"dir": directory, "pool": pool_spec, "size_class": size_class}
+    meta = os.path.join(directory, "cxlkv-nvme.meta")
+    if not os.path.isfile(meta):
+        out["error"] = (f"{directory} is not an NVMe tier store (no cxlkv-nvme.meta): pass the "
+                        "nvme_dir a tier was opened with")
+        return out
+    slots = os.path.join(directory, "cxlkv-nvme.slots")
+    if os.path.exists(slots):
+        out["slot_file_bytes"] = os.path.getsize(slots)
+    if pool_spec is None:
+        out["error"] = ("the C API reads a store only through a tier over an arena: pass "
+                        "--tier-pool SPEC (the pool the engine's tier used), or one --pool")
+        return out
+    try:
+        with Pool.open(pool_spec) as pool:
+            with Arena.open(pool) as arena:
+                with Tier.open(arena, TierOptions(nvme_dir=directory,
+                                                  size_class=size_class)) as tier:
+                    out["stats"] = tier.stats().to_dict()
+    except errors.MismatchError as e:
+        if "another process" in e.detail or "in use" in e.detail:
+            out["in_use"] = str(e)
+        else:
+            out["error"] = str(e)
+    except errors.CxlkvError as e:
+        out["error"] = str(e)
+    return out
+
+
 def _print_text(rep: Dict[str, Any]) -> None:
     lib = rep["library"]
     print(f"library   libcxlkv {lib['version']}  {lib['realpath']}  (found: {lib['found_by']})")
@@ -134,6 +176,20 @@ def _print_text(rep: Dict[str, Any]) -> None:
             if k in d:
                 print(f"  {k:<9} {d[k]}")
         print(f"  geometry  {d['geometry']}")
+    for t in rep.get("tiers", []):
+        print(f"tier      {t['dir']}  (class {t['size_class']} of {t['pool']})")
+        if "slot_file_bytes" in t:
+            print(f"  slots     {_size(t['slot_file_bytes'])}")
+        for k in ("error", "in_use"):
+            if k in t:
+                print(f"  {k:<9} {t[k]}")
+        st = t.get("stats")
+        if st:
+            print(f"  nvme      {st['nvme_blocks']} block(s) of {_size(st['block_bytes'])}, "
+                  f"slot file {_size(st['nvme_file_bytes'])}, {st['nvme_data_loss']} lost")
+            print(f"  cxl       capacity {st['cxl_capacity_blocks']} block(s), watermarks "
+                  f"{st['high_watermark_blocks']} / {st['low_watermark_blocks']}, "
+                  f"break-even reuse interval {st['break_even_s']:.3g} s")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -146,6 +202,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="a pool spec to report (repeatable)")
     st.add_argument("--domain", action="append", default=[], metavar="SPEC",
                     help="a domain spec to report (repeatable)")
+    st.add_argument("--tier", action="append", default=[], metavar="DIR",
+                    help="an NVMe tier store directory to report (repeatable)")
+    st.add_argument("--tier-pool", metavar="SPEC", default=None,
+                    help="the pool whose arena the tier was opened over (default: the --pool, "
+                    "when there is one)")
+    st.add_argument("--tier-class", metavar="N", type=int, default=0,
+                    help="the arena size class of the tier (default 0)")
     st.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args(argv)
     try:
@@ -158,8 +221,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     rep["pools"] = [pool_status(s) for s in args.pool]
     rep["domains"] = [domain_status(s) for s in args.domain]
+    tier_pool = args.tier_pool or (args.pool[0] if len(args.pool) == 1 else None)
+    rep["tiers"] = [tier_status(d, tier_pool, args.tier_class) for d in args.tier]
     if args.json:
         print(json.dumps(rep, indent=2))
     else:
         _print_text(rep)
-    return 1 if any("error" in x for x in rep["pools"] + rep["domains"]) else 0
+    return 1 if any("error" in x for x in rep["pools"] + rep["domains"] + rep["tiers"]) else 0

@@ -18,7 +18,7 @@ is raised.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Type
+from typing import Any, Dict, Optional, Type
 
 # The C API's codes (cxlkv.h). Kept here, not read from the library, so the package can
 # report a library that fails to load.
@@ -39,6 +39,7 @@ E_NO_DEVICE = -13
 E_PENDING = -14
 E_CUDA = -15
 E_REVOKED = -16
+E_BUSY = -17
 
 CODE_NAMES: Dict[int, str] = {
     E_INVALID: "CXLKV_E_INVALID",
@@ -57,6 +58,7 @@ CODE_NAMES: Dict[int, str] = {
     E_PENDING: "CXLKV_E_PENDING",
     E_CUDA: "CXLKV_E_CUDA",
     E_REVOKED: "CXLKV_E_REVOKED",
+    E_BUSY: "CXLKV_E_BUSY",
 }
 
 # What to do, per code, when the library's own message does not say. Appended to every
@@ -81,6 +83,9 @@ DEFAULT_HINTS: Dict[int, str] = {
     E_PENDING: "not finished yet: poll again later",
     E_CUDA: "the CUDA driver refused; the message names the call",
     E_REVOKED: "the arena's extent was revoked: close the arena and grow a new one",
+    E_BUSY: "not now: the block is pinned (release it), its NVMe I/O is in flight (wait for "
+    "the prefetch or read, then retry) or it is cooling down after a demotion (retry after "
+    "placement.cooldown_ms, or read it from NVMe with Tier.read)",
 }
 
 
@@ -94,9 +99,12 @@ class CxlkvError(Exception):
         subject: the object it was done to, e.g. ``"Domain(file:/dev/shm/d, host 1)"``.
         detail: the library's message (``cxlkv_last_error()``) or the Python-side check's.
         hint: what to do about it.
+        results: for a key of a tier call (``cxlkv.tier``), the per-key outcomes of the whole
+            call (a ``TierResults``): which keys succeeded, which failed; else None.
     """
 
     code: int = E_INTERNAL
+    results: Optional[Any] = None
 
     def __init__(
         self,
@@ -224,6 +232,12 @@ class RevokedError(CxlkvError):
     code = E_REVOKED
 
 
+class BusyError(CxlkvError):
+    """CXLKV_E_BUSY: refused for now (pinned, NVMe I/O in flight, or cooling down): retry."""
+
+    code = E_BUSY
+
+
 # ---- errors found in Python before the library is called -----------------------------------
 
 
@@ -270,6 +284,7 @@ _BY_CODE: Dict[int, Type[CxlkvError]] = {
         PendingError,
         CudaError,
         RevokedError,
+        BusyError,
     )
 }
 

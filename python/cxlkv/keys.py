@@ -10,16 +10,22 @@ A :class:`PrefixKey` (128 bits) names one block. There are two ways to get one:
 * from token ids, chained on the parent block's key: :meth:`Namespace.chain_key` and
   :meth:`Namespace.chain_keys` (``cxlkv_prefix_key_chain``: XXH3-128 of namespace, parent key
   and the block's token ids) — what the C tools and benchmarks use;
-* from an engine's own chained page digest: :meth:`Namespace.digest_key`. SGLang's page hash
-  (SHA-256 over the prior hash and the page's tokens, 32 bytes) and vLLM's block hash (32 bytes
-  for sha256, 16 for a 128-bit hash) already identify a whole prefix, so the key depends on
-  the digest alone and a single key can be looked up without its parents. The derivation
-  goes through the same C function: the key is ``cxlkv_prefix_key_chain(ns, root, words)``
-  where ``words`` are the 32-bit words ``[0x44475354 ("DGST"), group, len(digest)]`` followed
-  by the digest read as little-endian 32-bit words. No token id of a real vocabulary is
-  0x44475354, so a digest key never equals a token-chained key; ``group`` separates the KV
-  cache groups of one model (vLLM's group index). Process-independent: the same digest gives
-  the same key on every host.
+* from an engine's own chained page digest: :meth:`Namespace.digest_key`, or
+  :func:`key_from_digest` for a raw namespace id (``cxlkv_prefix_key_from_digest``: XXH3-128
+  with its own seed over the namespace, the parent key and the digest; the format is frozen
+  in C and pinned by golden values in ``tests/capi_tier_test.c`` and ``python/tests``).
+  SGLang's page hash (SHA-256 over the prior hash and the page's tokens, 32 bytes) and vLLM's
+  block hash (32 bytes for sha256, 16 for a 128-bit hash) already identify a whole prefix, so
+  the engine stores key a page by its digest alone (no parent): a single key can be looked up
+  without its parents, and a C program, the tier (:mod:`cxlkv.tier`) and Python derive the
+  same key from the same ``(namespace, digest)``. A chain whose digests are *not* chained
+  (one per block's content only) passes the previous key as ``parent``
+  (:meth:`Namespace.digest_chain`). A KV cache group other than 0 (vLLM's group index:
+  another set of layers, other bytes for the same tokens) derives its keys in the namespace
+  :meth:`Namespace.group` names, so equal digests of two groups are two keys.
+
+  Keys derived by earlier versions of this package (a token chain over a "DGST"-tagged word
+  list) differ from these: blocks published under them are not found under the new keys.
 
 Keys are plain values: hashable, comparable, safe to share between threads and processes
 (``bytes(key)`` is 16 bytes, little-endian ``lo`` then ``hi``).
@@ -36,7 +42,6 @@ import numpy as np
 from . import _lib
 from .errors import InvalidArgumentError, KeyLengthError
 
-DIGEST_TAG = 0x44475354  # "DGST" little-endian
 DIGEST_LENGTHS = (16, 32)
 
 
@@ -173,26 +178,83 @@ class Namespace:
 
     # ---- keys from engine digests -----------------------------------------------------------
 
-    def digest_key(self, digest: Union[bytes, bytearray, memoryview, str], group: int = 0
-                   ) -> PrefixKey:
-        """The key of the block an engine names by `digest` (its chained page/block hash).
+    def group(self, group: int) -> "Namespace":
+        """The namespace a KV cache group's digest keys are derived in: this one for group 0,
+        else ``Namespace(tenant, model, f"{kv_layout} kv-group {group}")`` (what a C program
+        passes to ``cxlkv_namespace`` to derive the same keys)."""
+        if not isinstance(group, int) or not 0 <= group < 1 << 32:
+            raise KeyLengthError(f"group {group!r} is outside 0..2^32-1",
+                                 operation="Namespace.group",
+                                 hint="pass the engine's KV cache group index")
+        if group == 0:
+            return self
+        return Namespace(self.tenant, self.model, f"{self.kv_layout} kv-group {group}")
+
+    def digest_key(self, digest: Union[bytes, bytearray, memoryview, str], group: int = 0,
+                   parent: Optional[PrefixKey] = None) -> PrefixKey:
+        """The key of the block an engine names by `digest` (its chained page/block hash):
+        ``cxlkv_prefix_key_from_digest(ns, parent, digest)`` with ``ns`` the id of
+        :meth:`group` (this namespace's for group 0).
 
         Args:
             digest: 16 or 32 bytes (a 128- or 256-bit hash), or the same as a hex string
-                (SGLang's ``get_hash_str`` output).
+                (SGLang's ``get_hash_str`` output), passed to C as raw bytes.
             group: the KV cache group (vLLM's group index), 0..2^32-1.
+            parent: the previous block's key for digests that are not chained already; None
+                (the engine stores' choice) keys a block by its digest alone.
 
         Raises:
-            KeyLengthError: another length, or a string that is not hex.
+            KeyLengthError: another length, a string that is not hex, a group out of range.
         """
         raw = digest_bytes(digest, "digest_key")
-        if not 0 <= group < 1 << 32:
-            raise KeyLengthError(f"group {group} is outside 0..2^32-1", operation="digest_key",
-                                 hint="pass the engine's KV cache group index")
-        words = np.empty(3 + len(raw) // 4, dtype=np.uint32)
-        words[:3] = (DIGEST_TAG, group, len(raw))
-        words[3:] = np.frombuffer(raw, dtype="<u4")
-        return self._chain(words.ctypes.data, words.size, None)
+        ns = self.group(group) if group else self
+        return key_from_digest(ns.id, raw, parent)
+
+    def digest_chain(self, digests: Iterable[Union[bytes, bytearray, memoryview, str]],
+                     parent: Optional[PrefixKey] = None, group: int = 0) -> List[PrefixKey]:
+        """Keys of a sequence of blocks from per-block digests, each chained on the key
+        before (the first on `parent`), as ``cxlkv_prefix_key_from_digest`` chains them in C
+        (``docs/tier-capi.md``'s example)."""
+        ns = self.group(group) if group else self
+        keys: List[PrefixKey] = []
+        for i, d in enumerate(digests):
+            parent = key_from_digest(ns.id, digest_bytes(d, f"digest_chain[{i}]"), parent)
+            keys.append(parent)
+        return keys
+
+
+def key_from_digest(ns_id: int, digest: Union[bytes, bytearray, memoryview],
+                    parent: Optional[PrefixKey] = None) -> PrefixKey:
+    """``cxlkv_prefix_key_from_digest(ns_id, parent, digest)``: the key C derives from a raw
+    namespace id (``Namespace.id``, or ``cxlkv_namespace``'s result), an optional parent key
+    and a 16- or 32-byte digest. Equal inputs give equal keys in every process, host and
+    library version.
+
+    Raises:
+        KeyLengthError: a digest of another length (checked here and by the library).
+        InvalidArgumentError: a namespace id outside 0..2^64-1 or a parent that is not a
+            PrefixKey.
+    """
+    if not isinstance(ns_id, int) or not 0 <= ns_id < 1 << 64:
+        raise InvalidArgumentError(f"namespace id {ns_id!r} is outside 0..2^64-1",
+                                   operation="key_from_digest",
+                                   hint="pass Namespace(...).id")
+    if parent is not None and not isinstance(parent, PrefixKey):
+        raise InvalidArgumentError(f"parent is a {type(parent).__name__}, not a PrefixKey",
+                                   operation="key_from_digest",
+                                   hint="pass the previous block's key, or None for the first")
+    raw = digest_bytes(digest, "key_from_digest")
+    lib = _lib.load()
+    pc = parent.to_c() if parent is not None else None
+    out = _lib.PrefixKeyC()
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    rc = lib.cxlkv_prefix_key_from_digest(ns_id, ctypes.addressof(pc) if pc is not None else None,
+                                          buf, len(raw), ctypes.byref(out))
+    if rc:
+        raise KeyLengthError(lib.last_error() or lib.strerror(rc),
+                             operation="cxlkv_prefix_key_from_digest", code=rc,
+                             hint="pass the engine's 128- or 256-bit page hash as raw bytes")
+    return PrefixKey(int(out.lo), int(out.hi))
 
 
 def digest_bytes(digest: Union[bytes, bytearray, memoryview, str], what: str) -> bytes:

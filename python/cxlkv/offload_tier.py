@@ -17,6 +17,11 @@ the same block hash finds the block (vLLM's hashes are process-independent only 
 
 ``lookup`` says ``None`` while a store of the key is queued or running, and after it is
 published until the owner has applied it (at most ``visibility_timeout_s``; then ``False``).
+
+No NVMe spill here (unlike :class:`~cxlkv.PageStore`'s ``spill=``): vLLM cascades every store
+to all of its configured secondary tiers and stages loads through the primary itself, so
+local NVMe is another secondary tier listed after this one (python/README.md, "Engine
+stores").
 """
 
 from __future__ import annotations

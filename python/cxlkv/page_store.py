@@ -21,6 +21,15 @@ The host pool is anything with SGLang's host-pool surface for storage backends: 
 segments of each page in order (MHA: K then V; MLA: one). :class:`HostPagePool` implements
 it on a plain numpy array or CPU torch tensor; the SGLang adapter passes SGLang's own pool.
 
+Optional NVMe spill (``spill=``, a :class:`~cxlkv.tier.Tier` whose block size is the page
+size): pages the domain cannot take (this host's arena is full, or the owner is behind) go
+to the tier instead, which keeps each in CXL or on NVMe or drops it as the placement rule
+decides (``cxlkv_tier_place``, recorded as a use); :meth:`PageStore.batch_exists` and the
+reads count a page present in either, the domain's leading run first and then the tier's
+(``cxlkv_tier_read``: from CXL or NVMe, straight into the host pool when a page is one
+segment, through a staging buffer otherwise). Spilled pages are this host's alone: the
+tier does not publish them, so other hosts of the domain do not see them.
+
 Failure model: bad input (a key of the wrong length, host indices that do not match the keys,
 a tensor of the wrong size or dtype, a closed domain) raises before anything is stored or
 read. A page that cannot be stored (arena full, the owner behind) or read (missing, stale)
@@ -29,6 +38,7 @@ is ``False`` in the result list, as SGLang expects; nothing already stored is to
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -42,6 +52,7 @@ from .errors import (
     InvalidArgumentError,
 )
 from .keys import Namespace, PrefixKey, digest_bytes
+from .tier import Residence, Tier
 
 Segments = List[Tuple[int, int]]  # (address, bytes) of one page's parts, in order
 
@@ -144,10 +155,14 @@ class PageStore:
         max_batch: keys leased per ``cxlkv_lease_acquire_chain`` (<= the domain's lease rows).
         acquire_wait_s: how long a read waits for a lease row or for the owner to confirm this
             host (``Domain.acquire_chain``'s ``wait_s``) before it counts the pages as misses.
+        spill: an open :class:`~cxlkv.tier.Tier` (its block size = `page_bytes`; best over an
+            arena of its own, so it does not take the blocks the domain publishes from) that
+            takes the pages the domain cannot; None: no spill. The store does not close it.
     """
 
     def __init__(self, domain: Domain, namespace: Namespace, *, page_bytes: int,
-                 size_class: int = 0, max_batch: int = 64, acquire_wait_s: float = 0.25) -> None:
+                 size_class: int = 0, max_batch: int = 64, acquire_wait_s: float = 0.25,
+                 spill: Optional[Tier] = None) -> None:
         home = domain.home_arena
         if home is None:
             raise InvalidArgumentError(f"{domain!r} has no arena attached", operation="PageStore",
@@ -167,6 +182,14 @@ class PageStore:
         self.size_class = size_class
         self.max_batch = max_batch
         self.acquire_wait_s = acquire_wait_s
+        if spill is not None and (not isinstance(spill, Tier) or spill.block_size != page_bytes):
+            have = spill.block_size if isinstance(spill, Tier) else type(spill).__name__
+            raise InvalidArgumentError(
+                f"the spill tier's blocks are {have} bytes, the store's pages {page_bytes}",
+                operation="PageStore", subject=repr(spill),
+                hint="open the tier over an arena size class whose block size is the page size "
+                "(cxlkv.pool.layout_for_block_bytes(page_bytes) gives such a layout)")
+        self.spill = spill
         self.mem_pool_host: Any = None
         self._closed = False
 
@@ -209,16 +232,27 @@ class PageStore:
     # ---- existence --------------------------------------------------------------------------
 
     def exists(self, key: Any) -> bool:
-        """Whether the page is published in the domain (a lookup; no lease)."""
+        """Whether the page is published in the domain (a lookup; no lease), or held by the
+        spill tier."""
         self._check_open("exists")
-        return self.domain.lookup(self.namespace, self.key(key, "exists")) is not None
+        pk = self.key(key, "exists")
+        if self.domain.lookup(self.namespace, pk) is not None:
+            return True
+        return self.spill is not None and self.spill.where(pk).held
 
     def batch_exists(self, keys: Sequence[Any], extra_info: Any = None) -> int:
         """The number of consecutive pages present from the start of `keys`."""
         self._check_open("batch_exists")
         pks = self._keys(keys, "batch_exists")
+        held: Optional[List[bool]] = None
         for i, pk in enumerate(pks):
-            if self.domain.lookup(self.namespace, pk) is None:
+            if self.domain.lookup(self.namespace, pk) is not None:
+                continue
+            if self.spill is None:
+                return i
+            if held is None:  # one tier lookup for the rest of the keys
+                held = [False] * i + [loc.residence.held for loc in self.spill.lookup(pks[i:])]
+            if not held[i]:
                 return i
         return len(pks)
 
@@ -277,8 +311,25 @@ class PageStore:
             return None  # no lease row, or the owner is not confirming this host: a miss
 
     def _read(self, pks: List[PrefixKey], segs: List[Segments]) -> List[bool]:
+        """Reads the leading run of present pages: the domain's run, then the spill tier's,
+        then the domain's again, until a page is in neither."""
         out = [False] * len(pks)
         i = 0
+        while i < len(pks):
+            j = self._read_domain(pks, segs, i, out)
+            i += j
+            if i >= len(pks) or self.spill is None:
+                break
+            m = self._read_spill(self.spill, pks, segs, i, out)
+            i += m
+            if j == 0 and m == 0:
+                break
+        return out
+
+    def _read_domain(self, pks: List[PrefixKey], segs: List[Segments], start: int,
+                     out: List[bool]) -> int:
+        """Leases and copies the domain's leading run from `start`; how many were leased."""
+        i = start
         while i < len(pks):
             chunk = pks[i:i + self.max_batch]
             leases = self._acquire(chunk)
@@ -292,10 +343,35 @@ class PageStore:
                         ok = ok and leases._copy_out_ptr(j, la, off, ptr, n)
                         off += n
                     out[i + j] = ok
+            i += len(leases)
             if len(leases) < len(chunk):
                 break
-            i += len(chunk)
-        return out
+        return i - start
+
+    def _read_spill(self, spill: Tier, pks: List[PrefixKey], segs: List[Segments], start: int,
+                    out: List[bool]) -> int:
+        """Reads the spill tier's leading run from `start` (a use of each); how many it held."""
+        run = spill.held_run(pks[start:])
+        if run == 0:
+            return 0
+        keys = pks[start:start + run]
+        spill.use(self.namespace, pks[:start + run], start)
+        direct = all(len(sg) == 1 for sg in segs[start:start + run])
+        if direct:  # one segment of page_bytes per page: read into the host pool itself
+            dst: Any = [(ctypes.c_uint8 * sg[0][1]).from_address(sg[0][0])
+                        for sg in segs[start:start + run]]
+        else:
+            dst = np.empty((run, self.page_bytes), np.uint8)
+        res = spill.read(keys, dst, check=False)
+        for k, r in enumerate(res):
+            ok = isinstance(r, Residence)
+            if ok and not direct:
+                src, off = int(dst.ctypes.data) + k * self.page_bytes, 0
+                for ptr, n in segs[start + k]:
+                    ctypes.memmove(ptr, src + off, n)
+                    off += n
+            out[start + k] = ok
+        return run
 
     def batch_set_v1(self, keys: Sequence[Any], host_indices: Any,
                      extra_info: Any = None) -> List[bool]:
@@ -325,7 +401,8 @@ class PageStore:
             try:
                 block = home.alloc(self.size_class)
             except FullError:
-                break  # the arena is full: this page and the rest are not stored
+                # The arena is full: this page and the rest are not stored in the domain.
+                return self._spill(pks, segs, i, out)
             off = 0
             for ptr, n in segs[i]:
                 lib.cxlkv_copy_to_block(block.addr + off, ptr, n)
@@ -334,12 +411,35 @@ class PageStore:
                 d.publish_block(self.namespace, pk, block, parent=parent)
             except FullError:
                 home.free(block)  # the request ring is full: the owner is behind
-                break
+                return self._spill(pks, segs, i, out)
             except BaseException:
                 home.free(block)
                 raise
             out[i] = True
             parent = pk
+        return out
+
+    def _spill(self, pks: List[PrefixKey], segs: List[Segments], start: int,
+               out: List[bool]) -> List[bool]:
+        """Places pages[start:] in the spill tier, if there is one (a use of each): stored
+        when the rule kept it in CXL or on NVMe (or the tier held it already)."""
+        spill = self.spill
+        if spill is None:
+            return out
+        rest = segs[start:]
+        if all(len(sg) == 1 for sg in rest):
+            data: Any = [(ctypes.c_uint8 * sg[0][1]).from_address(sg[0][0]) for sg in rest]
+        else:
+            data = np.empty((len(rest), self.page_bytes), np.uint8)
+            base = int(data.ctypes.data)
+            for k, sg in enumerate(rest):
+                off = 0
+                for ptr, n in sg:
+                    ctypes.memmove(base + k * self.page_bytes + off, ptr, n)
+                    off += n
+        res = spill.place(self.namespace, pks, data, start, record_use=True, check=False)
+        for k, r in enumerate(res):
+            out[start + k] = isinstance(r, Residence) and r.held
         return out
 
     # ---- tensor API (SGLang's get/set/batch_get/batch_set) --------------------------------------

@@ -9,6 +9,7 @@ import sys
 from typing import List
 
 import numpy as np
+import pytest
 
 import cxlkv
 from conftest import HERE, Env, wait_until
@@ -73,3 +74,43 @@ def test_usage() -> None:
     r = run([])
     assert r.returncode == 2 and "status" in r.stderr
     assert run(["--version"]).stdout.strip() == f"cxlkv {cxlkv.__version__}"
+
+
+def test_status_reports_a_tier_store(shm, tmp_path) -> None:
+    layout = cxlkv.KvLayout(layers=2, kv_heads=2, head_dim=64, dtype_bytes=2, tokens_per_block=16)
+    spec = f"file:{shm.path('tier-pool')}"
+    with cxlkv.Pool.open(spec + "?size=16M") as p:
+        cxlkv.Arena.create(p, layout).close()
+    store = tmp_path / "nvme"
+    arena = cxlkv.Arena.open_spec(spec)
+    try:
+        tier = cxlkv.Tier.open(arena, nvme_dir=store)
+    except cxlkv.errors.MismatchError as e:
+        arena.close()
+        pytest.skip(f"{tmp_path} cannot hold an NVMe store: {e}")
+    ns = cxlkv.Namespace("tenant", "cli", "layout")
+    keys = ns.digest_chain([bytes([i]) * 32 for i in range(3)])
+    placed = tier.place(ns, keys, np.zeros((3, tier.block_size), np.uint8))
+    assert placed == [cxlkv.Residence.ON_NVME] * 3  # new blocks: NVMe
+    # Held by a live tier: in use, not an error.
+    r = run(["status", "--pool", spec, "--tier", str(store), "--json"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    (t,) = json.loads(r.stdout)["tiers"]
+    assert "another process" in t["in_use"] and "stats" not in t
+    tier.close()
+    r = run(["status", "--pool", spec, "--tier", str(store), "--json"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    (t,) = json.loads(r.stdout)["tiers"]
+    st = t["stats"]
+    assert st["nvme_blocks"] == 3 and st["block_bytes"] == tier.block_size
+    assert st["nvme_file_bytes"] == t["slot_file_bytes"] > 0
+    text = run(["status", "--tier-pool", spec, "--tier", str(store)])
+    assert text.returncode == 0 and "3 block(s) of 16.0 KiB" in text.stdout
+    # Nothing there, or no pool to open it through: said, exit 1, nothing created.
+    r = run(["status", "--tier", str(tmp_path / "absent"), "--pool", spec, "--json"])
+    assert r.returncode == 1
+    assert "not an NVMe tier store" in json.loads(r.stdout)["tiers"][0]["error"]
+    assert not (tmp_path / "absent").exists()
+    r = run(["status", "--tier", str(store), "--json"])
+    assert r.returncode == 1 and "--tier-pool" in json.loads(r.stdout)["tiers"][0]["error"]
+    arena.close()

@@ -18,7 +18,9 @@ def test_every_code_of_the_header_has_a_class_and_a_hint() -> None:
         pytest.skip(f"{HEADER} not found (an installed package without the source tree)")
     codes = {name: int(v) for name, v in
              re.findall(r"(CXLKV_E_[A-Z_]+)\s*=\s*(-\d+)", HEADER.read_text())}
-    assert len(codes) >= 16
+    assert len(codes) >= 17
+    # No code of the header is missing from the package, and the package has no stale one.
+    assert set(codes.values()) == set(errors.CODE_NAMES)
     for name, code in codes.items():
         assert errors.CODE_NAMES[code] == name
         cls = errors.error_class(code)
@@ -45,6 +47,8 @@ def test_builtin_bases() -> None:
     assert issubclass(errors.ClosedError, errors.InvalidArgumentError)
     assert issubclass(errors.EngineVersionError, RuntimeError)
     assert issubclass(errors.LibraryNotFoundError, ImportError)
+    assert errors.error_class(errors.E_BUSY) is errors.BusyError
+    assert "pinned" in errors.DEFAULT_HINTS[errors.E_BUSY]
     e = errors.from_code(-99, "what")
     assert type(e) is errors.CxlkvError and "code -99" in str(e)
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import cxlkv
+from cxlkv import _lib
 from cxlkv.errors import InvalidArgumentError, KeyLengthError
+from cxlkv.keys import key_from_digest
 from conftest import HERE
 
 
@@ -58,12 +62,93 @@ def test_digest_keys_are_deterministic_and_separated(ns: cxlkv.Namespace) -> Non
     assert ns.digest_key(d32.hex()) == k  # SGLang's hex form
     assert ns.digest_key(bytearray(d32)) == k
     assert ns.digest_key(d32, group=1) != k
+    assert ns.digest_key(d32, group=1) != ns.digest_key(d32, group=2)
     assert cxlkv.Namespace("pytest", "model-b", "layout-1").digest_key(d32) != k
     assert ns.digest_key(d32[:16]) != ns.digest_key(d32[:16] + bytes(16))
     # Never equal to the key of a token block with the same words.
     words = np.frombuffer(d32, dtype="<u4")
     assert ns.chain_key(words) != k
-    assert ns.chain_key(np.r_[[0x44475354, 0, 32], words].astype(np.uint32)) == k
+    # The parent counts.
+    assert ns.digest_key(d32, parent=k) != k
+
+
+# cxlkv_prefix_key_from_digest's frozen format, pinned in tests/capi_tier_test.c
+# (TestDigestKeys): namespace 42, digest bytes i * 7 + 1, this parent.
+GOLDEN_PARENT = cxlkv.PrefixKey(0x1111222233334444, 0x5555666677778888)
+GOLDEN = [  # (digest length, with parent, lo, hi)
+    (16, False, 0xFA0BF79F338DB8E0, 0x78D27ECB1C93BEBA),
+    (16, True, 0x5AA18338691C3F46, 0xE5C560D7897E925D),
+    (32, False, 0x1A5458CD078495D9, 0x5CB8D4E3C2A17851),
+    (32, True, 0xF4B3E504F02C8F83, 0x870E3E60D66C466A),
+]
+
+
+@pytest.mark.parametrize("length,with_parent,lo,hi", GOLDEN)
+def test_digest_keys_are_the_c_functions_golden_values(length: int, with_parent: bool, lo: int,
+                                                       hi: int) -> None:
+    d = bytes((i * 7 + 1) & 0xFF for i in range(length))
+    parent = GOLDEN_PARENT if with_parent else None
+    assert key_from_digest(42, d, parent) == cxlkv.PrefixKey(lo, hi)
+    assert key_from_digest(42, d.hex(), parent) == cxlkv.PrefixKey(lo, hi)
+
+
+def test_namespace_digest_key_is_the_c_key_of_its_id(ns: cxlkv.Namespace) -> None:
+    d = hashlib.sha256(b"block 7").digest()
+    assert ns.digest_key(d) == key_from_digest(ns.id, d)
+    p = ns.digest_key(hashlib.sha256(b"block 6").digest())
+    assert ns.digest_key(d, parent=p) == key_from_digest(ns.id, d, p)
+    # A KV cache group other than 0 is the namespace with " kv-group <g>" in its layout name,
+    # which a C program builds with cxlkv_namespace.
+    g3 = cxlkv.Namespace("pytest", "model-a", "layout-1 kv-group 3")
+    assert ns.group(3) == g3 and ns.group(0) is ns
+    assert ns.digest_key(d, group=3) == key_from_digest(g3.id, d)
+    # digest_chain chains each key on the one before, as the C example does.
+    ds = [hashlib.sha256(bytes([i])).digest() for i in range(4)]
+    chain = ns.digest_chain(ds)
+    parent = None
+    for dd, key in zip(ds, chain):
+        parent = key_from_digest(ns.id, dd, parent)
+        assert key == parent
+
+
+def test_digest_keys_equal_a_c_programs(ns: cxlkv.Namespace, tmp_path: Path) -> None:
+    """The same key from a C program linked against the library (not through ctypes)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    include = HERE.parent.parent / "include"
+    if cc is None or not (include / "cxlkv" / "cxlkv.h").is_file():
+        pytest.skip("needs a C compiler and the source tree's include/")
+    lib = Path(_lib.load().realpath)
+    src = tmp_path / "k.c"
+    src.write_text(r"""
+#include <stdio.h>
+#include "cxlkv/cxlkv.h"
+int main(void) {
+  unsigned char d[32];
+  for (int i = 0; i < 32; ++i) d[i] = (unsigned char)(0xA0 + i);
+  uint64_t ns = cxlkv_namespace("pytest", "model-a", "layout-1");
+  uint64_t g2 = cxlkv_namespace("pytest", "model-a", "layout-1 kv-group 2");
+  cxlkv_prefix_key a, b, c;
+  if (cxlkv_prefix_key_from_digest(ns, NULL, d, 32, &a) ||
+      cxlkv_prefix_key_from_digest(ns, &a, d, 16, &b) ||
+      cxlkv_prefix_key_from_digest(g2, NULL, d, 32, &c)) return 1;
+  printf("%llx %llx %llx %llx %llx %llx\n", (unsigned long long)a.lo, (unsigned long long)a.hi,
+         (unsigned long long)b.lo, (unsigned long long)b.hi, (unsigned long long)c.lo,
+         (unsigned long long)c.hi);
+  return 0;
+}
+""")
+    exe = tmp_path / "k"
+    subprocess.run([cc, "-std=c11", f"-I{include}", str(src), str(lib),
+                    f"-Wl,-rpath,{lib.parent}", "-o", str(exe)], check=True)
+    words = [int(w, 16) for w in subprocess.run([str(exe)], check=True, capture_output=True,
+                                                text=True).stdout.split()]
+    d = bytes(range(0xA0, 0xC0))
+    a = ns.digest_key(d)
+    assert [a.lo, a.hi] == words[0:2]
+    b = ns.digest_key(d[:16], parent=a)
+    assert [b.lo, b.hi] == words[2:4]
+    c = ns.digest_key(d, group=2)
+    assert [c.lo, c.hi] == words[4:6]
 
 
 @pytest.mark.parametrize("bad", [b"", b"x" * 15, b"x" * 17, b"x" * 31, b"x" * 33, b"x" * 36])
@@ -81,6 +166,12 @@ def test_bad_digest_forms(ns: cxlkv.Namespace) -> None:
         ns.digest_key(12345)  # type: ignore[arg-type]
     with pytest.raises(KeyLengthError, match="group"):
         ns.digest_key(b"x" * 32, group=1 << 32)
+    with pytest.raises(InvalidArgumentError, match="parent"):
+        ns.digest_key(b"x" * 32, parent=b"y" * 16)  # type: ignore[arg-type]
+    with pytest.raises(KeyLengthError, match="expected 16 or 32 bytes"):
+        ns.digest_chain([b"x" * 32, b"x" * 20])
+    with pytest.raises(InvalidArgumentError, match="namespace id"):
+        key_from_digest(-1, b"x" * 32)
 
 
 def test_prefix_key_bytes_round_trip(ns: cxlkv.Namespace) -> None:

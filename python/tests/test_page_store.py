@@ -215,3 +215,109 @@ def test_host_page_pool_checks_its_shape() -> None:
     ptrs, sizes = p.get_page_buffer_meta(np.arange(16, 48))
     base = p.data.__array_interface__["data"][0]
     assert ptrs == [base + 16 * 8, base + 32 * 8] and sizes == [128, 128]
+
+
+# ---- NVMe spill through a tier ---------------------------------------------------------------
+
+
+def spill_tier(root, page_bytes: int):  # type: ignore[no-untyped-def]
+    """A tier over an arena of its own whose blocks are the page size, its store in `root`;
+    closes with its pool at the end of the test (the caller's `closers`)."""
+    from cxlkv.pool import layout_for_block_bytes
+
+    layout, _ = layout_for_block_bytes(page_bytes)
+    pool = cxlkv.Pool.open("memfd:pytest-spill?size=4M")
+    arena = cxlkv.Arena.create(pool, layout)
+    try:
+        tier = cxlkv.Tier.open(arena, nvme_dir=root / "spill-nvme")
+    except cxlkv.errors.MismatchError as e:
+        pool.close()
+        pytest.skip(f"{root} cannot hold an NVMe store: {e}")
+    return tier, pool
+
+
+@pytest.fixture
+def small_env(make_env) -> Env:
+    # A pool of a few dozen blocks (fewer than the request ring's 64 slots): the arena fills.
+    return make_env(block_bytes=2 * PAGE * TOKEN_BYTES, pool_bytes=128 << 10)
+
+
+@pytest.mark.parametrize("kv_parts", [2, 1])
+def test_pages_the_domain_cannot_take_spill_to_nvme(small_env: Env, ns: cxlkv.Namespace,
+                                                    tmp_path, kv_parts: int) -> None:
+    page_bytes = 2 * PAGE * TOKEN_BYTES
+    tier, tier_pool = spill_tier(tmp_path, page_bytes)
+    try:
+        w = store(small_env, 0, ns, spill=tier)
+        total = w.domain.home_arena.stats().classes[0].total_blocks  # type: ignore[union-attr]
+        pages = total + 6
+        tokens = PAGE * pages
+        shape = (2, tokens, TOKEN_BYTES) if kv_parts == 2 else (tokens, 2 * TOKEN_BYTES)
+        data = np.random.default_rng(11).integers(0, 256, shape, dtype=np.uint8)
+        src = cxlkv.HostPagePool(data, PAGE, kv_parts=kv_parts)
+        w.register_mem_pool_host(src)
+        keys = page_hashes(list(range(7, 7 + tokens)), PAGE)
+        # Every page is stored: the domain's arena takes `total`, the tier the rest (new
+        # pages, never used before: the rule sends them to NVMe).
+        assert w.batch_set_v1(keys, np.arange(tokens)) == [True] * pages
+        st = tier.stats()
+        assert st.placed_nvme == 6 and st.placed_cxl == 0 and st.nvme_blocks == 6
+        assert w.exists(keys[-1])  # spilled: at once (published pages: once applied)
+        wait_until(lambda: w.batch_exists(keys) == pages, what="the published pages applied")
+        # Read back into another pool: the domain's run, then the tier's, byte for byte.
+        dst = cxlkv.HostPagePool(np.zeros_like(data), PAGE, kv_parts=kv_parts)
+        w.register_mem_pool_host(dst)
+        assert w.batch_get_v1(keys, np.arange(tokens)) == [True] * pages
+        assert np.array_equal(dst.data, data)
+        assert tier.stats().nvme_reads == 6
+        # The spilled pages are this host's: another host sees the domain's only.
+        r = store(small_env, 1, ns)
+        assert r.batch_exists(keys) == total
+        # Without a spill the same writer refuses the pages past the arena.
+        more = page_hashes(list(range(90000, 90000 + 2 * PAGE)), PAGE)
+        w_plain = store(small_env, 2, ns)
+        w_plain.register_mem_pool_host(src)
+        assert w_plain.batch_set_v1(more, np.arange(2 * PAGE)) == [False, False]
+    finally:
+        tier.close()
+        tier_pool.close()
+
+
+def test_a_run_alternating_between_domain_and_spill(env: Env, ns: cxlkv.Namespace,
+                                                   tmp_path) -> None:
+    page_bytes = 2 * PAGE * TOKEN_BYTES
+    tier, tier_pool = spill_tier(tmp_path, page_bytes)
+    try:
+        w = store(env, 0, ns, spill=tier)
+        src, dst = host_pool(21), host_pool()
+        w.register_mem_pool_host(src)
+        keys = page_hashes(list(range(3000, 3000 + TOKENS)), PAGE)
+        # Pages 0, 1 and 4 in the domain; 2 and 3 in the tier (placed directly); 5 nowhere.
+        w.batch_set_v1([keys[0], keys[1]], np.arange(2 * PAGE))
+        w.batch_set_v1([keys[4]], np.arange(4 * PAGE, 5 * PAGE))
+        two = [np.concatenate([x.reshape(-1) for x in src.page(p * PAGE)]) for p in (2, 3)]
+        pks = [w.key(k) for k in keys]
+        assert tier.place(ns, pks[:4], two, first=2) == [cxlkv.Residence.ON_NVME] * 2
+        wait_until(lambda: w.batch_exists(keys) == 5, what="pages 0, 1 and 4 applied")
+        w.register_mem_pool_host(dst)
+        assert w.batch_get_v1(keys[:6], np.arange(6 * PAGE)) == [True] * 5 + [False]
+        assert all(pages_equal(src, p * PAGE, dst, p * PAGE) for p in range(5))
+        assert not dst.data[:, 5 * PAGE:].any()
+        # The tensor API reads through the spill too.
+        one = w.get(keys[3])
+        assert one is not None and bytes(one) == two[1].tobytes()
+    finally:
+        tier.close()
+        tier_pool.close()
+
+
+def test_a_spill_tier_of_another_block_size_is_refused(env: Env, ns: cxlkv.Namespace,
+                                                      tmp_path) -> None:
+    tier, tier_pool = spill_tier(tmp_path, 4096)
+    try:
+        with pytest.raises(InvalidArgumentError, match="4096 bytes, the store's pages 2048") as e:
+            store(env, 0, ns, spill=tier)
+        assert "layout_for_block_bytes" in str(e.value)
+    finally:
+        tier.close()
+        tier_pool.close()
