@@ -1,0 +1,72 @@
+#!/bin/sh
+# vllm-offload: modern vLLM's CPU KV offload region lands on the CXL node with no change to
+# the engine. Two workers of vllm_offload (tests/preload/vllm_offload.cc: create or wait,
+# ftruncate, mmap MAP_SHARED, MADV_POPULATE_WRITE, cudaHostRegister, write and check every
+# slice) run under the preload shim with CXLKV_POOL=kmem:node=N and CXLKV_SHM naming their
+# /dev/shm file; move_pages must find every page of the region on node N and its policy must
+# be MPOL_BIND to N. A third run without CXLKV_SHM is the control: its pages are not on N.
+# Needs the dax device onlined as system RAM: it does that itself unless an earlier test
+# (kmem) or --kmem did, so run it after kmem.
+# needs: vllm_offload libcxlkv_preload.so
+set -eu
+out="${CXLKV_OUT:-/tmp}"
+node="${CXLKV_KMEM_NODE:-}"
+if [ -z "$node" ]; then
+  # Onlined by the kmem test of this run: the CPU-less node with memory.
+  for d in /sys/devices/system/node/node[0-9]*; do
+    [ -z "$(cat "$d/cpulist")" ] && grep -q "MemTotal: *[1-9]" "$d/meminfo" && node="${d##*node}"
+  done
+fi
+if [ -z "$node" ]; then
+  dev="${CXLKV_DAX:?}"
+  echo "+ daxctl reconfigure-device --mode=system-ram ${dev#/dev/}"
+  node="$(daxctl reconfigure-device --mode=system-ram "${dev#/dev/}" |
+          sed -n 's/.*"target_node":\([0-9]*\).*/\1/p' | head -n 1)"
+fi
+[ -n "$node" ] || { echo "vllm-offload: FAIL: no kmem NUMA node"; exit 1; }
+# The guest's /dev is a devtmpfs without /dev/shm: give it the tmpfs a distribution mounts.
+if ! grep -q " /dev/shm " /proc/mounts; then
+  mkdir -p /dev/shm
+  mount -t tmpfs tmpfs /dev/shm
+fi
+shim="$CXLKV_BIN/libcxlkv_preload.so"
+bytes=$((8 << 20))
+
+# run TAG EXPECT_NODE ENV...: two workers of one region; prints their summaries.
+run() {
+  tag="$1"; expect="$2"; shift 2
+  dir="$out/vllm-offload-$tag"
+  rm -rf "$dir"; mkdir -p "$dir/barrier"
+  file="/dev/shm/vllm_offload_guest_$tag.mmap"
+  for rank in 0 1; do
+    env "$@" "$CXLKV_BIN/vllm_offload" "$file" "$bytes" --rank "$rank" --world 2 \
+      --barrier "$dir/barrier" $expect > "$dir/out.$rank" 2> "$dir/err.$rank" &
+    eval "pid$rank=\$!"
+    [ "$rank" = 0 ] && sleep 1
+  done
+  rc=0
+  wait "$pid0" || rc=1
+  wait "$pid1" || rc=1
+  cat "$dir/out.0" "$dir/out.1"
+  cat "$dir/err.0" "$dir/err.1" >&2
+  return "$rc"
+}
+
+echo "+ two workers under the shim, CXLKV_POOL=kmem:node=$node CXLKV_SHM=/dev/shm/vllm_offload_*"
+run shim "--expect-node $node" LD_PRELOAD="$shim" CXLKV_POOL="kmem:node=$node" \
+  CXLKV_SHM='/dev/shm/vllm_offload_*' CXLKV_LOG=info ||
+  { echo "vllm-offload: FAIL: the region is not all on node $node (or a worker failed)"; exit 1; }
+grep -q "\"policy\": \"bind:$node\"" "$out/vllm-offload-shim/out.0" ||
+  { echo "vllm-offload: FAIL: the region's policy is not MPOL_BIND to node $node"; exit 1; }
+grep -q "bound to node $node" "$out/vllm-offload-shim/err.0" "$out/vllm-offload-shim/err.1" ||
+  { echo "vllm-offload: FAIL: the shim did not log the binding"; exit 1; }
+
+echo "+ control: the same without CXLKV_SHM"
+run control "" LD_PRELOAD="$shim" CXLKV_POOL="kmem:node=$node" ||
+  { echo "vllm-offload: FAIL: the control run failed"; exit 1; }
+if grep -q "\"nodes\": {\"$node\": " "$out/vllm-offload-control/out.0" &&
+   ! grep -q "\"nodes\": {\"$node\": [0-9]*, " "$out/vllm-offload-control/out.0"; then
+  echo "vllm-offload: FAIL: without CXLKV_SHM the region is on node $node too: the check proves nothing"
+  exit 1
+fi
+echo "vllm-offload: ok: 2 workers' 8 MiB region on kmem node $node under the shim, elsewhere without it"
