@@ -37,7 +37,7 @@ class Mapping {
  public:
   Mapping() {
     fd_ = ::memfd_create("lmcache-visibility-test", MFD_CLOEXEC);
-    EXPECT_GE(fd_, 0) << std::strerror(errno);
+    EXPECT_GE(fd_, 0) << "memfd_create: errno " << errno;
     EXPECT_EQ(::ftruncate(fd_, kBytes), 0);
     void* p = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
     EXPECT_NE(p, MAP_FAILED);
@@ -61,15 +61,15 @@ const CacheCall kFenceCall{CacheOp::kFence, nullptr, 0};
 TEST(LmcacheVisibility, PublishWritesBackAndFencesExactlyTheRange) {
   Mapping m;
   // Whole lines, a partial last line, one byte, and a range spanning many pages.
-  for (std::size_t len : {std::size_t{64}, std::size_t{100}, std::size_t{1}, std::size_t{5} << 16}) {
+  for (std::size_t len :
+       {std::size_t{64}, std::size_t{100}, std::size_t{1}, std::size_t{5} << 16}) {
     SCOPED_TRACE(len);
     std::memset(m.at(4096), 0x5A, len);
     CacheRecorder rec;
-    ASSERT_EQ(lmcache_shared_l1_visibility_v1(kMode, kPublish, m.fd(), m.at(4096), 8192 + 4096,
-                                              len, 7),
-              0);
-    EXPECT_EQ(rec.Take(),
-              (std::vector<CacheCall>{{CacheOp::kFlush, m.at(4096), len}, kFenceCall}))
+    ASSERT_EQ(
+        lmcache_shared_l1_visibility_v1(kMode, kPublish, m.fd(), m.at(4096), 8192 + 4096, len, 7),
+        0);
+    EXPECT_EQ(rec.Take(), (std::vector<CacheCall>{{CacheOp::kFlush, m.at(4096), len}, kFenceCall}))
         << "publish must write back the whole range, then fence (a flush alone only starts "
            "the write-back)";
   }
@@ -102,7 +102,7 @@ struct BadCase {
   const char* what;
   const char* mode;
   std::uint32_t op;
-  int fd;  // -2: the mapping's descriptor; -3: a closed one
+  int fd;               // -2: the mapping's descriptor; -3: a closed one
   std::ptrdiff_t addr;  // from the mapping's base; kNullAddr: NULL; kTopAddr: near the top
   std::uint64_t device_offset;
   std::size_t length;
@@ -138,9 +138,8 @@ TEST(LmcacheVisibility, BadInputIsAnErrnoAndTouchesNothing) {
                                       : static_cast<void*>(m.at(static_cast<std::size_t>(c.addr)));
     const int fd = c.fd == -2 ? m.fd() : c.fd == -3 ? closed : c.fd;
     CacheRecorder rec;
-    EXPECT_EQ(
-        lmcache_shared_l1_visibility_v1(c.mode, c.op, fd, addr, c.device_offset, c.length, 1),
-        c.want);
+    EXPECT_EQ(lmcache_shared_l1_visibility_v1(c.mode, c.op, fd, addr, c.device_offset, c.length, 1),
+              c.want);
     EXPECT_TRUE(rec.Take().empty()) << "a refused call must not touch memory";
   }
 }

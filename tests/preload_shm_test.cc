@@ -8,6 +8,7 @@
 //     mapping beyond the extent; a kmem node binding the file's pages.
 // The shim itself under a vLLM-like program is tests/preload/shm_offload.py; the kmem node of
 // a CXL device in QEMU is qemu-cxl/guest-tests/vllm-offload.sh.
+#include <dirent.h>
 #include <fcntl.h>
 #include <numaif.h>
 #include <sys/mman.h>
@@ -33,8 +34,9 @@ namespace {
 
 using cxlkv::testing::ShmPath;
 
-Settings Load(std::vector<std::string> env, std::vector<std::string>* errors) {
+Settings Load(const std::vector<std::string>& env, std::vector<std::string>* errors) {
   std::vector<const char*> envp;
+  envp.reserve(env.size() + 1);
   for (const auto& e : env) envp.push_back(e.c_str());
   envp.push_back(nullptr);
   return LoadSettings(envp.data(), errors);
@@ -106,7 +108,8 @@ struct Driver {
         [](void* ctx, void* a, std::size_t n, unsigned f) {
           auto* d = static_cast<Driver*>(ctx);
           d->calls.push_back({true, reinterpret_cast<std::uintptr_t>(a), n, f});
-          return d->registered++ == d->fail_at ? 712 : 0;  // cudaErrorHostMemoryAlreadyRegistered-ish
+          return d->registered++ == d->fail_at ? 712
+                                               : 0;  // cudaErrorHostMemoryAlreadyRegistered-ish
         },
         [](void* ctx, void* a) {
           auto* d = static_cast<Driver*>(ctx);
@@ -149,7 +152,8 @@ TEST(HostRegister, ARefusalUndoesTheChunksDoneNewestFirstAndIsReturned) {
       << "the caller is told 'refused': nothing of the range may stay pinned";
   Driver first;
   first.fail_at = 0;
-  const auto r0 = RegisterInChunks(reinterpret_cast<void*>(base), 5u << 20, 0, 1u << 20, first.ops());
+  const auto r0 =
+      RegisterInChunks(reinterpret_cast<void*>(base), 5u << 20, 0, 1u << 20, first.ops());
   EXPECT_EQ(r0.error, 712);
   EXPECT_EQ(first.calls.size(), 1u) << "nothing done, nothing to undo";
 }
@@ -192,9 +196,16 @@ class ShmExtent : public ::testing::Test {
   }
   void TearDown() override {
     for (const std::string& f : files_) ::unlink(f.c_str());
-    // Sidecars of this test's files.
-    const std::string cmd = "rm -f /dev/shm/.cxlkv-shmtest-" + std::to_string(::getpid()) + "-*";
-    (void)!std::system(cmd.c_str());
+    // Sidecars of this test's files (a failed test may leave some).
+    const std::string mine = ".cxlkv-shmtest-" + std::to_string(::getpid()) + "-";
+    if (DIR* d = ::opendir("/dev/shm")) {
+      std::vector<std::string> names;
+      while (const dirent* e = ::readdir(d)) {
+        if (std::string(e->d_name).rfind(mine, 0) == 0) names.emplace_back(e->d_name);
+      }
+      ::closedir(d);
+      for (const std::string& n : names) ::unlink(("/dev/shm/" + n).c_str());
+    }
   }
   std::unique_ptr<ShmBacking> Backing() {
     auto b = ShmBacking::Create(*pool::ParseSourceSpec(pool_spec_), prefix_ + "vllm_offload_*");
@@ -206,7 +217,7 @@ class ShmExtent : public ::testing::Test {
     const std::string p = prefix_ + name;
     files_.push_back(p);
     const int fd = ::open(p.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    EXPECT_GE(fd, 0) << std::strerror(errno);
+    EXPECT_GE(fd, 0) << "errno " << errno;
     EXPECT_EQ(::ftruncate(fd, static_cast<off_t>(bytes)), 0);
     return fd;
   }
@@ -221,10 +232,10 @@ class ShmExtent : public ::testing::Test {
   static ShmBindingRecord Record(const std::string& file) {
     struct statx sx {};
     EXPECT_EQ(::statx(AT_FDCWD, file.c_str(), 0, STATX_INO | STATX_BTIME, &sx), 0);
-    const std::int64_t bt = (sx.stx_mask & STATX_BTIME) != 0
-                                ? static_cast<std::int64_t>(sx.stx_btime.tv_sec) * 1000000000 +
-                                      sx.stx_btime.tv_nsec
-                                : 0;
+    const std::int64_t bt =
+        (sx.stx_mask & STATX_BTIME) != 0
+            ? static_cast<std::int64_t>(sx.stx_btime.tv_sec) * 1000000000 + sx.stx_btime.tv_nsec
+            : 0;
     ShmBindingRecord rec{};
     const int fd = ::open(ShmSidecarPath(file, sx.stx_ino, bt).c_str(), O_RDONLY | O_CLOEXEC);
     EXPECT_GE(fd, 0) << "no sidecar for " << file;
@@ -237,10 +248,10 @@ class ShmExtent : public ::testing::Test {
   std::string SidecarOf(const std::string& file) {
     struct statx sx {};
     if (::statx(AT_FDCWD, file.c_str(), 0, STATX_INO | STATX_BTIME, &sx) != 0) return "";
-    const std::int64_t bt = (sx.stx_mask & STATX_BTIME) != 0
-                                ? static_cast<std::int64_t>(sx.stx_btime.tv_sec) * 1000000000 +
-                                      sx.stx_btime.tv_nsec
-                                : 0;
+    const std::int64_t bt =
+        (sx.stx_mask & STATX_BTIME) != 0
+            ? static_cast<std::int64_t>(sx.stx_btime.tv_sec) * 1000000000 + sx.stx_btime.tv_nsec
+            : 0;
     return ShmSidecarPath(file, sx.stx_ino, bt);
   }
 
@@ -249,7 +260,9 @@ class ShmExtent : public ::testing::Test {
   std::vector<std::string> files_;
 };
 
-unsigned char Pat(int who, std::size_t i) { return static_cast<unsigned char>(who * 31 + i * 7 + 1); }
+unsigned char Pat(int who, std::size_t i) {
+  return static_cast<unsigned char>(static_cast<std::size_t>(who) * 31 + i * 7 + 1);
+}
 
 TEST_F(ShmExtent, TheFileLivesInAnExtentEveryProcessMaps) {
   constexpr std::size_t kBytes = 3u << 20;
@@ -325,22 +338,27 @@ TEST_F(ShmExtent, AnExtentStaysWhileAnyProcessMapsItAndGoesAfter) {
   constexpr std::size_t kBytes = 1u << 20;
   const std::string file = prefix_ + "vllm_offload_held.mmap";
   const int fd = MakeFile("vllm_offload_held.mmap", kBytes);
-  int go[2];
-  ASSERT_EQ(::pipe(go), 0);
+  int up[2], down[2];  // child -> parent: "mapped"; parent -> child: "exit now"
+  ASSERT_EQ(::pipe(up), 0);
+  ASSERT_EQ(::pipe(down), 0);
   const pid_t child = ::fork();
   if (child == 0) {  // maps and holds it until told, then exits without unmapping
+    ::close(up[0]);
+    ::close(down[1]);
     auto cb = ShmBacking::Create(*pool::ParseSourceSpec(pool_spec_), prefix_ + "vllm_offload_*");
     if (!cb.ok()) ::_exit(10);
     const auto cm = (*cb)->Map(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (!cm.bound) ::_exit(11);
     static_cast<unsigned char*>(cm.addr)[0] = 7;
     char c;
-    (void)!::write(go[1], "m", 1);
-    (void)!::read(go[0], &c, 1);
+    (void)!::write(up[1], "m", 1);
+    (void)!::read(down[0], &c, 1);
     ::_exit(0);
   }
+  ::close(up[1]);
+  ::close(down[0]);
   char c;
-  ASSERT_EQ(::read(go[0], &c, 1), 1);  // the child maps the extent
+  ASSERT_EQ(::read(up[0], &c, 1), 1) << "the child did not map the file";
   auto b = Backing();
   struct stat before {};
   ASSERT_EQ(::lstat(file.c_str(), &before), 0);
@@ -348,7 +366,9 @@ TEST_F(ShmExtent, AnExtentStaysWhileAnyProcessMapsItAndGoesAfter) {
   ASSERT_EQ(::unlink(file.c_str()), 0);
   b->Unlinked(AT_FDCWD, file.c_str(), before);
   EXPECT_EQ(Usage().persisted, 4u) << "freed while another process maps it";
-  ASSERT_EQ(::write(go[1], "x", 1), 1);
+  ASSERT_EQ(::write(down[1], "x", 1), 1);
+  ::close(down[1]);
+  ::close(up[0]);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
@@ -449,13 +469,13 @@ void CheckKmemBinding(int node, int populate_flags) {
   auto b = ShmBacking::Create(*pool::ParseSourceSpec("kmem:node=" + std::to_string(node)),
                               "/dev/shm/cxlkv-test-kmem-vllm_offload-*");
   ASSERT_TRUE(b.ok()) << b.status();
-  const auto m = (*b)->Map(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED | populate_flags,
-                           fd, 0);
+  const auto m =
+      (*b)->Map(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED | populate_flags, fd, 0);
   ASSERT_EQ(m.outcome, ShmBacking::Outcome::kMapped);
   EXPECT_TRUE(m.bound);
   auto* p = static_cast<unsigned char*>(m.addr);
   if (populate_flags == 0) {
-    ASSERT_EQ(::madvise(p, kBytes, 23 /* MADV_POPULATE_WRITE */), 0) << std::strerror(errno);
+    ASSERT_EQ(::madvise(p, kBytes, 23 /* MADV_POPULATE_WRITE */), 0) << "errno " << errno;
   }
   int mode = -1;
   unsigned long mask[16] = {};

@@ -121,9 +121,9 @@ void PinHeap() noexcept {
     heap_pin = HeapPin::kFailed;
     return;
   }
-  auto plan = gpu::PlanChunks(r.bytes, kPage,
-                              std::min(gpu::kMaxChunkBytes,
-                                       register_chunk_bytes.load(std::memory_order_relaxed)));
+  auto plan = gpu::PlanChunks(
+      r.bytes, kPage,
+      std::min(gpu::kMaxChunkBytes, register_chunk_bytes.load(std::memory_order_relaxed)));
   if (!plan.ok()) {
     Logf(LogLevel::kWarn,
          "cannot plan the heap's registration: %s; cuda host blocks are "
@@ -239,7 +239,7 @@ struct SplitRegistration {
 };
 constexpr std::size_t kMaxSplits = 64;
 SplitRegistration splits[kMaxSplits];  // cuda_mu
-std::size_t nsplits = 0;                // cuda_mu
+std::size_t nsplits = 0;               // cuda_mu
 
 int RealRegister(void*, void* addr, std::size_t bytes, unsigned flags) {
   return cuda.HostRegister(addr, bytes, flags);
@@ -362,8 +362,7 @@ CXLKV_EXPORT int cudaHostRegister(void* ptr, std::size_t size, unsigned flags) {
          "cudaHostRegister of %zu bytes at %p in %zu chunks of at most %llu bytes: chunk %zu "
          "failed: %s (error %d); the %zu chunk(s) before it were unregistered%s",
          size, ptr, r.chunks, static_cast<unsigned long long>(chunk), r.failed,
-         CudaErrorText(r.error), r.error, r.failed,
-         r.rollback_error != 0 ? " (with errors)" : "");
+         CudaErrorText(r.error), r.error, r.failed, r.rollback_error != 0 ? " (with errors)" : "");
     settle(false);
     return r.error;
   }
@@ -373,8 +372,8 @@ CXLKV_EXPORT int cudaHostRegister(void* ptr, std::size_t size, unsigned flags) {
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   Logf(LogLevel::kInfo,
-       "cudaHostRegister of %zu bytes at %p: %zu chunks of at most %llu bytes, %.1f ms", size,
-       ptr, r.chunks, static_cast<unsigned long long>(chunk), ms);
+       "cudaHostRegister of %zu bytes at %p: %zu chunks of at most %llu bytes, %.1f ms", size, ptr,
+       r.chunks, static_cast<unsigned long long>(chunk), ms);
   return kCudaSuccess;
 }
 
@@ -396,8 +395,10 @@ CXLKV_EXPORT int cudaHostUnregister(void* ptr) {
   const HostRegisterOps ops{&RealRegister, &RealUnregister, nullptr};
   const int err = UnregisterChunks(ptr, found.bytes, found.chunk_bytes, ops);
   if (err != kCudaSuccess) {
-    Logf(LogLevel::kWarn, "cudaHostUnregister of the %zu bytes at %p registered in chunks: %s "
-         "(error %d)", found.bytes, ptr, CudaErrorText(err), err);
+    Logf(LogLevel::kWarn,
+         "cudaHostUnregister of the %zu bytes at %p registered in chunks: %s "
+         "(error %d)",
+         found.bytes, ptr, CudaErrorText(err), err);
   }
   return err;
 }

@@ -398,7 +398,8 @@ CXLKV_EXPORT int unlinkat(int dirfd, const char* path, int flags) noexcept {
   return rc;
 }
 
-CXLKV_EXPORT int shm_unlink(const char* name) noexcept {
+// Not noexcept: glibc declares shm_unlink without __THROW (a cancellation point).
+CXLKV_EXPORT int shm_unlink(const char* name) {
   // glibc's shm_unlink removes /dev/shm/<name without its leading slashes>.
   char path[512] = "";
   if (name != nullptr) {

@@ -22,15 +22,17 @@ struct Key {
   const char* env;
   const char* file;
 };
-constexpr Key kKeys[] = {{"CXLKV_POOL", "pool"},
-                         {"CXLKV_HOST_ID", "host_id"},
-                         {"CXLKV_LIBRARY", "library"},
-                         {"CXLKV_MIN_BYTES", "min_bytes"},
-                         {"CXLKV_LOG", "log"},
-                         {"CXLKV_STATS", "stats"},
-                         {"CXLKV_SHM", "shm"},
-                         {"CXLKV_REGISTER_CHUNK", "register_chunk"},
-                         {"CXLKV_CONFIG", nullptr}};
+constexpr Key kKeys[] = {
+    {"CXLKV_POOL", "pool"},
+    {"CXLKV_HOST_ID", "host_id"},
+    {"CXLKV_LIBRARY", "library"},
+    {"CXLKV_MIN_BYTES", "min_bytes"},
+    {"CXLKV_LOG", "log"},
+    {"CXLKV_STATS", "stats"},
+    {"CXLKV_SHM", "shm"},
+    {"CXLKV_REGISTER_CHUNK", "register_chunk"},
+    {"CXLKV_CONFIG", nullptr},
+};
 
 bool ParseLevel(absl::string_view s, LogLevel* out) {
   static constexpr LogLevel kAll[] = {LogLevel::kOff, LogLevel::kError, LogLevel::kWarn,
@@ -153,9 +155,10 @@ absl::Status ApplySetting(absl::string_view key, absl::string_view value, Settin
   }
   if (key == "shm") {
     if (!value.empty() && value.front() != '/') {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shm '", value, "': give a glob of absolute paths of the shared-memory files to back "
-          "with the pool, e.g. /dev/shm/vllm_offload_*"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("shm '", value,
+                       "': give a glob of absolute paths of the shared-memory files to back "
+                       "with the pool, e.g. /dev/shm/vllm_offload_*"));
     }
     s->shm_glob = std::string(value);
     return absl::OkStatus();
@@ -164,8 +167,7 @@ absl::Status ApplySetting(absl::string_view key, absl::string_view value, Settin
     auto n = pool::ParseSize(value);
     if (!n.ok() || *n == 0 || *n % 4096 != 0 || *n >= kDriverRegisterLimitBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "register_chunk '", value, "': ",
-          n.ok() ? "" : absl::StrCat(n.status().message(), "; "),
+          "register_chunk '", value, "': ", n.ok() ? "" : absl::StrCat(n.status().message(), "; "),
           "give the most one cudaHostRegister call may pin, a multiple of 4K below 512G (NVIDIA's "
           "r580+ drivers refuse a single call of 512 GiB or more), e.g. 64G"));
     }
@@ -284,10 +286,10 @@ Settings LoadSettings(const char* const* envp, std::vector<std::string>* errors)
     // extents are lent to one process: neither can back a file other processes map.
     auto spec = pool::ParseSourceSpec(s.pool);
     if (s.pool.empty() || !spec.ok() || spec->kind == pool::SourceKind::kMemfd) {
-      errors->push_back(absl::StrCat(
-          "CXLKV_SHM=", s.shm_glob, " needs a pool every process can map: set CXLKV_POOL to "
-          "kmem:node=N, devdax:/dev/daxX.Y or file:PATH (it is ",
-          s.pool.empty() ? std::string("unset") : s.pool, ")"));
+      errors->push_back(absl::StrCat("CXLKV_SHM=", s.shm_glob,
+                                     " needs a pool every process can map: set CXLKV_POOL to "
+                                     "kmem:node=N, devdax:/dev/daxX.Y or file:PATH (it is ",
+                                     s.pool.empty() ? std::string("unset") : s.pool, ")"));
     }
   }
   if (!errors->empty()) s.pool.clear();

@@ -94,7 +94,7 @@ struct RealFns {
   int (*madvise)(void*, std::size_t, int) noexcept;
   int (*unlink)(const char*) noexcept;
   int (*unlinkat)(int, const char*, int) noexcept;
-  int (*shm_unlink)(const char*) noexcept;
+  int (*shm_unlink)(const char*);
 };
 extern RealFns real;  // null members until ResolveReal has run
 // True while this thread runs ResolveReal: dlsym's own allocations go to the boot buffer.

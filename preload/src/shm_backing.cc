@@ -31,9 +31,9 @@ namespace cxlkv::preload {
 namespace {
 
 constexpr std::size_t kPage = 4096;
-constexpr int kMadvPopulateRead = 22;   // MADV_POPULATE_READ (Linux 5.14)
-constexpr int kMadvPopulateWrite = 23;  // MADV_POPULATE_WRITE
-constexpr int kMpolBind = 2;            // MPOL_BIND
+constexpr int kMadvPopulateRead = 22;      // MADV_POPULATE_READ (Linux 5.14)
+constexpr int kMadvPopulateWrite = 23;     // MADV_POPULATE_WRITE
+constexpr int kMpolBind = 2;               // MPOL_BIND
 constexpr unsigned kMpolMfMove = 1u << 1;  // MPOL_MF_MOVE
 
 std::uint64_t RoundUp(std::uint64_t n, std::uint64_t to) { return (n + to - 1) / to * to; }
@@ -64,10 +64,10 @@ bool IdOf(int dirfd, const char* path, int flags, FileId* id) {
   id->ino = sx.stx_ino;
   id->size = sx.stx_size;
   id->mode = sx.stx_mode;
-  id->btime_ns = (sx.stx_mask & STATX_BTIME) != 0
-                     ? static_cast<std::int64_t>(sx.stx_btime.tv_sec) * 1000000000 +
-                           sx.stx_btime.tv_nsec
-                     : 0;
+  id->btime_ns =
+      (sx.stx_mask & STATX_BTIME) != 0
+          ? static_cast<std::int64_t>(sx.stx_btime.tv_sec) * 1000000000 + sx.stx_btime.tv_nsec
+          : 0;
   return true;
 }
 
@@ -133,8 +133,8 @@ bool WriteBinding(int fd, ShmBindingRecord* rec, const std::vector<std::uint32_t
   // Generations first, the record last: a reader that finds a sealed record finds its
   // generations complete (a crash in between leaves no valid record, only a file to collect).
   return ::ftruncate(fd, 0) == 0 &&
-         (gens.empty() || WriteAll(fd, gens.data(), gens.size() * sizeof(std::uint32_t),
-                                   sizeof(*rec))) &&
+         (gens.empty() ||
+          WriteAll(fd, gens.data(), gens.size() * sizeof(std::uint32_t), sizeof(*rec))) &&
          WriteAll(fd, rec, sizeof(*rec), 0);
 }
 
@@ -209,7 +209,8 @@ ShmBacking::Mapped ShmBacking::Map(void* addr, std::size_t len, int prot, int fl
   if (len == 0 || !PathOfFd(fd, &path) || !ShmPathMatches(glob_.c_str(), path.c_str())) {
     return {};
   }
-  if (spec_.kind == pool::SourceKind::kKmem) return MapKmem(addr, len, prot, flags, fd, off, path.c_str());
+  if (spec_.kind == pool::SourceKind::kKmem)
+    return MapKmem(addr, len, prot, flags, fd, off, path.c_str());
   return MapExtent(addr, len, prot, flags, fd, off, path);
 }
 
@@ -218,12 +219,14 @@ ShmBacking::Mapped ShmBacking::Map(void* addr, std::size_t len, int prot, int fl
 ShmBacking::Mapped ShmBacking::MapKmem(void* addr, std::size_t len, int prot, int flags, int fd,
                                        off_t off, const char* path) noexcept {
   struct statfs fs {};
-  if (::fstatfs(fd, &fs) != 0 ||
-      (fs.f_type != TMPFS_MAGIC && fs.f_type != static_cast<decltype(fs.f_type)>(HUGETLBFS_MAGIC))) {
+  if (::fstatfs(fd, &fs) != 0 || (fs.f_type != TMPFS_MAGIC &&
+                                  fs.f_type != static_cast<decltype(fs.f_type)>(HUGETLBFS_MAGIC))) {
     // A disk file's page cache ignores a mapping's memory policy: binding would do nothing.
     if (FirstTime(once_not_tmpfs_)) {
-      Logf(LogLevel::kWarn, "CXLKV_SHM: %s is not on tmpfs or hugetlbfs; its pages cannot be "
-           "bound to kmem:node=%d and it is mapped as it is", path, spec_.numa_node);
+      Logf(LogLevel::kWarn,
+           "CXLKV_SHM: %s is not on tmpfs or hugetlbfs; its pages cannot be "
+           "bound to kmem:node=%d and it is mapped as it is",
+           path, spec_.numa_node);
     }
     return {};
   }
@@ -245,8 +248,10 @@ ShmBacking::Mapped ShmBacking::MapKmem(void* addr, std::size_t len, int prot, in
   }
   const int err = errno;
   if (!bound && FirstTime(once_mbind_)) {
-    Logf(LogLevel::kWarn, "CXLKV_SHM: mbind of %s to node %d failed: %s; its pages go where the "
-         "kernel puts them", path, spec_.numa_node, ErrnoText(err).c_str());
+    Logf(LogLevel::kWarn,
+         "CXLKV_SHM: mbind of %s to node %d failed: %s; its pages go where the "
+         "kernel puts them",
+         path, spec_.numa_node, ErrnoText(err).c_str());
   }
   if ((flags & MAP_POPULATE) != 0) {
     (void)::madvise(p, bytes, (prot & PROT_WRITE) != 0 ? kMadvPopulateWrite : kMadvPopulateRead);
@@ -288,14 +293,16 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
   std::lock_guard lock(mu_);
   if (auto st = EnsureArena(); !st.ok()) {
     if (FirstTime(once_arena_)) {
-      Logf(LogLevel::kError, "CXLKV_SHM: cannot open the pool for %s: %s; matching files are "
-           "mapped as they are", name, std::string(st.message()).c_str());
+      Logf(LogLevel::kError,
+           "CXLKV_SHM: cannot open the pool for %s: %s; matching files are "
+           "mapped as they are",
+           name, std::string(st.message()).c_str());
     }
     return {};
   }
   const std::string sidecar = ShmSidecarPath(path, id.ino, id.btime_ns);
-  const int lfd = ::open(sidecar.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
-                         (id.mode & 0666) | 0600);
+  const int lfd =
+      ::open(sidecar.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, (id.mode & 0666) | 0600);
   if (lfd < 0 || !LockByte(lfd, kShmRecordLockByte, F_WRLCK, true)) {
     const int err = errno;
     if (lfd >= 0) ::close(lfd);
@@ -345,7 +352,8 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
         gens[i] = pool::WordGen(v);
         ok = pool::WordState(v) == pool::kCached &&
              w.compare_exchange_strong(
-                 v, pool::PackWord(pool::kAllocated, pool::WordOwner(v), gens[i], pool::WordClass(v)),
+                 v,
+                 pool::PackWord(pool::kAllocated, pool::WordOwner(v), gens[i], pool::WordClass(v)),
                  std::memory_order_acq_rel) &&
              arena_->Persist(f + i, gens[i]);
       }
@@ -359,14 +367,15 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
       rec.state = static_cast<std::uint32_t>(ShmBindingState::kBound);
       rec.first_block = f;
       rec.extent_bytes = need;
-      rec.source_offset = arena_->region().spec().offset +
-                          static_cast<std::uint64_t>(arena_->BlockAddr(f) - arena_->region().addr());
+      rec.source_offset =
+          arena_->region().spec().offset +
+          static_cast<std::uint64_t>(arena_->BlockAddr(f) - arena_->region().addr());
     } else {
       gens.clear();
       rec.state = static_cast<std::uint32_t>(ShmBindingState::kPassThrough);
       CopyText(rec.reason, sizeof(rec.reason),
-               absl::StrCat("the pool has no free run of ", pool::FormatBytes(need), " (",
-                            blocks, " blocks of ", pool::FormatBytes(stride_), ")"));
+               absl::StrCat("the pool has no free run of ", pool::FormatBytes(need), " (", blocks,
+                            " blocks of ", pool::FormatBytes(stride_), ")"));
     }
     if (!WriteBinding(lfd, &rec, gens)) {
       const int err = errno;
@@ -378,8 +387,10 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
       return fail(err, absl::StrCat("cannot write ", sidecar, ": ", ErrnoText(err)));
     }
     if (first >= 0) {
-      Logf(LogLevel::kInfo, "CXLKV_SHM: %s (%llu bytes) bound to %s blocks [%u, +%u) at offset "
-           "%llu", name, static_cast<unsigned long long>(id.size), spec_.ToString().c_str(),
+      Logf(LogLevel::kInfo,
+           "CXLKV_SHM: %s (%llu bytes) bound to %s blocks [%u, +%u) at offset "
+           "%llu",
+           name, static_cast<unsigned long long>(id.size), spec_.ToString().c_str(),
            rec.first_block, rec.block_count, static_cast<unsigned long long>(rec.source_offset));
     }
   }
@@ -395,14 +406,18 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
   }
   if (std::memcmp(rec.arena_uuid, arena_->uuid().data(), sizeof(rec.arena_uuid)) != 0) {
     return fail(ENXIO, absl::StrCat("bound to another pool (", rec.pool, ") than this process's ",
-                                     spec_.ToString(), "; run every process with the same "
-                                     "CXLKV_POOL"));
+                                    spec_.ToString(),
+                                    "; run every process with the same "
+                                    "CXLKV_POOL"));
   }
   const std::uint64_t offset = static_cast<std::uint64_t>(off);
   if (offset % align_ != 0 || offset + len > rec.extent_bytes) {
     return fail(EINVAL, absl::StrCat("[", offset, ", +", len, ") is outside its extent of ",
-                                     rec.extent_bytes, " bytes (the file's size when it was "
-                                     "first mapped) or not on a ", align_, "-byte boundary of "
+                                     rec.extent_bytes,
+                                     " bytes (the file's size when it was "
+                                     "first mapped) or not on a ",
+                                     align_,
+                                     "-byte boundary of "
                                      "it; unmap it everywhere and unlink it to start over, or "
                                      "leave it out of CXLKV_SHM"));
   }
@@ -433,20 +448,21 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
       }
     }
   } else {
-    p = ::mmap(addr, bytes, prot, map_flags, pool_fd, static_cast<off_t>(rec.source_offset + offset));
+    p = ::mmap(addr, bytes, prot, map_flags, pool_fd,
+               static_cast<off_t>(rec.source_offset + offset));
   }
   if (p == MAP_FAILED) {
     const int err = errno;
-    return fail(err, absl::StrCat("mmap of its extent in ", spec_.ToString(), " failed: ",
-                                  ErrnoText(err)));
+    return fail(
+        err, absl::StrCat("mmap of its extent in ", spec_.ToString(), " failed: ", ErrnoText(err)));
   }
   // This process maps the extent now: the mapper lock stays with the descriptor until the
   // mapping goes (Unmapped) or the process does.
   if (!LockByte(lfd, kShmMapperLockByte, F_RDLCK, false)) {
     const int err = errno;
     ::munmap(p, bytes);
-    return fail(err, absl::StrCat("cannot take the mapper lock of ", sidecar, ": ",
-                                  ErrnoText(err)));
+    return fail(err,
+                absl::StrCat("cannot take the mapper lock of ", sidecar, ": ", ErrnoText(err)));
   }
   UnlockByte(lfd, kShmRecordLockByte);
   std::size_t slot = kMaxTracked;
@@ -458,35 +474,22 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
     ntracked_.fetch_add(1, std::memory_order_relaxed);
   } else if (FirstTime(once_table_)) {
     // The descriptor stays open (and the extent held) until the process exits.
-    Logf(LogLevel::kWarn, "CXLKV_SHM: more than %zu bound mappings at once; the extents of the "
-         "rest stay held until the process exits", kMaxTracked);
+    Logf(LogLevel::kWarn,
+         "CXLKV_SHM: more than %zu bound mappings at once; the extents of the "
+         "rest stay held until the process exits",
+         kMaxTracked);
   }
   // Collect what earlier runs left in the same directory (files gone, nobody mapping them).
   std::string dir, base;
   SplitPath(path, &dir, &base);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    if (DIR* d = ::fdopendir(dfd)) {
-      std::vector<std::string> names;
-      while (const dirent* e = ::readdir(d)) {
-        const std::string n = e->d_name;
-        if (n.size() > 7 && n[0] == '.' && n.compare(n.size() - 6, 6, kShmSidecarSuffix) == 0 &&
-            dir + "/" + n != sidecar) {
-          names.push_back(n);
-        }
-      }
-      for (const std::string& n : names) CollectLocked(::dirfd(d), dir, n);
-      ::closedir(d);
-    } else {
-      ::close(dfd);
-    }
-  }
+  CollectDirLocked(dir, sidecar.substr(sidecar.rfind('/') + 1));
   return {Outcome::kMapped, p, 0, true, len, true};
 }
 
 // ---- collecting extents nobody maps -------------------------------------------------------------
 
-bool ShmBacking::CollectLocked(int dirfd, const std::string& dir, const std::string& name) noexcept {
+bool ShmBacking::CollectLocked(int dirfd, const std::string& dir,
+                               const std::string& name) noexcept {
   const int fd = ::openat(dirfd, name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return false;
   bool freed = false;
@@ -518,8 +521,10 @@ bool ShmBacking::CollectLocked(int dirfd, const std::string& dir, const std::str
         for (std::uint32_t i = 0; i < rec.block_count; ++i) {
           arena_->FreeShared(rec.first_block + i, gens[i]);
         }
-        Logf(LogLevel::kInfo, "CXLKV_SHM: freed the extent of %s/%s (%u blocks): the file is "
-             "gone and nobody maps it", dir.c_str(), name.c_str(), rec.block_count);
+        Logf(LogLevel::kInfo,
+             "CXLKV_SHM: freed the extent of %s/%s (%u blocks): the file is "
+             "gone and nobody maps it",
+             dir.c_str(), name.c_str(), rec.block_count);
       }
       // Emptied before it goes, so a process that opened it meanwhile finds no binding.
       (void)!::ftruncate(fd, 0);
@@ -531,9 +536,7 @@ bool ShmBacking::CollectLocked(int dirfd, const std::string& dir, const std::str
   return freed;
 }
 
-std::size_t ShmBacking::CollectGarbage(const std::string& dir) noexcept {
-  std::lock_guard lock(mu_);
-  if (spec_.kind == pool::SourceKind::kKmem || !EnsureArena().ok()) return 0;
+std::size_t ShmBacking::CollectDirLocked(const std::string& dir, const std::string& skip) noexcept {
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) return 0;
   DIR* d = ::fdopendir(dfd);
@@ -544,7 +547,8 @@ std::size_t ShmBacking::CollectGarbage(const std::string& dir) noexcept {
   std::vector<std::string> names;
   while (const dirent* e = ::readdir(d)) {
     const std::string n = e->d_name;
-    if (n.size() > 7 && n[0] == '.' && n.compare(n.size() - 6, 6, kShmSidecarSuffix) == 0) {
+    if (n.size() > 7 && n[0] == '.' && n.compare(n.size() - 6, 6, kShmSidecarSuffix) == 0 &&
+        n != skip) {
       names.push_back(n);
     }
   }
@@ -552,6 +556,12 @@ std::size_t ShmBacking::CollectGarbage(const std::string& dir) noexcept {
   for (const std::string& n : names) freed += CollectLocked(::dirfd(d), dir, n) ? 1 : 0;
   ::closedir(d);
   return freed;
+}
+
+std::size_t ShmBacking::CollectGarbage(const std::string& dir) noexcept {
+  std::lock_guard lock(mu_);
+  if (spec_.kind == pool::SourceKind::kKmem || !EnsureArena().ok()) return 0;
+  return CollectDirLocked(dir, "");
 }
 
 void ShmBacking::Unmapped(const void* addr, std::size_t len) noexcept {

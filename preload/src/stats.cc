@@ -152,16 +152,15 @@ std::string RenderStatsJson(const StatsSnapshot& s, const StatsContext& ctx) {
     }
     absl::StrAppend(&j, "}");
   }
-  absl::StrAppend(&j, "\n  },\n  \"reallocs_to_cxl\": ", s.reallocs_to_cxl,
-                  ",\n  \"reallocs_to_pass\": ", s.reallocs_to_pass,
-                  ",\n  \"fallbacks\": ", s.fallbacks,
-                  ",\n  \"cuda_registered\": ", s.cuda_registered,
-                  ",\n  \"cuda_unregistered\": ", s.cuda_unregistered,
-                  ",\n  \"cuda_split_registrations\": ", s.cuda_split_registrations,
-                  ",\n  \"cuda_split_chunks\": ", s.cuda_split_chunks,
-                  ",\n  \"shm_bound\": ", s.shm_bound,
-                  ",\n  \"shm_bound_bytes\": ", s.shm_bound_bytes,
-                  ",\n  \"shm_passed\": ", s.shm_passed, "\n}\n");
+  absl::StrAppend(
+      &j, "\n  },\n  \"reallocs_to_cxl\": ", s.reallocs_to_cxl,
+      ",\n  \"reallocs_to_pass\": ", s.reallocs_to_pass, ",\n  \"fallbacks\": ", s.fallbacks,
+      ",\n  \"cuda_registered\": ", s.cuda_registered,
+      ",\n  \"cuda_unregistered\": ", s.cuda_unregistered,
+      ",\n  \"cuda_split_registrations\": ", s.cuda_split_registrations,
+      ",\n  \"cuda_split_chunks\": ", s.cuda_split_chunks, ",\n  \"shm_bound\": ", s.shm_bound,
+      ",\n  \"shm_bound_bytes\": ", s.shm_bound_bytes, ",\n  \"shm_passed\": ", s.shm_passed,
+      "\n}\n");
   return j;
 }
 

@@ -50,11 +50,24 @@ constexpr int kMadvPopulateWrite = 23;  // MADV_POPULATE_WRITE (Linux 5.14)
 
 [[noreturn]] void Die(int code, const std::string& msg) {
   std::fprintf(stderr, "vllm_offload: %s\n", msg.c_str());
-  std::exit(code);
+  std::fflush(nullptr);
+  ::_exit(code);
+}
+
+std::string ErrnoText() {
+  char buf[128];
+  return ::strerror_r(errno, buf, sizeof(buf));
+}
+
+int ToInt(const std::string& v) {
+  char* end = nullptr;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  if (end == v.c_str() || *end != '\0') Die(2, "not a number: " + v);
+  return static_cast<int>(n);
 }
 
 unsigned char Pat(int rank, std::size_t i) {
-  return static_cast<unsigned char>(rank * 71 + i * 13 + (i >> 12) + 1);
+  return static_cast<unsigned char>(static_cast<std::size_t>(rank) * 71 + i * 13 + (i >> 12) + 1);
 }
 
 bool Exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
@@ -75,9 +88,10 @@ using ErrorStringFn = const char* (*)(int);
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    Die(2, "usage: vllm_offload PATH BYTES [--rank R --world W] [--block BYTES] "
-           "[--populate madvise|map|none] [--expect-node N] [--barrier DIR] [--hold FILE] "
-           "[--open open|shm_open]");
+    Die(2,
+        "usage: vllm_offload PATH BYTES [--rank R --world W] [--block BYTES] "
+        "[--populate madvise|map|none] [--expect-node N] [--barrier DIR] [--hold FILE] "
+        "[--open open|shm_open]");
   }
   const std::string path = argv[1];
   const std::size_t requested = std::strtoull(argv[2], nullptr, 0);
@@ -87,15 +101,25 @@ int main(int argc, char** argv) {
   bool use_shm_open = false;
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--rank") rank = std::atoi(v.c_str());
-    else if (k == "--world") world = std::atoi(v.c_str());
-    else if (k == "--block") block = std::strtoull(v.c_str(), nullptr, 0);
-    else if (k == "--populate") populate = v;
-    else if (k == "--expect-node") expect_node = std::atoi(v.c_str());
-    else if (k == "--barrier") barrier = v;
-    else if (k == "--hold") hold = v;
-    else if (k == "--open") use_shm_open = v == "shm_open";
-    else Die(2, "unknown option " + k);
+    if (k == "--rank") {
+      rank = ToInt(v);
+    } else if (k == "--world") {
+      world = ToInt(v);
+    } else if (k == "--block") {
+      block = std::strtoull(v.c_str(), nullptr, 0);
+    } else if (k == "--populate") {
+      populate = v;
+    } else if (k == "--expect-node") {
+      expect_node = ToInt(v);
+    } else if (k == "--barrier") {
+      barrier = v;
+    } else if (k == "--hold") {
+      hold = v;
+    } else if (k == "--open") {
+      use_shm_open = v == "shm_open";
+    } else {
+      Die(2, "unknown option " + k);
+    }
   }
   if (world < 1 || rank < 0 || rank >= world || requested == 0 || block == 0) {
     Die(2, "bad rank/world/size/block");
@@ -108,15 +132,17 @@ int main(int argc, char** argv) {
     return use_shm_open ? ::shm_open(shm_name.c_str(), oflags, mode)
                         : ::open(path.c_str(), oflags | O_CLOEXEC, mode);
   };
-  if (use_shm_open && path.rfind("/dev/shm/", 0) != 0) Die(2, "--open shm_open needs /dev/shm/NAME");
+  if (use_shm_open && path.rfind("/dev/shm/", 0) != 0)
+    Die(2, "--open shm_open needs /dev/shm/NAME");
   bool creator = true;
   int fd = open_file(O_CREAT | O_EXCL | O_RDWR | O_TRUNC, 0600);
   if (fd >= 0) {
-    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) Die(2, "ftruncate: " + std::string(std::strerror(errno)));
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+      Die(2, "ftruncate: " + ErrnoText());
   } else if (errno == EEXIST) {
     creator = false;
     fd = open_file(O_RDWR, 0);
-    if (fd < 0) Die(2, "open " + path + ": " + std::strerror(errno));
+    if (fd < 0) Die(2, "open " + path + ": " + ErrnoText());
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     struct stat st {};
     while (::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) < bytes) {
@@ -124,14 +150,14 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   } else {
-    Die(2, "open " + path + ": " + std::strerror(errno));
+    Die(2, "open " + path + ": " + ErrnoText());
   }
 
   // 2. The whole file, shared (older vLLM: with MAP_POPULATE).
   const int flags = MAP_SHARED | (populate == "map" ? MAP_POPULATE : 0);
-  auto* base = static_cast<unsigned char*>(
-      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, fd, 0));
-  if (base == MAP_FAILED) Die(2, "mmap: " + std::string(std::strerror(errno)));
+  auto* base =
+      static_cast<unsigned char*>(::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, fd, 0));
+  if (base == MAP_FAILED) Die(2, "mmap: " + ErrnoText());
 
   // 3. This worker's slice, populated block by block, page by page where a block fails.
   const std::size_t per = bytes / static_cast<std::size_t>(world) / kPage * kPage;
@@ -164,7 +190,8 @@ int main(int argc, char** argv) {
     registered = pinned ? "yes"
                         : "failed: " + std::string(error_string ? error_string(err) : "?") +
                               " (error " + std::to_string(err) + "), pageable copies";
-    if (!pinned) std::fprintf(stderr, "vllm_offload: warning: cudaHostRegister %s\n", registered.c_str());
+    if (!pinned)
+      std::fprintf(stderr, "vllm_offload: warning: cudaHostRegister %s\n", registered.c_str());
   }
 
   // 5. Tensors over the slice: write this rank's pattern.
@@ -218,14 +245,16 @@ int main(int argc, char** argv) {
 
   std::string node_json;
   for (const auto& [n, c] : nodes) {
-    node_json += (node_json.empty() ? "" : ", ") + ("\"" + std::to_string(n) + "\": " + std::to_string(c));
+    node_json +=
+        (node_json.empty() ? "" : ", ") + ("\"" + std::to_string(n) + "\": " + std::to_string(c));
   }
-  std::printf("vllm_offload: {\"rank\": %d, \"world\": %d, \"creator\": %s, \"bytes\": %zu, "
-              "\"slice\": %zu, \"data_ok\": %s, \"nodes\": {%s}, \"policy\": \"%s\", "
-              "\"registered\": \"%s\", \"page_fallbacks\": %zu, \"base\": \"%p\"}\n",
-              rank, world, creator ? "true" : "false", bytes, per, bad_rank < 0 ? "true" : "false",
-              node_json.c_str(), policy.c_str(), registered.c_str(), page_fallbacks,
-              static_cast<void*>(base));
+  std::printf(
+      "vllm_offload: {\"rank\": %d, \"world\": %d, \"creator\": %s, \"bytes\": %zu, "
+      "\"slice\": %zu, \"data_ok\": %s, \"nodes\": {%s}, \"policy\": \"%s\", "
+      "\"registered\": \"%s\", \"page_fallbacks\": %zu, \"base\": \"%p\"}\n",
+      rank, world, creator ? "true" : "false", bytes, per, bad_rank < 0 ? "true" : "false",
+      node_json.c_str(), policy.c_str(), registered.c_str(), page_fallbacks,
+      static_cast<void*>(base));
   std::fflush(stdout);
   if (bad_rank >= 0) {
     std::fprintf(stderr, "vllm_offload: rank %d's slice differs at byte %zu\n", bad_rank, bad_at);

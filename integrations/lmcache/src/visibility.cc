@@ -1,5 +1,7 @@
 // lmcache_shared_l1_visibility_v1 (cxlkv/lmcache/visibility.h) over the Mem seam
 // (cxlkv/lmcache/range_visibility.h). docs/lmcache.md has the contract and how LMCache uses it.
+#include "cxlkv/lmcache/visibility.h"
+
 #include <fcntl.h>
 
 #include <cerrno>
@@ -9,7 +11,6 @@
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/mem.h"
 #include "cxlkv/lmcache/range_visibility.h"
-#include "cxlkv/lmcache/visibility.h"
 
 namespace cxlkv::lmcache {
 

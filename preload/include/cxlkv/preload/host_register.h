@@ -34,10 +34,10 @@ constexpr std::size_t RegisterChunkCount(std::size_t bytes, std::uint64_t chunk_
 }
 
 struct ChunkedRegistration {
-  int error = 0;                // 0, or the first refusal (what the caller gets back)
-  std::size_t chunks = 0;       // chunks planned
-  std::size_t failed = 0;       // with error: the chunk refused (0-based)
-  int rollback_error = 0;       // with error: the first failure unregistering the done chunks
+  int error = 0;           // 0, or the first refusal (what the caller gets back)
+  std::size_t chunks = 0;  // chunks planned
+  std::size_t failed = 0;  // with error: the chunk refused (0-based)
+  int rollback_error = 0;  // with error: the first failure unregistering the done chunks
 };
 
 // Registers [addr, addr + bytes) chunk by chunk, stopping at the first refusal; then

@@ -48,13 +48,13 @@ enum class ShmBindingState : std::uint32_t {
 };
 
 struct ShmBindingRecord {
-  coherence::RecordHead head;     // magic "CXLKVSHM", version 1, bytes = sizeof(*this)
-  std::uint64_t file_dev = 0;     // st_dev of the bound file
-  std::uint64_t file_ino = 0;     // st_ino
-  std::int64_t file_btime_ns = 0; // statx birth time; 0 where the file system has none
-  std::uint64_t file_bytes = 0;   // the file's size when it was bound
-  std::uint32_t state = 0;        // ShmBindingState
-  std::uint32_t cls = 0;          // the pool arena's class of the blocks
+  coherence::RecordHead head;      // magic "CXLKVSHM", version 1, bytes = sizeof(*this)
+  std::uint64_t file_dev = 0;      // st_dev of the bound file
+  std::uint64_t file_ino = 0;      // st_ino
+  std::int64_t file_btime_ns = 0;  // statx birth time; 0 where the file system has none
+  std::uint64_t file_bytes = 0;    // the file's size when it was bound
+  std::uint32_t state = 0;         // ShmBindingState
+  std::uint32_t cls = 0;           // the pool arena's class of the blocks
   std::uint8_t arena_uuid[16] = {};
   std::uint32_t first_block = 0;  // global index of the run's first block
   std::uint32_t block_count = 0;

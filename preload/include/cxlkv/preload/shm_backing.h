@@ -71,9 +71,9 @@ class ShmBacking {
     Outcome outcome = Outcome::kNotMatched;
     void* addr = nullptr;
     int err = 0;
-    bool bound = false;      // kMapped: on the pool (bound to the node, or an extent of it)
-    std::size_t bytes = 0;   // kMapped: the mapping's length
-    bool matched = false;    // the file matched the glob (kNotMatched: but stays in its file)
+    bool bound = false;     // kMapped: on the pool (bound to the node, or an extent of it)
+    std::size_t bytes = 0;  // kMapped: the mapping's length
+    bool matched = false;   // the file matched the glob (kNotMatched: but stays in its file)
   };
   // An mmap(addr, len, prot, flags, fd, off) whose flags are MAP_SHARED (or
   // MAP_SHARED_VALIDATE) and fd >= 0. The caller returns kMapped's addr, or MAP_FAILED with
@@ -114,6 +114,8 @@ class ShmBacking {
   Mapped MapExtent(void* addr, std::size_t len, int prot, int flags, int fd, off_t off,
                    const std::string& path) noexcept;
   absl::Status EnsureArena();  // mu_ held
+  // CollectGarbage of every sidecar in dir but `skip` (a name). mu_ held.
+  std::size_t CollectDirLocked(const std::string& dir, const std::string& skip) noexcept;
   // Collects one sidecar (see CollectGarbage). mu_ held.
   bool CollectLocked(int dirfd, const std::string& dir, const std::string& name) noexcept;
 

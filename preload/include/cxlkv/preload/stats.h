@@ -28,9 +28,9 @@ struct StatsSnapshot {
   std::uint64_t cuda_unregistered = 0;  // ... served without registration (no device)
   std::uint64_t cuda_split_registrations = 0;  // cudaHostRegister calls split into chunks
   std::uint64_t cuda_split_chunks = 0;         // ... and the chunks registered for them
-  std::uint64_t shm_bound = 0;        // CXLKV_SHM mappings backed by the pool
-  std::uint64_t shm_bound_bytes = 0;  // ... their bytes
-  std::uint64_t shm_passed = 0;       // matching mappings left to the file (reason logged)
+  std::uint64_t shm_bound = 0;                 // CXLKV_SHM mappings backed by the pool
+  std::uint64_t shm_bound_bytes = 0;           // ... their bytes
+  std::uint64_t shm_passed = 0;                // matching mappings left to the file (reason logged)
 };
 
 struct ThreadStats {

@@ -68,4 +68,4 @@ int lmcache_shared_l1_visibility_v1(const char* mode, uint32_t operation, int de
 }  // extern "C"
 #endif
 
-#endif  /* CXLKV_LMCACHE_VISIBILITY_H_ */
+#endif /* CXLKV_LMCACHE_VISIBILITY_H_ */
