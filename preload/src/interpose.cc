@@ -40,9 +40,11 @@ int Munmap(void* addr, std::size_t len) noexcept {
   const auto a = reinterpret_cast<std::uintptr_t>(addr);
   const AddressRange r = CxlRange();
   if (r.bytes == 0 || a + len <= r.lo || a >= r.lo + r.bytes) {
-    const int rc = RealMunmap(addr, len);
+    if (!hot.shm_on.load(std::memory_order_relaxed)) return RealMunmap(addr, len);
     // A CXLKV_SHM extent this process mapped may be gone now.
-    if (rc == 0 && hot.shm_on.load(std::memory_order_relaxed)) ShmMunmapped(addr, len);
+    len = ShmUnmapLength(addr, len);
+    const int rc = RealMunmap(addr, len);
+    if (rc == 0) ShmMunmapped(addr, len);
     return rc;
   }
   if (a % kPage != 0 || len == 0) {

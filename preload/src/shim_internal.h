@@ -223,6 +223,8 @@ extern ShmBacking* shm;  // set once at start-up when CXLKV_SHM is, never freed
 // MAP_FAILED with errno set); otherwise the caller maps as asked.
 void* ShmMmap(void* addr, std::size_t len, int prot, int flags, int fd, off_t off,
               bool* handled) noexcept;
+// The length munmap(addr, len) must unmap (a device-DAX extent's rounding included).
+std::size_t ShmUnmapLength(void* addr, std::size_t len) noexcept;
 // After a successful munmap of [addr, addr + len).
 void ShmMunmapped(void* addr, std::size_t len) noexcept;
 // After a successful unlink of path (relative to dirfd); st: its lstat from before.

@@ -332,14 +332,27 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
     std::memcpy(rec.arena_uuid, arena_->uuid().data(), sizeof(rec.arena_uuid));
     CopyText(rec.pool, sizeof(rec.pool), spec_.ToString());
     const std::uint64_t need = RoundUp(RoundUp(id.size, align_), stride_);
-    const std::uint64_t blocks = need / stride_;
+    std::uint64_t blocks = need / stride_;
     std::int64_t first = -1;
-    if (blocks <= arena_->class_record(cls_).block_count) {
-      first = arena_->ClaimRun(cls_, static_cast<std::uint32_t>(blocks), align_);
-      if (first < 0 && arena_->MaybeRecover().blocks_reclaimed > 0) {
-        first = arena_->ClaimRun(cls_, static_cast<std::uint32_t>(blocks), align_);
+    // A device-DAX extent must start on the device alignment, and the pool's blocks need not
+    // (the data area starts after the metadata): when no run starts aligned, a run longer by
+    // what it takes to reach the next aligned address holds an aligned extent (the heap does
+    // the same for jemalloc's aligned requests).
+    const std::uint64_t lead_blocks = align_ > kPage ? (align_ + stride_ - 1) / stride_ : 0;
+    auto claim = [&]() {
+      std::int64_t f = -1;
+      if (blocks <= arena_->class_record(cls_).block_count) {
+        f = arena_->ClaimRun(cls_, static_cast<std::uint32_t>(blocks), align_);
       }
-    }
+      if (f < 0 && lead_blocks > 0 &&
+          blocks + lead_blocks <= arena_->class_record(cls_).block_count) {
+        f = arena_->ClaimRun(cls_, static_cast<std::uint32_t>(blocks + lead_blocks), 0);
+        if (f >= 0) blocks += lead_blocks;
+      }
+      return f;
+    };
+    first = claim();
+    if (first < 0 && arena_->MaybeRecover().blocks_reclaimed > 0) first = claim();
     if (first >= 0) {
       // Claimed (kCached under this process's owner), then handed out and persisted: the
       // extent outlives this process; only the collector frees it (layout.h).
@@ -362,20 +375,24 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
         // not yet persisted are this process's and return when it exits).
         return fail(EIO, "the pool's map changed under a claimed run; not bound");
       }
+      // The extent: the run's first aligned address (the run's start unless it was lengthened).
+      std::byte* run = arena_->BlockAddr(f);
+      std::byte* start = run + (RoundUp(reinterpret_cast<std::uintptr_t>(run), align_) -
+                                reinterpret_cast<std::uintptr_t>(run));
       // A new file reads as zeros; the blocks may hold an earlier user's bytes.
-      std::memset(arena_->BlockAddr(f), 0, need);
+      std::memset(start, 0, need);
       rec.state = static_cast<std::uint32_t>(ShmBindingState::kBound);
       rec.first_block = f;
       rec.extent_bytes = need;
-      rec.source_offset =
-          arena_->region().spec().offset +
-          static_cast<std::uint64_t>(arena_->BlockAddr(f) - arena_->region().addr());
+      rec.source_offset = arena_->region().spec().offset +
+                          static_cast<std::uint64_t>(start - arena_->region().addr());
     } else {
       gens.clear();
       rec.state = static_cast<std::uint32_t>(ShmBindingState::kPassThrough);
       CopyText(rec.reason, sizeof(rec.reason),
                absl::StrCat("the pool has no free run of ", pool::FormatBytes(need), " (", blocks,
-                            " blocks of ", pool::FormatBytes(stride_), ")"));
+                            " blocks of ", pool::FormatBytes(stride_), ", starting on a ",
+                            pool::FormatBytes(align_), " boundary)"));
     }
     if (!WriteBinding(lfd, &rec, gens)) {
       const int err = errno;
@@ -470,7 +487,8 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
     if (tracked_[i].lock_fd < 0) slot = i;
   }
   if (slot < kMaxTracked) {
-    tracked_[slot] = Tracked{reinterpret_cast<std::uintptr_t>(p), bytes, lfd, sidecar};
+    tracked_[slot] =
+        Tracked{reinterpret_cast<std::uintptr_t>(p), bytes, RoundUp(len, kPage), lfd, sidecar};
     ntracked_.fetch_add(1, std::memory_order_relaxed);
   } else if (FirstTime(once_table_)) {
     // The descriptor stays open (and the extent held) until the process exits.
@@ -562,6 +580,16 @@ std::size_t ShmBacking::CollectGarbage(const std::string& dir) noexcept {
   std::lock_guard lock(mu_);
   if (spec_.kind == pool::SourceKind::kKmem || !EnsureArena().ok()) return 0;
   return CollectDirLocked(dir, "");
+}
+
+std::size_t ShmBacking::UnmapLength(const void* addr, std::size_t len) const noexcept {
+  if (ntracked_.load(std::memory_order_relaxed) == 0) return len;
+  const auto lo = reinterpret_cast<std::uintptr_t>(addr);
+  std::lock_guard lock(mu_);
+  for (const Tracked& t : tracked_) {
+    if (t.lock_fd >= 0 && t.addr == lo && len >= t.asked && len < t.bytes) return t.bytes;
+  }
+  return len;
 }
 
 void ShmBacking::Unmapped(const void* addr, std::size_t len) noexcept {

@@ -44,6 +44,12 @@ void* ShmMmap(void* addr, std::size_t len, int prot, int flags, int fd, off_t of
   return nullptr;
 }
 
+std::size_t ShmUnmapLength(void* addr, std::size_t len) noexcept {
+  if (shm == nullptr || shm->tracked() == 0 || InShim()) return len;
+  Guard g;
+  return shm->UnmapLength(addr, len);
+}
+
 void ShmMunmapped(void* addr, std::size_t len) noexcept {
   if (shm == nullptr || shm->tracked() == 0 || InShim()) return;
   const int saved = errno;

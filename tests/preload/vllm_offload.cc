@@ -269,7 +269,10 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  ::munmap(base, bytes);
+  if (::munmap(base, bytes) != 0) {
+    std::fprintf(stderr, "vllm_offload: munmap failed: %s\n", ErrnoText().c_str());
+    return 1;
+  }
   ::close(fd);
   if (creator) use_shm_open ? ::shm_unlink(shm_name.c_str()) : ::unlink(path.c_str());
   return bad_rank < 0 && nodes_ok ? 0 : 1;

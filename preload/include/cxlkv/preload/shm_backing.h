@@ -80,6 +80,10 @@ class ShmBacking {
   // errno = err for kFailed, or makes the mapping itself for kNotMatched.
   Mapped Map(void* addr, std::size_t len, int prot, int flags, int fd, off_t off) noexcept;
 
+  // Before the caller's munmap(addr, len): the length to unmap. A device-DAX extent mapping is
+  // longer than asked (rounded to the device alignment, which the kernel also requires of a
+  // partial unmap): a munmap of all the caller asked for covers the rounding too.
+  std::size_t UnmapLength(const void* addr, std::size_t len) const noexcept;
   // The caller's munmap(addr, len) succeeded: a bound extent it covers entirely is no longer
   // mapped by this mapping (its mapper lock is dropped), and freed if the file is gone.
   void Unmapped(const void* addr, std::size_t len) noexcept;
@@ -102,7 +106,8 @@ class ShmBacking {
  private:
   struct Tracked {
     std::uintptr_t addr = 0;
-    std::size_t bytes = 0;
+    std::size_t bytes = 0;  // mapped (device DAX: rounded up to the device alignment)
+    std::size_t asked = 0;  // what the caller asked for, rounded to the page
     int lock_fd = -1;
     std::string sidecar;
   };
