@@ -29,7 +29,10 @@ persisted_bytes() {
     awk -F'[:,]' '{ s += $2 * $4 } END { print s + 0 }'
 }
 
-if [ -z "${CXLKV_KMEM_NODE:-}" ] && [ -c "${CXLKV_DAX:-/nonexistent}" ]; then
+# Still in devdax mode? (Onlined as system RAM, the character device stays but is bound to the
+# kmem driver and cannot be opened.)
+dax_driver="$(readlink "/sys/bus/dax/devices/$(basename "${CXLKV_DAX:-none}")/driver" 2>/dev/null || true)"
+if [ -z "${CXLKV_KMEM_NODE:-}" ] && [ "${dax_driver##*/}" = device_dax ]; then
   spec="devdax:$CXLKV_DAX"
   dir="$out/vllm-offload-devdax"
   rm -rf "$dir"; mkdir -p "$dir/barrier"
@@ -53,6 +56,10 @@ if [ -z "${CXLKV_KMEM_NODE:-}" ] && [ -c "${CXLKV_DAX:-/nonexistent}" ]; then
   cat "$dir/out.0" "$dir/out.1"
   grep -q '"data_ok": true' "$dir/out.0" && grep -q '"data_ok": true' "$dir/out.1" ||
     { cat "$dir"/err.*; echo "vllm-offload: FAIL: devdax: a worker read other bytes back"; exit 1; }
+  # Device-DAX pages are no node's RAM: move_pages reports an error for each (-ENOENT), where a
+  # tmpfs page would report node 0.
+  grep -q '"nodes": {"-[0-9]*": [0-9]*}' "$dir/out.0" ||
+    { cat "$dir"/err.*; echo "vllm-offload: FAIL: devdax: the region's pages are ordinary RAM"; exit 1; }
   fblocks="$(stat -c %b "$file")"
   held="$(persisted_bytes "$spec")"
   echo "devdax: the file has $fblocks blocks of its own; the pool holds $held persisted bytes"
