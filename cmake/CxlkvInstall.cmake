@@ -5,6 +5,10 @@
 #   ${libdir}/libcxlkv_preload.so                             the LD_PRELOAD shim, beside
 #                                                             libcxlkv.so.0 (its pooled mode
 #                                                             loads the library from there)
+#   ${libdir}/liblmcache_shared_l1_visibility.so              LMCache's shared-L1 visibility
+#                                                             ABI (its
+#                                                             --l1-shared-visibility-library-path);
+#   ${includedir}/cxlkv/lmcache/visibility.h                  its declaration (docs/lmcache.md)
 #   ${bindir}/cxlkvctl, ${bindir}/cxlkv-orchestrator
 #   lib/systemd/system/cxlkv-orchestrator@.service            CXLKV_SYSTEMD_UNIT_DIR; its
 #                                                             paths point into P
@@ -36,6 +40,11 @@ install(FILES ${PROJECT_SOURCE_DIR}/include/cxlkv/cxlkv.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/cxlkv)
 
 install(TARGETS cxlkv_preload LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+# No SONAME versioning: LMCache loads it by absolute path, and the ABI's version is the
+# symbol's name (lmcache_shared_l1_visibility_v1).
+install(TARGETS lmcache_shared_l1_visibility LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(FILES ${PROJECT_SOURCE_DIR}/integrations/lmcache/include/cxlkv/lmcache/visibility.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/cxlkv/lmcache)
 install(TARGETS cxlkvctl cxlkv-orchestrator RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 # The systemd unit names /usr/bin and /usr/share/doc/cxlkv (a package's prefix). The prefix is

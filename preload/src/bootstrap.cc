@@ -73,6 +73,9 @@ void ResolveReal() noexcept {
   Lookup(real.munmap, "munmap");
   Lookup(real.mremap, "mremap");
   Lookup(real.madvise, "madvise");
+  Lookup(real.unlink, "unlink");
+  Lookup(real.unlinkat, "unlinkat");
+  Lookup(real.shm_unlink, "shm_unlink");
   tls_resolving = false;
   resolve_state.store(2, std::memory_order_release);
 }

@@ -1,6 +1,8 @@
-// CUDA host allocations: the interposed cudaHostAlloc / cudaMallocHost / cudaFreeHost /
-// cudaHostGetDevicePointer, the CUDA runtime the program uses (looked up, never linked), the
-// one-time registration of the whole heap, and the table of cuda host blocks served from CXL.
+// CUDA host allocations and registrations: the interposed cudaHostAlloc / cudaMallocHost /
+// cudaFreeHost / cudaHostGetDevicePointer / cudaHostRegister / cudaHostUnregister, the CUDA
+// runtime the program uses (looked up, never linked), the one-time registration of the whole
+// heap, the table of cuda host blocks served from CXL, and the split of registrations larger
+// than one driver call may pin (host_register.h).
 //
 // Instrumented in sanitizer builds, unlike the malloc-family entry points: only a program
 // calls these, never the loader, libc or a sanitizer runtime while it starts, so they run
@@ -8,6 +10,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -15,12 +18,14 @@
 #include <string>
 
 #include "cxlkv/gpu/plan.h"
+#include "cxlkv/preload/host_register.h"
 #include "log.h"
 #include "shim_internal.h"
 
 namespace cxlkv::preload::shim {
 
 pthread_mutex_t cuda_mu = PTHREAD_MUTEX_INITIALIZER;
+std::atomic<std::uint64_t> register_chunk_bytes{kDefaultRegisterChunkBytes};
 
 namespace {
 
@@ -116,7 +121,9 @@ void PinHeap() noexcept {
     heap_pin = HeapPin::kFailed;
     return;
   }
-  auto plan = gpu::PlanChunks(r.bytes, kPage);
+  auto plan = gpu::PlanChunks(
+      r.bytes, kPage,
+      std::min(gpu::kMaxChunkBytes, register_chunk_bytes.load(std::memory_order_relaxed)));
   if (!plan.ok()) {
     Logf(LogLevel::kWarn,
          "cannot plan the heap's registration: %s; cuda host blocks are "
@@ -223,6 +230,25 @@ bool CudaHostAllocCxl(void** out, std::size_t size) noexcept {
   return true;
 }
 
+// Registrations the shim split into chunks (cudaHostRegister above register_chunk_bytes):
+// cudaHostUnregister of the start address undoes every chunk. cuda_mu.
+struct SplitRegistration {
+  std::uintptr_t addr;
+  std::size_t bytes;
+  std::uint64_t chunk_bytes;
+};
+constexpr std::size_t kMaxSplits = 64;
+SplitRegistration splits[kMaxSplits];  // cuda_mu
+std::size_t nsplits = 0;               // cuda_mu
+
+int RealRegister(void*, void* addr, std::size_t bytes, unsigned flags) {
+  return cuda.HostRegister(addr, bytes, flags);
+}
+int RealUnregister(void*, void* addr) { return cuda.HostUnregister(addr); }
+const char* CudaErrorText(cudaError_t err) {
+  return cuda.GetErrorString != nullptr ? cuda.GetErrorString(err) : "?";
+}
+
 }  // namespace
 }  // namespace cxlkv::preload::shim
 
@@ -289,4 +315,90 @@ CXLKV_EXPORT int cudaHostGetDevicePointer(void** dev, void* host, unsigned flags
   }
   if (cuda.HostGetDevicePointer == nullptr) return kCudaErrorInitialization;
   return cuda.HostGetDevicePointer(dev, host, flags);
+}
+
+// One call for the whole range, as the program asked, when the driver can take it; above the
+// chunk limit, one call per chunk, each checked, all undone on the first refusal (NVIDIA's
+// r580+ drivers refuse a single registration of 512 GiB or more; vLLM registers its whole
+// CPU offload region at once and falls back to pageable copies when that fails).
+CXLKV_EXPORT int cudaHostRegister(void* ptr, std::size_t size, unsigned flags) {
+  pthread_once(&cuda_once, &ResolveCuda);
+  if (cuda.HostRegister == nullptr) return kCudaErrorInitialization;
+  const std::uint64_t chunk = register_chunk_bytes.load(std::memory_order_relaxed);
+  if (ptr == nullptr || size <= chunk) return cuda.HostRegister(ptr, size, flags);
+  if (cuda.HostUnregister == nullptr) return kCudaErrorInitialization;
+  Guard g;
+  // The table entry is taken first (bytes 0: registration in progress), so that threads
+  // registering at once cannot overfill it.
+  pthread_mutex_lock(&cuda_mu);
+  const bool room = nsplits < kMaxSplits;
+  if (room) splits[nsplits++] = SplitRegistration{reinterpret_cast<std::uintptr_t>(ptr), 0, chunk};
+  pthread_mutex_unlock(&cuda_mu);
+  auto settle = [&](bool keep) {
+    pthread_mutex_lock(&cuda_mu);
+    for (std::size_t i = 0; i < nsplits; ++i) {
+      if (splits[i].addr != reinterpret_cast<std::uintptr_t>(ptr) || splits[i].bytes != 0) continue;
+      if (keep) {
+        splits[i].bytes = size;
+      } else {
+        splits[i] = splits[--nsplits];
+      }
+      break;
+    }
+    pthread_mutex_unlock(&cuda_mu);
+  };
+  if (!room) {
+    Logf(LogLevel::kWarn,
+         "cudaHostRegister of %zu bytes at %p: more than %zu split registrations at once; "
+         "passed to the driver in one call",
+         size, ptr, kMaxSplits);
+    return cuda.HostRegister(ptr, size, flags);
+  }
+  const HostRegisterOps ops{&RealRegister, &RealUnregister, nullptr};
+  const auto t0 = std::chrono::steady_clock::now();
+  const ChunkedRegistration r = RegisterInChunks(ptr, size, flags, chunk, ops);
+  if (r.error != kCudaSuccess) {
+    Logf(LogLevel::kWarn,
+         "cudaHostRegister of %zu bytes at %p in %zu chunks of at most %llu bytes: chunk %zu "
+         "failed: %s (error %d); the %zu chunk(s) before it were unregistered%s",
+         size, ptr, r.chunks, static_cast<unsigned long long>(chunk), r.failed,
+         CudaErrorText(r.error), r.error, r.failed, r.rollback_error != 0 ? " (with errors)" : "");
+    settle(false);
+    return r.error;
+  }
+  settle(true);
+  registry.cuda_split_registrations.fetch_add(1, std::memory_order_relaxed);
+  registry.cuda_split_chunks.fetch_add(r.chunks, std::memory_order_relaxed);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  Logf(LogLevel::kInfo,
+       "cudaHostRegister of %zu bytes at %p: %zu chunks of at most %llu bytes, %.1f ms", size, ptr,
+       r.chunks, static_cast<unsigned long long>(chunk), ms);
+  return kCudaSuccess;
+}
+
+CXLKV_EXPORT int cudaHostUnregister(void* ptr) {
+  pthread_once(&cuda_once, &ResolveCuda);
+  if (cuda.HostUnregister == nullptr) return kCudaErrorInitialization;
+  pthread_mutex_lock(&cuda_mu);
+  SplitRegistration found{};
+  for (std::size_t i = 0; i < nsplits; ++i) {
+    if (splits[i].addr == reinterpret_cast<std::uintptr_t>(ptr) && splits[i].bytes != 0) {
+      found = splits[i];
+      splits[i] = splits[--nsplits];
+      break;
+    }
+  }
+  pthread_mutex_unlock(&cuda_mu);
+  if (found.addr == 0) return cuda.HostUnregister(ptr);
+  Guard g;
+  const HostRegisterOps ops{&RealRegister, &RealUnregister, nullptr};
+  const int err = UnregisterChunks(ptr, found.bytes, found.chunk_bytes, ops);
+  if (err != kCudaSuccess) {
+    Logf(LogLevel::kWarn,
+         "cudaHostUnregister of the %zu bytes at %p registered in chunks: %s "
+         "(error %d)",
+         found.bytes, ptr, CudaErrorText(err), err);
+  }
+  return err;
 }

@@ -217,37 +217,9 @@ void JemallocHeap::AddSlabLocked(std::unique_ptr<pool::Arena> arena, std::uint32
 }
 
 absl::StatusOr<std::unique_ptr<CxlHeap>> JemallocHeap::Open(const pool::SourceSpec& spec) {
-  auto region = pool::OpenRegion(spec);
-  if (!region.ok()) return region.status();
-  const std::string name = (*region)->name();
-  // Processes starting at once must not both format a blank pool: serialize open/format on
-  // the pool itself (an advisory lock on its file or device).
-  const int lock_fd = (*region)->fd();
-  const bool locked = ::flock(lock_fd, LOCK_EX) == 0;
-  absl::StatusOr<std::unique_ptr<pool::Arena>> arena;
-  {
-    std::byte* base = (*region)->addr();
-    std::uint64_t magic = 0;
-    std::memcpy(&magic, base, sizeof(magic));
-    bool blank = magic == 0;
-    if (blank) {  // formatted only when the whole header page is zero
-      for (std::size_t i = 0; i < kPageBytes && blank; ++i) blank = base[i] == std::byte{0};
-    }
-    if (blank) {
-      pool::FormatOptions o;
-      o.classes = {pool::ClassSpec{0, kChunkBytes, 1}};
-      arena = pool::Arena::Format(std::move(*region), o);
-    } else {
-      arena = pool::Arena::Open(std::move(*region));
-    }
-  }
-  if (locked) ::flock(lock_fd, LOCK_UN);
-  if (!arena.ok()) {
-    return absl::Status(arena.status().code(),
-                        absl::StrCat(arena.status().message(),
-                                     " (the preload shim formats only a blank pool and otherwise "
-                                     "needs a cxlkv arena there)"));
-  }
+  auto arena = OpenPoolArena(spec);
+  if (!arena.ok()) return arena.status();
+  const std::string name = (*arena)->region().name();
   std::unique_ptr<JemallocHeap> h(new JemallocHeap());
   h->AddSlabLocked(std::move(*arena), 0);
   const Slab& s = h->slabs_[0];
@@ -735,6 +707,40 @@ class KmemHeap final : public CxlHeap {
 #endif
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<pool::Arena>> OpenPoolArena(const pool::SourceSpec& spec) {
+  auto region = pool::OpenRegion(spec);
+  if (!region.ok()) return region.status();
+  // Processes starting at once must not both format a blank pool: serialize open/format on
+  // the pool itself (an advisory lock on its file or device).
+  const int lock_fd = (*region)->fd();
+  const bool locked = ::flock(lock_fd, LOCK_EX) == 0;
+  absl::StatusOr<std::unique_ptr<pool::Arena>> arena;
+  {
+    std::byte* base = (*region)->addr();
+    std::uint64_t magic = 0;
+    std::memcpy(&magic, base, sizeof(magic));
+    bool blank = magic == 0;
+    if (blank) {  // formatted only when the whole header page is zero
+      for (std::size_t i = 0; i < kPageBytes && blank; ++i) blank = base[i] == std::byte{0};
+    }
+    if (blank) {
+      pool::FormatOptions o;
+      o.classes = {pool::ClassSpec{0, kChunkBytes, 1}};
+      arena = pool::Arena::Format(std::move(*region), o);
+    } else {
+      arena = pool::Arena::Open(std::move(*region));
+    }
+  }
+  if (locked) ::flock(lock_fd, LOCK_UN);
+  if (!arena.ok()) {
+    return absl::Status(arena.status().code(),
+                        absl::StrCat(arena.status().message(),
+                                     " (the preload shim formats only a blank pool and otherwise "
+                                     "needs a cxlkv arena there)"));
+  }
+  return arena;
+}
 
 absl::StatusOr<std::unique_ptr<CxlHeap>> CxlHeap::OpenPooled(std::unique_ptr<ExtentSource> source,
                                                             std::uint64_t reserve_bytes) {

@@ -7,7 +7,9 @@
 // they start), and before the shim's own start-up. Whatever they call before start-up is in
 // this file or bootstrap.cc; they reach the instrumented files only behind an active heap,
 // an address inside its range, or statistics being on.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <cerrno>
 #include <cstdarg>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 #include "shim_internal.h"
@@ -36,7 +39,14 @@ Owner OwnerOfPtr(const void* p) noexcept {
 int Munmap(void* addr, std::size_t len) noexcept {
   const auto a = reinterpret_cast<std::uintptr_t>(addr);
   const AddressRange r = CxlRange();
-  if (r.bytes == 0 || a + len <= r.lo || a >= r.lo + r.bytes) return RealMunmap(addr, len);
+  if (r.bytes == 0 || a + len <= r.lo || a >= r.lo + r.bytes) {
+    if (!hot.shm_on.load(std::memory_order_relaxed)) return RealMunmap(addr, len);
+    // A CXLKV_SHM extent this process mapped may be gone now.
+    len = ShmUnmapLength(addr, len);
+    const int rc = RealMunmap(addr, len);
+    if (rc == 0) ShmMunmapped(addr, len);
+    return rc;
+  }
   if (a % kPage != 0 || len == 0) {
     errno = EINVAL;
     return -1;
@@ -297,6 +307,13 @@ CXLKV_EXPORT std::size_t malloc_usable_size(void* p) noexcept { return UsableSiz
 
 CXLKV_EXPORT void* mmap(void* addr, std::size_t len, int prot, int flags, int fd,
                         off_t off) noexcept {
+  // A shared mapping of a file CXLKV_SHM names (vLLM's offload region): backed by the pool.
+  if (fd >= 0 && hot.shm_on.load(std::memory_order_relaxed) && !InShim() &&
+      ((flags & MAP_TYPE) == MAP_SHARED || (flags & MAP_TYPE) == MAP_SHARED_VALIDATE)) {
+    bool handled = false;
+    void* p = ShmMmap(addr, len, prot, flags, fd, off, &handled);
+    if (handled) return p;
+  }
   if (len >= hot.mmap_min_bytes.load(std::memory_order_relaxed) && !InShim() &&
       MmapEligible(addr, prot, flags, fd, off) && Active()) {
     if (void* p = MmapCxl(len)) return p;
@@ -344,4 +361,62 @@ CXLKV_EXPORT int madvise(void* addr, std::size_t len, int advice) noexcept {
   ResolveReal();
   if (real.madvise == nullptr) return static_cast<int>(::syscall(SYS_madvise, addr, len, advice));
   return real.madvise(addr, len, advice);
+}
+
+// ---- unlink: a CXLKV_SHM file's extent is freed once the file is gone and nobody maps it ----
+
+namespace {
+
+int RealUnlinkat(int dirfd, const char* path, int flags) noexcept {
+  ResolveReal();
+  if (real.unlinkat == nullptr) {
+    return static_cast<int>(::syscall(SYS_unlinkat, dirfd, path, flags));
+  }
+  return real.unlinkat(dirfd, path, flags);
+}
+
+// lstat before the unlink (the inode names the sidecar); nothing unless CXLKV_SHM is on.
+bool StatBefore(int dirfd, const char* path, struct stat* st) noexcept {
+  return hot.shm_on.load(std::memory_order_relaxed) && !InShim() && path != nullptr &&
+         ::fstatat(dirfd, path, st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st->st_mode);
+}
+
+}  // namespace
+
+CXLKV_EXPORT int unlink(const char* path) noexcept {
+  struct stat st;
+  const bool watch = StatBefore(AT_FDCWD, path, &st);
+  ResolveReal();
+  const int rc = real.unlink != nullptr ? real.unlink(path) : RealUnlinkat(AT_FDCWD, path, 0);
+  if (rc == 0 && watch) ShmUnlinked(AT_FDCWD, path, st);
+  return rc;
+}
+
+CXLKV_EXPORT int unlinkat(int dirfd, const char* path, int flags) noexcept {
+  struct stat st;
+  const bool watch = (flags & AT_REMOVEDIR) == 0 && StatBefore(dirfd, path, &st);
+  const int rc = RealUnlinkat(dirfd, path, flags);
+  if (rc == 0 && watch) ShmUnlinked(dirfd, path, st);
+  return rc;
+}
+
+// Not noexcept: glibc declares shm_unlink without __THROW (a cancellation point).
+CXLKV_EXPORT int shm_unlink(const char* name) {
+  // glibc's shm_unlink removes /dev/shm/<name without its leading slashes>.
+  char path[512] = "";
+  if (name != nullptr) {
+    while (*name == '/') ++name;
+    std::snprintf(path, sizeof(path), "/dev/shm/%s", name);
+  }
+  struct stat st;
+  const bool watch = name != nullptr && StatBefore(AT_FDCWD, path, &st);
+  ResolveReal();
+  int rc;
+  if (real.shm_unlink != nullptr) {
+    rc = real.shm_unlink(name);
+  } else {
+    rc = RealUnlinkat(AT_FDCWD, path, 0);
+  }
+  if (rc == 0 && watch) ShmUnlinked(AT_FDCWD, path, st);
+  return rc;
 }

@@ -22,13 +22,17 @@ struct Key {
   const char* env;
   const char* file;
 };
-constexpr Key kKeys[] = {{"CXLKV_POOL", "pool"},
-                         {"CXLKV_HOST_ID", "host_id"},
-                         {"CXLKV_LIBRARY", "library"},
-                         {"CXLKV_MIN_BYTES", "min_bytes"},
-                         {"CXLKV_LOG", "log"},
-                         {"CXLKV_STATS", "stats"},
-                         {"CXLKV_CONFIG", nullptr}};
+constexpr Key kKeys[] = {
+    {"CXLKV_POOL", "pool"},
+    {"CXLKV_HOST_ID", "host_id"},
+    {"CXLKV_LIBRARY", "library"},
+    {"CXLKV_MIN_BYTES", "min_bytes"},
+    {"CXLKV_LOG", "log"},
+    {"CXLKV_STATS", "stats"},
+    {"CXLKV_SHM", "shm"},
+    {"CXLKV_REGISTER_CHUNK", "register_chunk"},
+    {"CXLKV_CONFIG", nullptr},
+};
 
 bool ParseLevel(absl::string_view s, LogLevel* out) {
   static constexpr LogLevel kAll[] = {LogLevel::kOff, LogLevel::kError, LogLevel::kWarn,
@@ -149,9 +153,31 @@ absl::Status ApplySetting(absl::string_view key, absl::string_view value, Settin
     s->stats_path = std::string(value);
     return absl::OkStatus();
   }
+  if (key == "shm") {
+    if (!value.empty() && value.front() != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shm '", value,
+                       "': give a glob of absolute paths of the shared-memory files to back "
+                       "with the pool, e.g. /dev/shm/vllm_offload_*"));
+    }
+    s->shm_glob = std::string(value);
+    return absl::OkStatus();
+  }
+  if (key == "register_chunk") {
+    auto n = pool::ParseSize(value);
+    if (!n.ok() || *n == 0 || *n % 4096 != 0 || *n >= kDriverRegisterLimitBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "register_chunk '", value, "': ", n.ok() ? "" : absl::StrCat(n.status().message(), "; "),
+          "give the most one cudaHostRegister call may pin, a multiple of 4K below 512G (NVIDIA's "
+          "r580+ drivers refuse a single call of 512 GiB or more), e.g. 64G"));
+    }
+    s->register_chunk_bytes = *n;
+    return absl::OkStatus();
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown key '", key,
-                   "'; the known keys are pool, host_id, library, min_bytes, log and stats"));
+                   "'; the known keys are pool, host_id, library, min_bytes, log, stats, shm "
+                   "and register_chunk"));
 }
 
 std::vector<std::string> ParseConfigText(absl::string_view text, absl::string_view source,
@@ -167,7 +193,7 @@ std::vector<std::string> ParseConfigText(absl::string_view text, absl::string_vi
     if (eq == absl::string_view::npos) {
       errors.push_back(absl::StrCat(source, ":", line_no, ": '", line,
                                     "' is not 'key = value' (keys: pool, host_id, library, "
-                                    "min_bytes, log, stats)"));
+                                    "min_bytes, log, stats, shm, register_chunk)"));
       continue;
     }
     const absl::string_view key = absl::StripAsciiWhitespace(line.substr(0, eq));
@@ -225,7 +251,7 @@ Settings LoadSettings(const char* const* envp, std::vector<std::string>* errors)
       errors->push_back(absl::StrCat(
           "unknown setting ", name,
           "; the preload shim reads CXLKV_POOL, CXLKV_HOST_ID, CXLKV_LIBRARY, CXLKV_MIN_BYTES, "
-          "CXLKV_LOG, CXLKV_STATS and CXLKV_CONFIG"));
+          "CXLKV_LOG, CXLKV_STATS, CXLKV_SHM, CXLKV_REGISTER_CHUNK and CXLKV_CONFIG"));
       continue;
     }
     env.emplace_back(std::string(name), std::string(value));
@@ -252,6 +278,19 @@ Settings LoadSettings(const char* const* envp, std::vector<std::string>* errors)
     errors->push_back(absl::StrCat(
         "CXLKV_POOL=", s.pool, " joins a pooled CXL domain and needs CXLKV_HOST_ID (this "
         "process's host id there, one the orchestrator admits, different for each process)"));
+  }
+  if (!s.shm_glob.empty()) {
+    // Every process that maps a matching file must land on the same memory: a kmem node binds
+    // the file's own pages, a devdax or file pool holds one extent per file that every
+    // process finds. A memfd pool is private to one process tree, and an orchestrator's
+    // extents are lent to one process: neither can back a file other processes map.
+    auto spec = pool::ParseSourceSpec(s.pool);
+    if (s.pool.empty() || !spec.ok() || spec->kind == pool::SourceKind::kMemfd) {
+      errors->push_back(absl::StrCat("CXLKV_SHM=", s.shm_glob,
+                                     " needs a pool every process can map: set CXLKV_POOL to "
+                                     "kmem:node=N, devdax:/dev/daxX.Y or file:PATH (it is ",
+                                     s.pool.empty() ? std::string("unset") : s.pool, ")"));
+    }
   }
   if (!errors->empty()) s.pool.clear();
   return s;

@@ -10,7 +10,9 @@
 //   shim_state.cc  what every call reads (Hot), the heap, the thread guard, statistics
 //   cxl_alloc.cc   allocation from the CXL heap, growth of a pooled heap (its own thread)
 //   mmap_table.cc  anonymous mmaps served from CXL: the table, munmap and mremap of them
-//   cuda_host.cc   cuda host allocations: entry points, heap registration, block table
+//   cuda_host.cc   cuda host allocations and registrations: entry points, heap registration,
+//                  block table, chunked cudaHostRegister
+//   shm_map.cc     shared-memory files backed by the pool (CXLKV_SHM): mmap, munmap, unlink
 //   startup.cc     start-up (constructor), fork handlers, exit statistics (destructor)
 //
 // Three rules keep the shim safe inside any process:
@@ -44,6 +46,7 @@
 #define CXLKV_PRELOAD_SRC_SHIM_INTERNAL_H_
 
 #include <pthread.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -63,6 +66,7 @@
 
 namespace cxlkv::preload {
 class DomainSource;
+class ShmBacking;
 }  // namespace cxlkv::preload
 
 namespace cxlkv::preload::shim {
@@ -88,6 +92,9 @@ struct RealFns {
   int (*munmap)(void*, std::size_t) noexcept;
   void* (*mremap)(void*, std::size_t, std::size_t, int, ...) noexcept;
   int (*madvise)(void*, std::size_t, int) noexcept;
+  int (*unlink)(const char*) noexcept;
+  int (*unlinkat)(int, const char*, int) noexcept;
+  int (*shm_unlink)(const char*);
 };
 extern RealFns real;  // null members until ResolveReal has run
 // True while this thread runs ResolveReal: dlsym's own allocations go to the boot buffer.
@@ -136,6 +143,8 @@ struct alignas(64) Hot {
   // free's fast path (a tail call to the process allocator) is allowed: started, no
   // statistics, ownership decided by the range alone.
   std::atomic<bool> free_fast{false};
+  // CXLKV_SHM is set and its backing exists: shared file mappings and unlinks are looked at.
+  std::atomic<bool> shm_on{false};
 };
 extern Hot hot;
 
@@ -204,6 +213,22 @@ void* MremapCxl(void* old, std::size_t old_len, std::size_t new_len, int flags,
 // ---- cuda_host.cc ---------------------------------------------------------------------------
 
 extern pthread_mutex_t cuda_mu;  // guards the cuda block table; held across fork
+// cudaHostRegister calls larger than this are split (CXLKV_REGISTER_CHUNK).
+extern std::atomic<std::uint64_t> register_chunk_bytes;
+
+// ---- shm_map.cc (after start-up only: behind hot.shm_on) -----------------------------------
+
+extern ShmBacking* shm;  // set once at start-up when CXLKV_SHM is, never freed
+// A MAP_SHARED mmap of fd: *handled says whether the result is the answer (a mapping, or
+// MAP_FAILED with errno set); otherwise the caller maps as asked.
+void* ShmMmap(void* addr, std::size_t len, int prot, int flags, int fd, off_t off,
+              bool* handled) noexcept;
+// The length munmap(addr, len) must unmap (a device-DAX extent's rounding included).
+std::size_t ShmUnmapLength(void* addr, std::size_t len) noexcept;
+// After a successful munmap of [addr, addr + len).
+void ShmMunmapped(void* addr, std::size_t len) noexcept;
+// After a successful unlink of path (relative to dirfd); st: its lstat from before.
+void ShmUnlinked(int dirfd, const char* path, const struct stat& st) noexcept;
 
 }  // namespace cxlkv::preload::shim
 

@@ -19,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "cxlkv/pool/spec.h"
+#include "cxlkv/preload/shm_backing.h"
 #include "domain_source.h"
 #include "log.h"
 #include "shim_internal.h"
@@ -33,16 +34,19 @@ void PrepareFork() {
   ++tls_guard;
   pthread_mutex_lock(&cuda_mu);
   pthread_mutex_lock(&mmap_mu);
+  if (shm != nullptr) shm->LockForFork();
   if (heap != nullptr) heap->PrepareFork();
 }
 void ParentAfterFork() {
   if (heap != nullptr) heap->ParentAfterFork();
+  if (shm != nullptr) shm->UnlockAfterFork();
   pthread_mutex_unlock(&mmap_mu);
   pthread_mutex_unlock(&cuda_mu);
   --tls_guard;
 }
 void ChildAfterFork() {
   if (heap != nullptr) heap->ChildAfterFork();
+  if (shm != nullptr) shm->UnlockAfterFork();
   pthread_mutex_unlock(&mmap_mu);
   pthread_mutex_unlock(&cuda_mu);
   registry.AfterForkChild();
@@ -91,6 +95,7 @@ __attribute__((constructor)) void Start() {
     if (n > 0)
       (void)!::write(2, line, std::min<std::size_t>(static_cast<std::size_t>(n), sizeof(line) - 1));
   }
+  register_chunk_bytes.store(settings->register_chunk_bytes, std::memory_order_relaxed);
   if (!settings->stats_path.empty()) {
     if (pthread_key_create(&stats_key, &RetireThreadStats) == 0) {
       registry.Link(&late_stats);
@@ -106,6 +111,21 @@ __attribute__((constructor)) void Start() {
   // Registered before the heap's first jemalloc call, so jemalloc's own fork handlers
   // (registered when it initializes) lock its arenas before PrepareFork copies the heap.
   static bool atfork = pthread_atfork(&PrepareFork, &ParentAfterFork, &ChildAfterFork) == 0;
+  // Shared-memory files (CXLKV_SHM) do not need the heap: a kmem node binds them even where
+  // memkind finds no dax-kmem node, and a devdax/file pool opens its arena at the first one.
+  if (!settings->shm_glob.empty() && atfork) {
+    auto spec = pool::ParseSourceSpec(settings->pool);
+    auto backing = spec.ok() ? ShmBacking::Create(*spec, settings->shm_glob)
+                             : absl::StatusOr<std::unique_ptr<ShmBacking>>(spec.status());
+    if (backing.ok()) {
+      shm = backing->release();
+      hot.shm_on.store(true, std::memory_order_release);
+      Logf(LogLevel::kInfo, "%s", shm->Describe().c_str());
+    } else {
+      Logf(LogLevel::kError, "CXLKV_SHM=%s: %s; shared-memory files are mapped as they are",
+           settings->shm_glob.c_str(), std::string(backing.status().message()).c_str());
+    }
+  }
   absl::StatusOr<std::unique_ptr<CxlHeap>> opened = absl::UnknownError("");
   const bool pooled = absl::StartsWith(settings->pool, kOrchestratorPrefix);
   DomainSource* source = nullptr;

@@ -101,6 +101,11 @@ void StatsRegistry::AfterForkChild() noexcept {
   fallbacks = 0;
   cuda_registered = 0;
   cuda_unregistered = 0;
+  cuda_split_registrations = 0;
+  cuda_split_chunks = 0;
+  shm_bound = 0;
+  shm_bound_bytes = 0;
+  shm_passed = 0;
 }
 
 StatsSnapshot StatsRegistry::Snapshot() const noexcept {
@@ -113,6 +118,11 @@ StatsSnapshot StatsRegistry::Snapshot() const noexcept {
   s.fallbacks = fallbacks.load(std::memory_order_relaxed);
   s.cuda_registered = cuda_registered.load(std::memory_order_relaxed);
   s.cuda_unregistered = cuda_unregistered.load(std::memory_order_relaxed);
+  s.cuda_split_registrations = cuda_split_registrations.load(std::memory_order_relaxed);
+  s.cuda_split_chunks = cuda_split_chunks.load(std::memory_order_relaxed);
+  s.shm_bound = shm_bound.load(std::memory_order_relaxed);
+  s.shm_bound_bytes = shm_bound_bytes.load(std::memory_order_relaxed);
+  s.shm_passed = shm_passed.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -142,11 +152,15 @@ std::string RenderStatsJson(const StatsSnapshot& s, const StatsContext& ctx) {
     }
     absl::StrAppend(&j, "}");
   }
-  absl::StrAppend(&j, "\n  },\n  \"reallocs_to_cxl\": ", s.reallocs_to_cxl,
-                  ",\n  \"reallocs_to_pass\": ", s.reallocs_to_pass,
-                  ",\n  \"fallbacks\": ", s.fallbacks,
-                  ",\n  \"cuda_registered\": ", s.cuda_registered,
-                  ",\n  \"cuda_unregistered\": ", s.cuda_unregistered, "\n}\n");
+  absl::StrAppend(
+      &j, "\n  },\n  \"reallocs_to_cxl\": ", s.reallocs_to_cxl,
+      ",\n  \"reallocs_to_pass\": ", s.reallocs_to_pass, ",\n  \"fallbacks\": ", s.fallbacks,
+      ",\n  \"cuda_registered\": ", s.cuda_registered,
+      ",\n  \"cuda_unregistered\": ", s.cuda_unregistered,
+      ",\n  \"cuda_split_registrations\": ", s.cuda_split_registrations,
+      ",\n  \"cuda_split_chunks\": ", s.cuda_split_chunks, ",\n  \"shm_bound\": ", s.shm_bound,
+      ",\n  \"shm_bound_bytes\": ", s.shm_bound_bytes, ",\n  \"shm_passed\": ", s.shm_passed,
+      "\n}\n");
   return j;
 }
 

@@ -15,8 +15,8 @@
 TOPO_DESCRIPTION="a CXL switch with two Type-3 devices, 2-way interleaved region"
 TOPO_HOSTS=1
 TOPO_ROLES=""
-TOPO_TIMEOUT_S=240   # kmem + preload_stress take minutes when TCG shares a busy machine
-TOPO_DEFAULT_TESTS="smoke topology arena kmem"
+TOPO_TIMEOUT_S=300   # kmem + preload_stress + vllm-offload take minutes when TCG shares a busy machine
+TOPO_DEFAULT_TESTS="smoke topology arena kmem vllm-offload"
 
 CXLKV_EXPECT_MEMDEVS=2
 CXLKV_EXPECT_REGIONS=1

@@ -2,8 +2,9 @@
 # Installs a build tree into a temporary prefix and uses it the way a user would:
 #   1. `cmake --install <build> --prefix $tmp`; every installed piece is where
 #      cmake/CxlkvInstall.cmake says (libcxlkv.so with its SONAME links, cxlkv.h, the preload
-#      shim, cxlkvctl, cxlkv-orchestrator, the systemd unit, cxlkv.pc, the CMake package),
-#      and nothing installed points back into the build tree;
+#      shim, LMCache's visibility library, cxlkvctl, cxlkv-orchestrator, the systemd unit,
+#      cxlkv.pc, the CMake package), and nothing installed points back into the build tree;
+#      the shim starts its heap and the visibility library answers a ctypes call;
 #   2. builds consumer/main.c with `pkg-config --cflags --libs cxlkv` and runs it
 #      (LD_LIBRARY_PATH = pkg-config's libdir);
 #   3. configures consumer/ (find_package(cxlkv) -> cxlkv::cxlkv) with CMAKE_PREFIX_PATH and
@@ -35,6 +36,7 @@ echo "== cmake --install $build --prefix $prefix"
 
 L=$prefix/$libdir B=$prefix/$bindir I=$prefix/$includedir
 for f in "$L/libcxlkv.so" "$L/libcxlkv.so.0" "$I/cxlkv/cxlkv.h" "$L/libcxlkv_preload.so" \
+         "$L/liblmcache_shared_l1_visibility.so" "$I/cxlkv/lmcache/visibility.h" \
          "$B/cxlkvctl" "$B/cxlkv-orchestrator" "$prefix/lib/systemd/system/cxlkv-orchestrator@.service" \
          "$L/pkgconfig/cxlkv.pc" "$L/cmake/cxlkv/cxlkvConfig.cmake" \
          "$L/cmake/cxlkv/cxlkvConfigVersion.cmake" "$L/cmake/cxlkv/cxlkvTargets.cmake"; do
@@ -48,7 +50,8 @@ real=$(readlink -f "$L/libcxlkv.so.0")
 readelf -d "$real" | grep -q 'SONAME.*\[libcxlkv\.so\.0\]' || fail "$real has no SONAME libcxlkv.so.0"
 # Installed files must not reach into the build tree (RPATH/RUNPATH, the CMake package).
 build_abs=$(cd "$build" && pwd -P)
-for f in "$real" "$L/libcxlkv_preload.so" "$B/cxlkvctl" "$B/cxlkv-orchestrator"; do
+for f in "$real" "$L/libcxlkv_preload.so" "$L/liblmcache_shared_l1_visibility.so" \
+         "$B/cxlkvctl" "$B/cxlkv-orchestrator"; do
   if readelf -d "$f" | grep -E 'R(UN)?PATH' | grep -qF "$build_abs"; then
     fail "${f#"$prefix"/} keeps an RPATH into the build tree: $(readelf -d "$f" | grep -E 'R(UN)?PATH')"
   fi
@@ -68,6 +71,21 @@ out=$(LD_PRELOAD=$L/libcxlkv_preload.so CXLKV_POOL=memfd:install-test?size=64M \
   fail "a program under the installed shim failed: $out"
 [[ $out == *"CXL heap:"* && $out == *shim-ok* ]] ||
   fail "the installed shim did not start its CXL heap: $out"
+# LMCache's visibility library, loaded as LMCache loads it (ctypes, absolute path).
+/usr/bin/python3 - "$L/liblmcache_shared_l1_visibility.so" <<'PY' ||
+import ctypes, mmap, os, sys
+lib = ctypes.CDLL(sys.argv[1], use_errno=True)
+f = lib.lmcache_shared_l1_visibility_v1
+f.argtypes = [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64,
+              ctypes.c_size_t, ctypes.c_uint64]
+f.restype = ctypes.c_int
+fd = os.memfd_create("install-test")
+os.ftruncate(fd, 4096)
+m = mmap.mmap(fd, 4096)
+addr = ctypes.addressof(ctypes.c_ubyte.from_buffer(m))
+sys.exit(f(b"software_fenced", 1, fd, addr, 0, 4096, 1) or f(b"software_fenced", 2, fd, addr, 0, 4096, 1))
+PY
+  fail "the installed liblmcache_shared_l1_visibility.so cannot be loaded and called with ctypes"
 
 echo "== pkg-config --cflags --libs cxlkv"
 export PKG_CONFIG_PATH=$L/pkgconfig

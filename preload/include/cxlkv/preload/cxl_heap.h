@@ -30,6 +30,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/spec.h"
 #include "cxlkv/preload/policy.h"
 
@@ -56,6 +57,13 @@ class ExtentSource {
   virtual void Shrink(std::uint32_t extent) = 0;
   virtual std::string Describe() const = 0;
 };
+
+// Opens the cxlkv arena of a devdax: or file: pool as the shim uses it: a blank region (its
+// first page all zero) is formatted with one class of kChunkBytes blocks, an existing arena is
+// opened as it is, anything else is refused. Open and format run under flock on the pool, so
+// processes starting at once do not both format it. (The heap and the CXLKV_SHM bindings of
+// one process open the same pool this way, each with its own owner slot.)
+absl::StatusOr<std::unique_ptr<pool::Arena>> OpenPoolArena(const pool::SourceSpec& spec);
 
 class CxlHeap {
  public:

@@ -18,6 +18,17 @@
 //                               debug; DEST stderr (default) or a file path (appended).
 //   CXLKV_STATS     stats       file written at exit with counts and bytes per class, CXL vs
 //                               pass-through (JSON). "%p" in the path becomes the pid.
+//   CXLKV_SHM       shm         a glob of absolute paths (fnmatch, '*' stops at '/'), e.g.
+//                               /dev/shm/vllm_offload_*: a MAP_SHARED mapping of a file whose
+//                               path matches is backed by the pool (kmem: the file's pages are
+//                               bound to the node; devdax/file: an extent of the pool is mapped
+//                               instead of the file; docs/preload.md, "Shared-memory files").
+//                               Needs a kmem:, devdax: or file: pool.
+//   CXLKV_REGISTER_CHUNK register_chunk
+//                               the most one cudaHostRegister call pins: a larger request is
+//                               split into calls of this size (K/M/G/T; a multiple of 4 KiB,
+//                               below 512G; default 64G: NVIDIA's r580+ drivers refuse one call
+//                               of 512 GiB or more).
 //   CXLKV_CONFIG    —           a file of `key = value` lines (# comments) with the keys
 //                               above; the environment overrides it.
 // An unknown key (a CXLKV_* variable or a file key not listed above) or a bad value is an
@@ -42,6 +53,10 @@ enum class LogLevel : std::uint8_t { kOff = 0, kError, kWarn, kInfo, kDebug };
 const char* LogLevelName(LogLevel level) noexcept;
 
 inline constexpr std::uint64_t kDefaultMinBytes = 1u << 20;
+// cudaHostRegister is split above this (the DESIGN.md rule for whole arenas, gpu::PlanChunks).
+inline constexpr std::uint64_t kDefaultRegisterChunkBytes = 64ull << 30;
+// NVIDIA's r580 drivers refuse a single registration of this size or more.
+inline constexpr std::uint64_t kDriverRegisterLimitBytes = 512ull << 30;
 
 // CXLKV_POOL=orchestrator:<socket>: the heap lives in extents a domain's orchestrator lends.
 inline constexpr absl::string_view kOrchestratorPrefix = "orchestrator:";
@@ -55,10 +70,13 @@ struct Settings {
   LogLevel log_level = LogLevel::kWarn;
   std::string log_path;    // empty: stderr
   std::string stats_path;  // empty: no stats file
+  std::string shm_glob;    // empty: shared-memory files are left alone
+  std::uint64_t register_chunk_bytes = kDefaultRegisterChunkBytes;
   std::string config_path;
 };
 
-// Applies one config-file key (pool, min_bytes, log, stats). kInvalidArgument names the key,
+// Applies one config-file key (pool, host_id, library, min_bytes, log, stats, shm,
+// register_chunk). kInvalidArgument names the key,
 // the bad value and the accepted forms; an unknown key lists the known ones.
 absl::Status ApplySetting(absl::string_view key, absl::string_view value, Settings* s);
 

@@ -26,6 +26,11 @@ struct StatsSnapshot {
   std::uint64_t fallbacks = 0;          // CXL was chosen but could not serve: passed through
   std::uint64_t cuda_registered = 0;    // CXL cuda host allocations pinned with cudaHostRegister
   std::uint64_t cuda_unregistered = 0;  // ... served without registration (no device)
+  std::uint64_t cuda_split_registrations = 0;  // cudaHostRegister calls split into chunks
+  std::uint64_t cuda_split_chunks = 0;         // ... and the chunks registered for them
+  std::uint64_t shm_bound = 0;                 // CXLKV_SHM mappings backed by the pool
+  std::uint64_t shm_bound_bytes = 0;           // ... their bytes
+  std::uint64_t shm_passed = 0;                // matching mappings left to the file (reason logged)
 };
 
 struct ThreadStats {
@@ -66,6 +71,11 @@ class StatsRegistry {
   std::atomic<std::uint64_t> fallbacks{0};
   std::atomic<std::uint64_t> cuda_registered{0};
   std::atomic<std::uint64_t> cuda_unregistered{0};
+  std::atomic<std::uint64_t> cuda_split_registrations{0};
+  std::atomic<std::uint64_t> cuda_split_chunks{0};
+  std::atomic<std::uint64_t> shm_bound{0};
+  std::atomic<std::uint64_t> shm_bound_bytes{0};
+  std::atomic<std::uint64_t> shm_passed{0};
 
  private:
   mutable std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
