@@ -124,8 +124,12 @@ if [[ -n $pydir ]]; then
     [[ $(sed -n 2p <<<"$out") == "$(readlink -f "$L/libcxlkv.so.0")" ]] ||
       fail "the installed package loaded another libcxlkv: $out"
     [[ $(sed -n 3p <<<"$out") == "cmake --install" ]] || fail "found the library by: $out"
-    (cd "$tmp" && env -u CXLKV_LIBRARY PYTHONPATH="$prefix/$pydir" /usr/bin/python3 -m cxlkv status |
-      grep -qF "$(readlink -f "$L/libcxlkv.so.0")") || fail "python -m cxlkv status does not report it"
+    # Whole output first: `| grep -q` would stop reading at the match, and the CLI's next
+    # write would then fail with a broken pipe.
+    status=$(cd "$tmp" && env -u CXLKV_LIBRARY PYTHONPATH="$prefix/$pydir" /usr/bin/python3 -m cxlkv \
+      status) || fail "python -m cxlkv status failed: $status"
+    grep -qF "$(readlink -f "$L/libcxlkv.so.0")" <<<"$status" ||
+      fail "python -m cxlkv status does not report it: $status"
   fi
 fi
 
