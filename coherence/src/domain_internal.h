@@ -52,16 +52,17 @@ bool ReadShared(Mem& mem, std::uint64_t off, T* out) {
   return false;
 }
 
-// Seals and writes a record of this host's, flushes it, and fences (a store fence: what
-// follows is a store that makes the record reachable, or nothing). Where a later load must
-// not pass the record (rule 4), the writer's next read of another writer's line is an
-// Invalidate or a FullFence, whose mfence keeps every load behind it.
+// Seals and writes a record of this host's, flushes it, and fences.
 template <typename T>
-void WriteShared(Mem& mem, std::uint64_t off, T r) {
+void WriteShared(Mem& mem, std::uint64_t off, T r, bool full_fence) {
   SealLine(r);
   mem.Write(off, &r, sizeof(T));
   mem.Flush(off, sizeof(T));
-  mem.Fence();
+  if (full_fence) {
+    mem.FullFence();
+  } else {
+    mem.Fence();
+  }
 }
 
 }  // namespace cxlkv::coherence::internal

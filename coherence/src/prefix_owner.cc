@@ -147,7 +147,7 @@ void PrefixOwner::Quarantine(std::uint32_t i, const IndexEntry& torn, std::int64
   q.entry_gen = torn.entry_gen + 2;
   q.state = static_cast<std::uint8_t>(EntryState::kRetired);
   q.publisher = kQuarantined;
-  WriteEntry(i, q);
+  WriteEntry(i, q, /*full_fence=*/true);
   info_[i] = EntryInfo{};
   info_[i].retired_at_ms = now;
   ++retired_count_;
@@ -184,10 +184,10 @@ void PrefixOwner::RebuildOwnerLine(std::uint32_t host) {
   ++stats_.owner_lines_rebuilt;
 }
 
-void PrefixOwner::WriteEntry(std::uint32_t i, const IndexEntry& e) {
+void PrefixOwner::WriteEntry(std::uint32_t i, const IndexEntry& e, bool full_fence) {
   index_[i] = e;
   SealLine(index_[i]);
-  WriteShared(mem_, EntryOff(h_, i), index_[i]);
+  WriteShared(mem_, EntryOff(h_, i), index_[i], full_fence);
 }
 
 void PrefixOwner::WriteClockLine() {
@@ -195,14 +195,14 @@ void PrefixOwner::WriteClockLine() {
   c.seq = ++clock_seq_;
   c.owner_ms = clock_.NowMs();  // read before the write: no reading is ahead of this clock
   c.clock_id = clock_id_;
-  WriteShared(mem_, kOwnerClockOffset, c);
+  WriteShared(mem_, kOwnerClockOffset, c, false);
 }
 
 void PrefixOwner::WriteOwnerLine(std::uint32_t host) {
   OwnerHostLine& l = owner_lines_[host];
   ++l.owner_epoch;
   SealLine(l);
-  WriteShared(mem_, OwnerLineOff(h_, host), l);
+  WriteShared(mem_, OwnerLineOff(h_, host), l, false);
 }
 
 std::int64_t PrefixOwner::FindKey(Namespace ns, const PrefixKey& key, bool published_only) const {
@@ -339,7 +339,7 @@ void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
   e.state = static_cast<std::uint8_t>(EntryState::kPublished);
   e.publisher = static_cast<std::uint8_t>(host);
   info_[i] = EntryInfo{};
-  WriteEntry(i, e);
+  WriteEntry(i, e, false);
   Name(r.ref);
   ++published_count_;
   ++stats_.published;
@@ -351,9 +351,8 @@ void PrefixOwner::RetireEntry(std::uint32_t i) {
   IndexEntry e = index_[i];
   e.state = static_cast<std::uint8_t>(EntryState::kRetired);
   ++e.entry_gen;
-  // The lease scan that follows (after grace) must not load a row before this store is
-  // visible (rule 4): its first read is an Invalidate, whose mfence keeps it behind.
-  WriteEntry(i, e);
+  // Full fence: the lease scan that follows (after grace) must not pass this store.
+  WriteEntry(i, e, true);
   info_[i].retired_at_ms = clock_.NowMs();
   --published_count_;
   ++retired_count_;
@@ -470,14 +469,12 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> PrefixOwner::ScanLeases() {
 
 std::uint32_t PrefixOwner::Reclaim() {
   const std::int64_t now = clock_.NowMs();
-  // An entry is due once its grace has passed. A block goes back through its publisher's
-  // return ring, and the owner line announcing it is written, before the entry becomes a
-  // tombstone; an unleased entry whose publisher's ring is full stays retired — the index is
-  // where a return waits, so an owner restart loses none (a crash between the two writes
-  // returns a block twice; the publisher's generation-checked free ignores the second).
-  // Ring room is spent only on entries the lease scan finds unleased: entries still leased
-  // take none, so long leases cannot starve the publisher's other returns. Entries whose
-  // publisher has no room at all cost no lease scan.
+  // An entry is due once its grace has passed and its publisher's return ring has room for
+  // it: the block goes into that ring, and the owner line announcing it is written, before
+  // the entry becomes a tombstone. An entry whose publisher's ring is full stays retired —
+  // the index is where a return waits, so an owner restart loses none (a crash between the
+  // two writes returns a block twice; the publisher's generation-checked free ignores the
+  // second). Waiting entries cost no lease scan.
   std::vector<std::uint32_t> due;
   std::vector<std::int64_t> room(h_.max_hosts, -1);  // -1: row not read yet
   for (std::uint32_t i = 0; i < h_.index_entries; ++i) {
@@ -545,7 +542,7 @@ std::uint32_t PrefixOwner::Reclaim() {
     --retired_count_;
     e.state = static_cast<std::uint8_t>(EntryState::kTombstone);
     ++e.entry_gen;
-    WriteEntry(i, e);
+    WriteEntry(i, e, false);
     ++stats_.reclaimed;
   }
   for (std::uint32_t i : free_now) ClearTombstones(i);
@@ -581,7 +578,7 @@ void PrefixOwner::ClearTombstones(std::uint32_t i) {
     IndexEntry e{};
     e.entry_gen = index_[i].entry_gen + 1;  // generations only grow: no stale hit matches again
     e.state = static_cast<std::uint8_t>(EntryState::kEmpty);
-    WriteEntry(i, e);
+    WriteEntry(i, e, false);
   }
 }
 
@@ -619,7 +616,7 @@ void PrefixOwner::ReturnBlock(std::uint32_t host, const BlockRef& ref) {
   ReturnSlot s{};
   s.seq = l.return_tail + 1;
   s.ref = ref;
-  WriteShared(mem_, ReturnSlotOff(h_, host, s.seq), s);
+  WriteShared(mem_, ReturnSlotOff(h_, host, s.seq), s, false);
   ++l.return_tail;
 }
 
