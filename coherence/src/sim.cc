@@ -36,7 +36,7 @@ void SimMemory::Issue(const HostView* issuer, std::uint64_t line,
   // host's own write-backs of one line reach memory in order.
   for (InFlight& w : in_flight_) {
     if (w.issuer == issuer && w.line == line) {
-      for (int b = 0; b < 8; ++b) {
+      for (std::size_t b = 0; b < 8; ++b) {
         if (words & (1u << b)) std::memcpy(w.data.data() + 8 * b, data.data() + 8 * b, 8);
       }
       w.left |= words;
@@ -47,7 +47,7 @@ void SimMemory::Issue(const HostView* issuer, std::uint64_t line,
 }
 
 void SimMemory::Apply(InFlight& w, std::uint8_t words) {
-  for (int b = 0; b < 8; ++b) {
+  for (std::size_t b = 0; b < 8; ++b) {
     if (words & (1u << b)) {
       std::memcpy(media_.data() + w.line * 64 + 8 * b, w.data.data() + 8 * b, 8);
     }
@@ -260,7 +260,7 @@ void SimMemory::HostView::Peek(std::uint64_t offset, void* dst, std::size_t len)
   };
   for (const InFlight& w : media_.in_flight_) {
     if (w.issuer != this) continue;
-    for (int b = 0; b < 8; ++b) {
+    for (std::size_t b = 0; b < 8; ++b) {
       if (w.left & (1u << b)) overlay(w.line * 64 + 8 * b, w.data.data() + 8 * b, 8);
     }
   }
