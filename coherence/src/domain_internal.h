@@ -52,17 +52,16 @@ bool ReadShared(Mem& mem, std::uint64_t off, T* out) {
   return false;
 }
 
-// Seals and writes a record of this host's, flushes it, and fences.
+// Seals and writes a record of this host's, flushes it, and fences (a store fence: what
+// follows is a store that makes the record reachable, or nothing). Where a later load must
+// not pass the record (rule 4), the writer's next read of another writer's line is an
+// Invalidate or a FullFence, whose mfence keeps every load behind it.
 template <typename T>
-void WriteShared(Mem& mem, std::uint64_t off, T r, bool full_fence) {
+void WriteShared(Mem& mem, std::uint64_t off, T r) {
   SealLine(r);
   mem.Write(off, &r, sizeof(T));
   mem.Flush(off, sizeof(T));
-  if (full_fence) {
-    mem.FullFence();
-  } else {
-    mem.Fence();
-  }
+  mem.Fence();
 }
 
 }  // namespace cxlkv::coherence::internal

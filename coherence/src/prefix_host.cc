@@ -101,10 +101,12 @@ absl::Status PrefixHost::Rejoin() {
   rows_.assign(h_.lease_rows, Lease{});  // a fenced incarnation's leases are void
   held_ = 0;
   free_rows_.clear();
-  // Rows of the old incarnation go first (the owner ignores them once it sees the new
-  // incarnation, but a clean table is what a restarted owner must find).
+  // Rows of the old incarnation are cleared (the owner ignores them once it sees the new
+  // incarnation, but a clean table is what a restarted owner must find). The host row's
+  // fence below completes these write-backs too; until then the old rows only keep blocks
+  // a little longer, never less.
   for (std::uint32_t r = h_.lease_rows; r-- > 0;) {
-    WriteLeaseRow(r, 0, 0, false);
+    StoreLeaseRow(r, 0, 0, false);
     free_rows_.push_back(r);
   }
   heartbeat_ = row.heartbeat + 1;
@@ -211,19 +213,12 @@ void PrefixHost::DropAfterPause() {
   ++pauses_;
 }
 
-void PrefixHost::WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held,
-                               bool full_fence) {
-  StoreLeaseRow(row, entry, gen, held);
-  // Full fence: the re-validation load that follows an acquire must not pass this store.
-  // Clearing a row needs only a store fence: a row seen held a little longer merely delays
-  // reclaim, and x86 never moves the data loads of the lease past this later store.
-  if (full_fence) {
-    // Not load-bearing for rule 4 (ReadEntryAndClock's mfence follows, docs/coherence.md);
-    // kept while the fail-over runs of the simulator are explained (docs/mutation.md).
-    mem_.FullFence();
-  } else {
-    mem_.Fence();
-  }
+void PrefixHost::ClearLeaseRow(std::uint32_t row) {
+  StoreLeaseRow(row, 0, 0, false);
+  // A store fence: the cleared row is on its way to memory when the call returns, so the
+  // owner may reclaim at once. Nothing needs it before a later load: a row seen held a little
+  // longer only delays a reclaim, and x86 never moves the lease's data loads past a store.
+  mem_.Fence();
 }
 
 void PrefixHost::StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen,
@@ -258,7 +253,7 @@ void PrefixHost::WriteHostRow() {
   r.heartbeat = heartbeat_;
   r.ring_tail = ring_tail_;
   r.return_head = acked_head_;
-  WriteShared(mem_, HostRowOff(h_, host_), r, false);
+  WriteShared(mem_, HostRowOff(h_, host_), r);
 }
 
 std::optional<Hit> PrefixHost::Lookup(Namespace ns, const PrefixKey& key) {
@@ -299,12 +294,14 @@ absl::StatusOr<Lease> PrefixHost::Acquire(const Hit& hit) {
   }
   const std::int64_t now = clock_.NowMs();  // before the row can be seen: deadline is safe
   const std::uint32_t row = free_rows_.back();
-  WriteLeaseRow(row, hit.entry, hit.entry_gen, true);
+  // The row's store and write-back, then the re-read of the entry: the mfence inside
+  // ReadEntryAndClock is this side's fence of rule 4 (no load of the entry passes the row).
+  StoreLeaseRow(row, hit.entry, hit.entry_gen, true);
   IndexEntry e;
   OwnerClockLine c;
   const bool entry_ok = ReadEntryAndClock(hit.entry, &e, &c);
   if (StoodStill(c)) {
-    WriteLeaseRow(row, 0, 0, false, /*full_fence=*/false);
+    ClearLeaseRow(row);
     DropAfterPause();
     return absl::UnavailableError(
         absl::StrCat("host ", host_,
@@ -313,7 +310,7 @@ absl::StatusOr<Lease> PrefixHost::Acquire(const Hit& hit) {
   }
   if (!entry_ok || static_cast<EntryState>(e.state) != EntryState::kPublished ||
       e.entry_gen != hit.entry_gen) {
-    WriteLeaseRow(row, 0, 0, false);
+    ClearLeaseRow(row);
     return absl::NotFoundError("the block was retired before the lease took hold");
   }
   free_rows_.pop_back();
@@ -381,7 +378,7 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<con
         absl::StrCat("host ", host_, " holds all ", h_.lease_rows, " lease rows; release some"));
   }
   n = std::min(n, free_rows_.size());
-  // 2. Lease rows: store + flush each, one full fence (no re-validation load may pass them).
+  // 2. Lease rows: store + flush each.
   const std::int64_t now = clock_.NowMs();  // before any row can be seen: deadline is safe
   const std::size_t first_row = free_rows_.size() - n;  // rows taken from the back
   for (std::size_t i = 0; i < n; ++i) {
@@ -389,9 +386,9 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<con
                   true);
   }
   const std::uint64_t first_id = lease_seq_ - n + 1;  // StoreLeaseRow numbered them in order
-  mem_.FullFence();
-  // 3. Re-validate every entry: evict all (and the owner's clock line), one fence, read; a
-  //    torn line is read again alone.
+  // 3. Re-validate every entry: evict all (and the owner's clock line), one full fence, read;
+  //    a torn line is read again alone. That fence is also rule 4's fence between the rows
+  //    and the re-validation loads: it drains the rows and completes their write-backs first.
   for (std::size_t i = 0; i < n; ++i)
     mem_.Evict(EntryOff(h_, chain_entries_[i]), sizeof(IndexEntry));
   mem_.Evict(kOwnerClockOffset, sizeof(OwnerClockLine));
@@ -455,8 +452,9 @@ absl::Status PrefixHost::Renew(Lease& lease) {
       return absl::UnavailableError("the owner has not acknowledged a recent heartbeat");
     }
   }
-  WriteLeaseRow(lease.row, lease.entry, lease.entry_gen, true);
-  // The entry and the owner's clock, read after the row is in memory.
+  StoreLeaseRow(lease.row, lease.entry, lease.entry_gen, true);
+  // The entry and the owner's clock, read after the row is in memory (the mfence inside
+  // ReadEntryAndClock drains the row's store and completes its write-back first).
   IndexEntry e;
   OwnerClockLine c;
   const bool entry_ok = ReadEntryAndClock(lease.entry, &e, &c);
@@ -498,7 +496,7 @@ absl::Status PrefixHost::Renew(Lease& lease) {
 
 void PrefixHost::Release(Lease& lease) {
   if (!Holds(lease)) return;
-  WriteLeaseRow(lease.row, 0, 0, false, /*full_fence=*/false);
+  ClearLeaseRow(lease.row);
   ForgetRow(lease.row);
 }
 
@@ -547,7 +545,7 @@ absl::Status PrefixHost::PostRequest(RequestSlot slot, const std::function<bool(
   slot.seq = ring_tail_ + 1;
   slot.incarnation = incarnation_;
   // The slot reaches memory before the tail that makes it visible (both flushed, fenced).
-  WriteShared(mem_, RequestSlotOff(h_, host_, slot.seq), slot, false);
+  WriteShared(mem_, RequestSlotOff(h_, host_, slot.seq), slot);
   if (commit && !commit()) {
     return absl::AbortedError("publication abandoned by the caller before it was announced");
   }
@@ -566,8 +564,11 @@ absl::Status PrefixHost::Publish(Namespace ns, const PrefixKey& key, const Prefi
   s.parent[0] = parent.lo;
   s.parent[1] = parent.hi;
   s.ref = ref;
-  // The block's bytes must be in memory before the request: streaming stores need a fence.
-  mem_.Fence();
+  // No fence of its own for the block's bytes: the store fence after the request slot (in
+  // PostRequest, before `commit` and before the host row that announces the slot) orders
+  // every earlier store, streaming ones included, before the announcement. A slot that lands
+  // without its block (a crash before that fence) is announced only by a later incarnation's
+  // Rejoin, and the owner returns a stale incarnation's block instead of publishing it.
   return PostRequest(s, commit);
 }
 
@@ -612,7 +613,7 @@ absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {
   const std::int64_t now = clock_.NowMs();
   for (std::uint32_t row = 0; row < rows_.size(); ++row) {
     if (rows_[row].id != 0 && now > rows_[row].deadline_ms) {
-      WriteLeaseRow(row, 0, 0, false);
+      ClearLeaseRow(row);
       ForgetRow(row);
     }
   }

@@ -147,7 +147,7 @@ void PrefixOwner::Quarantine(std::uint32_t i, const IndexEntry& torn, std::int64
   q.entry_gen = torn.entry_gen + 2;
   q.state = static_cast<std::uint8_t>(EntryState::kRetired);
   q.publisher = kQuarantined;
-  WriteEntry(i, q, /*full_fence=*/true);
+  WriteEntry(i, q);
   info_[i] = EntryInfo{};
   info_[i].retired_at_ms = now;
   ++retired_count_;
@@ -184,10 +184,10 @@ void PrefixOwner::RebuildOwnerLine(std::uint32_t host) {
   ++stats_.owner_lines_rebuilt;
 }
 
-void PrefixOwner::WriteEntry(std::uint32_t i, const IndexEntry& e, bool full_fence) {
+void PrefixOwner::WriteEntry(std::uint32_t i, const IndexEntry& e) {
   index_[i] = e;
   SealLine(index_[i]);
-  WriteShared(mem_, EntryOff(h_, i), index_[i], full_fence);
+  WriteShared(mem_, EntryOff(h_, i), index_[i]);
 }
 
 void PrefixOwner::WriteClockLine() {
@@ -195,14 +195,14 @@ void PrefixOwner::WriteClockLine() {
   c.seq = ++clock_seq_;
   c.owner_ms = clock_.NowMs();  // read before the write: no reading is ahead of this clock
   c.clock_id = clock_id_;
-  WriteShared(mem_, kOwnerClockOffset, c, false);
+  WriteShared(mem_, kOwnerClockOffset, c);
 }
 
 void PrefixOwner::WriteOwnerLine(std::uint32_t host) {
   OwnerHostLine& l = owner_lines_[host];
   ++l.owner_epoch;
   SealLine(l);
-  WriteShared(mem_, OwnerLineOff(h_, host), l, false);
+  WriteShared(mem_, OwnerLineOff(h_, host), l);
 }
 
 std::int64_t PrefixOwner::FindKey(Namespace ns, const PrefixKey& key, bool published_only) const {
@@ -339,7 +339,7 @@ void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
   e.state = static_cast<std::uint8_t>(EntryState::kPublished);
   e.publisher = static_cast<std::uint8_t>(host);
   info_[i] = EntryInfo{};
-  WriteEntry(i, e, false);
+  WriteEntry(i, e);
   Name(r.ref);
   ++published_count_;
   ++stats_.published;
@@ -351,8 +351,9 @@ void PrefixOwner::RetireEntry(std::uint32_t i) {
   IndexEntry e = index_[i];
   e.state = static_cast<std::uint8_t>(EntryState::kRetired);
   ++e.entry_gen;
-  // Full fence: the lease scan that follows (after grace) must not pass this store.
-  WriteEntry(i, e, true);
+  // The lease scan that follows (after grace) must not load a row before this store is
+  // visible (rule 4): its first read is an Invalidate, whose mfence keeps it behind.
+  WriteEntry(i, e);
   info_[i].retired_at_ms = clock_.NowMs();
   --published_count_;
   ++retired_count_;
@@ -542,7 +543,7 @@ std::uint32_t PrefixOwner::Reclaim() {
     --retired_count_;
     e.state = static_cast<std::uint8_t>(EntryState::kTombstone);
     ++e.entry_gen;
-    WriteEntry(i, e, false);
+    WriteEntry(i, e);
     ++stats_.reclaimed;
   }
   for (std::uint32_t i : free_now) ClearTombstones(i);
@@ -578,7 +579,7 @@ void PrefixOwner::ClearTombstones(std::uint32_t i) {
     IndexEntry e{};
     e.entry_gen = index_[i].entry_gen + 1;  // generations only grow: no stale hit matches again
     e.state = static_cast<std::uint8_t>(EntryState::kEmpty);
-    WriteEntry(i, e, false);
+    WriteEntry(i, e);
   }
 }
 
@@ -616,7 +617,7 @@ void PrefixOwner::ReturnBlock(std::uint32_t host, const BlockRef& ref) {
   ReturnSlot s{};
   s.seq = l.return_tail + 1;
   s.ref = ref;
-  WriteShared(mem_, ReturnSlotOff(h_, host, s.seq), s, false);
+  WriteShared(mem_, ReturnSlotOff(h_, host, s.seq), s);
   ++l.return_tail;
 }
 

@@ -466,6 +466,10 @@ void SimMemory::HostView::Crash() {
 void SimMemory::HostView::TickLate() {
   if (!crashed_) return;
   for (auto it = lines_.begin(); it != lines_.end();) {
+    if (!it->second.dirty) {  // written back since the crash (WriteBackAll): nothing to land
+      it = lines_.erase(it);
+      continue;
+    }
     if (rng_() % 1000 < media_.options_.late_land_per_mille) {
       std::memcpy(media_.media_.data() + it->first * 64, it->second.data.data(), 64);
       ++media_.stats_.late_lines;

@@ -190,9 +190,9 @@ class PrefixHost {
   // After a pause: every lease and the liveness credit were counted on a clock that lost
   // time. Drops them all; leases again once a heartbeat sent from now on is acknowledged.
   void DropAfterPause();
-  void WriteLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held,
-                     bool full_fence = true);
-  // The row's store and flush, no fence (WriteLeaseRow and the batched paths fence).
+  // Clears a row: store, flush, store fence (the row is on its way to memory on return).
+  void ClearLeaseRow(std::uint32_t row);
+  // The row's store and flush, no fence (ClearLeaseRow and the callers that batch fence).
   void StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held);
   // kUnavailable unless an acknowledged heartbeat covers now (beats once to get one).
   absl::Status EnsureAlive();
@@ -329,7 +329,7 @@ class PrefixOwner {
     std::uint64_t value = ~0ull;
     std::int64_t changed_at_ms = 0;
   };
-  void WriteEntry(std::uint32_t i, const IndexEntry& e, bool full_fence);
+  void WriteEntry(std::uint32_t i, const IndexEntry& e);
   void WriteOwnerLine(std::uint32_t host);
   // Publishes the owner's clock (OwnerClockLine) for hosts to notice their own stopping.
   void WriteClockLine();
