@@ -54,8 +54,8 @@ class EtcdTest : public ::testing::Test {
     ASSERT_EQ(start_error_, nullptr) << *start_error_;
     client_ = cluster_->NewClient();
     ASSERT_NE(client_, nullptr);
-    prefix_ = absl::StrCat("/test/", ::testing::UnitTest::GetInstance()->current_test_info()->name(),
-                           "/");
+    prefix_ = absl::StrCat("/test/",
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name(), "/");
   }
 
   static EtcdCluster* cluster_;
@@ -135,8 +135,8 @@ TEST_F(EtcdTest, TxnCreateIfAbsentAndGuardedUpdate) {
   EXPECT_TRUE(first->succeeded);
   const std::int64_t created = first->header.revision;
 
-  auto second = client_->Txn({C::CreateRevision(k, C::Result::kEqual, 0)},
-                             {ed::Op::Put(k, "you")}, {ed::Op::Get(k)});
+  auto second = client_->Txn({C::CreateRevision(k, C::Result::kEqual, 0)}, {ed::Op::Put(k, "you")},
+                             {ed::Op::Get(k)});
   ASSERT_TRUE(second.ok());
   EXPECT_FALSE(second->succeeded);
   ASSERT_EQ(second->results.size(), 1u);
@@ -195,8 +195,8 @@ TEST_F(EtcdTest, LeaseKeepsKeysAliveAndTakesThemAlong) {
   ASSERT_TRUE(l2.ok());
   ASSERT_TRUE(client_->Put(prefix_ + "k2", "v", l2->id).ok());
   const std::int64_t t0 = NowMs();
-  EXPECT_TRUE(Eventually([&] { return client_->Get(prefix_ + "k2")->kvs.empty(); },
-                         milliseconds(6000)));
+  EXPECT_TRUE(
+      Eventually([&] { return client_->Get(prefix_ + "k2")->kvs.empty(); }, milliseconds(6000)));
   EXPECT_GE(NowMs() - t0, 1000);  // not before its TTL (less the time the Put took)
   EXPECT_TRUE(absl::IsNotFound(client_->LeaseTimeToLive(l2->id).status()));
 }

@@ -39,12 +39,12 @@ inline std::string EtcdBinary() {
   return "";
 }
 
-#define CXLKV_SKIP_WITHOUT_ETCD()                                                            \
-  do {                                                                                       \
-    if (::cxlkv::testing::EtcdBinary().empty()) {                                            \
-      GTEST_SKIP() << "no etcd binary (apt-get install etcd-server; scripts/deps installs "  \
-                      "it; or set CXLKV_ETCD_BIN)";                                          \
-    }                                                                                        \
+#define CXLKV_SKIP_WITHOUT_ETCD()                                                           \
+  do {                                                                                      \
+    if (::cxlkv::testing::EtcdBinary().empty()) {                                           \
+      GTEST_SKIP() << "no etcd binary (apt-get install etcd-server; scripts/deps installs " \
+                      "it; or set CXLKV_ETCD_BIN)";                                         \
+    }                                                                                       \
   } while (0)
 
 // Ports the kernel says are free now (all held open together, so they differ).
@@ -131,7 +131,8 @@ class EtcdCluster {
     for (const std::string& e : endpoints()) s += (s.size() > 1 ? ", \"" : "\"") + e + "\"";
     return s + "]";
   }
-  std::unique_ptr<orchestrator::etcd::Client> NewClient(std::uint32_t call_timeout_ms = 2000) const {
+  std::unique_ptr<orchestrator::etcd::Client> NewClient(
+      std::uint32_t call_timeout_ms = 2000) const {
     orchestrator::etcd::ClientOptions o;
     o.endpoints = endpoints();
     o.call_timeout_ms = call_timeout_ms;
@@ -175,20 +176,15 @@ class EtcdCluster {
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_ports_[i]);
     const std::string log = dir_ + "/" + name + ".log";
     const std::string bin = EtcdBinary();
-    std::vector<std::string> args = {bin,
-                                     "--name=" + name,
-                                     "--data-dir=" + data,
-                                     "--listen-client-urls=" + client,
-                                     "--advertise-client-urls=" + client,
-                                     "--listen-peer-urls=" + peer,
-                                     "--initial-advertise-peer-urls=" + peer,
-                                     "--initial-cluster=" + initial_,
-                                     "--initial-cluster-token=cxlkv-test-" + std::to_string(getpid()),
-                                     std::string("--initial-cluster-state=") + (fresh ? "new" : "existing"),
-                                     "--logger=zap",
-                                     "--log-level=warn",
-                                     // tmpfs under /tmp or not, fsync costs little at this size
-                                     "--snapshot-count=10000"};
+    std::vector<std::string> args = {
+        bin, "--name=" + name, "--data-dir=" + data, "--listen-client-urls=" + client,
+        "--advertise-client-urls=" + client, "--listen-peer-urls=" + peer,
+        "--initial-advertise-peer-urls=" + peer, "--initial-cluster=" + initial_,
+        "--initial-cluster-token=cxlkv-test-" + std::to_string(getpid()),
+        std::string("--initial-cluster-state=") + (fresh ? "new" : "existing"), "--logger=zap",
+        "--log-level=warn",
+        // tmpfs under /tmp or not, fsync costs little at this size
+        "--snapshot-count=10000"};
     const pid_t p = ::fork();
     if (p == 0) {
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);

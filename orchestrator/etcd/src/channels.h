@@ -36,8 +36,8 @@ inline Header FromPb(const pb::ResponseHeader& h) {
 }
 
 inline KeyValue FromPb(const ::mvccpb::KeyValue& kv) {
-  return KeyValue{kv.key(), kv.value(), kv.create_revision(), kv.mod_revision(), kv.version(),
-                  kv.lease()};
+  return KeyValue{kv.key(),          kv.value(),   kv.create_revision(),
+                  kv.mod_revision(), kv.version(), kv.lease()};
 }
 
 // A gRPC status as an absl one (the codes are the same numbers), naming the endpoint and call.

@@ -106,8 +106,8 @@ absl::Status ValidateEndpoint(const std::string& e) {
   if (colon == std::string::npos || colon == 0 ||
       !absl::SimpleAtoi(absl::string_view(e).substr(colon + 1), &port) || port == 0 ||
       port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "etcd endpoint '", e, "' is not host:port (for example \"127.0.0.1:2379\")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd endpoint '", e, "' is not host:port (for example \"127.0.0.1:2379\")"));
   }
   return absl::OkStatus();
 }
@@ -209,12 +209,11 @@ absl::StatusOr<RangeResult> Client::Get(const std::string& key, const std::strin
   req.set_key(key);
   req.set_range_end(range_end);
   pb::RangeResponse rep;
-  const absl::Status st =
-      CallMembers(*ch_, &current_, options_, 0, /*retry=*/true, "Range",
-                  [&](const Channels::Member& m, grpc::ClientContext* ctx) {
-                    rep.Clear();
-                    return m.kv->Range(ctx, req, &rep);
-                  });
+  const absl::Status st = CallMembers(*ch_, &current_, options_, 0, /*retry=*/true, "Range",
+                                      [&](const Channels::Member& m, grpc::ClientContext* ctx) {
+                                        rep.Clear();
+                                        return m.kv->Range(ctx, req, &rep);
+                                      });
   if (!st.ok()) return st;
   RangeResult out;
   out.header = FromPb(rep.header());
@@ -231,9 +230,10 @@ absl::StatusOr<Header> Client::Put(const std::string& key, const std::string& va
   req.set_value(value);
   req.set_lease(lease);
   pb::PutResponse rep;
-  const absl::Status st = CallMembers(
-      *ch_, &current_, options_, 0, /*retry=*/false, "Put",
-      [&](const Channels::Member& m, grpc::ClientContext* ctx) { return m.kv->Put(ctx, req, &rep); });
+  const absl::Status st = CallMembers(*ch_, &current_, options_, 0, /*retry=*/false, "Put",
+                                      [&](const Channels::Member& m, grpc::ClientContext* ctx) {
+                                        return m.kv->Put(ctx, req, &rep);
+                                      });
   if (!st.ok()) return st;
   return FromPb(rep.header());
 }
@@ -259,9 +259,10 @@ absl::StatusOr<TxnResult> Client::Txn(const std::vector<Compare>& compares,
   for (const Op& op : success) *req.add_success() = ToPb(op);
   for (const Op& op : failure) *req.add_failure() = ToPb(op);
   pb::TxnResponse rep;
-  const absl::Status st = CallMembers(
-      *ch_, &current_, options_, 0, /*retry=*/false, "Txn",
-      [&](const Channels::Member& m, grpc::ClientContext* ctx) { return m.kv->Txn(ctx, req, &rep); });
+  const absl::Status st = CallMembers(*ch_, &current_, options_, 0, /*retry=*/false, "Txn",
+                                      [&](const Channels::Member& m, grpc::ClientContext* ctx) {
+                                        return m.kv->Txn(ctx, req, &rep);
+                                      });
   if (!st.ok()) return st;
   TxnResult out;
   out.header = FromPb(rep.header());
@@ -347,8 +348,7 @@ absl::StatusOr<std::int64_t> Client::LeaseTimeToLive(std::int64_t lease) {
 
 absl::StatusOr<std::unique_ptr<Watch>> Client::NewWatch(const std::string& key,
                                                         const std::string& range_end,
-                                                        std::int64_t start_revision,
-                                                        bool prev_kv) {
+                                                        std::int64_t start_revision, bool prev_kv) {
   pb::WatchCreateRequest create;
   create.set_key(key);
   create.set_range_end(range_end);

@@ -109,7 +109,8 @@ bool LeaderElection::NewSession() {
   }
   if (!o_.candidate_prefix.empty()) {
     auto put = client_.Put(absl::StrCat(o_.candidate_prefix, absl::Hex(g->id)), o_.value, g->id);
-    if (!put.ok()) Log(absl::StrCat("etcd: cannot register as a candidate: ", put.status().message()));
+    if (!put.ok())
+      Log(absl::StrCat("etcd: cannot register as a candidate: ", put.status().message()));
   }
   return true;
 }

@@ -34,17 +34,16 @@ class WatchStream final : public Watch {
     mu_.AwaitWithTimeout(absl::Condition(&ready), absl::FromChrono(wait));
     if (!error_.ok()) return error_;
     if (!created_) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "etcd ", endpoint_, ": Watch: not confirmed within ", wait.count(), " ms"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("etcd ", endpoint_, ": Watch: not confirmed within ", wait.count(), " ms"));
     }
     return absl::OkStatus();
   }
 
   absl::StatusOr<std::vector<Event>> Next(std::chrono::milliseconds timeout) override {
     absl::MutexLock l(&mu_);
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !queue_.empty() || !error_.ok();
-    };
+    auto ready = [this]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || !error_.ok(); };
     mu_.AwaitWithTimeout(absl::Condition(&ready), absl::FromChrono(timeout));
     if (!queue_.empty()) {
       std::vector<Event> out(std::make_move_iterator(queue_.begin()),
@@ -75,9 +74,9 @@ class WatchStream final : public Watch {
       if (rep.created()) created_ = true;
       if (rep.canceled()) {
         if (rep.compact_revision() > 0) {
-          error_ = absl::OutOfRangeError(absl::StrCat(
-              "etcd ", endpoint_, ": Watch: revision compacted away (oldest kept: ",
-              rep.compact_revision(), "); read afresh and watch from there"));
+          error_ = absl::OutOfRangeError(
+              absl::StrCat("etcd ", endpoint_, ": Watch: revision compacted away (oldest kept: ",
+                           rep.compact_revision(), "); read afresh and watch from there"));
         } else {
           error_ = absl::CancelledError(
               absl::StrCat("etcd ", endpoint_, ": Watch cancelled: ", rep.cancel_reason()));
@@ -96,9 +95,9 @@ class WatchStream final : public Watch {
     const grpc::Status st = stream_->Finish();
     absl::MutexLock l(&mu_);
     if (error_.ok()) {
-      error_ = absl::UnavailableError(absl::StrCat(
-          "etcd ", endpoint_, ": Watch stream ended: ",
-          st.ok() ? std::string("closed by the server") : st.error_message()));
+      error_ = absl::UnavailableError(
+          absl::StrCat("etcd ", endpoint_, ": Watch stream ended: ",
+                       st.ok() ? std::string("closed by the server") : st.error_message()));
     }
   }
 

@@ -41,12 +41,12 @@
 namespace cxlkv::orchestrator::etcd {
 
 struct ElectionOptions {
-  std::string leader_key;        // e.g. /cxlkv/v1/C/domains/D/leader
-  std::string candidate_prefix;  // e.g. /cxlkv/v1/C/domains/D/election/ ("" : not registered)
-  std::string value;             // who and where this candidate is (written in both keys)
-  std::int64_t ttl_s = 3;        // the session lease's TTL
-  std::int64_t margin_ms = 0;    // 0: ttl / 4
-  std::uint32_t retry_ms = 500;  // pause after an etcd error or a refused takeover
+  std::string leader_key;             // e.g. /cxlkv/v1/C/domains/D/leader
+  std::string candidate_prefix;       // e.g. /cxlkv/v1/C/domains/D/election/ ("" : not registered)
+  std::string value;                  // who and where this candidate is (written in both keys)
+  std::int64_t ttl_s = 3;             // the session lease's TTL
+  std::int64_t margin_ms = 0;         // 0: ttl / 4
+  std::uint32_t retry_ms = 500;       // pause after an etcd error or a refused takeover
   coherence::Clock* clock = nullptr;  // null: CLOCK_BOOTTIME; must outlive the election
   // Logs one line (no newline); null: stderr. Called from the election threads.
   std::function<void(const std::string&)> log;
@@ -60,13 +60,13 @@ struct Term {
 };
 
 struct ElectionStats {
-  std::uint64_t won = 0;              // elections won
-  std::uint64_t lost = 0;             // leaderships ended (any reason but Stop)
+  std::uint64_t won = 0;   // elections won
+  std::uint64_t lost = 0;  // leaderships ended (any reason but Stop)
   std::uint64_t keepalive_failures = 0;
-  std::uint64_t campaigns = 0;        // campaign transactions sent
-  std::int64_t epoch = 0;             // current epoch (0: not leading)
-  std::string leader_value;           // the leader key's value as last seen ("" : none)
-  std::int64_t leader_epoch = 0;      // its create revision
+  std::uint64_t campaigns = 0;    // campaign transactions sent
+  std::int64_t epoch = 0;         // current epoch (0: not leading)
+  std::string leader_value;       // the leader key's value as last seen ("" : none)
+  std::int64_t leader_epoch = 0;  // its create revision
 };
 
 class LeaderElection {

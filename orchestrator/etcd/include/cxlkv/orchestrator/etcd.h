@@ -88,8 +88,8 @@ struct Op {
   enum class Kind { kGet, kPut, kDelete };
   Kind kind = Kind::kGet;
   std::string key;
-  std::string range_end;  // kGet / kDelete: "" is the key alone; see PrefixEnd
-  std::string value;      // kPut
+  std::string range_end;   // kGet / kDelete: "" is the key alone; see PrefixEnd
+  std::string value;       // kPut
   std::int64_t lease = 0;  // kPut: attach to this lease (0: none)
 
   static Op Get(std::string key, std::string range_end = {}) {
@@ -112,7 +112,7 @@ struct OpResult {
 
 struct TxnResult {
   Header header;  // header.revision: the store's revision after the txn (its own if it wrote)
-  bool succeeded = false;        // every compare held: the success branch ran
+  bool succeeded = false;         // every compare held: the success branch ran
   std::vector<OpResult> results;  // of the branch that ran, in order
 };
 
