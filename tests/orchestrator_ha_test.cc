@@ -524,6 +524,140 @@ TEST_F(HaTest, StoppedLeaderDoesNotWriteAfterItsSuccessorStarted) {
                                                                << blog;
 }
 
+// SIGSTOP of the etcd raft leader (Mooncake #2253's case): etcd elects another raft leader
+// and extends every lease; the orchestrator leader either rides it out or fences itself and a
+// new term starts. Either way grants are served again soon, no epoch writes after a newer one,
+// and nothing is lent twice.
+TEST_F(HaTest, EtcdLeaderStoppedGrantsResume) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  ASSERT_TRUE(a.Start(true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  FenceAudit audit(d_.domain);
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::uint64_t inc = 0;
+  ASSERT_TRUE(HostCalls::Join(a, 0, &inc).ok());
+  std::vector<std::uint32_t> g;
+  ASSERT_TRUE(HostCalls::Grow(a, 0, inc, 2, &g).ok());
+  granted[0].insert(g.begin(), g.end());
+  const int raft_leader = etcd_->LeaderIndex();
+  ASSERT_GE(raft_leader, 0);
+  etcd_->Pause(raft_leader);
+  const std::int64_t t0 = NowMs();
+  HaOrchestrator* served = nullptr;
+  std::vector<std::uint32_t> more;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        for (HaOrchestrator* o : {&a, &b}) {
+          more.clear();
+          if (HostCalls::Grow(*o, 0, inc, 1, &more).ok()) {
+            served = o;
+            return true;
+          }
+        }
+        return false;
+      },
+      milliseconds(20000)))
+      << "no grant served while the etcd leader is stopped";
+  std::printf("etcd raft leader stopped: a grant served again after %lld ms, by %s (%s)\n",
+              static_cast<long long>(NowMs() - t0), served == &a ? "a" : "b",
+              served == &a ? "the same leader" : "a new leader");
+  for (std::uint32_t e : more) EXPECT_TRUE(granted[0].insert(e).second) << "extent " << e;
+  etcd_->Resume(raft_leader);
+  std::string why;
+  ASSERT_TRUE(etcd_->WaitHealthy(milliseconds(15000), &why)) << why;
+  std::this_thread::sleep_for(milliseconds(500));
+  HaOrchestrator* leader = nullptr;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return (leader = Leader({&a, &b})) != nullptr;
+      },
+      milliseconds(10000)));
+  ExpectNoExtentLentTwice(*leader, granted);
+  EXPECT_EQ(audit.Regression(), 0u);
+}
+
+// etcd loses quorum for longer than the session TTL: the leader fences itself and refuses
+// calls, while hosts keep finding published blocks in CXL; when quorum is back a leader
+// serves again with the state intact.
+TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  ASSERT_TRUE(a.Start(true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  FenceAudit audit(d_.domain);
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::uint64_t inc = 0;
+  ASSERT_TRUE(HostCalls::Join(a, 0, &inc).ok());
+  std::vector<std::uint32_t> g;
+  ASSERT_TRUE(HostCalls::Grow(a, 0, inc, 2, &g).ok());
+  granted[0].insert(g.begin(), g.end());
+  // A published block, looked up by a host through CXL alone.
+  const int dfd = ::open(d_.domain.c_str(), O_RDWR);
+  ASSERT_GE(dfd, 0);
+  constexpr std::size_t kDomainBytes = 4 << 20;
+  void* map = ::mmap(nullptr, kDomainBytes, PROT_READ | PROT_WRITE, MAP_SHARED, dfd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  co::DirectMem mem(static_cast<std::byte*>(map), kDomainBytes);
+  co::SteadyClock host_clock;
+  auto host = co::PrefixHost::Join(mem, host_clock, 2);
+  ASSERT_TRUE(host.ok()) << host.status();
+  const co::Namespace ns = co::MakeNamespace("t", "m", "l");
+  const std::uint32_t tokens[] = {4, 5, 6};
+  const co::PrefixKey key = co::ChainKey(ns, co::PrefixKey{}, tokens);
+  co::BlockRef ref{};
+  ref.arena[0] = 7;
+  ref.index = 3;
+  ref.generation = 1;
+  ASSERT_TRUE((*host)->Publish(ns, key, co::PrefixKey{}, ref).ok());
+  ASSERT_TRUE(Eventually([&] { return (*host)->Lookup(ns, key).has_value(); }, milliseconds(3000)));
+
+  // Two of three members stopped: no quorum.
+  const int l = etcd_->LeaderIndex();
+  ASSERT_GE(l, 0);
+  const int f = (l + 1) % 3;
+  etcd_->Pause(l);
+  etcd_->Pause(f);
+  const std::int64_t t0 = NowMs();
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "standby"; }, milliseconds(5000)))
+      << "the leader did not fence itself";
+  const std::int64_t fenced_after = NowMs() - t0;
+  EXPECT_LE(fenced_after, 3000) << "later than the TTL";
+  std::uint64_t inc9 = 0;
+  EXPECT_EQ(HostCalls::Join(a, 3, &inc9).error_code(), grpc::StatusCode::UNAVAILABLE);
+  // Long past the TTL: hosts still read.
+  while (NowMs() - t0 < 6000) {
+    const auto hit = (*host)->Lookup(ns, key);
+    ASSERT_TRUE(hit.has_value()) << "a lookup failed during the etcd outage";
+    EXPECT_TRUE(hit->ref == ref);
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  EXPECT_EQ(Leader({&a, &b}), nullptr) << "someone served without etcd";
+  etcd_->Resume(l);
+  etcd_->Resume(f);
+  std::string why;
+  ASSERT_TRUE(etcd_->WaitHealthy(milliseconds(15000), &why)) << why;
+  HaOrchestrator* leader = nullptr;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return (leader = Leader({&a, &b})) != nullptr;
+      },
+      milliseconds(15000)));
+  pb::HeartbeatReply hb;
+  ASSERT_TRUE(HostCalls::Heartbeat(*leader, 0, inc, &hb).ok());
+  std::set<std::uint32_t> still;
+  for (const auto& e : hb.extents()) still.insert(e.index());
+  EXPECT_EQ(still, granted[0]);
+  std::vector<std::uint32_t> g2;
+  ASSERT_TRUE(HostCalls::Grow(*leader, 0, inc, 1, &g2).ok());
+  for (std::uint32_t e : g2) EXPECT_TRUE(granted[0].insert(e).second) << "extent " << e;
+  ExpectNoExtentLentTwice(*leader, granted);
+  EXPECT_EQ(leader->Status().prefixes_published(), 1u);
+  EXPECT_EQ(audit.Regression(), 0u);
+  ::munmap(map, kDomainBytes);
+  ::close(dfd);
+}
+
 // Failover time after kill -9 of the leader (to a Grow served by the new leader), over
 // CXLKV_HA_TRIALS trials (default 3): median and worst, printed.
 TEST_F(HaTest, FailoverTimeAfterKillNine) {
