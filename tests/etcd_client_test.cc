@@ -414,7 +414,9 @@ TEST(EtcdElectionFence, ClosesWhenKeepAlivesGoUnansweredBeforeAnySuccessor) {
         return true;
       },
       milliseconds(6000)));
-  EXPECT_LE(closed_at, deadline_before + 3000 / 3 + 100);
+  // At most one more keep-alive (TTL/3 later) was answered after deadline_before was read;
+  // 500 ms of slack for this thread's polling on a loaded machine.
+  EXPECT_LE(closed_at, deadline_before + 3000 / 3 + 500);
   ASSERT_TRUE(Eventually([&] { return a.losses.load() == 1; }, milliseconds(2000)));
   {
     absl::MutexLock lk(&a.mu);
