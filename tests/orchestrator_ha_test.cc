@@ -39,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/coherence/prefix.h"
+#include "cxlkv/orchestrator/client.h"
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/daemon.h"
 #include "etcd_cluster.h"
@@ -522,6 +523,62 @@ TEST_F(HaTest, StoppedLeaderDoesNotWriteAfterItsSuccessorStarted) {
   EXPECT_NE(alog.find("no longer the leader"), std::string::npos) << alog;
   EXPECT_EQ(blog.find("not this leader's"), std::string::npos) << "b saw a foreign epoch:\n"
                                                                << blog;
+}
+
+// A host given every orchestrator of the domain (comma-separated) follows the leader: after
+// kill -9 of the leader its heartbeats reach the new one with the same incarnation, it keeps
+// its extents (valid throughout: their deadlines count from the last acknowledged request),
+// and it grows at the new leader. Times "leader killed -> this host re-attached".
+TEST_F(HaTest, HostFollowsTheLeaderThroughItsEndpointList) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b"), c(d_, *etcd_, "c");
+  ASSERT_TRUE(a.Start(true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(c.Start());
+  // The leader last in the list: the client finds it past two standbys from the start.
+  auto host = orch::HostClient::Connect(b.socket + "," + c.socket + "," + a.socket, 0);
+  ASSERT_TRUE(host.ok()) << host.status();
+  (*host)->StartHeartbeats();
+  auto got = (*host)->Grow(2);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 2u);
+  const std::uint64_t inc = (*host)->incarnation();
+  std::set<std::uint32_t> mine;
+  for (const auto& e : *got) mine.insert(e.index);
+
+  a.Kill(SIGKILL);
+  const std::int64_t t0 = NowMs();
+  HaOrchestrator* next = nullptr;
+  // Re-attached: a heartbeat of this incarnation is acknowledged again (only a leader answers
+  // one; the client finds it in its list).
+  ASSERT_TRUE(Eventually(
+      [&] {
+        EXPECT_TRUE((*host)->ExtentsValid()) << "extents invalid during the failover";
+        return (*host)->HeartbeatOnce().ok();
+      },
+      milliseconds(15000)))
+      << "the host did not re-attach to a new leader";
+  const std::int64_t reattached_ms = NowMs() - t0;
+  for (HaOrchestrator* o : {&b, &c}) {
+    if (o->Role() == "leader") next = o;
+  }
+  ASSERT_NE(next, nullptr);
+  std::printf("host re-attached to the new leader %lld ms after kill -9 of the old one\n",
+              static_cast<long long>(reattached_ms));
+  EXPECT_EQ((*host)->incarnation(), inc);
+  EXPECT_EQ((*host)->rejoins(), 0u);
+  EXPECT_TRUE((*host)->ExtentsValid());
+  std::set<std::uint32_t> held;
+  for (const auto& e : (*host)->extents()) held.insert(e.index);
+  EXPECT_EQ(held, mine);
+  auto more = (*host)->Grow(1);
+  ASSERT_TRUE(more.ok()) << more.status();
+  ASSERT_EQ(more->size(), 1u);
+  EXPECT_EQ(mine.count((*more)[0].index), 0u);
+  mine.insert((*more)[0].index);
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted{{0, mine}};
+  ExpectNoExtentLentTwice(*next, granted);
+  EXPECT_TRUE((*host)->Leave().ok());
 }
 
 // SIGSTOP of the etcd raft leader (Mooncake #2253's case): etcd elects another raft leader
