@@ -381,6 +381,31 @@ TEST_F(EtcdTest, ResignClosesTheFenceAtOnceAndHandsOver) {
   ASSERT_TRUE(Eventually([&] { return a.epoch > first || b.epoch > first; }, milliseconds(3000)));
 }
 
+// The leader key deleted by hand while the leader's lease lives: the next leader does not
+// start before the old one's fence closed.
+TEST_F(EtcdTest, LeaderKeyDeletedByHandNoOverlap) {
+  const std::string key = prefix_ + "leader";
+  Candidate a;
+  a.Start(*cluster_, key, "a", /*ttl_s=*/2);
+  ASSERT_TRUE(Eventually([&] { return a.epoch != 0; }, milliseconds(5000)));
+  Candidate b;
+  b.Start(*cluster_, key, "b", 2);
+  std::this_thread::sleep_for(milliseconds(500));
+  ASSERT_TRUE(a.election->WriteAllowed());
+  ASSERT_EQ(*client_->Delete(key), 1);
+  // Poll a's fence and b's election together.
+  std::int64_t a_closed = 0;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        if (a_closed == 0 && !a.election->WriteAllowed()) a_closed = NowMs();
+        return b.epoch != 0 || (a.epoch != 0 && a.wins.load() > 1);
+      },
+      milliseconds(10000)));
+  ASSERT_NE(a_closed, 0) << "a new leader while the old one may still write";
+  const std::int64_t next = b.epoch != 0 ? b.elected_at.load() : a.elected_at.load();
+  EXPECT_GE(next, a_closed);
+}
+
 // The fence closes on the leader's own clock when etcd stops answering its keep-alives (here:
 // quorum lost, two of three members stopped), no later than its last answered keep-alive's
 // send time + TTL - margin; and no other candidate is elected before that deadline.

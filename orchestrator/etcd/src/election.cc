@@ -188,6 +188,7 @@ void LeaderElection::KeepAliveLoop() {
 
 void LeaderElection::ElectionLoop() {
   std::string last_error;
+  std::int64_t last_leader_lease = 0;  // the lease of the leader this candidate last followed
   auto note_error = [&](const std::string& e) {
     if (e != last_error) Log(e);  // each distinct error once, not once per retry
     last_error = e;
@@ -236,13 +237,34 @@ void LeaderElection::ElectionLoop() {
           stats_.leader_value = kv.value;
           stats_.leader_epoch = kv.create_revision;
         }
+        last_leader_lease = kv.lease;
         Follow(r->header.revision);
         continue;
       }
     } else {
       continue;  // deleted between the compare and the read: campaign again
     }
-    // Won. A session whose fence already closed cannot lead: start a new one.
+    // Won. If the previous leader's lease still lives, its key was deleted by hand (an
+    // expired or revoked lease takes its key along): that leader may still be writing until
+    // its own deadline, which is at most a TTL after its last keep-alive. End its lease (its
+    // next keep-alive fails) and wait that TTL out before leading.
+    if (last_leader_lease != 0 && last_leader_lease != lease &&
+        client_.LeaseTimeToLive(last_leader_lease).ok()) {
+      Log(absl::StrCat("etcd: the previous leader's lease ", absl::Hex(last_leader_lease),
+                       " is still alive (its key was deleted by hand): revoking it and waiting ",
+                       o_.ttl_s, " s before leading"));
+      (void)client_.RevokeLease(last_leader_lease);
+      const std::int64_t until = clock_->NowMs() + o_.ttl_s * 1000;
+      while (!stop_.load() && clock_->NowMs() < until) Pause(until - clock_->NowMs());
+      last_leader_lease = 0;
+      // Still ours? (The key is under this session's lease; re-check it and the session.)
+      auto g = client_.Get(o_.leader_key);
+      if (stop_.load() || !g.ok() || g->kvs.empty() || g->kvs[0].create_revision != term.epoch) {
+        continue;
+      }
+    }
+    last_leader_lease = 0;
+    // A session whose fence already closed cannot lead: start a new one.
     if (clock_->NowMs() >= valid_until_.load()) {
       EndSession();
       continue;

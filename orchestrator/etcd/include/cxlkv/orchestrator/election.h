@@ -11,6 +11,10 @@
 // vanishes when the lease expires or is revoked, and a standby (watching the key, and
 // re-campaigning every ttl/3 in case its watch hangs on a dead member) wins next.
 //
+// A leader key deleted by hand (etcdctl del) while its lease lives: the winner of the next
+// campaign revokes that lease and waits a TTL before leading, so the old leader's deadline has
+// passed first.
+//
 // The fence: the leader may write shared state only while WriteAllowed(). Every keep-alive
 // answered with a live lease moves the write deadline to (its send time + the TTL etcd
 // restarted - margin) on this candidate's clock (CLOCK_BOOTTIME by default, which counts
