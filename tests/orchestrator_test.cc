@@ -371,5 +371,47 @@ TEST(DomainState, SaveReportsAFailingDirectorySync) {
 #endif
 }
 
+// [etcd] (orchestrator HA, docs/ha.md): defaults follow from the other keys; every mistake
+// names the key.
+TEST(Config, EtcdSection) {
+  auto none = ParseConfig(kMinimal, "t.toml");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->etcd.enabled());
+  auto c =
+      ParseConfig(WithExtra("[etcd]\nendpoints = [\"127.0.0.1:2379\", \"e2:2379\"]\n"), "t.toml");
+  ASSERT_FALSE(c.ok()) << "no domain name for the keys";
+  EXPECT_NE(c.status().message().find("domain.name or etcd.domain"), std::string::npos)
+      << c.status();
+  c = ParseConfig(WithExtra("[etcd]\nendpoints = [\"127.0.0.1:2379\", \"e2:2379\"]\n"
+                            "domain = \"rack7\"\nttl_s = 4\n"),
+                  "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->etcd.enabled());
+  EXPECT_EQ(c->etcd.endpoints.size(), 2u);
+  EXPECT_EQ(c->etcd.domain, "rack7");
+  EXPECT_EQ(c->etcd.cluster, "default");
+  EXPECT_EQ(c->etcd.ttl_s, 4u);
+  EXPECT_EQ(c->etcd.margin_ms, 1000u);  // ttl / 4
+  struct Case {
+    std::string extra, want;
+  } cases[] = {
+      {"[etcd]\nendpoints = [\"nohost\"]\ndomain = \"d\"\n", "is not host:port"},
+      {"[etcd]\nendpoints = [\"h:x\"]\ndomain = \"d\"\n", "is not host:port"},
+      {"[etcd]\nendpoints = \"h:1\"\n", "expected an array"},
+      {"[etcd]\nendpoints = [\"h:1\"]\ndomain = \"a/b\"\n", "no '/' or spaces"},
+      {"[etcd]\nendpoints = [\"h:1\"]\ndomain = \"d\"\nttl_s = 1\n", "key 'etcd.ttl_s'"},
+      {"[etcd]\nendpoints = [\"h:1\"]\ndomain = \"d\"\nttl_s = 3\nmargin_ms = 2000\n",
+       "key 'etcd.margin_ms'"},
+      {"[etcd]\nttl_s = 5\n", "has no endpoints"},
+      {"[etcd]\nendpoint = [\"h:1\"]\n", "key 'etcd.endpoint': unknown key"},
+  };
+  for (const Case& k : cases) {
+    auto bad = ParseConfig(WithExtra(k.extra), "t.toml");
+    ASSERT_FALSE(bad.ok()) << k.extra;
+    EXPECT_NE(bad.status().message().find(k.want), std::string::npos)
+        << k.extra << " -> " << bad.status();
+  }
+}
+
 }  // namespace
 }  // namespace cxlkv::orchestrator

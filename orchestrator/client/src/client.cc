@@ -6,11 +6,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
+#include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cxlkv/orchestrator/endpoint.h"
 #include "orchestrator.grpc.pb.h"
 
@@ -35,10 +39,52 @@ std::unique_ptr<grpc::ClientContext> Ctx(const Endpoint& e, int timeout_ms = 200
 }
 }  // namespace
 
+// The orchestrators the client may call: one, or the candidates of an HA domain
+// (docs/ha.md), of which one leads.
 struct HostClient::Rpc {
-  Endpoint endpoint;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<pb::Orchestrator::Stub> stub;
+  struct Member {
+    Endpoint endpoint;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<pb::Orchestrator::Stub> stub;
+  };
+  std::vector<Member> members;
+  std::atomic<std::size_t> current{0};  // the member that answered last
+
+  const Endpoint& endpoint() const { return members[current.load()].endpoint; }
+
+  // One call within timeout_ms. With one member, as always: it waits for the connection up to
+  // the deadline. With several, it starts at the member that answered last and moves on to the
+  // next when one is down or a standby (UNAVAILABLE) or silent (DEADLINE_EXCEEDED), each
+  // attempt getting an even share of the time left; the member that answers becomes current.
+  template <typename Fn>
+  grpc::Status Call(int timeout_ms, Fn fn) {
+    if (members.size() == 1) {
+      auto ctx = Ctx(members[0].endpoint, timeout_ms);
+      return fn(*members[0].stub, ctx.get());
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    const std::size_t n = members.size();
+    const std::size_t start = current.load();
+    grpc::Status last(grpc::StatusCode::DEADLINE_EXCEEDED, "no orchestrator answered in time");
+    for (std::size_t attempt = 0; attempt < n; ++attempt) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now())
+                            .count();
+      if (left <= 0) break;
+      const std::size_t idx = (start + attempt) % n;
+      auto ctx = Ctx(members[idx].endpoint, static_cast<int>(std::max<std::int64_t>(
+                                                left / static_cast<std::int64_t>(n - attempt), 1)));
+      const grpc::Status st = fn(*members[idx].stub, ctx.get());
+      if (st.ok() || (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
+                      st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)) {
+        current.store(idx);
+        return st;
+      }
+      last = grpc::Status(st.error_code(),
+                          absl::StrCat(members[idx].endpoint.Describe(), ": ", st.error_message()));
+    }
+    return last;
+  }
 };
 
 HostClient::HostClient(std::unique_ptr<Rpc> rpc, std::uint32_t host, HostClientOptions options)
@@ -92,11 +138,20 @@ absl::StatusOr<std::unique_ptr<HostClient>> HostClient::Connect(const std::strin
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 10);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 100);
-  auto endpoint = ResolveEndpoint(socket);
-  if (!endpoint.ok()) return endpoint.status();
-  rpc->endpoint = *std::move(endpoint);
-  rpc->channel = grpc::CreateCustomChannel(rpc->endpoint.target, rpc->endpoint.credentials, args);
-  rpc->stub = pb::Orchestrator::NewStub(rpc->channel);
+  for (absl::string_view where : absl::StrSplit(socket, ',', absl::SkipWhitespace())) {
+    auto endpoint = ResolveEndpoint(std::string(absl::StripAsciiWhitespace(where)));
+    if (!endpoint.ok()) return endpoint.status();
+    Rpc::Member m;
+    m.endpoint = *std::move(endpoint);
+    m.channel = grpc::CreateCustomChannel(m.endpoint.target, m.endpoint.credentials, args);
+    m.stub = pb::Orchestrator::NewStub(m.channel);
+    rpc->members.push_back(std::move(m));
+  }
+  if (rpc->members.empty()) {
+    return absl::InvalidArgumentError(
+        "no orchestrator endpoint given (a socket path, tcp:HOST:PORT, or several of them "
+        "separated by commas for the orchestrators of an HA domain)");
+  }
   std::unique_ptr<HostClient> c(new HostClient(std::move(rpc), host_id, std::move(options)));
   if (auto st = c->Join(); !st.ok()) return st;
   return c;
@@ -109,14 +164,16 @@ absl::Status HostClient::Join() {
   ::gethostname(name, sizeof(name) - 1);
   req.set_hostname(absl::StrCat(name, " pid ", ::getpid()));
   pb::JoinReply rep;
-  auto ctx = Ctx(rpc_->endpoint);
-  ctx->set_wait_for_ready(true);
   const HostClockReading sent = ReadClocks();
-  if (auto st = FromGrpc(rpc_->stub->Join(ctx.get(), req, &rep), "join"); !st.ok()) {
-    if ((absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) &&
-        absl::StartsWith(rpc_->endpoint.target, "unix:")) {
+  const grpc::Status called =
+      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+        return stub.Join(ctx, req, &rep);
+      });
+  if (auto st = FromGrpc(called, "join"); !st.ok()) {
+    if ((absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) && rpc_->members.size() == 1 &&
+        absl::StartsWith(rpc_->endpoint().target, "unix:")) {
       // A daemon closes a connection from a uid it does not allow before answering anything.
-      return absl::Status(st.code(), absl::StrCat(st.message(), " (", rpc_->endpoint.target,
+      return absl::Status(st.code(), absl::StrCat(st.message(), " (", rpc_->endpoint().target,
                                                   ": no orchestrator answered; if one runs, "
                                                   "check that it allows uid ",
                                                   ::geteuid(), " in rpc.allowed_uids)"));
@@ -156,8 +213,12 @@ absl::Status HostClient::HeartbeatOnce() {
   }
   pb::HeartbeatReply rep;
   const HostClockReading sent = ReadClocks();
-  auto ctx = Ctx(rpc_->endpoint, static_cast<int>(period_ms_ * 2));
-  if (auto st = FromGrpc(rpc_->stub->Heartbeat(ctx.get(), req, &rep), "heartbeat"); !st.ok()) {
+  const grpc::Status called =
+      rpc_->Call(static_cast<int>(period_ms_ * 2),
+                 [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+                   return stub.Heartbeat(ctx, req, &rep);
+                 });
+  if (auto st = FromGrpc(called, "heartbeat"); !st.ok()) {
     return st;  // the orchestrator is down: extents stay valid until their lease ends
   }
   if (options_.before_heartbeat_applied) options_.before_heartbeat_applied();
@@ -206,8 +267,11 @@ absl::StatusOr<std::vector<GrantedExtent>> HostClient::Grow(std::uint32_t n) {
   req.set_extents(n);
   pb::GrowReply rep;
   const HostClockReading sent = ReadClocks();
-  auto ctx = Ctx(rpc_->endpoint);
-  if (auto st = FromGrpc(rpc_->stub->Grow(ctx.get(), req, &rep), "grow"); !st.ok()) return st;
+  const grpc::Status called =
+      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+        return stub.Grow(ctx, req, &rep);
+      });
+  if (auto st = FromGrpc(called, "grow"); !st.ok()) return st;
   std::vector<GrantedExtent> got;
   absl::MutexLock l(&mu_);
   if (incarnation_ != inc) {
@@ -235,8 +299,11 @@ absl::Status HostClient::Shrink(const std::vector<std::uint32_t>& ext) {
   req.set_incarnation(incarnation());
   for (std::uint32_t i : ext) req.add_extents(i);
   pb::ShrinkReply rep;
-  auto ctx = Ctx(rpc_->endpoint);
-  if (auto st = FromGrpc(rpc_->stub->Shrink(ctx.get(), req, &rep), "shrink"); !st.ok()) return st;
+  const grpc::Status called =
+      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+        return stub.Shrink(ctx, req, &rep);
+      });
+  if (auto st = FromGrpc(called, "shrink"); !st.ok()) return st;
   absl::MutexLock l(&mu_);
   std::erase_if(held_, [&](const Held& h) {
     return std::find(ext.begin(), ext.end(), h.extent.index) != ext.end();
@@ -253,15 +320,20 @@ absl::Status HostClient::Leave() {
   req.set_host_id(host_);
   req.set_incarnation(incarnation());
   pb::LeaveReply rep;
-  auto ctx = Ctx(rpc_->endpoint);
-  return FromGrpc(rpc_->stub->Leave(ctx.get(), req, &rep), "leave");
+  return FromGrpc(
+      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub,
+                           grpc::ClientContext* ctx) { return stub.Leave(ctx, req, &rep); }),
+      "leave");
 }
 
 absl::StatusOr<std::vector<ExtentView>> HostClient::ListExtents() {
   pb::ExtentsRequest req;
   pb::ExtentsReply rep;
-  auto ctx = Ctx(rpc_->endpoint);
-  if (auto st = FromGrpc(rpc_->stub->Extents(ctx.get(), req, &rep), "extents"); !st.ok()) return st;
+  const grpc::Status called =
+      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+        return stub.Extents(ctx, req, &rep);
+      });
+  if (auto st = FromGrpc(called, "extents"); !st.ok()) return st;
   std::vector<ExtentView> out;
   out.reserve(static_cast<std::size_t>(rep.extents_size()));
   for (const pb::Extent& e : rep.extents()) {

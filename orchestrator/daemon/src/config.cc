@@ -281,6 +281,45 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
              }
              return absl::OkStatus();
            })},
+          {"etcd", H([&](const toml::node& n, const std::string& k) {
+             return p.Table(
+                 n, k,
+                 {
+                     {"endpoints", H([&](const toml::node& v, const std::string& kk) {
+                        const toml::array* a = v.as_array();
+                        if (a == nullptr) {
+                          return p.Error(v, kk, "expected an array of \"host:port\" strings");
+                        }
+                        c.etcd.endpoints.clear();
+                        for (const toml::node& e : *a) {
+                          std::string ep;
+                          if (auto s2 = p.Str(e, kk, &ep); !s2.ok()) return s2;
+                          const std::size_t colon = ep.rfind(':');
+                          if (colon == std::string::npos || colon == 0 || colon + 1 == ep.size() ||
+                              ep.find_first_not_of("0123456789", colon + 1) != std::string::npos) {
+                            return p.Error(e, kk,
+                                           absl::StrCat("'", ep,
+                                                        "' is not host:port (for example "
+                                                        "\"10.0.0.5:2379\")"));
+                          }
+                          c.etcd.endpoints.push_back(ep);
+                        }
+                        return absl::OkStatus();
+                      })},
+                     {"cluster",
+                      H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.etcd.cluster); })},
+                     {"domain", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.etcd.domain); })},
+                     {"node", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.etcd.node); })},
+                     {"ttl_s",
+                      H([&](auto& v, auto& kk) { return p.U32(v, kk, &c.etcd.ttl_s, 2, 60); })},
+                     {"margin_ms", H([&](auto& v, auto& kk) {
+                        return p.U32(v, kk, &c.etcd.margin_ms, 0, 40000);
+                      })},
+                     {"call_timeout_ms", H([&](auto& v, auto& kk) {
+                        return p.U32(v, kk, &c.etcd.call_timeout_ms, 100, 60000);
+                      })},
+                 });
+           })},
           {"placement", H([&](const toml::node&, const std::string&) {
              // tier/ owns the section's keys; it reads them from the same text.
              auto placement = tier::ParsePlacementConfig(text, source_name);
@@ -342,6 +381,37 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
     return absl::InvalidArgumentError(absl::StrCat(
         source_name, ": key 'timing.capacity_lease_ms': must be at least host_ttl_ms (",
         c.host_ttl_ms, " ms): a host's extents must outlive its fencing"));
+  }
+  if (c.etcd.enabled()) {
+    if (c.etcd.domain.empty()) c.etcd.domain = c.name;
+    auto bad_name = [](const std::string& v) {
+      return v.empty() || v.find_first_of("/ \t\n") != std::string::npos;
+    };
+    if (bad_name(c.etcd.domain)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source_name,
+                       ": [etcd] needs the domain's name for its keys: set domain.name or "
+                       "etcd.domain (no '/' or spaces), got '",
+                       c.etcd.domain, "'"));
+    }
+    if (bad_name(c.etcd.cluster)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source_name, ": key 'etcd.cluster': '", c.etcd.cluster,
+                       "' must be a non-empty name without '/' or spaces"));
+    }
+    if (c.etcd.margin_ms == 0) c.etcd.margin_ms = c.etcd.ttl_s * 1000 / 4;
+    if (c.etcd.margin_ms >= c.etcd.ttl_s * 1000 * 2 / 3) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_name, ": key 'etcd.margin_ms': ", c.etcd.margin_ms,
+          " ms must be below 2/3 of etcd.ttl_s (keep-alives go every ttl/3; the leader writes "
+          "until ttl - margin after each)"));
+    }
+  } else if (!c.etcd.node.empty() || !c.etcd.domain.empty() || c.etcd.ttl_s != 3 ||
+             c.etcd.margin_ms != 0 || c.etcd.cluster != "default") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name,
+                     ": the [etcd] section has no endpoints: add endpoints = [\"host:port\", "
+                     "...] for orchestrator HA, or drop the section"));
   }
   for (std::uint32_t h : c.allowed_hosts) {
     if (h >= c.max_hosts) {

@@ -23,9 +23,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "cxlkv/coherence/cache.h"
+#include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/orchestrator/token.h"
 #include "cxlkv/pool/arena.h"
+#include "fence.h"
+#include "ha.h"
+#include "nlohmann/json.hpp"
 #include "orchestrator.grpc.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -50,6 +54,43 @@ std::string ErrnoText(int err) {
 grpc::Status ToGrpc(const absl::Status& st) {
   if (st.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
+}
+
+co::DomainGeometry GeometryOf(const Config& c) {
+  co::DomainGeometry g;
+  g.max_hosts = c.max_hosts;
+  g.index_entries = c.index_entries;
+  g.lease_rows = c.lease_rows;
+  g.ring_slots = c.ring_slots;
+  g.lease_ttl_ms = c.lease_ttl_ms;
+  g.host_ttl_ms = c.host_ttl_ms;
+  g.grace_ms = c.grace_ms;
+  return g;
+}
+
+// Formats the prefix domain (all tables empty) after checking that it fits.
+absl::Status Format(co::Mem& mem, const Config& c, std::uint64_t region_bytes) {
+  const co::DomainGeometry g = GeometryOf(c);
+  if (co::DomainBytes(g) > region_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("domain.prefix_domain '", c.prefix_domain, "' holds ", region_bytes,
+                     " bytes; this geometry needs ", co::DomainBytes(g),
+                     " (give it ?size= or fewer index_entries)"));
+  }
+  return co::FormatDomain(mem, g);
+}
+
+// This orchestrator as the leader key names it (orchestrator HA).
+std::string SelfDescription(const Config& c) {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  nlohmann::json j;
+  j["node"] = c.etcd.node.empty() ? absl::StrCat(host, ":", ::getpid()) : c.etcd.node;
+  j["host"] = host;
+  j["pid"] = ::getpid();
+  j["socket"] = c.socket;
+  j["tcp"] = c.tcp;
+  return j.dump();
 }
 
 const char* EntryStateName(std::uint8_t s) {
@@ -222,6 +263,7 @@ class Service final : public pb::Orchestrator::Service {
                     pb::JoinReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
+    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
     auto inc = o_.state_.Join(req->host_id(), req->hostname(), o_.NowMs());
     if (!inc.ok()) return ToGrpc(inc.status());
     if (auto st = o_.SaveLocked(); !st.ok()) return ToGrpc(st);
@@ -240,6 +282,7 @@ class Service final : public pb::Orchestrator::Service {
     if (auto st = Check(ctx); !st.ok()) return st;
     o_.CountPrefixTraffic(req->prefix_hits(), req->prefix_misses());
     absl::MutexLock l(&o_.mu_);
+    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
     const std::int64_t now = o_.NowMs();
     const absl::Status st =
         o_.state_.Heartbeat(req->host_id(), req->incarnation(), req->used_bytes(), now);
@@ -262,6 +305,7 @@ class Service final : public pb::Orchestrator::Service {
                      pb::LeaveReply*) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
+    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
     if (auto st = o_.state_.Leave(req->host_id(), req->incarnation(), o_.NowMs()); !st.ok()) {
       return ToGrpc(st);
     }
@@ -276,6 +320,7 @@ class Service final : public pb::Orchestrator::Service {
                           "grow by at most 1024 extents a call");
     }
     absl::MutexLock l(&o_.mu_);
+    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
     const std::int64_t now = o_.NowMs();
     auto got = o_.state_.Grow(req->host_id(), req->incarnation(), req->extents(), now);
     if (!got.ok()) return ToGrpc(got.status());
@@ -295,6 +340,7 @@ class Service final : public pb::Orchestrator::Service {
     if (auto st = Check(ctx); !st.ok()) return st;
     std::vector<std::uint32_t> ext(req->extents().begin(), req->extents().end());
     absl::MutexLock l(&o_.mu_);
+    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
     if (auto st = o_.state_.Shrink(req->host_id(), req->incarnation(), ext, o_.NowMs()); !st.ok()) {
       return ToGrpc(st);
     }
@@ -310,6 +356,12 @@ class Service final : public pb::Orchestrator::Service {
     rep->set_pool_spec(c.pool);
     rep->set_pool_bytes(o_.pool_bytes());
     rep->set_extent_bytes(c.extent_bytes);
+    rep->set_role(o_.RoleLocked());
+    rep->set_epoch(o_.epoch_locked());
+    rep->set_leader(o_.LeaderLocked());
+    rep->set_uptime_ms(o_.NowMs() - o_.started_ms());
+    // A standby knows the configuration and who leads; the domain's state is the leader's.
+    if (!o_.ServingLocked().ok()) return grpc::Status::OK;
     std::uint32_t free = 0, assigned = 0, quarantined = 0;
     for (const ExtentInfo& e : o_.state_.extents()) {
       (e.free() ? free : e.quarantined ? quarantined : assigned)++;
@@ -330,7 +382,6 @@ class Service final : public pb::Orchestrator::Service {
     rep->set_prefix_duplicates(st.duplicates);
     rep->set_prefixes_reclaimed(st.reclaimed);
     rep->set_prefixes_evicted(st.evicted);
-    rep->set_uptime_ms(o_.NowMs() - o_.started_ms());
     rep->set_recovered_at_start(o_.state_.recovered_extents());
     return grpc::Status::OK;
   }
@@ -339,6 +390,7 @@ class Service final : public pb::Orchestrator::Service {
                      pb::HostsReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
+    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
     const std::int64_t now = o_.NowMs();
     for (std::uint32_t i = 0; i < o_.state_.hosts().size(); ++i) {
       const HostInfo& h = o_.state_.hosts()[i];
@@ -359,6 +411,7 @@ class Service final : public pb::Orchestrator::Service {
                        pb::ExtentsReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
+    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
     const std::int64_t now = o_.NowMs();
     for (std::uint32_t i = 0; i < o_.state_.extents().size(); ++i) {
       FillExtent(o_.state_, i, now, rep->add_extents());
@@ -370,6 +423,7 @@ class Service final : public pb::Orchestrator::Service {
                         pb::PrefixesReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
+    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
     const auto& entries = o_.owner_->entries();
     std::uint32_t published = 0, retired = 0;
     for (std::uint32_t i = 0; i < entries.size(); ++i) {
@@ -396,6 +450,7 @@ class Service final : public pb::Orchestrator::Service {
                      pb::DrainReply*) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
+    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
     if (auto st = o_.state_.Drain(req->host_id()); !st.ok()) return ToGrpc(st);
     return ToGrpc(o_.SaveLocked());
   }
@@ -413,8 +468,15 @@ class Service final : public pb::Orchestrator::Service {
                                        "' in the config (name it tenant/model/layout)"));
     }
     absl::MutexLock l(&o_.mu_);
+    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
+    // An owner write outside the owner loop: the same fence check as a batch.
+    if (!o_.OwnerBatchMayRunLocked()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "this orchestrator stopped leading the domain: retry against the leader");
+    }
     rep->set_retired(
         o_.owner_->RetireNamespace(co::MakeNamespace(found->tenant, found->model, found->layout)));
+    o_.EndBatchLocked();
     return grpc::Status::OK;
   }
 
@@ -459,6 +521,53 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
         absl::StrCat("domain.prefix_domain '", c.prefix_domain, "': ", header.status().message()));
   }
   const bool formatted = header.ok();
+  o->new_domain_ = options.new_domain;
+  if (c.etcd.enabled()) {
+    // Orchestrator HA: nothing is written to the domain until this one is elected.
+    auto ha = HaSession::Create(c, SelfDescription(c), o->clock_);
+    if (!ha.ok()) return ha.status();
+    o->ha_ = *std::move(ha);
+    o->fenced_mem_ = std::make_unique<FencedMem>(*o->domain_mem_, *o->ha_);
+    auto stored = o->ha_->LoadState();
+    if (!stored.ok()) {
+      return absl::Status(stored.status().code(),
+                          absl::StrCat(stored.status().message(),
+                                       " (etcd.endpoints must be reachable when an orchestrator "
+                                       "starts; it keeps running through an etcd outage later)"));
+    }
+    struct stat hb {};
+    const bool have_file = ::stat(c.state_file.c_str(), &hb) == 0;
+    if (options.new_domain && (stored->has_value() || have_file)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--new-domain: domain '", c.etcd.domain, "' is not new: ",
+          stored->has_value() ? absl::StrCat("its state is in etcd at ", o->ha_->where(), "/state")
+                              : absl::StrCat("the state file ", c.state_file, " exists"),
+          "; start without --new-domain"));
+    }
+    if (!options.new_domain && !stored->has_value() && !have_file) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "domain '", c.etcd.domain, "' has no state in etcd (", o->ha_->where(),
+          "/state) and no state file ", c.state_file, ": ",
+          formatted ? "its prefix domain is formatted, so it ran before and its extent "
+                      "assignments are lost; restore them, or start one orchestrator once with "
+                      "--new-domain (every extent then stays quarantined for a full capacity lease)"
+                    : "to create it, start one orchestrator once with --new-domain"));
+    }
+    o->started_ms_ = o->clock_->NowMs();
+    return o;
+  }
+  if (formatted) {
+    // A domain that elected orchestrators owned: a single one beside them would be a second
+    // owner of the same lines.
+    co::OwnerFenceLine f{};
+    if (ReadFenceLine(*o->domain_mem_, &f) && f.epoch != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "domain.prefix_domain '", c.prefix_domain,
+          "' is owned by orchestrators elected through etcd (its fence line names epoch ", f.epoch,
+          "): give this orchestrator the same [etcd] section (docs/ha.md) instead of "
+          "running it as the domain's only one"));
+    }
+  }
   // Only the state file says which extents are lent. Without it this is a new domain only
   // when the operator says so (--new-domain): a lost or mis-pathed file must not free every
   // extent that live hosts still write (docs/orchestrator.md "A new domain").
@@ -499,21 +608,7 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
     if (auto st = o->SaveLocked(); !st.ok()) return st;
   }
   if (!formatted) {
-    co::DomainGeometry g;
-    g.max_hosts = c.max_hosts;
-    g.index_entries = c.index_entries;
-    g.lease_rows = c.lease_rows;
-    g.ring_slots = c.ring_slots;
-    g.lease_ttl_ms = c.lease_ttl_ms;
-    g.host_ttl_ms = c.host_ttl_ms;
-    g.grace_ms = c.grace_ms;
-    if (co::DomainBytes(g) > o->domain_region_->size_bytes()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("domain.prefix_domain '", c.prefix_domain, "' holds ",
-                       o->domain_region_->size_bytes(), " bytes; this geometry needs ",
-                       co::DomainBytes(g), " (give it ?size= or fewer index_entries)"));
-    }
-    if (auto st = co::FormatDomain(*o->domain_mem_, g); !st.ok()) return st;
+    if (auto st = Format(*o->domain_mem_, c, o->domain_region_->size_bytes()); !st.ok()) return st;
   }
   absl::MutexLock l(&o->mu_);
   auto owner = co::PrefixOwner::Open(*o->domain_mem_, *o->clock_);
@@ -604,6 +699,13 @@ absl::Status Orchestrator::Start() {
   }
   owner_thread_ = std::thread([this] { OwnerLoop(); });
   accept_thread_ = std::thread([this] { AcceptLoop(); });
+  if (ha_ != nullptr) {
+    // Campaigning starts once every endpoint is up: an elected orchestrator serves at once.
+    HaSession::Hooks hooks;
+    hooks.take_over = [this](const LeaderTerm& t) { return TakeOver(t); };
+    hooks.step_down = [this](const std::string& why) { StepDown(why); };
+    if (auto st = ha_->Start(std::move(hooks)); !st.ok()) return st;
+  }
   return absl::OkStatus();
 }
 
@@ -649,24 +751,28 @@ void Orchestrator::OwnerLoop() {
   while (!stop_.load()) {
     {
       absl::MutexLock l(&mu_);
-      const auto t0 = std::chrono::steady_clock::now();
-      owner_->Step();
-      const double secs =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const std::int64_t now = clock_->NowMs();
-      // Both run every step (no short-circuit): expiry first, then the quarantine it feeds.
-      const bool expired = state_.Expire(now);
-      const bool tended = TendQuarantineLocked(now);
-      if (expired || tended) {
-        if (auto st = state_.Save(); !st.ok()) {
-          std::fprintf(stderr, "cxlkv-orchestrator: %s\n", std::string(st.message()).c_str());
+      // A standby (or a leader whose fence closed) writes nothing.
+      if (owner_ != nullptr && OwnerBatchMayRunLocked()) {
+        const auto t0 = std::chrono::steady_clock::now();
+        owner_->Step();
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const std::int64_t now = clock_->NowMs();
+        // Both run every step (no short-circuit): expiry first, then the quarantine it feeds.
+        const bool expired = state_.Expire(now);
+        const bool tended = TendQuarantineLocked(now);
+        if (expired || tended) {
+          if (auto st = SaveLocked(); !st.ok()) {
+            std::fprintf(stderr, "cxlkv-orchestrator: %s\n", std::string(st.message()).c_str());
+          }
         }
-      }
-      if (metrics_) {
-        metrics_->ObserveStep(secs);
-        if (now - last_metrics >= 200) {
-          metrics_->Update(state_, *owner_, config_.extent_bytes);
-          last_metrics = now;
+        EndBatchLocked();
+        if (metrics_) {
+          metrics_->ObserveStep(secs);
+          if (now - last_metrics >= 200 && owner_ != nullptr) {
+            metrics_->Update(state_, *owner_, config_.extent_bytes);
+            last_metrics = now;
+          }
         }
       }
     }
@@ -729,8 +835,187 @@ bool Orchestrator::TendQuarantineLocked(std::int64_t now) {
   return changed;
 }
 
+// ---- orchestrator HA --------------------------------------------------------------------------
+
+absl::Status Orchestrator::SaveLocked() {
+  if (ha_ == nullptr) return state_.Save();
+  if (!leading_) {
+    return absl::UnavailableError("this orchestrator stopped leading the domain: retry");
+  }
+  const absl::Status st = ha_->SaveState(state_.Serialize(), epoch_);
+  if (absl::IsAborted(st)) {
+    // Another leader, or another writer of the state: this one's view is stale.
+    leading_ = false;
+    ha_->Resign(std::string(st.message()));
+    return absl::UnavailableError(
+        absl::StrCat(st.message(), ": stepping down; retry against the new leader"));
+  }
+  if (!st.ok()) return st;
+  // The state file is a cache now (etcd holds the state): a failure is logged, never fatal.
+  if (auto cache = state_.Save(); !cache.ok() && !cache_failure_logged_) {
+    cache_failure_logged_ = true;
+    std::fprintf(stderr, "cxlkv-orchestrator: the state file cache: %s (logged once)\n",
+                 std::string(cache.message()).c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Orchestrator::ServingLocked() const {
+  // A leader whose write deadline passed (it was stopped, or etcd went silent) answers
+  // nothing more: a successor may be serving from a newer state by now.
+  if (ha_ == nullptr || (leading_ && owner_ != nullptr && ha_->WriteAllowed())) {
+    return absl::OkStatus();
+  }
+  const HaStats h = ha_->stats();
+  return absl::UnavailableError(
+      absl::StrCat("this orchestrator is a standby of domain '", config_.etcd.domain, "'",
+                   h.leader.empty() ? std::string("; no leader is elected right now: retry shortly")
+                                    : absl::StrCat("; the leader is ", h.leader)));
+}
+
+std::string Orchestrator::RoleLocked() const {
+  if (ha_ == nullptr) return "single";
+  return ServingLocked().ok() ? "leader" : "standby";
+}
+
+std::string Orchestrator::LeaderLocked() const {
+  if (ha_ == nullptr) return "";
+  return ha_->stats().leader;
+}
+
+bool Orchestrator::OwnerBatchMayRunLocked() {
+  if (ha_ == nullptr) return true;
+  if (!leading_ || owner_ == nullptr) return false;
+  // The write deadline: the election steps down shortly; nothing more from this term.
+  if (!ha_->WriteAllowed()) return false;
+  co::OwnerFenceLine now{};
+  const bool read = ReadFenceLine(*domain_mem_, &now);
+  if (read && now.epoch == fence_.epoch && now.cluster_id == fence_.cluster_id) return true;
+  ++fence_violations_;
+  const std::string why =
+      read ? absl::StrCat("the domain's fence line names epoch ", now.epoch, " (cluster ",
+                          absl::Hex(now.cluster_id), "), not this leader's ", fence_.epoch,
+                          ": another leader took the domain over")
+           : std::string("the domain's fence line does not validate (torn or overwritten)");
+  std::fprintf(stderr, "cxlkv-orchestrator: %s; stepping down\n", why.c_str());
+  leading_ = false;
+  ha_->Resign(why);
+  return false;
+}
+
+void Orchestrator::EndBatchLocked() {
+  if (ha_ == nullptr || !leading_) return;
+  // Through the fenced view: after the write deadline this store is dropped like the others.
+  ++fence_.batches;
+  WriteFenceLine(*fenced_mem_, fence_);
+}
+
+absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
+  absl::MutexLock l(&mu_);
+  const std::int64_t now = clock_->NowMs();
+  // 1. The domain's state: etcd's, or for the first leader a new one or the state file's.
+  auto stored = ha_->LoadState();
+  if (!stored.ok()) return stored.status();
+  auto header = co::ReadDomainHeader(*domain_mem_);
+  if (!header.ok() && !absl::IsNotFound(header.status())) return header.status();
+  const bool formatted = header.ok();
+  DomainState fresh(config_, pool_->size_bytes());
+  bool save_now = true;
+  std::string source;
+  struct stat sb {};
+  if (stored->has_value()) {
+    if (auto st = fresh.Deserialize((*stored)->text, now); !st.ok()) {
+      return absl::DataLossError(absl::StrCat(ha_->where(), "/state: ", st.message()));
+    }
+    save_now = false;
+    source = absl::StrCat("etcd (revision ", (*stored)->revision, ")");
+  } else if (new_domain_) {
+    if (formatted) fresh.QuarantineAll(now);
+    source = "a new domain";
+  } else if (::stat(config_.state_file.c_str(), &sb) == 0) {
+    if (auto st = fresh.Load(now); !st.ok()) return st;
+    source = absl::StrCat("the state file ", config_.state_file, " (the first leader in etcd)");
+  } else {
+    return absl::FailedPreconditionError(
+        absl::StrCat("domain '", config_.etcd.domain,
+                     "' has no state in etcd and no state file here: "
+                     "start one orchestrator once with --new-domain"));
+  }
+  // 2. The fence: this epoch into the domain before anything else of this leader is written
+  // there (a domain never formatted is formatted first; that clears the line).
+  if (formatted) {
+    co::OwnerFenceLine seen{};
+    if (!ReadFenceLine(*domain_mem_, &seen)) {
+      std::fprintf(stderr,
+                   "cxlkv-orchestrator: the domain's fence line does not validate (a leader died "
+                   "writing it); epoch %lld overwrites it\n",
+                   static_cast<long long>(t.epoch));
+    } else if (seen.epoch > static_cast<std::uint64_t>(t.epoch) &&
+               seen.cluster_id == t.cluster_id) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the domain's fence line names epoch ", seen.epoch, ", newer than this election's ",
+          t.epoch, ": this orchestrator's view of etcd is stale"));
+    } else if (seen.epoch != 0 && seen.cluster_id != t.cluster_id) {
+      std::fprintf(stderr,
+                   "cxlkv-orchestrator: the domain was last owned under etcd cluster %llx (epoch "
+                   "%llu), now %llx: the etcd cluster was replaced; taking the domain over\n",
+                   static_cast<unsigned long long>(seen.cluster_id),
+                   static_cast<unsigned long long>(seen.epoch),
+                   static_cast<unsigned long long>(t.cluster_id));
+    }
+  } else if (auto st = Format(*fenced_mem_, config_, domain_region_->size_bytes()); !st.ok()) {
+    return st;
+  }
+  co::OwnerFenceLine line{};
+  line.epoch = static_cast<std::uint64_t>(t.epoch);
+  line.cluster_id = t.cluster_id;
+  line.took_over_ms = now;
+  line.node = co::Crc32c(config_.etcd.node.data(), config_.etcd.node.size());
+  WriteFenceLine(*fenced_mem_, line);
+  co::OwnerFenceLine back{};
+  if (!ReadFenceLine(*domain_mem_, &back) || back.epoch != line.epoch) {
+    return absl::AbortedError("the fence line did not take: the write deadline passed meanwhile");
+  }
+  // 3. The prefix owner, on the fenced view of the domain, and the state.
+  auto owner = co::PrefixOwner::Open(*fenced_mem_, *clock_);
+  if (!owner.ok()) return owner.status();
+  for (const NamespaceConfig& n : config_.namespaces) {
+    (*owner)->SetPinLevel(co::MakeNamespace(n.tenant, n.model, n.layout), n.pin);
+  }
+  state_ = std::move(fresh);
+  told_owner_.clear();
+  owner_ = *std::move(owner);
+  fence_ = line;
+  epoch_ = t.epoch;
+  leading_ = true;
+  if (save_now) {
+    if (auto st = SaveLocked(); !st.ok()) {
+      leading_ = false;
+      owner_.reset();
+      return st;
+    }
+  }
+  std::fprintf(stderr,
+               "cxlkv-orchestrator: leader of domain '%s' at epoch %lld: %u extents held by hosts, "
+               "state from %s\n",
+               config_.etcd.domain.c_str(), static_cast<long long>(t.epoch),
+               state_.recovered_extents(), source.c_str());
+  return absl::OkStatus();
+}
+
+void Orchestrator::StepDown(const std::string& why) {
+  absl::MutexLock l(&mu_);
+  leading_ = false;
+  owner_.reset();
+  epoch_ = 0;
+  std::fprintf(stderr, "cxlkv-orchestrator: no longer the leader of domain '%s': %s\n",
+               config_.etcd.domain.c_str(), why.c_str());
+}
+
 void Orchestrator::Stop() {
   if (stop_.exchange(true)) return;
+  // First: a leader steps down and revokes its lease, so a standby takes over at once.
+  if (ha_ != nullptr) ha_->Stop();
   if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
   if (accept_thread_.joinable()) accept_thread_.join();
   if (listen_fd_ >= 0) ::close(listen_fd_);

@@ -60,13 +60,23 @@ int main(int argc, char** argv) {
             : absl::StrCat(" and tcp:", config->tcp.substr(0, config->tcp.rfind(':')), ":",
                            (*o)->tcp_port(),
                            config->tls_cert.empty() ? " (token)" : " (token, TLS)");
-    std::printf(
-        "cxlkv-orchestrator: domain '%s' up: rpc unix:%s%s, metrics %s, %zu extents of %llu MiB, "
-        "%u restored from %s\n",
-        config->name.c_str(), config->socket.c_str(), tcp.c_str(),
-        config->metrics_listen.empty() ? "off" : config->metrics_listen.c_str(),
-        (*o)->state_.extents().size(), static_cast<unsigned long long>(config->extent_bytes >> 20),
-        (*o)->state_.recovered_extents(), config->state_file.c_str());
+    if ((*o)->ha()) {
+      std::printf(
+          "cxlkv-orchestrator: domain '%s' up as a candidate (etcd %s, session ttl %u s): rpc "
+          "unix:%s%s, metrics %s; serving once elected\n",
+          config->etcd.domain.c_str(), config->etcd.endpoints[0].c_str(), config->etcd.ttl_s,
+          config->socket.c_str(), tcp.c_str(),
+          config->metrics_listen.empty() ? "off" : config->metrics_listen.c_str());
+    } else {
+      std::printf(
+          "cxlkv-orchestrator: domain '%s' up: rpc unix:%s%s, metrics %s, %zu extents of %llu MiB, "
+          "%u restored from %s\n",
+          config->name.c_str(), config->socket.c_str(), tcp.c_str(),
+          config->metrics_listen.empty() ? "off" : config->metrics_listen.c_str(),
+          (*o)->state_.extents().size(),
+          static_cast<unsigned long long>(config->extent_bytes >> 20),
+          (*o)->state_.recovered_extents(), config->state_file.c_str());
+    }
   }
   std::fflush(stdout);
   int sig = 0;

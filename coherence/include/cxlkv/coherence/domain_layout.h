@@ -83,6 +83,30 @@ struct alignas(64) OwnerClockLine {
 inline constexpr std::uint64_t kOwnerClockOffset = 4096 - sizeof(OwnerClockLine);
 static_assert(sizeof(DomainHeader) <= kOwnerClockOffset);
 
+// Writer: the orchestrator elected through etcd (orchestrator HA, docs/ha.md). One line in the
+// header's page, just before the owner's clock line: which leadership term owns the domain.
+// A new leader writes its epoch here (sealed, flushed, fenced) before any other write to the
+// domain; every owner write batch re-reads the line and stops if it names another epoch; after
+// each batch the leader rewrites it with `batches` bumped, so a reader sampling the line sees
+// which epoch wrote when (the HA tests audit that an old epoch never reappears once a newer
+// one did). All zero (valid: the initial state) until the first elected leader writes it; a
+// single orchestrator never writes it, and refuses a domain where it is not zero. Added in
+// place of zero padding: domains formatted before it read as never elected, and readers that
+// do not know it never look at it, so kDomainVersion stays 1.
+struct alignas(64) OwnerFenceLine {
+  std::uint64_t epoch;        // the leader key's create revision in etcd; 0: never elected
+  std::uint64_t cluster_id;   // the etcd cluster that revision belongs to
+  std::uint64_t batches;      // owner write batches under this epoch so far
+  std::int64_t took_over_ms;  // the leader's clock when it wrote this epoch (diagnostics)
+  std::uint32_t version;      // kOwnerFenceVersion (0 only in the all-zero line)
+  std::uint32_t node;         // a hash of the leader's node name (diagnostics)
+  std::uint8_t reserved[20];
+  std::uint32_t crc;
+};
+inline constexpr std::uint32_t kOwnerFenceVersion = 1;
+inline constexpr std::uint64_t kOwnerFenceOffset = kOwnerClockOffset - sizeof(OwnerFenceLine);
+static_assert(sizeof(DomainHeader) <= kOwnerFenceOffset);
+
 // Writer: host h.
 struct alignas(64) HostRow {
   std::uint64_t incarnation;  // 0: never joined
@@ -147,6 +171,7 @@ struct alignas(64) IndexEntry {
 
 static_assert(sizeof(OwnerHostLine) == 64 && sizeof(HostRow) == 64 && sizeof(ReturnSlot) == 64);
 static_assert(sizeof(OwnerClockLine) == 64 && offsetof(OwnerHostLine, crc) == 60);
+static_assert(sizeof(OwnerFenceLine) == 64 && offsetof(OwnerFenceLine, crc) == 60);
 static_assert(sizeof(LeaseRow) == 64 && sizeof(IndexEntry) == 64 && sizeof(RequestSlot) == 128);
 static_assert(offsetof(IndexEntry, crc) == 60 && offsetof(LeaseRow, crc) == 60);
 

@@ -76,7 +76,12 @@ struct HostCounters {
 
 class HostClient {
  public:
-  // Connects to unix:<socket> and joins as host_id.
+  // Connects to the orchestrator at `socket` (a path, unix:PATH or tcp:HOST:PORT; see
+  // endpoint.h) and joins as host_id. Several endpoints separated by commas are the
+  // orchestrators of an HA domain (docs/ha.md), one of which leads: every call goes to the one
+  // that answered last and moves on to the next when it is down or a standby, so after a
+  // failover the heartbeats reach the new leader with the same incarnation and the host keeps
+  // its extents (their deadlines still count from the last acknowledged request).
   static absl::StatusOr<std::unique_ptr<HostClient>> Connect(const std::string& socket,
                                                              std::uint32_t host_id,
                                                              HostClientOptions options = {});

@@ -23,6 +23,19 @@ struct NamespaceConfig {
   std::string Name() const { return tenant + "/" + model + "/" + layout; }
 };
 
+// [etcd]: orchestrator HA (docs/ha.md). Without endpoints, the single orchestrator of today.
+struct EtcdConfig {
+  std::vector<std::string> endpoints;    // host:port of the etcd members; empty: no HA
+  std::string cluster = "default";       // keys live under /cxlkv/v1/<cluster>/
+  std::string domain;                    // the domain's name in etcd; "" : domain.name
+  std::uint32_t ttl_s = 3;               // the session lease: a dead leader's successor waits this
+  std::uint32_t margin_ms = 0;           // 0: ttl / 4; the leader stops writing this long before
+                                         // its lease can expire
+  std::string node;                      // this orchestrator's name; "" : hostname:pid
+  std::uint32_t call_timeout_ms = 1000;  // one etcd call, failover to other members included
+  bool enabled() const { return !endpoints.empty(); }
+};
+
 struct Config {
   // [domain]
   std::string name;
@@ -57,6 +70,8 @@ struct Config {
   std::map<std::uint32_t, double> shares;  // per host id
   // [[namespace]]
   std::vector<NamespaceConfig> namespaces;
+  // [etcd]
+  EtcdConfig etcd;
   // [placement], parsed by tier/ (tier/placement_config.h): the CXL-vs-NVMe rule's parameters
   // in SI units, the reuse tracker's size, and an optional calibration file whose figures
   // replace the configured ones.

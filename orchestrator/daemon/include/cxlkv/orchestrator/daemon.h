@@ -4,6 +4,14 @@
 //
 // Open() takes the pool, the prefix domain and the state file; Start() runs the owner
 // thread, the RPC server and the metrics endpoint on threads of their own; Stop() ends them.
+//
+// With an [etcd] section (orchestrator HA, docs/ha.md) several orchestrators of one domain
+// start alike, as standbys: Open maps the regions and checks the domain's state in etcd, and
+// Start also campaigns. The one elected takes the domain over (its epoch into the domain's
+// fence line, then the prefix owner, then the state from etcd) and serves; the others answer
+// every call but Status with UNAVAILABLE naming the leader. The leader's state changes are
+// written to etcd under its leadership before they are revealed; the state file is then a
+// cache. Without [etcd], one orchestrator as before.
 // The state and the owner are public for the RPC service and for in-process benchmarks:
 // touch them only with mu_ held. Serving processes never link this; they talk to the daemon
 // through client.h.
@@ -22,6 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/coherence/mem.h"
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/orchestrator/config.h"
@@ -34,8 +43,11 @@ class Server;
 
 namespace cxlkv::orchestrator {
 
+class FencedMem;
+class HaSession;
 class Metrics;
 class Service;
+struct LeaderTerm;
 
 struct OpenOptions {
   // The operator says this is a new domain (cxlkv-orchestrator --new-domain): no state file
@@ -75,8 +87,26 @@ class Orchestrator {
   // in rpc.allowed_uids): closed before gRPC saw them.
   std::uint64_t peers_refused() const { return refused_.load(); }
   void CountPrefixTraffic(std::uint64_t hits, std::uint64_t misses);
-  // Saves the state file; on failure the change must not be revealed (the caller fails).
-  absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return state_.Save(); }
+  // Makes the state durable: the state file, or with [etcd] the domain's state in etcd (a
+  // transaction guarded by this leadership; the file is then a cache). On failure the change
+  // must not be revealed (the caller fails). With [etcd], a refused guard steps down.
+  absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- orchestrator HA ([etcd]; docs/ha.md) ----
+  // OK when this orchestrator serves the domain now (always without [etcd]; with it, while
+  // it leads); kUnavailable naming the leader otherwise.
+  absl::Status ServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "single", "leader" or "standby".
+  std::string RoleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::int64_t epoch_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return epoch_; }
+  // The leader as etcd names it ("" : none known, or no [etcd]).
+  std::string LeaderLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before a batch of owner writes: true without [etcd]; with it, only while this
+  // orchestrator leads, its write deadline has not passed, and the domain's fence line still
+  // names its epoch (else it resigns). EndBatchLocked after the batch records it in the line.
+  bool OwnerBatchMayRunLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ha() const { return ha_ != nullptr; }
 
  private:
   Orchestrator(const Config& c, std::uint64_t pool_bytes);
@@ -90,6 +120,19 @@ class Orchestrator {
   std::uint64_t quarantines_released_ ABSL_GUARDED_BY(mu_) = 0;
   void AcceptLoop();
   bool UidAllowed(uid_t uid) const;
+  // HA: the election's hooks (on its thread).
+  absl::Status TakeOver(const LeaderTerm& t);
+  void StepDown(const std::string& why);
+
+  std::unique_ptr<HaSession> ha_;          // null without [etcd]
+  std::unique_ptr<FencedMem> fenced_mem_;  // HA: the owner's view of the domain
+  bool new_domain_ = false;                // --new-domain (HA: used by the first leader)
+  bool leading_ ABSL_GUARDED_BY(mu_) = false;
+  std::int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // The fence line as this leader last wrote it.
+  coherence::OwnerFenceLine fence_ ABSL_GUARDED_BY(mu_){};
+  std::uint64_t fence_violations_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cache_failure_logged_ ABSL_GUARDED_BY(mu_) = false;
 
   Config config_;
   coherence::SteadyClock steady_;

@@ -1,0 +1,78 @@
+// The leader's fence in the domain region (orchestrator HA, docs/ha.md; private to the
+// daemon): the fence line (coherence::OwnerFenceLine) and a Mem that drops stores once the
+// leader's write deadline passed.
+#ifndef CXLKV_ORCHESTRATOR_DAEMON_SRC_FENCE_H_
+#define CXLKV_ORCHESTRATOR_DAEMON_SRC_FENCE_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "cxlkv/coherence/domain_layout.h"
+#include "cxlkv/coherence/mem.h"
+
+namespace cxlkv::orchestrator {
+
+// Whether this process may write the shared domain now (the election's fence).
+class WriteGate {
+ public:
+  virtual ~WriteGate() = default;
+  // Cheap: called before every store to the domain.
+  virtual bool WriteAllowed() const = 0;
+};
+
+// Reads the fence line as its writer last flushed it (invalidate, read, check the CRC; a torn
+// line is re-read a few times). False if it never validated: the writer died writing it, or
+// the memory is corrupt.
+bool ReadFenceLine(coherence::Mem& mem, coherence::OwnerFenceLine* out);
+
+// Seals the line, stores it, flushes it and fences: once this returns, any host that
+// invalidates and reads the line sees it (or a later one).
+void WriteFenceLine(coherence::Mem& mem, const coherence::OwnerFenceLine& line);
+
+// A Mem whose stores (Write, WriteNt) reach the memory only while the gate allows them; after
+// that they are dropped and counted. Reads, flushes and fences pass through: a store made
+// while allowed may still be flushed after (the window is the store-to-flush time of one
+// line, nanoseconds unless the process is stopped exactly there). Dropping every store from
+// some point on leaves the domain as a crash of the writer at that point would, which the
+// prefix protocol recovers from (PrefixOwner::Open repairs torn lines). Thread-compatible,
+// like the Mem it wraps.
+class FencedMem final : public coherence::Mem {
+ public:
+  FencedMem(coherence::Mem& inner, const WriteGate& gate) : inner_(inner), gate_(gate) {}
+  std::uint64_t size_bytes() const override { return inner_.size_bytes(); }
+  void Read(std::uint64_t offset, void* dst, std::size_t len) override {
+    inner_.Read(offset, dst, len);
+  }
+  void Write(std::uint64_t offset, const void* src, std::size_t len) override {
+    if (!gate_.WriteAllowed()) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    inner_.Write(offset, src, len);
+  }
+  void WriteNt(std::uint64_t offset, const void* src, std::size_t len) override {
+    if (!gate_.WriteAllowed()) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    inner_.WriteNt(offset, src, len);
+  }
+  void Flush(std::uint64_t offset, std::size_t len) override { inner_.Flush(offset, len); }
+  void Invalidate(std::uint64_t offset, std::size_t len) override {
+    inner_.Invalidate(offset, len);
+  }
+  void Evict(std::uint64_t offset, std::size_t len) override { inner_.Evict(offset, len); }
+  void Fence() override { inner_.Fence(); }
+  void FullFence() override { inner_.FullFence(); }
+  // Stores dropped since construction.
+  std::uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+
+ private:
+  coherence::Mem& inner_;
+  const WriteGate& gate_;
+  std::atomic<std::uint64_t> dropped_{0};
+};
+
+}  // namespace cxlkv::orchestrator
+
+#endif  // CXLKV_ORCHESTRATOR_DAEMON_SRC_FENCE_H_

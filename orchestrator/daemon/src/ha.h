@@ -1,0 +1,79 @@
+// Orchestrator HA's seam in the daemon (docs/ha.md; private to the daemon): leadership of the
+// domain through etcd, and the domain's control state (membership, extents, quarantine) kept
+// in etcd under transactions guarded by that leadership. ha_etcd.cc implements it on
+// orchestrator/etcd; ha_off.cc, built when the etcd client is not, refuses an [etcd] section.
+#ifndef CXLKV_ORCHESTRATOR_DAEMON_SRC_HA_H_
+#define CXLKV_ORCHESTRATOR_DAEMON_SRC_HA_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cxlkv/coherence/mem.h"
+#include "cxlkv/orchestrator/config.h"
+#include "fence.h"
+
+namespace cxlkv::orchestrator {
+
+struct LeaderTerm {
+  std::int64_t epoch = 0;        // the leader key's create revision
+  std::uint64_t cluster_id = 0;  // the etcd cluster's id
+};
+
+struct StoredState {
+  std::string text;           // DomainState::Serialize()'s output
+  std::int64_t revision = 0;  // its mod revision in etcd
+};
+
+struct HaStats {
+  std::int64_t epoch = 0;  // this orchestrator's, while it leads
+  std::string leader;      // the leader key's value as last seen (JSON), "" : none known
+  std::int64_t leader_epoch = 0;
+  std::uint64_t elections_won = 0, step_downs = 0, keepalive_failures = 0;
+  std::uint64_t state_writes = 0, state_write_failures = 0;
+};
+
+class HaSession : public WriteGate {
+ public:
+  struct Hooks {
+    // Elected: take the domain over (writes are allowed from now on). An error resigns.
+    std::function<absl::Status(const LeaderTerm&)> take_over;
+    // Leadership ended; WriteAllowed() is already false.
+    std::function<void(const std::string& why)> step_down;
+  };
+
+  // Makes the etcd client for c.etcd (no I/O). `self` describes this orchestrator (JSON: node,
+  // endpoints, pid); it is the leader key's value while this one leads. `clock` is the one the
+  // write deadline is kept on (the orchestrator's; it must outlive the session).
+  // kFailedPrecondition in a build without the etcd client.
+  static absl::StatusOr<std::unique_ptr<HaSession>> Create(const Config& c, const std::string& self,
+                                                           coherence::Clock* clock);
+  ~HaSession() override = default;
+
+  // Starts campaigning. The hooks run on the election's thread.
+  virtual absl::Status Start(Hooks hooks) = 0;
+  // Steps down if leading (the lease is revoked: a standby takes over at once) and stops.
+  virtual void Stop() = 0;
+  // Steps down now; campaigns again after a pause.
+  virtual void Resign(const std::string& why) = 0;
+
+  // The domain's state as etcd holds it (nullopt: none yet). Remembers its revision for the
+  // guard of SaveState.
+  virtual absl::StatusOr<std::optional<StoredState>> LoadState() = 0;
+  // Writes the state only if this orchestrator still leads at `epoch` and nobody wrote the
+  // state since it was last loaded or saved here. kAborted when a guard fails (this one must
+  // step down); kUnavailable / kDeadlineExceeded when etcd did not answer in time (the write
+  // may or may not have happened: the next save's guard tells).
+  virtual absl::Status SaveState(const std::string& text, std::int64_t epoch) = 0;
+
+  virtual HaStats stats() const = 0;
+  // Where the domain lives in etcd, for messages: "/cxlkv/v1/C/domains/D".
+  virtual std::string where() const = 0;
+};
+
+}  // namespace cxlkv::orchestrator
+
+#endif  // CXLKV_ORCHESTRATOR_DAEMON_SRC_HA_H_

@@ -1,0 +1,167 @@
+// HaSession on etcd (orchestrator/etcd): the leader election and the domain's state key.
+//
+// Keys, with P = /cxlkv/v1/<etcd.cluster> and D = etcd.domain:
+//   P/domains/D/leader             the leader (its `self` JSON), under its session lease
+//   P/domains/D/election/<lease>   every candidate, under its session lease
+//   P/domains/D/state              the domain's state (DomainState::Serialize), durable
+#include <cstdio>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "cxlkv/orchestrator/election.h"
+#include "cxlkv/orchestrator/etcd.h"
+#include "ha.h"
+
+namespace cxlkv::orchestrator {
+
+namespace {
+
+namespace ed = ::cxlkv::orchestrator::etcd;
+
+class EtcdHa final : public HaSession {
+ public:
+  EtcdHa(const Config& c, std::string self, std::unique_ptr<ed::Client> client,
+         coherence::Clock* clock)
+      : c_(c),
+        clock_(clock),
+        self_(std::move(self)),
+        where_(absl::StrCat("/cxlkv/v1/", c.etcd.cluster, "/domains/", c.etcd.domain)),
+        client_(std::move(client)) {}
+
+  ~EtcdHa() override { Stop(); }
+
+  absl::Status Start(Hooks hooks) override {
+    hooks_ = std::move(hooks);
+    ed::ElectionOptions o;
+    o.leader_key = where_ + "/leader";
+    o.candidate_prefix = where_ + "/election/";
+    o.value = self_;
+    o.ttl_s = c_.etcd.ttl_s;
+    o.margin_ms = c_.etcd.margin_ms;
+    o.retry_ms = 500;
+    o.clock = clock_;
+    o.log = [](const std::string& line) {
+      std::fprintf(stderr, "cxlkv-orchestrator: %s\n", line.c_str());
+    };
+    ed::LeaderElection::Callbacks cb;
+    cb.elected = [this](const ed::Term& t) {
+      return hooks_.take_over(LeaderTerm{t.epoch, t.cluster_id});
+    };
+    cb.lost = [this](const ed::Term&, const std::string& why) { hooks_.step_down(why); };
+    auto e = ed::LeaderElection::Start(*client_, o, std::move(cb));
+    if (!e.ok()) return e.status();
+    election_ = *std::move(e);
+    return absl::OkStatus();
+  }
+
+  void Stop() override {
+    if (election_) election_->Stop();
+  }
+
+  void Resign(const std::string& why) override {
+    if (election_) election_->Resign(why);
+  }
+
+  bool WriteAllowed() const override { return election_ != nullptr && election_->WriteAllowed(); }
+
+  absl::StatusOr<std::optional<StoredState>> LoadState() override {
+    auto r = client_->Get(StateKey());
+    if (!r.ok()) return Named(r.status(), "read");
+    absl::MutexLock l(&mu_);
+    if (r->kvs.empty()) {
+      state_revision_ = 0;
+      return std::optional<StoredState>();
+    }
+    state_revision_ = r->kvs[0].mod_revision;
+    return std::optional<StoredState>(StoredState{r->kvs[0].value, r->kvs[0].mod_revision});
+  }
+
+  absl::Status SaveState(const std::string& text, std::int64_t epoch) override {
+    using C = ed::Compare;
+    std::int64_t seen = 0;
+    {
+      absl::MutexLock l(&mu_);
+      seen = state_revision_;
+    }
+    auto r = client_->Txn({C::CreateRevision(where_ + "/leader", C::Result::kEqual, epoch),
+                           C::ModRevision(StateKey(), C::Result::kEqual, seen)},
+                          {ed::Op::Put(StateKey(), text)},
+                          {ed::Op::Get(where_ + "/leader"), ed::Op::Get(StateKey())});
+    absl::MutexLock l(&mu_);
+    if (!r.ok()) {
+      ++state_write_failures_;
+      return Named(r.status(), "write");
+    }
+    if (!r->succeeded) {
+      ++state_write_failures_;
+      const bool leads = !r->results.empty() && !r->results[0].kvs.empty() &&
+                         r->results[0].kvs[0].create_revision == epoch;
+      return absl::AbortedError(absl::StrCat(
+          where_, "/state: not written: ",
+          leads ? absl::StrCat("it changed since revision ", seen, " (another writer)")
+                : absl::StrCat("this orchestrator no longer leads (epoch ", epoch, ")")));
+    }
+    state_revision_ = r->header.revision;
+    ++state_writes_;
+    return absl::OkStatus();
+  }
+
+  HaStats stats() const override {
+    HaStats s;
+    if (election_) {
+      const ed::ElectionStats e = election_->stats();
+      s.epoch = e.epoch;
+      s.leader = e.leader_value;
+      s.leader_epoch = e.leader_epoch;
+      s.elections_won = e.won;
+      s.step_downs = e.lost;
+      s.keepalive_failures = e.keepalive_failures;
+    }
+    absl::MutexLock l(&mu_);
+    s.state_writes = state_writes_;
+    s.state_write_failures = state_write_failures_;
+    return s;
+  }
+
+  std::string where() const override { return where_; }
+
+ private:
+  std::string StateKey() const { return where_ + "/state"; }
+  absl::Status Named(const absl::Status& st, const char* what) const {
+    return absl::Status(st.code(), absl::StrCat(where_, "/state: cannot ", what,
+                                                " the domain's "
+                                                "state in etcd: ",
+                                                st.message()));
+  }
+
+  Config c_;
+  coherence::Clock* clock_;
+  std::string self_;
+  std::string where_;
+  std::unique_ptr<ed::Client> client_;
+  std::unique_ptr<ed::LeaderElection> election_;
+  Hooks hooks_;
+  mutable absl::Mutex mu_;
+  std::int64_t state_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t state_writes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t state_write_failures_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HaSession>> HaSession::Create(const Config& c,
+                                                             const std::string& self,
+                                                             coherence::Clock* clock) {
+  ed::ClientOptions o;
+  o.endpoints = c.etcd.endpoints;
+  o.call_timeout_ms = c.etcd.call_timeout_ms;
+  o.attempt_timeout_ms = std::max<std::uint32_t>(c.etcd.call_timeout_ms / 2, 100);
+  auto client = ed::Client::Create(o);
+  if (!client.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("etcd.endpoints: ", client.status().message()));
+  }
+  return std::unique_ptr<HaSession>(new EtcdHa(c, self, *std::move(client), clock));
+}
+
+}  // namespace cxlkv::orchestrator

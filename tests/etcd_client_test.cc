@@ -1,0 +1,460 @@
+// The etcd client and the leader election (orchestrator/etcd) against a real 3-member etcd
+// cluster on loopback (tests/etcd_cluster.h); skipped without Debian's etcd-server.
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "cxlkv/orchestrator/election.h"
+#include "cxlkv/orchestrator/etcd.h"
+#include "etcd_cluster.h"
+#include "gtest/gtest.h"
+
+namespace cxlkv::testing {
+namespace {
+
+namespace ed = ::cxlkv::orchestrator::etcd;
+using std::chrono::milliseconds;
+
+std::int64_t NowMs() {
+  return std::chrono::duration_cast<milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool Eventually(const std::function<bool()>& cond, milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return cond();
+}
+
+// One cluster for the suite: starting etcd takes a second or two.
+class EtcdTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (EtcdBinary().empty()) return;
+    cluster_ = new EtcdCluster(3);
+    std::string why;
+    if (!cluster_->Start(&why)) {
+      start_error_ = new std::string(why);
+    }
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+    delete start_error_;
+    start_error_ = nullptr;
+  }
+  void SetUp() override {
+    CXLKV_SKIP_WITHOUT_ETCD();
+    ASSERT_EQ(start_error_, nullptr) << *start_error_;
+    client_ = cluster_->NewClient();
+    ASSERT_NE(client_, nullptr);
+    prefix_ = absl::StrCat("/test/",
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name(), "/");
+  }
+
+  static EtcdCluster* cluster_;
+  static std::string* start_error_;
+  std::unique_ptr<ed::Client> client_;
+  std::string prefix_;
+};
+EtcdCluster* EtcdTest::cluster_ = nullptr;
+std::string* EtcdTest::start_error_ = nullptr;
+
+TEST(EtcdClient, RejectsBadEndpoints) {
+  ed::ClientOptions o;
+  EXPECT_TRUE(absl::IsInvalidArgument(ed::Client::Create(o).status()));
+  o.endpoints = {"127.0.0.1"};
+  EXPECT_TRUE(absl::IsInvalidArgument(ed::Client::Create(o).status()));
+  o.endpoints = {"127.0.0.1:70000"};
+  EXPECT_TRUE(absl::IsInvalidArgument(ed::Client::Create(o).status()));
+  o.endpoints = {"localhost:2379"};
+  EXPECT_TRUE(ed::Client::Create(o).ok());
+}
+
+TEST(EtcdClient, PrefixEnd) {
+  EXPECT_EQ(ed::PrefixEnd("/a/"), "/a0");
+  EXPECT_EQ(ed::PrefixEnd(std::string("a\xff", 2)), "b");
+  EXPECT_EQ(ed::PrefixEnd(std::string("\xff\xff", 2)), std::string(1, '\0'));
+}
+
+TEST(EtcdClient, UnreachableIsUnavailableOrDeadline) {
+  ed::ClientOptions o;
+  o.endpoints = {absl::StrCat("127.0.0.1:", FreeLoopbackPorts(1)[0])};
+  o.call_timeout_ms = 500;
+  auto c = ed::Client::Create(o);
+  ASSERT_TRUE(c.ok());
+  const auto st = (*c)->Get("/x").status();
+  EXPECT_TRUE(absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) << st;
+  EXPECT_NE(st.message().find(o.endpoints[0]), std::string::npos) << st;
+}
+
+TEST_F(EtcdTest, PutGetDeleteAndRevisions) {
+  auto h1 = client_->Put(prefix_ + "a", "1");
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  auto h2 = client_->Put(prefix_ + "b", "2");
+  ASSERT_TRUE(h2.ok());
+  EXPECT_GT(h2->revision, h1->revision);
+  EXPECT_NE(h2->cluster_id, 0u);
+  auto h3 = client_->Put(prefix_ + "a", "3");
+  ASSERT_TRUE(h3.ok());
+
+  auto one = client_->Get(prefix_ + "a");
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->kvs.size(), 1u);
+  EXPECT_EQ(one->kvs[0].value, "3");
+  EXPECT_EQ(one->kvs[0].create_revision, h1->revision);
+  EXPECT_EQ(one->kvs[0].mod_revision, h3->revision);
+  EXPECT_EQ(one->kvs[0].version, 2);
+
+  auto all = client_->Get(prefix_, ed::PrefixEnd(prefix_));
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->kvs.size(), 2u);
+  EXPECT_EQ(all->kvs[0].key, prefix_ + "a");  // sorted by key
+  EXPECT_EQ(all->kvs[1].key, prefix_ + "b");
+
+  auto gone = client_->Delete(prefix_, ed::PrefixEnd(prefix_));
+  ASSERT_TRUE(gone.ok());
+  EXPECT_EQ(*gone, 2);
+  auto none = client_->Get(prefix_ + "a");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->kvs.empty());
+}
+
+TEST_F(EtcdTest, TxnCreateIfAbsentAndGuardedUpdate) {
+  using C = ed::Compare;
+  const std::string k = prefix_ + "leader";
+  auto first = client_->Txn({C::CreateRevision(k, C::Result::kEqual, 0)}, {ed::Op::Put(k, "me")},
+                            {ed::Op::Get(k)});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->succeeded);
+  const std::int64_t created = first->header.revision;
+
+  auto second = client_->Txn({C::CreateRevision(k, C::Result::kEqual, 0)}, {ed::Op::Put(k, "you")},
+                             {ed::Op::Get(k)});
+  ASSERT_TRUE(second.ok());
+  EXPECT_FALSE(second->succeeded);
+  ASSERT_EQ(second->results.size(), 1u);
+  ASSERT_EQ(second->results[0].kvs.size(), 1u);
+  EXPECT_EQ(second->results[0].kvs[0].value, "me");
+  EXPECT_EQ(second->results[0].kvs[0].create_revision, created);
+
+  // Guarded by the revision read: the first writer wins, the stale one fails.
+  const std::string s = prefix_ + "state";
+  auto put = client_->Put(s, "v1");
+  ASSERT_TRUE(put.ok());
+  const std::int64_t seen = put->revision;
+  auto a = client_->Txn({C::CreateRevision(k, C::Result::kEqual, created),
+                         C::ModRevision(s, C::Result::kEqual, seen)},
+                        {ed::Op::Put(s, "v2")}, {ed::Op::Get(s)});
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(a->succeeded);
+  auto b = client_->Txn({C::ModRevision(s, C::Result::kEqual, seen)}, {ed::Op::Put(s, "v3")},
+                        {ed::Op::Get(s)});
+  ASSERT_TRUE(b.ok());
+  EXPECT_FALSE(b->succeeded);
+  EXPECT_EQ(b->results[0].kvs[0].value, "v2");
+  // Value compare, and a delete in a branch.
+  auto d = client_->Txn({C::Value(s, C::Result::kEqual, "v2")}, {ed::Op::Delete(s)}, {});
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->succeeded);
+  ASSERT_EQ(d->results.size(), 1u);
+  EXPECT_EQ(d->results[0].deleted, 1);
+}
+
+TEST_F(EtcdTest, LeaseKeepsKeysAliveAndTakesThemAlong) {
+  auto l = client_->GrantLease(2);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_GE(l->ttl_s, 2);
+  ASSERT_TRUE(client_->Put(prefix_ + "k", "v", l->id).ok());
+  auto kv = client_->Get(prefix_ + "k");
+  ASSERT_TRUE(kv.ok());
+  EXPECT_EQ(kv->kvs[0].lease, l->id);
+  // Kept alive past its TTL: the key stays.
+  for (int i = 0; i < 5; ++i) {
+    auto ttl = client_->KeepAliveOnce(l->id);
+    ASSERT_TRUE(ttl.ok()) << ttl.status();
+    EXPECT_GE(*ttl, 1);
+    std::this_thread::sleep_for(milliseconds(600));
+  }
+  EXPECT_EQ(client_->Get(prefix_ + "k")->kvs.size(), 1u);
+  EXPECT_TRUE(client_->LeaseTimeToLive(l->id).ok());
+  // Revoked: the key goes at once, and the lease is unknown from then on.
+  ASSERT_TRUE(client_->RevokeLease(l->id).ok());
+  EXPECT_TRUE(client_->Get(prefix_ + "k")->kvs.empty());
+  EXPECT_TRUE(absl::IsNotFound(client_->KeepAliveOnce(l->id).status()));
+  EXPECT_TRUE(client_->RevokeLease(l->id).ok());  // already gone: fine
+
+  // Not kept alive: it expires by itself, and its key with it.
+  auto l2 = client_->GrantLease(2);
+  ASSERT_TRUE(l2.ok());
+  ASSERT_TRUE(client_->Put(prefix_ + "k2", "v", l2->id).ok());
+  const std::int64_t t0 = NowMs();
+  EXPECT_TRUE(
+      Eventually([&] { return client_->Get(prefix_ + "k2")->kvs.empty(); }, milliseconds(6000)));
+  EXPECT_GE(NowMs() - t0, 1000);  // not before its TTL (less the time the Put took)
+  EXPECT_TRUE(absl::IsNotFound(client_->LeaseTimeToLive(l2->id).status()));
+}
+
+TEST_F(EtcdTest, WatchSeesChangesInOrderAndReplaysHistory) {
+  auto start = client_->Put(prefix_ + "x", "0");
+  ASSERT_TRUE(start.ok());
+  auto w = client_->NewWatch(prefix_, ed::PrefixEnd(prefix_), 0, /*prev_kv=*/true);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE(client_->Put(prefix_ + "x", "1").ok());
+  ASSERT_TRUE(client_->Put(prefix_ + "y", "2").ok());
+  ASSERT_TRUE(client_->Delete(prefix_ + "x").ok());
+  std::vector<ed::Event> got;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto ev = (*w)->Next(milliseconds(100));
+        EXPECT_TRUE(ev.ok()) << ev.status();
+        if (ev.ok()) got.insert(got.end(), ev->begin(), ev->end());
+        return got.size() >= 3;
+      },
+      milliseconds(5000)));
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].type, ed::Event::Type::kPut);
+  EXPECT_EQ(got[0].kv.value, "1");
+  EXPECT_EQ(got[0].prev_kv.value, "0");
+  EXPECT_EQ(got[1].kv.key, prefix_ + "y");
+  EXPECT_EQ(got[2].type, ed::Event::Type::kDelete);
+  EXPECT_EQ(got[2].kv.key, prefix_ + "x");
+  EXPECT_LT(got[0].kv.mod_revision, got[1].kv.mod_revision);
+  EXPECT_GE((*w)->last_revision(), got[2].kv.mod_revision);
+
+  // From an old revision: the same history again, from the first put on.
+  auto replay = client_->NewWatch(prefix_ + "x", "", start->revision);
+  ASSERT_TRUE(replay.ok());
+  std::vector<ed::Event> again;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto ev = (*replay)->Next(milliseconds(100));
+        if (ev.ok()) again.insert(again.end(), ev->begin(), ev->end());
+        return again.size() >= 3;
+      },
+      milliseconds(5000)));
+  EXPECT_EQ(again[0].kv.value, "0");
+  EXPECT_EQ(again[2].type, ed::Event::Type::kDelete);
+  // Nothing more: Next times out with no events.
+  auto quiet = (*replay)->Next(milliseconds(200));
+  ASSERT_TRUE(quiet.ok());
+  EXPECT_TRUE(quiet->empty());
+}
+
+// A member that stops answering (SIGSTOP) is left for another: reads succeed within the call
+// timeout. Its own cluster: stopping members disturbs the suite's.
+TEST(EtcdFailover, StoppedMemberIsSkipped) {
+  CXLKV_SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster(3);
+  std::string why;
+  ASSERT_TRUE(cluster.Start(&why)) << why;
+  // A client whose first endpoint is a follower (the raft leader stays up: the cluster works).
+  const int leader = cluster.LeaderIndex();
+  ASSERT_GE(leader, 0);
+  const int victim = (leader + 1) % cluster.size();
+  ed::ClientOptions o;
+  for (int i = 0; i < cluster.size(); ++i) {
+    o.endpoints.push_back(cluster.endpoints()[(victim + i) % cluster.size()]);
+  }
+  o.call_timeout_ms = 3000;
+  auto c = ed::Client::Create(o);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->Put("/f/k", "v").ok());
+  ASSERT_EQ((*c)->current_endpoint(), 0u);
+  cluster.Pause(victim);
+  for (int i = 0; i < 6; ++i) {
+    const std::int64_t t0 = NowMs();
+    auto g = (*c)->Get("/f/k");
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_LT(NowMs() - t0, 3000);
+    EXPECT_NE((*c)->current_endpoint(), 0u);
+  }
+  // A write goes to the member the reads moved to.
+  EXPECT_TRUE((*c)->Put("/f/k", "w").ok());
+  cluster.Resume(victim);
+}
+
+// ---- the election ---------------------------------------------------------------------------
+
+struct Candidate {
+  std::unique_ptr<ed::Client> client;
+  std::unique_ptr<ed::LeaderElection> election;
+  std::atomic<std::int64_t> epoch{0};
+  std::atomic<std::int64_t> elected_at{0}, lost_at{0};
+  std::atomic<int> wins{0}, losses{0};
+  absl::Mutex mu;
+  std::string why;
+  // The election first: its threads call the callbacks, which touch the members above.
+  ~Candidate() {
+    if (election) election->Stop();
+  }
+
+  void Start(const EtcdCluster& cluster, const std::string& key, const std::string& name,
+             std::int64_t ttl_s = 2) {
+    client = cluster.NewClient(1000);
+    ed::ElectionOptions o;
+    o.leader_key = key;
+    o.candidate_prefix = key + "-candidates/";
+    o.value = name;
+    o.ttl_s = ttl_s;
+    o.retry_ms = 100;
+    o.log = [](const std::string&) {};
+    ed::LeaderElection::Callbacks cb;
+    cb.elected = [this](const ed::Term& t) {
+      epoch = t.epoch;
+      elected_at = NowMs();
+      ++wins;
+      return absl::OkStatus();
+    };
+    cb.lost = [this](const ed::Term&, const std::string& w) {
+      lost_at = NowMs();
+      ++losses;
+      epoch = 0;
+      absl::MutexLock l(&mu);
+      why = w;
+    };
+    auto e = ed::LeaderElection::Start(*client, o, cb);
+    ASSERT_TRUE(e.ok()) << e.status();
+    election = *std::move(e);
+  }
+};
+
+TEST_F(EtcdTest, OneLeaderEpochIsCreateRevisionAndHandoverRaisesIt) {
+  const std::string key = prefix_ + "leader";
+  Candidate a, b;
+  a.Start(*cluster_, key, "a");
+  b.Start(*cluster_, key, "b");
+  ASSERT_TRUE(Eventually([&] { return a.epoch != 0 || b.epoch != 0; }, milliseconds(5000)));
+  std::this_thread::sleep_for(milliseconds(500));
+  ASSERT_TRUE((a.epoch != 0) != (b.epoch != 0)) << "exactly one leads";
+  Candidate& leader = a.epoch != 0 ? a : b;
+  Candidate& standby = a.epoch != 0 ? b : a;
+  EXPECT_TRUE(leader.election->WriteAllowed());
+  EXPECT_FALSE(standby.election->WriteAllowed());
+  auto kv = client_->Get(key);
+  ASSERT_TRUE(kv.ok());
+  ASSERT_EQ(kv->kvs.size(), 1u);
+  EXPECT_EQ(kv->kvs[0].create_revision, leader.epoch.load());
+  EXPECT_EQ(kv->kvs[0].value, &leader == &a ? "a" : "b");
+  // Both registered as candidates under their leases.
+  auto cands = client_->Get(key + "-candidates/", ed::PrefixEnd(key + "-candidates/"));
+  ASSERT_TRUE(cands.ok());
+  EXPECT_EQ(cands->kvs.size(), 2u);
+  // Still one leader after a few keep-alive periods.
+  std::this_thread::sleep_for(milliseconds(2500));
+  EXPECT_TRUE(leader.election->WriteAllowed());
+  EXPECT_EQ(standby.wins.load(), 0);
+
+  // The leader stops: its lease is revoked, the standby wins at once with a higher epoch.
+  const std::int64_t old_epoch = leader.epoch;
+  const std::int64_t t0 = NowMs();
+  leader.election->Stop();
+  ASSERT_TRUE(Eventually([&] { return standby.epoch != 0; }, milliseconds(3000)));
+  EXPECT_LT(NowMs() - t0, 1500) << "a revoked lease hands over without waiting for the TTL";
+  EXPECT_GT(standby.epoch.load(), old_epoch);
+  EXPECT_TRUE(standby.election->WriteAllowed());
+}
+
+TEST_F(EtcdTest, ResignClosesTheFenceAtOnceAndHandsOver) {
+  const std::string key = prefix_ + "leader";
+  Candidate a;
+  a.Start(*cluster_, key, "a");
+  ASSERT_TRUE(Eventually([&] { return a.epoch != 0; }, milliseconds(5000)));
+  Candidate b;
+  b.Start(*cluster_, key, "b");
+  std::this_thread::sleep_for(milliseconds(300));
+  const std::int64_t first = a.epoch;
+  a.election->Resign("test");
+  EXPECT_FALSE(a.election->WriteAllowed());  // before Resign returned
+  ASSERT_TRUE(Eventually([&] { return a.losses.load() == 1; }, milliseconds(2000)));
+  {
+    absl::MutexLock l(&a.mu);
+    EXPECT_EQ(a.why, "test");
+  }
+  // Someone leads again with a higher epoch (b, or a after its retry pause).
+  ASSERT_TRUE(Eventually([&] { return a.epoch > first || b.epoch > first; }, milliseconds(3000)));
+}
+
+// The leader key deleted by hand while the leader's lease lives: the next leader does not
+// start before the old one's fence closed.
+TEST_F(EtcdTest, LeaderKeyDeletedByHandNoOverlap) {
+  const std::string key = prefix_ + "leader";
+  Candidate a;
+  a.Start(*cluster_, key, "a", /*ttl_s=*/2);
+  ASSERT_TRUE(Eventually([&] { return a.epoch != 0; }, milliseconds(5000)));
+  Candidate b;
+  b.Start(*cluster_, key, "b", 2);
+  std::this_thread::sleep_for(milliseconds(500));
+  ASSERT_TRUE(a.election->WriteAllowed());
+  ASSERT_EQ(*client_->Delete(key), 1);
+  // Poll a's fence and b's election together.
+  std::int64_t a_closed = 0;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        if (a_closed == 0 && !a.election->WriteAllowed()) a_closed = NowMs();
+        return b.epoch != 0 || (a.epoch != 0 && a.wins.load() > 1);
+      },
+      milliseconds(10000)));
+  ASSERT_NE(a_closed, 0) << "a new leader while the old one may still write";
+  const std::int64_t next = b.epoch != 0 ? b.elected_at.load() : a.elected_at.load();
+  EXPECT_GE(next, a_closed);
+}
+
+// The fence closes on the leader's own clock when etcd stops answering its keep-alives (here:
+// quorum lost, two of three members stopped), no later than its last answered keep-alive's
+// send time + TTL - margin; and no other candidate is elected before that deadline.
+TEST(EtcdElectionFence, ClosesWhenKeepAlivesGoUnansweredBeforeAnySuccessor) {
+  CXLKV_SKIP_WITHOUT_ETCD();
+  EtcdCluster cluster(3);
+  std::string why;
+  ASSERT_TRUE(cluster.Start(&why)) << why;
+  const std::string key = "/fence/leader";
+  Candidate a, b;
+  a.Start(cluster, key, "a", /*ttl_s=*/3);
+  ASSERT_TRUE(Eventually([&] { return a.epoch != 0; }, milliseconds(5000)));
+  b.Start(cluster, key, "b", 3);
+  std::this_thread::sleep_for(milliseconds(1500));
+  ASSERT_TRUE(a.election->WriteAllowed());
+  const std::int64_t deadline_before = a.election->write_deadline_ms();
+
+  // Stop the raft leader and one follower: no quorum, no keep-alive is answered.
+  const int l = cluster.LeaderIndex();
+  ASSERT_GE(l, 0);
+  const int f = (l + 1) % 3;
+  cluster.Pause(l);
+  cluster.Pause(f);
+  // The fence closes by the deadline of the last keep-alive answered before the stop (the
+  // deadline moves only forward, by at most one more answered keep-alive).
+  std::int64_t closed_at = 0;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        if (a.election->WriteAllowed()) return false;
+        closed_at = a.election->clock().NowMs();
+        return true;
+      },
+      milliseconds(6000)));
+  // At most one more keep-alive (TTL/3 later) was answered after deadline_before was read;
+  // 500 ms of slack for this thread's polling on a loaded machine.
+  EXPECT_LE(closed_at, deadline_before + 3000 / 3 + 500);
+  ASSERT_TRUE(Eventually([&] { return a.losses.load() == 1; }, milliseconds(2000)));
+  {
+    absl::MutexLock lk(&a.mu);
+    EXPECT_NE(a.why.find("keep-alive"), std::string::npos) << a.why;
+  }
+  const std::int64_t a_lost = a.lost_at;
+  cluster.Resume(l);
+  cluster.Resume(f);
+  // Someone leads again (a new term), and whoever it is was elected after a's fence closed.
+  ASSERT_TRUE(Eventually([&] { return a.epoch != 0 || b.epoch != 0; }, milliseconds(15000)));
+  const std::int64_t next = a.epoch != 0 ? a.elected_at.load() : b.elected_at.load();
+  EXPECT_GT(next, a_lost);
+}
+
+}  // namespace
+}  // namespace cxlkv::testing

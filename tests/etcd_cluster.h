@@ -1,0 +1,214 @@
+// A real etcd cluster on loopback for the HA tests: N members (3 by default) of Debian's
+// etcd-server, on free ports, with data directories under a temporary directory, each
+// member's log in <dir>/mN.log. Killed (SIGKILL) and removed at teardown. Members can be
+// killed, stopped (SIGSTOP), continued and restarted to inject failures.
+//
+// Tests skip when the binary is missing: CXLKV_SKIP_WITHOUT_ETCD() names the package. The
+// binary is $CXLKV_ETCD_BIN if set, else etcd on PATH.
+#ifndef CXLKV_TESTS_ETCD_CLUSTER_H_
+#define CXLKV_TESTS_ETCD_CLUSTER_H_
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cxlkv/orchestrator/etcd.h"
+#include "gtest/gtest.h"
+
+namespace cxlkv::testing {
+
+inline std::string EtcdBinary() {
+  if (const char* e = std::getenv("CXLKV_ETCD_BIN"); e != nullptr && *e != '\0') {
+    return ::access(e, X_OK) == 0 ? e : "";
+  }
+  for (const char* dir : {"/usr/bin", "/usr/local/bin", "/usr/sbin"}) {
+    const std::string p = std::string(dir) + "/etcd";
+    if (::access(p.c_str(), X_OK) == 0) return p;
+  }
+  return "";
+}
+
+#define CXLKV_SKIP_WITHOUT_ETCD()                                                           \
+  do {                                                                                      \
+    if (::cxlkv::testing::EtcdBinary().empty()) {                                           \
+      GTEST_SKIP() << "no etcd binary (apt-get install etcd-server; scripts/deps installs " \
+                      "it; or set CXLKV_ETCD_BIN)";                                         \
+    }                                                                                       \
+  } while (0)
+
+// Ports the kernel says are free now (all held open together, so they differ).
+inline std::vector<int> FreeLoopbackPorts(int n) {
+  std::vector<int> fds, ports;
+  for (int i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      ADD_FAILURE() << "cannot find a free loopback port";
+      ports.push_back(0);
+    } else {
+      ports.push_back(ntohs(a.sin_port));
+    }
+    fds.push_back(fd);
+  }
+  for (int fd : fds) ::close(fd);
+  return ports;
+}
+
+class EtcdCluster {
+ public:
+  explicit EtcdCluster(int members = 3) : n_(members) {
+    char tmpl[] = "/tmp/cxlkv-etcd-XXXXXX";
+    EXPECT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    const std::vector<int> ports = FreeLoopbackPorts(2 * n_);
+    for (int i = 0; i < n_; ++i) {
+      client_ports_.push_back(ports[2 * i]);
+      peer_ports_.push_back(ports[2 * i + 1]);
+    }
+    for (int i = 0; i < n_; ++i) {
+      initial_ += (i ? "," : "") + Name(i) + "=http://127.0.0.1:" + std::to_string(peer_ports_[i]);
+    }
+    pids_.assign(n_, -1);
+  }
+  ~EtcdCluster() {
+    for (int i = 0; i < n_; ++i) Kill(i);
+    const std::string cmd = "rm -rf " + dir_;
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+  }
+
+  // Starts every member and waits until the cluster has a leader and answers a read on every
+  // member. False (with why) if it does not within 30 s.
+  bool Start(std::string* why) {
+    for (int i = 0; i < n_; ++i) Spawn(i, /*fresh=*/true);
+    return WaitHealthy(std::chrono::seconds(30), why);
+  }
+
+  bool WaitHealthy(std::chrono::milliseconds limit, std::string* why) {
+    auto c = NewClient();
+    const auto end = std::chrono::steady_clock::now() + limit;
+    std::string last;
+    while (std::chrono::steady_clock::now() < end) {
+      bool all = true;
+      for (int i = 0; i < n_ && all; ++i) {
+        if (pids_[i] <= 0) continue;
+        auto st = c->Status(i);
+        if (!st.ok() || st->leader == 0) {
+          all = false;
+          last = st.ok() ? "member " + std::to_string(i) + " has no leader"
+                         : std::string(st.status().message());
+        }
+      }
+      if (all && c->Get("/cxlkv-health").ok()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (why != nullptr) *why = "etcd cluster not healthy: " + last + " (logs in " + dir_ + ")";
+    return false;
+  }
+
+  std::vector<std::string> endpoints() const {
+    std::vector<std::string> e;
+    for (int p : client_ports_) e.push_back("127.0.0.1:" + std::to_string(p));
+    return e;
+  }
+  // For domain.toml: ["127.0.0.1:a", "127.0.0.1:b", ...]
+  std::string EndpointsToml() const {
+    std::string s = "[";
+    for (const std::string& e : endpoints()) s += (s.size() > 1 ? ", \"" : "\"") + e + "\"";
+    return s + "]";
+  }
+  std::unique_ptr<orchestrator::etcd::Client> NewClient(
+      std::uint32_t call_timeout_ms = 2000) const {
+    orchestrator::etcd::ClientOptions o;
+    o.endpoints = endpoints();
+    o.call_timeout_ms = call_timeout_ms;
+    auto c = orchestrator::etcd::Client::Create(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  // The member that leads raft now (-1: none found).
+  int LeaderIndex() const {
+    auto c = NewClient();
+    for (int i = 0; i < n_; ++i) {
+      if (pids_[i] <= 0) continue;
+      auto st = c->Status(i);
+      if (st.ok() && st->leader != 0 && st->leader == st->header.member_id) return i;
+    }
+    return -1;
+  }
+
+  void Kill(int i) {
+    if (pids_[i] <= 0) return;
+    ::kill(pids_[i], SIGKILL);
+    ::waitpid(pids_[i], nullptr, 0);
+    pids_[i] = -1;
+  }
+  void Pause(int i) { ::kill(pids_[i], SIGSTOP); }
+  void Resume(int i) { ::kill(pids_[i], SIGCONT); }
+  // Starts a killed member again on its data directory.
+  void Restart(int i) { Spawn(i, /*fresh=*/false); }
+  pid_t pid(int i) const { return pids_[i]; }
+  int size() const { return n_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  static std::string Name(int i) { return "m" + std::to_string(i); }
+
+  void Spawn(int i, bool fresh) {
+    const std::string name = Name(i);
+    const std::string data = dir_ + "/" + name;
+    const std::string client = "http://127.0.0.1:" + std::to_string(client_ports_[i]);
+    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_ports_[i]);
+    const std::string log = dir_ + "/" + name + ".log";
+    const std::string bin = EtcdBinary();
+    std::vector<std::string> args = {
+        bin, "--name=" + name, "--data-dir=" + data, "--listen-client-urls=" + client,
+        "--advertise-client-urls=" + client, "--listen-peer-urls=" + peer,
+        "--initial-advertise-peer-urls=" + peer, "--initial-cluster=" + initial_,
+        "--initial-cluster-token=cxlkv-test-" + std::to_string(getpid()),
+        std::string("--initial-cluster-state=") + (fresh ? "new" : "existing"), "--logger=zap",
+        "--log-level=warn",
+        // tmpfs under /tmp or not, fsync costs little at this size
+        "--snapshot-count=10000"};
+    const pid_t p = ::fork();
+    if (p == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+      }
+      // Its own process group: a test's signals to it never reach the test itself.
+      ::setpgid(0, 0);
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(bin.c_str(), argv.data());
+      ::_exit(127);
+    }
+    pids_[i] = p;
+  }
+
+  int n_;
+  std::string dir_, initial_;
+  std::vector<int> client_ports_, peer_ports_;
+  std::vector<pid_t> pids_;
+};
+
+}  // namespace cxlkv::testing
+
+#endif  // CXLKV_TESTS_ETCD_CLUSTER_H_

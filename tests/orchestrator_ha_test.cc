@@ -1,0 +1,959 @@
+// Orchestrator HA (docs/ha.md) with real processes: a 3-member etcd cluster on loopback
+// (tests/etcd_cluster.h) and several cxlkv-orchestrator processes of one domain, each with its
+// own socket and state-file cache, sharing the pool and the prefix domain. Hosts are played by
+// the test through the control-plane stub (join, grow, heartbeat).
+//
+// Checks after each failure: one leader serves grants, the state (membership, extents)
+// survived, no extent is lent twice, and an audit of the domain's fence line (sampled every
+// millisecond from the shared file) shows no epoch writing after a newer one started.
+//
+// Skipped without Debian's etcd-server. CXLKV_HA_TRIALS sets the failover trials of the
+// measurement (default 3; the stress label runs 20 and prints the median and worst).
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "cxlkv/coherence/domain_layout.h"
+#include "cxlkv/coherence/prefix.h"
+#include "cxlkv/orchestrator/client.h"
+#include "cxlkv/orchestrator/config.h"
+#include "cxlkv/orchestrator/daemon.h"
+#include "etcd_cluster.h"
+#include "fence.h"
+#include "gtest/gtest.h"
+#include "orchestrator.grpc.pb.h"
+
+extern char** environ;
+
+namespace cxlkv::testing {
+namespace {
+
+namespace pb = ::cxlkv::orchestrator::v1;
+namespace co = ::cxlkv::coherence;
+namespace orch = ::cxlkv::orchestrator;
+using std::chrono::milliseconds;
+
+std::int64_t NowMs() {
+  return std::chrono::duration_cast<milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool Eventually(const std::function<bool()>& cond, milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return cond();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The domain's files, shared by every orchestrator of a test.
+struct SharedDomain {
+  SharedDomain() {
+    const std::string tag = absl::StrCat(::getpid(), "-", NowMs());
+    pool = "/dev/shm/cxlkv-ha-pool-" + tag;
+    domain = "/dev/shm/cxlkv-ha-domain-" + tag;
+  }
+  ~SharedDomain() {
+    ::unlink(pool.c_str());
+    ::unlink(domain.c_str());
+  }
+  std::string pool, domain;
+};
+
+// One cxlkv-orchestrator process of the domain: its config (with [etcd]) in a directory of
+// its own, stdout and stderr in <dir>/log.
+class HaOrchestrator {
+ public:
+  HaOrchestrator(const SharedDomain& d, const EtcdCluster& etcd, const std::string& name,
+                 std::uint32_t ttl_s = 3) {
+    char tmpl[] = "/tmp/cxlkv-ha-XXXXXX";
+    EXPECT_NE(::mkdtemp(tmpl), nullptr);
+    dir = tmpl;
+    socket = dir + "/o.sock";
+    log = dir + "/log";
+    const std::string config = dir + "/domain.toml";
+    std::ofstream(config) << "[domain]\nname = \"hatest\"\n"
+                          << "pool = \"file:" << d.pool << "?size=256M&reserve=0\"\n"
+                          << "prefix_domain = \"file:" << d.domain << "?size=4M\"\n"
+                          << "extent_size = \"8M\"\nstate_file = \"" << dir << "/d.state\"\n"
+                          << "index_entries = 1024\nmax_hosts = 4\n"
+                          << "[rpc]\nsocket = \"" << socket << "\"\n"
+                          << "[metrics]\nlisten = \"\"\n"
+                          // Hosts (the test) do not heartbeat between calls: long TTLs.
+                          << "[timing]\nlease_ttl_ms = 500\nhost_ttl_ms = 60000\n"
+                          << "heartbeat_period_ms = 100\ngrace_ms = 50\n"
+                          << "capacity_lease_ms = 60000\n"
+                          << "[capacity]\ndefault_share = 1.0\n"
+                          << "[etcd]\nendpoints = " << etcd.EndpointsToml() << "\n"
+                          << "node = \"" << name << "\"\nttl_s = " << ttl_s << "\n";
+    config_ = config;
+  }
+  ~HaOrchestrator() {
+    Kill(SIGKILL);
+    if (::testing::Test::HasFailure()) {
+      std::fprintf(stderr, "---- log of %s ----\n%s", dir.c_str(), ReadFile(log).c_str());
+    }
+    const std::string cmd = "rm -rf " + dir;
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+  }
+
+  // Starts the process (posix_spawn: no fork handlers of this multithreaded test run) and
+  // waits until its socket accepts connections (it is up, as a candidate). False if it exited
+  // (its log says why).
+  bool Start(bool new_domain = false) {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    std::vector<std::string> args = {CXLKV_ORCHESTRATOR_BIN, "--config", config_};
+    if (new_domain) args.push_back("--new-domain");
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = ::posix_spawn(&pid, CXLKV_ORCHESTRATOR_BIN, &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    EXPECT_EQ(rc, 0);
+    if (rc != 0) return false;
+    const bool up = Eventually(
+        [&] {
+          int status = 0;
+          if (::waitpid(pid, &status, WNOHANG) == pid) {
+            pid = -1;
+            return true;  // exited: reported below
+          }
+          const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+          sockaddr_un a{};
+          a.sun_family = AF_UNIX;
+          std::strncpy(a.sun_path, socket.c_str(), sizeof(a.sun_path) - 1);
+          const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+          ::close(fd);
+          return ok;
+        },
+        milliseconds(10000));
+    EXPECT_TRUE(up) << "the orchestrator did not come up:\n" << ReadFile(log);
+    return up && pid > 0;
+  }
+  void Kill(int sig) {
+    if (pid <= 0) return;
+    ::kill(pid, sig);
+    if (sig == SIGKILL || sig == SIGTERM) {
+      if (sig == SIGKILL) ::kill(pid, SIGCONT);  // a stopped process dies only once continued
+      ::waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+  }
+
+  std::unique_ptr<pb::Orchestrator::Stub> Stub() const {
+    return pb::Orchestrator::NewStub(
+        grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  }
+  // Status with a short deadline ("" role if it does not answer).
+  pb::StatusReply Status() const {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + milliseconds(500));
+    pb::StatusReply r;
+    if (!Stub()->Status(&ctx, pb::StatusRequest{}, &r).ok()) r.set_role("");
+    return r;
+  }
+  std::string Role() const { return Status().role(); }
+
+  std::string dir, socket, log;
+  pid_t pid = -1;
+
+ private:
+  std::string config_;
+};
+
+// Host-side calls through a stub, with a deadline.
+struct HostCalls {
+  static grpc::Status Join(const HaOrchestrator& o, std::uint32_t host, std::uint64_t* inc) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + milliseconds(2000));
+    pb::JoinRequest req;
+    req.set_host_id(host);
+    req.set_hostname("h" + std::to_string(host));
+    pb::JoinReply rep;
+    const grpc::Status st = o.Stub()->Join(&ctx, req, &rep);
+    if (st.ok()) *inc = rep.incarnation();
+    return st;
+  }
+  static grpc::Status Grow(const HaOrchestrator& o, std::uint32_t host, std::uint64_t inc,
+                           std::uint32_t n, std::vector<std::uint32_t>* got) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + milliseconds(2000));
+    pb::GrowRequest req;
+    req.set_host_id(host);
+    req.set_incarnation(inc);
+    req.set_extents(n);
+    pb::GrowReply rep;
+    const grpc::Status st = o.Stub()->Grow(&ctx, req, &rep);
+    for (const auto& e : rep.granted()) got->push_back(e.index());
+    return st;
+  }
+  static grpc::Status Heartbeat(const HaOrchestrator& o, std::uint32_t host, std::uint64_t inc,
+                                pb::HeartbeatReply* rep) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + milliseconds(2000));
+    pb::HeartbeatRequest req;
+    req.set_host_id(host);
+    req.set_incarnation(inc);
+    return o.Stub()->Heartbeat(&ctx, req, rep);
+  }
+  static std::vector<pb::Extent> Extents(const HaOrchestrator& o) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + milliseconds(2000));
+    pb::ExtentsReply rep;
+    EXPECT_TRUE(o.Stub()->Extents(&ctx, pb::ExtentsRequest{}, &rep).ok());
+    return {rep.extents().begin(), rep.extents().end()};
+  }
+};
+
+// Samples the domain's fence line from the shared file every millisecond: the audit of which
+// epoch wrote the domain when.
+class FenceAudit {
+ public:
+  explicit FenceAudit(const std::string& domain_file) {
+    fd_ = ::open(domain_file.c_str(), O_RDONLY);
+    EXPECT_GE(fd_, 0) << domain_file;
+    base_ = static_cast<const std::byte*>(::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd_, 0));
+    EXPECT_NE(base_, MAP_FAILED);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~FenceAudit() {
+    stop_ = true;
+    thread_.join();
+    ::munmap(const_cast<std::byte*>(base_), 4096);
+    ::close(fd_);
+  }
+
+  struct Sample {
+    std::int64_t at_ms;
+    std::uint64_t epoch, batches;
+  };
+  // Every change seen (epoch or batch count), in time order.
+  std::vector<Sample> samples() {
+    absl::MutexLock l(&mu_);
+    return samples_;
+  }
+  // The first epoch that wrote after a newer one had written: 0 when none did.
+  std::uint64_t Regression() {
+    std::uint64_t newest = 0;
+    for (const Sample& s : samples()) {
+      if (s.epoch < newest) return s.epoch;
+      newest = std::max(newest, s.epoch);
+    }
+    return 0;
+  }
+  std::uint64_t LastEpoch() {
+    absl::MutexLock l(&mu_);
+    return samples_.empty() ? 0 : samples_.back().epoch;
+  }
+  // Batches written by `epoch` after time t (ms).
+  std::uint64_t BatchesAfter(std::uint64_t epoch, std::int64_t t) {
+    std::uint64_t first = 0, last = 0;
+    bool any = false;
+    for (const Sample& s : samples()) {
+      if (s.epoch != epoch || s.at_ms < t) continue;
+      if (!any) first = s.batches;
+      last = s.batches;
+      any = true;
+    }
+    return any ? last - first + 1 : 0;
+  }
+
+ private:
+  void Run() {
+    co::OwnerFenceLine prev{};
+    while (!stop_.load()) {
+      co::OwnerFenceLine l;
+      std::memcpy(&l, base_ + co::kOwnerFenceOffset, sizeof(l));
+      if (co::LineValid(l) && (l.epoch != prev.epoch || l.batches != prev.batches)) {
+        absl::MutexLock lock(&mu_);
+        samples_.push_back(Sample{NowMs(), l.epoch, l.batches});
+        prev = l;
+      }
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+  }
+
+  int fd_ = -1;
+  const std::byte* base_ = nullptr;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  absl::Mutex mu_;
+  std::vector<Sample> samples_ ABSL_GUARDED_BY(mu_);
+};
+
+// No extent is held by two hosts, and every extent a host was granted is still its own.
+void ExpectNoExtentLentTwice(const HaOrchestrator& leader,
+                             const std::map<std::uint32_t, std::set<std::uint32_t>>& granted) {
+  std::map<std::uint32_t, std::uint32_t> holder;
+  for (const auto& [host, extents] : granted) {
+    for (std::uint32_t e : extents) {
+      EXPECT_TRUE(holder.emplace(e, host).second)
+          << "extent " << e << " was granted to host " << holder[e] << " and to host " << host;
+    }
+  }
+  for (const pb::Extent& e : HostCalls::Extents(leader)) {
+    auto it = holder.find(e.index());
+    if (it == holder.end()) continue;
+    EXPECT_EQ(e.state(), "assigned") << "extent " << e.index();
+    EXPECT_EQ(e.host_id(), it->second) << "extent " << e.index();
+  }
+}
+
+class HaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CXLKV_SKIP_WITHOUT_ETCD();
+    etcd_ = std::make_unique<EtcdCluster>(3);
+    std::string why;
+    ASSERT_TRUE(etcd_->Start(&why)) << why;
+  }
+  // The one orchestrator that serves now (nullptr: none, or more than one).
+  HaOrchestrator* Leader(const std::vector<HaOrchestrator*>& all) {
+    HaOrchestrator* found = nullptr;
+    for (HaOrchestrator* o : all) {
+      if (o->pid > 0 && o->Role() == "leader") {
+        if (found != nullptr) return nullptr;
+        found = o;
+      }
+    }
+    return found;
+  }
+  std::unique_ptr<EtcdCluster> etcd_;
+  SharedDomain d_;
+};
+
+TEST_F(HaTest, StandbysRefuseAndNameTheLeader) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  ASSERT_TRUE(a.Start(/*new_domain=*/true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  std::this_thread::sleep_for(milliseconds(500));
+  const pb::StatusReply sb = b.Status();
+  EXPECT_EQ(sb.role(), "standby");
+  EXPECT_NE(sb.leader().find("\"node\":\"a\""), std::string::npos) << sb.leader();
+  const pb::StatusReply sa = a.Status();
+  EXPECT_EQ(sa.role(), "leader");
+  EXPECT_GT(sa.epoch(), 0);
+  EXPECT_EQ(sa.extents_total(), 32u);
+  std::uint64_t inc = 0;
+  const grpc::Status refused = HostCalls::Join(b, 0, &inc);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(refused.error_message().find("standby"), std::string::npos) << refused.error_message();
+  EXPECT_TRUE(HostCalls::Join(a, 0, &inc).ok());
+  // The fence line carries the leader's epoch.
+  FenceAudit audit(d_.domain);
+  ASSERT_TRUE(Eventually([&] { return audit.LastEpoch() != 0; }, milliseconds(2000)));
+  EXPECT_EQ(audit.LastEpoch(), static_cast<std::uint64_t>(sa.epoch()));
+  // A second --new-domain is refused: the domain's state is in etcd.
+  HaOrchestrator c(d_, *etcd_, "c");
+  EXPECT_FALSE(c.Start(/*new_domain=*/true));
+  EXPECT_NE(ReadFile(c.log).find("not new"), std::string::npos) << ReadFile(c.log);
+}
+
+// kill -9 of the leader: a standby takes over from etcd's state and the index in CXL, and
+// serves grants; the first leader's grants are still its hosts', and none is lent twice.
+TEST_F(HaTest, KillNineOfTheLeaderAStandbyServesGrants) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b"), c(d_, *etcd_, "c");
+  ASSERT_TRUE(a.Start(true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(c.Start());
+  FenceAudit audit(d_.domain);
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::uint64_t inc0 = 0;
+  ASSERT_TRUE(HostCalls::Join(a, 0, &inc0).ok());
+  std::vector<std::uint32_t> g0;
+  ASSERT_TRUE(HostCalls::Grow(a, 0, inc0, 3, &g0).ok());
+  ASSERT_EQ(g0.size(), 3u);
+  granted[0].insert(g0.begin(), g0.end());
+  const std::int64_t epoch_a = a.Status().epoch();
+  // A block published through the first leader's owner: the prefix index lives in CXL.
+  const int dfd = ::open(d_.domain.c_str(), O_RDWR);
+  ASSERT_GE(dfd, 0);
+  constexpr std::size_t kDomainBytes = 4 << 20;
+  void* map = ::mmap(nullptr, kDomainBytes, PROT_READ | PROT_WRITE, MAP_SHARED, dfd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  co::DirectMem mem(static_cast<std::byte*>(map), kDomainBytes);
+  co::SteadyClock host_clock;
+  auto host = co::PrefixHost::Join(mem, host_clock, 2);
+  ASSERT_TRUE(host.ok()) << host.status();
+  const co::Namespace ns = co::MakeNamespace("t", "m", "l");
+  const std::uint32_t tokens[] = {1, 2, 3};
+  const co::PrefixKey key = co::ChainKey(ns, co::PrefixKey{}, tokens);
+  co::BlockRef ref{};
+  ref.arena[0] = 9;
+  ref.index = 1;
+  ref.generation = 1;
+  ASSERT_TRUE((*host)->Publish(ns, key, co::PrefixKey{}, ref).ok());
+  ASSERT_TRUE(Eventually([&] { return (*host)->Lookup(ns, key).has_value(); }, milliseconds(3000)));
+
+  a.Kill(SIGKILL);
+  const std::int64_t t0 = NowMs();
+  HaOrchestrator* next = nullptr;
+  std::uint64_t inc1 = 0;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        for (HaOrchestrator* o : {&b, &c}) {
+          if (HostCalls::Join(*o, 1, &inc1).ok()) {
+            next = o;
+            return true;
+          }
+        }
+        return false;
+      },
+      milliseconds(15000)))
+      << "no standby took over";
+  const std::int64_t failover_ms = NowMs() - t0;
+  std::printf("failover after kill -9: %lld ms to a served Join\n",
+              static_cast<long long>(failover_ms));
+  EXPECT_LT(failover_ms, 8000);
+  std::vector<std::uint32_t> g1;
+  ASSERT_TRUE(HostCalls::Grow(*next, 1, inc1, 3, &g1).ok());
+  EXPECT_EQ(g1.size(), 3u);
+  granted[1].insert(g1.begin(), g1.end());
+  // Host 0 re-attaches to the new leader with the incarnation the old one gave it: its
+  // extents are still its own.
+  pb::HeartbeatReply hb;
+  ASSERT_TRUE(HostCalls::Heartbeat(*next, 0, inc0, &hb).ok());
+  EXPECT_FALSE(hb.fenced());
+  std::set<std::uint32_t> still;
+  for (const auto& e : hb.extents()) still.insert(e.index());
+  EXPECT_EQ(still, granted[0]);
+  ExpectNoExtentLentTwice(*next, granted);
+  const pb::StatusReply s = next->Status();
+  EXPECT_GT(s.epoch(), epoch_a);
+  EXPECT_EQ(s.recovered_at_start(), 3u);
+  HaOrchestrator* other = next == &b ? &c : &b;
+  EXPECT_EQ(other->Role(), "standby");
+  EXPECT_EQ(audit.Regression(), 0u);
+  EXPECT_EQ(audit.LastEpoch(), static_cast<std::uint64_t>(s.epoch()));
+  // The new leader's owner took the index over as it was: the block is still published.
+  EXPECT_EQ(s.prefixes_published(), 1u);
+  const auto hit = (*host)->Lookup(ns, key);
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_TRUE(hit->ref == ref);
+  ::munmap(map, kDomainBytes);
+  ::close(dfd);
+}
+
+// SIGSTOP of the leader long past its TTL: a standby takes over; then SIGCONT: the old leader
+// writes nothing more to the domain (the fence line never shows its epoch again, the new
+// leader never sees a foreign epoch), serves nothing, and no extent is lent twice.
+TEST_F(HaTest, StoppedLeaderDoesNotWriteAfterItsSuccessorStarted) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  ASSERT_TRUE(a.Start(true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  FenceAudit audit(d_.domain);
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::uint64_t inc0 = 0;
+  ASSERT_TRUE(HostCalls::Join(a, 0, &inc0).ok());
+  std::vector<std::uint32_t> g0;
+  ASSERT_TRUE(HostCalls::Grow(a, 0, inc0, 2, &g0).ok());
+  granted[0].insert(g0.begin(), g0.end());
+  const auto epoch_a = static_cast<std::uint64_t>(a.Status().epoch());
+  ASSERT_TRUE(Eventually([&] { return audit.LastEpoch() == epoch_a; }, milliseconds(2000)));
+
+  a.Kill(SIGSTOP);
+  std::uint64_t inc1 = 0;
+  ASSERT_TRUE(Eventually([&] { return HostCalls::Join(b, 1, &inc1).ok(); }, milliseconds(15000)))
+      << "the standby did not take over from a stopped leader";
+  const auto epoch_b = static_cast<std::uint64_t>(b.Status().epoch());
+  EXPECT_GT(epoch_b, epoch_a);
+  std::vector<std::uint32_t> g1;
+  ASSERT_TRUE(HostCalls::Grow(b, 1, inc1, 2, &g1).ok());
+  granted[1].insert(g1.begin(), g1.end());
+  std::this_thread::sleep_for(milliseconds(1000));  // long past a's TTL
+
+  const std::int64_t resumed = NowMs();
+  a.Kill(SIGCONT);
+  // a steps down on its own clock and answers as a standby.
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "standby"; }, milliseconds(5000)))
+      << ReadFile(a.log);
+  std::this_thread::sleep_for(milliseconds(1500));
+  // Grants keep working at b, and no extent went to two hosts.
+  std::vector<std::uint32_t> g1b;
+  ASSERT_TRUE(HostCalls::Grow(b, 1, inc1, 1, &g1b).ok());
+  granted[1].insert(g1b.begin(), g1b.end());
+  ExpectNoExtentLentTwice(b, granted);
+  EXPECT_EQ(b.Role(), "leader");
+
+  // The audit: a's epoch never wrote after b's appeared, and b kept writing after a resumed.
+  EXPECT_EQ(audit.Regression(), 0u) << "an older epoch wrote the domain after a newer one";
+  EXPECT_EQ(audit.BatchesAfter(epoch_a, resumed), 0u);
+  EXPECT_GT(audit.BatchesAfter(epoch_b, resumed), 10u);
+  EXPECT_EQ(audit.LastEpoch(), epoch_b);
+  const std::string alog = ReadFile(a.log), blog = ReadFile(b.log);
+  EXPECT_NE(alog.find("no longer the leader"), std::string::npos) << alog;
+  EXPECT_EQ(blog.find("not this leader's"), std::string::npos) << "b saw a foreign epoch:\n"
+                                                               << blog;
+}
+
+// A host given every orchestrator of the domain (comma-separated) follows the leader: after
+// kill -9 of the leader its heartbeats reach the new one with the same incarnation, it keeps
+// its extents (valid throughout: their deadlines count from the last acknowledged request),
+// and it grows at the new leader. Times "leader killed -> this host re-attached".
+TEST_F(HaTest, HostFollowsTheLeaderThroughItsEndpointList) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b"), c(d_, *etcd_, "c");
+  ASSERT_TRUE(a.Start(true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(c.Start());
+  // The leader last in the list: the client finds it past two standbys from the start.
+  auto host = orch::HostClient::Connect(b.socket + "," + c.socket + "," + a.socket, 0);
+  ASSERT_TRUE(host.ok()) << host.status();
+  (*host)->StartHeartbeats();
+  auto got = (*host)->Grow(2);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 2u);
+  const std::uint64_t inc = (*host)->incarnation();
+  std::set<std::uint32_t> mine;
+  for (const auto& e : *got) mine.insert(e.index);
+
+  a.Kill(SIGKILL);
+  const std::int64_t t0 = NowMs();
+  HaOrchestrator* next = nullptr;
+  // Re-attached: a heartbeat of this incarnation is acknowledged again (only a leader answers
+  // one; the client finds it in its list).
+  ASSERT_TRUE(Eventually(
+      [&] {
+        EXPECT_TRUE((*host)->ExtentsValid()) << "extents invalid during the failover";
+        return (*host)->HeartbeatOnce().ok();
+      },
+      milliseconds(15000)))
+      << "the host did not re-attach to a new leader";
+  const std::int64_t reattached_ms = NowMs() - t0;
+  for (HaOrchestrator* o : {&b, &c}) {
+    if (o->Role() == "leader") next = o;
+  }
+  ASSERT_NE(next, nullptr);
+  std::printf("host re-attached to the new leader %lld ms after kill -9 of the old one\n",
+              static_cast<long long>(reattached_ms));
+  EXPECT_EQ((*host)->incarnation(), inc);
+  EXPECT_EQ((*host)->rejoins(), 0u);
+  EXPECT_TRUE((*host)->ExtentsValid());
+  std::set<std::uint32_t> held;
+  for (const auto& e : (*host)->extents()) held.insert(e.index);
+  EXPECT_EQ(held, mine);
+  auto more = (*host)->Grow(1);
+  ASSERT_TRUE(more.ok()) << more.status();
+  ASSERT_EQ(more->size(), 1u);
+  EXPECT_EQ(mine.count((*more)[0].index), 0u);
+  mine.insert((*more)[0].index);
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted{{0, mine}};
+  ExpectNoExtentLentTwice(*next, granted);
+  EXPECT_TRUE((*host)->Leave().ok());
+}
+
+// SIGSTOP of the etcd raft leader (Mooncake #2253's case): etcd elects another raft leader
+// and extends every lease; the orchestrator leader either rides it out or fences itself and a
+// new term starts. Either way grants are served again soon, no epoch writes after a newer one,
+// and nothing is lent twice.
+TEST_F(HaTest, EtcdLeaderStoppedGrantsResume) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  ASSERT_TRUE(a.Start(true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  FenceAudit audit(d_.domain);
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::uint64_t inc = 0;
+  ASSERT_TRUE(HostCalls::Join(a, 0, &inc).ok());
+  std::vector<std::uint32_t> g;
+  ASSERT_TRUE(HostCalls::Grow(a, 0, inc, 2, &g).ok());
+  granted[0].insert(g.begin(), g.end());
+  const int raft_leader = etcd_->LeaderIndex();
+  ASSERT_GE(raft_leader, 0);
+  etcd_->Pause(raft_leader);
+  const std::int64_t t0 = NowMs();
+  HaOrchestrator* served = nullptr;
+  std::vector<std::uint32_t> more;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        for (HaOrchestrator* o : {&a, &b}) {
+          more.clear();
+          if (HostCalls::Grow(*o, 0, inc, 1, &more).ok()) {
+            served = o;
+            return true;
+          }
+        }
+        return false;
+      },
+      milliseconds(20000)))
+      << "no grant served while the etcd leader is stopped";
+  std::printf("etcd raft leader stopped: a grant served again after %lld ms, by %s (%s)\n",
+              static_cast<long long>(NowMs() - t0), served == &a ? "a" : "b",
+              served == &a ? "the same leader" : "a new leader");
+  for (std::uint32_t e : more) EXPECT_TRUE(granted[0].insert(e).second) << "extent " << e;
+  etcd_->Resume(raft_leader);
+  std::string why;
+  ASSERT_TRUE(etcd_->WaitHealthy(milliseconds(15000), &why)) << why;
+  std::this_thread::sleep_for(milliseconds(500));
+  HaOrchestrator* leader = nullptr;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return (leader = Leader({&a, &b})) != nullptr;
+      },
+      milliseconds(10000)));
+  ExpectNoExtentLentTwice(*leader, granted);
+  EXPECT_EQ(audit.Regression(), 0u);
+}
+
+// etcd loses quorum for longer than the session TTL: the leader fences itself and refuses
+// calls, while hosts keep finding published blocks in CXL; when quorum is back a leader
+// serves again with the state intact.
+TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  ASSERT_TRUE(a.Start(true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  FenceAudit audit(d_.domain);
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::uint64_t inc = 0;
+  ASSERT_TRUE(HostCalls::Join(a, 0, &inc).ok());
+  std::vector<std::uint32_t> g;
+  ASSERT_TRUE(HostCalls::Grow(a, 0, inc, 2, &g).ok());
+  granted[0].insert(g.begin(), g.end());
+  // A published block, looked up by a host through CXL alone.
+  const int dfd = ::open(d_.domain.c_str(), O_RDWR);
+  ASSERT_GE(dfd, 0);
+  constexpr std::size_t kDomainBytes = 4 << 20;
+  void* map = ::mmap(nullptr, kDomainBytes, PROT_READ | PROT_WRITE, MAP_SHARED, dfd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  co::DirectMem mem(static_cast<std::byte*>(map), kDomainBytes);
+  co::SteadyClock host_clock;
+  auto host = co::PrefixHost::Join(mem, host_clock, 2);
+  ASSERT_TRUE(host.ok()) << host.status();
+  const co::Namespace ns = co::MakeNamespace("t", "m", "l");
+  const std::uint32_t tokens[] = {4, 5, 6};
+  const co::PrefixKey key = co::ChainKey(ns, co::PrefixKey{}, tokens);
+  co::BlockRef ref{};
+  ref.arena[0] = 7;
+  ref.index = 3;
+  ref.generation = 1;
+  ASSERT_TRUE((*host)->Publish(ns, key, co::PrefixKey{}, ref).ok());
+  ASSERT_TRUE(Eventually([&] { return (*host)->Lookup(ns, key).has_value(); }, milliseconds(3000)));
+
+  // Two of three members stopped: no quorum.
+  const int l = etcd_->LeaderIndex();
+  ASSERT_GE(l, 0);
+  const int f = (l + 1) % 3;
+  etcd_->Pause(l);
+  etcd_->Pause(f);
+  const std::int64_t t0 = NowMs();
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "standby"; }, milliseconds(5000)))
+      << "the leader did not fence itself";
+  // The deadline is at most TTL - margin (2.25 s) after the stop; the rest is slack for a
+  // loaded machine (the test sees the role through an RPC to the orchestrator).
+  const std::int64_t fenced_after = NowMs() - t0;
+  EXPECT_LE(fenced_after, 3500) << "later than the TTL";
+  std::uint64_t inc9 = 0;
+  EXPECT_EQ(HostCalls::Join(a, 3, &inc9).error_code(), grpc::StatusCode::UNAVAILABLE);
+  // Long past the TTL: hosts still read.
+  while (NowMs() - t0 < 6000) {
+    const auto hit = (*host)->Lookup(ns, key);
+    ASSERT_TRUE(hit.has_value()) << "a lookup failed during the etcd outage";
+    EXPECT_TRUE(hit->ref == ref);
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  EXPECT_EQ(Leader({&a, &b}), nullptr) << "someone served without etcd";
+  etcd_->Resume(l);
+  etcd_->Resume(f);
+  std::string why;
+  ASSERT_TRUE(etcd_->WaitHealthy(milliseconds(15000), &why)) << why;
+  HaOrchestrator* leader = nullptr;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return (leader = Leader({&a, &b})) != nullptr;
+      },
+      milliseconds(15000)));
+  pb::HeartbeatReply hb;
+  ASSERT_TRUE(HostCalls::Heartbeat(*leader, 0, inc, &hb).ok());
+  std::set<std::uint32_t> still;
+  for (const auto& e : hb.extents()) still.insert(e.index());
+  EXPECT_EQ(still, granted[0]);
+  std::vector<std::uint32_t> g2;
+  ASSERT_TRUE(HostCalls::Grow(*leader, 0, inc, 1, &g2).ok());
+  for (std::uint32_t e : g2) EXPECT_TRUE(granted[0].insert(e).second) << "extent " << e;
+  ExpectNoExtentLentTwice(*leader, granted);
+  EXPECT_EQ(leader->Status().prefixes_published(), 1u);
+  EXPECT_EQ(audit.Regression(), 0u);
+  ::munmap(map, kDomainBytes);
+  ::close(dfd);
+}
+
+// Failover time after kill -9 of the leader (to a Grow served by the new leader), over
+// CXLKV_HA_TRIALS trials (default 3): median and worst, printed.
+TEST_F(HaTest, FailoverTimeAfterKillNine) {
+  int trials = 3;
+  if (const char* t = std::getenv("CXLKV_HA_TRIALS")) trials = std::max(1, std::atoi(t));
+  std::vector<std::unique_ptr<HaOrchestrator>> orch;
+  for (const char* n : {"a", "b", "c"})
+    orch.push_back(std::make_unique<HaOrchestrator>(d_, *etcd_, n));
+  ASSERT_TRUE(orch[0]->Start(true));
+  ASSERT_TRUE(Eventually([&] { return orch[0]->Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(orch[1]->Start());
+  ASSERT_TRUE(orch[2]->Start());
+  FenceAudit audit(d_.domain);
+  std::uint64_t inc = 0;
+  ASSERT_TRUE(HostCalls::Join(*orch[0], 0, &inc).ok());
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::vector<std::int64_t> times;
+  for (int trial = 0; trial < trials; ++trial) {
+    std::vector<HaOrchestrator*> all;
+    for (auto& o : orch) all.push_back(o.get());
+    HaOrchestrator* leader = nullptr;
+    ASSERT_TRUE(Eventually([&] { return (leader = Leader(all)) != nullptr; }, milliseconds(10000)));
+    leader->Kill(SIGKILL);
+    const std::int64_t t0 = NowMs();
+    HaOrchestrator* next = nullptr;
+    std::vector<std::uint32_t> got;
+    ASSERT_TRUE(Eventually(
+        [&] {
+          for (HaOrchestrator* o : all) {
+            if (o == leader || o->pid <= 0) continue;
+            got.clear();
+            if (HostCalls::Grow(*o, 0, inc, 1, &got).ok()) {
+              next = o;
+              return true;
+            }
+          }
+          return false;
+        },
+        milliseconds(20000)))
+        << "trial " << trial << ": no standby served a grant";
+    times.push_back(NowMs() - t0);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_TRUE(granted[0].insert(got[0]).second)
+        << "trial " << trial << ": extent " << got[0] << " lent twice";
+    // Every extent granted so far is still host 0's at the new leader.
+    ExpectNoExtentLentTwice(*next, granted);
+    ASSERT_TRUE(leader->Start());  // back as a standby
+  }
+  EXPECT_EQ(audit.Regression(), 0u);
+  std::vector<std::int64_t> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const std::int64_t median = sorted[sorted.size() / 2];
+  const std::int64_t worst = sorted.back();
+  std::string all_times;
+  for (std::int64_t t : times) absl::StrAppend(&all_times, all_times.empty() ? "" : " ", t);
+  std::printf(
+      "failover (kill -9 of the leader -> a grant served), ttl 3 s, %d trials: median %lld "
+      "ms, worst %lld ms [%s]\n",
+      trials, static_cast<long long>(median), static_cast<long long>(worst), all_times.c_str());
+  EXPECT_LT(median, 5000);
+}
+
+// ---- the fence, without etcd ------------------------------------------------------------------
+
+class Gate final : public orch::WriteGate {
+ public:
+  bool WriteAllowed() const override { return open.load(); }
+  std::atomic<bool> open{true};
+};
+
+TEST(Fence, FencedMemDropsStoresOnceTheGateCloses) {
+  std::vector<std::byte> buf(8192);
+  co::DirectMem direct(buf.data(), buf.size());
+  Gate gate;
+  orch::FencedMem mem(direct, gate);
+  const std::uint64_t one = 1, two = 2;
+  mem.Write(64, &one, sizeof(one));
+  mem.Flush(64, sizeof(one));
+  gate.open = false;
+  mem.Write(64, &two, sizeof(two));
+  mem.WriteNt(128, &two, sizeof(two));
+  mem.Fence();
+  std::uint64_t at64 = 0, at128 = 0;
+  mem.Read(64, &at64, sizeof(at64));
+  mem.Read(128, &at128, sizeof(at128));
+  EXPECT_EQ(at64, 1u);
+  EXPECT_EQ(at128, 0u);
+  EXPECT_EQ(mem.dropped(), 2u);
+  gate.open = true;  // (an election never reopens a closed gate; the Mem does not care)
+  mem.Write(64, &two, sizeof(two));
+  mem.Read(64, &at64, sizeof(at64));
+  EXPECT_EQ(at64, 2u);
+}
+
+TEST(Fence, LineRoundTripsAndATornLineDoesNotValidate) {
+  std::vector<std::byte> buf(8192);
+  co::DirectMem mem(buf.data(), buf.size());
+  co::OwnerFenceLine l{};
+  ASSERT_TRUE(orch::ReadFenceLine(mem, &l));  // all zero: never elected, valid
+  EXPECT_EQ(l.epoch, 0u);
+  co::OwnerFenceLine w{};
+  w.epoch = 42;
+  w.cluster_id = 7;
+  w.batches = 3;
+  orch::WriteFenceLine(mem, w);
+  ASSERT_TRUE(orch::ReadFenceLine(mem, &l));
+  EXPECT_EQ(l.epoch, 42u);
+  EXPECT_EQ(l.cluster_id, 7u);
+  EXPECT_EQ(l.batches, 3u);
+  EXPECT_EQ(l.version, co::kOwnerFenceVersion);
+  // Lies where the header page says, beside the owner's clock line and clear of the header.
+  EXPECT_EQ(co::kOwnerFenceOffset + 64, co::kOwnerClockOffset);
+  EXPECT_GE(co::kOwnerFenceOffset, sizeof(co::DomainHeader));
+  buf[co::kOwnerFenceOffset + 8] ^= std::byte{1};  // a torn write: half old, half new
+  EXPECT_FALSE(orch::ReadFenceLine(mem, &l));
+}
+
+// A single orchestrator (no [etcd]) refuses a domain that elected orchestrators owned.
+TEST(Fence, ASingleOrchestratorRefusesAnElectedDomain) {
+  char tmpl[] = "/tmp/cxlkv-ha-single-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto c =
+      orch::ParseConfig("[domain]\nname = \"s\"\npool = \"file:" + dir +
+                            "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
+                            "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
+                            "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n[rpc]\nsocket = \"" +
+                            dir + "/o.sock\"\n[metrics]\nlisten = \"\"\n",
+                        "single.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  {
+    auto first = orch::Orchestrator::Open(*c, orch::OpenOptions{.new_domain = true});
+    ASSERT_TRUE(first.ok()) << first.status();
+  }
+  // Reopens fine as long as no elected leader wrote the fence line.
+  ASSERT_TRUE(orch::Orchestrator::Open(*c).ok());
+  {
+    const int fd = ::open((dir + "/domain").c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT_NE(p, MAP_FAILED);
+    co::DirectMem mem(static_cast<std::byte*>(p), 4096);
+    co::OwnerFenceLine l{};
+    l.epoch = 9;
+    l.cluster_id = 1;
+    orch::WriteFenceLine(mem, l);
+    ::munmap(p, 4096);
+    ::close(fd);
+  }
+  auto refused = orch::Orchestrator::Open(*c);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("[etcd]"), std::string::npos) << refused.status();
+  const std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+// ---- the fence on the leader's own clock, in process --------------------------------------------
+
+// CLOCK_BOOTTIME plus an offset the test moves forward: from the inside, a process stopped for
+// a while sees exactly this (its clock jumped; etcd's lease may have lived on or not).
+class JumpingClock final : public co::Clock {
+ public:
+  std::int64_t NowMs() override { return base_.NowMs() + offset_.load(); }
+  void Jump(std::int64_t ms) { offset_ += ms; }
+
+ private:
+  co::SteadyClock base_;
+  std::atomic<std::int64_t> offset_{0};
+};
+
+std::string ReadAll(const std::string& path) { return ReadFile(path); }
+
+// Once the write deadline passed on the leader's clock, not one more byte of the domain
+// changes, even though the process runs on and etcd still holds its lease: the owner's
+// batches stop at the deadline (before the election notices and steps down). Then it steps
+// down and, alone, is elected again at a higher epoch. (With the owner's checks and the fenced
+// Mem removed, the next owner batch writes within a few milliseconds and this test fails.)
+TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
+  char tmpl[] = "/tmp/cxlkv-ha-inproc-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto c = orch::ParseConfig(
+      "[domain]\nname = \"inproc\"\npool = \"file:" + dir +
+          "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
+          "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
+          "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n[rpc]\nsocket = \"" + dir +
+          "/o.sock\"\n[metrics]\nlisten = \"\"\n[etcd]\nendpoints = " + etcd_->EndpointsToml() +
+          "\nnode = \"solo\"\nttl_s = 3\n",
+      "inproc.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  JumpingClock clock;
+  auto o = orch::Orchestrator::Open(*c, orch::OpenOptions{.new_domain = true, .clock = &clock});
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_TRUE((*o)->Start().ok());
+  auto role = [&] {
+    absl::MutexLock l(&(*o)->mu_);
+    return (*o)->RoleLocked();
+  };
+  auto epoch = [&] {
+    absl::MutexLock l(&(*o)->mu_);
+    return (*o)->epoch_locked();
+  };
+  ASSERT_TRUE(Eventually([&] { return role() == "leader"; }, milliseconds(10000)));
+  const std::int64_t first = epoch();
+  FenceAudit audit(dir + "/domain");
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto s = audit.samples();
+        return !s.empty() && s.back().batches > 5;
+      },
+      milliseconds(3000)));
+
+  std::string before;
+  {
+    // No owner batch runs while the test holds the lock: none is half done at the jump.
+    absl::MutexLock l(&(*o)->mu_);
+    clock.Jump(10'000);
+    before = ReadAll(dir + "/domain");
+    EXPECT_EQ((*o)->RoleLocked(), "standby");
+    EXPECT_TRUE(absl::IsUnavailable((*o)->ServingLocked()));
+  }
+  // Well before a re-election could write (it pauses 500 ms after stepping down).
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_TRUE(ReadAll(dir + "/domain") == before)
+      << "the domain changed after the leader's write deadline passed";
+
+  // Stepped down, campaigned again, and leads at a higher epoch (it is the only candidate).
+  ASSERT_TRUE(
+      Eventually([&] { return role() == "leader" && epoch() > first; }, milliseconds(10000)));
+  ASSERT_TRUE(Eventually([&] { return audit.LastEpoch() == static_cast<std::uint64_t>(epoch()); },
+                         milliseconds(2000)));
+  EXPECT_EQ(audit.Regression(), 0u);
+  (*o)->Stop();
+  o->reset();
+  const std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+}  // namespace
+}  // namespace cxlkv::testing
