@@ -158,7 +158,13 @@ class EtcdCluster {
     ::waitpid(pids_[i], nullptr, 0);
     pids_[i] = -1;
   }
-  void Pause(int i) { ::kill(pids_[i], SIGSTOP); }
+  // Returns once every thread of the member has stopped: kill() only queues the signal, and a
+  // thread inside a system call (a reply being written) finishes it first.
+  void Pause(int i) {
+    ::kill(pids_[i], SIGSTOP);
+    int status = 0;
+    ::waitpid(pids_[i], &status, WUNTRACED);
+  }
   void Resume(int i) { ::kill(pids_[i], SIGCONT); }
   // Starts a killed member again on its data directory.
   void Restart(int i) { Spawn(i, /*fresh=*/false); }
