@@ -9,8 +9,11 @@
 //                                   block's payload (fio's QD 1 I/O: one read, O_DIRECT, the same
 //                                   file, io_uring set up with fio 3.33's flags), alternating I/O
 //                                   by I/O, so load on a shared machine hits both alike; means,
-//                                   p50s and raw/Get ratios as counters. The time per iteration
-//                                   covers both.
+//                                   p50s and bare/Get ratios as counters. A third arm, "slot",
+//                                   does the store's I/O without the store: one readv of a slot's
+//                                   header and payload on a ring set up as the store's, then XXH3
+//                                   of the payload; Get minus slot is the store's own code. The
+//                                   time per iteration covers all three.
 // Bytes are payload bytes (each slot I/O also moves its 4 KiB header). One store per block
 // size, capacity CXLKV_NVME_BENCH_MB (default 512) MiB, in CXLKV_NVME_BENCH_DIR (default
 // /var/tmp/cxlkv-nvme-bench); each store is removed before the next size. Before the timed
@@ -20,12 +23,13 @@
 #include <liburing.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -252,11 +256,17 @@ LatencyStats Summarize(std::vector<double>& us) {
 // DEFER_TASKRUN; strace of fio shows them), falling back to none where the kernel refuses.
 class BareReader {
  public:
-  BareReader(const std::string& path, std::uint64_t bytes) : bytes_(bytes) {
+  // fio_flags: fio's ring and one read of the payload; otherwise the store's ring (no setup
+  // flags) and one readv of the slot's 4 KiB header and payload, whose XXH3 is then computed.
+  BareReader(const std::string& path, std::uint64_t bytes, bool fio_flags)
+      : bytes_(bytes), slot_io_(!fio_flags) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
     if (fd_ < 0) Die(absl::StrCat(path, ": open: ", std::strerror(errno)));
     io_uring_params p{};
-    p.flags = IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+    if (fio_flags) {
+      p.flags =
+          IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+    }
     if (io_uring_queue_init_params(1, &ring_, &p) < 0) {
       p = io_uring_params{};
       if (int rc = io_uring_queue_init_params(1, &ring_, &p); rc < 0) {
@@ -265,25 +275,36 @@ class BareReader {
     }
     flags_ = p.flags;
     buf_ = std::aligned_alloc(4096, bytes);
+    header_ = std::aligned_alloc(4096, cxlkv::tier::kNvmeHeaderBytes);
   }
   ~BareReader() {
     io_uring_queue_exit(&ring_);
     ::close(fd_);
     std::free(buf_);
+    std::free(header_);
   }
-  void Read(std::uint64_t offset) {
+  // offset: of the payload. Returns the payload's XXH3 for the slot arm, else 0.
+  std::uint64_t Read(std::uint64_t offset) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    io_uring_prep_read(sqe, fd_, buf_, static_cast<unsigned>(bytes_), offset);
+    const std::uint64_t expect = slot_io_ ? bytes_ + cxlkv::tier::kNvmeHeaderBytes : bytes_;
+    if (slot_io_) {
+      iov_[0] = {header_, cxlkv::tier::kNvmeHeaderBytes};
+      iov_[1] = {buf_, bytes_};
+      io_uring_prep_readv(sqe, fd_, iov_, 2, offset - cxlkv::tier::kNvmeHeaderBytes);
+    } else {
+      io_uring_prep_read(sqe, fd_, buf_, static_cast<unsigned>(bytes_), offset);
+    }
     io_uring_submit(&ring_);
     io_uring_cqe* cqe = nullptr;
     int rc;
     do {
       rc = io_uring_wait_cqe(&ring_, &cqe);
     } while (rc == -EINTR);
-    if (rc < 0 || cqe->res != static_cast<int>(bytes_)) {
+    if (rc < 0 || cqe->res != static_cast<int>(expect)) {
       Die(absl::StrCat("bare read at ", offset, ": ", rc < 0 ? rc : cqe->res));
     }
     io_uring_cqe_seen(&ring_, cqe);
+    return slot_io_ ? XXH3_64bits(buf_, bytes_) : 0;
   }
   unsigned flags() const { return flags_; }
 
@@ -292,7 +313,10 @@ class BareReader {
   io_uring ring_{};
   unsigned flags_ = 0;
   void* buf_ = nullptr;
+  void* header_ = nullptr;
+  struct iovec iov_[2] = {};
   std::uint64_t bytes_;
+  bool slot_io_;
 };
 
 void NvmeReadLatencyPaired(benchmark::State& state, std::uint64_t bytes) {
@@ -304,43 +328,45 @@ void NvmeReadLatencyPaired(benchmark::State& state, std::uint64_t bytes) {
     if (!loc.ok()) Die(std::string(loc.status().message()));
     payload_offsets[i] = loc->offset + cxlkv::tier::kNvmeHeaderBytes;
   }
-  BareReader bare(f.store->slots_path(), bytes);
+  BareReader bare(f.store->slots_path(), bytes, /*fio_flags=*/true);
+  BareReader slot(f.store->slots_path(), bytes, /*fio_flags=*/false);
   Buffer dst(bytes);
   std::mt19937_64 rng(7);
-  std::vector<double> get_us, bare_us;
-  get_us.reserve(1 << 16);
-  bare_us.reserve(1 << 16);
-  std::uint64_t i = 0;
+  std::vector<double> us[3];  // get, bare, slot
+  for (auto& v : us) v.reserve(1 << 16);
+  std::uint64_t i = 0, sink = 0;
   for (auto _ : state) {
-    const bool get_first = (i++ & 1) == 0;
-    for (int side = 0; side < 2; ++side) {
-      if ((side == 0) == get_first) {
-        const double a = NowUs();
-        auto n = f.store->Get(Key(2, rng() % f.read_keys), dst.p, bytes);
-        get_us.push_back(NowUs() - a);
+    for (std::uint64_t k = 0; k < 3; ++k) {
+      const std::uint64_t arm = (i + k) % 3;  // the order rotates every iteration
+      const std::uint64_t key = rng() % f.read_keys;
+      const double a = NowUs();
+      if (arm == 0) {
+        auto n = f.store->Get(Key(2, key), dst.p, bytes);
         if (!n.ok()) {
           state.SkipWithError(std::string(n.status().message()).c_str());
           return;
         }
       } else {
-        const std::uint64_t off = payload_offsets[rng() % f.read_keys];
-        const double a = NowUs();
-        bare.Read(off);
-        bare_us.push_back(NowUs() - a);
+        sink += (arm == 1 ? bare : slot).Read(payload_offsets[key]);
       }
+      us[arm].push_back(NowUs() - a);
     }
+    ++i;
   }
-  const LatencyStats g = Summarize(get_us), r = Summarize(bare_us);
+  benchmark::DoNotOptimize(sink);
+  const LatencyStats g = Summarize(us[0]), r = Summarize(us[1]), sl = Summarize(us[2]);
   state.counters["get_mean_us"] = g.mean;
   state.counters["get_p50_us"] = g.p50;
   state.counters["get_p99_us"] = g.p99;
   state.counters["bare_mean_us"] = r.mean;
   state.counters["bare_p50_us"] = r.p50;
   state.counters["bare_p99_us"] = r.p99;
+  state.counters["slot_mean_us"] = sl.mean;
+  state.counters["slot_p50_us"] = sl.p50;
   state.counters["ratio_mean"] = g.mean > 0 ? r.mean / g.mean : 0;
   state.counters["ratio_p50"] = g.p50 > 0 ? r.p50 / g.p50 : 0;
   state.counters["bare_ring_flags"] = static_cast<double>(bare.flags());
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * bytes));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 3 * bytes));
 }
 
 void Register() {
