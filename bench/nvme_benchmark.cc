@@ -4,16 +4,32 @@
 //   NvmeWrite/<bytes>/qd:<n>        Puts of new blocks into free slots, n in flight; bytes/s
 //   NvmeRead/<bytes>/qd:<n>         Gets of random stored blocks, n in flight; bytes/s
 //   NvmeReadLatency/<bytes>/qd:1    one synchronous Get at a time; time per Get, p50/p99
+//   NvmeReadLatencyPaired/<bytes>/qd:1
+//                                   a synchronous Get and a bare io_uring read of another stored
+//                                   block's payload (fio's QD 1 I/O: one read, O_DIRECT, the same
+//                                   file, io_uring set up with fio 3.33's flags), alternating I/O
+//                                   by I/O, so load on a shared machine hits both alike; means,
+//                                   p50s and bare/Get ratios as counters. A third arm, "slot",
+//                                   does the store's I/O without the store: one readv of a slot's
+//                                   header and payload on a ring set up as the store's, then XXH3
+//                                   of the payload; Get minus slot is the store's own code. The
+//                                   time per iteration covers all three.
 // Bytes are payload bytes (each slot I/O also moves its 4 KiB header). One store per block
 // size, capacity CXLKV_NVME_BENCH_MB (default 512) MiB, in CXLKV_NVME_BENCH_DIR (default
 // /var/tmp/cxlkv-nvme-bench); each store is removed before the next size. Before the timed
 // writes the file is written once in full, so timed writes overwrite allocated blocks (as
 // fio's do on its laid-out file); when the store fills, it is emptied untimed.
+#include <fcntl.h>
+#include <liburing.h>
 #include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -22,6 +38,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
+#include "cxlkv/tier/nvme_layout.h"
 #include "cxlkv/tier/nvme_store.h"
 
 namespace {
@@ -212,6 +229,146 @@ void NvmeReadLatency(benchmark::State& state, std::uint64_t bytes) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
 }
 
+double NowUs() {
+  struct timespec t {};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<double>(t.tv_sec) * 1e6 + static_cast<double>(t.tv_nsec) / 1e3;
+}
+
+struct LatencyStats {
+  double mean = 0, p50 = 0, p99 = 0;
+};
+LatencyStats Summarize(std::vector<double>& us) {
+  LatencyStats s;
+  if (us.empty()) return s;
+  for (double x : us) s.mean += x;
+  s.mean /= static_cast<double>(us.size());
+  std::sort(us.begin(), us.end());
+  s.p50 = us[us.size() / 2];
+  s.p99 = us[us.size() * 99 / 100];
+  return s;
+}
+
+// The reference side of NvmeReadLatencyPaired: what fio's io_uring engine does at iodepth=1
+// (one IORING_OP_READ of the block into one buffer, submit, then wait in a second
+// io_uring_enter), on the store's own slots file opened O_DIRECT, reading a stored payload at
+// its 4 KiB-aligned offset. The ring gets fio 3.33's setup flags (COOP_TASKRUN, SINGLE_ISSUER,
+// DEFER_TASKRUN; strace of fio shows them), falling back to none where the kernel refuses.
+class BareReader {
+ public:
+  // fio_flags: fio's ring and one read of the payload; otherwise the store's ring (no setup
+  // flags) and one readv of the slot's 4 KiB header and payload, whose XXH3 is then computed.
+  BareReader(const std::string& path, std::uint64_t bytes, bool fio_flags)
+      : bytes_(bytes), slot_io_(!fio_flags) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd_ < 0) Die(absl::StrCat(path, ": open: ", std::strerror(errno)));
+    io_uring_params p{};
+    if (fio_flags) {
+      p.flags =
+          IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+    }
+    if (io_uring_queue_init_params(1, &ring_, &p) < 0) {
+      p = io_uring_params{};
+      if (int rc = io_uring_queue_init_params(1, &ring_, &p); rc < 0) {
+        Die(absl::StrCat("io_uring_queue_init: ", std::strerror(-rc)));
+      }
+    }
+    flags_ = p.flags;
+    buf_ = std::aligned_alloc(4096, bytes);
+    header_ = std::aligned_alloc(4096, cxlkv::tier::kNvmeHeaderBytes);
+  }
+  ~BareReader() {
+    io_uring_queue_exit(&ring_);
+    ::close(fd_);
+    std::free(buf_);
+    std::free(header_);
+  }
+  // offset: of the payload. Returns the payload's XXH3 for the slot arm, else 0.
+  std::uint64_t Read(std::uint64_t offset) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    const std::uint64_t expect = slot_io_ ? bytes_ + cxlkv::tier::kNvmeHeaderBytes : bytes_;
+    if (slot_io_) {
+      iov_[0] = {header_, cxlkv::tier::kNvmeHeaderBytes};
+      iov_[1] = {buf_, bytes_};
+      io_uring_prep_readv(sqe, fd_, iov_, 2, offset - cxlkv::tier::kNvmeHeaderBytes);
+    } else {
+      io_uring_prep_read(sqe, fd_, buf_, static_cast<unsigned>(bytes_), offset);
+    }
+    io_uring_submit(&ring_);
+    io_uring_cqe* cqe = nullptr;
+    int rc;
+    do {
+      rc = io_uring_wait_cqe(&ring_, &cqe);
+    } while (rc == -EINTR);
+    if (rc < 0 || cqe->res != static_cast<int>(expect)) {
+      Die(absl::StrCat("bare read at ", offset, ": ", rc < 0 ? rc : cqe->res));
+    }
+    io_uring_cqe_seen(&ring_, cqe);
+    return slot_io_ ? XXH3_64bits(buf_, bytes_) : 0;
+  }
+  unsigned flags() const { return flags_; }
+
+ private:
+  int fd_ = -1;
+  io_uring ring_{};
+  unsigned flags_ = 0;
+  void* buf_ = nullptr;
+  void* header_ = nullptr;
+  struct iovec iov_[2] = {};
+  std::uint64_t bytes_;
+  bool slot_io_;
+};
+
+void NvmeReadLatencyPaired(benchmark::State& state, std::uint64_t bytes) {
+  Fixture& f = Fixture::For(bytes);
+  EnsureReadSet(f);
+  std::vector<std::uint64_t> payload_offsets(f.read_keys);
+  for (std::uint64_t i = 0; i < f.read_keys; ++i) {
+    auto loc = f.store->Locate(Key(2, i));
+    if (!loc.ok()) Die(std::string(loc.status().message()));
+    payload_offsets[i] = loc->offset + cxlkv::tier::kNvmeHeaderBytes;
+  }
+  BareReader bare(f.store->slots_path(), bytes, /*fio_flags=*/true);
+  BareReader slot(f.store->slots_path(), bytes, /*fio_flags=*/false);
+  Buffer dst(bytes);
+  std::mt19937_64 rng(7);
+  std::vector<double> us[3];  // get, bare, slot
+  for (auto& v : us) v.reserve(1 << 16);
+  std::uint64_t i = 0, sink = 0;
+  for (auto _ : state) {
+    for (std::uint64_t k = 0; k < 3; ++k) {
+      const std::uint64_t arm = (i + k) % 3;  // the order rotates every iteration
+      const std::uint64_t key = rng() % f.read_keys;
+      const double a = NowUs();
+      if (arm == 0) {
+        auto n = f.store->Get(Key(2, key), dst.p, bytes);
+        if (!n.ok()) {
+          state.SkipWithError(std::string(n.status().message()).c_str());
+          return;
+        }
+      } else {
+        sink += (arm == 1 ? bare : slot).Read(payload_offsets[key]);
+      }
+      us[arm].push_back(NowUs() - a);
+    }
+    ++i;
+  }
+  benchmark::DoNotOptimize(sink);
+  const LatencyStats g = Summarize(us[0]), r = Summarize(us[1]), sl = Summarize(us[2]);
+  state.counters["get_mean_us"] = g.mean;
+  state.counters["get_p50_us"] = g.p50;
+  state.counters["get_p99_us"] = g.p99;
+  state.counters["bare_mean_us"] = r.mean;
+  state.counters["bare_p50_us"] = r.p50;
+  state.counters["bare_p99_us"] = r.p99;
+  state.counters["slot_mean_us"] = sl.mean;
+  state.counters["slot_p50_us"] = sl.p50;
+  state.counters["ratio_mean"] = g.mean > 0 ? r.mean / g.mean : 0;
+  state.counters["ratio_p50"] = g.p50 > 0 ? r.p50 / g.p50 : 0;
+  state.counters["bare_ring_flags"] = static_cast<double>(bare.flags());
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 3 * bytes));
+}
+
 void Register() {
   for (std::int64_t size : kSizes) {
     const auto bytes = static_cast<std::uint64_t>(size);
@@ -226,6 +383,11 @@ void Register() {
     if (bytes <= (256 << 10)) {
       benchmark::RegisterBenchmark(absl::StrCat("NvmeReadLatency/", bytes, "/qd:1").c_str(),
                                    [bytes](benchmark::State& s) { NvmeReadLatency(s, bytes); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(
+          absl::StrCat("NvmeReadLatencyPaired/", bytes, "/qd:1").c_str(),
+          [bytes](benchmark::State& s) { NvmeReadLatencyPaired(s, bytes); })
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }

@@ -118,13 +118,13 @@ std::string NvmeKeyToString(const NvmeKey& key) {
 // ---- NvmeBatch ------------------------------------------------------------------------------
 
 void NvmeBatch::AddPut(const NvmeKey& key, const void* data, std::uint64_t bytes) {
-  ops_.push_back(Op{NvmeOpKind::kPut, key, data, nullptr, bytes, {}, 0});
+  ops_.push_back(Op{NvmeOpKind::kPut, key, data, nullptr, bytes, {}, 0, 0});
 }
 void NvmeBatch::AddGet(const NvmeKey& key, void* dest, std::uint64_t capacity_bytes) {
-  ops_.push_back(Op{NvmeOpKind::kGet, key, nullptr, dest, capacity_bytes, {}, 0});
+  ops_.push_back(Op{NvmeOpKind::kGet, key, nullptr, dest, capacity_bytes, {}, 0, 0});
 }
 void NvmeBatch::AddDelete(const NvmeKey& key) {
-  ops_.push_back(Op{NvmeOpKind::kDelete, key, nullptr, nullptr, 0, {}, 0});
+  ops_.push_back(Op{NvmeOpKind::kDelete, key, nullptr, nullptr, 0, {}, 0, 0});
 }
 void NvmeBatch::Clear() { ops_.clear(); }
 
@@ -621,13 +621,12 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
   }
   const std::size_t n = batch.ops_.size();
   // Payload hashes and size checks outside the lock: they touch only the caller's data.
-  std::vector<std::uint64_t> hashes(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
     NvmeBatch::Op& op = batch.ops_[i];
     op.status = absl::OkStatus();
     op.result_bytes = 0;
     if (op.kind == NvmeOpKind::kPut && op.bytes != 0 && op.bytes <= payload_bytes_) {
-      hashes[i] = XXH3_64bits(op.src, op.bytes);
+      op.put_xxh3 = XXH3_64bits(op.src, op.bytes);
     }
   }
   std::vector<NvmeBatch*> finished;
@@ -679,7 +678,7 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
       h->key_hi = op.key.hi;
       h->slot = io->slot;
       h->payload_bytes = op.bytes;
-      h->payload_xxh3 = hashes[i];
+      h->payload_xxh3 = op.put_xxh3;
       coherence::Seal(*h, kNvmeSlotMagic, kNvmeVersion, io->seq);
       const std::uint64_t span = RoundUp(op.bytes, kNvmeIoAlignBytes);
       void* src = const_cast<void*>(op.src);  // iovec is not const; a write only reads it
@@ -768,32 +767,36 @@ absl::Status NvmeStore::Prefetch(std::span<const NvmeKey> keys, std::span<void* 
 // ---- completion -----------------------------------------------------------------------------
 
 void NvmeStore::Verify(Io* io, int res) const {
-  const std::string where = absl::StrCat(SlotName(io->slot), ": key ", NvmeKeyToString(io->key));
+  // The message's prefix (file, slot, offset, key) is formatted only when a check fails: a
+  // good read costs the header checks and one pass of XXH3 over the payload, nothing more.
+  auto where = [&] { return absl::StrCat(SlotName(io->slot), ": key ", NvmeKeyToString(io->key)); };
   const std::uint64_t n = io->payload_bytes;
   const std::byte* payload = io->bounced ? io->bounce : static_cast<const std::byte*>(io->dest);
   absl::Status st;
   if (res < 0) {
-    st = ErrnoStatus(-res, where, "read");
+    st = ErrnoStatus(-res, where(), "read");
   } else if (static_cast<std::uint64_t>(res) != io->expect_bytes) {
-    st = absl::DataLossError(absl::StrCat(where, ": short read (", res, " of ", io->expect_bytes,
-                                          " bytes): the file was truncated"));
+    st = absl::DataLossError(absl::StrCat(where(), ": short read (", res, " of ",
+                                          io->expect_bytes, " bytes): the file was truncated"));
   } else {
     NvmeSlotHeader h;
     std::memcpy(&h, io->header, sizeof(h));
-    st = coherence::Check(h, kNvmeSlotMagic, kNvmeVersion, kNvmeVersion, where);
+    st = coherence::Check(h, kNvmeSlotMagic, kNvmeVersion, kNvmeVersion, absl::string_view());
     if (!st.ok()) {
+      // Checked again, naming the slot and key (the good path formats nothing).
+      st = coherence::Check(h, kNvmeSlotMagic, kNvmeVersion, kNvmeVersion, where());
       st = absl::DataLossError(absl::StrCat("slot header: ", st.message()));
     } else if (std::memcmp(h.store_uuid, uuid_, sizeof(uuid_)) != 0 || h.slot != io->slot ||
                h.key_lo != io->key.lo || h.key_hi != io->key.hi || h.head.seq != io->seq ||
                h.payload_bytes != n) {
       st = absl::DataLossError(absl::StrCat(
-          where, ": slot header names key ", NvmeKeyToString({h.key_lo, h.key_hi}), " seq ",
+          where(), ": slot header names key ", NvmeKeyToString({h.key_lo, h.key_hi}), " seq ",
           h.head.seq, " slot ", h.slot, " (", h.payload_bytes, " bytes), expected seq ", io->seq,
           " (", n, " bytes): the slot was overwritten behind the store's back"));
     } else if (const std::uint64_t got = XXH3_64bits(payload, n); got != h.payload_xxh3) {
       st = absl::DataLossError(
           absl::StrFormat("%s: payload checksum mismatch (header says %016x, data hashes to %016x)",
-                          where, h.payload_xxh3, got));
+                          where(), h.payload_xxh3, got));
     }
   }
   if (st.ok()) {

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -153,8 +154,11 @@ class NvmeBatch {
     std::uint64_t bytes = 0;  // put: length; get: dest capacity
     absl::Status status;
     std::uint64_t result_bytes = 0;
+    std::uint64_t put_xxh3 = 0;  // put: the payload's hash, computed by Submit outside the lock
   };
-  std::vector<Op> ops_;
+  // One op inline: the synchronous wrappers build a one-op batch per call without a heap
+  // allocation.
+  absl::InlinedVector<Op, 1> ops_;
   std::atomic<bool> done_{true};
   std::size_t pending_ = 0;  // ops not yet completed; the store's lock guards it in flight
   Callback callback_;
