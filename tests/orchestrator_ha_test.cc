@@ -581,6 +581,49 @@ TEST_F(HaTest, HostFollowsTheLeaderThroughItsEndpointList) {
   EXPECT_TRUE((*host)->Leave().ok());
 }
 
+// A reply that travelled across a failover: the host's heartbeat to the old leader (epoch E)
+// is answered, and before it is applied the old leader dies, the standby takes over (epoch
+// E' > E) and grants this host an extent. The old leader's reply must then be refused, naming
+// both epochs (it renews leases on a deposed leader's word); the next heartbeat reaches the
+// new leader. Without the host's epoch check the stale reply is applied and returns OK.
+TEST_F(HaTest, AReplyFromAnOlderEpochIsRefused) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  ASSERT_TRUE(a.Start(true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  std::atomic<bool> armed{false};
+  std::function<void()> in_flight;
+  orch::HostClientOptions opt;
+  opt.before_heartbeat_applied = [&] {
+    if (armed.exchange(false)) in_flight();
+  };
+  auto host = orch::HostClient::Connect(a.socket + "," + b.socket, 0, opt);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto first = (*host)->Grow(1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::int64_t old_epoch = (*host)->leader_epoch();
+  ASSERT_GT(old_epoch, 0);
+  std::int64_t new_epoch = 0;
+  in_flight = [&] {
+    a.Kill(SIGKILL);
+    ASSERT_TRUE(Eventually([&] { return b.Role() == "leader"; }, milliseconds(15000)));
+    auto more = (*host)->Grow(1);  // answered by b
+    ASSERT_TRUE(more.ok()) << more.status();
+    new_epoch = (*host)->leader_epoch();
+  };
+  armed = true;
+  const absl::Status stale = (*host)->HeartbeatOnce();
+  ASSERT_GT(new_epoch, old_epoch);
+  EXPECT_TRUE(absl::IsUnavailable(stale)) << stale;
+  EXPECT_NE(stale.message().find(absl::StrCat("epoch ", old_epoch)), std::string::npos) << stale;
+  EXPECT_NE(stale.message().find(absl::StrCat("epoch ", new_epoch)), std::string::npos) << stale;
+  // The next heartbeat reaches the new leader, same incarnation, both extents held.
+  ASSERT_TRUE((*host)->HeartbeatOnce().ok());
+  EXPECT_EQ((*host)->rejoins(), 0u);
+  EXPECT_EQ((*host)->extents().size(), 2u);
+  EXPECT_TRUE((*host)->ExtentsValid());
+}
+
 // SIGSTOP of the etcd raft leader (Mooncake #2253's case): etcd elects another raft leader
 // and extends every lease; the orchestrator leader either rides it out or fences itself and a
 // new term starts. Either way grants are served again soon, no epoch writes after a newer one,

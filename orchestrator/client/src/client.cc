@@ -49,6 +49,22 @@ struct HostClient::Rpc {
   };
   std::vector<Member> members;
   std::atomic<std::size_t> current{0};  // the member that answered last
+  // The highest leader epoch a reply carried (HA; 0 without [etcd]). Only grows.
+  std::atomic<std::int64_t> seen_epoch{0};
+
+  // A reply's epoch against the highest seen: an error naming both when it is older (a
+  // deposed leader answered), else records it.
+  absl::Status Accept(std::int64_t epoch, absl::string_view what) {
+    std::int64_t seen = seen_epoch.load();
+    while (epoch > seen && !seen_epoch.compare_exchange_weak(seen, epoch)) {
+    }
+    if (epoch >= seen) return absl::OkStatus();
+    return absl::UnavailableError(
+        absl::StrCat(what, ": refused a reply from leader epoch ", epoch,
+                     ", older than epoch ", seen,
+                     " this host has already seen (a deposed orchestrator answered); retry "
+                     "against the current leader"));
+  }
 
   const Endpoint& endpoint() const { return members[current.load()].endpoint; }
 
@@ -56,11 +72,19 @@ struct HostClient::Rpc {
   // the deadline. With several, it starts at the member that answered last and moves on to the
   // next when one is down or a standby (UNAVAILABLE) or silent (DEADLINE_EXCEEDED), each
   // attempt getting an even share of the time left; the member that answers becomes current.
-  template <typename Fn>
-  grpc::Status Call(int timeout_ms, Fn fn) {
+  // A reply whose epoch (`epoch()` reads it from the reply) is older than one seen counts as
+  // no answer: the call moves on, and with one member it fails naming both epochs.
+  template <typename Fn, typename EpochFn>
+  grpc::Status Call(int timeout_ms, Fn fn, EpochFn epoch) {
     if (members.size() == 1) {
       auto ctx = Ctx(members[0].endpoint, timeout_ms);
-      return fn(*members[0].stub, ctx.get());
+      grpc::Status st = fn(*members[0].stub, ctx.get());
+      if (st.ok()) {
+        if (auto acc = Accept(epoch(), members[0].endpoint.Describe()); !acc.ok()) {
+          return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(acc.message()));
+        }
+      }
+      return st;
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     const std::size_t n = members.size();
@@ -74,7 +98,12 @@ struct HostClient::Rpc {
       const std::size_t idx = (start + attempt) % n;
       auto ctx = Ctx(members[idx].endpoint, static_cast<int>(std::max<std::int64_t>(
                                                 left / static_cast<std::int64_t>(n - attempt), 1)));
-      const grpc::Status st = fn(*members[idx].stub, ctx.get());
+      grpc::Status st = fn(*members[idx].stub, ctx.get());
+      if (st.ok()) {
+        if (auto acc = Accept(epoch(), members[idx].endpoint.Describe()); !acc.ok()) {
+          st = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(acc.message()));
+        }
+      }
       if (st.ok() || (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
                       st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)) {
         current.store(idx);
@@ -168,7 +197,7 @@ absl::Status HostClient::Join() {
   const grpc::Status called =
       rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
         return stub.Join(ctx, req, &rep);
-      });
+      }, [&] { return rep.epoch(); });
   if (auto st = FromGrpc(called, "join"); !st.ok()) {
     if ((absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) && rpc_->members.size() == 1 &&
         absl::StartsWith(rpc_->endpoint().target, "unix:")) {
@@ -180,6 +209,7 @@ absl::Status HostClient::Join() {
     }
     return st;
   }
+  if (auto st = rpc_->Accept(rep.epoch(), "join"); !st.ok()) return st;
   absl::MutexLock l(&mu_);
   incarnation_ = rep.incarnation();
   held_.clear();  // nothing held yet
@@ -217,11 +247,15 @@ absl::Status HostClient::HeartbeatOnce() {
       rpc_->Call(static_cast<int>(period_ms_ * 2),
                  [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
                    return stub.Heartbeat(ctx, req, &rep);
-                 });
+                 },
+                 [&] { return rep.epoch(); });
   if (auto st = FromGrpc(called, "heartbeat"); !st.ok()) {
     return st;  // the orchestrator is down: extents stay valid until their lease ends
   }
   if (options_.before_heartbeat_applied) options_.before_heartbeat_applied();
+  // Again when applying: a newer leader may have answered another call while this reply
+  // travelled (a failover between the two).
+  if (auto st = rpc_->Accept(rep.epoch(), "heartbeat"); !st.ok()) return st;
   if (rep.fenced()) {
     ++rejoins_;
     return Join();
@@ -270,8 +304,9 @@ absl::StatusOr<std::vector<GrantedExtent>> HostClient::Grow(std::uint32_t n) {
   const grpc::Status called =
       rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
         return stub.Grow(ctx, req, &rep);
-      });
+      }, [&] { return rep.epoch(); });
   if (auto st = FromGrpc(called, "grow"); !st.ok()) return st;
+  if (auto st = rpc_->Accept(rep.epoch(), "grow"); !st.ok()) return st;
   std::vector<GrantedExtent> got;
   absl::MutexLock l(&mu_);
   if (incarnation_ != inc) {
@@ -302,7 +337,7 @@ absl::Status HostClient::Shrink(const std::vector<std::uint32_t>& ext) {
   const grpc::Status called =
       rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
         return stub.Shrink(ctx, req, &rep);
-      });
+      }, [&] { return rep.epoch(); });
   if (auto st = FromGrpc(called, "shrink"); !st.ok()) return st;
   absl::MutexLock l(&mu_);
   std::erase_if(held_, [&](const Held& h) {
@@ -322,7 +357,8 @@ absl::Status HostClient::Leave() {
   pb::LeaveReply rep;
   return FromGrpc(
       rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub,
-                           grpc::ClientContext* ctx) { return stub.Leave(ctx, req, &rep); }),
+                           grpc::ClientContext* ctx) { return stub.Leave(ctx, req, &rep); },
+                  [&] { return rep.epoch(); }),
       "leave");
 }
 
@@ -332,7 +368,8 @@ absl::StatusOr<std::vector<ExtentView>> HostClient::ListExtents() {
   const grpc::Status called =
       rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
         return stub.Extents(ctx, req, &rep);
-      });
+      },
+      [&] { return rpc_->seen_epoch.load(); });  // a listing carries no epoch
   if (auto st = FromGrpc(called, "extents"); !st.ok()) return st;
   std::vector<ExtentView> out;
   out.reserve(static_cast<std::size_t>(rep.extents_size()));
@@ -351,6 +388,8 @@ bool HostClient::Holds(std::uint32_t extent) const {
 }
 
 HostClient::~HostClient() { (void)Leave(); }
+
+std::int64_t HostClient::leader_epoch() const { return rpc_->seen_epoch.load(); }
 
 std::uint64_t HostClient::incarnation() const {
   absl::MutexLock l(&mu_);

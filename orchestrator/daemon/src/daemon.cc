@@ -269,6 +269,7 @@ class Service final : public pb::Orchestrator::Service {
     if (auto st = o_.SaveLocked(); !st.ok()) return ToGrpc(st);
     const Config& c = o_.config();
     rep->set_incarnation(*inc);
+    rep->set_epoch(o_.epoch_locked());
     rep->set_heartbeat_period_ms(c.heartbeat_period_ms);
     rep->set_host_ttl_ms(c.host_ttl_ms);
     rep->set_domain_spec(c.prefix_domain);
@@ -283,6 +284,7 @@ class Service final : public pb::Orchestrator::Service {
     o_.CountPrefixTraffic(req->prefix_hits(), req->prefix_misses());
     absl::MutexLock l(&o_.mu_);
     if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
+    rep->set_epoch(o_.epoch_locked());
     const std::int64_t now = o_.NowMs();
     const absl::Status st =
         o_.state_.Heartbeat(req->host_id(), req->incarnation(), req->used_bytes(), now);
@@ -302,13 +304,14 @@ class Service final : public pb::Orchestrator::Service {
   }
 
   grpc::Status Leave(grpc::ServerContext* ctx, const pb::LeaveRequest* req,
-                     pb::LeaveReply*) override {
+                     pb::LeaveReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
     if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
     if (auto st = o_.state_.Leave(req->host_id(), req->incarnation(), o_.NowMs()); !st.ok()) {
       return ToGrpc(st);
     }
+    rep->set_epoch(o_.epoch_locked());
     return ToGrpc(o_.SaveLocked());
   }
 
@@ -332,11 +335,12 @@ class Service final : public pb::Orchestrator::Service {
       return ToGrpc(st);
     }
     for (std::uint32_t i : *got) FillExtent(o_.state_, i, now, rep->add_granted());
+    rep->set_epoch(o_.epoch_locked());
     return grpc::Status::OK;
   }
 
   grpc::Status Shrink(grpc::ServerContext* ctx, const pb::ShrinkRequest* req,
-                      pb::ShrinkReply*) override {
+                      pb::ShrinkReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     std::vector<std::uint32_t> ext(req->extents().begin(), req->extents().end());
     absl::MutexLock l(&o_.mu_);
@@ -344,6 +348,7 @@ class Service final : public pb::Orchestrator::Service {
     if (auto st = o_.state_.Shrink(req->host_id(), req->incarnation(), ext, o_.NowMs()); !st.ok()) {
       return ToGrpc(st);
     }
+    rep->set_epoch(o_.epoch_locked());
     return ToGrpc(o_.SaveLocked());
   }
 

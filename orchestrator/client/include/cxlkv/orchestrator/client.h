@@ -110,6 +110,10 @@ class HostClient {
   bool ExtentsValid() const;
   bool draining() const { return draining_.load(); }
   std::uint64_t rejoins() const { return rejoins_.load(); }
+  // The highest leader epoch a reply has carried (orchestrator HA, docs/ha.md; 0 without
+  // [etcd]). A reply from an older epoch is refused: the call fails naming both epochs, and
+  // with several endpoints it moves on to the next.
+  std::int64_t leader_epoch() const;
   const std::string& domain_spec() const { return domain_spec_; }
   const std::string& pool_spec() const { return pool_spec_; }
   std::uint64_t extent_bytes() const { return extent_bytes_; }
