@@ -581,6 +581,64 @@ TEST_F(HaTest, HostFollowsTheLeaderThroughItsEndpointList) {
   EXPECT_TRUE((*host)->Leave().ok());
 }
 
+// Endpoint discovery through etcd: a host given only etcd and the domain's name
+// (etcd://EP,EP,EP/hatest) finds the leader in its leader key, and after kill -9 of the leader
+// reads the key again and follows the new leader with the same incarnation and its extents.
+TEST_F(HaTest, HostFindsTheLeaderThroughEtcd) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b"), c(d_, *etcd_, "c");
+  ASSERT_TRUE(a.Start(true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(c.Start());
+  std::string spec = "etcd://";
+  for (const std::string& e : etcd_->endpoints()) absl::StrAppend(&spec, e, ",");
+  spec.back() = '/';
+  spec += "hatest";
+  auto host = orch::HostClient::Connect(spec, 0);
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ((*host)->leaders_found(), 1u);
+  (*host)->StartHeartbeats();
+  auto got = (*host)->Grow(2);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const std::uint64_t inc = (*host)->incarnation();
+  std::set<std::uint32_t> mine;
+  for (const auto& e : *got) mine.insert(e.index);
+  for (int round = 0; round < 2; ++round) {
+    HaOrchestrator* old = Leader({&a, &b, &c});
+    ASSERT_NE(old, nullptr);
+    old->Kill(SIGKILL);
+    const std::int64_t t0 = NowMs();
+    ASSERT_TRUE(Eventually(
+        [&] {
+          EXPECT_TRUE((*host)->ExtentsValid()) << "extents invalid during the failover";
+          return (*host)->HeartbeatOnce().ok();
+        },
+        milliseconds(15000)))
+        << "the host did not find the new leader in etcd";
+    std::printf("round %d: host re-attached through etcd %lld ms after kill -9 of the leader\n",
+                round, static_cast<long long>(NowMs() - t0));
+    EXPECT_EQ((*host)->leaders_found(), 2u + static_cast<std::uint64_t>(round));
+    EXPECT_EQ((*host)->incarnation(), inc);
+    auto more = (*host)->Grow(1);
+    ASSERT_TRUE(more.ok()) << more.status();
+    ASSERT_EQ(more->size(), 1u);
+    EXPECT_TRUE(mine.insert((*more)[0].index).second);
+    ASSERT_TRUE(old->Start());  // back as a standby
+  }
+  EXPECT_EQ((*host)->rejoins(), 0u);
+  std::set<std::uint32_t> held;
+  for (const auto& e : (*host)->extents()) held.insert(e.index);
+  EXPECT_EQ(held, mine);
+  HaOrchestrator* leader = Leader({&a, &b, &c});
+  ASSERT_NE(leader, nullptr);
+  ExpectNoExtentLentTwice(*leader, {{0, mine}});
+  EXPECT_TRUE((*host)->Leave().ok());
+  // A domain nobody leads: a clear error, not a hang.
+  auto none = orch::HostClient::Connect(spec + "-none", 1);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no leader"), std::string::npos) << none.status();
+}
+
 // A reply that travelled across a failover: the host's heartbeat to the old leader (epoch E)
 // is answered, and before it is applied the old leader dies, the standby takes over (epoch
 // E' > E) and grants this host an extent. The old leader's reply must then be refused, naming

@@ -80,8 +80,11 @@ absl::Status Format(co::Mem& mem, const Config& c, std::uint64_t region_bytes) {
   return co::FormatDomain(mem, g);
 }
 
-// This orchestrator as the leader key names it (orchestrator HA).
-std::string SelfDescription(const Config& c) {
+// This orchestrator as the leader key names it (orchestrator HA). Hosts that find the leader
+// through etcd (docs/ha.md "Endpoint discovery") use `socket` on the same host and
+// `endpoint` (rpc.tcp with the port it listens on; a wildcard address becomes the host name)
+// from others. tcp_port: 0 before the daemon listens.
+std::string SelfDescription(const Config& c, int tcp_port = 0) {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   nlohmann::json j;
@@ -90,6 +93,11 @@ std::string SelfDescription(const Config& c) {
   j["pid"] = ::getpid();
   j["socket"] = c.socket;
   j["tcp"] = c.tcp;
+  if (!c.tcp.empty() && tcp_port > 0) {
+    std::string addr = c.tcp.substr(0, c.tcp.rfind(':'));
+    if (addr.empty() || addr == "0.0.0.0" || addr == "[::]" || addr == "::") addr = host;
+    j["endpoint"] = absl::StrCat(addr, ":", tcp_port);
+  }
   return j.dump();
 }
 
@@ -709,6 +717,7 @@ absl::Status Orchestrator::Start() {
     HaSession::Hooks hooks;
     hooks.take_over = [this](const LeaderTerm& t) { return TakeOver(t); };
     hooks.step_down = [this](const std::string& why) { StepDown(why); };
+    ha_->Advertise(SelfDescription(config_, tcp_port_));
     if (auto st = ha_->Start(std::move(hooks)); !st.ok()) return st;
   }
   return absl::OkStatus();

@@ -53,6 +53,8 @@ class HaSession : public WriteGate {
                                                            coherence::Clock* clock);
   ~HaSession() override = default;
 
+  // Replaces `self` before Start (the daemon knows its TCP port only once it listens).
+  virtual void Advertise(const std::string& self) = 0;
   // Starts campaigning. The hooks run on the election's thread.
   virtual absl::Status Start(Hooks hooks) = 0;
   // Steps down if leading (the lease is revoked: a standby takes over at once) and stops.

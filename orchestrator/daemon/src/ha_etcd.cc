@@ -55,6 +55,8 @@ class EtcdHa final : public HaSession {
     return absl::OkStatus();
   }
 
+  void Advertise(const std::string& self) override { self_ = self; }
+
   void Stop() override {
     if (election_) election_->Stop();
   }
