@@ -98,7 +98,7 @@ struct SharedDomain {
 class HaOrchestrator {
  public:
   HaOrchestrator(const SharedDomain& d, const EtcdCluster& etcd, const std::string& name,
-                 std::uint32_t ttl_s = 3) {
+                 std::uint32_t ttl_s = 3, std::uint32_t capacity_lease_ms = 60000) {
     char tmpl[] = "/tmp/cxlkv-ha-XXXXXX";
     EXPECT_NE(::mkdtemp(tmpl), nullptr);
     dir = tmpl;
@@ -113,9 +113,10 @@ class HaOrchestrator {
                           << "[rpc]\nsocket = \"" << socket << "\"\n"
                           << "[metrics]\nlisten = \"\"\n"
                           // Hosts (the test) do not heartbeat between calls: long TTLs.
-                          << "[timing]\nlease_ttl_ms = 500\nhost_ttl_ms = 60000\n"
+                          << "[timing]\nlease_ttl_ms = 500\nhost_ttl_ms = "
+                          << std::min<std::uint32_t>(60000, capacity_lease_ms) << "\n"
                           << "heartbeat_period_ms = 100\ngrace_ms = 50\n"
-                          << "capacity_lease_ms = 60000\n"
+                          << "capacity_lease_ms = " << capacity_lease_ms << "\n"
                           << "[capacity]\ndefault_share = 1.0\n"
                           << "[etcd]\nendpoints = " << etcd.EndpointsToml() << "\n"
                           << "node = \"" << name << "\"\nttl_s = " << ttl_s << "\n";
@@ -578,7 +579,8 @@ TEST_F(HaTest, HostFollowsTheLeaderThroughItsEndpointList) {
   mine.insert((*more)[0].index);
   std::map<std::uint32_t, std::set<std::uint32_t>> granted{{0, mine}};
   ExpectNoExtentLentTwice(*next, granted);
-  EXPECT_TRUE((*host)->Leave().ok());
+  const absl::Status left = (*host)->Leave();
+  EXPECT_TRUE(left.ok()) << left;
 }
 
 // Endpoint discovery through etcd: a host given only etcd and the domain's name
@@ -735,21 +737,27 @@ TEST_F(HaTest, EtcdLeaderStoppedGrantsResume) {
   EXPECT_EQ(audit.Regression(), 0u);
 }
 
-// etcd loses quorum for longer than the session TTL: the leader fences itself and refuses
-// calls, while hosts keep finding published blocks in CXL; when quorum is back a leader
-// serves again with the state intact.
+// etcd loses quorum for longer than the session TTL: the leader turns read-only (docs/ha.md):
+// it keeps answering heartbeats, so a host's lent extents stay valid through an outage longer
+// than ¾ of their capacity lease (4 s here, outage 6 s), and reads; it refuses new extents and
+// membership changes naming since when etcd is unreachable, and applies no publication (the
+// owner writes nothing to the domain). Hosts keep finding published blocks in CXL. It never
+// exits. When quorum is back a leader serves again with the state intact, the publication
+// made during the outage is applied, and nothing was lent twice.
 TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
-  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  HaOrchestrator a(d_, *etcd_, "a", 3, 4000), b(d_, *etcd_, "b", 3, 4000);
   ASSERT_TRUE(a.Start(true));
   ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
   ASSERT_TRUE(b.Start());
   FenceAudit audit(d_.domain);
+  auto client = orch::HostClient::Connect(a.socket + "," + b.socket, 0);
+  ASSERT_TRUE(client.ok()) << client.status();
+  (*client)->StartHeartbeats();
+  auto g = (*client)->Grow(2);
+  ASSERT_TRUE(g.ok()) << g.status();
   std::map<std::uint32_t, std::set<std::uint32_t>> granted;
-  std::uint64_t inc = 0;
-  ASSERT_TRUE(HostCalls::Join(a, 0, &inc).ok());
-  std::vector<std::uint32_t> g;
-  ASSERT_TRUE(HostCalls::Grow(a, 0, inc, 2, &g).ok());
-  granted[0].insert(g.begin(), g.end());
+  for (const auto& e : *g) granted[0].insert(e.index);
+  const std::int64_t epoch = a.Status().epoch();
   // A published block, looked up by a host through CXL alone.
   const int dfd = ::open(d_.domain.c_str(), O_RDWR);
   ASSERT_GE(dfd, 0);
@@ -777,22 +785,56 @@ TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
   etcd_->Pause(l);
   etcd_->Pause(f);
   const std::int64_t t0 = NowMs();
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "standby"; }, milliseconds(5000)))
-      << "the leader did not fence itself";
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "read-only"; }, milliseconds(5000)))
+      << "the leader did not turn read-only";
   // The deadline is at most TTL - margin (2.25 s) after the stop; the rest is slack for a
   // loaded machine (the test sees the role through an RPC to the orchestrator).
-  const std::int64_t fenced_after = NowMs() - t0;
-  EXPECT_LE(fenced_after, 3500) << "later than the TTL";
+  EXPECT_LE(NowMs() - t0, 3500) << "later than the TTL";
+  const pb::StatusReply st = a.Status();
+  EXPECT_EQ(st.epoch(), epoch);
+  EXPECT_FALSE(st.read_only_since().empty());
   std::uint64_t inc9 = 0;
-  EXPECT_EQ(HostCalls::Join(a, 3, &inc9).error_code(), grpc::StatusCode::UNAVAILABLE);
-  // Long past the TTL: hosts still read.
+  const grpc::Status join = HostCalls::Join(a, 3, &inc9);
+  EXPECT_EQ(join.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(join.error_message().find("etcd unreachable since " + st.read_only_since()),
+            std::string::npos)
+      << join.error_message();
+  EXPECT_NE(join.error_message().find("read-only until it is back"), std::string::npos);
+  const std::uint64_t inc = (*client)->incarnation();
+  std::vector<std::uint32_t> refused;
+  const grpc::Status grow = HostCalls::Grow(a, 0, inc, 1, &refused);
+  EXPECT_EQ(grow.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(grow.error_message().find("read-only until it is back"), std::string::npos)
+      << grow.error_message();
+  EXPECT_TRUE(refused.empty());
+  // A publication during the outage: posted to the host's ring, not applied while read-only.
+  const std::uint32_t tokens2[] = {7, 8, 9};
+  const co::PrefixKey key2 = co::ChainKey(ns, co::PrefixKey{}, tokens2);
+  co::BlockRef ref2 = ref;
+  ref2.index = 4;
+  ASSERT_TRUE((*host)->Publish(ns, key2, co::PrefixKey{}, ref2).ok());
+  // Long past the TTL and past ¾ of the capacity lease: heartbeats answered, extents valid,
+  // hosts still read.
+  std::uint64_t heartbeats = 0;
   while (NowMs() - t0 < 6000) {
+    (void)(*host)->Heartbeat(nullptr);  // the CXL host's own liveness (host_ttl 4 s here)
     const auto hit = (*host)->Lookup(ns, key);
     ASSERT_TRUE(hit.has_value()) << "a lookup failed during the etcd outage";
     EXPECT_TRUE(hit->ref == ref);
+    EXPECT_FALSE((*host)->Lookup(ns, key2).has_value()) << "a publication applied read-only";
+    pb::HeartbeatReply hb;
+    const grpc::Status hs = HostCalls::Heartbeat(a, 0, inc, &hb);
+    EXPECT_TRUE(hs.ok()) << hs.error_message();
+    heartbeats += hs.ok();
+    EXPECT_EQ(hb.epoch(), epoch);
+    EXPECT_TRUE((*client)->ExtentsValid()) << "extents invalid " << NowMs() - t0 << " ms into "
+                                           << "the outage";
     std::this_thread::sleep_for(milliseconds(200));
   }
-  EXPECT_EQ(Leader({&a, &b}), nullptr) << "someone served without etcd";
+  EXPECT_GT(heartbeats, 10u);
+  EXPECT_EQ(Leader({&a, &b}), nullptr) << "someone changed the domain without etcd";
+  EXPECT_EQ(b.Role(), "standby");
+  EXPECT_EQ(::waitpid(a.pid, nullptr, WNOHANG), 0) << "the read-only leader exited";
   etcd_->Resume(l);
   etcd_->Resume(f);
   std::string why;
@@ -803,17 +845,28 @@ TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
         return (leader = Leader({&a, &b})) != nullptr;
       },
       milliseconds(15000)));
-  pb::HeartbeatReply hb;
-  ASSERT_TRUE(HostCalls::Heartbeat(*leader, 0, inc, &hb).ok());
-  std::set<std::uint32_t> still;
-  for (const auto& e : hb.extents()) still.insert(e.index());
-  EXPECT_EQ(still, granted[0]);
-  std::vector<std::uint32_t> g2;
-  ASSERT_TRUE(HostCalls::Grow(*leader, 0, inc, 1, &g2).ok());
-  for (std::uint32_t e : g2) EXPECT_TRUE(granted[0].insert(e).second) << "extent " << e;
+  EXPECT_GT(leader->Status().epoch(), epoch);
+  ASSERT_TRUE(Eventually([&] { return (*client)->HeartbeatOnce().ok(); }, milliseconds(5000)));
+  EXPECT_EQ((*client)->incarnation(), inc);
+  EXPECT_EQ((*client)->rejoins(), 0u);
+  EXPECT_TRUE((*client)->ExtentsValid());
+  auto g2 = (*client)->Grow(1);
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  for (const auto& e : *g2) EXPECT_TRUE(granted[0].insert(e.index).second) << "extent " << e.index;
+  std::set<std::uint32_t> held;
+  for (const auto& e : (*client)->extents()) held.insert(e.index);
+  EXPECT_EQ(held, granted[0]);
   ExpectNoExtentLentTwice(*leader, granted);
-  EXPECT_EQ(leader->Status().prefixes_published(), 1u);
+  ASSERT_TRUE(Eventually(
+      [&] {
+        (void)(*host)->Heartbeat(nullptr);
+        return (*host)->Lookup(ns, key2).has_value();
+      },
+      milliseconds(5000)))
+      << "the publication made during the outage was lost";
+  EXPECT_EQ(leader->Status().prefixes_published(), 2u);
   EXPECT_EQ(audit.Regression(), 0u);
+  EXPECT_TRUE((*client)->Leave().ok());
   ::munmap(map, kDomainBytes);
   ::close(dfd);
 }

@@ -22,6 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/coherence/domain_layout.h"
@@ -291,7 +293,7 @@ class Service final : public pb::Orchestrator::Service {
     if (auto st = Check(ctx); !st.ok()) return st;
     o_.CountPrefixTraffic(req->prefix_hits(), req->prefix_misses());
     absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
+    if (auto st = o_.ReadableLocked(); !st.ok()) return ToGrpc(st);
     rep->set_epoch(o_.epoch_locked());
     const std::int64_t now = o_.NowMs();
     const absl::Status st =
@@ -363,6 +365,11 @@ class Service final : public pb::Orchestrator::Service {
   grpc::Status Status(grpc::ServerContext* ctx, const pb::StatusRequest*,
                       pb::StatusReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
+    // The candidates from etcd, before the lock (etcd may be slow or away; then none listed).
+    std::vector<std::string> candidates;
+    if (o_.ha()) {
+      if (auto c = o_.CandidatesInEtcd(); c.ok()) candidates = *std::move(c);
+    }
     absl::MutexLock l(&o_.mu_);
     const Config& c = o_.config();
     rep->set_domain_spec(c.prefix_domain);
@@ -373,8 +380,12 @@ class Service final : public pb::Orchestrator::Service {
     rep->set_epoch(o_.epoch_locked());
     rep->set_leader(o_.LeaderLocked());
     rep->set_uptime_ms(o_.NowMs() - o_.started_ms());
+    rep->set_read_only_since(o_.ReadOnlySinceLocked());
+    for (std::string& cand : candidates) {
+      if (cand != rep->leader()) rep->add_standbys(std::move(cand));
+    }
     // A standby knows the configuration and who leads; the domain's state is the leader's.
-    if (!o_.ServingLocked().ok()) return grpc::Status::OK;
+    if (!o_.ReadableLocked().ok()) return grpc::Status::OK;
     std::uint32_t free = 0, assigned = 0, quarantined = 0;
     for (const ExtentInfo& e : o_.state_.extents()) {
       (e.free() ? free : e.quarantined ? quarantined : assigned)++;
@@ -403,7 +414,7 @@ class Service final : public pb::Orchestrator::Service {
                      pb::HostsReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
+    if (auto st = o_.ReadableLocked(); !st.ok()) return ToGrpc(st);
     const std::int64_t now = o_.NowMs();
     for (std::uint32_t i = 0; i < o_.state_.hosts().size(); ++i) {
       const HostInfo& h = o_.state_.hosts()[i];
@@ -424,7 +435,7 @@ class Service final : public pb::Orchestrator::Service {
                        pb::ExtentsReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
+    if (auto st = o_.ReadableLocked(); !st.ok()) return ToGrpc(st);
     const std::int64_t now = o_.NowMs();
     for (std::uint32_t i = 0; i < o_.state_.extents().size(); ++i) {
       FillExtent(o_.state_, i, now, rep->add_extents());
@@ -436,7 +447,7 @@ class Service final : public pb::Orchestrator::Service {
                         pb::PrefixesReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
+    if (auto st = o_.ReadableLocked(); !st.ok()) return ToGrpc(st);
     const auto& entries = o_.owner_->entries();
     std::uint32_t published = 0, retired = 0;
     for (std::uint32_t i = 0; i < entries.size(); ++i) {
@@ -874,11 +885,17 @@ absl::Status Orchestrator::SaveLocked() {
   return absl::OkStatus();
 }
 
-absl::Status Orchestrator::ServingLocked() const {
-  // A leader whose write deadline passed (it was stopped, or etcd went silent) answers
+absl::Status Orchestrator::ServingLocked() {
+  // A leader whose write deadline passed (it was stopped, or etcd went silent) changes
   // nothing more: a successor may be serving from a newer state by now.
   if (ha_ == nullptr || (leading_ && owner_ != nullptr && ha_->WriteAllowed())) {
     return absl::OkStatus();
+  }
+  if (ReadOnlyLocked()) {
+    return absl::UnavailableError(absl::StrCat(
+        "domain '", config_.etcd.domain, "': etcd unreachable since ", ReadOnlySinceLocked(),
+        "; the domain is read-only until it is back (heartbeats, lookups and the extents already "
+        "lent keep working; no new extents, publications or membership changes)"));
   }
   const HaStats h = ha_->stats();
   return absl::UnavailableError(
@@ -887,9 +904,59 @@ absl::Status Orchestrator::ServingLocked() const {
                                     : absl::StrCat("; the leader is ", h.leader)));
 }
 
-std::string Orchestrator::RoleLocked() const {
+absl::Status Orchestrator::ReadableLocked() {
+  if (ha_ == nullptr || (leading_ && owner_ != nullptr && ha_->WriteAllowed())) {
+    return absl::OkStatus();
+  }
+  if (ReadOnlyLocked()) return absl::OkStatus();
+  return ServingLocked();
+}
+
+bool Orchestrator::ReadOnlyLocked() {
+  if (!read_only_) return false;
+  // A successor writes its epoch into the fence line before it serves anything: once it is
+  // there (or etcd names another leader), this orchestrator's answers may contradict the
+  // successor's, so it answers nothing more.
+  const HaStats h = ha_->stats();
+  std::string why;
+  co::OwnerFenceLine line{};
+  if (!h.leader.empty() && h.leader_epoch != epoch_) {
+    why = absl::StrCat("etcd names another leader (epoch ", h.leader_epoch, ")");
+  } else if (!ReadFenceLine(*domain_mem_, &line)) {
+    why = "the domain's fence line does not validate (a successor is writing it)";
+  } else if (line.epoch != fence_.epoch || line.cluster_id != fence_.cluster_id) {
+    why = absl::StrCat("the domain's fence line names epoch ", line.epoch,
+                       ": a successor took the domain over");
+  }
+  if (why.empty()) return true;
+  EndReadOnlyLocked(why);
+  return false;
+}
+
+void Orchestrator::EndReadOnlyLocked(const std::string& why) {
+  if (!read_only_) return;
+  read_only_ = false;
+  owner_.reset();
+  epoch_ = 0;
+  std::fprintf(stderr, "cxlkv-orchestrator: read-only mode of domain '%s' ended: %s\n",
+               config_.etcd.domain.c_str(), why.c_str());
+}
+
+std::string Orchestrator::ReadOnlySinceLocked() const {
+  if (!read_only_) return "";
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(read_only_since_unix_ms_),
+                          absl::UTCTimeZone());
+}
+
+std::string Orchestrator::RoleLocked() {
   if (ha_ == nullptr) return "single";
-  return ServingLocked().ok() ? "leader" : "standby";
+  if (ServingLocked().ok()) return "leader";
+  return read_only_ ? "read-only" : "standby";
+}
+
+absl::StatusOr<std::vector<std::string>> Orchestrator::CandidatesInEtcd() {
+  if (ha_ == nullptr) return std::vector<std::string>();
+  return ha_->Candidates();
 }
 
 std::string Orchestrator::LeaderLocked() const {
@@ -926,6 +993,8 @@ void Orchestrator::EndBatchLocked() {
 
 absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
   absl::MutexLock l(&mu_);
+  // Elected again (etcd is back): the read-only term's view gives way to etcd's state.
+  EndReadOnlyLocked(absl::StrCat("elected at epoch ", t.epoch));
   const std::int64_t now = clock_->NowMs();
   // 1. The domain's state: etcd's, or for the first leader a new one or the state file's.
   auto stored = ha_->LoadState();
@@ -1019,6 +1088,23 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
 
 void Orchestrator::StepDown(const std::string& why) {
   absl::MutexLock l(&mu_);
+  const HaStats h = ha_->stats();
+  if (h.lost_contact && leading_ && owner_ != nullptr && !stop_.load()) {
+    // etcd stopped answering: read-only until it is back or a successor shows (docs/ha.md).
+    // Nothing is written to the domain or to etcd; the state, the owner and the epoch stay.
+    leading_ = false;
+    read_only_ = true;
+    read_only_since_unix_ms_ =
+        h.last_contact_unix_ms != 0 ? h.last_contact_unix_ms : absl::ToUnixMillis(absl::Now());
+    std::fprintf(stderr,
+                 "cxlkv-orchestrator: no longer the leader of domain '%s': %s; etcd unreachable "
+                 "since %s: serving read-only (heartbeats and reads) at epoch %lld until etcd is "
+                 "back or a successor takes over\n",
+                 config_.etcd.domain.c_str(), why.c_str(), ReadOnlySinceLocked().c_str(),
+                 static_cast<long long>(epoch_));
+    return;
+  }
+  read_only_ = false;
   leading_ = false;
   owner_.reset();
   epoch_ = 0;
