@@ -98,7 +98,8 @@ struct SharedDomain {
 class HaOrchestrator {
  public:
   HaOrchestrator(const SharedDomain& d, const EtcdCluster& etcd, const std::string& name,
-                 std::uint32_t ttl_s = 3, std::uint32_t capacity_lease_ms = 60000) {
+                 std::uint32_t ttl_s = 3, std::uint32_t capacity_lease_ms = 60000,
+                 int metrics_port = 0) {
     char tmpl[] = "/tmp/cxlkv-ha-XXXXXX";
     EXPECT_NE(::mkdtemp(tmpl), nullptr);
     dir = tmpl;
@@ -111,7 +112,9 @@ class HaOrchestrator {
                           << "extent_size = \"8M\"\nstate_file = \"" << dir << "/d.state\"\n"
                           << "index_entries = 1024\nmax_hosts = 4\n"
                           << "[rpc]\nsocket = \"" << socket << "\"\n"
-                          << "[metrics]\nlisten = \"\"\n"
+                          << "[metrics]\nlisten = \""
+                          << (metrics_port > 0 ? "127.0.0.1:" + std::to_string(metrics_port) : "")
+                          << "\"\n"
                           // Hosts (the test) do not heartbeat between calls: long TTLs.
                           << "[timing]\nlease_ttl_ms = 500\nhost_ttl_ms = "
                           << std::min<std::uint32_t>(60000, capacity_lease_ms) << "\n"
@@ -197,6 +200,47 @@ class HaOrchestrator {
  private:
   std::string config_;
 };
+
+// GET http://127.0.0.1:port/metrics ("" when nothing answers).
+std::string Metrics(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      ssize_t n = 0;
+      while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+// The value of a metric line that starts with `name` followed by a space (-1: absent).
+double MetricValue(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + " ", 0) == 0) return std::atof(line.c_str() + name.size() + 1);
+  }
+  return -1;
+}
+
+// `cxlkvctl ARGS`: its standard output.
+std::string Ctl(const std::string& args) {
+  std::string out;
+  FILE* p = ::popen((std::string(CXLKV_CTL_BIN) + " " + args + " 2>&1").c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
 
 // Host-side calls through a stub, with a deadline.
 struct HostCalls {
@@ -639,6 +683,63 @@ TEST_F(HaTest, HostFindsTheLeaderThroughEtcd) {
   auto none = orch::HostClient::Connect(spec + "-none", 1);
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("no leader"), std::string::npos) << none.status();
+}
+
+// `cxlkvctl status` names the role, the leader, its epoch and the standbys; the Prometheus
+// endpoint exports elections won, step-downs, etcd request latency, the epoch, the read-only
+// state and the last takeover, on the leader and on the standby that takes over.
+TEST_F(HaTest, StatusAndMetricsShowTheLeadership) {
+  const std::vector<int> ports = FreeLoopbackPorts(2);
+  HaOrchestrator a(d_, *etcd_, "a", 3, 60000, ports[0]), b(d_, *etcd_, "b", 3, 60000, ports[1]);
+  ASSERT_TRUE(a.Start(true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  const std::int64_t epoch = a.Status().epoch();
+  std::string out;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        out = Ctl("status --socket " + a.socket);
+        return out.find("standbys   1:") != std::string::npos;
+      },
+      milliseconds(5000)))
+      << out;
+  EXPECT_NE(out.find("role       leader\n"), std::string::npos) << out;
+  EXPECT_NE(out.find(absl::StrCat("epoch      ", epoch, "\n")), std::string::npos) << out;
+  EXPECT_NE(out.find("\"node\":\"a\""), std::string::npos) << out;  // the leader line
+  EXPECT_NE(out.find("\"node\":\"b\""), std::string::npos) << out;  // the standby
+  const std::string json = Ctl("status --json --socket " + b.socket);
+  EXPECT_NE(json.find("\"role\": \"standby\""), std::string::npos) << json;
+  EXPECT_NE(json.find(absl::StrCat("\"epoch\": \"", epoch, "\"")), std::string::npos) << json;
+  std::string m;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        m = Metrics(ports[0]);
+        return MetricValue(m, "cxlkv_ha_elections_won_total") == 1 &&
+               MetricValue(m, "cxlkv_ha_etcd_request_seconds_count") > 0;
+      },
+      milliseconds(5000)))
+      << m;
+  EXPECT_EQ(MetricValue(m, "cxlkv_ha_epoch"), static_cast<double>(epoch)) << m;
+  EXPECT_EQ(MetricValue(m, "cxlkv_ha_read_only"), 0) << m;
+  EXPECT_EQ(MetricValue(m, "cxlkv_ha_step_downs_total"), 0) << m;
+  EXPECT_GT(MetricValue(m, "cxlkv_ha_last_takeover_timestamp_seconds"), 1.6e9) << m;
+  EXPECT_GE(MetricValue(m, "cxlkv_ha_last_takeover_seconds"), 0) << m;
+  EXPECT_NE(m.find("cxlkv_ha_role{role=\"leader\"} 1"), std::string::npos) << m;
+  EXPECT_NE(Metrics(ports[1]).find("cxlkv_ha_role{role=\"standby\"} 1"), std::string::npos);
+  a.Kill(SIGKILL);
+  ASSERT_TRUE(Eventually([&] { return b.Role() == "leader"; }, milliseconds(15000)));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        m = Metrics(ports[1]);
+        return MetricValue(m, "cxlkv_ha_elections_won_total") == 1;
+      },
+      milliseconds(5000)))
+      << m;
+  EXPECT_GT(MetricValue(m, "cxlkv_ha_epoch"), static_cast<double>(epoch)) << m;
+  EXPECT_GT(MetricValue(m, "cxlkv_ha_last_takeover_timestamp_seconds"), 1.6e9) << m;
+  out = Ctl("status --socket " + b.socket);
+  EXPECT_NE(out.find("role       leader\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("standbys   0\n"), std::string::npos) << out;
 }
 
 // A reply that travelled across a failover: the host's heartbeat to the old leader (epoch E)

@@ -201,6 +201,37 @@ class Metrics {
     events_.Add({{"event", "returns_waiting"}}).Set(static_cast<double>(st.returns_waiting));
   }
   void ObserveStep(double seconds) { step_hist_.Observe(seconds); }
+
+  // Orchestrator HA ([etcd]; docs/ha.md "Metrics"). Counters advance by what the election
+  // counted since the last update; the latencies are the ones drained since then.
+  struct HaView {
+    bool leading = false, read_only = false;
+    std::int64_t epoch = 0;
+    double last_takeover_unix_s = 0, last_takeover_s = 0;
+  };
+  void UpdateHa(const HaStats& h, const HaView& v) {
+    if (ha_ == nullptr) ha_ = std::make_unique<Ha>(*registry_);
+    Ha& m = *ha_;
+    auto advance = [](prometheus::Counter& c, std::uint64_t now, std::uint64_t& seen) {
+      if (now > seen) c.Increment(static_cast<double>(now - seen));
+      seen = now;
+    };
+    advance(m.won, h.elections_won, m.won_seen);
+    advance(m.step_downs, h.step_downs, m.step_downs_seen);
+    advance(m.state_writes, h.state_writes, m.state_writes_seen);
+    advance(m.state_write_failures, h.state_write_failures, m.state_write_failures_seen);
+    advance(m.keepalive_failures, h.keepalive_failures, m.keepalive_failures_seen);
+    for (double ms : h.etcd_call_ms) m.latency_hist.Observe(ms / 1000.0);
+    m.role.Add({{"role", "leader"}}).Set(v.leading ? 1 : 0);
+    m.role.Add({{"role", "read-only"}}).Set(v.read_only ? 1 : 0);
+    m.role.Add({{"role", "standby"}}).Set(v.leading || v.read_only ? 0 : 1);
+    m.read_only.Set(v.read_only ? 1 : 0);
+    m.epoch.Set(static_cast<double>(v.epoch));
+    if (v.last_takeover_unix_s > 0) {
+      m.last_takeover.Set(v.last_takeover_unix_s);
+      m.takeover_seconds.Set(v.last_takeover_s);
+    }
+  }
   void Traffic(std::uint64_t hits, std::uint64_t misses) {
     hits_.Increment(static_cast<double>(hits));
     misses_.Increment(static_cast<double>(misses));
@@ -221,6 +252,81 @@ class Metrics {
   prometheus::Histogram& step_hist_;
   prometheus::Counter& hits_;
   prometheus::Counter& misses_;
+
+  struct Ha {
+    explicit Ha(prometheus::Registry& r)
+        : won(prometheus::BuildCounter()
+                  .Name("cxlkv_ha_elections_won_total")
+                  .Help("Elections this orchestrator won (terms it led)")
+                  .Register(r)
+                  .Add({})),
+          step_downs(prometheus::BuildCounter()
+                         .Name("cxlkv_ha_step_downs_total")
+                         .Help("Leaderships that ended (deadline passed, lease lost, resigned)")
+                         .Register(r)
+                         .Add({})),
+          state_writes(prometheus::BuildCounter()
+                           .Name("cxlkv_ha_state_writes_total")
+                           .Help("Guarded transactions writing the domain's state to etcd")
+                           .Register(r)
+                           .Add({})),
+          state_write_failures(prometheus::BuildCounter()
+                                   .Name("cxlkv_ha_state_write_failures_total")
+                                   .Help("State writes refused by their guard or unanswered")
+                                   .Register(r)
+                                   .Add({})),
+          keepalive_failures(prometheus::BuildCounter()
+                                 .Name("cxlkv_ha_keepalive_failures_total")
+                                 .Help("Session keep-alives etcd did not answer")
+                                 .Register(r)
+                                 .Add({})),
+          latency_hist(prometheus::BuildHistogram()
+                           .Name("cxlkv_ha_etcd_request_seconds")
+                           .Help("etcd request latency (keep-alives, campaigns, state reads and "
+                                 "writes)")
+                           .Register(r)
+                           .Add({}, prometheus::Histogram::BucketBoundaries{
+                                        5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25,
+                                        0.5, 1, 2.5})),
+          role(prometheus::BuildGauge()
+                   .Name("cxlkv_ha_role")
+                   .Help("1 for this orchestrator's role: leader, read-only or standby")
+                   .Register(r)),
+          read_only(prometheus::BuildGauge()
+                        .Name("cxlkv_ha_read_only")
+                        .Help("1 while the leader serves read-only (etcd unreachable)")
+                        .Register(r)
+                        .Add({})),
+          epoch(prometheus::BuildGauge()
+                    .Name("cxlkv_ha_epoch")
+                    .Help("The epoch this orchestrator leads at (0: it does not)")
+                    .Register(r)
+                    .Add({})),
+          last_takeover(prometheus::BuildGauge()
+                            .Name("cxlkv_ha_last_takeover_timestamp_seconds")
+                            .Help("When this orchestrator last took the domain over (Unix time)")
+                            .Register(r)
+                            .Add({})),
+          takeover_seconds(prometheus::BuildGauge()
+                               .Name("cxlkv_ha_last_takeover_seconds")
+                               .Help("The last takeover, from winning the election to serving")
+                               .Register(r)
+                               .Add({})) {}
+    prometheus::Counter& won;
+    prometheus::Counter& step_downs;
+    prometheus::Counter& state_writes;
+    prometheus::Counter& state_write_failures;
+    prometheus::Counter& keepalive_failures;
+    prometheus::Histogram& latency_hist;
+    prometheus::Family<prometheus::Gauge>& role;
+    prometheus::Gauge& read_only;
+    prometheus::Gauge& epoch;
+    prometheus::Gauge& last_takeover;
+    prometheus::Gauge& takeover_seconds;
+    std::uint64_t won_seen = 0, step_downs_seen = 0, state_writes_seen = 0;
+    std::uint64_t state_write_failures_seen = 0, keepalive_failures_seen = 0;
+  };
+  std::unique_ptr<Ha> ha_;  // created on the first UpdateHa (only with [etcd])
 };
 
 // ---- RPC service ------------------------------------------------------------------------------
@@ -377,7 +483,8 @@ class Service final : public pb::Orchestrator::Service {
     rep->set_pool_bytes(o_.pool_bytes());
     rep->set_extent_bytes(c.extent_bytes);
     rep->set_role(o_.RoleLocked());
-    rep->set_epoch(o_.epoch_locked());
+    // This one's epoch while it leads (or serves read-only); a standby's: the leader's.
+    rep->set_epoch(o_.epoch_locked() != 0 ? o_.epoch_locked() : o_.LeaderEpochLocked());
     rep->set_leader(o_.LeaderLocked());
     rep->set_uptime_ms(o_.NowMs() - o_.started_ms());
     rep->set_read_only_since(o_.ReadOnlySinceLocked());
@@ -772,7 +879,7 @@ void Orchestrator::AcceptLoop() {
 }
 
 void Orchestrator::OwnerLoop() {
-  std::int64_t last_metrics = 0;
+  std::int64_t last_metrics = 0, last_ha_metrics = 0;
   while (!stop_.load()) {
     {
       absl::MutexLock l(&mu_);
@@ -799,6 +906,17 @@ void Orchestrator::OwnerLoop() {
             last_metrics = now;
           }
         }
+      }
+      // HA metrics in every role (a standby's and a read-only leader's count too).
+      if (metrics_ && ha_ != nullptr && clock_->NowMs() - last_ha_metrics >= 200) {
+        Metrics::HaView v;
+        v.leading = leading_;
+        v.read_only = read_only_;
+        v.epoch = epoch_;
+        v.last_takeover_unix_s = last_takeover_unix_s_;
+        v.last_takeover_s = last_takeover_s_;
+        metrics_->UpdateHa(ha_->DrainStats(), v);
+        last_ha_metrics = clock_->NowMs();
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(config_.owner_period_ms));
@@ -959,6 +1077,10 @@ absl::StatusOr<std::vector<std::string>> Orchestrator::CandidatesInEtcd() {
   return ha_->Candidates();
 }
 
+std::int64_t Orchestrator::LeaderEpochLocked() const {
+  return ha_ == nullptr ? 0 : ha_->stats().leader_epoch;
+}
+
 std::string Orchestrator::LeaderLocked() const {
   if (ha_ == nullptr) return "";
   return ha_->stats().leader;
@@ -992,6 +1114,7 @@ void Orchestrator::EndBatchLocked() {
 }
 
 absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
+  const absl::Time elected = absl::Now();
   absl::MutexLock l(&mu_);
   // Elected again (etcd is back): the read-only term's view gives way to etcd's state.
   EndReadOnlyLocked(absl::StrCat("elected at epoch ", t.epoch));
@@ -1078,6 +1201,8 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
       return st;
     }
   }
+  last_takeover_unix_s_ = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  last_takeover_s_ = absl::ToDoubleSeconds(absl::Now() - elected);
   std::fprintf(stderr,
                "cxlkv-orchestrator: leader of domain '%s' at epoch %lld: %u extents held by hosts, "
                "state from %s\n",

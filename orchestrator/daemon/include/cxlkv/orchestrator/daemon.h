@@ -112,6 +112,8 @@ class Orchestrator {
   std::int64_t epoch_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return epoch_; }
   // The leader as etcd names it ("" : none known, or no [etcd]).
   std::string LeaderLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The leader's epoch as etcd names it (0: none known, or no [etcd]).
+  std::int64_t LeaderEpochLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Before a batch of owner writes: true without [etcd]; with it, only while this
   // orchestrator leads, its write deadline has not passed, and the domain's fence line still
   // names its epoch (else it resigns). EndBatchLocked after the batch records it in the line.
@@ -146,6 +148,8 @@ class Orchestrator {
   // epoch are kept; see ReadOnlyLocked.
   bool read_only_ ABSL_GUARDED_BY(mu_) = false;
   std::int64_t read_only_since_unix_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_takeover_unix_s_ ABSL_GUARDED_BY(mu_) = 0;  // metrics: the last takeover
+  double last_takeover_s_ ABSL_GUARDED_BY(mu_) = 0;       // its length (elected -> serving)
   std::int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // The fence line as this leader last wrote it.
   coherence::OwnerFenceLine fence_ ABSL_GUARDED_BY(mu_){};
