@@ -144,10 +144,12 @@ class HaOrchestrator {
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
     std::vector<std::string> args = {CXLKV_ORCHESTRATOR_BIN, "--config", config_};
     if (new_domain) args.push_back("--new-domain");
+    // In a network namespace: `ip netns exec` joins it and execs the orchestrator (same pid).
+    if (!netns.empty()) args.insert(args.begin(), {"/usr/sbin/ip", "netns", "exec", netns});
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    const int rc = ::posix_spawn(&pid, CXLKV_ORCHESTRATOR_BIN, &fa, nullptr, argv.data(), environ);
+    const int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     EXPECT_EQ(rc, 0);
     if (rc != 0) return false;
@@ -195,6 +197,7 @@ class HaOrchestrator {
   std::string Role() const { return Status().role(); }
 
   std::string dir, socket, log;
+  std::string netns;  // run in this network namespace ("" : the test's)
   pid_t pid = -1;
 
  private:
@@ -1208,6 +1211,155 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
   o->reset();
   const std::string cmd = "rm -rf " + dir;
   EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+
+// ---- a network partition of one orchestrator (root only) ----------------------------------------
+
+// Runs a shell command; its exit status, and its output in *out.
+int Sh(const std::string& cmd, std::string* out = nullptr) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  std::string text;
+  char buf[1024];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) text.append(buf, n);
+  const int rc = ::pclose(p);
+  if (out != nullptr) *out = text;
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// A network namespace joined to the test's by a veth pair: etcd listens on the test's end, an
+// orchestrator runs inside. Cut() takes the link down (packets to etcd are lost, connections
+// hang as in a real partition); Heal() brings it back. Removed at destruction.
+class NetnsLink {
+ public:
+  bool Create(std::string* why) {
+    const int tag = ::getpid() % 10000;
+    ns = "cxlkv-ha-" + std::to_string(::getpid());
+    host_if = "cxh" + std::to_string(tag);
+    ns_if = "cxn" + std::to_string(tag);
+    const std::string net = "10.231." + std::to_string(tag % 250) + ".";
+    host_ip = net + "1";
+    ns_ip = net + "2";
+    const std::vector<std::string> steps = {
+        "ip netns add " + ns,
+        "ip link add " + host_if + " type veth peer name " + ns_if,
+        "ip link set " + ns_if + " netns " + ns,
+        "ip addr add " + host_ip + "/30 dev " + host_if,
+        "ip link set " + host_if + " up",
+        "ip netns exec " + ns + " ip addr add " + ns_ip + "/30 dev " + ns_if,
+        "ip netns exec " + ns + " ip link set " + ns_if + " up",
+        "ip netns exec " + ns + " ip link set lo up",
+    };
+    for (const std::string& step : steps) {
+      std::string out;
+      if (Sh(step, &out) != 0) {
+        *why = "`" + step + "` failed: " + out;
+        return false;
+      }
+      created_ = true;
+    }
+    return true;
+  }
+  ~NetnsLink() {
+    if (!created_) return;
+    Sh("ip link del " + host_if);
+    Sh("ip netns del " + ns);
+  }
+  void Cut() { EXPECT_EQ(Sh("ip link set " + host_if + " down"), 0); }
+  void Heal() { EXPECT_EQ(Sh("ip link set " + host_if + " up"), 0); }
+
+  std::string ns, host_if, ns_if, host_ip, ns_ip;
+
+ private:
+  bool created_ = false;
+};
+
+// One orchestrator (the leader) loses etcd through a network partition while the standby and
+// the hosts keep it: the leader turns read-only and keeps answering heartbeats, the standby is
+// elected after the session TTL and writes its epoch into the fence line, the cut-off leader
+// stops answering the moment it sees that line, and every host re-attaches to the new leader
+// with its incarnation and extents. Checks: no epoch wrote after a newer one (the fence-line
+// audit), no extent lent twice, every host on the new leader; after the partition heals the
+// old leader is a standby. Needs root (ip netns, veth); skipped with the reason otherwise.
+TEST(HaPartition, OneOrchestratorCutOffFromEtcd) {
+  CXLKV_SKIP_WITHOUT_ETCD();
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "needs root (CAP_NET_ADMIN) to create a network namespace and a veth pair";
+  }
+  if (::access("/usr/sbin/ip", X_OK) != 0) GTEST_SKIP() << "no /usr/sbin/ip (iproute2)";
+  NetnsLink net;
+  std::string why;
+  if (!net.Create(&why)) GTEST_SKIP() << "cannot set up a network namespace: " << why;
+  EtcdCluster etcd(3, net.host_ip);
+  ASSERT_TRUE(etcd.Start(&why)) << why;
+  SharedDomain d;
+  HaOrchestrator a(d, etcd, "a"), b(d, etcd, "b");
+  a.netns = net.ns;
+  ASSERT_TRUE(a.Start(true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  FenceAudit audit(d.domain);
+  constexpr std::uint32_t kHosts = 4;
+  std::vector<std::unique_ptr<orch::HostClient>> hosts;
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::vector<std::uint64_t> incs;
+  for (std::uint32_t h = 0; h < kHosts; ++h) {
+    auto c = orch::HostClient::Connect(a.socket + "," + b.socket, h);
+    ASSERT_TRUE(c.ok()) << c.status();
+    (*c)->StartHeartbeats();
+    auto g = (*c)->Grow(1);
+    ASSERT_TRUE(g.ok()) << g.status();
+    for (const auto& e : *g) granted[h].insert(e.index);
+    incs.push_back((*c)->incarnation());
+    hosts.push_back(*std::move(c));
+  }
+  const std::int64_t old_epoch = a.Status().epoch();
+  ASSERT_GT(old_epoch, 0);
+
+  net.Cut();
+  const std::int64_t t0 = NowMs();
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "read-only"; }, milliseconds(5000)))
+      << "the cut-off leader did not turn read-only";
+  ASSERT_TRUE(Eventually([&] { return b.Role() == "leader"; }, milliseconds(15000)))
+      << "the standby was not elected";
+  const std::int64_t new_epoch = b.Status().epoch();
+  EXPECT_GT(new_epoch, old_epoch);
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "standby"; }, milliseconds(3000)))
+      << "the cut-off leader kept answering after its successor took over";
+  // Every host on the new leader: same incarnation, no rejoin, its extents valid throughout.
+  for (std::uint32_t h = 0; h < kHosts; ++h) {
+    ASSERT_TRUE(Eventually(
+        [&] {
+          EXPECT_TRUE(hosts[h]->ExtentsValid()) << "host " << h;
+          return hosts[h]->HeartbeatOnce().ok() && hosts[h]->leader_epoch() == new_epoch;
+        },
+        milliseconds(10000)))
+        << "host " << h << " did not re-attach to the new leader";
+    EXPECT_EQ(hosts[h]->incarnation(), incs[h]) << "host " << h;
+    EXPECT_EQ(hosts[h]->rejoins(), 0u) << "host " << h;
+  }
+  std::printf("partition of the leader: every host re-attached to epoch %lld after %lld ms\n",
+              static_cast<long long>(new_epoch), static_cast<long long>(NowMs() - t0));
+  for (std::uint32_t h = 0; h < kHosts; ++h) {
+    auto g = hosts[h]->Grow(1);
+    ASSERT_TRUE(g.ok()) << g.status();
+    for (const auto& e : *g) EXPECT_TRUE(granted[h].insert(e.index).second);
+  }
+  ExpectNoExtentLentTwice(b, granted);
+  EXPECT_EQ(audit.Regression(), 0u) << "an older epoch wrote the domain after a newer one";
+  EXPECT_GT(audit.BatchesAfter(static_cast<std::uint64_t>(new_epoch), t0), 0u);
+  net.Heal();
+  std::this_thread::sleep_for(milliseconds(1500));
+  EXPECT_EQ(a.Role(), "standby");
+  EXPECT_EQ(b.Role(), "leader");
+  EXPECT_EQ(audit.Regression(), 0u);
+  EXPECT_EQ(audit.LastEpoch(), static_cast<std::uint64_t>(new_epoch));
+  const std::string alog = ReadFile(a.log);
+  EXPECT_NE(alog.find("serving read-only"), std::string::npos) << alog;
+  EXPECT_NE(alog.find("read-only mode of domain 'hatest' ended"), std::string::npos) << alog;
+  for (auto& h : hosts) EXPECT_TRUE(h->Leave().ok());
 }
 
 }  // namespace
