@@ -1157,7 +1157,7 @@ TEST_F(HaTest, EtcdWritesPerSecondWithManyHosts) {
   // One member's counters: every member applies the same writes.
   const int etcd_port = std::atoi(etcd_->endpoints()[0].substr(10).c_str());
   struct Counts {
-    double txn = 0, put = 0, proposals = 0, state_writes = 0;
+    double txn = 0, put = 0, proposals = 0, state_writes = 0, etcd_s = 0, etcd_n = 0;
     std::int64_t at_ms = 0;
   };
   auto sample = [&] {
@@ -1166,7 +1166,10 @@ TEST_F(HaTest, EtcdWritesPerSecondWithManyHosts) {
     c.txn = MetricValue(e, "etcd_mvcc_txn_total");
     c.put = MetricValue(e, "etcd_mvcc_put_total");
     c.proposals = MetricValue(e, "etcd_server_proposals_committed_total");
-    c.state_writes = MetricValue(Metrics(ports[0]), "cxlkv_ha_state_writes_total");
+    const std::string m = Metrics(ports[0]);
+    c.state_writes = MetricValue(m, "cxlkv_ha_state_writes_total");
+    c.etcd_s = MetricValue(m, "cxlkv_ha_etcd_request_seconds_sum");
+    c.etcd_n = MetricValue(m, "cxlkv_ha_etcd_request_seconds_count");
     c.at_ms = NowMs();
     return c;
   };
@@ -1174,9 +1177,10 @@ TEST_F(HaTest, EtcdWritesPerSecondWithManyHosts) {
     const double s = static_cast<double>(y.at_ms - x.at_ms) / 1000.0;
     std::printf(
         "%u hosts, %s (%.1f s): etcd txn %.1f/s, put %.1f/s, raft proposals %.1f/s; leader's "
-        "state writes %.1f/s\n",
+        "state writes %.1f/s, its etcd requests %.2f ms on average\n",
         n_hosts, phase, s, (y.txn - x.txn) / s, (y.put - x.put) / s,
-        (y.proposals - x.proposals) / s, (y.state_writes - x.state_writes) / s);
+        (y.proposals - x.proposals) / s, (y.state_writes - x.state_writes) / s,
+        y.etcd_n > x.etcd_n ? 1000 * (y.etcd_s - x.etcd_s) / (y.etcd_n - x.etcd_n) : 0.0);
     return (y.state_writes - x.state_writes) / s;
   };
   ASSERT_TRUE(Eventually([&] { return sample().state_writes >= 0; }, milliseconds(5000)));
@@ -1203,20 +1207,27 @@ TEST_F(HaTest, EtcdWritesPerSecondWithManyHosts) {
   EXPECT_LT(idle, 1.0) << "heartbeats should not write etcd";
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> grows{0}, failures{0};
+  absl::Mutex first_mu;
+  std::string first_failure;
+  auto failed = [&](const absl::Status& st) {
+    ++failures;
+    absl::MutexLock l(&first_mu);
+    if (first_failure.empty()) first_failure = st.ToString();
+  };
   std::vector<std::thread> churn;
   for (std::uint32_t h = 0; h < n_hosts; ++h) {
     churn.emplace_back([&, h] {
       while (!stop.load()) {
         auto g = hosts[h]->Grow(1);
         if (!g.ok() || g->empty()) {
-          ++failures;
+          failed(g.ok() ? absl::ResourceExhaustedError("granted none") : g.status());
           std::this_thread::sleep_for(milliseconds(20));
           continue;
         }
         ++grows;
         std::vector<std::uint32_t> back;
         for (const auto& e : *g) back.push_back(e.index);
-        if (!hosts[h]->Shrink(back).ok()) ++failures;
+        if (auto st = hosts[h]->Shrink(back); !st.ok()) failed(st);
       }
     });
   }
@@ -1225,9 +1236,15 @@ TEST_F(HaTest, EtcdWritesPerSecondWithManyHosts) {
   stop = true;
   for (auto& t : churn) t.join();
   const double busy = report("every host growing and shrinking in a loop", c2, c3);
-  std::printf("%u hosts churning: %llu grows (each followed by a shrink), %llu refused or failed\n",
-              n_hosts, static_cast<unsigned long long>(grows.load()),
-              static_cast<unsigned long long>(failures.load()));
+  struct stat sb {};
+  const long long state_bytes =
+      ::stat((a.dir + "/d.state").c_str(), &sb) == 0 ? static_cast<long long>(sb.st_size) : -1;
+  std::printf(
+      "%u hosts churning: %llu grows (each followed by a shrink), %llu refused or failed%s%s; "
+      "the state each write carries: %lld bytes\n",
+      n_hosts, static_cast<unsigned long long>(grows.load()),
+      static_cast<unsigned long long>(failures.load()), first_failure.empty() ? "" : ", first: ",
+      first_failure.c_str(), state_bytes);
   EXPECT_GT(busy, 1.0);
   EXPECT_GT(grows.load(), 0u);
   for (auto& h : hosts) EXPECT_TRUE(h->Leave().ok());
