@@ -24,8 +24,9 @@ namespace ed = ::cxlkv::orchestrator::etcd;
 class EtcdHa final : public HaSession {
  public:
   EtcdHa(const Config& c, std::string self, std::unique_ptr<ed::Client> client,
-         coherence::Clock* clock)
-      : c_(c),
+         std::unique_ptr<ed::Client> quick, coherence::Clock* clock)
+      : quick_(std::move(quick)),
+        c_(c),
         clock_(clock),
         self_(std::move(self)),
         where_(absl::StrCat("/cxlkv/v1/", c.etcd.cluster, "/domains/", c.etcd.domain)),
@@ -119,14 +120,14 @@ class EtcdHa final : public HaSession {
   HaStats DrainStats() override { return Stats(true); }
 
   absl::StatusOr<std::vector<std::string>> Candidates() override {
-    // While etcd has not answered a keep-alive for a TTL, the list as last read: Status must
-    // not wait for an etcd that is away.
+    // While the last keep-alive is overdue (they go every TTL/3), the list as last read:
+    // Status must not wait for an etcd that is away.
     const std::int64_t last = election_ ? election_->stats().last_contact_unix_ms : 0;
-    if (absl::ToUnixMillis(absl::Now()) - last > c_.etcd.ttl_s * 1000) {
+    if (absl::ToUnixMillis(absl::Now()) - last > c_.etcd.ttl_s * 1000 / 3 + 500) {
       absl::MutexLock l(&mu_);
       return candidates_;
     }
-    auto r = client_->Get(where_ + "/election/", ed::PrefixEnd(where_ + "/election/"));
+    auto r = quick_->Get(where_ + "/election/", ed::PrefixEnd(where_ + "/election/"));
     if (!r.ok()) {
       return absl::Status(r.status().code(), absl::StrCat(where_, "/election/: cannot list the "
                                                                   "candidates: ",
@@ -175,6 +176,9 @@ class EtcdHa final : public HaSession {
                                                 st.message()));
   }
 
+  // For Status's candidate list: short timeouts, so Status answers within a few hundred ms
+  // while etcd is away.
+  std::unique_ptr<ed::Client> quick_;
   Config c_;
   coherence::Clock* clock_;
   std::string self_;
@@ -203,7 +207,12 @@ absl::StatusOr<std::unique_ptr<HaSession>> HaSession::Create(const Config& c,
   if (!client.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("etcd.endpoints: ", client.status().message()));
   }
-  return std::unique_ptr<HaSession>(new EtcdHa(c, self, *std::move(client), clock));
+  o.call_timeout_ms = std::min<std::uint32_t>(c.etcd.call_timeout_ms, 250);
+  o.attempt_timeout_ms = std::max<std::uint32_t>(o.call_timeout_ms / 2, 50);
+  auto quick = ed::Client::Create(o);
+  if (!quick.ok()) return quick.status();
+  return std::unique_ptr<HaSession>(
+      new EtcdHa(c, self, *std::move(client), *std::move(quick), clock));
 }
 
 }  // namespace cxlkv::orchestrator
