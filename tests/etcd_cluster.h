@@ -84,7 +84,8 @@ class EtcdCluster {
       peer_ports_.push_back(ports[2 * i + 1]);
     }
     for (int i = 0; i < n_; ++i) {
-      initial_ += (i ? "," : "") + Name(i) + "=http://" + host_ + ":" + std::to_string(peer_ports_[i]);
+      initial_ +=
+          (i ? "," : "") + Name(i) + "=http://" + host_ + ":" + std::to_string(peer_ports_[i]);
     }
     pids_.assign(n_, -1);
   }

@@ -111,8 +111,8 @@ class HaOrchestrator {
     std::ofstream(config) << "[domain]\nname = \"hatest\"\n"
                           << "pool = \"file:" << d.pool << "?size=256M&reserve=0\"\n"
                           << "prefix_domain = \"file:" << d.domain
-                          << (many ? "?size=32M\"\n" : "?size=4M\"\n")
-                          << "extent_size = \"" << (many ? "2M" : "8M") << "\"\n"
+                          << (many ? "?size=32M\"\n" : "?size=4M\"\n") << "extent_size = \""
+                          << (many ? "2M" : "8M") << "\"\n"
                           << "state_file = \"" << dir << "/d.state\"\n"
                           << "index_entries = 1024\nmax_hosts = " << max_hosts << "\n"
                           << "[rpc]\nsocket = \"" << socket << "\"\n"
@@ -1084,7 +1084,8 @@ TEST_F(HaTest, EveryHostReattachedAfterKillNine) {
     std::vector<HaOrchestrator*> live;
     for (auto& o : orch) live.push_back(o.get());
     HaOrchestrator* leader = nullptr;
-    ASSERT_TRUE(Eventually([&] { return (leader = Leader(live)) != nullptr; }, milliseconds(10000)));
+    ASSERT_TRUE(
+        Eventually([&] { return (leader = Leader(live)) != nullptr; }, milliseconds(10000)));
     std::int64_t old_epoch = 0;
     for (auto& h : hosts) old_epoch = std::max(old_epoch, h->leader_epoch());
     leader->Kill(SIGKILL);
@@ -1103,7 +1104,8 @@ TEST_F(HaTest, EveryHostReattachedAfterKillNine) {
         << "trial " << trial << ": not every host re-attached";
     std::int64_t worst_list = 0, worst_etcd = 0;
     for (std::uint32_t h = 0; h < n_hosts; ++h) {
-      (h % 2 == 0 ? worst_list : worst_etcd) = std::max(h % 2 == 0 ? worst_list : worst_etcd, at[h]);
+      (h % 2 == 0 ? worst_list : worst_etcd) =
+          std::max(h % 2 == 0 ? worst_list : worst_etcd, at[h]);
       EXPECT_EQ(hosts[h]->incarnation(), incs[h]) << "trial " << trial << " host " << h;
       EXPECT_TRUE(hosts[h]->ExtentsValid()) << "trial " << trial << " host " << h;
     }
@@ -1149,8 +1151,8 @@ TEST_F(HaTest, EtcdWritesPerSecondWithManyHosts) {
   double churn_s = 2;
   if (const char* c = std::getenv("CXLKV_HA_CHURN_S")) churn_s = std::max(1.0, std::atof(c));
   const std::vector<int> ports = FreeLoopbackPorts(1);
-  HaOrchestrator a(d_, *etcd_, "a", 3, 60000, ports[0], n_hosts), b(d_, *etcd_, "b", 3, 60000, 0,
-                                                                     n_hosts);
+  HaOrchestrator a(d_, *etcd_, "a", 3, 60000, ports[0], n_hosts),
+      b(d_, *etcd_, "b", 3, 60000, 0, n_hosts);
   ASSERT_TRUE(a.Start(true));
   ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
   ASSERT_TRUE(b.Start());
@@ -1243,8 +1245,8 @@ TEST_F(HaTest, EtcdWritesPerSecondWithManyHosts) {
       "%u hosts churning: %llu grows (each followed by a shrink), %llu refused or failed%s%s; "
       "the state each write carries: %lld bytes\n",
       n_hosts, static_cast<unsigned long long>(grows.load()),
-      static_cast<unsigned long long>(failures.load()), first_failure.empty() ? "" : ", first: ",
-      first_failure.c_str(), state_bytes);
+      static_cast<unsigned long long>(failures.load()),
+      first_failure.empty() ? "" : ", first: ", first_failure.c_str(), state_bytes);
   EXPECT_GT(busy, 1.0);
   EXPECT_GT(grows.load(), 0u);
   for (auto& h : hosts) EXPECT_TRUE(h->Leave().ok());
@@ -1425,7 +1427,6 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
   const std::string cmd = "rm -rf " + dir;
   EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
-
 
 // ---- a network partition of one orchestrator (root only) ----------------------------------------
 

@@ -108,11 +108,10 @@ void AddDomainCommands(CLI::App& app) {
     if (r.role != "single" && !r.role.empty()) {
       // Orchestrator HA (docs/ha.md): who leads, at which epoch, and who stands by.
       std::printf("role       %s%s\n", r.role.c_str(),
-                  r.read_only_since.empty()
-                      ? ""
-                      : (" since " + r.read_only_since +
-                         " (etcd unreachable: heartbeats and reads only)")
-                            .c_str());
+                  r.read_only_since.empty() ? ""
+                                            : (" since " + r.read_only_since +
+                                               " (etcd unreachable: heartbeats and reads only)")
+                                                  .c_str());
       std::printf("leader     %s\n", r.leader.empty() ? "none elected" : r.leader.c_str());
       std::printf("epoch      %lld\n", static_cast<long long>(r.epoch));
       std::printf("standbys   %zu%s\n", r.standbys.size(), r.standbys.empty() ? "" : ":");

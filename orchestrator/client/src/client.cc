@@ -126,14 +126,14 @@ class LeaderFinder {
       }
       next_.store(i);
       if (rep.kvs_size() == 0) {
-        return absl::UnavailableError(absl::StrCat(
-            "etcd has no leader for ", key_, " right now (an election is under way, or no "
-            "orchestrator of the domain runs)"));
+        return absl::UnavailableError(absl::StrCat("etcd has no leader for ", key_,
+                                                   " right now (an election is under way, or no "
+                                                   "orchestrator of the domain runs)"));
       }
       return EndpointOf(rep.kvs(0).value());
     }
-    return absl::UnavailableError(absl::StrCat("cannot read ", key_, " from etcd: ",
-                                               errors.empty() ? "no time left" : errors));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot read ", key_, " from etcd: ", errors.empty() ? "no time left" : errors));
   }
 
  private:
@@ -149,9 +149,10 @@ class LeaderFinder {
     const std::string socket = field("socket"), endpoint = field("endpoint");
     if (field("host") == hostname_ && !socket.empty()) return socket;
     if (!endpoint.empty()) return absl::StrCat("tcp:", endpoint);
-    return absl::FailedPreconditionError(absl::StrCat(
-        key_, ": the leader (", value, ") runs on another host and has no TCP endpoint; give "
-        "the orchestrators rpc.tcp"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(key_, ": the leader (", value,
+                     ") runs on another host and has no TCP endpoint; give "
+                     "the orchestrators rpc.tcp"));
   }
 
   std::string key_, hostname_;
@@ -187,11 +188,10 @@ struct HostClient::Rpc {
     while (epoch > seen && !seen_epoch.compare_exchange_weak(seen, epoch)) {
     }
     if (epoch >= seen) return absl::OkStatus();
-    return absl::UnavailableError(
-        absl::StrCat(what, ": refused a reply from leader epoch ", epoch,
-                     ", older than epoch ", seen,
-                     " this host has already seen (a deposed orchestrator answered); retry "
-                     "against the current leader"));
+    return absl::UnavailableError(absl::StrCat(
+        what, ": refused a reply from leader epoch ", epoch, ", older than epoch ", seen,
+        " this host has already seen (a deposed orchestrator answered); retry "
+        "against the current leader"));
   }
 
   const Endpoint& endpoint() const { return members[current.load()].endpoint; }
@@ -246,7 +246,8 @@ struct HostClient::Rpc {
       if (m == nullptr) {
         auto changed = Rediscover(std::max(left_ms() / 2, 1));
         if (!changed.ok()) {
-          return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(changed.status().message()));
+          return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              std::string(changed.status().message()));
         }
         continue;
       }
@@ -410,14 +411,15 @@ absl::Status HostClient::Join() {
   req.set_hostname(absl::StrCat(name, " pid ", ::getpid()));
   pb::JoinReply rep;
   const HostClockReading sent = ReadClocks();
-  const grpc::Status called =
-      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+  const grpc::Status called = rpc_->Call(
+      2000,
+      [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
         return stub.Join(ctx, req, &rep);
-      }, [&] { return rep.epoch(); });
+      },
+      [&] { return rep.epoch(); });
   if (auto st = FromGrpc(called, "join"); !st.ok()) {
     if ((absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) && rpc_->finder == nullptr &&
-        rpc_->members.size() == 1 &&
-        absl::StartsWith(rpc_->endpoint().target, "unix:")) {
+        rpc_->members.size() == 1 && absl::StartsWith(rpc_->endpoint().target, "unix:")) {
       // A daemon closes a connection from a uid it does not allow before answering anything.
       return absl::Status(st.code(), absl::StrCat(st.message(), " (", rpc_->endpoint().target,
                                                   ": no orchestrator answered; if one runs, "
@@ -460,12 +462,12 @@ absl::Status HostClient::HeartbeatOnce() {
   }
   pb::HeartbeatReply rep;
   const HostClockReading sent = ReadClocks();
-  const grpc::Status called =
-      rpc_->Call(static_cast<int>(period_ms_ * 2),
-                 [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
-                   return stub.Heartbeat(ctx, req, &rep);
-                 },
-                 [&] { return rep.epoch(); });
+  const grpc::Status called = rpc_->Call(
+      static_cast<int>(period_ms_ * 2),
+      [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+        return stub.Heartbeat(ctx, req, &rep);
+      },
+      [&] { return rep.epoch(); });
   if (auto st = FromGrpc(called, "heartbeat"); !st.ok()) {
     return st;  // the orchestrator is down: extents stay valid until their lease ends
   }
@@ -518,10 +520,12 @@ absl::StatusOr<std::vector<GrantedExtent>> HostClient::Grow(std::uint32_t n) {
   req.set_extents(n);
   pb::GrowReply rep;
   const HostClockReading sent = ReadClocks();
-  const grpc::Status called =
-      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+  const grpc::Status called = rpc_->Call(
+      2000,
+      [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
         return stub.Grow(ctx, req, &rep);
-      }, [&] { return rep.epoch(); });
+      },
+      [&] { return rep.epoch(); });
   if (auto st = FromGrpc(called, "grow"); !st.ok()) return st;
   if (auto st = rpc_->Accept(rep.epoch(), "grow"); !st.ok()) return st;
   std::vector<GrantedExtent> got;
@@ -551,10 +555,12 @@ absl::Status HostClient::Shrink(const std::vector<std::uint32_t>& ext) {
   req.set_incarnation(incarnation());
   for (std::uint32_t i : ext) req.add_extents(i);
   pb::ShrinkReply rep;
-  const grpc::Status called =
-      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+  const grpc::Status called = rpc_->Call(
+      2000,
+      [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
         return stub.Shrink(ctx, req, &rep);
-      }, [&] { return rep.epoch(); });
+      },
+      [&] { return rep.epoch(); });
   if (auto st = FromGrpc(called, "shrink"); !st.ok()) return st;
   absl::MutexLock l(&mu_);
   std::erase_if(held_, [&](const Held& h) {
@@ -572,18 +578,21 @@ absl::Status HostClient::Leave() {
   req.set_host_id(host_);
   req.set_incarnation(incarnation());
   pb::LeaveReply rep;
-  return FromGrpc(
-      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub,
-                           grpc::ClientContext* ctx) { return stub.Leave(ctx, req, &rep); },
-                  [&] { return rep.epoch(); }),
-      "leave");
+  return FromGrpc(rpc_->Call(
+                      2000,
+                      [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+                        return stub.Leave(ctx, req, &rep);
+                      },
+                      [&] { return rep.epoch(); }),
+                  "leave");
 }
 
 absl::StatusOr<std::vector<ExtentView>> HostClient::ListExtents() {
   pb::ExtentsRequest req;
   pb::ExtentsReply rep;
-  const grpc::Status called =
-      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+  const grpc::Status called = rpc_->Call(
+      2000,
+      [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
         return stub.Extents(ctx, req, &rep);
       },
       [&] { return rpc_->seen_epoch.load(); });  // a listing carries no epoch

@@ -280,14 +280,15 @@ class Metrics {
                                  .Help("Session keep-alives etcd did not answer")
                                  .Register(r)
                                  .Add({})),
-          latency_hist(prometheus::BuildHistogram()
-                           .Name("cxlkv_ha_etcd_request_seconds")
-                           .Help("etcd request latency (keep-alives, campaigns, state reads and "
-                                 "writes)")
-                           .Register(r)
-                           .Add({}, prometheus::Histogram::BucketBoundaries{
-                                        5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25,
-                                        0.5, 1, 2.5})),
+          latency_hist(
+              prometheus::BuildHistogram()
+                  .Name("cxlkv_ha_etcd_request_seconds")
+                  .Help("etcd request latency (keep-alives, campaigns, state reads and "
+                        "writes)")
+                  .Register(r)
+                  .Add({},
+                       prometheus::Histogram::BucketBoundaries{
+                           5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5})),
           role(prometheus::BuildGauge()
                    .Name("cxlkv_ha_role")
                    .Help("1 for this orchestrator's role: leader, read-only or standby")

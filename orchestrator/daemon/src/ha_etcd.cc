@@ -129,8 +129,9 @@ class EtcdHa final : public HaSession {
     }
     auto r = quick_->Get(where_ + "/election/", ed::PrefixEnd(where_ + "/election/"));
     if (!r.ok()) {
-      return absl::Status(r.status().code(), absl::StrCat(where_, "/election/: cannot list the "
-                                                                  "candidates: ",
+      return absl::Status(r.status().code(), absl::StrCat(where_,
+                                                          "/election/: cannot list the "
+                                                          "candidates: ",
                                                           r.status().message()));
     }
     std::vector<std::string> out;
