@@ -1043,12 +1043,12 @@ TEST_F(HaTest, FailoverTimeAfterKillNine) {
 
 // Failover with several hosts following the leader: kill -9 of the leader, then the time until
 // every host's heartbeat thread has been answered by the new leader (its leader epoch grew),
-// over CXLKV_HA_TRIALS trials (default 2; 20 under the stress label as
+// over CXLKV_HA_TRIALS trials (default 1; 20 under the stress label as
 // orchestrator_ha_reattach_20) with CXLKV_HA_HOSTS hosts (default 8): half follow through
 // their endpoint list, half find the leader in etcd. Median and worst, printed; every host
 // keeps its incarnation and extents, nothing is lent twice.
 TEST_F(HaTest, EveryHostReattachedAfterKillNine) {
-  int trials = 2;
+  int trials = 1;
   if (const char* t = std::getenv("CXLKV_HA_TRIALS")) trials = std::max(1, std::atoi(t));
   std::uint32_t n_hosts = 8;
   if (const char* h = std::getenv("CXLKV_HA_HOSTS")) n_hosts = std::max(2, std::atoi(h));
@@ -1142,13 +1142,13 @@ TEST_F(HaTest, EveryHostReattachedAfterKillNine) {
 
 // etcd writes at CXLKV_HA_HOSTS hosts (default 8; 64 under the stress label as
 // orchestrator_ha_etcd_writes_64): the hosts join, heartbeat (every 100 ms) for a while, then
-// each grows and shrinks one extent in a loop for CXLKV_HA_CHURN_S seconds (default 2). etcd's
+// each grows and shrinks one extent in a loop for CXLKV_HA_CHURN_S seconds (default 1). etcd's
 // own counters (mvcc txns and puts, raft proposals committed, from its /metrics) and the
 // leader's guarded state writes give the writes per second of each phase; printed.
 TEST_F(HaTest, EtcdWritesPerSecondWithManyHosts) {
   std::uint32_t n_hosts = 8;
   if (const char* h = std::getenv("CXLKV_HA_HOSTS")) n_hosts = std::max(2, std::atoi(h));
-  double churn_s = 2;
+  double churn_s = 1;
   if (const char* c = std::getenv("CXLKV_HA_CHURN_S")) churn_s = std::max(1.0, std::atof(c));
   const std::vector<int> ports = FreeLoopbackPorts(1);
   HaOrchestrator a(d_, *etcd_, "a", 3, 60000, ports[0], n_hosts),
@@ -1201,12 +1201,14 @@ TEST_F(HaTest, EtcdWritesPerSecondWithManyHosts) {
     for (auto& t : joins) t.join();
   }
   for (auto& h : hosts) ASSERT_NE(h, nullptr);
+  // The leader's metrics are refreshed every 200 ms: let them catch up with the joins.
+  std::this_thread::sleep_for(milliseconds(400));
   Counts c1 = sample();
   report("joining", c0, c1);
   std::this_thread::sleep_for(milliseconds(static_cast<std::int64_t>(churn_s * 1000)));
   Counts c2 = sample();
-  const double idle = report("heartbeats only", c1, c2);
-  EXPECT_LT(idle, 1.0) << "heartbeats should not write etcd";
+  report("heartbeats only", c1, c2);
+  EXPECT_EQ(c2.txn, c1.txn) << "heartbeats should not write etcd";
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> grows{0}, failures{0};
   absl::Mutex first_mu;
