@@ -853,7 +853,8 @@ TEST_F(HaTest, EtcdLeaderStoppedGrantsResume) {
 // exits. When quorum is back a leader serves again with the state intact, the publication
 // made during the outage is applied, and nothing was lent twice.
 TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
-  HaOrchestrator a(d_, *etcd_, "a", 3, 4000), b(d_, *etcd_, "b", 3, 4000);
+  const std::vector<int> ports = FreeLoopbackPorts(1);
+  HaOrchestrator a(d_, *etcd_, "a", 3, 4000, ports[0]), b(d_, *etcd_, "b", 3, 4000);
   ASSERT_TRUE(a.Start(true));
   ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
   ASSERT_TRUE(b.Start());
@@ -940,6 +941,13 @@ TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
     std::this_thread::sleep_for(milliseconds(200));
   }
   EXPECT_GT(heartbeats, 10u);
+  const std::string m = Metrics(ports[0]);
+  EXPECT_EQ(MetricValue(m, "cxlkv_ha_read_only"), 1) << m;
+  EXPECT_EQ(MetricValue(m, "cxlkv_ha_step_downs_total"), 1) << m;
+  EXPECT_GE(MetricValue(m, "cxlkv_ha_keepalive_failures_total"), 1) << m;
+  EXPECT_NE(Ctl("status --socket " + a.socket).find("role       read-only since " +
+                                                    st.read_only_since()),
+            std::string::npos);
   EXPECT_EQ(Leader({&a, &b}), nullptr) << "someone changed the domain without etcd";
   EXPECT_EQ(b.Role(), "standby");
   EXPECT_EQ(::waitpid(a.pid, nullptr, WNOHANG), 0) << "the read-only leader exited";
