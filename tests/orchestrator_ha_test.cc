@@ -945,9 +945,9 @@ TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
   EXPECT_EQ(MetricValue(m, "cxlkv_ha_read_only"), 1) << m;
   EXPECT_EQ(MetricValue(m, "cxlkv_ha_step_downs_total"), 1) << m;
   EXPECT_GE(MetricValue(m, "cxlkv_ha_keepalive_failures_total"), 1) << m;
-  EXPECT_NE(Ctl("status --socket " + a.socket).find("role       read-only since " +
-                                                    st.read_only_since()),
-            std::string::npos);
+  EXPECT_NE(
+      Ctl("status --socket " + a.socket).find("role       read-only since " + st.read_only_since()),
+      std::string::npos);
   EXPECT_EQ(Leader({&a, &b}), nullptr) << "someone changed the domain without etcd";
   EXPECT_EQ(b.Role(), "standby");
   EXPECT_EQ(::waitpid(a.pid, nullptr, WNOHANG), 0) << "the read-only leader exited";
