@@ -99,7 +99,8 @@ class HaOrchestrator {
  public:
   HaOrchestrator(const SharedDomain& d, const EtcdCluster& etcd, const std::string& name,
                  std::uint32_t ttl_s = 3, std::uint32_t capacity_lease_ms = 60000,
-                 int metrics_port = 0, std::uint32_t max_hosts = 4) {
+                 int metrics_port = 0, std::uint32_t max_hosts = 4,
+                 const std::string& tcp_token_file = "") {
     // More hosts: smaller extents (the pool stays 256 MiB) and room for their rings.
     const bool many = max_hosts > 4;
     char tmpl[] = "/tmp/cxlkv-ha-XXXXXX";
@@ -116,6 +117,10 @@ class HaOrchestrator {
                           << "state_file = \"" << dir << "/d.state\"\n"
                           << "index_entries = 1024\nmax_hosts = " << max_hosts << "\n"
                           << "[rpc]\nsocket = \"" << socket << "\"\n"
+                          << (tcp_token_file.empty()
+                                  ? std::string()
+                                  : "tcp = \"127.0.0.1:0\"\ntoken_file = \"" + tcp_token_file +
+                                        "\"\n")
                           << "[metrics]\nlisten = \""
                           << (metrics_port > 0 ? "127.0.0.1:" + std::to_string(metrics_port) : "")
                           << "\"\n"
@@ -150,6 +155,12 @@ class HaOrchestrator {
     if (new_domain) args.push_back("--new-domain");
     // In a network namespace: `ip netns exec` joins it and execs the orchestrator (same pid).
     if (!netns.empty()) args.insert(args.begin(), {"/usr/sbin/ip", "netns", "exec", netns});
+    // Under another host name (a UTS namespace): what an orchestrator on another host looks
+    // like to a host that finds it in etcd.
+    if (!hostname.empty()) {
+      args.insert(args.begin(), {"/usr/bin/unshare", "--uts", "--", "/bin/sh", "-c",
+                                 "hostname \"$0\" && exec \"$@\"", hostname});
+    }
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -201,7 +212,8 @@ class HaOrchestrator {
   std::string Role() const { return Status().role(); }
 
   std::string dir, socket, log;
-  std::string netns;  // run in this network namespace ("" : the test's)
+  std::string netns;     // run in this network namespace ("" : the test's)
+  std::string hostname;  // run under this host name (a UTS namespace; "" : the test's)
   pid_t pid = -1;
 
  private:
@@ -690,6 +702,55 @@ TEST_F(HaTest, HostFindsTheLeaderThroughEtcd) {
   auto none = orch::HostClient::Connect(spec + "-none", 1);
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("no leader"), std::string::npos) << none.status();
+}
+
+// Endpoint discovery of a leader on another host: the orchestrators run under another host
+// name (a UTS namespace; root only) with rpc.tcp on an ephemeral port, so the leader key's
+// `endpoint` (the port it listens on) is what the host must use, with the domain's token. The
+// host finds the leader there and follows the successor after kill -9, over TCP.
+TEST_F(HaTest, HostFindsALeaderOnAnotherHostThroughItsTcpEndpoint) {
+  if (::geteuid() != 0 || ::access("/usr/bin/unshare", X_OK) != 0) {
+    GTEST_SKIP() << "needs root and unshare(1) to run the orchestrators under another host name";
+  }
+  char tmpl[] = "/tmp/cxlkv-ha-token-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string token = std::string(tmpl) + "/token";
+  std::ofstream(token) << "0123456789abcdef0123456789abcdef\n";
+  ASSERT_EQ(::chmod(token.c_str(), 0600), 0);
+  ASSERT_EQ(::setenv("CXLKV_RPC_TOKEN_FILE", token.c_str(), 1), 0);
+  HaOrchestrator a(d_, *etcd_, "a", 3, 60000, 0, 4, token),
+      b(d_, *etcd_, "b", 3, 60000, 0, 4, token);
+  a.hostname = "cxlkv-ha-other-a";
+  b.hostname = "cxlkv-ha-other-b";
+  ASSERT_TRUE(a.Start(true));
+  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
+  ASSERT_TRUE(b.Start());
+  auto etcd = etcd_->NewClient();
+  auto key = etcd->Get("/cxlkv/v1/default/domains/hatest/leader");
+  ASSERT_TRUE(key.ok() && !key->kvs.empty()) << key.status();
+  const std::string value = key->kvs[0].value;
+  EXPECT_NE(value.find("\"host\":\"cxlkv-ha-other-a\""), std::string::npos) << value;
+  EXPECT_NE(value.find("\"endpoint\":\"127.0.0.1:"), std::string::npos) << value;
+  EXPECT_EQ(value.find("\"endpoint\":\"127.0.0.1:0\""), std::string::npos) << value;
+  std::string spec = "etcd://";
+  for (const std::string& e : etcd_->endpoints()) absl::StrAppend(&spec, e, ",");
+  spec.back() = '/';
+  spec += "default/hatest";
+  auto host = orch::HostClient::Connect(spec, 0);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto got = (*host)->Grow(1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  a.Kill(SIGKILL);
+  ASSERT_TRUE(Eventually([&] { return (*host)->HeartbeatOnce().ok(); }, milliseconds(15000)))
+      << "the host did not follow the leader to b over TCP";
+  EXPECT_EQ((*host)->leaders_found(), 2u);
+  EXPECT_EQ((*host)->rejoins(), 0u);
+  auto more = (*host)->Grow(1);
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_EQ((*host)->extents().size(), 2u);
+  EXPECT_TRUE((*host)->Leave().ok());
+  ::unsetenv("CXLKV_RPC_TOKEN_FILE");
+  EXPECT_EQ(std::system(("rm -rf " + std::string(tmpl)).c_str()), 0);
 }
 
 // `cxlkvctl status` names the role, the leader, its epoch and the standbys; the Prometheus
