@@ -117,10 +117,9 @@ class HaOrchestrator {
                           << "state_file = \"" << dir << "/d.state\"\n"
                           << "index_entries = 1024\nmax_hosts = " << max_hosts << "\n"
                           << "[rpc]\nsocket = \"" << socket << "\"\n"
-                          << (tcp_token_file.empty()
-                                  ? std::string()
-                                  : "tcp = \"127.0.0.1:0\"\ntoken_file = \"" + tcp_token_file +
-                                        "\"\n")
+                          << (tcp_token_file.empty() ? std::string()
+                                                     : "tcp = \"127.0.0.1:0\"\ntoken_file = \"" +
+                                                           tcp_token_file + "\"\n")
                           << "[metrics]\nlisten = \""
                           << (metrics_port > 0 ? "127.0.0.1:" + std::to_string(metrics_port) : "")
                           << "\"\n"
