@@ -71,7 +71,10 @@ inline std::vector<int> FreeLoopbackPorts(int n) {
 
 class EtcdCluster {
  public:
-  explicit EtcdCluster(int members = 3) : n_(members) {
+  // `host`: the address every member listens on (loopback by default; the partition test uses
+  // an address of a veth pair that a network namespace reaches).
+  explicit EtcdCluster(int members = 3, std::string host = "127.0.0.1")
+      : n_(members), host_(std::move(host)) {
     char tmpl[] = "/tmp/cxlkv-etcd-XXXXXX";
     EXPECT_NE(::mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
@@ -81,7 +84,8 @@ class EtcdCluster {
       peer_ports_.push_back(ports[2 * i + 1]);
     }
     for (int i = 0; i < n_; ++i) {
-      initial_ += (i ? "," : "") + Name(i) + "=http://127.0.0.1:" + std::to_string(peer_ports_[i]);
+      initial_ +=
+          (i ? "," : "") + Name(i) + "=http://" + host_ + ":" + std::to_string(peer_ports_[i]);
     }
     pids_.assign(n_, -1);
   }
@@ -122,7 +126,7 @@ class EtcdCluster {
 
   std::vector<std::string> endpoints() const {
     std::vector<std::string> e;
-    for (int p : client_ports_) e.push_back("127.0.0.1:" + std::to_string(p));
+    for (int p : client_ports_) e.push_back(host_ + ":" + std::to_string(p));
     return e;
   }
   // For domain.toml: ["127.0.0.1:a", "127.0.0.1:b", ...]
@@ -178,8 +182,8 @@ class EtcdCluster {
   void Spawn(int i, bool fresh) {
     const std::string name = Name(i);
     const std::string data = dir_ + "/" + name;
-    const std::string client = "http://127.0.0.1:" + std::to_string(client_ports_[i]);
-    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_ports_[i]);
+    const std::string client = "http://" + host_ + ":" + std::to_string(client_ports_[i]);
+    const std::string peer = "http://" + host_ + ":" + std::to_string(peer_ports_[i]);
     const std::string log = dir_ + "/" + name + ".log";
     const std::string bin = EtcdBinary();
     std::vector<std::string> args = {
@@ -210,6 +214,7 @@ class EtcdCluster {
   }
 
   int n_;
+  std::string host_;
   std::string dir_, initial_;
   std::vector<int> client_ports_, peer_ports_;
   std::vector<pid_t> pids_;

@@ -102,7 +102,21 @@ void AddDomainCommands(CLI::App& app) {
     j.U64("prefixes_evicted", r.prefixes_evicted);
     j.I64("uptime_ms", r.uptime_ms).U64("recovered_at_start", r.recovered_at_start);
     j.U32("extents_quarantined", r.extents_quarantined);
+    j.Str("role", r.role).I64("epoch", r.epoch).Str("leader", r.leader);
+    j.StrList("standbys", r.standbys).Str("read_only_since", r.read_only_since);
     if (PrintJson(*o, j)) return;
+    if (r.role != "single" && !r.role.empty()) {
+      // Orchestrator HA (docs/ha.md): who leads, at which epoch, and who stands by.
+      std::printf("role       %s%s\n", r.role.c_str(),
+                  r.read_only_since.empty() ? ""
+                                            : (" since " + r.read_only_since +
+                                               " (etcd unreachable: heartbeats and reads only)")
+                                                  .c_str());
+      std::printf("leader     %s\n", r.leader.empty() ? "none elected" : r.leader.c_str());
+      std::printf("epoch      %lld\n", static_cast<long long>(r.epoch));
+      std::printf("standbys   %zu%s\n", r.standbys.size(), r.standbys.empty() ? "" : ":");
+      for (const std::string& s : r.standbys) std::printf("           %s\n", s.c_str());
+    }
     std::printf("pool       %s (%llu MiB)\n", r.pool_spec.c_str(),
                 static_cast<unsigned long long>(r.pool_bytes >> 20));
     std::printf("extents    %u of %llu MiB: %u assigned, %u free, %u quarantined\n",

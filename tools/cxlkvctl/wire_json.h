@@ -120,6 +120,14 @@ class WireJson {
     fields_.emplace_back(name, "\"" + std::to_string(v) + "\"");
     return *this;
   }
+  WireJson& StrList(const char* name, const std::vector<std::string>& v) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      out += (i == 0 ? "" : ", ") + WireJsonString(v[i]);
+    }
+    fields_.emplace_back(name, out + "]");
+    return *this;
+  }
   WireJson& List(const char* name, std::vector<WireJson> items) {
     fields_.emplace_back(name, std::move(items));
     return *this;

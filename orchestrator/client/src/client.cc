@@ -16,11 +16,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cxlkv/orchestrator/endpoint.h"
+#include "etcd_wire.pb.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "nlohmann/json.hpp"
 #include "orchestrator.grpc.pb.h"
 
 namespace cxlkv::orchestrator {
 
 namespace pb = ::cxlkv::orchestrator::v1;
+namespace ew = ::cxlkv::orchestrator::etcdwire;
 
 namespace {
 absl::Status FromGrpc(const grpc::Status& st, absl::string_view what) {
@@ -39,28 +43,257 @@ std::unique_ptr<grpc::ClientContext> Ctx(const Endpoint& e, int timeout_ms = 200
 }
 }  // namespace
 
+// Endpoint discovery through etcd (docs/ha.md): the domain's leader key, read with one range
+// request per lookup. Only etcd's KV Range method, through gRPC's generic stub on messages
+// with etcd's field numbers (etcd_wire.proto): a serving process needs no etcd client.
+class LeaderFinder {
+ public:
+  // spec: the part after etcd:// — EP[,EP...]/DOMAIN or EP[,EP...]/CLUSTER/DOMAIN.
+  static absl::StatusOr<std::unique_ptr<LeaderFinder>> Parse(absl::string_view spec) {
+    const std::size_t slash = spec.find('/');
+    if (slash == absl::string_view::npos || slash == 0 || slash + 1 >= spec.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd://", spec,
+          ": give etcd://HOST:PORT[,HOST:PORT...]/DOMAIN or .../CLUSTER/DOMAIN (the domain's "
+          "[etcd] endpoints, cluster and domain)"));
+    }
+    auto f = std::make_unique<LeaderFinder>();
+    std::vector<std::string> path = absl::StrSplit(spec.substr(slash + 1), '/');
+    if (path.size() > 2 || path.back().empty() || path.front().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("etcd://", spec, ": the path is DOMAIN or CLUSTER/DOMAIN"));
+    }
+    const std::string cluster = path.size() == 2 ? path[0] : "default";
+    f->key_ = absl::StrCat("/cxlkv/v1/", cluster, "/domains/", path.back(), "/leader");
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 10);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
+    for (absl::string_view ep : absl::StrSplit(spec.substr(0, slash), ',', absl::SkipEmpty())) {
+      std::string target(absl::StripAsciiWhitespace(ep));
+      if (absl::ConsumePrefix(&ep, "http://")) target = std::string(ep);
+      f->endpoints_.push_back(target);
+      f->channels_.push_back(
+          grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+    }
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    f->hostname_ = host;
+    return f;
+  }
+
+  const std::string& key() const { return key_; }
+
+  // The leader's endpoint as this host can reach it: its Unix socket when it runs on this host
+  // (its advertised host name is ours), else its TCP endpoint. Tries each etcd member in turn
+  // within timeout_ms.
+  absl::StatusOr<std::string> Find(int timeout_ms) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::string errors;
+    const std::size_t n = channels_.size();
+    const std::size_t start = next_.load();
+    for (std::size_t attempt = 0; attempt < n; ++attempt) {
+      const std::size_t i = (start + attempt) % n;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now())
+                            .count();
+      if (left <= 0) break;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(std::max<std::int64_t>(
+                           left / static_cast<std::int64_t>(n - attempt), 1)));
+      ew::RangeRequest req;
+      req.set_key(key_);
+      ew::RangeResponse rep;
+      grpc::TemplatedGenericStub<ew::RangeRequest, ew::RangeResponse> stub(channels_[i]);
+      absl::Mutex mu;
+      bool done = false;
+      grpc::Status st;
+      stub.UnaryCall(&ctx, "/etcdserverpb.KV/Range", grpc::StubOptions(), &req, &rep,
+                     [&](grpc::Status s) {
+                       absl::MutexLock l(&mu);
+                       st = std::move(s);
+                       done = true;
+                     });
+      {
+        absl::MutexLock l(&mu);
+        mu.Await(absl::Condition(&done));
+      }
+      if (!st.ok()) {
+        absl::StrAppend(&errors, errors.empty() ? "" : "; ", endpoints_[i], ": ",
+                        st.error_message());
+        continue;
+      }
+      next_.store(i);
+      if (rep.kvs_size() == 0) {
+        return absl::UnavailableError(absl::StrCat("etcd has no leader for ", key_,
+                                                   " right now (an election is under way, or no "
+                                                   "orchestrator of the domain runs)"));
+      }
+      return EndpointOf(rep.kvs(0).value());
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "cannot read ", key_, " from etcd: ", errors.empty() ? "no time left" : errors));
+  }
+
+ private:
+  absl::StatusOr<std::string> EndpointOf(const std::string& value) const {
+    const nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) {
+      return absl::DataLossError(absl::StrCat(key_, ": not the JSON a leader writes: ", value));
+    }
+    auto field = [&](const char* name) {
+      const auto it = j.find(name);
+      return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    const std::string socket = field("socket"), endpoint = field("endpoint");
+    if (field("host") == hostname_ && !socket.empty()) return socket;
+    if (!endpoint.empty()) return absl::StrCat("tcp:", endpoint);
+    return absl::FailedPreconditionError(
+        absl::StrCat(key_, ": the leader (", value,
+                     ") runs on another host and has no TCP endpoint; give "
+                     "the orchestrators rpc.tcp"));
+  }
+
+  std::string key_, hostname_;
+  std::vector<std::string> endpoints_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::atomic<std::size_t> next_{0};  // the etcd member that answered last
+};
+
 // The orchestrators the client may call: one, or the candidates of an HA domain
-// (docs/ha.md), of which one leads.
+// (docs/ha.md), of which one leads; or, found through etcd, the domain's leader.
 struct HostClient::Rpc {
   struct Member {
     Endpoint endpoint;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<pb::Orchestrator::Stub> stub;
   };
-  std::vector<Member> members;
+  std::vector<Member> members;  // the endpoint list (empty with a finder)
+  // Discovery through etcd: the leader as last found, replaced when it stops answering.
+  std::unique_ptr<LeaderFinder> finder;
+  absl::Mutex found_mu;
+  std::shared_ptr<Member> found ABSL_GUARDED_BY(found_mu);
+  std::string found_where ABSL_GUARDED_BY(found_mu);
+  std::atomic<std::uint64_t> leader_changes{0};
+  grpc::ChannelArguments args;
   std::atomic<std::size_t> current{0};  // the member that answered last
+  // The highest leader epoch a reply carried (HA; 0 without [etcd]). Only grows.
+  std::atomic<std::int64_t> seen_epoch{0};
+
+  // A reply's epoch against the highest seen: an error naming both when it is older (a
+  // deposed leader answered), else records it.
+  absl::Status Accept(std::int64_t epoch, absl::string_view what) {
+    std::int64_t seen = seen_epoch.load();
+    while (epoch > seen && !seen_epoch.compare_exchange_weak(seen, epoch)) {
+    }
+    if (epoch >= seen) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat(
+        what, ": refused a reply from leader epoch ", epoch, ", older than epoch ", seen,
+        " this host has already seen (a deposed orchestrator answered); retry "
+        "against the current leader"));
+  }
 
   const Endpoint& endpoint() const { return members[current.load()].endpoint; }
+
+  static absl::StatusOr<std::unique_ptr<Member>> MakeMember(const std::string& where,
+                                                            const grpc::ChannelArguments& a) {
+    auto endpoint = ResolveEndpoint(where);
+    if (!endpoint.ok()) return endpoint.status();
+    auto m = std::make_unique<Member>();
+    m->endpoint = *std::move(endpoint);
+    m->channel = grpc::CreateCustomChannel(m->endpoint.target, m->endpoint.credentials, a);
+    m->stub = pb::Orchestrator::NewStub(m->channel);
+    return m;
+  }
+
+  // Asks etcd for the leader; a new one replaces the member called. Returns whether it
+  // changed.
+  absl::StatusOr<bool> Rediscover(int timeout_ms) {
+    auto where = finder->Find(timeout_ms);
+    if (!where.ok()) return where.status();
+    {
+      absl::MutexLock l(&found_mu);
+      if (found != nullptr && *where == found_where) return false;
+    }
+    auto m = MakeMember(*where, args);
+    if (!m.ok()) return m.status();
+    absl::MutexLock l(&found_mu);
+    found = std::shared_ptr<Member>(*std::move(m));
+    found_where = *where;
+    leader_changes.fetch_add(1);
+    return true;
+  }
+
+  // A call to the leader found through etcd: when it does not answer (down, a standby, a
+  // deposed leader's older epoch, silent), etcd is asked again and a new leader is called with
+  // the time left.
+  template <typename Fn, typename EpochFn>
+  grpc::Status CallFound(int timeout_ms, Fn fn, EpochFn epoch) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    auto left_ms = [&] {
+      return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  deadline - std::chrono::steady_clock::now())
+                                  .count());
+    };
+    grpc::Status last(grpc::StatusCode::DEADLINE_EXCEEDED, "no orchestrator answered in time");
+    for (int round = 0; round < 2 && left_ms() > 0; ++round) {
+      std::shared_ptr<Member> m;
+      {
+        absl::MutexLock l(&found_mu);
+        m = found;
+      }
+      if (m == nullptr) {
+        auto changed = Rediscover(std::max(left_ms() / 2, 1));
+        if (!changed.ok()) {
+          return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              std::string(changed.status().message()));
+        }
+        continue;
+      }
+      // The first attempt gets half the time: the rest is for asking etcd and the new leader.
+      auto ctx = Ctx(m->endpoint, std::max(round == 0 ? left_ms() / 2 : left_ms(), 1));
+      grpc::Status st = fn(*m->stub, ctx.get());
+      if (st.ok()) {
+        if (auto acc = Accept(epoch(), m->endpoint.Describe()); !acc.ok()) {
+          st = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(acc.message()));
+        }
+      }
+      if (st.ok() || (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
+                      st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)) {
+        return st;
+      }
+      last = grpc::Status(st.error_code(),
+                          absl::StrCat(m->endpoint.Describe(), ": ", st.error_message()));
+      if (left_ms() <= 0) break;
+      auto changed = Rediscover(std::max(left_ms() / 2, 1));
+      if (!changed.ok()) {
+        return grpc::Status(last.error_code(),
+                            absl::StrCat(last.error_message(), "; ", changed.status().message()));
+      }
+      if (!*changed) break;  // etcd still names the same leader: its successor is not elected
+    }
+    return last;
+  }
 
   // One call within timeout_ms. With one member, as always: it waits for the connection up to
   // the deadline. With several, it starts at the member that answered last and moves on to the
   // next when one is down or a standby (UNAVAILABLE) or silent (DEADLINE_EXCEEDED), each
   // attempt getting an even share of the time left; the member that answers becomes current.
-  template <typename Fn>
-  grpc::Status Call(int timeout_ms, Fn fn) {
+  // A reply whose epoch (`epoch()` reads it from the reply) is older than one seen counts as
+  // no answer: the call moves on, and with one member it fails naming both epochs.
+  template <typename Fn, typename EpochFn>
+  grpc::Status Call(int timeout_ms, Fn fn, EpochFn epoch) {
+    if (finder != nullptr) return CallFound(timeout_ms, fn, epoch);
     if (members.size() == 1) {
       auto ctx = Ctx(members[0].endpoint, timeout_ms);
-      return fn(*members[0].stub, ctx.get());
+      grpc::Status st = fn(*members[0].stub, ctx.get());
+      if (st.ok()) {
+        if (auto acc = Accept(epoch(), members[0].endpoint.Describe()); !acc.ok()) {
+          return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(acc.message()));
+        }
+      }
+      return st;
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     const std::size_t n = members.size();
@@ -74,7 +307,12 @@ struct HostClient::Rpc {
       const std::size_t idx = (start + attempt) % n;
       auto ctx = Ctx(members[idx].endpoint, static_cast<int>(std::max<std::int64_t>(
                                                 left / static_cast<std::int64_t>(n - attempt), 1)));
-      const grpc::Status st = fn(*members[idx].stub, ctx.get());
+      grpc::Status st = fn(*members[idx].stub, ctx.get());
+      if (st.ok()) {
+        if (auto acc = Accept(epoch(), members[idx].endpoint.Describe()); !acc.ok()) {
+          st = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(acc.message()));
+        }
+      }
       if (st.ok() || (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
                       st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)) {
         current.store(idx);
@@ -134,10 +372,18 @@ absl::StatusOr<std::unique_ptr<HostClient>> HostClient::Connect(const std::strin
   auto rpc = std::make_unique<Rpc>();
   // Reconnect fast: gRPC's default backoff (1 s and growing) after an orchestrator restart
   // would outlast host_ttl, and the host would be fenced for the orchestrator's absence.
-  grpc::ChannelArguments args;
+  grpc::ChannelArguments& args = rpc->args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 10);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 100);
+  if (absl::string_view spec = socket; absl::ConsumePrefix(&spec, "etcd://")) {
+    auto finder = LeaderFinder::Parse(spec);
+    if (!finder.ok()) return finder.status();
+    rpc->finder = *std::move(finder);
+    std::unique_ptr<HostClient> c(new HostClient(std::move(rpc), host_id, std::move(options)));
+    if (auto st = c->Join(); !st.ok()) return st;
+    return c;
+  }
   for (absl::string_view where : absl::StrSplit(socket, ',', absl::SkipWhitespace())) {
     auto endpoint = ResolveEndpoint(std::string(absl::StripAsciiWhitespace(where)));
     if (!endpoint.ok()) return endpoint.status();
@@ -165,13 +411,15 @@ absl::Status HostClient::Join() {
   req.set_hostname(absl::StrCat(name, " pid ", ::getpid()));
   pb::JoinReply rep;
   const HostClockReading sent = ReadClocks();
-  const grpc::Status called =
-      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+  const grpc::Status called = rpc_->Call(
+      2000,
+      [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
         return stub.Join(ctx, req, &rep);
-      });
+      },
+      [&] { return rep.epoch(); });
   if (auto st = FromGrpc(called, "join"); !st.ok()) {
-    if ((absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) && rpc_->members.size() == 1 &&
-        absl::StartsWith(rpc_->endpoint().target, "unix:")) {
+    if ((absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) && rpc_->finder == nullptr &&
+        rpc_->members.size() == 1 && absl::StartsWith(rpc_->endpoint().target, "unix:")) {
       // A daemon closes a connection from a uid it does not allow before answering anything.
       return absl::Status(st.code(), absl::StrCat(st.message(), " (", rpc_->endpoint().target,
                                                   ": no orchestrator answered; if one runs, "
@@ -180,6 +428,7 @@ absl::Status HostClient::Join() {
     }
     return st;
   }
+  if (auto st = rpc_->Accept(rep.epoch(), "join"); !st.ok()) return st;
   absl::MutexLock l(&mu_);
   incarnation_ = rep.incarnation();
   held_.clear();  // nothing held yet
@@ -213,15 +462,19 @@ absl::Status HostClient::HeartbeatOnce() {
   }
   pb::HeartbeatReply rep;
   const HostClockReading sent = ReadClocks();
-  const grpc::Status called =
-      rpc_->Call(static_cast<int>(period_ms_ * 2),
-                 [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
-                   return stub.Heartbeat(ctx, req, &rep);
-                 });
+  const grpc::Status called = rpc_->Call(
+      static_cast<int>(period_ms_ * 2),
+      [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+        return stub.Heartbeat(ctx, req, &rep);
+      },
+      [&] { return rep.epoch(); });
   if (auto st = FromGrpc(called, "heartbeat"); !st.ok()) {
     return st;  // the orchestrator is down: extents stay valid until their lease ends
   }
   if (options_.before_heartbeat_applied) options_.before_heartbeat_applied();
+  // Again when applying: a newer leader may have answered another call while this reply
+  // travelled (a failover between the two).
+  if (auto st = rpc_->Accept(rep.epoch(), "heartbeat"); !st.ok()) return st;
   if (rep.fenced()) {
     ++rejoins_;
     return Join();
@@ -267,11 +520,14 @@ absl::StatusOr<std::vector<GrantedExtent>> HostClient::Grow(std::uint32_t n) {
   req.set_extents(n);
   pb::GrowReply rep;
   const HostClockReading sent = ReadClocks();
-  const grpc::Status called =
-      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+  const grpc::Status called = rpc_->Call(
+      2000,
+      [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
         return stub.Grow(ctx, req, &rep);
-      });
+      },
+      [&] { return rep.epoch(); });
   if (auto st = FromGrpc(called, "grow"); !st.ok()) return st;
+  if (auto st = rpc_->Accept(rep.epoch(), "grow"); !st.ok()) return st;
   std::vector<GrantedExtent> got;
   absl::MutexLock l(&mu_);
   if (incarnation_ != inc) {
@@ -299,10 +555,12 @@ absl::Status HostClient::Shrink(const std::vector<std::uint32_t>& ext) {
   req.set_incarnation(incarnation());
   for (std::uint32_t i : ext) req.add_extents(i);
   pb::ShrinkReply rep;
-  const grpc::Status called =
-      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+  const grpc::Status called = rpc_->Call(
+      2000,
+      [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
         return stub.Shrink(ctx, req, &rep);
-      });
+      },
+      [&] { return rep.epoch(); });
   if (auto st = FromGrpc(called, "shrink"); !st.ok()) return st;
   absl::MutexLock l(&mu_);
   std::erase_if(held_, [&](const Held& h) {
@@ -320,19 +578,24 @@ absl::Status HostClient::Leave() {
   req.set_host_id(host_);
   req.set_incarnation(incarnation());
   pb::LeaveReply rep;
-  return FromGrpc(
-      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub,
-                           grpc::ClientContext* ctx) { return stub.Leave(ctx, req, &rep); }),
-      "leave");
+  return FromGrpc(rpc_->Call(
+                      2000,
+                      [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+                        return stub.Leave(ctx, req, &rep);
+                      },
+                      [&] { return rep.epoch(); }),
+                  "leave");
 }
 
 absl::StatusOr<std::vector<ExtentView>> HostClient::ListExtents() {
   pb::ExtentsRequest req;
   pb::ExtentsReply rep;
-  const grpc::Status called =
-      rpc_->Call(2000, [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
+  const grpc::Status called = rpc_->Call(
+      2000,
+      [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
         return stub.Extents(ctx, req, &rep);
-      });
+      },
+      [&] { return rpc_->seen_epoch.load(); });  // a listing carries no epoch
   if (auto st = FromGrpc(called, "extents"); !st.ok()) return st;
   std::vector<ExtentView> out;
   out.reserve(static_cast<std::size_t>(rep.extents_size()));
@@ -351,6 +614,10 @@ bool HostClient::Holds(std::uint32_t extent) const {
 }
 
 HostClient::~HostClient() { (void)Leave(); }
+
+std::int64_t HostClient::leader_epoch() const { return rpc_->seen_epoch.load(); }
+
+std::uint64_t HostClient::leaders_found() const { return rpc_->leader_changes.load(); }
 
 std::uint64_t HostClient::incarnation() const {
   absl::MutexLock l(&mu_);

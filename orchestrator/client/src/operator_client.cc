@@ -70,6 +70,11 @@ absl::StatusOr<DomainStatus> OperatorClient::Status() {
   d.uptime_ms = r.uptime_ms();
   d.recovered_at_start = r.recovered_at_start();
   d.extents_quarantined = r.extents_quarantined();
+  d.role = r.role();
+  d.epoch = r.epoch();
+  d.leader = r.leader();
+  d.standbys.assign(r.standbys().begin(), r.standbys().end());
+  d.read_only_since = r.read_only_since();
   return d;
 }
 

@@ -22,6 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/coherence/domain_layout.h"
@@ -80,8 +82,11 @@ absl::Status Format(co::Mem& mem, const Config& c, std::uint64_t region_bytes) {
   return co::FormatDomain(mem, g);
 }
 
-// This orchestrator as the leader key names it (orchestrator HA).
-std::string SelfDescription(const Config& c) {
+// This orchestrator as the leader key names it (orchestrator HA). Hosts that find the leader
+// through etcd (docs/ha.md "Endpoint discovery") use `socket` on the same host and
+// `endpoint` (rpc.tcp with the port it listens on; a wildcard address becomes the host name)
+// from others. tcp_port: 0 before the daemon listens.
+std::string SelfDescription(const Config& c, int tcp_port = 0) {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   nlohmann::json j;
@@ -90,6 +95,11 @@ std::string SelfDescription(const Config& c) {
   j["pid"] = ::getpid();
   j["socket"] = c.socket;
   j["tcp"] = c.tcp;
+  if (!c.tcp.empty() && tcp_port > 0) {
+    std::string addr = c.tcp.substr(0, c.tcp.rfind(':'));
+    if (addr.empty() || addr == "0.0.0.0" || addr == "[::]" || addr == "::") addr = host;
+    j["endpoint"] = absl::StrCat(addr, ":", tcp_port);
+  }
   return j.dump();
 }
 
@@ -191,6 +201,37 @@ class Metrics {
     events_.Add({{"event", "returns_waiting"}}).Set(static_cast<double>(st.returns_waiting));
   }
   void ObserveStep(double seconds) { step_hist_.Observe(seconds); }
+
+  // Orchestrator HA ([etcd]; docs/ha.md "Metrics"). Counters advance by what the election
+  // counted since the last update; the latencies are the ones drained since then.
+  struct HaView {
+    bool leading = false, read_only = false;
+    std::int64_t epoch = 0;
+    double last_takeover_unix_s = 0, last_takeover_s = 0;
+  };
+  void UpdateHa(const HaStats& h, const HaView& v) {
+    if (ha_ == nullptr) ha_ = std::make_unique<Ha>(*registry_);
+    Ha& m = *ha_;
+    auto advance = [](prometheus::Counter& c, std::uint64_t now, std::uint64_t& seen) {
+      if (now > seen) c.Increment(static_cast<double>(now - seen));
+      seen = now;
+    };
+    advance(m.won, h.elections_won, m.won_seen);
+    advance(m.step_downs, h.step_downs, m.step_downs_seen);
+    advance(m.state_writes, h.state_writes, m.state_writes_seen);
+    advance(m.state_write_failures, h.state_write_failures, m.state_write_failures_seen);
+    advance(m.keepalive_failures, h.keepalive_failures, m.keepalive_failures_seen);
+    for (double ms : h.etcd_call_ms) m.latency_hist.Observe(ms / 1000.0);
+    m.role.Add({{"role", "leader"}}).Set(v.leading ? 1 : 0);
+    m.role.Add({{"role", "read-only"}}).Set(v.read_only ? 1 : 0);
+    m.role.Add({{"role", "standby"}}).Set(v.leading || v.read_only ? 0 : 1);
+    m.read_only.Set(v.read_only ? 1 : 0);
+    m.epoch.Set(static_cast<double>(v.epoch));
+    if (v.last_takeover_unix_s > 0) {
+      m.last_takeover.Set(v.last_takeover_unix_s);
+      m.takeover_seconds.Set(v.last_takeover_s);
+    }
+  }
   void Traffic(std::uint64_t hits, std::uint64_t misses) {
     hits_.Increment(static_cast<double>(hits));
     misses_.Increment(static_cast<double>(misses));
@@ -211,6 +252,82 @@ class Metrics {
   prometheus::Histogram& step_hist_;
   prometheus::Counter& hits_;
   prometheus::Counter& misses_;
+
+  struct Ha {
+    explicit Ha(prometheus::Registry& r)
+        : won(prometheus::BuildCounter()
+                  .Name("cxlkv_ha_elections_won_total")
+                  .Help("Elections this orchestrator won (terms it led)")
+                  .Register(r)
+                  .Add({})),
+          step_downs(prometheus::BuildCounter()
+                         .Name("cxlkv_ha_step_downs_total")
+                         .Help("Leaderships that ended (deadline passed, lease lost, resigned)")
+                         .Register(r)
+                         .Add({})),
+          state_writes(prometheus::BuildCounter()
+                           .Name("cxlkv_ha_state_writes_total")
+                           .Help("Guarded transactions writing the domain's state to etcd")
+                           .Register(r)
+                           .Add({})),
+          state_write_failures(prometheus::BuildCounter()
+                                   .Name("cxlkv_ha_state_write_failures_total")
+                                   .Help("State writes refused by their guard or unanswered")
+                                   .Register(r)
+                                   .Add({})),
+          keepalive_failures(prometheus::BuildCounter()
+                                 .Name("cxlkv_ha_keepalive_failures_total")
+                                 .Help("Session keep-alives etcd did not answer")
+                                 .Register(r)
+                                 .Add({})),
+          latency_hist(
+              prometheus::BuildHistogram()
+                  .Name("cxlkv_ha_etcd_request_seconds")
+                  .Help("etcd request latency (keep-alives, campaigns, state reads and "
+                        "writes)")
+                  .Register(r)
+                  .Add({},
+                       prometheus::Histogram::BucketBoundaries{
+                           5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5})),
+          role(prometheus::BuildGauge()
+                   .Name("cxlkv_ha_role")
+                   .Help("1 for this orchestrator's role: leader, read-only or standby")
+                   .Register(r)),
+          read_only(prometheus::BuildGauge()
+                        .Name("cxlkv_ha_read_only")
+                        .Help("1 while the leader serves read-only (etcd unreachable)")
+                        .Register(r)
+                        .Add({})),
+          epoch(prometheus::BuildGauge()
+                    .Name("cxlkv_ha_epoch")
+                    .Help("The epoch this orchestrator leads at (0: it does not)")
+                    .Register(r)
+                    .Add({})),
+          last_takeover(prometheus::BuildGauge()
+                            .Name("cxlkv_ha_last_takeover_timestamp_seconds")
+                            .Help("When this orchestrator last took the domain over (Unix time)")
+                            .Register(r)
+                            .Add({})),
+          takeover_seconds(prometheus::BuildGauge()
+                               .Name("cxlkv_ha_last_takeover_seconds")
+                               .Help("The last takeover, from winning the election to serving")
+                               .Register(r)
+                               .Add({})) {}
+    prometheus::Counter& won;
+    prometheus::Counter& step_downs;
+    prometheus::Counter& state_writes;
+    prometheus::Counter& state_write_failures;
+    prometheus::Counter& keepalive_failures;
+    prometheus::Histogram& latency_hist;
+    prometheus::Family<prometheus::Gauge>& role;
+    prometheus::Gauge& read_only;
+    prometheus::Gauge& epoch;
+    prometheus::Gauge& last_takeover;
+    prometheus::Gauge& takeover_seconds;
+    std::uint64_t won_seen = 0, step_downs_seen = 0, state_writes_seen = 0;
+    std::uint64_t state_write_failures_seen = 0, keepalive_failures_seen = 0;
+  };
+  std::unique_ptr<Ha> ha_;  // created on the first UpdateHa (only with [etcd])
 };
 
 // ---- RPC service ------------------------------------------------------------------------------
@@ -269,6 +386,7 @@ class Service final : public pb::Orchestrator::Service {
     if (auto st = o_.SaveLocked(); !st.ok()) return ToGrpc(st);
     const Config& c = o_.config();
     rep->set_incarnation(*inc);
+    rep->set_epoch(o_.epoch_locked());
     rep->set_heartbeat_period_ms(c.heartbeat_period_ms);
     rep->set_host_ttl_ms(c.host_ttl_ms);
     rep->set_domain_spec(c.prefix_domain);
@@ -282,7 +400,8 @@ class Service final : public pb::Orchestrator::Service {
     if (auto st = Check(ctx); !st.ok()) return st;
     o_.CountPrefixTraffic(req->prefix_hits(), req->prefix_misses());
     absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
+    if (auto st = o_.ReadableLocked(); !st.ok()) return ToGrpc(st);
+    rep->set_epoch(o_.epoch_locked());
     const std::int64_t now = o_.NowMs();
     const absl::Status st =
         o_.state_.Heartbeat(req->host_id(), req->incarnation(), req->used_bytes(), now);
@@ -302,13 +421,14 @@ class Service final : public pb::Orchestrator::Service {
   }
 
   grpc::Status Leave(grpc::ServerContext* ctx, const pb::LeaveRequest* req,
-                     pb::LeaveReply*) override {
+                     pb::LeaveReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
     if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
     if (auto st = o_.state_.Leave(req->host_id(), req->incarnation(), o_.NowMs()); !st.ok()) {
       return ToGrpc(st);
     }
+    rep->set_epoch(o_.epoch_locked());
     return ToGrpc(o_.SaveLocked());
   }
 
@@ -332,11 +452,12 @@ class Service final : public pb::Orchestrator::Service {
       return ToGrpc(st);
     }
     for (std::uint32_t i : *got) FillExtent(o_.state_, i, now, rep->add_granted());
+    rep->set_epoch(o_.epoch_locked());
     return grpc::Status::OK;
   }
 
   grpc::Status Shrink(grpc::ServerContext* ctx, const pb::ShrinkRequest* req,
-                      pb::ShrinkReply*) override {
+                      pb::ShrinkReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     std::vector<std::uint32_t> ext(req->extents().begin(), req->extents().end());
     absl::MutexLock l(&o_.mu_);
@@ -344,12 +465,18 @@ class Service final : public pb::Orchestrator::Service {
     if (auto st = o_.state_.Shrink(req->host_id(), req->incarnation(), ext, o_.NowMs()); !st.ok()) {
       return ToGrpc(st);
     }
+    rep->set_epoch(o_.epoch_locked());
     return ToGrpc(o_.SaveLocked());
   }
 
   grpc::Status Status(grpc::ServerContext* ctx, const pb::StatusRequest*,
                       pb::StatusReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
+    // The candidates from etcd, before the lock (etcd may be slow or away; then none listed).
+    std::vector<std::string> candidates;
+    if (o_.ha()) {
+      if (auto c = o_.CandidatesInEtcd(); c.ok()) candidates = *std::move(c);
+    }
     absl::MutexLock l(&o_.mu_);
     const Config& c = o_.config();
     rep->set_domain_spec(c.prefix_domain);
@@ -357,11 +484,16 @@ class Service final : public pb::Orchestrator::Service {
     rep->set_pool_bytes(o_.pool_bytes());
     rep->set_extent_bytes(c.extent_bytes);
     rep->set_role(o_.RoleLocked());
-    rep->set_epoch(o_.epoch_locked());
+    // This one's epoch while it leads (or serves read-only); a standby's: the leader's.
+    rep->set_epoch(o_.epoch_locked() != 0 ? o_.epoch_locked() : o_.LeaderEpochLocked());
     rep->set_leader(o_.LeaderLocked());
     rep->set_uptime_ms(o_.NowMs() - o_.started_ms());
+    rep->set_read_only_since(o_.ReadOnlySinceLocked());
+    for (std::string& cand : candidates) {
+      if (cand != rep->leader()) rep->add_standbys(std::move(cand));
+    }
     // A standby knows the configuration and who leads; the domain's state is the leader's.
-    if (!o_.ServingLocked().ok()) return grpc::Status::OK;
+    if (!o_.ReadableLocked().ok()) return grpc::Status::OK;
     std::uint32_t free = 0, assigned = 0, quarantined = 0;
     for (const ExtentInfo& e : o_.state_.extents()) {
       (e.free() ? free : e.quarantined ? quarantined : assigned)++;
@@ -390,7 +522,7 @@ class Service final : public pb::Orchestrator::Service {
                      pb::HostsReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
+    if (auto st = o_.ReadableLocked(); !st.ok()) return ToGrpc(st);
     const std::int64_t now = o_.NowMs();
     for (std::uint32_t i = 0; i < o_.state_.hosts().size(); ++i) {
       const HostInfo& h = o_.state_.hosts()[i];
@@ -411,7 +543,7 @@ class Service final : public pb::Orchestrator::Service {
                        pb::ExtentsReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
+    if (auto st = o_.ReadableLocked(); !st.ok()) return ToGrpc(st);
     const std::int64_t now = o_.NowMs();
     for (std::uint32_t i = 0; i < o_.state_.extents().size(); ++i) {
       FillExtent(o_.state_, i, now, rep->add_extents());
@@ -423,7 +555,7 @@ class Service final : public pb::Orchestrator::Service {
                         pb::PrefixesReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
+    if (auto st = o_.ReadableLocked(); !st.ok()) return ToGrpc(st);
     const auto& entries = o_.owner_->entries();
     std::uint32_t published = 0, retired = 0;
     for (std::uint32_t i = 0; i < entries.size(); ++i) {
@@ -704,6 +836,7 @@ absl::Status Orchestrator::Start() {
     HaSession::Hooks hooks;
     hooks.take_over = [this](const LeaderTerm& t) { return TakeOver(t); };
     hooks.step_down = [this](const std::string& why) { StepDown(why); };
+    ha_->Advertise(SelfDescription(config_, tcp_port_));
     if (auto st = ha_->Start(std::move(hooks)); !st.ok()) return st;
   }
   return absl::OkStatus();
@@ -747,7 +880,7 @@ void Orchestrator::AcceptLoop() {
 }
 
 void Orchestrator::OwnerLoop() {
-  std::int64_t last_metrics = 0;
+  std::int64_t last_metrics = 0, last_ha_metrics = 0;
   while (!stop_.load()) {
     {
       absl::MutexLock l(&mu_);
@@ -774,6 +907,17 @@ void Orchestrator::OwnerLoop() {
             last_metrics = now;
           }
         }
+      }
+      // HA metrics in every role (a standby's and a read-only leader's count too).
+      if (metrics_ && ha_ != nullptr && clock_->NowMs() - last_ha_metrics >= 200) {
+        Metrics::HaView v;
+        v.leading = leading_;
+        v.read_only = read_only_;
+        v.epoch = epoch_;
+        v.last_takeover_unix_s = last_takeover_unix_s_;
+        v.last_takeover_s = last_takeover_s_;
+        metrics_->UpdateHa(ha_->DrainStats(), v);
+        last_ha_metrics = clock_->NowMs();
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(config_.owner_period_ms));
@@ -860,11 +1004,17 @@ absl::Status Orchestrator::SaveLocked() {
   return absl::OkStatus();
 }
 
-absl::Status Orchestrator::ServingLocked() const {
-  // A leader whose write deadline passed (it was stopped, or etcd went silent) answers
+absl::Status Orchestrator::ServingLocked() {
+  // A leader whose write deadline passed (it was stopped, or etcd went silent) changes
   // nothing more: a successor may be serving from a newer state by now.
   if (ha_ == nullptr || (leading_ && owner_ != nullptr && ha_->WriteAllowed())) {
     return absl::OkStatus();
+  }
+  if (ReadOnlyLocked()) {
+    return absl::UnavailableError(absl::StrCat(
+        "domain '", config_.etcd.domain, "': etcd unreachable since ", ReadOnlySinceLocked(),
+        "; the domain is read-only until it is back (heartbeats, lookups and the extents already "
+        "lent keep working; no new extents, publications or membership changes)"));
   }
   const HaStats h = ha_->stats();
   return absl::UnavailableError(
@@ -873,9 +1023,63 @@ absl::Status Orchestrator::ServingLocked() const {
                                     : absl::StrCat("; the leader is ", h.leader)));
 }
 
-std::string Orchestrator::RoleLocked() const {
+absl::Status Orchestrator::ReadableLocked() {
+  if (ha_ == nullptr || (leading_ && owner_ != nullptr && ha_->WriteAllowed())) {
+    return absl::OkStatus();
+  }
+  if (ReadOnlyLocked()) return absl::OkStatus();
+  return ServingLocked();
+}
+
+bool Orchestrator::ReadOnlyLocked() {
+  if (!read_only_) return false;
+  // A successor writes its epoch into the fence line before it serves anything: once it is
+  // there (or etcd names another leader), this orchestrator's answers may contradict the
+  // successor's, so it answers nothing more.
+  const HaStats h = ha_->stats();
+  std::string why;
+  co::OwnerFenceLine line{};
+  if (!h.leader.empty() && h.leader_epoch != epoch_) {
+    why = absl::StrCat("etcd names another leader (epoch ", h.leader_epoch, ")");
+  } else if (!ReadFenceLine(*domain_mem_, &line)) {
+    why = "the domain's fence line does not validate (a successor is writing it)";
+  } else if (line.epoch != fence_.epoch || line.cluster_id != fence_.cluster_id) {
+    why = absl::StrCat("the domain's fence line names epoch ", line.epoch,
+                       ": a successor took the domain over");
+  }
+  if (why.empty()) return true;
+  EndReadOnlyLocked(why);
+  return false;
+}
+
+void Orchestrator::EndReadOnlyLocked(const std::string& why) {
+  if (!read_only_) return;
+  read_only_ = false;
+  owner_.reset();
+  epoch_ = 0;
+  std::fprintf(stderr, "cxlkv-orchestrator: read-only mode of domain '%s' ended: %s\n",
+               config_.etcd.domain.c_str(), why.c_str());
+}
+
+std::string Orchestrator::ReadOnlySinceLocked() const {
+  if (!read_only_) return "";
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(read_only_since_unix_ms_),
+                          absl::UTCTimeZone());
+}
+
+std::string Orchestrator::RoleLocked() {
   if (ha_ == nullptr) return "single";
-  return ServingLocked().ok() ? "leader" : "standby";
+  if (ServingLocked().ok()) return "leader";
+  return read_only_ ? "read-only" : "standby";
+}
+
+absl::StatusOr<std::vector<std::string>> Orchestrator::CandidatesInEtcd() {
+  if (ha_ == nullptr) return std::vector<std::string>();
+  return ha_->Candidates();
+}
+
+std::int64_t Orchestrator::LeaderEpochLocked() const {
+  return ha_ == nullptr ? 0 : ha_->stats().leader_epoch;
 }
 
 std::string Orchestrator::LeaderLocked() const {
@@ -911,7 +1115,10 @@ void Orchestrator::EndBatchLocked() {
 }
 
 absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
+  const absl::Time elected = absl::Now();
   absl::MutexLock l(&mu_);
+  // Elected again (etcd is back): the read-only term's view gives way to etcd's state.
+  EndReadOnlyLocked(absl::StrCat("elected at epoch ", t.epoch));
   const std::int64_t now = clock_->NowMs();
   // 1. The domain's state: etcd's, or for the first leader a new one or the state file's.
   auto stored = ha_->LoadState();
@@ -995,6 +1202,8 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
       return st;
     }
   }
+  last_takeover_unix_s_ = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  last_takeover_s_ = absl::ToDoubleSeconds(absl::Now() - elected);
   std::fprintf(stderr,
                "cxlkv-orchestrator: leader of domain '%s' at epoch %lld: %u extents held by hosts, "
                "state from %s\n",
@@ -1005,6 +1214,23 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
 
 void Orchestrator::StepDown(const std::string& why) {
   absl::MutexLock l(&mu_);
+  const HaStats h = ha_->stats();
+  if (h.lost_contact && leading_ && owner_ != nullptr && !stop_.load()) {
+    // etcd stopped answering: read-only until it is back or a successor shows (docs/ha.md).
+    // Nothing is written to the domain or to etcd; the state, the owner and the epoch stay.
+    leading_ = false;
+    read_only_ = true;
+    read_only_since_unix_ms_ =
+        h.last_contact_unix_ms != 0 ? h.last_contact_unix_ms : absl::ToUnixMillis(absl::Now());
+    std::fprintf(stderr,
+                 "cxlkv-orchestrator: no longer the leader of domain '%s': %s; etcd unreachable "
+                 "since %s: serving read-only (heartbeats and reads) at epoch %lld until etcd is "
+                 "back or a successor takes over\n",
+                 config_.etcd.domain.c_str(), why.c_str(), ReadOnlySinceLocked().c_str(),
+                 static_cast<long long>(epoch_));
+    return;
+  }
+  read_only_ = false;
   leading_ = false;
   owner_.reset();
   epoch_ = 0;

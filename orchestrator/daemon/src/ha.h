@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cxlkv/coherence/mem.h"
@@ -34,6 +35,12 @@ struct HaStats {
   std::int64_t leader_epoch = 0;
   std::uint64_t elections_won = 0, step_downs = 0, keepalive_failures = 0;
   std::uint64_t state_writes = 0, state_write_failures = 0;
+  // The last leadership ended because etcd stopped answering in time (read-only mode).
+  bool lost_contact = false;
+  std::int64_t last_contact_unix_ms = 0;  // the last keep-alive etcd answered (wall clock)
+  // Latencies (ms) of etcd requests (keep-alives, campaigns, state reads and writes) since the
+  // last DrainStats().
+  std::vector<double> etcd_call_ms;
 };
 
 class HaSession : public WriteGate {
@@ -53,6 +60,8 @@ class HaSession : public WriteGate {
                                                            coherence::Clock* clock);
   ~HaSession() override = default;
 
+  // Replaces `self` before Start (the daemon knows its TCP port only once it listens).
+  virtual void Advertise(const std::string& self) = 0;
   // Starts campaigning. The hooks run on the election's thread.
   virtual absl::Status Start(Hooks hooks) = 0;
   // Steps down if leading (the lease is revoked: a standby takes over at once) and stops.
@@ -70,6 +79,10 @@ class HaSession : public WriteGate {
   virtual absl::Status SaveState(const std::string& text, std::int64_t epoch) = 0;
 
   virtual HaStats stats() const = 0;
+  // stats(), and drains etcd_call_ms (for the metrics exporter).
+  virtual HaStats DrainStats() = 0;
+  // The candidates registered in etcd (their JSON, the leader's included), read now.
+  virtual absl::StatusOr<std::vector<std::string>> Candidates() = 0;
   // Where the domain lives in etcd, for messages: "/cxlkv/v1/C/domains/D".
   virtual std::string where() const = 0;
 };

@@ -9,6 +9,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cxlkv/orchestrator/election.h"
 #include "cxlkv/orchestrator/etcd.h"
 #include "ha.h"
@@ -22,8 +24,9 @@ namespace ed = ::cxlkv::orchestrator::etcd;
 class EtcdHa final : public HaSession {
  public:
   EtcdHa(const Config& c, std::string self, std::unique_ptr<ed::Client> client,
-         coherence::Clock* clock)
-      : c_(c),
+         std::unique_ptr<ed::Client> quick, coherence::Clock* clock)
+      : quick_(std::move(quick)),
+        c_(c),
         clock_(clock),
         self_(std::move(self)),
         where_(absl::StrCat("/cxlkv/v1/", c.etcd.cluster, "/domains/", c.etcd.domain)),
@@ -55,6 +58,8 @@ class EtcdHa final : public HaSession {
     return absl::OkStatus();
   }
 
+  void Advertise(const std::string& self) override { self_ = self; }
+
   void Stop() override {
     if (election_) election_->Stop();
   }
@@ -66,9 +71,11 @@ class EtcdHa final : public HaSession {
   bool WriteAllowed() const override { return election_ != nullptr && election_->WriteAllowed(); }
 
   absl::StatusOr<std::optional<StoredState>> LoadState() override {
+    const absl::Time t0 = absl::Now();
     auto r = client_->Get(StateKey());
-    if (!r.ok()) return Named(r.status(), "read");
     absl::MutexLock l(&mu_);
+    Latency(t0);
+    if (!r.ok()) return Named(r.status(), "read");
     if (r->kvs.empty()) {
       state_revision_ = 0;
       return std::optional<StoredState>();
@@ -79,6 +86,7 @@ class EtcdHa final : public HaSession {
 
   absl::Status SaveState(const std::string& text, std::int64_t epoch) override {
     using C = ed::Compare;
+    const absl::Time t0 = absl::Now();
     std::int64_t seen = 0;
     {
       absl::MutexLock l(&mu_);
@@ -89,6 +97,7 @@ class EtcdHa final : public HaSession {
                           {ed::Op::Put(StateKey(), text)},
                           {ed::Op::Get(where_ + "/leader"), ed::Op::Get(StateKey())});
     absl::MutexLock l(&mu_);
+    Latency(t0);
     if (!r.ok()) {
       ++state_write_failures_;
       return Named(r.status(), "write");
@@ -107,10 +116,38 @@ class EtcdHa final : public HaSession {
     return absl::OkStatus();
   }
 
-  HaStats stats() const override {
+  HaStats stats() const override { return Stats(false); }
+  HaStats DrainStats() override { return Stats(true); }
+
+  absl::StatusOr<std::vector<std::string>> Candidates() override {
+    // While the last keep-alive is overdue (they go every TTL/3), the list as last read:
+    // Status must not wait for an etcd that is away.
+    const std::int64_t last = election_ ? election_->stats().last_contact_unix_ms : 0;
+    if (absl::ToUnixMillis(absl::Now()) - last > c_.etcd.ttl_s * 1000 / 3 + 500) {
+      absl::MutexLock l(&mu_);
+      return candidates_;
+    }
+    auto r = quick_->Get(where_ + "/election/", ed::PrefixEnd(where_ + "/election/"));
+    if (!r.ok()) {
+      return absl::Status(r.status().code(), absl::StrCat(where_,
+                                                          "/election/: cannot list the "
+                                                          "candidates: ",
+                                                          r.status().message()));
+    }
+    std::vector<std::string> out;
+    for (const ed::KeyValue& kv : r->kvs) out.push_back(kv.value);
+    absl::MutexLock l(&mu_);
+    candidates_ = out;
+    return out;
+  }
+
+  HaStats Stats(bool drain) const {
     HaStats s;
     if (election_) {
-      const ed::ElectionStats e = election_->stats();
+      ed::ElectionStats e = drain ? election_->DrainStats() : election_->stats();
+      s.lost_contact = e.lost_contact;
+      s.last_contact_unix_ms = e.last_contact_unix_ms;
+      s.etcd_call_ms = std::move(e.call_ms);
       s.epoch = e.epoch;
       s.leader = e.leader_value;
       s.leader_epoch = e.leader_epoch;
@@ -121,6 +158,8 @@ class EtcdHa final : public HaSession {
     absl::MutexLock l(&mu_);
     s.state_writes = state_writes_;
     s.state_write_failures = state_write_failures_;
+    s.etcd_call_ms.insert(s.etcd_call_ms.end(), call_ms_.begin(), call_ms_.end());
+    if (drain) call_ms_.clear();
     return s;
   }
 
@@ -128,6 +167,9 @@ class EtcdHa final : public HaSession {
 
  private:
   std::string StateKey() const { return where_ + "/state"; }
+  void Latency(absl::Time t0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (call_ms_.size() < 4096) call_ms_.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+  }
   absl::Status Named(const absl::Status& st, const char* what) const {
     return absl::Status(st.code(), absl::StrCat(where_, "/state: cannot ", what,
                                                 " the domain's "
@@ -135,6 +177,9 @@ class EtcdHa final : public HaSession {
                                                 st.message()));
   }
 
+  // For Status's candidate list: short timeouts, so Status answers within a few hundred ms
+  // while etcd is away.
+  std::unique_ptr<ed::Client> quick_;
   Config c_;
   coherence::Clock* clock_;
   std::string self_;
@@ -146,6 +191,8 @@ class EtcdHa final : public HaSession {
   std::int64_t state_revision_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t state_writes_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t state_write_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::vector<double> call_ms_ ABSL_GUARDED_BY(mu_);  // state reads and writes
+  std::vector<std::string> candidates_ ABSL_GUARDED_BY(mu_);  // as last read
 };
 
 }  // namespace
@@ -161,7 +208,12 @@ absl::StatusOr<std::unique_ptr<HaSession>> HaSession::Create(const Config& c,
   if (!client.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("etcd.endpoints: ", client.status().message()));
   }
-  return std::unique_ptr<HaSession>(new EtcdHa(c, self, *std::move(client), clock));
+  o.call_timeout_ms = std::min<std::uint32_t>(c.etcd.call_timeout_ms, 250);
+  o.attempt_timeout_ms = std::max<std::uint32_t>(o.call_timeout_ms / 2, 50);
+  auto quick = ed::Client::Create(o);
+  if (!quick.ok()) return quick.status();
+  return std::unique_ptr<HaSession>(
+      new EtcdHa(c, self, *std::move(client), *std::move(quick), clock));
 }
 
 }  // namespace cxlkv::orchestrator

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace cxlkv::orchestrator::etcd {
@@ -73,8 +74,23 @@ ElectionStats LeaderElection::stats() const {
   absl::MutexLock l(&mu_);
   ElectionStats s = stats_;
   s.epoch = epoch_.load();
+  s.call_ms.clear();
   return s;
 }
+
+ElectionStats LeaderElection::DrainStats() {
+  absl::MutexLock l(&mu_);
+  ElectionStats s = stats_;
+  s.epoch = epoch_.load();
+  stats_.call_ms.clear();
+  return s;
+}
+
+namespace {
+std::int64_t WallMs() { return absl::ToUnixMillis(absl::Now()); }
+// Latencies kept between drains: a bound, so an exporter that never drains costs nothing.
+constexpr std::size_t kMaxLatencies = 4096;
+}  // namespace
 
 void LeaderElection::Log(const std::string& line) const {
   if (o_.log) {
@@ -148,13 +164,18 @@ void LeaderElection::KeepAliveLoop() {
       lease = lease_;
     }
     const std::int64_t sent = clock_->NowMs();
+    const absl::Time wall_sent = absl::Now();
     auto ttl = client_.KeepAliveOnce(lease, static_cast<std::uint32_t>(period_ms));
     const std::int64_t now = clock_->NowMs();
     std::int64_t next = now + 200;  // after a failure: soon again
     {
       absl::MutexLock l(&mu_);
+      if (stats_.call_ms.size() < kMaxLatencies) {
+        stats_.call_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - wall_sent));
+      }
       if (lease_ != lease) continue;  // the session changed meanwhile
       if (ttl.ok()) {
+        stats_.last_contact_unix_ms = WallMs();
         if (now < valid_until_.load()) {
           // etcd restarted the lease after `sent`.
           valid_until_.store(std::max(valid_until_.load(), sent + *ttl * 1000 - o_.margin_ms));
@@ -210,11 +231,15 @@ void LeaderElection::ElectionLoop() {
       if (!NewSession()) Pause(o_.retry_ms);
       continue;
     }
+    const absl::Time campaign_sent = absl::Now();
     auto r = client_.Txn({Compare::CreateRevision(o_.leader_key, Compare::Result::kEqual, 0)},
                          {Op::Put(o_.leader_key, o_.value, lease)}, {Op::Get(o_.leader_key)});
     {
       absl::MutexLock l(&mu_);
       ++stats_.campaigns;
+      if (stats_.call_ms.size() < kMaxLatencies) {
+        stats_.call_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - campaign_sent));
+      }
     }
     if (!r.ok()) {
       note_error(absl::StrCat("etcd: campaign for ", o_.leader_key, ": ", r.status().message()));
@@ -272,6 +297,7 @@ void LeaderElection::ElectionLoop() {
     {
       absl::MutexLock l(&mu_);
       ++stats_.won;
+      stats_.lost_contact = false;
       stats_.leader_value = o_.value;
       stats_.leader_epoch = term.epoch;
       resign_why_.clear();
@@ -280,11 +306,13 @@ void LeaderElection::ElectionLoop() {
     Log(absl::StrCat("etcd: elected leader of ", o_.leader_key, " at epoch ", term.epoch,
                      " (cluster ", absl::Hex(term.cluster_id), ")"));
     const absl::Status took = cb_.elected(term);
+    bool contact = false;
     const std::string why =
-        took.ok() ? Lead(term) : absl::StrCat("takeover failed: ", took.message());
+        took.ok() ? Lead(term, &contact) : absl::StrCat("takeover failed: ", took.message());
     epoch_.store(0, std::memory_order_release);  // the fence closes before anything else
     {
       absl::MutexLock l(&mu_);
+      stats_.lost_contact = contact && !stop_.load();
       if (!stop_.load()) ++stats_.lost;
       stats_.leader_value.clear();
       stats_.leader_epoch = 0;
@@ -297,7 +325,7 @@ void LeaderElection::ElectionLoop() {
   EndSession();
 }
 
-std::string LeaderElection::Lead(const Term& term) {
+std::string LeaderElection::Lead(const Term& term, bool* lost_contact) {
   const std::int64_t check_ms = std::max<std::int64_t>(o_.ttl_s * 1000 / 3, 100);
   std::int64_t next_check = clock_->NowMs() + check_ms;
   while (true) {
@@ -306,11 +334,13 @@ std::string LeaderElection::Lead(const Term& term) {
       if (stop_.load()) return "stopping";
       if (!resign_why_.empty()) return resign_why_;
       if (session_lost_) {
+        *lost_contact = true;
         return "the session lease was lost (expired at etcd, or a keep-alive came back too late)";
       }
     }
     const std::int64_t now = clock_->NowMs();
     if (now >= valid_until_.load()) {
+      *lost_contact = true;
       return absl::StrCat("no keep-alive answered within the TTL less the margin (",
                           o_.ttl_s * 1000 - o_.margin_ms, " ms): fenced on this host's clock");
     }

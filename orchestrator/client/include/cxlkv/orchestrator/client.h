@@ -82,6 +82,11 @@ class HostClient {
   // that answered last and moves on to the next when it is down or a standby, so after a
   // failover the heartbeats reach the new leader with the same incarnation and the host keeps
   // its extents (their deadlines still count from the last acknowledged request).
+  //
+  // etcd://HOST:PORT[,HOST:PORT...]/DOMAIN (or .../CLUSTER/DOMAIN; cluster "default") finds
+  // the leader in etcd instead (the domain's [etcd] endpoints and names): the leader key names
+  // its Unix socket (used when it runs on this host) and its TCP endpoint. When the leader stops
+  // answering, the client reads the key again and follows the new leader.
   static absl::StatusOr<std::unique_ptr<HostClient>> Connect(const std::string& socket,
                                                              std::uint32_t host_id,
                                                              HostClientOptions options = {});
@@ -110,6 +115,12 @@ class HostClient {
   bool ExtentsValid() const;
   bool draining() const { return draining_.load(); }
   std::uint64_t rejoins() const { return rejoins_.load(); }
+  // The highest leader epoch a reply has carried (orchestrator HA, docs/ha.md; 0 without
+  // [etcd]). A reply from an older epoch is refused: the call fails naming both epochs, and
+  // with several endpoints it moves on to the next.
+  std::int64_t leader_epoch() const;
+  // With etcd://: how many leaders the client found in etcd and switched to (1 after Connect).
+  std::uint64_t leaders_found() const;
   const std::string& domain_spec() const { return domain_spec_; }
   const std::string& pool_spec() const { return pool_spec_; }
   std::uint64_t extent_bytes() const { return extent_bytes_; }

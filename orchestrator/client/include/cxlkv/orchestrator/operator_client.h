@@ -48,6 +48,14 @@ struct DomainStatus {
   std::int64_t uptime_ms = 0;
   std::uint64_t recovered_at_start = 0;  // extent assignments restored from the state file
   std::uint32_t extents_quarantined = 0;
+  // Orchestrator HA (docs/ha.md): "single" without etcd, else "leader", "read-only" (the
+  // leader lost etcd; read_only_since says since when) or "standby"; the leader's epoch, the
+  // leader and the standbys as etcd names them (JSON each).
+  std::string role;
+  std::int64_t epoch = 0;
+  std::string leader;
+  std::vector<std::string> standbys;
+  std::string read_only_since;
 };
 
 // An extent as the operator sees it (Extents RPC): what HostClient::ListExtents gives, plus

@@ -26,6 +26,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -93,20 +94,34 @@ class Orchestrator {
   absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- orchestrator HA ([etcd]; docs/ha.md) ----
-  // OK when this orchestrator serves the domain now (always without [etcd]; with it, while
-  // it leads); kUnavailable naming the leader otherwise.
-  absl::Status ServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "single", "leader" or "standby".
-  std::string RoleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when this orchestrator may change the domain's state now (always without [etcd]; with
+  // it, while it leads); kUnavailable naming the leader otherwise, or while read-only saying
+  // since when etcd is unreachable.
+  absl::Status ServingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when this orchestrator answers heartbeats and reads now: as ServingLocked, and also
+  // while read-only (docs/ha.md "Read-only while etcd is unreachable").
+  absl::Status ReadableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Read-only: this orchestrator led the domain, lost etcd (its write deadline passed), and no
+  // successor is known (etcd names no other leader, the domain's fence line still names this
+  // one's epoch). Checks both now, and ends read-only when either fails.
+  bool ReadOnlyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Read-only: since when etcd has not answered (UTC, RFC 3339); "" otherwise.
+  std::string ReadOnlySinceLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "single", "leader", "read-only" or "standby".
+  std::string RoleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::int64_t epoch_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return epoch_; }
   // The leader as etcd names it ("" : none known, or no [etcd]).
   std::string LeaderLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The leader's epoch as etcd names it (0: none known, or no [etcd]).
+  std::int64_t LeaderEpochLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Before a batch of owner writes: true without [etcd]; with it, only while this
   // orchestrator leads, its write deadline has not passed, and the domain's fence line still
   // names its epoch (else it resigns). EndBatchLocked after the batch records it in the line.
   bool OwnerBatchMayRunLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ha() const { return ha_ != nullptr; }
+  // HA: the candidates registered in etcd (their JSON), read now; mu_ need not be held.
+  absl::StatusOr<std::vector<std::string>> CandidatesInEtcd();
 
  private:
   Orchestrator(const Config& c, std::uint64_t pool_bytes);
@@ -123,11 +138,18 @@ class Orchestrator {
   // HA: the election's hooks (on its thread).
   absl::Status TakeOver(const LeaderTerm& t);
   void StepDown(const std::string& why);
+  void EndReadOnlyLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::unique_ptr<HaSession> ha_;          // null without [etcd]
   std::unique_ptr<FencedMem> fenced_mem_;  // HA: the owner's view of the domain
   bool new_domain_ = false;                // --new-domain (HA: used by the first leader)
   bool leading_ ABSL_GUARDED_BY(mu_) = false;
+  // Read-only while etcd is unreachable: the last term's state, owner (no batch runs) and
+  // epoch are kept; see ReadOnlyLocked.
+  bool read_only_ ABSL_GUARDED_BY(mu_) = false;
+  std::int64_t read_only_since_unix_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_takeover_unix_s_ ABSL_GUARDED_BY(mu_) = 0;  // metrics: the last takeover
+  double last_takeover_s_ ABSL_GUARDED_BY(mu_) = 0;       // its length (elected -> serving)
   std::int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // The fence line as this leader last wrote it.
   coherence::OwnerFenceLine fence_ ABSL_GUARDED_BY(mu_){};

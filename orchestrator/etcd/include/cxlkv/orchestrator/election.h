@@ -35,6 +35,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -71,6 +72,14 @@ struct ElectionStats {
   std::int64_t epoch = 0;         // current epoch (0: not leading)
   std::string leader_value;       // the leader key's value as last seen ("" : none)
   std::int64_t leader_epoch = 0;  // its create revision
+  // Wall time (Unix ms) of the last keep-alive etcd answered with a live lease (0: none yet).
+  std::int64_t last_contact_unix_ms = 0;
+  // The last leadership ended because etcd stopped answering in time (the write deadline
+  // passed, or the lease was found expired): not a resign, a lost leader key, or Stop.
+  bool lost_contact = false;
+  // Wall-clock latency (ms) of etcd calls made by the election (keep-alives and campaigns),
+  // since the last stats() call: what a metrics exporter drains.
+  std::vector<double> call_ms;
 };
 
 class LeaderElection {
@@ -104,6 +113,8 @@ class LeaderElection {
   // the lease and campaigns again after retry_ms.
   void Resign(const std::string& why);
   ElectionStats stats() const;
+  // stats(), and drains call_ms (the latencies recorded since the last drain).
+  ElectionStats DrainStats();
   coherence::Clock& clock() const { return *clock_; }
 
  private:
@@ -115,7 +126,8 @@ class LeaderElection {
   // Ends the session: revokes its lease (best effort) so its keys vanish now.
   void EndSession();
   // Leads until the fence closes, the lease or key is lost, Resign or Stop. Returns why.
-  std::string Lead(const Term& term);
+  // *lost_contact: it ended because etcd did not answer in time (deadline, lost session).
+  std::string Lead(const Term& term, bool* lost_contact);
   // Waits as a standby until the leader key may be free (deleted, or ttl/3 passed).
   void Follow(std::int64_t seen_revision);
   void Log(const std::string& line) const;
