@@ -257,19 +257,72 @@ void PrefixHost::WriteHostRow() {
 }
 
 std::optional<Hit> PrefixHost::Lookup(Namespace ns, const PrefixKey& key) {
+  if (ProbeRun(ns, std::span<const PrefixKey>(&key, 1)) == 0) return std::nullopt;
+  const IndexEntry& e = chain_read_[0];
+  return Hit{chain_entries_[0], e.entry_gen, e.ref, e.publisher};
+}
+
+std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) {
+  // Linear probing from each key's start slot, all keys at once, in rounds: a round evicts
+  // the next `window` slots of every key still open, fences once (mfence: no load below
+  // passes the evictions), then reads them. A hit at 70 % load is within the first four
+  // slots most of the time, so one round (one fence, the misses overlapping) finds most
+  // keys; the windows double for the few that need more. A slot read after the fence holds
+  // what memory held at some point after this call began, as the one-slot Invalidate did.
+  // `limit` is the run's end so far: keys past a miss are not probed any more.
+  constexpr std::uint32_t kFirstWindow = 4;
+  constexpr std::uint32_t kMaxWindow = 64;
+  constexpr std::uint32_t kFound = ~0u;
   const std::uint32_t mask = h_.index_entries - 1;
-  const std::uint32_t start = internal::ProbeStart(h_, ns, key);
-  for (std::uint32_t p = 0; p < h_.index_entries; ++p) {
-    const std::uint32_t i = (start + p) & mask;
-    IndexEntry e;
-    if (!ReadEntry(i, &e)) continue;  // unreadable: keep probing
-    const auto state = static_cast<EntryState>(e.state);
-    if (state == EntryState::kEmpty) return std::nullopt;
-    if (state == EntryState::kPublished && internal::KeyMatches(e, ns, key)) {
-      return Hit{i, e.entry_gen, e.ref, e.publisher};
+  std::size_t limit = keys.size();
+  chain_entries_.resize(limit);
+  chain_read_.resize(limit);
+  chain_next_.resize(limit);
+  for (std::size_t i = 0; i < limit; ++i) {
+    chain_entries_[i] = internal::ProbeStart(h_, ns, keys[i]);
+    chain_next_[i] = 0;
+  }
+  for (std::uint32_t window = kFirstWindow;; window = std::min(window * 2, kMaxWindow)) {
+    bool open = false;
+    for (std::size_t i = 0; i < limit; ++i) {
+      if (chain_next_[i] == kFound) continue;
+      const std::uint32_t end = std::min(chain_next_[i] + window, h_.index_entries);
+      for (std::uint32_t p = chain_next_[i]; p < end; ++p) {
+        mem_.Evict(EntryOff(h_, (chain_entries_[i] + p) & mask), sizeof(IndexEntry));
+      }
+      open = true;
+    }
+    if (!open) return limit;
+    mem_.FullFence();
+    for (std::size_t i = 0; i < limit; ++i) {
+      if (chain_next_[i] == kFound) continue;
+      const std::uint32_t end = std::min(chain_next_[i] + window, h_.index_entries);
+      IndexEntry& e = chain_read_[i];
+      bool missed = end == h_.index_entries;  // unless found below: every slot probed
+      for (std::uint32_t p = chain_next_[i]; p < end; ++p) {
+        const std::uint32_t slot = (chain_entries_[i] + p) & mask;
+        mem_.Read(EntryOff(h_, slot), &e, sizeof(e));
+        if (!LineValid(e) && !ReadEntry(slot, &e)) continue;  // unreadable: keep probing
+        const auto state = static_cast<EntryState>(e.state);
+        if (state == EntryState::kEmpty) {
+          missed = true;
+          break;
+        }
+        if (state == EntryState::kPublished && internal::KeyMatches(e, ns, keys[i])) {
+          chain_entries_[i] = slot;
+          chain_next_[i] = kFound;
+          missed = false;
+          break;
+        }
+      }
+      if (chain_next_[i] == kFound) continue;
+      if (missed) {
+        limit = i;  // the run ends here; later keys do not matter
+        break;
+      }
+      chain_next_[i] = end;
     }
   }
-  return std::nullopt;
 }
 
 absl::Status PrefixHost::EnsureAlive() {
@@ -333,45 +386,8 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<con
   if (keys.empty()) return 0;
   if (auto st = EnsureAlive(); !st.ok()) return st;
   const std::size_t want = std::min(keys.size(), std::size_t{h_.lease_rows});
-  // 1. Lookup: evict the first kChainProbe slots of every key's probe sequence, one fence,
-  //    then probe within them. A key whose sequence runs past them, or a torn line, takes
-  //    the probing Lookup.
-  constexpr std::uint32_t kChainProbe = 8;
-  const std::uint32_t window = std::min(kChainProbe, h_.index_entries);
-  const std::uint32_t mask = h_.index_entries - 1;
-  chain_entries_.resize(want);
-  chain_read_.resize(want);
-  for (std::size_t i = 0; i < want; ++i) {
-    chain_entries_[i] = internal::ProbeStart(h_, ns, keys[i]);
-    for (std::uint32_t p = 0; p < window; ++p) {
-      mem_.Evict(EntryOff(h_, (chain_entries_[i] + p) & mask), sizeof(IndexEntry));
-    }
-  }
-  mem_.FullFence();
-  std::size_t n = 0;
-  for (; n < want; ++n) {
-    IndexEntry& e = chain_read_[n];
-    bool found = false, missed = false;
-    for (std::uint32_t p = 0; p < window && !found && !missed; ++p) {
-      const std::uint32_t slot = (chain_entries_[n] + p) & mask;
-      mem_.Read(EntryOff(h_, slot), &e, sizeof(e));
-      if (!LineValid(e)) break;  // torn: the probing Lookup reads it again
-      const auto state = static_cast<EntryState>(e.state);
-      if (state == EntryState::kEmpty) {
-        missed = true;
-      } else if (state == EntryState::kPublished && internal::KeyMatches(e, ns, keys[n])) {
-        chain_entries_[n] = slot;
-        found = true;
-      }
-    }
-    if (found) continue;
-    if (missed) break;
-    const std::optional<Hit> hit = Lookup(ns, keys[n]);
-    if (!hit) break;
-    chain_entries_[n] = hit->entry;
-    e.entry_gen = hit->entry_gen;
-    e.ref = hit->ref;
-  }
+  // 1. Lookup: every key probed at once, one fence a round (ProbeRun).
+  std::size_t n = ProbeRun(ns, keys.first(want));
   if (n == 0) return 0;
   if (free_rows_.empty()) {
     return absl::ResourceExhaustedError(

@@ -171,6 +171,9 @@ class PrefixHost {
              std::uint32_t margin_ms, std::uint32_t pause_tolerance_ms);
   absl::Status Rejoin();
   bool ReadEntry(std::uint32_t i, IndexEntry* e);
+  // Probes for keys[0..k) together and returns the length of the leading run found: for
+  // i below it, chain_entries_[i] is the slot and chain_read_[i] the entry as read.
+  std::size_t ProbeRun(Namespace ns, std::span<const PrefixKey> keys);
   bool ReadOwnerLine(OwnerHostLine* o);
   // Re-reads an entry after this host's lease row write, and the owner's clock line with it
   // (evictions of both, one fence). False if the entry never validated; a clock line that
@@ -240,6 +243,7 @@ class PrefixHost {
   std::size_t held_ = 0;
   std::vector<std::uint32_t> chain_entries_;  // AcquireChain's scratch
   std::vector<IndexEntry> chain_read_;
+  std::vector<std::uint32_t> chain_next_;  // ProbeRun's next probe of each key
 };
 
 // ---- the owner (reclaimer) ------------------------------------------------------------------
