@@ -231,9 +231,14 @@ void PrefixHost::StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint
   r.held = held ? 1 : 0;
   SealLine(r);
   const std::uint64_t off = LeaseRowOff(h_, host_, row);
-  mem_.Write(off, &r, sizeof(r));
 #ifndef CXLKV_FAULT_DROP_LEASE_FLUSH  // defined only by the fault-injection test build
-  mem_.Flush(off, sizeof(r));
+  // A streaming store of the whole line: no read for ownership of a line this host only
+  // writes, and no separate write-back; it is in memory once the caller's fence returns (the
+  // store fence of a release, the mfence before an acquire's re-validation loads). Until
+  // then the owner may see the row's previous value, which only keeps a block longer.
+  mem_.WriteNt(off, &r, sizeof(r));
+#else
+  mem_.Write(off, &r, sizeof(r));  // the fault: the row stays in this host's cache
 #endif
 }
 
@@ -394,7 +399,7 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<con
         absl::StrCat("host ", host_, " holds all ", h_.lease_rows, " lease rows; release some"));
   }
   n = std::min(n, free_rows_.size());
-  // 2. Lease rows: store + flush each.
+  // 2. Lease rows: a streaming store each.
   const std::int64_t now = clock_.NowMs();  // before any row can be seen: deadline is safe
   const std::size_t first_row = free_rows_.size() - n;  // rows taken from the back
   for (std::size_t i = 0; i < n; ++i) {

@@ -127,7 +127,7 @@ class PrefixHost {
   // still (every lease is dropped then); either way the lease is released: acquire again.
   absl::Status Renew(Lease& lease);
   void Release(Lease& lease);
-  // Releases several leases: every row cleared and flushed, then one store fence.
+  // Releases several leases: every row cleared (streaming stores), then one store fence.
   void ReleaseAll(std::span<Lease> leases);
   // After copying the block out: OK only if this host still holds the lease, it is still
   // valid on this host's clock, and the entry still names this generation (else discard the
@@ -193,9 +193,9 @@ class PrefixHost {
   // After a pause: every lease and the liveness credit were counted on a clock that lost
   // time. Drops them all; leases again once a heartbeat sent from now on is acknowledged.
   void DropAfterPause();
-  // Clears a row: store, flush, store fence (the row is on its way to memory on return).
+  // Clears a row: streaming store, store fence (the row is in memory on return).
   void ClearLeaseRow(std::uint32_t row);
-  // The row's store and flush, no fence (ClearLeaseRow and the callers that batch fence).
+  // The row's streaming store, no fence (ClearLeaseRow and the callers that batch fence).
   void StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held);
   // kUnavailable unless an acknowledged heartbeat covers now (beats once to get one).
   absl::Status EnsureAlive();
