@@ -270,12 +270,12 @@ std::optional<Hit> PrefixHost::Lookup(Namespace ns, const PrefixKey& key) {
 std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) {
   // Linear probing from each key's start slot, all keys at once, in rounds: a round evicts
   // the next `window` slots of every key still open, fences once (mfence: no load below
-  // passes the evictions), then reads them. A hit at 70 % load is within the first four
+  // passes the evictions), then reads them. A hit at 70 % load is within the first two
   // slots most of the time, so one round (one fence, the misses overlapping) finds most
   // keys; the windows double for the few that need more. A slot read after the fence holds
   // what memory held at some point after this call began, as the one-slot Invalidate did.
   // `limit` is the run's end so far: keys past a miss are not probed any more.
-  constexpr std::uint32_t kFirstWindow = 4;
+  constexpr std::uint32_t kFirstWindow = 2;
   constexpr std::uint32_t kMaxWindow = 64;
   constexpr std::uint32_t kFound = ~0u;
   const std::uint32_t mask = h_.index_entries - 1;
@@ -299,6 +299,17 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
     }
     if (!open) return limit;
     mem_.FullFence();
+    // Every line of the round is loaded before any is looked at: the loads are independent,
+    // so their misses overlap instead of waiting on each line's checks in turn.
+    chain_lines_.resize(limit * window);
+    for (std::size_t i = 0; i < limit; ++i) {
+      if (chain_next_[i] == kFound) continue;
+      const std::uint32_t end = std::min(chain_next_[i] + window, h_.index_entries);
+      for (std::uint32_t p = chain_next_[i]; p < end; ++p) {
+        mem_.Read(EntryOff(h_, (chain_entries_[i] + p) & mask),
+                  &chain_lines_[i * window + (p - chain_next_[i])], sizeof(IndexEntry));
+      }
+    }
     for (std::size_t i = 0; i < limit; ++i) {
       if (chain_next_[i] == kFound) continue;
       const std::uint32_t end = std::min(chain_next_[i] + window, h_.index_entries);
@@ -306,14 +317,20 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
       bool missed = end == h_.index_entries;  // unless found below: every slot probed
       for (std::uint32_t p = chain_next_[i]; p < end; ++p) {
         const std::uint32_t slot = (chain_entries_[i] + p) & mask;
-        mem_.Read(EntryOff(h_, slot), &e, sizeof(e));
-        if (!LineValid(e) && !ReadEntry(slot, &e)) continue;  // unreadable: keep probing
+        e = chain_lines_[i * window + (p - chain_next_[i])];
+        // Only a line acted on is checked (a match, or an EMPTY that ends the probe): a torn
+        // line passed over is what an unreadable one is, a slot to probe past.
         const auto state = static_cast<EntryState>(e.state);
-        if (state == EntryState::kEmpty) {
+        const bool acts = state == EntryState::kEmpty ||
+                          (state == EntryState::kPublished && internal::KeyMatches(e, ns, keys[i]));
+        if (!acts) continue;
+        if (!LineValid(e) && !ReadEntry(slot, &e)) continue;  // unreadable: keep probing
+        if (static_cast<EntryState>(e.state) == EntryState::kEmpty) {
           missed = true;
           break;
         }
-        if (state == EntryState::kPublished && internal::KeyMatches(e, ns, keys[i])) {
+        if (static_cast<EntryState>(e.state) == EntryState::kPublished &&
+            internal::KeyMatches(e, ns, keys[i])) {
           chain_entries_[i] = slot;
           chain_next_[i] = kFound;
           missed = false;
@@ -427,10 +444,14 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<con
                      ": its clock stood still (a VM stop or suspend); leases dropped — "
                      "retry after Heartbeat()"));
   }
+  // All entries loaded first (their misses overlap), then checked in order.
+  chain_lines_.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    mem_.Read(EntryOff(h_, chain_entries_[i]), &chain_lines_[i], sizeof(IndexEntry));
+  }
   std::size_t held = 0;
   for (; held < n; ++held) {
-    IndexEntry e;
-    mem_.Read(EntryOff(h_, chain_entries_[held]), &e, sizeof(e));
+    IndexEntry& e = chain_lines_[held];
     if (!LineValid(e) && !ReadEntry(chain_entries_[held], &e)) break;
     if (static_cast<EntryState>(e.state) != EntryState::kPublished ||
         e.entry_gen != chain_read_[held].entry_gen) {

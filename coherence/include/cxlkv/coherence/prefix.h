@@ -244,6 +244,7 @@ class PrefixHost {
   std::vector<std::uint32_t> chain_entries_;  // AcquireChain's scratch
   std::vector<IndexEntry> chain_read_;
   std::vector<std::uint32_t> chain_next_;  // ProbeRun's next probe of each key
+  std::vector<IndexEntry> chain_lines_;    // the lines one round loads, before they are checked
 };
 
 // ---- the owner (reclaimer) ------------------------------------------------------------------
