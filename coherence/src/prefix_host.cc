@@ -274,6 +274,9 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
   // slots most of the time, so one round (one fence, the misses overlapping) finds most
   // keys; the windows double for the few that need more. A slot read after the fence holds
   // what memory held at some point after this call began, as the one-slot Invalidate did.
+  // A key's probe ends at an EMPTY entry or after its start slot's probe_len slots (read
+  // with the start slot in the first round), whichever comes first: after churn, tombstones
+  // no longer lengthen a miss (docs/coherence.md, "Probe lengths").
   // `limit` is the run's end so far: keys past a miss are not probed any more.
   constexpr std::uint32_t kFirstWindow = 2;
   constexpr std::uint32_t kMaxWindow = 64;
@@ -283,15 +286,17 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
   chain_entries_.resize(limit);
   chain_read_.resize(limit);
   chain_next_.resize(limit);
+  chain_bound_.resize(limit);
   for (std::size_t i = 0; i < limit; ++i) {
     chain_entries_[i] = internal::ProbeStart(h_, ns, keys[i]);
     chain_next_[i] = 0;
+    chain_bound_[i] = h_.index_entries;  // until the start slot's probe_len is read
   }
   for (std::uint32_t window = kFirstWindow;; window = std::min(window * 2, kMaxWindow)) {
     bool open = false;
     for (std::size_t i = 0; i < limit; ++i) {
       if (chain_next_[i] == kFound) continue;
-      const std::uint32_t end = std::min(chain_next_[i] + window, h_.index_entries);
+      const std::uint32_t end = std::min(chain_next_[i] + window, chain_bound_[i]);
       for (std::uint32_t p = chain_next_[i]; p < end; ++p) {
         mem_.Evict(EntryOff(h_, (chain_entries_[i] + p) & mask), sizeof(IndexEntry));
       }
@@ -304,7 +309,7 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
     chain_lines_.resize(limit * window);
     for (std::size_t i = 0; i < limit; ++i) {
       if (chain_next_[i] == kFound) continue;
-      const std::uint32_t end = std::min(chain_next_[i] + window, h_.index_entries);
+      const std::uint32_t end = std::min(chain_next_[i] + window, chain_bound_[i]);
       for (std::uint32_t p = chain_next_[i]; p < end; ++p) {
         mem_.Read(EntryOff(h_, (chain_entries_[i] + p) & mask),
                   &chain_lines_[i * window + (p - chain_next_[i])], sizeof(IndexEntry));
@@ -312,12 +317,18 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
     }
     for (std::size_t i = 0; i < limit; ++i) {
       if (chain_next_[i] == kFound) continue;
-      const std::uint32_t end = std::min(chain_next_[i] + window, h_.index_entries);
+      const std::uint32_t end = std::min(chain_next_[i] + window, chain_bound_[i]);
       IndexEntry& e = chain_read_[i];
-      bool missed = end == h_.index_entries;  // unless found below: every slot probed
+      bool missed = false;
       for (std::uint32_t p = chain_next_[i]; p < end; ++p) {
         const std::uint32_t slot = (chain_entries_[i] + p) & mask;
         e = chain_lines_[i * window + (p - chain_next_[i])];
+        if (p == 0 && (LineValid(e) || ReadEntry(slot, &e)) && e.probe_len != 0) {
+          // The start slot says how far this key's entry can be (0: not known, or a line
+          // that never validated: probe until an EMPTY entry). A length read a moment
+          // late only makes this lookup miss an entry published meanwhile.
+          chain_bound_[i] = std::min<std::uint32_t>(e.probe_len, h_.index_entries);
+        }
         // Only a line acted on is checked (a match, or an EMPTY that ends the probe): a torn
         // line passed over is what an unreadable one is, a slot to probe past.
         const auto state = static_cast<EntryState>(e.state);
@@ -338,7 +349,7 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
         }
       }
       if (chain_next_[i] == kFound) continue;
-      if (missed) {
+      if (missed || end >= chain_bound_[i]) {  // an EMPTY entry, or past the probe length
         limit = i;  // the run ends here; later keys do not matter
         break;
       }

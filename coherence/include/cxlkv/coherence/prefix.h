@@ -244,6 +244,7 @@ class PrefixHost {
   std::vector<std::uint32_t> chain_entries_;  // AcquireChain's scratch
   std::vector<IndexEntry> chain_read_;
   std::vector<std::uint32_t> chain_next_;  // ProbeRun's next probe of each key
+  std::vector<std::uint32_t> chain_bound_;  // ... and how far its probe goes (probe_len)
   std::vector<IndexEntry> chain_lines_;    // the lines one round loads, before they are checked
 };
 
@@ -334,7 +335,16 @@ class PrefixOwner {
     std::uint64_t value = ~0ull;
     std::int64_t changed_at_ms = 0;
   };
+  // Writes entry i, with slot i's probe length (probe_len_) stamped on it.
   void WriteEntry(std::uint32_t i, const IndexEntry& e);
+  // The probe start of a published or retired entry's key.
+  std::uint32_t HomeOf(const IndexEntry& e) const;
+  // Raises home's probe length to cover `slot`, writing the home line if it changed; called
+  // before the entry at `slot` is written, so no reader sees the entry outside the length.
+  void CoverSlot(std::uint32_t home, std::uint32_t slot);
+  // Recomputes home's probe length after an entry starting there left, lowering it (and
+  // writing the home line) to what the entries still there need.
+  void TrimProbeLen(std::uint32_t home);
   void WriteOwnerLine(std::uint32_t host);
   // Publishes the owner's clock (OwnerClockLine) for hosts to notice their own stopping.
   void WriteClockLine();
@@ -370,6 +380,7 @@ class PrefixOwner {
   Options options_;
   Stats stats_;
   std::vector<IndexEntry> index_;  // authoritative: the owner is the index's only writer
+  std::vector<std::uint16_t> probe_len_;  // by slot: IndexEntry::probe_len, 0 never (see Open)
   std::vector<EntryInfo> info_;
   std::vector<OwnerHostLine> owner_lines_;
   std::vector<TimedValue> heartbeats_;  // per host
