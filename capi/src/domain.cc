@@ -489,9 +489,9 @@ CXLKV_API int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena,
   const std::byte* src = nullptr;
   if (const int rc = LeasedRange(d, arena, lease, offset, len, &src); rc != CXLKV_OK) return rc;
   // Under the lease the block is immutable: after the invalidation (clflushopt, then mfence
-  // before any load) every line comes from memory, i.e. holds the published bytes. Pipelined:
-  // each chunk is evicted while the one before is copied (CopyFromShared).
-  co::CopyFromShared(dst, src, len);
+  // before any load) every line comes from memory, i.e. holds the published bytes.
+  co::Invalidate(src, len);
+  std::memcpy(dst, src, len);
   // Whether the copy counts: the entry still published with the lease's generation, and the
   // deadline not passed during the copy.
   const absl::Status st = d->host->ValidateAfterCopy(ToLease(*lease));

@@ -208,33 +208,6 @@ void Evict(const void* addr, std::size_t len) noexcept {
   FlushRange(Get().invalidate, addr, len);
 }
 
-void CopyFromShared(void* dst, const void* src, std::size_t len) noexcept {
-  // 64 KiB: long enough that a chunk's mfence (it waits for the next chunk's evictions, long
-  // done, and drains the copy's stores) costs nothing next to the copy, short enough that
-  // the evictions run beside the copy instead of before it.
-  constexpr std::size_t kChunk = 64 << 10;
-  const FlushKind kind = Get().invalidate;
-  auto* d = static_cast<char*>(dst);
-  const auto* s = static_cast<const char*>(src);
-  std::size_t n = std::min(len, kChunk);
-  Notify(CacheOp::kInvalidate, s, n);
-  FlushRange(kind, s, n);
-  _mm_mfence();
-  while (len > 0) {
-    const std::size_t next = std::min(len - n, kChunk);
-    if (next > 0) {
-      Notify(CacheOp::kInvalidate, s + n, next);
-      FlushRange(kind, s + n, next);  // completes at the mfence below, before it is read
-    }
-    std::memcpy(d, s, n);
-    _mm_mfence();
-    d += n;
-    s += n;
-    len -= n;
-    n = next;
-  }
-}
-
 void Fence() noexcept {
   Notify(CacheOp::kFence, nullptr, 0);
   _mm_sfence();

@@ -60,13 +60,6 @@ void Invalidate(const void* addr, std::size_t len) noexcept;
 // the evictions overlap instead of each waiting for the one before.
 void Evict(const void* addr, std::size_t len) noexcept;
 
-// Invalidate + memcpy of a range another host wrote and nobody writes now (a leased block),
-// pipelined: the range goes in chunks, each chunk's lines evicted while the one before is
-// copied, one mfence per chunk between its evictions and its loads. Every byte copied comes
-// from memory as of some moment after the call began, as with Invalidate then memcpy; the
-// observer sees one Invalidate per chunk, before that chunk is read.
-void CopyFromShared(void* dst, const void* src, std::size_t len) noexcept;
-
 // Store fence: flushes and non-temporal stores issued before it complete before any store
 // after it becomes visible.
 void Fence() noexcept;
