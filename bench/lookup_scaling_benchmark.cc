@@ -65,7 +65,8 @@ class ManualClock final : public co::Clock {
 // Counts the reads that fall in the index.
 class CountingMem final : public co::Mem {
  public:
-  CountingMem(co::Mem& inner, std::uint64_t lo, std::uint64_t hi) : inner_(inner), lo_(lo), hi_(hi) {}
+  CountingMem(co::Mem& inner, std::uint64_t lo, std::uint64_t hi)
+      : inner_(inner), lo_(lo), hi_(hi) {}
   std::uint64_t size_bytes() const override { return inner_.size_bytes(); }
   void Read(std::uint64_t o, void* d, std::size_t n) override {
     if (o >= lo_ && o < hi_) ++reads;
@@ -127,7 +128,9 @@ struct World {
     auto r = cxlkv::pool::OpenRegion(absl::StrCat("memfd:cxlkv-bench-scaling?size=", bytes));
     if (!r.ok()) Die(r.status().ToString());
     region = *std::move(r);
-    auto mem = [&] { return std::make_unique<co::DirectMem>(region->addr(), region->size_bytes()); };
+    auto mem = [&] {
+      return std::make_unique<co::DirectMem>(region->addr(), region->size_bytes());
+    };
     owner_mem = mem();
     pub_mem = mem();
     read_mem = mem();
@@ -231,8 +234,7 @@ void BM_LookupAfterChurn(benchmark::State& state) {
     if (++i == keys.size()) i = 0;
   }
   state.SetItemsProcessed(state.iterations());
-  state.counters["probes"] =
-      static_cast<double>(counting.reads) / static_cast<double>(keys.size());
+  state.counters["probes"] = static_cast<double>(counting.reads) / static_cast<double>(keys.size());
   state.counters["tombstones"] = w.CountState(co::EntryState::kTombstone);
   state.counters["empty"] = w.CountState(co::EntryState::kEmpty);
   state.counters["published"] = w.owner->published_entries();

@@ -1024,8 +1024,7 @@ class PrefixSimulation {
       // Readers stop after the start slot's probe_len: a published entry outside it would
       // be unreachable (the owner raises the length before it writes the entry, lowers it
       // only after the entry is gone).
-      const std::uint32_t home =
-          internal::ProbeStart(header_, e.ns, PrefixKey{e.key[0], e.key[1]});
+      const std::uint32_t home = internal::ProbeStart(header_, e.ns, PrefixKey{e.key[0], e.key[1]});
       const IndexEntry start = MediaEntry(home);
       if (LineValid(start) && start.probe_len != 0 &&
           ((i - home) & (header_.index_entries - 1)) >= start.probe_len) {

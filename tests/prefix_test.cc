@@ -873,7 +873,7 @@ TEST(PrefixAudit, MissAfterChurnProbesAFewEntriesNotTheIndex) {
 TEST(PrefixAudit, MissAt70PercentAfterChurnCostsAboutAHit) {
   World w({2, 256, 4, 64, 400, 4000, 40});
   constexpr std::uint32_t kLive = 179;  // 70 % of 256
-  constexpr std::uint32_t kBatch = 4;  // 179 + 4 new + 4 retired stay under the eviction limit
+  constexpr std::uint32_t kBatch = 4;   // 179 + 4 new + 4 retired stay under the eviction limit
   std::vector<BlockRef> back;
   std::uint32_t next = 0, oldest = 0;
   auto publish = [&](std::uint32_t n) {

@@ -17,8 +17,8 @@ void DirectMem::Write(std::uint64_t offset, const void* src, std::size_t len) {
 }
 void DirectMem::WriteNt(std::uint64_t offset, const void* src, std::size_t len) {
   std::byte* dst = base_ + offset;
-  if (len == kCacheLineBytes && (reinterpret_cast<std::uintptr_t>(dst) & (kCacheLineBytes - 1)) == 0)
-      [[likely]] {
+  if (len == kCacheLineBytes &&
+      (reinterpret_cast<std::uintptr_t>(dst) & (kCacheLineBytes - 1)) == 0) [[likely]] {
     // One line record (a lease row): four streaming stores that the write-combining buffer
     // sends as one full-line write; no fence here (the caller's Fence/FullFence completes it,
     // as Mem::WriteNt says), so a batch of rows drains under one fence.

@@ -349,8 +349,10 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
         }
       }
       if (chain_next_[i] == kFound) continue;
-      if (missed || end >= chain_bound_[i]) {  // an EMPTY entry, or past the probe length
-        limit = i;  // the run ends here; later keys do not matter
+      if (missed || end >= chain_bound_[i]) {
+        // An EMPTY entry, or past the probe length: the run ends here; later keys do not
+        // matter.
+        limit = i;
         break;
       }
       chain_next_[i] = end;

@@ -235,8 +235,8 @@ void PrefixOwner::TrimProbeLen(std::uint32_t home) {
     const IndexEntry& e = index_[(home + d) & mask];
     const EntryState s = StateOf(e);
     if (cur == 0 && s == EntryState::kEmpty) break;
-    if ((s == EntryState::kPublished || s == EntryState::kRetired) &&
-        e.publisher != kQuarantined && HomeOf(e) == home) {
+    if ((s == EntryState::kPublished || s == EntryState::kRetired) && e.publisher != kQuarantined &&
+        HomeOf(e) == home) {
       len = d + 1;
     }
   }

@@ -243,9 +243,9 @@ class PrefixHost {
   std::size_t held_ = 0;
   std::vector<std::uint32_t> chain_entries_;  // AcquireChain's scratch
   std::vector<IndexEntry> chain_read_;
-  std::vector<std::uint32_t> chain_next_;  // ProbeRun's next probe of each key
+  std::vector<std::uint32_t> chain_next_;   // ProbeRun's next probe of each key
   std::vector<std::uint32_t> chain_bound_;  // ... and how far its probe goes (probe_len)
-  std::vector<IndexEntry> chain_lines_;    // the lines one round loads, before they are checked
+  std::vector<IndexEntry> chain_lines_;     // the lines one round loads, before they are checked
 };
 
 // ---- the owner (reclaimer) ------------------------------------------------------------------
@@ -379,7 +379,7 @@ class PrefixOwner {
   DomainHeader h_;
   Options options_;
   Stats stats_;
-  std::vector<IndexEntry> index_;  // authoritative: the owner is the index's only writer
+  std::vector<IndexEntry> index_;         // authoritative: the owner is the index's only writer
   std::vector<std::uint16_t> probe_len_;  // by slot: IndexEntry::probe_len, 0 never (see Open)
   std::vector<EntryInfo> info_;
   std::vector<OwnerHostLine> owner_lines_;
