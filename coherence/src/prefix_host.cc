@@ -297,8 +297,12 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
     for (std::size_t i = 0; i < limit; ++i) {
       if (chain_next_[i] == kFound) continue;
       const std::uint32_t end = std::min(chain_next_[i] + window, chain_bound_[i]);
-      for (std::uint32_t p = chain_next_[i]; p < end; ++p) {
-        mem_.Evict(EntryOff(h_, (chain_entries_[i] + p) & mask), sizeof(IndexEntry));
+      // Slots next..end of the probe: one range, or two where it wraps past the last slot.
+      for (std::uint32_t p = chain_next_[i]; p < end;) {
+        const std::uint32_t slot = (chain_entries_[i] + p) & mask;
+        const std::uint32_t run = std::min(end - p, h_.index_entries - slot);
+        mem_.Evict(EntryOff(h_, slot), std::size_t{run} * sizeof(IndexEntry));
+        p += run;
       }
       open = true;
     }
@@ -310,9 +314,12 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
     for (std::size_t i = 0; i < limit; ++i) {
       if (chain_next_[i] == kFound) continue;
       const std::uint32_t end = std::min(chain_next_[i] + window, chain_bound_[i]);
-      for (std::uint32_t p = chain_next_[i]; p < end; ++p) {
-        mem_.Read(EntryOff(h_, (chain_entries_[i] + p) & mask),
-                  &chain_lines_[i * window + (p - chain_next_[i])], sizeof(IndexEntry));
+      for (std::uint32_t p = chain_next_[i]; p < end;) {
+        const std::uint32_t slot = (chain_entries_[i] + p) & mask;
+        const std::uint32_t run = std::min(end - p, h_.index_entries - slot);
+        mem_.Read(EntryOff(h_, slot), &chain_lines_[i * window + (p - chain_next_[i])],
+                  std::size_t{run} * sizeof(IndexEntry));
+        p += run;
       }
     }
     for (std::size_t i = 0; i < limit; ++i) {
