@@ -34,6 +34,8 @@
 
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/coherence/sim.h"
+// White box: the probe start of a key, for the probe-length invariant.
+#include "../coherence/src/domain_internal.h"
 
 namespace cxlkv::testing {
 
@@ -1019,6 +1021,15 @@ class PrefixSimulation {
       }
       named_.push_back(IdOf(e.ref));
       if (e.state != static_cast<std::uint8_t>(EntryState::kPublished)) continue;
+      // Readers stop after the start slot's probe_len: a published entry outside it would
+      // be unreachable (the owner raises the length before it writes the entry, lowers it
+      // only after the entry is gone).
+      const std::uint32_t home = internal::ProbeStart(header_, e.ns, PrefixKey{e.key[0], e.key[1]});
+      const IndexEntry start = MediaEntry(home);
+      if (LineValid(start) && start.probe_len != 0 &&
+          ((i - home) & (header_.index_entries - 1)) >= start.probe_len) {
+        Violation("a published entry lies past its start slot's probe length");
+      }
       const auto it = truth_.find(IdOf(e.ref));
       if (it == truth_.end() || !it->second.in_domain) {
         Violation("an index entry publishes a block its publisher already freed");

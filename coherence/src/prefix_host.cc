@@ -231,9 +231,14 @@ void PrefixHost::StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint
   r.held = held ? 1 : 0;
   SealLine(r);
   const std::uint64_t off = LeaseRowOff(h_, host_, row);
-  mem_.Write(off, &r, sizeof(r));
 #ifndef CXLKV_FAULT_DROP_LEASE_FLUSH  // defined only by the fault-injection test build
-  mem_.Flush(off, sizeof(r));
+  // A streaming store of the whole line: no read for ownership of a line this host only
+  // writes, and no separate write-back; it is in memory once the caller's fence returns (the
+  // store fence of a release, the mfence before an acquire's re-validation loads). Until
+  // then the owner may see the row's previous value, which only keeps a block longer.
+  mem_.WriteNt(off, &r, sizeof(r));
+#else
+  mem_.Write(off, &r, sizeof(r));  // the fault: the row stays in this host's cache
 #endif
 }
 
@@ -257,19 +262,109 @@ void PrefixHost::WriteHostRow() {
 }
 
 std::optional<Hit> PrefixHost::Lookup(Namespace ns, const PrefixKey& key) {
+  if (ProbeRun(ns, std::span<const PrefixKey>(&key, 1)) == 0) return std::nullopt;
+  const IndexEntry& e = chain_read_[0];
+  return Hit{chain_entries_[0], e.entry_gen, e.ref, e.publisher};
+}
+
+std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) {
+  // Linear probing from each key's start slot, all keys at once, in rounds: a round evicts
+  // the next `window` slots of every key still open, fences once (mfence: no load below
+  // passes the evictions), then reads them. A hit at 70 % load is within the first two
+  // slots most of the time, so one round (one fence, the misses overlapping) finds most
+  // keys; the windows double for the few that need more. A slot read after the fence holds
+  // what memory held at some point after this call began, as the one-slot Invalidate did.
+  // A key's probe ends at an EMPTY entry or after its start slot's probe_len slots (read
+  // with the start slot in the first round), whichever comes first: after churn, tombstones
+  // no longer lengthen a miss (docs/coherence.md, "Probe lengths").
+  // `limit` is the run's end so far: keys past a miss are not probed any more.
+  constexpr std::uint32_t kFirstWindow = 2;
+  constexpr std::uint32_t kMaxWindow = 64;
+  constexpr std::uint32_t kFound = ~0u;
   const std::uint32_t mask = h_.index_entries - 1;
-  const std::uint32_t start = internal::ProbeStart(h_, ns, key);
-  for (std::uint32_t p = 0; p < h_.index_entries; ++p) {
-    const std::uint32_t i = (start + p) & mask;
-    IndexEntry e;
-    if (!ReadEntry(i, &e)) continue;  // unreadable: keep probing
-    const auto state = static_cast<EntryState>(e.state);
-    if (state == EntryState::kEmpty) return std::nullopt;
-    if (state == EntryState::kPublished && internal::KeyMatches(e, ns, key)) {
-      return Hit{i, e.entry_gen, e.ref, e.publisher};
+  std::size_t limit = keys.size();
+  chain_entries_.resize(limit);
+  chain_read_.resize(limit);
+  chain_next_.resize(limit);
+  chain_bound_.resize(limit);
+  for (std::size_t i = 0; i < limit; ++i) {
+    chain_entries_[i] = internal::ProbeStart(h_, ns, keys[i]);
+    chain_next_[i] = 0;
+    chain_bound_[i] = h_.index_entries;  // until the start slot's probe_len is read
+  }
+  for (std::uint32_t window = kFirstWindow;; window = std::min(window * 2, kMaxWindow)) {
+    bool open = false;
+    for (std::size_t i = 0; i < limit; ++i) {
+      if (chain_next_[i] == kFound) continue;
+      const std::uint32_t end = std::min(chain_next_[i] + window, chain_bound_[i]);
+      // Slots next..end of the probe: one range, or two where it wraps past the last slot.
+      for (std::uint32_t p = chain_next_[i]; p < end;) {
+        const std::uint32_t slot = (chain_entries_[i] + p) & mask;
+        const std::uint32_t run = std::min(end - p, h_.index_entries - slot);
+        mem_.Evict(EntryOff(h_, slot), std::size_t{run} * sizeof(IndexEntry));
+        p += run;
+      }
+      open = true;
+    }
+    if (!open) return limit;
+    mem_.FullFence();
+    // Every line of the round is loaded before any is looked at: the loads are independent,
+    // so their misses overlap instead of waiting on each line's checks in turn.
+    chain_lines_.resize(limit * window);
+    for (std::size_t i = 0; i < limit; ++i) {
+      if (chain_next_[i] == kFound) continue;
+      const std::uint32_t end = std::min(chain_next_[i] + window, chain_bound_[i]);
+      for (std::uint32_t p = chain_next_[i]; p < end;) {
+        const std::uint32_t slot = (chain_entries_[i] + p) & mask;
+        const std::uint32_t run = std::min(end - p, h_.index_entries - slot);
+        mem_.Read(EntryOff(h_, slot), &chain_lines_[i * window + (p - chain_next_[i])],
+                  std::size_t{run} * sizeof(IndexEntry));
+        p += run;
+      }
+    }
+    for (std::size_t i = 0; i < limit; ++i) {
+      if (chain_next_[i] == kFound) continue;
+      const std::uint32_t end = std::min(chain_next_[i] + window, chain_bound_[i]);
+      IndexEntry& e = chain_read_[i];
+      bool missed = false;
+      for (std::uint32_t p = chain_next_[i]; p < end; ++p) {
+        const std::uint32_t slot = (chain_entries_[i] + p) & mask;
+        e = chain_lines_[i * window + (p - chain_next_[i])];
+        if (p == 0 && (LineValid(e) || ReadEntry(slot, &e)) && e.probe_len != 0) {
+          // The start slot says how far this key's entry can be (0: not known, or a line
+          // that never validated: probe until an EMPTY entry). A length read a moment
+          // late only makes this lookup miss an entry published meanwhile.
+          chain_bound_[i] = std::min<std::uint32_t>(e.probe_len, h_.index_entries);
+        }
+        // Only a line acted on is checked (a match, or an EMPTY that ends the probe): a torn
+        // line passed over is what an unreadable one is, a slot to probe past.
+        const auto state = static_cast<EntryState>(e.state);
+        const bool acts = state == EntryState::kEmpty ||
+                          (state == EntryState::kPublished && internal::KeyMatches(e, ns, keys[i]));
+        if (!acts) continue;
+        if (!LineValid(e) && !ReadEntry(slot, &e)) continue;  // unreadable: keep probing
+        if (static_cast<EntryState>(e.state) == EntryState::kEmpty) {
+          missed = true;
+          break;
+        }
+        if (static_cast<EntryState>(e.state) == EntryState::kPublished &&
+            internal::KeyMatches(e, ns, keys[i])) {
+          chain_entries_[i] = slot;
+          chain_next_[i] = kFound;
+          missed = false;
+          break;
+        }
+      }
+      if (chain_next_[i] == kFound) continue;
+      if (missed || end >= chain_bound_[i]) {
+        // An EMPTY entry, or past the probe length: the run ends here; later keys do not
+        // matter.
+        limit = i;
+        break;
+      }
+      chain_next_[i] = end;
     }
   }
-  return std::nullopt;
 }
 
 absl::Status PrefixHost::EnsureAlive() {
@@ -333,52 +428,15 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<con
   if (keys.empty()) return 0;
   if (auto st = EnsureAlive(); !st.ok()) return st;
   const std::size_t want = std::min(keys.size(), std::size_t{h_.lease_rows});
-  // 1. Lookup: evict the first kChainProbe slots of every key's probe sequence, one fence,
-  //    then probe within them. A key whose sequence runs past them, or a torn line, takes
-  //    the probing Lookup.
-  constexpr std::uint32_t kChainProbe = 8;
-  const std::uint32_t window = std::min(kChainProbe, h_.index_entries);
-  const std::uint32_t mask = h_.index_entries - 1;
-  chain_entries_.resize(want);
-  chain_read_.resize(want);
-  for (std::size_t i = 0; i < want; ++i) {
-    chain_entries_[i] = internal::ProbeStart(h_, ns, keys[i]);
-    for (std::uint32_t p = 0; p < window; ++p) {
-      mem_.Evict(EntryOff(h_, (chain_entries_[i] + p) & mask), sizeof(IndexEntry));
-    }
-  }
-  mem_.FullFence();
-  std::size_t n = 0;
-  for (; n < want; ++n) {
-    IndexEntry& e = chain_read_[n];
-    bool found = false, missed = false;
-    for (std::uint32_t p = 0; p < window && !found && !missed; ++p) {
-      const std::uint32_t slot = (chain_entries_[n] + p) & mask;
-      mem_.Read(EntryOff(h_, slot), &e, sizeof(e));
-      if (!LineValid(e)) break;  // torn: the probing Lookup reads it again
-      const auto state = static_cast<EntryState>(e.state);
-      if (state == EntryState::kEmpty) {
-        missed = true;
-      } else if (state == EntryState::kPublished && internal::KeyMatches(e, ns, keys[n])) {
-        chain_entries_[n] = slot;
-        found = true;
-      }
-    }
-    if (found) continue;
-    if (missed) break;
-    const std::optional<Hit> hit = Lookup(ns, keys[n]);
-    if (!hit) break;
-    chain_entries_[n] = hit->entry;
-    e.entry_gen = hit->entry_gen;
-    e.ref = hit->ref;
-  }
+  // 1. Lookup: every key probed at once, one fence a round (ProbeRun).
+  std::size_t n = ProbeRun(ns, keys.first(want));
   if (n == 0) return 0;
   if (free_rows_.empty()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("host ", host_, " holds all ", h_.lease_rows, " lease rows; release some"));
   }
   n = std::min(n, free_rows_.size());
-  // 2. Lease rows: store + flush each.
+  // 2. Lease rows: a streaming store each.
   const std::int64_t now = clock_.NowMs();  // before any row can be seen: deadline is safe
   const std::size_t first_row = free_rows_.size() - n;  // rows taken from the back
   for (std::size_t i = 0; i < n; ++i) {
@@ -406,10 +464,14 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<con
                      ": its clock stood still (a VM stop or suspend); leases dropped — "
                      "retry after Heartbeat()"));
   }
+  // All entries loaded first (their misses overlap), then checked in order.
+  chain_lines_.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    mem_.Read(EntryOff(h_, chain_entries_[i]), &chain_lines_[i], sizeof(IndexEntry));
+  }
   std::size_t held = 0;
   for (; held < n; ++held) {
-    IndexEntry e;
-    mem_.Read(EntryOff(h_, chain_entries_[held]), &e, sizeof(e));
+    IndexEntry& e = chain_lines_[held];
     if (!LineValid(e) && !ReadEntry(chain_entries_[held], &e)) break;
     if (static_cast<EntryState>(e.state) != EntryState::kPublished ||
         e.entry_gen != chain_read_[held].entry_gen) {

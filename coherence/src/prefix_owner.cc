@@ -99,6 +99,7 @@ absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& 
   o->clock_seq_ = last.seq;
   const std::int64_t now = clock.NowMs();
   o->index_.resize(h->index_entries);
+  o->probe_len_.assign(h->index_entries, 1);
   o->info_.resize(h->index_entries);
   o->owner_lines_.resize(h->max_hosts);
   // A line that never validates was torn by a previous owner that died writing it (the owner
@@ -124,6 +125,26 @@ absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& 
         o->Name(e.ref);
       }
     }
+  }
+  // Probe lengths from the entries (a domain written before they existed has 0, "unknown",
+  // on every line), then every line whose length differs is rewritten: a longer one first
+  // covers what a reader must probe; a shorter one only drops slots holding none of its keys.
+  std::vector<std::uint16_t> need(h->index_entries, 1);
+  const std::uint32_t mask = h->index_entries - 1;
+  for (std::uint32_t i = 0; i < h->index_entries; ++i) {
+    const IndexEntry& e = o->index_[i];
+    if ((StateOf(e) != EntryState::kPublished && StateOf(e) != EntryState::kRetired) ||
+        e.publisher == kQuarantined) {
+      continue;
+    }
+    const std::uint32_t home = o->HomeOf(e);
+    const std::uint32_t len = ((i - home) & mask) + 1;
+    if (need[home] == 0) continue;  // past what the field holds: unknown
+    need[home] = len > 0xFFFF ? 0 : std::max(need[home], static_cast<std::uint16_t>(len));
+  }
+  o->probe_len_ = need;
+  for (std::uint32_t i = 0; i < h->index_entries; ++i) {
+    if (o->index_[i].probe_len != need[i]) o->WriteEntry(i, o->index_[i]);
   }
   for (std::uint32_t host = 0; host < h->max_hosts; ++host) {
     if (!ReadShared(mem, OwnerLineOff(*h, host), &o->owner_lines_[host])) {
@@ -186,8 +207,44 @@ void PrefixOwner::RebuildOwnerLine(std::uint32_t host) {
 
 void PrefixOwner::WriteEntry(std::uint32_t i, const IndexEntry& e) {
   index_[i] = e;
+  index_[i].probe_len = probe_len_[i];
   SealLine(index_[i]);
   WriteShared(mem_, EntryOff(h_, i), index_[i]);
+}
+
+std::uint32_t PrefixOwner::HomeOf(const IndexEntry& e) const {
+  return internal::ProbeStart(h_, e.ns, PrefixKey{e.key[0], e.key[1]});
+}
+
+void PrefixOwner::CoverSlot(std::uint32_t home, std::uint32_t slot) {
+  const std::uint32_t len = ((slot - home) & (h_.index_entries - 1)) + 1;
+  std::uint16_t& cur = probe_len_[home];
+  if (cur == 0 || len <= cur) return;  // 0: unknown, readers probe to an EMPTY entry
+  cur = len > 0xFFFF ? 0 : static_cast<std::uint16_t>(len);
+  // The home line reaches memory (flush, store fence) before the caller writes the entry at
+  // `slot`: a reader that sees the entry there may see the old length (and miss it, as if it
+  // had looked a moment earlier), never a length that leaves out an entry it already sees.
+  if (home != slot) WriteEntry(home, index_[home]);
+}
+
+void PrefixOwner::TrimProbeLen(std::uint32_t home) {
+  const std::uint32_t mask = h_.index_entries - 1;
+  const std::uint32_t cur = probe_len_[home];
+  std::uint32_t len = 1;
+  for (std::uint32_t d = 0; d < (cur == 0 ? h_.index_entries : cur); ++d) {
+    const IndexEntry& e = index_[(home + d) & mask];
+    const EntryState s = StateOf(e);
+    if (cur == 0 && s == EntryState::kEmpty) break;
+    if ((s == EntryState::kPublished || s == EntryState::kRetired) && e.publisher != kQuarantined &&
+        HomeOf(e) == home) {
+      len = d + 1;
+    }
+  }
+  if (len > 0xFFFF || len == cur) return;
+  // Written after the entry that needed the longer length is gone: a reader with the old
+  // length probes a few slots more, nothing else.
+  probe_len_[home] = static_cast<std::uint16_t>(len);
+  WriteEntry(home, index_[home]);
 }
 
 void PrefixOwner::WriteClockLine() {
@@ -208,7 +265,8 @@ void PrefixOwner::WriteOwnerLine(std::uint32_t host) {
 std::int64_t PrefixOwner::FindKey(Namespace ns, const PrefixKey& key, bool published_only) const {
   const std::uint32_t mask = h_.index_entries - 1;
   const std::uint32_t start = internal::ProbeStart(h_, ns, key);
-  for (std::uint32_t p = 0; p < h_.index_entries; ++p) {
+  const std::uint32_t len = probe_len_[start] == 0 ? h_.index_entries : probe_len_[start];
+  for (std::uint32_t p = 0; p < len; ++p) {
     const IndexEntry& e = index_[(start + p) & mask];
     const EntryState s = StateOf(e);
     if (s == EntryState::kEmpty) return -1;
@@ -339,6 +397,7 @@ void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
   e.state = static_cast<std::uint8_t>(EntryState::kPublished);
   e.publisher = static_cast<std::uint8_t>(host);
   info_[i] = EntryInfo{};
+  CoverSlot(internal::ProbeStart(h_, r.ns, key), i);
   WriteEntry(i, e);
   Name(r.ref);
   ++published_count_;
@@ -541,9 +600,12 @@ std::uint32_t PrefixOwner::Reclaim() {
       Unname(e.ref);
     }
     --retired_count_;
+    const bool keyed = !IsQuarantined(i);
+    const std::uint32_t home = keyed ? HomeOf(e) : 0;
     e.state = static_cast<std::uint8_t>(EntryState::kTombstone);
     ++e.entry_gen;
     WriteEntry(i, e);
+    if (keyed) TrimProbeLen(home);
     ++stats_.reclaimed;
   }
   for (std::uint32_t i : free_now) ClearTombstones(i);

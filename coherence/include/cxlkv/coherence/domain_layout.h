@@ -165,7 +165,13 @@ struct alignas(64) IndexEntry {
   std::uint32_t entry_gen;
   std::uint8_t state;      // EntryState
   std::uint8_t publisher;  // host id
-  std::uint8_t reserved[6];
+  // Of this slot as a probe start, whatever the entry's own state: every published or
+  // retired entry whose key starts probing here lies within the probe_len slots from here,
+  // so a lookup stops after them. 0: not known (domains written before it existed), probe
+  // until an EMPTY entry. The owner raises it before it writes an entry farther out and
+  // lowers it only after that entry is gone (docs/coherence.md, "Probe lengths").
+  std::uint16_t probe_len;
+  std::uint8_t reserved[4];
   std::uint32_t crc;
 };
 

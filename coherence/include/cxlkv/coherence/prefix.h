@@ -127,7 +127,7 @@ class PrefixHost {
   // still (every lease is dropped then); either way the lease is released: acquire again.
   absl::Status Renew(Lease& lease);
   void Release(Lease& lease);
-  // Releases several leases: every row cleared and flushed, then one store fence.
+  // Releases several leases: every row cleared (streaming stores), then one store fence.
   void ReleaseAll(std::span<Lease> leases);
   // After copying the block out: OK only if this host still holds the lease, it is still
   // valid on this host's clock, and the entry still names this generation (else discard the
@@ -171,6 +171,9 @@ class PrefixHost {
              std::uint32_t margin_ms, std::uint32_t pause_tolerance_ms);
   absl::Status Rejoin();
   bool ReadEntry(std::uint32_t i, IndexEntry* e);
+  // Probes for keys[0..k) together and returns the length of the leading run found: for
+  // i below it, chain_entries_[i] is the slot and chain_read_[i] the entry as read.
+  std::size_t ProbeRun(Namespace ns, std::span<const PrefixKey> keys);
   bool ReadOwnerLine(OwnerHostLine* o);
   // Re-reads an entry after this host's lease row write, and the owner's clock line with it
   // (evictions of both, one fence). False if the entry never validated; a clock line that
@@ -190,9 +193,9 @@ class PrefixHost {
   // After a pause: every lease and the liveness credit were counted on a clock that lost
   // time. Drops them all; leases again once a heartbeat sent from now on is acknowledged.
   void DropAfterPause();
-  // Clears a row: store, flush, store fence (the row is on its way to memory on return).
+  // Clears a row: streaming store, store fence (the row is in memory on return).
   void ClearLeaseRow(std::uint32_t row);
-  // The row's store and flush, no fence (ClearLeaseRow and the callers that batch fence).
+  // The row's streaming store, no fence (ClearLeaseRow and the callers that batch fence).
   void StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held);
   // kUnavailable unless an acknowledged heartbeat covers now (beats once to get one).
   absl::Status EnsureAlive();
@@ -240,6 +243,9 @@ class PrefixHost {
   std::size_t held_ = 0;
   std::vector<std::uint32_t> chain_entries_;  // AcquireChain's scratch
   std::vector<IndexEntry> chain_read_;
+  std::vector<std::uint32_t> chain_next_;   // ProbeRun's next probe of each key
+  std::vector<std::uint32_t> chain_bound_;  // ... and how far its probe goes (probe_len)
+  std::vector<IndexEntry> chain_lines_;     // the lines one round loads, before they are checked
 };
 
 // ---- the owner (reclaimer) ------------------------------------------------------------------
@@ -329,7 +335,16 @@ class PrefixOwner {
     std::uint64_t value = ~0ull;
     std::int64_t changed_at_ms = 0;
   };
+  // Writes entry i, with slot i's probe length (probe_len_) stamped on it.
   void WriteEntry(std::uint32_t i, const IndexEntry& e);
+  // The probe start of a published or retired entry's key.
+  std::uint32_t HomeOf(const IndexEntry& e) const;
+  // Raises home's probe length to cover `slot`, writing the home line if it changed; called
+  // before the entry at `slot` is written, so no reader sees the entry outside the length.
+  void CoverSlot(std::uint32_t home, std::uint32_t slot);
+  // Recomputes home's probe length after an entry starting there left, lowering it (and
+  // writing the home line) to what the entries still there need.
+  void TrimProbeLen(std::uint32_t home);
   void WriteOwnerLine(std::uint32_t host);
   // Publishes the owner's clock (OwnerClockLine) for hosts to notice their own stopping.
   void WriteClockLine();
@@ -364,7 +379,8 @@ class PrefixOwner {
   DomainHeader h_;
   Options options_;
   Stats stats_;
-  std::vector<IndexEntry> index_;  // authoritative: the owner is the index's only writer
+  std::vector<IndexEntry> index_;         // authoritative: the owner is the index's only writer
+  std::vector<std::uint16_t> probe_len_;  // by slot: IndexEntry::probe_len, 0 never (see Open)
   std::vector<EntryInfo> info_;
   std::vector<OwnerHostLine> owner_lines_;
   std::vector<TimedValue> heartbeats_;  // per host

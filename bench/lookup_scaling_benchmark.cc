@@ -1,0 +1,316 @@
+// lookup_scaling_benchmark — how the shared-prefix index's costs grow with the work (issue #21):
+// lookups against index load and churn, lease acquires against load, and the owner's step
+// against load and hosts. All in one process on a memfd domain (DirectMem: the real
+// clflushopt / mfence / streaming-store instructions), one thread; CPU time is the figure to
+// read on a shared machine.
+//
+//   BM_LookupAfterChurn/cycles:C/hit:K   A 4,096-entry index kept at 70 % load (2,867 keys)
+//       through C publish/retire/reclaim cycles (the oldest key retired for each new one, in
+//       batches of 32, the grace passing between batches), then Lookup from another host:
+//       K=1 keys that are published, K=0 keys that never were. Counters: probes (index lines
+//       read per lookup, counted through a Mem wrapper on a second reader), tombstones and
+//       empties left in the index, miss_over_hit (the hit's time from the same run; set on
+//       the K=0 rows).
+//   BM_AcquireVsLoad/load:L/chain:N       N published keys (unrelated, so spread over the
+//       index) leased with AcquireChain and released with ReleaseAll (N=1: Lookup + Acquire +
+//       Release); index L % full. Items are blocks.
+//   BM_OwnerStepVsHosts/load:L/hosts:H    PrefixOwner::Step with H hosts joined (max_hosts =
+//       H), each step applying one publish and one retire request of host 0 and reclaiming
+//       the entry retired a step earlier (so every step scans every live host's lease rows).
+//
+// The clock is a manual one (the owner's grace passes when the benchmark says so); hosts'
+// TTLs are long enough that nobody is fenced during a run.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "benchmark/benchmark.h"
+#include "cxlkv/coherence/domain_layout.h"
+#include "cxlkv/coherence/mem.h"
+#include "cxlkv/coherence/prefix.h"
+#include "cxlkv/pool/region.h"
+
+namespace {
+
+namespace co = cxlkv::coherence;
+
+constexpr std::uint32_t kEntries = 4096;
+constexpr std::uint32_t kGraceMs = 100;
+constexpr std::uint32_t kBatch = 32;
+
+[[noreturn]] void Die(const std::string& msg) {
+  std::fprintf(stderr, "lookup_scaling_benchmark: %s\n", msg.c_str());
+  std::abort();
+}
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
+}
+
+class ManualClock final : public co::Clock {
+ public:
+  std::int64_t NowMs() override { return now_ms; }
+  std::int64_t now_ms = 1000;
+};
+
+// Counts the index lines read.
+class CountingMem final : public co::Mem {
+ public:
+  CountingMem(co::Mem& inner, std::uint64_t lo, std::uint64_t hi)
+      : inner_(inner), lo_(lo), hi_(hi) {}
+  std::uint64_t size_bytes() const override { return inner_.size_bytes(); }
+  void Read(std::uint64_t o, void* d, std::size_t n) override {
+    if (o >= lo_ && o < hi_) reads += (n + 63) / 64;  // index lines, not calls
+    inner_.Read(o, d, n);
+  }
+  void Write(std::uint64_t o, const void* s, std::size_t n) override { inner_.Write(o, s, n); }
+  void WriteNt(std::uint64_t o, const void* s, std::size_t n) override { inner_.WriteNt(o, s, n); }
+  void Flush(std::uint64_t o, std::size_t n) override { inner_.Flush(o, n); }
+  void Invalidate(std::uint64_t o, std::size_t n) override { inner_.Invalidate(o, n); }
+  void Evict(std::uint64_t o, std::size_t n) override { inner_.Evict(o, n); }
+  void Fence() override { inner_.Fence(); }
+  void FullFence() override { inner_.FullFence(); }
+  std::uint64_t reads = 0;
+
+ private:
+  co::Mem& inner_;
+  std::uint64_t lo_, hi_;
+};
+
+co::PrefixKey KeyOf(std::uint64_t i) {
+  // Spread like ChainKey's hashes (the probe start comes from the low word).
+  std::uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull;
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  return co::PrefixKey{x, i + 1};
+}
+
+co::BlockRef RefOf(std::uint64_t i) {
+  co::BlockRef r{};
+  static constexpr char kArena[] = "scaling-bench";
+  std::memcpy(r.arena, kArena, sizeof(kArena));
+  r.index = static_cast<std::uint32_t>(i);
+  r.generation = static_cast<std::uint32_t>(i >> 32) + 1;
+  return r;
+}
+
+// One domain, its owner, a publishing host 0 and a reading host 1 (live), on a manual clock.
+struct World {
+  std::unique_ptr<cxlkv::pool::Region> region;
+  ManualClock clock;
+  std::unique_ptr<co::DirectMem> owner_mem, pub_mem, read_mem;
+  std::unique_ptr<co::PrefixOwner> owner;
+  std::unique_ptr<co::PrefixHost> pub, reader;
+  std::vector<std::unique_ptr<co::DirectMem>> extra_mems;
+  std::vector<std::unique_ptr<co::PrefixHost>> extra;  // hosts 2.. (joined, idle)
+  co::Namespace ns = 0;
+  std::deque<std::uint64_t> live;  // published key numbers, oldest first
+  std::uint64_t next_key = 0;
+
+  World(std::uint32_t hosts, std::uint32_t published) {
+    co::DomainGeometry g;
+    g.max_hosts = hosts;
+    g.index_entries = kEntries;
+    g.lease_ttl_ms = 1u << 30;
+    g.host_ttl_ms = 1u << 30;
+    g.grace_ms = kGraceMs;
+    const std::uint64_t bytes = (co::DomainBytes(g) + 4095) / 4096 * 4096;
+    auto r = cxlkv::pool::OpenRegion(absl::StrCat("memfd:cxlkv-bench-scaling?size=", bytes));
+    if (!r.ok()) Die(r.status().ToString());
+    region = *std::move(r);
+    auto mem = [&] {
+      return std::make_unique<co::DirectMem>(region->addr(), region->size_bytes());
+    };
+    owner_mem = mem();
+    pub_mem = mem();
+    read_mem = mem();
+    Check(co::FormatDomain(*owner_mem, g), "FormatDomain");
+    co::PrefixOwner::Options o;
+    o.max_load = 0.95;
+    auto ow = co::PrefixOwner::Open(*owner_mem, clock, o);
+    if (!ow.ok()) Die(ow.status().ToString());
+    owner = *std::move(ow);
+    pub = Join(*pub_mem, 0);
+    reader = Join(*read_mem, 1);
+    for (std::uint32_t h = 2; h < hosts; ++h) {
+      extra_mems.push_back(mem());
+      extra.push_back(Join(*extra_mems.back(), h));
+    }
+    ns = co::MakeNamespace("bench", "scaling", "v1");
+    owner->Step();  // acknowledges every host's first beat
+    Check(pub->Heartbeat(nullptr), "Heartbeat");
+    Check(reader->Heartbeat(nullptr), "Heartbeat");
+    for (auto& h : extra) Check(h->Heartbeat(nullptr), "Heartbeat");
+    owner->Step();
+    for (std::uint32_t i = 0; i < published; ++i) PublishOne();
+    Apply();
+    if (owner->published_entries() != published) Die("publications did not all apply");
+  }
+  std::unique_ptr<co::PrefixHost> Join(co::Mem& m, std::uint32_t id) {
+    auto h = co::PrefixHost::Join(m, clock, id);
+    if (!h.ok()) Die(h.status().ToString());
+    return *std::move(h);
+  }
+  void PublishOne() {
+    const std::uint64_t k = next_key++;
+    for (int tries = 0;; ++tries) {
+      const absl::Status s = pub->Publish(ns, KeyOf(k), co::PrefixKey{}, RefOf(k));
+      if (s.ok()) break;
+      if (!absl::IsUnavailable(s) || tries > 4) Die(s.ToString());
+      owner->ApplyRequests();
+    }
+    live.push_back(k);
+  }
+  void Apply() {
+    for (int i = 0; i < 4; ++i) owner->ApplyRequests();
+  }
+  // `n` new keys published, the `n` oldest retired, the grace passed, reclaimed, returns taken.
+  void Churn(std::uint32_t n) {
+    for (std::uint32_t i = 0; i < n; ++i) PublishOne();
+    Apply();
+    for (std::uint32_t i = 0; i < n; ++i) {
+      Check(owner->RetireKey(ns, KeyOf(live.front())), "RetireKey");
+      live.pop_front();
+    }
+    clock.now_ms += kGraceMs + 1;
+    owner->Reclaim();
+    std::vector<co::BlockRef> back;
+    Check(pub->Heartbeat(&back), "Heartbeat");
+  }
+  std::uint32_t CountState(co::EntryState s) const {
+    std::uint32_t n = 0;
+    for (const co::IndexEntry& e : owner->entries()) n += e.state == static_cast<std::uint8_t>(s);
+    return n;
+  }
+};
+
+// ---- lookups after churn ---------------------------------------------------------------------
+
+std::map<std::int64_t, std::unique_ptr<World>> g_churned;
+std::map<std::int64_t, double> g_hit_ns;  // cycles -> hit time (CPU ns), for miss_over_hit
+
+World& Churned(std::int64_t cycles) {
+  auto& w = g_churned[cycles];
+  if (!w) {
+    w = std::make_unique<World>(8, 2867);
+    for (std::int64_t c = 0; c < cycles; c += kBatch) w->Churn(kBatch);
+  }
+  return *w;
+}
+
+void BM_LookupAfterChurn(benchmark::State& state) {
+  const std::int64_t cycles = state.range(0);
+  const bool hit = state.range(1) != 0;
+  World& w = Churned(cycles);
+  std::vector<co::PrefixKey> keys;
+  if (hit) {
+    for (std::uint64_t k : w.live) keys.push_back(KeyOf(k));
+  } else {
+    for (std::uint64_t k = 0; k < 4096; ++k) keys.push_back(KeyOf((1ull << 40) + k));
+  }
+  // Probes per lookup, counted on a second reader over a counting Mem.
+  const co::DomainHeader& h = w.owner->header();
+  CountingMem counting(*w.read_mem, h.index_offset, h.index_offset + h.index_entries * 64ull);
+  {
+    auto counter = co::PrefixHost::Join(counting, w.clock, 2);
+    if (!counter.ok()) Die(counter.status().ToString());
+    for (const co::PrefixKey& k : keys) {
+      if ((*counter)->Lookup(w.ns, k).has_value() != hit) Die("lookup answered wrong");
+    }
+  }
+  std::size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(w.reader->Lookup(w.ns, keys[i]));
+    if (++i == keys.size()) i = 0;
+  }
+  state.SetItemsProcessed(state.iterations());
+  state.counters["probes"] = static_cast<double>(counting.reads) / static_cast<double>(keys.size());
+  state.counters["tombstones"] = w.CountState(co::EntryState::kTombstone);
+  state.counters["empty"] = w.CountState(co::EntryState::kEmpty);
+  state.counters["published"] = w.owner->published_entries();
+}
+
+// ---- acquire against load --------------------------------------------------------------------
+
+std::map<std::int64_t, std::unique_ptr<World>> g_loaded;
+World& Loaded(std::int64_t load_pct) {
+  auto& w = g_loaded[load_pct];
+  if (!w) w = std::make_unique<World>(8, static_cast<std::uint32_t>(kEntries * load_pct / 100));
+  return *w;
+}
+
+void BM_AcquireVsLoad(benchmark::State& state) {
+  World& w = Loaded(state.range(0));
+  const auto chain = static_cast<std::size_t>(state.range(1));
+  std::vector<co::PrefixKey> keys;
+  for (std::uint64_t k : w.live) keys.push_back(KeyOf(k));
+  const std::size_t runs = keys.size() / chain;
+  std::vector<co::Lease> leases;
+  leases.reserve(chain);
+  std::size_t r = 0;
+  for (auto _ : state) {
+    const std::span<const co::PrefixKey> run(keys.data() + r * chain, chain);
+    if (++r == runs) r = 0;
+    if (chain == 1) {
+      const auto hit = w.reader->Lookup(w.ns, run[0]);
+      if (!hit) Die("a published key missed");
+      auto lease = w.reader->Acquire(*hit);
+      if (!lease.ok()) Die(lease.status().ToString());
+      w.reader->Release(*lease);
+    } else {
+      leases.clear();
+      auto n = w.reader->AcquireChain(w.ns, run, &leases);
+      if (!n.ok() || *n != chain) Die("AcquireChain: short run");
+      w.reader->ReleaseAll(leases);
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(chain));
+}
+
+// ---- the owner's step against load and hosts ---------------------------------------------------
+
+void BM_OwnerStepVsHosts(benchmark::State& state) {
+  const auto load = state.range(0);
+  const auto hosts = static_cast<std::uint32_t>(state.range(1));
+  World w(hosts, static_cast<std::uint32_t>(kEntries * load / 100));
+  for (auto _ : state) {
+    state.PauseTiming();
+    w.PublishOne();
+    Check(w.pub->Retire(w.ns, KeyOf(w.live.front())), "Retire");
+    w.live.pop_front();
+    w.clock.now_ms += kGraceMs + 1;
+    std::vector<co::BlockRef> back;
+    Check(w.pub->Heartbeat(&back), "Heartbeat");
+    state.ResumeTiming();
+    w.owner->Step();
+  }
+  state.counters["reclaimed"] = static_cast<double>(w.owner->stats().reclaimed);
+}
+
+}  // namespace
+
+BENCHMARK(BM_LookupAfterChurn)
+    ->ArgNames({"cycles", "hit"})
+    ->Args({0, 1})
+    ->Args({0, 0})
+    ->Args({1000000, 1})
+    ->Args({1000000, 0});
+BENCHMARK(BM_AcquireVsLoad)
+    ->ArgNames({"load", "chain"})
+    ->ArgsProduct({{10, 30, 50, 70, 80, 90}, {1, 8, 32}});
+BENCHMARK(BM_OwnerStepVsHosts)
+    ->ArgNames({"load", "hosts"})
+    ->ArgsProduct({{10, 50, 70, 90}, {2, 8, 64}})
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_MAIN();
