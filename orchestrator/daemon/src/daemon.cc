@@ -27,6 +27,7 @@
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/orchestrator/token.h"
 #include "cxlkv/pool/arena.h"
+#include "announce.h"
 #include "fence.h"
 #include "ha.h"
 #include "nlohmann/json.hpp"
@@ -699,6 +700,10 @@ absl::Status Orchestrator::Start() {
   }
   owner_thread_ = std::thread([this] { OwnerLoop(); });
   accept_thread_ = std::thread([this] { AcceptLoop(); });
+  // The directory summary and KV events: the leader's (or the single orchestrator's) news.
+  auto announcer = Announcer::Start(*this, ha_.get());
+  if (!announcer.ok()) return announcer.status();
+  announcer_ = *std::move(announcer);
   if (ha_ != nullptr) {
     // Campaigning starts once every endpoint is up: an elected orchestrator serves at once.
     HaSession::Hooks hooks;
@@ -1014,6 +1019,7 @@ void Orchestrator::StepDown(const std::string& why) {
 
 void Orchestrator::Stop() {
   if (stop_.exchange(true)) return;
+  if (announcer_ != nullptr) announcer_->Stop();
   // First: a leader steps down and revokes its lease, so a standby takes over at once.
   if (ha_ != nullptr) ha_->Stop();
   if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);

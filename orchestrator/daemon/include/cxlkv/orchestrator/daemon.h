@@ -43,6 +43,7 @@ class Server;
 
 namespace cxlkv::orchestrator {
 
+class Announcer;
 class FencedMem;
 class HaSession;
 class Metrics;
@@ -125,6 +126,7 @@ class Orchestrator {
   void StepDown(const std::string& why);
 
   std::unique_ptr<HaSession> ha_;          // null without [etcd]
+  std::unique_ptr<Announcer> announcer_;   // directory summary and KV events (announce.h)
   std::unique_ptr<FencedMem> fenced_mem_;  // HA: the owner's view of the domain
   bool new_domain_ = false;                // --new-domain (HA: used by the first leader)
   bool leading_ ABSL_GUARDED_BY(mu_) = false;

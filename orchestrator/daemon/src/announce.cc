@@ -1,0 +1,254 @@
+#include "announce.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "cxlkv/coherence/domain_layout.h"
+#include "cxlkv/orchestrator/daemon.h"
+#include "cxlkv/orchestrator/directory.h"
+#include "ha.h"
+#ifdef CXLKV_HAVE_KV_EVENTS
+#include "cxlkv/orchestrator/kv_events.h"
+#endif
+
+namespace cxlkv::orchestrator {
+
+namespace co = ::cxlkv::coherence;
+
+namespace {
+
+std::int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+std::int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Events per message: a takeover of a full index goes out in several batches.
+constexpr std::size_t kEventsPerBatch = 1024;
+
+}  // namespace
+
+struct Announcer::Impl {
+  Orchestrator& o;
+  HaSession* ha;
+  const Config& c;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  mutable absl::Mutex mu;
+  AnnounceStats stats ABSL_GUARDED_BY(mu);
+#ifdef CXLKV_HAVE_KV_EVENTS
+  std::unique_ptr<events::KvEventPublisher> pub;
+  events::EncodeOptions enc;
+#endif
+
+  // The thread's own state.
+  bool in_term = false;
+  std::int64_t term_epoch = -1;
+  const void* term_owner = nullptr;
+  std::uint64_t last_sig = ~0ull;
+  std::vector<co::PrefixKey> current;
+  absl::flat_hash_set<co::PrefixKey, co::PrefixKeyHash> known;
+  bool dir_dirty = false;
+  std::int64_t last_put_ms = 0;
+  std::int64_t last_error_log_ms = -1000000;
+
+  Impl(Orchestrator& orch, HaSession* h) : o(orch), ha(h), c(orch.config()) {}
+
+  bool DirectoryOn() const { return ha != nullptr && c.directory.enabled; }
+  bool EventsOn() const {
+#ifdef CXLKV_HAVE_KV_EVENTS
+    return pub != nullptr;
+#else
+    return false;
+#endif
+  }
+
+  void Loop() {
+    const std::int64_t period = EventsOn() ? c.events.interval_ms : 50;
+    while (!stop.load()) {
+      Tick();
+      std::this_thread::sleep_for(std::chrono::milliseconds(period));
+    }
+  }
+
+  void Tick() {
+    bool serving = false, changed = false;
+    std::int64_t epoch = 0;
+    std::uint32_t capacity = 0;
+    {
+      absl::MutexLock l(&o.mu_);
+      serving = o.owner_ != nullptr && o.ServingLocked().ok();
+      epoch = o.epoch_locked();
+      if (serving) {
+        const auto& st = o.owner_->stats();
+        const std::uint64_t sig = st.published * 0x9E3779B97F4A7C15ull ^ st.retired ^
+                                  (static_cast<std::uint64_t>(epoch) << 40) ^
+                                  reinterpret_cast<std::uintptr_t>(o.owner_.get());
+        const bool new_term = !in_term || epoch != term_epoch || o.owner_.get() != term_owner;
+        if (new_term || sig != last_sig) {
+          last_sig = sig;
+          changed = true;
+          current.clear();
+          for (const co::IndexEntry& e : o.owner_->entries()) {
+            if (static_cast<co::EntryState>(e.state) == co::EntryState::kPublished) {
+              current.push_back(co::PrefixKey{e.key[0], e.key[1]});
+            }
+          }
+          capacity = o.owner_->header().index_entries;
+        }
+        if (new_term) {
+          in_term = false;  // opened below
+          term_epoch = epoch;
+          term_owner = o.owner_.get();
+        }
+      }
+    }
+    if (!serving) {
+      in_term = false;  // a later term starts with AllBlocksCleared again
+      known.clear();
+      return;
+    }
+    const bool opening = !in_term;
+    in_term = true;
+    if (changed || opening) {
+      dir_dirty = true;
+      Events(opening);
+    }
+    if (DirectoryOn()) Directory(epoch, capacity);
+  }
+
+  void Events(bool opening) {
+#ifdef CXLKV_HAVE_KV_EVENTS
+    if (!EventsOn()) return;
+    std::vector<events::KvEvent> out;
+    if (opening) {
+      out.push_back(events::KvEvent{events::KvEvent::Kind::kAllCleared, {}});
+      known.clear();
+    }
+    absl::flat_hash_set<co::PrefixKey, co::PrefixKeyHash> now(current.begin(), current.end());
+    for (const co::PrefixKey& k : current) {
+      if (!known.contains(k)) out.push_back(events::KvEvent{events::KvEvent::Kind::kStored, {k}});
+    }
+    events::KvEvent removed{events::KvEvent::Kind::kRemoved, {}};
+    for (const co::PrefixKey& k : known) {
+      if (!now.contains(k)) removed.blocks.push_back(k);
+    }
+    if (!removed.blocks.empty()) out.push_back(std::move(removed));
+    known = std::move(now);
+    const double ts = static_cast<double>(UnixMs()) / 1000.0;
+    for (std::size_t i = 0; i < out.size(); i += kEventsPerBatch) {
+      const std::size_t end = std::min(out.size(), i + kEventsPerBatch);
+      std::vector<events::KvEvent> part(out.begin() + static_cast<std::ptrdiff_t>(i),
+                                        out.begin() + static_cast<std::ptrdiff_t>(end));
+      const absl::Status st = pub->Send(events::EncodeBatch(ts, part, enc));
+      absl::MutexLock l(&mu);
+      if (st.ok()) {
+        ++stats.event_batches;
+        stats.events += part.size();
+      } else {
+        ++stats.event_drops;
+      }
+    }
+#else
+    (void)opening;
+#endif
+  }
+
+  void Directory(std::int64_t epoch, std::uint32_t capacity) {
+    const std::int64_t now = SteadyMs();
+    const bool due = (dir_dirty && now - last_put_ms >= c.directory.min_interval_ms) ||
+                     now - last_put_ms >= c.directory.refresh_ms;
+    if (!due || epoch == 0) return;
+    directory::Summary s;
+    s.domain = c.etcd.domain;
+    s.epoch = epoch;
+    s.published = current.size();
+    s.anchor_every = c.directory.anchor_every;
+    s.built_unix_ms = UnixMs();
+    const std::uint64_t expected =
+        (c.directory.expected_keys != 0 ? c.directory.expected_keys : capacity) /
+        std::max<std::uint32_t>(c.directory.anchor_every, 1);
+    const directory::FilterSize size =
+        c.directory.bytes != 0 ? directory::SizeForBytes(c.directory.bytes, expected)
+                               : directory::SizeFor(expected, c.directory.fp_rate);
+    s.filter = directory::BloomFilter(size);
+    for (const co::PrefixKey& k : current) {
+      if (directory::IsAnchor(k, c.directory.anchor_every)) {
+        s.filter.Add(k);
+        ++s.anchors;
+      }
+    }
+    const absl::Status st = ha->PutDirectory(directory::EncodeSummary(s), epoch);
+    absl::MutexLock l(&mu);
+    if (st.ok()) {
+      ++stats.directory_writes;
+      dir_dirty = false;
+      last_put_ms = now;
+      return;
+    }
+    ++stats.directory_failures;
+    last_put_ms = now - c.directory.refresh_ms + c.directory.min_interval_ms;  // retry soon
+    if (now - last_error_log_ms >= 5000) {
+      last_error_log_ms = now;
+      std::fprintf(stderr, "cxlkv-orchestrator: %s\n", std::string(st.message()).c_str());
+    }
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Announcer>> Announcer::Start(Orchestrator& o, HaSession* ha) {
+  auto impl = std::make_unique<Impl>(o, ha);
+  const Config& c = o.config();
+  if (c.events.enabled()) {
+#ifdef CXLKV_HAVE_KV_EVENTS
+    events::PublisherOptions po;
+    po.endpoint = c.events.endpoint;
+    const std::string domain = c.etcd.enabled() ? c.etcd.domain : c.name;
+    po.topic = c.events.topic.empty() ? absl::StrCat("cxlkv/", domain) : c.events.topic;
+    po.hwm = static_cast<int>(c.events.hwm);
+    auto pub = events::KvEventPublisher::Create(po);
+    if (!pub.ok()) return pub.status();
+    impl->pub = *std::move(pub);
+    impl->enc.format =
+        c.events.format == "map" ? events::EventFormat::kMap : events::EventFormat::kArray;
+    impl->enc.hash =
+        c.events.block_hash == "uint64" ? events::HashForm::kUint64 : events::HashForm::kBytes;
+    impl->enc.block_size = c.events.block_size;
+    impl->enc.data_parallel_rank = c.events.data_parallel_rank;
+#else
+    return absl::FailedPreconditionError(
+        "events.endpoint is set, but this cxlkv-orchestrator was built without KV events "
+        "(libzmq, cppzmq and msgpack-cxx were missing): install libzmq3-dev cppzmq-dev "
+        "libmsgpack-cxx-dev (scripts/deps does) and rebuild, or drop events.endpoint");
+#endif
+  }
+  if (!impl->DirectoryOn() && !impl->EventsOn()) return std::unique_ptr<Announcer>();
+  Impl* p = impl.get();
+  p->thread = std::thread([p] { p->Loop(); });
+  return std::unique_ptr<Announcer>(new Announcer(std::move(impl)));
+}
+
+Announcer::Announcer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Announcer::~Announcer() { Stop(); }
+
+void Announcer::Stop() {
+  if (impl_ == nullptr) return;
+  impl_->stop.store(true);
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+AnnounceStats Announcer::stats() const {
+  absl::MutexLock l(&impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace cxlkv::orchestrator
