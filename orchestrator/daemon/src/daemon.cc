@@ -28,6 +28,7 @@
 #include "cxlkv/orchestrator/token.h"
 #include "cxlkv/pool/arena.h"
 #include "announce.h"
+#include "directory_service.h"
 #include "fence.h"
 #include "ha.h"
 #include "nlohmann/json.hpp"
@@ -667,6 +668,8 @@ absl::Status Orchestrator::Start() {
   service_ = std::make_unique<Service>(*this);
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
+  directory_service_ = MakeDirectoryService(config_);
+  builder.RegisterService(directory_service_.get());
   builder.SetMaxReceiveMessageSize(1 << 20);
   int tcp_port = 0;
   if (!config_.tcp.empty()) {

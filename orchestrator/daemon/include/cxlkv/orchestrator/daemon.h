@@ -39,6 +39,7 @@
 
 namespace grpc {
 class Server;
+class Service;
 }
 
 namespace cxlkv::orchestrator {
@@ -143,6 +144,7 @@ class Orchestrator {
   std::unique_ptr<pool::Region> domain_region_;
   std::unique_ptr<coherence::DirectMem> domain_mem_;
   std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Service> directory_service_;  // the Directory RPC (directory.proto)
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Metrics> metrics_;
   int listen_fd_ = -1;

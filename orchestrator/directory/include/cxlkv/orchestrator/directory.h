@@ -86,6 +86,18 @@ std::string EncodeSummary(const Summary& s);
 // kDataLoss for a record that is torn, of another version, or whose CRC does not match.
 absl::StatusOr<Summary> DecodeSummary(absl::string_view bytes);
 
+// What a reader answers for one domain (DirectoryReader::Where, the Directory RPC).
+struct DomainAnswer {
+  std::string domain;
+  bool may_hold = false;
+  bool anchor = true;  // the key is an anchor under this domain's anchor_every
+  std::uint64_t published = 0;
+  double fp_rate = 0;  // of its filter at its anchor count
+  std::int64_t epoch = 0;
+  std::int64_t age_ms = 0;  // now − built, on the reader's wall clock (clock skew included)
+  std::uint64_t filter_bytes = 0;
+};
+
 // The etcd key of a domain's summary: /cxlkv/v1/<cluster>/directory/<domain>; a reader
 // ranges over DirectoryPrefix(cluster).
 std::string DirectoryPrefix(const std::string& cluster);

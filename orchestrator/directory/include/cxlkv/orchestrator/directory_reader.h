@@ -37,17 +37,6 @@
 
 namespace cxlkv::orchestrator::directory {
 
-struct DomainAnswer {
-  std::string domain;
-  bool may_hold = false;
-  bool anchor = true;  // the key is an anchor under this domain's anchor_every
-  std::uint64_t published = 0;
-  double fp_rate = 0;  // of its filter at its anchor count
-  std::int64_t epoch = 0;
-  std::int64_t age_ms = 0;  // now − built, on the reader's wall clock (clock skew included)
-  std::uint64_t filter_bytes = 0;
-};
-
 struct ReaderOptions {
   std::vector<std::string> endpoints;  // etcd members, host:port
   std::string cluster = "default";
