@@ -74,6 +74,16 @@ struct Announcer::Impl {
 
   void Loop() {
     const std::int64_t period = EventsOn() ? c.events.interval_ms : 50;
+    // A PUB socket drops what it sends before a subscriber's subscription reached it; a
+    // connecting PUB (events.endpoint tcp://HOST:PORT) has none for its first milliseconds.
+    // The first term's opening batch waits this long, so a subscriber already listening sees
+    // it.
+    if (EventsOn()) {
+      const auto settle_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+      while (!stop.load() && std::chrono::steady_clock::now() < settle_until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
     while (!stop.load()) {
       Tick();
       std::this_thread::sleep_for(std::chrono::milliseconds(period));
