@@ -21,6 +21,7 @@
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/orchestrator/directory.h"
+#include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/directory_reader.h"
 #include "cxlkv/tier/reuse_tracker.h"
 #include "etcd_cluster.h"
@@ -117,6 +118,46 @@ TEST(Anchors, OneKeyInN) {
   for (const auto& k : keys) n += dir::IsAnchor(k, 8) ? 1 : 0;
   EXPECT_NEAR(static_cast<double>(n) / 80000.0, 1.0 / 8, 0.01);
   EXPECT_TRUE(dir::IsAnchor(keys[0], 1));
+}
+
+TEST(Config, DirectoryAndEventsSections) {
+  const std::string base =
+      "[domain]\nname = \"d\"\npool = \"file:/tmp/p?size=64M\"\n"
+      "prefix_domain = \"file:/tmp/d?size=4M\"\nstate_file = \"/tmp/s\"\n"
+      "[rpc]\nsocket = \"/tmp/o.sock\"\n";
+  auto c = orchestrator::ParseConfig(base, "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->directory.enabled);
+  EXPECT_EQ(c->directory.anchor_every, 1u);
+  EXPECT_DOUBLE_EQ(c->directory.fp_rate, 0.01);
+  EXPECT_FALSE(c->events.enabled());  // off by default
+  EXPECT_EQ(c->events.format, "array");
+  c = orchestrator::ParseConfig(
+      base + "[directory]\nfp_rate = 0.001\nanchor_every = 4\nbytes = 65536\n"
+             "min_interval_ms = 200\nrefresh_ms = 1000\nexpected_keys = 100000\n"
+             "[events]\nendpoint = \"tcp://*:5557\"\nformat = \"map\"\n"
+             "block_hash = \"uint64\"\nblock_size = 32\ndata_parallel_rank = 1\n"
+             "topic = \"x\"\ninterval_ms = 10\nhwm = 10\n",
+      "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->directory.fp_rate, 0.001);
+  EXPECT_EQ(c->directory.anchor_every, 4u);
+  EXPECT_EQ(c->directory.bytes, 65536u);
+  EXPECT_EQ(c->directory.expected_keys, 100000u);
+  EXPECT_TRUE(c->events.enabled());
+  EXPECT_EQ(c->events.format, "map");
+  EXPECT_EQ(c->events.block_hash, "uint64");
+  EXPECT_EQ(c->events.block_size, 32u);
+  auto bad = orchestrator::ParseConfig(base + "[events]\nformat = \"json\"\n", "t.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'json' is not one of: array, map"), std::string::npos)
+      << bad.status();
+  bad = orchestrator::ParseConfig(base + "[directory]\nfp_rate = 0.9\n", "t.toml");
+  EXPECT_NE(bad.status().message().find("directory.fp_rate"), std::string::npos) << bad.status();
+  bad = orchestrator::ParseConfig(base + "[directory]\nbytes = 2000000\n", "t.toml");
+  EXPECT_FALSE(bad.ok());
+  bad = orchestrator::ParseConfig(base + "[events]\nendpont = \"x\"\n", "t.toml");
+  EXPECT_NE(bad.status().message().find("unknown key"), std::string::npos) << bad.status();
 }
 
 std::string RunCapture(const std::string& cmd) {

@@ -3,14 +3,39 @@
 // process never carries etcd's generated protobuf types (whose descriptors could collide with
 // another copy of the same .proto files loaded in the process, e.g. by Python's protobuf).
 #include <cstring>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "capi_internal.h"
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/orchestrator/directory_client.h"
 #include "nlohmann/json.hpp"
+
+namespace {
+
+// One client (its gRPC channels) per endpoint list, kept for the process: a new channel per
+// call would pay a connection setup every time. Bounded: past 16 lists the cache starts over.
+absl::StatusOr<std::shared_ptr<cxlkv::orchestrator::DirectoryClient>> ClientFor(
+    const std::string& where) {
+  static absl::Mutex mu;
+  static auto* clients =
+      new std::map<std::string, std::shared_ptr<cxlkv::orchestrator::DirectoryClient>>();
+  absl::MutexLock l(&mu);
+  auto it = clients->find(where);
+  if (it != clients->end()) return it->second;
+  auto c = cxlkv::orchestrator::DirectoryClient::Connect(where);
+  if (!c.ok()) return c.status();
+  if (clients->size() >= 16) clients->clear();
+  std::shared_ptr<cxlkv::orchestrator::DirectoryClient> shared = *std::move(c);
+  (*clients)[where] = shared;
+  return shared;
+}
+
+}  // namespace
 
 CXLKV_API int cxlkv_directory_where(const char* orchestrators, const cxlkv_prefix_key* key,
                                     char* buf, size_t len, size_t* needed) {
@@ -20,7 +45,7 @@ CXLKV_API int cxlkv_directory_where(const char* orchestrators, const cxlkv_prefi
                 "cxlkv_directory_where: orchestrators and key must be set (buf may be NULL "
                 "only with len 0)");
   }
-  auto client = cxlkv::orchestrator::DirectoryClient::Connect(orchestrators);
+  auto client = ClientFor(orchestrators);
   if (!client.ok()) return cxlkv::capi::FromStatus(client.status());
   auto r = (*client)->Where(cxlkv::coherence::PrefixKey{key->lo, key->hi});
   if (!r.ok()) return cxlkv::capi::FromStatus(r.status());
