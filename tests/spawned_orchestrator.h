@@ -56,13 +56,17 @@ inline constexpr std::size_t kSpawnedDomainBytes = 4 << 20;
 class SpawnedOrchestrator {
  public:
   // `name`: domain.name (and so the domain's name in etcd); `extra`: more TOML sections.
-  SpawnedOrchestrator(const std::string& name, const std::string& extra) {
+  // `share_with`: another orchestrator of the same domain (HA: same pool and domain files,
+  // which that one removes at teardown).
+  SpawnedOrchestrator(const std::string& name, const std::string& extra,
+                      const SpawnedOrchestrator* share_with = nullptr) {
     char tmpl[] = "/tmp/cxlkv-spawned-XXXXXX";
     EXPECT_NE(::mkdtemp(tmpl), nullptr);
     dir = tmpl;
     const std::string tag = dir.substr(dir.rfind('-') + 1);
-    pool = "/dev/shm/cxlkv-sp-pool-" + tag;
-    domain = "/dev/shm/cxlkv-sp-domain-" + tag;
+    owns_files_ = share_with == nullptr;
+    pool = share_with != nullptr ? share_with->pool : "/dev/shm/cxlkv-sp-pool-" + tag;
+    domain = share_with != nullptr ? share_with->domain : "/dev/shm/cxlkv-sp-domain-" + tag;
     socket = dir + "/o.sock";
     log = dir + "/log";
     config = dir + "/domain.toml";
@@ -85,8 +89,10 @@ class SpawnedOrchestrator {
     if (::testing::Test::HasFailure()) {
       std::fprintf(stderr, "---- log of %s ----\n%s", dir.c_str(), SlurpFile(log).c_str());
     }
-    ::unlink(pool.c_str());
-    ::unlink(domain.c_str());
+    if (owns_files_) {
+      ::unlink(pool.c_str());
+      ::unlink(domain.c_str());
+    }
     const std::string cmd = "rm -rf " + dir;
     EXPECT_EQ(std::system(cmd.c_str()), 0);
   }
@@ -169,6 +175,7 @@ class SpawnedOrchestrator {
   pid_t pid = -1;
 
  private:
+  bool owns_files_ = true;
   coherence::SteadyClock clock_;
   void* map_ = nullptr;
   std::unique_ptr<coherence::DirectMem> mem_;
