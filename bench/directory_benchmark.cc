@@ -13,7 +13,9 @@
 // directory and, for BM_CApiWhere, one cxlkv-orchestrator with [etcd] on /dev/shm files. Each
 // domain's summary is written as its leader would: a filter sized for 65,536 keys at 1%
 // holding 50,000 published keys (78 KiB). Without /usr/bin/etcd every benchmark skips.
+#include <benchmark/benchmark.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -21,15 +23,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <benchmark/benchmark.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
-#include <netinet/in.h>
 #include <random>
 #include <string>
 #include <thread>
@@ -99,11 +98,11 @@ struct World {
     endpoint = absl::StrCat("127.0.0.1:", cport);
     const std::string c = absl::StrCat("http://", endpoint);
     const std::string p = absl::StrCat("http://127.0.0.1:", pport);
-    etcd = Spawn({"/usr/bin/etcd", "--name", "b", "--data-dir", tmp + "/etcd", "--listen-client-urls",
-                  c, "--advertise-client-urls", c, "--listen-peer-urls", p,
-                  "--initial-advertise-peer-urls", p, "--initial-cluster", "b=" + p,
-                  "--log-level", "warn"},
-                 tmp + "/etcd.log");
+    etcd = Spawn(
+        {"/usr/bin/etcd", "--name", "b", "--data-dir", tmp + "/etcd", "--listen-client-urls", c,
+         "--advertise-client-urls", c, "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
+         "--initial-cluster", "b=" + p, "--log-level", "warn"},
+        tmp + "/etcd.log");
     ed::ClientOptions o;
     o.endpoints = {endpoint};
     client = *ed::Client::Create(o);
@@ -240,8 +239,7 @@ void BM_CApiWhere(benchmark::State& state) {
   for (auto _ : state) {
     const Key k = probes[i++ & 4095];
     cxlkv_prefix_key ck{k.lo, k.hi};
-    if (cxlkv_directory_where(w.socket.c_str(), &ck, buf.data(), buf.size(), nullptr) !=
-        CXLKV_OK) {
+    if (cxlkv_directory_where(w.socket.c_str(), &ck, buf.data(), buf.size(), nullptr) != CXLKV_OK) {
       return state.SkipWithError(cxlkv_last_error());
     }
   }

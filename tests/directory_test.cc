@@ -9,19 +9,20 @@
 // domain's orchestrator), the C API and the Python package; the filter follows a retire; no
 // per-block keys in etcd; a domain killed with -9 drops out after its lease TTL. Skipped without
 // Debian's etcd-server. Random keys take CXLKV_SEED (printed on failure).
+#include "cxlkv/orchestrator/directory.h"
+
 #include <array>
 #include <cstdint>
 #include <cstdio>
 #include <random>
 #include <set>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/cxlkv.h"
-#include "cxlkv/orchestrator/directory.h"
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/directory_reader.h"
 #include "cxlkv/tier/reuse_tracker.h"
@@ -137,11 +138,12 @@ TEST(Config, DirectoryAndEventsSections) {
   EXPECT_FALSE(c->events.enabled());  // off by default
   EXPECT_EQ(c->events.format, "array");
   c = orchestrator::ParseConfig(
-      base + "[directory]\nfp_rate = 0.001\nanchor_every = 4\nbytes = 65536\n"
-             "min_interval_ms = 200\nrefresh_ms = 1000\nexpected_keys = 100000\n"
-             "[events]\nendpoint = \"tcp://*:5557\"\nformat = \"map\"\n"
-             "block_hash = \"uint64\"\nblock_size = 32\ndata_parallel_rank = 1\n"
-             "topic = \"x\"\ninterval_ms = 10\nhwm = 10\n",
+      base +
+          "[directory]\nfp_rate = 0.001\nanchor_every = 4\nbytes = 65536\n"
+          "min_interval_ms = 200\nrefresh_ms = 1000\nexpected_keys = 100000\n"
+          "[events]\nendpoint = \"tcp://*:5557\"\nformat = \"map\"\n"
+          "block_hash = \"uint64\"\nblock_size = 32\ndata_parallel_rank = 1\n"
+          "topic = \"x\"\ninterval_ms = 10\nhwm = 10\n",
       "t.toml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_DOUBLE_EQ(c->directory.fp_rate, 0.001);
@@ -205,8 +207,11 @@ TEST_F(DirectoryTest, PublishedInAReportedForAOnlyFollowsRetireAndDiesWithTheLea
   auto reader = dir::DirectoryReader::Open(ro);
   ASSERT_TRUE(reader.ok()) << reader.status();
   dir::DirectoryReader& r = **reader;
-  ASSERT_TRUE(SoonTrue([&] { return r.Domains() == std::vector<std::string>{"dom-a", "dom-b"}; },
-                       milliseconds(10000)));
+  ASSERT_TRUE(SoonTrue(
+      [&] {
+        return r.Domains() == std::vector<std::string>{"dom-a", "dom-b"};
+      },
+      milliseconds(10000)));
 
   const co::Namespace ns = co::MakeNamespace("t", "m", "l");
   std::mt19937_64 rng(seed);
@@ -266,8 +271,8 @@ TEST_F(DirectoryTest, PublishedInAReportedForAOnlyFollowsRetireAndDiesWithTheLea
     EXPECT_EQ(j["prefix"], hex);
     EXPECT_EQ(j["domains"].size(), 2u) << out;
   }
-  const std::string text = RunCapture(absl::StrCat(CXLKV_CTL_BIN, " where ", hex, " --socket ",
-                                                   a.socket));
+  const std::string text =
+      RunCapture(absl::StrCat(CXLKV_CTL_BIN, " where ", hex, " --socket ", a.socket));
   EXPECT_NE(text.find("may be held by dom-a"), std::string::npos) << text;
 
   // The C API, through dom-b's orchestrator.
@@ -276,8 +281,7 @@ TEST_F(DirectoryTest, PublishedInAReportedForAOnlyFollowsRetireAndDiesWithTheLea
   ASSERT_EQ(cxlkv_directory_where(b.socket.c_str(), &ck, nullptr, 0, &need), CXLKV_OK)
       << cxlkv_last_error();
   std::string buf(need + 256, '\0');
-  ASSERT_EQ(cxlkv_directory_where(b.socket.c_str(), &ck, buf.data(), buf.size(), &need),
-            CXLKV_OK)
+  ASSERT_EQ(cxlkv_directory_where(b.socket.c_str(), &ck, buf.data(), buf.size(), &need), CXLKV_OK)
       << cxlkv_last_error();
   auto cj = nlohmann::json::parse(buf.c_str());
   EXPECT_EQ(cj["may_hold"], nlohmann::json::array({"dom-a"})) << buf;
@@ -360,8 +364,7 @@ TEST_F(DirectoryTest, OnlyTheLeaderPublishesEventsAndATakeoverOpensANewTerm) {
                        milliseconds(5000)));
   cxlkv_prefix_key ck{k.lo, k.hi};
   std::string buf(4096, '\0');
-  ASSERT_EQ(cxlkv_directory_where(b.socket.c_str(), &ck, buf.data(), buf.size(), nullptr),
-            CXLKV_OK)
+  ASSERT_EQ(cxlkv_directory_where(b.socket.c_str(), &ck, buf.data(), buf.size(), nullptr), CXLKV_OK)
       << cxlkv_last_error();
   EXPECT_EQ(nlohmann::json::parse(buf.c_str())["may_hold"], nlohmann::json::array({"ha-ev"}));
   // Past the standby's settle time: still one term's opening only.

@@ -13,9 +13,8 @@
 #include <sys/wait.h>
 
 #define MSGPACK_NO_BOOST 1
-#include <msgpack.hpp>
-
 #include <cstdio>
+#include <msgpack.hpp>
 #include <string>
 #include <vector>
 
@@ -24,8 +23,8 @@
 #include "cxlkv/orchestrator/kv_events.h"
 #include "cxlkv/tier/reuse_tracker.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "kv_events_subscriber.h"
+#include "nlohmann/json.hpp"
 #include "spawned_orchestrator.h"
 
 namespace cxlkv::testing {
@@ -46,12 +45,12 @@ const co::PrefixKey kKey{0x0123456789abcdefull, 0xfedcba9876543210ull};
 
 TEST(KvEventEncoding, PositionalEventsInVllmsFieldOrder) {
   ev::EncodeOptions o;  // array form, bytes hashes, block_size 16, rank 0
-  const std::string b = ev::EncodeBatch(
-      1700000000.5,
-      {{ev::KvEvent::Kind::kAllCleared, {}},
-       {ev::KvEvent::Kind::kStored, {kKey}},
-       {ev::KvEvent::Kind::kRemoved, {kKey, co::PrefixKey{1, 2}}}},
-      o);
+  const std::string b =
+      ev::EncodeBatch(1700000000.5,
+                      {{ev::KvEvent::Kind::kAllCleared, {}},
+                       {ev::KvEvent::Kind::kStored, {kKey}},
+                       {ev::KvEvent::Kind::kRemoved, {kKey, co::PrefixKey{1, 2}}}},
+                      o);
   auto h = Unpack(b);
   const msgpack::object& batch = h.get();
   ASSERT_EQ(batch.type, msgpack::type::ARRAY);
@@ -77,15 +76,16 @@ TEST(KvEventEncoding, PositionalEventsInVllmsFieldOrder) {
   ASSERT_EQ(hash.via.bin.size, 16u);
   std::string hex;
   for (std::uint32_t i = 0; i < 16; ++i) {
-    hex += absl::StrCat(absl::Hex(static_cast<unsigned char>(hash.via.bin.ptr[i]), absl::kZeroPad2));
+    hex +=
+        absl::StrCat(absl::Hex(static_cast<unsigned char>(hash.via.bin.ptr[i]), absl::kZeroPad2));
   }
   EXPECT_EQ(hex, tier::FormatPrefixKey(kKey));  // the hex cxlkvctl prints
-  EXPECT_TRUE(stored.ptr[2].is_nil());           // parent_block_hash
-  EXPECT_EQ(stored.ptr[3].via.array.size, 0u);   // token_ids
-  EXPECT_EQ(stored.ptr[4].as<int>(), 16);        // block_size
-  EXPECT_TRUE(stored.ptr[5].is_nil());           // lora_id
-  EXPECT_EQ(Str(stored.ptr[6]), "CXL");          // medium
-  EXPECT_TRUE(stored.ptr[7].is_nil());           // lora_name
+  EXPECT_TRUE(stored.ptr[2].is_nil());          // parent_block_hash
+  EXPECT_EQ(stored.ptr[3].via.array.size, 0u);  // token_ids
+  EXPECT_EQ(stored.ptr[4].as<int>(), 16);       // block_size
+  EXPECT_TRUE(stored.ptr[5].is_nil());          // lora_id
+  EXPECT_EQ(Str(stored.ptr[6]), "CXL");         // medium
+  EXPECT_TRUE(stored.ptr[7].is_nil());          // lora_name
 
   // ["BlockRemoved", block_hashes, medium]
   const msgpack::object_array& removed = events.ptr[2].via.array;
@@ -110,9 +110,9 @@ TEST(KvEventEncoding, MapEventsAndIntegerHashes) {
   const msgpack::object_array& events = batch.via.array.ptr[1].via.array;
   ASSERT_EQ(events.size, 2u);
   const msgpack::object_map& stored = events.ptr[0].via.map;
-  const std::vector<std::string> names = {"type",     "block_hashes", "parent_block_hash",
-                                          "token_ids", "block_size",  "lora_id",
-                                          "medium",   "lora_name"};
+  const std::vector<std::string> names = {"type",      "block_hashes", "parent_block_hash",
+                                          "token_ids", "block_size",   "lora_id",
+                                          "medium",    "lora_name"};
   ASSERT_EQ(stored.size, names.size());
   for (std::uint32_t i = 0; i < stored.size; ++i) EXPECT_EQ(Str(stored.ptr[i].key), names[i]);
   EXPECT_EQ(Str(stored.ptr[0].val), "BlockStored");
@@ -176,8 +176,8 @@ TEST(KvEventsThroughTheOrchestrator, StoredRemovedAndANewTermDecodedByPython) {
   ASSERT_TRUE(SoonTrue(
       [&] {
         for (const auto& e : sub.Events()) {
-          if (e["type"] == "BlockRemoved" &&
-              e["block_hashes"] == nlohmann::json::array({h1}) && e["medium"] == "CXL") {
+          if (e["type"] == "BlockRemoved" && e["block_hashes"] == nlohmann::json::array({h1}) &&
+              e["medium"] == "CXL") {
             return true;
           }
         }
@@ -225,8 +225,7 @@ TEST(KvEventsThroughTheOrchestrator, MapFormAsNewerVllm) {
   ASSERT_TRUE(SoonTrue(
       [&] {
         for (const auto& e : sub.Events()) {
-          if (e["type"] == "BlockStored" &&
-              e["block_hashes"] == nlohmann::json::array({k.lo})) {
+          if (e["type"] == "BlockStored" && e["block_hashes"] == nlohmann::json::array({k.lo})) {
             return true;
           }
         }

@@ -26,9 +26,9 @@ namespace orch = ::cxlkv::orchestrator;
 
 struct WhereOptions {
   std::string prefix;
-  std::string etcd;     // comma-separated host:port; empty: ask an orchestrator
+  std::string etcd;  // comma-separated host:port; empty: ask an orchestrator
   std::string cluster = "default";
-  std::string socket;   // orchestrator endpoints, comma-separated
+  std::string socket;  // orchestrator endpoints, comma-separated
   bool json = false;
 };
 
@@ -55,8 +55,10 @@ orch::WhereResult ViaEtcd(const WhereOptions& o, const coherence::PrefixKey& key
   return r;
 #else
   (void)key;
-  Fail("this cxlkvctl was built without the etcd client; ask an orchestrator with --socket "
-       "instead of --etcd " + o.etcd);
+  Fail(
+      "this cxlkvctl was built without the etcd client; ask an orchestrator with --socket "
+      "instead of --etcd " +
+      o.etcd);
 #endif
 }
 
@@ -97,14 +99,16 @@ void Run(const WhereOptions& o) {
     return;
   }
   std::printf("prefix %s: %s\n", tier::FormatPrefixKey(*key).c_str(),
-              holders.empty() ? "no domain holds it"
-                              : absl::StrCat("may be held by ", absl::StrJoin(holders, ", "))
-                                    .c_str());
-  std::printf("%-20s %-9s %-10s %-9s %-11s %-8s %s\n", "DOMAIN", "MAY_HOLD", "PUBLISHED",
-              "FP_RATE", "FILTER", "AGE_MS", "EPOCH");
+              holders.empty()
+                  ? "no domain holds it"
+                  : absl::StrCat("may be held by ", absl::StrJoin(holders, ", ")).c_str());
+  std::printf("%-20s %-9s %-10s %-9s %-11s %-8s %s\n", "DOMAIN", "MAY_HOLD", "PUBLISHED", "FP_RATE",
+              "FILTER", "AGE_MS", "EPOCH");
   for (const auto& d : r.domains) {
     std::printf("%-20s %-9s %-10llu %-9.2g %-11llu %-8lld %lld\n", d.domain.c_str(),
-                !d.anchor ? "not-anchor" : d.may_hold ? "yes" : "no",
+                !d.anchor    ? "not-anchor"
+                : d.may_hold ? "yes"
+                             : "no",
                 static_cast<unsigned long long>(d.published), d.fp_rate,
                 static_cast<unsigned long long>(d.filter_bytes), static_cast<long long>(d.age_ms),
                 static_cast<long long>(d.epoch));

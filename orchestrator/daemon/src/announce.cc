@@ -187,9 +187,9 @@ struct Announcer::Impl {
     const std::uint64_t expected =
         (c.directory.expected_keys != 0 ? c.directory.expected_keys : capacity) /
         std::max<std::uint32_t>(c.directory.anchor_every, 1);
-    const directory::FilterSize size =
-        c.directory.bytes != 0 ? directory::SizeForBytes(c.directory.bytes, expected)
-                               : directory::SizeFor(expected, c.directory.fp_rate);
+    const directory::FilterSize size = c.directory.bytes != 0
+                                           ? directory::SizeForBytes(c.directory.bytes, expected)
+                                           : directory::SizeFor(expected, c.directory.fp_rate);
     s.filter = directory::BloomFilter(size);
     for (const co::PrefixKey& k : current) {
       if (directory::IsAnchor(k, c.directory.anchor_every)) {

@@ -339,9 +339,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
                       })},
                      {"fp_rate",
                       H([&](auto& v, auto& kk) { return p.Real(v, kk, &d.fp_rate, 1e-6, 0.5); })},
-                     {"bytes", H([&](auto& v, auto& kk) {
-                        return p.U32(v, kk, &d.bytes, 0, 1 << 20);
-                      })},
+                     {"bytes",
+                      H([&](auto& v, auto& kk) { return p.U32(v, kk, &d.bytes, 0, 1 << 20); })},
                      {"anchor_every", H([&](auto& v, auto& kk) {
                         return p.U32(v, kk, &d.anchor_every, 1, 1 << 16);
                       })},
@@ -361,8 +360,9 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
                for (const char* a : allowed) {
                  if (*out == a) return absl::OkStatus();
                }
-               return p.Error(v, kk, absl::StrCat("'", *out, "' is not one of: ",
-                                                  absl::StrJoin(allowed, ", ")));
+               return p.Error(
+                   v, kk,
+                   absl::StrCat("'", *out, "' is not one of: ", absl::StrJoin(allowed, ", ")));
              };
              return p.Table(
                  n, k,
@@ -381,10 +381,10 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
                      {"data_parallel_rank", H([&](auto& v, auto& kk) {
                         return p.U32(v, kk, &e.data_parallel_rank, 0, 1 << 20);
                       })},
-                     {"interval_ms", H([&](auto& v, auto& kk) {
-                        return p.U32(v, kk, &e.interval_ms, 1, 60000);
-                      })},
-                     {"hwm", H([&](auto& v, auto& kk) { return p.U32(v, kk, &e.hwm, 1, 1 << 24); })},
+                     {"interval_ms",
+                      H([&](auto& v, auto& kk) { return p.U32(v, kk, &e.interval_ms, 1, 60000); })},
+                     {"hwm",
+                      H([&](auto& v, auto& kk) { return p.U32(v, kk, &e.hwm, 1, 1 << 24); })},
                  });
            })},
           {"placement", H([&](const toml::node&, const std::string&) {

@@ -117,13 +117,15 @@ class EtcdHa final : public HaSession {
     auto r = client_->Txn({C::CreateRevision(where_ + "/leader", C::Result::kEqual, epoch)},
                           {ed::Op::Put(key, value, lease_.load())}, {});
     if (!r.ok()) {
-      return absl::Status(r.status().code(),
-                          absl::StrCat(key, ": cannot write the directory summary: ",
-                                       r.status().message()));
+      return absl::Status(
+          r.status().code(),
+          absl::StrCat(key, ": cannot write the directory summary: ", r.status().message()));
     }
     if (!r->succeeded) {
-      return absl::AbortedError(absl::StrCat(key, ": not written: this orchestrator no longer "
-                                             "leads (epoch ", epoch, ")"));
+      return absl::AbortedError(absl::StrCat(key,
+                                             ": not written: this orchestrator no longer "
+                                             "leads (epoch ",
+                                             epoch, ")"));
     }
     return absl::OkStatus();
   }

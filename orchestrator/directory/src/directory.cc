@@ -141,8 +141,7 @@ std::string EncodeSummary(const Summary& s) {
 
 absl::StatusOr<Summary> DecodeSummary(absl::string_view bytes) {
   auto bad = [&](const char* what) {
-    return absl::DataLossError(absl::StrCat("directory summary (", bytes.size(),
-                                            " bytes): ", what,
+    return absl::DataLossError(absl::StrCat("directory summary (", bytes.size(), " bytes): ", what,
                                             "; its domain's leader rewrites it within "
                                             "directory.refresh_ms"));
   };
@@ -157,8 +156,7 @@ absl::StatusOr<Summary> DecodeSummary(absl::string_view bytes) {
   if (!r.Get(&magic) || magic != kMagic) return bad("not a summary (magic)");
   if (!r.Get(&version) || version != kVersion) return bad("unknown version");
   if (!r.Get(&hashes) || !r.Get(&s.anchor_every) || !r.Get(&words) || !r.Get(&s.epoch) ||
-      !r.Get(&s.published) || !r.Get(&s.anchors) || !r.Get(&s.built_unix_ms) ||
-      !r.Get(&name_len)) {
+      !r.Get(&s.published) || !r.Get(&s.anchors) || !r.Get(&s.built_unix_ms) || !r.Get(&name_len)) {
     return bad("torn header");
   }
   absl::string_view name, body;

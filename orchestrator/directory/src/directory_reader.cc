@@ -105,7 +105,8 @@ std::vector<DomainAnswer> DirectoryReader::Where(const coherence::PrefixKey& key
   return out;
 }
 
-std::vector<std::string> DirectoryReader::DomainsThatMayHold(const coherence::PrefixKey& key) const {
+std::vector<std::string> DirectoryReader::DomainsThatMayHold(
+    const coherence::PrefixKey& key) const {
   std::vector<std::string> out;
   absl::MutexLock l(&mu_);
   for (const auto& [k, s] : by_key_) {

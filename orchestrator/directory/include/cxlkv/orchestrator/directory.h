@@ -72,10 +72,10 @@ class BloomFilter {
 // One domain's entry in the directory.
 struct Summary {
   std::string domain;
-  std::int64_t epoch = 0;           // the leader's epoch that wrote it
-  std::uint64_t published = 0;      // published index entries when it was built
-  std::uint64_t anchors = 0;        // keys added to the filter
-  std::int64_t built_unix_ms = 0;   // wall clock of the leader when built
+  std::int64_t epoch = 0;          // the leader's epoch that wrote it
+  std::uint64_t published = 0;     // published index entries when it was built
+  std::uint64_t anchors = 0;       // keys added to the filter
+  std::int64_t built_unix_ms = 0;  // wall clock of the leader when built
   std::uint32_t anchor_every = 1;
   BloomFilter filter;
 };
