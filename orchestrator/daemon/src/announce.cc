@@ -91,6 +91,9 @@ struct Announcer::Impl {
   }
 
   void Tick() {
+    // Without events the index is only needed when a directory write could be due: skip the
+    // look (and its scan under the orchestrator's lock) until then.
+    if (!EventsOn() && in_term && SteadyMs() - last_put_ms < c.directory.min_interval_ms) return;
     bool serving = false, changed = false;
     std::int64_t epoch = 0;
     std::uint32_t capacity = 0;

@@ -3,9 +3,10 @@
 // etcd under the leader's lease; docs/ha.md) and KV events for routers (vLLM's wire format on
 // ZMQ; docs/kv_events.md).
 //
-// One thread. Every events.interval_ms (50 ms without events) it looks at the prefix owner's
-// counters under the orchestrator's mutex; when they moved it copies the published keys (a
-// scan of the index, under the mutex: 64 bytes read per entry). Outside the mutex it diffs the
+// One thread. Every events.interval_ms (without events: every 50 ms once a directory write
+// could be due) it looks at the prefix owner's counters under the orchestrator's mutex; when
+// they moved it copies the published keys (a pass over the owner's in-memory copy of the
+// index, under the mutex: 64 bytes read per entry). Outside the mutex it diffs the
 // copy against the last one for events (BlockStored for keys that appeared, BlockRemoved for
 // keys that went) and, rate-limited to one write per directory.min_interval_ms (and at least
 // one per directory.refresh_ms), writes the summary to etcd. Each new term (a takeover, or the
