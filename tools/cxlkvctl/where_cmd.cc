@@ -10,14 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "commands.h"
 #include "cxlkv/orchestrator/directory_client.h"
 #include "cxlkv/tier/reuse_tracker.h"
 #include "nlohmann/json.hpp"
-#ifdef CXLKV_HAVE_DIRECTORY_READER
-#include "cxlkv/orchestrator/directory_reader.h"
-#endif
+#include "where.h"
 
 namespace cxlkv::ctl {
 namespace {
@@ -37,37 +34,14 @@ struct WhereOptions {
   throw CLI::RuntimeError(kExitError);
 }
 
-orch::WhereResult ViaEtcd(const WhereOptions& o, const coherence::PrefixKey& key) {
-#ifdef CXLKV_HAVE_DIRECTORY_READER
-  namespace dir = ::cxlkv::orchestrator::directory;
-  dir::ReaderOptions ro;
-  ro.endpoints = absl::StrSplit(o.etcd, ',', absl::SkipWhitespace());
-  ro.cluster = o.cluster;
-  ro.follow = false;
-  auto reader = dir::DirectoryReader::Open(ro);
-  if (!reader.ok()) Fail(std::string(reader.status().message()));
-  orch::WhereResult r;
-  r.revision = (*reader)->revision();
-  for (const dir::DomainAnswer& a : (*reader)->Where(key)) {
-    r.domains.push_back(orch::DomainVerdict{a.domain, a.may_hold, a.anchor, a.published, a.fp_rate,
-                                            a.epoch, a.age_ms, a.filter_bytes});
-  }
-  return r;
-#else
-  (void)key;
-  Fail(
-      "this cxlkvctl was built without the etcd client; ask an orchestrator with --socket "
-      "instead of --etcd " +
-      o.etcd);
-#endif
-}
-
 void Run(const WhereOptions& o) {
   auto key = tier::ParsePrefixKey(o.prefix);
   if (!key.ok()) Fail(absl::StrCat("PREFIX '", o.prefix, "': ", key.status().message()));
   orch::WhereResult r;
   if (!o.etcd.empty()) {
-    r = ViaEtcd(o, *key);
+    auto got = WhereViaEtcd(o.etcd, o.cluster, *key);
+    if (!got.ok()) Fail(std::string(got.status().message()));
+    r = *std::move(got);
   } else {
     auto client = orch::DirectoryClient::Connect(o.socket);
     if (!client.ok()) Fail(std::string(client.status().message()));

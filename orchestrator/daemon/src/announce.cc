@@ -10,10 +10,8 @@
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/orchestrator/daemon.h"
 #include "cxlkv/orchestrator/directory.h"
+#include "event_sink.h"
 #include "ha.h"
-#ifdef CXLKV_HAVE_KV_EVENTS
-#include "cxlkv/orchestrator/kv_events.h"
-#endif
 
 namespace cxlkv::orchestrator {
 
@@ -32,9 +30,6 @@ std::int64_t UnixMs() {
       .count();
 }
 
-// Events per message: a takeover of a full index goes out in several batches.
-constexpr std::size_t kEventsPerBatch = 1024;
-
 }  // namespace
 
 struct Announcer::Impl {
@@ -45,10 +40,7 @@ struct Announcer::Impl {
   std::thread thread;
   mutable absl::Mutex mu;
   AnnounceStats stats ABSL_GUARDED_BY(mu);
-#ifdef CXLKV_HAVE_KV_EVENTS
-  std::unique_ptr<events::KvEventPublisher> pub;
-  events::EncodeOptions enc;
-#endif
+  std::unique_ptr<EventSink> sink;  // null: no events
 
   // The thread's own state.
   bool in_term = false;
@@ -64,13 +56,7 @@ struct Announcer::Impl {
   Impl(Orchestrator& orch, HaSession* h) : o(orch), ha(h), c(orch.config()) {}
 
   bool DirectoryOn() const { return ha != nullptr && c.directory.enabled; }
-  bool EventsOn() const {
-#ifdef CXLKV_HAVE_KV_EVENTS
-    return pub != nullptr;
-#else
-    return false;
-#endif
-  }
+  bool EventsOn() const { return sink != nullptr; }
 
   void Loop() {
     const std::int64_t period = EventsOn() ? c.events.interval_ms : 50;
@@ -140,40 +126,24 @@ struct Announcer::Impl {
   }
 
   void Events(bool opening) {
-#ifdef CXLKV_HAVE_KV_EVENTS
     if (!EventsOn()) return;
-    std::vector<events::KvEvent> out;
-    if (opening) {
-      out.push_back(events::KvEvent{events::KvEvent::Kind::kAllCleared, {}});
-      known.clear();
-    }
+    if (opening) known.clear();
     absl::flat_hash_set<co::PrefixKey, co::PrefixKeyHash> now(current.begin(), current.end());
+    std::vector<co::PrefixKey> stored, removed;
     for (const co::PrefixKey& k : current) {
-      if (!known.contains(k)) out.push_back(events::KvEvent{events::KvEvent::Kind::kStored, {k}});
+      if (!known.contains(k)) stored.push_back(k);
     }
-    events::KvEvent removed{events::KvEvent::Kind::kRemoved, {}};
     for (const co::PrefixKey& k : known) {
-      if (!now.contains(k)) removed.blocks.push_back(k);
+      if (!now.contains(k)) removed.push_back(k);
     }
-    if (!removed.blocks.empty()) out.push_back(std::move(removed));
     known = std::move(now);
-    const double ts = static_cast<double>(UnixMs()) / 1000.0;
-    for (std::size_t i = 0; i < out.size(); i += kEventsPerBatch) {
-      const std::size_t end = std::min(out.size(), i + kEventsPerBatch);
-      std::vector<events::KvEvent> part(out.begin() + static_cast<std::ptrdiff_t>(i),
-                                        out.begin() + static_cast<std::ptrdiff_t>(end));
-      const absl::Status st = pub->Send(events::EncodeBatch(ts, part, enc));
-      absl::MutexLock l(&mu);
-      if (st.ok()) {
-        ++stats.event_batches;
-        stats.events += part.size();
-      } else {
-        ++stats.event_drops;
-      }
-    }
-#else
-    (void)opening;
-#endif
+    if (!opening && stored.empty() && removed.empty()) return;
+    SinkCounts n;
+    sink->Publish(opening, stored, removed, &n);
+    absl::MutexLock l(&mu);
+    stats.event_batches += n.batches;
+    stats.events += n.events;
+    stats.event_drops += n.drops;
   }
 
   void Directory(std::int64_t epoch, std::uint32_t capacity) {
@@ -219,30 +189,9 @@ struct Announcer::Impl {
 
 absl::StatusOr<std::unique_ptr<Announcer>> Announcer::Start(Orchestrator& o, HaSession* ha) {
   auto impl = std::make_unique<Impl>(o, ha);
-  const Config& c = o.config();
-  if (c.events.enabled()) {
-#ifdef CXLKV_HAVE_KV_EVENTS
-    events::PublisherOptions po;
-    po.endpoint = c.events.endpoint;
-    const std::string domain = c.etcd.enabled() ? c.etcd.domain : c.name;
-    po.topic = c.events.topic.empty() ? absl::StrCat("cxlkv/", domain) : c.events.topic;
-    po.hwm = static_cast<int>(c.events.hwm);
-    auto pub = events::KvEventPublisher::Create(po);
-    if (!pub.ok()) return pub.status();
-    impl->pub = *std::move(pub);
-    impl->enc.format =
-        c.events.format == "map" ? events::EventFormat::kMap : events::EventFormat::kArray;
-    impl->enc.hash =
-        c.events.block_hash == "uint64" ? events::HashForm::kUint64 : events::HashForm::kBytes;
-    impl->enc.block_size = c.events.block_size;
-    impl->enc.data_parallel_rank = c.events.data_parallel_rank;
-#else
-    return absl::FailedPreconditionError(
-        "events.endpoint is set, but this cxlkv-orchestrator was built without KV events "
-        "(libzmq, cppzmq and msgpack-cxx were missing): install libzmq3-dev cppzmq-dev "
-        "libmsgpack-cxx-dev (scripts/deps does) and rebuild, or drop events.endpoint");
-#endif
-  }
+  auto sink = MakeEventSink(o.config());
+  if (!sink.ok()) return sink.status();
+  impl->sink = *std::move(sink);
   if (!impl->DirectoryOn() && !impl->EventsOn()) return std::unique_ptr<Announcer>();
   Impl* p = impl.get();
   p->thread = std::thread([p] { p->Loop(); });

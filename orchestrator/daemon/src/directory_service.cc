@@ -6,11 +6,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "cxlkv/orchestrator/directory_reader.h"
 #include "cxlkv/orchestrator/token.h"
 #include "directory.grpc.pb.h"
-#ifdef CXLKV_HAVE_DIRECTORY_READER
-#include "cxlkv/orchestrator/directory_reader.h"
-#endif
 
 namespace cxlkv::orchestrator {
 
@@ -25,7 +23,6 @@ class DirectoryService final : public dpb::Directory::Service {
   grpc::Status Where(grpc::ServerContext* ctx, const dpb::WhereRequest* req,
                      dpb::WhereReply* rep) override {
     if (grpc::Status st = Check(ctx); !st.ok()) return st;
-#ifdef CXLKV_HAVE_DIRECTORY_READER
     if (!c_.etcd.enabled()) return NoEtcd();
     directory::DirectoryReader* r = nullptr;
     {
@@ -59,11 +56,6 @@ class DirectoryService final : public dpb::Directory::Service {
     }
     rep->set_revision(r->revision());
     return grpc::Status::OK;
-#else
-    (void)req;
-    (void)rep;
-    return NoEtcd();
-#endif
   }
 
  private:
@@ -72,7 +64,7 @@ class DirectoryService final : public dpb::Directory::Service {
         grpc::StatusCode::FAILED_PRECONDITION,
         absl::StrCat("domain '", c_.name,
                      "': the prefix directory lives in etcd, and this orchestrator runs without "
-                     "it (no [etcd] section, or built without the etcd client): ask an "
+                     "it (no [etcd] section): ask an "
                      "orchestrator that runs with [etcd], or read etcd directly (cxlkvctl where "
                      "--etcd HOST:PORT)"));
   }
@@ -99,10 +91,8 @@ class DirectoryService final : public dpb::Directory::Service {
   }
 
   const Config& c_;
-#ifdef CXLKV_HAVE_DIRECTORY_READER
   absl::Mutex mu_;
   std::unique_ptr<directory::DirectoryReader> reader_ ABSL_GUARDED_BY(mu_);
-#endif
 };
 
 }  // namespace
