@@ -33,7 +33,7 @@ std::vector<std::string> MayHold(const dir::DirectoryReader& r, const co::Prefix
   return r.DomainsThatMayHold(k);
 }
 
-class DirectoryTest : public ::testing::Test {
+class KvEventsHaTest : public ::testing::Test {
  protected:
   void SetUp() override {
     CXLKV_SKIP_WITHOUT_ETCD();
@@ -48,7 +48,7 @@ class DirectoryTest : public ::testing::Test {
   std::unique_ptr<EtcdCluster> etcd_;
 };
 
-TEST_F(DirectoryTest, OnlyTheLeaderPublishesEventsAndATakeoverOpensANewTerm) {
+TEST_F(KvEventsHaTest, OnlyTheLeaderPublishesEventsAndATakeoverOpensANewTerm) {
   if (!PythonHasZmqAndMsgpack()) GTEST_SKIP() << "/usr/bin/python3 lacks zmq or msgpack";
   char tmpl[] = "/tmp/cxlkv-haev-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
