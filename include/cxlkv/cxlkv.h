@@ -725,6 +725,23 @@ typedef struct cxlkv_tier_stats {
 
 int cxlkv_tier_stats_get(cxlkv_tier* t, cxlkv_tier_stats* stats);
 
+/* ---- the cross-domain prefix directory (docs/ha.md) ----
+ * Which CXL domains may hold the prefix whose chain key is `key` (the key of its last block:
+ * cxlkv_prefix_key_chain, cxlkv_prefix_key_from_digest). Asked of an orchestrator that runs
+ * with [etcd] (leader or standby, of any domain: the directory covers the etcd cluster):
+ * `orchestrators` is a socket path, unix:PATH or tcp:HOST:PORT, several separated by commas
+ * (tried in order). The answer comes from Bloom filters: a domain reported may hold the prefix
+ * (false positives at the rate each reports), a domain not reported does not hold it (as of
+ * its leader's last summary, at most directory.min_interval_ms old while it lives). Writes one
+ * JSON object into buf:
+ *   {"may_hold":["a",...], "revision":N, "domains":[{"domain":"a","may_hold":true,
+ *    "anchor":true,"published":N,"fp_rate":F,"epoch":N,"age_ms":N,"filter_bytes":N},...]}
+ * buf/len/needed as cxlkv_tier_explain. CXLKV_E_INVALID for a bad endpoint or a short buffer;
+ * the orchestrator's error otherwise (cxlkv_last_error names it: no [etcd] there, etcd
+ * unreadable, nobody answering). Makes one RPC; thread-safe. */
+int cxlkv_directory_where(const char* orchestrators, const cxlkv_prefix_key* key, char* buf,
+                          size_t len, size_t* needed);
+
 const char* cxlkv_strerror(int code);
 const char* cxlkv_last_error(void);
 

@@ -254,6 +254,7 @@ _PROTOTYPES = {
     "cxlkv_lease_validate": (_INT, [_P, _P]),
     "cxlkv_lease_copy_out": (_INT, [_P, _P, _P, c_u64, _P, _SIZE]),
     "cxlkv_block_invalidate": (_INT, [_P, _P, _P, c_u64, _SIZE, _PP]),
+    "cxlkv_directory_where": (_INT, [ctypes.c_char_p, _P, _P, _SIZE, ctypes.POINTER(_SIZE)]),
     "cxlkv_owner_open": (_INT, [ctypes.c_char_p, _PP]),
     "cxlkv_owner_step": (None, [_P]),
     "cxlkv_owner_close": (None, [_P]),

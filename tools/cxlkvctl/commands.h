@@ -37,6 +37,10 @@ void AddDomainCommands(CLI::App& app);
 // the placement rule's decision for one block with every input and the deciding clause.
 void AddPlacementCommands(CLI::App& app);
 
+// `cxlkvctl where PREFIX [--etcd EPS [--cluster C] | --socket EPS] [--json]`: which CXL domains
+// may hold a prefix (the cross-domain prefix directory, docs/ha.md).
+void AddWhereCommand(CLI::App& app);
+
 }  // namespace cxlkv::ctl
 
 #endif  // CXLKV_TOOLS_CXLKVCTL_COMMANDS_H_

@@ -18,6 +18,7 @@ int main(int argc, char** argv) try {
   cxlkv::ctl::AddArenaCommand(app);
   cxlkv::ctl::AddDomainCommands(app);
   cxlkv::ctl::AddPlacementCommands(app);
+  cxlkv::ctl::AddWhereCommand(app);
 
   try {
     app.parse(argc, argv);

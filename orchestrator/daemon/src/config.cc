@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cxlkv/orchestrator/token.h"
 #define TOML_EXCEPTIONS 1
 #include "cxlkv/pool/spec.h"
@@ -318,6 +319,72 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
                      {"call_timeout_ms", H([&](auto& v, auto& kk) {
                         return p.U32(v, kk, &c.etcd.call_timeout_ms, 100, 60000);
                       })},
+                 });
+           })},
+          {"directory", H([&](const toml::node& n, const std::string& k) {
+             DirectoryConfig& d = c.directory;
+             return p.Table(
+                 n, k,
+                 {
+                     {"enabled", H([&](const toml::node& v, const std::string& kk) {
+                        if (!v.is_boolean()) return p.Error(v, kk, "expected true or false");
+                        d.enabled = *v.value<bool>();
+                        return absl::OkStatus();
+                      })},
+                     {"expected_keys", H([&](auto& v, auto& kk) {
+                        std::uint32_t x = 0;
+                        auto s2 = p.U32(v, kk, &x, 0, 1 << 30);
+                        d.expected_keys = x;
+                        return s2;
+                      })},
+                     {"fp_rate",
+                      H([&](auto& v, auto& kk) { return p.Real(v, kk, &d.fp_rate, 1e-6, 0.5); })},
+                     {"bytes",
+                      H([&](auto& v, auto& kk) { return p.U32(v, kk, &d.bytes, 0, 1 << 20); })},
+                     {"anchor_every", H([&](auto& v, auto& kk) {
+                        return p.U32(v, kk, &d.anchor_every, 1, 1 << 16);
+                      })},
+                     {"min_interval_ms", H([&](auto& v, auto& kk) {
+                        return p.U32(v, kk, &d.min_interval_ms, 10, 3600000);
+                      })},
+                     {"refresh_ms", H([&](auto& v, auto& kk) {
+                        return p.U32(v, kk, &d.refresh_ms, 100, 86400000);
+                      })},
+                 });
+           })},
+          {"events", H([&](const toml::node& n, const std::string& k) {
+             EventsConfig& e = c.events;
+             auto one_of = [&](const toml::node& v, const std::string& kk, std::string* out,
+                               std::initializer_list<const char*> allowed) {
+               if (auto s2 = p.Str(v, kk, out); !s2.ok()) return s2;
+               for (const char* a : allowed) {
+                 if (*out == a) return absl::OkStatus();
+               }
+               return p.Error(
+                   v, kk,
+                   absl::StrCat("'", *out, "' is not one of: ", absl::StrJoin(allowed, ", ")));
+             };
+             return p.Table(
+                 n, k,
+                 {
+                     {"endpoint", H([&](auto& v, auto& kk) { return p.Str(v, kk, &e.endpoint); })},
+                     {"topic", H([&](auto& v, auto& kk) { return p.Str(v, kk, &e.topic); })},
+                     {"format", H([&](auto& v, auto& kk) {
+                        return one_of(v, kk, &e.format, {"array", "map"});
+                      })},
+                     {"block_hash", H([&](auto& v, auto& kk) {
+                        return one_of(v, kk, &e.block_hash, {"bytes", "uint64"});
+                      })},
+                     {"block_size", H([&](auto& v, auto& kk) {
+                        return p.U32(v, kk, &e.block_size, 1, 1 << 20);
+                      })},
+                     {"data_parallel_rank", H([&](auto& v, auto& kk) {
+                        return p.U32(v, kk, &e.data_parallel_rank, 0, 1 << 20);
+                      })},
+                     {"interval_ms",
+                      H([&](auto& v, auto& kk) { return p.U32(v, kk, &e.interval_ms, 1, 60000); })},
+                     {"hwm",
+                      H([&](auto& v, auto& kk) { return p.U32(v, kk, &e.hwm, 1, 1 << 24); })},
                  });
            })},
           {"placement", H([&](const toml::node&, const std::string&) {

@@ -24,11 +24,13 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "announce.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/orchestrator/token.h"
 #include "cxlkv/pool/arena.h"
+#include "directory_service.h"
 #include "fence.h"
 #include "ha.h"
 #include "nlohmann/json.hpp"
@@ -798,6 +800,8 @@ absl::Status Orchestrator::Start() {
   service_ = std::make_unique<Service>(*this);
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
+  directory_service_ = MakeDirectoryService(config_);
+  builder.RegisterService(directory_service_.get());
   builder.SetMaxReceiveMessageSize(1 << 20);
   int tcp_port = 0;
   if (!config_.tcp.empty()) {
@@ -831,6 +835,10 @@ absl::Status Orchestrator::Start() {
   }
   owner_thread_ = std::thread([this] { OwnerLoop(); });
   accept_thread_ = std::thread([this] { AcceptLoop(); });
+  // The directory summary and KV events: the leader's (or the single orchestrator's) news.
+  auto announcer = Announcer::Start(*this, ha_.get());
+  if (!announcer.ok()) return announcer.status();
+  announcer_ = *std::move(announcer);
   if (ha_ != nullptr) {
     // Campaigning starts once every endpoint is up: an elected orchestrator serves at once.
     HaSession::Hooks hooks;
@@ -1240,6 +1248,7 @@ void Orchestrator::StepDown(const std::string& why) {
 
 void Orchestrator::Stop() {
   if (stop_.exchange(true)) return;
+  if (announcer_ != nullptr) announcer_->Stop();
   // First: a leader steps down and revokes its lease, so a standby takes over at once.
   if (ha_ != nullptr) ha_->Stop();
   if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);

@@ -78,6 +78,11 @@ class HaSession : public WriteGate {
   // may or may not have happened: the next save's guard tells).
   virtual absl::Status SaveState(const std::string& text, std::int64_t epoch) = 0;
 
+  // The cross-domain directory (docs/ha.md): writes this domain's summary under the leader's
+  // session lease, so it vanishes with the lease, and only while this orchestrator still
+  // leads at `epoch` (a guarded transaction). kAborted when it no longer leads.
+  virtual absl::Status PutDirectory(const std::string& value, std::int64_t epoch) = 0;
+
   virtual HaStats stats() const = 0;
   // stats(), and drains etcd_call_ms (for the metrics exporter).
   virtual HaStats DrainStats() = 0;

@@ -4,6 +4,8 @@
 //   P/domains/D/leader             the leader (its `self` JSON), under its session lease
 //   P/domains/D/election/<lease>   every candidate, under its session lease
 //   P/domains/D/state              the domain's state (DomainState::Serialize), durable
+//   P/directory/D                  the domain's directory summary, under the leader's lease
+#include <atomic>
 #include <cstdio>
 
 #include "absl/base/thread_annotations.h"
@@ -11,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cxlkv/orchestrator/directory.h"
 #include "cxlkv/orchestrator/election.h"
 #include "cxlkv/orchestrator/etcd.h"
 #include "ha.h"
@@ -49,6 +52,7 @@ class EtcdHa final : public HaSession {
     };
     ed::LeaderElection::Callbacks cb;
     cb.elected = [this](const ed::Term& t) {
+      lease_.store(t.lease);
       return hooks_.take_over(LeaderTerm{t.epoch, t.cluster_id});
     };
     cb.lost = [this](const ed::Term&, const std::string& why) { hooks_.step_down(why); };
@@ -113,6 +117,25 @@ class EtcdHa final : public HaSession {
     }
     state_revision_ = r->header.revision;
     ++state_writes_;
+    return absl::OkStatus();
+  }
+
+  absl::Status PutDirectory(const std::string& value, std::int64_t epoch) override {
+    using C = ed::Compare;
+    const std::string key = directory::SummaryKey(c_.etcd.cluster, c_.etcd.domain);
+    auto r = client_->Txn({C::CreateRevision(where_ + "/leader", C::Result::kEqual, epoch)},
+                          {ed::Op::Put(key, value, lease_.load())}, {});
+    if (!r.ok()) {
+      return absl::Status(
+          r.status().code(),
+          absl::StrCat(key, ": cannot write the directory summary: ", r.status().message()));
+    }
+    if (!r->succeeded) {
+      return absl::AbortedError(absl::StrCat(key,
+                                             ": not written: this orchestrator no longer "
+                                             "leads (epoch ",
+                                             epoch, ")"));
+    }
     return absl::OkStatus();
   }
 
@@ -187,6 +210,7 @@ class EtcdHa final : public HaSession {
   std::unique_ptr<ed::Client> client_;
   std::unique_ptr<ed::LeaderElection> election_;
   Hooks hooks_;
+  std::atomic<std::int64_t> lease_{0};  // the session lease of the current term
   mutable absl::Mutex mu_;
   std::int64_t state_revision_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t state_writes_ ABSL_GUARDED_BY(mu_) = 0;

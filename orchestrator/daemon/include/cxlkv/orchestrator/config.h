@@ -36,6 +36,32 @@ struct EtcdConfig {
   bool enabled() const { return !endpoints.empty(); }
 };
 
+// [directory]: this domain's entry in the cross-domain prefix directory (docs/ha.md), kept in
+// etcd by the leader; only with [etcd].
+struct DirectoryConfig {
+  bool enabled = true;
+  std::uint64_t expected_keys = 0;       // the count the filter is sized for; 0: index_entries
+  double fp_rate = 0.01;                 // the false-positive rate at expected_keys
+  std::uint32_t bytes = 0;               // the filter's size; 0: from expected_keys and fp_rate
+  std::uint32_t anchor_every = 1;        // one key in N goes into the filter (1: every key)
+  std::uint32_t min_interval_ms = 1000;  // at most one write per this, on change
+  std::uint32_t refresh_ms = 30000;      // rewritten this often even without a change
+};
+
+// [events]: KV events for routers in vLLM's wire format (docs/kv_events.md); off without an
+// endpoint.
+struct EventsConfig {
+  std::string endpoint;              // ZMQ: "tcp://*:5557" binds, "tcp://host:port" connects
+  std::string topic;                 // "" : "cxlkv/<domain>" (the domain id travels here)
+  std::string format = "array";      // "array" (positional, tagged) or "map" (vLLM >= #42892)
+  std::string block_hash = "bytes";  // "bytes" (16, high word first) or "uint64" (low word)
+  std::uint32_t block_size = 16;     // tokens per block, as the engines using the domain have it
+  std::uint32_t data_parallel_rank = 0;
+  std::uint32_t interval_ms = 100;  // how often the index is compared with the last events
+  std::uint32_t hwm = 100000;       // ZMQ send high-water mark
+  bool enabled() const { return !endpoint.empty(); }
+};
+
 struct Config {
   // [domain]
   std::string name;
@@ -72,6 +98,9 @@ struct Config {
   std::vector<NamespaceConfig> namespaces;
   // [etcd]
   EtcdConfig etcd;
+  // [directory], [events]
+  DirectoryConfig directory;
+  EventsConfig events;
   // [placement], parsed by tier/ (tier/placement_config.h): the CXL-vs-NVMe rule's parameters
   // in SI units, the reuse tracker's size, and an optional calibration file whose figures
   // replace the configured ones.

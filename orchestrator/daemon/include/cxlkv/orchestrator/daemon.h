@@ -40,10 +40,12 @@
 
 namespace grpc {
 class Server;
+class Service;
 }
 
 namespace cxlkv::orchestrator {
 
+class Announcer;
 class FencedMem;
 class HaSession;
 class Metrics;
@@ -141,6 +143,7 @@ class Orchestrator {
   void EndReadOnlyLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::unique_ptr<HaSession> ha_;          // null without [etcd]
+  std::unique_ptr<Announcer> announcer_;   // directory summary and KV events (announce.h)
   std::unique_ptr<FencedMem> fenced_mem_;  // HA: the owner's view of the domain
   bool new_domain_ = false;                // --new-domain (HA: used by the first leader)
   bool leading_ ABSL_GUARDED_BY(mu_) = false;
@@ -163,6 +166,7 @@ class Orchestrator {
   std::unique_ptr<pool::Region> domain_region_;
   std::unique_ptr<coherence::DirectMem> domain_mem_;
   std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Service> directory_service_;  // the Directory RPC (directory.proto)
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Metrics> metrics_;
   int listen_fd_ = -1;

@@ -1,0 +1,216 @@
+#include "announce.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "cxlkv/coherence/domain_layout.h"
+#include "cxlkv/orchestrator/daemon.h"
+#include "cxlkv/orchestrator/directory.h"
+#include "event_sink.h"
+#include "ha.h"
+
+namespace cxlkv::orchestrator {
+
+namespace co = ::cxlkv::coherence;
+
+namespace {
+
+std::int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+std::int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+struct Announcer::Impl {
+  Orchestrator& o;
+  HaSession* ha;
+  const Config& c;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  mutable absl::Mutex mu;
+  AnnounceStats stats ABSL_GUARDED_BY(mu);
+  std::unique_ptr<EventSink> sink;  // null: no events
+
+  // The thread's own state.
+  bool in_term = false;
+  std::int64_t term_epoch = -1;
+  const void* term_owner = nullptr;
+  std::uint64_t last_sig = ~0ull;
+  std::vector<co::PrefixKey> current;
+  absl::flat_hash_set<co::PrefixKey, co::PrefixKeyHash> known;
+  bool dir_dirty = false;
+  std::int64_t last_put_ms = 0;
+  std::int64_t last_error_log_ms = -1000000;
+
+  Impl(Orchestrator& orch, HaSession* h) : o(orch), ha(h), c(orch.config()) {}
+
+  bool DirectoryOn() const { return ha != nullptr && c.directory.enabled; }
+  bool EventsOn() const { return sink != nullptr; }
+
+  void Loop() {
+    const std::int64_t period = EventsOn() ? c.events.interval_ms : 50;
+    // A PUB socket drops what it sends before a subscriber's subscription reached it; a
+    // connecting PUB (events.endpoint tcp://HOST:PORT) has none for its first milliseconds.
+    // The first term's opening batch waits this long, so a subscriber already listening sees
+    // it.
+    if (EventsOn()) {
+      const auto settle_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+      while (!stop.load() && std::chrono::steady_clock::now() < settle_until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    while (!stop.load()) {
+      Tick();
+      std::this_thread::sleep_for(std::chrono::milliseconds(period));
+    }
+  }
+
+  void Tick() {
+    // Without events the index is only needed when a directory write could be due: skip the
+    // look (and its scan under the orchestrator's lock) until then.
+    if (!EventsOn() && in_term && SteadyMs() - last_put_ms < c.directory.min_interval_ms) return;
+    bool serving = false, changed = false;
+    std::int64_t epoch = 0;
+    std::uint32_t capacity = 0;
+    {
+      absl::MutexLock l(&o.mu_);
+      serving = o.owner_ != nullptr && o.ServingLocked().ok();
+      epoch = o.epoch_locked();
+      if (serving) {
+        const auto& st = o.owner_->stats();
+        const std::uint64_t sig = st.published * 0x9E3779B97F4A7C15ull ^ st.retired ^
+                                  (static_cast<std::uint64_t>(epoch) << 40) ^
+                                  reinterpret_cast<std::uintptr_t>(o.owner_.get());
+        const bool new_term = !in_term || epoch != term_epoch || o.owner_.get() != term_owner;
+        if (new_term || sig != last_sig) {
+          last_sig = sig;
+          changed = true;
+          current.clear();
+          for (const co::IndexEntry& e : o.owner_->entries()) {
+            if (static_cast<co::EntryState>(e.state) == co::EntryState::kPublished) {
+              current.push_back(co::PrefixKey{e.key[0], e.key[1]});
+            }
+          }
+          capacity = o.owner_->header().index_entries;
+        }
+        if (new_term) {
+          in_term = false;  // opened below
+          term_epoch = epoch;
+          term_owner = o.owner_.get();
+        }
+      }
+    }
+    if (!serving) {
+      in_term = false;  // a later term starts with AllBlocksCleared again
+      known.clear();
+      return;
+    }
+    const bool opening = !in_term;
+    in_term = true;
+    if (changed || opening) {
+      dir_dirty = true;
+      Events(opening);
+    }
+    if (DirectoryOn()) Directory(epoch, capacity);
+  }
+
+  void Events(bool opening) {
+    if (!EventsOn()) return;
+    if (opening) known.clear();
+    absl::flat_hash_set<co::PrefixKey, co::PrefixKeyHash> now(current.begin(), current.end());
+    std::vector<co::PrefixKey> stored, removed;
+    for (const co::PrefixKey& k : current) {
+      if (!known.contains(k)) stored.push_back(k);
+    }
+    for (const co::PrefixKey& k : known) {
+      if (!now.contains(k)) removed.push_back(k);
+    }
+    known = std::move(now);
+    if (!opening && stored.empty() && removed.empty()) return;
+    SinkCounts n;
+    sink->Publish(opening, stored, removed, &n);
+    absl::MutexLock l(&mu);
+    stats.event_batches += n.batches;
+    stats.events += n.events;
+    stats.event_drops += n.drops;
+  }
+
+  void Directory(std::int64_t epoch, std::uint32_t capacity) {
+    const std::int64_t now = SteadyMs();
+    const bool due = (dir_dirty && now - last_put_ms >= c.directory.min_interval_ms) ||
+                     now - last_put_ms >= c.directory.refresh_ms;
+    if (!due || epoch == 0) return;
+    directory::Summary s;
+    s.domain = c.etcd.domain;
+    s.epoch = epoch;
+    s.published = current.size();
+    s.anchor_every = c.directory.anchor_every;
+    s.built_unix_ms = UnixMs();
+    const std::uint64_t expected =
+        (c.directory.expected_keys != 0 ? c.directory.expected_keys : capacity) /
+        std::max<std::uint32_t>(c.directory.anchor_every, 1);
+    const directory::FilterSize size = c.directory.bytes != 0
+                                           ? directory::SizeForBytes(c.directory.bytes, expected)
+                                           : directory::SizeFor(expected, c.directory.fp_rate);
+    s.filter = directory::BloomFilter(size);
+    for (const co::PrefixKey& k : current) {
+      if (directory::IsAnchor(k, c.directory.anchor_every)) {
+        s.filter.Add(k);
+        ++s.anchors;
+      }
+    }
+    const absl::Status st = ha->PutDirectory(directory::EncodeSummary(s), epoch);
+    absl::MutexLock l(&mu);
+    if (st.ok()) {
+      ++stats.directory_writes;
+      dir_dirty = false;
+      last_put_ms = now;
+      return;
+    }
+    ++stats.directory_failures;
+    last_put_ms = now - c.directory.refresh_ms + c.directory.min_interval_ms;  // retry soon
+    if (now - last_error_log_ms >= 5000) {
+      last_error_log_ms = now;
+      std::fprintf(stderr, "cxlkv-orchestrator: %s\n", std::string(st.message()).c_str());
+    }
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Announcer>> Announcer::Start(Orchestrator& o, HaSession* ha) {
+  auto impl = std::make_unique<Impl>(o, ha);
+  auto sink = MakeEventSink(o.config());
+  if (!sink.ok()) return sink.status();
+  impl->sink = *std::move(sink);
+  if (!impl->DirectoryOn() && !impl->EventsOn()) return std::unique_ptr<Announcer>();
+  Impl* p = impl.get();
+  p->thread = std::thread([p] { p->Loop(); });
+  return std::unique_ptr<Announcer>(new Announcer(std::move(impl)));
+}
+
+Announcer::Announcer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Announcer::~Announcer() { Stop(); }
+
+void Announcer::Stop() {
+  if (impl_ == nullptr) return;
+  impl_->stop.store(true);
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+AnnounceStats Announcer::stats() const {
+  absl::MutexLock l(&impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace cxlkv::orchestrator

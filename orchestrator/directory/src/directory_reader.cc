@@ -1,0 +1,130 @@
+#include "cxlkv/orchestrator/directory_reader.h"
+
+#include <chrono>
+
+namespace cxlkv::orchestrator::directory {
+
+namespace {
+std::int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DirectoryReader>> DirectoryReader::Open(const ReaderOptions& o) {
+  etcd::ClientOptions co;
+  co.endpoints = o.endpoints;
+  co.call_timeout_ms = o.call_timeout_ms;
+  co.attempt_timeout_ms = std::max<std::uint32_t>(o.call_timeout_ms / 2, 100);
+  auto c = etcd::Client::Create(co);
+  if (!c.ok()) return c.status();
+  std::unique_ptr<DirectoryReader> r(new DirectoryReader(o, *std::move(c)));
+  if (auto st = r->Refresh(); !st.ok()) return st;
+  if (o.follow) r->watcher_ = std::thread([p = r.get()] { p->WatchLoop(); });
+  return r;
+}
+
+DirectoryReader::DirectoryReader(const ReaderOptions& o, std::unique_ptr<etcd::Client> c)
+    : o_(o), client_(std::move(c)), prefix_(DirectoryPrefix(o.cluster)) {}
+
+DirectoryReader::~DirectoryReader() {
+  stop_.store(true);
+  if (watcher_.joinable()) watcher_.join();
+}
+
+void DirectoryReader::Apply(const etcd::KeyValue& kv) {
+  auto s = DecodeSummary(kv.value);
+  if (!s.ok()) {
+    bad_.fetch_add(1);
+    by_key_.erase(kv.key);
+    return;
+  }
+  by_key_[kv.key] = *std::move(s);
+}
+
+absl::Status DirectoryReader::Refresh() {
+  auto r = client_->Get(prefix_, etcd::PrefixEnd(prefix_));
+  if (!r.ok()) return r.status();
+  absl::MutexLock l(&mu_);
+  by_key_.clear();
+  for (const etcd::KeyValue& kv : r->kvs) Apply(kv);
+  revision_ = r->header.revision;
+  return absl::OkStatus();
+}
+
+void DirectoryReader::WatchLoop() {
+  while (!stop_.load()) {
+    std::int64_t from = 0;
+    {
+      absl::MutexLock l(&mu_);
+      from = revision_ + 1;
+    }
+    auto w = client_->NewWatch(prefix_, etcd::PrefixEnd(prefix_), from);
+    if (!w.ok()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      (void)Refresh();
+      continue;
+    }
+    while (!stop_.load()) {
+      auto ev = (*w)->Next(std::chrono::milliseconds(200));
+      if (!ev.ok()) break;  // broken or compacted: read afresh below
+      absl::MutexLock l(&mu_);
+      for (const etcd::Event& e : *ev) {
+        if (e.type == etcd::Event::Type::kDelete) {
+          by_key_.erase(e.kv.key);
+        } else {
+          Apply(e.kv);
+        }
+        revision_ = std::max(revision_, e.kv.mod_revision);
+      }
+    }
+    if (stop_.load()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    (void)Refresh();
+  }
+}
+
+std::vector<DomainAnswer> DirectoryReader::Where(const coherence::PrefixKey& key) const {
+  const std::int64_t now = UnixMs();
+  std::vector<DomainAnswer> out;
+  absl::MutexLock l(&mu_);
+  out.reserve(by_key_.size());
+  for (const auto& [k, s] : by_key_) {
+    DomainAnswer a;
+    a.domain = s.domain;
+    a.anchor = IsAnchor(key, s.anchor_every);
+    a.may_hold = a.anchor && s.filter.MayContain(key);
+    a.published = s.published;
+    a.fp_rate = FalsePositiveRate(s.filter.size(), s.anchors);
+    a.epoch = s.epoch;
+    a.age_ms = now - s.built_unix_ms;
+    a.filter_bytes = s.filter.bytes();
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+std::vector<std::string> DirectoryReader::DomainsThatMayHold(
+    const coherence::PrefixKey& key) const {
+  std::vector<std::string> out;
+  absl::MutexLock l(&mu_);
+  for (const auto& [k, s] : by_key_) {
+    if (IsAnchor(key, s.anchor_every) && s.filter.MayContain(key)) out.push_back(s.domain);
+  }
+  return out;
+}
+
+std::vector<std::string> DirectoryReader::Domains() const {
+  std::vector<std::string> out;
+  absl::MutexLock l(&mu_);
+  for (const auto& [k, s] : by_key_) out.push_back(s.domain);
+  return out;
+}
+
+std::int64_t DirectoryReader::revision() const {
+  absl::MutexLock l(&mu_);
+  return revision_;
+}
+
+}  // namespace cxlkv::orchestrator::directory

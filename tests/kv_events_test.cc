@@ -1,0 +1,243 @@
+// KV events for routers (docs/kv_events.md).
+//
+// KvEventEncoding: the msgpack EventBatch decoded again with msgpack-cxx, field by field in
+// vLLM's documented order, in both event forms and both block-hash forms (label unit).
+// KvEventsThroughTheOrchestrator: a real cxlkv-orchestrator with [events] publishing to a
+// subscriber written on Debian's python3-zmq and python3-msgpack (tests/kv_events_sub.py,
+// /usr/bin/python3), which decodes each event to vLLM's field order; blocks are published and
+// retired by a host of the domain in this process through the real owner, and the
+// orchestrator is killed and restarted (a new term: AllBlocksCleared, then what is published).
+// Skipped when /usr/bin/python3 lacks zmq or msgpack (scripts/deps installs them).
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#define MSGPACK_NO_BOOST 1
+#include <cstdio>
+#include <msgpack.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cxlkv/coherence/prefix.h"
+#include "cxlkv/orchestrator/kv_events.h"
+#include "cxlkv/tier/reuse_tracker.h"
+#include "gtest/gtest.h"
+#include "kv_events_subscriber.h"
+#include "nlohmann/json.hpp"
+#include "spawned_orchestrator.h"
+
+namespace cxlkv::testing {
+namespace {
+
+namespace co = ::cxlkv::coherence;
+namespace ev = ::cxlkv::orchestrator::events;
+using std::chrono::milliseconds;
+
+msgpack::object_handle Unpack(const std::string& b) { return msgpack::unpack(b.data(), b.size()); }
+
+std::string Str(const msgpack::object& o) {
+  EXPECT_EQ(o.type, msgpack::type::STR);
+  return std::string(o.via.str.ptr, o.via.str.size);
+}
+
+const co::PrefixKey kKey{0x0123456789abcdefull, 0xfedcba9876543210ull};
+
+TEST(KvEventEncoding, PositionalEventsInVllmsFieldOrder) {
+  ev::EncodeOptions o;  // array form, bytes hashes, block_size 16, rank 0
+  const std::string b =
+      ev::EncodeBatch(1700000000.5,
+                      {{ev::KvEvent::Kind::kAllCleared, {}},
+                       {ev::KvEvent::Kind::kStored, {kKey}},
+                       {ev::KvEvent::Kind::kRemoved, {kKey, co::PrefixKey{1, 2}}}},
+                      o);
+  auto h = Unpack(b);
+  const msgpack::object& batch = h.get();
+  ASSERT_EQ(batch.type, msgpack::type::ARRAY);
+  ASSERT_EQ(batch.via.array.size, 3u);  // [ts, events, data_parallel_rank]
+  EXPECT_EQ(batch.via.array.ptr[0].type, msgpack::type::FLOAT64);
+  EXPECT_DOUBLE_EQ(batch.via.array.ptr[0].via.f64, 1700000000.5);
+  EXPECT_EQ(batch.via.array.ptr[2].as<int>(), 0);
+  const msgpack::object_array& events = batch.via.array.ptr[1].via.array;
+  ASSERT_EQ(events.size, 3u);
+
+  const msgpack::object_array& cleared = events.ptr[0].via.array;
+  ASSERT_EQ(cleared.size, 1u);
+  EXPECT_EQ(Str(cleared.ptr[0]), "AllBlocksCleared");
+
+  // ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+  //  lora_name]
+  const msgpack::object_array& stored = events.ptr[1].via.array;
+  ASSERT_EQ(stored.size, 8u);
+  EXPECT_EQ(Str(stored.ptr[0]), "BlockStored");
+  ASSERT_EQ(stored.ptr[1].via.array.size, 1u);
+  const msgpack::object& hash = stored.ptr[1].via.array.ptr[0];
+  ASSERT_EQ(hash.type, msgpack::type::BIN);
+  ASSERT_EQ(hash.via.bin.size, 16u);
+  std::string hex;
+  for (std::uint32_t i = 0; i < 16; ++i) {
+    hex +=
+        absl::StrCat(absl::Hex(static_cast<unsigned char>(hash.via.bin.ptr[i]), absl::kZeroPad2));
+  }
+  EXPECT_EQ(hex, tier::FormatPrefixKey(kKey));  // the hex cxlkvctl prints
+  EXPECT_TRUE(stored.ptr[2].is_nil());          // parent_block_hash
+  EXPECT_EQ(stored.ptr[3].via.array.size, 0u);  // token_ids
+  EXPECT_EQ(stored.ptr[4].as<int>(), 16);       // block_size
+  EXPECT_TRUE(stored.ptr[5].is_nil());          // lora_id
+  EXPECT_EQ(Str(stored.ptr[6]), "CXL");         // medium
+  EXPECT_TRUE(stored.ptr[7].is_nil());          // lora_name
+
+  // ["BlockRemoved", block_hashes, medium]
+  const msgpack::object_array& removed = events.ptr[2].via.array;
+  ASSERT_EQ(removed.size, 3u);
+  EXPECT_EQ(Str(removed.ptr[0]), "BlockRemoved");
+  EXPECT_EQ(removed.ptr[1].via.array.size, 2u);
+  EXPECT_EQ(Str(removed.ptr[2]), "CXL");
+}
+
+TEST(KvEventEncoding, MapEventsAndIntegerHashes) {
+  ev::EncodeOptions o;
+  o.format = ev::EventFormat::kMap;
+  o.hash = ev::HashForm::kUint64;
+  o.block_size = 32;
+  o.data_parallel_rank = std::nullopt;
+  const std::string b = ev::EncodeBatch(
+      2.0, {{ev::KvEvent::Kind::kStored, {kKey}}, {ev::KvEvent::Kind::kRemoved, {kKey}}}, o);
+  auto h = Unpack(b);
+  const msgpack::object& batch = h.get();
+  ASSERT_EQ(batch.via.array.size, 3u);
+  EXPECT_TRUE(batch.via.array.ptr[2].is_nil());
+  const msgpack::object_array& events = batch.via.array.ptr[1].via.array;
+  ASSERT_EQ(events.size, 2u);
+  const msgpack::object_map& stored = events.ptr[0].via.map;
+  const std::vector<std::string> names = {"type",      "block_hashes", "parent_block_hash",
+                                          "token_ids", "block_size",   "lora_id",
+                                          "medium",    "lora_name"};
+  ASSERT_EQ(stored.size, names.size());
+  for (std::uint32_t i = 0; i < stored.size; ++i) EXPECT_EQ(Str(stored.ptr[i].key), names[i]);
+  EXPECT_EQ(Str(stored.ptr[0].val), "BlockStored");
+  EXPECT_EQ(stored.ptr[1].val.via.array.ptr[0].as<std::uint64_t>(), kKey.lo);
+  EXPECT_EQ(stored.ptr[4].val.as<int>(), 32);
+  EXPECT_EQ(Str(stored.ptr[6].val), "CXL");
+  const msgpack::object_map& removed = events.ptr[1].via.map;
+  ASSERT_EQ(removed.size, 3u);
+  EXPECT_EQ(Str(removed.ptr[0].val), "BlockRemoved");
+  EXPECT_EQ(Str(removed.ptr[2].key), "medium");
+}
+
+TEST(KvEventsThroughTheOrchestrator, StoredRemovedAndANewTermDecodedByPython) {
+  if (!PythonHasZmqAndMsgpack()) {
+    GTEST_SKIP() << "/usr/bin/python3 lacks zmq or msgpack: apt-get install python3-zmq "
+                    "python3-msgpack (scripts/deps does)";
+  }
+  char tmpl[] = "/tmp/cxlkv-kvev-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  Subscriber sub(dir, "cxlkv/ev-dom");
+  const int port = sub.Port();
+  ASSERT_NE(port, 0) << "the subscriber did not start";
+  SpawnedOrchestrator o("ev-dom", absl::StrCat("[events]\nendpoint = \"tcp://127.0.0.1:", port,
+                                               "\"\ninterval_ms = 20\nblock_size = 16\n"));
+  ASSERT_TRUE(o.Start(/*new_domain=*/true));
+  // The first term opens with AllBlocksCleared (nothing is published yet).
+  ASSERT_TRUE(SoonTrue([&] { return !sub.Messages().empty(); }, milliseconds(5000)))
+      << "no event batch arrived";
+  {
+    const auto m = sub.Messages();
+    EXPECT_EQ(m[0]["topic"], "cxlkv/ev-dom");
+    EXPECT_EQ(m[0]["seq"], 0);
+    EXPECT_EQ(m[0]["rank"], 0);
+    EXPECT_EQ(m[0]["form"], nlohmann::json::array({"array"}));
+    ASSERT_EQ(m[0]["events"].size(), 1u);
+    EXPECT_EQ(m[0]["events"][0]["type"], "AllBlocksCleared");
+  }
+  const co::Namespace ns = co::MakeNamespace("t", "m", "l");
+  const std::uint32_t t1[] = {1, 2, 3}, t2[] = {4, 5, 6};
+  const co::PrefixKey k1 = co::ChainKey(ns, co::PrefixKey{}, t1);
+  const co::PrefixKey k2 = co::ChainKey(ns, k1, t2);
+  const std::string h1 = tier::FormatPrefixKey(k1), h2 = tier::FormatPrefixKey(k2);
+  ASSERT_TRUE(o.Publish(ns, k1, 1));
+  ASSERT_TRUE(o.Publish(ns, k2, 2));
+  ASSERT_TRUE(SoonTrue([&] { return HasStored(sub.Events(), h1) && HasStored(sub.Events(), h2); },
+                       milliseconds(5000)))
+      << "BlockStored for both blocks did not arrive";
+  for (const auto& e : sub.Events()) {
+    if (e["type"] != "BlockStored") continue;
+    EXPECT_EQ(e["_positional"], 7);  // the 7 fields vLLM has without defaults
+    EXPECT_TRUE(e["parent_block_hash"].is_null());
+    EXPECT_EQ(e["token_ids"], nlohmann::json::array());
+    EXPECT_EQ(e["block_size"], 16);
+    EXPECT_TRUE(e["lora_id"].is_null());
+    EXPECT_EQ(e["medium"], "CXL");
+    EXPECT_TRUE(e["lora_name"].is_null());
+  }
+  // A retire: BlockRemoved naming the block.
+  ASSERT_TRUE(o.Retire(ns, k1));
+  ASSERT_TRUE(SoonTrue(
+      [&] {
+        for (const auto& e : sub.Events()) {
+          if (e["type"] == "BlockRemoved" && e["block_hashes"] == nlohmann::json::array({h1}) &&
+              e["medium"] == "CXL") {
+            return true;
+          }
+        }
+        return false;
+      },
+      milliseconds(5000)))
+      << "BlockRemoved did not arrive";
+  // Sequence numbers count up without a gap.
+  const auto before = sub.Messages();
+  for (std::size_t i = 0; i < before.size(); ++i) EXPECT_EQ(before[i]["seq"], i);
+  for (const auto& m : before) EXPECT_FALSE(m.contains("error")) << m.dump();
+
+  // kill -9 and a restart: a new term opens with AllBlocksCleared, then what the index still
+  // holds (k2; k1 is retired).
+  o.Kill(SIGKILL);
+  ASSERT_TRUE(o.Start(/*new_domain=*/false));
+  const std::size_t from = before.size();
+  ASSERT_TRUE(SoonTrue([&] { return HasStored(sub.Events(from), h2); }, milliseconds(8000)))
+      << "the new term did not announce the published block";
+  const auto after = sub.Events(from);
+  ASSERT_GE(after.size(), 2u);
+  EXPECT_EQ(after[0]["type"], "AllBlocksCleared");
+  EXPECT_FALSE(HasStored(after, h1));
+  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+}
+
+TEST(KvEventsThroughTheOrchestrator, MapFormAsNewerVllm) {
+  if (!PythonHasZmqAndMsgpack()) GTEST_SKIP() << "/usr/bin/python3 lacks zmq or msgpack";
+  char tmpl[] = "/tmp/cxlkv-kvev-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  Subscriber sub(dir, "routers/");
+  const int port = sub.Port();
+  ASSERT_NE(port, 0);
+  SpawnedOrchestrator o("ev-map", absl::StrCat("[events]\nendpoint = \"tcp://127.0.0.1:", port,
+                                               "\"\nformat = \"map\"\nblock_hash = \"uint64\"\n"
+                                               "topic = \"routers/cxl-rack-3\"\n"
+                                               "data_parallel_rank = 2\n"));
+  ASSERT_TRUE(o.Start(/*new_domain=*/true));
+  const co::Namespace ns = co::MakeNamespace("t", "m", "l");
+  const std::uint32_t t1[] = {9, 9, 9};
+  const co::PrefixKey k = co::ChainKey(ns, co::PrefixKey{}, t1);
+  ASSERT_TRUE(SoonTrue([&] { return !sub.Messages().empty(); }, milliseconds(5000)));
+  ASSERT_TRUE(o.Publish(ns, k, 1));
+  ASSERT_TRUE(SoonTrue(
+      [&] {
+        for (const auto& e : sub.Events()) {
+          if (e["type"] == "BlockStored" && e["block_hashes"] == nlohmann::json::array({k.lo})) {
+            return true;
+          }
+        }
+        return false;
+      },
+      milliseconds(5000)));
+  const auto m = sub.Messages();
+  EXPECT_EQ(m[0]["topic"], "routers/cxl-rack-3");
+  EXPECT_EQ(m[0]["rank"], 2);
+  EXPECT_EQ(m.back()["form"], nlohmann::json::array({"map"}));
+  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+}
+
+}  // namespace
+}  // namespace cxlkv::testing
