@@ -515,9 +515,9 @@ TEST(Prefix, RingFullIsReportedAndHeaderChecked) {
 struct World {
   explicit World(const DomainGeometry& geometry = {2, 16, 4, 4, 400, 4000, 40},
                  std::int64_t host1_offset_ms = 0, double host1_rate = 1.0,
-                 const SimOptions& options = {})
+                 const SimOptions& options = {}, std::uint64_t seed = 42)
       : g(geometry),
-        media(DomainBytes(geometry), 42, options),
+        media(DomainBytes(geometry), seed, options),
         ov(media.NewView(0)),
         v0(media.NewView(0)),
         v1(media.NewView(0)),
@@ -1522,6 +1522,51 @@ TEST(PrefixChain, CrashAtAnyStoreOfAChainLeaksNothing) {
       ASSERT_TRUE(w.h0->PublishChain(w.ns, ChainItems(w, 10, 3)).ok());
       w.owner->ApplyRequests();
       EXPECT_EQ(w.owner->published_entries(), 3u);
+    }
+  }
+}
+
+// The owner applies a chain in one batch: its entries are stored and flushed, fenced once, and
+// then the owner line says the requests were consumed. An owner that dies at any store of that
+// batch, with write-backs held until the fence (so whatever was not fenced may be lost while a
+// later line lands), must leave each block of the chain published or its request pending for
+// the next owner: never consumed without an entry (the block would leak).
+TEST(PrefixChain, OwnerCrashAtAnyStoreOfAnAppliedChainLosesNoBlock) {
+  struct Died {};
+  for (std::uint64_t seed = 1; seed <= 24; ++seed) {
+    for (int crash_at = 1; crash_at <= 5; ++crash_at) {
+      SCOPED_TRACE(testing::Message() << "seed " << seed << ", owner dies at store " << crash_at);
+      SimOptions o = WriteBacksHeldToTheNextFence();
+      World w({2, 64, 4, 4, 400, 4000, 40}, 0, 1.0, o, seed);
+      const std::vector<PublishItem> items = ChainItems(w, 1, 3);
+      ASSERT_TRUE(w.h0->PublishChain(w.ns, items).ok());
+      int stores = 0;
+      w.ov->set_on_store([&] {
+        if (++stores == crash_at) throw Died{};
+      });
+      bool died = false;
+      try {
+        w.owner->ApplyRequests();
+      } catch (const Died&) {
+        died = true;
+      }
+      w.ov->set_on_store({});
+      if (!died) continue;
+      w.owner.reset();
+      w.ov->Crash();
+      w.owner = std::move(*PrefixOwner::Open(*w.ov, w.oc));
+      std::vector<BlockRef> back;
+      for (int i = 0; i < 3; ++i) {
+        w.owner->Step();
+        w.now += 10;
+        ASSERT_TRUE(w.h0->Heartbeat(&back).ok());
+      }
+      for (const PublishItem& it : items) {
+        const auto hit = w.h1->Lookup(w.ns, it.key);
+        EXPECT_TRUE(hit.has_value() && hit->ref == it.ref)
+            << "block " << it.ref.index << " is neither published nor pending: it leaked";
+      }
+      EXPECT_TRUE(back.empty());
     }
   }
 }

@@ -419,6 +419,10 @@ class PrefixOwner {
   std::uint32_t published_count_ = 0;
   std::uint32_t retired_count_ = 0;
   std::uint32_t quarantined_count_ = 0;  // quarantined entries not freed yet
+  // Inside ApplyRequests: index entries are stored and flushed without a fence each; the
+  // batch fences once before its owner line (unfenced_writes_: one is waiting for it).
+  bool batch_writes_ = false;
+  bool unfenced_writes_ = false;
   std::uint32_t clock_id_ = 0;           // this owner's OwnerClockLine::clock_id
   std::uint64_t clock_seq_ = 0;
   struct RefHash {
