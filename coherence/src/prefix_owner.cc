@@ -1,6 +1,7 @@
 // PrefixOwner: the index's single writer and the domain's reclaimer (docs/coherence.md).
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <set>
 #include <tuple>
@@ -271,6 +272,15 @@ std::uint32_t PrefixOwner::ApplyRequests() {
         mem_.Evict(RequestSlotOff(h_, host, seq), sizeof(RequestSlot));
       }
       mem_.FullFence();
+      // Read-ahead: each slot's key, unvalidated, only to start the loads of the slots and of
+      // their home entries in the owner's index copy together (no iteration depends on
+      // another, so the misses overlap) instead of one after the other in the loop below.
+      for (std::uint64_t seq = head + 1; seq <= tail; ++seq) {
+        static_assert(offsetof(RequestSlot, ns) == 16 && offsetof(RequestSlot, key) == 24);
+        std::uint64_t ahead[5];  // seq, incarnation, ns, key[0], key[1]
+        mem_.Read(RequestSlotOff(h_, host, seq), ahead, sizeof(ahead));
+        __builtin_prefetch(&index_[internal::ProbeStart(h_, ahead[2], PrefixKey{ahead[3], ahead[4]})]);
+      }
     }
     // The index entries this batch writes are stored and flushed one by one, and fenced once,
     // before the owner line that consumes their requests (WriteEntry, batch_writes_).
