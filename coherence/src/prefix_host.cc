@@ -629,7 +629,7 @@ absl::Status PrefixHost::WaitForRingRoom(std::uint32_t slots, std::uint32_t time
   const std::int64_t start = clock_.NowMs();
   std::uint32_t pauses = 8;  // between polls while spinning: grows to kMaxPauses
   constexpr std::uint32_t kMaxPauses = 1024;
-  for (std::uint64_t poll = 0;; ++poll) {
+  for (;;) {
     if (RingRoom() >= slots) return absl::OkStatus();
     OwnerHostLine o{};
     if (ReadOwnerLine(&o)) {
