@@ -143,6 +143,41 @@ int main(void) {
     cxlkv_arena_stats ps;
     CHECK(cxlkv_arena_stats_get(arena, &ps) == CXLKV_OK);
     CHECK(ps.classes[0].persisted_blocks == 1); /* the domain holds it now */
+    /* A chain published in one ring transaction: three blocks, all persisted, all visible
+     * after one owner step; then arguments refused with nothing published. */
+    {
+      cxlkv_publish_item items[3];
+      cxlkv_prefix_key parent = key;
+      for (int i = 0; i < 3; ++i) {
+        uint32_t t[16];
+        for (int j = 0; j < 16; ++j) t[j] = 5000 + 16 * i + j;
+        void* pb = NULL;
+        CHECK(cxlkv_alloc(arena, 0, &items[i].ref, &pb) == CXLKV_OK);
+        cxlkv_copy_to_block(pb, "chain block", 12);
+        items[i].parent = parent;
+        items[i].key = cxlkv_prefix_key_chain(ns, &parent, t, 16);
+        parent = items[i].key;
+      }
+      CHECK(cxlkv_prefix_publish_chain(a, ns, items, 3, NULL, 0) == CXLKV_E_INVALID);
+      CHECK(cxlkv_prefix_publish_chain(a, ns, NULL, 3, arena, 0) == CXLKV_E_INVALID);
+      CHECK(cxlkv_prefix_publish_chain(a, ns, items, 0, arena, 0) == CXLKV_OK);
+      {
+        cxlkv_publish_item foreign = items[0];
+        foreign.ref.arena_uuid[0] ^= 1;
+        CHECK(cxlkv_prefix_publish_chain(a, ns, &foreign, 1, arena, 0) == CXLKV_E_FOREIGN);
+      }
+      CHECK(cxlkv_prefix_publish_chain(a, ns, items, 3, arena, 100) == CXLKV_OK);
+      cxlkv_owner_step(owner);
+      cxlkv_prefix_key ckeys[4] = {key, items[0].key, items[1].key, items[2].key};
+      cxlkv_lease cl[4];
+      size_t n_leased = 0;
+      CHECK(cxlkv_lease_acquire_chain(b, ns, ckeys, 4, cl, &n_leased) == CXLKV_OK);
+      CHECK(n_leased == 4);
+      for (int i = 0; i < 3; ++i) CHECK(cl[i + 1].ref.index == items[i].ref.index);
+      CHECK(cxlkv_lease_release_many(b, cl, 4) == CXLKV_OK);
+      CHECK(cxlkv_arena_stats_get(arena, &ps) == CXLKV_OK);
+      CHECK(ps.classes[0].persisted_blocks == 4);
+    }
     /* Reading a leased block: cxlkv_lease_copy_out (invalidate, copy, validate) whole and in
      * part, zero-copy through cxlkv_block_invalidate, bad arguments named, and a retirement
      * between acquire and validate that makes the copy count for nothing. */

@@ -111,6 +111,8 @@ class PrefixSimulation {
     std::uint64_t host_crashes = 0;          // between calls
     std::uint64_t host_crashes_in_call = 0;  // at a store or fence inside a call
     std::uint64_t publishes_crashed = 0;     // of those, inside Publish (commit included)
+    std::uint64_t chains_published = 0;      // PublishChain calls that posted (2 or 3 blocks)
+    std::uint64_t chains_crashed = 0;        // of the host crashes in a call, inside PublishChain
     std::uint64_t owner_crashes = 0;
     std::uint64_t owner_opens = 0;
     std::uint64_t suspends = 0;
@@ -337,6 +339,7 @@ class PrefixSimulation {
     std::int32_t draft = -1;   // block written in it but not published yet, or -1
     bool down = false;
     bool publishing = false;            // inside Publish
+    bool chain_publishing = false;      // inside PublishChain
     std::uint64_t incarnation = 0;      // the last one that joined
     bool reused_incarnation = false;    // a rejoin that did not move past the last incarnation
     bool joined_over_torn_row = false;  // a rejoin that found its own host row torn
@@ -470,6 +473,7 @@ class PrefixSimulation {
       if (c.actor != h) throw;
       ++events_.host_crashes_in_call;
       if (hosts_[h].publishing) ++events_.publishes_crashed;
+      if (hosts_[h].chain_publishing) ++events_.chains_crashed;
       Crash(h);
     }
   }
@@ -658,6 +662,7 @@ class PrefixSimulation {
     host.promised.clear();
     host.draft = -1;  // an unpublished block is lost (its index is not reused)
     host.publishing = false;
+    host.chain_publishing = false;
     host.may_come_again.insert(host.may_come_again.end(), host.last_returned.begin(),
                                host.last_returned.end());
     host.may_come_again.insert(host.may_come_again.end(), host.acked_unsettled.begin(),
@@ -903,6 +908,10 @@ class PrefixSimulation {
       if (rng_() & 1) return;  // published at a later step
     }
     const auto k = static_cast<std::uint32_t>(host.draft);
+    if (rng_() % 4 == 0) {
+      PublishChainStep(h, ns, e, k);
+      return;
+    }
     const BlockRef ref = MakeRef(e, x.epoch, k);
     host.view->Flush(BlockOff(e, k), kBlockBytes);  // Publish's fence orders it before the request
     // Publish a new block under a small key space, so prefixes collide across hosts.
@@ -930,6 +939,58 @@ class PrefixSimulation {
     host.publishing = false;
     host.draft = -1;
     if (st.ok()) published_keys_[ns].insert({key.lo, key.hi});
+  }
+
+  // The draft block k of extent e and up to two more written now, published in one ring
+  // transaction (PublishChain): each key chains on the one before it as its parent, from the
+  // same small key space as Publish's (duplicates across and within chains go back).
+  void PublishChainStep(std::uint32_t h, Namespace ns, std::uint32_t e, std::uint32_t k) {
+    Host& host = hosts_[h];
+    Extent& x = extents_[e];
+    std::vector<std::uint32_t> blocks{k};
+    const std::uint32_t more = static_cast<std::uint32_t>(rng_() % 3);
+    for (std::uint32_t i = 0; i < more && x.next < kBlocksPerExtent; ++i) {
+      const std::uint32_t b = x.next++;
+      std::byte data[kBlockBytes];
+      Pattern(Id(e, x.epoch, b), data);
+      host.view->Write(BlockOff(e, b), data, kBlockBytes);
+      blocks.push_back(b);
+    }
+    std::vector<PublishItem> items;
+    std::vector<BlockTruth*> truths;
+    PrefixKey parent{};
+    for (std::uint32_t b : blocks) {
+      host.view->Flush(BlockOff(e, b), kBlockBytes);  // the chain's fence orders them
+      const std::uint32_t token = static_cast<std::uint32_t>(rng_() % c_.tokens);
+      const PrefixKey key = ChainKey(ns, PrefixKey{}, std::span(&token, 1));
+      const BlockRef ref = MakeRef(e, x.epoch, b);
+      items.push_back(PublishItem{key, parent, ref});
+      parent = key;
+      BlockTruth& t = truth_[IdOf(ref)];
+      t.incarnation = host.prefix->incarnation();
+      truths.push_back(&t);
+    }
+    host.chain_publishing = true;
+    auto commit = [&] {
+      CrashPoint(h);
+      for (BlockTruth* t : truths) {
+        t->persisted = true;
+        t->in_domain = true;
+      }
+      return true;
+    };
+    absl::Status st;
+    if (c_.commit_after_publish) {
+      st = host.prefix->PublishChain(ns, items);
+      if (st.ok()) commit();
+    } else {
+      st = host.prefix->PublishChain(ns, items, commit);
+    }
+    host.chain_publishing = false;
+    host.draft = -1;
+    if (!st.ok()) return;
+    ++events_.chains_published;
+    for (const PublishItem& it : items) published_keys_[ns].insert({it.key.lo, it.key.hi});
   }
 
   void UseBlock(std::uint32_t h, const Lease& l) {

@@ -42,10 +42,12 @@ void Report(std::uint64_t seed, const PrefixSimulation& sim) {
   std::printf("  late write-back: %llu lines landed after their host died, %llu lost\n",
               U(mem.late_lines), U(mem.lost_lines));
   std::printf(
-      "  crashes: %llu between calls, %llu inside calls (%llu inside Publish), "
-      "owner %llu (opened %llu times)\n",
-      U(ev.host_crashes), U(ev.host_crashes_in_call), U(ev.publishes_crashed), U(ev.owner_crashes),
-      U(ev.owner_opens));
+      "  crashes: %llu between calls, %llu inside calls (%llu inside Publish, %llu inside "
+      "PublishChain), owner %llu (opened %llu times)\n",
+      U(ev.host_crashes), U(ev.host_crashes_in_call), U(ev.publishes_crashed),
+      U(ev.chains_crashed), U(ev.owner_crashes), U(ev.owner_opens));
+  std::printf("  chains: %llu published in one ring transaction each\n",
+              U(ev.chains_published));
   std::printf("  clocks: %llu host suspends, %llu owner suspends, %llu rate changes\n",
               U(ev.suspends), U(ev.owner_suspends), U(ev.rate_changes));
   std::printf("  extents: %llu given away, %llu lent to another host; %llu copies checked\n",
@@ -74,6 +76,7 @@ TEST(PrefixSimulation, EveryFailureClassAtOnce) {
   EXPECT_GT(mem.late_lines, 0u);
   EXPECT_GT(ev.host_crashes_in_call, 0u);
   EXPECT_GT(ev.publishes_crashed, 0u);
+  EXPECT_GT(ev.chains_published, 0u);
   EXPECT_GT(ev.owner_crashes, 0u);
   EXPECT_GT(ev.suspends, 0u);
   EXPECT_GT(ev.extents_reused, 0u);

@@ -515,9 +515,9 @@ TEST(Prefix, RingFullIsReportedAndHeaderChecked) {
 struct World {
   explicit World(const DomainGeometry& geometry = {2, 16, 4, 4, 400, 4000, 40},
                  std::int64_t host1_offset_ms = 0, double host1_rate = 1.0,
-                 const SimOptions& options = {})
+                 const SimOptions& options = {}, std::uint64_t seed = 42)
       : g(geometry),
-        media(DomainBytes(geometry), 42, options),
+        media(DomainBytes(geometry), seed, options),
         ov(media.NewView(0)),
         v0(media.NewView(0)),
         v1(media.NewView(0)),
@@ -1411,6 +1411,212 @@ TEST(PrefixAudit, LongLeasesDoNotStarveThePublishersOtherReturns) {
   }
   EXPECT_EQ(got.size(), 8u);
   EXPECT_EQ(w.owner->retired_entries(), 0u);
+}
+
+// ---- chain publish (PrefixHost::PublishChain, issue #21) ------------------------------------
+
+std::vector<PublishItem> ChainItems(const World& w, std::uint32_t first, std::uint32_t n) {
+  std::vector<PublishItem> items;
+  PrefixKey parent{};
+  for (std::uint32_t i = first; i < first + n; ++i) {
+    items.push_back(PublishItem{w.Key(i), parent, Ref(i)});
+    parent = items.back().key;
+  }
+  return items;
+}
+
+std::uint64_t RequestSlotOff(const World& w, std::uint32_t host, std::uint64_t seq) {
+  const DomainHeader& h = w.owner->header();
+  return h.request_rings_offset +
+         (std::uint64_t{host} * h.ring_slots + (seq - 1) % h.ring_slots) * sizeof(RequestSlot);
+}
+
+// One transaction: the owner sees none of the chain until the host row announces it, then all
+// of it, and the chain costs the host two fences (the slots', the host row's) whatever its
+// length. The slots are in memory when `commit` runs, write-backs held to the next fence: a
+// commit that persists the blocks must never make a block outlive the process whose request
+// could still be lost.
+TEST(PrefixChain, ChainIsOneTransactionInMemoryBeforeCommit) {
+  World w({2, 64, 4, 4, 400, 4000, 40}, 0, 1.0, WriteBacksHeldToTheNextFence());
+  const std::vector<PublishItem> items = ChainItems(w, 1, 3);
+  int fences = 0;
+  w.v0->set_on_fence([&] { ++fences; });
+  bool committed = false;
+  const std::uint64_t tail_before = w.MediaAt<HostRow>(w.HostRowOff(0)).ring_tail;
+  ASSERT_TRUE(w.h0
+                  ->PublishChain(w.ns, items,
+                                 [&] {
+                                   committed = true;
+                                   for (std::uint64_t i = 1; i <= items.size(); ++i) {
+                                     const auto slot = w.MediaAt<RequestSlot>(
+                                         RequestSlotOff(w, 0, tail_before + i));
+                                     EXPECT_TRUE(LineValid(slot) && slot.seq == tail_before + i)
+                                         << "request " << i << " of the chain is not in memory "
+                                         << "when commit runs";
+                                   }
+                                   EXPECT_EQ(w.owner->ApplyRequests(), 0u)
+                                       << "the owner saw part of the chain before it was "
+                                          "announced";
+                                   return true;
+                                 })
+                  .ok());
+  w.v0->set_on_fence({});
+  EXPECT_TRUE(committed);
+  EXPECT_EQ(fences, 2) << "a chain costs the slots' fence and the host row's";
+  EXPECT_EQ(w.MediaAt<HostRow>(w.HostRowOff(0)).ring_tail, tail_before + 3);
+  EXPECT_EQ(w.owner->ApplyRequests(), 3u);
+  for (const PublishItem& it : items) {
+    const auto hit = w.h1->Lookup(w.ns, it.key);
+    ASSERT_TRUE(hit.has_value());
+    EXPECT_EQ(hit->ref, it.ref);
+  }
+  EXPECT_TRUE(w.h0->PublishChain(w.ns, {}).ok()) << "an empty chain posts nothing";
+  EXPECT_EQ(w.h0->RequestsPending(true), 0u);
+}
+
+// Ring full mid-chain: a chain that does not fit the ring's free slots writes nothing (not
+// even the slots that would fit) and reports kUnavailable; once the owner drains, it goes in
+// whole. A chain longer than the ring can never fit: kInvalidArgument.
+TEST(PrefixChain, ChainThatDoesNotFitTheRingPostsNothing) {
+  World w;  // ring_slots 4
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(1)).ok());
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(2), PrefixKey{}, Ref(2)).ok());
+  const std::vector<PublishItem> items = ChainItems(w, 10, 3);
+  const RequestSlot slot3 = w.MediaAt<RequestSlot>(RequestSlotOff(w, 0, 3));
+  bool committed = false;
+  const absl::Status full = w.h0->PublishChain(w.ns, items, [&] { return committed = true; });
+  EXPECT_TRUE(absl::IsUnavailable(full)) << full;
+  EXPECT_FALSE(committed);
+  const RequestSlot after = w.MediaAt<RequestSlot>(RequestSlotOff(w, 0, 3));
+  EXPECT_EQ(std::memcmp(&slot3, &after, sizeof(after)), 0) << "a slot was written";
+  EXPECT_EQ(w.MediaAt<HostRow>(w.HostRowOff(0)).ring_tail, 2u);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(w.h0->WaitForRingRoom(3, 0)));
+  EXPECT_EQ(w.owner->ApplyRequests(), 2u);
+  EXPECT_TRUE(w.h0->WaitForRingRoom(3, 0).ok());
+  ASSERT_TRUE(w.h0->PublishChain(w.ns, items).ok());
+  EXPECT_EQ(w.owner->ApplyRequests(), 3u);
+  EXPECT_EQ(w.owner->published_entries(), 5u);
+  EXPECT_TRUE(absl::IsInvalidArgument(w.h0->PublishChain(w.ns, ChainItems(w, 20, 5))));
+  EXPECT_TRUE(absl::IsInvalidArgument(w.h0->WaitForRingRoom(5, 0)));
+}
+
+// A stale incarnation's chain: announced, then the publisher restarts before the owner applies
+// it. The owner publishes none of it and hands every block back, once.
+TEST(PrefixChain, StaleIncarnationsChainIsReturnedWhole) {
+  World w;
+  const std::vector<PublishItem> items = ChainItems(w, 1, 3);
+  ASSERT_TRUE(w.h0->PublishChain(w.ns, items).ok());
+  w.h0.reset();
+  w.v0->Crash();
+  w.h0 = std::move(*PrefixHost::Join(*w.v0, w.c0, 0));
+  std::vector<BlockRef> back;
+  for (int i = 0; i < 3; ++i) {
+    w.owner->Step();
+    w.now += 10;
+    ASSERT_TRUE(w.h0->Heartbeat(&back).ok());
+  }
+  EXPECT_EQ(w.owner->published_entries(), 0u);
+  std::set<std::uint32_t> got;
+  for (const BlockRef& r : back) EXPECT_TRUE(got.insert(r.index).second) << "returned twice";
+  EXPECT_EQ(got, (std::set<std::uint32_t>{1, 2, 3}));
+}
+
+// A crash at every store of a chain publish (and inside its commit): after the publisher
+// restarts and the owner runs, nothing is published for the dead incarnation, no block comes
+// back twice, and every block whose commit ran (made to outlive the process) comes back.
+TEST(PrefixChain, CrashAtAnyStoreOfAChainLeaksNothing) {
+  struct Died {};
+  for (int crash_at = 1; crash_at <= 12; ++crash_at) {
+    for (bool in_commit : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "crash at store " << crash_at << (in_commit ? " in commit" : ""));
+      World w;
+      const std::vector<PublishItem> items = ChainItems(w, 1, 3);
+      int stores = 0;
+      bool committed = false;
+      if (!in_commit) {
+        w.v0->set_on_store([&] {
+          if (++stores == crash_at) throw Died{};
+        });
+      }
+      bool died = false;
+      try {
+        (void)w.h0->PublishChain(w.ns, items, [&] {
+          committed = true;
+          if (in_commit) throw Died{};
+          return true;
+        });
+      } catch (const Died&) {
+        died = true;
+      }
+      w.v0->set_on_store({});
+      if (!died) continue;  // fewer stores than crash_at
+      w.h0.reset();
+      w.v0->Crash();
+      w.h0 = std::move(*PrefixHost::Join(*w.v0, w.c0, 0));
+      std::vector<BlockRef> back;
+      for (int i = 0; i < 4; ++i) {
+        w.owner->Step();
+        w.now += 10;
+        ASSERT_TRUE(w.h0->Heartbeat(&back).ok());
+      }
+      EXPECT_EQ(w.owner->published_entries(), 0u) << "a dead incarnation's chain was published";
+      std::set<std::uint32_t> got;
+      for (const BlockRef& r : back) EXPECT_TRUE(got.insert(r.index).second) << "returned twice";
+      if (committed) {
+        EXPECT_EQ(got, (std::set<std::uint32_t>{1, 2, 3}))
+            << "a committed block of the chain leaked";
+      }
+      // The host id works on: a new chain goes in whole.
+      ASSERT_TRUE(w.h0->PublishChain(w.ns, ChainItems(w, 10, 3)).ok());
+      w.owner->ApplyRequests();
+      EXPECT_EQ(w.owner->published_entries(), 3u);
+    }
+  }
+}
+
+// The owner applies a chain in one batch: its entries are stored and flushed, fenced once, and
+// then the owner line says the requests were consumed. An owner that dies at any store of that
+// batch, with write-backs held until the fence (so whatever was not fenced may be lost while a
+// later line lands), must leave each block of the chain published or its request pending for
+// the next owner: never consumed without an entry (the block would leak).
+TEST(PrefixChain, OwnerCrashAtAnyStoreOfAnAppliedChainLosesNoBlock) {
+  struct Died {};
+  for (std::uint64_t seed = 1; seed <= 24; ++seed) {
+    for (int crash_at = 1; crash_at <= 5; ++crash_at) {
+      SCOPED_TRACE(testing::Message() << "seed " << seed << ", owner dies at store " << crash_at);
+      SimOptions o = WriteBacksHeldToTheNextFence();
+      World w({2, 64, 4, 4, 400, 4000, 40}, 0, 1.0, o, seed);
+      const std::vector<PublishItem> items = ChainItems(w, 1, 3);
+      ASSERT_TRUE(w.h0->PublishChain(w.ns, items).ok());
+      int stores = 0;
+      w.ov->set_on_store([&] {
+        if (++stores == crash_at) throw Died{};
+      });
+      bool died = false;
+      try {
+        w.owner->ApplyRequests();
+      } catch (const Died&) {
+        died = true;
+      }
+      w.ov->set_on_store({});
+      if (!died) continue;
+      w.owner.reset();
+      w.ov->Crash();
+      w.owner = std::move(*PrefixOwner::Open(*w.ov, w.oc));
+      std::vector<BlockRef> back;
+      for (int i = 0; i < 3; ++i) {
+        w.owner->Step();
+        w.now += 10;
+        ASSERT_TRUE(w.h0->Heartbeat(&back).ok());
+      }
+      for (const PublishItem& it : items) {
+        const auto hit = w.h1->Lookup(w.ns, it.key);
+        EXPECT_TRUE(hit.has_value() && hit->ref == it.ref)
+            << "block " << it.ref.index << " is neither published nor pending: it leaked";
+      }
+      EXPECT_TRUE(back.empty());
+    }
+  }
 }
 
 }  // namespace

@@ -340,6 +340,52 @@ CXLKV_API int cxlkv_prefix_publish(cxlkv_domain* d, uint64_t ns, const cxlkv_pre
   return FromStatus(st);
 }
 
+CXLKV_API int cxlkv_prefix_publish_chain(cxlkv_domain* d, uint64_t ns,
+                                         const cxlkv_publish_item* items, size_t n,
+                                         cxlkv_arena* arena, uint32_t timeout_ms) {
+  if (d == nullptr || arena == nullptr || (items == nullptr && n != 0)) {
+    return Fail(CXLKV_E_INVALID, "domain, items and arena must be set");
+  }
+  if (n == 0) return CXLKV_OK;
+  if (n > d->host->header().ring_slots) {
+    return Fail(CXLKV_E_INVALID, "a chain of " + std::to_string(n) +
+                                     " blocks does not fit the domain's request ring of " +
+                                     std::to_string(d->host->header().ring_slots) +
+                                     " slots; publish it in parts");
+  }
+  std::vector<co::PublishItem> chain(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!SameArena(arena, &items[i].ref)) {
+      return Fail(CXLKV_E_FOREIGN, "block ref " + std::to_string(i) + " names another arena");
+    }
+    chain[i] = co::PublishItem{co::PrefixKey{items[i].key.lo, items[i].key.hi},
+                               co::PrefixKey{items[i].parent.lo, items[i].parent.hi},
+                               ToCo(items[i].ref)};
+  }
+  absl::Status persist = absl::OkStatus();
+  auto commit = [&] {
+    for (size_t i = 0; i < n && persist.ok(); ++i) {
+      persist = arena->alloc->Persist(BlockHandle{items[i].ref.index, items[i].ref.generation});
+    }
+    return persist.ok();
+  };
+  absl::Status st = d->host->PublishChain(ns, chain, commit);
+  if (absl::IsUnavailable(st) && timeout_ms != 0) {
+    // The ring had too little room: wait for the owner (polling its line), then once more.
+    const absl::Status wait = d->host->WaitForRingRoom(static_cast<std::uint32_t>(n), timeout_ms);
+    if (wait.ok()) {
+      st = d->host->PublishChain(ns, chain, commit);
+    } else if (!absl::IsDeadlineExceeded(wait)) {
+      st = wait;  // fenced
+    }
+  }
+  if (!persist.ok()) return FromStatus(persist);
+  if (absl::IsUnavailable(st) || absl::IsAborted(st)) {
+    return Fail(CXLKV_E_FULL, std::string(st.message()));
+  }
+  return FromStatus(st);
+}
+
 CXLKV_API int cxlkv_lease_acquire(cxlkv_domain* d, const cxlkv_prefix_hit* hit,
                                   cxlkv_lease* lease) {
   if (d == nullptr || hit == nullptr || lease == nullptr) {

@@ -1,5 +1,6 @@
 // PrefixHost: lookups, leases, requests and heartbeat of one host (docs/coherence.md).
 #include <algorithm>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "cxlkv/coherence/prefix.h"
@@ -24,6 +25,15 @@ namespace {
 constexpr std::int64_t kDriftPerMille = 20;
 std::int64_t Drift(std::int64_t elapsed_ms) {
   return elapsed_ms > 0 ? elapsed_ms * kDriftPerMille / 1000 : 0;
+}
+
+// A spin-wait hint: lets the sibling hyper-thread run and saves power while polling.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
 }
 
 // Sent heartbeats remembered until one is acknowledged: the newest ones. The owner
@@ -135,6 +145,7 @@ bool PrefixHost::ReadEntry(std::uint32_t i, IndexEntry* e) {
 
 bool PrefixHost::ReadOwnerLine(OwnerHostLine* o) {
   if (!ReadShared(mem_, OwnerLineOff(h_, host_), o)) return false;
+  owner_ring_head_ = o->ring_head;
   NoteOwnerLine(*o, clock_.NowMs());
   return true;
 }
@@ -596,28 +607,46 @@ absl::Status PrefixHost::ValidateAfterCopy(const Lease& lease) {
   return absl::OkStatus();
 }
 
-absl::Status PrefixHost::PostRequest(RequestSlot slot, const std::function<bool()>& commit) {
-  OwnerHostLine o{};
-  if (!ReadOwnerLine(&o)) return absl::UnavailableError("owner line unreadable; retry");
-  if (ring_tail_ - std::min(o.ring_head, ring_tail_) >= h_.ring_slots) {
-    return absl::UnavailableError(
-        absl::StrCat("host ", host_, ": request ring full (", h_.ring_slots,
-                     " pending); the owner is behind or down — retry later"));
+absl::Status PrefixHost::PostRequests(std::span<RequestSlot> slots,
+                                      const std::function<bool()>& commit) {
+  const std::uint64_t n = slots.size();
+  if (RingRoom() < n) {
+    // The last line read shows too little room: read it again (the owner may have moved on).
+    OwnerHostLine o{};
+    if (!ReadOwnerLine(&o)) return absl::UnavailableError("owner line unreadable; retry");
+    if (RingRoom() < n) {
+      return absl::UnavailableError(absl::StrCat(
+          "host ", host_, ": request ring full (", ring_tail_ - std::min(o.ring_head, ring_tail_),
+          " of ", h_.ring_slots, " pending, ", n,
+          " to post); the owner is behind or down — WaitForRingRoom, then retry"));
+    }
   }
-  slot.seq = ring_tail_ + 1;
-  slot.incarnation = incarnation_;
-  // The slot reaches memory before the tail that makes it visible (both flushed, fenced).
-  WriteShared(mem_, RequestSlotOff(h_, host_, slot.seq), slot);
+  // Every slot is written and its write-back started; one store fence then orders them all
+  // (and every earlier store, the blocks' streaming stores included) before `commit`'s stores
+  // and the host row that announces them. An owner that reads the row finds every slot it
+  // announces in memory. A crash before the fence leaves slots that were never announced (a
+  // rejoin announces the leading run of them it finds whole; no block of theirs was committed).
+  for (std::uint64_t i = 0; i < n; ++i) {
+    RequestSlot& slot = slots[i];
+    slot.seq = ring_tail_ + 1 + i;
+    slot.incarnation = incarnation_;
+    SealLine(slot);
+    const std::uint64_t off = RequestSlotOff(h_, host_, slot.seq);
+    mem_.Write(off, &slot, sizeof(slot));
+    mem_.Flush(off, sizeof(slot));
+  }
+  mem_.Fence();
   if (commit && !commit()) {
     return absl::AbortedError("publication abandoned by the caller before it was announced");
   }
-  ++ring_tail_;
+  ring_tail_ += n;
   WriteHostRow();
   return absl::OkStatus();
 }
 
-absl::Status PrefixHost::Publish(Namespace ns, const PrefixKey& key, const PrefixKey& parent,
-                                 const BlockRef& ref, const std::function<bool()>& commit) {
+namespace {
+RequestSlot PublishSlot(Namespace ns, const PrefixKey& key, const PrefixKey& parent,
+                        const BlockRef& ref) {
   RequestSlot s{};
   s.op = static_cast<std::uint32_t>(RequestOp::kPublish);
   s.ns = ns;
@@ -626,12 +655,74 @@ absl::Status PrefixHost::Publish(Namespace ns, const PrefixKey& key, const Prefi
   s.parent[0] = parent.lo;
   s.parent[1] = parent.hi;
   s.ref = ref;
+  return s;
+}
+}  // namespace
+
+absl::Status PrefixHost::Publish(Namespace ns, const PrefixKey& key, const PrefixKey& parent,
+                                 const BlockRef& ref, const std::function<bool()>& commit) {
   // No fence of its own for the block's bytes: the store fence after the request slot (in
-  // PostRequest, before `commit` and before the host row that announces the slot) orders
+  // PostRequests, before `commit` and before the host row that announces the slot) orders
   // every earlier store, streaming ones included, before the announcement. A slot that lands
   // without its block (a crash before that fence) is announced only by a later incarnation's
   // Rejoin, and the owner returns a stale incarnation's block instead of publishing it.
-  return PostRequest(s, commit);
+  RequestSlot s = PublishSlot(ns, key, parent, ref);
+  return PostRequests(std::span(&s, 1), commit);
+}
+
+absl::Status PrefixHost::PublishChain(Namespace ns, std::span<const PublishItem> items,
+                                      const std::function<bool()>& commit) {
+  if (items.size() > h_.ring_slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a chain of ", items.size(), " blocks does not fit host ", host_,
+                     "'s request ring of ", h_.ring_slots, " slots; publish it in parts"));
+  }
+  if (items.empty()) return absl::OkStatus();
+  post_scratch_.clear();
+  for (const PublishItem& it : items) post_scratch_.push_back(PublishSlot(ns, it.key, it.parent, it.ref));
+  return PostRequests(post_scratch_, commit);
+}
+
+absl::Status PrefixHost::WaitForRingRoom(std::uint32_t slots, std::uint32_t timeout_ms) {
+  if (slots > h_.ring_slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "room for ", slots, " requests asked of a ring of ", h_.ring_slots, " slots"));
+  }
+  const std::int64_t start = clock_.NowMs();
+  std::uint32_t pauses = 8;  // between polls while spinning: grows to kMaxPauses
+  constexpr std::uint32_t kMaxPauses = 1024;
+  for (;;) {
+    if (RingRoom() >= slots) return absl::OkStatus();
+    OwnerHostLine o{};
+    if (ReadOwnerLine(&o)) {
+      if (o.fenced_incarnation >= incarnation_) {
+        return absl::AbortedError(absl::StrCat(
+            "host ", host_, " was fenced; its ring is not drained — Heartbeat() rejoins it"));
+      }
+      if (RingRoom() >= slots) return absl::OkStatus();
+    }
+    if (clock_.NowMs() - start >= static_cast<std::int64_t>(timeout_ms)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "host ", host_, ": no room for ", slots, " requests after ", timeout_ms,
+          " ms; the owner is behind or down"));
+    }
+    // Each poll is a load from shared memory (on CXL, from the device): spin a little between
+    // them, longer each time, then let other threads run (on a shared core, the owner).
+    if (pauses < kMaxPauses) {
+      for (std::uint32_t i = 0; i < pauses; ++i) CpuRelax();
+      pauses *= 2;
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+std::uint64_t PrefixHost::RequestsPending(bool refresh) {
+  if (refresh) {
+    OwnerHostLine o{};
+    (void)ReadOwnerLine(&o);
+  }
+  return ring_tail_ - std::min(owner_ring_head_, ring_tail_);
 }
 
 absl::Status PrefixHost::Retire(Namespace ns, const PrefixKey& key) {
@@ -640,7 +731,7 @@ absl::Status PrefixHost::Retire(Namespace ns, const PrefixKey& key) {
   s.ns = ns;
   s.key[0] = key.lo;
   s.key[1] = key.hi;
-  return PostRequest(s, {});
+  return PostRequests(std::span(&s, 1), {});
 }
 
 absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {

@@ -1,6 +1,7 @@
 // PrefixOwner: the index's single writer and the domain's reclaimer (docs/coherence.md).
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <set>
 #include <tuple>
@@ -209,7 +210,16 @@ void PrefixOwner::WriteEntry(std::uint32_t i, const IndexEntry& e) {
   index_[i] = e;
   index_[i].probe_len = probe_len_[i];
   SealLine(index_[i]);
-  WriteShared(mem_, EntryOff(h_, i), index_[i]);
+  if (!batch_writes_) {
+    WriteShared(mem_, EntryOff(h_, i), index_[i]);
+    return;
+  }
+  // In a batch (ApplyRequests): stored and its write-back started; the batch's one fence,
+  // before its owner line, completes it. A host that looks meanwhile sees the old entry or
+  // the new one (the CRC tells a half-written line, which it reads again).
+  mem_.Write(EntryOff(h_, i), &index_[i], sizeof(IndexEntry));
+  mem_.Flush(EntryOff(h_, i), sizeof(IndexEntry));
+  unfenced_writes_ = true;
 }
 
 std::uint32_t PrefixOwner::HomeOf(const IndexEntry& e) const {
@@ -311,13 +321,37 @@ std::uint32_t PrefixOwner::ApplyRequests() {
     if (row.ring_tail < head) head = row.ring_tail;  // rejoined: nothing pending
     const std::uint64_t tail = std::min<std::uint64_t>(row.ring_tail, head + h_.ring_slots);
     const std::uint64_t return_tail = l.return_tail;
+    // Every announced slot is read in one pass: all evicted, one full fence (their loads
+    // stay behind it, and behind the host row's read), then read. A slot that does not
+    // validate (torn, or half written back) is read again alone; one that still shows an
+    // older sequence is not visible yet and waits for the next round with those after it.
+    if (head < tail) {
+      for (std::uint64_t seq = head + 1; seq <= tail; ++seq) {
+        mem_.Evict(RequestSlotOff(h_, host, seq), sizeof(RequestSlot));
+      }
+      mem_.FullFence();
+      // Read-ahead: each slot's key, unvalidated, only to start the loads of the slots and of
+      // their home entries in the owner's index copy together (no iteration depends on
+      // another, so the misses overlap) instead of one after the other in the loop below.
+      for (std::uint64_t seq = head + 1; seq <= tail; ++seq) {
+        static_assert(offsetof(RequestSlot, ns) == 16 && offsetof(RequestSlot, key) == 24);
+        std::uint64_t ahead[5];  // seq, incarnation, ns, key[0], key[1]
+        mem_.Read(RequestSlotOff(h_, host, seq), ahead, sizeof(ahead));
+        __builtin_prefetch(&index_[internal::ProbeStart(h_, ahead[2], PrefixKey{ahead[3], ahead[4]})]);
+      }
+    }
+    // The index entries this batch writes are stored and flushed one by one, and fenced once,
+    // before the owner line that consumes their requests (WriteEntry, batch_writes_).
+    batch_writes_ = true;
     while (head < tail) {
       // A request may hand its block back: it is consumed only while the return ring has
       // room, so that the return is in shared memory before the request is acknowledged —
       // a crash of the owner in between replays the request, it never drops the block.
       if (ReturnRoom(host, row) == 0) break;
       RequestSlot r;
-      if (!ReadShared(mem_, RequestSlotOff(h_, host, head + 1), &r) || r.seq != head + 1) {
+      const std::uint64_t off = RequestSlotOff(h_, host, head + 1);
+      mem_.Read(off, &r, sizeof(r));
+      if ((!LineValid(r) && !ReadShared(mem_, off, &r)) || r.seq != head + 1) {
         break;  // not visible yet: next round
       }
       if (r.incarnation == row.incarnation) {
@@ -336,7 +370,13 @@ std::uint32_t PrefixOwner::ApplyRequests() {
       ++head;
       ++applied;
     }
+    batch_writes_ = false;
     if (head != l.ring_head || return_tail != l.return_tail) {
+      // The batch's entries reach memory before the owner line that says their requests
+      // were consumed: an owner that dies between the two leaves requests that the next one
+      // applies again (finding the entries there), never consumed requests without entries.
+      if (unfenced_writes_) mem_.Fence();
+      unfenced_writes_ = false;
       l.ring_head = head;
       WriteOwnerLine(host);
     }
@@ -528,6 +568,9 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> PrefixOwner::ScanLeases() {
 }
 
 std::uint32_t PrefixOwner::Reclaim() {
+  // Nothing retired, nothing to free: no pass over the index (Step runs this every round, and
+  // a pass over a large index costs more than the round's requests).
+  if (retired_count_ == 0) return 0;
   const std::int64_t now = clock_.NowMs();
   // An entry is due once its grace has passed and its publisher's return ring has room for
   // it: the block goes into that ring, and the owner line announcing it is written, before

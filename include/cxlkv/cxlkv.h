@@ -276,6 +276,29 @@ int cxlkv_prefix_publish(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* k
                          const cxlkv_prefix_key* parent, cxlkv_arena* arena,
                          const cxlkv_block_ref* ref);
 
+/* One block of a chain publish: its key, the key it chains on (all-zero for a sequence's
+ * first block) and the block (of the arena passed beside). */
+typedef struct cxlkv_publish_item {
+  cxlkv_prefix_key key;
+  cxlkv_prefix_key parent;
+  cxlkv_block_ref ref;
+} cxlkv_publish_item;
+/* Publishes items[0..n), blocks of `arena` the caller has written (and will not modify), in
+ * one ring transaction: every request written, one fence, every block persisted in the arena,
+ * then one announcement, so the owner applies all of them or none, and a prefill host pays one
+ * fence and one shared-line write per chain instead of per block. When the request ring has
+ * no room for all n, waits up to timeout_ms for the owner to drain it (polling the owner's
+ * line in the domain with a short backoff; 0: no wait). On success every block is handed to
+ * the domain (each comes back through heartbeat when reclaimed, or at once if its prefix was
+ * already published). On any error nothing is announced and the caller still owns every block
+ * (a block persisted before the error stays allocated; free it or publish it again).
+ * CXLKV_E_INVALID: a NULL argument, or n above the domain's ring_slots (split the chain);
+ * CXLKV_E_FOREIGN: a ref names another arena; CXLKV_E_FULL: still no room after timeout_ms
+ * (the owner is behind or down), or this host was fenced (heartbeat, then retry). n == 0 is
+ * a no-op. Not thread-safe on one domain handle, like the other cxlkv_prefix_* calls. */
+int cxlkv_prefix_publish_chain(cxlkv_domain* d, uint64_t ns, const cxlkv_publish_item* items,
+                               size_t n, cxlkv_arena* arena, uint32_t timeout_ms);
+
 /* Takes a lease on a hit. CXLKV_E_STALE: retired meanwhile; CXLKV_E_FULL: no free lease
  * row, or the owner has not confirmed this host recently (retry after a heartbeat). */
 int cxlkv_lease_acquire(cxlkv_domain* d, const cxlkv_prefix_hit* hit, cxlkv_lease* lease);

@@ -79,6 +79,13 @@ struct Lease {
                                  // row was reused never releases or renews the new one
 };
 
+// One block of a chain publish (PrefixHost::PublishChain).
+struct PublishItem {
+  PrefixKey key;
+  PrefixKey parent;  // the key this one chains on (all-zero for a sequence's first block)
+  BlockRef ref;
+};
+
 class PrefixHost {
  public:
   struct Options {
@@ -143,7 +150,31 @@ class PrefixHost {
   // incarnation instead of applying them. If `commit` returns false nothing is announced.
   absl::Status Publish(Namespace ns, const PrefixKey& key, const PrefixKey& parent,
                        const BlockRef& ref, const std::function<bool()>& commit = {});
+  // Publishes several blocks (typically one request's new prefix blocks, in chain order) in
+  // one ring transaction: every request slot is written and flushed, one store fence, then
+  // `commit` (once, for all of them), then one host-row write announces them all. The owner
+  // sees all of them or none. All or nothing here too: kUnavailable, with nothing written,
+  // when the ring has no room for every item (WaitForRingRoom(items.size()), then retry);
+  // kInvalidArgument when there are more items than the ring has slots (split the chain).
+  // An empty span is OK and posts nothing. Crashes leak nothing, as for Publish: a crash
+  // before the fence leaves no committed block; after it every slot is in memory, and a
+  // rejoining host announces them all (the owner returns a stale incarnation's blocks).
+  // Cost: one fence and one host-row write for the chain instead of one each per block.
+  absl::Status PublishChain(Namespace ns, std::span<const PublishItem> items,
+                            const std::function<bool()>& commit = {});
   absl::Status Retire(Namespace ns, const PrefixKey& key);
+  // Waits until this host's request ring has room for `slots` more requests. Hosts are other
+  // machines than the owner, so nothing local can signal: it polls the owner's line for this
+  // host in shared memory (an Invalidate and a load a poll), spinning with a growing pause
+  // between polls at first, then yielding the CPU between them (an owner on the same core
+  // gets to run). kDeadlineExceeded after `timeout_ms` on this host's clock (at least one
+  // poll is made; the clock must advance for a timeout to end a wait); kAborted if the line
+  // shows this host fenced (Heartbeat() rejoins it; its ring is never drained till then);
+  // kInvalidArgument for more slots than the ring has.
+  absl::Status WaitForRingRoom(std::uint32_t slots, std::uint32_t timeout_ms);
+  // Requests posted and not yet consumed by the owner, as this host last saw its line
+  // (reading the line again when `refresh`).
+  std::uint64_t RequestsPending(bool refresh);
 
   // Bumps the heartbeat, collects blocks the owner returned (appended to `returned`, or
   // kept for the next call when it is null), frees rows of locally expired leases, and
@@ -204,7 +235,15 @@ class PrefixHost {
   }
   void ForgetRow(std::uint32_t row);
   void WriteHostRow();
-  absl::Status PostRequest(RequestSlot slot, const std::function<bool()>& commit);
+  // Posts slots[0..n) as one transaction: each slot written and flushed, one store fence,
+  // `commit`, the ring tail moved past all of them in one host-row write.
+  absl::Status PostRequests(std::span<RequestSlot> slots, const std::function<bool()>& commit);
+  // Free request slots as far as this host knows (from owner_ring_head_, a lower bound on
+  // what the owner has consumed).
+  std::uint64_t RingRoom() const {
+    return h_.ring_slots - std::min<std::uint64_t>(
+                               h_.ring_slots, ring_tail_ - std::min(owner_ring_head_, ring_tail_));
+  }
   // A lease taken at `now` ends at min(now + lease_ttl, alive_until) - margin.
   std::int64_t Deadline(std::int64_t now) const;
 
@@ -217,6 +256,11 @@ class PrefixHost {
   std::uint64_t incarnation_ = 0;
   std::uint64_t heartbeat_ = 0;
   std::uint64_t ring_tail_ = 0;
+  // The owner's ring_head for this host as last read from its line: the owner never moves it
+  // back, so room computed from it is never more than there is, and a post that fits needs
+  // no read of the line.
+  std::uint64_t owner_ring_head_ = 0;
+  std::vector<RequestSlot> post_scratch_;  // PublishChain's slots
   // Returns: read up to return_head_; handed to the caller up to handed_head_; acknowledged
   // to the owner (the host row) up to acked_head_ — one heartbeat after they were handed
   // out, when the caller has freed them (delivery is at least once).
@@ -391,6 +435,10 @@ class PrefixOwner {
   std::uint32_t published_count_ = 0;
   std::uint32_t retired_count_ = 0;
   std::uint32_t quarantined_count_ = 0;  // quarantined entries not freed yet
+  // Inside ApplyRequests: index entries are stored and flushed without a fence each; the
+  // batch fences once before its owner line (unfenced_writes_: one is waiting for it).
+  bool batch_writes_ = false;
+  bool unfenced_writes_ = false;
   std::uint32_t clock_id_ = 0;           // this owner's OwnerClockLine::clock_id
   std::uint64_t clock_seq_ = 0;
   struct RefHash {
