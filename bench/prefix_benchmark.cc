@@ -13,9 +13,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
-#include <memory>
 #include <vector>
 
 #include "cxlkv/coherence/cache.h"
@@ -125,9 +125,11 @@ void BM_ReclaimScan(benchmark::State& state) {
                                              benchmark::Counter::kInvert);
 }
 // hosts x lease rows, for the scaling table (issue #21): 2, 8, 64 hosts x 16, 256, 4096 rows.
-BENCHMARK(BM_ReclaimScan)->ArgNames({"hosts", "rows"})
+BENCHMARK(BM_ReclaimScan)
+    ->ArgNames({"hosts", "rows"})
     ->ArgsProduct({{2, 8, 64}, {16, 256, 4096}})
-    ->Unit(benchmark::kMicrosecond)->UseRealTime();
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 // ---- sustained publish against the copy limit (issue #21) ------------------------------------
 //
@@ -186,9 +188,7 @@ struct OwnerThread {
 };
 
 // Waits until the ring has room for `slots` requests (the owner running on another thread).
-void WaitRoom(PrefixHost& host, std::uint32_t slots) {
-  (void)host.WaitForRingRoom(slots, 1000);
-}
+void WaitRoom(PrefixHost& host, std::uint32_t slots) { (void)host.WaitForRingRoom(slots, 1000); }
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -201,15 +201,15 @@ void BM_PublishSustained(benchmark::State& state, std::uint32_t chain, bool owne
   constexpr std::size_t kDestBytes = 1024ull << 20;
   const std::size_t nblocks = kDestBytes / block;
   const std::size_t chunk = std::max<std::size_t>(16, (32ull << 20) / block);
-  auto dst = std::move(*cxlkv::pool::OpenRegion("memfd:bench-publish?size=" +
-                                                 std::to_string(nblocks * block)));
+  auto dst = std::move(
+      *cxlkv::pool::OpenRegion("memfd:bench-publish?size=" + std::to_string(nblocks * block)));
   std::memset(dst->addr(), 0x11, dst->size_bytes());  // prefault
   std::vector<std::byte> src(block);
   std::memset(src.data(), 0x5A, src.size());
   const DomainGeometry g{2, 1 << 16, 16, 64, 2000, 2000, 100};
   const std::uint64_t dbytes = (DomainBytes(g) + 4095) / 4096 * 4096;
-  auto region = std::move(*cxlkv::pool::OpenRegion("memfd:bench-publish-domain?size=" +
-                                                    std::to_string(dbytes)));
+  auto region = std::move(
+      *cxlkv::pool::OpenRegion("memfd:bench-publish-domain?size=" + std::to_string(dbytes)));
   DirectMem mem(region->addr(), region->size_bytes());
   AtomicClock clock;
   std::unique_ptr<PrefixOwner> owner;
@@ -327,27 +327,51 @@ void BM_PublishSustained(benchmark::State& state, std::uint32_t chain, bool owne
   }
 }
 BENCHMARK_CAPTURE(BM_PublishSustained, block, 0, true)
-    ->ArgName("bytes")->Arg(64 << 10)->Arg(2 << 20)->Arg(5 << 20)
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
+    ->ArgName("bytes")
+    ->Arg(64 << 10)
+    ->Arg(2 << 20)
+    ->Arg(5 << 20)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_PublishSustained, chain16, 16, true)
-    ->ArgName("bytes")->Arg(64 << 10)->Arg(2 << 20)->Arg(5 << 20)
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
+    ->ArgName("bytes")
+    ->Arg(64 << 10)
+    ->Arg(2 << 20)
+    ->Arg(5 << 20)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 // The owner's work on the host's own thread (Step() when the ring is full and at the end of a
 // round): the protocol's whole CPU cost on one core, free of the scheduling of a second
 // thread on a loaded machine.
 BENCHMARK_CAPTURE(BM_PublishSustained, block_inline_owner, 0, false)
-    ->ArgName("bytes")->Arg(64 << 10)->Arg(2 << 20)->Arg(5 << 20)
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
+    ->ArgName("bytes")
+    ->Arg(64 << 10)
+    ->Arg(2 << 20)
+    ->Arg(5 << 20)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_PublishSustained, chain16_inline_owner, 16, false)
-    ->ArgName("bytes")->Arg(64 << 10)->Arg(2 << 20)->Arg(5 << 20)
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
+    ->ArgName("bytes")
+    ->Arg(64 << 10)
+    ->Arg(2 << 20)
+    ->Arg(5 << 20)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 // The block-size sweep of the scaling table.
 BENCHMARK_CAPTURE(BM_PublishSustained, sweep_block, 0, true)
-    ->ArgName("bytes")->RangeMultiplier(4)->Range(16 << 10, 4 << 20)->Arg(8 << 20)
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
+    ->ArgName("bytes")
+    ->RangeMultiplier(4)
+    ->Range(16 << 10, 4 << 20)
+    ->Arg(8 << 20)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_PublishSustained, sweep_block_inline_owner, 0, false)
-    ->ArgName("bytes")->RangeMultiplier(4)->Range(16 << 10, 4 << 20)->Arg(8 << 20)
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
+    ->ArgName("bytes")
+    ->RangeMultiplier(4)
+    ->Range(16 << 10, 4 << 20)
+    ->Arg(8 << 20)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

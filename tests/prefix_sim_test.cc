@@ -44,10 +44,9 @@ void Report(std::uint64_t seed, const PrefixSimulation& sim) {
   std::printf(
       "  crashes: %llu between calls, %llu inside calls (%llu inside Publish, %llu inside "
       "PublishChain), owner %llu (opened %llu times)\n",
-      U(ev.host_crashes), U(ev.host_crashes_in_call), U(ev.publishes_crashed),
-      U(ev.chains_crashed), U(ev.owner_crashes), U(ev.owner_opens));
-  std::printf("  chains: %llu published in one ring transaction each\n",
-              U(ev.chains_published));
+      U(ev.host_crashes), U(ev.host_crashes_in_call), U(ev.publishes_crashed), U(ev.chains_crashed),
+      U(ev.owner_crashes), U(ev.owner_opens));
+  std::printf("  chains: %llu published in one ring transaction each\n", U(ev.chains_published));
   std::printf("  clocks: %llu host suspends, %llu owner suspends, %llu rate changes\n",
               U(ev.suspends), U(ev.owner_suspends), U(ev.rate_changes));
   std::printf("  extents: %llu given away, %llu lent to another host; %llu copies checked\n",

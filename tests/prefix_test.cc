@@ -1443,8 +1443,7 @@ TEST(PrefixChain, ChainIsOneTransactionInMemoryBeforeCommit) {
   w.v0->set_on_fence([&] { ++fences; });
   bool committed = false;
   const std::uint64_t tail_before = w.MediaAt<HostRow>(w.HostRowOff(0)).ring_tail;
-  ASSERT_TRUE(w.h0
-                  ->PublishChain(w.ns, items,
+  ASSERT_TRUE(w.h0->PublishChain(w.ns, items,
                                  [&] {
                                    committed = true;
                                    for (std::uint64_t i = 1; i <= items.size(); ++i) {
@@ -1528,7 +1527,8 @@ TEST(PrefixChain, CrashAtAnyStoreOfAChainLeaksNothing) {
   struct Died {};
   for (int crash_at = 1; crash_at <= 12; ++crash_at) {
     for (bool in_commit : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "crash at store " << crash_at << (in_commit ? " in commit" : ""));
+      SCOPED_TRACE(testing::Message()
+                   << "crash at store " << crash_at << (in_commit ? " in commit" : ""));
       World w;
       const std::vector<PublishItem> items = ChainItems(w, 1, 3);
       int stores = 0;

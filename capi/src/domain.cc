@@ -358,9 +358,9 @@ CXLKV_API int cxlkv_prefix_publish_chain(cxlkv_domain* d, uint64_t ns,
     if (!SameArena(arena, &items[i].ref)) {
       return Fail(CXLKV_E_FOREIGN, "block ref " + std::to_string(i) + " names another arena");
     }
-    chain[i] = co::PublishItem{co::PrefixKey{items[i].key.lo, items[i].key.hi},
-                               co::PrefixKey{items[i].parent.lo, items[i].parent.hi},
-                               ToCo(items[i].ref)};
+    chain[i] =
+        co::PublishItem{co::PrefixKey{items[i].key.lo, items[i].key.hi},
+                        co::PrefixKey{items[i].parent.lo, items[i].parent.hi}, ToCo(items[i].ref)};
   }
   absl::Status persist = absl::OkStatus();
   auto commit = [&] {

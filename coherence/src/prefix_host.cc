@@ -679,14 +679,15 @@ absl::Status PrefixHost::PublishChain(Namespace ns, std::span<const PublishItem>
   }
   if (items.empty()) return absl::OkStatus();
   post_scratch_.clear();
-  for (const PublishItem& it : items) post_scratch_.push_back(PublishSlot(ns, it.key, it.parent, it.ref));
+  for (const PublishItem& it : items)
+    post_scratch_.push_back(PublishSlot(ns, it.key, it.parent, it.ref));
   return PostRequests(post_scratch_, commit);
 }
 
 absl::Status PrefixHost::WaitForRingRoom(std::uint32_t slots, std::uint32_t timeout_ms) {
   if (slots > h_.ring_slots) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "room for ", slots, " requests asked of a ring of ", h_.ring_slots, " slots"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("room for ", slots, " requests asked of a ring of ", h_.ring_slots, " slots"));
   }
   const std::int64_t start = clock_.NowMs();
   std::uint32_t pauses = 8;  // between polls while spinning: grows to kMaxPauses
@@ -702,9 +703,9 @@ absl::Status PrefixHost::WaitForRingRoom(std::uint32_t slots, std::uint32_t time
       if (RingRoom() >= slots) return absl::OkStatus();
     }
     if (clock_.NowMs() - start >= static_cast<std::int64_t>(timeout_ms)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "host ", host_, ": no room for ", slots, " requests after ", timeout_ms,
-          " ms; the owner is behind or down"));
+      return absl::DeadlineExceededError(absl::StrCat("host ", host_, ": no room for ", slots,
+                                                      " requests after ", timeout_ms,
+                                                      " ms; the owner is behind or down"));
     }
     // Each poll is a load from shared memory (on CXL, from the device): spin a little between
     // them, longer each time, then let other threads run (on a shared core, the owner).

@@ -337,7 +337,8 @@ std::uint32_t PrefixOwner::ApplyRequests() {
         static_assert(offsetof(RequestSlot, ns) == 16 && offsetof(RequestSlot, key) == 24);
         std::uint64_t ahead[5];  // seq, incarnation, ns, key[0], key[1]
         mem_.Read(RequestSlotOff(h_, host, seq), ahead, sizeof(ahead));
-        __builtin_prefetch(&index_[internal::ProbeStart(h_, ahead[2], PrefixKey{ahead[3], ahead[4]})]);
+        __builtin_prefetch(
+            &index_[internal::ProbeStart(h_, ahead[2], PrefixKey{ahead[3], ahead[4]})]);
       }
     }
     // The index entries this batch writes are stored and flushed one by one, and fenced once,

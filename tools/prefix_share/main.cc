@@ -158,7 +158,8 @@ bool Publisher(const Options& o, Report& r) {
   // block is visible to a lookup by any host.
   const auto d0 = Clock::now();
   while ((*host)->RequestsPending(true) != 0) {
-    if (Clock::now() - d0 > std::chrono::seconds(5)) return Fail(r, "the owner applied nothing for 5 s");
+    if (Clock::now() - d0 > std::chrono::seconds(5))
+      return Fail(r, "the owner applied nothing for 5 s");
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   r.drain_ns = Ns(d0, Clock::now());
@@ -289,19 +290,23 @@ int main(int argc, char** argv) {
   const std::uint64_t e2e_ns = a.copy_in_ns + a.post_ns + a.drain_ns;
   const double publish_gbps =
       e2e_ns ? static_cast<double>(a.bytes_written) / static_cast<double>(e2e_ns) : 0.0;
-  std::printf("host 0 (prefill): published %llu blocks (%llu prefixes x %u, one ring transaction "
-              "a prefix), %.1f MiB\n",
-              static_cast<unsigned long long>(a.published), static_cast<unsigned long long>(o.prefixes),
-              o.blocks, mib);
-  std::printf("                  copy-in %.2f GB/s (streaming stores alone); publish %.2f GB/s end "
-              "to end (copy-in + chain requests + the owner applying them), %.0f %% of the copy\n",
-              copy_gbps, publish_gbps, copy_gbps > 0 ? 100.0 * publish_gbps / copy_gbps : 0.0);
-  std::printf("                  %.1f us per block: copy %.1f, requests %.1f, owner catching up "
-              "%.1f (its step period)\n",
-              a.published ? static_cast<double>(e2e_ns) / static_cast<double>(a.published) / 1e3 : 0.0,
-              a.published ? static_cast<double>(a.copy_in_ns) / static_cast<double>(a.published) / 1e3 : 0.0,
-              a.published ? static_cast<double>(a.post_ns) / static_cast<double>(a.published) / 1e3 : 0.0,
-              a.published ? static_cast<double>(a.drain_ns) / static_cast<double>(a.published) / 1e3 : 0.0);
+  std::printf(
+      "host 0 (prefill): published %llu blocks (%llu prefixes x %u, one ring transaction "
+      "a prefix), %.1f MiB\n",
+      static_cast<unsigned long long>(a.published), static_cast<unsigned long long>(o.prefixes),
+      o.blocks, mib);
+  std::printf(
+      "                  copy-in %.2f GB/s (streaming stores alone); publish %.2f GB/s end "
+      "to end (copy-in + chain requests + the owner applying them), %.0f %% of the copy\n",
+      copy_gbps, publish_gbps, copy_gbps > 0 ? 100.0 * publish_gbps / copy_gbps : 0.0);
+  std::printf(
+      "                  %.1f us per block: copy %.1f, requests %.1f, owner catching up "
+      "%.1f (its step period)\n",
+      a.published ? static_cast<double>(e2e_ns) / static_cast<double>(a.published) / 1e3 : 0.0,
+      a.published ? static_cast<double>(a.copy_in_ns) / static_cast<double>(a.published) / 1e3
+                  : 0.0,
+      a.published ? static_cast<double>(a.post_ns) / static_cast<double>(a.published) / 1e3 : 0.0,
+      a.published ? static_cast<double>(a.drain_ns) / static_cast<double>(a.published) / 1e3 : 0.0);
   const double hit = b.blocks_leased + b.blocks_missed
                          ? 100.0 * static_cast<double>(b.blocks_leased) /
                                static_cast<double>(b.blocks_leased + b.blocks_missed)
