@@ -104,6 +104,10 @@ class PrefixKeyC(ctypes.Structure):
     _fields_ = [("lo", c_u64), ("hi", c_u64)]
 
 
+class PublishItemC(ctypes.Structure):
+    _fields_ = [("key", PrefixKeyC), ("parent", PrefixKeyC), ("ref", BlockRef)]
+
+
 class PrefixHitC(ctypes.Structure):
     _fields_ = [("entry", c_u32), ("entry_gen", c_u32), ("ref", BlockRef), ("publisher", c_u32)]
 
@@ -205,6 +209,7 @@ STRUCTS = {
     "cxlkv_domain_geometry": GeometryC,
     "cxlkv_prefix_key": PrefixKeyC,
     "cxlkv_prefix_hit": PrefixHitC,
+    "cxlkv_publish_item": PublishItemC,
     "cxlkv_lease": LeaseC,
     "cxlkv_tier_options": TierOptionsC,
     "cxlkv_tier_request": TierRequestC,
@@ -245,6 +250,8 @@ _PROTOTYPES = {
     "cxlkv_prefix_key_from_digest": (_INT, [c_u64, _P, _P, _SIZE, _P]),
     "cxlkv_prefix_lookup": (_INT, [_P, c_u64, _P, ctypes.POINTER(PrefixHitC)]),
     "cxlkv_prefix_publish": (_INT, [_P, c_u64, _P, _P, _P, ctypes.POINTER(BlockRef)]),
+    "cxlkv_prefix_publish_chain": (_INT, [_P, c_u64, ctypes.POINTER(PublishItemC), _SIZE, _P,
+                                          c_u32]),
     "cxlkv_prefix_retire": (_INT, [_P, c_u64, _P]),
     "cxlkv_lease_acquire": (_INT, [_P, ctypes.POINTER(PrefixHitC), _P]),
     "cxlkv_lease_acquire_chain": (_INT, [_P, c_u64, _P, _SIZE, _P, ctypes.POINTER(_SIZE)]),

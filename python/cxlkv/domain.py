@@ -40,7 +40,7 @@ import ctypes
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -513,6 +513,42 @@ class Domain:
                 "the block is not in this domain handle's home arena", operation="publish_block",
                 subject=repr(self), hint="allocate it from domain.home_arena")
         self._publish_c(ns, kc, pc, self._home, block)
+
+    def publish_chain(self, ns: NamespaceLike,
+                      items: Sequence[Tuple[PrefixKey, Optional[PrefixKey], Block]], *,
+                      timeout_ms: int = 1000) -> None:
+        """Publishes blocks of the home arena the caller has already written, as one ring
+        transaction (``cxlkv_prefix_publish_chain``): `items` are (key, parent, block) in chain
+        order, parent None for a sequence's first block. The owner applies all or none; when
+        the ring lacks room for all, waits up to `timeout_ms` for the owner to drain it. On
+        failure every block stays the caller's.
+
+        Raises:
+            InvalidArgumentError: a block not in the home arena, or more items than the
+                domain's ring slots (split the chain).
+            FullError: still no ring room after `timeout_ms`, or this host was fenced.
+        """
+        if self._home is None:
+            raise InvalidArgumentError(
+                f"{self!r} has no arena to publish from", operation="publish_chain",
+                hint="domain.attach(arena) first (the arena whose blocks heartbeats free)")
+        arr = (_lib.PublishItemC * max(len(items), 1))()
+        for i, (key, parent, block) in enumerate(items):
+            if block.arena_uuid != self._home.uuid:
+                raise InvalidArgumentError(
+                    f"item {i}: the block is not in this domain handle's home arena",
+                    operation="publish_chain", subject=repr(self),
+                    hint="allocate it from domain.home_arena")
+            arr[i].key = _key_c(key, "publish_chain")
+            if parent is not None:
+                arr[i].parent = _key_c(parent, "publish_chain")
+            arr[i].ref = block.ref
+        with self._lock:
+            h = self._handle("publish_chain")
+            lib = _lib.load()
+            _lib.check(lib, lib.cxlkv_prefix_publish_chain(
+                h, _ns_id(ns), arr, len(items), self._home.handle(), timeout_ms),
+                "cxlkv_prefix_publish_chain", self)
 
     def _publish_c(self, ns: NamespaceLike, kc: _lib.PrefixKeyC,
                    pc: Optional[_lib.PrefixKeyC], arena: Arena, block: Block) -> None:

@@ -321,3 +321,35 @@ def test_join_and_grow_errors(env: Env) -> None:
 def test_geometry_bytes() -> None:
     small = cxlkv.Geometry(max_hosts=2, index_entries=64, lease_rows=4, ring_slots=4)
     assert 0 < small.bytes_needed() < cxlkv.Geometry().bytes_needed()
+
+
+def test_publish_chain_is_one_transaction_and_reads_back(env: Env, ns: cxlkv.Namespace) -> None:
+    a, b = env.host(0), env.host(1)
+    keys = ns.chain_keys(range(96), 16)
+    data = blocks(len(keys), env.block_bytes, seed=7)
+    home = a.home_arena
+    before = allocated(home)
+    items = []
+    parent = None
+    for k, v in zip(keys, data):
+        blk = home.alloc(0)
+        home.write(blk, v)
+        items.append((k, parent, blk))
+        parent = k
+    a.publish_chain(ns, items)
+    wait_until(lambda: b.lookup(ns, keys[-1]) is not None, what="the owner to apply the chain")
+    with b.acquire_chain(ns, keys, wait_s=1.0) as leases:
+        assert len(leases) == len(keys)
+        for i, v in enumerate(data):
+            out = np.empty(env.block_bytes, np.uint8)
+            leases.copy_out(i, out)
+            assert np.array_equal(out, v)
+    assert allocated(home) == before + len(keys)
+    # Bad input: a chain longer than the request ring is refused before anything is written.
+    spare = home.alloc(0)
+    long_keys = ns.chain_keys(range(10**6, 10**6 + 16 * 4096), 16)
+    with pytest.raises(InvalidArgumentError, match="publish it in parts"):
+        a.publish_chain(ns, [(k, None, spare) for k in long_keys])
+    assert a.lookup(ns, long_keys[0]) is None
+    home.free(spare)
+    a.publish_chain(ns, [])  # nothing to do
