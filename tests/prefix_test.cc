@@ -764,7 +764,7 @@ TEST(PrefixAudit, TornIndexEntryIsQuarantinedAndTheOwnerStillOpens) {
     w.now += 50;
     w.Beat();
   }
-  EXPECT_EQ(w.owner->entries()[torn].state, static_cast<std::uint8_t>(EntryState::kRetired))
+  EXPECT_EQ(w.owner->entry(torn).state, static_cast<std::uint8_t>(EntryState::kRetired))
       << "freed while host 1 still leases the entry";
   w.h1->Release(*lease);
   std::vector<BlockRef> back;
@@ -773,7 +773,7 @@ TEST(PrefixAudit, TornIndexEntryIsQuarantinedAndTheOwnerStillOpens) {
     w.Beat();
     ASSERT_TRUE(w.h0->Heartbeat(&back).ok());
   }
-  EXPECT_NE(w.owner->entries()[torn].state, static_cast<std::uint8_t>(EntryState::kRetired))
+  EXPECT_NE(w.owner->entry(torn).state, static_cast<std::uint8_t>(EntryState::kRetired))
       << "the quarantined entry never drained";
   EXPECT_TRUE(back.empty()) << "a block was returned for an entry whose block is unknown";
   EXPECT_EQ(w.owner->EntriesNaming(seven), 1u);
