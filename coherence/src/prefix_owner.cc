@@ -56,6 +56,15 @@ std::uint8_t KeyTag(Namespace ns, const PrefixKey& key) {
 }
 
 constexpr std::uint32_t kChunkEntries = 4096;  // Open reads the index in chunks of this many
+
+// A line never written (all zero bytes): LineValid's answer too, found without the CRC.
+bool AllZero(const IndexEntry& e) {
+  std::uint64_t w[sizeof(IndexEntry) / 8];
+  std::memcpy(w, &e, sizeof(w));
+  std::uint64_t any = 0;
+  for (std::uint64_t x : w) any |= x;
+  return any == 0;
+}
 }  // namespace
 
 IndexEntry PrefixOwner::ReadEntry(std::uint32_t i) const {
@@ -95,12 +104,16 @@ bool PrefixOwner::IsNamed(const BlockRef& ref) const {
   }
 }
 
-void PrefixOwner::Name(std::uint32_t i, const BlockRef& ref) {
+void PrefixOwner::NameAt(std::uint32_t i, std::uint32_t home) {
   // At most index_entries values in 2 × index_entries slots: an empty slot is always found.
   const auto mask = static_cast<std::uint32_t>(named_.size() - 1);
-  std::uint32_t s = NamedHome(ref);
+  std::uint32_t s = home;
   while (named_[s] != 0) s = (s + 1) & mask;
   named_[s] = i + 1;
+}
+
+void PrefixOwner::Name(std::uint32_t i, const BlockRef& ref) {
+  NameAt(i, NamedHome(ref));
   ++arena_refs_[ArenaOf(ref)];
 }
 
@@ -182,7 +195,23 @@ absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& 
   // The index is read a chunk at a time: every line of the chunk is evicted, one full fence,
   // then each line is read once and its CRC checked — the same fresh read as ReadShared's
   // first attempt, without a fence per line. Only a line that fails its check gets
-  // ReadShared's retries (a torn write still in flight) before it is quarantined.
+  // ReadShared's retries (a torn write still in flight) before it is quarantined. The blocks
+  // of a chunk are named after it is read, their table slots prefetched meanwhile (one miss
+  // per block, overlapped), and counted by arena with the last arena remembered.
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> to_name;  // (entry, home slot)
+  to_name.reserve(kChunkEntries);
+  ArenaId last_arena{};
+  std::uint32_t last_count = 0;
+  auto count_arena = [&](const BlockRef& ref) {
+    const ArenaId a = ArenaOf(ref);
+    if (last_count != 0 && a == last_arena) {
+      ++last_count;
+      return;
+    }
+    if (last_count != 0) o->arena_refs_[last_arena] += last_count;
+    last_arena = a;
+    last_count = 1;
+  };
   for (std::uint32_t first = 0; first < n; first += kChunkEntries) {
     const std::uint32_t count = std::min(kChunkEntries, n - first);
     mem.Evict(EntryOff(*h, first), std::size_t{count} * sizeof(IndexEntry));
@@ -190,6 +219,7 @@ absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& 
     for (std::uint32_t i = first; i < first + count; ++i) {
       IndexEntry e;
       mem.Read(EntryOff(*h, i), &e, sizeof(e));
+      if (AllZero(e)) continue;  // never written: empty, generation 0 (what the arrays hold)
       if (!LineValid(e) && !ReadShared(mem, EntryOff(*h, i), &e)) {
         o->Quarantine(i, e.entry_gen, now);
         continue;
@@ -200,22 +230,29 @@ absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& 
       o->publisher_[i] = e.publisher;
       if (s != EntryState::kPublished && s != EntryState::kRetired) continue;
       o->tags_[i] = KeyTag(e.ns, PrefixKey{e.key[0], e.key[1]});
+      const bool named = s == EntryState::kPublished || e.publisher != kQuarantined;
+      if (named) {
+        const std::uint32_t home = o->NamedHome(e.ref);
+        __builtin_prefetch(&o->named_[home], 1);
+        to_name.emplace_back(i, home);
+        count_arena(e.ref);
+      }
       if (s == EntryState::kPublished) {
         ++o->published_count_;
-        o->Name(i, e.ref);
         continue;
       }
       // After a restart every retired entry waits a full grace period again (conservative).
       o->retired_at_[i] = 0;  // RelativeMs(now)
       ++o->retired_count_;
-      if (e.publisher == kQuarantined) {
+      if (!named) {
         o->flags_[i] |= kQuarantinedF;
         ++o->quarantined_count_;  // quarantined by an earlier owner: its block is unknown
-      } else {
-        o->Name(i, e.ref);
       }
     }
+    for (const auto& [i, home] : to_name) o->NameAt(i, home);
+    to_name.clear();
   }
+  if (last_count != 0) o->arena_refs_[last_arena] += last_count;
   for (std::uint32_t host = 0; host < h->max_hosts; ++host) {
     if (!ReadShared(mem, OwnerLineOff(*h, host), &o->owner_lines_[host])) {
       o->RebuildOwnerLine(host);

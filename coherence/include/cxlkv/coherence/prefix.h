@@ -406,6 +406,7 @@ class PrefixOwner {
   std::uint32_t NamedHome(const BlockRef& ref) const;
   bool IsNamed(const BlockRef& ref) const;
   void Name(std::uint32_t i, const BlockRef& ref);
+  void NameAt(std::uint32_t i, std::uint32_t home);  // Name's table half (Open counts arenas)
   void Unname(std::uint32_t i, const BlockRef& ref);
   bool Revoked(const BlockRef& ref) const;
   std::unordered_map<ArenaId, std::uint32_t, ArenaHash> arena_refs_;  // named_, by arena
