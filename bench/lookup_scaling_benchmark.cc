@@ -189,7 +189,7 @@ struct World {
   }
   std::uint32_t CountState(co::EntryState s) const {
     std::uint32_t n = 0;
-    for (const co::IndexEntry& e : owner->entries()) n += e.state == static_cast<std::uint8_t>(s);
+    for (std::uint32_t i = 0; i < owner->header().index_entries; ++i) n += owner->entry_state(i) == s;
     return n;
   }
 };

@@ -29,14 +29,6 @@ std::uint64_t RowStamp(const HostRow& r) { return (r.incarnation << 32) ^ r.crc 
 
 }  // namespace
 
-std::size_t PrefixOwner::RefHash::operator()(const BlockRef& r) const {
-  std::uint64_t a, b;
-  std::memcpy(&a, r.arena, 8);
-  std::memcpy(&b, r.arena + 8, 8);
-  return static_cast<std::size_t>((a * 31 + b) * 0x9E3779B97F4A7C15ull ^
-                                  (std::uint64_t{r.index} << 32 | r.generation));
-}
-
 std::size_t PrefixOwner::ArenaHash::operator()(const ArenaId& a) const {
   std::uint64_t x, y;
   std::memcpy(&x, a.data(), 8);
@@ -50,15 +42,103 @@ PrefixOwner::ArenaId ArenaOf(const BlockRef& r) {
   std::memcpy(a.data(), r.arena, a.size());
   return a;
 }
+
+std::uint64_t RefHash(const BlockRef& r) {
+  std::uint64_t a, b;
+  std::memcpy(&a, r.arena, 8);
+  std::memcpy(&b, r.arena + 8, 8);
+  const std::uint64_t x = (a * 31 + b) ^ (std::uint64_t{r.index} << 32 | r.generation);
+  return (x ^ (x >> 29)) * 0xBF58476D1CE4E5B9ull;
+}
+
+// One byte of (ns, key): FindKey reads an entry's line only when its tag matches.
+std::uint8_t KeyTag(Namespace ns, const PrefixKey& key) {
+  return static_cast<std::uint8_t>(((key.hi ^ key.lo ^ ns) * 0x9E3779B97F4A7C15ull) >> 56);
+}
+
+constexpr std::uint32_t kChunkEntries = 4096;  // Open reads the index in chunks of this many
+
+// A line never written (all zero bytes): LineValid's answer too, found without the CRC.
+bool AllZero(const IndexEntry& e) {
+  std::uint64_t w[sizeof(IndexEntry) / 8];
+  std::memcpy(w, &e, sizeof(w));
+  std::uint64_t any = 0;
+  for (std::uint64_t x : w) any |= x;
+  return any == 0;
+}
 }  // namespace
 
-void PrefixOwner::Name(const BlockRef& ref) {
-  named_.insert(ref);
+IndexEntry PrefixOwner::ReadEntry(std::uint32_t i) const {
+  // The owner's own line, flushed when written: its cache or memory holds what it wrote (no
+  // other host writes the index), so neither an invalidate nor a CRC check is needed.
+  IndexEntry e;
+  mem_.Read(EntryOff(h_, i), &e, sizeof(e));
+  return e;
+}
+
+IndexEntry PrefixOwner::entry(std::uint32_t i) const {
+  IndexEntry e = ReadEntry(i);
+  // What this owner decides on (it wrote these; a line re-read from memory only repeats them).
+  e.state = flags_[i] & kStateMask;
+  e.entry_gen = gen_[i];
+  e.publisher = publisher_[i];
+  return e;
+}
+
+std::size_t PrefixOwner::bookkeeping_bytes() const {
+  return flags_.capacity() + tags_.capacity() + publisher_.capacity() + fanout_.capacity() +
+         gen_.capacity() * sizeof(gen_[0]) + retired_at_.capacity() * sizeof(retired_at_[0]) +
+         score_.capacity() * sizeof(score_[0]) + named_.capacity() * sizeof(named_[0]) +
+         probe_len_.capacity() * sizeof(probe_len_[0]);
+}
+
+std::uint32_t PrefixOwner::NamedHome(const BlockRef& ref) const {
+  return static_cast<std::uint32_t>(RefHash(ref) >> 32) &
+         static_cast<std::uint32_t>(named_.size() - 1);
+}
+
+bool PrefixOwner::IsNamed(const BlockRef& ref) const {
+  const auto mask = static_cast<std::uint32_t>(named_.size() - 1);
+  for (std::uint32_t s = NamedHome(ref);; s = (s + 1) & mask) {
+    const std::uint32_t v = named_[s];
+    if (v == 0) return false;
+    if (ReadEntry(v - 1).ref == ref) return true;
+  }
+}
+
+void PrefixOwner::NameAt(std::uint32_t i, std::uint32_t home) {
+  // At most index_entries values in 2 × index_entries slots: an empty slot is always found.
+  const auto mask = static_cast<std::uint32_t>(named_.size() - 1);
+  std::uint32_t s = home;
+  while (named_[s] != 0) s = (s + 1) & mask;
+  named_[s] = i + 1;
+}
+
+void PrefixOwner::Name(std::uint32_t i, const BlockRef& ref) {
+  NameAt(i, NamedHome(ref));
   ++arena_refs_[ArenaOf(ref)];
 }
 
-void PrefixOwner::Unname(const BlockRef& ref) {
-  if (named_.erase(ref) == 0) return;
+void PrefixOwner::Unname(std::uint32_t i, const BlockRef& ref) {
+  const auto mask = static_cast<std::uint32_t>(named_.size() - 1);
+  std::uint32_t s = NamedHome(ref);
+  while (named_[s] != i + 1) {
+    if (named_[s] == 0) return;  // not named
+    s = (s + 1) & mask;
+  }
+  // Backward-shift deletion: each later value of the run whose home is not in (hole, its
+  // slot] moves into the hole, so every value stays reachable from its home without
+  // tombstones. Homes come from the refs of named entries, which stay in the index as long
+  // as they are named.
+  std::uint32_t hole = s;
+  for (std::uint32_t t = (s + 1) & mask; named_[t] != 0; t = (t + 1) & mask) {
+    const std::uint32_t home = NamedHome(ReadEntry(named_[t] - 1).ref);
+    if (((t - home) & mask) >= ((t - hole) & mask)) {
+      named_[hole] = named_[t];
+      hole = t;
+    }
+  }
+  named_[hole] = 0;
   auto it = arena_refs_.find(ArenaOf(ref));
   if (it != arena_refs_.end() && --it->second == 0) arena_refs_.erase(it);
 }
@@ -72,7 +152,7 @@ std::uint32_t PrefixOwner::RevokeArena(const ArenaId& arena) {
   if (arena_refs_.count(arena) == 0) return 0;
   std::uint32_t retired = 0;
   for (std::uint32_t i = 0; i < h_.index_entries; ++i) {
-    if (StateOf(index_[i]) == EntryState::kPublished && ArenaOf(index_[i].ref) == arena) {
+    if (entry_state(i) == EntryState::kPublished && ArenaOf(ReadEntry(i).ref) == arena) {
       RetireEntry(i);
       ++retired;
     }
@@ -99,53 +179,97 @@ absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& 
   o->clock_id_ = last.clock_id + 1 == 0 ? 1 : last.clock_id + 1;
   o->clock_seq_ = last.seq;
   const std::int64_t now = clock.NowMs();
-  o->index_.resize(h->index_entries);
-  o->probe_len_.assign(h->index_entries, 1);
-  o->info_.resize(h->index_entries);
+  o->opened_ms_ = now;
+  const std::uint32_t n = h->index_entries;
+  o->flags_.assign(n, 0);
+  o->tags_.assign(n, 0);
+  o->publisher_.assign(n, 0);
+  o->fanout_.assign(n, 0);
+  o->probe_len_.assign(n, 1);
+  o->gen_.assign(n, 0);
+  o->retired_at_.assign(n, 0);
+  o->score_.assign(n, 0.0f);
+  o->named_.assign(std::size_t{n} * 2, 0);
   o->owner_lines_.resize(h->max_hosts);
   // A line that never validates was torn by a previous owner that died writing it (the owner
   // is the only writer of these lines). It is repaired, conservatively, instead of refusing
   // the domain for good: see Quarantine and RebuildOwnerLine.
-  for (std::uint32_t i = 0; i < h->index_entries; ++i) {
-    IndexEntry& e = o->index_[i];
-    if (!ReadShared(mem, EntryOff(*h, i), &e)) {
-      o->Quarantine(i, e, now);
-      continue;
+  //
+  // The index is read a chunk at a time: every line of the chunk is evicted, one full fence,
+  // then each line is read once and its CRC checked — the same fresh read as ReadShared's
+  // first attempt, without a fence per line. Only a line that fails its check gets
+  // ReadShared's retries (a torn write still in flight) before it is quarantined. The blocks
+  // of a chunk are named after it is read, their table slots prefetched meanwhile (one miss
+  // per block, overlapped), and counted by arena with the last arena remembered.
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> to_name;  // (entry, home slot)
+  to_name.reserve(kChunkEntries);
+  ArenaId last_arena{};
+  std::uint32_t last_count = 0;
+  auto count_arena = [&](const BlockRef& ref) {
+    const ArenaId a = ArenaOf(ref);
+    if (last_count != 0 && a == last_arena) {
+      ++last_count;
+      return;
     }
-    if (StateOf(e) == EntryState::kPublished) {
-      ++o->published_count_;
-      o->Name(e.ref);
-    }
-    // After a restart every retired entry waits a full grace period again (conservative).
-    if (StateOf(e) == EntryState::kRetired) {
-      o->info_[i].retired_at_ms = now;
+    if (last_count != 0) o->arena_refs_[last_arena] += last_count;
+    last_arena = a;
+    last_count = 1;
+  };
+  for (std::uint32_t first = 0; first < n; first += kChunkEntries) {
+    const std::uint32_t count = std::min(kChunkEntries, n - first);
+    mem.Evict(EntryOff(*h, first), std::size_t{count} * sizeof(IndexEntry));
+    mem.FullFence();
+    for (std::uint32_t i = first; i < first + count; ++i) {
+      IndexEntry e;
+      mem.Read(EntryOff(*h, i), &e, sizeof(e));
+      if (AllZero(e)) continue;  // never written: empty, generation 0 (what the arrays hold)
+      if (!LineValid(e) && !ReadShared(mem, EntryOff(*h, i), &e)) {
+        o->Quarantine(i, e.entry_gen, now);
+        continue;
+      }
+      const EntryState s = StateOf(e);
+      o->flags_[i] = static_cast<std::uint8_t>(s);
+      o->gen_[i] = e.entry_gen;
+      o->publisher_[i] = e.publisher;
+      if (s != EntryState::kPublished && s != EntryState::kRetired) continue;
+      o->tags_[i] = KeyTag(e.ns, PrefixKey{e.key[0], e.key[1]});
+      const bool named = s == EntryState::kPublished || e.publisher != kQuarantined;
+      if (named) {
+        // The probe length its home needs (0: past what the field holds, probe to EMPTY).
+        const std::uint32_t key_home = o->HomeOf(e);
+        std::uint16_t& need = o->probe_len_[key_home];
+        const std::uint32_t len = ((i - key_home) & (n - 1)) + 1;
+        if (need != 0) need = len > 0xFFFF ? 0 : std::max(need, static_cast<std::uint16_t>(len));
+        const std::uint32_t home = o->NamedHome(e.ref);
+        __builtin_prefetch(&o->named_[home], 1);
+        to_name.emplace_back(i, home);
+        count_arena(e.ref);
+      }
+      if (s == EntryState::kPublished) {
+        ++o->published_count_;
+        continue;
+      }
+      // After a restart every retired entry waits a full grace period again (conservative).
+      o->retired_at_[i] = 0;  // RelativeMs(now)
       ++o->retired_count_;
-      if (e.publisher == kQuarantined) {
+      if (!named) {
+        o->flags_[i] |= kQuarantinedF;
         ++o->quarantined_count_;  // quarantined by an earlier owner: its block is unknown
-      } else {
-        o->Name(e.ref);
       }
     }
+    for (const auto& [i, home] : to_name) o->NameAt(i, home);
+    to_name.clear();
   }
-  // Probe lengths from the entries (a domain written before they existed has 0, "unknown",
-  // on every line), then every line whose length differs is rewritten: a longer one first
-  // covers what a reader must probe; a shorter one only drops slots holding none of its keys.
-  std::vector<std::uint16_t> need(h->index_entries, 1);
-  const std::uint32_t mask = h->index_entries - 1;
-  for (std::uint32_t i = 0; i < h->index_entries; ++i) {
-    const IndexEntry& e = o->index_[i];
-    if ((StateOf(e) != EntryState::kPublished && StateOf(e) != EntryState::kRetired) ||
-        e.publisher == kQuarantined) {
-      continue;
+  if (last_count != 0) o->arena_refs_[last_arena] += last_count;
+  // Probe lengths (probe_len_, from the keyed entries above; a domain written before they
+  // existed has 0, "unknown", on every line): every non-empty line whose length differs is
+  // rewritten. A longer one covers what a reader must probe; a shorter one only drops slots
+  // holding none of its keys. An EMPTY line is no key's home (every slot from a published
+  // entry's home to it is non-empty) and a reader stops at it whatever its length says.
+  for (std::uint32_t i = 0; i < n; ++i) {
+    if (o->entry_state(i) != EntryState::kEmpty && o->ReadEntry(i).probe_len != o->probe_len_[i]) {
+      o->WriteEntry(i, o->entry(i));
     }
-    const std::uint32_t home = o->HomeOf(e);
-    const std::uint32_t len = ((i - home) & mask) + 1;
-    if (need[home] == 0) continue;  // past what the field holds: unknown
-    need[home] = len > 0xFFFF ? 0 : std::max(need[home], static_cast<std::uint16_t>(len));
-  }
-  o->probe_len_ = need;
-  for (std::uint32_t i = 0; i < h->index_entries; ++i) {
-    if (o->index_[i].probe_len != need[i]) o->WriteEntry(i, o->index_[i]);
   }
   for (std::uint32_t host = 0; host < h->max_hosts; ++host) {
     if (!ReadShared(mem, OwnerLineOff(*h, host), &o->owner_lines_[host])) {
@@ -159,19 +283,21 @@ absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& 
   return o;
 }
 
-void PrefixOwner::Quarantine(std::uint32_t i, const IndexEntry& torn, std::int64_t now) {
+void PrefixOwner::Quarantine(std::uint32_t i, std::uint32_t torn_gen, std::int64_t now) {
   // The entry's last write never completed: what memory holds mixes its old and new versions
   // (one generation apart). Hosts skip it (its CRC fails), but a lease taken before the tear
   // may still be in use, on a block nobody can name now. So the entry becomes retired, with
   // no key and no block, at a generation above both versions: it is freed like any retired
   // entry once no lease row names it, without a return, and its block leaks.
   IndexEntry q{};
-  q.entry_gen = torn.entry_gen + 2;
+  q.entry_gen = torn_gen + 2;
   q.state = static_cast<std::uint8_t>(EntryState::kRetired);
   q.publisher = kQuarantined;
   WriteEntry(i, q);
-  info_[i] = EntryInfo{};
-  info_[i].retired_at_ms = now;
+  flags_[i] |= kQuarantinedF;
+  fanout_[i] = 0;
+  score_[i] = 0;
+  retired_at_[i] = RelativeMs(now);
   ++retired_count_;
   ++quarantined_count_;
   ++stats_.quarantined;
@@ -207,17 +333,22 @@ void PrefixOwner::RebuildOwnerLine(std::uint32_t host) {
 }
 
 void PrefixOwner::WriteEntry(std::uint32_t i, const IndexEntry& e) {
-  index_[i] = e;
-  index_[i].probe_len = probe_len_[i];
-  SealLine(index_[i]);
+  // The state, generation and publisher kept here are what the owner decides on; the flags
+  // that are not the state (leased, quarantined, grace over) are the callers'.
+  flags_[i] = static_cast<std::uint8_t>((flags_[i] & ~kStateMask) | (e.state & kStateMask));
+  gen_[i] = e.entry_gen;
+  publisher_[i] = e.publisher;
+  IndexEntry line = e;
+  line.probe_len = probe_len_[i];
   if (!batch_writes_) {
-    WriteShared(mem_, EntryOff(h_, i), index_[i]);
+    WriteShared(mem_, EntryOff(h_, i), line);
     return;
   }
   // In a batch (ApplyRequests): stored and its write-back started; the batch's one fence,
   // before its owner line, completes it. A host that looks meanwhile sees the old entry or
   // the new one (the CRC tells a half-written line, which it reads again).
-  mem_.Write(EntryOff(h_, i), &index_[i], sizeof(IndexEntry));
+  SealLine(line);
+  mem_.Write(EntryOff(h_, i), &line, sizeof(IndexEntry));
   mem_.Flush(EntryOff(h_, i), sizeof(IndexEntry));
   unfenced_writes_ = true;
 }
@@ -234,7 +365,7 @@ void PrefixOwner::CoverSlot(std::uint32_t home, std::uint32_t slot) {
   // The home line reaches memory (flush, store fence) before the caller writes the entry at
   // `slot`: a reader that sees the entry there may see the old length (and miss it, as if it
   // had looked a moment earlier), never a length that leaves out an entry it already sees.
-  if (home != slot) WriteEntry(home, index_[home]);
+  if (home != slot) WriteEntry(home, entry(home));
 }
 
 void PrefixOwner::TrimProbeLen(std::uint32_t home) {
@@ -242,11 +373,11 @@ void PrefixOwner::TrimProbeLen(std::uint32_t home) {
   const std::uint32_t cur = probe_len_[home];
   std::uint32_t len = 1;
   for (std::uint32_t d = 0; d < (cur == 0 ? h_.index_entries : cur); ++d) {
-    const IndexEntry& e = index_[(home + d) & mask];
-    const EntryState s = StateOf(e);
+    const std::uint32_t q = (home + d) & mask;
+    const EntryState s = entry_state(q);
     if (cur == 0 && s == EntryState::kEmpty) break;
-    if ((s == EntryState::kPublished || s == EntryState::kRetired) && e.publisher != kQuarantined &&
-        HomeOf(e) == home) {
+    if ((s == EntryState::kPublished || s == EntryState::kRetired) && !IsQuarantined(q) &&
+        HomeOf(ReadEntry(q)) == home) {
       len = d + 1;
     }
   }
@@ -254,7 +385,7 @@ void PrefixOwner::TrimProbeLen(std::uint32_t home) {
   // Written after the entry that needed the longer length is gone: a reader with the old
   // length probes a few slots more, nothing else.
   probe_len_[home] = static_cast<std::uint16_t>(len);
-  WriteEntry(home, index_[home]);
+  WriteEntry(home, entry(home));
 }
 
 void PrefixOwner::WriteClockLine() {
@@ -275,14 +406,15 @@ void PrefixOwner::WriteOwnerLine(std::uint32_t host) {
 std::int64_t PrefixOwner::FindKey(Namespace ns, const PrefixKey& key, bool published_only) const {
   const std::uint32_t mask = h_.index_entries - 1;
   const std::uint32_t start = internal::ProbeStart(h_, ns, key);
+  const std::uint8_t tag = KeyTag(ns, key);
   const std::uint32_t len = probe_len_[start] == 0 ? h_.index_entries : probe_len_[start];
   for (std::uint32_t p = 0; p < len; ++p) {
-    const IndexEntry& e = index_[(start + p) & mask];
-    const EntryState s = StateOf(e);
+    const std::uint32_t i = (start + p) & mask;
+    const EntryState s = entry_state(i);
     if (s == EntryState::kEmpty) return -1;
     if ((s == EntryState::kPublished || (!published_only && s == EntryState::kRetired)) &&
-        internal::KeyMatches(e, ns, key)) {
-      return (start + p) & mask;
+        tags_[i] == tag && !IsQuarantined(i) && internal::KeyMatches(ReadEntry(i), ns, key)) {
+      return i;
     }
   }
   return -1;
@@ -292,7 +424,7 @@ std::int64_t PrefixOwner::FindFreeSlot(Namespace ns, const PrefixKey& key) const
   const std::uint32_t mask = h_.index_entries - 1;
   const std::uint32_t start = internal::ProbeStart(h_, ns, key);
   for (std::uint32_t p = 0; p < h_.index_entries; ++p) {
-    const EntryState s = StateOf(index_[(start + p) & mask]);
+    const EntryState s = entry_state((start + p) & mask);
     if (s == EntryState::kEmpty || s == EntryState::kTombstone) return (start + p) & mask;
   }
   return -1;
@@ -331,14 +463,17 @@ std::uint32_t PrefixOwner::ApplyRequests() {
       }
       mem_.FullFence();
       // Read-ahead: each slot's key, unvalidated, only to start the loads of the slots and of
-      // their home entries in the owner's index copy together (no iteration depends on
+      // their home entries' bookkeeping together (no iteration depends on
       // another, so the misses overlap) instead of one after the other in the loop below.
       for (std::uint64_t seq = head + 1; seq <= tail; ++seq) {
         static_assert(offsetof(RequestSlot, ns) == 16 && offsetof(RequestSlot, key) == 24);
         std::uint64_t ahead[5];  // seq, incarnation, ns, key[0], key[1]
         mem_.Read(RequestSlotOff(h_, host, seq), ahead, sizeof(ahead));
-        __builtin_prefetch(
-            &index_[internal::ProbeStart(h_, ahead[2], PrefixKey{ahead[3], ahead[4]})]);
+        const std::uint32_t home =
+            internal::ProbeStart(h_, ahead[2], PrefixKey{ahead[3], ahead[4]});
+        __builtin_prefetch(&flags_[home]);
+        __builtin_prefetch(&tags_[home]);
+        __builtin_prefetch(&probe_len_[home]);
       }
     }
     // The index entries this batch writes are stored and flushed one by one, and fenced once,
@@ -363,7 +498,7 @@ std::uint32_t PrefixOwner::ApplyRequests() {
         // applying the request, before its owner line said so, did publish it: handing it
         // back would let the publisher reuse a published block), or its arena is revoked.
         ++stats_.rejected;
-        if (r.op == static_cast<std::uint32_t>(RequestOp::kPublish) && named_.count(r.ref) == 0 &&
+        if (r.op == static_cast<std::uint32_t>(RequestOp::kPublish) && !IsNamed(r.ref) &&
             !Revoked(r.ref)) {
           ReturnBlock(host, r.ref);
         }
@@ -394,7 +529,7 @@ void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
   }
   if (r.op == static_cast<std::uint32_t>(RequestOp::kRetire)) {
     const std::int64_t i = FindKey(r.ns, key, true);
-    if (i < 0 || index_[i].publisher != host) {
+    if (i < 0 || publisher_[static_cast<std::uint32_t>(i)] != host) {
       ++stats_.rejected;  // only the publisher retires its entry
       return;
     }
@@ -407,7 +542,7 @@ void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
   }
   // A block may be named by one entry only: a second entry would hand it out twice.
 #ifndef CXLKV_FAULT_NO_DUP_REF_CHECK  // defined only by a fault-injection test build
-  if (named_.count(r.ref) != 0) {
+  if (IsNamed(r.ref)) {
     ++stats_.rejected;
     return;
   }
@@ -434,27 +569,35 @@ void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
   e.key[1] = key.hi;
   e.ns = r.ns;
   e.ref = r.ref;
-  e.entry_gen = index_[i].entry_gen + 1;
+  e.entry_gen = gen_[i] + 1;
   e.state = static_cast<std::uint8_t>(EntryState::kPublished);
   e.publisher = static_cast<std::uint8_t>(host);
-  info_[i] = EntryInfo{};
+  flags_[i] = 0;  // not leased, not quarantined; WriteEntry sets the state
+  fanout_[i] = 0;
+  score_[i] = 0;
+  retired_at_[i] = 0;
+  tags_[i] = KeyTag(r.ns, key);
   CoverSlot(internal::ProbeStart(h_, r.ns, key), i);
   WriteEntry(i, e);
-  Name(r.ref);
+  Name(i, r.ref);
   ++published_count_;
   ++stats_.published;
   const std::int64_t parent = FindKey(r.ns, PrefixKey{r.parent[0], r.parent[1]}, true);
-  if (parent >= 0) ++info_[parent].fanout;
+  if (parent >= 0 && fanout_[static_cast<std::uint32_t>(parent)] < 0xFF) {
+    ++fanout_[static_cast<std::uint32_t>(parent)];
+  }
 }
 
 void PrefixOwner::RetireEntry(std::uint32_t i) {
-  IndexEntry e = index_[i];
+  IndexEntry e = ReadEntry(i);
   e.state = static_cast<std::uint8_t>(EntryState::kRetired);
-  ++e.entry_gen;
+  e.entry_gen = gen_[i] + 1;
+  e.publisher = publisher_[i];
   // The lease scan that follows (after grace) must not load a row before this store is
   // visible (rule 4): its first read is an Invalidate, whose mfence keeps it behind.
   WriteEntry(i, e);
-  info_[i].retired_at_ms = clock_.NowMs();
+  flags_[i] &= static_cast<std::uint8_t>(~kGraceOver);
+  retired_at_[i] = RelativeMs(clock_.NowMs());
   --published_count_;
   ++retired_count_;
   ++stats_.retired;
@@ -470,7 +613,7 @@ absl::Status PrefixOwner::RetireKey(Namespace ns, const PrefixKey& key) {
 std::uint32_t PrefixOwner::RetireNamespace(Namespace ns) {
   std::uint32_t n = 0;
   for (std::uint32_t i = 0; i < h_.index_entries; ++i) {
-    if (StateOf(index_[i]) == EntryState::kPublished && index_[i].ns == ns) {
+    if (entry_state(i) == EntryState::kPublished && ReadEntry(i).ns == ns) {
       RetireEntry(i);
       ++n;
     }
@@ -514,10 +657,8 @@ std::uint32_t PrefixOwner::FenceExpiredHosts() {
 
 std::vector<std::pair<std::uint32_t, std::uint32_t>> PrefixOwner::ScanLeases() {
   std::vector<std::pair<std::uint32_t, std::uint32_t>> held;
-  for (auto& inf : info_) {
-    inf.score *= 0.9;
-    inf.leased = false;
-  }
+  for (float& score : score_) score *= 0.9f;
+  for (std::uint8_t& f : flags_) f &= static_cast<std::uint8_t>(~kLeased);
   scan_rows_.resize(h_.lease_rows);
   scan_torn_.resize(h_.lease_rows);
   for (std::uint32_t host = 0; host < h_.max_hosts; ++host) {
@@ -559,8 +700,8 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> PrefixOwner::ScanLeases() {
       }
       held.emplace_back(lr.entry, lr.entry_gen);
       if (lr.entry < h_.index_entries) {
-        info_[lr.entry].leased = true;
-        info_[lr.entry].score += 1.0;
+        flags_[lr.entry] |= kLeased;
+        score_[lr.entry] += 1.0f;
       }
     }
   }
@@ -579,20 +720,22 @@ std::uint32_t PrefixOwner::Reclaim() {
   // the index is where a return waits, so an owner restart loses none (a crash between the
   // two writes returns a block twice; the publisher's generation-checked free ignores the
   // second). Waiting entries cost no lease scan.
+  const std::uint32_t now_rel = RelativeMs(now);
   std::vector<std::uint32_t> due;
   std::vector<std::int64_t> room(h_.max_hosts, -1);  // -1: row not read yet
   for (std::uint32_t i = 0; i < h_.index_entries; ++i) {
-    if (StateOf(index_[i]) != EntryState::kRetired ||
-        now - info_[i].retired_at_ms < static_cast<std::int64_t>(h_.grace_ms)) {
-      continue;
+    if (entry_state(i) != EntryState::kRetired) continue;
+    if ((flags_[i] & kGraceOver) == 0) {
+      if (now_rel - retired_at_[i] < h_.grace_ms) continue;
+      flags_[i] |= kGraceOver;  // from now on it stays due, however long it waits for room
     }
     // Reclaimed without a return, so no ring room needed: entries of a revoked arena, and
     // quarantined ones (their block is unknown).
-    if (IsQuarantined(i) || Revoked(index_[i].ref)) {
+    if (IsQuarantined(i) || (!revoked_.empty() && Revoked(ReadEntry(i).ref))) {
       due.push_back(i);
       continue;
     }
-    const std::uint32_t host = index_[i].publisher;
+    const std::uint32_t host = publisher_[i];
     if (host >= h_.max_hosts) continue;
     if (room[host] < 0) {
       HostRow row{};
@@ -611,7 +754,6 @@ std::uint32_t PrefixOwner::Reclaim() {
   std::vector<std::uint32_t> free_now;
   std::vector<std::uint8_t> touched(h_.max_hosts, 0);
   for (std::uint32_t i : due) {
-    const IndexEntry& e = index_[i];
     const bool quarantined = IsQuarantined(i);
     if (quarantined) {
       // Leases on it name the generation it had before the tear, which is unknown: any held
@@ -619,17 +761,23 @@ std::uint32_t PrefixOwner::Reclaim() {
       const auto it = std::lower_bound(held.begin(), held.end(), std::make_pair(i, 0u));
       if (it != held.end() && it->first == i) continue;
     } else {
-      const std::uint32_t leased_gen = e.entry_gen - 1;  // the generation readers leased
+      const std::uint32_t leased_gen = gen_[i] - 1;  // the generation readers leased
       if (std::binary_search(held.begin(), held.end(), std::make_pair(i, leased_gen))) continue;
     }
-    if (!quarantined && !Revoked(e.ref)) {
-      if (room[e.publisher] == 0) {
+    if (quarantined) {
+      free_now.push_back(i);
+      continue;
+    }
+    const BlockRef ref = ReadEntry(i).ref;
+    if (!Revoked(ref)) {
+      const std::uint8_t publisher = publisher_[i];
+      if (room[publisher] == 0) {
         ++stats_.returns_waiting;
         continue;
       }
-      --room[e.publisher];
-      ReturnBlock(e.publisher, e.ref);
-      touched[e.publisher] = 1;
+      --room[publisher];
+      ReturnBlock(publisher, ref);
+      touched[publisher] = 1;
     }
     free_now.push_back(i);
   }
@@ -637,17 +785,19 @@ std::uint32_t PrefixOwner::Reclaim() {
     if (touched[host]) WriteOwnerLine(host);
   }
   for (std::uint32_t i : free_now) {
-    IndexEntry e = index_[i];
+    IndexEntry e = ReadEntry(i);
     if (IsQuarantined(i)) {
       --quarantined_count_;
     } else {
-      Unname(e.ref);
+      Unname(i, e.ref);
     }
     --retired_count_;
     const bool keyed = !IsQuarantined(i);
     const std::uint32_t home = keyed ? HomeOf(e) : 0;
     e.state = static_cast<std::uint8_t>(EntryState::kTombstone);
-    ++e.entry_gen;
+    e.entry_gen = gen_[i] + 1;
+    e.publisher = publisher_[i];
+    flags_[i] = 0;
     WriteEntry(i, e);
     if (keyed) TrimProbeLen(home);
     ++stats_.reclaimed;
@@ -663,10 +813,10 @@ bool PrefixOwner::OnAProbePath(std::uint32_t i) const {
   const std::uint32_t mask = h_.index_entries - 1;
   for (std::uint32_t d = 1; d < h_.index_entries; ++d) {
     const std::uint32_t q = (i + d) & mask;
-    const IndexEntry& e = index_[q];
-    const EntryState s = StateOf(e);
+    const EntryState s = entry_state(q);
     if (s == EntryState::kEmpty) return false;
     if (s != EntryState::kPublished) continue;
+    const IndexEntry e = ReadEntry(q);
     const std::uint32_t home = internal::ProbeStart(h_, e.ns, PrefixKey{e.key[0], e.key[1]});
     if (((q - home) & mask) >= d) return true;
   }
@@ -681,9 +831,9 @@ void PrefixOwner::ClearTombstones(std::uint32_t i) {
   // tombstones just before it, each now followed by an EMPTY entry.
   const std::uint32_t mask = h_.index_entries - 1;
   for (std::uint32_t n = 0; n < h_.index_entries; ++n, i = (i - 1) & mask) {
-    if (StateOf(index_[i]) != EntryState::kTombstone || OnAProbePath(i)) return;
+    if (entry_state(i) != EntryState::kTombstone || OnAProbePath(i)) return;
     IndexEntry e{};
-    e.entry_gen = index_[i].entry_gen + 1;  // generations only grow: no stale hit matches again
+    e.entry_gen = gen_[i] + 1;  // generations only grow: no stale hit matches again
     e.state = static_cast<std::uint8_t>(EntryState::kEmpty);
     WriteEntry(i, e);
   }
@@ -692,23 +842,34 @@ void PrefixOwner::ClearTombstones(std::uint32_t i) {
 std::uint32_t PrefixOwner::Evict(std::uint32_t n) {
   if (n == 0) return 0;
   ScanLeases();  // fresh `leased` marks and scores
-  std::vector<std::tuple<int, double, std::uint32_t>> candidates;
+  // The n lowest (level, score, entry) among unleased published entries: a max-heap of at
+  // most n candidates, so the scan holds O(n) memory, not a candidate for every entry.
+  using Candidate = std::tuple<int, double, std::uint32_t>;
+  std::vector<Candidate> heap;
   for (std::uint32_t i = 0; i < h_.index_entries; ++i) {
-    if (StateOf(index_[i]) != EntryState::kPublished || info_[i].leased) continue;
-    auto pin = pin_.find(index_[i].ns);
-    const int level = pin == pin_.end() ? 0 : pin->second;
-    const double score = info_[i].score + options_.fanout_weight * info_[i].fanout;
-    candidates.emplace_back(level, score, i);
+    if (entry_state(i) != EntryState::kPublished || (flags_[i] & kLeased) != 0) continue;
+    int level = 0;
+    if (!pin_.empty()) {
+      auto pin = pin_.find(ReadEntry(i).ns);
+      if (pin != pin_.end()) level = pin->second;
+    }
+    const double score = double{score_[i]} + options_.fanout_weight * fanout_[i];
+    const Candidate c(level, score, i);
+    if (heap.size() < n) {
+      heap.push_back(c);
+      std::push_heap(heap.begin(), heap.end());
+    } else if (c < heap.front()) {
+      std::pop_heap(heap.begin(), heap.end());
+      heap.back() = c;
+      std::push_heap(heap.begin(), heap.end());
+    }
   }
-  std::sort(candidates.begin(), candidates.end());
-  std::uint32_t evicted = 0;
-  for (const auto& [level, score, i] : candidates) {
-    if (evicted == n) break;
+  std::sort_heap(heap.begin(), heap.end());
+  for (const auto& [level, score, i] : heap) {
     RetireEntry(i);
-    ++evicted;
     ++stats_.evicted;
   }
-  return evicted;
+  return static_cast<std::uint32_t>(heap.size());
 }
 
 std::uint32_t PrefixOwner::ReturnRoom(std::uint32_t host, const HostRow& row) const {

@@ -97,12 +97,13 @@ struct Announcer::Impl {
           last_sig = sig;
           changed = true;
           current.clear();
-          for (const co::IndexEntry& e : o.owner_->entries()) {
-            if (static_cast<co::EntryState>(e.state) == co::EntryState::kPublished) {
-              current.push_back(co::PrefixKey{e.key[0], e.key[1]});
-            }
+          const co::PrefixOwner& owner = *o.owner_;
+          capacity = owner.header().index_entries;
+          for (std::uint32_t i = 0; i < capacity; ++i) {
+            if (owner.entry_state(i) != co::EntryState::kPublished) continue;
+            const co::IndexEntry e = owner.entry(i);
+            current.push_back(co::PrefixKey{e.key[0], e.key[1]});
           }
-          capacity = o.owner_->header().index_entries;
         }
         if (new_term) {
           in_term = false;  // opened below

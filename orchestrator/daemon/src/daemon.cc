@@ -558,15 +558,15 @@ class Service final : public pb::Orchestrator::Service {
     if (auto st = Check(ctx); !st.ok()) return st;
     absl::MutexLock l(&o_.mu_);
     if (auto st = o_.ReadableLocked(); !st.ok()) return ToGrpc(st);
-    const auto& entries = o_.owner_->entries();
+    const co::PrefixOwner& owner = *o_.owner_;
     std::uint32_t published = 0, retired = 0;
-    for (std::uint32_t i = 0; i < entries.size(); ++i) {
-      const co::IndexEntry& e = entries[i];
-      const auto s = static_cast<co::EntryState>(e.state);
+    for (std::uint32_t i = 0; i < owner.header().index_entries; ++i) {
+      const co::EntryState s = owner.entry_state(i);
       if (s != co::EntryState::kPublished && s != co::EntryState::kRetired) continue;
       (s == co::EntryState::kPublished ? published : retired)++;
       if (req->limit() != 0 && static_cast<std::uint32_t>(rep->prefixes_size()) >= req->limit())
         continue;
+      const co::IndexEntry e = owner.entry(i);
       pb::Prefix* p = rep->add_prefixes();
       p->set_entry(i);
       p->set_state(EntryStateName(e.state));

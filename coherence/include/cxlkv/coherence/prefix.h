@@ -342,8 +342,14 @@ class PrefixOwner {
   absl::Status RetireKey(Namespace ns, const PrefixKey& key);
   // Retires every published entry of a namespace (an operator's evict). Returns how many.
   std::uint32_t RetireNamespace(Namespace ns);
-  // The index as the owner last wrote it (entry i at [i]).
-  const std::vector<IndexEntry>& entries() const { return index_; }
+  // Entry i as the owner last wrote it (read back from the shared index: the owner keeps no
+  // copy of the index, see "The owner's memory" in docs/orchestrator.md). i < index_entries.
+  IndexEntry entry(std::uint32_t i) const;
+  EntryState entry_state(std::uint32_t i) const { return static_cast<EntryState>(flags_[i] & kStateMask); }
+  // Private memory the owner holds for its index entries (capacity of every per-entry table):
+  // about kBookkeepingBytesPerEntry × index_entries, whatever the load.
+  std::size_t bookkeeping_bytes() const;
+  static constexpr std::size_t kBookkeepingBytesPerEntry = 26;
   std::uint32_t retired_entries() const { return retired_count_; }
   // Pin level of a namespace: entries of higher levels are evicted later (0 = none).
   void SetPinLevel(Namespace ns, int level) { pin_[ns] = level; }
@@ -369,18 +375,20 @@ class PrefixOwner {
 
  private:
   PrefixOwner(Mem& mem, Clock& clock, const DomainHeader& h, const Options& o);
-  struct EntryInfo {
-    std::int64_t retired_at_ms = 0;
-    double score = 0;  // decayed lease acquisitions seen in scans
-    std::uint32_t fanout = 0;
-    bool leased = false;  // at the last scan
-  };
   struct TimedValue {
     std::uint64_t value = ~0ull;
     std::int64_t changed_at_ms = 0;
   };
+  // flags_[i]: the entry's state (EntryState, authoritative: the owner is the index's only
+  // writer) and what the owner knows of it besides.
+  static constexpr std::uint8_t kStateMask = 0x3;
+  static constexpr std::uint8_t kLeased = 0x4;       // a live lease named it at the last scan
+  static constexpr std::uint8_t kQuarantinedF = 0x8;  // retired by Open as torn (kQuarantined)
+  static constexpr std::uint8_t kGraceOver = 0x10;   // retired for grace_ms or more
   // Writes entry i, with slot i's probe length (probe_len_) stamped on it.
   void WriteEntry(std::uint32_t i, const IndexEntry& e);
+  // Reads entry i back from the shared index (the owner's own line: no invalidate, no CRC).
+  IndexEntry ReadEntry(std::uint32_t i) const;
   // The probe start of a published or retired entry's key.
   std::uint32_t HomeOf(const IndexEntry& e) const;
   // Raises home's probe length to cover `slot`, writing the home line if it changed; called
@@ -393,12 +401,9 @@ class PrefixOwner {
   // Publishes the owner's clock (OwnerClockLine) for hosts to notice their own stopping.
   void WriteClockLine();
   // Open's repairs of lines a dead owner left torn (Stats::quarantined, owner_lines_rebuilt).
-  void Quarantine(std::uint32_t i, const IndexEntry& torn, std::int64_t now);
+  void Quarantine(std::uint32_t i, std::uint32_t torn_gen, std::int64_t now);
   void RebuildOwnerLine(std::uint32_t host);
-  bool IsQuarantined(std::uint32_t i) const {
-    return static_cast<EntryState>(index_[i].state) == EntryState::kRetired &&
-           index_[i].publisher == kQuarantined;
-  }
+  bool IsQuarantined(std::uint32_t i) const { return (flags_[i] & kQuarantinedF) != 0; }
   // Frees tombstone i — and the tombstones just before it — back to EMPTY where no published
   // entry's probe sequence passes it (docs/coherence.md, "Index entries and their states").
   void ClearTombstones(std::uint32_t i);
@@ -417,15 +422,29 @@ class PrefixOwner {
   }
   // Scans every live lease row: marks leased entries, returns the (entry, gen) pairs held.
   std::vector<std::pair<std::uint32_t, std::uint32_t>> ScanLeases();
+  // Milliseconds since this owner opened (retired_at_), wrapping after 49 days: an entry is
+  // timed only until kGraceOver is set, and a wrap can only make it wait longer.
+  std::uint32_t RelativeMs(std::int64_t now_ms) const {
+    return static_cast<std::uint32_t>(now_ms - opened_ms_);
+  }
 
   Mem& mem_;
   Clock& clock_;
   DomainHeader h_;
   Options options_;
   Stats stats_;
-  std::vector<IndexEntry> index_;         // authoritative: the owner is the index's only writer
+  std::int64_t opened_ms_ = 0;
+  // Per index entry, 26 bytes in all (kBookkeepingBytesPerEntry; the index itself, 64 bytes
+  // an entry, is read from the shared domain). The generation and publisher are kept because
+  // reclaim decisions must rest on what this owner wrote, never on a line re-read from memory.
+  std::vector<std::uint8_t> flags_;
+  std::vector<std::uint8_t> tags_;       // KeyTag of a published/retired entry's (ns, key)
+  std::vector<std::uint8_t> publisher_;  // host id (kQuarantined for quarantined entries)
+  std::vector<std::uint8_t> fanout_;     // children published under it, saturating at 255
   std::vector<std::uint16_t> probe_len_;  // by slot: IndexEntry::probe_len, 0 never (see Open)
-  std::vector<EntryInfo> info_;
+  std::vector<std::uint32_t> gen_;       // entry_gen as last written
+  std::vector<std::uint32_t> retired_at_;  // RelativeMs of the retire, until kGraceOver
+  std::vector<float> score_;             // decayed lease acquisitions seen in scans
   std::vector<OwnerHostLine> owner_lines_;
   std::vector<TimedValue> heartbeats_;  // per host
   std::vector<TimedValue> lease_seqs_;  // per host x row
@@ -441,16 +460,19 @@ class PrefixOwner {
   bool unfenced_writes_ = false;
   std::uint32_t clock_id_ = 0;           // this owner's OwnerClockLine::clock_id
   std::uint64_t clock_seq_ = 0;
-  struct RefHash {
-    std::size_t operator()(const BlockRef& r) const;
-  };
   struct ArenaHash {
     std::size_t operator()(const ArenaId& a) const;
   };
-  void Name(const BlockRef& ref);
-  void Unname(const BlockRef& ref);
+  // The blocks named by published and retired entries, to refuse a block published twice:
+  // an open-addressing table (linear probing, 2 slots an index entry) of entry numbers + 1
+  // (0: empty), placed by the hash of the entry's BlockRef, which is read back from the index.
+  std::vector<std::uint32_t> named_;
+  std::uint32_t NamedHome(const BlockRef& ref) const;
+  bool IsNamed(const BlockRef& ref) const;
+  void Name(std::uint32_t i, const BlockRef& ref);
+  void NameAt(std::uint32_t i, std::uint32_t home);  // Name's table half (Open counts arenas)
+  void Unname(std::uint32_t i, const BlockRef& ref);
   bool Revoked(const BlockRef& ref) const;
-  std::unordered_set<BlockRef, RefHash> named_;  // refs of published and retired entries
   std::unordered_map<ArenaId, std::uint32_t, ArenaHash> arena_refs_;  // named_, by arena
   std::unordered_set<ArenaId, ArenaHash> revoked_;
 };
