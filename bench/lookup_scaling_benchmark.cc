@@ -307,7 +307,8 @@ void BM_AcquireVsHosts(benchmark::State& state) {
   std::vector<std::size_t> next(others.size());
   auto take = [&](std::size_t o) {
     auto lease = others[o]->LookupAndAcquire(w.ns, keys[next[o]]);
-    if (!lease.ok()) Die(absl::StrCat("host ", others[o]->host_id(), ": ", lease.status().ToString()));
+    if (!lease.ok())
+      Die(absl::StrCat("host ", others[o]->host_id(), ": ", lease.status().ToString()));
     standing[o].push_back(*lease);
     next[o] = (next[o] + 1) % keys.size();
   };
@@ -404,9 +405,7 @@ BENCHMARK(BM_LookupAfterChurn)
 BENCHMARK(BM_AcquireVsLoad)
     ->ArgNames({"load", "chain"})
     ->ArgsProduct({{10, 30, 50, 70, 80, 90}, {1, 8, 32}});
-BENCHMARK(BM_AcquireVsHosts)
-    ->ArgNames({"hosts", "chain"})
-    ->ArgsProduct({{2, 8, 64}, {1, 8, 32}});
+BENCHMARK(BM_AcquireVsHosts)->ArgNames({"hosts", "chain"})->ArgsProduct({{2, 8, 64}, {1, 8, 32}});
 BENCHMARK(BM_OwnerStepVsHosts)
     ->ArgNames({"load", "hosts"})
     ->ArgsProduct({{10, 50, 70, 90}, {2, 8, 64}})

@@ -186,8 +186,8 @@ void BM_ReclaimScan(benchmark::State& state) {
   state.counters["rows"] = static_cast<double>(hosts) * rows;
   state.counters["held"] = static_cast<double>(held);
   state.counters["ns_per_row"] = benchmark::Counter(
-      static_cast<double>(hosts) * rows, benchmark::Counter::kIsIterationInvariantRate |
-                                             benchmark::Counter::kInvert);
+      static_cast<double>(hosts) * rows,
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 // hosts x lease rows, for the scaling table (issue #21). held:0 also at 16 and 4096 rows
 // (one lease: the cost of reading rows); held:1 and held:2 at 64-1024 (every row held).
