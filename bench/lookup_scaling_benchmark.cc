@@ -14,6 +14,11 @@
 //   BM_AcquireVsLoad/load:L/chain:N       N published keys (unrelated, so spread over the
 //       index) leased with AcquireChain and released with ReleaseAll (N=1: Lookup + Acquire +
 //       Release); index L % full. Items are blocks.
+//   BM_AcquireVsHosts/hosts:H/chain:N     As BM_AcquireVsLoad at 70 % load, with H hosts that
+//       really work between the timed acquires: every 256 blocks (untimed) each host other
+//       than the reader beats and trades one of its 64 standing leases for another, host 0
+//       publishes one key and retires one, and the owner Steps (applying both, reclaiming
+//       the key retired a round earlier after a scan of every host's lease rows).
 //   BM_OwnerStepVsHosts/load:L/hosts:H    PrefixOwner::Step with H hosts joined (max_hosts =
 //       H), each step applying one publish and one retire request of host 0 and reclaiming
 //       the entry retired a step earlier (so every step scans every live host's lease rows).
@@ -277,6 +282,98 @@ void BM_AcquireVsLoad(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(chain));
 }
 
+// ---- acquire against hosts ---------------------------------------------------------------------
+
+// Every kRoundBlocks blocks acquired, untimed: the clock moves past the grace, host 0
+// publishes a fresh key and retires the one it published a round before, every host but the
+// reader beats and trades its oldest lease for a new one, the reader beats, and the owner
+// Steps (the publish and retire applied, the key retired a round before reclaimed after a
+// scan of every live host's lease rows). So H hosts really are there between the timed
+// acquires: their rows held and rewritten, their heartbeats acknowledged, and the owner's
+// per-host work done (and its lines in this cache) as often as it would be.
+constexpr std::size_t kRoundBlocks = 256;
+constexpr std::size_t kStanding = 64;  // leases each other host keeps (of its 256 rows)
+
+void BM_AcquireVsHosts(benchmark::State& state) {
+  const auto hosts = static_cast<std::uint32_t>(state.range(0));
+  const auto chain = static_cast<std::size_t>(state.range(1));
+  World w(hosts, kEntries * 70 / 100);
+  std::vector<co::PrefixKey> keys;
+  for (std::uint64_t k : w.live) keys.push_back(KeyOf(k));
+  // The other hosts' standing leases, spread over the published keys.
+  std::vector<co::PrefixHost*> others{w.pub.get()};
+  for (auto& h : w.extra) others.push_back(h.get());
+  std::vector<std::deque<co::Lease>> standing(others.size());
+  std::vector<std::size_t> next(others.size());
+  auto take = [&](std::size_t o) {
+    auto lease = others[o]->LookupAndAcquire(w.ns, keys[next[o]]);
+    if (!lease.ok())
+      Die(absl::StrCat("host ", others[o]->host_id(), ": ", lease.status().ToString()));
+    standing[o].push_back(*lease);
+    next[o] = (next[o] + 1) % keys.size();
+  };
+  for (std::size_t o = 0; o < others.size(); ++o) {
+    next[o] = (o * 997) % keys.size();
+    for (std::size_t j = 0; j < kStanding; ++j) take(o);
+  }
+  std::optional<std::uint64_t> churned;  // host 0's key from the round before
+  std::vector<co::BlockRef> back;
+  const std::uint64_t reclaimed0 = w.owner->stats().reclaimed;
+  std::uint64_t rounds = 0;
+  auto round = [&] {
+    w.clock.now_ms += kGraceMs + 1;
+    const std::uint64_t k = w.next_key++;
+    Check(w.pub->Publish(w.ns, KeyOf(k), co::PrefixKey{}, RefOf(k)), "Publish");
+    if (churned) Check(w.pub->Retire(w.ns, KeyOf(*churned)), "Retire");
+    churned = k;
+    for (std::size_t o = 0; o < others.size(); ++o) {
+      back.clear();
+      Check(others[o]->Heartbeat(&back), "Heartbeat");
+      others[o]->Release(standing[o].front());
+      standing[o].pop_front();
+      take(o);
+    }
+    Check(w.reader->Heartbeat(nullptr), "Heartbeat");
+    w.owner->Step();
+    ++rounds;
+  };
+  round();
+  const std::size_t runs = keys.size() / chain;
+  const std::size_t per_round = std::max<std::size_t>(1, kRoundBlocks / chain);
+  std::vector<co::Lease> leases;
+  leases.reserve(chain);
+  std::size_t r = 0, in_round = 0;
+  for (auto _ : state) {
+    if (in_round == per_round) {
+      state.PauseTiming();
+      round();
+      in_round = 0;
+      state.ResumeTiming();
+    }
+    ++in_round;
+    const std::span<const co::PrefixKey> run(keys.data() + r * chain, chain);
+    if (++r == runs) r = 0;
+    if (chain == 1) {
+      const auto hit = w.reader->Lookup(w.ns, run[0]);
+      if (!hit) Die("a published key missed");
+      auto lease = w.reader->Acquire(*hit);
+      if (!lease.ok()) Die(lease.status().ToString());
+      w.reader->Release(*lease);
+    } else {
+      leases.clear();
+      auto n = w.reader->AcquireChain(w.ns, run, &leases);
+      if (!n.ok() || *n != chain) Die("AcquireChain: short run");
+      w.reader->ReleaseAll(leases);
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(chain));
+  // Owner rounds run and entries they reclaimed (one a round once the first retire is due):
+  // evidence the scans ran.
+  state.counters["rounds"] = static_cast<double>(rounds);
+  state.counters["reclaimed"] = static_cast<double>(w.owner->stats().reclaimed - reclaimed0);
+  state.counters["leases_held"] = static_cast<double>(others.size() * kStanding);
+}
+
 // ---- the owner's step against load and hosts ---------------------------------------------------
 
 void BM_OwnerStepVsHosts(benchmark::State& state) {
@@ -308,6 +405,7 @@ BENCHMARK(BM_LookupAfterChurn)
 BENCHMARK(BM_AcquireVsLoad)
     ->ArgNames({"load", "chain"})
     ->ArgsProduct({{10, 30, 50, 70, 80, 90}, {1, 8, 32}});
+BENCHMARK(BM_AcquireVsHosts)->ArgNames({"hosts", "chain"})->ArgsProduct({{2, 8, 64}, {1, 8, 32}});
 BENCHMARK(BM_OwnerStepVsHosts)
     ->ArgNames({"load", "hosts"})
     ->ArgsProduct({{10, 50, 70, 90}, {2, 8, 64}})

@@ -3,8 +3,9 @@
 //     streaming-store copy (CopyNt) + a publish request through the ring (+ the owner
 //     applying it), against memcpy + clwb over the block + sfence (the same bytes made
 //     durable the usual way, without any publication).
-//   ReclaimScan/hosts:H/rows:R: one reclaim pass of the owner over every lease row of H live
-//     hosts (invalidate + read + check of H x R rows; 64 x 4096 = 262,144).
+//   ReclaimScan/hosts:H/rows:R/held:K: one reclaim pass of the owner over every lease row of
+//     H live hosts (invalidate + read + check of H x R rows; 64 x 4096 = 262,144); K=1: every
+//     one of those rows holds a lease; K=2: and they turn over between passes.
 //   PublishSustained/...: end-to-end publish throughput against CopyNt in the same run (below).
 #include <benchmark/benchmark.h>
 #include <time.h>
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -96,40 +98,104 @@ BENCHMARK_CAPTURE(BM_PublishBlock, cxlkv_copynt_publish, true)
 BENCHMARK_CAPTURE(BM_PublishBlock, memcpy_clwb, false)
     ->ArgName("bytes")->Arg(64 << 10)->Arg(2 << 20)->Arg(5 << 20)->UseRealTime();
 
+// ReclaimScan/hosts:H/rows:R/held:K. H live hosts with R lease rows each, a 4,096-entry
+// index, and one published entry retired while host 1 leases it: every Reclaim() finds it
+// due, scans every row of every live host and keeps it (the lease holds), so one iteration
+// is one full scan and frees nothing. K=0: that lease is the only row held. K=1: every row
+// of every host is held (each host leases the same R published entries, as hosts sharing
+// one set of prefixes would), so the scan also collects, sorts and searches H x R leases;
+// the rows do not change between passes. K=2: as K=1, and between passes (untimed) every
+// host releases its leases but the retired entry's and takes them again in a new random
+// order, so each pass finds other entries in each row, as rows turning over would show it.
 void BM_ReclaimScan(benchmark::State& state) {
   const auto hosts = static_cast<std::uint32_t>(state.range(0));
   const auto rows = static_cast<std::uint32_t>(state.range(1));
-  Bed bed(DomainGeometry{hosts, 1024, rows, 4, 1 << 30, 1 << 30, 1}, hosts);
-  // One published entry, leased by host 1 and retired: every Reclaim() scans every row and
-  // keeps it (the lease holds).
+  const bool all_held = state.range(2) != 0;
+  const bool turn_over = state.range(2) == 2;
+  Bed bed(DomainGeometry{hosts, 4096, rows, 16, 1 << 30, 1 << 30, 1}, hosts);
   const Namespace ns = MakeNamespace("bench", "model", "layout");
-  const std::uint32_t token = 1;
-  const PrefixKey key = ChainKey(ns, PrefixKey{}, std::span(&token, 1));
-  (void)bed.hosts[0]->Publish(ns, key, PrefixKey{}, BlockRef{});
+  // R published entries (distinct blocks: the owner refuses a block named twice).
+  const std::uint32_t published = all_held ? rows : 1;
+  std::vector<PrefixKey> keys;
+  for (std::uint32_t t = 1; t <= published; ++t) {
+    keys.push_back(ChainKey(ns, PrefixKey{}, std::span(&t, 1)));
+    BlockRef ref{};
+    std::memcpy(ref.arena, "reclaim-bench", 14);
+    ref.index = t;
+    ref.generation = 1;
+    for (int tries = 0;; ++tries) {
+      const absl::Status s = bed.hosts[0]->Publish(ns, keys.back(), PrefixKey{}, ref);
+      if (s.ok()) break;
+      if (!absl::IsUnavailable(s) || tries > 4) {
+        state.SkipWithError("publish failed");
+        return;
+      }
+      bed.owner->ApplyRequests();  // the ring was full
+    }
+  }
   bed.owner->Step();
-  auto lease = bed.hosts[1 % hosts]->LookupAndAcquire(ns, key);
-  if (!lease.ok() || !bed.owner->RetireKey(ns, key).ok()) {
-    state.SkipWithError("setup failed");
+  if (bed.owner->published_entries() != published) {
+    state.SkipWithError("publications did not all apply");
     return;
   }
-  bed.clock.now += 10;
+  // Every host beats and is acknowledged, so it may take leases.
+  for (auto& h : bed.hosts) (void)h->Heartbeat(nullptr);
+  bed.owner->Step();
+  // Each host's leases but the one on keys[0] (the entry retired below), by host.
+  std::vector<std::vector<Lease>> rest(hosts);
+  std::size_t held = 0;
+  for (std::uint32_t h = 0; h < hosts; ++h) {
+    if (!all_held && h != 1 % hosts) continue;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      auto lease = bed.hosts[h]->LookupAndAcquire(ns, keys[i]);
+      if (!lease.ok()) {
+        state.SkipWithError(std::string(lease.status().message()).c_str());
+        return;
+      }
+      if (i != 0) rest[h].push_back(*lease);
+      ++held;
+    }
+  }
+  if (!bed.owner->RetireKey(ns, keys[0]).ok()) {
+    state.SkipWithError("RetireKey failed");
+    return;
+  }
+  bed.clock.now += 10;  // past the grace: the entry is due every pass
+  std::vector<PrefixKey> order(keys.begin() + 1, keys.end());
+  std::mt19937_64 rng(21);
   for (auto _ : state) {
+    if (turn_over) {
+      state.PauseTiming();
+      for (std::uint32_t h = 0; h < hosts; ++h) {
+        bed.hosts[h]->ReleaseAll(rest[h]);
+        rest[h].clear();
+        std::shuffle(order.begin(), order.end(), rng);
+        auto n = bed.hosts[h]->AcquireChain(ns, order, &rest[h]);
+        if (!n.ok() || *n != order.size()) {
+          state.SkipWithError("the leases could not be taken again");
+          return;
+        }
+      }
+      state.ResumeTiming();
+    }
     if (bed.owner->Reclaim() != 0) {
       state.SkipWithError("the leased entry was reclaimed");
       break;
     }
   }
   state.counters["rows"] = static_cast<double>(hosts) * rows;
+  state.counters["held"] = static_cast<double>(held);
   state.counters["ns_per_row"] = benchmark::Counter(
-      static_cast<double>(hosts) * rows, benchmark::Counter::kIsIterationInvariantRate |
-                                             benchmark::Counter::kInvert);
+      static_cast<double>(hosts) * rows,
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
-// hosts x lease rows, for the scaling table (issue #21): 2, 8, 64 hosts x 16, 256, 4096 rows.
+// hosts x lease rows, for the scaling table (issue #21). held:0 also at 16 and 4096 rows
+// (one lease: the cost of reading rows); held:1 and held:2 at 64-1024 (every row held).
 BENCHMARK(BM_ReclaimScan)
-    ->ArgNames({"hosts", "rows"})
-    ->ArgsProduct({{2, 8, 64}, {16, 256, 4096}})
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
+    ->ArgNames({"hosts", "rows", "held"})
+    ->ArgsProduct({{2, 8, 64}, {16, 64, 256, 1024, 4096}, {0}})
+    ->ArgsProduct({{2, 8, 64}, {64, 256, 1024}, {1, 2}})
+    ->Unit(benchmark::kMicrosecond);
 
 // ---- sustained publish against the copy limit (issue #21) ------------------------------------
 //
