@@ -698,11 +698,17 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> PrefixOwner::ScanLeases() {
         ++stats_.leases_expired;  // counted each scan it stays expired
         continue;
       }
-      held.emplace_back(lr.entry, lr.entry_gen);
-      if (lr.entry < h_.index_entries) {
-        flags_[lr.entry] |= kLeased;
-        score_[lr.entry] += 1.0f;
+      if (lr.entry >= h_.index_entries) {
+        held.emplace_back(lr.entry, lr.entry_gen);
+        continue;
       }
+      flags_[lr.entry] |= kLeased;
+      score_[lr.entry] += 1.0f;
+      // Only a retired entry's leases can keep anything from being freed (Reclaim frees
+      // retired entries only, and nothing changes their states between this scan and its
+      // checks): the rest are not kept, so the list sorted below is the few that matter, not
+      // every lease of every host (the sort was most of a scan of many held rows).
+      if (entry_state(lr.entry) == EntryState::kRetired) held.emplace_back(lr.entry, lr.entry_gen);
     }
   }
   std::sort(held.begin(), held.end());

@@ -420,7 +420,9 @@ class PrefixOwner {
   bool Live(std::uint32_t host, const HostRow& row) const {
     return row.incarnation != 0 && row.incarnation > owner_lines_[host].fenced_incarnation;
   }
-  // Scans every live lease row: marks leased entries, returns the (entry, gen) pairs held.
+  // Scans every live lease row: marks leased entries (and scores them), returns the (entry,
+  // gen) pairs held on retired entries, sorted — plus rows naming no entry, (~0u, ~0u) for a
+  // row that stays torn.
   std::vector<std::pair<std::uint32_t, std::uint32_t>> ScanLeases();
   // Milliseconds since this owner opened (retired_at_), wrapping after 49 days: an entry is
   // timed only until kGraceOver is set, and a wrap can only make it wait longer.
