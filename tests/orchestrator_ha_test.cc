@@ -284,13 +284,13 @@ struct HostCalls {
                                                 std::uint32_t n, std::uint64_t* inc,
                                                 std::set<std::uint32_t>* granted) {
     if (const grpc::Status st = Join(o, host, inc); !st.ok()) {
-      return ::testing::AssertionFailure() << "host " << host << " could not join "
-                                           << o.socket << ": " << st.error_message();
+      return ::testing::AssertionFailure()
+             << "host " << host << " could not join " << o.socket << ": " << st.error_message();
     }
     std::vector<std::uint32_t> got;
     if (const grpc::Status st = Grow(o, host, *inc, n, &got); !st.ok()) {
-      return ::testing::AssertionFailure() << "host " << host << " could not grow at "
-                                           << o.socket << ": " << st.error_message();
+      return ::testing::AssertionFailure()
+             << "host " << host << " could not grow at " << o.socket << ": " << st.error_message();
     }
     granted->insert(got.begin(), got.end());
     return ::testing::AssertionSuccess();
@@ -401,14 +401,14 @@ void ExpectNoExtentLentTwice(const HaOrchestrator& leader,
 // Starts `first` on a new domain and waits until it leads (10 s), then starts each of
 // `standbys` on the same domain: candidates, standing by while `first` leads.
 ::testing::AssertionResult StartLeaderAndStandbys(HaOrchestrator& first,
-                                                 std::initializer_list<HaOrchestrator*> standbys) {
+                                                  std::initializer_list<HaOrchestrator*> standbys) {
   if (!first.Start(/*new_domain=*/true)) {
-    return ::testing::AssertionFailure() << "the orchestrator in " << first.dir
-                                         << " did not start on a new domain";
+    return ::testing::AssertionFailure()
+           << "the orchestrator in " << first.dir << " did not start on a new domain";
   }
   if (!Eventually([&] { return first.Role() == "leader"; }, milliseconds(10000))) {
-    return ::testing::AssertionFailure() << "the orchestrator in " << first.dir
-                                         << " did not become the leader within 10 s";
+    return ::testing::AssertionFailure()
+           << "the orchestrator in " << first.dir << " did not become the leader within 10 s";
   }
   for (HaOrchestrator* o : standbys) {
     if (!o->Start()) {
@@ -507,9 +507,7 @@ class CxlHost {
   absl::Status Publish(const co::PrefixKey& key, const co::BlockRef& ref) {
     return host_->Publish(ns_, key, co::PrefixKey{}, ref);
   }
-  std::optional<co::Hit> Lookup(const co::PrefixKey& key) {
-    return host_->Lookup(ns_, key);
-  }
+  std::optional<co::Hit> Lookup(const co::PrefixKey& key) { return host_->Lookup(ns_, key); }
   // Publishes and waits (3 s) until the owner applied it: the host finds the block. False
   // also when the host did not join.
   bool PublishAndWait(const co::PrefixKey& key, const co::BlockRef& ref) {
@@ -703,8 +701,7 @@ TEST_F(HaTest, HostFollowsTheLeaderThroughItsEndpointList) {
   HaOrchestrator* next = nullptr;
   // Re-attached: a heartbeat of this incarnation is acknowledged again (only a leader answers
   // one; the client finds it in its list).
-  ASSERT_TRUE(Reattached(**host))
-      << "the host did not re-attach to a new leader";
+  ASSERT_TRUE(Reattached(**host)) << "the host did not re-attach to a new leader";
   const std::int64_t reattached_ms = NowMs() - t0;
   for (HaOrchestrator* o : {&b, &c}) {
     if (o->Role() == "leader") next = o;
@@ -750,8 +747,7 @@ TEST_F(HaTest, HostFindsTheLeaderThroughEtcd) {
     ASSERT_NE(old, nullptr);
     old->Kill(SIGKILL);
     const std::int64_t t0 = NowMs();
-    ASSERT_TRUE(Reattached(**host))
-        << "the host did not find the new leader in etcd";
+    ASSERT_TRUE(Reattached(**host)) << "the host did not find the new leader in etcd";
     std::printf("round %d: host re-attached through etcd %lld ms after kill -9 of the leader\n",
                 round, static_cast<long long>(NowMs() - t0));
     EXPECT_EQ((*host)->leaders_found(), 2u + static_cast<std::uint64_t>(round));
