@@ -93,10 +93,12 @@ void BM_PublishBlock(benchmark::State& state, bool cxlkv) {
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(block));
 }
-BENCHMARK_CAPTURE(BM_PublishBlock, cxlkv_copynt_publish, true)
-    ->ArgName("bytes")->Arg(64 << 10)->Arg(2 << 20)->Arg(5 << 20)->UseRealTime();
-BENCHMARK_CAPTURE(BM_PublishBlock, memcpy_clwb, false)
-    ->ArgName("bytes")->Arg(64 << 10)->Arg(2 << 20)->Arg(5 << 20)->UseRealTime();
+// The block sizes of the tables: 64 KiB, 2 MiB and 5 MiB.
+void BlockSizes(benchmark::internal::Benchmark* b) {
+  b->ArgName("bytes")->Arg(64 << 10)->Arg(2 << 20)->Arg(5 << 20);
+}
+BENCHMARK_CAPTURE(BM_PublishBlock, cxlkv_copynt_publish, true)->Apply(BlockSizes)->UseRealTime();
+BENCHMARK_CAPTURE(BM_PublishBlock, memcpy_clwb, false)->Apply(BlockSizes)->UseRealTime();
 
 // ReclaimScan/hosts:H/rows:R/held:K. H live hosts with R lease rows each, a 4,096-entry
 // index, and one published entry retired while host 1 leases it: every Reclaim() finds it
@@ -392,52 +394,28 @@ void BM_PublishSustained(benchmark::State& state, std::uint32_t chain, bool owne
     state.counters["owner_us_per_req"] = owner_cpu_s * 1e6 / static_cast<double>(owner_applied);
   }
 }
-BENCHMARK_CAPTURE(BM_PublishSustained, block, 0, true)
-    ->ArgName("bytes")
-    ->Arg(64 << 10)
-    ->Arg(2 << 20)
-    ->Arg(5 << 20)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_PublishSustained, chain16, 16, true)
-    ->ArgName("bytes")
-    ->Arg(64 << 10)
-    ->Arg(2 << 20)
-    ->Arg(5 << 20)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+// Each round times itself (SetIterationTime), in milliseconds: at the tables' block sizes, or
+// over the sweep 16 KiB, 64 KiB, ..., 4 MiB and 8 MiB.
+void SustainedAtBlockSizes(benchmark::internal::Benchmark* b) {
+  BlockSizes(b);
+  b->UseManualTime()->Unit(benchmark::kMillisecond);
+}
+void SustainedBlockSweep(benchmark::internal::Benchmark* b) {
+  b->ArgName("bytes")->RangeMultiplier(4)->Range(16 << 10, 4 << 20)->Arg(8 << 20);
+  b->UseManualTime()->Unit(benchmark::kMillisecond);
+}
+BENCHMARK_CAPTURE(BM_PublishSustained, block, 0, true)->Apply(SustainedAtBlockSizes);
+BENCHMARK_CAPTURE(BM_PublishSustained, chain16, 16, true)->Apply(SustainedAtBlockSizes);
 // The owner's work on the host's own thread (Step() when the ring is full and at the end of a
 // round): the protocol's whole CPU cost on one core, free of the scheduling of a second
 // thread on a loaded machine.
-BENCHMARK_CAPTURE(BM_PublishSustained, block_inline_owner, 0, false)
-    ->ArgName("bytes")
-    ->Arg(64 << 10)
-    ->Arg(2 << 20)
-    ->Arg(5 << 20)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_PublishSustained, block_inline_owner, 0, false)->Apply(SustainedAtBlockSizes);
 BENCHMARK_CAPTURE(BM_PublishSustained, chain16_inline_owner, 16, false)
-    ->ArgName("bytes")
-    ->Arg(64 << 10)
-    ->Arg(2 << 20)
-    ->Arg(5 << 20)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+    ->Apply(SustainedAtBlockSizes);
 // The block-size sweep of the scaling table.
-BENCHMARK_CAPTURE(BM_PublishSustained, sweep_block, 0, true)
-    ->ArgName("bytes")
-    ->RangeMultiplier(4)
-    ->Range(16 << 10, 4 << 20)
-    ->Arg(8 << 20)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_PublishSustained, sweep_block, 0, true)->Apply(SustainedBlockSweep);
 BENCHMARK_CAPTURE(BM_PublishSustained, sweep_block_inline_owner, 0, false)
-    ->ArgName("bytes")
-    ->RangeMultiplier(4)
-    ->Range(16 << 10, 4 << 20)
-    ->Arg(8 << 20)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+    ->Apply(SustainedBlockSweep);
 
 }  // namespace
 

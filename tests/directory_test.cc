@@ -26,6 +26,7 @@
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/directory_reader.h"
 #include "cxlkv/tier/reuse_tracker.h"
+#include "directory_fixture.h"
 #include "etcd_cluster.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -174,24 +175,7 @@ std::string RunCapture(const std::string& cmd) {
   return out;
 }
 
-std::vector<std::string> MayHold(const dir::DirectoryReader& r, const co::PrefixKey& k) {
-  return r.DomainsThatMayHold(k);
-}
-
-class DirectoryTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    CXLKV_SKIP_WITHOUT_ETCD();
-    etcd_ = std::make_unique<EtcdCluster>(3);
-    std::string why;
-    ASSERT_TRUE(etcd_->Start(&why)) << why;
-  }
-  std::string Extra() const {
-    return absl::StrCat("[etcd]\nendpoints = ", etcd_->EndpointsToml(), "\nttl_s = 2\n",
-                        "[directory]\nmin_interval_ms = 100\nrefresh_ms = 5000\n");
-  }
-  std::unique_ptr<EtcdCluster> etcd_;
-};
+using DirectoryTest = EtcdDirectoryTest;
 
 TEST_F(DirectoryTest, PublishedInAReportedForAOnlyFollowsRetireAndDiesWithTheLease) {
   const std::uint64_t seed = Seed();

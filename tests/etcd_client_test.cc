@@ -9,6 +9,7 @@
 #include "cxlkv/orchestrator/election.h"
 #include "cxlkv/orchestrator/etcd.h"
 #include "etcd_cluster.h"
+#include "eventually.h"
 #include "gtest/gtest.h"
 
 namespace cxlkv::testing {
@@ -17,19 +18,9 @@ namespace {
 namespace ed = ::cxlkv::orchestrator::etcd;
 using std::chrono::milliseconds;
 
-std::int64_t NowMs() {
-  return std::chrono::duration_cast<milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
+// This suite polls every 20 ms (some of its conditions are reads from etcd).
 bool Eventually(const std::function<bool()>& cond, milliseconds limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  return cond();
+  return ::cxlkv::testing::Eventually(cond, limit, milliseconds(20));
 }
 
 // One cluster for the suite: starting etcd takes a second or two.

@@ -4,7 +4,8 @@
 // killed, stopped (SIGSTOP), continued and restarted to inject failures.
 //
 // Tests skip when the binary is missing: CXLKV_SKIP_WITHOUT_ETCD() names the package. The
-// binary is $CXLKV_ETCD_BIN if set, else etcd on PATH.
+// binary is $CXLKV_ETCD_BIN if set, else etcd on PATH. EtcdClusterTest is the fixture that
+// starts a cluster for each test.
 #ifndef CXLKV_TESTS_ETCD_CLUSTER_H_
 #define CXLKV_TESTS_ETCD_CLUSTER_H_
 
@@ -218,6 +219,19 @@ class EtcdCluster {
   std::string dir_, initial_;
   std::vector<int> client_ports_, peer_ports_;
   std::vector<pid_t> pids_;
+};
+
+// A fixture with a fresh cluster of three members for each test: skipped without the etcd
+// binary, failed when the cluster does not become healthy.
+class EtcdClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CXLKV_SKIP_WITHOUT_ETCD();
+    etcd_ = std::make_unique<EtcdCluster>(3);
+    std::string why;
+    ASSERT_TRUE(etcd_->Start(&why)) << why;
+  }
+  std::unique_ptr<EtcdCluster> etcd_;
 };
 
 }  // namespace cxlkv::testing

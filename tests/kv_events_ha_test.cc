@@ -16,6 +16,7 @@
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/orchestrator/directory_reader.h"
 #include "cxlkv/tier/reuse_tracker.h"
+#include "directory_fixture.h"
 #include "etcd_cluster.h"
 #include "gtest/gtest.h"
 #include "kv_events_subscriber.h"
@@ -29,24 +30,7 @@ namespace co = ::cxlkv::coherence;
 namespace dir = ::cxlkv::orchestrator::directory;
 using std::chrono::milliseconds;
 
-std::vector<std::string> MayHold(const dir::DirectoryReader& r, const co::PrefixKey& k) {
-  return r.DomainsThatMayHold(k);
-}
-
-class KvEventsHaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    CXLKV_SKIP_WITHOUT_ETCD();
-    etcd_ = std::make_unique<EtcdCluster>(3);
-    std::string why;
-    ASSERT_TRUE(etcd_->Start(&why)) << why;
-  }
-  std::string Extra() const {
-    return absl::StrCat("[etcd]\nendpoints = ", etcd_->EndpointsToml(), "\nttl_s = 2\n",
-                        "[directory]\nmin_interval_ms = 100\nrefresh_ms = 5000\n");
-  }
-  std::unique_ptr<EtcdCluster> etcd_;
-};
+using KvEventsHaTest = EtcdDirectoryTest;
 
 TEST_F(KvEventsHaTest, OnlyTheLeaderPublishesEventsAndATakeoverOpensANewTerm) {
   if (!PythonHasZmqAndMsgpack()) GTEST_SKIP() << "/usr/bin/python3 lacks zmq or msgpack";

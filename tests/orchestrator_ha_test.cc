@@ -27,9 +27,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -43,6 +46,7 @@
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/daemon.h"
 #include "etcd_cluster.h"
+#include "eventually.h"
 #include "fence.h"
 #include "gtest/gtest.h"
 #include "orchestrator.grpc.pb.h"
@@ -56,21 +60,6 @@ namespace pb = ::cxlkv::orchestrator::v1;
 namespace co = ::cxlkv::coherence;
 namespace orch = ::cxlkv::orchestrator;
 using std::chrono::milliseconds;
-
-std::int64_t NowMs() {
-  return std::chrono::duration_cast<milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-bool Eventually(const std::function<bool()>& cond, milliseconds limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return cond();
-}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -174,13 +163,7 @@ class HaOrchestrator {
             pid = -1;
             return true;  // exited: reported below
           }
-          const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-          sockaddr_un a{};
-          a.sun_family = AF_UNIX;
-          std::strncpy(a.sun_path, socket.c_str(), sizeof(a.sun_path) - 1);
-          const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-          ::close(fd);
-          return ok;
+          return AcceptsConnections(socket);
         },
         milliseconds(10000));
     EXPECT_TRUE(up) << "the orchestrator did not come up:\n" << ReadFile(log);
@@ -295,6 +278,23 @@ struct HostCalls {
     req.set_incarnation(inc);
     return o.Stub()->Heartbeat(&ctx, req, rep);
   }
+  // Joins `host` at `o` and grows it by `n` extents: its incarnation in *inc, the extents
+  // added to *granted.
+  static ::testing::AssertionResult JoinAndGrow(const HaOrchestrator& o, std::uint32_t host,
+                                                std::uint32_t n, std::uint64_t* inc,
+                                                std::set<std::uint32_t>* granted) {
+    if (const grpc::Status st = Join(o, host, inc); !st.ok()) {
+      return ::testing::AssertionFailure()
+             << "host " << host << " could not join " << o.socket << ": " << st.error_message();
+    }
+    std::vector<std::uint32_t> got;
+    if (const grpc::Status st = Grow(o, host, *inc, n, &got); !st.ok()) {
+      return ::testing::AssertionFailure()
+             << "host " << host << " could not grow at " << o.socket << ": " << st.error_message();
+    }
+    granted->insert(got.begin(), got.end());
+    return ::testing::AssertionSuccess();
+  }
   static std::vector<pb::Extent> Extents(const HaOrchestrator& o) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + milliseconds(2000));
@@ -398,14 +398,134 @@ void ExpectNoExtentLentTwice(const HaOrchestrator& leader,
   }
 }
 
-class HaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    CXLKV_SKIP_WITHOUT_ETCD();
-    etcd_ = std::make_unique<EtcdCluster>(3);
-    std::string why;
-    ASSERT_TRUE(etcd_->Start(&why)) << why;
+// Starts `first` on a new domain and waits until it leads (10 s), then starts each of
+// `standbys` on the same domain: candidates, standing by while `first` leads.
+::testing::AssertionResult StartLeaderAndStandbys(HaOrchestrator& first,
+                                                  std::initializer_list<HaOrchestrator*> standbys) {
+  if (!first.Start(/*new_domain=*/true)) {
+    return ::testing::AssertionFailure()
+           << "the orchestrator in " << first.dir << " did not start on a new domain";
   }
+  if (!Eventually([&] { return first.Role() == "leader"; }, milliseconds(10000))) {
+    return ::testing::AssertionFailure()
+           << "the orchestrator in " << first.dir << " did not become the leader within 10 s";
+  }
+  for (HaOrchestrator* o : standbys) {
+    if (!o->Start()) {
+      return ::testing::AssertionFailure() << "the standby in " << o->dir << " did not start";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Asks each live orchestrator of `all` in turn to grow `host` (incarnation `inc`) by one
+// extent until one serves it, within `limit`: that one, or nullptr; what it granted in *got.
+HaOrchestrator* FirstToGrant(const std::vector<HaOrchestrator*>& all, std::uint32_t host,
+                             std::uint64_t inc, milliseconds limit,
+                             std::vector<std::uint32_t>* got) {
+  HaOrchestrator* served = nullptr;
+  Eventually(
+      [&] {
+        for (HaOrchestrator* o : all) {
+          if (o->pid <= 0) continue;
+          got->clear();
+          if (HostCalls::Grow(*o, host, inc, 1, got).ok()) {
+            served = o;
+            return true;
+          }
+        }
+        return false;
+      },
+      limit);
+  return served;
+}
+
+// A host riding out a failover: heartbeats until one is acknowledged (only a leader answers)
+// within 15 s, expecting its extents valid at every try.
+bool Reattached(orch::HostClient& host) {
+  return Eventually(
+      [&] {
+        EXPECT_TRUE(host.ExtentsValid()) << "extents invalid during the failover";
+        return host.HeartbeatOnce().ok();
+      },
+      milliseconds(15000));
+}
+
+// The spec of a host that finds the domain's leader in etcd: etcd://EP,EP,EP/`path`.
+std::string EtcdSpec(const EtcdCluster& etcd, const std::string& path) {
+  std::string spec = "etcd://";
+  for (const std::string& e : etcd.endpoints()) absl::StrAppend(&spec, e, ",");
+  spec.back() = '/';
+  return spec + path;
+}
+
+// A reference to block `index` of the arena whose id starts with `arena0`, generation 1.
+co::BlockRef TestRef(std::uint8_t arena0, std::uint32_t index) {
+  co::BlockRef ref{};
+  ref.arena[0] = arena0;
+  ref.index = index;
+  ref.generation = 1;
+  return ref;
+}
+
+// A host of the domain (host id 2) in this process, on the shared domain file: it publishes
+// and looks blocks up through CXL alone, as a serving host does, in one namespace. ok() is
+// false (and the reason a test failure) when the file cannot be mapped or the host not joined.
+class CxlHost {
+ public:
+  static constexpr std::size_t kDomainBytes = 4 << 20;  // SharedDomain's prefix domain
+
+  explicit CxlHost(const std::string& domain_file) {
+    fd_ = ::open(domain_file.c_str(), O_RDWR);
+    EXPECT_GE(fd_, 0) << domain_file;
+    if (fd_ < 0) return;
+    void* map = ::mmap(nullptr, kDomainBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    EXPECT_NE(map, MAP_FAILED) << domain_file;
+    if (map == MAP_FAILED) return;
+    map_ = map;
+    mem_ = std::make_unique<co::DirectMem>(static_cast<std::byte*>(map_), kDomainBytes);
+    auto h = co::PrefixHost::Join(*mem_, clock_, 2);
+    EXPECT_TRUE(h.ok()) << h.status();
+    if (h.ok()) host_ = *std::move(h);
+  }
+  ~CxlHost() {
+    host_.reset();
+    if (map_ != nullptr) ::munmap(map_, kDomainBytes);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  CxlHost(const CxlHost&) = delete;
+  CxlHost& operator=(const CxlHost&) = delete;
+
+  bool ok() const { return host_ != nullptr; }
+  co::PrefixHost* operator->() const { return host_.get(); }
+
+  // The key of `tokens` chained on no parent.
+  co::PrefixKey Key(std::initializer_list<std::uint32_t> tokens) const {
+    return co::ChainKey(ns_, co::PrefixKey{},
+                        std::span<const std::uint32_t>(tokens.begin(), tokens.size()));
+  }
+  absl::Status Publish(const co::PrefixKey& key, const co::BlockRef& ref) {
+    return host_->Publish(ns_, key, co::PrefixKey{}, ref);
+  }
+  std::optional<co::Hit> Lookup(const co::PrefixKey& key) { return host_->Lookup(ns_, key); }
+  // Publishes and waits (3 s) until the owner applied it: the host finds the block. False
+  // also when the host did not join.
+  bool PublishAndWait(const co::PrefixKey& key, const co::BlockRef& ref) {
+    return ok() && Publish(key, ref).ok() &&
+           Eventually([&] { return Lookup(key).has_value(); }, milliseconds(3000));
+  }
+
+ private:
+  const co::Namespace ns_ = co::MakeNamespace("t", "m", "l");
+  int fd_ = -1;
+  void* map_ = nullptr;
+  co::SteadyClock clock_;
+  std::unique_ptr<co::DirectMem> mem_;
+  std::unique_ptr<co::PrefixHost> host_;
+};
+
+class HaTest : public EtcdClusterTest {
+ protected:
   // The one orchestrator that serves now (nullptr: none, or more than one).
   HaOrchestrator* Leader(const std::vector<HaOrchestrator*>& all) {
     HaOrchestrator* found = nullptr;
@@ -417,15 +537,12 @@ class HaTest : public ::testing::Test {
     }
     return found;
   }
-  std::unique_ptr<EtcdCluster> etcd_;
   SharedDomain d_;
 };
 
 TEST_F(HaTest, StandbysRefuseAndNameTheLeader) {
   HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
-  ASSERT_TRUE(a.Start(/*new_domain=*/true));
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
   std::this_thread::sleep_for(milliseconds(500));
   const pb::StatusReply sb = b.Status();
   EXPECT_EQ(sb.role(), "standby");
@@ -453,38 +570,18 @@ TEST_F(HaTest, StandbysRefuseAndNameTheLeader) {
 // serves grants; the first leader's grants are still its hosts', and none is lent twice.
 TEST_F(HaTest, KillNineOfTheLeaderAStandbyServesGrants) {
   HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b"), c(d_, *etcd_, "c");
-  ASSERT_TRUE(a.Start(true));
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(b.Start());
-  ASSERT_TRUE(c.Start());
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b, &c}));
   FenceAudit audit(d_.domain);
   std::map<std::uint32_t, std::set<std::uint32_t>> granted;
   std::uint64_t inc0 = 0;
-  ASSERT_TRUE(HostCalls::Join(a, 0, &inc0).ok());
-  std::vector<std::uint32_t> g0;
-  ASSERT_TRUE(HostCalls::Grow(a, 0, inc0, 3, &g0).ok());
-  ASSERT_EQ(g0.size(), 3u);
-  granted[0].insert(g0.begin(), g0.end());
+  ASSERT_TRUE(HostCalls::JoinAndGrow(a, 0, 3, &inc0, &granted[0]));
+  ASSERT_EQ(granted[0].size(), 3u);
   const std::int64_t epoch_a = a.Status().epoch();
   // A block published through the first leader's owner: the prefix index lives in CXL.
-  const int dfd = ::open(d_.domain.c_str(), O_RDWR);
-  ASSERT_GE(dfd, 0);
-  constexpr std::size_t kDomainBytes = 4 << 20;
-  void* map = ::mmap(nullptr, kDomainBytes, PROT_READ | PROT_WRITE, MAP_SHARED, dfd, 0);
-  ASSERT_NE(map, MAP_FAILED);
-  co::DirectMem mem(static_cast<std::byte*>(map), kDomainBytes);
-  co::SteadyClock host_clock;
-  auto host = co::PrefixHost::Join(mem, host_clock, 2);
-  ASSERT_TRUE(host.ok()) << host.status();
-  const co::Namespace ns = co::MakeNamespace("t", "m", "l");
-  const std::uint32_t tokens[] = {1, 2, 3};
-  const co::PrefixKey key = co::ChainKey(ns, co::PrefixKey{}, tokens);
-  co::BlockRef ref{};
-  ref.arena[0] = 9;
-  ref.index = 1;
-  ref.generation = 1;
-  ASSERT_TRUE((*host)->Publish(ns, key, co::PrefixKey{}, ref).ok());
-  ASSERT_TRUE(Eventually([&] { return (*host)->Lookup(ns, key).has_value(); }, milliseconds(3000)));
+  CxlHost host(d_.domain);
+  const co::PrefixKey key = host.Key({1, 2, 3});
+  const co::BlockRef ref = TestRef(9, 1);
+  ASSERT_TRUE(host.PublishAndWait(key, ref));
 
   a.Kill(SIGKILL);
   const std::int64_t t0 = NowMs();
@@ -528,11 +625,9 @@ TEST_F(HaTest, KillNineOfTheLeaderAStandbyServesGrants) {
   EXPECT_EQ(audit.LastEpoch(), static_cast<std::uint64_t>(s.epoch()));
   // The new leader's owner took the index over as it was: the block is still published.
   EXPECT_EQ(s.prefixes_published(), 1u);
-  const auto hit = (*host)->Lookup(ns, key);
+  const auto hit = host.Lookup(key);
   ASSERT_TRUE(hit.has_value());
   EXPECT_TRUE(hit->ref == ref);
-  ::munmap(map, kDomainBytes);
-  ::close(dfd);
 }
 
 // SIGSTOP of the leader long past its TTL: a standby takes over; then SIGCONT: the old leader
@@ -540,16 +635,11 @@ TEST_F(HaTest, KillNineOfTheLeaderAStandbyServesGrants) {
 // leader never sees a foreign epoch), serves nothing, and no extent is lent twice.
 TEST_F(HaTest, StoppedLeaderDoesNotWriteAfterItsSuccessorStarted) {
   HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
-  ASSERT_TRUE(a.Start(true));
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
   FenceAudit audit(d_.domain);
   std::map<std::uint32_t, std::set<std::uint32_t>> granted;
   std::uint64_t inc0 = 0;
-  ASSERT_TRUE(HostCalls::Join(a, 0, &inc0).ok());
-  std::vector<std::uint32_t> g0;
-  ASSERT_TRUE(HostCalls::Grow(a, 0, inc0, 2, &g0).ok());
-  granted[0].insert(g0.begin(), g0.end());
+  ASSERT_TRUE(HostCalls::JoinAndGrow(a, 0, 2, &inc0, &granted[0]));
   const auto epoch_a = static_cast<std::uint64_t>(a.Status().epoch());
   ASSERT_TRUE(Eventually([&] { return audit.LastEpoch() == epoch_a; }, milliseconds(2000)));
 
@@ -594,10 +684,7 @@ TEST_F(HaTest, StoppedLeaderDoesNotWriteAfterItsSuccessorStarted) {
 // and it grows at the new leader. Times "leader killed -> this host re-attached".
 TEST_F(HaTest, HostFollowsTheLeaderThroughItsEndpointList) {
   HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b"), c(d_, *etcd_, "c");
-  ASSERT_TRUE(a.Start(true));
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(b.Start());
-  ASSERT_TRUE(c.Start());
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b, &c}));
   // The leader last in the list: the client finds it past two standbys from the start.
   auto host = orch::HostClient::Connect(b.socket + "," + c.socket + "," + a.socket, 0);
   ASSERT_TRUE(host.ok()) << host.status();
@@ -614,13 +701,7 @@ TEST_F(HaTest, HostFollowsTheLeaderThroughItsEndpointList) {
   HaOrchestrator* next = nullptr;
   // Re-attached: a heartbeat of this incarnation is acknowledged again (only a leader answers
   // one; the client finds it in its list).
-  ASSERT_TRUE(Eventually(
-      [&] {
-        EXPECT_TRUE((*host)->ExtentsValid()) << "extents invalid during the failover";
-        return (*host)->HeartbeatOnce().ok();
-      },
-      milliseconds(15000)))
-      << "the host did not re-attach to a new leader";
+  ASSERT_TRUE(Reattached(**host)) << "the host did not re-attach to a new leader";
   const std::int64_t reattached_ms = NowMs() - t0;
   for (HaOrchestrator* o : {&b, &c}) {
     if (o->Role() == "leader") next = o;
@@ -650,14 +731,8 @@ TEST_F(HaTest, HostFollowsTheLeaderThroughItsEndpointList) {
 // reads the key again and follows the new leader with the same incarnation and its extents.
 TEST_F(HaTest, HostFindsTheLeaderThroughEtcd) {
   HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b"), c(d_, *etcd_, "c");
-  ASSERT_TRUE(a.Start(true));
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(b.Start());
-  ASSERT_TRUE(c.Start());
-  std::string spec = "etcd://";
-  for (const std::string& e : etcd_->endpoints()) absl::StrAppend(&spec, e, ",");
-  spec.back() = '/';
-  spec += "hatest";
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b, &c}));
+  const std::string spec = EtcdSpec(*etcd_, "hatest");
   auto host = orch::HostClient::Connect(spec, 0);
   ASSERT_TRUE(host.ok()) << host.status();
   EXPECT_EQ((*host)->leaders_found(), 1u);
@@ -672,13 +747,7 @@ TEST_F(HaTest, HostFindsTheLeaderThroughEtcd) {
     ASSERT_NE(old, nullptr);
     old->Kill(SIGKILL);
     const std::int64_t t0 = NowMs();
-    ASSERT_TRUE(Eventually(
-        [&] {
-          EXPECT_TRUE((*host)->ExtentsValid()) << "extents invalid during the failover";
-          return (*host)->HeartbeatOnce().ok();
-        },
-        milliseconds(15000)))
-        << "the host did not find the new leader in etcd";
+    ASSERT_TRUE(Reattached(**host)) << "the host did not find the new leader in etcd";
     std::printf("round %d: host re-attached through etcd %lld ms after kill -9 of the leader\n",
                 round, static_cast<long long>(NowMs() - t0));
     EXPECT_EQ((*host)->leaders_found(), 2u + static_cast<std::uint64_t>(round));
@@ -721,9 +790,7 @@ TEST_F(HaTest, HostFindsALeaderOnAnotherHostThroughItsTcpEndpoint) {
       b(d_, *etcd_, "b", 3, 60000, 0, 4, token);
   a.hostname = "cxlkv-ha-other-a";
   b.hostname = "cxlkv-ha-other-b";
-  ASSERT_TRUE(a.Start(true));
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
   auto etcd = etcd_->NewClient();
   auto key = etcd->Get("/cxlkv/v1/default/domains/hatest/leader");
   ASSERT_TRUE(key.ok() && !key->kvs.empty()) << key.status();
@@ -731,11 +798,7 @@ TEST_F(HaTest, HostFindsALeaderOnAnotherHostThroughItsTcpEndpoint) {
   EXPECT_NE(value.find("\"host\":\"cxlkv-ha-other-a\""), std::string::npos) << value;
   EXPECT_NE(value.find("\"endpoint\":\"127.0.0.1:"), std::string::npos) << value;
   EXPECT_EQ(value.find("\"endpoint\":\"127.0.0.1:0\""), std::string::npos) << value;
-  std::string spec = "etcd://";
-  for (const std::string& e : etcd_->endpoints()) absl::StrAppend(&spec, e, ",");
-  spec.back() = '/';
-  spec += "default/hatest";
-  auto host = orch::HostClient::Connect(spec, 0);
+  auto host = orch::HostClient::Connect(EtcdSpec(*etcd_, "default/hatest"), 0);
   ASSERT_TRUE(host.ok()) << host.status();
   auto got = (*host)->Grow(1);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -758,9 +821,7 @@ TEST_F(HaTest, HostFindsALeaderOnAnotherHostThroughItsTcpEndpoint) {
 TEST_F(HaTest, StatusAndMetricsShowTheLeadership) {
   const std::vector<int> ports = FreeLoopbackPorts(2);
   HaOrchestrator a(d_, *etcd_, "a", 3, 60000, ports[0]), b(d_, *etcd_, "b", 3, 60000, ports[1]);
-  ASSERT_TRUE(a.Start(true));
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
   const std::int64_t epoch = a.Status().epoch();
   std::string out;
   ASSERT_TRUE(Eventually(
@@ -816,9 +877,7 @@ TEST_F(HaTest, StatusAndMetricsShowTheLeadership) {
 // new leader. Without the host's epoch check the stale reply is applied and returns OK.
 TEST_F(HaTest, AReplyFromAnOlderEpochIsRefused) {
   HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
-  ASSERT_TRUE(a.Start(true));
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
   std::atomic<bool> armed{false};
   std::function<void()> in_flight;
   orch::HostClientOptions opt;
@@ -858,35 +917,18 @@ TEST_F(HaTest, AReplyFromAnOlderEpochIsRefused) {
 // and nothing is lent twice.
 TEST_F(HaTest, EtcdLeaderStoppedGrantsResume) {
   HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
-  ASSERT_TRUE(a.Start(true));
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
   FenceAudit audit(d_.domain);
   std::map<std::uint32_t, std::set<std::uint32_t>> granted;
   std::uint64_t inc = 0;
-  ASSERT_TRUE(HostCalls::Join(a, 0, &inc).ok());
-  std::vector<std::uint32_t> g;
-  ASSERT_TRUE(HostCalls::Grow(a, 0, inc, 2, &g).ok());
-  granted[0].insert(g.begin(), g.end());
+  ASSERT_TRUE(HostCalls::JoinAndGrow(a, 0, 2, &inc, &granted[0]));
   const int raft_leader = etcd_->LeaderIndex();
   ASSERT_GE(raft_leader, 0);
   etcd_->Pause(raft_leader);
   const std::int64_t t0 = NowMs();
-  HaOrchestrator* served = nullptr;
   std::vector<std::uint32_t> more;
-  ASSERT_TRUE(Eventually(
-      [&] {
-        for (HaOrchestrator* o : {&a, &b}) {
-          more.clear();
-          if (HostCalls::Grow(*o, 0, inc, 1, &more).ok()) {
-            served = o;
-            return true;
-          }
-        }
-        return false;
-      },
-      milliseconds(20000)))
-      << "no grant served while the etcd leader is stopped";
+  HaOrchestrator* served = FirstToGrant({&a, &b}, 0, inc, milliseconds(20000), &more);
+  ASSERT_NE(served, nullptr) << "no grant served while the etcd leader is stopped";
   std::printf("etcd raft leader stopped: a grant served again after %lld ms, by %s (%s)\n",
               static_cast<long long>(NowMs() - t0), served == &a ? "a" : "b",
               served == &a ? "the same leader" : "a new leader");
@@ -915,9 +957,7 @@ TEST_F(HaTest, EtcdLeaderStoppedGrantsResume) {
 TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
   const std::vector<int> ports = FreeLoopbackPorts(1);
   HaOrchestrator a(d_, *etcd_, "a", 3, 4000, ports[0]), b(d_, *etcd_, "b", 3, 4000);
-  ASSERT_TRUE(a.Start(true));
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
   FenceAudit audit(d_.domain);
   auto client = orch::HostClient::Connect(a.socket + "," + b.socket, 0);
   ASSERT_TRUE(client.ok()) << client.status();
@@ -928,24 +968,10 @@ TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
   for (const auto& e : *g) granted[0].insert(e.index);
   const std::int64_t epoch = a.Status().epoch();
   // A published block, looked up by a host through CXL alone.
-  const int dfd = ::open(d_.domain.c_str(), O_RDWR);
-  ASSERT_GE(dfd, 0);
-  constexpr std::size_t kDomainBytes = 4 << 20;
-  void* map = ::mmap(nullptr, kDomainBytes, PROT_READ | PROT_WRITE, MAP_SHARED, dfd, 0);
-  ASSERT_NE(map, MAP_FAILED);
-  co::DirectMem mem(static_cast<std::byte*>(map), kDomainBytes);
-  co::SteadyClock host_clock;
-  auto host = co::PrefixHost::Join(mem, host_clock, 2);
-  ASSERT_TRUE(host.ok()) << host.status();
-  const co::Namespace ns = co::MakeNamespace("t", "m", "l");
-  const std::uint32_t tokens[] = {4, 5, 6};
-  const co::PrefixKey key = co::ChainKey(ns, co::PrefixKey{}, tokens);
-  co::BlockRef ref{};
-  ref.arena[0] = 7;
-  ref.index = 3;
-  ref.generation = 1;
-  ASSERT_TRUE((*host)->Publish(ns, key, co::PrefixKey{}, ref).ok());
-  ASSERT_TRUE(Eventually([&] { return (*host)->Lookup(ns, key).has_value(); }, milliseconds(3000)));
+  CxlHost host(d_.domain);
+  const co::PrefixKey key = host.Key({4, 5, 6});
+  const co::BlockRef ref = TestRef(7, 3);
+  ASSERT_TRUE(host.PublishAndWait(key, ref));
 
   // Two of three members stopped: no quorum.
   const int l = etcd_->LeaderIndex();
@@ -977,20 +1003,17 @@ TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
       << grow.error_message();
   EXPECT_TRUE(refused.empty());
   // A publication during the outage: posted to the host's ring, not applied while read-only.
-  const std::uint32_t tokens2[] = {7, 8, 9};
-  const co::PrefixKey key2 = co::ChainKey(ns, co::PrefixKey{}, tokens2);
-  co::BlockRef ref2 = ref;
-  ref2.index = 4;
-  ASSERT_TRUE((*host)->Publish(ns, key2, co::PrefixKey{}, ref2).ok());
+  const co::PrefixKey key2 = host.Key({7, 8, 9});
+  ASSERT_TRUE(host.Publish(key2, TestRef(7, 4)).ok());
   // Long past the TTL and past ¾ of the capacity lease: heartbeats answered, extents valid,
   // hosts still read.
   std::uint64_t heartbeats = 0;
   while (NowMs() - t0 < 6000) {
-    (void)(*host)->Heartbeat(nullptr);  // the CXL host's own liveness (host_ttl 4 s here)
-    const auto hit = (*host)->Lookup(ns, key);
+    (void)host->Heartbeat(nullptr);  // the CXL host's own liveness (host_ttl 4 s here)
+    const auto hit = host.Lookup(key);
     ASSERT_TRUE(hit.has_value()) << "a lookup failed during the etcd outage";
     EXPECT_TRUE(hit->ref == ref);
-    EXPECT_FALSE((*host)->Lookup(ns, key2).has_value()) << "a publication applied read-only";
+    EXPECT_FALSE(host.Lookup(key2).has_value()) << "a publication applied read-only";
     pb::HeartbeatReply hb;
     const grpc::Status hs = HostCalls::Heartbeat(a, 0, inc, &hb);
     EXPECT_TRUE(hs.ok()) << hs.error_message();
@@ -1035,16 +1058,14 @@ TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
   ExpectNoExtentLentTwice(*leader, granted);
   ASSERT_TRUE(Eventually(
       [&] {
-        (void)(*host)->Heartbeat(nullptr);
-        return (*host)->Lookup(ns, key2).has_value();
+        (void)host->Heartbeat(nullptr);
+        return host.Lookup(key2).has_value();
       },
       milliseconds(5000)))
       << "the publication made during the outage was lost";
   EXPECT_EQ(leader->Status().prefixes_published(), 2u);
   EXPECT_EQ(audit.Regression(), 0u);
   EXPECT_TRUE((*client)->Leave().ok());
-  ::munmap(map, kDomainBytes);
-  ::close(dfd);
 }
 
 // Failover time after kill -9 of the leader (to a Grow served by the new leader), over
@@ -1055,10 +1076,7 @@ TEST_F(HaTest, FailoverTimeAfterKillNine) {
   std::vector<std::unique_ptr<HaOrchestrator>> orch;
   for (const char* n : {"a", "b", "c"})
     orch.push_back(std::make_unique<HaOrchestrator>(d_, *etcd_, n));
-  ASSERT_TRUE(orch[0]->Start(true));
-  ASSERT_TRUE(Eventually([&] { return orch[0]->Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(orch[1]->Start());
-  ASSERT_TRUE(orch[2]->Start());
+  ASSERT_TRUE(StartLeaderAndStandbys(*orch[0], {orch[1].get(), orch[2].get()}));
   FenceAudit audit(d_.domain);
   std::uint64_t inc = 0;
   ASSERT_TRUE(HostCalls::Join(*orch[0], 0, &inc).ok());
@@ -1071,22 +1089,10 @@ TEST_F(HaTest, FailoverTimeAfterKillNine) {
     ASSERT_TRUE(Eventually([&] { return (leader = Leader(all)) != nullptr; }, milliseconds(10000)));
     leader->Kill(SIGKILL);
     const std::int64_t t0 = NowMs();
-    HaOrchestrator* next = nullptr;
     std::vector<std::uint32_t> got;
-    ASSERT_TRUE(Eventually(
-        [&] {
-          for (HaOrchestrator* o : all) {
-            if (o == leader || o->pid <= 0) continue;
-            got.clear();
-            if (HostCalls::Grow(*o, 0, inc, 1, &got).ok()) {
-              next = o;
-              return true;
-            }
-          }
-          return false;
-        },
-        milliseconds(20000)))
-        << "trial " << trial << ": no standby served a grant";
+    // The old leader is not asked: killed, its pid is gone.
+    HaOrchestrator* next = FirstToGrant(all, 0, inc, milliseconds(20000), &got);
+    ASSERT_NE(next, nullptr) << "trial " << trial << ": no standby served a grant";
     times.push_back(NowMs() - t0);
     ASSERT_EQ(got.size(), 1u);
     EXPECT_TRUE(granted[0].insert(got[0]).second)
@@ -1124,15 +1130,10 @@ TEST_F(HaTest, EveryHostReattachedAfterKillNine) {
   for (const char* n : {"a", "b", "c"}) {
     orch.push_back(std::make_unique<HaOrchestrator>(d_, *etcd_, n, 3, 60000, 0, n_hosts));
   }
-  ASSERT_TRUE(orch[0]->Start(true));
-  ASSERT_TRUE(Eventually([&] { return orch[0]->Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(orch[1]->Start());
-  ASSERT_TRUE(orch[2]->Start());
-  std::string list, spec = "etcd://";
+  ASSERT_TRUE(StartLeaderAndStandbys(*orch[0], {orch[1].get(), orch[2].get()}));
+  std::string list;
   for (auto& o : orch) absl::StrAppend(&list, list.empty() ? "" : ",", o->socket);
-  for (const std::string& e : etcd_->endpoints()) absl::StrAppend(&spec, e, ",");
-  spec.back() = '/';
-  spec += "hatest";
+  const std::string spec = EtcdSpec(*etcd_, "hatest");
   std::vector<std::unique_ptr<orch::HostClient>> hosts;
   std::map<std::uint32_t, std::set<std::uint32_t>> granted;
   for (std::uint32_t h = 0; h < n_hosts; ++h) {
@@ -1221,9 +1222,7 @@ TEST_F(HaTest, EtcdWritesPerSecondWithManyHosts) {
   const std::vector<int> ports = FreeLoopbackPorts(1);
   HaOrchestrator a(d_, *etcd_, "a", 3, 60000, ports[0], n_hosts),
       b(d_, *etcd_, "b", 3, 60000, 0, n_hosts);
-  ASSERT_TRUE(a.Start(true));
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
   // One member's counters: every member applies the same writes.
   const int etcd_port = std::atoi(etcd_->endpoints()[0].substr(10).c_str());
   struct Counts {
@@ -1581,9 +1580,7 @@ TEST(HaPartition, OneOrchestratorCutOffFromEtcd) {
   SharedDomain d;
   HaOrchestrator a(d, etcd, "a"), b(d, etcd, "b");
   a.netns = net.ns;
-  ASSERT_TRUE(a.Start(true));
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "leader"; }, milliseconds(10000)));
-  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
   FenceAudit audit(d.domain);
   constexpr std::uint32_t kHosts = 4;
   std::vector<std::unique_ptr<orch::HostClient>> hosts;

@@ -29,19 +29,16 @@
 
 #include "cxlkv/coherence/mem.h"
 #include "cxlkv/coherence/prefix.h"
+#include "eventually.h"
 #include "gtest/gtest.h"
 
 extern char** environ;
 
 namespace cxlkv::testing {
 
+// Eventually() under the name these tests use.
 inline bool SoonTrue(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return cond();
+  return Eventually(cond, limit);
 }
 
 inline std::string SlurpFile(const std::string& path) {
@@ -118,13 +115,7 @@ class SpawnedOrchestrator {
             pid = -1;
             return true;
           }
-          const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-          sockaddr_un a{};
-          a.sun_family = AF_UNIX;
-          std::strncpy(a.sun_path, socket.c_str(), sizeof(a.sun_path) - 1);
-          const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-          ::close(fd);
-          return ok;
+          return AcceptsConnections(socket);
         },
         std::chrono::milliseconds(10000));
     EXPECT_TRUE(up && pid > 0) << "the orchestrator did not come up:\n" << SlurpFile(log);

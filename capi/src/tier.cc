@@ -43,6 +43,7 @@
 #include "cxlkv/coherence/key.h"
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/pool/arena.h"
+#include "cxlkv/pool/region.h"
 #include "cxlkv/tier/calibrate.h"
 #include "cxlkv/tier/nvme_store.h"
 #include "cxlkv/tier/placement.h"
@@ -57,6 +58,7 @@ namespace ti = cxlkv::tier;
 using cxlkv::allocator::BlockHandle;
 using cxlkv::capi::Fail;
 using cxlkv::capi::FromStatus;
+using cxlkv::pool::ErrnoText;
 using Key = cxlkv::coherence::PrefixKey;
 using KeyHash = cxlkv::coherence::PrefixKeyHash;
 
@@ -767,12 +769,6 @@ std::string Explain(Tier* t, const Key& key, bool json) {
 // ---- open and close -------------------------------------------------------------------------
 
 namespace {
-
-// errno as text (strerror may share its buffer between threads; GNU strerror_r does not).
-std::string ErrnoText(int err) {
-  char buf[128];
-  return ::strerror_r(err, buf, sizeof(buf));
-}
 
 absl::StatusOr<std::string> ReadConfig(const char* path) {
   std::FILE* f = std::fopen(path, "rb");

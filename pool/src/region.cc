@@ -57,10 +57,13 @@ static_assert(static_cast<int>(SourceKind::kDevdax) == 0 &&
 
 }  // namespace
 
-absl::Status ErrnoStatus(int err, absl::string_view object, absl::string_view call) {
+std::string ErrnoText(int err) {
   char buf[128];
-  const char* text = ::strerror_r(err, buf, sizeof(buf));  // GNU: returns the message
-  std::string msg = absl::StrCat(object, ": ", call, ": ", text, Hint(err));
+  return ::strerror_r(err, buf, sizeof(buf));  // GNU: returns the message (in buf or static)
+}
+
+absl::Status ErrnoStatus(int err, absl::string_view object, absl::string_view call) {
+  std::string msg = absl::StrCat(object, ": ", call, ": ", ErrnoText(err), Hint(err));
   switch (err) {
     case ENOENT:
       return absl::NotFoundError(msg);

@@ -41,24 +41,9 @@ E_CUDA = -15
 E_REVOKED = -16
 E_BUSY = -17
 
+# "CXLKV_E_FULL" for E_FULL, ...: the names of the constants above, as the header spells them.
 CODE_NAMES: Dict[int, str] = {
-    E_INVALID: "CXLKV_E_INVALID",
-    E_NOT_FOUND: "CXLKV_E_NOT_FOUND",
-    E_PERMISSION: "CXLKV_E_PERMISSION",
-    E_EXISTS: "CXLKV_E_EXISTS",
-    E_CORRUPT: "CXLKV_E_CORRUPT",
-    E_MISMATCH: "CXLKV_E_MISMATCH",
-    E_FULL: "CXLKV_E_FULL",
-    E_DOUBLE_FREE: "CXLKV_E_DOUBLE_FREE",
-    E_STALE: "CXLKV_E_STALE",
-    E_FOREIGN: "CXLKV_E_FOREIGN",
-    E_INTERNAL: "CXLKV_E_INTERNAL",
-    E_NO_CUDA: "CXLKV_E_NO_CUDA",
-    E_NO_DEVICE: "CXLKV_E_NO_DEVICE",
-    E_PENDING: "CXLKV_E_PENDING",
-    E_CUDA: "CXLKV_E_CUDA",
-    E_REVOKED: "CXLKV_E_REVOKED",
-    E_BUSY: "CXLKV_E_BUSY",
+    value: "CXLKV_" + name for name, value in list(globals().items()) if name.startswith("E_")
 }
 
 # What to do, per code, when the library's own message does not say. Appended to every
@@ -89,6 +74,11 @@ DEFAULT_HINTS: Dict[int, str] = {
 }
 
 
+# The class of each code: filled in by the classes' definitions below (CxlkvError's
+# __init_subclass__).
+_BY_CODE: Dict[int, Type["CxlkvError"]] = {}
+
+
 class CxlkvError(Exception):
     """Base class of every error the package raises.
 
@@ -105,6 +95,21 @@ class CxlkvError(Exception):
 
     code: int = E_INTERNAL
     results: Optional[Any] = None
+
+    def __init_subclass__(cls, code: Optional[int] = None, **kwargs: Any) -> None:
+        """``class FullError(CxlkvError, code=E_FULL)``: the class of that code.
+
+        error_class() and from_code() return it for the code. A subclass that only sets the
+        ``code`` attribute (an error found in Python) describes itself by that code without
+        becoming the code's class.
+        """
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            if code in _BY_CODE:
+                raise TypeError(f"{CODE_NAMES.get(code, code)} already has a class: "
+                                f"{_BY_CODE[code].__name__}")
+            cls.code = code
+            _BY_CODE[code] = cls
 
     def __init__(
         self,
@@ -136,106 +141,72 @@ class CxlkvError(Exception):
         return self._format()
 
 
-class InvalidArgumentError(CxlkvError, ValueError):
+class InvalidArgumentError(CxlkvError, ValueError, code=E_INVALID):
     """CXLKV_E_INVALID: a bad argument or spec."""
 
-    code = E_INVALID
 
-
-class NotFoundError(CxlkvError, LookupError):
+class NotFoundError(CxlkvError, LookupError, code=E_NOT_FOUND):
     """CXLKV_E_NOT_FOUND: no such device, file, node, arena or published block."""
 
-    code = E_NOT_FOUND
 
-
-class PermissionDeniedError(CxlkvError, PermissionError):
+class PermissionDeniedError(CxlkvError, PermissionError, code=E_PERMISSION):
     """CXLKV_E_PERMISSION: the source cannot be opened or mapped by this user."""
 
-    code = E_PERMISSION
 
-
-class ExistsError(CxlkvError, FileExistsError):
+class ExistsError(CxlkvError, FileExistsError, code=E_EXISTS):
     """CXLKV_E_EXISTS: an arena is already there."""
 
-    code = E_EXISTS
 
-
-class CorruptError(CxlkvError):
+class CorruptError(CxlkvError, code=E_CORRUPT):
     """CXLKV_E_CORRUPT: corrupt or torn metadata; nothing was modified."""
 
-    code = E_CORRUPT
 
-
-class MismatchError(CxlkvError):
+class MismatchError(CxlkvError, code=E_MISMATCH):
     """CXLKV_E_MISMATCH: foreign data, another layout or version, in use, or fenced."""
 
-    code = E_MISMATCH
 
-
-class FullError(CxlkvError):
+class FullError(CxlkvError, code=E_FULL):
     """CXLKV_E_FULL: no free block of that class, lease row, owner slot or ring slot."""
 
-    code = E_FULL
 
-
-class DoubleFreeError(CxlkvError):
+class DoubleFreeError(CxlkvError, code=E_DOUBLE_FREE):
     """CXLKV_E_DOUBLE_FREE: the block was already freed."""
 
-    code = E_DOUBLE_FREE
 
-
-class StaleError(CxlkvError):
+class StaleError(CxlkvError, code=E_STALE):
     """CXLKV_E_STALE: the lease expired or the block was retired or reused: discard the data."""
 
-    code = E_STALE
 
-
-class ForeignError(CxlkvError, ValueError):
+class ForeignError(CxlkvError, ValueError, code=E_FOREIGN):
     """CXLKV_E_FOREIGN: not a block (or pointer) of this arena."""
 
-    code = E_FOREIGN
 
-
-class InternalError(CxlkvError, OSError):
+class InternalError(CxlkvError, OSError, code=E_INTERNAL):
     """CXLKV_E_INTERNAL: an unexpected operating-system error."""
 
-    code = E_INTERNAL
 
-
-class NoCudaError(CxlkvError):
+class NoCudaError(CxlkvError, code=E_NO_CUDA):
     """CXLKV_E_NO_CUDA: the library was built without CUDA."""
 
-    code = E_NO_CUDA
 
-
-class NoDeviceError(CxlkvError):
+class NoDeviceError(CxlkvError, code=E_NO_DEVICE):
     """CXLKV_E_NO_DEVICE: no CUDA device."""
 
-    code = E_NO_DEVICE
 
-
-class PendingError(CxlkvError):
+class PendingError(CxlkvError, code=E_PENDING):
     """CXLKV_E_PENDING: not finished yet."""
 
-    code = E_PENDING
 
-
-class CudaError(CxlkvError):
+class CudaError(CxlkvError, code=E_CUDA):
     """CXLKV_E_CUDA: the CUDA driver refused or failed."""
 
-    code = E_CUDA
 
-
-class RevokedError(CxlkvError):
+class RevokedError(CxlkvError, code=E_REVOKED):
     """CXLKV_E_REVOKED: the arena's extent was revoked."""
 
-    code = E_REVOKED
 
-
-class BusyError(CxlkvError):
+class BusyError(CxlkvError, code=E_BUSY):
     """CXLKV_E_BUSY: refused for now (pinned, NVMe I/O in flight, or cooling down): retry."""
-
-    code = E_BUSY
 
 
 # ---- errors found in Python before the library is called -----------------------------------
@@ -263,30 +234,6 @@ class LibraryNotFoundError(CxlkvError, ImportError):
     """libcxlkv.so could not be found or loaded."""
 
     code = E_NOT_FOUND
-
-
-_BY_CODE: Dict[int, Type[CxlkvError]] = {
-    cls.code: cls
-    for cls in (
-        InvalidArgumentError,
-        NotFoundError,
-        PermissionDeniedError,
-        ExistsError,
-        CorruptError,
-        MismatchError,
-        FullError,
-        DoubleFreeError,
-        StaleError,
-        ForeignError,
-        InternalError,
-        NoCudaError,
-        NoDeviceError,
-        PendingError,
-        CudaError,
-        RevokedError,
-        BusyError,
-    )
-}
 
 
 def error_class(code: int) -> Type[CxlkvError]:

@@ -28,19 +28,13 @@
 namespace cxlkv::tier {
 
 using pool::ErrnoStatus;
+using pool::ErrnoText;
 namespace {
 
 constexpr std::uint64_t RoundUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 constexpr std::size_t kReapBatch = 64;
 constexpr std::size_t kMaxProblems = 64;
 constexpr std::uint64_t kScanBufferBytes = 64ull << 20;  // read buffers of one scan round
-
-// errno as text: strerror may share its buffer between threads (MT-Unsafe); GNU strerror_r
-// returns the message (in buf or static).
-std::string ErrnoText(int err) {
-  char buf[128];
-  return ::strerror_r(err, buf, sizeof(buf));
-}
 
 [[noreturn]] void Bug(const char* what, int err = 0) {
   std::fprintf(stderr, "cxlkv NvmeStore bug: %s%s%s\n", what, err != 0 ? ": " : "",
@@ -99,6 +93,11 @@ std::string FsType(int fd) {
     default:
       return absl::StrFormat("type %#lx", static_cast<unsigned long>(sf.f_type));
   }
+}
+
+// The error of an operation on a key the store at `dir` does not hold.
+absl::Status NoBlockError(absl::string_view dir, const NvmeKey& key) {
+  return absl::NotFoundError(absl::StrCat(dir, ": no block ", NvmeKeyToString(key)));
 }
 
 struct Fd {
@@ -640,9 +639,7 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
     if (op.kind == NvmeOpKind::kDelete) {
       auto it = index_.find(op.key);
       if (it == index_.end()) {
-        CompleteOp(&batch, i,
-                   absl::NotFoundError(absl::StrCat(dir_, ": no block ", NvmeKeyToString(op.key))),
-                   0, &finished);
+        CompleteOp(&batch, i, NoBlockError(dir_, op.key), 0, &finished);
         continue;
       }
       stats_.payload_bytes -= it->second.payload_bytes;
@@ -695,9 +692,7 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
     } else {  // kGet
       auto it = index_.find(op.key);
       if (it == index_.end()) {
-        CompleteOp(&batch, i,
-                   absl::NotFoundError(absl::StrCat(dir_, ": no block ", NvmeKeyToString(op.key))),
-                   0, &finished);
+        CompleteOp(&batch, i, NoBlockError(dir_, op.key), 0, &finished);
         continue;
       }
       const IndexEntry e = it->second;
@@ -1024,7 +1019,7 @@ absl::StatusOr<NvmeStore::Location> NvmeStore::Locate(const NvmeKey& key) const 
   std::lock_guard<std::mutex> l(mu_);
   auto it = index_.find(key);
   if (it == index_.end()) {
-    return absl::NotFoundError(absl::StrCat(dir_, ": no block ", NvmeKeyToString(key)));
+    return NoBlockError(dir_, key);
   }
   return Location{slots_path_, it->second.slot, it->second.slot * slot_bytes_,
                   it->second.payload_bytes};

@@ -9,70 +9,22 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cxlkv/orchestrator/token.h"
-#define TOML_EXCEPTIONS 1
 #include "cxlkv/pool/spec.h"
-#include "toml++/toml.h"
+#include "cxlkv/pool/toml_reader.h"
 
 namespace cxlkv::orchestrator {
 namespace {
 
-class Parser {
+// domain.toml's readers, and two more the orchestrator's sections use.
+class Parser : public pool::TomlReader {
  public:
-  explicit Parser(absl::string_view source) : source_(source) {}
+  using TomlReader::TomlReader;
 
-  absl::Status Error(const toml::node& n, absl::string_view key, absl::string_view what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_, ":", static_cast<std::uint64_t>(n.source().begin.line), ": key '",
-                     key, "': ", what));
-  }
-
-  absl::Status Str(const toml::node& n, absl::string_view key, std::string* out) const {
-    if (!n.is_string()) return Error(n, key, "expected a string");
-    *out = std::string(*n.value<std::string_view>());
-    return absl::OkStatus();
-  }
-
+  // A source spec (pool, prefix domain) that parses.
   absl::Status Spec(const toml::node& n, absl::string_view key, std::string* out) const {
     if (auto st = Str(n, key, out); !st.ok()) return st;
     auto spec = pool::ParseSourceSpec(*out);
     if (!spec.ok()) return Error(n, key, spec.status().message());
-    return absl::OkStatus();
-  }
-
-  absl::Status U32(const toml::node& n, absl::string_view key, std::uint32_t* out, std::int64_t lo,
-                   std::int64_t hi) const {
-    if (!n.is_integer()) return Error(n, key, "expected an integer");
-    const std::int64_t v = *n.value<std::int64_t>();
-    if (v < lo || v > hi) {
-      return Error(n, key, absl::StrCat(v, " is out of range [", lo, ", ", hi, "]"));
-    }
-    *out = static_cast<std::uint32_t>(v);
-    return absl::OkStatus();
-  }
-
-  absl::Status Real(const toml::node& n, absl::string_view key, double* out, double lo,
-                    double hi) const {
-    if (!n.is_number()) return Error(n, key, "expected a number");
-    const double v =
-        n.is_integer() ? static_cast<double>(*n.value<std::int64_t>()) : *n.value<double>();
-    if (!(v >= lo && v <= hi)) {
-      return Error(n, key, absl::StrCat(v, " is out of range [", lo, ", ", hi, "]"));
-    }
-    *out = v;
-    return absl::OkStatus();
-  }
-
-  absl::Status Size(const toml::node& n, absl::string_view key, std::uint64_t* out) const {
-    if (n.is_integer()) {
-      if (*n.value<std::int64_t>() <= 0) return Error(n, key, "must be positive");
-      *out = static_cast<std::uint64_t>(*n.value<std::int64_t>());
-      return absl::OkStatus();
-    }
-    std::string s;
-    if (auto st = Str(n, key, &s); !st.ok()) return Error(n, key, "expected a size like \"256M\"");
-    auto v = pool::ParseSize(s);
-    if (!v.ok()) return Error(n, key, v.status().message());
-    *out = *v;
     return absl::OkStatus();
   }
 
@@ -88,29 +40,6 @@ class Parser {
     }
     return absl::OkStatus();
   }
-
-  using Handler = std::function<absl::Status(const toml::node&, const std::string& key)>;
-  // Applies handlers to every key of a table; a key without one is an error.
-  absl::Status Table(const toml::node& n, const std::string& name,
-                     const std::map<std::string, Handler>& handlers) const {
-    const toml::table* t = n.as_table();
-    if (t == nullptr) return Error(n, name, "expected a table");
-    for (auto&& [k, v] : *t) {
-      const std::string key(k.str());
-      const std::string full = name.empty() ? key : absl::StrCat(name, ".", key);
-      auto it = handlers.find(key);
-      if (it == handlers.end()) {
-        std::string known;
-        for (const auto& [hk, _] : handlers) absl::StrAppend(&known, known.empty() ? "" : ", ", hk);
-        return Error(v, full, absl::StrCat("unknown key (known here: ", known, ")"));
-      }
-      if (auto st = it->second(v, full); !st.ok()) return st;
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  std::string source_;
 };
 
 }  // namespace
@@ -127,15 +56,9 @@ double Config::ShareOf(std::uint32_t host) const {
 }
 
 absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view source_name) {
-  toml::table root;
-  try {
-    root = toml::parse(std::string_view(text.data(), text.size()),
-                       std::string_view(source_name.data(), source_name.size()));
-  } catch (const toml::parse_error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_name, ":", static_cast<std::uint64_t>(e.source().begin.line), ": ",
-                     std::string(e.description())));
-  }
+  absl::StatusOr<toml::table> parsed = pool::ParseToml(text, source_name);
+  if (!parsed.ok()) return parsed.status();
+  const toml::table& root = *parsed;
   Config c;
   Parser p(source_name);
   using H = Parser::Handler;
