@@ -1,5 +1,7 @@
 // PrefixHost: lookups, leases, requests and heartbeat of one host (docs/coherence.md).
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -341,12 +343,6 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
       for (std::uint32_t p = chain_next_[i]; p < end; ++p) {
         const std::uint32_t slot = (chain_entries_[i] + p) & mask;
         e = chain_lines_[i * window + (p - chain_next_[i])];
-        if (p == 0 && (LineValid(e) || ReadEntry(slot, &e)) && e.probe_len != 0) {
-          // The start slot says how far this key's entry can be (0: not known, or a line
-          // that never validated: probe until an EMPTY entry). A length read a moment
-          // late only makes this lookup miss an entry published meanwhile.
-          chain_bound_[i] = std::min<std::uint32_t>(e.probe_len, h_.index_entries);
-        }
         // Only a line acted on is checked (a match, or an EMPTY that ends the probe): a torn
         // line passed over is what an unreadable one is, a slot to probe past.
         const auto state = static_cast<EntryState>(e.state);
@@ -367,6 +363,16 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
         }
       }
       if (chain_next_[i] == kFound) continue;
+      if (!missed && chain_next_[i] == 0) {
+        // Not found in the first window: the start slot says how far this key's entry can be
+        // (0: not known, or a line that never validated: probe until an EMPTY entry). Only
+        // now is it checked, so a key found in its first window pays one CRC, not two. A
+        // length read a moment late only makes this lookup miss an entry published meanwhile.
+        IndexEntry start = chain_lines_[i * window];
+        if ((LineValid(start) || ReadEntry(chain_entries_[i], &start)) && start.probe_len != 0) {
+          chain_bound_[i] = std::min<std::uint32_t>(start.probe_len, h_.index_entries);
+        }
+      }
       if (missed || end >= chain_bound_[i]) {
         // An EMPTY entry, or past the probe length: the run ends here; later keys do not
         // matter.
