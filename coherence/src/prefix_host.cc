@@ -489,6 +489,10 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<con
   std::size_t held = 0;
   for (; held < n; ++held) {
     IndexEntry& e = chain_lines_[held];
+    // Byte for byte the line the lookup validated and found PUBLISHED with this gen: the same
+    // bytes have the same CRC, state and gen, so that check is already done (docs/coherence.md,
+    // "Re-validation by comparison"). Any other bytes get the full check.
+    if (std::memcmp(&e, &chain_read_[held], sizeof(IndexEntry)) == 0) continue;
     if (!LineValid(e) && !ReadEntry(chain_entries_[held], &e)) break;
     if (static_cast<EntryState>(e.state) != EntryState::kPublished ||
         e.entry_gen != chain_read_[held].entry_gen) {
