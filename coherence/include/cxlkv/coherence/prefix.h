@@ -269,6 +269,11 @@ class PrefixHost {
   std::uint64_t acked_head_ = 0;
   bool attached_ = false;  // Rejoin has run once in this process
   std::uint64_t lease_seq_ = 0;
+  // CRCs of this incarnation's lease row with lease_seq, entry and gen zero, not held [0] and
+  // held [1] (StoreLeaseRow reseals from them).
+  std::uint64_t row_crc_incarnation_ = 0;
+  bool row_crc_ready_ = false;
+  std::uint32_t row_crc_base_[2] = {};
   // This host cannot be fenced before this time (from heartbeats the owner acknowledged).
   std::int64_t alive_until_ms_ = 0;
   std::vector<std::pair<std::uint64_t, std::int64_t>> sent_beats_;  // heartbeat, local send time
