@@ -326,6 +326,7 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
   }
   for (std::uint32_t window = kFirstWindow;; window = std::min(window * 2, kMaxWindow)) {
     bool open = false;
+    preload_.clear();
     for (std::size_t i = 0; i < limit; ++i) {
       if (chain_next_[i] == kFound) continue;
       const std::uint32_t end = std::min(chain_next_[i] + window, chain_bound_[i]);
@@ -334,12 +335,14 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
         const std::uint32_t slot = (chain_entries_[i] + p) & mask;
         const std::uint32_t run = std::min(end - p, h_.index_entries - slot);
         mem_.Evict(EntryOff(h_, slot), std::size_t{run} * sizeof(IndexEntry));
+        for (std::uint32_t k = 0; k < run; ++k) preload_.push_back(EntryOff(h_, slot + k));
         p += run;
       }
       open = true;
     }
     if (!open) return limit;
     mem_.FullFence();
+    mem_.Preload(preload_);  // every line of the round on its way before the first Read
     // Every line of the round is loaded before any is looked at: the loads are independent,
     // so their misses overlap instead of waiting on each line's checks in turn.
     chain_lines_.resize(limit * window);
@@ -483,10 +486,15 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<con
   // 3. Re-validate every entry: evict all (and the owner's clock line), one full fence, read;
   //    a torn line is read again alone. That fence is also rule 4's fence between the rows
   //    and the re-validation loads: it drains the rows and completes their write-backs first.
-  for (std::size_t i = 0; i < n; ++i)
+  preload_.clear();
+  for (std::size_t i = 0; i < n; ++i) {
     mem_.Evict(EntryOff(h_, chain_entries_[i]), sizeof(IndexEntry));
+    preload_.push_back(EntryOff(h_, chain_entries_[i]));
+  }
   mem_.Evict(kOwnerClockOffset, sizeof(OwnerClockLine));
+  preload_.push_back(kOwnerClockOffset);
   mem_.FullFence();
+  mem_.Preload(preload_);  // loads after the fence, as the Reads below: their misses overlap
   OwnerClockLine c;
   mem_.Read(kOwnerClockOffset, &c, sizeof(c));
   if (!LineValid(c) && !ReadShared(mem_, kOwnerClockOffset, &c)) c = OwnerClockLine{};

@@ -295,6 +295,7 @@ class PrefixHost {
   std::vector<std::uint32_t> chain_next_;   // ProbeRun's next probe of each key
   std::vector<std::uint32_t> chain_bound_;  // ... and how far its probe goes (probe_len)
   std::vector<IndexEntry> chain_lines_;     // the lines one round loads, before they are checked
+  std::vector<std::uint64_t> preload_;      // offsets of the lines a fence's Reads will load
 };
 
 // ---- the owner (reclaimer) ------------------------------------------------------------------
