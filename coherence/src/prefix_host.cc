@@ -406,11 +406,13 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
   }
 }
 
-absl::Status PrefixHost::EnsureAlive() {
-  if (clock_.NowMs() <= alive_until_ms_) return absl::OkStatus();
+absl::Status PrefixHost::EnsureAlive(std::int64_t* now_ms) {
+  *now_ms = clock_.NowMs();
+  if (*now_ms <= alive_until_ms_) return absl::OkStatus();
   // No acknowledged heartbeat recent enough to promise a lease: beat, and look again.
   if (auto st = Heartbeat(nullptr); !st.ok()) return st;
-  if (clock_.NowMs() > alive_until_ms_) {
+  *now_ms = clock_.NowMs();
+  if (*now_ms > alive_until_ms_) {
     return absl::UnavailableError(
         absl::StrCat("host ", host_,
                      ": the owner has not acknowledged a recent heartbeat (down or "
@@ -421,12 +423,12 @@ absl::Status PrefixHost::EnsureAlive() {
 
 absl::StatusOr<Lease> PrefixHost::Acquire(const Hit& hit) {
   if (hit.entry >= h_.index_entries) return absl::InvalidArgumentError("hit names no entry");
-  if (auto st = EnsureAlive(); !st.ok()) return st;
+  std::int64_t now;  // read before the row can be seen: a deadline counted from it is safe
+  if (auto st = EnsureAlive(&now); !st.ok()) return st;
   if (free_rows_.empty()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("host ", host_, " holds all ", h_.lease_rows, " lease rows; release some"));
   }
-  const std::int64_t now = clock_.NowMs();  // before the row can be seen: deadline is safe
   const std::uint32_t row = free_rows_.back();
   // The row's store and write-back, then the re-read of the entry: the mfence inside
   // ReadEntryAndClock is this side's fence of rule 4 (no load of the entry passes the row).
@@ -465,7 +467,10 @@ absl::StatusOr<Lease> PrefixHost::LookupAndAcquire(Namespace ns, const PrefixKey
 absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<const PrefixKey> keys,
                                                      std::vector<Lease>* out) {
   if (keys.empty()) return 0;
-  if (auto st = EnsureAlive(); !st.ok()) return st;
+  // The clock read before the lookup: before any row can be seen, so a deadline counted from
+  // it is safe (the lease ends a lookup's time earlier than one counted from after it).
+  std::int64_t now;
+  if (auto st = EnsureAlive(&now); !st.ok()) return st;
   const std::size_t want = std::min(keys.size(), std::size_t{h_.lease_rows});
   // 1. Lookup: every key probed at once, one fence a round (ProbeRun).
   std::size_t n = ProbeRun(ns, keys.first(want));
@@ -476,7 +481,6 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<con
   }
   n = std::min(n, free_rows_.size());
   // 2. Lease rows: a streaming store each.
-  const std::int64_t now = clock_.NowMs();  // before any row can be seen: deadline is safe
   const std::size_t first_row = free_rows_.size() - n;  // rows taken from the back
   for (std::size_t i = 0; i < n; ++i) {
     StoreLeaseRow(free_rows_[first_row + n - 1 - i], chain_entries_[i], chain_read_[i].entry_gen,

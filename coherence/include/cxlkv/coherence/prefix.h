@@ -229,7 +229,8 @@ class PrefixHost {
   // The row's streaming store, no fence (ClearLeaseRow and the callers that batch fence).
   void StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held);
   // kUnavailable unless an acknowledged heartbeat covers now (beats once to get one).
-  absl::Status EnsureAlive();
+  // `now_ms`: this host's clock as last read here.
+  absl::Status EnsureAlive(std::int64_t* now_ms);
   bool Holds(const Lease& lease) const {
     return lease.row < rows_.size() && rows_[lease.row].id != 0 && rows_[lease.row].id == lease.id;
   }
