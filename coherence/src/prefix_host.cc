@@ -302,15 +302,16 @@ std::optional<Hit> PrefixHost::Lookup(Namespace ns, const PrefixKey& key) {
 std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) {
   // Linear probing from each key's start slot, all keys at once, in rounds: a round evicts
   // the next `window` slots of every key still open, fences once (mfence: no load below
-  // passes the evictions), then reads them. A hit at 70 % load is within the first two
-  // slots most of the time, so one round (one fence, the misses overlapping) finds most
-  // keys; the windows double for the few that need more. A slot read after the fence holds
-  // what memory held at some point after this call began, as the one-slot Invalidate did.
-  // A key's probe ends at an EMPTY entry or after its start slot's probe_len slots (read
-  // with the start slot in the first round), whichever comes first: after churn, tombstones
-  // no longer lengthen a miss (docs/coherence.md, "Probe lengths").
+  // passes the evictions), then reads them. The first window is 4 slots: at 70 % load a
+  // chain of 8 keys probed 2 slots each needs a second round (a second round trip to
+  // memory) almost always, and two more lines a key cost little once the round's loads
+  // overlap (Mem::Preload); the windows double for the few keys that need more. A slot read
+  // after the fence holds what memory held at some point after this call began, as the
+  // one-slot Invalidate did. A key's probe ends at an EMPTY entry or after its start slot's
+  // probe_len slots (read with the start slot in the first round), whichever comes first:
+  // after churn, tombstones no longer lengthen a miss (docs/coherence.md, "Probe lengths").
   // `limit` is the run's end so far: keys past a miss are not probed any more.
-  constexpr std::uint32_t kFirstWindow = 2;
+  constexpr std::uint32_t kFirstWindow = 4;
   constexpr std::uint32_t kMaxWindow = 64;
   constexpr std::uint32_t kFound = ~0u;
   const std::uint32_t mask = h_.index_entries - 1;
