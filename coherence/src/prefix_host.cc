@@ -1,5 +1,7 @@
 // PrefixHost: lookups, leases, requests and heartbeat of one host (docs/coherence.md).
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -234,13 +236,32 @@ void PrefixHost::ClearLeaseRow(std::uint32_t row) {
 
 void PrefixHost::StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen,
                                bool held) {
+  // A row differs from the sealed rows of this incarnation with lease_seq, entry and gen zero
+  // (held or not) only in those two words, so its CRC is that row's CRC XOR the two words'
+  // deltas: the same CRC32C as SealLine computes over its 60 bytes, without the 8-step
+  // dependency chain of crc32 instructions through them (two such seals a block leased).
+  static_assert(offsetof(LeaseRow, lease_seq) == 8 && offsetof(LeaseRow, entry) == 16 &&
+                offsetof(LeaseRow, entry_gen) == 20 && offsetof(LeaseRow, crc) == 60);
+  static constexpr Crc32cWordDelta kSeqDelta(offsetof(LeaseRow, crc) - 16);
+  static constexpr Crc32cWordDelta kEntryDelta(offsetof(LeaseRow, crc) - 24);
+  if (row_crc_incarnation_ != incarnation_ || !row_crc_ready_) {
+    for (std::uint32_t h = 0; h < 2; ++h) {
+      LeaseRow base{};
+      base.incarnation = incarnation_;
+      base.held = h;
+      row_crc_base_[h] = LineCrc(base);
+    }
+    row_crc_incarnation_ = incarnation_;
+    row_crc_ready_ = true;
+  }
   LeaseRow r{};
   r.incarnation = incarnation_;
   r.lease_seq = ++lease_seq_;
   r.entry = entry;
   r.entry_gen = gen;
   r.held = held ? 1 : 0;
-  SealLine(r);
+  r.crc = row_crc_base_[r.held] ^ kSeqDelta(r.lease_seq) ^
+          kEntryDelta(std::uint64_t{entry} | std::uint64_t{gen} << 32);
   const std::uint64_t off = LeaseRowOff(h_, host_, row);
 #ifndef CXLKV_FAULT_DROP_LEASE_FLUSH  // defined only by the fault-injection test build
   // A streaming store of the whole line: no read for ownership of a line this host only
@@ -281,15 +302,16 @@ std::optional<Hit> PrefixHost::Lookup(Namespace ns, const PrefixKey& key) {
 std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) {
   // Linear probing from each key's start slot, all keys at once, in rounds: a round evicts
   // the next `window` slots of every key still open, fences once (mfence: no load below
-  // passes the evictions), then reads them. A hit at 70 % load is within the first two
-  // slots most of the time, so one round (one fence, the misses overlapping) finds most
-  // keys; the windows double for the few that need more. A slot read after the fence holds
-  // what memory held at some point after this call began, as the one-slot Invalidate did.
-  // A key's probe ends at an EMPTY entry or after its start slot's probe_len slots (read
-  // with the start slot in the first round), whichever comes first: after churn, tombstones
-  // no longer lengthen a miss (docs/coherence.md, "Probe lengths").
+  // passes the evictions), then reads them. The first window is 4 slots: at 70 % load a
+  // chain of 8 keys probed 2 slots each needs a second round (a second round trip to
+  // memory) almost always, and two more lines a key cost little once the round's loads
+  // overlap (Mem::Preload); the windows double for the few keys that need more. A slot read
+  // after the fence holds what memory held at some point after this call began, as the
+  // one-slot Invalidate did. A key's probe ends at an EMPTY entry or after its start slot's
+  // probe_len slots (read with the start slot in the first round), whichever comes first:
+  // after churn, tombstones no longer lengthen a miss (docs/coherence.md, "Probe lengths").
   // `limit` is the run's end so far: keys past a miss are not probed any more.
-  constexpr std::uint32_t kFirstWindow = 2;
+  constexpr std::uint32_t kFirstWindow = 4;
   constexpr std::uint32_t kMaxWindow = 64;
   constexpr std::uint32_t kFound = ~0u;
   const std::uint32_t mask = h_.index_entries - 1;
@@ -305,6 +327,7 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
   }
   for (std::uint32_t window = kFirstWindow;; window = std::min(window * 2, kMaxWindow)) {
     bool open = false;
+    preload_.clear();
     for (std::size_t i = 0; i < limit; ++i) {
       if (chain_next_[i] == kFound) continue;
       const std::uint32_t end = std::min(chain_next_[i] + window, chain_bound_[i]);
@@ -313,12 +336,14 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
         const std::uint32_t slot = (chain_entries_[i] + p) & mask;
         const std::uint32_t run = std::min(end - p, h_.index_entries - slot);
         mem_.Evict(EntryOff(h_, slot), std::size_t{run} * sizeof(IndexEntry));
+        for (std::uint32_t k = 0; k < run; ++k) preload_.push_back(EntryOff(h_, slot + k));
         p += run;
       }
       open = true;
     }
     if (!open) return limit;
     mem_.FullFence();
+    mem_.Preload(preload_);  // every line of the round on its way before the first Read
     // Every line of the round is loaded before any is looked at: the loads are independent,
     // so their misses overlap instead of waiting on each line's checks in turn.
     chain_lines_.resize(limit * window);
@@ -341,12 +366,6 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
       for (std::uint32_t p = chain_next_[i]; p < end; ++p) {
         const std::uint32_t slot = (chain_entries_[i] + p) & mask;
         e = chain_lines_[i * window + (p - chain_next_[i])];
-        if (p == 0 && (LineValid(e) || ReadEntry(slot, &e)) && e.probe_len != 0) {
-          // The start slot says how far this key's entry can be (0: not known, or a line
-          // that never validated: probe until an EMPTY entry). A length read a moment
-          // late only makes this lookup miss an entry published meanwhile.
-          chain_bound_[i] = std::min<std::uint32_t>(e.probe_len, h_.index_entries);
-        }
         // Only a line acted on is checked (a match, or an EMPTY that ends the probe): a torn
         // line passed over is what an unreadable one is, a slot to probe past.
         const auto state = static_cast<EntryState>(e.state);
@@ -367,6 +386,16 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
         }
       }
       if (chain_next_[i] == kFound) continue;
+      if (!missed && chain_next_[i] == 0) {
+        // Not found in the first window: the start slot says how far this key's entry can be
+        // (0: not known, or a line that never validated: probe until an EMPTY entry). Only
+        // now is it checked, so a key found in its first window pays one CRC, not two. A
+        // length read a moment late only makes this lookup miss an entry published meanwhile.
+        IndexEntry start = chain_lines_[i * window];
+        if ((LineValid(start) || ReadEntry(chain_entries_[i], &start)) && start.probe_len != 0) {
+          chain_bound_[i] = std::min<std::uint32_t>(start.probe_len, h_.index_entries);
+        }
+      }
       if (missed || end >= chain_bound_[i]) {
         // An EMPTY entry, or past the probe length: the run ends here; later keys do not
         // matter.
@@ -378,11 +407,13 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
   }
 }
 
-absl::Status PrefixHost::EnsureAlive() {
-  if (clock_.NowMs() <= alive_until_ms_) return absl::OkStatus();
+absl::Status PrefixHost::EnsureAlive(std::int64_t* now_ms) {
+  *now_ms = clock_.NowMs();
+  if (*now_ms <= alive_until_ms_) return absl::OkStatus();
   // No acknowledged heartbeat recent enough to promise a lease: beat, and look again.
   if (auto st = Heartbeat(nullptr); !st.ok()) return st;
-  if (clock_.NowMs() > alive_until_ms_) {
+  *now_ms = clock_.NowMs();
+  if (*now_ms > alive_until_ms_) {
     return absl::UnavailableError(
         absl::StrCat("host ", host_,
                      ": the owner has not acknowledged a recent heartbeat (down or "
@@ -393,12 +424,12 @@ absl::Status PrefixHost::EnsureAlive() {
 
 absl::StatusOr<Lease> PrefixHost::Acquire(const Hit& hit) {
   if (hit.entry >= h_.index_entries) return absl::InvalidArgumentError("hit names no entry");
-  if (auto st = EnsureAlive(); !st.ok()) return st;
+  std::int64_t now;  // read before the row can be seen: a deadline counted from it is safe
+  if (auto st = EnsureAlive(&now); !st.ok()) return st;
   if (free_rows_.empty()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("host ", host_, " holds all ", h_.lease_rows, " lease rows; release some"));
   }
-  const std::int64_t now = clock_.NowMs();  // before the row can be seen: deadline is safe
   const std::uint32_t row = free_rows_.back();
   // The row's store and write-back, then the re-read of the entry: the mfence inside
   // ReadEntryAndClock is this side's fence of rule 4 (no load of the entry passes the row).
@@ -437,7 +468,10 @@ absl::StatusOr<Lease> PrefixHost::LookupAndAcquire(Namespace ns, const PrefixKey
 absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<const PrefixKey> keys,
                                                      std::vector<Lease>* out) {
   if (keys.empty()) return 0;
-  if (auto st = EnsureAlive(); !st.ok()) return st;
+  // The clock read before the lookup: before any row can be seen, so a deadline counted from
+  // it is safe (the lease ends a lookup's time earlier than one counted from after it).
+  std::int64_t now;
+  if (auto st = EnsureAlive(&now); !st.ok()) return st;
   const std::size_t want = std::min(keys.size(), std::size_t{h_.lease_rows});
   // 1. Lookup: every key probed at once, one fence a round (ProbeRun).
   std::size_t n = ProbeRun(ns, keys.first(want));
@@ -448,7 +482,6 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<con
   }
   n = std::min(n, free_rows_.size());
   // 2. Lease rows: a streaming store each.
-  const std::int64_t now = clock_.NowMs();  // before any row can be seen: deadline is safe
   const std::size_t first_row = free_rows_.size() - n;  // rows taken from the back
   for (std::size_t i = 0; i < n; ++i) {
     StoreLeaseRow(free_rows_[first_row + n - 1 - i], chain_entries_[i], chain_read_[i].entry_gen,
@@ -458,10 +491,15 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<con
   // 3. Re-validate every entry: evict all (and the owner's clock line), one full fence, read;
   //    a torn line is read again alone. That fence is also rule 4's fence between the rows
   //    and the re-validation loads: it drains the rows and completes their write-backs first.
-  for (std::size_t i = 0; i < n; ++i)
+  preload_.clear();
+  for (std::size_t i = 0; i < n; ++i) {
     mem_.Evict(EntryOff(h_, chain_entries_[i]), sizeof(IndexEntry));
+    preload_.push_back(EntryOff(h_, chain_entries_[i]));
+  }
   mem_.Evict(kOwnerClockOffset, sizeof(OwnerClockLine));
+  preload_.push_back(kOwnerClockOffset);
   mem_.FullFence();
+  mem_.Preload(preload_);  // loads after the fence, as the Reads below: their misses overlap
   OwnerClockLine c;
   mem_.Read(kOwnerClockOffset, &c, sizeof(c));
   if (!LineValid(c) && !ReadShared(mem_, kOwnerClockOffset, &c)) c = OwnerClockLine{};
@@ -483,6 +521,10 @@ absl::StatusOr<std::size_t> PrefixHost::AcquireChain(Namespace ns, std::span<con
   std::size_t held = 0;
   for (; held < n; ++held) {
     IndexEntry& e = chain_lines_[held];
+    // Byte for byte the line the lookup validated and found PUBLISHED with this gen: the same
+    // bytes have the same CRC, state and gen, so that check is already done (docs/coherence.md,
+    // "Re-validation by comparison"). Any other bytes get the full check.
+    if (std::memcmp(&e, &chain_read_[held], sizeof(IndexEntry)) == 0) continue;
     if (!LineValid(e) && !ReadEntry(chain_entries_[held], &e)) break;
     if (static_cast<EntryState>(e.state) != EntryState::kPublished ||
         e.entry_gen != chain_read_[held].entry_gen) {

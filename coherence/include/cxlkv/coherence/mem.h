@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace cxlkv::coherence {
 
@@ -37,6 +38,12 @@ class Mem {
   virtual void Fence() = 0;
   // Full fence (mfence): also keeps later loads behind earlier stores.
   virtual void FullFence() = 0;
+  // A hint that changes no Read's result: loads from each listed line (offsets of 64-byte
+  // lines) so that the Reads of those lines that follow find them on their way. The loads are
+  // plain loads, independent of each other, so their misses overlap (as many as the core can
+  // keep in flight) where a run of Reads would wait on some of them in turn. A load is a
+  // load: after a FullFence, it fetches what a Read there would. Default: nothing.
+  virtual void Preload(std::span<const std::uint64_t> line_offsets) { (void)line_offsets; }
 };
 
 // A real mapping: Read/Write are memcpy, the rest are the cache.h instructions.
@@ -53,6 +60,7 @@ class DirectMem final : public Mem {
   void Evict(std::uint64_t offset, std::size_t len) override;
   void Fence() override;
   void FullFence() override;
+  void Preload(std::span<const std::uint64_t> line_offsets) override;
   std::byte* base() const { return base_; }
 
  private:

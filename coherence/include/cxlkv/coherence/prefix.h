@@ -229,7 +229,8 @@ class PrefixHost {
   // The row's streaming store, no fence (ClearLeaseRow and the callers that batch fence).
   void StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held);
   // kUnavailable unless an acknowledged heartbeat covers now (beats once to get one).
-  absl::Status EnsureAlive();
+  // `now_ms`: this host's clock as last read here.
+  absl::Status EnsureAlive(std::int64_t* now_ms);
   bool Holds(const Lease& lease) const {
     return lease.row < rows_.size() && rows_[lease.row].id != 0 && rows_[lease.row].id == lease.id;
   }
@@ -269,6 +270,11 @@ class PrefixHost {
   std::uint64_t acked_head_ = 0;
   bool attached_ = false;  // Rejoin has run once in this process
   std::uint64_t lease_seq_ = 0;
+  // CRCs of this incarnation's lease row with lease_seq, entry and gen zero, not held [0] and
+  // held [1] (StoreLeaseRow reseals from them).
+  std::uint64_t row_crc_incarnation_ = 0;
+  bool row_crc_ready_ = false;
+  std::uint32_t row_crc_base_[2] = {};
   // This host cannot be fenced before this time (from heartbeats the owner acknowledged).
   std::int64_t alive_until_ms_ = 0;
   std::vector<std::pair<std::uint64_t, std::int64_t>> sent_beats_;  // heartbeat, local send time
@@ -290,6 +296,7 @@ class PrefixHost {
   std::vector<std::uint32_t> chain_next_;   // ProbeRun's next probe of each key
   std::vector<std::uint32_t> chain_bound_;  // ... and how far its probe goes (probe_len)
   std::vector<IndexEntry> chain_lines_;     // the lines one round loads, before they are checked
+  std::vector<std::uint64_t> preload_;      // offsets of the lines a fence's Reads will load
 };
 
 // ---- the owner (reclaimer) ------------------------------------------------------------------
