@@ -1699,6 +1699,35 @@ TEST(PrefixOwnerMemory, PrivateMemoryPerEntryIsBoundedWhateverTheLoad) {
 // table of entry numbers: with 40 of 64 entries named in 128 slots its runs collide, and
 // freeing entries must leave every other named block still found. A deletion that only
 // cleared its slot would lose blocks behind it, and a second publish of one would be taken.
+// Fail-over to a machine whose cache holds old index lines (a standby that had read the index,
+// or hosts' lookups on that machine): Open must read every line from memory — the chunk
+// evicted, one full fence, then the loads — never this machine's cached copy. Here the index is
+// cached clean on the new owner's machine, then the old owner retires the entry: a new owner
+// that trusted its cache would find it still published and hand out its block again.
+TEST(PrefixOwnerMemory, OpenReadsTheIndexFromMemoryNotFromThisMachinesCache) {
+  World w;
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(1), PrefixKey{}, Ref(7)).ok());
+  ASSERT_EQ(w.owner->ApplyRequests(), 1u);
+  const DomainHeader h = w.owner->header();
+  const std::size_t bytes = std::size_t{h.index_entries} * sizeof(IndexEntry);
+  auto standby = w.media.NewView(0);
+  std::vector<IndexEntry> cached(h.index_entries);
+  standby->Invalidate(h.index_offset, bytes);
+  standby->Read(h.index_offset, cached.data(), bytes);
+  ASSERT_EQ(std::count_if(cached.begin(), cached.end(),
+                          [](const IndexEntry& e) {
+                            return e.state == static_cast<std::uint8_t>(EntryState::kPublished);
+                          }),
+            1);
+  ASSERT_TRUE(w.owner->RetireKey(w.ns, w.Key(1)).ok());
+  w.media.Settle();
+  w.owner.reset();
+  auto o = PrefixOwner::Open(*standby, w.oc);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ((*o)->published_entries(), 0u) << "the new owner read a stale cached index line";
+  EXPECT_EQ((*o)->retired_entries(), 1u);
+}
+
 TEST(PrefixOwnerMemory, NamedBlocksStayExactThroughReclaims) {
   World w({2, 64, 4, 4, 400, 4000, 40});
   auto publish = [&](std::uint32_t key, std::uint32_t ref) {
