@@ -254,6 +254,24 @@ World& Loaded(std::int64_t load_pct) {
   return *w;
 }
 
+// The timed unit of the acquire benchmarks: a run of 1 is a Lookup + Acquire + Release, a
+// longer run one AcquireChain + ReleaseAll.
+void AcquireAndRelease(co::PrefixHost& reader, co::Namespace ns,
+                       std::span<const co::PrefixKey> run, std::vector<co::Lease>& leases) {
+  if (run.size() == 1) {
+    const auto hit = reader.Lookup(ns, run[0]);
+    if (!hit) Die("a published key missed");
+    auto lease = reader.Acquire(*hit);
+    if (!lease.ok()) Die(lease.status().ToString());
+    reader.Release(*lease);
+    return;
+  }
+  leases.clear();
+  auto n = reader.AcquireChain(ns, run, &leases);
+  if (!n.ok() || *n != run.size()) Die("AcquireChain: short run");
+  reader.ReleaseAll(leases);
+}
+
 void BM_AcquireVsLoad(benchmark::State& state) {
   World& w = Loaded(state.range(0));
   const auto chain = static_cast<std::size_t>(state.range(1));
@@ -266,18 +284,7 @@ void BM_AcquireVsLoad(benchmark::State& state) {
   for (auto _ : state) {
     const std::span<const co::PrefixKey> run(keys.data() + r * chain, chain);
     if (++r == runs) r = 0;
-    if (chain == 1) {
-      const auto hit = w.reader->Lookup(w.ns, run[0]);
-      if (!hit) Die("a published key missed");
-      auto lease = w.reader->Acquire(*hit);
-      if (!lease.ok()) Die(lease.status().ToString());
-      w.reader->Release(*lease);
-    } else {
-      leases.clear();
-      auto n = w.reader->AcquireChain(w.ns, run, &leases);
-      if (!n.ok() || *n != chain) Die("AcquireChain: short run");
-      w.reader->ReleaseAll(leases);
-    }
+    AcquireAndRelease(*w.reader, w.ns, run, leases);
   }
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(chain));
 }
@@ -353,18 +360,7 @@ void BM_AcquireVsHosts(benchmark::State& state) {
     ++in_round;
     const std::span<const co::PrefixKey> run(keys.data() + r * chain, chain);
     if (++r == runs) r = 0;
-    if (chain == 1) {
-      const auto hit = w.reader->Lookup(w.ns, run[0]);
-      if (!hit) Die("a published key missed");
-      auto lease = w.reader->Acquire(*hit);
-      if (!lease.ok()) Die(lease.status().ToString());
-      w.reader->Release(*lease);
-    } else {
-      leases.clear();
-      auto n = w.reader->AcquireChain(w.ns, run, &leases);
-      if (!n.ok() || *n != chain) Die("AcquireChain: short run");
-      w.reader->ReleaseAll(leases);
-    }
+    AcquireAndRelease(*w.reader, w.ns, run, leases);
   }
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(chain));
   // Owner rounds run and entries they reclaimed (one a round once the first retire is due):
