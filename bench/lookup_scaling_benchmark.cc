@@ -194,7 +194,8 @@ struct World {
   }
   std::uint32_t CountState(co::EntryState s) const {
     std::uint32_t n = 0;
-    for (std::uint32_t i = 0; i < owner->header().index_entries; ++i) n += owner->entry_state(i) == s;
+    for (std::uint32_t i = 0; i < owner->header().index_entries; ++i)
+      n += owner->entry_state(i) == s;
     return n;
   }
 };
@@ -256,8 +257,8 @@ World& Loaded(std::int64_t load_pct) {
 
 // The timed unit of the acquire benchmarks: a run of 1 is a Lookup + Acquire + Release, a
 // longer run one AcquireChain + ReleaseAll.
-void AcquireAndRelease(co::PrefixHost& reader, co::Namespace ns,
-                       std::span<const co::PrefixKey> run, std::vector<co::Lease>& leases) {
+void AcquireAndRelease(co::PrefixHost& reader, co::Namespace ns, std::span<const co::PrefixKey> run,
+                       std::vector<co::Lease>& leases) {
   if (run.size() == 1) {
     const auto hit = reader.Lookup(ns, run[0]);
     if (!hit) Die("a published key missed");

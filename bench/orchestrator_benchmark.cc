@@ -470,9 +470,15 @@ BENCHMARK(BM_ReclaimLatency)->UseManualTime()->Unit(benchmark::kMillisecond)->It
 BENCHMARK(BM_Join)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_Heartbeat)->Setup(StartHb)->Teardown(StopHb)->Threads(1)->Threads(8)->Threads(64)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PublishToVisible)->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_OwnerIdleStep)->ArgName("entries")->Arg(1 << 20)->Arg(1 << 22)
+BENCHMARK(BM_OwnerIdleStep)
+    ->ArgName("entries")
+    ->Arg(1 << 20)
+    ->Arg(1 << 22)
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_OwnerChurn)->ArgName("entries")->Arg(1 << 20)->Arg(1 << 22)
+BENCHMARK(BM_OwnerChurn)
+    ->ArgName("entries")
+    ->Arg(1 << 20)
+    ->Arg(1 << 22)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Recover)->ArgName("entries")->Arg(1 << 16)->Arg(1 << 20)->Arg(1 << 24)
     ->Unit(benchmark::kMillisecond)->Iterations(3);

@@ -7,8 +7,8 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <string>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "cxlkv/coherence/sim.h"
@@ -1685,8 +1685,7 @@ TEST(PrefixOwnerMemory, PrivateMemoryPerEntryIsBoundedWhateverTheLoad) {
   EXPECT_EQ((*owner)->stats().quarantined, 0u);
   const double per_entry = static_cast<double>(grown_kib) * 1024.0 / n;
   EXPECT_LT(per_entry, 40.0) << "the owner's private memory grew by " << grown_kib
-                             << " KiB opening " << n << " entries (" << published
-                             << " published)";
+                             << " KiB opening " << n << " entries (" << published << " published)";
   EXPECT_LE((*owner)->bookkeeping_bytes(), PrefixOwner::kBookkeepingBytesPerEntry * n);
   // Entries read back from the shared index carry what the owner decides on.
   const IndexEntry e = (*owner)->entry(published - 1);

@@ -352,7 +352,9 @@ class PrefixOwner {
   // Entry i as the owner last wrote it (read back from the shared index: the owner keeps no
   // copy of the index, see "The owner's memory" in docs/orchestrator.md). i < index_entries.
   IndexEntry entry(std::uint32_t i) const;
-  EntryState entry_state(std::uint32_t i) const { return static_cast<EntryState>(flags_[i] & kStateMask); }
+  EntryState entry_state(std::uint32_t i) const {
+    return static_cast<EntryState>(flags_[i] & kStateMask);
+  }
   // Private memory the owner holds for its index entries (capacity of every per-entry table):
   // about kBookkeepingBytesPerEntry × index_entries, whatever the load.
   std::size_t bookkeeping_bytes() const;
@@ -389,9 +391,9 @@ class PrefixOwner {
   // flags_[i]: the entry's state (EntryState, authoritative: the owner is the index's only
   // writer) and what the owner knows of it besides.
   static constexpr std::uint8_t kStateMask = 0x3;
-  static constexpr std::uint8_t kLeased = 0x4;       // a live lease named it at the last scan
+  static constexpr std::uint8_t kLeased = 0x4;        // a live lease named it at the last scan
   static constexpr std::uint8_t kQuarantinedF = 0x8;  // retired by Open as torn (kQuarantined)
-  static constexpr std::uint8_t kGraceOver = 0x10;   // retired for grace_ms or more
+  static constexpr std::uint8_t kGraceOver = 0x10;    // retired for grace_ms or more
   // Writes entry i, with slot i's probe length (probe_len_) stamped on it.
   void WriteEntry(std::uint32_t i, const IndexEntry& e);
   // Reads entry i back from the shared index (the owner's own line: no invalidate, no CRC).
@@ -447,13 +449,13 @@ class PrefixOwner {
   // an entry, is read from the shared domain). The generation and publisher are kept because
   // reclaim decisions must rest on what this owner wrote, never on a line re-read from memory.
   std::vector<std::uint8_t> flags_;
-  std::vector<std::uint8_t> tags_;       // KeyTag of a published/retired entry's (ns, key)
-  std::vector<std::uint8_t> publisher_;  // host id (kQuarantined for quarantined entries)
-  std::vector<std::uint8_t> fanout_;     // children published under it, saturating at 255
+  std::vector<std::uint8_t> tags_;        // KeyTag of a published/retired entry's (ns, key)
+  std::vector<std::uint8_t> publisher_;   // host id (kQuarantined for quarantined entries)
+  std::vector<std::uint8_t> fanout_;      // children published under it, saturating at 255
   std::vector<std::uint16_t> probe_len_;  // by slot: IndexEntry::probe_len, 0 never (see Open)
-  std::vector<std::uint32_t> gen_;       // entry_gen as last written
+  std::vector<std::uint32_t> gen_;        // entry_gen as last written
   std::vector<std::uint32_t> retired_at_;  // RelativeMs of the retire, until kGraceOver
-  std::vector<float> score_;             // decayed lease acquisitions seen in scans
+  std::vector<float> score_;               // decayed lease acquisitions seen in scans
   std::vector<OwnerHostLine> owner_lines_;
   std::vector<TimedValue> heartbeats_;  // per host
   std::vector<TimedValue> lease_seqs_;  // per host x row
