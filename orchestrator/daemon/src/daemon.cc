@@ -30,6 +30,7 @@
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/orchestrator/token.h"
 #include "cxlkv/pool/arena.h"
+#include "cxlkv/pool/region.h"
 #include "directory_service.h"
 #include "fence.h"
 #include "ha.h"
@@ -47,13 +48,6 @@ namespace pb = ::cxlkv::orchestrator::v1;
 namespace co = ::cxlkv::coherence;
 
 namespace {
-
-// errno as text: strerror may share its buffer between threads (MT-Unsafe); GNU strerror_r
-// returns the message (in buf or static).
-std::string ErrnoText(int err) {
-  char buf[128];
-  return ::strerror_r(err, buf, sizeof(buf));
-}
 
 grpc::Status ToGrpc(const absl::Status& st) {
   if (st.ok()) return grpc::Status::OK;
@@ -709,7 +703,7 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
   const bool have_state = ::stat(c.state_file.c_str(), &sb) == 0;
   if (!have_state && errno != ENOENT) {
     return absl::PermissionDeniedError(
-        absl::StrCat("domain.state_file ", c.state_file, ": ", std::strerror(errno)));
+        absl::StrCat("domain.state_file ", c.state_file, ": ", pool::ErrnoText(errno)));
   }
   if (options.new_domain && have_state) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -794,7 +788,7 @@ absl::Status Orchestrator::Start() {
   // exactly when the daemon (TCP included) is ready, which is what launchers wait for.
   if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::UnavailableError(
-        absl::StrCat("rpc.socket '", config_.socket, "': ", ErrnoText(errno)));
+        absl::StrCat("rpc.socket '", config_.socket, "': ", pool::ErrnoText(errno)));
   }
   ::chmod(config_.socket.c_str(), 0666);  // access is decided by peer credentials
   service_ = std::make_unique<Service>(*this);
@@ -831,7 +825,7 @@ absl::Status Orchestrator::Start() {
   tcp_port_ = tcp_port;
   if (::listen(listen_fd_, 128) != 0) {
     return absl::UnavailableError(
-        absl::StrCat("rpc.socket '", config_.socket, "': listen: ", ErrnoText(errno)));
+        absl::StrCat("rpc.socket '", config_.socket, "': listen: ", pool::ErrnoText(errno)));
   }
   owner_thread_ = std::thread([this] { OwnerLoop(); });
   accept_thread_ = std::thread([this] { AcceptLoop(); });
@@ -994,7 +988,7 @@ absl::Status Orchestrator::SaveLocked() {
   if (!leading_) {
     return absl::UnavailableError("this orchestrator stopped leading the domain: retry");
   }
-  const absl::Status st = ha_->SaveState(state_.Serialize(), epoch_);
+  absl::Status st = ha_->SaveState(state_.Serialize(), epoch_);
   if (absl::IsAborted(st)) {
     // Another leader, or another writer of the state: this one's view is stale.
     leading_ = false;

@@ -13,17 +13,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "cxlkv/coherence/crc32c.h"
+#include "cxlkv/pool/region.h"
 #include "nlohmann/json.hpp"
 
 namespace cxlkv::orchestrator {
 namespace {
-
-// errno as text: strerror may share its buffer between threads (MT-Unsafe); GNU strerror_r
-// returns the message (in buf or static).
-std::string ErrnoText(int err) {
-  char buf[128];
-  return ::strerror_r(err, buf, sizeof(buf));
-}
 
 }  // namespace
 
@@ -344,7 +338,7 @@ absl::Status DomainState::Load(std::int64_t now_ms) {
       return absl::NotFoundError(absl::StrCat("state file ", c_.state_file, " does not exist"));
     }
     return absl::PermissionDeniedError(
-        absl::StrCat("cannot read state file ", c_.state_file, ": ", ErrnoText(errno)));
+        absl::StrCat("cannot read state file ", c_.state_file, ": ", pool::ErrnoText(errno)));
   }
   std::stringstream ss;
   ss << in.rdbuf();
@@ -358,7 +352,7 @@ absl::Status DomainState::Save() const {
   const std::string text = Serialize();
   const std::string tmp = c_.state_file + ".tmp";
   auto fail = [&](const char* what) {
-    return absl::InternalError(absl::StrCat(what, " ", tmp, ": ", ErrnoText(errno)));
+    return absl::InternalError(absl::StrCat(what, " ", tmp, ": ", pool::ErrnoText(errno)));
   };
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return fail("cannot create");
@@ -386,12 +380,12 @@ absl::Status DomainState::Save() const {
   auto dir_fail = [&](const char* what) {
     return absl::InternalError(absl::StrCat(
         "cannot ", what, " directory ", dir, " to make the rename of ", c_.state_file,
-        " durable: ", std::strerror(errno), " (put domain.state_file on a local file system)"));
+        " durable: ", pool::ErrnoText(errno), " (put domain.state_file on a local file system)"));
   };
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) return dir_fail("open");
   if (::fsync(dfd) != 0) {
-    const absl::Status st = dir_fail("fsync");
+    absl::Status st = dir_fail("fsync");
     ::close(dfd);
     return st;
   }
