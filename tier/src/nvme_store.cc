@@ -145,6 +145,7 @@ struct NvmeStore::Io {
   std::uint64_t slot = 0;
   std::uint64_t seq = 0;
   std::uint64_t payload_bytes = 0;
+  std::uint64_t payload_xxh3 = 0;  // a put's (for the index), a get's expected (from it)
   std::byte* header = nullptr;  // kNvmeHeaderBytes, aligned, owned
   std::byte* bounce = nullptr;  // aligned, owned, bounce_capacity bytes
   std::uint64_t bounce_capacity = 0;
@@ -437,13 +438,14 @@ absl::Status NvmeStore::Scan(bool verify_payloads, NvmeOpenReport* report) {
       }
       max_seq = std::max(max_seq, h.head.seq);
       const NvmeKey key{h.key_lo, h.key_hi};
-      auto [it, inserted] = index_.try_emplace(key, IndexEntry{slot, h.head.seq, h.payload_bytes});
+      auto [it, inserted] = index_.try_emplace(
+          key, IndexEntry{slot, h.head.seq, h.payload_bytes, h.payload_xxh3});
       if (!inserted) {
         ++report->superseded;
         if (it->second.seq < h.head.seq) {
           superseded.push_back(it->second.slot);
           slots_[it->second.slot].state = SlotState::kFree;
-          it->second = IndexEntry{slot, h.head.seq, h.payload_bytes};
+          it->second = IndexEntry{slot, h.head.seq, h.payload_bytes, h.payload_xxh3};
         } else {
           superseded.push_back(slot);
           continue;
@@ -569,8 +571,9 @@ bool NvmeStore::Queue(Io* io) {
   io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
   if (sqe == nullptr) Bug("submission queue full below the queue depth");
   const auto offset = io->slot * slot_bytes_;
-  if (io->kind == Io::Kind::kGet) {
-    io_uring_prep_readv(sqe, slots_fd_, io->iov, static_cast<unsigned>(io->iovcnt), offset);
+  if (io->kind == Io::Kind::kGet) {  // the payload, after the slot's header
+    io_uring_prep_read(sqe, slots_fd_, io->iov[0].iov_base,
+                       static_cast<unsigned>(io->iov[0].iov_len), offset + kNvmeHeaderBytes);
   } else {
     io_uring_prep_writev(sqe, slots_fd_, io->iov, static_cast<unsigned>(io->iovcnt), offset);
     sqe->rw_flags = write_flags_;
@@ -668,6 +671,7 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
       io->slot = *slot;
       io->seq = next_seq_++;
       io->payload_bytes = op.bytes;
+      io->payload_xxh3 = op.put_xxh3;
       std::memset(io->header, 0, kNvmeHeaderBytes);
       auto* h = reinterpret_cast<NvmeSlotHeader*>(io->header);
       std::memcpy(h->store_uuid, uuid_, sizeof(uuid_));
@@ -710,15 +714,16 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
       io->slot = e.slot;
       io->seq = e.seq;
       io->payload_bytes = e.payload_bytes;
+      io->payload_xxh3 = e.payload_xxh3;
       io->dest = op.dest;
       io->dest_capacity = op.bytes;
       const std::uint64_t span = RoundUp(e.payload_bytes, kNvmeIoAlignBytes);
       void* into = op.dest;
       if (!Aligned(op.dest, span) || op.bytes < span) into = io->Bounce(span);
-      io->iov[0] = {io->header, kNvmeHeaderBytes};
-      io->iov[1] = {into, span};
-      io->iovcnt = 2;
-      io->expect_bytes = kNvmeHeaderBytes + span;
+      // The payload alone: the index holds what the header would be checked for.
+      io->iov[0] = {into, span};
+      io->iovcnt = 1;
+      io->expect_bytes = span;
       ++slots_[e.slot].readers;
     }
     io->batch = &batch;
@@ -763,7 +768,7 @@ absl::Status NvmeStore::Prefetch(std::span<const NvmeKey> keys, std::span<void* 
 
 void NvmeStore::Verify(Io* io, int res) const {
   // The message's prefix (file, slot, offset, key) is formatted only when a check fails: a
-  // good read costs the header checks and one pass of XXH3 over the payload, nothing more.
+  // good read costs one pass of XXH3 over the payload, nothing more.
   auto where = [&] { return absl::StrCat(SlotName(io->slot), ": key ", NvmeKeyToString(io->key)); };
   const std::uint64_t n = io->payload_bytes;
   const std::byte* payload = io->bounced ? io->bounce : static_cast<const std::byte*>(io->dest);
@@ -773,26 +778,13 @@ void NvmeStore::Verify(Io* io, int res) const {
   } else if (static_cast<std::uint64_t>(res) != io->expect_bytes) {
     st = absl::DataLossError(absl::StrCat(where(), ": short read (", res, " of ",
                                           io->expect_bytes, " bytes): the file was truncated"));
-  } else {
-    NvmeSlotHeader h;
-    std::memcpy(&h, io->header, sizeof(h));
-    st = coherence::Check(h, kNvmeSlotMagic, kNvmeVersion, kNvmeVersion, absl::string_view());
-    if (!st.ok()) {
-      // Checked again, naming the slot and key (the good path formats nothing).
-      st = coherence::Check(h, kNvmeSlotMagic, kNvmeVersion, kNvmeVersion, where());
-      st = absl::DataLossError(absl::StrCat("slot header: ", st.message()));
-    } else if (std::memcmp(h.store_uuid, uuid_, sizeof(uuid_)) != 0 || h.slot != io->slot ||
-               h.key_lo != io->key.lo || h.key_hi != io->key.hi || h.head.seq != io->seq ||
-               h.payload_bytes != n) {
-      st = absl::DataLossError(absl::StrCat(
-          where(), ": slot header names key ", NvmeKeyToString({h.key_lo, h.key_hi}), " seq ",
-          h.head.seq, " slot ", h.slot, " (", h.payload_bytes, " bytes), expected seq ", io->seq,
-          " (", n, " bytes): the slot was overwritten behind the store's back"));
-    } else if (const std::uint64_t got = XXH3_64bits(payload, n); got != h.payload_xxh3) {
-      st = absl::DataLossError(
-          absl::StrFormat("%s: payload checksum mismatch (header says %016x, data hashes to %016x)",
-                          where(), h.payload_xxh3, got));
-    }
+  } else if (const std::uint64_t got = XXH3_64bits(payload, n); got != io->payload_xxh3) {
+    // Damaged on the device, or the slot rewritten behind the store's back (another process,
+    // a copy of another slot): either way not the bytes this store wrote there.
+    st = absl::DataLossError(absl::StrFormat(
+        "%s: payload checksum mismatch (the store wrote %016x, the data hashes to %016x): "
+        "damaged on the device or overwritten behind the store's back",
+        where(), io->payload_xxh3, got));
   }
   if (st.ok()) {
     if (io->bounced) std::memcpy(io->dest, io->bounce, n);
@@ -809,13 +801,13 @@ void NvmeStore::Apply(const Completion& c, std::vector<NvmeBatch*>* finished) {
   switch (io->kind) {
     case Io::Kind::kPut: {
       if (c.res >= 0 && static_cast<std::uint64_t>(c.res) == io->expect_bytes) {
-        auto [it, inserted] =
-            index_.try_emplace(io->key, IndexEntry{io->slot, io->seq, io->payload_bytes});
+        const IndexEntry written{io->slot, io->seq, io->payload_bytes, io->payload_xxh3};
+        auto [it, inserted] = index_.try_emplace(io->key, written);
         if (inserted || it->second.seq < io->seq) {
           if (!inserted) {
             stats_.payload_bytes -= it->second.payload_bytes;
             Retire(it->second.slot);  // the older version, now superseded on media too
-            it->second = IndexEntry{io->slot, io->seq, io->payload_bytes};
+            it->second = written;
           }
           stats_.payload_bytes += io->payload_bytes;
           slots_[io->slot].state = SlotState::kLive;

@@ -5,9 +5,13 @@
 // works from Linux 6.6). Format and crash rule: nvme_layout.h and docs/nvme.md. In short:
 // a block and its checksummed header are written in one O_DIRECT write to a free slot, never
 // over a live one; the old slot of a replaced or deleted key is then retired (its header
-// overwritten with zeros). Every read checks the header's CRC32C and the payload's XXH3; a
-// block that fails is reported (kDataLoss naming file, offset and key) and dropped from the
-// index, never returned. After a crash (kill -9 or power loss) every key reads back a version
+// overwritten with zeros). Open checks every slot header's CRC32C and indexes each live
+// block with its payload's XXH3; a Get reads the payload alone (not its 4 KiB header: at QD 1
+// those bytes were ~5 % of a 64 KiB read) and checks it against the XXH3 in the index, which
+// is the hash of what this store wrote there. A block that fails is reported (kDataLoss
+// naming file, offset and key) and dropped from the index, never returned. A header damaged
+// behind an open store's back returns no wrong data (the payload is still checked); the
+// next Open finds it and drops the block. After a crash (kill -9 or power loss) every key reads back a version
 // that was written completely, or is missing.
 //
 // Key types:
@@ -232,6 +236,7 @@ class NvmeStore {
     std::uint64_t slot;
     std::uint64_t seq;
     std::uint64_t payload_bytes;
+    std::uint64_t payload_xxh3;  // as in the slot's header: what a Get checks the payload by
   };
   enum class SlotState : std::uint8_t { kFree, kWriting, kLive, kRetiring, kRetirePending };
   struct Slot {
