@@ -438,8 +438,8 @@ absl::Status NvmeStore::Scan(bool verify_payloads, NvmeOpenReport* report) {
       }
       max_seq = std::max(max_seq, h.head.seq);
       const NvmeKey key{h.key_lo, h.key_hi};
-      auto [it, inserted] = index_.try_emplace(
-          key, IndexEntry{slot, h.head.seq, h.payload_bytes, h.payload_xxh3});
+      auto [it, inserted] =
+          index_.try_emplace(key, IndexEntry{slot, h.head.seq, h.payload_bytes, h.payload_xxh3});
       if (!inserted) {
         ++report->superseded;
         if (it->second.seq < h.head.seq) {

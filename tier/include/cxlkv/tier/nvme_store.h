@@ -11,8 +11,8 @@
 // is the hash of what this store wrote there. A block that fails is reported (kDataLoss
 // naming file, offset and key) and dropped from the index, never returned. A header damaged
 // behind an open store's back returns no wrong data (the payload is still checked); the
-// next Open finds it and drops the block. After a crash (kill -9 or power loss) every key reads back a version
-// that was written completely, or is missing.
+// next Open finds it and drops the block. After a crash (kill -9 or power loss) every key reads
+// back a version that was written completely, or is missing.
 //
 // Key types:
 //   NvmeStore   one store directory, opened by one process at a time (flock on the meta file)
