@@ -9,18 +9,21 @@
 //                                   block's payload (fio's QD 1 I/O: one read, O_DIRECT, the same
 //                                   file, io_uring set up with fio 3.33's flags), alternating I/O
 //                                   by I/O, so load on a shared machine hits both alike; means,
-//                                   p50s and bare/Get ratios as counters. A third arm, "slot",
-//                                   does the store's I/O without the store: one readv of a slot's
-//                                   header and payload on a ring set up as the store's, then XXH3
-//                                   of the payload; Get minus slot is the store's own code. The
-//                                   time per iteration covers all three.
-// Bytes are payload bytes (each slot I/O also moves its 4 KiB header). One store per block
+//                                   p50s and bare/Get ratios as counters. Two more arms:
+//                                   "hashed", a direct Get's I/O without the store (the read on
+//                                   a ring set up as the store's, then XXH3), and "huge", fio's
+//                                   read into a buffer in 2 MiB pages: the disk's own time, the
+//                                   limit (limit_ratio = huge / Get). "staged": whether the
+//                                   store stages reads (NvmeStoreOptions::read_staging, measured
+//                                   at Open). The time per iteration covers all four.
+// Bytes are payload bytes (a write also moves its slot's 4 KiB header; a read the payload alone). One store per block
 // size, capacity CXLKV_NVME_BENCH_MB (default 512) MiB, in CXLKV_NVME_BENCH_DIR (default
 // /var/tmp/cxlkv-nvme-bench); each store is removed before the next size. Before the timed
 // writes the file is written once in full, so timed writes overwrite allocated blocks (as
 // fio's do on its laid-out file); when the store fills, it is emptied untimed.
 #include <fcntl.h>
 #include <liburing.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -99,8 +102,28 @@ struct Fixture {
     o.payload_bytes = bytes;
     o.capacity_bytes = CapacityBytes();
     o.queue_depth = 64;
-    auto s = NvmeStore::Open(o);
+    // CXLKV_NVME_READ_STAGING=always|never overrides the store's own choice (auto: measured
+    // at Open), for A/B runs of the same build.
+    if (const char* e = std::getenv("CXLKV_NVME_READ_STAGING"); e != nullptr) {
+      const std::string v = e;
+      if (v == "always") {
+        o.read_staging = cxlkv::tier::NvmeStoreOptions::ReadStaging::kAlways;
+      } else if (v == "never") {
+        o.read_staging = cxlkv::tier::NvmeStoreOptions::ReadStaging::kNever;
+      } else if (v != "auto") {
+        Die("CXLKV_NVME_READ_STAGING must be auto, always or never, not " + v);
+      }
+    }
+    cxlkv::tier::NvmeOpenReport report;
+    auto s = NvmeStore::Open(o, &report);
     if (!s.ok()) Die(std::string(s.status().message()));
+    std::fprintf(stderr,
+                 "nvme store, %llu-byte blocks: read probe direct %.1f us, staged %.1f us%s -> "
+                 "reads %s\n",
+                 static_cast<unsigned long long>(bytes), report.read_probe_direct_us,
+                 report.read_probe_staged_us,
+                 report.read_probe_error.empty() ? "" : (" (" + report.read_probe_error + ")").c_str(),
+                 report.reads_staged ? "staged" : "direct");
     store = std::move(*s);
     payload = bytes;
     slots = o.capacity_bytes / store->slot_bytes();
@@ -249,21 +272,25 @@ LatencyStats Summarize(std::vector<double>& us) {
   return s;
 }
 
-// The reference side of NvmeReadLatencyPaired: what fio's io_uring engine does at iodepth=1
+// The reference arms of NvmeReadLatencyPaired: what fio's io_uring engine does at iodepth=1
 // (one IORING_OP_READ of the block into one buffer, submit, then wait in a second
 // io_uring_enter), on the store's own slots file opened O_DIRECT, reading a stored payload at
-// its 4 KiB-aligned offset. The ring gets fio 3.33's setup flags (COOP_TASKRUN, SINGLE_ISSUER,
-// DEFER_TASKRUN; strace of fio shows them), falling back to none where the kernel refuses.
+// its 4 KiB-aligned offset.
+//   kFio      fio's I/O: its ring setup flags (COOP_TASKRUN, SINGLE_ISSUER, DEFER_TASKRUN, as
+//             strace of fio 3.33 shows; none where the kernel refuses them), its buffer from
+//             malloc, in 4 KiB pages
+//   kHashed   the same read on a ring set up as the store's (no flags), then XXH3 of the
+//             payload: a direct Get without the store's code
+//   kFioHuge  kFio into a buffer in 2 MiB pages: the device's own time for the read, what no
+//             reader on this disk can beat
 class BareReader {
  public:
-  // fio_flags: fio's ring and one read of the payload; otherwise the store's ring (no setup
-  // flags) and one readv of the slot's 4 KiB header and payload, whose XXH3 is then computed.
-  BareReader(const std::string& path, std::uint64_t bytes, bool fio_flags)
-      : bytes_(bytes), slot_io_(!fio_flags) {
+  enum class Arm { kFio, kHashed, kFioHuge };
+  BareReader(const std::string& path, std::uint64_t bytes, Arm arm) : bytes_(bytes), arm_(arm) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
     if (fd_ < 0) Die(absl::StrCat(path, ": open: ", std::strerror(errno)));
     io_uring_params p{};
-    if (fio_flags) {
+    if (arm != Arm::kHashed) {
       p.flags =
           IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
     }
@@ -274,37 +301,45 @@ class BareReader {
       }
     }
     flags_ = p.flags;
-    buf_ = std::aligned_alloc(4096, bytes);
-    header_ = std::aligned_alloc(4096, cxlkv::tier::kNvmeHeaderBytes);
+    if (arm == Arm::kFioHuge) {
+      map_bytes_ = (bytes + (4 << 20) - 1) / (2 << 20) * (2 << 20);
+      void* m = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+      if (m == MAP_FAILED) Die(absl::StrCat("mmap: ", std::strerror(errno)));
+      map_ = m;
+      const auto a = (reinterpret_cast<std::uintptr_t>(m) + (2 << 20) - 1) &
+                     ~static_cast<std::uintptr_t>((2 << 20) - 1);
+      buf_ = reinterpret_cast<void*>(a);
+      (void)::madvise(buf_, map_bytes_ - (a - reinterpret_cast<std::uintptr_t>(m)), MADV_HUGEPAGE);
+    } else {
+      buf_ = std::aligned_alloc(4096, bytes);
+    }
+    std::memset(buf_, 0, bytes);
   }
   ~BareReader() {
     io_uring_queue_exit(&ring_);
     ::close(fd_);
-    std::free(buf_);
-    std::free(header_);
+    if (map_ != nullptr) {
+      ::munmap(map_, map_bytes_);
+    } else {
+      std::free(buf_);
+    }
   }
-  // offset: of the payload. Returns the payload's XXH3 for the slot arm, else 0.
+  // offset: of the payload. Returns the payload's XXH3 for kHashed, else 0.
   std::uint64_t Read(std::uint64_t offset) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    const std::uint64_t expect = slot_io_ ? bytes_ + cxlkv::tier::kNvmeHeaderBytes : bytes_;
-    if (slot_io_) {
-      iov_[0] = {header_, cxlkv::tier::kNvmeHeaderBytes};
-      iov_[1] = {buf_, bytes_};
-      io_uring_prep_readv(sqe, fd_, iov_, 2, offset - cxlkv::tier::kNvmeHeaderBytes);
-    } else {
-      io_uring_prep_read(sqe, fd_, buf_, static_cast<unsigned>(bytes_), offset);
-    }
+    io_uring_prep_read(sqe, fd_, buf_, static_cast<unsigned>(bytes_), offset);
     io_uring_submit(&ring_);
     io_uring_cqe* cqe = nullptr;
     int rc;
     do {
       rc = io_uring_wait_cqe(&ring_, &cqe);
     } while (rc == -EINTR);
-    if (rc < 0 || cqe->res != static_cast<int>(expect)) {
+    if (rc < 0 || cqe->res != static_cast<int>(bytes_)) {
       Die(absl::StrCat("bare read at ", offset, ": ", rc < 0 ? rc : cqe->res));
     }
     io_uring_cqe_seen(&ring_, cqe);
-    return slot_io_ ? XXH3_64bits(buf_, bytes_) : 0;
+    return arm_ == Arm::kHashed ? XXH3_64bits(buf_, bytes_) : 0;
   }
   unsigned flags() const { return flags_; }
 
@@ -313,10 +348,10 @@ class BareReader {
   io_uring ring_{};
   unsigned flags_ = 0;
   void* buf_ = nullptr;
-  void* header_ = nullptr;
-  struct iovec iov_[2] = {};
+  void* map_ = nullptr;
+  std::uint64_t map_bytes_ = 0;
   std::uint64_t bytes_;
-  bool slot_io_;
+  Arm arm_;
 };
 
 void NvmeReadLatencyPaired(benchmark::State& state, std::uint64_t bytes) {
@@ -328,16 +363,20 @@ void NvmeReadLatencyPaired(benchmark::State& state, std::uint64_t bytes) {
     if (!loc.ok()) Die(std::string(loc.status().message()));
     payload_offsets[i] = loc->offset + cxlkv::tier::kNvmeHeaderBytes;
   }
-  BareReader bare(f.store->slots_path(), bytes, /*fio_flags=*/true);
-  BareReader slot(f.store->slots_path(), bytes, /*fio_flags=*/false);
+  using Arm = BareReader::Arm;
+  BareReader fio(f.store->slots_path(), bytes, Arm::kFio);
+  BareReader hashed(f.store->slots_path(), bytes, Arm::kHashed);
+  BareReader huge(f.store->slots_path(), bytes, Arm::kFioHuge);
+  BareReader* bare[] = {nullptr, &fio, &hashed, &huge};
+  constexpr std::uint64_t kArms = 4;  // get, fio, hashed, fio into 2 MiB pages
   Buffer dst(bytes);
   std::mt19937_64 rng(7);
-  std::vector<double> us[3];  // get, bare, slot
+  std::vector<double> us[kArms];
   for (auto& v : us) v.reserve(1 << 16);
   std::uint64_t i = 0, sink = 0;
   for (auto _ : state) {
-    for (std::uint64_t k = 0; k < 3; ++k) {
-      const std::uint64_t arm = (i + k) % 3;  // the order rotates every iteration
+    for (std::uint64_t k = 0; k < kArms; ++k) {
+      const std::uint64_t arm = (i + k) % kArms;  // the order rotates every iteration
       const std::uint64_t key = rng() % f.read_keys;
       const double a = NowUs();
       if (arm == 0) {
@@ -347,26 +386,31 @@ void NvmeReadLatencyPaired(benchmark::State& state, std::uint64_t bytes) {
           return;
         }
       } else {
-        sink += (arm == 1 ? bare : slot).Read(payload_offsets[key]);
+        sink += bare[arm]->Read(payload_offsets[key]);
       }
       us[arm].push_back(NowUs() - a);
     }
     ++i;
   }
   benchmark::DoNotOptimize(sink);
-  const LatencyStats g = Summarize(us[0]), r = Summarize(us[1]), sl = Summarize(us[2]);
+  const LatencyStats g = Summarize(us[0]), r = Summarize(us[1]), h = Summarize(us[2]),
+                     l = Summarize(us[3]);
   state.counters["get_mean_us"] = g.mean;
   state.counters["get_p50_us"] = g.p50;
   state.counters["get_p99_us"] = g.p99;
   state.counters["bare_mean_us"] = r.mean;
   state.counters["bare_p50_us"] = r.p50;
   state.counters["bare_p99_us"] = r.p99;
-  state.counters["slot_mean_us"] = sl.mean;
-  state.counters["slot_p50_us"] = sl.p50;
+  state.counters["hashed_mean_us"] = h.mean;
+  state.counters["hashed_p50_us"] = h.p50;
+  state.counters["huge_mean_us"] = l.mean;
+  state.counters["huge_p50_us"] = l.p50;
   state.counters["ratio_mean"] = g.mean > 0 ? r.mean / g.mean : 0;
   state.counters["ratio_p50"] = g.p50 > 0 ? r.p50 / g.p50 : 0;
-  state.counters["bare_ring_flags"] = static_cast<double>(bare.flags());
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 3 * bytes));
+  state.counters["limit_ratio_mean"] = g.mean > 0 ? l.mean / g.mean : 0;
+  state.counters["bare_ring_flags"] = static_cast<double>(fio.flags());
+  state.counters["staged"] = f.store->stages_reads() ? 1 : 0;
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kArms * bytes));
 }
 
 void Register() {

@@ -909,6 +909,11 @@ int Open(cxlkv_arena* arena, const cxlkv_tier_options* o, std::unique_ptr<Tier>&
     unregister();
     return FromStatus(store.status());
   }
+  // Promotions read into the arena's blocks. A device-dax arena is mapped in 2 MiB (or 1 GiB)
+  // pages, where staging a read would only add a copy (NvmeStoreOptions::read_staging).
+  if (const cxlkv::pool::Region& r = alloc.arena().region(); r.alignment() >= (2u << 20)) {
+    (*store)->AddDirectDestination(r.addr(), r.size_bytes());
+  }
 
   ti::TierOptions to;
   to.size_class = t->cls;
