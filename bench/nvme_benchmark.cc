@@ -16,9 +16,9 @@
 //                                   limit (limit_ratio = huge / Get). "staged": whether the
 //                                   store stages reads (NvmeStoreOptions::read_staging, measured
 //                                   at Open). The time per iteration covers all four.
-// Bytes are payload bytes (a write also moves its slot's 4 KiB header; a read the payload alone). One store per block
-// size, capacity CXLKV_NVME_BENCH_MB (default 512) MiB, in CXLKV_NVME_BENCH_DIR (default
-// /var/tmp/cxlkv-nvme-bench); each store is removed before the next size. Before the timed
+// Bytes are payload bytes (a write also moves its slot's 4 KiB header; a read the payload alone).
+// One store per block size, capacity CXLKV_NVME_BENCH_MB (default 512) MiB, in CXLKV_NVME_BENCH_DIR
+// (default /var/tmp/cxlkv-nvme-bench); each store is removed before the next size. Before the timed
 // writes the file is written once in full, so timed writes overwrite allocated blocks (as
 // fio's do on its laid-out file); when the store fills, it is emptied untimed.
 #include <fcntl.h>
@@ -117,13 +117,14 @@ struct Fixture {
     cxlkv::tier::NvmeOpenReport report;
     auto s = NvmeStore::Open(o, &report);
     if (!s.ok()) Die(std::string(s.status().message()));
-    std::fprintf(stderr,
-                 "nvme store, %llu-byte blocks: read probe direct %.1f us, staged %.1f us%s -> "
-                 "reads %s\n",
-                 static_cast<unsigned long long>(bytes), report.read_probe_direct_us,
-                 report.read_probe_staged_us,
-                 report.read_probe_error.empty() ? "" : (" (" + report.read_probe_error + ")").c_str(),
-                 report.reads_staged ? "staged" : "direct");
+    std::fprintf(
+        stderr,
+        "nvme store, %llu-byte blocks: read probe direct %.1f us, staged %.1f us%s -> "
+        "reads %s\n",
+        static_cast<unsigned long long>(bytes), report.read_probe_direct_us,
+        report.read_probe_staged_us,
+        report.read_probe_error.empty() ? "" : (" (" + report.read_probe_error + ")").c_str(),
+        report.reads_staged ? "staged" : "direct");
     store = std::move(*s);
     payload = bytes;
     slots = o.capacity_bytes / store->slot_bytes();
@@ -303,8 +304,8 @@ class BareReader {
     flags_ = p.flags;
     if (arm == Arm::kFioHuge) {
       map_bytes_ = (bytes + (4 << 20) - 1) / (2 << 20) * (2 << 20);
-      void* m = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
+      void* m =
+          ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (m == MAP_FAILED) Die(absl::StrCat("mmap: ", std::strerror(errno)));
       map_ = m;
       const auto a = (reinterpret_cast<std::uintptr_t>(m) + (2 << 20) - 1) &

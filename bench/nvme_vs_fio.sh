@@ -18,7 +18,14 @@
 # synchronous Get against fio's total latency (lat = slat + clat; fio's io_uring_enter hands
 # the read to the device, so clat alone leaves out part of what a Get waits for; clat is
 # printed beside it).
-# cxlkv counts payload bytes only; each of its I/Os also carries a 4 KiB slot header.
+# cxlkv counts payload bytes only; each of its writes also carries a 4 KiB slot header.
+#
+# The limit: where the kernel has 2 MiB huge pages free (sysctl vm.nr_hugepages=8 or more;
+# the script does not change the machine), every QD 1 case also runs fio with its buffer in
+# them (--iomem=shmhuge), a read with no per-page cost in the buffer: what the disk itself
+# takes. The store stages reads through such pages where that is faster (docs/nvme.md, "Read
+# staging"), so against fio's default buffer it can beat fio; the limit row says by how much
+# anything could.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -67,13 +74,31 @@ run_fio() {  # rw bs qd rep
   echo "== ${fio_cmd[*]}" >>"$out/nvme-run-info.txt"
   "${fio_cmd[@]}" >"$out/fio-$1-$2-$3-$4.json"
 }
+run_fio_huge() {  # bs rep: QD 1 randread with the buffer in 2 MiB huge pages
+  local fio_cmd=(fio --name="huge-$1" --directory="$dir" --filename="fio-$1.dat" --size="${mb}M"
+                 --ioengine=io_uring --direct=1 --rw=randread --bs="$1" --iodepth=1
+                 --iomem=shmhuge --hugepage-size=2m
+                 --time_based --runtime="$secs" --ramp_time=1 --randrepeat=0 --lat_percentiles=1 --output-format=json)
+  echo "== ${fio_cmd[*]}" >>"$out/nvme-run-info.txt"
+  "${fio_cmd[@]}" >"$out/fio-huge-$1-$2.json"
+}
+huge_free=$(awk '/^HugePages_Free:/ {print $2}' /proc/meminfo)
+if ((${huge_free:-0} >= 8)) && [[ $(awk '/^Hugepagesize:/ {print $2}' /proc/meminfo) == 2048 ]]; then
+  huge=1
+else
+  huge=0
+  echo "no fio limit rows: ${huge_free:-0} huge pages free (sysctl vm.nr_hugepages=8 gives them)" |
+    tee -a "$out/nvme-run-info.txt"
+fi
 for ((rep = 1; rep <= reps; rep++)); do
   for c in "${cases[@]}"; do
     read -r rw bs qd name <<<"$c"
     echo "rep $rep/$reps: $name vs fio $rw bs=$bs iodepth=$qd" >&2
     if ((rep % 2)); then
       run_cxlkv "$name" "$rep"; run_fio "$rw" "$bs" "$qd" "$rep"
+      ((huge && qd == 1)) && run_fio_huge "$bs" "$rep"
     else
+      ((huge && qd == 1)) && run_fio_huge "$bs" "$rep"
       run_fio "$rw" "$bs" "$qd" "$rep"; run_cxlkv "$name" "$rep"
     fi
   done
@@ -94,8 +119,11 @@ def cxlkv(name, rep):
                 return b
     return None
 
-def fio(rw, bs, qd, rep):
-    with open(os.path.join(out, f"fio-{rw}-{bs}-{qd}-{rep}.json")) as f:
+def fio(rw, bs, qd, rep, name=None):
+    path = os.path.join(out, name or f"fio-{rw}-{bs}-{qd}-{rep}.json")
+    if name is not None and not os.path.exists(path):
+        return None
+    with open(path) as f:
         job = json.load(f)["jobs"][0]
     side = job["write" if "write" in rw else "read"]
     # lat = slat + clat: from fio's submit to its completion, the span a synchronous Get has
@@ -109,7 +137,7 @@ def size(n):
     n = int(n)
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
-rows = []
+rows, per_rep = [], []
 for bs in (65536, 262144, 2097152):
     for kind, rw in (("NvmeWrite", "randwrite"), ("NvmeRead", "randread")):
         name = f"{kind}/{bs}/qd:32"
@@ -128,6 +156,7 @@ for bs in (65536, 262144, 2097152):
                      f"{100 * med(ratio):.0f} % ({100 * min(ratio):.0f}-{100 * max(ratio):.0f})"])
     name = f"NvmeReadLatency/{bs}/qd:1"
     mine, theirs, ratio, p50, p99, fp50, fp99, fclat = [], [], [], [], [], [], [], []
+    limit, lratio = [], []
     for rep in range(1, reps + 1):
         b = cxlkv(name, rep)
         if b is None:
@@ -137,6 +166,9 @@ for bs in (65536, 262144, 2097152):
         mine.append(us); theirs.append(f_us); ratio.append(f_us / us); fclat.append(f_clat)
         p50.append(b["p50_us"]); p99.append(b["p99_us"])
         fp50.append(pct.get("50.000000", 0) / 1e3); fp99.append(pct.get("99.000000", 0) / 1e3)
+        h = fio("randread", bs, 1, rep, f"fio-huge-{bs}-{rep}.json")
+        if h is not None:
+            limit.append(h[1]); lratio.append(h[1] / us)
     if mine:
         rows.append(["read latency (mean)", size(bs), "1", f"{med(mine):.0f} us",
                      f"{med(theirs):.0f} us (clat {med(fclat):.0f})",
@@ -144,6 +176,14 @@ for bs in (65536, 262144, 2097152):
         rows.append(["read latency p50 / p99", size(bs), "1",
                      f"{med(p50):.0f} / {med(p99):.0f} us", f"{med(fp50):.0f} / {med(fp99):.0f} us",
                      ""])
+        per_rep.append(f"QD 1 {size(bs)}, fio / cxlkv per repetition: "
+                       + " / ".join(f"{100 * r:.1f}" for r in ratio) + " %")
+        if limit:
+            rows.append(["read latency, fio buffer in 2 MiB pages (limit)", size(bs), "1", "",
+                         f"{med(limit):.0f} us",
+                         f"{100 * med(lratio):.0f} % ({100 * min(lratio):.0f}-{100 * max(lratio):.0f}) (limit/cxlkv)"])
+            per_rep.append(f"QD 1 {size(bs)}, limit / cxlkv per repetition: "
+                           + " / ".join(f"{100 * r:.1f}" for r in lratio) + " %")
 print(f"medians of {reps} interleaved repetitions; the ratio is the median of the per-repetition "
       "ratios (min-max in brackets)")
 head = ["case", "block", "QD", "cxlkv", "fio", "cxlkv vs fio"]
@@ -153,4 +193,6 @@ print(line(head))
 print("|" + "|".join("-" * (x + 2) for x in w) + "|")
 for r in rows:
     print(line(r))
+for p in per_rep:
+    print(p)
 PY

@@ -205,6 +205,13 @@ static void TestBadOpen(cxlkv_arena* arena) {
   o.nvme_dir = NULL;
   CHECK(cxlkv_tier_open(arena, &o, &t) == CXLKV_E_INVALID);
   CHECK(strstr(cxlkv_last_error(), "nvme_dir") != NULL);
+  OpenOptions(&o, 0, "nvme-bad", NULL);
+  o.flags = 0x40;
+  CHECK(cxlkv_tier_open(arena, &o, &t) == CXLKV_E_INVALID);
+  CHECK(strstr(cxlkv_last_error(), "unknown flags 0x40") != NULL);
+  o.flags = CXLKV_TIER_NVME_STAGE_READS | CXLKV_TIER_NVME_DIRECT_READS;
+  CHECK(cxlkv_tier_open(arena, &o, &t) == CXLKV_E_INVALID);
+  CHECK(strstr(cxlkv_last_error(), "contradict") != NULL);
 
   WriteFile("bad-value.toml", "[placement]\nttft_budget_ms = 300\nnvme_read_gbps = -3\n");
   OpenOptions(&o, 0, "nvme-bad", "bad-value.toml");
@@ -581,6 +588,9 @@ static void TestThreads(cxlkv_tier* t) {
 static void TestReopenAndCooldown(cxlkv_arena* arena, const cxlkv_prefix_key* on_nvme, size_t n) {
   cxlkv_tier_options o;
   OpenOptions(&o, 1, "nvme1", NULL); /* the defaults: 5 s cool-down */
+  /* Promotions staged through the store's 2 MiB-page buffers (the first open let the store
+   * choose): the blocks read back right either way. */
+  o.flags = CXLKV_TIER_NVME_STAGE_READS;
   cxlkv_tier* t = NULL;
   CHECK(cxlkv_tier_open(arena, &o, &t) == CXLKV_OK);
   if (t == NULL) return;

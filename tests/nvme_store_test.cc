@@ -412,8 +412,8 @@ TEST(NvmeStoreStaging, AutoMeasuresBothAndReportsWhatItChose) {
             report.read_probe_staged_us * 10 < report.read_probe_direct_us * 9);
   EXPECT_EQ(store->stages_reads(), report.reads_staged);
   std::cout << "read probe, 192 KiB: direct " << report.read_probe_direct_us << " us, staged "
-            << report.read_probe_staged_us << " us -> " << (report.reads_staged ? "staged" : "direct")
-            << "\n";
+            << report.read_probe_staged_us << " us -> "
+            << (report.reads_staged ? "staged" : "direct") << "\n";
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
     EXPECT_EQ(e.path().filename().string().find("probe"), std::string::npos) << e.path();
   }

@@ -812,6 +812,20 @@ int Open(cxlkv_arena* arena, const cxlkv_tier_options* o, std::unique_ptr<Tier>&
                 "cxlkv_tier_open: nvme_dir must name the NVMe store's directory (on a local "
                 "file system with O_DIRECT: ext4, xfs)");
   }
+  constexpr std::uint32_t kKnownFlags =
+      CXLKV_TIER_NVME_DSYNC | CXLKV_TIER_NVME_STAGE_READS | CXLKV_TIER_NVME_DIRECT_READS;
+  if ((o->flags & ~kKnownFlags) != 0) {
+    return Fail(CXLKV_E_INVALID, absl::StrCat("cxlkv_tier_open: unknown flags 0x",
+                                              absl::Hex(o->flags & ~kKnownFlags),
+                                              "; pass CXLKV_TIER_NVME_* flags only"));
+  }
+  if ((o->flags & CXLKV_TIER_NVME_STAGE_READS) != 0 &&
+      (o->flags & CXLKV_TIER_NVME_DIRECT_READS) != 0) {
+    return Fail(CXLKV_E_INVALID,
+                "cxlkv_tier_open: flags CXLKV_TIER_NVME_STAGE_READS and "
+                "CXLKV_TIER_NVME_DIRECT_READS contradict each other; pass one, or neither to "
+                "let the store measure its disk");
+  }
   const cxlkv::pool::ClassRecord& cr = pa.class_record(o->size_class);
   t->arena = arena;
   t->cls = o->size_class;
@@ -904,6 +918,11 @@ int Open(cxlkv_arena* arena, const cxlkv_tier_options* o, std::unique_ptr<Tier>&
   }
   if (o->nvme_queue_depth != 0) so.queue_depth = o->nvme_queue_depth;
   so.dsync = (o->flags & CXLKV_TIER_NVME_DSYNC) != 0;
+  if ((o->flags & CXLKV_TIER_NVME_STAGE_READS) != 0) {
+    so.read_staging = ti::NvmeStoreOptions::ReadStaging::kAlways;
+  } else if ((o->flags & CXLKV_TIER_NVME_DIRECT_READS) != 0) {
+    so.read_staging = ti::NvmeStoreOptions::ReadStaging::kNever;
+  }
   auto store = ti::NvmeStore::Open(so);
   if (!store.ok()) {
     unregister();

@@ -536,6 +536,12 @@ enum {
 };
 
 #define CXLKV_TIER_NVME_DSYNC 1u /* open: every NVMe write is on stable media when it completes */
+/* open: how NVMe reads reach CXL blocks. By default the store measures at open whether its
+ * disk reads faster into 2 MiB pages than into 4 KiB ones (emulated disks: virtio-blk, QEMU
+ * NVMe) and then stages reads through its own 2 MiB-page buffers; a device-dax arena is
+ * always read directly. These force one way (both together: CXLKV_E_INVALID). */
+#define CXLKV_TIER_NVME_STAGE_READS 2u
+#define CXLKV_TIER_NVME_DIRECT_READS 4u
 
 typedef struct cxlkv_tier_options {
   uint32_t size_class; /* the arena's size class the tier keeps blocks of */
@@ -555,7 +561,7 @@ typedef struct cxlkv_tier_options {
    * placement.calibration, when set, replaces the figures it measured); NULL: the defaults. */
   const char* config_path;
   uint32_t nvme_queue_depth; /* io_uring entries, the most NVMe I/Os in flight; 0: 64 */
-  uint32_t flags;            /* CXLKV_TIER_NVME_DSYNC */
+  uint32_t flags;            /* CXLKV_TIER_NVME_DSYNC, CXLKV_TIER_NVME_{STAGE,DIRECT}_READS */
 } cxlkv_tier_options;
 
 /* Opens a tier over `arena` (one tier per size class of an arena) and the store in

@@ -94,6 +94,8 @@ __all__ = [
 
 # Flags of cxlkv.h (the ABI test compares them with the header).
 NVME_DSYNC = 1
+NVME_STAGE_READS = 2
+NVME_DIRECT_READS = 4
 RECORD_USE = 1
 PREFETCH_FORCE = 2
 EXPLAIN_JSON = 1
@@ -159,6 +161,10 @@ class TierOptions:
         nvme_queue_depth: io_uring entries, the most NVMe I/Os in flight; 0: 64.
         nvme_dsync: every NVMe write is on stable media when it completes
             (``CXLKV_TIER_NVME_DSYNC``).
+        nvme_stage_reads: None (default): the store measures at open whether its disk reads
+            faster into 2 MiB pages and stages reads through its own such buffers if so;
+            True / False force staged (``CXLKV_TIER_NVME_STAGE_READS``) or direct reads
+            (``CXLKV_TIER_NVME_DIRECT_READS``). docs/nvme.md, "Read staging".
     """
 
     nvme_dir: Union[str, "os.PathLike[str]"]
@@ -170,6 +176,7 @@ class TierOptions:
     config_path: Optional[Union[str, "os.PathLike[str]"]] = None
     nvme_queue_depth: int = 0
     nvme_dsync: bool = False
+    nvme_stage_reads: Optional[bool] = None
 
     def to_c(self) -> Tuple[_lib.TierOptionsC, Tuple[bytes, Optional[bytes]]]:
         """The C struct, and the encoded paths it points to (keep them alive with it)."""
@@ -193,7 +200,9 @@ class TierOptions:
         o.nvme_bytes = _u(self.nvme_bytes, 64, "nvme_bytes")
         o.config_path = cfg
         o.nvme_queue_depth = _u(self.nvme_queue_depth, 32, "nvme_queue_depth")
-        o.flags = NVME_DSYNC if self.nvme_dsync else 0
+        o.flags = ((NVME_DSYNC if self.nvme_dsync else 0)
+                   | {None: 0, True: NVME_STAGE_READS, False: NVME_DIRECT_READS}[
+                       None if self.nvme_stage_reads is None else bool(self.nvme_stage_reads)])
         return o, (d, cfg)
 
 

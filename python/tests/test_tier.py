@@ -34,6 +34,7 @@ from cxlkv.errors import (
     NotFoundError,
     StaleError,
 )
+from cxlkv import tier
 from cxlkv.tier import PrefetchTicket
 from conftest import HERE, ShmFiles
 
@@ -605,11 +606,22 @@ os._exit(0)  # no close
         pytest.skip(r.stderr.strip().splitlines()[-1])
     assert r.returncode == 0 and "placed" in r.stdout, r.stderr
     arena = cxlkv.Arena.open_spec(spec.split("?")[0])
-    with Tier.open(arena, nvme_dir=tmp_path / "nvme") as t:
+    # Reads forced through the store's staging buffers: the blocks come back the same.
+    with Tier.open(arena, nvme_dir=tmp_path / "nvme", nvme_stage_reads=True) as t:
         keys = chain(NS2, 60, 4)
         assert [x.residence for x in t.lookup(keys)] == [Residence.ON_NVME] * 4
         assert intact(t.read_array(keys), keys)
     arena.close()
+
+
+def test_nvme_read_staging_maps_to_the_c_flags() -> None:
+    """None lets the store measure; True / False force one way; dsync combines with either."""
+    flags = lambda **kw: TierOptions(nvme_dir="d", **kw).to_c()[0].flags  # noqa: E731
+    assert flags() == 0
+    assert flags(nvme_stage_reads=True) == tier.NVME_STAGE_READS
+    assert flags(nvme_stage_reads=False) == tier.NVME_DIRECT_READS
+    assert flags(nvme_stage_reads=False, nvme_dsync=True) == (tier.NVME_DIRECT_READS
+                                                              | tier.NVME_DSYNC)
 
 
 # ---- an engine's request loop, as docs/tier-capi.md's example -------------------------------

@@ -175,7 +175,7 @@ struct NvmeStore::Io {
   std::byte* bounce = nullptr;  // aligned, owned, bounce_capacity bytes
   std::uint64_t bounce_capacity = 0;
   std::byte* staging = nullptr;  // a get's buffer from the store's staging pool, while in flight
-  bool bounced = false;  // the read lands in `landed` (bounce or staging), not in dest
+  bool bounced = false;          // the read lands in `landed` (bounce or staging), not in dest
   std::byte* landed = nullptr;
   void* dest = nullptr;
   std::uint64_t dest_capacity = 0;
@@ -591,7 +591,8 @@ void NvmeStore::CalibrateReads(NvmeOpenReport* report) {
   std::vector<double> us[2];  // direct, staged
   for (int i = 0; i < 2 * (kRounds + 1); ++i) {
     const int arm = i % 2;
-    struct timespec a {}, b {};
+    struct timespec a {
+    }, b{};
     ::clock_gettime(CLOCK_MONOTONIC, &a);
     const ssize_t n = ::pread(fd.fd, arm == 0 ? pages : staging, bytes, 0);
     if (n == static_cast<ssize_t>(bytes) && arm == 1) std::memcpy(pages, staging, bytes);
