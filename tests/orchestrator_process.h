@@ -7,31 +7,23 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <functional>
 #include <string>
-#include <thread>
 
+#include "eventually.h"
 #include "gtest/gtest.h"
 
 namespace cxlkv::testing {
 
 inline bool WaitFor(const std::function<bool()>& cond,
                     std::chrono::milliseconds limit = std::chrono::milliseconds(5000)) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return cond();
+  return Eventually(cond, limit);
 }
 
 class OrchestratorProcess {
@@ -80,15 +72,8 @@ class OrchestratorProcess {
             first ? "--new-domain" : nullptr, nullptr);
       _exit(127);
     }
-    ASSERT_TRUE(WaitFor([&] {
-      const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-      sockaddr_un a{};
-      a.sun_family = AF_UNIX;
-      std::strncpy(a.sun_path, socket.c_str(), sizeof(a.sun_path) - 1);
-      const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-      close(fd);
-      return ok;
-    })) << "the orchestrator did not come up";
+    ASSERT_TRUE(WaitFor([&] { return AcceptsConnections(socket); }))
+        << "the orchestrator did not come up";
   }
   void Stop(int sig) {
     if (pid <= 0) return;

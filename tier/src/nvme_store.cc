@@ -336,16 +336,10 @@ absl::Status NvmeStore::Init(const NvmeStoreOptions& o, NvmeOpenReport* report) 
   zero_header_ = AlignedAlloc(kNvmeHeaderBytes);
   std::memset(zero_header_, 0, kNvmeHeaderBytes);
   staging_limit_ = o.staging_bytes;
-  switch (o.read_staging) {
-    case NvmeStoreOptions::ReadStaging::kAuto:
-      CalibrateReads(report);
-      break;
-    case NvmeStoreOptions::ReadStaging::kAlways:
-      stage_reads_ = true;
-      break;
-    case NvmeStoreOptions::ReadStaging::kNever:
-      stage_reads_ = false;
-      break;
+  if (o.read_staging == NvmeStoreOptions::ReadStaging::kAuto) {
+    CalibrateReads(report);
+  } else {
+    stage_reads_ = o.read_staging == NvmeStoreOptions::ReadStaging::kAlways;
   }
   report->reads_staged = stage_reads_;
   return Scan(o.verify_payloads_on_open, report);

@@ -11,18 +11,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cxlkv/pool/region.h"
 
 namespace cxlkv::orchestrator {
-namespace {
 
-// errno as text: strerror may share its buffer between threads (MT-Unsafe); GNU strerror_r
-// returns the message (in buf or static).
-std::string ErrnoText(int err) {
-  char buf[128];
-  return ::strerror_r(err, buf, sizeof(buf));
-}
-
-}  // namespace
+using pool::ErrnoText;
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_view what) {
   std::ifstream f(path, std::ios::binary);
