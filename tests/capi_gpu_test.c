@@ -112,7 +112,7 @@ int main(void) {
   CHECK(cxlkv_gpu_poll(gpu, 999999) == CXLKV_E_NOT_FOUND);
 
   CHECK(cxlkv_gpu_unregister(gpu, reg) == CXLKV_OK);
-  in[1].page = 1;
+  in[1].page = (uint32_t)(2 * N - 3); /* its own page again: the list is valid */
   CHECK(cxlkv_gpu_copy_blocks(gpu, &cache, CXLKV_GPU_TO_DEVICE, in, N, 0, 0, 0, &t) ==
         CXLKV_E_NOT_FOUND);
   cudaFree(dev);

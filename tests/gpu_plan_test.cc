@@ -6,7 +6,12 @@
 #include <random>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "cxlkv/gpu/plan.h"
+#include "cxlkv/gpu/prefault.h"
+#include "cxlkv/pool/region.h"
 #include "gtest/gtest.h"
 #include "test_util.h"
 
@@ -69,6 +74,104 @@ TEST(PlanChunks, EveryChunkAtMostTheLimitAndTheyTile) {
     }
     ASSERT_EQ(off, bytes);
   }
+}
+
+TEST(PlanRampChunks, DoublesFromTheFirstChunkToTheLimit) {
+  auto c = PlanRampChunks(100 * kGiB + 2 * kMiB, 2 * kMiB, kGiB);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<std::uint64_t> sizes;
+  for (const ChunkPlan& p : *c) sizes.push_back(p.bytes);
+  EXPECT_EQ(sizes, (std::vector<std::uint64_t>{kGiB, 2 * kGiB, 4 * kGiB, 8 * kGiB, 16 * kGiB,
+                                               32 * kGiB, 37 * kGiB + 2 * kMiB}));
+  // Past the limit the chunks stay at the limit.
+  auto big = PlanRampChunks(300 * kGiB, 4096, 16 * kGiB);
+  ASSERT_TRUE(big.ok());
+  sizes.clear();
+  for (const ChunkPlan& p : *big) sizes.push_back(p.bytes);
+  EXPECT_EQ(sizes, (std::vector<std::uint64_t>{16 * kGiB, 32 * kGiB, 64 * kGiB, 64 * kGiB,
+                                               64 * kGiB, 60 * kGiB}));
+  // 0, or a first chunk at the limit: PlanChunks.
+  EXPECT_EQ(*PlanRampChunks(100 * kGiB, 4096, 0), *PlanChunks(100 * kGiB, 4096));
+  EXPECT_EQ(*PlanRampChunks(100 * kGiB, 4096, 64 * kGiB), *PlanChunks(100 * kGiB, 4096));
+  EXPECT_EQ(PlanRampChunks(5000, 4096, kGiB).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PlanRampChunks, TilesOnAlignmentWithinTheLimit) {
+  const std::uint64_t seed = cxlkv::testing::TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 2000; ++i) {
+    const std::uint64_t align = 4096ull << (rng() % 19);  // 4 KiB .. 1 GiB
+    const std::uint64_t max = align * (1 + rng() % 64);
+    const std::uint64_t first = rng() % (2 * max);
+    // At most ~200 chunks of the limit (plus the ramp), so the check stays fast.
+    const std::uint64_t bytes = 4096 * (1 + rng() % (max / 4096 * 200));
+    auto c = PlanRampChunks(bytes, align, first, max);
+    ASSERT_TRUE(c.ok()) << c.status();
+    std::uint64_t off = 0;
+    for (std::size_t k = 0; k < c->size(); ++k) {
+      const ChunkPlan& p = (*c)[k];
+      ASSERT_EQ(p.offset, off);
+      ASSERT_GT(p.bytes, 0u);
+      ASSERT_LE(p.bytes, max);
+      if (k + 1 < c->size()) {
+        ASSERT_EQ(p.bytes % align, 0u) << "chunk " << k << " ends inside a device page";
+        if (k > 0) ASSERT_GE(p.bytes, (*c)[k - 1].bytes) << "chunks shrink at " << k;
+      }
+      off += p.bytes;
+    }
+    ASSERT_EQ(off, bytes);
+  }
+}
+
+// Pages of a memfd are resident (mincore) once WaitUntil covers them, and the bytes there
+// are untouched: prefaulting an arena that holds data changes nothing in it.
+TEST(Prefaulter, PopulatesInOrderWithoutChangingBytes) {
+  const std::uint64_t bytes = 4 * Prefaulter::kPieceBytes + 8 * 4096;  // an odd last piece
+  auto region = pool::OpenRegion("memfd:prefault-test?size=" + std::to_string(bytes));
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::byte* base = (*region)->addr();
+  const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  base[0] = std::byte{0x5a};                      // data already there
+  base[bytes - 1] = std::byte{0xa5};              // in the last page
+  auto resident = [&](std::uint64_t off, std::uint64_t len) {
+    std::vector<unsigned char> v(len / page);
+    if (::mincore(base + off, len, v.data()) != 0) return std::uint64_t{0};
+    std::uint64_t n = 0;
+    for (unsigned char x : v) n += x & 1;
+    return n * page;
+  };
+  // A cold memfd has no pages (only the two just written).
+  ASSERT_LE(resident(0, bytes), 2 * page);
+  {
+    Prefaulter p(reinterpret_cast<std::uint64_t>(base), bytes, 3);
+    p.WaitUntil(Prefaulter::kPieceBytes);
+    if (!p.stopped_reason().empty()) GTEST_SKIP() << "prefault unavailable: " << p.stopped_reason();
+    EXPECT_EQ(resident(0, Prefaulter::kPieceBytes), Prefaulter::kPieceBytes);
+    p.WaitUntil(bytes);
+    EXPECT_EQ(resident(0, bytes), bytes);
+    EXPECT_EQ(p.bytes_populated(), bytes);
+  }
+  EXPECT_EQ(base[0], std::byte{0x5a});
+  EXPECT_EQ(base[bytes - 1], std::byte{0xa5});
+  EXPECT_EQ(base[bytes / 2], std::byte{0});
+}
+
+// A range the kernel cannot populate ends prefaulting with the reason; WaitUntil returns.
+TEST(Prefaulter, AnUnpopulatableRangeEndsWithTheReason) {
+  void* p = ::mmap(nullptr, 2 * Prefaulter::kPieceBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  {
+    Prefaulter pf(reinterpret_cast<std::uint64_t>(p), 2 * Prefaulter::kPieceBytes, 2);
+    pf.WaitUntil(2 * Prefaulter::kPieceBytes);
+    EXPECT_NE(pf.stopped_reason().find("MADV_POPULATE_WRITE"), std::string::npos)
+        << pf.stopped_reason();
+  }
+  Prefaulter none(reinterpret_cast<std::uint64_t>(p), 2 * Prefaulter::kPieceBytes, 0);
+  none.WaitUntil(2 * Prefaulter::kPieceBytes);  // no threads: returns at once
+  EXPECT_EQ(none.stopped_reason(), "no prefault threads");
+  ::munmap(p, 2 * Prefaulter::kPieceBytes);
 }
 
 TEST(PlanChunks, BadInputNamesTheValue) {

@@ -9,6 +9,7 @@
 #include "cxlkv/cxlkv.h"
 
 #if CXLKV_HAVE_CUDA
+#include "absl/strings/str_cat.h"
 #include "cxlkv/gpu/copy_engine.h"
 #include "cxlkv/gpu/registrar.h"
 #endif
@@ -60,7 +61,25 @@ int GpuFail(const absl::Status& st) {
 }  // namespace
 
 CXLKV_API int cxlkv_gpu_open(int device, cxlkv_gpu** out) {
+  return cxlkv_gpu_open_with(device, nullptr, out);
+}
+
+CXLKV_API int cxlkv_gpu_open_with(int device, const cxlkv_gpu_options* options, cxlkv_gpu** out) {
   if (out == nullptr) return Fail(CXLKV_E_INVALID, "out must be set");
+  gpu::CopyEngineOptions eo;
+  if (options != nullptr) {
+    if (options->dma_writeback == CXLKV_GPU_DMA_PLATFORM_WRITES_MEMORY) {
+      eo.dma_writeback = gpu::DmaWriteback::kPlatformWritesMemory;
+    } else if (options->dma_writeback != CXLKV_GPU_DMA_WRITE_BACK) {
+      return Fail(CXLKV_E_INVALID,
+                  absl::StrCat("cxlkv_gpu_options.dma_writeback = ", options->dma_writeback,
+                               " is not CXLKV_GPU_DMA_WRITE_BACK (0) or "
+                               "CXLKV_GPU_DMA_PLATFORM_WRITES_MEMORY (1)"));
+    }
+    if (options->reserved != 0) {
+      return Fail(CXLKV_E_INVALID, "cxlkv_gpu_options.reserved must be 0");
+    }
+  }
   gpu::RegistrarOptions ro;
   ro.device = device;
   auto registrar = gpu::Registrar::Create(ro);
@@ -71,7 +90,7 @@ CXLKV_API int cxlkv_gpu_open(int device, cxlkv_gpu** out) {
     }
     return GpuFail(registrar.status());
   }
-  auto engine = gpu::CopyEngine::Create(**registrar);
+  auto engine = gpu::CopyEngine::Create(**registrar, eo);
   if (!engine.ok()) return GpuFail(engine.status());
   *out = new cxlkv_gpu{std::move(*registrar), std::move(*engine)};
   return CXLKV_OK;
@@ -252,6 +271,10 @@ int NoCuda() {
 struct cxlkv_gpu {};
 
 CXLKV_API int cxlkv_gpu_open(int, cxlkv_gpu** out) {
+  if (out != nullptr) *out = nullptr;
+  return NoCuda();
+}
+CXLKV_API int cxlkv_gpu_open_with(int, const cxlkv_gpu_options*, cxlkv_gpu** out) {
   if (out != nullptr) *out = nullptr;
   return NoCuda();
 }

@@ -1,6 +1,7 @@
 #include "cxlkv/gpu/copy_engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -71,7 +72,11 @@ CopyEngine::~CopyEngine() {
   for (cudaStream_t s : streams_) {
     if (s != nullptr) cudaStreamSynchronize(s);
   }
-  for (InFlight& f : in_flight_) cudaEventDestroy(f.event);
+  for (InFlight& f : in_flight_) {
+    // Done now (the streams drained): their D2H lines leave the cache as Poll would have.
+    if (!f.writeback.empty()) WriteBackHostRanges(f.writeback);
+    cudaEventDestroy(f.event);
+  }
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   for (Slot& s : slots_) {
     if (s.host != nullptr) cudaFreeHost(s.host);
@@ -94,6 +99,16 @@ absl::Status CopyEngine::RetireLocked(bool wait_oldest) {
       continue;
     }
     if (e != cudaSuccess && sticky_.ok()) sticky_ = CudaStatus(e, kWhat, "cudaEventQuery");
+    // The copies are done: before anyone learns so (and may publish the blocks), the lines
+    // a device-to-host copy wrote leave this host's cache (dma_writeback.h).
+    if (!it->writeback.empty()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      stats_.writeback_bytes += WriteBackHostRanges(it->writeback);
+      stats_.writeback_ns += static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                               t0)
+              .count());
+    }
     free_events_.push_back(it->event);
     if (it->slot >= 0) free_slots_.push_back(it->slot);
     it = in_flight_.erase(it);
@@ -278,7 +293,11 @@ absl::StatusOr<Ticket> CopyEngine::Submit(const PagedCache& cache, Direction dir
     return st;
   }
   const Ticket t = next_ticket_++;
-  in_flight_.push_back(InFlight{t, *ev, slot});
+  std::vector<HostRange> writeback;
+  if (dir == Direction::kDeviceToHost && options_.dma_writeback == DmaWriteback::kWriteBack) {
+    writeback = HostRangesWritten(cache, blocks, lb, le);
+  }
+  in_flight_.push_back(InFlight{t, *ev, slot, std::move(writeback)});
   ++stats_.submits;
   return t;
 }
@@ -339,7 +358,7 @@ absl::StatusOr<std::vector<Ticket>> CopyEngine::SubmitLayers(const PagedCache& c
     }
     const Ticket t = next_ticket_++;
     // The slot's descriptors serve every layer: released with the last layer.
-    in_flight_.push_back(InFlight{t, *ev, l + 1 == cache.layers ? slot : -1});
+    in_flight_.push_back(InFlight{t, *ev, l + 1 == cache.layers ? slot : -1, {}});
     tickets.push_back(t);
     ++stats_.submits;
   }

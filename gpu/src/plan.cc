@@ -47,6 +47,25 @@ absl::StatusOr<std::vector<ChunkPlan>> PlanChunks(std::uint64_t bytes, std::uint
   return out;
 }
 
+absl::StatusOr<std::vector<ChunkPlan>> PlanRampChunks(std::uint64_t bytes,
+                                                      std::uint64_t align_bytes,
+                                                      std::uint64_t first_chunk_bytes,
+                                                      std::uint64_t max_chunk_bytes) {
+  auto flat = PlanChunks(bytes, align_bytes, max_chunk_bytes);  // validates the arguments
+  if (!flat.ok() || first_chunk_bytes == 0 || first_chunk_bytes >= max_chunk_bytes) return flat;
+  const std::uint64_t cap = max_chunk_bytes / align_bytes * align_bytes;
+  std::vector<ChunkPlan> out;
+  std::uint64_t want = first_chunk_bytes;
+  for (std::uint64_t off = 0; off < bytes;) {
+    const std::uint64_t size =
+        std::min({std::max(want / align_bytes * align_bytes, align_bytes), cap, bytes - off});
+    out.push_back(ChunkPlan{off, size});
+    off += size;
+    want = want >= cap / 2 ? cap : want * 2;
+  }
+  return out;
+}
+
 absl::string_view MappingKindName(MappingKind kind) noexcept {
   switch (kind) {
     case MappingKind::kDevdax:
@@ -118,7 +137,8 @@ absl::StatusOr<std::uint64_t> RegistrationTable::Add(absl::string_view name, Map
                                                      std::uint64_t host_addr, std::uint64_t bytes,
                                                      std::uint64_t align_bytes,
                                                      std::uint64_t max_chunk_bytes,
-                                                     std::int64_t now_ns) {
+                                                     std::int64_t now_ns,
+                                                     std::uint64_t first_chunk_bytes) {
   if (host_addr == 0 || host_addr % kHostPageBytes != 0) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": registration address ", Hex(host_addr),
                                                    " must be non-null and page aligned"));
@@ -127,7 +147,7 @@ absl::StatusOr<std::uint64_t> RegistrationTable::Add(absl::string_view name, Map
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": range ", Range(host_addr, bytes), " wraps the address space"));
   }
-  auto chunks = PlanChunks(bytes, align_bytes, max_chunk_bytes);
+  auto chunks = PlanRampChunks(bytes, align_bytes, first_chunk_bytes, max_chunk_bytes);
   if (!chunks.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", chunks.status().message()));
   }
@@ -186,7 +206,10 @@ void RegistrationTable::ChunkDone(std::uint64_t id, std::uint64_t device_addr,
                                   std::int64_t begin_ns, std::int64_t end_ns) {
   RegistrationInfo* r = Find(id);
   if (r == nullptr || r->chunks_done >= r->chunks.size()) return;
-  if (r->chunks_done == 0) r->started_ns = begin_ns;
+  if (r->chunks_done == 0) {
+    if (r->started_ns == 0) r->started_ns = begin_ns;
+    r->first_chunk_ns = end_ns;
+  }
   r->chunk_device_addr.push_back(device_addr);
   r->bytes_done += r->chunks[r->chunks_done].bytes;
   ++r->chunks_done;

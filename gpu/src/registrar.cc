@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda_status.h"
+#include "cxlkv/gpu/prefault.h"
 #include "cxlkv/pool/spec.h"
 
 namespace cxlkv::gpu {
@@ -64,6 +65,8 @@ absl::Status ProbeDevice(int device) {
 Registrar::Registrar(const RegistrarOptions& options)
     : device_(options.device),
       max_chunk_bytes_(options.max_chunk_bytes),
+      first_chunk_bytes_(options.first_chunk_bytes),
+      prefault_threads_(options.prefault_threads),
       on_progress_(options.on_progress) {}
 
 absl::StatusOr<std::unique_ptr<Registrar>> Registrar::Create(const RegistrarOptions& options) {
@@ -156,7 +159,8 @@ absl::StatusOr<std::uint64_t> Registrar::Enqueue(absl::string_view name, Mapping
   std::uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto added = table_.Add(name, kind, addr, bytes, align, max_chunk_bytes_, NowNs());
+    auto added =
+        table_.Add(name, kind, addr, bytes, align, max_chunk_bytes_, NowNs(), first_chunk_bytes_);
     if (!added.ok()) return added.status();
     id = *added;
     jobs_.push_back(Job{Job::Kind::kRegister, id});
@@ -202,13 +206,24 @@ void Registrar::DoRegister(std::uint64_t id) {
     chunks = r->chunks;
     name = r->name;
     kind = r->kind;
+    table_.Find(id)->started_ns = NowNs();
   }
+  // Pages allocated on first touch are faulted in by several threads ahead of the pin
+  // (prefault.h); devdax pages exist already, and disk files are refused by the pin.
+  const bool prefault = kind != MappingKind::kDevdax && kind != MappingKind::kFileDisk;
+  const std::uint64_t total = chunks.back().offset + chunks.back().bytes;
+  Prefaulter prefaulter(host, total, prefault ? prefault_threads_ : 0);
   for (std::uint32_t c = 0; c < chunks.size(); ++c) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (std::find(cancel_.begin(), cancel_.end(), id) != cancel_.end()) return;
     }
     void* p = reinterpret_cast<void*>(host + chunks[c].offset);
+    const std::int64_t waited = prefaulter.WaitUntil(chunks[c].offset + chunks[c].bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      table_.Find(id)->prefault_ns += waited;
+    }
     const std::int64_t t0 = NowNs();
     cudaError_t err = cudaHostRegister(p, chunks[c].bytes, kRegisterFlags);
     void* dev = nullptr;

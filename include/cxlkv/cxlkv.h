@@ -410,6 +410,24 @@ void cxlkv_owner_close(cxlkv_owner* o);
 typedef struct cxlkv_gpu cxlkv_gpu;
 
 int cxlkv_gpu_open(int device, cxlkv_gpu** out);
+
+/* Bytes a device-to-host copy writes into arena blocks can sit dirty in this host's cache on
+ * platforms whose PCIe writes allocate in the last-level cache (Intel "Allocating Write
+ * Flows", the default on Granite Rapids; DDIO on earlier Xeons), where another host reading
+ * the CXL memory cannot see them. By default (CXLKV_GPU_DMA_WRITE_BACK) the copy engine
+ * writes those lines back (clwb/clflushopt + sfence) once the copy is done, before
+ * cxlkv_gpu_poll / cxlkv_gpu_wait report it: a block copied back from the GPU may be
+ * published as soon as its ticket completes. CXLKV_GPU_DMA_PLATFORM_WRITES_MEMORY states that
+ * every host of the domain has that BIOS setting off (DMA writes go to memory) and skips the
+ * write-back (docs/gpu.md). */
+enum { CXLKV_GPU_DMA_WRITE_BACK = 0, CXLKV_GPU_DMA_PLATFORM_WRITES_MEMORY = 1 };
+typedef struct cxlkv_gpu_options {
+  uint32_t dma_writeback; /* CXLKV_GPU_DMA_* */
+  uint32_t reserved;      /* 0 */
+} cxlkv_gpu_options;
+/* cxlkv_gpu_open with options (NULL: the defaults). An unknown dma_writeback or a nonzero
+ * reserved field is CXLKV_E_INVALID. */
+int cxlkv_gpu_open_with(int device, const cxlkv_gpu_options* options, cxlkv_gpu** out);
 /* Waits for queued copies, unregisters everything, frees the streams. */
 void cxlkv_gpu_close(cxlkv_gpu* gpu);
 

@@ -16,6 +16,11 @@
 // computes. The other way, Submit with `after` = the compute stream stores a layer as soon
 // as the compute work queued so far on that stream is done.
 //
+// Device-to-host copies: once a ticket's copies are done, and before Poll/Wait/Drain report
+// it, the engine writes back the host lines they wrote (dma_writeback.h: a DMA write may sit
+// dirty in this host's cache, where another host cannot see it), unless the options say the
+// platform writes DMA to memory.
+//
 // Streams: one non-blocking stream per direction, owned by the engine. Completion order
 // within a direction is submission order.
 //
@@ -36,6 +41,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cxlkv/gpu/dma_writeback.h"
 #include "cxlkv/gpu/plan.h"
 #include "cxlkv/gpu/registrar.h"
 
@@ -49,6 +55,8 @@ struct CopyEngineOptions {
   // Descriptor buffers for kernel launches (blocks per launch and launches in flight).
   std::uint32_t max_kernel_blocks = 16384;
   std::uint32_t kernel_slots = 8;
+  // What happens to the host lines a device-to-host copy wrote (dma_writeback.h).
+  DmaWriteback dma_writeback = DmaWriteback::kWriteBack;
 };
 
 struct SubmitOptions {
@@ -69,6 +77,8 @@ struct CopyEngineStats {
   std::uint64_t segments = 0;    // (block, layer, part) pieces before coalescing
   std::uint64_t kernel_launches = 0;
   std::uint64_t bytes = 0;
+  std::uint64_t writeback_bytes = 0;  // host bytes written back after D2H copies
+  std::uint64_t writeback_ns = 0;     // time spent writing them back
 };
 
 class CopyEngine {
@@ -114,6 +124,7 @@ class CopyEngine {
     Ticket ticket;
     cudaEvent_t event;
     int slot;  // kernel descriptor slot held until done, or -1
+    std::vector<HostRange> writeback;  // D2H: host ranges to write back once done
   };
   struct Slot {
     void* host = nullptr;    // pinned staging: block addrs | pages | layer bases

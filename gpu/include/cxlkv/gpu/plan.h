@@ -63,6 +63,16 @@ struct ChunkPlan {
 absl::StatusOr<std::vector<ChunkPlan>> PlanChunks(std::uint64_t bytes, std::uint64_t align_bytes,
                                                   std::uint64_t max_chunk_bytes = kMaxChunkBytes);
 
+// Ready sooner: chunks that grow from first_chunk_bytes, doubling up to max_chunk_bytes
+// (each rounded down to align_bytes, at least align_bytes), so the first part of a large
+// arena is pinned and usable in a fraction of the time the whole takes, while the chunk
+// count stays logarithmic (100 GiB from 1 GiB: 1, 2, 4, 8, 16, 32, 37 GiB). first_chunk_bytes
+// 0 or >= max_chunk_bytes: PlanChunks. Errors as PlanChunks.
+absl::StatusOr<std::vector<ChunkPlan>> PlanRampChunks(std::uint64_t bytes,
+                                                      std::uint64_t align_bytes,
+                                                      std::uint64_t first_chunk_bytes,
+                                                      std::uint64_t max_chunk_bytes = kMaxChunkBytes);
+
 // What backs a registered range; chooses the hint when the driver refuses it.
 enum class MappingKind : std::uint8_t {
   kDevdax,     // /dev/daxX.Y: ZONE_DEVICE pages
@@ -102,6 +112,9 @@ struct RegistrationInfo {
   std::int64_t started_ns = 0;   // first chunk began
   std::int64_t finished_ns = 0;  // last chunk ended (or the failure)
   std::int64_t register_ns = 0;  // time spent inside cudaHostRegister, all chunks
+  std::int64_t first_chunk_ns = 0;  // when chunk 0 became usable (CLOCK_MONOTONIC; 0: not yet)
+  std::int64_t prefault_ns = 0;     // time the registration waited for its pages to be faulted
+                                    // in by the prefault threads (Registrar: prefault_threads)
   // Cost of pinning, ns per GiB pinned (0 until a chunk is done).
   double NsPerGiB() const;
 };
@@ -129,7 +142,7 @@ class RegistrationTable {
   absl::StatusOr<std::uint64_t> Add(absl::string_view name, MappingKind kind,
                                     std::uint64_t host_addr, std::uint64_t bytes,
                                     std::uint64_t align_bytes, std::uint64_t max_chunk_bytes,
-                                    std::int64_t now_ns);
+                                    std::int64_t now_ns, std::uint64_t first_chunk_bytes = 0);
   // nullptr for an unknown id.
   RegistrationInfo* Find(std::uint64_t id);
   const RegistrationInfo* Find(std::uint64_t id) const;
