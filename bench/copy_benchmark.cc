@@ -26,9 +26,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "cxlkv/gpu/dma_writeback.h"
 #include "cxlkv/allocator/block_allocator.h"
 #include "cxlkv/coherence/cache.h"
+#include "cxlkv/gpu/dma_writeback.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
 

@@ -1,13 +1,13 @@
 // gpu/plan.h without a GPU: registration chunk planning and bookkeeping, paged-cache
 // geometry, copy validation, coalescing and splitting.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
 #include <vector>
-
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "cxlkv/gpu/plan.h"
 #include "cxlkv/gpu/prefault.h"
@@ -132,8 +132,8 @@ TEST(Prefaulter, PopulatesInOrderWithoutChangingBytes) {
   ASSERT_TRUE(region.ok()) << region.status();
   std::byte* base = (*region)->addr();
   const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  base[0] = std::byte{0x5a};                      // data already there
-  base[bytes - 1] = std::byte{0xa5};              // in the last page
+  base[0] = std::byte{0x5a};          // data already there
+  base[bytes - 1] = std::byte{0xa5};  // in the last page
   auto resident = [&](std::uint64_t off, std::uint64_t len) {
     std::vector<unsigned char> v(len / page);
     if (::mincore(base + off, len, v.data()) != 0) return std::uint64_t{0};
@@ -159,8 +159,8 @@ TEST(Prefaulter, PopulatesInOrderWithoutChangingBytes) {
 
 // A range the kernel cannot populate ends prefaulting with the reason; WaitUntil returns.
 TEST(Prefaulter, AnUnpopulatableRangeEndsWithTheReason) {
-  void* p = ::mmap(nullptr, 2 * Prefaulter::kPieceBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+  void* p =
+      ::mmap(nullptr, 2 * Prefaulter::kPieceBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(p, MAP_FAILED);
   {
     Prefaulter pf(reinterpret_cast<std::uint64_t>(p), 2 * Prefaulter::kPieceBytes, 2);

@@ -104,10 +104,10 @@ absl::Status CopyEngine::RetireLocked(bool wait_oldest) {
     if (!it->writeback.empty()) {
       const auto t0 = std::chrono::steady_clock::now();
       stats_.writeback_bytes += WriteBackHostRanges(it->writeback);
-      stats_.writeback_ns += static_cast<std::uint64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                               t0)
-              .count());
+      stats_.writeback_ns +=
+          static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::steady_clock::now() - t0)
+                                         .count());
     }
     free_events_.push_back(it->event);
     if (it->slot >= 0) free_slots_.push_back(it->slot);

@@ -16,8 +16,7 @@ absl::string_view DmaWritebackName(DmaWriteback mode) noexcept {
   return "unknown";
 }
 
-std::vector<HostRange> HostRangesWritten(const PagedCache& cache,
-                                         std::span<const BlockCopy> blocks,
+std::vector<HostRange> HostRangesWritten(const PagedCache& cache, std::span<const BlockCopy> blocks,
                                          std::uint32_t layer_begin, std::uint32_t layer_end) {
   const std::uint64_t lo = cache.HostOffset(layer_begin, 0);
   const std::uint64_t len = cache.HostOffset(layer_end, 0) - lo;

@@ -45,10 +45,9 @@ void Prefaulter::Work() {
     if (err != 0) {
       if (!ended_) {
         ended_ = true;
-        reason_ = absl::StrCat("madvise(MADV_POPULATE_WRITE) at offset ", off, ": ",
-                               std::strerror(err),
-                               err == EINVAL ? " (kernel < 5.14, or a mapping it cannot populate)"
-                                             : "");
+        reason_ =
+            absl::StrCat("madvise(MADV_POPULATE_WRITE) at offset ", off, ": ", std::strerror(err),
+                         err == EINVAL ? " (kernel < 5.14, or a mapping it cannot populate)" : "");
       }
       stop_.store(true, std::memory_order_relaxed);
     } else {
@@ -65,8 +64,7 @@ std::int64_t Prefaulter::WaitUntil(std::uint64_t offset) {
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return ended_ || watermark_ >= need; });
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                              t0)
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
       .count();
 }
 

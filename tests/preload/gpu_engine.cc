@@ -140,8 +140,8 @@ void RoundTrip(const char* step, unsigned char* host, void* dev, std::size_t byt
   std::snprintf(buf, sizeof buf,
                 "{\"step\":\"%s\",\"bytes\":%zu,\"mapping\":%s,\"ok\":%s,\"h2d_GBps\":%.2f,"
                 "\"d2h_GBps\":%.2f,\"register_ms\":%.2f}",
-                step, bytes, Quote(mapping).c_str(), ok && got == want ? "true" : "false",
-                gbs_h2d, gbs_d2h, register_ms);
+                step, bytes, Quote(mapping).c_str(), ok && got == want ? "true" : "false", gbs_h2d,
+                gbs_d2h, register_ms);
   g_json.emplace_back(buf);
   cudaEventDestroy(e0), cudaEventDestroy(e1), cudaEventDestroy(e2), cudaStreamDestroy(s);
 }
@@ -226,7 +226,8 @@ int main(int argc, char** argv) {
         const auto t0 = std::chrono::steady_clock::now();
         const bool reg = Cuda(cudaHostRegister(p, shm_bytes, 0), "cudaHostRegister of the region");
         const double ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
         const std::string m = MappingOf(p);
         RoundTrip("shm", static_cast<unsigned char*>(p), dev, shm_bytes, 3, m, reg ? ms : -1);
         if (reg) Cuda(cudaHostUnregister(p), "cudaHostUnregister");

@@ -48,8 +48,7 @@ struct HostRange {
 // sorted by address, adjacent and overlapping ranges merged. Host blocks are layer-major
 // (plan.h), so a layer range of one block is one contiguous range. Assumes the list passed
 // ValidateBlocks.
-std::vector<HostRange> HostRangesWritten(const PagedCache& cache,
-                                         std::span<const BlockCopy> blocks,
+std::vector<HostRange> HostRangesWritten(const PagedCache& cache, std::span<const BlockCopy> blocks,
                                          std::uint32_t layer_begin, std::uint32_t layer_end);
 
 // Writes back every line of every range (coherence::Flush), then one coherence::Fence: on

@@ -68,10 +68,9 @@ absl::StatusOr<std::vector<ChunkPlan>> PlanChunks(std::uint64_t bytes, std::uint
 // arena is pinned and usable in a fraction of the time the whole takes, while the chunk
 // count stays logarithmic (100 GiB from 1 GiB: 1, 2, 4, 8, 16, 32, 37 GiB). first_chunk_bytes
 // 0 or >= max_chunk_bytes: PlanChunks. Errors as PlanChunks.
-absl::StatusOr<std::vector<ChunkPlan>> PlanRampChunks(std::uint64_t bytes,
-                                                      std::uint64_t align_bytes,
-                                                      std::uint64_t first_chunk_bytes,
-                                                      std::uint64_t max_chunk_bytes = kMaxChunkBytes);
+absl::StatusOr<std::vector<ChunkPlan>> PlanRampChunks(
+    std::uint64_t bytes, std::uint64_t align_bytes, std::uint64_t first_chunk_bytes,
+    std::uint64_t max_chunk_bytes = kMaxChunkBytes);
 
 // What backs a registered range; chooses the hint when the driver refuses it.
 enum class MappingKind : std::uint8_t {

@@ -57,7 +57,7 @@ class Prefaulter {
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<bool> done_;      // per piece; mu_
+  std::vector<bool> done_;       // per piece; mu_
   std::uint64_t watermark_ = 0;  // pieces [0, watermark_) done; mu_
   bool ended_ = false;           // prefaulting stopped early; mu_
   std::string reason_;           // mu_

@@ -6,8 +6,8 @@
 // be allocated, ~0.05 s per GiB when they are resident), so start-up queues the arenas and
 // serving begins while they pin. To be ready sooner, prefault threads allocate the pages
 // ahead of the pin (prefault.h) and chunks grow from a small first one (PlanRampChunks): a
-// chunk is usable as soon as it is pinned, before the registration is finished; copies from a registration
-// that is not finished are refused with kUnavailable, never silently staged. Every CUDA call
+// chunk is usable as soon as it is pinned, before the registration is finished; copies from
+// memory not yet pinned are refused with kUnavailable, never silently staged. Every CUDA call
 // of the registrar runs on that thread, which selects the device (cudaSetDevice) before any
 // other call, so no context is ever created on device 0 by accident and the caller's own
 // current device is never changed.
