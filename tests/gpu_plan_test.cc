@@ -229,6 +229,40 @@ TEST(RegistrationTable, TracksChunksProgressAndCost) {
   EXPECT_EQ(t.Lookup(base - 1, 1).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Ramped chunks (1, 2, 4, ... GiB) are not equal: a lookup finds the chunk by its offsets.
+// The first chunks are usable while later ones are still pinning.
+TEST(RegistrationTable, LooksUpRampedChunksByOffset) {
+  RegistrationTable t;
+  const std::uint64_t base = 0x7f0000000000;
+  auto id = t.Add("memfd", MappingKind::kMemfd, base, 100 * kGiB, 4096, kMaxChunkBytes, 100, kGiB);
+  ASSERT_TRUE(id.ok()) << id.status();
+  const RegistrationInfo* r = t.Find(*id);
+  ASSERT_EQ(r->chunks.size(), 7u);  // 1, 2, 4, 8, 16, 32, 37 GiB
+  std::uint64_t dev = 0x10000000000;
+  t.ChunkDone(*id, dev, 1000, 2000);                // chunk 0: [0, 1 GiB)
+  t.ChunkDone(*id, dev + 0x100000000, 2000, 3000);  // chunk 1: [1, 3 GiB), device addr apart
+  EXPECT_EQ(r->first_chunk_ns, 2000);
+  auto a = t.Lookup(base + kGiB - kMiB, kMiB);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->chunk, 0u);
+  auto b = t.Lookup(base + 2 * kGiB, kMiB);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->chunk, 1u);
+  EXPECT_EQ(b->chunk_host_begin, base + kGiB);
+  EXPECT_EQ(b->chunk_host_end, base + 3 * kGiB);
+  EXPECT_EQ(b->DeviceAddr(base + 2 * kGiB), dev + 0x100000000 + kGiB);
+  // Chunk 2 ([3, 7 GiB)) is not pinned yet.
+  EXPECT_EQ(t.Lookup(base + 3 * kGiB, kMiB).status().code(), absl::StatusCode::kUnavailable);
+  // Across the end of chunk 0.
+  EXPECT_EQ(t.Lookup(base + kGiB - kMiB, 2 * kMiB).status().code(),
+            absl::StatusCode::kOutOfRange);
+  for (std::uint32_t c = 2; c < 7; ++c) t.ChunkDone(*id, dev + c * 0x1000000000, 3000, 4000);
+  auto last = t.Lookup(base + 99 * kGiB, kMiB);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->chunk, 6u);
+  EXPECT_EQ(last->chunk_host_begin, base + 63 * kGiB);
+}
+
 TEST(RegistrationTable, RefusesOverlapsAndNamesTheOther) {
   RegistrationTable t;
   const std::uint64_t a = 0x100000000;

@@ -262,12 +262,12 @@ absl::StatusOr<PinnedSpan> RegistrationTable::Lookup(std::uint64_t host_addr,
                      " is not in any registered arena; register the arena first"));
   }
   const std::uint64_t off = host_addr - r.host_addr;
-  std::uint32_t c = 0;
-  // Chunks are equal-sized except the last: the chunk index is a division.
-  if (r.chunks.size() > 1) {
-    c = static_cast<std::uint32_t>(
-        std::min<std::uint64_t>(off / r.chunks[0].bytes, r.chunks.size() - 1));
-  }
+  // Chunks tile the range in order but need not be equal (PlanRampChunks): the last chunk
+  // starting at or before off.
+  const auto next = std::upper_bound(
+      r.chunks.begin(), r.chunks.end(), off,
+      [](std::uint64_t o, const ChunkPlan& ch) { return o < ch.offset; });
+  const auto c = static_cast<std::uint32_t>(std::prev(next) - r.chunks.begin());
   if (c >= r.chunks_done) {
     return absl::UnavailableError(absl::StrCat(
         "host range ", Range(host_addr, bytes), " is in registration #", r.id, " (", r.name,
