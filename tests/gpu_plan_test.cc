@@ -254,8 +254,7 @@ TEST(RegistrationTable, LooksUpRampedChunksByOffset) {
   // Chunk 2 ([3, 7 GiB)) is not pinned yet.
   EXPECT_EQ(t.Lookup(base + 3 * kGiB, kMiB).status().code(), absl::StatusCode::kUnavailable);
   // Across the end of chunk 0.
-  EXPECT_EQ(t.Lookup(base + kGiB - kMiB, 2 * kMiB).status().code(),
-            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(t.Lookup(base + kGiB - kMiB, 2 * kMiB).status().code(), absl::StatusCode::kOutOfRange);
   for (std::uint32_t c = 2; c < 7; ++c) t.ChunkDone(*id, dev + c * 0x1000000000, 3000, 4000);
   auto last = t.Lookup(base + 99 * kGiB, kMiB);
   ASSERT_TRUE(last.ok()) << last.status();

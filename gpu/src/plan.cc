@@ -264,9 +264,9 @@ absl::StatusOr<PinnedSpan> RegistrationTable::Lookup(std::uint64_t host_addr,
   const std::uint64_t off = host_addr - r.host_addr;
   // Chunks tile the range in order but need not be equal (PlanRampChunks): the last chunk
   // starting at or before off.
-  const auto next = std::upper_bound(
-      r.chunks.begin(), r.chunks.end(), off,
-      [](std::uint64_t o, const ChunkPlan& ch) { return o < ch.offset; });
+  const auto next =
+      std::upper_bound(r.chunks.begin(), r.chunks.end(), off,
+                       [](std::uint64_t o, const ChunkPlan& ch) { return o < ch.offset; });
   const auto c = static_cast<std::uint32_t>(std::prev(next) - r.chunks.begin());
   if (c >= r.chunks_done) {
     return absl::UnavailableError(absl::StrCat(
