@@ -1,4 +1,4 @@
-// nvme_benchmark — the NVMe tier (tier::NvmeStore) at KV block sizes; bench/nvme_vs_fio.sh
+// nvme_benchmark — the NVMe tier (nvme::NvmeStore) at KV block sizes; bench/nvme_vs_fio.sh
 // runs it beside fio (io_uring, O_DIRECT, same directory, sizes and depths) and prints ratios.
 //
 //   NvmeWrite/<bytes>/qd:<n>        Puts of new blocks into free slots, n in flight; bytes/s
@@ -41,14 +41,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "cxlkv/tier/nvme_layout.h"
-#include "cxlkv/tier/nvme_store.h"
+#include "cxlkv/nvme/nvme_layout.h"
+#include "cxlkv/nvme/nvme_store.h"
 
 namespace {
 
-using cxlkv::tier::NvmeBatch;
-using cxlkv::tier::NvmeKey;
-using cxlkv::tier::NvmeStore;
+using cxlkv::nvme::NvmeBatch;
+using cxlkv::nvme::NvmeKey;
+using cxlkv::nvme::NvmeStore;
 
 constexpr std::int64_t kSizes[] = {64 << 10, 256 << 10, 2 << 20};
 
@@ -97,7 +97,7 @@ struct Fixture {
     const std::string dir = BenchDir();
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
-    cxlkv::tier::NvmeStoreOptions o;
+    cxlkv::nvme::NvmeStoreOptions o;
     o.dir = dir;
     o.payload_bytes = bytes;
     o.capacity_bytes = CapacityBytes();
@@ -107,14 +107,14 @@ struct Fixture {
     if (const char* e = std::getenv("CXLKV_NVME_READ_STAGING"); e != nullptr) {
       const std::string v = e;
       if (v == "always") {
-        o.read_staging = cxlkv::tier::NvmeStoreOptions::ReadStaging::kAlways;
+        o.read_staging = cxlkv::nvme::NvmeStoreOptions::ReadStaging::kAlways;
       } else if (v == "never") {
-        o.read_staging = cxlkv::tier::NvmeStoreOptions::ReadStaging::kNever;
+        o.read_staging = cxlkv::nvme::NvmeStoreOptions::ReadStaging::kNever;
       } else if (v != "auto") {
         Die("CXLKV_NVME_READ_STAGING must be auto, always or never, not " + v);
       }
     }
-    cxlkv::tier::NvmeOpenReport report;
+    cxlkv::nvme::NvmeOpenReport report;
     auto s = NvmeStore::Open(o, &report);
     if (!s.ok()) Die(std::string(s.status().message()));
     std::fprintf(
@@ -362,7 +362,7 @@ void NvmeReadLatencyPaired(benchmark::State& state, std::uint64_t bytes) {
   for (std::uint64_t i = 0; i < f.read_keys; ++i) {
     auto loc = f.store->Locate(Key(2, i));
     if (!loc.ok()) Die(std::string(loc.status().message()));
-    payload_offsets[i] = loc->offset + cxlkv::tier::kNvmeHeaderBytes;
+    payload_offsets[i] = loc->offset + cxlkv::nvme::kNvmeHeaderBytes;
   }
   using Arm = BareReader::Arm;
   BareReader fio(f.store->slots_path(), bytes, Arm::kFio);

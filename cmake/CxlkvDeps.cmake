@@ -7,7 +7,7 @@ pkg_check_modules(LIBCXL REQUIRED IMPORTED_TARGET libcxl)
 pkg_check_modules(LIBDAXCTL REQUIRED IMPORTED_TARGET libdaxctl)
 pkg_check_modules(NUMA REQUIRED IMPORTED_TARGET numa)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
-# The NVMe tier (tier/src/nvme_store.cc) drives O_DIRECT files through io_uring.
+# The NVMe medium (nvme/src/nvme_store.cc) drives O_DIRECT files through io_uring.
 pkg_check_modules(LIBURING IMPORTED_TARGET liburing)
 if(NOT LIBURING_FOUND)
   message(FATAL_ERROR "liburing not found: apt-get install liburing-dev (scripts/deps does)")

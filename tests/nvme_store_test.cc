@@ -3,7 +3,7 @@
 //
 // The store lives in a directory under the temporary directory (a disk file system); a test
 // whose file system lacks O_DIRECT skips with the store's own message.
-#include "cxlkv/tier/nvme_store.h"
+#include "cxlkv/nvme/nvme_store.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -35,9 +35,9 @@ using testing::AlignedBuffer;
 using testing::BlockIsIntact;
 using testing::FillBlock;
 using testing::KeyOf;
-using tier::NvmeBatch;
-using tier::NvmeStore;
-using tier::NvmeStoreOptions;
+using nvme::NvmeBatch;
+using nvme::NvmeStore;
+using nvme::NvmeStoreOptions;
 
 constexpr std::uint64_t kBlock = 64 << 10;
 
@@ -164,7 +164,7 @@ TEST_P(NvmeStoreReads, BatchIsOneSubmitAndCompletesOnce) {
 
   // Prefetch into fresh buffers, completion observed by polling.
   std::vector<std::unique_ptr<AlignedBuffer>> outs;
-  std::vector<tier::NvmeKey> keys;
+  std::vector<nvme::NvmeKey> keys;
   std::vector<void*> dests;
   for (int i = 0; i < kN; ++i) {
     outs.push_back(std::make_unique<AlignedBuffer>(kBlock));
@@ -277,7 +277,7 @@ TEST(NvmeStore, RestartRebuildsIndexFromSlotHeaders) {
   ASSERT_TRUE(absl::IsInvalidArgument(wrong.status())) << wrong.status();
   EXPECT_NE(wrong.status().message().find("payload_bytes=65536"), std::string::npos);
 
-  tier::NvmeOpenReport report;
+  nvme::NvmeOpenReport report;
   OPEN_OR_SKIP(store, Options(dir.path()), &report);
   EXPECT_EQ(report.blocks_indexed, 9u);
   EXPECT_EQ(report.corrupt, 0u);
@@ -318,7 +318,7 @@ TEST_P(NvmeStoreReads, CorruptPayloadIsReportedAndDropped) {
     ASSERT_TRUE(loc.ok());
     where = *loc;
   }
-  FlipByte(where.file, where.offset + tier::kNvmeHeaderBytes + 1234);
+  FlipByte(where.file, where.offset + nvme::kNvmeHeaderBytes + 1234);
   {
     OPEN_OR_SKIP(store, Options(dir.path(), kBlock, GetParam()), nullptr);
     auto n = store->Get(KeyOf(1), out.data(), kBlock);
@@ -326,7 +326,7 @@ TEST_P(NvmeStoreReads, CorruptPayloadIsReportedAndDropped) {
     const std::string msg(n.status().message());
     EXPECT_NE(msg.find(where.file), std::string::npos) << msg;
     EXPECT_NE(msg.find("offset " + std::to_string(where.offset)), std::string::npos) << msg;
-    EXPECT_NE(msg.find(tier::NvmeKeyToString(KeyOf(1))), std::string::npos) << msg;
+    EXPECT_NE(msg.find(nvme::NvmeKeyToString(KeyOf(1))), std::string::npos) << msg;
     EXPECT_EQ(out.data()[1234], 0) << "a corrupt block's bytes must not be left in the buffer";
     EXPECT_FALSE(store->Contains(KeyOf(1)));
     EXPECT_TRUE(absl::IsNotFound(store->Get(KeyOf(1), out.data(), kBlock).status()));
@@ -366,7 +366,7 @@ TEST_P(NvmeStoreReads, DamageBehindTheStoresBackNeverReturnsWrongData) {
       // Slot 2 gets slot 0's whole slot: a valid header and payload of another key.
       const int fd = ::open(zero->file.c_str(), O_RDWR);
       ASSERT_GE(fd, 0);
-      std::vector<char> slot(tier::kNvmeHeaderBytes + kBlock);
+      std::vector<char> slot(nvme::kNvmeHeaderBytes + kBlock);
       ASSERT_EQ(::pread(fd, slot.data(), slot.size(), static_cast<off_t>(zero->offset)),
                 static_cast<ssize_t>(slot.size()));
       ASSERT_EQ(::pwrite(fd, slot.data(), slot.size(), static_cast<off_t>(two->offset)),
@@ -381,7 +381,7 @@ TEST_P(NvmeStoreReads, DamageBehindTheStoresBackNeverReturnsWrongData) {
     EXPECT_NE(msg.find("overwritten behind the store's back"), std::string::npos) << msg;
     EXPECT_NE(msg.find(two->file), std::string::npos) << msg;
     EXPECT_NE(msg.find("offset " + std::to_string(two->offset)), std::string::npos) << msg;
-    EXPECT_NE(msg.find(tier::NvmeKeyToString(KeyOf(2))), std::string::npos) << msg;
+    EXPECT_NE(msg.find(nvme::NvmeKeyToString(KeyOf(2))), std::string::npos) << msg;
     EXPECT_EQ(out.data()[1234], 0) << "another key's bytes must not be left in the buffer";
     EXPECT_FALSE(store->Contains(KeyOf(2)));
     EXPECT_EQ(store->Stats().data_loss, 1u);
@@ -402,7 +402,7 @@ TEST_P(NvmeStoreReads, DamageBehindTheStoresBackNeverReturnsWrongData) {
 // stages only where that is >= 10 % faster. The probe file does not outlive the Open.
 TEST(NvmeStoreStaging, AutoMeasuresBothAndReportsWhatItChose) {
   testing::TempDir dir("nvme");
-  tier::NvmeOpenReport report;
+  nvme::NvmeOpenReport report;
   OPEN_OR_SKIP(store, Options(dir.path(), 192 << 10), &report);
   ASSERT_TRUE(report.read_probe_error.empty()) << report.read_probe_error;
   EXPECT_EQ(report.read_probe_bytes, 192u << 10);
@@ -419,7 +419,7 @@ TEST(NvmeStoreStaging, AutoMeasuresBothAndReportsWhatItChose) {
   }
   // Forced choices measure nothing.
   store.reset();
-  tier::NvmeOpenReport forced;
+  nvme::NvmeOpenReport forced;
   OPEN_OR_SKIP(again, Options(dir.path(), 192 << 10, ReadStaging::kNever), &forced);
   EXPECT_EQ(forced.read_probe_bytes, 0u);
   EXPECT_FALSE(forced.reads_staged);
@@ -487,7 +487,7 @@ TEST(NvmeStore, CorruptHeaderIsReportedAtOpen) {
     where = *store->Locate(KeyOf(2));
   }
   FlipByte(where.file, where.offset + 50);  // inside the key field
-  tier::NvmeOpenReport report;
+  nvme::NvmeOpenReport report;
   OPEN_OR_SKIP(store, Options(dir.path()), &report);
   EXPECT_EQ(report.corrupt, 1u);
   ASSERT_EQ(report.problems.size(), 1u);
@@ -504,7 +504,7 @@ TEST(NvmeStore, CorruptHeaderIsReportedAtOpen) {
 TEST(NvmeStore, CapacityLimitRefusesWritesAndKeepsBlocks) {
   testing::TempDir dir("nvme");
   auto o = Options(dir.path());
-  o.capacity_bytes = 4 * (kBlock + tier::kNvmeHeaderBytes);
+  o.capacity_bytes = 4 * (kBlock + nvme::kNvmeHeaderBytes);
   OPEN_OR_SKIP(store, o, nullptr);
   AlignedBuffer in(kBlock), out(kBlock);
   for (std::uint64_t k = 0; k < 4; ++k) {
@@ -582,8 +582,8 @@ struct CrashLedger {
 
 NvmeStoreOptions CrashOptions(const std::string& dir) {
   auto o = Options(dir, kCrashBlock);
-  o.capacity_bytes = 40 * (kCrashBlock + tier::kNvmeHeaderBytes);  // tight: puts fail often
-  o.grow_bytes = 4 * (kCrashBlock + tier::kNvmeHeaderBytes);
+  o.capacity_bytes = 40 * (kCrashBlock + nvme::kNvmeHeaderBytes);  // tight: puts fail often
+  o.grow_bytes = 4 * (kCrashBlock + nvme::kNvmeHeaderBytes);
   return o;
 }
 
@@ -654,7 +654,7 @@ TEST(NvmeStoreCrash, KillDuringWritesNeverYieldsAWrongBlock) {
     ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
     ASSERT_TRUE(WIFSIGNALED(wstatus)) << "writer exited early with status "
                                       << WEXITSTATUS(wstatus) << " (iteration " << it << ")";
-    tier::NvmeOpenReport report;
+    nvme::NvmeOpenReport report;
     auto store = NvmeStore::Open(CrashOptions(dir.path()), &report);
     ASSERT_TRUE(store.ok()) << store.status();
     for (std::uint64_t k = 0; k < kCrashKeys; ++k) {

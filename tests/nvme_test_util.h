@@ -16,7 +16,7 @@
 #include <memory>
 #include <string>
 
-#include "cxlkv/tier/nvme_store.h"
+#include "cxlkv/nvme/nvme_store.h"
 
 namespace cxlkv::testing {
 
@@ -88,7 +88,7 @@ inline std::uint64_t Mix(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-inline tier::NvmeKey KeyOf(std::uint64_t i) { return tier::NvmeKey{Mix(i), Mix(~i)}; }
+inline nvme::NvmeKey KeyOf(std::uint64_t i) { return nvme::NvmeKey{Mix(i), Mix(~i)}; }
 
 // Block contents: [key index][version] then a stream derived from both.
 inline void FillBlock(void* dst, std::uint64_t bytes, std::uint64_t key, std::uint64_t version) {

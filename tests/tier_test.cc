@@ -39,14 +39,14 @@ struct Clock {
   }
 };
 
-std::unique_ptr<tier::NvmeStore> OpenStore(const std::string& dir, std::uint64_t payload,
+std::unique_ptr<nvme::NvmeStore> OpenStore(const std::string& dir, std::uint64_t payload,
                                            std::string* skip) {
-  tier::NvmeStoreOptions o;
+  nvme::NvmeStoreOptions o;
   o.dir = dir;
   o.payload_bytes = payload;
   o.queue_depth = 32;
   o.grow_bytes = 0;
-  auto s = tier::NvmeStore::Open(o);
+  auto s = nvme::NvmeStore::Open(o);
   if (!s.ok()) {
     *skip = std::string(s.status().message());
     return nullptr;
@@ -186,7 +186,7 @@ TEST(TierManager, PrefetchIsOneBatchAndCompletesAsynchronously) {
   o.cooldown_ms = 10;
   o.now_ms = clock.fn();
   MANAGER_OR_SKIP(m, dir.path(), o);
-  std::vector<tier::NvmeKey> keys;
+  std::vector<nvme::NvmeKey> keys;
   for (std::uint64_t k = 0; k < 8; ++k) {
     PlaceNew(*m, k, Tier::kCxlExpanded, 5);
     keys.push_back(KeyOf(k));
@@ -475,7 +475,7 @@ TEST(TierManager, ReadCopiesOutWithoutPromotingAndReportsPerKey) {
   const int fd = ::open(loc->file.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   const char junk[4] = {9, 9, 9, 9};
-  ASSERT_EQ(::pwrite(fd, junk, 4, static_cast<off_t>(loc->offset + tier::kNvmeHeaderBytes + 8)), 4);
+  ASSERT_EQ(::pwrite(fd, junk, 4, static_cast<off_t>(loc->offset + nvme::kNvmeHeaderBytes + 8)), 4);
   ::close(fd);
 
   const std::vector<tier::Key> want = {KeyOf(0), KeyOf(4), KeyOf(6), KeyOf(99), KeyOf(5)};
@@ -554,7 +554,7 @@ TEST(TierManager, CorruptNvmeCopyIsReportedAndDropped) {
   const int fd = ::open(loc->file.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   const char junk[4] = {1, 2, 3, 4};
-  ASSERT_EQ(::pwrite(fd, junk, 4, static_cast<off_t>(loc->offset + tier::kNvmeHeaderBytes + 64)),
+  ASSERT_EQ(::pwrite(fd, junk, 4, static_cast<off_t>(loc->offset + nvme::kNvmeHeaderBytes + 64)),
             4);
   ::close(fd);
   absl::Status st = m->Promote(KeyOf(0));
@@ -573,7 +573,7 @@ TEST(TierManager, RestartAdoptsNvmeBlocks) {
   {
     MANAGER_OR_SKIP(m, dir.path(), o);
     for (std::uint64_t k = 0; k < 3; ++k) PlaceNew(*m, k, Tier::kCxlExpanded, 7);
-    ASSERT_TRUE(m->Demote(std::vector<tier::NvmeKey>{KeyOf(0), KeyOf(1)}).ok());
+    ASSERT_TRUE(m->Demote(std::vector<nvme::NvmeKey>{KeyOf(0), KeyOf(1)}).ok());
   }
   MANAGER_OR_SKIP(m, dir.path(), o);
   EXPECT_EQ(m->Where(KeyOf(0)), Residence::kNvme);

@@ -25,7 +25,7 @@
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
-#include "cxlkv/tier/nvme_store.h"
+#include "cxlkv/nvme/nvme_store.h"
 #include "cxlkv/tier/placer.h"
 #include "cxlkv/tier/tier_manager.h"
 
@@ -290,7 +290,7 @@ absl::Status Engine::Setup() {
     // The NVMe store (every policy but recompute has one; cxl-lru never writes to it).
     std::error_code ec;
     std::filesystem::remove_all(o_.nvme_dir, ec);
-    tier::NvmeStoreOptions so;
+    nvme::NvmeStoreOptions so;
     so.dir = o_.nvme_dir;
     so.payload_bytes = moved_;
     // Slack over nvme_blocks: deleted slots are retired in the background.
@@ -298,7 +298,7 @@ absl::Status Engine::Setup() {
     const std::uint64_t slot = (moved_ + 4095) / 4096 * 4096 + 4096;
     so.capacity_bytes = (nvme_blocks + nvme_blocks / 4 + 256) * slot;
     so.grow_bytes = 16ull << 20;
-    auto store = tier::NvmeStore::Open(so);
+    auto store = nvme::NvmeStore::Open(so);
     if (!store.ok()) return store.status();
 
     // The TierManager moves the blocks; the policy is in its options and in ServeRequest.
@@ -767,7 +767,7 @@ absl::Status Engine::Run(ReplayResult* r) {
     r->owner_reclaimed = owner_->stats().reclaimed;
     const pool::ArenaUsage u = Alloc().arena().Usage();
     r->arena_persisted_end = u.classes.empty() ? 0 : u.classes[0].persisted;
-    const tier::NvmeStats s = tier_->store().Stats();
+    const nvme::NvmeStats s = tier_->store().Stats();
     r->store_puts = s.puts;
     r->store_gets = s.gets;
     r->store_deletes = s.deletes;

@@ -6,7 +6,7 @@
 //   index      a PrefixOwner + PrefixHost on a domain formatted in a /dev/shm file; CXL
 //              blocks are published under their chained prefix keys and found only through
 //              PrefixHost::AcquireChain (leases, copy-out, ValidateAfterCopy, release)
-//   NVMe tier  a tier::NvmeStore (O_DIRECT + io_uring) in a directory, normally under /tmp
+//   NVMe tier  a nvme::NvmeStore (O_DIRECT + io_uring) in a directory, normally under /tmp
 //   moves      a tier::TierManager over the two: placement, batched NVMe writes, watermarks
 //              (victims re-decided by the policy), NVMe capacity, cool-down, promotion and
 //              reads; CXL blocks it lets go are retired from the index (release_cxl)

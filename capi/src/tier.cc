@@ -45,7 +45,7 @@
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
 #include "cxlkv/tier/calibrate.h"
-#include "cxlkv/tier/nvme_store.h"
+#include "cxlkv/nvme/nvme_store.h"
 #include "cxlkv/tier/placement.h"
 #include "cxlkv/tier/placement_config.h"
 #include "cxlkv/tier/placer.h"
@@ -907,7 +907,7 @@ int Open(cxlkv_arena* arena, const cxlkv_tier_options* o, std::unique_ptr<Tier>&
     std::erase(Registry(), std::make_pair(static_cast<const cxlkv_arena*>(arena), t->cls));
   };
 
-  ti::NvmeStoreOptions so;
+  cxlkv::nvme::NvmeStoreOptions so;
   so.dir = o->nvme_dir;
   so.payload_bytes = t->block_bytes;
   so.capacity_bytes = o->nvme_bytes;
@@ -919,11 +919,11 @@ int Open(cxlkv_arena* arena, const cxlkv_tier_options* o, std::unique_ptr<Tier>&
   if (o->nvme_queue_depth != 0) so.queue_depth = o->nvme_queue_depth;
   so.dsync = (o->flags & CXLKV_TIER_NVME_DSYNC) != 0;
   if ((o->flags & CXLKV_TIER_NVME_STAGE_READS) != 0) {
-    so.read_staging = ti::NvmeStoreOptions::ReadStaging::kAlways;
+    so.read_staging = cxlkv::nvme::NvmeStoreOptions::ReadStaging::kAlways;
   } else if ((o->flags & CXLKV_TIER_NVME_DIRECT_READS) != 0) {
-    so.read_staging = ti::NvmeStoreOptions::ReadStaging::kNever;
+    so.read_staging = cxlkv::nvme::NvmeStoreOptions::ReadStaging::kNever;
   }
-  auto store = ti::NvmeStore::Open(so);
+  auto store = cxlkv::nvme::NvmeStore::Open(so);
   if (!store.ok()) {
     unregister();
     return FromStatus(store.status());
@@ -1374,7 +1374,7 @@ CXLKV_API int cxlkv_tier_stats_get(cxlkv_tier* t, cxlkv_tier_stats* s) {
   Use use(t);
   if (t->m == nullptr) return FailEnded(t);
   const ti::TierStats m = t->m->Stats();
-  const ti::NvmeStats ns = t->m->store().Stats();
+  const cxlkv::nvme::NvmeStats ns = t->m->store().Stats();
   std::memset(s, 0, sizeof(*s));
   s->block_bytes = t->block_bytes;
   s->cxl_capacity_blocks = t->capacity;

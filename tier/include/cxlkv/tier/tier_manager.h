@@ -42,11 +42,17 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cxlkv/allocator/block_allocator.h"
-#include "cxlkv/tier/nvme_store.h"
+#include "cxlkv/nvme/nvme_store.h"
 #include "cxlkv/tier/tier.h"
 
 namespace cxlkv::tier {
 
+// The NVMe medium (nvme/) as the manager uses it.
+using nvme::NvmeBatch;
+using nvme::NvmeKey;
+using nvme::NvmeKeyHash;
+using nvme::NvmeKeyToString;
+using nvme::NvmeStore;
 using Key = NvmeKey;
 
 // Where a tracked block is now. kDemoting / kPromoting: NVMe I/O in flight.

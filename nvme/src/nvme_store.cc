@@ -1,5 +1,5 @@
 // NvmeStore: open and scan, the batch submission path, completion reaping and retirement.
-#include "cxlkv/tier/nvme_store.h"
+#include "cxlkv/nvme/nvme_store.h"
 
 #include <fcntl.h>
 #include <liburing.h>
@@ -27,7 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "cxlkv/pool/region.h"
 
-namespace cxlkv::tier {
+namespace cxlkv::nvme {
 
 using pool::ErrnoStatus;
 using pool::ErrnoText;
@@ -1178,4 +1178,4 @@ NvmeStats NvmeStore::Stats() const {
   return s;
 }
 
-}  // namespace cxlkv::tier
+}  // namespace cxlkv::nvme

@@ -1,4 +1,4 @@
-// cxlkv/tier/nvme_store.h — the NVMe tier: KV blocks in O_DIRECT files driven by io_uring.
+// cxlkv/nvme/nvme_store.h — the NVMe tier: KV blocks in O_DIRECT files driven by io_uring.
 //
 // NvmeStore keeps whole KV blocks, each under a 128-bit key (a coherence::PrefixKey), in
 // fixed-size slots of one file in a directory on a local file system (ext4, xfs; tmpfs also
@@ -27,8 +27,8 @@
 // waits for room, one thread at a time; a batch's callback runs on that thread, outside the
 // store's lock (it may Submit). A batch is owned by the caller; while it is in flight (from
 // Submit until done()) it, and every buffer named in it, must stay alive and untouched.
-#ifndef CXLKV_TIER_NVME_STORE_H_
-#define CXLKV_TIER_NVME_STORE_H_
+#ifndef CXLKV_NVME_NVME_STORE_H_
+#define CXLKV_NVME_NVME_STORE_H_
 
 #include <sys/uio.h>
 
@@ -50,11 +50,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cxlkv/coherence/key.h"
-#include "cxlkv/tier/nvme_layout.h"
+#include "cxlkv/nvme/nvme_layout.h"
 
 struct io_uring;
 
-namespace cxlkv::tier {
+namespace cxlkv::nvme {
 
 // Blocks are named by the prefix protocol's key (coherence/key.h), hashed as every
 // in-process map of them is.
@@ -355,6 +355,6 @@ class NvmeStore {
   NvmeStats stats_;
 };
 
-}  // namespace cxlkv::tier
+}  // namespace cxlkv::nvme
 
-#endif  // CXLKV_TIER_NVME_STORE_H_
+#endif  // CXLKV_NVME_NVME_STORE_H_

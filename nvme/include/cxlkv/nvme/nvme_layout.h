@@ -1,4 +1,4 @@
-// cxlkv/tier/nvme_layout.h — the on-disk format of the NVMe tier (see docs/nvme.md).
+// cxlkv/nvme/nvme_layout.h — the on-disk format of the NVMe tier (see docs/nvme.md).
 //
 // A store is a directory holding two files:
 //   cxlkv-nvme.meta   4 KiB: NvmeMetaRecord (sealed), written once when the store is created
@@ -15,15 +15,15 @@
 // These are on-media structs, not shared memory: one process owns a store at a time (flock
 // on the meta file), so they carry no cache-line discipline. Fixed-width fields, sizes and
 // offsets pinned below.
-#ifndef CXLKV_TIER_NVME_LAYOUT_H_
-#define CXLKV_TIER_NVME_LAYOUT_H_
+#ifndef CXLKV_NVME_NVME_LAYOUT_H_
+#define CXLKV_NVME_NVME_LAYOUT_H_
 
 #include <cstddef>
 #include <cstdint>
 
 #include "cxlkv/coherence/record.h"
 
-namespace cxlkv::tier {
+namespace cxlkv::nvme {
 
 inline constexpr std::uint64_t kNvmeMetaMagic = coherence::MakeMagic("CXLKVNVM");
 inline constexpr std::uint64_t kNvmeSlotMagic = coherence::MakeMagic("CXLKVNVS");
@@ -66,6 +66,6 @@ static_assert(offsetof(NvmeSlotHeader, key_lo) == 48);
 static_assert(offsetof(NvmeSlotHeader, payload_xxh3) == 80);
 static_assert(sizeof(NvmeSlotHeader) <= kNvmeHeaderBytes);
 
-}  // namespace cxlkv::tier
+}  // namespace cxlkv::nvme
 
-#endif  // CXLKV_TIER_NVME_LAYOUT_H_
+#endif  // CXLKV_NVME_NVME_LAYOUT_H_
