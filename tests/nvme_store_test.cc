@@ -31,13 +31,13 @@
 namespace cxlkv {
 namespace {
 
+using nvme::NvmeBatch;
+using nvme::NvmeStore;
+using nvme::NvmeStoreOptions;
 using testing::AlignedBuffer;
 using testing::BlockIsIntact;
 using testing::FillBlock;
 using testing::KeyOf;
-using nvme::NvmeBatch;
-using nvme::NvmeStore;
-using nvme::NvmeStoreOptions;
 
 constexpr std::uint64_t kBlock = 64 << 10;
 

@@ -23,9 +23,9 @@
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/mem.h"
 #include "cxlkv/coherence/prefix.h"
+#include "cxlkv/nvme/nvme_store.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
-#include "cxlkv/nvme/nvme_store.h"
 #include "cxlkv/tier/placer.h"
 #include "cxlkv/tier/tier_manager.h"
 

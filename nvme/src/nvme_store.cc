@@ -171,8 +171,8 @@ struct NvmeStore::Io {
   std::uint64_t seq = 0;
   std::uint64_t payload_bytes = 0;
   std::uint64_t payload_xxh3 = 0;  // a put's (for the index), a get's expected (from it)
-  std::byte* header = nullptr;  // kNvmeHeaderBytes, aligned, owned
-  std::byte* bounce = nullptr;  // aligned, owned, bounce_capacity bytes
+  std::byte* header = nullptr;     // kNvmeHeaderBytes, aligned, owned
+  std::byte* bounce = nullptr;     // aligned, owned, bounce_capacity bytes
   std::uint64_t bounce_capacity = 0;
   std::byte* staging = nullptr;  // a get's buffer from the store's staging pool, while in flight
   bool bounced = false;          // the read lands in `landed` (bounce or staging), not in dest
@@ -919,8 +919,8 @@ void NvmeStore::Verify(Io* io, int res) const {
   if (res < 0) {
     st = ErrnoStatus(-res, where(), "read");
   } else if (static_cast<std::uint64_t>(res) != io->expect_bytes) {
-    st = absl::DataLossError(absl::StrCat(where(), ": short read (", res, " of ",
-                                          io->expect_bytes, " bytes): the file was truncated"));
+    st = absl::DataLossError(absl::StrCat(where(), ": short read (", res, " of ", io->expect_bytes,
+                                          " bytes): the file was truncated"));
   } else if (const std::uint64_t got = XXH3_64bits(payload, n); got != io->payload_xxh3) {
     // Damaged on the device, or the slot rewritten behind the store's back (another process,
     // a copy of another slot): either way not the bytes this store wrote there.

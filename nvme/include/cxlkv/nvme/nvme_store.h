@@ -350,7 +350,7 @@ class NvmeStore {
   std::vector<Io*> io_free_;
   std::vector<std::unique_ptr<Io>> io_all_;
   std::vector<std::byte*> staging_free_;  // StagingBufferBytes() each; stats_.staging_bytes in all
-  std::byte* zero_header_ = nullptr;  // 4 KiB of zeros, the tombstone
+  std::byte* zero_header_ = nullptr;      // 4 KiB of zeros, the tombstone
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> direct_ranges_;  // [begin, end)
   NvmeStats stats_;
 };
