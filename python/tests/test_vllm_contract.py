@@ -228,3 +228,18 @@ def test_namespaces_separate_models_tp_sizes_and_data_parallel_engines_join_apar
     nss = [t.core.namespace for t in ts]
     assert nss[0] != nss[1] and nss[0] != nss[2] and nss[0] == nss[3]
     assert [t.core.host_id for t in ts] == [0, 1, 2, 4]  # host_id + data_parallel_rank
+
+
+@pytest.mark.parametrize("g", V.GENERATIONS, ids=lambda g: g.name)
+def test_the_checks_round_trip_drives_each_generation(g: V.Generation) -> None:
+    """python -m cxlkv.integrations.check's round trip, over each generation's class (with
+    vLLM installed it runs over the installed one's)."""
+    import types
+
+    from cxlkv.integrations import check
+
+    mod = types.SimpleNamespace(GENERATION=gens.generation_named(g.name), IMPORT_ERROR=None,
+                                TIER_TYPE=adapter.TIER_TYPE,
+                                CxlkvSecondaryTier=registry_for(g)[adapter.TIER_TYPE])
+    base = types.SimpleNamespace(JobMetadata=V.JobMetadata, TransferJob=V.TransferJob)
+    assert check._roundtrip_vllm(mod, base) == []
