@@ -100,6 +100,9 @@ class HostPagePool:
         self.page_size = page_size
         self.kv_parts = kv_parts
         self.size = tokens
+        # What SGLang's host pools say of themselves (the backend's namespace names them).
+        self.layout = "page_first"
+        self.dtype = str(getattr(data, "dtype", "uint8")).replace("torch.", "")
         self.token_bytes = nbytes // (kv_parts * tokens)
         self._part_stride = nbytes // kv_parts
 

@@ -114,9 +114,13 @@ def _finished_by(poll_fn: Callable[[], Any]) -> List[Any]:
     return done
 
 
-def _roundtrip_sglang(mod: Any) -> List[str]:
+def _roundtrip_sglang(mod: Any, hs: Any = None) -> List[str]:
+    """A round trip through `mod`'s backend class (`hs`: the module with
+    HiCacheStorageConfig; SGLang's hicache_storage.py)."""
     from ..page_store import HostPagePool
-    from sglang.srt.mem_cache import hicache_storage as hs
+
+    if hs is None:
+        from sglang.srt.mem_cache import hicache_storage as hs
 
     page, tokens, token_bytes = 16, 64, 256
     td = _TempDomain(2 * page * token_bytes)
@@ -131,7 +135,8 @@ def _roundtrip_sglang(mod: Any) -> List[str]:
         if unknown:
             return [f"HiCacheStorageConfig has required fields the check does not know: {unknown}"]
         cfg = hs.HiCacheStorageConfig(**{n: v for n, v in known.items() if n in fields})
-        kw = dict(domain=td.domain_spec, host_id=0, pool=td.pool_spec, allow_untested_version=True)
+        kw = dict(domain=td.domain_spec, host_id=0, pool=td.pool_spec, interface_v1=1,
+                  allow_untested_version=True)
         backend = mod.CxlkvHiCacheStorage(cfg, kw)
         try:
             rng = np.random.default_rng(1)
