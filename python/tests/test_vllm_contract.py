@@ -243,3 +243,32 @@ def test_the_checks_round_trip_drives_each_generation(g: V.Generation) -> None:
                                 CxlkvSecondaryTier=registry_for(g)[adapter.TIER_TYPE])
     base = types.SimpleNamespace(JobMetadata=V.JobMetadata, TransferJob=V.TransferJob)
     assert check._roundtrip_vllm(mod, base) == []
+
+
+from test_orchestrator import orchestrator  # noqa: E402,F401  (the fixture: a real daemon)
+
+
+def test_an_orchestrator_domain_needs_no_pool(orchestrator: str) -> None:  # noqa: F811
+    """The documented orchestrator: config without pool: each tier grows an arena in an
+    extent the orchestrator lends (cxlkv_domain_grow), and blocks one engine stores the other
+    loads."""
+    g = V.GENERATIONS[-1]
+    reg = registry_for(g)
+    va, vb = primary_view(11), primary_view(12)
+    cfg = dict(type="cxlkv", domain=orchestrator, host_id=0, heartbeat_s=0.05)
+    a = V.create_secondary_tier(reg, cfg, va, spec())
+    try:
+        b = V.create_secondary_tier(reg, dict(cfg, host_id=1), vb, spec())
+        try:
+            assert a.core._att.grown is not None and a.core._att.arenas == []
+            keys = offload_keys(2, b"orch")
+            a.submit_store(g.job(1, keys, np.array([0, 1]), False, V.ReqContext("r")))
+            assert [r.success for r in V.poll(a.get_finished_jobs, 1)] == [True]
+            wait_until(lambda: all(g.found(b.lookup(k, V.ReqContext("r"))) for k in keys))
+            b.submit_load(g.job(2, keys, np.array([4, 5]), True, V.ReqContext("r")))
+            assert [r.success for r in V.poll(b.get_finished_jobs, 1)] == [True]
+            assert np.array_equal(np.asarray(va)[0:2], np.asarray(vb)[4:6])
+        finally:
+            b.shutdown()
+    finally:
+        a.shutdown()
