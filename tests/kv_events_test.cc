@@ -84,7 +84,7 @@ TEST(KvEventEncoding, PositionalEventsInVllmsFieldOrder) {
   EXPECT_EQ(stored.ptr[3].via.array.size, 0u);  // token_ids
   EXPECT_EQ(stored.ptr[4].as<int>(), 16);       // block_size
   EXPECT_TRUE(stored.ptr[5].is_nil());          // lora_id
-  EXPECT_EQ(Str(stored.ptr[6]), "SHARED");         // medium
+  EXPECT_EQ(Str(stored.ptr[6]), "SHARED");      // medium
   EXPECT_TRUE(stored.ptr[7].is_nil());          // lora_name
 
   // ["BlockRemoved", block_hashes, medium]
