@@ -80,6 +80,12 @@ class Env:
         with cxlkv.Pool.open(f"file:{self.paths[1]}?size={block * blocks + (8 << 20)}") as p:
             cxlkv.Arena.create(p, lay).close()
         self.pool = f"file:{self.paths[1]}"
+        if PREFAULT:  # allocate the pool file's pages now (tmpfs), not on each first store
+            fd = os.open(self.paths[1], os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
         self.owner.close()
@@ -90,6 +96,7 @@ class Env:
                 pass
 
 
+PREFAULT = False
 _seq = [0]
 
 
@@ -212,7 +219,11 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--prefault", action="store_true",
+                    help="allocate the pool file's pages before the runs (posix_fallocate)")
     args = ap.parse_args()
+    global PREFAULT
+    PREFAULT = args.prefault
     rows = []
     for block in (64 << 10, 2 << 20):
         for n in (1, 32):
