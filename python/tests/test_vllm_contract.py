@@ -86,6 +86,15 @@ def test_the_adapter_has_the_generations_interface(g: V.Generation) -> None:
 
 
 @pytest.mark.parametrize("g", V.GENERATIONS, ids=lambda g: g.name)
+def test_the_installed_base_class_tells_its_generation(g: V.Generation) -> None:
+    """What the package does with an installed vLLM: the class that fits its base (abstract
+    methods, lookup's declared answer), whatever the version says."""
+    found = gens.generation_of_interface(frozenset(g.base.__abstractmethods__),
+                                         adapter._answers_lookup_result(g.base, V.LookupResult))
+    assert found is not None and found.name == g.name
+
+
+@pytest.mark.parametrize("g", V.GENERATIONS, ids=lambda g: g.name)
 def test_engine_round_trip_across_two_hosts(env: Env, g: V.Generation) -> None:
     va, vb = primary_view(1), primary_view(2)
     a = make_tier(env, g, 1, va)
@@ -164,7 +173,8 @@ def test_an_engine_outside_the_pin_is_refused_with_the_reason(env: Env) -> None:
     g = V.GENERATIONS[0]
     e = _start_error(env, g, version="0.23.1")
     assert isinstance(e, EngineVersionError)
-    assert "0.23.1" in str(e) and "0.22" in str(e) and "it is a 0.23 engine" in str(e)
+    assert "0.23.1" in str(e) and "0.22" in str(e)
+    assert "pinned to the 0.23 interface" in str(e) and "has the 0.22 one" in str(e)
     assert "allow_untested_version" in e.hint
     e = _start_error(env, g, version="0.40.0")
     assert "supports vLLM >=0.22.0,<0.34.0" in str(e)

@@ -105,8 +105,9 @@ class VllmTierCore:
             raise EngineVersionError(
                 f"vLLM {engine_version or '(version unknown)'} is outside the pin of the "
                 f"{generation.name} interface ({generation.pin})"
-                + (f"; it is a {found.name} engine" if found else
-                   f"; the cxlkv tier supports vLLM {gens.SUPPORTED}"),
+                + (f"; its version is pinned to the {found.name} interface, but its "
+                   f"SecondaryTierManager has the {generation.name} one (report this)"
+                   if found else f"; the cxlkv tier supports vLLM {gens.SUPPORTED}"),
                 operation="CxlkvSecondaryTier",
                 hint=f"install vllm{gens.SUPPORTED}, or run `python -m "
                 "cxlkv.integrations.check` and, if the interface fits, set "
@@ -305,8 +306,13 @@ def _from_installed_vllm() -> None:
     ENGINE_VERSION = getattr(_vllm, "__version__", None)
     base = _tbase.SecondaryTierManager
     lookup_result = getattr(_kvbase, "LookupResult", None)
-    gen = gens.generation_for(ENGINE_VERSION) or gens.generation_of_interface(
-        frozenset(getattr(base, "__abstractmethods__", ())), lookup_result is not None)
+    by_version = gens.generation_for(ENGINE_VERSION)
+    # The installed base class decides which class fits it; the version decides whether the
+    # tier may run (VllmTierCore refuses a version outside the class's pin, saying why).
+    by_interface = gens.generation_of_interface(
+        frozenset(getattr(base, "__abstractmethods__", ())),
+        _answers_lookup_result(base, lookup_result))
+    gen = by_interface or by_version
     if gen is None:
         IMPORT_ERROR = EngineVersionError(
             f"vLLM {ENGINE_VERSION}: outside every pin ({gens.SUPPORTED}) and its "
@@ -320,6 +326,14 @@ def _from_installed_vllm() -> None:
     CxlkvSecondaryTier = build_tier_class(
         gen, base, _tbase.JobResult, engine_version=ENGINE_VERSION, lookup_result=lookup_result,
         request_context_cls=getattr(_kvbase, "RequestOffloadingContext", None), medium=medium)
+
+
+def _answers_lookup_result(base: type, lookup_result: Any) -> bool:
+    """Whether `base.lookup` is declared to return `lookup_result` (vLLM's LookupResult)."""
+    if lookup_result is None:
+        return False
+    ann = getattr(getattr(base, "lookup", None), "__annotations__", {}).get("return")
+    return ann is lookup_result or (isinstance(ann, str) and ann.strip("'\"") == "LookupResult")
 
 
 _from_installed_vllm()
