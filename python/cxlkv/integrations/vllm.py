@@ -6,7 +6,9 @@ vLLM 0.22.0 (:mod:`cxlkv.integrations.vllm_generations`; docs/engines.md says wh
 release offers and where it was read): one core (:class:`VllmTierCore`, which carries the
 configuration, the checks and the store underneath) and, per generation, a thin class
 (:func:`build_tier_class`) with that generation's method names and types. The class for the
-installed vLLM is :data:`CxlkvSecondaryTier`, chosen by its version.
+installed vLLM is :data:`CxlkvSecondaryTier`: the class whose interface the installed base class
+has; the installed version must be inside that class's pin (else the tier refuses to start,
+saying why).
 
 Configuration (``TieringOffloadingSpec``)::
 
