@@ -176,3 +176,26 @@ def test_the_checks_round_trip_drives_the_backend() -> None:
 
     mod = types.SimpleNamespace(CxlkvHiCacheStorage=Backend)
     assert check._roundtrip_sglang(mod, S) == []
+
+
+class ScalarSizePool(HostPagePool):
+    """A host pool whose get_page_buffer_meta gives one size for all segments (some SGLang
+    host pools do) instead of a list."""
+
+    def get_page_buffer_meta(self, indices: Any) -> Any:
+        ptrs, sizes = super().get_page_buffer_meta(indices)
+        return ptrs, sizes[0]
+
+
+def test_a_pool_giving_one_size_for_every_segment(env: Env) -> None:
+    data = np.random.default_rng(9).integers(0, 256, (2, TOKENS, TOKEN_BYTES), np.uint8)
+    a = start(env, [S.rank_configs(extra_config(env), MODEL)[0]],
+              [ScalarSizePool(data, PAGE, kv_parts=2)])[0]
+    assert a.core.stores[False].page_bytes == PAGE_BYTES
+    keys = page_keys(2, b"scalar")
+    assert a.batch_set_v1(keys, idx([0, 1])) == [True, True]
+    wait_until(lambda: a.batch_exists(keys) == 2)
+    b = start(env, [S.rank_configs(extra_config(env, host_id=1), MODEL)[0]], [pool(5)])[0]
+    assert b.batch_get_v1(keys, idx([2, 3])) == [True, True]
+    dst = b.core.stores[False].mem_pool_host.data
+    assert np.array_equal(data[:, 0:2 * PAGE], dst[:, 2 * PAGE:4 * PAGE])

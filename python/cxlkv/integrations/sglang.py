@@ -40,7 +40,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..keys import Namespace
-from ..page_store import PageStore
+from ..page_store import PageStore, page_buffer_meta
 from . import check_engine_version
 from ._config import Attachment, as_dict
 
@@ -51,6 +51,17 @@ SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface
 #: Keys this backend reads.
 CONFIG_KEYS = frozenset({"domain", "host_id", "pool", "read_pools", "tenant", "heartbeat_s",
                          "allow_untested_version", "namespace_layout"})
+
+
+def _first_page(page_size: int) -> Any:
+    """The host indices of the pool's first page, as SGLang passes indices (a torch tensor
+    where torch is installed: SGLang's pools call .tolist() / index with it)."""
+    try:
+        import torch
+
+        return torch.arange(page_size, dtype=torch.int64)
+    except ImportError:
+        return np.arange(page_size, dtype=np.int64)
 
 
 def _g(cfg: Any, name: str, default: Any = None) -> Any:
@@ -137,7 +148,7 @@ class SglangBackendCore:
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         ps = int(mem_pool_host.page_size)
-        _, sizes = mem_pool_host.get_page_buffer_meta(np.arange(ps, dtype=np.int64))
+        _, sizes = page_buffer_meta(mem_pool_host, _first_page(ps))
         page_bytes = int(sum(sizes))
         if self._att is None:
             self._attach(page_bytes)
