@@ -13,6 +13,7 @@ What only a real engine checks is listed in vllm_interfaces.py's docstring.
 from __future__ import annotations
 
 import hashlib
+import types
 from typing import Any, Dict, List
 
 import numpy as np
@@ -221,8 +222,8 @@ def test_a_key_of_the_wrong_form_is_refused_before_anything_is_stored(env: Env) 
 
     with pytest.raises(KeyLengthError, match="OffloadKey of 7 bytes"):
         a.submit_store(g.job(1, [b"1234567"], np.array([0]), False, V.ReqContext("r")))
-    with pytest.raises(InvalidArgumentError, match="'chunk_ids'"):
-        a.submit_store(V.JobMetadata(1, offload_keys(1), np.array([0]), False, None))
+    with pytest.raises(InvalidArgumentError, match="neither 'chunk_ids' nor 'block_ids'"):
+        a.submit_store(types.SimpleNamespace(job_id=1, keys=offload_keys(1), ids=[0]))
     assert a.get_finished_jobs() == []
 
 

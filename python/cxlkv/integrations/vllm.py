@@ -163,15 +163,21 @@ class VllmTierCore:
         return self.tier.lookup(key, req_context)
 
     def job(self, job: Any) -> TierJob:
-        """vLLM's job (``JobMetadata`` / ``TransferJob``) as the store's job."""
+        """vLLM's job (``JobMetadata`` / ``TransferJob``) as the store's job. The primary
+        rows are the generation's id field (``block_ids`` or ``chunk_ids``); the other name
+        is accepted too (both name rows of the primary view)."""
         ids_field = self.generation.job_ids_field
-        if not hasattr(job, ids_field):
+        other = "block_ids" if ids_field == "chunk_ids" else "chunk_ids"
+        ids = getattr(job, ids_field, None)
+        if ids is None:
+            ids = getattr(job, other, None)
+        if ids is None:
             raise InvalidArgumentError(
-                f"a {type(job).__name__} without {ids_field!r}: this is not a "
-                f"{self.generation.name}-interface job", operation="submit",
+                f"a {type(job).__name__} with neither {ids_field!r} nor {other!r}: not a vLLM "
+                f"transfer job", operation="submit",
                 hint="run python -m cxlkv.integrations.check against this vLLM")
-        return TierJob(job.job_id, list(job.keys), getattr(job, ids_field),
-                       bool(getattr(job, "is_promotion", False)), getattr(job, "req_context", None))
+        return TierJob(job.job_id, list(job.keys), ids, bool(getattr(job, "is_promotion", False)),
+                       getattr(job, "req_context", None))
 
     def submit_store(self, job: Any) -> None:
         self.tier.submit_store(self.job(job))
