@@ -45,9 +45,11 @@ def primary_view(seed: int, row_stride: int = ROW) -> memoryview:
     return memoryview(buf[:, :ROW]) if row_stride != ROW else memoryview(buf)
 
 
-def spec(tp: int = 1, dp_rank: int = 0, model: str = MODEL) -> V.OffloadingSpec:
-    return V.OffloadingSpec(V.VllmConfig(V.ModelConfig(model),
-                                         V.ParallelConfig(tp, 1, dp_rank)))
+def spec(tp: int = 1, dp_rank: int = 0, model: str = MODEL, dtype: str = "bfloat16",
+         cache_dtype: str = "auto") -> V.OffloadingSpec:
+    return V.OffloadingSpec(V.VllmConfig(V.ModelConfig(model, dtype),
+                                         V.ParallelConfig(tp, 1, dp_rank),
+                                         V.CacheConfig(cache_dtype)))
 
 
 def registry_for(g: V.Generation) -> Dict[str, type]:
@@ -232,13 +234,16 @@ def test_namespaces_separate_models_tp_sizes_and_data_parallel_engines_join_apar
     g = V.GENERATIONS[3]
     reg = registry_for(g)
     ts = []
-    for i, s in enumerate([spec(), spec(model="other"), spec(tp=2), spec(dp_rank=1)]):
-        t = V.create_secondary_tier(reg, tier_config(env, i), primary_view(i), s)
+    for i, s in enumerate([spec(), spec(model="other"), spec(tp=2), spec(dp_rank=1),
+                           spec(dtype="float16"), spec(cache_dtype="fp8")]):
+        t = V.create_secondary_tier(reg, tier_config(env, [0, 1, 2, 5, 3, 4][i]),
+                                    primary_view(i), s)
         env._closers.insert(0, t.shutdown)
         ts.append(t)
     nss = [t.core.namespace for t in ts]
     assert nss[0] != nss[1] and nss[0] != nss[2] and nss[0] == nss[3]
-    assert [t.core.host_id for t in ts] == [0, 1, 2, 4]  # host_id + data_parallel_rank
+    assert len({nss[0], nss[4], nss[5]}) == 3  # bf16, fp16 and an fp8 KV cache apart
+    assert [t.core.host_id for t in ts] == [0, 1, 2, 6, 3, 4]  # host_id + data_parallel_rank
 
 
 @pytest.mark.parametrize("g", V.GENERATIONS, ids=lambda g: g.name)

@@ -233,6 +233,7 @@ def create_secondary_tier(registry: Dict[str, type], tier_config: dict,
 @dataclass
 class ModelConfig:
     model: str
+    dtype: str = "bfloat16"
 
 
 @dataclass

@@ -142,7 +142,10 @@ class VllmTierCore:
                 "model_config.model)", operation="CxlkvSecondaryTier",
                 hint="set model in the cxlkv tier's config: blocks are shared only between "
                 "engines serving the same model")
-        dtype = _attr_path(vc, "cache_config.cache_dtype") or "auto"
+        # The KV cache's dtype: cache_dtype, or the model's dtype when it is "auto".
+        dtype = str(_attr_path(vc, "cache_config.cache_dtype") or "auto")
+        if dtype == "auto":
+            dtype = str(_attr_path(vc, "model_config.dtype") or "auto").replace("torch.", "")
         dp_rank = int(_attr_path(vc, "parallel_config.data_parallel_rank") or 0)
         self.host_id = int(cfg["host_id"]) + dp_rank
         layout = (f"vllm row_bytes={rows.row_bytes} tp={tp} pp={pp} kv_dtype={dtype} "
