@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from ..errors import EngineVersionError, InvalidArgumentError
@@ -151,6 +152,12 @@ class VllmTierCore:
         layout = (f"vllm row_bytes={rows.row_bytes} tp={tp} pp={pp} kv_dtype={dtype} "
                   f"{cfg.get('namespace_layout', '')}").strip()
         self.namespace = Namespace(str(cfg.get("tenant", "default")), str(model), layout)
+        if "PYTHONHASHSEED" not in os.environ:
+            # vLLM seeds its root block hash at random without it: this engine's blocks are
+            # then found by no other process (they are still stored and loaded correctly).
+            log.warning("cxlkv: PYTHONHASHSEED is not set, so vLLM's block hashes differ from "
+                        "every other engine's and no blocks will be shared; set the same "
+                        "PYTHONHASHSEED for every engine using domain %s", cfg["domain"])
         att_cfg = dict(cfg, host_id=self.host_id)
         self._att = Attachment(att_cfg, "CxlkvSecondaryTier", block_bytes=rows.row_bytes)
         try:
