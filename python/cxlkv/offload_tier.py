@@ -232,7 +232,8 @@ class OffloadTier:
     """
 
     def __init__(self, domain: Domain, namespace: Namespace, primary_kv_view: Any, *,
-                 block_bytes: Optional[int] = None, size_class: int = 0, visibility_timeout_s: float = 5.0,
+                 block_bytes: Optional[int] = None, size_class: int = 0,
+                 visibility_timeout_s: float = 5.0,
                  max_batch: int = 64, acquire_wait_s: float = 0.25) -> None:
         home = domain.home_arena
         if home is None:

@@ -52,8 +52,8 @@ TARGETS: Dict[str, EngineTarget] = {
         "HiCacheStorage(storage_config, kwargs) with get/set/batch_get/batch_set/exists, "
         "batch_exists -> leading run, zero-copy batch_get_v1/batch_set_v1(keys, host_indices, "
         "extra_info) -> List[bool]; host pool page_size + get_page_buffer_meta",
-        "sgl-project/sglang python/sglang/srt/mem_cache/{hicache_storage,storage/backend_factory}.py "
-        "(docs/engines.md)"),
+        "sgl-project/sglang python/sglang/srt/mem_cache/hicache_storage.py and "
+        "storage/backend_factory.py (docs/engines.md)"),
     "vllm": EngineTarget(
         "vllm", "0.22.0", "0.34.0",
         "SecondaryTierManager(offloading_spec, primary_kv_view, tier_type) built by "
