@@ -7,6 +7,7 @@ picks with ``interface_v1`` and through the generic path without it."""
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any, Dict, List
 
 import numpy as np
@@ -199,3 +200,18 @@ def test_a_pool_giving_one_size_for_every_segment(env: Env) -> None:
     assert b.batch_get_v1(keys, idx([2, 3])) == [True, True]
     dst = b.core.stores[False].mem_pool_host.data
     assert np.array_equal(data[:, 0:2 * PAGE], dst[:, 2 * PAGE:4 * PAGE])
+
+
+def test_two_engines_configured_alike_on_one_machine_are_refused(env: Env) -> None:
+    """Two engines given the same host_id: the second's ranks would take the first's host
+    rows (the C API takes a new incarnation on every join). Refused at start instead."""
+    cfg = extra_config(env, host_id=4)
+    first = start(env, S.rank_configs(cfg, MODEL, tp_size=2), [pool(1), pool(2)])
+    with pytest.raises(InvalidArgumentError) as e:
+        start(env, S.rank_configs(cfg, MODEL, tp_size=2), [pool(3), pool(4)])
+    assert "host row 4 of domain" in str(e.value) and f"pid {os.getpid()}" in str(e.value)
+    assert "own host_id" in e.value.hint
+    for b in first:
+        b.close()
+    again = start(env, S.rank_configs(cfg, MODEL, tp_size=2), [pool(3), pool(4)])
+    assert [b.core.host_id for b in again] == [4, 5]

@@ -12,11 +12,22 @@ Keys:
     tenant (str): namespace tenant, default ``"default"``.
     heartbeat_s (float): heartbeat period, default 0.1.
     allow_untested_version (bool): use the adapter with an engine outside its pin.
+
+Two processes joining as one host row would both publish as that host, each taking the
+row from the other (the C API takes a new incarnation on every join, silently). Processes
+of one machine are kept apart: the attachment holds an exclusive ``flock`` on a file named
+after the domain and the host row (in ``/dev/shm``, else the temporary directory) while it
+is joined, and a second attachment of the same row is refused at engine start. Engines on
+different machines must be given disjoint ``host_id`` ranges by configuration.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional
+import fcntl
+import hashlib
+import os
+import tempfile
+from typing import Any, Dict, List, Mapping, Optional, TextIO
 
 from ..domain import Domain
 from ..errors import InvalidArgumentError
@@ -36,6 +47,7 @@ class Attachment:
                     "extra config")
         self.arenas: List[Arena] = []
         self.grown: Optional[Arena] = None
+        self._lock = _claim_host_row(str(cfg["domain"]), int(cfg["host_id"]), what)
         try:
             pools: List[str] = []
             if cfg.get("pool"):
@@ -67,14 +79,46 @@ class Attachment:
         except BaseException:
             for a in self.arenas:
                 a.close()
+            self._lock.close()
             raise
         self.tenant = str(cfg.get("tenant", "default"))
 
     def close(self) -> None:
         # Leaving closes an arena grown in a lent extent (cxlkv_domain_leave).
         self.domain.leave()
+        self._lock.close()  # releases the host row's flock
         for a in self.arenas:
             a.close()
+
+
+def _claim_host_row(spec: str, host_id: int, what: str) -> TextIO:
+    """An open lock file holding an exclusive flock for (domain, host row) on this machine.
+
+    Raises:
+        InvalidArgumentError: another process (or attachment) of this machine holds the row,
+            naming its pid and the fix.
+    """
+    source = spec.split("?", 1)[0]  # file:/dev/shm/d?size=... and file:/dev/shm/d are one
+    tag = hashlib.sha256(source.encode()).hexdigest()[:16]
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    path = os.path.join(base, f"cxlkv-hostrow-{tag}-{host_id}.lock")
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise InvalidArgumentError(
+            f"host row {host_id} of domain {source} is already joined by another engine on "
+            f"this machine (pid {holder}; lock {path})", operation=what,
+            hint="give every engine (and, for SGLang, every engine's ranks) its own host_id "
+            "range: two processes on one host row would take it from each other") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
 
 
 def as_dict(x: Any) -> Dict[str, Any]:
