@@ -16,8 +16,9 @@ Keys:
 Two processes joining as one host row would both publish as that host, each taking the
 row from the other (the C API takes a new incarnation on every join, silently). Processes
 of one machine are kept apart: the attachment holds an exclusive ``flock`` on a file named
-after the domain and the host row (in ``/dev/shm``, else the temporary directory) while it
-is joined, and a second attachment of the same row is refused at engine start. Engines on
+after the domain and the host row (in ``/dev/shm``, else the temporary directory; removed
+when it leaves) while it is joined, and a second attachment of the same row is refused at
+engine start. Engines on
 different machines must be given disjoint ``host_id`` ranges by configuration.
 """
 
@@ -47,7 +48,7 @@ class Attachment:
                     "extra config")
         self.arenas: List[Arena] = []
         self.grown: Optional[Arena] = None
-        self._lock = _claim_host_row(str(cfg["domain"]), int(cfg["host_id"]), what)
+        self._lock = _HostRowLock(str(cfg["domain"]), int(cfg["host_id"]), what)
         try:
             pools: List[str] = []
             if cfg.get("pool"):
@@ -86,39 +87,61 @@ class Attachment:
     def close(self) -> None:
         # Leaving closes an arena grown in a lent extent (cxlkv_domain_leave).
         self.domain.leave()
-        self._lock.close()  # releases the host row's flock
+        self._lock.close()  # the host row is free for another engine
         for a in self.arenas:
             a.close()
 
 
-def _claim_host_row(spec: str, host_id: int, what: str) -> TextIO:
-    """An open lock file holding an exclusive flock for (domain, host row) on this machine.
+class _HostRowLock:
+    """An exclusive flock on a file named after (domain, host row), removed on release.
 
-    Raises:
-        InvalidArgumentError: another process (or attachment) of this machine holds the row,
-            naming its pid and the fix.
+    Taking it: open (creating), flock without waiting, then check that the path still names
+    the locked file (a holder that released meanwhile unlinked it: try again on the new one).
+    Releasing: unlink while still holding the lock, then close. So a file exists exactly
+    while a holder holds it, and no two holders hold one row.
     """
-    source = spec.split("?", 1)[0]  # file:/dev/shm/d?size=... and file:/dev/shm/d are one
-    tag = hashlib.sha256(source.encode()).hexdigest()[:16]
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    path = os.path.join(base, f"cxlkv-hostrow-{tag}-{host_id}.lock")
-    f = open(path, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+
+    def __init__(self, spec: str, host_id: int, what: str) -> None:
+        source = spec.split("?", 1)[0]  # file:/dev/shm/d?size=... and file:/dev/shm/d: one
+        tag = hashlib.sha256(source.encode()).hexdigest()[:16]
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        self.path = os.path.join(base, f"cxlkv-hostrow-{tag}-{host_id}.lock")
+        while True:
+            f = open(self.path, "a+")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "unknown"
+                f.close()
+                raise InvalidArgumentError(
+                    f"host row {host_id} of domain {source} is already joined by another "
+                    f"engine on this machine (pid {holder}; lock {self.path})", operation=what,
+                    hint="give every engine (and, for SGLang, every engine's ranks) its own "
+                    "host_id range: two processes on one host row would take it from each "
+                    "other") from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            f.close()  # the previous holder removed it after we opened it: take the new one
         f.seek(0)
-        holder = f.read().strip() or "unknown"
-        f.close()
-        raise InvalidArgumentError(
-            f"host row {host_id} of domain {source} is already joined by another engine on "
-            f"this machine (pid {holder}; lock {path})", operation=what,
-            hint="give every engine (and, for SGLang, every engine's ranks) its own host_id "
-            "range: two processes on one host row would take it from each other") from None
-    f.seek(0)
-    f.truncate()
-    f.write(str(os.getpid()))
-    f.flush()
-    return f
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._f: Optional[TextIO] = f
+
+    def close(self) -> None:
+        if self._f is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        self._f.close()
+        self._f = None
 
 
 def as_dict(x: Any) -> Dict[str, Any]:
