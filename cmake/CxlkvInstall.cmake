@@ -165,6 +165,16 @@ file(WRITE "$ENV{DESTDIR}${_py}/cxlkv/_install_paths.py"
 LIBRARY_RELATIVE_TO_PACKAGE = \"${_rel}\"
 ")
 message(STATUS "Python package: ${_py}/cxlkv (libcxlkv.so.0: ${_rel} from it)")
+# The distribution's metadata and entry points (vllm.general_plugins), as pip leaves them,
+# from python/pyproject.toml: importlib.metadata (and so vLLM's plugin loader) finds them.
+execute_process(COMMAND [[@CXLKV_PYTHON@]] [[@PROJECT_SOURCE_DIR@/cmake/python_dist_info.py]]
+                        [[@PROJECT_SOURCE_DIR@/python/pyproject.toml]] "$ENV{DESTDIR}${_py}"
+                RESULT_VARIABLE _rc OUTPUT_VARIABLE _di OUTPUT_STRIP_TRAILING_WHITESPACE
+                ERROR_VARIABLE _err)
+if(NOT _rc EQUAL 0)
+  message(FATAL_ERROR "writing the Python dist-info failed: ${_err}")
+endif()
+message(STATUS "Python distribution metadata: ${_py}/${_di}")
 ]==])
   install(SCRIPT "${PROJECT_BINARY_DIR}/install/python_paths.cmake")
 endif()

@@ -152,7 +152,11 @@ TEST(Config, DirectoryAndEventsSections) {
   EXPECT_EQ(c->events.format, "map");
   EXPECT_EQ(c->events.block_hash, "uint64");
   EXPECT_EQ(c->events.block_size, 32u);
-  auto bad = orchestrator::ParseConfig(base + "[events]\nformat = \"json\"\n", "t.toml");
+  EXPECT_EQ(c->events.medium, "SHARED");  // what Dynamo reads as its External tier
+  auto bad = orchestrator::ParseConfig(base + "[events]\nmedium = \"\"\n", "t.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("an empty medium"), std::string::npos) << bad.status();
+  bad = orchestrator::ParseConfig(base + "[events]\nformat = \"json\"\n", "t.toml");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("'json' is not one of: array, map"), std::string::npos)
       << bad.status();

@@ -84,7 +84,7 @@ TEST(KvEventEncoding, PositionalEventsInVllmsFieldOrder) {
   EXPECT_EQ(stored.ptr[3].via.array.size, 0u);  // token_ids
   EXPECT_EQ(stored.ptr[4].as<int>(), 16);       // block_size
   EXPECT_TRUE(stored.ptr[5].is_nil());          // lora_id
-  EXPECT_EQ(Str(stored.ptr[6]), "CXL");         // medium
+  EXPECT_EQ(Str(stored.ptr[6]), "SHARED");      // medium
   EXPECT_TRUE(stored.ptr[7].is_nil());          // lora_name
 
   // ["BlockRemoved", block_hashes, medium]
@@ -92,7 +92,7 @@ TEST(KvEventEncoding, PositionalEventsInVllmsFieldOrder) {
   ASSERT_EQ(removed.size, 3u);
   EXPECT_EQ(Str(removed.ptr[0]), "BlockRemoved");
   EXPECT_EQ(removed.ptr[1].via.array.size, 2u);
-  EXPECT_EQ(Str(removed.ptr[2]), "CXL");
+  EXPECT_EQ(Str(removed.ptr[2]), "SHARED");
 }
 
 TEST(KvEventEncoding, MapEventsAndIntegerHashes) {
@@ -118,7 +118,7 @@ TEST(KvEventEncoding, MapEventsAndIntegerHashes) {
   EXPECT_EQ(Str(stored.ptr[0].val), "BlockStored");
   EXPECT_EQ(stored.ptr[1].val.via.array.ptr[0].as<std::uint64_t>(), kKey.lo);
   EXPECT_EQ(stored.ptr[4].val.as<int>(), 32);
-  EXPECT_EQ(Str(stored.ptr[6].val), "CXL");
+  EXPECT_EQ(Str(stored.ptr[6].val), "SHARED");
   const msgpack::object_map& removed = events.ptr[1].via.map;
   ASSERT_EQ(removed.size, 3u);
   EXPECT_EQ(Str(removed.ptr[0].val), "BlockRemoved");
@@ -168,7 +168,7 @@ TEST(KvEventsThroughTheOrchestrator, StoredRemovedAndANewTermDecodedByPython) {
     EXPECT_EQ(e["token_ids"], nlohmann::json::array());
     EXPECT_EQ(e["block_size"], 16);
     EXPECT_TRUE(e["lora_id"].is_null());
-    EXPECT_EQ(e["medium"], "CXL");
+    EXPECT_EQ(e["medium"], "SHARED");
     EXPECT_TRUE(e["lora_name"].is_null());
   }
   // A retire: BlockRemoved naming the block.
@@ -177,7 +177,7 @@ TEST(KvEventsThroughTheOrchestrator, StoredRemovedAndANewTermDecodedByPython) {
       [&] {
         for (const auto& e : sub.Events()) {
           if (e["type"] == "BlockRemoved" && e["block_hashes"] == nlohmann::json::array({h1}) &&
-              e["medium"] == "CXL") {
+              e["medium"] == "SHARED") {
             return true;
           }
         }
@@ -209,12 +209,14 @@ TEST(KvEventsThroughTheOrchestrator, MapFormAsNewerVllm) {
   char tmpl[] = "/tmp/cxlkv-kvev-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  Subscriber sub(dir, "routers/");
+  // llm-d's form of topic (kv@<pod>@<model>; its subscriber's default filter is "kv@").
+  Subscriber sub(dir, "kv@");
   const int port = sub.Port();
   ASSERT_NE(port, 0);
   SpawnedOrchestrator o("ev-map", absl::StrCat("[events]\nendpoint = \"tcp://127.0.0.1:", port,
                                                "\"\nformat = \"map\"\nblock_hash = \"uint64\"\n"
-                                               "topic = \"routers/cxl-rack-3\"\n"
+                                               "topic = \"kv@cxl-rack-3@Qwen/Qwen3-8B\"\n"
+                                               "medium = \"shared_storage\"\n"
                                                "data_parallel_rank = 2\n"));
   ASSERT_TRUE(o.Start(/*new_domain=*/true));
   const co::Namespace ns = co::MakeNamespace("t", "m", "l");
@@ -225,7 +227,8 @@ TEST(KvEventsThroughTheOrchestrator, MapFormAsNewerVllm) {
   ASSERT_TRUE(SoonTrue(
       [&] {
         for (const auto& e : sub.Events()) {
-          if (e["type"] == "BlockStored" && e["block_hashes"] == nlohmann::json::array({k.lo})) {
+          if (e["type"] == "BlockStored" && e["block_hashes"] == nlohmann::json::array({k.lo}) &&
+              e["medium"] == "shared_storage") {
             return true;
           }
         }
@@ -233,7 +236,7 @@ TEST(KvEventsThroughTheOrchestrator, MapFormAsNewerVllm) {
       },
       milliseconds(5000)));
   const auto m = sub.Messages();
-  EXPECT_EQ(m[0]["topic"], "routers/cxl-rack-3");
+  EXPECT_EQ(m[0]["topic"], "kv@cxl-rack-3@Qwen/Qwen3-8B");
   EXPECT_EQ(m[0]["rank"], 2);
   EXPECT_EQ(m.back()["form"], nlohmann::json::array({"map"}));
   EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);

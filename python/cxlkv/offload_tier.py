@@ -35,7 +35,7 @@ from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _lib
+from . import _buffers, _lib
 from .domain import Domain
 from .errors import (
     BufferMismatchError,
@@ -98,6 +98,118 @@ def offload_key_parts(key: Any, what: str = "key") -> Tuple[bytes, int]:
     return raw[:-GROUP_BYTES], int.from_bytes(raw[-GROUP_BYTES:], "big")
 
 
+@dataclass
+class PrimaryRows:
+    """Where a primary view's blocks are: block ``i`` is ``row_bytes`` bytes at
+    ``base + i * row_stride`` (vLLM's primary memoryview is shaped this way: one row per
+    block, ``strides[0]`` bytes apart)."""
+
+    base: int
+    rows: int
+    row_stride: int
+    row_bytes: int
+    keep: Any  # what keeps the memory mapped while the tier uses it
+
+
+def _describe_view(a: Any) -> str:
+    shape = tuple(getattr(a, "shape", ()))
+    strides = getattr(a, "strides", None)
+    if callable(strides):  # a torch tensor: strides in elements
+        strides = tuple(s * a.element_size() for s in strides())
+    return f"{type(a).__name__}(shape={shape}, strides={tuple(strides or ())})"
+
+
+def primary_rows(view: Any, block_bytes: Optional[int] = None) -> PrimaryRows:
+    """The rows of a primary tier's memory, as vLLM shapes it.
+
+    A view of two or more dimensions is addressed by its rows: ``shape[0]`` blocks,
+    ``strides[0]`` bytes apart, each row contiguous (``block_bytes``, if given, must equal a
+    row's bytes). A one-dimensional contiguous view is cut into ``block_bytes`` pieces.
+
+    Raises:
+        BufferMismatchError: a read-only, GPU or non-row-contiguous view, or ``block_bytes``
+            that does not match the view's rows, naming the view's shape and strides.
+    """
+    what = "primary_kv_view"
+    if hasattr(view, "data_ptr"):  # a torch tensor
+        if not view.is_cpu:
+            raise BufferMismatchError(f"{_describe_view(view)} is not in host memory",
+                                      operation=what, hint="pass the CPU primary tier's view")
+        if view.dim() >= 2:
+            row = view[0]
+            if not row.is_contiguous() or view.stride(0) * view.element_size() < (
+                    row.numel() * view.element_size()):
+                raise BufferMismatchError(f"{_describe_view(view)}: rows are not contiguous",
+                                          operation=what, hint="pass the primary view as vLLM "
+                                          "gives it (one contiguous row per block)")
+            arr: Any = view
+            base = int(view.data_ptr())
+            rows_n = int(view.shape[0])
+            stride = int(view.stride(0) * view.element_size())
+            row_bytes = int(row.numel() * view.element_size())
+        else:
+            base, nbytes = _buffers.address(view, writable=True, what=what)
+            arr, rows_n, stride, row_bytes = view, -1, 0, nbytes
+    else:
+        if isinstance(view, np.ndarray):
+            arr = view
+        else:
+            try:
+                mv = memoryview(view)
+            except TypeError:
+                raise BufferMismatchError(
+                    f"{type(view).__name__} is not a buffer", operation=what,
+                    hint="pass the primary tier's memoryview, a numpy array or a CPU tensor"
+                ) from None
+            if mv.readonly:
+                raise BufferMismatchError(f"{_describe_view(mv)} is read-only", operation=what,
+                                          hint="pass the primary tier's writable memoryview")
+            try:
+                arr = np.asarray(mv)
+            except (TypeError, ValueError, NotImplementedError):
+                if not mv.c_contiguous:
+                    raise BufferMismatchError(
+                        f"{_describe_view(mv)} has format {mv.format!r} and is not contiguous",
+                        operation=what, hint="pass a uint8 view of the primary memory") from None
+                arr = np.frombuffer(mv.cast("B"), dtype=np.uint8)
+        if not arr.flags.writeable:
+            raise BufferMismatchError(f"{_describe_view(arr)} is read-only", operation=what,
+                                      hint="pass the primary tier's writable memoryview")
+        base = int(arr.__array_interface__["data"][0])
+        if arr.ndim >= 2:
+            row = arr[0]
+            if not row.flags.c_contiguous or arr.strides[0] < row.nbytes:
+                raise BufferMismatchError(f"{_describe_view(arr)}: rows are not contiguous",
+                                          operation=what, hint="pass the primary view as vLLM "
+                                          "gives it (one contiguous row per block)")
+            rows_n, stride, row_bytes = int(arr.shape[0]), int(arr.strides[0]), int(row.nbytes)
+        else:
+            if not arr.flags.c_contiguous:
+                raise BufferMismatchError(f"{_describe_view(arr)} is not contiguous",
+                                          operation=what, hint="pass a contiguous view")
+            rows_n, stride, row_bytes = -1, 0, int(arr.nbytes)
+    if rows_n >= 0:  # rows from the view's shape
+        if block_bytes is not None and block_bytes != row_bytes:
+            raise BufferMismatchError(
+                f"block_bytes = {block_bytes}, but {_describe_view(arr)} has rows of "
+                f"{row_bytes} bytes", operation=what,
+                hint=f"leave block_bytes out (the view's row is the block) or set it to "
+                f"{row_bytes}")
+        if row_bytes <= 0:
+            raise BufferMismatchError(f"{_describe_view(arr)} has empty rows", operation=what,
+                                      hint="pass the primary tier's view")
+        return PrimaryRows(base, rows_n, stride, row_bytes, (view, arr))
+    if block_bytes is None or block_bytes <= 0:
+        raise InvalidArgumentError(
+            f"a one-dimensional primary view ({_describe_view(arr)}) needs block_bytes",
+            operation="OffloadTier", hint="set block_bytes to the primary tier's block size")
+    if row_bytes % block_bytes:
+        raise BufferMismatchError(
+            f"the primary view holds {row_bytes} bytes, not a whole number of {block_bytes}-byte "
+            f"blocks", operation="OffloadTier", hint="pass block_bytes = the primary block size")
+    return PrimaryRows(base, row_bytes // block_bytes, block_bytes, block_bytes, (view, arr))
+
+
 class OffloadTier:
     """vLLM ``SecondaryTierManager``-shaped tier over a :class:`~cxlkv.Domain`.
 
@@ -105,9 +217,12 @@ class OffloadTier:
         domain: the joined domain (its home arena stores this host's blocks; other hosts'
             arenas must be attached for loads).
         namespace: model, layout, TP rank: blocks are shared only within it.
-        primary_kv_view: the primary tier's memory (a writable, contiguous buffer: vLLM's
-            ``memoryview``, a numpy array or CPU tensor) of ``n * block_bytes`` bytes.
-        block_bytes: bytes of one primary block; at most the arena's block size.
+        primary_kv_view: the primary tier's memory, writable (vLLM's ``memoryview``, a numpy
+            array or CPU tensor): rows of ``strides[0]`` bytes, one block each, when it has
+            two or more dimensions; ``n * block_bytes`` contiguous bytes when it has one
+            (:func:`primary_rows`).
+        block_bytes: bytes of one primary block (at most the arena's block size); for a view
+            with rows, None or the row's bytes.
         size_class: the arena size class blocks are allocated from.
         visibility_timeout_s: how long ``lookup`` says "in flight" for a published key the
             owner has not applied yet.
@@ -117,42 +232,26 @@ class OffloadTier:
     """
 
     def __init__(self, domain: Domain, namespace: Namespace, primary_kv_view: Any, *,
-                 block_bytes: int, size_class: int = 0, visibility_timeout_s: float = 5.0,
+                 block_bytes: Optional[int] = None, size_class: int = 0,
+                 visibility_timeout_s: float = 5.0,
                  max_batch: int = 64, acquire_wait_s: float = 0.25) -> None:
         home = domain.home_arena
         if home is None:
             raise InvalidArgumentError(f"{domain!r} has no arena attached",
                                        operation="OffloadTier",
                                        hint="Domain.join(spec, host, arenas=[arena]) first")
-        if not 0 < block_bytes <= home.block_size(size_class):
+        rows = primary_rows(primary_kv_view, block_bytes)
+        if rows.row_bytes > home.block_size(size_class):
             raise InvalidArgumentError(
-                f"primary blocks of {block_bytes} bytes do not fit the arena's blocks of "
+                f"primary blocks of {rows.row_bytes} bytes do not fit the arena's blocks of "
                 f"{home.block_size(size_class)}", operation="OffloadTier",
                 hint="format the arena with a block size >= the primary block size")
-        view = primary_kv_view
-        try:
-            mv = memoryview(view) if not hasattr(view, "data_ptr") else None
-        except TypeError:
-            mv = None
-        if mv is not None:
-            if mv.readonly or not mv.c_contiguous:
-                raise BufferMismatchError("the primary view must be writable and contiguous",
-                                          operation="OffloadTier",
-                                          hint="pass the primary tier's memoryview")
-            arr = np.frombuffer(mv.cast("B"), dtype=np.uint8)
-        else:
-            arr = view
-        from . import _buffers
-
-        self._base, nbytes = _buffers.address(arr, writable=True, what="primary_kv_view")
-        if nbytes % block_bytes:
-            raise BufferMismatchError(
-                f"the primary view holds {nbytes} bytes, not a whole number of {block_bytes}-byte "
-                f"blocks", operation="OffloadTier",
-                hint="pass block_bytes = the primary block size")
-        self._keep = (view, arr)
-        self.num_blocks = nbytes // block_bytes
+        self._base = rows.base
+        block_bytes = rows.row_bytes
+        self._keep = rows.keep
+        self.num_blocks = rows.rows
         self.block_bytes = block_bytes
+        self.row_stride_bytes = rows.row_stride
         self.domain = domain
         self.namespace = namespace
         self.size_class = size_class
@@ -321,7 +420,7 @@ class OffloadTier:
             except FullError:
                 ok = False
                 break
-            lib.cxlkv_copy_to_block(block.addr, self._base + bid * self.block_bytes,
+            lib.cxlkv_copy_to_block(block.addr, self._base + bid * self.row_stride_bytes,
                                     self.block_bytes)
             try:
                 d.publish_block(self.namespace, pk, block, parent=parent)
@@ -354,7 +453,7 @@ class OffloadTier:
                 for j in range(len(leases)):
                     bid = int(q.block_ids[i + j])
                     la = leases._addr(j, "load")
-                    if leases._copy_out_ptr(j, la, 0, self._base + bid * self.block_bytes,
+                    if leases._copy_out_ptr(j, la, 0, self._base + bid * self.row_stride_bytes,
                                             self.block_bytes):
                         good.append(q.kbytes[i + j])
                         moved += self.block_bytes

@@ -69,6 +69,17 @@ def _indices_array(host_indices: Any, what: str) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
+def page_buffer_meta(pool: Any, host_indices: Any) -> Tuple[List[int], List[int]]:
+    """A host pool's ``get_page_buffer_meta``: (pointers, sizes) of the pages' segments.
+    Some SGLang host pools give one size for every segment instead of a list; it is
+    repeated here."""
+    ptrs, sizes = pool.get_page_buffer_meta(host_indices)
+    ptrs = list(ptrs)
+    if isinstance(sizes, (int, np.integer)):
+        sizes = [int(sizes)] * len(ptrs)
+    return ptrs, list(sizes)
+
+
 class HostPagePool:
     """A host KV pool on a plain buffer, page-first, as SGLang's host pool presents itself to a
     storage backend (``page_size``, ``get_page_buffer_meta``).
@@ -100,6 +111,9 @@ class HostPagePool:
         self.page_size = page_size
         self.kv_parts = kv_parts
         self.size = tokens
+        # What SGLang's host pools say of themselves (the backend's namespace names them).
+        self.layout = "page_first"
+        self.dtype = str(getattr(data, "dtype", "uint8")).replace("torch.", "")
         self.token_bytes = nbytes // (kv_parts * tokens)
         self._part_stride = nbytes // kv_parts
 
@@ -274,7 +288,7 @@ class PageStore:
                 hint="pass page_size indices per key")
         if not pks:
             return [], []
-        ptrs, sizes = pool.get_page_buffer_meta(host_indices)
+        ptrs, sizes = page_buffer_meta(pool, host_indices)
         if len(ptrs) != len(sizes) or len(ptrs) % len(pks):
             raise InvalidArgumentError(
                 f"the host pool gave {len(ptrs)} segments for {len(pks)} pages", operation=what,

@@ -3,6 +3,7 @@ route is tests/install/run.sh, the `install` ctest)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -32,7 +33,10 @@ def test_pip_install_offline_into_a_venv(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     code = ("import cxlkv, os, sys; print(cxlkv.__file__); "
             "print(os.path.exists(os.path.join(os.path.dirname(cxlkv.__file__), 'py.typed'))); "
-            "print(cxlkv.library().realpath); import cxlkv.integrations.check")
+            "print(cxlkv.library().realpath); import cxlkv.integrations.check; "
+            "from importlib.metadata import distribution, entry_points; "
+            "print(distribution('cxlkv').version); "
+            "print([(e.name, e.value) for e in entry_points(group='vllm.general_plugins')])")
     # A pip-installed package finds the library through CXLKV_LIBRARY or the soname (an
     # installed libcxlkv): here, the one these tests run against.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -40,6 +44,9 @@ def test_pip_install_offline_into_a_venv(tmp_path: Path) -> None:
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path,
                        env=env)
     assert r.returncode == 0, r.stderr
-    where, typed, lib = r.stdout.split("\n")[:3]
+    where, typed, lib, version, plugins = r.stdout.split("\n")[:5]
     assert where.startswith(str(venv)) and typed == "True"
     assert lib == cxlkv.library().realpath
+    # The distribution and the vLLM plugin entry point, as vLLM's loader finds them.
+    assert version == "0.1.0"
+    assert ("cxlkv", "cxlkv.integrations.vllm:register_plugin") in ast.literal_eval(plugins)

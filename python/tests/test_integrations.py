@@ -24,8 +24,9 @@ HAVE = {e: importlib.util.find_spec(e) is not None for e in ("sglang", "vllm")}
 def test_versions_inside_the_pin_pass_and_outside_are_refused() -> None:
     integrations.check_engine_version("vllm", "0.22.1")
     integrations.check_engine_version("vllm", "0.22.0rc1+cu124")
+    integrations.check_engine_version("vllm", "0.33.2")
     integrations.check_engine_version("sglang", "0.5.3rc2")
-    for engine, version in [("vllm", "0.21.9"), ("vllm", "0.23.0"), ("vllm", "0.32.0"),
+    for engine, version in [("vllm", "0.21.9"), ("vllm", "0.34.0"), ("sglang", "0.5.2"),
                             ("sglang", "0.4.10"), ("sglang", "1.0"), ("vllm", "dev"),
                             ("vllm", None)]:
         with pytest.raises(EngineVersionError) as e:
@@ -37,6 +38,12 @@ def test_versions_inside_the_pin_pass_and_outside_are_refused() -> None:
         assert "cxlkv.integrations.check" in e.value.hint
         assert "allow_untested_version" in e.value.hint
     integrations.check_engine_version("vllm", "0.40.0", allow_untested=True)
+    from cxlkv.integrations import vllm_generations as gens
+
+    assert [gens.generation_for(v).name for v in ("0.22.1", "0.23.0", "0.25.9", "0.26.0",
+                                                    "0.31.1", "0.32.0", "0.33.1")] == [
+        "0.22", "0.23", "0.23", "0.26", "0.26", "0.32", "0.32"]
+    assert gens.generation_for("0.21.0") is None and gens.generation_for("0.34.0") is None
     with pytest.raises(EngineVersionError, match="no cxlkv adapter for engine 'trtllm'"):
         integrations.check_engine_version("trtllm", "1.0")
 
@@ -84,7 +91,7 @@ def test_adapters_import_without_their_engines() -> None:
         assert sg.CxlkvHiCacheStorage is None
     if not HAVE["vllm"]:
         assert vl.CxlkvSecondaryTier is None
-        with pytest.raises(EngineVersionError, match="vLLM is not importable"):
+        with pytest.raises(EngineVersionError, match="vLLM is not usable"):
             vl.register()
 
 

@@ -124,6 +124,15 @@ if [[ -n $pydir ]]; then
     [[ $(sed -n 2p <<<"$out") == "$(readlink -f "$L/libcxlkv.so.0")" ]] ||
       fail "the installed package loaded another libcxlkv: $out"
     [[ $(sed -n 3p <<<"$out") == "cmake --install" ]] || fail "found the library by: $out"
+    # The distribution and its entry points, as importlib.metadata (vLLM's plugin loader)
+    # lists them.
+    eps=$(cd "$tmp" && env -u CXLKV_LIBRARY PYTHONPATH="$prefix/$pydir" /usr/bin/python3 -c \
+          'from importlib.metadata import distribution, entry_points as e
+print(distribution("cxlkv").version)
+print([(x.name, x.value) for x in e(group="vllm.general_plugins") if x.name == "cxlkv"])') ||
+      fail "importlib.metadata does not find the installed distribution: $eps"
+    [[ $(sed -n 2p <<<"$eps") == "[('cxlkv', 'cxlkv.integrations.vllm:register_plugin')]" ]] ||
+      fail "the vllm.general_plugins entry point is not listed: $eps"
     # Whole output first: `| grep -q` would stop reading at the match, and the CLI's next
     # write would then fail with a broken pipe.
     status=$(cd "$tmp" && env -u CXLKV_LIBRARY PYTHONPATH="$prefix/$pydir" /usr/bin/python3 -m cxlkv \

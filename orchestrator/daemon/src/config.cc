@@ -301,6 +301,13 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
                      {"block_size", H([&](auto& v, auto& kk) {
                         return p.U32(v, kk, &e.block_size, 1, 1 << 20);
                       })},
+                     {"medium", H([&](auto& v, auto& kk) {
+                        if (auto s2 = p.Str(v, kk, &e.medium); !s2.ok()) return s2;
+                        return e.medium.empty() ? p.Error(v, kk,
+                                                          "an empty medium: routers would read "
+                                                          "it as their GPU tier; e.g. \"SHARED\"")
+                                                : absl::OkStatus();
+                      })},
                      {"data_parallel_rank", H([&](auto& v, auto& kk) {
                         return p.U32(v, kk, &e.data_parallel_rank, 0, 1 << 20);
                       })},

@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<EventSink>> MakeEventSink(const Config& c) {
   enc.format = c.events.format == "map" ? events::EventFormat::kMap : events::EventFormat::kArray;
   enc.hash = c.events.block_hash == "uint64" ? events::HashForm::kUint64 : events::HashForm::kBytes;
   enc.block_size = c.events.block_size;
+  enc.medium = c.events.medium;
   enc.data_parallel_rank = c.events.data_parallel_rank;
   return std::unique_ptr<EventSink>(new ZmqSink(*std::move(pub), std::move(enc)));
 }

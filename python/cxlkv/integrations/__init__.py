@@ -48,18 +48,20 @@ class EngineTarget:
 
 TARGETS: Dict[str, EngineTarget] = {
     "sglang": EngineTarget(
-        "sglang", "0.5.0", "0.6.0",
+        "sglang", "0.5.3", "0.6.0",
         "HiCacheStorage(storage_config, kwargs) with get/set/batch_get/batch_set/exists, "
         "batch_exists -> leading run, zero-copy batch_get_v1/batch_set_v1(keys, host_indices, "
         "extra_info) -> List[bool]; host pool page_size + get_page_buffer_meta",
-        "sgl-project/sglang python/sglang/srt/mem_cache/hicache_storage.py (0.5 series)"),
+        "sgl-project/sglang python/sglang/srt/mem_cache/hicache_storage.py and "
+        "storage/backend_factory.py (docs/engines.md)"),
     "vllm": EngineTarget(
-        "vllm", "0.22.0", "0.23.0",
-        "SecondaryTierManager(vllm_config, primary_kv_view): lookup(key, req_context) -> "
-        "bool|None, submit_store/submit_load(JobMetadata(job_id, keys, block_ids, "
-        "is_promotion, req_context)), get_finished() -> JobResult(job_id, success), "
-        "get_tier_type()",
-        "vllm-project/vllm vllm/v1/kv_offload/tiering/base.py (v0.22.1 docs)"),
+        "vllm", "0.22.0", "0.34.0",
+        "SecondaryTierManager(offloading_spec, primary_kv_view, tier_type) built by "
+        "SecondaryTierFactory as tier_cls(offloading_spec=, primary_kv_view=, tier_type=, "
+        "**config); four interface generations (0.22, 0.23-0.25, 0.26-0.31, 0.32+: "
+        "cxlkv.integrations.vllm_generations)",
+        "vllm-project/vllm vllm/v1/kv_offload/tiering/{base,factory}.py at release tags "
+        "(docs/engines.md)"),
 }
 
 

@@ -4,27 +4,42 @@ Keys:
     domain (str, required): the domain's spec (``file:...``, ``devdax:...``, or
         ``orchestrator:/run/cxlkv/<domain>.sock``).
     host_id (int, required): this process's host row in the domain.
-    pool (str): the pool spec holding this host's arena (not for an orchestrator domain).
+    pool (str): the pool spec holding this host's arena. Not needed for an
+        ``orchestrator:`` domain: without it the adapter grows an arena in an extent the
+        orchestrator lends (``cxlkv_domain_grow``), as the C and C++ clients do.
     read_pools (list of str): pools of other hosts whose blocks this host reads (on one
         shared pool, leave it out: ``pool`` serves both).
     tenant (str): namespace tenant, default ``"default"``.
     heartbeat_s (float): heartbeat period, default 0.1.
     allow_untested_version (bool): use the adapter with an engine outside its pin.
+
+Two processes joining as one host row would both publish as that host, each taking the
+row from the other (the C API takes a new incarnation on every join, silently). Processes
+of one machine are kept apart: the attachment holds an exclusive ``flock`` on a file named
+after the domain and the host row (in ``/dev/shm``, else the temporary directory; removed
+when it leaves) while it is joined, and a second attachment of the same row is refused at
+engine start. Engines on
+different machines must be given disjoint ``host_id`` ranges by configuration.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional
+import fcntl
+import hashlib
+import os
+import tempfile
+from typing import Any, Dict, List, Mapping, Optional, TextIO
 
 from ..domain import Domain
 from ..errors import InvalidArgumentError
-from ..pool import Arena
+from ..pool import Arena, layout_for_block_bytes
 
 
 class Attachment:
     """A domain joined with its arenas, as one configuration describes; close() undoes it."""
 
-    def __init__(self, cfg: Mapping[str, Any], what: str) -> None:
+    def __init__(self, cfg: Mapping[str, Any], what: str, *,
+                 block_bytes: Optional[int] = None) -> None:
         for k in ("domain", "host_id"):
             if k not in cfg:
                 raise InvalidArgumentError(
@@ -32,6 +47,8 @@ class Attachment:
                     hint="set domain (the domain's spec) and host_id in the engine's "
                     "extra config")
         self.arenas: List[Arena] = []
+        self.grown: Optional[Arena] = None
+        self._lock = _HostRowLock(str(cfg["domain"]), int(cfg["host_id"]), what)
         try:
             pools: List[str] = []
             if cfg.get("pool"):
@@ -40,19 +57,98 @@ class Attachment:
             for spec in pools:
                 self.arenas.append(Arena.open_spec(spec))
             hb: Optional[float] = cfg.get("heartbeat_s", 0.1)
-            self.domain = Domain.join(str(cfg["domain"]), int(cfg["host_id"]),
-                                      arenas=self.arenas, heartbeat_s=hb)
+            spec = str(cfg["domain"])
+            if not self.arenas and not spec.startswith("orchestrator:"):
+                raise InvalidArgumentError(
+                    f"the cxlkv configuration has no pool for domain {spec}", operation=what,
+                    hint="set pool (the pool spec of this host's arena), or join through an "
+                    "orchestrator (domain = orchestrator:/run/cxlkv/<domain>.sock), which lends "
+                    "extents")
+            self.domain = Domain.join(spec, int(cfg["host_id"]), arenas=self.arenas,
+                                      heartbeat_s=hb)
+            if not self.arenas:  # an orchestrator domain: an arena in a lent extent
+                if block_bytes is None:
+                    raise InvalidArgumentError(
+                        "the block size is not known yet", operation=what,
+                        hint="the adapter grows its arena once it knows the block size")
+                lay, _ = layout_for_block_bytes(_round_block(block_bytes))
+                try:
+                    self.grown = self.domain.grow(lay)
+                except BaseException:
+                    self.domain.leave()
+                    raise
         except BaseException:
             for a in self.arenas:
                 a.close()
+            self._lock.close()
             raise
         self.tenant = str(cfg.get("tenant", "default"))
 
     def close(self) -> None:
+        # Leaving closes an arena grown in a lent extent (cxlkv_domain_leave).
         self.domain.leave()
+        self._lock.close()  # the host row is free for another engine
         for a in self.arenas:
             a.close()
 
 
+class _HostRowLock:
+    """An exclusive flock on a file named after (domain, host row), removed on release.
+
+    Taking it: open (creating), flock without waiting, then check that the path still names
+    the locked file (a holder that released meanwhile unlinked it: try again on the new one).
+    Releasing: unlink while still holding the lock, then close. So a file exists exactly
+    while a holder holds it, and no two holders hold one row.
+    """
+
+    def __init__(self, spec: str, host_id: int, what: str) -> None:
+        source = spec.split("?", 1)[0]  # file:/dev/shm/d?size=... and file:/dev/shm/d: one
+        tag = hashlib.sha256(source.encode()).hexdigest()[:16]
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        self.path = os.path.join(base, f"cxlkv-hostrow-{tag}-{host_id}.lock")
+        while True:
+            f = open(self.path, "a+")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "unknown"
+                f.close()
+                raise InvalidArgumentError(
+                    f"host row {host_id} of domain {source} is already joined by another "
+                    f"engine on this machine (pid {holder}; lock {self.path})", operation=what,
+                    hint="give every engine (and, for SGLang, every engine's ranks) its own "
+                    "host_id range: two processes on one host row would take it from each "
+                    "other") from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            f.close()  # the previous holder removed it after we opened it: take the new one
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._f: Optional[TextIO] = f
+
+    def close(self) -> None:
+        if self._f is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        self._f.close()
+        self._f = None
+
+
 def as_dict(x: Any) -> Dict[str, Any]:
     return dict(x) if x else {}
+
+
+def _round_block(n: int, tokens_per_block: int = 16) -> int:
+    """`n` rounded up to a block size layout_for_block_bytes accepts."""
+    q = 2 * tokens_per_block
+    return (n + q - 1) // q * q

@@ -102,21 +102,25 @@ def _wait(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
     return cond()
 
 
-def _finished(tier: Any) -> List[Any]:
-    """The first batch of finished jobs a tier reports (waits up to 5 s)."""
+def _finished_by(poll_fn: Callable[[], Any]) -> List[Any]:
+    """The first batch of finished jobs a tier's poll method reports (waits up to 5 s)."""
     done: List[Any] = []
 
     def poll() -> bool:
-        done.extend(tier.get_finished())
+        done.extend(poll_fn())
         return bool(done)
 
     _wait(poll)
     return done
 
 
-def _roundtrip_sglang(mod: Any) -> List[str]:
+def _roundtrip_sglang(mod: Any, hs: Any = None) -> List[str]:
+    """A round trip through `mod`'s backend class (`hs`: the module with
+    HiCacheStorageConfig; SGLang's hicache_storage.py)."""
     from ..page_store import HostPagePool
-    from sglang.srt.mem_cache import hicache_storage as hs
+
+    if hs is None:
+        from sglang.srt.mem_cache import hicache_storage as hs
 
     page, tokens, token_bytes = 16, 64, 256
     td = _TempDomain(2 * page * token_bytes)
@@ -131,7 +135,8 @@ def _roundtrip_sglang(mod: Any) -> List[str]:
         if unknown:
             return [f"HiCacheStorageConfig has required fields the check does not know: {unknown}"]
         cfg = hs.HiCacheStorageConfig(**{n: v for n, v in known.items() if n in fields})
-        kw = dict(domain=td.domain_spec, host_id=0, pool=td.pool_spec, allow_untested_version=True)
+        kw = dict(domain=td.domain_spec, host_id=0, pool=td.pool_spec, interface_v1=1,
+                  allow_untested_version=True)
         backend = mod.CxlkvHiCacheStorage(cfg, kw)
         try:
             rng = np.random.default_rng(1)
@@ -157,33 +162,61 @@ def _roundtrip_sglang(mod: Any) -> List[str]:
         td.close()
 
 
-def _roundtrip_vllm(mod: Any) -> List[str]:
-    from vllm.v1.kv_offload.tiering import base
+class _SpecForCheck:
+    """What the check hands the tier as offloading_spec: the tier reads only
+    ``vllm_config`` (None here: the model name comes from the tier config's ``model``)."""
 
-    block_bytes, blocks = 4096, 8
-    td = _TempDomain(block_bytes)
+    vllm_config = None
+
+
+def _roundtrip_vllm(mod: Any, base: Any = None) -> List[str]:
+    """A round trip through `mod`'s tier class (`base`: the module with the generation's job
+    dataclass; vLLM's tiering/base.py)."""
+    if base is None:
+        from vllm.v1.kv_offload.tiering import base
+
+    gen = mod.GENERATION
+    if gen is None or mod.CxlkvSecondaryTier is None:
+        return [f"no tier class for this vLLM: {mod.IMPORT_ERROR}"]
+    job_cls = getattr(base, gen.job_class, None)
+    if job_cls is None:
+        return [f"vllm.v1.kv_offload.tiering.base has no {gen.job_class} (the {gen.name} "
+                "interface's job type)"]
+    rows, row_bytes = 8, 4096
+    td = _TempDomain(row_bytes)
     try:
-        primary = bytearray(os.urandom(block_bytes * blocks))
-        tier = mod.CxlkvSecondaryTier(None, memoryview(primary), domain=td.domain_spec,
-                                      host_id=0, pool=td.pool_spec, block_bytes=block_bytes,
+        primary = np.frombuffer(bytearray(os.urandom(row_bytes * rows)), np.uint8).reshape(
+            rows, row_bytes)
+        # Constructed as the factory does: keywords, then the tier's config dict.
+        tier = mod.CxlkvSecondaryTier(offloading_spec=_SpecForCheck(),
+                                      primary_kv_view=memoryview(primary),
+                                      tier_type=mod.TIER_TYPE, domain=td.domain_spec, host_id=0,
+                                      pool=td.pool_spec, model="cxlkv-check",
                                       allow_untested_version=True)
+        finished = getattr(tier, gen.finished_method)
         try:
             keys = [bytes([i]) * 32 + (0).to_bytes(4, "big") for i in range(4)]
-            fields = {f.name for f in dataclasses.fields(base.JobMetadata)}
-            args = dict(job_id=1, keys=keys, block_ids=np.arange(4), is_promotion=False,
-                        req_context=None)
-            tier.submit_store(base.JobMetadata(**{k: v for k, v in args.items() if k in fields}))
-            done = _finished(tier)
+            fields = {f.name for f in dataclasses.fields(job_cls)}
+            args = {"job_id": 1, "keys": keys, gen.job_ids_field: np.arange(4),
+                    "is_promotion": False, "req_context": None}
+            tier.submit_store(job_cls(**{k: v for k, v in args.items() if k in fields}))
+            done = _finished_by(finished)
             if not done or not done[0].success:
                 return [f"the store job did not succeed: {done}"]
-            if not _wait(lambda: all(tier.lookup(k, None) for k in keys)):
+
+            def found() -> bool:
+                answers = [tier.lookup(k, None) for k in keys]
+                return all(a is True or getattr(a, "name", "") == "HIT" for a in answers)
+
+            if not _wait(found):
                 return ["lookup does not find the stored blocks"]
-            args.update(job_id=2, block_ids=np.arange(4, 8), is_promotion=True)
-            tier.submit_load(base.JobMetadata(**{k: v for k, v in args.items() if k in fields}))
-            done = _finished(tier)
+            args.update(job_id=2, is_promotion=True)
+            args[gen.job_ids_field] = np.arange(4, 8)
+            tier.submit_load(job_cls(**{k: v for k, v in args.items() if k in fields}))
+            done = _finished_by(finished)
             if not done or not done[0].success:
                 return [f"the load job did not succeed: {done}"]
-            if primary[: 4 * block_bytes] != primary[4 * block_bytes:]:
+            if not np.array_equal(primary[:4], primary[4:]):
                 return ["blocks loaded differ from the blocks stored"]
             return []
         finally:
@@ -224,6 +257,14 @@ def check_engine(engine: str) -> Finding:
         f["status"] = "failed"
         return f
     f["problems"] += _interface(base, getattr(mod, cls_name))
+    gen = getattr(mod, "GENERATION", None)
+    if engine == "vllm" and gen is not None:
+        f["generation"] = gen.name
+        have = sorted(getattr(base, "__abstractmethods__", ()))
+        if have != list(gen.abstract_methods):
+            f["problems"].append(
+                f"SecondaryTierManager's abstract methods {have} are not the {gen.name} "
+                f"interface's {list(gen.abstract_methods)}")
     if not any("abstract" in p or "not defined" in p for p in f["problems"]):
         try:
             f["problems"] += roundtrip(mod)

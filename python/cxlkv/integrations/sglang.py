@@ -1,120 +1,252 @@
 """cxlkv as an SGLang HiCache storage backend (L3), over :class:`cxlkv.PageStore`.
 
-Pinned to SGLang 0.5.x (:data:`cxlkv.integrations.TARGETS` ``["sglang"]``). Load it as a
-dynamic backend::
+Pinned to SGLang >= 0.5.3, < 0.6 (:data:`cxlkv.integrations.TARGETS` ``["sglang"]``; what
+each release offers and where it was read: docs/engines.md). Load it as a ``dynamic``
+backend, with ``interface_v1`` so SGLang takes the zero-copy path (``batch_get_v1`` /
+``batch_set_v1`` by host indices; without it SGLang copies pages through ``get``/``set``)::
 
     python -m sglang.launch_server ... --enable-hierarchical-cache \\
       --hicache-mem-layout page_first --hicache-storage-backend dynamic \\
       --hicache-storage-backend-extra-config '{"backend_name": "cxlkv",
         "module_path": "cxlkv.integrations.sglang", "class_name": "CxlkvHiCacheStorage",
-        "domain": "file:/dev/shm/cxlkv-domain", "host_id": 1, "pool": "file:/dev/shm/cxlkv-pool"}'
+        "interface_v1": 1, "domain": "orchestrator:/run/cxlkv/<domain>.sock", "host_id": 0}'
 
-(see :mod:`cxlkv.integrations._config` for every key). Each TP/PP/CP rank is its own host of
-the domain (give each a distinct ``host_id``), and its pages live in a namespace of
-(tenant, model, rank layout, page bytes), so ranks and models never mix.
+(:mod:`cxlkv.integrations._config` has every key; ``pool`` is needed for a ``file:`` or
+``devdax:`` domain, not for an ``orchestrator:`` one.)
 
-What this class adds to the store: SGLang's constructor and config, the namespace built from
-``HiCacheStorageConfig``, the page size taken from the host pool when it is registered, and the
-version pin. Importing this module without SGLang works; :data:`CxlkvHiCacheStorage` is then
-``None`` and :data:`IMPORT_ERROR` says why.
+**One host per rank, from one configuration.** SGLang builds a backend in every (dp, pp,
+cp, tp) rank's process from the same extra config. Each rank joins as host
+``host_id + rank_index`` with ``rank_index = ((dp_rank * pp_size + pp_rank) * attn_cp_size
++ attn_cp_rank) * tp_size + tp_rank`` (:func:`rank_index`), derived from
+``HiCacheStorageConfig``: so ``host_id`` is the first host row of the engine and the engine
+takes ``dp_size * pp_size * attn_cp_size * tp_size`` consecutive rows. Derived rather than
+assigned by the orchestrator on join because it works on every domain source (``file:``,
+``devdax:``, orchestrator), needs no new protocol, and a rank that restarts gets its own row
+back. Two engines on one domain need ``host_id`` ranges that do not overlap.
+
+**The namespace names everything that changes a page's bytes**: the model, the rank's slice
+(TP rank and size, except for MLA models, whose ranks hold the same page; PP and CP rank and
+size), the host pool's dtype and layout (``page_first``, ``page_first_direct``,
+``layer_first``), the page size in tokens and bytes, and the transfer path (``v1``
+zero-copy, or ``generic``: SGLang's copy path hands pages over in another byte order for
+some layouts). Draft-model pages (keys ``d:<hash>``) live in a namespace of their own.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
 from ..keys import Namespace
-from ..page_store import PageStore
+from ..page_store import PageStore, page_buffer_meta
 from . import check_engine_version
 from ._config import Attachment, as_dict
 
-IMPORT_ERROR: Optional[BaseException] = None
-ENGINE_VERSION: Optional[str] = None
-try:
-    import sglang as _sglang
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
+DRAFT_PREFIX = "d:"
 
-    ENGINE_VERSION = getattr(_sglang, "__version__", None)
-except ImportError as e:  # SGLang is not installed here
-    _Base = None
-    IMPORT_ERROR = e
+#: Keys SGLang itself puts in the extra config of a dynamic backend (not ours to check).
+SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1"})
+#: Keys this backend reads.
+CONFIG_KEYS = frozenset({"domain", "host_id", "pool", "read_pools", "tenant", "heartbeat_s",
+                         "allow_untested_version", "namespace_layout"})
 
 
-def namespace_for(storage_config: Any, tenant: str, page_bytes: int) -> Namespace:
-    """The namespace of one SGLang rank's pages: what changes their bytes."""
-    g = lambda name, default=None: getattr(storage_config, name, default)  # noqa: E731
-    model = str(g("model_name") or "")
-    layout = (f"sglang page_bytes={page_bytes} mla={bool(g('is_mla_model'))} "
-              f"page_first={bool(g('is_page_first_layout'))} "
-              f"tp={g('tp_rank', 0)}/{g('tp_size', 1)} pp={g('pp_rank', 0)}/{g('pp_size', 1)} "
-              f"cp={g('attn_cp_rank', 0)}/{g('attn_cp_size', 1)}")
-    return Namespace(tenant, model, layout)
+def _first_page(page_size: int) -> Any:
+    """The host indices of the pool's first page, as SGLang passes indices (a torch tensor
+    where torch is installed: SGLang's pools call .tolist() / index with it)."""
+    try:
+        import torch
+
+        return torch.arange(page_size, dtype=torch.int64)
+    except ImportError:
+        return np.arange(page_size, dtype=np.int64)
 
 
-if _Base is not None:
+def _g(cfg: Any, name: str, default: Any = None) -> Any:
+    v = getattr(cfg, name, default)
+    return default if v is None else v
 
-    class CxlkvHiCacheStorage(_Base):  # type: ignore[misc,valid-type]
+
+def rank_index(storage_config: Any) -> Tuple[int, int]:
+    """(this rank's index, the engine's number of ranks) over (dp, pp, cp, tp)."""
+    dp, dps = int(_g(storage_config, "dp_rank", 0)), int(_g(storage_config, "dp_size", 1))
+    pp, pps = int(_g(storage_config, "pp_rank", 0)), int(_g(storage_config, "pp_size", 1))
+    cp, cps = (int(_g(storage_config, "attn_cp_rank", 0)),
+               int(_g(storage_config, "attn_cp_size", 1)))
+    tp, tps = int(_g(storage_config, "tp_rank", 0)), int(_g(storage_config, "tp_size", 1))
+    return ((dp * pps + pp) * cps + cp) * tps + tp, dps * pps * cps * tps
+
+
+def namespace_for(storage_config: Any, tenant: str, page_bytes: int, *, dtype: str = "?",
+                  layout: str = "?", page_tokens: int = 0, path: str = "v1",
+                  extra: str = "") -> Namespace:
+    """The namespace of one SGLang rank's pages: everything that changes their bytes."""
+    model = str(_g(storage_config, "model_name", ""))
+    mla = bool(_g(storage_config, "is_mla_model", False))
+    tp = "mla" if mla else f"{_g(storage_config, 'tp_rank', 0)}/{_g(storage_config, 'tp_size', 1)}"
+    words = (f"sglang dtype={dtype} layout={layout} path={path} page={page_tokens}t/"
+             f"{page_bytes}B tp={tp} pp={_g(storage_config, 'pp_rank', 0)}/"
+             f"{_g(storage_config, 'pp_size', 1)} cp={_g(storage_config, 'attn_cp_rank', 0)}/"
+             f"{_g(storage_config, 'attn_cp_size', 1)} {extra}")
+    return Namespace(tenant, model, words.strip())
+
+
+class SglangBackendCore:
+    """What the backend does, whatever SGLang's base class: the configuration, the rank's
+    identity, and the page stores (main and draft) once the host pool is known.
+
+    Raises (at engine start, naming the setting and the fix): a missing or unknown key, a
+    host row outside the domain (``host_id`` + this rank's index), an engine outside the pin.
+    """
+
+    def __init__(self, storage_config: Any, kwargs: Any, engine_version: Optional[str]
+                 ) -> None:
+        cfg = as_dict(_g(storage_config, "extra_config", None))
+        cfg.update(as_dict(kwargs))
+        check_engine_version("sglang", engine_version,
+                             allow_untested=bool(cfg.get("allow_untested_version")))
+        unknown = sorted(set(cfg) - CONFIG_KEYS - SGLANG_KEYS)
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown key(s) {', '.join(map(repr, unknown))} in the cxlkv backend's "
+                "--hicache-storage-backend-extra-config", operation="CxlkvHiCacheStorage",
+                hint=f"known keys: {', '.join(sorted(CONFIG_KEYS | SGLANG_KEYS))}")
+        if "host_id" not in cfg:
+            raise InvalidArgumentError(
+                "the cxlkv backend's extra config lacks 'host_id'",
+                operation="CxlkvHiCacheStorage",
+                hint="set host_id: the first host row of this engine (each rank takes "
+                "host_id + its rank index)")
+        self.storage_config = storage_config
+        self.path = "v1" if cfg.get("interface_v1") else "generic"
+        idx, ranks = rank_index(storage_config)
+        self.rank, self.ranks = idx, ranks
+        self.host_id = int(cfg["host_id"]) + idx
+        self._cfg = dict(cfg, host_id=self.host_id)
+        self._extra = str(cfg.get("namespace_layout", ""))
+        self.tenant = str(cfg.get("tenant", "default"))
+        self._att: Optional[Attachment] = None
+        self.stores: Dict[bool, PageStore] = {}  # draft? -> store
+        if str(cfg.get("domain", "")).startswith("orchestrator:") and not cfg.get("pool"):
+            return  # the arena is grown once the page size is known
+        self._attach(None)
+
+    def _attach(self, page_bytes: Optional[int]) -> None:
+        try:
+            self._att = Attachment(self._cfg, "CxlkvHiCacheStorage", block_bytes=page_bytes)
+        except InvalidArgumentError as e:
+            if "outside the domain" in str(e):
+                raise InvalidArgumentError(
+                    f"rank {self.rank} of {self.ranks} joins as host {self.host_id} "
+                    f"(host_id {self.host_id - self.rank} + rank index): {e}",
+                    operation="CxlkvHiCacheStorage",
+                    hint="lower host_id, or format the domain with max_hosts >= host_id + "
+                    "dp_size * pp_size * attn_cp_size * tp_size") from e
+            raise
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        ps = int(mem_pool_host.page_size)
+        _, sizes = page_buffer_meta(mem_pool_host, _first_page(ps))
+        page_bytes = int(sum(sizes))
+        if self._att is None:
+            self._attach(page_bytes)
+        assert self._att is not None
+        dtype = str(getattr(mem_pool_host, "dtype", "?")).replace("torch.", "")
+        layout = str(getattr(mem_pool_host, "layout", "?"))
+        for draft in (False, True):
+            ns = namespace_for(self.storage_config, self.tenant, page_bytes, dtype=dtype,
+                               layout=layout, page_tokens=ps, path=self.path,
+                               extra=(self._extra + " draft").strip() if draft else self._extra)
+            store = PageStore(self._att.domain, ns, page_bytes=page_bytes)
+            store.register_mem_pool_host(mem_pool_host)
+            old = self.stores.get(draft)
+            if old is not None:
+                old.close()
+            self.stores[draft] = store
+
+    def store_for(self, keys: Sequence[Any], what: str) -> Tuple[PageStore, List[Any]]:
+        """The store of `keys` (all draft ``d:<hash>`` or all main) and the keys unprefixed."""
+        if not self.stores:
+            raise InvalidArgumentError("no host pool registered yet", operation=what,
+                                       hint="SGLang calls register_mem_pool_host before any "
+                                       "transfer")
+        if isinstance(keys, (str, bytes)):
+            keys = [keys]
+        drafts = [isinstance(k, str) and k.startswith(DRAFT_PREFIX) for k in keys]
+        if any(drafts) and not all(drafts):
+            raise InvalidArgumentError(
+                f"{what}: a batch mixes draft (d:<hash>) and main-model keys",
+                operation=what, hint="pass draft and main pages in separate calls")
+        draft = bool(drafts) and drafts[0]
+        plain = [k[len(DRAFT_PREFIX):] for k in keys] if draft else list(keys)
+        return self.stores[draft], plain
+
+    def close(self) -> None:
+        for s in self.stores.values():
+            s.close()
+        if self._att is not None:
+            self._att.close()
+
+
+def build_backend_class(base: type, engine_version: Optional[str]) -> type:
+    """The backend class over SGLang's ``HiCacheStorage`` (`base`), each method forwarding to
+    one :class:`SglangBackendCore`; constructed as SGLang's dynamic loader does,
+    ``backend_class(storage_config, kwargs)``."""
+
+    class CxlkvHiCacheStorage(base):  # type: ignore[misc,valid-type]
         """SGLang ``HiCacheStorage`` backed by a CXL domain (see the module docstring)."""
 
         def __init__(self, storage_config: Any, kwargs: Any = None) -> None:
-            cfg = as_dict(getattr(storage_config, "extra_config", None))
-            cfg.update(as_dict(kwargs))
-            check_engine_version("sglang", ENGINE_VERSION,
-                                 allow_untested=bool(cfg.get("allow_untested_version")))
             self.storage_config = storage_config
-            self._att = Attachment(cfg, "CxlkvHiCacheStorage")
-            self._store: Optional[PageStore] = None
+            self.core = SglangBackendCore(storage_config, kwargs, engine_version)
 
-        # The store is made when the host pool is known: its page size is the store's.
         def register_mem_pool_host(self, mem_pool_host: Any) -> None:
             super().register_mem_pool_host(mem_pool_host)
-            ps = int(mem_pool_host.page_size)
-            _, sizes = mem_pool_host.get_page_buffer_meta(np.arange(ps, dtype=np.int64))
-            page_bytes = int(sum(sizes))
-            ns = namespace_for(self.storage_config, self._att.tenant, page_bytes)
-            self._store = PageStore(self._att.domain, ns, page_bytes=page_bytes)
-            self._store.register_mem_pool_host(mem_pool_host)
+            self.core.register_mem_pool_host(mem_pool_host)
 
         @property
         def store(self) -> PageStore:
-            if self._store is None:
-                from ..errors import InvalidArgumentError
-
-                raise InvalidArgumentError(
-                    "no host pool registered yet", operation="CxlkvHiCacheStorage",
-                    hint="SGLang calls register_mem_pool_host before any transfer")
-            return self._store
+            """The main model's page store."""
+            return self.core.store_for([], "store")[0]
 
         def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
-            return self.store.batch_exists(keys, extra_info)
+            s, k = self.core.store_for(keys, "batch_exists")
+            return s.batch_exists(k, extra_info)
 
         def exists(self, key: str) -> bool:
-            return self.store.exists(key)
+            s, k = self.core.store_for([key], "exists")
+            return s.exists(k[0])
 
         def batch_get_v1(self, keys: List[str], host_indices: Any,
                          extra_info: Any = None) -> List[bool]:
-            return self.store.batch_get_v1(keys, host_indices, extra_info)
+            s, k = self.core.store_for(keys, "batch_get_v1")
+            return s.batch_get_v1(k, host_indices, _unprefixed(extra_info))
 
         def batch_set_v1(self, keys: List[str], host_indices: Any,
                          extra_info: Any = None) -> List[bool]:
-            return self.store.batch_set_v1(keys, host_indices, extra_info)
+            s, k = self.core.store_for(keys, "batch_set_v1")
+            return s.batch_set_v1(k, host_indices, _unprefixed(extra_info))
 
         def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
-            return self.store.get(key, target_location, target_sizes)
+            s, k = self.core.store_for([key], "get")
+            return s.get(k[0], target_location, target_sizes)
 
         def batch_get(self, keys: List[str], target_locations: Any = None,
                       target_sizes: Any = None) -> Any:
-            return self.store.batch_get(keys, target_locations, target_sizes)
+            s, k = self.core.store_for(keys, "batch_get")
+            return s.batch_get(k, target_locations, target_sizes)
 
         def set(self, key: str, value: Any = None, target_location: Any = None,
                 target_sizes: Any = None) -> bool:
-            return self.store.set(key, value, target_location, target_sizes)
+            s, k = self.core.store_for([key], "set")
+            return s.set(k[0], value, target_location, target_sizes)
 
         def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,
                       target_sizes: Any = None) -> bool:
-            return self.store.batch_set(keys, values, target_locations, target_sizes)
+            s, k = self.core.store_for(keys, "batch_set")
+            return s.batch_set(k, values, target_locations, target_sizes)
 
         def clear(self) -> None:
             """Not supported: published pages are shared with other hosts; the domain's owner
@@ -122,9 +254,36 @@ if _Base is not None:
             return None
 
         def close(self) -> None:
-            if self._store is not None:
-                self._store.close()
-            self._att.close()
+            self.core.close()
 
-else:
-    CxlkvHiCacheStorage = None  # type: ignore[assignment,misc]
+    return CxlkvHiCacheStorage
+
+
+class _Unprefixed:
+    """extra_info with draft prefixes taken off its prefix_keys."""
+
+    def __init__(self, prefix_keys: List[Any], extra_info: Any) -> None:
+        self.prefix_keys = prefix_keys
+        self.extra_info = extra_info
+
+
+def _unprefixed(extra_info: Any) -> Any:
+    prefix = getattr(extra_info, "prefix_keys", None) if extra_info is not None else None
+    if not prefix or not any(isinstance(k, str) and k.startswith(DRAFT_PREFIX) for k in prefix):
+        return extra_info
+    return _Unprefixed([k[len(DRAFT_PREFIX):] if isinstance(k, str) and
+                        k.startswith(DRAFT_PREFIX) else k for k in prefix],
+                       getattr(extra_info, "extra_info", None))
+
+
+IMPORT_ERROR: Optional[BaseException] = None
+ENGINE_VERSION: Optional[str] = None
+CxlkvHiCacheStorage: Any = None
+try:
+    import sglang as _sglang
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
+
+    ENGINE_VERSION = getattr(_sglang, "__version__", None)
+    CxlkvHiCacheStorage = build_backend_class(_Base, ENGINE_VERSION)
+except ImportError as e:  # SGLang is not installed here
+    IMPORT_ERROR = e

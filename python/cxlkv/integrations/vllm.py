@@ -1,10 +1,14 @@
 """cxlkv as a vLLM secondary offload tier, over :class:`cxlkv.OffloadTier`.
 
-Pinned to vLLM 0.22.x (:data:`cxlkv.integrations.TARGETS` ``["vllm"]``), whose
-``SecondaryTierManager`` takes ``(vllm_config, primary_kv_view)``, answers ``lookup`` with
-True / False / None and reports jobs through ``get_finished``. Later releases reworked the
-interface (``LookupResult``, ``get_finished_jobs``, ``drain_jobs``, a ``tier_type`` argument):
-``python -m cxlkv.integrations.check`` reports the differences on an installed vLLM.
+vLLM's ``TieringOffloadingSpec`` keeps a CPU primary tier and cascades stores to secondary
+tiers. This module is one such tier for every released generation of the interface from
+vLLM 0.22.0 (:mod:`cxlkv.integrations.vllm_generations`; docs/engines.md says what each
+release offers and where it was read): one core (:class:`VllmTierCore`, which carries the
+configuration, the checks and the store underneath) and, per generation, a thin class
+(:func:`build_tier_class`) with that generation's method names and types. The class for the
+installed vLLM is :data:`CxlkvSecondaryTier`: the class whose interface the installed base class
+has; the installed version must be inside that class's pin (else the tier refuses to start,
+saying why).
 
 Configuration (``TieringOffloadingSpec``)::
 
@@ -12,133 +16,376 @@ Configuration (``TieringOffloadingSpec``)::
       "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec",
         "cpu_bytes_to_use": 8000000000, "block_size": 16,
         "secondary_tiers": [{"type": "cxlkv", "domain": "file:/dev/shm/cxlkv-domain",
-          "host_id": 1, "pool": "file:/dev/shm/cxlkv-pool", "block_bytes": 5242880}]}}'
+          "host_id": 1, "pool": "file:/dev/shm/cxlkv-pool"}]}}'
 
-``block_bytes`` is the primary tier's block size in bytes (it must divide the primary view).
-Call :func:`register` in every vLLM process before the engine starts (for example from a
-``vllm.general_plugins`` entry point) so the factory knows the ``cxlkv`` tier type. vLLM's
-block hashes are the same on every host only with a fixed ``PYTHONHASHSEED``.
+The ``cxlkv`` tier type is registered by the package's ``vllm.general_plugins`` entry point
+(:func:`register_plugin`, which vLLM calls in every process): installing the package is
+enough. Keys (:data:`CONFIG_KEYS`): ``domain`` and ``host_id`` are required; ``pool`` (not for
+an ``orchestrator:`` domain, which lends this host an extent), ``read_pools``, ``tenant``,
+``heartbeat_s``, ``block_bytes`` (optional: the primary view's row is the block; if given it
+must match), ``model`` (overrides the model name read from the engine's config),
+``namespace_layout`` (free text added to the namespace), ``allow_untested_version``. An
+unknown key is refused (a misspelt key would otherwise be ignored).
+
+Identity: one vLLM scheduler runs one tier; with data parallelism each DP engine has its own
+scheduler, so the tier joins as host ``host_id + data_parallel_rank``. The namespace is
+(tenant, model, "vllm" + row bytes + TP/PP sizes + KV cache dtype + ``namespace_layout``):
+engines that differ in any of these never share blocks. vLLM's block hashes are equal across
+processes only with the same hash algorithm and a fixed ``PYTHONHASHSEED``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, List, Optional
+import logging
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
-from ..keys import Namespace
-from ..offload_tier import OffloadTier, TierJob
-from . import check_engine_version
-from ._config import Attachment
 from ..errors import EngineVersionError, InvalidArgumentError
+from ..keys import Namespace
+from ..offload_tier import OffloadTier, TierJob, TierJobResult, primary_rows
+from . import vllm_generations as gens
+from ._config import Attachment
+from .vllm_generations import VllmGeneration
+
+log = logging.getLogger(__name__)
 
 TIER_TYPE = "cxlkv"
+
+#: Every key the tier's config dict may hold (besides ``type``, which the factory removes).
+CONFIG_KEYS = frozenset({
+    "domain", "host_id", "pool", "read_pools", "tenant", "heartbeat_s", "block_bytes",
+    "model", "namespace_layout", "allow_untested_version"})
+
+
+def _attr_path(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        if obj is None:
+            return None
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _vllm_config(offloading_spec: Any) -> Any:
+    """The ``VllmConfig`` an ``OffloadingSpec`` holds (``vllm_config`` in every released
+    generation read)."""
+    return getattr(offloading_spec, "vllm_config", None)
+
+
+class VllmTierCore:
+    """What every generation's tier does, on :class:`~cxlkv.OffloadTier`.
+
+    Args:
+        generation: the interface generation the caller's class implements.
+        engine_version: the installed vLLM's version (None: unknown).
+        offloading_spec: the engine's ``OffloadingSpec`` (model, parallel and cache configs).
+        primary_kv_view: the primary tier's memoryview (rows of ``strides[0]`` bytes).
+        tier_type: the type the factory registered (``"cxlkv"``).
+        config: the rest of the tier's config dict.
+
+    Raises (at engine start, each naming the setting and the fix):
+        EngineVersionError: the version is outside the generation's pin (unless
+            ``allow_untested_version``).
+        InvalidArgumentError: a missing or unknown key, no model name, a ``block_bytes`` that
+            does not match the view or that the TP size does not divide.
+        BufferMismatchError: a view vLLM would not give (read-only, rows not contiguous).
+    """
+
+    def __init__(self, generation: VllmGeneration, engine_version: Optional[str],
+                 offloading_spec: Any, primary_kv_view: Any, tier_type: str,
+                 config: Mapping[str, Any]) -> None:
+        what = "the cxlkv vLLM tier"
+        cfg = dict(config)
+        unknown = sorted(set(cfg) - CONFIG_KEYS)
+        if unknown:
+            raise InvalidArgumentError(
+                f"{what}: unknown key(s) {', '.join(map(repr, unknown))} in its secondary_tiers "
+                f"entry", operation="CxlkvSecondaryTier",
+                hint=f"known keys: {', '.join(sorted(CONFIG_KEYS))}")
+        allow = bool(cfg.get("allow_untested_version"))
+        if not allow and (engine_version is None or not generation.covers(engine_version)):
+            found = gens.generation_for(engine_version)
+            raise EngineVersionError(
+                f"vLLM {engine_version or '(version unknown)'} is outside the pin of the "
+                f"{generation.name} interface ({generation.pin})"
+                + (f"; its version is pinned to the {found.name} interface, but its "
+                   f"SecondaryTierManager has the {generation.name} one (report this)"
+                   if found else f"; the cxlkv tier supports vLLM {gens.SUPPORTED}"),
+                operation="CxlkvSecondaryTier",
+                hint=f"install vllm{gens.SUPPORTED}, or run `python -m "
+                "cxlkv.integrations.check` and, if the interface fits, set "
+                "allow_untested_version: true in the cxlkv tier's config")
+        for k in ("domain", "host_id"):
+            if k not in cfg:
+                raise InvalidArgumentError(
+                    f"{what}: its secondary_tiers entry lacks {k!r}",
+                    operation="CxlkvSecondaryTier",
+                    hint="set domain (the domain's spec, e.g. orchestrator:/run/cxlkv/<d>.sock) "
+                    "and host_id (this engine's host row) in the cxlkv tier's config")
+        self.generation = generation
+        self.tier_type = tier_type
+        vc = _vllm_config(offloading_spec)
+        # The view first: its rows are the block size the arena and namespace need.
+        bb = cfg.get("block_bytes")
+        rows = primary_rows(primary_kv_view, int(bb) if bb is not None else None)
+        tp = _attr_path(vc, "parallel_config.tensor_parallel_size") or 1
+        pp = _attr_path(vc, "parallel_config.pipeline_parallel_size") or 1
+        if rows.row_bytes % int(tp):
+            raise InvalidArgumentError(
+                f"{what}: a primary block of {rows.row_bytes} bytes cannot hold {tp} "
+                f"tensor-parallel workers' equal slices", operation="CxlkvSecondaryTier",
+                hint="check the offloading block_size and the TP size; block_bytes must be "
+                "the primary view's row")
+        model = cfg.get("model") or _attr_path(vc, "model_config.model")
+        if not model:
+            raise InvalidArgumentError(
+                f"{what}: no model name in the engine's config (offloading_spec.vllm_config."
+                "model_config.model)", operation="CxlkvSecondaryTier",
+                hint="set model in the cxlkv tier's config: blocks are shared only between "
+                "engines serving the same model")
+        # The KV cache's dtype: cache_dtype, or the model's dtype when it is "auto".
+        dtype = str(_attr_path(vc, "cache_config.cache_dtype") or "auto")
+        if dtype == "auto":
+            dtype = str(_attr_path(vc, "model_config.dtype") or "auto").replace("torch.", "")
+        dp_rank = int(_attr_path(vc, "parallel_config.data_parallel_rank") or 0)
+        self.host_id = int(cfg["host_id"]) + dp_rank
+        layout = (f"vllm row_bytes={rows.row_bytes} tp={tp} pp={pp} kv_dtype={dtype} "
+                  f"{cfg.get('namespace_layout', '')}").strip()
+        self.namespace = Namespace(str(cfg.get("tenant", "default")), str(model), layout)
+        if "PYTHONHASHSEED" not in os.environ:
+            # vLLM seeds its root block hash at random without it: this engine's blocks are
+            # then found by no other process (they are still stored and loaded correctly).
+            log.warning("cxlkv: PYTHONHASHSEED is not set, so vLLM's block hashes differ from "
+                        "every other engine's and no blocks will be shared; set the same "
+                        "PYTHONHASHSEED for every engine using domain %s", cfg["domain"])
+        att_cfg = dict(cfg, host_id=self.host_id)
+        self._att = Attachment(att_cfg, "CxlkvSecondaryTier", block_bytes=rows.row_bytes)
+        try:
+            self.tier = OffloadTier(self._att.domain, self.namespace, primary_kv_view,
+                                    block_bytes=rows.row_bytes)
+        except BaseException:
+            self._att.close()
+            raise
+
+    # ---- the calls every generation makes ----------------------------------------------------
+
+    def lookup(self, key: Any, req_context: Any) -> Optional[bool]:
+        return self.tier.lookup(key, req_context)
+
+    def job(self, job: Any) -> TierJob:
+        """vLLM's job (``JobMetadata`` / ``TransferJob``) as the store's job. The primary
+        rows are the generation's id field (``block_ids`` or ``chunk_ids``); the other name
+        is accepted too (both name rows of the primary view)."""
+        ids_field = self.generation.job_ids_field
+        other = "block_ids" if ids_field == "chunk_ids" else "chunk_ids"
+        ids = getattr(job, ids_field, None)
+        if ids is None:
+            ids = getattr(job, other, None)
+        if ids is None:
+            raise InvalidArgumentError(
+                f"a {type(job).__name__} with neither {ids_field!r} nor {other!r}: not a vLLM "
+                f"transfer job", operation="submit",
+                hint="run python -m cxlkv.integrations.check against this vLLM")
+        return TierJob(job.job_id, list(job.keys), ids, bool(getattr(job, "is_promotion", False)),
+                       getattr(job, "req_context", None))
+
+    def submit_store(self, job: Any) -> None:
+        self.tier.submit_store(self.job(job))
+
+    def submit_load(self, job: Any) -> None:
+        self.tier.submit_load(self.job(job))
+
+    def finished(self, job_result_cls: Any) -> List[Any]:
+        """Finished jobs as the engine's ``JobResult`` (the fields it declares)."""
+        fields = {f.name for f in dataclasses.fields(job_result_cls)}
+        out: List[Any] = []
+        for r in self.tier.get_finished():
+            if r.error:
+                log.warning("cxlkv tier job %d failed: %s", r.job_id, r.error)
+            out.append(job_result_cls(**_result_fields(r, fields)))
+        return out
+
+    def drain(self) -> None:
+        self.tier.drain()
+
+    def shutdown(self) -> None:
+        self.tier.shutdown()
+        self._att.close()
+
+
+def _result_fields(r: TierJobResult, fields: Iterable[str]) -> Dict[str, Any]:
+    d: Dict[str, Any] = {"job_id": r.job_id, "success": r.success}
+    for k in ("successful_keys", "transfer_time", "transfer_bytes"):
+        if k in fields:
+            d[k] = getattr(r, k)
+    return d
+
+
+def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: type, *,
+                     engine_version: Optional[str], lookup_result: Any = None,
+                     request_context_cls: Any = None, medium: Any = None) -> type:
+    """The tier class of one interface generation: a subclass of the engine's
+    ``SecondaryTierManager`` (`base`) whose methods are that generation's, each forwarding to
+    one :class:`VllmTierCore`.
+
+    Args:
+        generation: which interface `base` has.
+        base, job_result_cls: the engine's ``SecondaryTierManager`` and ``JobResult``.
+        engine_version: the installed engine's version, checked against the pin when a tier
+            is constructed.
+        lookup_result: the engine's ``LookupResult`` enum (generations that answer with it).
+        request_context_cls: the engine's ``RequestOffloadingContext`` (what
+            ``on_new_request`` returns), where the generation has it.
+        medium: the value of the ``medium`` class attribute (``Medium.CPU``), where the
+            engine's base declares one.
+    """
+    if generation.lookup_enum and lookup_result is None:
+        raise EngineVersionError(f"the {generation.name} interface answers lookups with "
+                                 "LookupResult, and none was given", operation="build_tier_class",
+                                 hint="pass vllm.v1.kv_offload.base.LookupResult")
+
+    def __init__(self: Any, offloading_spec: Any, primary_kv_view: Any, tier_type: str,
+                 **config: Any) -> None:
+        base.__init__(self, offloading_spec=offloading_spec, primary_kv_view=primary_kv_view,
+                      tier_type=tier_type)
+        self._core = VllmTierCore(generation, engine_version, offloading_spec, primary_kv_view,
+                                  tier_type, config)
+
+    ns: Dict[str, Any] = {
+        "__init__": __init__,
+        "__doc__": f"cxlkv's vLLM secondary tier, {generation.name} interface "
+                   f"({generation.pin}); see cxlkv.integrations.vllm.",
+        "__module__": __name__,
+        "generation": generation,
+        "core": property(lambda self: self._core),
+        "tier": property(lambda self: self._core.tier),
+    }
+    if generation.lookup_enum:
+        answers = {True: lookup_result.HIT, False: lookup_result.MISS,
+                   None: lookup_result.RETRY}
+
+        def lookup(self: Any, key: Any, req_context: Any) -> Any:
+            return answers[self._core.lookup(key, req_context)]
+    else:
+        def lookup(self: Any, key: Any, req_context: Any) -> Optional[bool]:
+            return self._core.lookup(key, req_context)
+    ns["lookup"] = lookup
+
+    def submit_store(self: Any, job_metadata: Any) -> None:
+        self._core.submit_store(job_metadata)
+
+    def submit_load(self: Any, job_metadata: Any) -> None:
+        self._core.submit_load(job_metadata)
+
+    def finished(self: Any) -> List[Any]:
+        return self._core.finished(job_result_cls)
+
+    ns.update(submit_store=submit_store, submit_load=submit_load)
+    ns[generation.finished_method] = finished
+
+    def touch(self: Any, keys: Any, req_context: Any) -> None:
+        self._core.tier.touch(keys, req_context)
+
+    def shutdown(self: Any) -> None:
+        self._core.shutdown()
+
+    ns.update(touch=touch, shutdown=shutdown)
+    if generation.on_new_request:
+        def on_new_request(self: Any, req_context: Any) -> Any:
+            return request_context_cls()
+        ns["on_new_request"] = on_new_request
+    if generation.drain_jobs:
+        def drain_jobs(self: Any) -> None:
+            self._core.drain()
+        ns["drain_jobs"] = drain_jobs
+    if medium is not None:
+        ns["medium"] = medium
+    return type("CxlkvSecondaryTier", (base,), ns)
+
+
+# ---- the installed vLLM -------------------------------------------------------------------------
+
 IMPORT_ERROR: Optional[BaseException] = None
 ENGINE_VERSION: Optional[str] = None
-try:
-    import vllm as _vllm
-    from vllm.v1.kv_offload.tiering.base import JobResult as _JobResult
-    from vllm.v1.kv_offload.tiering.base import SecondaryTierManager as _Base
+GENERATION: Optional[VllmGeneration] = None
+CxlkvSecondaryTier: Any = None
 
+
+def _from_installed_vllm() -> None:
+    """Builds :data:`CxlkvSecondaryTier` for the installed vLLM (if any)."""
+    global IMPORT_ERROR, ENGINE_VERSION, GENERATION, CxlkvSecondaryTier
+    try:
+        import vllm as _vllm
+        from vllm.v1.kv_offload import base as _kvbase
+        from vllm.v1.kv_offload.tiering import base as _tbase
+    except ImportError as e:  # vLLM is not installed here
+        IMPORT_ERROR = e
+        return
     ENGINE_VERSION = getattr(_vllm, "__version__", None)
-except ImportError as e:  # vLLM is not installed here
-    _Base = None
-    _JobResult = None
-    IMPORT_ERROR = e
+    base = _tbase.SecondaryTierManager
+    lookup_result = getattr(_kvbase, "LookupResult", None)
+    by_version = gens.generation_for(ENGINE_VERSION)
+    # The installed base class decides which class fits it; the version decides whether the
+    # tier may run (VllmTierCore refuses a version outside the class's pin, saying why).
+    by_interface = gens.generation_of_interface(
+        frozenset(getattr(base, "__abstractmethods__", ())),
+        _answers_lookup_result(base, lookup_result))
+    gen = by_interface or by_version
+    if gen is None:
+        IMPORT_ERROR = EngineVersionError(
+            f"vLLM {ENGINE_VERSION}: outside every pin ({gens.SUPPORTED}) and its "
+            f"SecondaryTierManager matches no known interface (abstract methods: "
+            f"{sorted(getattr(base, '__abstractmethods__', ()))})",
+            operation="cxlkv.integrations.vllm", hint=f"install vllm{gens.SUPPORTED}")
+        return
+    GENERATION = gen
+    # 0.32+ tiers declare their medium; CXL memory is memory (Medium.CPU), not storage.
+    medium = getattr(getattr(_kvbase, "Medium", None), "CPU", None) if gen.drain_jobs else None
+    CxlkvSecondaryTier = build_tier_class(
+        gen, base, _tbase.JobResult, engine_version=ENGINE_VERSION, lookup_result=lookup_result,
+        request_context_cls=getattr(_kvbase, "RequestOffloadingContext", None), medium=medium)
 
 
-if _Base is not None:
-
-    class CxlkvSecondaryTier(_Base):  # type: ignore[misc,valid-type]
-        """vLLM ``SecondaryTierManager`` backed by a CXL domain (see the module docstring)."""
-
-        def __init__(self, vllm_config: Any, primary_kv_view: memoryview, **tier_kwargs: Any
-                     ) -> None:
-            check_engine_version("vllm", ENGINE_VERSION,
-                                 allow_untested=bool(tier_kwargs.get("allow_untested_version")))
-            super().__init__(vllm_config, primary_kv_view)
-            if "block_bytes" not in tier_kwargs:
-                raise InvalidArgumentError(
-                    "the cxlkv tier's configuration lacks block_bytes",
-                    operation="CxlkvSecondaryTier",
-                    hint="set block_bytes to the primary tier's block size in bytes")
-            self._att = Attachment(tier_kwargs, "CxlkvSecondaryTier")
-            model = str(getattr(getattr(vllm_config, "model_config", None), "model", "") or "")
-            layout = str(tier_kwargs.get("namespace_layout", ""))
-            ns = Namespace(self._att.tenant, model,
-                           f"vllm block_bytes={tier_kwargs['block_bytes']} {layout}".strip())
-            try:
-                self._tier = OffloadTier(self._att.domain, ns, primary_kv_view,
-                                         block_bytes=int(tier_kwargs["block_bytes"]))
-            except BaseException:
-                self._att.close()
-                raise
-            self._result_fields = {f.name for f in dataclasses.fields(_JobResult)}
-
-        @staticmethod
-        def get_tier_type() -> str:
-            return TIER_TYPE
-
-        @property
-        def tier(self) -> OffloadTier:
-            return self._tier
-
-        def lookup(self, key: Any, req_context: Any) -> Optional[bool]:
-            return self._tier.lookup(key, req_context)
-
-        def submit_store(self, job_metadata: Any) -> None:
-            self._tier.submit_store(_job(job_metadata))
-
-        def submit_load(self, job_metadata: Any) -> None:
-            self._tier.submit_load(_job(job_metadata))
-
-        def get_finished(self) -> Iterable[Any]:
-            out: List[Any] = []
-            for r in self._tier.get_finished():
-                extra = {k: getattr(r, k) for k in ("successful_keys", "transfer_time",
-                                                     "transfer_bytes")
-                         if k in self._result_fields}
-                out.append(_JobResult(job_id=r.job_id, success=r.success, **extra))
-            return out
-
-        def touch(self, keys: Any, req_context: Any) -> None:
-            self._tier.touch(keys, req_context)
-
-        def shutdown(self) -> None:
-            self._tier.shutdown()
-            self._att.close()
-
-else:
-    CxlkvSecondaryTier = None  # type: ignore[assignment,misc]
+def _answers_lookup_result(base: type, lookup_result: Any) -> bool:
+    """Whether `base.lookup` is declared to return `lookup_result` (vLLM's LookupResult)."""
+    if lookup_result is None:
+        return False
+    ann = getattr(getattr(base, "lookup", None), "__annotations__", {}).get("return")
+    return ann is lookup_result or (isinstance(ann, str) and ann.strip("'\"") == "LookupResult")
 
 
-def _job(job: Any) -> TierJob:
-    return TierJob(job.job_id, list(job.keys), job.block_ids,
-                   bool(getattr(job, "is_promotion", False)), getattr(job, "req_context", None))
+_from_installed_vllm()
 
 
 def register() -> None:
-    """Makes the ``cxlkv`` tier type known to vLLM's secondary-tier factory.
-
-    Uses ``SecondaryTierFactory.register_tier`` where the installed vLLM has it, else the
-    0.22 factory's registry of tier classes.
+    """Makes the ``cxlkv`` tier type known to vLLM's ``SecondaryTierFactory`` (idempotent).
 
     Raises:
-        EngineVersionError: vLLM is missing, or its factory offers neither.
+        EngineVersionError: vLLM is missing, matches no known interface, or its factory has no
+            ``register_tier``.
     """
     if CxlkvSecondaryTier is None:
-        raise EngineVersionError(f"vLLM is not importable: {IMPORT_ERROR}", operation="register",
-                                 hint="install vLLM 0.22.x in this environment")
+        raise EngineVersionError(f"vLLM is not usable: {IMPORT_ERROR}", operation="register",
+                                 hint=f"install vllm{gens.SUPPORTED} in this environment")
     from vllm.v1.kv_offload.tiering import factory
 
     fac = getattr(factory, "SecondaryTierFactory", None)
-    if fac is not None and hasattr(fac, "register_tier"):
-        fac.register_tier(TIER_TYPE, __name__, "CxlkvSecondaryTier")
+    if fac is None or not hasattr(fac, "register_tier"):
+        raise EngineVersionError(
+            "vllm.v1.kv_offload.tiering.factory has no SecondaryTierFactory.register_tier",
+            operation="register", hint="run python -m cxlkv.integrations.check")
+    if TIER_TYPE in getattr(fac, "_registry", {}):
         return
-    registry = getattr(factory, "_TIER_REGISTRY", None)
-    if isinstance(registry, dict):
-        registry[TIER_TYPE] = CxlkvSecondaryTier
-        return
-    raise EngineVersionError(
-        "vllm.v1.kv_offload.tiering.factory has neither SecondaryTierFactory.register_tier nor "
-        "_TIER_REGISTRY", operation="register",
-        hint="run python -m cxlkv.integrations.check; this vLLM is outside the adapter's pin")
+    fac.register_tier(TIER_TYPE, __name__, "CxlkvSecondaryTier")
+
+
+def register_plugin() -> None:
+    """The ``vllm.general_plugins`` entry point: vLLM calls it in every process it starts.
+
+    Registers the tier where vLLM is usable; otherwise logs why and leaves vLLM alone (a
+    plugin that raises would stop engines that do not use the tier). A configuration that
+    names the ``cxlkv`` tier then fails at engine start with that reason."""
+    try:
+        register()
+    except EngineVersionError as e:
+        log.warning("cxlkv: the vLLM tier is not registered: %s", e)

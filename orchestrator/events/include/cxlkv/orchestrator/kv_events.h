@@ -17,8 +17,9 @@
 //   there and are left out, as vLLM's encoder omits defaults.
 // What cxlkv fills in: block_hashes is one block's chain key (the index records neither a
 // block's parent nor its tokens, so parent_block_hash is nil, token_ids empty, and each event
-// names one block); medium is "CXL"; block_size, lora fields and the rank come from the
-// configuration. vLLM's format has no field for the domain: it is in the topic.
+// names one block); medium ("SHARED" unless configured: a tier routers file as shared),
+// block_size, lora fields and the rank come from the configuration. vLLM's format has no
+// field for the domain: it is in the topic.
 //
 // Thread-safety: the encoder functions are pure; a KvEventPublisher is used by one thread.
 #ifndef CXLKV_ORCHESTRATOR_KV_EVENTS_H_
@@ -49,7 +50,7 @@ struct KvEvent {
 struct EncodeOptions {
   EventFormat format = EventFormat::kArray;
   HashForm hash = HashForm::kBytes;
-  std::string medium = "CXL";
+  std::string medium = "SHARED";  // docs/kv_events.md, "medium"
   std::uint32_t block_size = 16;  // tokens per block, as the engines publishing here use
   std::optional<std::int64_t> data_parallel_rank = 0;  // nullopt: nil
 };

@@ -1,0 +1,130 @@
+"""SGLang's HiCache storage-backend interface, stated as facts for the contract tests
+(test_sglang_contract.py). Test-only: never installed or shipped.
+
+Restated in this project's words from ``python/sglang/srt/mem_cache/hicache_storage.py``,
+``storage/backend_factory.py`` and ``cache_controller.py`` (docs/engines.md cites the tag,
+commit and lines): the base class's abstract and default methods, the config dataclass every
+rank's backend gets, the extra-info dataclass, how the ``dynamic`` backend is constructed,
+and how the controller picks the zero-copy path.
+
+What only a real engine can check (python -m cxlkv.integrations.check does, where SGLang is
+installed): the installed release's signatures; its real host pools (``layout``, ``dtype``,
+``get_page_buffer_meta`` for each layout, MLA pools); the controller's threads and call order;
+and a multi-rank launch where every rank builds its backend in its own process.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+
+@dataclass
+class HiCacheStorageConfig:
+    """What every rank's backend is given. dp_rank/dp_size, tp_lcm_size, should_split_heads
+    and extra_config have defaults; the rest are required."""
+
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    attn_cp_rank: int
+    attn_cp_size: int
+    is_mla_model: bool
+    enable_storage_metrics: bool
+    is_page_first_layout: bool
+    model_name: Optional[str]
+    dp_rank: int = 0
+    dp_size: int = 1
+    tp_lcm_size: Optional[int] = None
+    should_split_heads: bool = False
+    extra_config: Optional[dict] = None
+
+
+@dataclass
+class HiCacheStorageExtraInfo:
+    """Passed to batch_exists / batch_get_v1 / batch_set_v1: the prefix's earlier keys."""
+
+    prefix_keys: Optional[List[str]] = None
+    extra_info: Optional[dict] = None
+
+
+class HiCacheStorage(abc.ABC):
+    """Abstract: get, batch_get, set, batch_set, exists. Defaults: register_mem_pool_host
+    (keeps the pool as mem_pool_host), batch_exists (exists() until the first miss),
+    batch_get_v1/batch_set_v1 (raise NotImplementedError), clear, get_stats."""
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        self.mem_pool_host = mem_pool_host
+
+    def batch_get_v1(self, keys: List[str], host_indices: Any,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        raise NotImplementedError()
+
+    def batch_set_v1(self, keys: List[str], host_indices: Any,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        raise NotImplementedError()
+
+    @abc.abstractmethod
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any: ...
+
+    @abc.abstractmethod
+    def batch_get(self, keys: List[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> Any: ...
+
+    @abc.abstractmethod
+    def set(self, key: str, value: Any = None, target_location: Any = None,
+            target_sizes: Any = None) -> bool: ...
+
+    @abc.abstractmethod
+    def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool: ...
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    def batch_exists(self, keys: List[str],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+        for i, k in enumerate(keys):
+            if not self.exists(k):
+                return i
+        return len(keys)
+
+    def clear(self) -> None:
+        return None
+
+    def get_stats(self) -> Any:
+        return None
+
+
+def create_dynamic_backend(storage_config: HiCacheStorageConfig, **kwargs: Any) -> Any:
+    """StorageBackendFactory for backend 'dynamic': extra_config must name backend_name,
+    module_path, class_name; the class is imported, must subclass HiCacheStorage, and is
+    constructed as backend_class(storage_config, kwargs) (kwargs: create_backend's extra
+    keyword arguments, as one dict)."""
+    import importlib
+
+    cfg = storage_config.extra_config
+    for f in ("backend_name", "module_path", "class_name"):
+        if f not in cfg:
+            raise ValueError(f"Missing required field '{f}' in backend config for 'dynamic' "
+                             "backend")
+    cls = getattr(importlib.import_module(cfg["module_path"]), cfg["class_name"])
+    if not issubclass(cls, HiCacheStorage):
+        raise TypeError(f"Backend class {cfg['class_name']} must inherit from HiCacheStorage")
+    return cls(storage_config, kwargs)
+
+
+def zero_copy(extra_config: Dict[str, Any]) -> bool:
+    """cache_controller: a dynamic backend gets the zero-copy page get/set (batch_*_v1 by host
+    indices) when extra_config's interface_v1 is truthy; otherwise the generic copy path."""
+    return bool(extra_config.get("interface_v1", 0))
+
+
+def rank_configs(extra_config: Dict[str, Any], model: str, *, tp_size: int = 1,
+                 dp_size: int = 1, mla: bool = False) -> List[HiCacheStorageConfig]:
+    """The configs of every rank of one engine: the same extra_config for each."""
+    return [HiCacheStorageConfig(tp, tp_size, 0, 1, 0, 1, mla, False, True, model, dp, dp_size,
+                                 extra_config=dict(extra_config))
+            for dp in range(dp_size) for tp in range(tp_size)]

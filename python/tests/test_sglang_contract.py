@@ -1,0 +1,217 @@
+"""Contract tests of the SGLang backend (sglang_interfaces.py states SGLang's interface as
+facts read at its release tags, docs/engines.md): built over that base class as the package
+builds it over the installed SGLang's, constructed by the dynamic loader's exact call, every
+rank of an engine from one extra config, driven through the zero-copy path the controller
+picks with ``interface_v1`` and through the generic path without it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+
+from cxlkv.errors import EngineVersionError, InvalidArgumentError, KeyLengthError
+from cxlkv.integrations import sglang as adapter
+from cxlkv.page_store import HostPagePool
+from conftest import Env, wait_until
+import sglang_interfaces as S
+
+PAGE, TOKENS, TOKEN_BYTES = 16, 64, 64  # tokens per page, pool tokens, bytes per token and part
+PAGE_BYTES = 2 * PAGE * TOKEN_BYTES
+MODEL = "Qwen/Qwen3-8B"
+
+#: The adapter class over the interface's base, as the package builds it (module_path and
+#: class_name of the extra config below point here, so the dynamic loader imports it).
+Backend = adapter.build_backend_class(S.HiCacheStorage, "0.5.3")
+
+
+@pytest.fixture
+def env(make_env) -> Env:
+    return make_env(block_bytes=PAGE_BYTES, blocks=128)
+
+
+def page_keys(n: int, salt: bytes = b"") -> List[str]:
+    """SGLang-style chained page hashes (hex SHA-256)."""
+    keys, prior = [], b""
+    for i in range(n):
+        prior = hashlib.sha256(prior + salt + i.to_bytes(4, "little")).digest()
+        keys.append(prior.hex())
+    return keys
+
+
+def extra_config(env: Env, host_id: int = 0, **more: Any) -> Dict[str, Any]:
+    return dict(backend_name="cxlkv", module_path=__name__, class_name="Backend",
+                interface_v1=1, domain=env.domain_spec, host_id=host_id, pool=env.pool_spec,
+                heartbeat_s=0.05, **more)
+
+
+def pool(seed: int, dtype: Any = np.uint8) -> HostPagePool:
+    data = np.random.default_rng(seed).integers(0, 256, (2, TOKENS, TOKEN_BYTES), np.uint8)
+    return HostPagePool(data.view(dtype), PAGE, kv_parts=2)
+
+
+def start(env: Env, cfgs: List[S.HiCacheStorageConfig], pools: List[HostPagePool]) -> List[Any]:
+    out = []
+    for c, p in zip(cfgs, pools):
+        b = S.create_dynamic_backend(c)
+        b.register_mem_pool_host(p)
+        env._closers.insert(0, b.close)
+        out.append(b)
+    return out
+
+
+def idx(pages: List[int]) -> np.ndarray:
+    return np.concatenate([np.arange(p * PAGE, (p + 1) * PAGE) for p in pages]).astype(np.int64)
+
+
+def test_every_rank_of_one_config_joins_as_its_own_host(env: Env) -> None:
+    """The bug this fixes: all ranks joined as one host, so rank 0's pages never showed."""
+    cfg = extra_config(env, host_id=2)
+    ranks = start(env, S.rank_configs(cfg, MODEL, tp_size=2, dp_size=2),
+                  [pool(i) for i in range(4)])
+    assert [r.core.host_id for r in ranks] == [2, 3, 4, 5]
+    assert S.zero_copy(cfg) and all(r.core.path == "v1" for r in ranks)
+    keys = page_keys(2)
+    for r in ranks:  # each rank stores its slice of the same two pages
+        assert r.batch_set_v1(keys, idx([0, 1]), S.HiCacheStorageExtraInfo()) == [True, True]
+    # A second engine's ranks (same config, other host rows) find each of them and read
+    # their own rank's slice, byte for byte.
+    other = start(env, S.rank_configs(extra_config(env, host_id=6), MODEL, tp_size=2),
+                  [pool(10), pool(11)])
+    for tp, o in enumerate(other):
+        wait_until(lambda: o.batch_exists(keys) == 2, what=f"rank {tp}'s pages")
+        assert o.batch_get_v1(keys, idx([2, 3])) == [True, True]
+        src, dst = ranks[tp].core.stores[False].mem_pool_host, o.core.stores[False].mem_pool_host
+        assert np.array_equal(src.data[:, 0:2 * PAGE], dst.data[:, 2 * PAGE:4 * PAGE])
+    assert other[0].core.stores[False].namespace != other[1].core.stores[False].namespace
+
+
+def test_the_namespace_separates_dtype_layout_and_path(env: Env) -> None:
+    cfg = S.rank_configs(extra_config(env), MODEL)[0]
+    a = start(env, [cfg], [pool(1)])[0]
+    keys = page_keys(1, b"ns")
+    assert a.batch_set_v1(keys, idx([0])) == [True]
+    wait_until(lambda: a.batch_exists(keys) == 1)
+    # bf16-as-int16 vs uint8 pools, a layer_first pool, the generic path: none finds it.
+    b16 = pool(2, np.int16)
+    lf = pool(3)
+    lf.layout = "layer_first"
+    gen_cfg = S.rank_configs(dict(extra_config(env, host_id=3), interface_v1=0), MODEL)[0]
+    others = start(env, [S.rank_configs(extra_config(env, host_id=1), MODEL)[0],
+                         S.rank_configs(extra_config(env, host_id=2), MODEL)[0], gen_cfg],
+                   [b16, lf, pool(4)])
+    assert others[2].core.path == "generic"
+    for o in others:
+        assert o.batch_exists(keys) == 0
+    names = {str(x.core.stores[False].namespace) for x in [a, *others]}
+    assert len(names) == 4
+
+
+def test_generic_path_round_trip(env: Env) -> None:
+    """Without interface_v1 SGLang copies pages through batch_set / batch_get."""
+    cfgs = [S.rank_configs(dict(extra_config(env, host_id=h), interface_v1=0), MODEL)[0]
+            for h in (0, 1)]
+    a, b = start(env, cfgs, [pool(1), pool(2)])
+    keys = page_keys(2, b"generic")
+    vals = [np.random.default_rng(i).integers(0, 256, PAGE_BYTES, np.uint8) for i in range(2)]
+    assert a.batch_set(keys, vals) is True
+    wait_until(lambda: b.batch_exists(keys) == 2)
+    got = b.batch_get(keys, [np.zeros(PAGE_BYTES, np.uint8) for _ in keys])
+    assert all(np.array_equal(g, v) for g, v in zip(got, vals))
+
+
+def test_draft_keys_live_in_their_own_namespace(env: Env) -> None:
+    cfg = S.rank_configs(extra_config(env), MODEL)[0]
+    a = start(env, [cfg], [pool(1)])[0]
+    keys = page_keys(2, b"draft")
+    drafts = ["d:" + k for k in keys]
+    assert a.batch_set_v1(drafts, idx([0, 1]),
+                          S.HiCacheStorageExtraInfo(prefix_keys=["d:" + page_keys(1)[0]])) == [
+        True, True]
+    wait_until(lambda: a.batch_exists(drafts) == 2)
+    assert a.batch_exists(keys) == 0  # the main model's pages of the same hashes: absent
+    assert a.exists(drafts[0]) and not a.exists(keys[0])
+    with pytest.raises(InvalidArgumentError, match="mixes draft"):
+        a.batch_exists([drafts[0], keys[1]])
+    with pytest.raises(KeyLengthError):
+        a.batch_exists(["x:" + keys[0]])
+
+
+def test_bad_configuration_fails_at_start_naming_the_setting(env: Env) -> None:
+    def err(cfg: Dict[str, Any], **kw: Any) -> Exception:
+        with pytest.raises(Exception) as e:
+            start(env, S.rank_configs(cfg, MODEL, **kw), [pool(0)] * 8)
+        return e.value
+
+    e = err({k: v for k, v in extra_config(env).items() if k != "host_id"})
+    assert "'host_id'" in str(e) and "rank index" in e.hint
+    e = err(extra_config(env, hostid=1))
+    assert "'hostid'" in str(e)
+    e = err(extra_config(env, host_id=6), tp_size=4)  # rows 6..9 of a domain of 8
+    assert isinstance(e, InvalidArgumentError) and "rank 2 of 4 joins as host 8" in str(e)
+    assert "max_hosts" in e.hint
+    old = adapter.build_backend_class(S.HiCacheStorage, "0.5.2")
+    with pytest.raises(EngineVersionError, match="0.5.2"):
+        old(S.rank_configs(extra_config(env), MODEL)[0], {})
+
+
+def test_a_failed_store_is_false_and_keeps_what_was_stored(make_env) -> None:
+    env = make_env(block_bytes=PAGE_BYTES, pool_bytes=128 << 10)  # a few pages' room
+    a = start(env, [S.rank_configs(extra_config(env), MODEL)[0]], [pool(1)])[0]
+    keys = page_keys(64, b"full")
+    res = a.batch_set_v1(keys, np.tile(idx([0]), 64))
+    n = res.index(False)
+    assert 0 < n < 64 and not any(res[n:])  # the arena ran out: the rest are False
+    wait_until(lambda: a.batch_exists(keys) == n, what="the stored prefix")
+
+
+def test_the_checks_round_trip_drives_the_backend() -> None:
+    """python -m cxlkv.integrations.check's round trip over the backend class (with SGLang
+    installed it runs over the installed one's)."""
+    import types
+
+    from cxlkv.integrations import check
+
+    mod = types.SimpleNamespace(CxlkvHiCacheStorage=Backend)
+    assert check._roundtrip_sglang(mod, S) == []
+
+
+class ScalarSizePool(HostPagePool):
+    """A host pool whose get_page_buffer_meta gives one size for all segments (some SGLang
+    host pools do) instead of a list."""
+
+    def get_page_buffer_meta(self, indices: Any) -> Any:
+        ptrs, sizes = super().get_page_buffer_meta(indices)
+        return ptrs, sizes[0]
+
+
+def test_a_pool_giving_one_size_for_every_segment(env: Env) -> None:
+    data = np.random.default_rng(9).integers(0, 256, (2, TOKENS, TOKEN_BYTES), np.uint8)
+    a = start(env, [S.rank_configs(extra_config(env), MODEL)[0]],
+              [ScalarSizePool(data, PAGE, kv_parts=2)])[0]
+    assert a.core.stores[False].page_bytes == PAGE_BYTES
+    keys = page_keys(2, b"scalar")
+    assert a.batch_set_v1(keys, idx([0, 1])) == [True, True]
+    wait_until(lambda: a.batch_exists(keys) == 2)
+    b = start(env, [S.rank_configs(extra_config(env, host_id=1), MODEL)[0]], [pool(5)])[0]
+    assert b.batch_get_v1(keys, idx([2, 3])) == [True, True]
+    dst = b.core.stores[False].mem_pool_host.data
+    assert np.array_equal(data[:, 0:2 * PAGE], dst[:, 2 * PAGE:4 * PAGE])
+
+
+def test_two_engines_configured_alike_on_one_machine_are_refused(env: Env) -> None:
+    """Two engines given the same host_id: the second's ranks would take the first's host
+    rows (the C API takes a new incarnation on every join). Refused at start instead."""
+    cfg = extra_config(env, host_id=4)
+    first = start(env, S.rank_configs(cfg, MODEL, tp_size=2), [pool(1), pool(2)])
+    with pytest.raises(InvalidArgumentError) as e:
+        start(env, S.rank_configs(cfg, MODEL, tp_size=2), [pool(3), pool(4)])
+    assert "host row 4 of domain" in str(e.value) and f"pid {os.getpid()}" in str(e.value)
+    assert "own host_id" in e.value.hint
+    for b in first:
+        b.close()
+    again = start(env, S.rank_configs(cfg, MODEL, tp_size=2), [pool(3), pool(4)])
+    assert [b.core.host_id for b in again] == [4, 5]

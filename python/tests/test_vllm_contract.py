@@ -1,0 +1,290 @@
+"""Contract tests of the vLLM tier, one per interface generation (vllm_interfaces.py states
+each generation's interface as facts read at its release tag, docs/engines.md).
+
+Each test builds the adapter class for a generation over that generation's base class
+(``build_tier_class``, as the package does over the installed vLLM's), registers it, and
+drives it as that generation's engine does: construction through the factory's exact call
+with the tier's config dict, a cascaded store of primary rows, lookups until the blocks are
+readable, a promotion (load) into other primary rows, the finished-jobs poll, and shutdown.
+Two engines (hosts) of one domain: blocks one stores, the other loads, byte for byte.
+What only a real engine checks is listed in vllm_interfaces.py's docstring.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import types
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+
+from cxlkv.errors import BufferMismatchError, EngineVersionError, InvalidArgumentError
+from cxlkv.integrations import vllm as adapter
+from cxlkv.integrations import vllm_generations as gens
+from conftest import Env, wait_until
+import vllm_interfaces as V
+
+ROW, ROWS = 4096, 16
+MODEL = "meta-llama/Llama-3.1-8B"
+
+
+def offload_keys(n: int, salt: bytes = b"") -> List[bytes]:
+    """OffloadKeys as vLLM makes them: a chained 32-byte block hash + 4-byte big-endian group."""
+    keys, prior = [], b""
+    for i in range(n):
+        prior = hashlib.sha256(prior + salt + i.to_bytes(4, "little")).digest()
+        keys.append(prior + (0).to_bytes(4, "big"))
+    return keys
+
+
+def primary_view(seed: int, row_stride: int = ROW) -> memoryview:
+    """The primary tier's memoryview as vLLM shapes it: one row per block (uint8), rows
+    ``row_stride`` bytes apart (the tiers read the block size from strides[0])."""
+    buf = np.random.default_rng(seed).integers(0, 256, (ROWS, row_stride), dtype=np.uint8)
+    return memoryview(buf[:, :ROW]) if row_stride != ROW else memoryview(buf)
+
+
+def spec(tp: int = 1, dp_rank: int = 0, model: str = MODEL, dtype: str = "bfloat16",
+         cache_dtype: str = "auto") -> V.OffloadingSpec:
+    return V.OffloadingSpec(V.VllmConfig(V.ModelConfig(model, dtype),
+                                         V.ParallelConfig(tp, 1, dp_rank),
+                                         V.CacheConfig(cache_dtype)))
+
+
+def registry_for(g: V.Generation) -> Dict[str, type]:
+    """The factory's registry after the plugin registered the tier for generation `g`."""
+    cls = adapter.build_tier_class(
+        gens.generation_named(g.name), g.base, g.result_cls, engine_version=g.version,
+        lookup_result=V.LookupResult, request_context_cls=V.RequestOffloadingContext,
+        medium=V.Medium.CPU if g.drain_jobs else None)
+    return {adapter.TIER_TYPE: cls}
+
+
+@pytest.fixture
+def env(make_env) -> Env:
+    return make_env(block_bytes=ROW, blocks=64)
+
+
+def tier_config(env: Env, host_id: int, **extra: Any) -> Dict[str, Any]:
+    return dict(type="cxlkv", domain=env.domain_spec, host_id=host_id, pool=env.pool_spec,
+                heartbeat_s=0.05, **extra)
+
+
+def make_tier(env: Env, g: V.Generation, host_id: int, view: memoryview, **extra: Any) -> Any:
+    t = V.create_secondary_tier(registry_for(g), tier_config(env, host_id, **extra), view,
+                                spec())
+    env._closers.insert(0, t.shutdown)
+    return t
+
+
+@pytest.mark.parametrize("g", V.GENERATIONS, ids=lambda g: g.name)
+def test_the_adapter_has_the_generations_interface(g: V.Generation) -> None:
+    cls = registry_for(g)[adapter.TIER_TYPE]
+    assert issubclass(cls, g.base)
+    assert not getattr(cls, "__abstractmethods__", None), "an abstract method is left"
+    ours = gens.generation_named(g.name)
+    assert set(ours.abstract_methods) == set(g.base.__abstractmethods__)
+    assert ours.covers(g.version) and ours.job_ids_field == g.ids_field
+
+
+@pytest.mark.parametrize("g", V.GENERATIONS, ids=lambda g: g.name)
+def test_the_installed_base_class_tells_its_generation(g: V.Generation) -> None:
+    """What the package does with an installed vLLM: the class that fits its base (abstract
+    methods, lookup's declared answer), whatever the version says."""
+    found = gens.generation_of_interface(frozenset(g.base.__abstractmethods__),
+                                         adapter._answers_lookup_result(g.base, V.LookupResult))
+    assert found is not None and found.name == g.name
+
+
+@pytest.mark.parametrize("g", V.GENERATIONS, ids=lambda g: g.name)
+def test_engine_round_trip_across_two_hosts(env: Env, g: V.Generation) -> None:
+    va, vb = primary_view(1), primary_view(2)
+    a = make_tier(env, g, 1, va)
+    b = make_tier(env, g, 2, vb)
+    assert a.tier_type == "cxlkv" and a.core.host_id == 1
+    ctx = V.ReqContext("req-1")
+    if g.on_new_request:
+        assert isinstance(a.on_new_request(ctx), V.RequestOffloadingContext)
+    keys = offload_keys(4)
+    assert [g.found(b.lookup(k, ctx)) for k in keys] == [False] * 4
+    # The manager cascades a store of primary rows 0..3 of engine A.
+    a.submit_store(g.job(7, keys, np.arange(4, dtype=np.int64), False, ctx))
+    done = V.poll(getattr(a, g.finished), 1)
+    assert [(r.job_id, r.success) for r in done] == [(7, True)]
+    assert type(done[0]) is g.result_cls
+    wait_until(lambda: all(g.found(b.lookup(k, ctx)) for k in keys), what="blocks visible on B")
+    # Engine B promotes them into its primary rows 8..11.
+    b.submit_load(g.job(9, keys, np.arange(8, 12, dtype=np.int64), True, ctx))
+    done = V.poll(getattr(b, g.finished), 1)
+    assert [(r.job_id, r.success) for r in done] == [(9, True)]
+    src, dst = np.asarray(va), np.asarray(vb)
+    assert np.array_equal(src[0:4], dst[8:12])
+    if g.drain_jobs:
+        b.drain_jobs()
+    a.touch(keys, ctx)
+
+
+@pytest.mark.parametrize("g", V.GENERATIONS[-1:], ids=lambda g: g.name)
+def test_rows_with_a_stride_are_addressed_as_rows(env: Env, g: V.Generation) -> None:
+    """A primary view whose rows are further apart than their bytes: block i is the row at
+    base + i * strides[0], never the i-th 4 KiB of the buffer."""
+    va, vb = primary_view(3, row_stride=ROW + 512), primary_view(4, row_stride=ROW + 512)
+    a, b = make_tier(env, g, 1, va), make_tier(env, g, 2, vb)
+    keys = offload_keys(3, b"stride")
+    a.submit_store(g.job(1, keys, np.array([5, 0, 9]), False, V.ReqContext("r")))
+    assert [r.success for r in V.poll(a.get_finished_jobs, 1)] == [True]
+    wait_until(lambda: all(g.found(b.lookup(k, V.ReqContext("r"))) for k in keys))
+    b.submit_load(g.job(2, keys, np.array([1, 2, 3]), True, V.ReqContext("r")))
+    assert [r.success for r in V.poll(b.get_finished_jobs, 1)] == [True]
+    src, dst = np.asarray(va), np.asarray(vb)
+    assert np.array_equal(src[[5, 0, 9]], dst[[1, 2, 3]])
+    assert a.core.namespace == b.core.namespace
+
+
+def test_a_load_of_missing_blocks_fails_and_names_what_loaded(env: Env) -> None:
+    g = V.GENERATIONS[-1]
+    vb = primary_view(5)
+    before = bytes(np.asarray(vb).tobytes())
+    b = make_tier(env, g, 2, vb)
+    b.submit_load(g.job(3, offload_keys(2, b"absent"), np.array([0, 1]), True,
+                        V.ReqContext("r")))
+    [r] = V.poll(b.get_finished_jobs, 1)
+    assert (r.job_id, r.success, list(r.successful_keys)) == (3, False, [])
+    assert np.asarray(vb).tobytes() == before
+
+
+# ---- bad input: errors at engine start that name the setting and the fix -----------------------
+
+
+def _start_error(env: Env, g: V.Generation, view: Any = None, spec_: Any = None,
+                 version: str = "", **cfg: Any) -> Exception:
+    reg = {adapter.TIER_TYPE: adapter.build_tier_class(
+        gens.generation_named(g.name), g.base, g.result_cls, engine_version=version or g.version,
+        lookup_result=V.LookupResult, request_context_cls=V.RequestOffloadingContext)}
+    c = tier_config(env, 1)
+    c.update(cfg)
+    c = {k: v for k, v in c.items() if v is not None}
+    with pytest.raises(Exception) as e:
+        t = V.create_secondary_tier(reg, c, view if view is not None else primary_view(0),
+                                    spec_ or spec())
+        t.shutdown()
+    return e.value
+
+
+def test_an_engine_outside_the_pin_is_refused_with_the_reason(env: Env) -> None:
+    g = V.GENERATIONS[0]
+    e = _start_error(env, g, version="0.23.1")
+    assert isinstance(e, EngineVersionError)
+    assert "0.23.1" in str(e) and "0.22" in str(e)
+    assert "pinned to the 0.23 interface" in str(e) and "has the 0.22 one" in str(e)
+    assert "allow_untested_version" in e.hint
+    e = _start_error(env, g, version="0.40.0")
+    assert "supports vLLM >=0.22.0,<0.34.0" in str(e)
+    # Allowed by the configuration, it starts.
+    reg = registry_for(g)
+    reg[adapter.TIER_TYPE] = adapter.build_tier_class(
+        gens.generation_named(g.name), g.base, g.result_cls, engine_version="0.40.0")
+    t = V.create_secondary_tier(reg, tier_config(env, 1, allow_untested_version=True),
+                                primary_view(0), spec())
+    t.shutdown()
+
+
+def test_a_config_missing_a_key_or_with_an_unknown_one_is_refused(env: Env) -> None:
+    g = V.GENERATIONS[1]
+    e = _start_error(env, g, host_id=None)
+    assert isinstance(e, InvalidArgumentError) and "'host_id'" in str(e)
+    e = _start_error(env, g, pool=None)
+    assert "no pool" in str(e) and "orchestrator" in e.hint
+    e = _start_error(env, g, hostid=3)
+    assert "'hostid'" in str(e) and "host_id" in e.hint
+
+
+def test_block_bytes_must_match_the_view(env: Env) -> None:
+    g = V.GENERATIONS[2]
+    e = _start_error(env, g, block_bytes=2048)
+    assert isinstance(e, BufferMismatchError)
+    assert "block_bytes = 2048" in str(e) and "4096" in e.hint
+    flat = memoryview(bytearray(ROW * 4))
+    e = _start_error(env, g, view=flat)
+    assert "needs block_bytes" in str(e)
+    ro = memoryview(bytes(ROW * 4)).cast("B", (4, ROW))
+    e = _start_error(env, g, view=ro)
+    assert isinstance(e, BufferMismatchError) and "read-only" in str(e)
+    e = _start_error(env, g, spec_=spec(tp=3))
+    assert "3 tensor-parallel workers" in str(e)
+    e = _start_error(env, g, spec_=spec(model=""))
+    assert "no model name" in str(e) and "set model" in e.hint
+
+
+def test_a_key_of_the_wrong_form_is_refused_before_anything_is_stored(env: Env) -> None:
+    g = V.GENERATIONS[3]
+    a = make_tier(env, g, 1, primary_view(6))
+    from cxlkv.errors import KeyLengthError
+
+    with pytest.raises(KeyLengthError, match="OffloadKey of 7 bytes"):
+        a.submit_store(g.job(1, [b"1234567"], np.array([0]), False, V.ReqContext("r")))
+    with pytest.raises(InvalidArgumentError, match="neither 'chunk_ids' nor 'block_ids'"):
+        a.submit_store(types.SimpleNamespace(job_id=1, keys=offload_keys(1), ids=[0]))
+    assert a.get_finished_jobs() == []
+
+
+def test_namespaces_separate_models_tp_sizes_and_data_parallel_engines_join_apart(
+        env: Env) -> None:
+    g = V.GENERATIONS[3]
+    reg = registry_for(g)
+    ts = []
+    for i, s in enumerate([spec(), spec(model="other"), spec(tp=2), spec(dp_rank=1),
+                           spec(dtype="float16"), spec(cache_dtype="fp8")]):
+        t = V.create_secondary_tier(reg, tier_config(env, [0, 1, 2, 5, 3, 4][i]),
+                                    primary_view(i), s)
+        env._closers.insert(0, t.shutdown)
+        ts.append(t)
+    nss = [t.core.namespace for t in ts]
+    assert nss[0] != nss[1] and nss[0] != nss[2] and nss[0] == nss[3]
+    assert len({nss[0], nss[4], nss[5]}) == 3  # bf16, fp16 and an fp8 KV cache apart
+    assert [t.core.host_id for t in ts] == [0, 1, 2, 6, 3, 4]  # host_id + data_parallel_rank
+
+
+@pytest.mark.parametrize("g", V.GENERATIONS, ids=lambda g: g.name)
+def test_the_checks_round_trip_drives_each_generation(g: V.Generation) -> None:
+    """python -m cxlkv.integrations.check's round trip, over each generation's class (with
+    vLLM installed it runs over the installed one's)."""
+    import types
+
+    from cxlkv.integrations import check
+
+    mod = types.SimpleNamespace(GENERATION=gens.generation_named(g.name), IMPORT_ERROR=None,
+                                TIER_TYPE=adapter.TIER_TYPE,
+                                CxlkvSecondaryTier=registry_for(g)[adapter.TIER_TYPE])
+    base = types.SimpleNamespace(JobMetadata=V.JobMetadata, TransferJob=V.TransferJob)
+    assert check._roundtrip_vllm(mod, base) == []
+
+
+from test_orchestrator import orchestrator  # noqa: E402,F401  (the fixture: a real daemon)
+
+
+def test_an_orchestrator_domain_needs_no_pool(orchestrator: str) -> None:  # noqa: F811
+    """The documented orchestrator: config without pool: each tier grows an arena in an
+    extent the orchestrator lends (cxlkv_domain_grow), and blocks one engine stores the other
+    loads."""
+    g = V.GENERATIONS[-1]
+    reg = registry_for(g)
+    va, vb = primary_view(11), primary_view(12)
+    cfg = dict(type="cxlkv", domain=orchestrator, host_id=0, heartbeat_s=0.05)
+    a = V.create_secondary_tier(reg, cfg, va, spec())
+    try:
+        b = V.create_secondary_tier(reg, dict(cfg, host_id=1), vb, spec())
+        try:
+            assert a.core._att.grown is not None and a.core._att.arenas == []
+            keys = offload_keys(2, b"orch")
+            a.submit_store(g.job(1, keys, np.array([0, 1]), False, V.ReqContext("r")))
+            assert [r.success for r in V.poll(a.get_finished_jobs, 1)] == [True]
+            wait_until(lambda: all(g.found(b.lookup(k, V.ReqContext("r"))) for k in keys))
+            b.submit_load(g.job(2, keys, np.array([4, 5]), True, V.ReqContext("r")))
+            assert [r.success for r in V.poll(b.get_finished_jobs, 1)] == [True]
+            assert np.array_equal(np.asarray(va)[0:2], np.asarray(vb)[4:6])
+        finally:
+            b.shutdown()
+    finally:
+        a.shutdown()

@@ -1,0 +1,316 @@
+"""vLLM's secondary-tier interface per release generation, stated as facts for the contract
+tests (test_vllm_contract.py). Test-only: never installed or shipped.
+
+Each generation below restates, in this project's words, what vLLM's
+``vllm/v1/kv_offload/tiering/base.py`` and ``tiering/factory.py`` declare at the release tag
+named (docs/engines.md cites commit and lines): the abstract method set, each method's
+parameters, the job and result dataclasses' fields, and the exact call the factory makes to
+construct a tier. The ``Engine`` class drives a tier the way that generation's
+``TieringOffloadingManager`` does: construction through the factory's call, cascaded stores,
+lookups, promotions (loads) into primary rows, polling for finished jobs.
+
+What only a real engine can check (python -m cxlkv.integrations.check does, where vLLM is
+installed): that the installed release really has these signatures; that its
+``OffloadingSpec`` carries ``vllm_config`` with the model, parallel and cache configs read here;
+the real primary view (vLLM's shared mmap region and its row stride); the scheduler's call
+order under load, and the block hashes' equality across processes (PYTHONHASHSEED).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+# ---- types shared by the generations (vllm/v1/kv_offload/base.py) ------------------------------
+
+
+@dataclass
+class ReqContext:
+    """Per-request context passed to lookup/touch (req_id, kv_transfer_params)."""
+
+    req_id: str
+    kv_transfer_params: Optional[dict] = None
+
+
+@dataclass
+class RequestOffloadingContext:
+    """What on_new_request returns: a tier's offloading preference for the request."""
+
+    policy: str = "chunk_level"
+
+
+class LookupResult(enum.Enum):
+    """The lookup answer of 0.26+: MISS, HIT, HIT_PENDING, RETRY (vllm/v1/kv_offload/base.py)."""
+
+    MISS = enum.auto()
+    HIT = enum.auto()
+    HIT_PENDING = enum.auto()
+    RETRY = enum.auto()
+
+
+class Medium(enum.Enum):
+    """0.32+ tiers declare a storage medium class attribute."""
+
+    CPU = "CPU"
+    STORAGE = "STORAGE"
+
+
+# ---- job and result dataclasses (tiering/base.py) ----------------------------------------------
+
+
+@dataclass
+class JobMetadata:
+    """0.22-0.31: job_id, keys, block_ids (primary rows), is_promotion, req_context."""
+
+    job_id: int
+    keys: Sequence[bytes]
+    block_ids: np.ndarray
+    is_promotion: bool
+    req_context: Any
+
+
+@dataclass
+class TransferJob:
+    """0.32+: blocks renamed chunks: job_id, keys, chunk_ids, is_promotion, req_context."""
+
+    job_id: int
+    keys: Sequence[bytes]
+    chunk_ids: np.ndarray
+    is_promotion: bool
+    req_context: Any
+
+
+@dataclass
+class JobResultV22:
+    """0.22-0.31: job_id, success."""
+
+    job_id: int
+    success: bool
+
+
+@dataclass
+class JobResultV32:
+    """0.32+: job_id, success, and optional successful_keys, transfer_time, transfer_bytes."""
+
+    job_id: int
+    success: bool
+    successful_keys: Optional[Sequence[bytes]] = None
+    transfer_time: Optional[float] = None
+    transfer_bytes: Optional[int] = None
+
+
+# ---- the base classes, one per generation -----------------------------------------------------
+
+
+class _BaseCommon(abc.ABC):
+    """The constructor every released generation has: (offloading_spec, primary_kv_view,
+    tier_type), stored on the instance."""
+
+    def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str
+                 ) -> None:
+        self._offloading_spec = offloading_spec
+        self._primary_kv_view = primary_kv_view
+        self.tier_type = tier_type
+
+    def touch(self, keys: Any, req_context: Any) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
+
+
+class SecondaryTierManagerV22(_BaseCommon):
+    """v0.22.x: abstract lookup (-> bool | None), submit_store, submit_load, get_finished."""
+
+    @abc.abstractmethod
+    def lookup(self, key: bytes, req_context: Any) -> Optional[bool]: ...
+
+    @abc.abstractmethod
+    def submit_store(self, job_metadata: JobMetadata) -> None: ...
+
+    @abc.abstractmethod
+    def submit_load(self, job_metadata: JobMetadata) -> None: ...
+
+    @abc.abstractmethod
+    def get_finished(self) -> List[JobResultV22]: ...
+
+    def get_request_offloading_context(self, req_context: Any) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def request_finished(self, req_context: Any) -> None:
+        return None
+
+
+class SecondaryTierManagerV23(_BaseCommon):
+    """v0.23-v0.25: get_finished_jobs replaces get_finished; on_new_request is abstract."""
+
+    @abc.abstractmethod
+    def lookup(self, key: bytes, req_context: Any) -> Optional[bool]: ...
+
+    @abc.abstractmethod
+    def submit_store(self, job_metadata: JobMetadata) -> None: ...
+
+    @abc.abstractmethod
+    def submit_load(self, job_metadata: JobMetadata) -> None: ...
+
+    @abc.abstractmethod
+    def get_finished_jobs(self) -> List[JobResultV22]: ...
+
+    @abc.abstractmethod
+    def on_new_request(self, req_context: Any) -> RequestOffloadingContext: ...
+
+    def on_request_finished(self, req_context: Any) -> None:
+        return None
+
+
+class SecondaryTierManagerV26(SecondaryTierManagerV23):
+    """v0.26-v0.31: lookup answers LookupResult; serve_external_requests(parent) optional."""
+
+    @abc.abstractmethod
+    def lookup(self, key: bytes, req_context: Any) -> LookupResult: ...
+
+    def serve_external_requests(self, parent: Any) -> None:
+        return None
+
+
+class SecondaryTierManagerV32(_BaseCommon):
+    """v0.32+: TransferJob with chunk_ids; drain_jobs is abstract. Tiers declare a ``medium``
+    class attribute (a Medium) and ``serves_external_requests`` (False: not serviced off the
+    scheduler thread)."""
+
+    serves_external_requests = False
+
+    @abc.abstractmethod
+    def lookup(self, key: bytes, req_context: Any) -> LookupResult: ...
+
+    @abc.abstractmethod
+    def submit_store(self, job_metadata: TransferJob) -> None: ...
+
+    @abc.abstractmethod
+    def submit_load(self, job_metadata: TransferJob) -> None: ...
+
+    @abc.abstractmethod
+    def get_finished_jobs(self) -> List[JobResultV32]: ...
+
+    @abc.abstractmethod
+    def on_new_request(self, req_context: Any) -> RequestOffloadingContext: ...
+
+    @abc.abstractmethod
+    def drain_jobs(self) -> None: ...
+
+    def on_request_finished(self, req_context: Any) -> None:
+        return None
+
+    def serve_external_requests(self, parent: Any) -> None:
+        return None
+
+
+# ---- the factory's call (tiering/factory.py), the same in every release read --------------------
+
+
+def create_secondary_tier(registry: Dict[str, type], tier_config: dict,
+                          primary_kv_view: memoryview, offloading_spec: Any) -> Any:
+    """SecondaryTierFactory.create_secondary_tier: copy the config, pop 'type' (required,
+    registered), construct with keywords and the rest of the config."""
+    config = dict(tier_config)
+    tier_type = config.pop("type", None)
+    if not tier_type:
+        raise ValueError("Secondary tier configuration must include 'type'")
+    if tier_type not in registry:
+        raise ValueError(f"Unknown secondary tier type: {tier_type!r}")
+    tier_cls = registry[tier_type]
+    return tier_cls(offloading_spec=offloading_spec, primary_kv_view=primary_kv_view,
+                    tier_type=tier_type, **config)
+
+
+# ---- what the engine hands a tier --------------------------------------------------------------
+
+
+@dataclass
+class ModelConfig:
+    model: str
+    dtype: str = "bfloat16"
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_rank: int = 0
+
+
+@dataclass
+class CacheConfig:
+    cache_dtype: str = "auto"
+
+
+@dataclass
+class VllmConfig:
+    model_config: ModelConfig
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+
+
+@dataclass
+class OffloadingSpec:
+    """The spec object the factory passes as offloading_spec (its vllm_config)."""
+
+    vllm_config: VllmConfig
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generation as the tests drive it."""
+
+    name: str
+    tag: str
+    version: str  # a release inside the generation
+    base: type
+    job_cls: type
+    ids_field: str
+    result_cls: type
+    finished: str  # the polling method's name
+    lookup_enum: bool
+    on_new_request: bool
+    drain_jobs: bool
+
+    def job(self, job_id: int, keys: Sequence[bytes], ids: Any, promotion: bool,
+            ctx: Any) -> Any:
+        return self.job_cls(**{"job_id": job_id, "keys": list(keys), self.ids_field: ids,
+                               "is_promotion": promotion, "req_context": ctx})
+
+    def found(self, answer: Any) -> Optional[bool]:
+        """A lookup answer as True (readable) / False (missing) / None (retry)."""
+        if not self.lookup_enum:
+            return answer
+        return {LookupResult.HIT: True, LookupResult.MISS: False,
+                LookupResult.RETRY: None, LookupResult.HIT_PENDING: None}[answer]
+
+
+GENERATIONS: List[Generation] = [
+    Generation("0.22", "v0.22.1", "0.22.1", SecondaryTierManagerV22, JobMetadata, "block_ids",
+               JobResultV22, "get_finished", False, False, False),
+    Generation("0.23", "v0.23.0", "0.24.1", SecondaryTierManagerV23, JobMetadata, "block_ids",
+               JobResultV22, "get_finished_jobs", False, True, False),
+    Generation("0.26", "v0.26.0", "0.28.0", SecondaryTierManagerV26, JobMetadata, "block_ids",
+               JobResultV22, "get_finished_jobs", True, True, False),
+    Generation("0.32", "v0.32.0", "0.32.0", SecondaryTierManagerV32, TransferJob, "chunk_ids",
+               JobResultV32, "get_finished_jobs", True, True, True),
+]
+
+
+def poll(finished: Callable[[], Any], want: int, timeout_s: float = 10.0) -> List[Any]:
+    """Polls a tier's finished-jobs method, as the manager does each step, until `want`
+    results arrived."""
+    import time
+
+    out: List[Any] = []
+    end = time.monotonic() + timeout_s
+    while len(out) < want and time.monotonic() < end:
+        out.extend(finished())
+        time.sleep(0.002)
+    return out
