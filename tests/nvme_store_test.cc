@@ -326,7 +326,7 @@ TEST_P(NvmeStoreReads, CorruptPayloadIsReportedAndDropped) {
     const std::string msg(n.status().message());
     EXPECT_NE(msg.find(where.file), std::string::npos) << msg;
     EXPECT_NE(msg.find("offset " + std::to_string(where.offset)), std::string::npos) << msg;
-    EXPECT_NE(msg.find(nvme::NvmeKeyToString(KeyOf(1))), std::string::npos) << msg;
+    EXPECT_NE(msg.find(coherence::FormatKey(KeyOf(1))), std::string::npos) << msg;
     EXPECT_EQ(out.data()[1234], 0) << "a corrupt block's bytes must not be left in the buffer";
     EXPECT_FALSE(store->Contains(KeyOf(1)));
     EXPECT_TRUE(absl::IsNotFound(store->Get(KeyOf(1), out.data(), kBlock).status()));
@@ -381,7 +381,7 @@ TEST_P(NvmeStoreReads, DamageBehindTheStoresBackNeverReturnsWrongData) {
     EXPECT_NE(msg.find("overwritten behind the store's back"), std::string::npos) << msg;
     EXPECT_NE(msg.find(two->file), std::string::npos) << msg;
     EXPECT_NE(msg.find("offset " + std::to_string(two->offset)), std::string::npos) << msg;
-    EXPECT_NE(msg.find(nvme::NvmeKeyToString(KeyOf(2))), std::string::npos) << msg;
+    EXPECT_NE(msg.find(coherence::FormatKey(KeyOf(2))), std::string::npos) << msg;
     EXPECT_EQ(out.data()[1234], 0) << "another key's bytes must not be left in the buffer";
     EXPECT_FALSE(store->Contains(KeyOf(2)));
     EXPECT_EQ(store->Stats().data_loss, 1u);

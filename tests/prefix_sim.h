@@ -1006,9 +1006,7 @@ class PrefixSimulation {
     // Copy it out (Invalidate, then read), then check the entry still names it.
     std::byte got[kBlockBytes], want[kBlockBytes];
     const std::uint32_t e = ExtentOf(IdOf(l.ref)), k = IndexOf(IdOf(l.ref));
-    host.view->Invalidate(BlockOff(e, k), kBlockBytes);
-    host.view->Read(BlockOff(e, k), got, kBlockBytes);
-    if (!host.prefix->ValidateAfterCopy(l).ok()) return;
+    if (!host.prefix->CopyOut(l, *host.view, BlockOff(e, k), got, kBlockBytes).ok()) return;
     ++events_.copies_checked;
     if (it == truth_.end() || !it->second.in_domain) {
       Violation("host " + std::to_string(h) + " validated a copy of block " + std::to_string(k) +

@@ -534,13 +534,8 @@ CXLKV_API int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena,
   if (dst == nullptr) return Fail(CXLKV_E_INVALID, "dst must be set");
   const std::byte* src = nullptr;
   if (const int rc = LeasedRange(d, arena, lease, offset, len, &src); rc != CXLKV_OK) return rc;
-  // Under the lease the block is immutable: after the invalidation (clflushopt, then mfence
-  // before any load) every line comes from memory, i.e. holds the published bytes.
-  co::Invalidate(src, len);
-  std::memcpy(dst, src, len);
-  // Whether the copy counts: the entry still published with the lease's generation, and the
-  // deadline not passed during the copy.
-  const absl::Status st = d->host->ValidateAfterCopy(ToLease(*lease));
+  // The protocol's read step (invalidate, copy, validate the generation): PrefixHost::CopyOut.
+  const absl::Status st = d->host->CopyOut(ToLease(*lease), src, dst, len);
   if (!st.ok()) return Fail(CXLKV_E_STALE, std::string(st.message()));
   return CXLKV_OK;
 }

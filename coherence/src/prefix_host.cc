@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/prefix.h"
 #include "domain_internal.h"
 
@@ -630,6 +631,24 @@ void PrefixHost::ForgetRow(std::uint32_t row) {
   rows_[row] = Lease{};
   --held_;
   free_rows_.push_back(row);
+}
+
+absl::Status PrefixHost::CopyOut(const Lease& lease, const void* src, void* dst,
+                                 std::size_t len) {
+  // Under the lease the block is immutable: after the invalidation (clflushopt, then mfence
+  // before any load) every line comes from memory, i.e. holds the published bytes.
+  Invalidate(src, len);
+  std::memcpy(dst, src, len);
+  // Whether the copy counts: the entry still published with the lease's generation, and the
+  // deadline not passed during the copy.
+  return ValidateAfterCopy(lease);
+}
+
+absl::Status PrefixHost::CopyOut(const Lease& lease, Mem& block_mem, std::uint64_t offset,
+                                 void* dst, std::size_t len) {
+  block_mem.Invalidate(offset, len);
+  block_mem.Read(offset, dst, len);
+  return ValidateAfterCopy(lease);
 }
 
 absl::Status PrefixHost::ValidateAfterCopy(const Lease& lease) {

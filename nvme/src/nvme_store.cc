@@ -122,7 +122,7 @@ std::string FsType(int fd) {
 
 // The error of an operation on a key the store at `dir` does not hold.
 absl::Status NoBlockError(absl::string_view dir, const NvmeKey& key) {
-  return absl::NotFoundError(absl::StrCat(dir, ": no block ", NvmeKeyToString(key)));
+  return absl::NotFoundError(absl::StrCat(dir, ": no block ", coherence::FormatKey(key)));
 }
 
 struct Fd {
@@ -135,9 +135,6 @@ struct Fd {
 
 }  // namespace
 
-std::string NvmeKeyToString(const NvmeKey& key) {
-  return absl::StrFormat("%016x:%016x", key.hi, key.lo);
-}
 
 // ---- NvmeBatch ------------------------------------------------------------------------------
 
@@ -504,7 +501,7 @@ absl::Status NvmeStore::Scan(bool verify_payloads, NvmeOpenReport* report) {
       } else if (st.ok() && verify_payloads &&
                  XXH3_64bits(bufs[i] + kNvmeHeaderBytes, h.payload_bytes) != h.payload_xxh3) {
         st = absl::DataLossError(absl::StrCat(SlotName(slot), ": key ",
-                                              NvmeKeyToString({h.key_lo, h.key_hi}),
+                                              coherence::FormatKey({h.key_lo, h.key_hi}),
                                               ": payload checksum mismatch"));
         superseded.push_back(slot);  // a valid header over a bad payload: retire it
       }
@@ -632,7 +629,7 @@ absl::Status NvmeStore::Grow(const NvmeKey& key) {
     return absl::ResourceExhaustedError(absl::StrCat(
         dir_, ": store full: all ", have, " slots (capacity_bytes allows ", capacity_slots_, " of ",
         slot_bytes_, " bytes) hold blocks or are being retired; cannot store block ",
-        NvmeKeyToString(key), " — delete blocks, or open the store with a larger capacity_bytes"));
+        coherence::FormatKey(key), " — delete blocks, or open the store with a larger capacity_bytes"));
   }
   if (preallocate_) {
     int rc = 0;
@@ -653,7 +650,7 @@ absl::Status NvmeStore::Grow(const NvmeKey& key) {
       ++stats_.out_of_space;
       return WriteError(errno, slots_path_,
                         absl::StrCat("cannot grow to ", (have + 1) * slot_bytes_,
-                                     " bytes for block ", NvmeKeyToString(key), ": fallocate"));
+                                     " bytes for block ", coherence::FormatKey(key), ": fallocate"));
     }
   }
   if (!preallocate_) {
@@ -661,7 +658,7 @@ absl::Status NvmeStore::Grow(const NvmeKey& key) {
       ++stats_.out_of_space;
       return WriteError(errno, slots_path_,
                         absl::StrCat("cannot grow to ", want * slot_bytes_, " bytes for block ",
-                                     NvmeKeyToString(key), ": ftruncate"));
+                                     coherence::FormatKey(key), ": ftruncate"));
     }
   }
   slots_.resize(want);
@@ -796,7 +793,7 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
       if (op.bytes == 0 || op.bytes > payload_bytes_) {
         CompleteOp(&batch, i,
                    absl::InvalidArgumentError(absl::StrCat(
-                       dir_, ": block ", NvmeKeyToString(op.key), " of ", op.bytes,
+                       dir_, ": block ", coherence::FormatKey(op.key), " of ", op.bytes,
                        " bytes; this store holds blocks of 1..", payload_bytes_, " bytes")),
                    0, &finished);
         continue;
@@ -843,7 +840,7 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
       if (op.bytes < e.payload_bytes) {
         CompleteOp(&batch, i,
                    absl::InvalidArgumentError(absl::StrCat(
-                       dir_, ": block ", NvmeKeyToString(op.key), " has ", e.payload_bytes,
+                       dir_, ": block ", coherence::FormatKey(op.key), " has ", e.payload_bytes,
                        " bytes; the destination holds only ", op.bytes)),
                    0, &finished);
         continue;
@@ -912,7 +909,7 @@ absl::Status NvmeStore::Prefetch(std::span<const NvmeKey> keys, std::span<void* 
 void NvmeStore::Verify(Io* io, int res) const {
   // The message's prefix (file, slot, offset, key) is formatted only when a check fails: a
   // good read costs one pass of XXH3 over the payload, nothing more.
-  auto where = [&] { return absl::StrCat(SlotName(io->slot), ": key ", NvmeKeyToString(io->key)); };
+  auto where = [&] { return absl::StrCat(SlotName(io->slot), ": key ", coherence::FormatKey(io->key)); };
   const std::uint64_t n = io->payload_bytes;
   const std::byte* payload = io->bounced ? io->landed : static_cast<const std::byte*>(io->dest);
   absl::Status st;
@@ -971,7 +968,7 @@ void NvmeStore::Apply(const Completion& c, std::vector<NvmeBatch*>* finished) {
         Retire(io->slot);
         CompleteOp(io->batch, io->op,
                    absl::Status(st.code(), absl::StrCat(st.message(), " (block ",
-                                                        NvmeKeyToString(io->key), ")")),
+                                                        coherence::FormatKey(io->key), ")")),
                    0, finished);
       }
       break;

@@ -72,13 +72,32 @@ class PrefixKey:
         return cls(int.from_bytes(b[:8], "little"), int.from_bytes(b[8:], "little"))
 
     def hex(self) -> str:
+        """The 16 bytes of ``bytes(key)`` (low word first, little-endian) in hex: a wire form,
+        not the text form; ``str(key)`` is what the library, its logs and cxlkvctl print."""
         return bytes(self).hex()
+
+    @classmethod
+    def parse(cls, text: str) -> "PrefixKey":
+        """The key ``str(key)`` printed: 32 hex digits, the high word first (an optional
+        ``0x``), as cxlkvctl, the orchestrator and every log print keys (coherence::ParseKey)."""
+        t = text[2:] if text[:2] in ("0x", "0X") else text
+        if len(t) != 32 or any(c not in "0123456789abcdefABCDEF" for c in t):
+            raise InvalidArgumentError(
+                f"key {text!r} is not 32 hex digits",
+                operation="PrefixKey.parse",
+                hint="a key is 32 hex digits, the high word first (as cxlkvctl and the logs "
+                "print it)")
+        return cls(int(t[16:], 16), int(t[:16], 16))
 
     def to_c(self) -> _lib.PrefixKeyC:
         return _lib.PrefixKeyC(self.lo, self.hi)
 
+    def __str__(self) -> str:
+        """The one text form of a key (coherence::FormatKey): 32 hex digits, high word first."""
+        return f"{self.hi:016x}{self.lo:016x}"
+
     def __repr__(self) -> str:
-        return f"PrefixKey({self.hex()})"
+        return f"PrefixKey({self})"
 
 
 def keys_to_c(keys: Sequence[PrefixKey]) -> "ctypes.Array[_lib.PrefixKeyC]":

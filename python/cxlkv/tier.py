@@ -323,8 +323,8 @@ class TierResults(List[KeyOutcome]):
 
 
 def _c_hex(k: PrefixKey) -> str:
-    """A key as the library prints it (messages, explain): 32 hex digits, high word first."""
-    return f"{k.hi:016x}{k.lo:016x}"
+    """A key as the library prints it (messages, explain): its one text form, ``str(key)``."""
+    return str(k)
 
 
 def _check_keys(keys: Sequence[PrefixKey], what: str, *, allow_empty: bool = False

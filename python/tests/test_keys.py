@@ -195,3 +195,14 @@ def test_bad_token_ids(ns: cxlkv.Namespace) -> None:
         ns.chain_keys([1, 2], 0)
     with pytest.raises(InvalidArgumentError, match="NUL"):
         cxlkv.Namespace("a\0b", "m", "l")
+
+
+def test_the_one_text_form_round_trips_and_matches_the_library() -> None:
+    k = cxlkv.PrefixKey(0x0011223344556677, 0x0123456789ABCDEF)
+    assert str(k) == "0123456789abcdef0011223344556677"
+    assert repr(k) == "PrefixKey(0123456789abcdef0011223344556677)"
+    assert cxlkv.PrefixKey.parse(str(k)) == k
+    assert cxlkv.PrefixKey.parse("0x" + str(k).upper()) == k
+    for bad in ("", "0123", str(k) + "0", str(k)[:-1] + "g", str(k)[:16] + ":" + str(k)[16:]):
+        with pytest.raises(cxlkv.errors.InvalidArgumentError, match="32 hex digits"):
+            cxlkv.PrefixKey.parse(bad)

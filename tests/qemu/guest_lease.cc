@@ -406,9 +406,8 @@ bool CopyAndCheck(Host& h, orch::PooledArenas& pooled, const co::Lease& l, std::
          ": leased but not allocated in its publisher's extent arena: " +
          std::string(addr.status().message()));
   }
-  co::Invalidate(*addr, copy.size());  // another host wrote it: read memory, not a stale line
-  std::memcpy(copy.data(), *addr, copy.size());
-  if (!h.prefix->ValidateAfterCopy(l).ok()) return false;
+  // Another host wrote it: read memory, not a stale line, then check the generation.
+  if (!h.prefix->CopyOut(l, *addr, copy.data(), copy.size()).ok()) return false;
   Fill(want.data(), want.size(), l.ref.arena, p, b);
   if (std::memcmp(copy.data(), want.data(), copy.size()) != 0) {
     std::size_t at = 0;
@@ -556,9 +555,7 @@ int Hold(const ReadOptions& o) {
       Fail(who + ": prefix " + std::to_string(x.p) + " block " + std::to_string(x.b) +
            " under a held lease no longer resolves: " + std::string(addr.status().message()));
     }
-    co::Invalidate(*addr, copy.size());
-    std::memcpy(copy.data(), *addr, copy.size());
-    const absl::Status v = h.prefix->ValidateAfterCopy(x.lease);
+    const absl::Status v = h.prefix->CopyOut(x.lease, *addr, copy.data(), copy.size());
     if (absl::IsAborted(v)) {
       ++retired;
     } else if (!v.ok()) {

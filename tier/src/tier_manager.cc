@@ -16,7 +16,7 @@ constexpr std::size_t kNoOp = static_cast<std::size_t>(-1);
 // Weight of each watermark run in RetentionS()'s EWMA.
 constexpr double kRetentionAlpha = 0.2;
 
-std::string K(const Key& key) { return NvmeKeyToString(key); }
+std::string K(const Key& key) { return coherence::FormatKey(key); }
 
 }  // namespace
 

@@ -565,7 +565,7 @@ class Service final : public pb::Orchestrator::Service {
       p->set_entry(i);
       p->set_state(EntryStateName(e.state));
       p->set_ns(e.ns);
-      p->set_key(absl::StrFormat("%016x%016x", e.key[1], e.key[0]));
+      p->set_key(co::FormatKey({e.key[0], e.key[1]}));
       p->set_publisher(e.publisher);
       p->set_block_index(e.ref.index);
     }

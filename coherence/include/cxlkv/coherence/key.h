@@ -6,12 +6,20 @@
 // tiers (tier/: NVMe store, reuse tracker, TierManager) name blocks by it too, and include
 // only this header, not the protocol's.
 //
+// The key's one text form (FormatKey / ParseKey) and keys from an engine's own digest
+// (DigestKey) live here too, so every tool, log and binding agrees on them.
+//
 // Plain values: no state, safe to copy and compare from any thread.
 #ifndef CXLKV_COHERENCE_KEY_H_
 #define CXLKV_COHERENCE_KEY_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace cxlkv::coherence {
 
@@ -32,6 +40,28 @@ struct PrefixKeyHash {
     return static_cast<std::size_t>(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull));
   }
 };
+
+// ---- The one text form of a key --------------------------------------------------------
+//
+// 32 lowercase hex digits, the high word first ("0123456789abcdef0011223344556677" is
+// {hi = 0x0123456789abcdef, lo = 0x0011223344556677}): what every log line, error message,
+// `cxlkvctl` listing, the orchestrator's RPC answers and Python's `str(PrefixKey)` print.
+std::string FormatKey(const PrefixKey& key);
+// The inverse: exactly 32 hex digits (either case; an optional "0x" prefix). kInvalidArgument
+// names the text and the form expected.
+absl::StatusOr<PrefixKey> ParseKey(absl::string_view text);
+
+// ---- Keys from an engine's own block digest ---------------------------------------------
+//
+// A block key from a digest an engine computed itself (vLLM's block hash, SGLang's page
+// hash): XXH3-128 (seed "cxlkvdg1") of ns | parent.lo | parent.hi (little-endian words) |
+// the digest's length (one byte) | the digest. A frozen format: keys derived here must match
+// across processes, hosts and versions (tests pin golden values). The digest is 16 or 32
+// bytes — the raw bytes of the engine's hash, never its hex text; anything else is
+// kInvalidArgument naming the length. The zero key (the root) is never returned.
+inline constexpr std::size_t kMaxDigestBytes = 32;
+absl::StatusOr<PrefixKey> DigestKey(Namespace ns, const PrefixKey& parent,
+                                    std::span<const std::byte> digest);
 
 }  // namespace cxlkv::coherence
 

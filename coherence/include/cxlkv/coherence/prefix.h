@@ -140,6 +140,15 @@ class PrefixHost {
   // valid on this host's clock, and the entry still names this generation (else discard the
   // copy).
   absl::Status ValidateAfterCopy(const Lease& lease);
+  // The read step of a leased block, written once for every caller (the C API, tools,
+  // benchmarks, the simulator): invalidate the block's range (another host wrote it: every
+  // line must come from memory, not from this host's cache), copy it to dst, then
+  // ValidateAfterCopy. OK: dst holds the published bytes. Otherwise dst must be discarded
+  // (the status as ValidateAfterCopy's). `src` is where the block's bytes are mapped in this
+  // process; the second form reads them through a Mem view at `offset` (the simulator).
+  absl::Status CopyOut(const Lease& lease, const void* src, void* dst, std::size_t len);
+  absl::Status CopyOut(const Lease& lease, Mem& block_mem, std::uint64_t offset, void* dst,
+                       std::size_t len);
 
   // Asks the owner to publish a block this host wrote (and will not modify again).
   // kUnavailable: the request ring is full (the owner is behind or down); retry later.

@@ -60,8 +60,7 @@ namespace cxlkv::nvme {
 // in-process map of them is.
 using NvmeKey = coherence::PrefixKey;
 using NvmeKeyHash = coherence::PrefixKeyHash;
-// "hi:lo" in hex, as errors print keys.
-std::string NvmeKeyToString(const NvmeKey& key);
+// Errors name keys in their one text form, coherence::FormatKey.
 
 struct NvmeStoreOptions {
   // Directory of the store; created if missing. Must be on a file system with O_DIRECT.

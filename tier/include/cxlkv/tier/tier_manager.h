@@ -51,7 +51,6 @@ namespace cxlkv::tier {
 using nvme::NvmeBatch;
 using nvme::NvmeKey;
 using nvme::NvmeKeyHash;
-using nvme::NvmeKeyToString;
 using nvme::NvmeStore;
 using Key = NvmeKey;
 
