@@ -34,9 +34,9 @@ TEST(KeyText, RoundTripsRandomKeys) {
 }
 
 TEST(KeyText, BadTextNamesItAndTheForm) {
-  for (const char* bad : {"", "0123", "0123456789abcdef001122334455667",
-                          "0123456789abcdef00112233445566778", "0123456789abcdeg0011223344556677",
-                          "0123456789abcdef:0011223344556677"}) {
+  for (const char* bad :
+       {"", "0123", "0123456789abcdef001122334455667", "0123456789abcdef00112233445566778",
+        "0123456789abcdeg0011223344556677", "0123456789abcdef:0011223344556677"}) {
     auto k = ParseKey(bad);
     ASSERT_FALSE(k.ok()) << bad;
     EXPECT_EQ(k.status().code(), absl::StatusCode::kInvalidArgument);

@@ -1,13 +1,14 @@
 // The C API's key constructors beyond the token chain (cxlkv.h: cxlkv_prefix_key_from_digest):
 // a block key from a digest an engine computed itself — coherence::DigestKey (key.h), whose
 // input layout and seed are a frozen format.
+#include "cxlkv/coherence/key.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 
 #include "capi_internal.h"
-#include "cxlkv/coherence/key.h"
 #include "cxlkv/cxlkv.h"
 
 CXLKV_API int cxlkv_prefix_key_from_digest(uint64_t ns, const cxlkv_prefix_key* parent,
@@ -17,9 +18,9 @@ CXLKV_API int cxlkv_prefix_key_from_digest(uint64_t ns, const cxlkv_prefix_key* 
   if (out == nullptr || digest == nullptr) {
     return Fail(CXLKV_E_INVALID, "cxlkv_prefix_key_from_digest: digest and out must be set");
   }
-  const cxlkv::coherence::PrefixKey p =
-      parent != nullptr ? cxlkv::coherence::PrefixKey{parent->lo, parent->hi}
-                        : cxlkv::coherence::PrefixKey{};
+  const cxlkv::coherence::PrefixKey p = parent != nullptr
+                                            ? cxlkv::coherence::PrefixKey{parent->lo, parent->hi}
+                                            : cxlkv::coherence::PrefixKey{};
   auto k = cxlkv::coherence::DigestKey(
       ns, p, std::span<const std::byte>(static_cast<const std::byte*>(digest), digest_len));
   if (!k.ok()) {

@@ -27,7 +27,9 @@ int HexDigit(char c) {
 
 }  // namespace
 
-std::string FormatKey(const PrefixKey& key) { return absl::StrFormat("%016x%016x", key.hi, key.lo); }
+std::string FormatKey(const PrefixKey& key) {
+  return absl::StrFormat("%016x%016x", key.hi, key.lo);
+}
 
 absl::StatusOr<PrefixKey> ParseKey(absl::string_view text) {
   absl::string_view t = text;

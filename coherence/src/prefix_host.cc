@@ -633,8 +633,7 @@ void PrefixHost::ForgetRow(std::uint32_t row) {
   free_rows_.push_back(row);
 }
 
-absl::Status PrefixHost::CopyOut(const Lease& lease, const void* src, void* dst,
-                                 std::size_t len) {
+absl::Status PrefixHost::CopyOut(const Lease& lease, const void* src, void* dst, std::size_t len) {
   // Under the lease the block is immutable: after the invalidation (clflushopt, then mfence
   // before any load) every line comes from memory, i.e. holds the published bytes.
   Invalidate(src, len);

@@ -135,7 +135,6 @@ struct Fd {
 
 }  // namespace
 
-
 // ---- NvmeBatch ------------------------------------------------------------------------------
 
 void NvmeBatch::AddPut(const NvmeKey& key, const void* data, std::uint64_t bytes) {
@@ -629,7 +628,8 @@ absl::Status NvmeStore::Grow(const NvmeKey& key) {
     return absl::ResourceExhaustedError(absl::StrCat(
         dir_, ": store full: all ", have, " slots (capacity_bytes allows ", capacity_slots_, " of ",
         slot_bytes_, " bytes) hold blocks or are being retired; cannot store block ",
-        coherence::FormatKey(key), " — delete blocks, or open the store with a larger capacity_bytes"));
+        coherence::FormatKey(key),
+        " — delete blocks, or open the store with a larger capacity_bytes"));
   }
   if (preallocate_) {
     int rc = 0;
@@ -648,9 +648,10 @@ absl::Status NvmeStore::Grow(const NvmeKey& key) {
     }
     if (rc != 0 && preallocate_) {
       ++stats_.out_of_space;
-      return WriteError(errno, slots_path_,
-                        absl::StrCat("cannot grow to ", (have + 1) * slot_bytes_,
-                                     " bytes for block ", coherence::FormatKey(key), ": fallocate"));
+      return WriteError(
+          errno, slots_path_,
+          absl::StrCat("cannot grow to ", (have + 1) * slot_bytes_, " bytes for block ",
+                       coherence::FormatKey(key), ": fallocate"));
     }
   }
   if (!preallocate_) {
@@ -909,7 +910,9 @@ absl::Status NvmeStore::Prefetch(std::span<const NvmeKey> keys, std::span<void* 
 void NvmeStore::Verify(Io* io, int res) const {
   // The message's prefix (file, slot, offset, key) is formatted only when a check fails: a
   // good read costs one pass of XXH3 over the payload, nothing more.
-  auto where = [&] { return absl::StrCat(SlotName(io->slot), ": key ", coherence::FormatKey(io->key)); };
+  auto where = [&] {
+    return absl::StrCat(SlotName(io->slot), ": key ", coherence::FormatKey(io->key));
+  };
   const std::uint64_t n = io->payload_bytes;
   const std::byte* payload = io->bounced ? io->landed : static_cast<const std::byte*>(io->dest);
   absl::Status st;
