@@ -1,4 +1,4 @@
-// The one place in gpu/ where a cudaError_t becomes an absl::Status (STYLE.md: errors are
+// The one place in gpu/ where a cudaError_t becomes an absl::Status (the house rule: errors are
 // turned into a Status once, at the seam, with the object named).
 #ifndef CXLKV_GPU_SRC_CUDA_STATUS_H_
 #define CXLKV_GPU_SRC_CUDA_STATUS_H_

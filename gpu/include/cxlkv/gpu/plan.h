@@ -40,7 +40,7 @@
 
 namespace cxlkv::gpu {
 
-// The most one cudaHostRegister call pins (DESIGN.md: register in chunks of at most 64 GiB).
+// The most one cudaHostRegister call pins (docs/gpu.md: whole arenas, in chunks of at most 64 GiB).
 inline constexpr std::uint64_t kMaxChunkBytes = 64ull << 30;
 inline constexpr std::uint64_t kHostPageBytes = 4096;
 // Copies and the gather kernel move 16-byte vectors: blocks, pages and chunks are aligned so.

@@ -53,7 +53,7 @@ enum class LogLevel : std::uint8_t { kOff = 0, kError, kWarn, kInfo, kDebug };
 const char* LogLevelName(LogLevel level) noexcept;
 
 inline constexpr std::uint64_t kDefaultMinBytes = 1u << 20;
-// cudaHostRegister is split above this (the DESIGN.md rule for whole arenas, gpu::PlanChunks).
+// cudaHostRegister is split above this (whole ranges in chunks, docs/gpu.md; gpu::PlanChunks).
 inline constexpr std::uint64_t kDefaultRegisterChunkBytes = 64ull << 30;
 // NVIDIA's r580 drivers refuse a single registration of this size or more.
 inline constexpr std::uint64_t kDriverRegisterLimitBytes = 512ull << 30;

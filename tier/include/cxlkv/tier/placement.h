@@ -1,4 +1,4 @@
-// cxlkv/tier/placement.h — the CXL-vs-NVMe placement rule (DESIGN.md; docs/placement.md).
+// cxlkv/tier/placement.h — the CXL-vs-NVMe placement rule (docs/placement.md).
 //
 // For one KV block, PlacementRule::Decide() picks a Tier (tier.h): CXL-expanded, CXL-pooled,
 // NVMe, or drop (recompute the prefix on its next use) from the block's size, its expected
