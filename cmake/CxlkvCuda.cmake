@@ -3,18 +3,14 @@
 #         it with a status line; OFF never builds it; ON fails configuration without it.
 # nvcc does not mix with the sanitizer and fuzz builds, so those skip it too (ON fails).
 # Sets CXLKV_HAVE_CUDA (0/1) for cmake/config.h.in and enables the CUDA language.
-set(CXLKV_WITH_CUDA "AUTO" CACHE STRING "CUDA support for gpu/: AUTO, ON, OFF")
-set_property(CACHE CXLKV_WITH_CUDA PROPERTY STRINGS AUTO ON OFF)
+cxlkv_feature(CUDA "CUDA support for gpu/")
 # Narrow and explicit: each architecture is a full device compile (80 = A100, 90 = H100/H200).
 set(CXLKV_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures for gpu/'s kernels")
 
 set(CXLKV_HAVE_CUDA 0)
-if(NOT CXLKV_WITH_CUDA MATCHES "^(AUTO|ON|OFF)$")
-  message(FATAL_ERROR "CXLKV_WITH_CUDA must be AUTO, ON or OFF, got '${CXLKV_WITH_CUDA}'")
-endif()
-
-if(CXLKV_WITH_CUDA STREQUAL "OFF")
-  message(STATUS "cxlkv: gpu/ CUDA part not built (CXLKV_WITH_CUDA=OFF)")
+cxlkv_feature_enabled(CUDA _cuda)
+if(NOT _cuda)
+  # gpu/'s CUDA half is not built; its planning half is.
 elseif(NOT CXLKV_SANITIZE STREQUAL "" OR CXLKV_BUILD_FUZZ)
   if(CXLKV_WITH_CUDA STREQUAL "ON")
     message(FATAL_ERROR "CXLKV_WITH_CUDA=ON cannot be combined with CXLKV_SANITIZE or "
@@ -40,13 +36,10 @@ else()
     set(CXLKV_HAVE_CUDA 1)
     message(STATUS "cxlkv: gpu/ CUDA part built with CUDA ${CUDAToolkit_VERSION} "
                    "(${CMAKE_CUDA_COMPILER}), architectures ${CMAKE_CUDA_ARCHITECTURES}")
-  elseif(CXLKV_WITH_CUDA STREQUAL "ON")
-    message(FATAL_ERROR "CXLKV_WITH_CUDA=ON but no usable CUDA toolkit was found (nvcc and "
-                        "libcudart). Install the CUDA toolkit (https://developer.nvidia.com/"
-                        "cuda-downloads), point CMake at it with -DCUDAToolkit_ROOT=/usr/local/"
-                        "cuda, or configure with -DCXLKV_WITH_CUDA=AUTO or OFF.")
   else()
-    message(STATUS "cxlkv: CUDA toolkit not found; gpu/ CUDA part, its tests and benchmarks "
-                   "are not built (CXLKV_WITH_CUDA=AUTO; -DCUDAToolkit_ROOT=... to point at one)")
+    cxlkv_feature_missing(CUDA
+      "no usable CUDA toolkit was found (nvcc and libcudart): install the CUDA toolkit "
+      "(https://developer.nvidia.com/cuda-downloads) or point CMake at it with "
+      "-DCUDAToolkit_ROOT=/usr/local/cuda; gpu/'s CUDA part, its tests and benchmarks")
   endif()
 endif()
