@@ -152,58 +152,13 @@ void BM_Copy(benchmark::State& state, bool h2d, int source) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * block));
 }
 
-// 256 MiB of blocks of 8 layers x K,V x chunk, scattered in the arena (every other block
-// slot) and loaded into random pages.
-void BM_Gather(benchmark::State& state, bool kernel, bool separate) {
+// n blocks of 8 layers x K,V x chunk, every other block slot of the arena, loaded into random
+// pages of a cache of `pages` pages (contiguous or one tensor per layer), by one kernel launch
+// or one cudaMemcpyAsync per piece.
+void RunGather(benchmark::State& state, bool kernel, bool separate, std::uint64_t chunk,
+               std::uint32_t pages, std::uint32_t n, unsigned seed) {
   Fixture& f = F();
-  const std::uint64_t chunk = static_cast<std::uint64_t>(state.range(0));
   const std::uint32_t layers = 8, kv = 2;
-  const std::uint64_t block = std::uint64_t{layers} * kv * chunk;
-  const std::uint32_t pages = static_cast<std::uint32_t>(kBatchBytes / block);
-  const std::uint32_t n = pages / 2;
-  const auto base = reinterpret_cast<std::uintptr_t>(f.device);
-  gpu::PagedCache c;
-  if (separate) {
-    std::vector<std::uint64_t> bases;
-    for (std::uint32_t l = 0; l < layers; ++l) bases.push_back(base + l * kv * chunk * pages);
-    c = gpu::PagedCache::LayerSeparate(bases, kv, chunk, pages);
-  } else {
-    c = gpu::PagedCache::Contiguous(base, layers, kv, chunk, pages);
-  }
-  std::vector<std::uint32_t> page_ids(pages);
-  std::iota(page_ids.begin(), page_ids.end(), 0u);
-  std::shuffle(page_ids.begin(), page_ids.end(), std::mt19937(7));
-  std::vector<gpu::BlockCopy> blocks;
-  for (std::uint32_t i = 0; i < n; ++i) {
-    blocks.push_back(
-        {reinterpret_cast<std::uintptr_t>(f.arena_data) + 2ull * i * block, page_ids[i]});
-  }
-  gpu::SubmitOptions so;
-  so.method = kernel ? gpu::CopyMethod::kKernel : gpu::CopyMethod::kCopyEngine;
-  cudaStream_t s = f.engine->stream(gpu::Direction::kHostToDevice);
-  std::uint64_t ops = 0;
-  for (auto _ : state) {
-    state.SetIterationTime(TimeOnStream(
-        [&] {
-          auto t = f.engine->Submit(c, gpu::Direction::kHostToDevice, blocks, so);
-          if (!t.ok()) Die(std::string(t.status().message()));
-        },
-        s));
-  }
-  ops = f.engine->stats().memcpy_ops;
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * block));
-  state.counters["pieces"] = static_cast<double>(std::uint64_t{n} * layers * kv);
-  state.counters["memcpy_ops_total"] = static_cast<double>(ops);
-}
-
-// Gather of N blocks of 64 KiB (8 layers x K,V x 4 KiB chunks) into random pages: the
-// issue's comparison of one kernel launch against one cudaMemcpyAsync per piece, by block
-// count.
-void BM_GatherBlocks(benchmark::State& state, bool kernel, bool separate) {
-  Fixture& f = F();
-  const std::uint32_t n = static_cast<std::uint32_t>(state.range(0));
-  const std::uint64_t chunk = 4096;
-  const std::uint32_t layers = 8, kv = 2, pages = 2048;
   const auto base = reinterpret_cast<std::uintptr_t>(f.device);
   gpu::PagedCache c;
   if (separate) {
@@ -216,7 +171,7 @@ void BM_GatherBlocks(benchmark::State& state, bool kernel, bool separate) {
   const std::uint64_t block = c.BlockBytes();
   std::vector<std::uint32_t> page_ids(pages);
   std::iota(page_ids.begin(), page_ids.end(), 0u);
-  std::shuffle(page_ids.begin(), page_ids.end(), std::mt19937(11));
+  std::shuffle(page_ids.begin(), page_ids.end(), std::mt19937(seed));
   std::vector<gpu::BlockCopy> blocks;
   for (std::uint32_t i = 0; i < n; ++i) {
     blocks.push_back(
@@ -234,6 +189,23 @@ void BM_GatherBlocks(benchmark::State& state, bool kernel, bool separate) {
         s));
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * block));
+  state.counters["pieces"] = static_cast<double>(std::uint64_t{n} * layers * kv);
+  state.counters["memcpy_ops_total"] = static_cast<double>(f.engine->stats().memcpy_ops);
+}
+
+// 256 MiB of blocks of 8 layers x K,V x chunk, scattered in the arena (every other block
+// slot) and loaded into random pages.
+void BM_Gather(benchmark::State& state, bool kernel, bool separate) {
+  const std::uint64_t chunk = static_cast<std::uint64_t>(state.range(0));
+  const auto pages = static_cast<std::uint32_t>(kBatchBytes / (8 * 2 * chunk));
+  RunGather(state, kernel, separate, chunk, pages, pages / 2, 7);
+}
+
+// Gather of N blocks of 64 KiB (8 layers x K,V x 4 KiB chunks) into random pages: the
+// issue's comparison of one kernel launch against one cudaMemcpyAsync per piece, by block
+// count.
+void BM_GatherBlocks(benchmark::State& state, bool kernel, bool separate) {
+  RunGather(state, kernel, separate, 4096, 2048, static_cast<std::uint32_t>(state.range(0)), 11);
 }
 
 // The registrar as shipped (prefault threads, chunks ramping from 1 GiB) and as before them

@@ -12,6 +12,7 @@
 #include "cxlkv/gpu/plan.h"
 #include "cxlkv/gpu/prefault.h"
 #include "cxlkv/pool/region.h"
+#include "gpu_random_copies.h"
 #include "gtest/gtest.h"
 #include "test_util.h"
 
@@ -116,7 +117,9 @@ TEST(PlanRampChunks, TilesOnAlignmentWithinTheLimit) {
       ASSERT_LE(p.bytes, max);
       if (k + 1 < c->size()) {
         ASSERT_EQ(p.bytes % align, 0u) << "chunk " << k << " ends inside a device page";
-        if (k > 0) ASSERT_GE(p.bytes, (*c)[k - 1].bytes) << "chunks shrink at " << k;
+        if (k > 0) {
+          ASSERT_GE(p.bytes, (*c)[k - 1].bytes) << "chunks shrink at " << k;
+        }
       }
       off += p.bytes;
     }
@@ -547,34 +550,20 @@ TEST(PlanCopies, MatchesPieceByPieceReferenceOnRandomLists) {
   std::mt19937_64 rng64(seed);
   auto rng = [&] { return static_cast<std::uint32_t>(rng64()); };
   for (int iter = 0; iter < 200; ++iter) {
-    const std::uint32_t layers = 1 + rng() % 5, kv = 1 + rng() % 2, pages = 4 + rng() % 40;
-    const std::uint64_t chunk = 16 * (1 + rng() % 8);
-    const std::uint64_t host_base = 0x100000, dev_base = 0x40000000;
-    PagedCache c;
-    if (rng() % 2) {
-      c = PagedCache::Contiguous(dev_base, layers, kv, chunk, pages);
-    } else {
-      std::vector<std::uint64_t> bases;
-      for (std::uint32_t l = 0; l < layers; ++l) bases.push_back(dev_base + l * kv * pages * chunk);
-      c = PagedCache::LayerSeparate(bases, kv, chunk, pages);
-    }
+    const testing::RandomCopies rc = testing::MakeRandomCopies(rng64, 5);
+    const PagedCache& c = rc.cache;
     ASSERT_TRUE(c.Validate().ok()) << c.Validate();
-    const std::uint64_t B = c.BlockBytes();
-    const std::uint32_t host_blocks = pages + 8;
-    const std::uint32_t n = 1 + rng() % pages;
-    std::vector<std::uint32_t> hb(host_blocks), pg(pages);
-    for (std::uint32_t i = 0; i < host_blocks; ++i) hb[i] = i;
-    for (std::uint32_t i = 0; i < pages; ++i) pg[i] = i;
-    std::shuffle(hb.begin(), hb.end(), rng64);
-    std::shuffle(pg.begin(), pg.end(), rng64);
-    if (rng() % 2) std::sort(hb.begin(), hb.begin() + n);  // runs to coalesce
-    if (rng() % 2) std::sort(pg.begin(), pg.begin() + n);
-    std::vector<BlockCopy> bs;
-    for (std::uint32_t i = 0; i < n; ++i) bs.push_back({host_base + hb[i] * B, pg[i]});
+    const std::uint64_t host_base = testing::RandomCopies::kHostBase;
+    const std::uint64_t dev_base = testing::RandomCopies::kDevBase;
+    const std::uint32_t layers = c.layers, kv = c.kv_parts, pages = c.page_count;
+    const std::uint64_t chunk = c.chunk_bytes, B = c.BlockBytes();
+    const std::uint32_t host_blocks = rc.host_blocks;
+    const std::uint32_t n = static_cast<std::uint32_t>(rc.blocks.size());
+    const std::vector<BlockCopy>& bs = rc.blocks;
     const Direction d = rng() % 2 ? Direction::kHostToDevice : Direction::kDeviceToHost;
     PlanOptions o;
-    o.layer_begin = rng() % layers;
-    o.layer_end = o.layer_begin + 1 + rng() % (layers - o.layer_begin);
+    o.layer_begin = rc.layer_begin;
+    o.layer_end = rc.layer_end;
     if (rng() % 2) o.max_op_bytes = 16 * (1 + rng() % 64);
     const std::uint64_t chunk_span = 4096 * (1 + rng() % 4);
     if (rng() % 2) {

@@ -11,6 +11,7 @@
 #include "cache_recorder.h"
 #include "cxlkv/gpu/dma_writeback.h"
 #include "cxlkv/gpu/plan.h"
+#include "gpu_random_copies.h"
 #include "gtest/gtest.h"
 #include "test_util.h"
 
@@ -27,32 +28,15 @@ TEST(DmaWriteback, RangesAreExactlyTheBytesAD2hPlanWrites) {
   const std::uint64_t seed = cxlkv::testing::TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937_64 rng64(seed);
-  auto rng = [&] { return static_cast<std::uint32_t>(rng64()); };
   for (int iter = 0; iter < 300; ++iter) {
-    const std::uint32_t layers = 1 + rng() % 6, kv = 1 + rng() % 2, pages = 4 + rng() % 40;
-    const std::uint64_t chunk = 16 * (1 + rng() % 8);
-    const std::uint64_t host_base = 0x100000, dev_base = 0x40000000;
-    PagedCache c;
-    if (rng() % 2) {
-      c = PagedCache::Contiguous(dev_base, layers, kv, chunk, pages);
-    } else {
-      std::vector<std::uint64_t> bases;
-      for (std::uint32_t l = 0; l < layers; ++l) bases.push_back(dev_base + l * kv * pages * chunk);
-      c = PagedCache::LayerSeparate(bases, kv, chunk, pages);
-    }
-    const std::uint64_t B = c.BlockBytes();
-    const std::uint32_t host_blocks = pages + 8, n = 1 + rng() % pages;
-    std::vector<std::uint32_t> hb(host_blocks), pg(pages);
-    for (std::uint32_t i = 0; i < host_blocks; ++i) hb[i] = i;
-    for (std::uint32_t i = 0; i < pages; ++i) pg[i] = i;
-    std::shuffle(hb.begin(), hb.end(), rng64);
-    std::shuffle(pg.begin(), pg.end(), rng64);
-    if (rng() % 2) std::sort(hb.begin(), hb.begin() + n);  // adjacent blocks: ranges merge
-    std::vector<BlockCopy> bs;
-    for (std::uint32_t i = 0; i < n; ++i) bs.push_back({host_base + hb[i] * B, pg[i]});
+    const testing::RandomCopies rc = testing::MakeRandomCopies(rng64, 6);
+    const PagedCache& c = rc.cache;
+    const std::uint64_t host_base = testing::RandomCopies::kHostBase, B = c.BlockBytes();
+    const std::uint32_t host_blocks = rc.host_blocks;
+    const std::vector<BlockCopy>& bs = rc.blocks;
     PlanOptions o;
-    o.layer_begin = rng() % layers;
-    o.layer_end = o.layer_begin + 1 + rng() % (layers - o.layer_begin);
+    o.layer_begin = rc.layer_begin;
+    o.layer_end = rc.layer_end;
     auto plan = PlanCopies(c, Direction::kDeviceToHost, bs, o);
     ASSERT_TRUE(plan.ok()) << plan.status();
     std::vector<bool> written(host_blocks * B), covered(host_blocks * B);
