@@ -47,7 +47,8 @@ inline RandomCopies MakeRandomCopies(std::mt19937_64& rng64, std::uint32_t max_l
   std::shuffle(pg.begin(), pg.end(), rng64);
   if (rng() % 2) std::sort(hb.begin(), hb.begin() + n);
   if (rng() % 2) std::sort(pg.begin(), pg.begin() + n);
-  for (std::uint32_t i = 0; i < n; ++i) r.blocks.push_back({RandomCopies::kHostBase + hb[i] * b, pg[i]});
+  for (std::uint32_t i = 0; i < n; ++i)
+    r.blocks.push_back({RandomCopies::kHostBase + hb[i] * b, pg[i]});
   r.layer_begin = rng() % layers;
   r.layer_end = r.layer_begin + 1 + rng() % (layers - r.layer_begin);
   return r;
