@@ -46,6 +46,7 @@ class Service;
 namespace cxlkv::orchestrator {
 
 class Announcer;
+class DomainLock;
 class FencedMem;
 class HaSession;
 class Metrics;
@@ -67,13 +68,16 @@ struct OpenOptions {
 
 class Orchestrator {
  public:
-  // Opens (creating when absent) the pool and the prefix domain, loads the state file (see
+  // Takes the domain's lock first (kFailedPrecondition naming the running daemon when another
+  // one holds it; docs/orchestrator.md "One orchestrator per domain"), then opens (creating
+  // when absent) the pool and the prefix domain and loads the state file (see
   // OpenOptions::new_domain for a missing one).
   static absl::StatusOr<std::unique_ptr<Orchestrator>> Open(const Config& c,
                                                             const OpenOptions& options = {});
   ~Orchestrator();
 
-  // Starts the owner thread, the RPC server and the metrics endpoint.
+  // Starts the owner thread, the RPC server and the metrics endpoint. rpc.socket is replaced
+  // only when it is a socket nothing answers on; anything else there is refused and left.
   absl::Status Start();
   void Stop();
 
@@ -142,6 +146,9 @@ class Orchestrator {
   void StepDown(const std::string& why);
   void EndReadOnlyLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Held for the daemon's life, released last: the state file's lock and, without [etcd], the
+  // pool's and the prefix domain's (domain_lock.h).
+  std::unique_ptr<DomainLock> lock_;
   std::unique_ptr<HaSession> ha_;          // null without [etcd]
   std::unique_ptr<Announcer> announcer_;   // directory summary and KV events (announce.h)
   std::unique_ptr<FencedMem> fenced_mem_;  // HA: the owner's view of the domain
@@ -170,6 +177,7 @@ class Orchestrator {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Metrics> metrics_;
   int listen_fd_ = -1;
+  ino_t socket_ino_ = 0;  // the socket this daemon bound (Stop removes only that one)
   int tcp_port_ = 0;
   std::atomic<bool> stop_{false};
   std::thread owner_thread_, accept_thread_;
