@@ -406,9 +406,9 @@ TEST_F(OrchestratorFixture, SecondDaemonOfARunningDomainIsRefused) {
   {
     std::ifstream in(h_.config);
     std::string text(std::istreambuf_iterator<char>(in), {});
-    for (const auto& [from, to] : {std::pair<std::string, std::string>{h_.dir + "/d.state",
-                                                                        h_.dir + "/other.state"},
-                                   {socket_, h_.dir + "/other.sock"}}) {
+    for (const auto& [from, to] :
+         {std::pair<std::string, std::string>{h_.dir + "/d.state", h_.dir + "/other.state"},
+          {socket_, h_.dir + "/other.sock"}}) {
       text.replace(text.find(from), from.size(), to);
     }
     std::ofstream(other) << text;
@@ -469,8 +469,9 @@ TEST(OrchestratorSocket, OnlyAStaleSocketIsReplaced) {
     const Ran r = RunFor({CXLKV_ORCHESTRATOR_BIN, "--config", o.config, "--new-domain"}, o.dir);
     ASSERT_TRUE(r.exited) << "took over a live socket:\n" << r.err;
     EXPECT_EQ(r.code, 1);
-    EXPECT_NE(r.err.find("rpc.socket '" + o.socket + "' is in use: a running process answers on it"),
-              std::string::npos)
+    EXPECT_NE(
+        r.err.find("rpc.socket '" + o.socket + "' is in use: a running process answers on it"),
+        std::string::npos)
         << r.err;
     EXPECT_NE(r.err.find("set rpc.socket to a path of this domain's own"), std::string::npos);
     struct stat after {};
@@ -574,8 +575,8 @@ TEST_F(OrchestratorFixture, PrefixShareReportsADeadHostAndReturns) {
     const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(o, 1);
     dup2(e, 2);
-    execl(CXLKV_PREFIX_SHARE_BIN, CXLKV_PREFIX_SHARE_BIN, "--socket", socket_.c_str(),
-          "--seconds", "2", "--prefixes", "2", "--blocks", "2", "--layout", "llama3-8b", nullptr);
+    execl(CXLKV_PREFIX_SHARE_BIN, CXLKV_PREFIX_SHARE_BIN, "--socket", socket_.c_str(), "--seconds",
+          "2", "--prefixes", "2", "--blocks", "2", "--layout", "llama3-8b", nullptr);
     _exit(127);
   }
   // Its hosts are its children; host 1 (the second) is killed once it runs.

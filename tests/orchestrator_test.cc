@@ -167,8 +167,10 @@ TEST(Config, BadInputNamesTheObjectAndTheFix) {
        {"keys 'domain.pool' and 'domain.prefix_domain' name the same memory", "of its own"}},
       {conf("pool = \"devdax:/dev/dax0.0?offset=0&length=1G\"\n",
             "prefix_domain = \"devdax:/dev/dax0.0?offset=512M&length=64M\"\n"),
-       {"keys 'domain.pool' and 'domain.prefix_domain'", "bytes [0, 1073741824) and [536870912, "
-                                                         "603979776)", "windows that do not overlap"}},
+       {"keys 'domain.pool' and 'domain.prefix_domain'",
+        "bytes [0, 1073741824) and [536870912, "
+        "603979776)",
+        "windows that do not overlap"}},
       // Arithmetic that needs no device.
       {conf(pool, "prefix_domain = \"file:/dev/shm/d?size=10000\"\n"),
        {"key 'domain.prefix_domain': size 10000 is not a multiple of the 4096-byte page",
@@ -177,8 +179,8 @@ TEST(Config, BadInputNamesTheObjectAndTheFix) {
        {"key 'domain.extent_size': 67108864 bytes is larger than domain.pool (33554432 bytes)",
         "lower extent_size or give the pool a larger size="}},
       {conf(pool, "prefix_domain = \"memfd:?size=64K\"\n"),
-       {"key 'domain.prefix_domain': 65536 bytes cannot hold this geometry", "give it size=",
-        "or lower index_entries"}},
+       {"key 'domain.prefix_domain': 65536 bytes cannot hold this geometry",
+        "give it size=", "or lower index_entries"}},
       {conf(pool, dom, "", "[rpc]\nsocket = \"/tmp/" + std::string(120, 's') + "\"\n"),
        {"key 'rpc.socket'", "a Unix socket path holds at most 107", "choose a shorter path"}},
       {conf(pool, dom, "", sock + "[metrics]\nlisten = \"localhost:http\"\n"),
@@ -250,9 +252,9 @@ TEST(Config, BadFilesNameTheObjectAndTheFix) {
   c->state_file = dir + "/d.state";
   c->pool = "file:" + pool_file + "?size=16K";
   st = CheckConfigOnHost(*c);
-  EXPECT_NE(st.message().find("domain.pool 'file:" + pool_file +
-                              "?size=16K': the file is 8192 bytes"),
-            std::string::npos)
+  EXPECT_NE(
+      st.message().find("domain.pool 'file:" + pool_file + "?size=16K': the file is 8192 bytes"),
+      std::string::npos)
       << st;
   EXPECT_NE(st.message().find("set size= back to 8 KiB"), std::string::npos) << st;
   EXPECT_EQ(st.message().find("remove the file"), std::string::npos) << st;

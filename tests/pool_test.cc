@@ -354,8 +354,8 @@ TEST(Arena, ZeroedHeaderPageIsNotBlank) {
   EXPECT_TRUE(Arena::Format(MustOpen(p.spec()), force).ok());
   // A region blank throughout is still blank.
   auto blank = MustOpen("memfd:?size=8M");
-  EXPECT_TRUE(absl::IsNotFound(
-      ValidateHeaderBytes(blank->addr(), blank->size_bytes(), blank->name(), &h)));
+  EXPECT_TRUE(
+      absl::IsNotFound(ValidateHeaderBytes(blank->addr(), blank->size_bytes(), blank->name(), &h)));
 }
 
 // The corrupt-arena messages (a checksum mismatch, foreign data, a truncated file) each state
@@ -380,16 +380,18 @@ TEST(Arena, CorruptArenaMessagesStateTheFix) {
   auto foreign = Arena::Open(MustOpen(q.spec()));
   ASSERT_FALSE(foreign.ok());
   EXPECT_TRUE(Mentions(foreign.status(), "foreign data")) << foreign.status();
-  EXPECT_TRUE(Mentions(foreign.status(), "Check the spec names an arena; restore it from a "
-                                         "backup, or format with --force"))
+  EXPECT_TRUE(Mentions(foreign.status(),
+                       "Check the spec names an arena; restore it from a "
+                       "backup, or format with --force"))
       << foreign.status();
   ShmPath t("truncated");
   { ASSERT_NE(MustFormat(t.spec("8M"), TinyOptions()), nullptr); }
   ASSERT_EQ(::truncate(t.path().c_str(), 4 << 20), 0);
   auto cut = Arena::Open(MustOpen(t.spec()));
   ASSERT_FALSE(cut.ok());
-  EXPECT_TRUE(Mentions(cut.status(), "was truncated: restore it from a backup, or format with "
-                                     "--force"))
+  EXPECT_TRUE(Mentions(cut.status(),
+                       "was truncated: restore it from a backup, or format with "
+                       "--force"))
       << cut.status();
 }
 
@@ -407,8 +409,8 @@ TEST(Region, OpenExistingCreatesNothing) {
   ASSERT_EQ(::stat(p.path().c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 0) << "extended";
   ASSERT_EQ(::truncate(p.path().c_str(), 8 << 20), 0);
-  EXPECT_TRUE(Mentions(OpenExistingRegion(*ParseSourceSpec(p.spec("4M"))).status(),
-                       "never resizes it"));
+  EXPECT_TRUE(
+      Mentions(OpenExistingRegion(*ParseSourceSpec(p.spec("4M"))).status(), "never resizes it"));
   auto ok = OpenExistingRegion(*ParseSourceSpec(p.spec("8M")));
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ((*ok)->size_bytes(), 8u << 20);

@@ -197,10 +197,11 @@ absl::StatusOr<std::unique_ptr<Region>> OpenExistingRegion(const SourceSpec& spe
   struct stat st {};
   if (::stat(spec.path.c_str(), &st) != 0) {
     if (errno == ENOENT) {
-      return absl::NotFoundError(absl::StrCat(
-          spec.path, ": file does not exist (this command only reads and never creates one); "
-                     "check the path, or create an arena there with `cxlkvctl arena format ",
-          spec.ToString(), "`"));
+      return absl::NotFoundError(
+          absl::StrCat(spec.path,
+                       ": file does not exist (this command only reads and never creates one); "
+                       "check the path, or create an arena there with `cxlkvctl arena format ",
+                       spec.ToString(), "`"));
     }
     return ErrnoStatus(errno, spec.path, "stat");
   }

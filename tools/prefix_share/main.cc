@@ -9,8 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -303,7 +303,8 @@ int main(int argc, char** argv) {
                       WIFEXITED(status) ? WEXITSTATUS(status) : -1);
       }
     }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || got != static_cast<ssize_t>(sizeof(Report))) {
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+        got != static_cast<ssize_t>(sizeof(Report))) {
       std::fprintf(stderr, "cxlkv-prefix-share: host %d failed: %s\n", i, reports[i].error);
       ++failed;
     }

@@ -49,7 +49,6 @@ class Parser : public pool::TomlReader {
   }
 };
 
-
 constexpr std::uint64_t kPageBytes = 4096;
 
 // "HOST:PORT" (HOST may be empty, a name, an IPv4 address or [IPv6]) with PORT 0..65535; with
@@ -98,7 +97,8 @@ bool SameSource(const pool::SourceSpec& a, const pool::SourceSpec& b) {
   if (!shared_kind(a.kind) || !shared_kind(b.kind)) return false;  // memfd, kmem: private
   namespace fs = std::filesystem;
   if (fs::path(a.path).lexically_normal() == fs::path(b.path).lexically_normal()) return true;
-  struct stat sa {}, sb {};
+  struct stat sa {
+  }, sb{};
   return ::stat(a.path.c_str(), &sa) == 0 && ::stat(b.path.c_str(), &sb) == 0 &&
          sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
@@ -122,9 +122,9 @@ absl::Status CheckAcrossKeys(const Config& c, absl::string_view source_name) {
   for (const auto& r : regions) {
     const std::uint64_t size = r.spec.length != 0 ? r.spec.length : r.spec.size_bytes;
     if (size % kPageBytes != 0) {
-      return bad(r.key, absl::StrCat("size ", size, " is not a multiple of the ", kPageBytes,
-                                     "-byte page; round it up to ",
-                                     (size / kPageBytes + 1) * kPageBytes));
+      return bad(r.key,
+                 absl::StrCat("size ", size, " is not a multiple of the ", kPageBytes,
+                              "-byte page; round it up to ", (size / kPageBytes + 1) * kPageBytes));
     }
   }
   if (SameSource(*pool_spec, *dom_spec) && Overlap(SpanOf(*pool_spec), SpanOf(*dom_spec))) {
@@ -136,7 +136,8 @@ absl::Status CheckAcrossKeys(const Config& c, absl::string_view source_name) {
         "domain a file or device of its own, or give both windows that do not overlap "
         "(offset=, length=)"));
   }
-  const std::uint64_t pool_bytes = pool_spec->length != 0 ? pool_spec->length : pool_spec->size_bytes;
+  const std::uint64_t pool_bytes =
+      pool_spec->length != 0 ? pool_spec->length : pool_spec->size_bytes;
   if (pool_bytes != 0 && pool_bytes < c.extent_bytes) {
     return bad("domain.extent_size",
                absl::StrCat(c.extent_bytes, " bytes is larger than domain.pool (", pool_bytes,
@@ -473,9 +474,9 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
   if (c.socket.empty()) return missing("rpc.socket", "socket = \"/run/cxlkv/domain.sock\"");
   if (!c.tcp.empty()) {
     if (!IsHostPort(c.tcp, false)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source_name, ": key 'rpc.tcp': '", c.tcp,
-          "' is not HOST:PORT with a port of 0..65535 (e.g. \"0.0.0.0:7443\")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source_name, ": key 'rpc.tcp': '", c.tcp,
+                       "' is not HOST:PORT with a port of 0..65535 (e.g. \"0.0.0.0:7443\")"));
     }
     if (c.token_file.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -570,8 +571,8 @@ absl::Status CheckConfigOnHost(const Config& c) {
   if (::stat(c.state_file.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "domain.state_file ", c.state_file, " is ",
-        S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file",
-        ": name a file (e.g. ", c.state_file, S_ISDIR(sb.st_mode) ? "/domain.state" : ".state",
+        S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file", ": name a file (e.g. ",
+        c.state_file, S_ISDIR(sb.st_mode) ? "/domain.state" : ".state",
         ") where the domain's state is kept"));
   }
   const struct {

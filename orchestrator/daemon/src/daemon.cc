@@ -108,13 +108,16 @@ absl::StatusOr<bool> SocketIsStale(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return false;
-    return absl::UnavailableError(absl::StrCat("rpc.socket '", path, "': ", pool::ErrnoText(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("rpc.socket '", path, "': ", pool::ErrnoText(errno)));
   }
   if (!S_ISSOCK(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rpc.socket '", path, "' exists and is not a socket (",
-        S_ISDIR(st.st_mode) ? "a directory" : S_ISREG(st.st_mode) ? "a regular file" : "not a socket",
-        "); it was left as it is: move it away, or set rpc.socket to another path"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rpc.socket '", path, "' exists and is not a socket (",
+                     S_ISDIR(st.st_mode)   ? "a directory"
+                     : S_ISREG(st.st_mode) ? "a regular file"
+                                           : "not a socket",
+                     "); it was left as it is: move it away, or set rpc.socket to another path"));
   }
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", pool::ErrnoText(errno)));
@@ -133,8 +136,10 @@ absl::StatusOr<bool> SocketIsStale(const std::string& path) {
         path, "` tells). It was left as it is: set rpc.socket to a path of this domain's own"));
   }
   if (err != ECONNREFUSED && err != ENOENT) {
-    return absl::UnavailableError(absl::StrCat("rpc.socket '", path, "': cannot tell whether it is "
-                                               "in use (connect: ", pool::ErrnoText(err), ")"));
+    return absl::UnavailableError(absl::StrCat("rpc.socket '", path,
+                                               "': cannot tell whether it is "
+                                               "in use (connect: ",
+                                               pool::ErrnoText(err), ")"));
   }
   return true;
 }
@@ -144,9 +149,8 @@ absl::Status ClearStaleSocket(const std::string& path) {
   auto stale = SocketIsStale(path);
   if (!stale.ok()) return stale.status();
   if (*stale && ::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return absl::UnavailableError(
-        absl::StrCat("rpc.socket '", path, "': cannot remove the stale socket: ",
-                     pool::ErrnoText(errno)));
+    return absl::UnavailableError(absl::StrCat(
+        "rpc.socket '", path, "': cannot remove the stale socket: ", pool::ErrnoText(errno)));
   }
   return absl::OkStatus();
 }
@@ -849,10 +853,10 @@ absl::Status Orchestrator::Start() {
   }
   sockaddr_un addr{};
   if (config_.socket.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rpc.socket '", config_.socket, "' is ", config_.socket.size(),
-        " bytes; a Unix socket path holds at most ", sizeof(addr.sun_path) - 1,
-        ": choose a shorter path"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rpc.socket '", config_.socket, "' is ", config_.socket.size(),
+                     " bytes; a Unix socket path holds at most ", sizeof(addr.sun_path) - 1,
+                     ": choose a shorter path"));
   }
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(config_.socket).parent_path(), ec);

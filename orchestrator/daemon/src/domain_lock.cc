@@ -104,9 +104,9 @@ absl::StatusOr<std::unique_ptr<DomainLock>> DomainLock::Acquire(const Config& c)
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err != EWOULDBLOCK) {
-      return absl::UnavailableError(
-          absl::StrCat("domain.state_file ", c.state_file, ": cannot lock ", l->path_, ": ",
-                       pool::ErrnoText(err)));
+      return absl::UnavailableError(absl::StrCat("domain.state_file ", c.state_file,
+                                                 ": cannot lock ", l->path_, ": ",
+                                                 pool::ErrnoText(err)));
     }
     const std::string text = ReadText(l->path_);
     const std::string pid = Field(text, "pid"), socket = Field(text, "socket");
@@ -117,9 +117,8 @@ absl::StatusOr<std::unique_ptr<DomainLock>> DomainLock::Acquire(const Config& c)
         "; it holds the lock on ", l->path_,
         " (domain.state_file's). Nothing was started or changed. Use that one (cxlkvctl status "
         "--socket ",
-        socket.empty() ? c.socket : socket,
-        "), or stop it first (systemctl stop, or kill ", pid.empty() ? "its pid" : pid,
-        ") if this start is meant to replace it"));
+        socket.empty() ? c.socket : socket, "), or stop it first (systemctl stop, or kill ",
+        pid.empty() ? "its pid" : pid, ") if this start is meant to replace it"));
   }
   const std::string me =
       absl::StrCat("pid=", ::getpid(), "\nsocket=", c.socket, "\ndomain=", c.name, "\n");
@@ -141,8 +140,8 @@ absl::Status DomainLock::LockRegion(absl::string_view key, const std::string& sp
   const int fd = ::open(spec->path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     return absl::Status(pool::ErrnoStatus(errno, spec->path, "open").code(),
-                        absl::StrCat(key, " '", spec_text, "': cannot open it to lock it: ",
-                                     pool::ErrnoText(errno)));
+                        absl::StrCat(key, " '", spec_text,
+                                     "': cannot open it to lock it: ", pool::ErrnoText(errno)));
   }
   fds_.push_back(fd);
   struct flock fl {};
@@ -153,8 +152,8 @@ absl::Status DomainLock::LockRegion(absl::string_view key, const std::string& sp
   if (::fcntl(fd, F_OFD_SETLK, &fl) == 0) return absl::OkStatus();
   const int err = errno;
   if (err != EAGAIN && err != EACCES) {
-    return absl::UnavailableError(absl::StrCat(key, " '", spec_text, "': cannot lock it (",
-                                               pool::ErrnoText(err), ")"));
+    return absl::UnavailableError(
+        absl::StrCat(key, " '", spec_text, "': cannot lock it (", pool::ErrnoText(err), ")"));
   }
   struct stat st {};
   std::string holders;
@@ -163,8 +162,8 @@ absl::Status DomainLock::LockRegion(absl::string_view key, const std::string& sp
       key, " '", spec_text, "' is in use by another running orchestrator",
       holders.empty() ? std::string() : absl::StrCat(" (", holders, ")"),
       ": two orchestrators would own the same memory. Nothing was started or changed. If that "
-      "one serves another domain, give this domain its own ", key,
-      "; if it serves this one, use it or stop it first"));
+      "one serves another domain, give this domain its own ",
+      key, "; if it serves this one, use it or stop it first"));
 }
 
 }  // namespace cxlkv::orchestrator
