@@ -514,6 +514,39 @@ TEST(OrchestratorValidate, OverlappingRegionsAreRefusedBeforeAnythingIsCreated) 
   EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
+// metrics.listen on an address another process holds: named, with the fix (not CivetServer's
+// "null context" alone).
+TEST(OrchestratorValidate, MetricsAddressInUseIsNamedWithTheFix) {
+  char tmpl[] = "/tmp/cxlkv-metrics-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, config = dir + "/domain.toml";
+  const int busy = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(busy, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(busy, 1), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::getsockname(busy, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string listen = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  std::ofstream(config) << "[domain]\nname = \"m\"\npool = \"memfd:?size=64M\"\n"
+                        << "prefix_domain = \"memfd:?size=4M\"\nextent_size = \"16M\"\n"
+                        << "index_entries = 1024\nmax_hosts = 4\nstate_file = \"" << dir
+                        << "/d.state\"\n[rpc]\nsocket = \"" << dir << "/o.sock\"\n"
+                        << "[metrics]\nlisten = \"" << listen << "\"\n";
+  const Ran r = RunFor({CXLKV_ORCHESTRATOR_BIN, "--config", config, "--new-domain"}, dir);
+  ::close(busy);
+  ASSERT_TRUE(r.exited) << r.err;
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("metrics.listen '" + listen + "': cannot listen there"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("choose another HOST:PORT, or \"\" to turn metrics off"),
+            std::string::npos)
+      << r.err;
+  const std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
 // Read-only commands never create, extend or write a file; a failed format leaves nothing it
 // created.
 TEST(CxlkvctlArena, InfoCreatesNothingAndAFailedFormatLeavesNothing) {

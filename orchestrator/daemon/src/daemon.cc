@@ -848,7 +848,10 @@ absl::Status Orchestrator::Start() {
       metrics_ = std::make_unique<Metrics>(config_.metrics_listen);
     } catch (const std::exception& e) {
       return absl::UnavailableError(
-          absl::StrCat("metrics.listen '", config_.metrics_listen, "': ", e.what()));
+          absl::StrCat("metrics.listen '", config_.metrics_listen,
+                       "': cannot listen there (the address is in use or not this machine's; "
+                       "the HTTP server said: ",
+                       e.what(), "): choose another HOST:PORT, or \"\" to turn metrics off"));
     }
   }
   sockaddr_un addr{};
