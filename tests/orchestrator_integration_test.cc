@@ -540,8 +540,7 @@ TEST(OrchestratorValidate, MetricsAddressInUseIsNamedWithTheFix) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("metrics.listen '" + listen + "': cannot listen there"), std::string::npos)
       << r.err;
-  EXPECT_NE(r.err.find("choose another HOST:PORT, or \"\" to turn metrics off"),
-            std::string::npos)
+  EXPECT_NE(r.err.find("choose another HOST:PORT, or \"\" to turn metrics off"), std::string::npos)
       << r.err;
   const std::string cmd = "rm -rf " + dir;
   EXPECT_EQ(std::system(cmd.c_str()), 0);
