@@ -177,8 +177,8 @@ class Orchestrator {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Metrics> metrics_;
   int listen_fd_ = -1;
-  ino_t socket_ino_ = 0;  // the socket this daemon bound (Stop removes only that one)
   int tcp_port_ = 0;
+  ino_t socket_ino_ = 0;  // the socket this daemon bound (Stop removes only that one)
   std::atomic<bool> stop_{false};
   std::thread owner_thread_, accept_thread_;
   std::int64_t started_ms_ = 0;
