@@ -880,8 +880,6 @@ absl::Status Orchestrator::Start() {
                           : ""));
   }
   listen_fd_ = fd;
-  struct stat bound {};
-  if (::lstat(config_.socket.c_str(), &bound) == 0) socket_ino_ = bound.st_ino;
   ::chmod(config_.socket.c_str(), 0666);  // access is decided by peer credentials
   service_ = std::make_unique<Service>(*this);
   grpc::ServerBuilder builder;
@@ -1342,11 +1340,11 @@ void Orchestrator::Stop() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (owner_thread_.joinable()) owner_thread_.join();
-  // Only the socket this daemon bound: one another process put there since is left alone.
-  struct stat now {};
-  if (listen_fd_ >= 0 && socket_ino_ != 0 && ::lstat(config_.socket.c_str(), &now) == 0 &&
-      S_ISSOCK(now.st_mode) && now.st_ino == socket_ino_) {
-    ::unlink(config_.socket.c_str());
+  // Only a socket nothing answers on (this daemon's, now closed): one another process bound
+  // there since is left alone.
+  if (listen_fd_ >= 0) {
+    auto stale = SocketIsStale(config_.socket);
+    if (stale.ok() && *stale) ::unlink(config_.socket.c_str());
   }
 }
 

@@ -146,9 +146,6 @@ class Orchestrator {
   void StepDown(const std::string& why);
   void EndReadOnlyLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Held for the daemon's life, released last: the state file's lock and, without [etcd], the
-  // pool's and the prefix domain's (domain_lock.h).
-  std::unique_ptr<DomainLock> lock_;
   std::unique_ptr<HaSession> ha_;          // null without [etcd]
   std::unique_ptr<Announcer> announcer_;   // directory summary and KV events (announce.h)
   std::unique_ptr<FencedMem> fenced_mem_;  // HA: the owner's view of the domain
@@ -164,8 +161,10 @@ class Orchestrator {
   // The fence line as this leader last wrote it.
   coherence::OwnerFenceLine fence_ ABSL_GUARDED_BY(mu_){};
   std::uint64_t fence_violations_ ABSL_GUARDED_BY(mu_) = 0;
-  bool cache_failure_logged_ ABSL_GUARDED_BY(mu_) = false;
 
+  // Held for the daemon's life, released after the regions and the server below: the state
+  // file's lock and, without [etcd], the pool's and the prefix domain's (domain_lock.h).
+  std::unique_ptr<DomainLock> lock_;
   Config config_;
   coherence::SteadyClock steady_;
   coherence::Clock* clock_ = &steady_;
@@ -178,8 +177,9 @@ class Orchestrator {
   std::unique_ptr<Metrics> metrics_;
   int listen_fd_ = -1;
   int tcp_port_ = 0;
-  ino_t socket_ino_ = 0;  // the socket this daemon bound (Stop removes only that one)
   std::atomic<bool> stop_{false};
+  // Beside stop_ (the hole before the threads): the class keeps its size with lock_.
+  bool cache_failure_logged_ ABSL_GUARDED_BY(mu_) = false;
   std::thread owner_thread_, accept_thread_;
   std::int64_t started_ms_ = 0;
   std::atomic<std::uint64_t> refused_{0};
