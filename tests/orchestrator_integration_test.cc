@@ -11,13 +11,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "cxlkv/coherence/mem.h"
 #include "cxlkv/coherence/prefix.h"
@@ -35,6 +39,7 @@ namespace pb = ::cxlkv::orchestrator::v1;
 namespace co = ::cxlkv::coherence;
 using namespace std::chrono_literals;
 
+using testing::AcceptsConnections;
 using testing::OrchestratorHarness;
 using testing::WaitFor;
 
@@ -313,6 +318,332 @@ TEST_F(OrchestratorFixture, OperatorClientReportsTheDomainAndActs) {
   EXPECT_TRUE(absl::IsUnavailable((*none)->Status().status()));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
   EXPECT_TRUE(absl::IsInvalidArgument(OperatorClient::Connect("tcp:nocolon").status()));
+}
+
+// ---- one orchestrator per domain, and the operator boundary (#33) ----------------------------
+
+struct Ran {
+  bool exited = false;  // false: still running at the limit (then killed)
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs a program of this build with its output in files under `dir`, for at most `limit`.
+Ran RunFor(const std::vector<std::string>& argv, const std::string& dir,
+           std::chrono::milliseconds limit = 5s) {
+  const std::string out = dir + "/run.out", err = dir + "/run.err";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(o, 1);
+    dup2(e, 2);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  Ran r;
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      status = -1;
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  r.exited = status != -1 && WIFEXITED(status);
+  r.code = r.exited ? WEXITSTATUS(status) : -1;
+  auto slurp = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+// A second cxlkv-orchestrator of a running domain (the same domain.toml, or a unit started
+// twice) is refused before it touches anything, naming the running one; a second domain's
+// daemon naming the same pool and prefix domain is refused too. The first daemon and its
+// hosts do not notice: same socket, same incarnation, nothing fenced.
+TEST_F(OrchestratorFixture, SecondDaemonOfARunningDomainIsRefused) {
+  auto c = HostClient::Connect(socket_, 2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->Grow(2).ok());
+  (*c)->StartHeartbeats();
+  const std::uint64_t inc = (*c)->incarnation();
+  struct stat sock_before {};
+  ASSERT_EQ(::lstat(socket_.c_str(), &sock_before), 0);
+
+  const std::string me = std::to_string(h_.pid);
+  for (const char* flag : {"", "--new-domain"}) {
+    std::vector<std::string> argv = {CXLKV_ORCHESTRATOR_BIN, "--config", h_.config};
+    if (*flag != 0) argv.emplace_back(flag);
+    const Ran r = RunFor(argv, h_.dir);
+    ASSERT_TRUE(r.exited) << "a second daemon of the domain started (" << flag << "):\n" << r.err;
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find("domain 'itest' is already served by another cxlkv-orchestrator: pid " +
+                         me + ", rpc.socket " + socket_),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("Nothing was started or changed"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("or stop it first (systemctl stop, or kill " + me + ")"),
+              std::string::npos)
+        << r.err;
+  }
+  // Another domain.toml (its own state file and socket) naming the same regions.
+  const std::string other = h_.dir + "/other.toml";
+  {
+    std::ifstream in(h_.config);
+    std::string text(std::istreambuf_iterator<char>(in), {});
+    for (const auto& [from, to] :
+         {std::pair<std::string, std::string>{h_.dir + "/d.state", h_.dir + "/other.state"},
+          {socket_, h_.dir + "/other.sock"}}) {
+      text.replace(text.find(from), from.size(), to);
+    }
+    std::ofstream(other) << text;
+  }
+  const Ran r = RunFor({CXLKV_ORCHESTRATOR_BIN, "--config", other, "--new-domain"}, h_.dir);
+  ASSERT_TRUE(r.exited) << "a second domain's daemon started on the same pool:\n" << r.err;
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("domain.pool 'file:" + h_.pool +
+                       "?size=256M' is in use by another running orchestrator (pid " + me),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("give this domain its own domain.pool"), std::string::npos) << r.err;
+  EXPECT_FALSE(Exists(h_.dir + "/other.state")) << "nothing written";
+  EXPECT_FALSE(Exists(h_.dir + "/other.sock"));
+
+  // The first daemon still owns everything; its host saw nothing.
+  struct stat sock_after {};
+  ASSERT_EQ(::lstat(socket_.c_str(), &sock_after), 0);
+  EXPECT_EQ(sock_after.st_ino, sock_before.st_ino) << "the socket was not replaced";
+  std::this_thread::sleep_for(1200ms);  // three host TTLs
+  EXPECT_EQ(HostState(2), "live");
+  EXPECT_EQ((*c)->incarnation(), inc);
+  EXPECT_EQ((*c)->rejoins(), 0u);
+  EXPECT_EQ((*c)->extents().size(), 2u);
+  EXPECT_EQ(Status().extents_assigned(), 2u);
+}
+
+// rpc.socket: a regular file in the way, and another program's live socket, are refused and
+// left as they are, before anything is written; a stale socket (a killed daemon's) is replaced.
+TEST(OrchestratorSocket, OnlyAStaleSocketIsReplaced) {
+  OrchestratorHarness o("lease_ttl_ms = 400\nhost_ttl_ms = 400\nheartbeat_period_ms = 50\n");
+  const std::string state = o.dir + "/d.state";
+  {
+    std::ofstream(o.socket) << "keep me\n";
+    const Ran r = RunFor({CXLKV_ORCHESTRATOR_BIN, "--config", o.config, "--new-domain"}, o.dir);
+    ASSERT_TRUE(r.exited) << "started over a regular file:\n" << r.err;
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.err.find("rpc.socket '" + o.socket +
+                         "' exists and is not a socket (a regular file); it was left as it is: "
+                         "move it away, or set rpc.socket to another path"),
+              std::string::npos)
+        << r.err;
+    std::ifstream in(o.socket);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "keep me\n");
+    EXPECT_FALSE(Exists(state)) << "refused before the state file was written";
+    ASSERT_EQ(unlink(o.socket.c_str()), 0);
+  }
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, o.socket.c_str(), sizeof(a.sun_path) - 1);
+  {
+    // Another program (another domain's daemon) listens there.
+    const int l = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    ASSERT_EQ(::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    ASSERT_EQ(::listen(l, 4), 0);
+    struct stat before {};
+    ASSERT_EQ(::lstat(o.socket.c_str(), &before), 0);
+    const Ran r = RunFor({CXLKV_ORCHESTRATOR_BIN, "--config", o.config, "--new-domain"}, o.dir);
+    ASSERT_TRUE(r.exited) << "took over a live socket:\n" << r.err;
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(
+        r.err.find("rpc.socket '" + o.socket + "' is in use: a running process answers on it"),
+        std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("set rpc.socket to a path of this domain's own"), std::string::npos);
+    struct stat after {};
+    ASSERT_EQ(::lstat(o.socket.c_str(), &after), 0);
+    EXPECT_EQ(after.st_ino, before.st_ino) << "the live socket was left as it is";
+    EXPECT_TRUE(AcceptsConnections(o.socket));
+    EXPECT_FALSE(Exists(state));
+    ::close(l);  // now stale: bound, nobody listening
+  }
+  ASSERT_TRUE(Exists(o.socket));
+  o.Start();  // replaces the stale socket
+  grpc::ClientContext ctx;
+  pb::StatusReply st;
+  EXPECT_TRUE(o.Stub()->Status(&ctx, pb::StatusRequest{}, &st).ok());
+  o.Stop(SIGTERM);
+  EXPECT_FALSE(Exists(o.socket)) << "a daemon that stops removes its own socket";
+}
+
+// pool and prefix_domain naming the same memory: refused by --validate and at start with both
+// keys named, and nothing is created.
+TEST(OrchestratorValidate, OverlappingRegionsAreRefusedBeforeAnythingIsCreated) {
+  char tmpl[] = "/tmp/cxlkv-overlap-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, config = dir + "/domain.toml", pool = dir + "/pool";
+  std::ofstream(config) << "[domain]\nname = \"o\"\npool = \"file:" << pool
+                        << "?size=64M\"\nprefix_domain = \"file:" << dir
+                        << "/./pool?size=64M\"\nextent_size = \"16M\"\nstate_file = \"" << dir
+                        << "/d.state\"\n[rpc]\nsocket = \"" << dir << "/o.sock\"\n";
+  for (const char* mode : {"--validate", "--new-domain"}) {
+    const Ran r = RunFor({CXLKV_ORCHESTRATOR_BIN, "--config", config, mode}, dir);
+    ASSERT_TRUE(r.exited) << mode << ":\n" << r.err;
+    EXPECT_EQ(r.code, 2) << mode << ": " << r.err;
+    EXPECT_NE(r.err.find("keys 'domain.pool' and 'domain.prefix_domain' name the same memory"),
+              std::string::npos)
+        << mode << ": " << r.err;
+    EXPECT_FALSE(Exists(pool)) << mode << ": nothing created";
+    EXPECT_FALSE(Exists(dir + "/d.state"));
+  }
+  const std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+// metrics.listen on an address another process holds: named, with the fix (not CivetServer's
+// "null context" alone).
+TEST(OrchestratorValidate, MetricsAddressInUseIsNamedWithTheFix) {
+  char tmpl[] = "/tmp/cxlkv-metrics-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, config = dir + "/domain.toml";
+  const int busy = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(busy, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(busy, 1), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::getsockname(busy, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string listen = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  std::ofstream(config) << "[domain]\nname = \"m\"\npool = \"memfd:?size=64M\"\n"
+                        << "prefix_domain = \"memfd:?size=4M\"\nextent_size = \"16M\"\n"
+                        << "index_entries = 1024\nmax_hosts = 4\nstate_file = \"" << dir
+                        << "/d.state\"\n[rpc]\nsocket = \"" << dir << "/o.sock\"\n"
+                        << "[metrics]\nlisten = \"" << listen << "\"\n";
+  const Ran r = RunFor({CXLKV_ORCHESTRATOR_BIN, "--config", config, "--new-domain"}, dir);
+  ::close(busy);
+  ASSERT_TRUE(r.exited) << r.err;
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("metrics.listen '" + listen + "': cannot listen there"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("choose another HOST:PORT, or \"\" to turn metrics off"), std::string::npos)
+      << r.err;
+  const std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+// Read-only commands never create, extend or write a file; a failed format leaves nothing it
+// created.
+TEST(CxlkvctlArena, InfoCreatesNothingAndAFailedFormatLeavesNothing) {
+  char tmpl[] = "/tmp/cxlkv-arenactl-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, file = dir + "/a";
+  // info on a missing file, size= given: refused, nothing created.
+  Ran r = RunFor({CXLKV_CTL_BIN, "arena", "info", "file:" + file + "?size=4M"}, dir);
+  ASSERT_TRUE(r.exited);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find(file + ": file does not exist (this command only reads and never creates "
+                              "one)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(Exists(file)) << "arena info created the file";
+  // info on an empty file with size=: not extended.
+  { std::ofstream(file) << ""; }
+  r = RunFor({CXLKV_CTL_BIN, "arena", "info", "file:" + file + "?size=4M"}, dir);
+  EXPECT_NE(r.code, 0);
+  struct stat st {};
+  ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0) << "arena info extended the file";
+  ASSERT_EQ(unlink(file.c_str()), 0);
+  // A file that is no arena (a text file): named as such, not "round it".
+  { std::ofstream(file) << "not an arena\n"; }
+  r = RunFor({CXLKV_CTL_BIN, "arena", "info", "file:" + file}, dir);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("so it holds no arena or domain cxlkv made"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("round it"), std::string::npos) << r.err;
+  ASSERT_EQ(unlink(file.c_str()), 0);
+  // format on a region too small: refused, and the file it created is gone.
+  r = RunFor({CXLKV_CTL_BIN, "arena", "format", "file:" + file + "?size=4096"}, dir);
+  ASSERT_TRUE(r.exited);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("too small"), std::string::npos) << r.err;
+  EXPECT_FALSE(Exists(file)) << "a failed format left the file it created";
+  // ... but a file that was there before stays.
+  { std::ofstream(file) << std::string(4096, '\0'); }
+  r = RunFor({CXLKV_CTL_BIN, "arena", "format", "file:" + file}, dir);
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(Exists(file));
+  // --socket longer than a Unix socket path: named, with the fix.
+  r = RunFor({CXLKV_CTL_BIN, "status", "--socket", dir + "/" + std::string(120, 's')}, dir);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("a Unix socket path holds at most 107: pass a shorter path"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("secure client channel"), std::string::npos) << r.err;
+  const std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+// cxlkv-prefix-share (the quickstart's tool) reports a host that dies and returns.
+TEST_F(OrchestratorFixture, PrefixShareReportsADeadHostAndReturns) {
+  const std::string out = h_.dir + "/share.out", err = h_.dir + "/share.err";
+  const pid_t tool = fork();
+  if (tool == 0) {
+    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(o, 1);
+    dup2(e, 2);
+    execl(CXLKV_PREFIX_SHARE_BIN, CXLKV_PREFIX_SHARE_BIN, "--socket", socket_.c_str(), "--seconds",
+          "2", "--prefixes", "2", "--blocks", "2", "--layout", "llama3-8b", nullptr);
+    _exit(127);
+  }
+  // Its hosts are its children; host 1 (the second) is killed once it runs.
+  std::vector<pid_t> hosts;
+  ASSERT_TRUE(WaitFor([&] {
+    std::ifstream in("/proc/" + std::to_string(tool) + "/task/" + std::to_string(tool) +
+                     "/children");
+    hosts.clear();
+    for (pid_t p = 0; in >> p;) hosts.push_back(p);
+    return hosts.size() == 2;
+  })) << "the tool did not start two hosts: "
+      << std::string(std::istreambuf_iterator<char>(std::ifstream(err).rdbuf()), {});
+  std::sort(hosts.begin(), hosts.end());
+  const pid_t victim = hosts.size() == 2 ? hosts[1] : -1;
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  pid_t done = 0;
+  while ((done = waitpid(tool, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  if (done == 0) {
+    kill(tool, SIGKILL);
+    waitpid(tool, &status, 0);
+    for (pid_t p : hosts) kill(p, SIGKILL);
+  }
+  ASSERT_NE(done, 0) << "cxlkv-prefix-share did not return after its host died";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  std::ifstream in(err);
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  EXPECT_NE(text.find("cxlkv-prefix-share: host 1 failed: host 1 (pid " + std::to_string(victim) +
+                      ") died (signal 9) before reporting"),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace

@@ -141,6 +141,143 @@ TEST(Config, TcpNeedsAPrivateTokenFile) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue #33: each bad input -> the exact expectation that the message names the object (the
+// key, or both keys) and states the fix. The table keeps the messages honest: a message that
+// loses its object or its fix fails here.
+TEST(Config, BadInputNamesTheObjectAndTheFix) {
+  const std::string pool = "pool = \"file:/dev/shm/p?size=1G\"\n";
+  const std::string dom = "prefix_domain = \"memfd:?size=16M\"\n";
+  const std::string tail = "extent_size = \"64M\"\nstate_file = \"/tmp/x.state\"\n";
+  const std::string sock = "[rpc]\nsocket = \"/tmp/x.sock\"\n";
+  auto conf = [&](const std::string& p, const std::string& d, const std::string& more = "",
+                  const std::string& socket = "") {
+    return "[domain]\n" + p + d + tail + more + (socket.empty() ? sock : socket);
+  };
+  struct Case {
+    std::string text;
+    std::vector<std::string> want;  // the object(s), then the fix
+  } cases[] = {
+      // Regions against each other: the same file (by name, however spelled), overlapping
+      // windows.
+      {conf(pool, "prefix_domain = \"file:/dev/shm/p?size=1G\"\n"),
+       {"keys 'domain.pool' and 'domain.prefix_domain' name the same memory (/dev/shm/p",
+        "Give the prefix domain a file or device of its own, or give both windows that do not "
+        "overlap"}},
+      {conf(pool, "prefix_domain = \"file:/dev/shm/./p\"\n"),
+       {"keys 'domain.pool' and 'domain.prefix_domain' name the same memory", "of its own"}},
+      {conf("pool = \"devdax:/dev/dax0.0?offset=0&length=1G\"\n",
+            "prefix_domain = \"devdax:/dev/dax0.0?offset=512M&length=64M\"\n"),
+       {"keys 'domain.pool' and 'domain.prefix_domain'",
+        "bytes [0, 1073741824) and [536870912, "
+        "603979776)",
+        "windows that do not overlap"}},
+      // Arithmetic that needs no device.
+      {conf(pool, "prefix_domain = \"file:/dev/shm/d?size=10000\"\n"),
+       {"key 'domain.prefix_domain': size 10000 is not a multiple of the 4096-byte page",
+        "round it up to 12288"}},
+      {conf("pool = \"file:/dev/shm/p?size=32M\"\n", dom),
+       {"key 'domain.extent_size': 67108864 bytes is larger than domain.pool (33554432 bytes)",
+        "lower extent_size or give the pool a larger size="}},
+      {conf(pool, "prefix_domain = \"memfd:?size=64K\"\n"),
+       {"key 'domain.prefix_domain': 65536 bytes cannot hold this geometry",
+        "give it size=", "or lower index_entries"}},
+      {conf(pool, dom, "", "[rpc]\nsocket = \"/tmp/" + std::string(120, 's') + "\"\n"),
+       {"key 'rpc.socket'", "a Unix socket path holds at most 107", "choose a shorter path"}},
+      {conf(pool, dom, "", sock + "[metrics]\nlisten = \"localhost:http\"\n"),
+       {"key 'metrics.listen': 'localhost:http' is not HOST:PORT", "e.g. \"127.0.0.1:9464\"",
+        "\"\" turns the endpoint off"}},
+      {conf(pool, dom, "", sock + "[metrics]\nlisten = \"127.0.0.1:99999\"\n"),
+       {"key 'metrics.listen': '127.0.0.1:99999'", "port of 0..65535"}},
+      {conf(pool, dom, "", sock + "tcp = \"localhost:http\"\n"),
+       {"key 'rpc.tcp': 'localhost:http' is not HOST:PORT", "e.g. \"0.0.0.0:7443\""}},
+      // A share for a host id that can never join.
+      {conf(pool, dom, "", sock + "[capacity.shares]\n9 = 0.5\n"),
+       {"key 'capacity.shares.9': host id 9 can never join this domain (not below "
+        "domain.max_hosts 8)",
+        "fix the id, or drop the share"}},
+      {conf(pool, dom, "", sock + "[hosts]\nallowed = [1, 2]\n[capacity.shares]\n3 = 0.5\n"),
+       {"key 'capacity.shares.3'", "not in hosts.allowed", "drop the share"}},
+  };
+  for (const Case& c : cases) {
+    auto got = ParseConfig(c.text, "t.toml");
+    ASSERT_FALSE(got.ok()) << "accepted:\n" << c.text;
+    EXPECT_TRUE(absl::IsInvalidArgument(got.status())) << got.status();
+    for (const std::string& w : c.want) {
+      EXPECT_NE(got.status().message().find(w), std::string::npos)
+          << "got: " << got.status().message() << "\nwant: " << w;
+    }
+  }
+  // The same checks pass what is right: windows apart, the forms of HOST:PORT.
+  const std::string ok[] = {
+      conf("pool = \"devdax:/dev/dax0.0?offset=0&length=1G\"\n",
+           "prefix_domain = \"devdax:/dev/dax0.0?offset=1G&length=64M\"\n"),
+      conf(pool, "prefix_domain = \"file:/dev/shm/d?size=16M\"\n"),
+      conf(pool, dom, "", sock + "[metrics]\nlisten = \"9464\"\n"),
+      conf(pool, dom, "", sock + "[metrics]\nlisten = \"[::1]:9464\"\n"),
+      conf(pool, dom, "", sock + "[capacity.shares]\n7 = 0.5\n"),
+  };
+  for (const std::string& text : ok) {
+    auto got = ParseConfig(text, "t.toml");
+    EXPECT_TRUE(got.ok()) << got.status() << "\n" << text;
+  }
+}
+
+// The file-system half of the table: what LoadConfig and CheckConfigOnHost (--validate and the
+// start) see on this host, and the state file's corrupt forms.
+TEST(Config, BadFilesNameTheObjectAndTheFix) {
+  char tmpl[] = "/tmp/cxlkv-badfiles-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  // A config path that is a directory: said so, not "key 'domain.pool' is required".
+  auto loaded = LoadConfig(dir);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find("config '" + dir + "' is a directory"),
+            std::string::npos)
+      << loaded.status();
+  EXPECT_NE(loaded.status().message().find("pass --config with the domain's TOML file"),
+            std::string::npos)
+      << loaded.status();
+  // A state file that is a directory.
+  auto c = ParseConfig(kMinimal, "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  c->state_file = dir;
+  absl::Status st = CheckConfigOnHost(*c);
+  EXPECT_NE(st.message().find("domain.state_file " + dir + " is a directory"), std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("name a file (e.g. " + dir + "/domain.state)"), std::string::npos)
+      << st;
+  // A pool whose size= changed: the fix keeps the file (it holds every host's extents).
+  const std::string pool_file = dir + "/pool";
+  { std::ofstream(pool_file) << std::string(8192, 'x'); }
+  c->state_file = dir + "/d.state";
+  c->pool = "file:" + pool_file + "?size=16K";
+  st = CheckConfigOnHost(*c);
+  EXPECT_NE(
+      st.message().find("domain.pool 'file:" + pool_file + "?size=16K': the file is 8192 bytes"),
+      std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("set size= back to 8 KiB"), std::string::npos) << st;
+  EXPECT_EQ(st.message().find("remove the file"), std::string::npos) << st;
+  EXPECT_EQ(std::filesystem::file_size(pool_file), 8192u) << "nothing changed";
+  c->pool = "file:" + pool_file + "?size=8K";
+  EXPECT_TRUE(CheckConfigOnHost(*c).ok()) << CheckConfigOnHost(*c);
+  // The state file empty, or corrupt: each names the file and says to restore it.
+  c->pool = "file:/dev/shm/p?size=1G";
+  const std::string state_file = dir + "/d.state";
+  for (const std::string& text : {std::string(), std::string("{\"version\": 1}\n")}) {
+    { std::ofstream(state_file) << text; }
+    DomainState s(*c, 1ull << 30);
+    st = s.Load(0);
+    EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+    EXPECT_NE(st.message().find(state_file), std::string::npos) << st;
+    EXPECT_NE(st.message().find(text.empty() ? "is empty" : "the state file is corrupt"),
+              std::string::npos)
+        << st;
+    EXPECT_NE(st.message().find("restore the file from a backup"), std::string::npos) << st;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 Config TestConfig(const std::string& state_file) {
   auto c = ParseConfig(kMinimal, "t.toml");
   EXPECT_TRUE(c.ok());

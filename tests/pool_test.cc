@@ -1,5 +1,7 @@
 // pool/: source specs, region backends, arena format/open and every bad-input path.
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -316,6 +318,122 @@ TEST(Arena, BlankAndInterruptedRegions) {
   ASSERT_FALSE(open.ok());
   EXPECT_TRUE(Mentions(open.status(), "interrupted")) << open.status();
   EXPECT_TRUE(Arena::Format(MustOpen(p.spec()), TinyOptions()).ok()) << "no --force needed";
+}
+
+// Issue #33: a header page zeroed by accident is not "blank" while the owner table and the
+// map behind it are intact: Open and info say so (naming the fix), format refuses it without
+// --force, and nothing is changed until --force.
+TEST(Arena, ZeroedHeaderPageIsNotBlank) {
+  ShmPath p("zeroed");
+  std::vector<std::byte> behind;
+  std::uint64_t metadata_bytes = 0;
+  {
+    auto a = MustFormat(p.spec("8M"), TinyOptions());
+    metadata_bytes = a->header().metadata_bytes;
+  }
+  {
+    auto r = MustOpen(p.spec());
+    behind.assign(r->addr() + kHeaderReservedBytes, r->addr() + metadata_bytes);
+    std::memset(r->addr(), 0, kHeaderReservedBytes);
+  }
+  ArenaHeader h;
+  auto r = MustOpen(p.spec());
+  const absl::Status st = ValidateHeaderBytes(r->addr(), r->size_bytes(), r->name(), &h);
+  EXPECT_FALSE(absl::IsNotFound(st)) << "called blank: " << st;
+  EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+  EXPECT_TRUE(Mentions(st, p.path() + ": the header page is zeroed but the region is not blank"))
+      << st;
+  EXPECT_TRUE(Mentions(st, "Restore it from a backup, or format with --force")) << st;
+  auto fmt = Arena::Format(MustOpen(p.spec()), TinyOptions());
+  ASSERT_FALSE(fmt.ok()) << "formatted over an arena's metadata without --force";
+  EXPECT_TRUE(Mentions(fmt.status(), "without --force")) << fmt.status();
+  EXPECT_EQ(std::memcmp(r->addr() + kHeaderReservedBytes, behind.data(), behind.size()), 0)
+      << "the metadata behind the header was changed";
+  FormatOptions force = TinyOptions();
+  force.force = true;
+  EXPECT_TRUE(Arena::Format(MustOpen(p.spec()), force).ok());
+  // A region blank throughout is still blank.
+  auto blank = MustOpen("memfd:?size=8M");
+  EXPECT_TRUE(
+      absl::IsNotFound(ValidateHeaderBytes(blank->addr(), blank->size_bytes(), blank->name(), &h)));
+}
+
+// The corrupt-arena messages (a checksum mismatch, foreign data, a truncated file) each state
+// the fix: restore, or --force to discard.
+TEST(Arena, CorruptArenaMessagesStateTheFix) {
+  ShmPath p("fixes");
+  { ASSERT_NE(MustFormat(p.spec("8M"), TinyOptions()), nullptr); }
+  {
+    auto r = MustOpen(p.spec());
+    r->addr()[100] ^= std::byte{0x10};
+  }
+  auto crc = Arena::Open(MustOpen(p.spec()));
+  ASSERT_FALSE(crc.ok());
+  EXPECT_TRUE(Mentions(crc.status(), "checksum")) << crc.status();
+  EXPECT_TRUE(Mentions(crc.status(), "restore it from a backup, or format with --force"))
+      << crc.status();
+  ShmPath q("foreign-fix");
+  {
+    auto r = MustOpen(q.spec("8M"));
+    std::memcpy(r->addr(), "SQLite format 3", 16);
+  }
+  auto foreign = Arena::Open(MustOpen(q.spec()));
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_TRUE(Mentions(foreign.status(), "foreign data")) << foreign.status();
+  EXPECT_TRUE(Mentions(foreign.status(),
+                       "Check the spec names an arena; restore it from a "
+                       "backup, or format with --force"))
+      << foreign.status();
+  ShmPath t("truncated");
+  { ASSERT_NE(MustFormat(t.spec("8M"), TinyOptions()), nullptr); }
+  ASSERT_EQ(::truncate(t.path().c_str(), 4 << 20), 0);
+  auto cut = Arena::Open(MustOpen(t.spec()));
+  ASSERT_FALSE(cut.ok());
+  EXPECT_TRUE(Mentions(cut.status(),
+                       "was truncated: restore it from a backup, or format with "
+                       "--force"))
+      << cut.status();
+}
+
+// Read-only opens never create, extend or truncate a file, whatever size= says.
+TEST(Region, OpenExistingCreatesNothing) {
+  ShmPath p("existing");
+  auto none = OpenExistingRegion(*ParseSourceSpec(p.spec("4M")));
+  ASSERT_FALSE(none.ok());
+  EXPECT_TRUE(absl::IsNotFound(none.status())) << none.status();
+  EXPECT_TRUE(Mentions(none.status(), "never creates one")) << none.status();
+  struct stat st {};
+  EXPECT_NE(::stat(p.path().c_str(), &st), 0) << "created";
+  { std::ofstream(p.path()) << ""; }
+  EXPECT_FALSE(OpenExistingRegion(*ParseSourceSpec(p.spec("4M"))).ok());
+  ASSERT_EQ(::stat(p.path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0) << "extended";
+  ASSERT_EQ(::truncate(p.path().c_str(), 8 << 20), 0);
+  EXPECT_TRUE(
+      Mentions(OpenExistingRegion(*ParseSourceSpec(p.spec("4M"))).status(), "never resizes it"));
+  auto ok = OpenExistingRegion(*ParseSourceSpec(p.spec("8M")));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)->size_bytes(), 8u << 20);
+}
+
+// A file OpenRegion creates is removed again when the open fails (here: reserving it runs
+// into RLIMIT_FSIZE, as ENOSPC would): the next command meets what was there before.
+TEST(Region, AFailedCreateLeavesNoFile) {
+  ShmPath p("nospace");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    rlimit lim{1 << 20, 1 << 20};
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) ::_exit(10);
+    auto r = OpenRegion(p.spec("8M"));
+    if (r.ok()) ::_exit(1);
+    struct stat st {};
+    ::_exit(::stat(p.path().c_str(), &st) == 0 ? 2 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the open succeeded; 2: it left the file behind";
 }
 
 TEST(Arena, CorruptHeaderAndMapAreRefusedAndLeftAlone) {

@@ -23,6 +23,9 @@ bool RangeOk(std::uint64_t off, std::uint64_t len, std::uint64_t limit) {
 
 std::uint64_t HintWords(std::uint64_t blocks) { return (blocks + 63) / 64; }
 
+// How much of a region with a zeroed header page is checked before it counts as blank.
+constexpr std::uint64_t kBlankScanBytes = 16ull << 20;
+
 }  // namespace
 
 absl::Status ValidateHeaderBytes(const std::byte* base, std::uint64_t region_bytes,
@@ -45,6 +48,24 @@ absl::Status ValidateHeaderBytes(const std::byte* base, std::uint64_t region_byt
       all_zero = base[i] == std::byte{0};
     }
     if (all_zero) {
+      // Blank means blank: a header page zeroed by accident (a stray memset, a partial
+      // restore) leaves the owner table and the block map behind it, which format would
+      // discard. The metadata follows the header at the front of the region, so its first
+      // kBlankScanBytes decide.
+      const std::uint64_t end = std::min<std::uint64_t>(region_bytes, kBlankScanBytes);
+      std::uint64_t first_set = end;
+      for (std::uint64_t i = kHeaderReservedBytes; i < end; ++i) {
+        if (base[i] != std::byte{0}) {
+          first_set = i;
+          break;
+        }
+      }
+      if (first_set != end) {
+        return absl::DataLossError(absl::StrCat(
+            what, ": the header page is zeroed but the region is not blank (byte ", first_set,
+            " is set: an arena's owner table or block map?); the region was not modified. "
+            "Restore it from a backup, or format with --force to discard what it holds"));
+      }
       return absl::NotFoundError(
           absl::StrCat(what,
                        ": no arena here (the region is blank); format one with "
@@ -54,7 +75,11 @@ absl::Status ValidateHeaderBytes(const std::byte* base, std::uint64_t region_byt
   const std::string header_what = absl::StrCat(what, ": arena header");
   if (auto st = coherence::Check(h, kArenaMagic, kArenaVersion, kArenaVersion, header_what);
       !st.ok()) {
-    return st;
+    if (absl::IsUnimplemented(st)) return st;  // a newer format: the fix is a matching release
+    return absl::Status(st.code(), absl::StrCat(st.message(),
+                                                "; the region was not modified. Check the spec "
+                                                "names an arena; restore it from a backup, or "
+                                                "format with --force to discard it"));
   }
   if (auto st = ValidateGeometry(h, region_bytes, what); !st.ok()) return st;
   *out = h;
@@ -66,7 +91,9 @@ absl::Status ValidateGeometry(const ArenaHeader& h, std::uint64_t region_bytes,
   if (h.region_bytes != region_bytes) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, ": the arena was formatted for ", h.region_bytes, " bytes but the region has ",
-        region_bytes, "; open it with its original size"));
+        region_bytes,
+        "; open it with its original size (size=, or the window's length=); a file that shrank "
+        "was truncated: restore it from a backup, or format with --force to discard it"));
   }
   if (h.class_count == 0 || h.class_count > kMaxClasses) {
     return Corrupt(what, absl::StrCat("class_count ", h.class_count));

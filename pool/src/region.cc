@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -149,9 +150,12 @@ absl::StatusOr<std::unique_ptr<Region>> OpenRegionAt(const SourceSpec& spec, voi
   r->alignment_ = src.alignment;
   std::uint64_t size = src.size_bytes;
   if (size % kPageBytes != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(r->name_, ": size ", size, " is not a multiple of the ", kPageBytes,
-                     "-byte page; round it (e.g. ", (size / kPageBytes + 1) * kPageBytes, ")"));
+    // The source's own size (spec sizes were checked above): nothing cxlkv made, which is
+    // always whole pages.
+    return absl::InvalidArgumentError(absl::StrCat(
+        r->name_, ": size ", size, " bytes is not a multiple of the ", kPageBytes,
+        "-byte page, so it holds no arena or domain cxlkv made (they are whole pages): check "
+        "the path"));
   }
   std::uint64_t offset = 0;
   if (spec.length != 0) {
@@ -184,7 +188,32 @@ absl::StatusOr<std::unique_ptr<Region>> OpenRegionAt(const SourceSpec& spec, voi
     if (auto st = backend.mapped(spec, r->name_, r->addr_, size); !st.ok()) return st;
   }
   r->fd_ = src.fd.release();
+  src.created.clear();  // opened: a file created for it stays
   return r;
+}
+
+absl::StatusOr<std::unique_ptr<Region>> OpenExistingRegion(const SourceSpec& spec) {
+  if (spec.kind != SourceKind::kFile) return OpenRegion(spec);  // nothing else is created
+  struct stat st {};
+  if (::stat(spec.path.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(
+          absl::StrCat(spec.path,
+                       ": file does not exist (this command only reads and never creates one); "
+                       "check the path, or create an arena there with `cxlkvctl arena format ",
+                       spec.ToString(), "`"));
+    }
+    return ErrnoStatus(errno, spec.path, "stat");
+  }
+  if (S_ISREG(st.st_mode) && spec.size_bytes != 0 &&
+      static_cast<std::uint64_t>(st.st_size) != spec.size_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.path, ": file is ", st.st_size, " bytes but the spec asks for ", spec.size_bytes,
+        " (this command only reads and never resizes it); drop size= to use the file as it is"));
+  }
+  SourceSpec as_is = spec;
+  as_is.size_bytes = 0;  // the file at its size: nothing created, extended or truncated
+  return OpenRegion(as_is);
 }
 
 }  // namespace cxlkv::pool

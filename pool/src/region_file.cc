@@ -1,5 +1,6 @@
 // file: a regular file (e.g. in /dev/shm or on a DAX file system). Created with ?size= (and
-// fallocated unless reserve=0), or opened at its size.
+// fallocated unless reserve=0), or opened at its size. A file created here is removed again
+// when the open fails (ENOSPC while reserving, a bad window): a failed open leaves nothing.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,8 +18,12 @@ std::string FileName(const SourceSpec& spec) { return spec.path; }
 
 absl::Status OpenFile(const SourceSpec& spec, const std::string& /*name*/, OpenedSource* out) {
   std::uint64_t size = spec.size_bytes;
-  const int flags = O_RDWR | O_CLOEXEC | (size != 0 ? O_CREAT : 0);
-  out->fd.fd = ::open(spec.path.c_str(), flags, 0600);
+  out->fd.fd = ::open(spec.path.c_str(), O_RDWR | O_CLOEXEC);
+  if (out->fd.fd < 0 && errno == ENOENT && size != 0) {
+    out->fd.fd = ::open(spec.path.c_str(), O_RDWR | O_CLOEXEC | O_CREAT | O_EXCL, 0600);
+    // Ours now: removed again if the open fails after all (OpenedSource::created).
+    if (out->fd.fd >= 0) out->created = spec.path;
+  }
   if (out->fd.fd < 0) {
     if (errno == ENOENT && size == 0) {
       return absl::NotFoundError(absl::StrCat(

@@ -38,6 +38,15 @@ struct OpenedSource {
   Fd fd;
   std::uint64_t size_bytes = 0;
   std::uint64_t alignment = kPageBytes;
+  // A file this open created ("" : none): removed when the OpenedSource goes before the open
+  // succeeded (OpenRegionAt clears it on success), so a failed open leaves nothing behind.
+  std::string created;
+  OpenedSource() = default;
+  OpenedSource(const OpenedSource&) = delete;
+  OpenedSource& operator=(const OpenedSource&) = delete;
+  ~OpenedSource() {
+    if (!created.empty()) ::unlink(created.c_str());
+  }
 };
 
 struct SourceBackend {

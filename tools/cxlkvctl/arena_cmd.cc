@@ -1,4 +1,7 @@
 // `cxlkvctl arena format|info|recover SPEC`: create and inspect KV arenas.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -114,15 +117,26 @@ void AddArenaCommand(CLI::App& app) {
   fmt->callback([fa] {
     auto layout = pool::ParseKvLayout(fa->layout);
     if (!layout.ok()) Die(layout.status());
-    auto region = pool::OpenRegion(fa->spec);
-    if (!region.ok()) Die(region.status());
+    auto spec = pool::ParseSourceSpec(fa->spec);
+    if (!spec.ok()) Die(spec.status());
     pool::FormatOptions o;
     o.layout = *layout;
     o.classes = ParseClasses(fa->classes);
     o.owner_slots = fa->owner_slots;
     o.force = fa->force;
+    // A file this command creates is removed again when the format fails (the region too
+    // small, a bad class list): a failed format leaves nothing it created. OpenRegion removes
+    // one it created itself when the open fails.
+    struct stat before {};
+    const bool creates =
+        spec->kind == pool::SourceKind::kFile && ::stat(spec->path.c_str(), &before) != 0;
+    auto region = pool::OpenRegion(*spec);
+    if (!region.ok()) Die(region.status());
     auto a = pool::Arena::Format(std::move(*region), o);
-    if (!a.ok()) Die(a.status());
+    if (!a.ok()) {
+      if (creates) ::unlink(spec->path.c_str());
+      Die(a.status());
+    }
     Print(Describe((*a)->header(), (*a)->Usage(), fa->spec), fa->json);
   });
 
@@ -136,7 +150,10 @@ void AddArenaCommand(CLI::App& app) {
   info->add_option("spec", ia->spec, "source spec")->required();
   info->add_flag("--json", ia->json, "JSON output");
   info->callback([ia] {
-    auto region = pool::OpenRegion(ia->spec);
+    auto spec = pool::ParseSourceSpec(ia->spec);
+    if (!spec.ok()) Die(spec.status());
+    // Read-only: never creates, extends or writes the file, whatever size= says.
+    auto region = pool::OpenExistingRegion(*spec);
     if (!region.ok()) Die(region.status());
     pool::ArenaHeader h;
     const auto& r = **region;

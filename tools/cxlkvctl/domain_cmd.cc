@@ -1,5 +1,7 @@
 // cxlkvctl status|hosts|extents|prefixes|drain HOST|evict NS: the orchestrator's view of a
 // CXL domain, over its control plane (the client library's OperatorClient).
+#include <sys/un.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +11,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "commands.h"
 #include "cxlkv/orchestrator/operator_client.h"
 #include "wire_json.h"
@@ -44,6 +49,21 @@ std::string DefaultSocket() {
 // printed (the endpoint's error as it is, a call's with the hint above) and exit 1.
 template <typename Call>
 auto Invoke(const DomainOptions& o, const std::string& what, Call call) {
+  // A Unix socket path longer than sun_path holds cannot be reached: say so here (gRPC would
+  // log twice and fail with "Failed to create secure client channel").
+  for (absl::string_view one : absl::StrSplit(o.socket, ',')) {
+    if (absl::StartsWith(one, "tcp:")) continue;
+    const absl::string_view path = absl::StripPrefix(one, "unix:");
+    if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+      std::fprintf(stderr,
+                   "cxlkvctl %s: --socket '%.*s' is %zu bytes; a Unix socket path holds at most "
+                   "%zu: pass a shorter path (e.g. a symlink to the socket's directory, "
+                   "then DIR/SOCKET)\n",
+                   what.c_str(), static_cast<int>(path.size()), path.data(), path.size(),
+                   sizeof(sockaddr_un::sun_path) - 1);
+      throw CLI::RuntimeError(kExitError);
+    }
+  }
   auto client = orch::OperatorClient::Connect(o.socket);
   if (!client.ok()) {
     std::fprintf(stderr, "cxlkvctl %s: %s\n", what.c_str(),

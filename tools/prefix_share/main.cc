@@ -5,10 +5,12 @@
 // requests that start with those prefixes, leases each request's prefix in one pass
 // (AcquireChain), copies the blocks out, checks every byte it uses against what host 0 wrote,
 // and validates each copy. Prints what was shared, what was reused and what it cost.
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -259,25 +261,50 @@ int main(int argc, char** argv) {
   Report reports[2];
   int fds[2][2];
   pid_t pids[2];
+  // Each report pipe's write end lives in its host alone: when a host dies, its pipe reads EOF
+  // and the report below says so (the parent and the other host hold no copy of it).
   for (int i = 0; i < 2; ++i) {
-    if (pipe(fds[i]) != 0) return 1;
+    if (pipe2(fds[i], O_CLOEXEC) != 0) return 1;
     pids[i] = fork();
+    if (pids[i] < 0) return 1;
     if (pids[i] == 0) {
+      ::close(fds[i][0]);
+      for (int j = 0; j < i; ++j) ::close(fds[j][0]);  // the earlier host's read end
       Report r;
       const bool ok = i == 0 ? Publisher(o, r) : Reuser(o, r);
       (void)!write(fds[i][1], &r, sizeof(r));
       _exit(ok ? 0 : 1);
     }
+    ::close(fds[i][1]);
     if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // prefill first
   }
   int failed = 0;
   for (int i = 0; i < 2; ++i) {
-    if (read(fds[i][0], &reports[i], sizeof(Report)) != static_cast<ssize_t>(sizeof(Report))) {
-      std::snprintf(reports[i].error, sizeof(reports[i].error), "host %d died", i);
+    ssize_t got = 0;
+    auto* into = reinterpret_cast<char*>(&reports[i]);
+    while (got < static_cast<ssize_t>(sizeof(Report))) {
+      const ssize_t n = read(fds[i][0], into + got, sizeof(Report) - static_cast<std::size_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += n;
     }
+    ::close(fds[i][0]);
     int status = 0;
     waitpid(pids[i], &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    if (got != static_cast<ssize_t>(sizeof(Report))) {
+      reports[i] = Report{};
+      if (WIFSIGNALED(status)) {
+        std::snprintf(reports[i].error, sizeof(reports[i].error),
+                      "host %d (pid %d) died (signal %d) before reporting", i, pids[i],
+                      WTERMSIG(status));
+      } else {
+        std::snprintf(reports[i].error, sizeof(reports[i].error),
+                      "host %d (pid %d) exited (status %d) before reporting", i, pids[i],
+                      WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+      }
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+        got != static_cast<ssize_t>(sizeof(Report))) {
       std::fprintf(stderr, "cxlkv-prefix-share: host %d failed: %s\n", i, reports[i].error);
       ++failed;
     }

@@ -1,14 +1,21 @@
 // domain.toml parsing with toml++: every key is known, typed and range-checked.
 #include "cxlkv/orchestrator/config.h"
 
+#include <sys/stat.h>
+#include <sys/un.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cxlkv/coherence/prefix.h"
 #include "cxlkv/orchestrator/token.h"
+#include "cxlkv/pool/region.h"
 #include "cxlkv/pool/spec.h"
 #include "cxlkv/pool/toml_reader.h"
 
@@ -41,6 +48,139 @@ class Parser : public pool::TomlReader {
     return absl::OkStatus();
   }
 };
+
+constexpr std::uint64_t kPageBytes = 4096;
+
+// "HOST:PORT" (HOST may be empty, a name, an IPv4 address or [IPv6]) with PORT 0..65535; with
+// bare_port, "PORT" alone as well.
+bool IsHostPort(const std::string& v, bool bare_port) {
+  const std::size_t colon = v.rfind(':');
+  if (colon == std::string::npos && !bare_port) return false;
+  const std::string port = colon == std::string::npos ? v : v.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  if (std::stoul(port) > 65535) return false;
+  if (colon == std::string::npos) return true;
+  const std::string host = v.substr(0, colon);
+  if (host.find_first_of(" \t/") != std::string::npos) return false;
+  // An IPv6 address is bracketed: a colon in the host part is one otherwise.
+  if (host.find(':') != std::string::npos) {
+    return host.size() > 2 && host.front() == '[' && host.back() == ']';
+  }
+  return true;
+}
+
+// The bytes of a source a spec names, [begin, end); end 0: to the end of the source.
+struct Span {
+  std::uint64_t begin = 0, end = 0;
+};
+Span SpanOf(const pool::SourceSpec& s) {
+  if (s.length == 0) return {s.offset, 0};
+  return {s.offset, s.offset + s.length};
+}
+bool Overlap(Span a, Span b) {
+  const bool a_before_b = a.end != 0 && a.end <= b.begin;
+  const bool b_before_a = b.end != 0 && b.end <= a.begin;
+  return !a_before_b && !b_before_a;
+}
+std::string SpanText(Span s) {
+  return absl::StrCat("[", s.begin, ", ", s.end == 0 ? std::string("end") : absl::StrCat(s.end),
+                      ")");
+}
+
+// Whether two specs can name the same memory: a file or a device-DAX path, the same one by
+// name or (when both exist) by inode.
+bool SameSource(const pool::SourceSpec& a, const pool::SourceSpec& b) {
+  const auto shared_kind = [](pool::SourceKind k) {
+    return k == pool::SourceKind::kFile || k == pool::SourceKind::kDevdax;
+  };
+  if (!shared_kind(a.kind) || !shared_kind(b.kind)) return false;  // memfd, kmem: private
+  namespace fs = std::filesystem;
+  if (fs::path(a.path).lexically_normal() == fs::path(b.path).lexically_normal()) return true;
+  struct stat sa {
+  }, sb{};
+  return ::stat(a.path.c_str(), &sa) == 0 && ::stat(b.path.c_str(), &sb) == 0 &&
+         sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// What --validate and the start check beyond single keys, needing no device: the regions
+// against each other, page multiples, the extent against the pool, the prefix domain's
+// geometry against its size, the socket path's length, HOST:PORT values, share keys.
+absl::Status CheckAcrossKeys(const Config& c, absl::string_view source_name) {
+  const auto bad = [&](absl::string_view key, absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": key '", key, "': ", what));
+  };
+  auto pool_spec = pool::ParseSourceSpec(c.pool);
+  auto dom_spec = pool::ParseSourceSpec(c.prefix_domain);
+  if (!pool_spec.ok() || !dom_spec.ok()) {
+    return absl::InternalError("the region specs were parsed before");  // Spec() checked both
+  }
+  const struct {
+    const char* key;
+    const pool::SourceSpec& spec;
+  } regions[] = {{"domain.pool", *pool_spec}, {"domain.prefix_domain", *dom_spec}};
+  for (const auto& r : regions) {
+    const std::uint64_t size = r.spec.length != 0 ? r.spec.length : r.spec.size_bytes;
+    if (size % kPageBytes != 0) {
+      return bad(r.key,
+                 absl::StrCat("size ", size, " is not a multiple of the ", kPageBytes,
+                              "-byte page; round it up to ", (size / kPageBytes + 1) * kPageBytes));
+    }
+  }
+  if (SameSource(*pool_spec, *dom_spec) && Overlap(SpanOf(*pool_spec), SpanOf(*dom_spec))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source_name, ": keys 'domain.pool' and 'domain.prefix_domain' name the same memory (",
+        dom_spec->path, ", bytes ", SpanText(SpanOf(*pool_spec)), " and ",
+        SpanText(SpanOf(*dom_spec)),
+        "): the first extent's arena would be formatted over the prefix domain. Give the prefix "
+        "domain a file or device of its own, or give both windows that do not overlap "
+        "(offset=, length=)"));
+  }
+  const std::uint64_t pool_bytes =
+      pool_spec->length != 0 ? pool_spec->length : pool_spec->size_bytes;
+  if (pool_bytes != 0 && pool_bytes < c.extent_bytes) {
+    return bad("domain.extent_size",
+               absl::StrCat(c.extent_bytes, " bytes is larger than domain.pool (", pool_bytes,
+                            " bytes): lower extent_size or give the pool a larger size="));
+  }
+  const std::uint64_t dom_bytes = dom_spec->length != 0 ? dom_spec->length : dom_spec->size_bytes;
+  coherence::DomainGeometry g;
+  g.max_hosts = c.max_hosts;
+  g.index_entries = c.index_entries;
+  g.lease_rows = c.lease_rows;
+  g.ring_slots = c.ring_slots;
+  if (dom_bytes != 0 && coherence::DomainBytes(g) > dom_bytes) {
+    return bad("domain.prefix_domain",
+               absl::StrCat(dom_bytes, " bytes cannot hold this geometry (max_hosts ", c.max_hosts,
+                            ", index_entries ", c.index_entries, ", lease_rows ", c.lease_rows,
+                            ", ring_slots ", c.ring_slots, " need ", coherence::DomainBytes(g),
+                            " bytes): give it size=", pool::FormatBytes(coherence::DomainBytes(g)),
+                            " or more, or lower index_entries"));
+  }
+  sockaddr_un addr{};
+  if (c.socket.size() >= sizeof(addr.sun_path)) {
+    return bad("rpc.socket", absl::StrCat("'", c.socket, "' is ", c.socket.size(),
+                                          " bytes; a Unix socket path holds at most ",
+                                          sizeof(addr.sun_path) - 1, ": choose a shorter path"));
+  }
+  if (!c.metrics_listen.empty() && !IsHostPort(c.metrics_listen, true)) {
+    return bad("metrics.listen",
+               absl::StrCat("'", c.metrics_listen,
+                            "' is not HOST:PORT or PORT with a port of 0..65535 (e.g. "
+                            "\"127.0.0.1:9464\"; \"\" turns the endpoint off)"));
+  }
+  for (const auto& [host, share] : c.shares) {
+    if (!c.HostAllowed(host)) {
+      return bad(absl::StrCat("capacity.shares.", host),
+                 absl::StrCat("host id ", host, " can never join this domain (",
+                              host >= c.max_hosts
+                                  ? absl::StrCat("not below domain.max_hosts ", c.max_hosts)
+                                  : std::string("not in hosts.allowed"),
+                              "): fix the id, or drop the share"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -340,9 +480,10 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
     return missing("domain.state_file", "state_file = \"/var/lib/cxlkv/domain.state\"");
   if (c.socket.empty()) return missing("rpc.socket", "socket = \"/run/cxlkv/domain.sock\"");
   if (!c.tcp.empty()) {
-    if (c.tcp.rfind(':') == std::string::npos || c.tcp.back() == ':') {
-      return absl::InvalidArgumentError(absl::StrCat(source_name, ": key 'rpc.tcp': '", c.tcp,
-                                                     "' is not HOST:PORT (e.g. \"0.0.0.0:7443\")"));
+    if (!IsHostPort(c.tcp, false)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source_name, ": key 'rpc.tcp': '", c.tcp,
+                       "' is not HOST:PORT with a port of 0..65535 (e.g. \"0.0.0.0:7443\")"));
     }
     if (c.token_file.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -417,6 +558,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
                                                      c.max_hosts, ")"));
     }
   }
+  if (auto st2 = CheckAcrossKeys(c, source_name); !st2.ok()) return st2;
   return c;
 }
 
@@ -431,7 +573,46 @@ absl::StatusOr<int> Config::PinLevelOf(absl::string_view ns) const {
       known.empty() ? "it has no [[namespace]] tables" : absl::StrCat("known: ", known), ")"));
 }
 
+absl::Status CheckConfigOnHost(const Config& c) {
+  struct stat sb {};
+  if (::stat(c.state_file.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "domain.state_file ", c.state_file, " is ",
+        S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file", ": name a file (e.g. ",
+        c.state_file, S_ISDIR(sb.st_mode) ? "/domain.state" : ".state",
+        ") where the domain's state is kept"));
+  }
+  const struct {
+    const char* key;
+    const std::string& spec;
+    const char* holds;
+  } regions[] = {{"domain.pool", c.pool, "every host's extents"},
+                 {"domain.prefix_domain", c.prefix_domain, "the domain's shared prefix index"}};
+  for (const auto& r : regions) {
+    auto spec = pool::ParseSourceSpec(r.spec);
+    if (!spec.ok() || spec->kind != pool::SourceKind::kFile || spec->size_bytes == 0) continue;
+    if (::stat(spec->path.c_str(), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size == 0) continue;
+    const auto have = static_cast<std::uint64_t>(sb.st_size);
+    if (have != spec->size_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          r.key, " '", r.spec, "': the file is ", have, " bytes (", pool::FormatBytes(have),
+          ") but size= asks for ", spec->size_bytes, ". The file holds ", r.holds,
+          ": set size= back to ", pool::FormatBytes(have),
+          " (or drop size=); a domain's regions cannot be resized in place, and removing the "
+          "file discards what it holds"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Config> LoadConfig(const std::string& path) {
+  struct stat sb {};
+  if (::stat(path.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config '", path, "' is ", S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file",
+        ": pass --config with the domain's TOML file (e.g. ", path,
+        S_ISDIR(sb.st_mode) ? "/domain.toml)" : " -> /etc/cxlkv/domain.toml)"));
+  }
   std::ifstream in(path);
   if (!in) {
     return absl::NotFoundError(absl::StrCat("cannot read config '", path,

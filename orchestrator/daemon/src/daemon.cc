@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -32,6 +33,7 @@
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
 #include "directory_service.h"
+#include "domain_lock.h"
 #include "fence.h"
 #include "ha.h"
 #include "nlohmann/json.hpp"
@@ -97,6 +99,60 @@ std::string SelfDescription(const Config& c, int tcp_port = 0) {
     j["endpoint"] = absl::StrCat(addr, ":", tcp_port);
   }
   return j.dump();
+}
+
+// Whether `path` may be bound: absent (false), or a socket nothing answers on, a killed
+// daemon's (true: remove it first). Anything else is refused, naming it and the fix; nothing
+// is changed here.
+absl::StatusOr<bool> SocketIsStale(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return false;
+    return absl::UnavailableError(
+        absl::StrCat("rpc.socket '", path, "': ", pool::ErrnoText(errno)));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rpc.socket '", path, "' exists and is not a socket (",
+                     S_ISDIR(st.st_mode)   ? "a directory"
+                     : S_ISREG(st.st_mode) ? "a regular file"
+                                           : "not a socket",
+                     "); it was left as it is: move it away, or set rpc.socket to another path"));
+  }
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", pool::ErrnoText(errno)));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), std::min(path.size(), sizeof(addr.sun_path) - 1));
+  const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  const int err = errno;
+  ::close(fd);
+  if (rc == 0 || err == EAGAIN) {
+    // Someone listens there: another domain's daemon, or another program.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rpc.socket '", path,
+        "' is in use: a running process answers on it (another domain's orchestrator? `cxlkvctl "
+        "status --socket ",
+        path, "` tells). It was left as it is: set rpc.socket to a path of this domain's own"));
+  }
+  if (err != ECONNREFUSED && err != ENOENT) {
+    return absl::UnavailableError(absl::StrCat("rpc.socket '", path,
+                                               "': cannot tell whether it is "
+                                               "in use (connect: ",
+                                               pool::ErrnoText(err), ")"));
+  }
+  return true;
+}
+
+// Makes `path` free for bind: a stale socket is removed, anything else refused (SocketIsStale).
+absl::Status ClearStaleSocket(const std::string& path) {
+  auto stale = SocketIsStale(path);
+  if (!stale.ok()) return stale.status();
+  if (*stale && ::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::UnavailableError(absl::StrCat(
+        "rpc.socket '", path, "': cannot remove the stale socket: ", pool::ErrnoText(errno)));
+  }
+  return absl::OkStatus();
 }
 
 const char* EntryStateName(std::uint8_t s) {
@@ -621,10 +677,24 @@ Orchestrator::~Orchestrator() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c,
                                                                  const OpenOptions& options) {
+  // Nothing is touched before this daemon holds its domain: a second start of the same
+  // domain.toml (or a unit started twice) stops here, naming the running one.
+  if (auto st = CheckConfigOnHost(c); !st.ok()) return st;
+  auto lock = DomainLock::Acquire(c);
+  if (!lock.ok()) return lock.status();
+  // The socket path is checked now too (Start checks it again and replaces a stale socket):
+  // something in the way refuses the start before a state file is written or a domain
+  // formatted.
+  if (auto stale = SocketIsStale(c.socket); !stale.ok()) return stale.status();
   auto pool = pool::OpenRegion(c.pool);
   if (!pool.ok()) {
     return absl::Status(pool.status().code(),
                         absl::StrCat("domain.pool '", c.pool, "': ", pool.status().message()));
+  }
+  // With [etcd] every candidate maps the same pool and prefix domain (the election decides who
+  // writes); without it, this daemon is their only owner on this host.
+  if (!c.etcd.enabled()) {
+    if (auto st = (*lock)->LockRegion("domain.pool", c.pool); !st.ok()) return st;
   }
   if ((*pool)->size_bytes() < c.extent_bytes) {
     return absl::InvalidArgumentError(
@@ -639,6 +709,12 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
     return absl::Status(dom.status().code(), absl::StrCat("domain.prefix_domain '", c.prefix_domain,
                                                           "': ", dom.status().message()));
   }
+  if (!c.etcd.enabled()) {
+    if (auto st = (*lock)->LockRegion("domain.prefix_domain", c.prefix_domain); !st.ok()) {
+      return st;
+    }
+  }
+  o->lock_ = *std::move(lock);
   o->domain_region_ = *std::move(dom);
   o->domain_mem_ =
       std::make_unique<co::DirectMem>(o->domain_region_->addr(), o->domain_region_->size_bytes());
@@ -646,7 +722,10 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
   if (!header.ok() && !absl::IsNotFound(header.status())) {
     return absl::Status(
         header.status().code(),
-        absl::StrCat("domain.prefix_domain '", c.prefix_domain, "': ", header.status().message()));
+        absl::StrCat("domain.prefix_domain '", c.prefix_domain, "': ", header.status().message(),
+                     ". Nothing was changed. Check that domain.prefix_domain names this domain's "
+                     "own file or device (not domain.pool or another domain's, nor an arena); "
+                     "if it is, restore it from a backup"));
   }
   const bool formatted = header.ok();
   o->new_domain_ = options.new_domain;
@@ -769,27 +848,38 @@ absl::Status Orchestrator::Start() {
       metrics_ = std::make_unique<Metrics>(config_.metrics_listen);
     } catch (const std::exception& e) {
       return absl::UnavailableError(
-          absl::StrCat("metrics.listen '", config_.metrics_listen, "': ", e.what()));
+          absl::StrCat("metrics.listen '", config_.metrics_listen,
+                       "': cannot listen there (the address is in use or not this machine's; "
+                       "the HTTP server said: ",
+                       e.what(), "): choose another HOST:PORT, or \"\" to turn metrics off"));
     }
   }
-  // The socket: created fresh (a stale one from a killed daemon is replaced).
   sockaddr_un addr{};
   if (config_.socket.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rpc.socket '", config_.socket, "' is longer than a Unix socket path may be"));
+        absl::StrCat("rpc.socket '", config_.socket, "' is ", config_.socket.size(),
+                     " bytes; a Unix socket path holds at most ", sizeof(addr.sun_path) - 1,
+                     ": choose a shorter path"));
   }
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(config_.socket).parent_path(), ec);
-  ::unlink(config_.socket.c_str());
-  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // The socket: a stale one (a killed daemon's) is replaced, and nothing else is: this daemon
+  // holds its domain (Open), so a socket at the path that answers belongs to someone else.
+  if (auto st = ClearStaleSocket(config_.socket); !st.ok()) return st;
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, config_.socket.c_str(), config_.socket.size());
   // Bound now, listening only once every endpoint is up: a connect to the socket succeeds
   // exactly when the daemon (TCP included) is ready, which is what launchers wait for.
-  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("rpc.socket '", config_.socket, "': ", pool::ErrnoText(errno)));
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    return absl::UnavailableError(absl::StrCat(
+        "rpc.socket '", config_.socket, "': ", pool::ErrnoText(err),
+        err == EADDRINUSE ? " (another process bound it just now: choose another rpc.socket)"
+                          : ""));
   }
+  listen_fd_ = fd;
   ::chmod(config_.socket.c_str(), 0666);  // access is decided by peer credentials
   service_ = std::make_unique<Service>(*this);
   grpc::ServerBuilder builder;
@@ -1250,7 +1340,12 @@ void Orchestrator::Stop() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (owner_thread_.joinable()) owner_thread_.join();
-  if (listen_fd_ >= 0) ::unlink(config_.socket.c_str());
+  // Only a socket nothing answers on (this daemon's, now closed): one another process bound
+  // there since is left alone.
+  if (listen_fd_ >= 0) {
+    auto stale = SocketIsStale(config_.socket);
+    if (stale.ok() && *stale) ::unlink(config_.socket.c_str());
+  }
 }
 
 }  // namespace cxlkv::orchestrator

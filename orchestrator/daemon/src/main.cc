@@ -31,6 +31,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (validate) {
+    // Everything that needs no device and changes nothing; the start checks it again.
+    if (auto st = cxlkv::orchestrator::CheckConfigOnHost(*config); !st.ok()) {
+      std::fprintf(stderr, "cxlkv-orchestrator: %s\n", std::string(st.message()).c_str());
+      return 2;
+    }
     std::printf("%s: valid (domain '%s', pool %s, %zu namespaces)\n", config_path.c_str(),
                 config->name.c_str(), config->pool.c_str(), config->namespaces.size());
     return 0;

@@ -342,8 +342,18 @@ absl::Status DomainState::Load(std::int64_t now_ms) {
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  if (auto st = Deserialize(ss.str(), now_ms); !st.ok()) {
-    return absl::DataLossError(absl::StrCat(c_.state_file, ": ", st.message()));
+  const std::string text = ss.str();
+  // Every corrupt file gets the same fix: the daemon stopped before changing anything.
+  const char* fix =
+      ". Nothing was changed: restore the file from a backup (it holds which host holds which "
+      "extent); only if there is none, move it away and start once with --new-domain (every "
+      "extent then stays quarantined for a full capacity lease)";
+  if (text.empty()) {
+    return absl::DataLossError(absl::StrCat("state file ", c_.state_file, " is empty", fix));
+  }
+  if (auto st = Deserialize(text, now_ms); !st.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(c_.state_file, ": the state file is corrupt: ", st.message(), fix));
   }
   return absl::OkStatus();
 }

@@ -73,6 +73,11 @@ class Region {
 // reserve the file), kFailedPrecondition (device in the wrong mode).
 absl::StatusOr<std::unique_ptr<Region>> OpenRegion(const SourceSpec& spec);
 absl::StatusOr<std::unique_ptr<Region>> OpenRegion(absl::string_view spec);
+// For read-only commands (`cxlkvctl arena info`): opens an existing source at its size and
+// never creates, extends or truncates a file. A file spec's size= must match the file
+// (kInvalidArgument otherwise); a missing file is kNotFound naming the path and the fix.
+// Other kinds open as OpenRegion does (they create nothing that outlives the process).
+absl::StatusOr<std::unique_ptr<Region>> OpenExistingRegion(const SourceSpec& spec);
 // The same, mapped at `at` (MAP_FIXED; nullptr: anywhere) inside an address range the
 // caller reserved (e.g. a PROT_NONE placeholder): `at` must be aligned to the source's
 // alignment. Destroying such a Region puts an inaccessible placeholder back instead of

@@ -118,8 +118,18 @@ struct Config {
 };
 
 // Parses a configuration. Errors are kInvalidArgument: "<source>:<line>: key '<k>': <what>".
+// Beyond single keys it checks what needs no device: the pool and the prefix domain against
+// each other (the same file or device with overlapping windows names both keys), page
+// multiples, the extent against the pool's size=, the prefix domain's geometry against its
+// size=, the socket path's length, HOST:PORT values and [capacity.shares] host ids.
 absl::StatusOr<Config> ParseConfig(absl::string_view toml, absl::string_view source_name);
+// Errors naming the file and the fix, kInvalidArgument for a path that is not a regular file.
 absl::StatusOr<Config> LoadConfig(const std::string& path);
+// The checks of a parsed configuration against this host that need no device and change
+// nothing: domain.state_file is not a directory; an existing pool or prefix-domain file has
+// the size its size= asks for. `cxlkv-orchestrator --validate` and Orchestrator::Open run it.
+// kInvalidArgument naming the key and the fix.
+absl::Status CheckConfigOnHost(const Config& c);
 
 }  // namespace cxlkv::orchestrator
 

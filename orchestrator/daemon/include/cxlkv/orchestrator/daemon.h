@@ -46,6 +46,7 @@ class Service;
 namespace cxlkv::orchestrator {
 
 class Announcer;
+class DomainLock;
 class FencedMem;
 class HaSession;
 class Metrics;
@@ -67,13 +68,16 @@ struct OpenOptions {
 
 class Orchestrator {
  public:
-  // Opens (creating when absent) the pool and the prefix domain, loads the state file (see
+  // Takes the domain's lock first (kFailedPrecondition naming the running daemon when another
+  // one holds it; docs/orchestrator.md "One orchestrator per domain"), then opens (creating
+  // when absent) the pool and the prefix domain and loads the state file (see
   // OpenOptions::new_domain for a missing one).
   static absl::StatusOr<std::unique_ptr<Orchestrator>> Open(const Config& c,
                                                             const OpenOptions& options = {});
   ~Orchestrator();
 
-  // Starts the owner thread, the RPC server and the metrics endpoint.
+  // Starts the owner thread, the RPC server and the metrics endpoint. rpc.socket is replaced
+  // only when it is a socket nothing answers on; anything else there is refused and left.
   absl::Status Start();
   void Stop();
 
@@ -157,8 +161,10 @@ class Orchestrator {
   // The fence line as this leader last wrote it.
   coherence::OwnerFenceLine fence_ ABSL_GUARDED_BY(mu_){};
   std::uint64_t fence_violations_ ABSL_GUARDED_BY(mu_) = 0;
-  bool cache_failure_logged_ ABSL_GUARDED_BY(mu_) = false;
 
+  // Held for the daemon's life, released after the regions and the server below: the state
+  // file's lock and, without [etcd], the pool's and the prefix domain's (domain_lock.h).
+  std::unique_ptr<DomainLock> lock_;
   Config config_;
   coherence::SteadyClock steady_;
   coherence::Clock* clock_ = &steady_;
@@ -172,6 +178,8 @@ class Orchestrator {
   int listen_fd_ = -1;
   int tcp_port_ = 0;
   std::atomic<bool> stop_{false};
+  // Beside stop_ (the hole before the threads): the class keeps its size with lock_.
+  bool cache_failure_logged_ ABSL_GUARDED_BY(mu_) = false;
   std::thread owner_thread_, accept_thread_;
   std::int64_t started_ms_ = 0;
   std::atomic<std::uint64_t> refused_{0};
