@@ -542,6 +542,10 @@ TEST(OrchestratorValidate, MetricsAddressInUseIsNamedWithTheFix) {
       << r.err;
   EXPECT_NE(r.err.find("choose another HOST:PORT, or \"\" to turn metrics off"), std::string::npos)
       << r.err;
+  // Refused before anything was written: no state file, no socket.
+  struct stat st {};
+  EXPECT_NE(::stat((dir + "/d.state").c_str(), &st), 0) << "a state file was written";
+  EXPECT_NE(::stat((dir + "/o.sock").c_str(), &st), 0) << "a socket was bound";
   const std::string cmd = "rm -rf " + dir;
   EXPECT_EQ(std::system(cmd.c_str()), 0);
 }

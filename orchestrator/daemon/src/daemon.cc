@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
+#include <netdb.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -675,6 +676,58 @@ Orchestrator::Orchestrator(const Config& c, std::uint64_t pool_bytes)
 
 Orchestrator::~Orchestrator() { Stop(); }
 
+namespace {
+
+// The message for a metrics.listen this daemon cannot listen on (Open probes it before anything
+// is written; Start, which binds it for real, says the same if it was taken in between).
+absl::Status MetricsListenRefused(const std::string& listen, absl::string_view why) {
+  return absl::UnavailableError(
+      absl::StrCat("metrics.listen '", listen,
+                   "': cannot listen there (the address is in use or not this machine's; ", why,
+                   "): choose another HOST:PORT, or \"\" to turn metrics off"));
+}
+
+// Whether HOST:PORT can be bound now (SO_REUSEADDR, as the HTTP server binds it).
+absl::Status ProbeListen(const std::string& listen) {
+  const std::size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return MetricsListenRefused(listen, "no :PORT");
+  std::string host = listen.substr(0, colon);
+  const std::string port = listen.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints,
+                                   &res);
+      rc != 0) {
+    return MetricsListenRefused(listen, absl::StrCat("getaddrinfo: ", ::gai_strerror(rc)));
+  }
+  int err = 0;
+  for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    const bool bound = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (!bound) err = errno;
+    ::close(fd);
+    if (bound) {
+      ::freeaddrinfo(res);
+      return absl::OkStatus();
+    }
+  }
+  ::freeaddrinfo(res);
+  return MetricsListenRefused(listen, absl::StrCat("bind: ", pool::ErrnoText(err)));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c,
                                                                  const OpenOptions& options) {
   // Nothing is touched before this daemon holds its domain: a second start of the same
@@ -686,6 +739,9 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
   // something in the way refuses the start before a state file is written or a domain
   // formatted.
   if (auto stale = SocketIsStale(c.socket); !stale.ok()) return stale.status();
+  if (!c.metrics_listen.empty()) {
+    if (auto st = ProbeListen(c.metrics_listen); !st.ok()) return st;
+  }
   auto pool = pool::OpenRegion(c.pool);
   if (!pool.ok()) {
     return absl::Status(pool.status().code(),
@@ -847,11 +903,8 @@ absl::Status Orchestrator::Start() {
     try {
       metrics_ = std::make_unique<Metrics>(config_.metrics_listen);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("metrics.listen '", config_.metrics_listen,
-                       "': cannot listen there (the address is in use or not this machine's; "
-                       "the HTTP server said: ",
-                       e.what(), "): choose another HOST:PORT, or \"\" to turn metrics off"));
+      return MetricsListenRefused(config_.metrics_listen,
+                                  absl::StrCat("the HTTP server said: ", e.what()));
     }
   }
   sockaddr_un addr{};
