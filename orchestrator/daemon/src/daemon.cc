@@ -700,8 +700,8 @@ absl::Status ProbeListen(const std::string& listen) {
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* res = nullptr;
-  if (const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints,
-                                   &res);
+  if (const int rc =
+          ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &res);
       rc != 0) {
     return MetricsListenRefused(listen, absl::StrCat("getaddrinfo: ", ::gai_strerror(rc)));
   }

@@ -176,7 +176,7 @@ class Orchestrator {
   int listen_fd_ = -1;
   int tcp_port_ = 0;
   std::atomic<bool> stop_{false};
-  bool new_domain_ = false;                // --new-domain (HA: used by the first leader)
+  bool new_domain_ = false;  // --new-domain (HA: used by the first leader)
   bool leading_ ABSL_GUARDED_BY(mu_) = false;
   bool read_only_ ABSL_GUARDED_BY(mu_) = false;
   // Beside stop_ (the hole before the threads): the class keeps its size with lock_.
