@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/coherence/prefix.h"
+#include "cxlkv/coherence/sim.h"
 #include "cxlkv/orchestrator/client.h"
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/daemon.h"
@@ -325,6 +326,7 @@ class FenceAudit {
   struct Sample {
     std::int64_t at_ms;
     std::uint64_t epoch, batches;
+    std::uint64_t released;  // the release line's epoch (0: none)
   };
   // Every change seen (epoch or batch count), in time order.
   std::vector<Sample> samples() {
@@ -356,17 +358,37 @@ class FenceAudit {
     }
     return any ? last - first + 1 : 0;
   }
+  // When the fence line first named `epoch`, and when the release line first named it (-1:
+  // never).
+  std::int64_t FirstWrittenMs(std::uint64_t epoch) {
+    for (const Sample& s : samples()) {
+      if (s.epoch == epoch) return s.at_ms;
+    }
+    return -1;
+  }
+  std::int64_t FirstReleasedMs(std::uint64_t epoch) {
+    for (const Sample& s : samples()) {
+      if (s.released == epoch) return s.at_ms;
+    }
+    return -1;
+  }
 
  private:
   void Run() {
     co::OwnerFenceLine prev{};
+    std::uint64_t prev_released = 0;
     while (!stop_.load()) {
       co::OwnerFenceLine l;
       std::memcpy(&l, base_ + co::kOwnerFenceOffset, sizeof(l));
-      if (co::LineValid(l) && (l.epoch != prev.epoch || l.batches != prev.batches)) {
+      co::OwnerReleaseLine r;
+      std::memcpy(&r, base_ + co::kOwnerReleaseOffset, sizeof(r));
+      const std::uint64_t released = co::LineValid(r) ? r.epoch : prev_released;
+      if (co::LineValid(l) &&
+          (l.epoch != prev.epoch || l.batches != prev.batches || released != prev_released)) {
         absl::MutexLock lock(&mu_);
-        samples_.push_back(Sample{NowMs(), l.epoch, l.batches});
+        samples_.push_back(Sample{NowMs(), l.epoch, l.batches, released});
         prev = l;
+        prev_released = released;
       }
       std::this_thread::sleep_for(milliseconds(1));
     }
@@ -655,10 +677,16 @@ TEST_F(HaTest, StoppedLeaderDoesNotWriteAfterItsSuccessorStarted) {
   std::this_thread::sleep_for(milliseconds(1000));  // long past a's TTL
 
   const std::int64_t resumed = NowMs();
+  // a was stopped past its write deadline: its write-back agent ended it (so that it cannot
+  // resume inside a store), wrote the domain back and released its epoch, before b wrote.
   a.Kill(SIGCONT);
-  // a steps down on its own clock and answers as a standby.
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "standby"; }, milliseconds(5000)))
-      << ReadFile(a.log);
+  int status = 0;
+  ASSERT_EQ(::waitpid(a.pid, &status, 0), a.pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << ReadFile(a.log);
+  a.pid = -1;
+  EXPECT_GE(audit.FirstReleasedMs(epoch_a), 0) << "a's epoch was never released";
+  EXPECT_LE(audit.FirstReleasedMs(epoch_a), audit.FirstWrittenMs(epoch_b))
+      << "b wrote the domain before a's epoch was released";
   std::this_thread::sleep_for(milliseconds(1500));
   // Grants keep working at b, and no extent went to two hosts.
   std::vector<std::uint32_t> g1b;
@@ -673,7 +701,8 @@ TEST_F(HaTest, StoppedLeaderDoesNotWriteAfterItsSuccessorStarted) {
   EXPECT_GT(audit.BatchesAfter(epoch_b, resumed), 10u);
   EXPECT_EQ(audit.LastEpoch(), epoch_b);
   const std::string alog = ReadFile(a.log), blog = ReadFile(b.log);
-  EXPECT_NE(alog.find("no longer the leader"), std::string::npos) << alog;
+  EXPECT_NE(alog.find("stopped past its write deadline"), std::string::npos) << alog;
+  EXPECT_NE(alog.find(absl::StrCat("epoch ", epoch_a, " released")), std::string::npos) << alog;
   EXPECT_EQ(blog.find("not this leader's"), std::string::npos) << "b saw a foreign epoch:\n"
                                                                << blog;
 }
@@ -1353,6 +1382,67 @@ TEST(Fence, FencedMemDropsStoresOnceTheGateCloses) {
   EXPECT_EQ(at64, 2u);
 }
 
+// The release (docs/ha.md "Release") on the non-coherence simulator: a store the old machine
+// made but never wrote back (its process stopped or killed between the store and the clwb)
+// reaches memory before the release line does, so a successor on another machine that sees
+// the release finds it. Without the write-back of the domain range, the store would still sit
+// in the old machine's cache, to land over the successor's lines at any later time (audit-ha
+// #2).
+TEST(Fence, ReleaseWritesTheOldMachinesCacheBackBeforeTheReleaseLine) {
+  co::SimMemory media(64 * 1024, 1, co::SimOptions{});
+  auto old_machine = media.NewView(0);
+  auto successor = media.NewView(0);
+  const std::uint64_t entry = 8192, value = 0xAB;
+  old_machine->Write(entry, &value, sizeof(value));  // dirty in its cache, never flushed
+  std::uint64_t seen = 0;
+  successor->Invalidate(entry, sizeof(seen));
+  successor->Read(entry, &seen, sizeof(seen));
+  ASSERT_EQ(seen, 0u) << "the simulator lost its non-coherence";
+  co::OwnerReleaseLine r{};
+  ASSERT_TRUE(orch::ReadReleaseLine(*successor, &r));  // all zero: nothing released yet
+  EXPECT_EQ(r.epoch, 0u);
+  co::OwnerReleaseLine w{};
+  w.epoch = 5;
+  w.cluster_id = 9;
+  w.by = co::kReleasedByAgent;
+  orch::ReleaseTerm(*old_machine, media.size_bytes(), w);
+  ASSERT_TRUE(orch::ReadReleaseLine(*successor, &r));
+  EXPECT_EQ(r.epoch, 5u);
+  EXPECT_EQ(r.cluster_id, 9u);
+  EXPECT_EQ(r.version, co::kOwnerReleaseVersion);
+  successor->Invalidate(entry, sizeof(seen));
+  successor->Read(entry, &seen, sizeof(seen));
+  EXPECT_EQ(seen, value) << "the release line was visible before the old machine's store";
+  // Lies in the header page, before the fence line, clear of the header.
+  EXPECT_EQ(co::kOwnerReleaseOffset + 64, co::kOwnerFenceOffset);
+}
+
+// What a successor waits for: the release of exactly the term the fence line names.
+TEST(Fence, ASuccessorWaitsForTheReleaseOfTheTermTheFenceLineNames) {
+  co::OwnerFenceLine f{};
+  co::OwnerReleaseLine none{}, r{};
+  EXPECT_TRUE(orch::TermReleased(true, f, true, none, none)) << "never elected: nothing to wait";
+  f.epoch = 10;
+  f.cluster_id = 3;
+  EXPECT_FALSE(orch::TermReleased(true, f, true, none, none));
+  EXPECT_FALSE(orch::TermReleased(true, f, false, r, none)) << "a torn release line";
+  r.epoch = 9;
+  r.cluster_id = 3;
+  EXPECT_FALSE(orch::TermReleased(true, f, true, r, none)) << "an older term's release";
+  r.epoch = 11;
+  EXPECT_FALSE(orch::TermReleased(true, f, true, r, none)) << "another term's release";
+  r.epoch = 10;
+  r.cluster_id = 4;
+  EXPECT_FALSE(orch::TermReleased(true, f, true, r, none)) << "a foreign cluster's epoch 10";
+  r.cluster_id = 3;
+  EXPECT_TRUE(orch::TermReleased(true, f, true, r, none));
+  // A torn fence line: its term is unknown; only a release written after the wait began.
+  EXPECT_FALSE(orch::TermReleased(false, f, true, r, r));
+  co::OwnerReleaseLine later = r;
+  later.at_ms = 1;
+  EXPECT_TRUE(orch::TermReleased(false, f, true, later, r));
+}
+
 TEST(Fence, LineRoundTripsAndATornLineDoesNotValidate) {
   std::vector<std::byte> buf(8192);
   co::DirectMem mem(buf.data(), buf.size());
@@ -1450,7 +1540,8 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
       "inproc.toml");
   ASSERT_TRUE(c.ok()) << c.status();
   JumpingClock clock;
-  auto o = orch::Orchestrator::Open(*c, orch::OpenOptions{.new_domain = true, .clock = &clock});
+  auto o = orch::Orchestrator::Open(
+      *c, orch::OpenOptions{.new_domain = true, .clock = &clock, .write_back_agent = false});
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_TRUE((*o)->Start().ok());
   auto role = [&] {
@@ -1480,10 +1571,20 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
     EXPECT_EQ((*o)->RoleLocked(), "standby");
     EXPECT_TRUE(absl::IsUnavailable((*o)->ServingLocked()));
   }
-  // Well before a re-election could write (it pauses 500 ms after stepping down).
+  // Well before a re-election could write (it pauses 500 ms after stepping down). The one
+  // store a deposed leader still makes is its release (docs/ha.md "The fence", layer 4):
+  // every other byte stays as it was.
   std::this_thread::sleep_for(milliseconds(300));
-  EXPECT_TRUE(ReadAll(dir + "/domain") == before)
-      << "the domain changed after the leader's write deadline passed";
+  std::string after = ReadAll(dir + "/domain");
+  ASSERT_EQ(after.size(), before.size());
+  co::OwnerReleaseLine released{};
+  std::memcpy(&released, after.data() + co::kOwnerReleaseOffset, sizeof(released));
+  EXPECT_TRUE(co::LineValid(released));
+  EXPECT_EQ(released.epoch, static_cast<std::uint64_t>(first));
+  EXPECT_EQ(released.by, co::kReleasedByLeader);
+  std::memcpy(after.data() + co::kOwnerReleaseOffset, before.data() + co::kOwnerReleaseOffset,
+              sizeof(released));
+  EXPECT_TRUE(after == before) << "the domain changed after the leader's write deadline passed";
 
   // Stepped down, campaigned again, and leads at a higher epoch (it is the only candidate).
   ASSERT_TRUE(
@@ -1493,6 +1594,138 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
   EXPECT_EQ(audit.Regression(), 0u);
   (*o)->Stop();
   o->reset();
+  const std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+// A stopped VM's clocks (kvmclock): every reading blocks while frozen, and the clock carries
+// on from the held value after the thaw, so the stop is never counted. Freeze() stops the
+// whole "VM" at each thread's next reading (the owner's inside its batch: the fenced Mem reads
+// the clock before every store).
+class VmClock final : public co::Clock {
+ public:
+  std::int64_t NowMs() override {
+    absl::MutexLock l(&mu_);
+    if (frozen_) {
+      ++blocked_;
+      mu_.Await(absl::Condition(
+          +[](bool* f) { return !*f; }, &frozen_));
+    }
+    return base_.NowMs() - lost_;
+  }
+  void Freeze() {
+    absl::MutexLock l(&mu_);
+    frozen_ = true;
+    since_ = base_.NowMs();
+  }
+  void Thaw() {
+    absl::MutexLock l(&mu_);
+    lost_ += base_.NowMs() - since_;
+    frozen_ = false;
+  }
+  int blocked() {
+    absl::MutexLock l(&mu_);
+    return blocked_;
+  }
+
+ private:
+  co::SteadyClock base_;
+  absl::Mutex mu_;
+  bool frozen_ ABSL_GUARDED_BY(mu_) = false;
+  std::int64_t since_ ABSL_GUARDED_BY(mu_) = 0, lost_ ABSL_GUARDED_BY(mu_) = 0;
+  int blocked_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Audit-ha #1: the leader's VM stops inside an owner batch, long enough for a successor to be
+// elected, and its clocks do not count the stop. On resume its own write gate is open (its
+// clock says the deadline is still ahead). The successor must not have written anything by
+// then: it waits for the release of the old term, which the old leader writes once it learns
+// it was deposed (its next keep-alive finds the lease gone) and stops storing. So every store
+// of the old term lands before the successor's first, the fence line never goes back to the
+// old epoch, and the successor never resigns over a stale line. (Before the release, the
+// successor wrote at once and the resumed leader put its old epoch back: checked.)
+TEST_F(HaTest, AResumedLeaderWithFrozenClocksStoresNothingAfterItsSuccessor) {
+  char tmpl[] = "/tmp/cxlkv-ha-frozen-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto config = [&](const std::string& node) {
+    return orch::ParseConfig(
+        "[domain]\nname = \"frozen\"\npool = \"file:" + dir +
+            "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
+            "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir + "/" + node +
+            ".state\"\nindex_entries = 1024\nmax_hosts = 4\n[rpc]\nsocket = \"" + dir + "/" + node +
+            ".sock\"\n[metrics]\nlisten = \"\"\n[etcd]\nendpoints = " + etcd_->EndpointsToml() +
+            "\nnode = \"" + node + "\"\nttl_s = 2\n",
+        node + ".toml");
+  };
+  auto ca = config("a"), cb = config("b");
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  ASSERT_TRUE(cb.ok()) << cb.status();
+  VmClock vm;
+  auto a = orch::Orchestrator::Open(
+      *ca, orch::OpenOptions{.new_domain = true, .clock = &vm, .write_back_agent = false});
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*a)->Start().ok());
+  auto role = [](orch::Orchestrator& o) {
+    absl::MutexLock l(&o.mu_);
+    return o.RoleLocked();
+  };
+  auto epoch = [](orch::Orchestrator& o) {
+    absl::MutexLock l(&o.mu_);
+    return o.epoch_locked();
+  };
+  ASSERT_TRUE(Eventually([&] { return role(**a) == "leader"; }, milliseconds(10000)));
+  const auto epoch_a = static_cast<std::uint64_t>(epoch(**a));
+  auto b = orch::Orchestrator::Open(*cb, orch::OpenOptions{.write_back_agent = false});
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE((*b)->Start().ok());
+  FenceAudit audit(dir + "/domain");
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto s = audit.samples();
+        return !s.empty() && s.back().epoch == epoch_a && s.back().batches > 5;
+      },
+      milliseconds(3000)));
+
+  // The VM stops: the owner thread at its next clock reading (inside a batch), the keep-alive
+  // thread too; etcd lets the lease expire and b is elected.
+  vm.Freeze();
+  auto b_elected = [&] {
+    absl::MutexLock l(&(*b)->mu_);
+    return (*b)->LeaderEpochLocked() > static_cast<std::int64_t>(epoch_a);
+  };
+  ASSERT_TRUE(Eventually(b_elected, milliseconds(15000))) << "b was not elected";
+  std::this_thread::sleep_for(milliseconds(700));
+  EXPECT_GT(vm.blocked(), 0);
+  EXPECT_EQ(audit.Regression(), 0u);
+  EXPECT_EQ(audit.LastEpoch(), epoch_a) << "b wrote the domain while a's term was not released";
+  EXPECT_NE(role(**b), "leader");
+
+  // The VM resumes without counting the stop: a's gate is open by its own clock.
+  const std::int64_t thawed = NowMs();
+  vm.Thaw();
+  ASSERT_TRUE(Eventually([&] { return role(**b) == "leader"; }, milliseconds(10000)))
+      << "b did not take over once a released its term";
+  const auto epoch_b = static_cast<std::uint64_t>(epoch(**b));
+  ASSERT_TRUE(Eventually([&] { return audit.LastEpoch() == epoch_b; }, milliseconds(2000)));
+  std::this_thread::sleep_for(milliseconds(500));
+  EXPECT_NE(role(**a), "leader");
+  EXPECT_EQ(audit.Regression(), 0u) << "the resumed leader wrote its old epoch after b's";
+  const std::int64_t released = audit.FirstReleasedMs(epoch_a),
+                     b_wrote = audit.FirstWrittenMs(epoch_b);
+  EXPECT_GE(released, thawed) << "a's term was released before the VM resumed";
+  EXPECT_LE(released, b_wrote) << "b wrote the domain before a's term was released";
+  EXPECT_EQ(audit.BatchesAfter(epoch_a, b_wrote), 0u);
+  EXPECT_EQ(audit.LastEpoch(), epoch_b);
+  std::printf(
+      "a released epoch %llu %lld ms after the thaw; b (epoch %llu) wrote %lld ms after "
+      "that\n",
+      static_cast<unsigned long long>(epoch_a), static_cast<long long>(released - thawed),
+      static_cast<unsigned long long>(epoch_b), static_cast<long long>(b_wrote - released));
+  (*b)->Stop();
+  (*a)->Stop();
+  b->reset();
+  a->reset();
   const std::string cmd = "rm -rf " + dir;
   EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
