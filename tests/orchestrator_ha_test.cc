@@ -707,6 +707,52 @@ TEST_F(HaTest, StoppedLeaderDoesNotWriteAfterItsSuccessorStarted) {
                                                                << blog;
 }
 
+// Audit-ha #3: etcd restored from a backup (here: P/state put back as it was before a Grow).
+// The domain's fence line records the state's generation at every save, so a successor finds
+// etcd's state older than the domain and refuses it, naming the key and what to do, instead
+// of lending again the extents granted since. No orchestrator serves; no extent is lent to
+// two hosts. (Before the generation check: b took over from the old state and granted host
+// 1 the extents host 0 holds: checked.)
+TEST_F(HaTest, AStateOlderThanTheDomainIsRefused) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
+  auto etcd = etcd_->NewClient();
+  const std::string key = "/cxlkv/v1/default/domains/hatest/state";
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::uint64_t inc0 = 0;
+  ASSERT_TRUE(HostCalls::JoinAndGrow(a, 0, 1, &inc0, &granted[0]));
+  auto backup = etcd->Get(key);
+  ASSERT_TRUE(backup.ok() && !backup->kvs.empty()) << backup.status();
+  std::vector<std::uint32_t> more;
+  ASSERT_TRUE(HostCalls::Grow(a, 0, inc0, 4, &more).ok());
+  ASSERT_EQ(more.size(), 4u);
+  granted[0].insert(more.begin(), more.end());
+  std::this_thread::sleep_for(milliseconds(100));  // a batch or two: the fence line has it
+  // The "restore", then the leader dies: b must take over from etcd.
+  ASSERT_TRUE(etcd->Put(key, backup->kvs[0].value).ok());
+  a.Kill(SIGKILL);
+  const std::int64_t t0 = NowMs();
+  bool refused_logged = false;
+  while (NowMs() - t0 < 8000) {
+    std::uint64_t inc1 = 0;
+    if (HostCalls::Join(b, 1, &inc1).ok()) {
+      std::vector<std::uint32_t> got;
+      if (HostCalls::Grow(b, 1, inc1, 8, &got).ok()) granted[1].insert(got.begin(), got.end());
+    }
+    refused_logged = ReadFile(b.log).find("older than the domain's own record") != std::string::npos;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  EXPECT_TRUE(refused_logged) << ReadFile(b.log);
+  EXPECT_NE(b.Role(), "leader");
+  EXPECT_TRUE(granted[1].empty()) << "b served from the restored (older) state";
+  for (const std::uint32_t e : granted[1]) {
+    EXPECT_EQ(granted[0].count(e), 0u) << "extent " << e << " lent to host 0 and host 1";
+  }
+  const std::string blog = ReadFile(b.log);
+  EXPECT_NE(blog.find(key), std::string::npos) << "the refusal names the state's key:\n" << blog;
+  EXPECT_NE(blog.find("--new-domain"), std::string::npos) << blog;
+}
+
 // A host given every orchestrator of the domain (comma-separated) follows the leader: after
 // kill -9 of the leader its heartbeats reach the new one with the same incarnation, it keeps
 // its extents (valid throughout: their deadlines count from the last acknowledged request),
