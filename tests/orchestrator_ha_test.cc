@@ -681,7 +681,9 @@ TEST_F(HaTest, StoppedLeaderDoesNotWriteAfterItsSuccessorStarted) {
   // resume inside a store), wrote the domain back and released its epoch, before b wrote.
   a.Kill(SIGCONT);
   int status = 0;
-  ASSERT_EQ(::waitpid(a.pid, &status, 0), a.pid);
+  const bool ended =
+      Eventually([&] { return ::waitpid(a.pid, &status, WNOHANG) == a.pid; }, milliseconds(5000));
+  ASSERT_TRUE(ended) << "the stopped leader was not ended by its agent:\n" << ReadFile(a.log);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << ReadFile(a.log);
   a.pid = -1;
   EXPECT_GE(audit.FirstReleasedMs(epoch_a), 0) << "a's epoch was never released";
@@ -1463,6 +1465,65 @@ TEST(Fence, ReleaseWritesTheOldMachinesCacheBackBeforeTheReleaseLine) {
   EXPECT_EQ(co::kOwnerReleaseOffset + 64, co::kOwnerFenceOffset);
 }
 
+// The fence and release lines between machines without coherence: a reader on another
+// machine that read the line before (its cache holds the old copy) sees the latest once the
+// writer's call returned. Write-backs here complete only at a fence, and an Evict only at the
+// next full fence, so a missing flush, fence or invalidate on either side shows.
+TEST(Fence, LinesCrossMachinesWithoutCoherence) {
+  co::SimOptions o;
+  o.async_writeback = true;
+  o.writeback_progress_per_mille = 0;
+  co::SimMemory media(64 * 1024, 2, o);
+  auto writer = media.NewView(0);
+  auto reader = media.NewView(0);
+  co::OwnerFenceLine f{};
+  co::OwnerReleaseLine r{};
+  ASSERT_TRUE(orch::ReadFenceLine(*reader, &f));  // cached now: all zero
+  ASSERT_TRUE(orch::ReadReleaseLine(*reader, &r));
+  co::OwnerFenceLine w{};
+  w.epoch = 12;
+  w.cluster_id = 5;
+  orch::WriteFenceLine(*writer, w);
+  ASSERT_TRUE(orch::ReadFenceLine(*reader, &f));
+  EXPECT_EQ(f.epoch, 12u);
+  co::OwnerReleaseLine rl{};
+  rl.epoch = 12;
+  rl.cluster_id = 5;
+  orch::ReleaseTerm(*writer, media.size_bytes(), rl);
+  ASSERT_TRUE(orch::ReadReleaseLine(*reader, &r));
+  EXPECT_EQ(r.epoch, 12u);
+}
+
+// The fenced view passes every flush, invalidate, eviction and fence through (only stores are
+// gated): a leader's write-backs and a successor's fresh reads go through it.
+TEST(Fence, FencedMemPassesCacheOperationsThrough) {
+  co::SimOptions o;
+  o.async_writeback = true;
+  o.writeback_progress_per_mille = 0;
+  co::SimMemory media(64 * 1024, 3, o);
+  auto va = media.NewView(0);
+  auto vb = media.NewView(0);
+  Gate gate;
+  orch::FencedMem a(*va, gate), b(*vb, gate);
+  const std::uint64_t x = 4096 * 2, y = 4096 * 3, one = 1, two = 2;
+  std::uint64_t got = 0;
+  b.Read(x, &got, sizeof(got));  // cached by b
+  b.Read(y, &got, sizeof(got));
+  a.Write(x, &one, sizeof(one));
+  a.Flush(x, sizeof(one));
+  a.Fence();
+  b.Invalidate(x, sizeof(got));
+  b.Read(x, &got, sizeof(got));
+  EXPECT_EQ(got, 1u) << "a's flush or fence, or b's invalidate, did not pass";
+  a.Write(y, &two, sizeof(two));
+  a.Flush(y, sizeof(two));
+  a.FullFence();
+  b.Evict(y, sizeof(got));
+  b.FullFence();
+  b.Read(y, &got, sizeof(got));
+  EXPECT_EQ(got, 2u) << "a's full fence, or b's eviction or full fence, did not pass";
+}
+
 // What a successor waits for: the release of exactly the term the fence line names.
 TEST(Fence, ASuccessorWaitsForTheReleaseOfTheTermTheFenceLineNames) {
   co::OwnerFenceLine f{};
@@ -1768,7 +1829,15 @@ TEST_F(HaTest, AResumedLeaderWithFrozenClocksStoresNothingAfterItsSuccessor) {
       "that\n",
       static_cast<unsigned long long>(epoch_a), static_cast<long long>(released - thawed),
       static_cast<unsigned long long>(epoch_b), static_cast<long long>(b_wrote - released));
+  // A leader that stops (no agent here) releases its own term on the way out.
   (*b)->Stop();
+  {
+    const std::string dom = ReadAll(dir + "/domain");
+    co::OwnerReleaseLine rl{};
+    std::memcpy(&rl, dom.data() + co::kOwnerReleaseOffset, sizeof(rl));
+    EXPECT_TRUE(co::LineValid(rl));
+    EXPECT_EQ(rl.epoch, epoch_b) << "a leader that stopped did not release its term";
+  }
   (*a)->Stop();
   b->reset();
   a->reset();
