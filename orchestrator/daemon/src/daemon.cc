@@ -1034,7 +1034,8 @@ absl::Status Orchestrator::ServingLocked() {
     return absl::UnavailableError(absl::StrCat(
         "domain '", config_.etcd.domain, "': etcd unreachable since ", ReadOnlySinceLocked(),
         "; the domain is read-only until it is back (heartbeats, lookups and the extents already "
-        "lent keep working; no new extents, publications or membership changes)"));
+        "lent keep working; no new extents, publications or membership changes, and no prefix "
+        "leases once the owner's last heartbeat acknowledgement is host_ttl old)"));
   }
   const HaStats h = ha_->stats();
   return absl::UnavailableError(
