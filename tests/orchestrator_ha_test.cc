@@ -1503,16 +1503,18 @@ TEST(Fence, LinesCrossMachinesWithoutCoherence) {
   co::SimMemory media(64 * 1024, 2, o);
   auto writer = media.NewView(0);
   auto reader = media.NewView(0);
+  // Each line is read (and so cached) right before the writer writes it, and read again right
+  // after with nothing in between: only the read's own invalidate can drop the stale copy.
   co::OwnerFenceLine f{};
   co::OwnerReleaseLine r{};
   ASSERT_TRUE(orch::ReadFenceLine(*reader, &f));  // cached now: all zero
-  ASSERT_TRUE(orch::ReadReleaseLine(*reader, &r));
   co::OwnerFenceLine w{};
   w.epoch = 12;
   w.cluster_id = 5;
   orch::WriteFenceLine(*writer, w);
   ASSERT_TRUE(orch::ReadFenceLine(*reader, &f));
   EXPECT_EQ(f.epoch, 12u);
+  ASSERT_TRUE(orch::ReadReleaseLine(*reader, &r));  // cached now: all zero
   co::OwnerReleaseLine rl{};
   rl.epoch = 12;
   rl.cluster_id = 5;
