@@ -748,7 +748,8 @@ TEST_F(HaTest, AStateOlderThanTheDomainIsRefused) {
       std::vector<std::uint32_t> got;
       if (HostCalls::Grow(b, 1, inc1, 8, &got).ok()) granted[1].insert(got.begin(), got.end());
     }
-    refused_logged = ReadFile(b.log).find("older than the domain's own record") != std::string::npos;
+    refused_logged =
+        ReadFile(b.log).find("older than the domain's own record") != std::string::npos;
     std::this_thread::sleep_for(milliseconds(200));
   }
   EXPECT_TRUE(refused_logged) << ReadFile(b.log);
@@ -1118,7 +1119,7 @@ TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
   }
   EXPECT_GT(heartbeats, 10u);
   EXPECT_GT(leases_early, 0u) << "no prefix lease in the outage's first 4 s (tried from "
-                               << loop_start << " ms): " << first_lease;
+                              << loop_start << " ms): " << first_lease;
   EXPECT_FALSE(late_lease.ok()) << "a prefix lease host_ttl after the last acknowledgement";
   EXPECT_NE(late_lease.message().find("acknowledged"), std::string::npos) << late_lease;
   const std::string m = Metrics(ports[0]);
