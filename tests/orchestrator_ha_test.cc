@@ -46,6 +46,7 @@
 #include "cxlkv/orchestrator/client.h"
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/daemon.h"
+#include "cxlkv/orchestrator/operator_client.h"
 #include "etcd_cluster.h"
 #include "eventually.h"
 #include "fence.h"
@@ -1733,6 +1734,182 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
   o->reset();
   const std::string cmd = "rm -rf " + dir;
   EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+// Bad input: a fence line this leader did not write (a forged or foreign one: another
+// cluster's leader, an operator's mistake) appears while it leads. Its next owner batch reads
+// the line first and stops: not one byte of the domain changes after the line appeared, but
+// the release (this leader's write-back and release line, written as it steps down). Its next
+// election is refused while the line names an epoch not older than etcd's, saying why.
+TEST_F(HaTest, AForeignFenceLineStopsTheLeaderBeforeItsNextStore) {
+  char tmpl[] = "/tmp/cxlkv-ha-foreign-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto c = orch::ParseConfig(
+      "[domain]\nname = \"foreign\"\npool = \"file:" + dir +
+          "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
+          "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
+          "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n[rpc]\nsocket = \"" + dir +
+          "/o.sock\"\n[metrics]\nlisten = \"\"\n[etcd]\nendpoints = " + etcd_->EndpointsToml() +
+          "\nnode = \"solo\"\nttl_s = 3\n",
+      "foreign.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto o = orch::Orchestrator::Open(*c, orch::OpenOptions{.new_domain = true,
+                                                          .write_back_agent = false});
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_TRUE((*o)->Start().ok());
+  auto role = [&] {
+    absl::MutexLock l(&(*o)->mu_);
+    return (*o)->RoleLocked();
+  };
+  ASSERT_TRUE(Eventually([&] { return role() == "leader"; }, milliseconds(10000)));
+  FenceAudit audit(dir + "/domain");
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto s = audit.samples();
+        return !s.empty() && s.back().batches > 5;
+      },
+      milliseconds(3000)));
+  std::string before;
+  co::OwnerFenceLine forged{};
+  {
+    // No batch is half done while the test holds the lock.
+    absl::MutexLock l(&(*o)->mu_);
+    before = ReadAll(dir + "/domain");
+    std::memcpy(&forged, before.data() + co::kOwnerFenceOffset, sizeof(forged));
+    forged.epoch += 1000;
+    forged.batches = 0;
+    co::SealLine(forged);
+    std::memcpy(before.data() + co::kOwnerFenceOffset, &forged, sizeof(forged));
+    std::ofstream(dir + "/domain", std::ios::in | std::ios::out | std::ios::binary)
+        .seekp(static_cast<std::streamoff>(co::kOwnerFenceOffset))
+        .write(reinterpret_cast<const char*>(&forged), sizeof(forged));
+  }
+  ASSERT_TRUE(Eventually([&] { return role() != "leader"; }, milliseconds(2000)))
+      << "the leader kept leading under a foreign fence line";
+  std::this_thread::sleep_for(milliseconds(300));
+  std::string after = ReadAll(dir + "/domain");
+  ASSERT_EQ(after.size(), before.size());
+  co::OwnerFenceLine now{};
+  std::memcpy(&now, after.data() + co::kOwnerFenceOffset, sizeof(now));
+  EXPECT_EQ(now.epoch, forged.epoch) << "the foreign fence line was overwritten";
+  // The release line is the one store a deposed leader still makes.
+  std::memcpy(after.data() + co::kOwnerReleaseOffset, before.data() + co::kOwnerReleaseOffset,
+              sizeof(co::OwnerReleaseLine));
+  EXPECT_TRUE(after == before) << "the domain changed after a foreign fence line appeared";
+  EXPECT_NE(role(), "leader") << "elected again over a fence line naming a newer epoch";
+  (*o)->Stop();
+  o->reset();
+  const std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+// Owner writes outside the owner loop, and the state's generation in the domain's record
+// (audit-ha #3), with the loop asleep (owner_period_ms 10 s: after the takeover no batch runs
+// during the test). Each state write records its generation in the fence line at once (not
+// only at the next batch: an etcd restored in between would go unnoticed); an operator's Evict
+// checks the fence line first and records itself in it; under a foreign fence line the Evict
+// is refused and the leader steps down.
+TEST_F(HaTest, OwnerWritesOutsideTheLoopCheckAndRecordTheFenceLine) {
+  char tmpl[] = "/tmp/cxlkv-ha-outside-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto c = orch::ParseConfig(
+      "[domain]\nname = \"outside\"\npool = \"file:" + dir +
+          "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
+          "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
+          "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n"
+          "[rpc]\nsocket = \"" + dir + "/o.sock\"\n[metrics]\nlisten = \"\"\n"
+          "[timing]\nowner_period_ms = 10000\n"
+          "[[namespace]]\ntenant = \"t\"\nmodel = \"m\"\nlayout = \"l\"\n"
+          "[etcd]\nendpoints = " + etcd_->EndpointsToml() + "\nnode = \"solo\"\nttl_s = 3\n",
+      "outside.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto o = orch::Orchestrator::Open(*c, orch::OpenOptions{.new_domain = true,
+                                                          .write_back_agent = false});
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_TRUE((*o)->Start().ok());
+  auto role = [&] {
+    absl::MutexLock l(&(*o)->mu_);
+    return (*o)->RoleLocked();
+  };
+  ASSERT_TRUE(Eventually([&] { return role() == "leader"; }, milliseconds(10000)));
+  auto fence = [&] {
+    const std::string dom = ReadAll(dir + "/domain");
+    co::OwnerFenceLine f{};
+    std::memcpy(&f, dom.data() + co::kOwnerFenceOffset, sizeof(f));
+    EXPECT_TRUE(co::LineValid(f));
+    return f;
+  };
+  auto host = orch::HostClient::Connect(dir + "/o.sock", 0);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto grown = (*host)->Grow(1);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  // etcd's generation is the one the domain records.
+  auto etcd = etcd_->NewClient();
+  auto state = etcd->Get("/cxlkv/v1/default/domains/outside/state");
+  ASSERT_TRUE(state.ok() && !state->kvs.empty()) << state.status();
+  const std::string& text = state->kvs[0].value;
+  const std::size_t at = text.find("\"generation\":");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::uint64_t gen = std::strtoull(text.c_str() + at + 13, nullptr, 10);
+  EXPECT_GE(gen, 3u) << "takeover, join, grow: three writes";
+  EXPECT_EQ(fence().state_gen, gen) << "the domain does not record the state's generation";
+  // An operator's evict: checked and recorded.
+  auto op = orch::OperatorClient::Connect(dir + "/o.sock");
+  ASSERT_TRUE(op.ok()) << op.status();
+  const std::uint64_t batches = fence().batches;
+  auto evicted = (*op)->Evict("t/m/l");
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  EXPECT_EQ(fence().batches, batches + 1) << "the evict did not record itself in the line";
+  // A foreign fence line: the next evict is refused, the leader steps down.
+  co::OwnerFenceLine forged = fence();
+  forged.epoch += 1000;
+  co::SealLine(forged);
+  std::ofstream(dir + "/domain", std::ios::in | std::ios::out | std::ios::binary)
+      .seekp(static_cast<std::streamoff>(co::kOwnerFenceOffset))
+      .write(reinterpret_cast<const char*>(&forged), sizeof(forged));
+  auto refused = (*op)->Evict("t/m/l");
+  EXPECT_FALSE(refused.ok()) << "an owner write under a foreign fence line";
+  EXPECT_TRUE(Eventually([&] { return role() != "leader"; }, milliseconds(2000)));
+  EXPECT_EQ(fence().epoch, forged.epoch);
+  host->reset();
+  (*o)->Stop();
+  o->reset();
+  const std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+// Another writer of the domain's state in etcd (here: the state put back as it is, which
+// moves its revision): the leader's next state write fails its guard, and it steps down, so a
+// new term reloads the state and serves. (A leader that only stopped serving but kept its
+// leader key would leave the domain without a leader.)
+TEST_F(HaTest, AnotherWriterOfTheStateDeposesTheLeader) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
+  auto etcd = etcd_->NewClient();
+  const std::string key = "/cxlkv/v1/default/domains/hatest/state";
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::uint64_t inc0 = 0;
+  ASSERT_TRUE(HostCalls::JoinAndGrow(a, 0, 1, &inc0, &granted[0]));
+  const std::int64_t epoch = a.Status().epoch();
+  auto now = etcd->Get(key);
+  ASSERT_TRUE(now.ok() && !now->kvs.empty()) << now.status();
+  ASSERT_TRUE(etcd->Put(key, now->kvs[0].value).ok());
+  std::vector<std::uint32_t> got;
+  EXPECT_FALSE(HostCalls::Grow(a, 0, inc0, 1, &got).ok()) << "a write over another writer's";
+  HaOrchestrator* leader = nullptr;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        leader = Leader({&a, &b});
+        return leader != nullptr && leader->Status().epoch() > epoch;
+      },
+      milliseconds(10000)))
+      << "nobody leads after the guard failed:\n"
+      << ReadFile(a.log);
+  std::uint64_t inc1 = 0;
+  ASSERT_TRUE(HostCalls::JoinAndGrow(*leader, 1, 2, &inc1, &granted[1]));
+  ExpectNoExtentLentTwice(*leader, granted);
 }
 
 // A stopped VM's clocks (kvmclock): every reading blocks while frozen, and the clock carries

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/coherence/mem.h"
+#include "cxlkv/pool/region.h"
 #include "fence.h"
 
 namespace cxlkv::orchestrator {
@@ -127,7 +128,7 @@ bool Stopped(pid_t pid) {
         killed = true;
       }
     }
-    timespec pause{0, 5 * 1000 * 1000};
+    timespec pause{0, 5'000'000};
     ::nanosleep(&pause, nullptr);
   }
   ::_exit(0);
@@ -142,7 +143,7 @@ absl::StatusOr<std::unique_ptr<WriteBackAgent>> WriteBackAgent::Start(std::byte*
       ::mmap(nullptr, sizeof(Page), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("write-back agent: mmap of its shared page: ", std::strerror(errno)));
+        absl::StrCat("write-back agent: mmap of its shared page: ", pool::ErrnoText(errno)));
   }
   std::unique_ptr<WriteBackAgent> a(new WriteBackAgent());
   a->page_ = new (p) Page();
@@ -152,7 +153,7 @@ absl::StatusOr<std::unique_ptr<WriteBackAgent>> WriteBackAgent::Start(std::byte*
     ::munmap(p, sizeof(Page));
     a->page_ = nullptr;
     return absl::ResourceExhaustedError(
-        absl::StrCat("write-back agent: fork: ", std::strerror(errno)));
+        absl::StrCat("write-back agent: fork: ", pool::ErrnoText(errno)));
   }
   if (pid == 0) RunAgent(a->page_, domain, len, parent, kill_after_ms);
   a->pid_ = pid;

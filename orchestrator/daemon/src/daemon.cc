@@ -656,7 +656,7 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
     // first, while this process has no thread of its own yet.
     if (options.write_back_agent) {
       auto agent = WriteBackAgent::Start(o->domain_region_->addr(), o->domain_region_->size_bytes(),
-                                         c.etcd.ttl_s * 1000);
+                                         std::int64_t{c.etcd.ttl_s} * 1000);
       if (!agent.ok()) return agent.status();
       o->agent_ = *std::move(agent);
     }
