@@ -1793,6 +1793,11 @@ TEST_F(HaTest, AForeignFenceLineStopsTheLeaderBeforeItsNextStore) {
   co::OwnerFenceLine now{};
   std::memcpy(&now, after.data() + co::kOwnerFenceOffset, sizeof(now));
   EXPECT_EQ(now.epoch, forged.epoch) << "the foreign fence line was overwritten";
+  // It stepped down (the election too, not only the owner): its term is released.
+  co::OwnerReleaseLine released{};
+  std::memcpy(&released, after.data() + co::kOwnerReleaseOffset, sizeof(released));
+  EXPECT_TRUE(co::LineValid(released));
+  EXPECT_EQ(released.epoch, forged.epoch - 1000) << "the deposed leader did not step down";
   // The release line is the one store a deposed leader still makes.
   std::memcpy(after.data() + co::kOwnerReleaseOffset, before.data() + co::kOwnerReleaseOffset,
               sizeof(co::OwnerReleaseLine));
@@ -1873,6 +1878,16 @@ TEST_F(HaTest, OwnerWritesOutsideTheLoopCheckAndRecordTheFenceLine) {
   EXPECT_FALSE(refused.ok()) << "an owner write under a foreign fence line";
   EXPECT_TRUE(Eventually([&] { return role() != "leader"; }, milliseconds(2000)));
   EXPECT_EQ(fence().epoch, forged.epoch);
+  // The election stepped down too (its term released), not only the owner.
+  EXPECT_TRUE(Eventually(
+      [&] {
+        const std::string dom = ReadAll(dir + "/domain");
+        co::OwnerReleaseLine r{};
+        std::memcpy(&r, dom.data() + co::kOwnerReleaseOffset, sizeof(r));
+        return co::LineValid(r) && r.epoch == forged.epoch - 1000;
+      },
+      milliseconds(2000)))
+      << "the leader did not step down under a foreign fence line";
   host->reset();
   (*o)->Stop();
   o->reset();
