@@ -717,6 +717,35 @@ TEST_F(HaTest, StoppedLeaderDoesNotWriteAfterItsSuccessorStarted) {
                                                                << blog;
 }
 
+// Audit-ha #8: a Grow whose reply never reached the host (its state write timed out but
+// landed; here: the same Grow sent by another caller with the host's incarnation). The
+// orchestrator lends the extent to the host's incarnation and renews it with every heartbeat;
+// the host, seeing it listed while no Grow or Shrink of its own is under way, gives it back.
+// (Before: lent and unused until the host left; checked.)
+TEST_F(HaTest, AnExtentGrantedByALostGrowReplyIsGivenBack) {
+  HaOrchestrator a(d_, *etcd_, "a");
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {}));
+  auto host = orch::HostClient::Connect(a.socket, 0);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto mine = (*host)->Grow(1);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  std::vector<std::uint32_t> lost;
+  ASSERT_TRUE(HostCalls::Grow(a, 0, (*host)->incarnation(), 1, &lost).ok());
+  ASSERT_EQ(lost.size(), 1u);
+  (*host)->StartHeartbeats();
+  auto state_of = [&](std::uint32_t index) {
+    for (const pb::Extent& e : HostCalls::Extents(a)) {
+      if (e.index() == index) return e.state() + "/" + std::to_string(e.host_id());
+    }
+    return std::string("?");
+  };
+  EXPECT_TRUE(Eventually([&] { return state_of(lost[0]) != "assigned/0"; }, milliseconds(3000)))
+      << "extent " << lost[0] << " is still lent to host 0, which never learned of it";
+  EXPECT_EQ((*host)->unknown_extents_returned(), 1u);
+  EXPECT_EQ(state_of((*mine)[0].index), "assigned/0") << "the host's own extent was given back";
+  EXPECT_TRUE((*host)->ExtentsValid());
+}
+
 // Audit-ha #3: etcd restored from a backup (here: P/state put back as it was before a Grow).
 // The domain's fence line records the state's generation at every save, so a successor finds
 // etcd's state older than the domain and refuses it, naming the key and what to do, instead
@@ -1754,8 +1783,8 @@ TEST_F(HaTest, AForeignFenceLineStopsTheLeaderBeforeItsNextStore) {
           "\nnode = \"solo\"\nttl_s = 3\n",
       "foreign.toml");
   ASSERT_TRUE(c.ok()) << c.status();
-  auto o = orch::Orchestrator::Open(*c, orch::OpenOptions{.new_domain = true,
-                                                          .write_back_agent = false});
+  auto o = orch::Orchestrator::Open(
+      *c, orch::OpenOptions{.new_domain = true, .write_back_agent = false});
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_TRUE((*o)->Start().ok());
   auto role = [&] {
@@ -1819,19 +1848,21 @@ TEST_F(HaTest, OwnerWritesOutsideTheLoopCheckAndRecordTheFenceLine) {
   char tmpl[] = "/tmp/cxlkv-ha-outside-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  auto c = orch::ParseConfig(
-      "[domain]\nname = \"outside\"\npool = \"file:" + dir +
-          "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
-          "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
-          "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n"
-          "[rpc]\nsocket = \"" + dir + "/o.sock\"\n[metrics]\nlisten = \"\"\n"
-          "[timing]\nowner_period_ms = 10000\n"
-          "[[namespace]]\ntenant = \"t\"\nmodel = \"m\"\nlayout = \"l\"\n"
-          "[etcd]\nendpoints = " + etcd_->EndpointsToml() + "\nnode = \"solo\"\nttl_s = 3\n",
-      "outside.toml");
+  auto c = orch::ParseConfig("[domain]\nname = \"outside\"\npool = \"file:" + dir +
+                                 "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
+                                 "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
+                                 "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n"
+                                 "[rpc]\nsocket = \"" +
+                                 dir +
+                                 "/o.sock\"\n[metrics]\nlisten = \"\"\n"
+                                 "[timing]\nowner_period_ms = 10000\n"
+                                 "[[namespace]]\ntenant = \"t\"\nmodel = \"m\"\nlayout = \"l\"\n"
+                                 "[etcd]\nendpoints = " +
+                                 etcd_->EndpointsToml() + "\nnode = \"solo\"\nttl_s = 3\n",
+                             "outside.toml");
   ASSERT_TRUE(c.ok()) << c.status();
-  auto o = orch::Orchestrator::Open(*c, orch::OpenOptions{.new_domain = true,
-                                                          .write_back_agent = false});
+  auto o = orch::Orchestrator::Open(
+      *c, orch::OpenOptions{.new_domain = true, .write_back_agent = false});
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_TRUE((*o)->Start().ok());
   auto role = [&] {
