@@ -504,8 +504,8 @@ absl::Status HostClient::HeartbeatOnce() {
   // (audit-ha #8). Given back, so it is not lent and unused until this host leaves.
   std::vector<std::uint32_t> unknown;
   if (quiet_at_send && changes_in_flight_ == 0 && changes_started_ == changes_before) {
-    for (const auto& [index, left] : listed) {
-      (void)left;
+    for (const auto& listed_extent : listed) {
+      const std::uint32_t index = listed_extent.first;
       const bool held = std::any_of(held_.begin(), held_.end(),
                                     [&](const Held& h) { return h.extent.index == index; });
       if (!held) unknown.push_back(index);
