@@ -15,6 +15,10 @@
 //                           one Step with nothing to do (what every 1 ms period costs)
 //   BM_OwnerChurn/entries:N the same owner: publish + apply + retire of a new block, and every
 //                           64 blocks a Reclaim (index and lease scan) and the returns taken
+//   BM_FenceLineCheck       HA (docs/ha.md): one read of the fence line (invalidate, read,
+//                           CRC), what EndBatchLocked added to every owner batch (issue #29)
+//   BM_ReleaseTerm/MiB:N    HA: the release at a step-down or by the agent: the domain range
+//                           written back (clwb), then the release line
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -25,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "benchmark/benchmark.h"
 #include "cxlkv/coherence/prefix.h"
@@ -32,6 +37,7 @@
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/daemon.h"
 #include "cxlkv/pool/region.h"
+#include "fence.h"
 
 namespace {
 
@@ -464,8 +470,39 @@ void BM_OwnerChurn(benchmark::State& state) {
   state.counters["reclaimed"] = static_cast<double>(bed.owner->stats().reclaimed);
 }
 
+void BM_FenceLineCheck(benchmark::State& state) {
+  std::vector<std::byte> dom(4096);
+  co::DirectMem mem(dom.data(), dom.size());
+  co::OwnerFenceLine line{};
+  line.epoch = 7;
+  orch::WriteFenceLine(mem, line);
+  for (auto _ : state) {
+    co::OwnerFenceLine now{};
+    if (!orch::ReadFenceLine(mem, &now) || now.epoch != 7) std::abort();
+    benchmark::DoNotOptimize(now);
+  }
+}
+
+void BM_ReleaseTerm(benchmark::State& state) {
+  const std::uint64_t bytes = static_cast<std::uint64_t>(state.range(0)) << 20;
+  std::vector<std::byte> dom(bytes);
+  co::DirectMem mem(dom.data(), dom.size());
+  co::OwnerReleaseLine r{};
+  r.epoch = 7;
+  for (auto _ : state) {
+    state.PauseTiming();
+    // Every line dirty, as after an owner that wrote them all and flushed none.
+    for (std::uint64_t off = 0; off < bytes; off += 64) dom[off] = std::byte{1};
+    state.ResumeTiming();
+    orch::ReleaseTerm(mem, bytes, r);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+}
+
 }  // namespace
 
+BENCHMARK(BM_FenceLineCheck)->Unit(benchmark::kNanosecond);
+BENCHMARK(BM_ReleaseTerm)->ArgName("MiB")->Arg(4)->Arg(64)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ReclaimLatency)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(20);
 BENCHMARK(BM_Join)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_Heartbeat)->Setup(StartHb)->Teardown(StopHb)->Threads(1)->Threads(8)->Threads(64)->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -287,9 +287,10 @@ struct Candidate {
   }
 
   void Start(const EtcdCluster& cluster, const std::string& key, const std::string& name,
-             std::int64_t ttl_s = 2) {
+             std::int64_t ttl_s = 2, cxlkv::coherence::Clock* clock = nullptr) {
     client = cluster.NewClient(1000);
     ed::ElectionOptions o;
+    o.clock = clock;
     o.leader_key = key;
     o.candidate_prefix = key + "-candidates/";
     o.value = name;
@@ -370,6 +371,46 @@ TEST_F(EtcdTest, ResignClosesTheFenceAtOnceAndHandsOver) {
   }
   // Someone leads again with a higher epoch (b, or a after its retry pause).
   ASSERT_TRUE(Eventually([&] { return a.epoch > first || b.epoch > first; }, milliseconds(3000)));
+}
+
+// A clock the test moves (what the gate sees is all that matters here).
+class MovableClock final : public cxlkv::coherence::Clock {
+ public:
+  std::int64_t NowMs() override { return base_.NowMs() + offset_.load(); }
+  void Move(std::int64_t ms) { offset_ += ms; }
+
+ private:
+  cxlkv::coherence::SteadyClock base_;
+  std::atomic<std::int64_t> offset_{0};
+};
+
+// Audit-ha #5: once WriteAllowed found the deadline passed (a store was dropped), nothing
+// reopens the gate in that session: not a deadline that moves ahead again (the clock moved
+// back here stands for a keep-alive answered just after the deadline that extends it), not a
+// keep-alive answered later. Otherwise stores after the gap land and the dropped ones in the
+// middle are lost, which no crash produces. (Before the sticky gate: open again at once.)
+TEST_F(EtcdTest, TheWriteGateOnceClosedStaysClosedInTheSession) {
+  const std::string key = prefix_ + "leader";
+  MovableClock clock;
+  Candidate a;
+  a.Start(*cluster_, key, "a", /*ttl_s=*/3, &clock);
+  ASSERT_TRUE(Eventually([&] { return a.epoch != 0; }, milliseconds(5000)));
+  ASSERT_TRUE(a.election->WriteAllowed());
+  const std::int64_t past = a.election->write_deadline_ms() - clock.NowMs() + 1;
+  clock.Move(past);
+  EXPECT_FALSE(a.election->WriteAllowed()) << "the deadline passed";
+  clock.Move(-past);
+  EXPECT_LT(clock.NowMs(), a.election->write_deadline_ms());
+  EXPECT_FALSE(a.election->WriteAllowed()) << "the gate reopened within the session";
+  // The next keep-alive (every TTL/3) ends the session instead of extending it.
+  ASSERT_TRUE(Eventually([&] { return a.losses.load() == 1; }, milliseconds(3000)));
+  for (int i = 0; i < 20 && a.epoch == 0; ++i) {
+    EXPECT_FALSE(a.election->WriteAllowed());
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  // A new session, a new term, a new gate.
+  ASSERT_TRUE(Eventually([&] { return a.epoch != 0; }, milliseconds(5000)));
+  EXPECT_TRUE(a.election->WriteAllowed());
 }
 
 // The leader key deleted by hand while the leader's lease lives: the next leader does not

@@ -42,9 +42,11 @@
 #include "absl/synchronization/mutex.h"
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/coherence/prefix.h"
+#include "cxlkv/coherence/sim.h"
 #include "cxlkv/orchestrator/client.h"
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/daemon.h"
+#include "cxlkv/orchestrator/operator_client.h"
 #include "etcd_cluster.h"
 #include "eventually.h"
 #include "fence.h"
@@ -325,6 +327,7 @@ class FenceAudit {
   struct Sample {
     std::int64_t at_ms;
     std::uint64_t epoch, batches;
+    std::uint64_t released;  // the release line's epoch (0: none)
   };
   // Every change seen (epoch or batch count), in time order.
   std::vector<Sample> samples() {
@@ -356,17 +359,37 @@ class FenceAudit {
     }
     return any ? last - first + 1 : 0;
   }
+  // When the fence line first named `epoch`, and when the release line first named it (-1:
+  // never).
+  std::int64_t FirstWrittenMs(std::uint64_t epoch) {
+    for (const Sample& s : samples()) {
+      if (s.epoch == epoch) return s.at_ms;
+    }
+    return -1;
+  }
+  std::int64_t FirstReleasedMs(std::uint64_t epoch) {
+    for (const Sample& s : samples()) {
+      if (s.released == epoch) return s.at_ms;
+    }
+    return -1;
+  }
 
  private:
   void Run() {
     co::OwnerFenceLine prev{};
+    std::uint64_t prev_released = 0;
     while (!stop_.load()) {
       co::OwnerFenceLine l;
       std::memcpy(&l, base_ + co::kOwnerFenceOffset, sizeof(l));
-      if (co::LineValid(l) && (l.epoch != prev.epoch || l.batches != prev.batches)) {
+      co::OwnerReleaseLine r;
+      std::memcpy(&r, base_ + co::kOwnerReleaseOffset, sizeof(r));
+      const std::uint64_t released = co::LineValid(r) ? r.epoch : prev_released;
+      if (co::LineValid(l) &&
+          (l.epoch != prev.epoch || l.batches != prev.batches || released != prev_released)) {
         absl::MutexLock lock(&mu_);
-        samples_.push_back(Sample{NowMs(), l.epoch, l.batches});
+        samples_.push_back(Sample{NowMs(), l.epoch, l.batches, released});
         prev = l;
+        prev_released = released;
       }
       std::this_thread::sleep_for(milliseconds(1));
     }
@@ -508,6 +531,13 @@ class CxlHost {
     return host_->Publish(ns_, key, co::PrefixKey{}, ref);
   }
   std::optional<co::Hit> Lookup(const co::PrefixKey& key) { return host_->Lookup(ns_, key); }
+  // A prefix lease on the block `key` names, released at once: OK, or why it was refused.
+  absl::Status AcquireAndRelease(const co::PrefixKey& key) {
+    auto lease = host_->LookupAndAcquire(ns_, key);
+    if (!lease.ok()) return lease.status();
+    host_->Release(*lease);
+    return absl::OkStatus();
+  }
   // Publishes and waits (3 s) until the owner applied it: the host finds the block. False
   // also when the host did not join.
   bool PublishAndWait(const co::PrefixKey& key, const co::BlockRef& ref) {
@@ -655,10 +685,18 @@ TEST_F(HaTest, StoppedLeaderDoesNotWriteAfterItsSuccessorStarted) {
   std::this_thread::sleep_for(milliseconds(1000));  // long past a's TTL
 
   const std::int64_t resumed = NowMs();
+  // a was stopped past its write deadline: its write-back agent ended it (so that it cannot
+  // resume inside a store), wrote the domain back and released its epoch, before b wrote.
   a.Kill(SIGCONT);
-  // a steps down on its own clock and answers as a standby.
-  ASSERT_TRUE(Eventually([&] { return a.Role() == "standby"; }, milliseconds(5000)))
-      << ReadFile(a.log);
+  int status = 0;
+  const bool ended =
+      Eventually([&] { return ::waitpid(a.pid, &status, WNOHANG) == a.pid; }, milliseconds(5000));
+  ASSERT_TRUE(ended) << "the stopped leader was not ended by its agent:\n" << ReadFile(a.log);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << ReadFile(a.log);
+  a.pid = -1;
+  EXPECT_GE(audit.FirstReleasedMs(epoch_a), 0) << "a's epoch was never released";
+  EXPECT_LE(audit.FirstReleasedMs(epoch_a), audit.FirstWrittenMs(epoch_b))
+      << "b wrote the domain before a's epoch was released";
   std::this_thread::sleep_for(milliseconds(1500));
   // Grants keep working at b, and no extent went to two hosts.
   std::vector<std::uint32_t> g1b;
@@ -673,9 +711,86 @@ TEST_F(HaTest, StoppedLeaderDoesNotWriteAfterItsSuccessorStarted) {
   EXPECT_GT(audit.BatchesAfter(epoch_b, resumed), 10u);
   EXPECT_EQ(audit.LastEpoch(), epoch_b);
   const std::string alog = ReadFile(a.log), blog = ReadFile(b.log);
-  EXPECT_NE(alog.find("no longer the leader"), std::string::npos) << alog;
+  EXPECT_NE(alog.find("stopped past its write deadline"), std::string::npos) << alog;
+  EXPECT_NE(alog.find(absl::StrCat("epoch ", epoch_a, " released")), std::string::npos) << alog;
   EXPECT_EQ(blog.find("not this leader's"), std::string::npos) << "b saw a foreign epoch:\n"
                                                                << blog;
+}
+
+// Audit-ha #8: a Grow whose reply never reached the host (its state write timed out but
+// landed; here: the same Grow sent by another caller with the host's incarnation). The
+// orchestrator lends the extent to the host's incarnation and renews it with every heartbeat;
+// the host, seeing it listed while no Grow or Shrink of its own is under way, gives it back.
+// (Before: lent and unused until the host left; checked.)
+TEST_F(HaTest, AnExtentGrantedByALostGrowReplyIsGivenBack) {
+  HaOrchestrator a(d_, *etcd_, "a");
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {}));
+  auto host = orch::HostClient::Connect(a.socket, 0);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto mine = (*host)->Grow(1);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  std::vector<std::uint32_t> lost;
+  ASSERT_TRUE(HostCalls::Grow(a, 0, (*host)->incarnation(), 1, &lost).ok());
+  ASSERT_EQ(lost.size(), 1u);
+  (*host)->StartHeartbeats();
+  auto state_of = [&](std::uint32_t index) {
+    for (const pb::Extent& e : HostCalls::Extents(a)) {
+      if (e.index() == index) return e.state() + "/" + std::to_string(e.host_id());
+    }
+    return std::string("?");
+  };
+  EXPECT_TRUE(Eventually([&] { return state_of(lost[0]) != "assigned/0"; }, milliseconds(3000)))
+      << "extent " << lost[0] << " is still lent to host 0, which never learned of it";
+  EXPECT_EQ((*host)->unknown_extents_returned(), 1u);
+  EXPECT_EQ(state_of((*mine)[0].index), "assigned/0") << "the host's own extent was given back";
+  EXPECT_TRUE((*host)->ExtentsValid());
+}
+
+// Audit-ha #3: etcd restored from a backup (here: P/state put back as it was before a Grow).
+// The domain's fence line records the state's generation at every save, so a successor finds
+// etcd's state older than the domain and refuses it, naming the key and what to do, instead
+// of lending again the extents granted since. No orchestrator serves; no extent is lent to
+// two hosts. (Before the generation check: b took over from the old state and granted host
+// 1 the extents host 0 holds: checked.)
+TEST_F(HaTest, AStateOlderThanTheDomainIsRefused) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
+  auto etcd = etcd_->NewClient();
+  const std::string key = "/cxlkv/v1/default/domains/hatest/state";
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::uint64_t inc0 = 0;
+  ASSERT_TRUE(HostCalls::JoinAndGrow(a, 0, 1, &inc0, &granted[0]));
+  auto backup = etcd->Get(key);
+  ASSERT_TRUE(backup.ok() && !backup->kvs.empty()) << backup.status();
+  std::vector<std::uint32_t> more;
+  ASSERT_TRUE(HostCalls::Grow(a, 0, inc0, 4, &more).ok());
+  ASSERT_EQ(more.size(), 4u);
+  granted[0].insert(more.begin(), more.end());
+  std::this_thread::sleep_for(milliseconds(100));  // a batch or two: the fence line has it
+  // The "restore", then the leader dies: b must take over from etcd.
+  ASSERT_TRUE(etcd->Put(key, backup->kvs[0].value).ok());
+  a.Kill(SIGKILL);
+  const std::int64_t t0 = NowMs();
+  bool refused_logged = false;
+  while (NowMs() - t0 < 8000) {
+    std::uint64_t inc1 = 0;
+    if (HostCalls::Join(b, 1, &inc1).ok()) {
+      std::vector<std::uint32_t> got;
+      if (HostCalls::Grow(b, 1, inc1, 8, &got).ok()) granted[1].insert(got.begin(), got.end());
+    }
+    refused_logged =
+        ReadFile(b.log).find("older than the domain's own record") != std::string::npos;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  EXPECT_TRUE(refused_logged) << ReadFile(b.log);
+  EXPECT_NE(b.Role(), "leader");
+  EXPECT_TRUE(granted[1].empty()) << "b served from the restored (older) state";
+  for (const std::uint32_t e : granted[1]) {
+    EXPECT_EQ(granted[0].count(e), 0u) << "extent " << e << " lent to host 0 and host 1";
+  }
+  const std::string blog = ReadFile(b.log);
+  EXPECT_NE(blog.find(key), std::string::npos) << "the refusal names the state's key:\n" << blog;
+  EXPECT_NE(blog.find("--new-domain"), std::string::npos) << blog;
 }
 
 // A host given every orchestrator of the domain (comma-separated) follows the leader: after
@@ -1006,10 +1121,19 @@ TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
   const co::PrefixKey key2 = host.Key({7, 8, 9});
   ASSERT_TRUE(host.Publish(key2, TestRef(7, 4)).ok());
   // Long past the TTL and past ¾ of the capacity lease: heartbeats answered, extents valid,
-  // hosts still read.
-  std::uint64_t heartbeats = 0;
-  while (NowMs() - t0 < 6000) {
+  // lookups keep working. Prefix leases do not (audit-ha #4): a lease needs a heartbeat the
+  // owner acknowledged in the domain, and the read-only leader released its term (it stores
+  // nothing more to the domain), so leases stop host_ttl - margin after the last
+  // acknowledgement (which the owner wrote until its write deadline). docs/ha.md says so.
+  std::uint64_t heartbeats = 0, leases_early = 0;
+  absl::Status late_lease, first_lease = absl::UnknownError("none tried");
+  const std::int64_t loop_start = NowMs() - t0;
+  while (NowMs() - t0 < 8000) {
     (void)host->Heartbeat(nullptr);  // the CXL host's own liveness (host_ttl 4 s here)
+    const absl::Status lease = host.AcquireAndRelease(key);
+    if (absl::IsUnknown(first_lease)) first_lease = lease;
+    if (NowMs() - t0 < 4000) leases_early += lease.ok();
+    if (NowMs() - t0 > 7500) late_lease = lease;
     const auto hit = host.Lookup(key);
     ASSERT_TRUE(hit.has_value()) << "a lookup failed during the etcd outage";
     EXPECT_TRUE(hit->ref == ref);
@@ -1024,6 +1148,10 @@ TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
     std::this_thread::sleep_for(milliseconds(200));
   }
   EXPECT_GT(heartbeats, 10u);
+  EXPECT_GT(leases_early, 0u) << "no prefix lease in the outage's first 4 s (tried from "
+                              << loop_start << " ms): " << first_lease;
+  EXPECT_FALSE(late_lease.ok()) << "a prefix lease host_ttl after the last acknowledgement";
+  EXPECT_NE(late_lease.message().find("acknowledged"), std::string::npos) << late_lease;
   const std::string m = Metrics(ports[0]);
   EXPECT_EQ(MetricValue(m, "cxlkv_ha_read_only"), 1) << m;
   EXPECT_EQ(MetricValue(m, "cxlkv_ha_step_downs_total"), 1) << m;
@@ -1063,6 +1191,13 @@ TEST_F(HaTest, QuorumLostLongerThanTheTtl) {
       },
       milliseconds(5000)))
       << "the publication made during the outage was lost";
+  ASSERT_TRUE(Eventually(
+      [&] {
+        (void)host->Heartbeat(nullptr);
+        return host.AcquireAndRelease(key).ok();
+      },
+      milliseconds(5000)))
+      << "prefix leases did not resume under the new leader";
   EXPECT_EQ(leader->Status().prefixes_published(), 2u);
   EXPECT_EQ(audit.Regression(), 0u);
   EXPECT_TRUE((*client)->Leave().ok());
@@ -1353,6 +1488,128 @@ TEST(Fence, FencedMemDropsStoresOnceTheGateCloses) {
   EXPECT_EQ(at64, 2u);
 }
 
+// The release (docs/ha.md "Release") on the non-coherence simulator: a store the old machine
+// made but never wrote back (its process stopped or killed between the store and the clwb)
+// reaches memory before the release line does, so a successor on another machine that sees
+// the release finds it. Without the write-back of the domain range, the store would still sit
+// in the old machine's cache, to land over the successor's lines at any later time (audit-ha
+// #2).
+TEST(Fence, ReleaseWritesTheOldMachinesCacheBackBeforeTheReleaseLine) {
+  co::SimMemory media(64 * 1024, 1, co::SimOptions{});
+  auto old_machine = media.NewView(0);
+  auto successor = media.NewView(0);
+  const std::uint64_t entry = 8192, value = 0xAB;
+  old_machine->Write(entry, &value, sizeof(value));  // dirty in its cache, never flushed
+  std::uint64_t seen = 0;
+  successor->Invalidate(entry, sizeof(seen));
+  successor->Read(entry, &seen, sizeof(seen));
+  ASSERT_EQ(seen, 0u) << "the simulator lost its non-coherence";
+  co::OwnerReleaseLine r{};
+  ASSERT_TRUE(orch::ReadReleaseLine(*successor, &r));  // all zero: nothing released yet
+  EXPECT_EQ(r.epoch, 0u);
+  co::OwnerReleaseLine w{};
+  w.epoch = 5;
+  w.cluster_id = 9;
+  w.by = co::kReleasedByAgent;
+  orch::ReleaseTerm(*old_machine, media.size_bytes(), w);
+  ASSERT_TRUE(orch::ReadReleaseLine(*successor, &r));
+  EXPECT_EQ(r.epoch, 5u);
+  EXPECT_EQ(r.cluster_id, 9u);
+  EXPECT_EQ(r.version, co::kOwnerReleaseVersion);
+  successor->Invalidate(entry, sizeof(seen));
+  successor->Read(entry, &seen, sizeof(seen));
+  EXPECT_EQ(seen, value) << "the release line was visible before the old machine's store";
+  // Lies in the header page, before the fence line, clear of the header.
+  EXPECT_EQ(co::kOwnerReleaseOffset + 64, co::kOwnerFenceOffset);
+}
+
+// The fence and release lines between machines without coherence: a reader on another
+// machine that read the line before (its cache holds the old copy) sees the latest once the
+// writer's call returned. Write-backs here complete only at a fence, and an Evict only at the
+// next full fence, so a missing flush, fence or invalidate on either side shows.
+TEST(Fence, LinesCrossMachinesWithoutCoherence) {
+  co::SimOptions o;
+  o.async_writeback = true;
+  o.writeback_progress_per_mille = 0;
+  co::SimMemory media(64 * 1024, 2, o);
+  auto writer = media.NewView(0);
+  auto reader = media.NewView(0);
+  // Each line is read (and so cached) right before the writer writes it, and read again right
+  // after with nothing in between: only the read's own invalidate can drop the stale copy.
+  co::OwnerFenceLine f{};
+  co::OwnerReleaseLine r{};
+  ASSERT_TRUE(orch::ReadFenceLine(*reader, &f));  // cached now: all zero
+  co::OwnerFenceLine w{};
+  w.epoch = 12;
+  w.cluster_id = 5;
+  orch::WriteFenceLine(*writer, w);
+  ASSERT_TRUE(orch::ReadFenceLine(*reader, &f));
+  EXPECT_EQ(f.epoch, 12u);
+  ASSERT_TRUE(orch::ReadReleaseLine(*reader, &r));  // cached now: all zero
+  co::OwnerReleaseLine rl{};
+  rl.epoch = 12;
+  rl.cluster_id = 5;
+  orch::ReleaseTerm(*writer, media.size_bytes(), rl);
+  ASSERT_TRUE(orch::ReadReleaseLine(*reader, &r));
+  EXPECT_EQ(r.epoch, 12u);
+}
+
+// The fenced view passes every flush, invalidate, eviction and fence through (only stores are
+// gated): a leader's write-backs and a successor's fresh reads go through it.
+TEST(Fence, FencedMemPassesCacheOperationsThrough) {
+  co::SimOptions o;
+  o.async_writeback = true;
+  o.writeback_progress_per_mille = 0;
+  co::SimMemory media(64 * 1024, 3, o);
+  auto va = media.NewView(0);
+  auto vb = media.NewView(0);
+  Gate gate;
+  orch::FencedMem a(*va, gate), b(*vb, gate);
+  const std::uint64_t x = 4096 * 2, y = 4096 * 3, one = 1, two = 2;
+  std::uint64_t got = 0;
+  b.Read(x, &got, sizeof(got));  // cached by b
+  b.Read(y, &got, sizeof(got));
+  a.Write(x, &one, sizeof(one));
+  a.Flush(x, sizeof(one));
+  a.Fence();
+  b.Invalidate(x, sizeof(got));
+  b.Read(x, &got, sizeof(got));
+  EXPECT_EQ(got, 1u) << "a's flush or fence, or b's invalidate, did not pass";
+  a.Write(y, &two, sizeof(two));
+  a.Flush(y, sizeof(two));
+  a.FullFence();
+  b.Evict(y, sizeof(got));
+  b.FullFence();
+  b.Read(y, &got, sizeof(got));
+  EXPECT_EQ(got, 2u) << "a's full fence, or b's eviction or full fence, did not pass";
+}
+
+// What a successor waits for: the release of exactly the term the fence line names.
+TEST(Fence, ASuccessorWaitsForTheReleaseOfTheTermTheFenceLineNames) {
+  co::OwnerFenceLine f{};
+  co::OwnerReleaseLine none{}, r{};
+  EXPECT_TRUE(orch::TermReleased(true, f, true, none, none)) << "never elected: nothing to wait";
+  f.epoch = 10;
+  f.cluster_id = 3;
+  EXPECT_FALSE(orch::TermReleased(true, f, true, none, none));
+  EXPECT_FALSE(orch::TermReleased(true, f, false, r, none)) << "a torn release line";
+  r.epoch = 9;
+  r.cluster_id = 3;
+  EXPECT_FALSE(orch::TermReleased(true, f, true, r, none)) << "an older term's release";
+  r.epoch = 11;
+  EXPECT_FALSE(orch::TermReleased(true, f, true, r, none)) << "another term's release";
+  r.epoch = 10;
+  r.cluster_id = 4;
+  EXPECT_FALSE(orch::TermReleased(true, f, true, r, none)) << "a foreign cluster's epoch 10";
+  r.cluster_id = 3;
+  EXPECT_TRUE(orch::TermReleased(true, f, true, r, none));
+  // A torn fence line: its term is unknown; only a release written after the wait began.
+  EXPECT_FALSE(orch::TermReleased(false, f, true, r, r));
+  co::OwnerReleaseLine later = r;
+  later.at_ms = 1;
+  EXPECT_TRUE(orch::TermReleased(false, f, true, later, r));
+}
+
 TEST(Fence, LineRoundTripsAndATornLineDoesNotValidate) {
   std::vector<std::byte> buf(8192);
   co::DirectMem mem(buf.data(), buf.size());
@@ -1450,7 +1707,8 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
       "inproc.toml");
   ASSERT_TRUE(c.ok()) << c.status();
   JumpingClock clock;
-  auto o = orch::Orchestrator::Open(*c, orch::OpenOptions{.new_domain = true, .clock = &clock});
+  auto o = orch::Orchestrator::Open(
+      *c, orch::OpenOptions{.new_domain = true, .clock = &clock, .write_back_agent = false});
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_TRUE((*o)->Start().ok());
   auto role = [&] {
@@ -1480,10 +1738,20 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
     EXPECT_EQ((*o)->RoleLocked(), "standby");
     EXPECT_TRUE(absl::IsUnavailable((*o)->ServingLocked()));
   }
-  // Well before a re-election could write (it pauses 500 ms after stepping down).
+  // Well before a re-election could write (it pauses 500 ms after stepping down). The one
+  // store a deposed leader still makes is its release (docs/ha.md "The fence", layer 4):
+  // every other byte stays as it was.
   std::this_thread::sleep_for(milliseconds(300));
-  EXPECT_TRUE(ReadAll(dir + "/domain") == before)
-      << "the domain changed after the leader's write deadline passed";
+  std::string after = ReadAll(dir + "/domain");
+  ASSERT_EQ(after.size(), before.size());
+  co::OwnerReleaseLine released{};
+  std::memcpy(&released, after.data() + co::kOwnerReleaseOffset, sizeof(released));
+  EXPECT_TRUE(co::LineValid(released));
+  EXPECT_EQ(released.epoch, static_cast<std::uint64_t>(first));
+  EXPECT_EQ(released.by, co::kReleasedByLeader);
+  std::memcpy(after.data() + co::kOwnerReleaseOffset, before.data() + co::kOwnerReleaseOffset,
+              sizeof(released));
+  EXPECT_TRUE(after == before) << "the domain changed after the leader's write deadline passed";
 
   // Stepped down, campaigned again, and leads at a higher epoch (it is the only candidate).
   ASSERT_TRUE(
@@ -1493,6 +1761,339 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
   EXPECT_EQ(audit.Regression(), 0u);
   (*o)->Stop();
   o->reset();
+  const std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+// Bad input: a fence line this leader did not write (a forged or foreign one: another
+// cluster's leader, an operator's mistake) appears while it leads. Its next owner batch reads
+// the line first and stops: not one byte of the domain changes after the line appeared, but
+// the release (this leader's write-back and release line, written as it steps down). Its next
+// election is refused while the line names an epoch not older than etcd's, saying why.
+TEST_F(HaTest, AForeignFenceLineStopsTheLeaderBeforeItsNextStore) {
+  char tmpl[] = "/tmp/cxlkv-ha-foreign-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto c = orch::ParseConfig(
+      "[domain]\nname = \"foreign\"\npool = \"file:" + dir +
+          "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
+          "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
+          "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n[rpc]\nsocket = \"" + dir +
+          "/o.sock\"\n[metrics]\nlisten = \"\"\n[etcd]\nendpoints = " + etcd_->EndpointsToml() +
+          "\nnode = \"solo\"\nttl_s = 3\n",
+      "foreign.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto o = orch::Orchestrator::Open(
+      *c, orch::OpenOptions{.new_domain = true, .write_back_agent = false});
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_TRUE((*o)->Start().ok());
+  auto role = [&] {
+    absl::MutexLock l(&(*o)->mu_);
+    return (*o)->RoleLocked();
+  };
+  ASSERT_TRUE(Eventually([&] { return role() == "leader"; }, milliseconds(10000)));
+  FenceAudit audit(dir + "/domain");
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto s = audit.samples();
+        return !s.empty() && s.back().batches > 5;
+      },
+      milliseconds(3000)));
+  std::string before;
+  co::OwnerFenceLine forged{};
+  {
+    // No batch is half done while the test holds the lock.
+    absl::MutexLock l(&(*o)->mu_);
+    before = ReadAll(dir + "/domain");
+    std::memcpy(&forged, before.data() + co::kOwnerFenceOffset, sizeof(forged));
+    forged.epoch += 1000;
+    forged.batches = 0;
+    co::SealLine(forged);
+    std::memcpy(before.data() + co::kOwnerFenceOffset, &forged, sizeof(forged));
+    std::ofstream(dir + "/domain", std::ios::in | std::ios::out | std::ios::binary)
+        .seekp(static_cast<std::streamoff>(co::kOwnerFenceOffset))
+        .write(reinterpret_cast<const char*>(&forged), sizeof(forged));
+  }
+  ASSERT_TRUE(Eventually([&] { return role() != "leader"; }, milliseconds(2000)))
+      << "the leader kept leading under a foreign fence line";
+  std::this_thread::sleep_for(milliseconds(300));
+  std::string after = ReadAll(dir + "/domain");
+  ASSERT_EQ(after.size(), before.size());
+  co::OwnerFenceLine now{};
+  std::memcpy(&now, after.data() + co::kOwnerFenceOffset, sizeof(now));
+  EXPECT_EQ(now.epoch, forged.epoch) << "the foreign fence line was overwritten";
+  // It stepped down (the election too, not only the owner): its term is released.
+  co::OwnerReleaseLine released{};
+  std::memcpy(&released, after.data() + co::kOwnerReleaseOffset, sizeof(released));
+  EXPECT_TRUE(co::LineValid(released));
+  EXPECT_EQ(released.epoch, forged.epoch - 1000) << "the deposed leader did not step down";
+  // The release line is the one store a deposed leader still makes.
+  std::memcpy(after.data() + co::kOwnerReleaseOffset, before.data() + co::kOwnerReleaseOffset,
+              sizeof(co::OwnerReleaseLine));
+  EXPECT_TRUE(after == before) << "the domain changed after a foreign fence line appeared";
+  EXPECT_NE(role(), "leader") << "elected again over a fence line naming a newer epoch";
+  (*o)->Stop();
+  o->reset();
+  const std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+// Owner writes outside the owner loop, and the state's generation in the domain's record
+// (audit-ha #3), with the loop asleep (owner_period_ms 10 s: after the takeover no batch runs
+// during the test). Each state write records its generation in the fence line at once (not
+// only at the next batch: an etcd restored in between would go unnoticed); an operator's Evict
+// checks the fence line first and records itself in it; under a foreign fence line the Evict
+// is refused and the leader steps down.
+TEST_F(HaTest, OwnerWritesOutsideTheLoopCheckAndRecordTheFenceLine) {
+  char tmpl[] = "/tmp/cxlkv-ha-outside-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto c = orch::ParseConfig("[domain]\nname = \"outside\"\npool = \"file:" + dir +
+                                 "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
+                                 "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
+                                 "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n"
+                                 "[rpc]\nsocket = \"" +
+                                 dir +
+                                 "/o.sock\"\n[metrics]\nlisten = \"\"\n"
+                                 "[timing]\nowner_period_ms = 10000\n"
+                                 "[[namespace]]\ntenant = \"t\"\nmodel = \"m\"\nlayout = \"l\"\n"
+                                 "[etcd]\nendpoints = " +
+                                 etcd_->EndpointsToml() + "\nnode = \"solo\"\nttl_s = 3\n",
+                             "outside.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto o = orch::Orchestrator::Open(
+      *c, orch::OpenOptions{.new_domain = true, .write_back_agent = false});
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_TRUE((*o)->Start().ok());
+  auto role = [&] {
+    absl::MutexLock l(&(*o)->mu_);
+    return (*o)->RoleLocked();
+  };
+  ASSERT_TRUE(Eventually([&] { return role() == "leader"; }, milliseconds(10000)));
+  auto fence = [&] {
+    const std::string dom = ReadAll(dir + "/domain");
+    co::OwnerFenceLine f{};
+    std::memcpy(&f, dom.data() + co::kOwnerFenceOffset, sizeof(f));
+    EXPECT_TRUE(co::LineValid(f));
+    return f;
+  };
+  auto host = orch::HostClient::Connect(dir + "/o.sock", 0);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto grown = (*host)->Grow(1);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  // etcd's generation is the one the domain records.
+  auto etcd = etcd_->NewClient();
+  auto state = etcd->Get("/cxlkv/v1/default/domains/outside/state");
+  ASSERT_TRUE(state.ok() && !state->kvs.empty()) << state.status();
+  const std::string& text = state->kvs[0].value;
+  const std::size_t at = text.find("\"generation\":");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::uint64_t gen = std::strtoull(text.c_str() + at + 13, nullptr, 10);
+  EXPECT_GE(gen, 3u) << "takeover, join, grow: three writes";
+  EXPECT_EQ(fence().state_gen, gen) << "the domain does not record the state's generation";
+  // An operator's evict: checked and recorded.
+  auto op = orch::OperatorClient::Connect(dir + "/o.sock");
+  ASSERT_TRUE(op.ok()) << op.status();
+  const std::uint64_t batches = fence().batches;
+  auto evicted = (*op)->Evict("t/m/l");
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  EXPECT_EQ(fence().batches, batches + 1) << "the evict did not record itself in the line";
+  // A foreign fence line: the next evict is refused, the leader steps down.
+  co::OwnerFenceLine forged = fence();
+  forged.epoch += 1000;
+  co::SealLine(forged);
+  std::ofstream(dir + "/domain", std::ios::in | std::ios::out | std::ios::binary)
+      .seekp(static_cast<std::streamoff>(co::kOwnerFenceOffset))
+      .write(reinterpret_cast<const char*>(&forged), sizeof(forged));
+  auto refused = (*op)->Evict("t/m/l");
+  EXPECT_FALSE(refused.ok()) << "an owner write under a foreign fence line";
+  EXPECT_TRUE(Eventually([&] { return role() != "leader"; }, milliseconds(2000)));
+  EXPECT_EQ(fence().epoch, forged.epoch);
+  // The election stepped down too (its term released), not only the owner.
+  EXPECT_TRUE(Eventually(
+      [&] {
+        const std::string dom = ReadAll(dir + "/domain");
+        co::OwnerReleaseLine r{};
+        std::memcpy(&r, dom.data() + co::kOwnerReleaseOffset, sizeof(r));
+        return co::LineValid(r) && r.epoch == forged.epoch - 1000;
+      },
+      milliseconds(2000)))
+      << "the leader did not step down under a foreign fence line";
+  host->reset();
+  (*o)->Stop();
+  o->reset();
+  const std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+// Another writer of the domain's state in etcd (here: the state put back as it is, which
+// moves its revision): the leader's next state write fails its guard, and it steps down, so a
+// new term reloads the state and serves. (A leader that only stopped serving but kept its
+// leader key would leave the domain without a leader.)
+TEST_F(HaTest, AnotherWriterOfTheStateDeposesTheLeader) {
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
+  auto etcd = etcd_->NewClient();
+  const std::string key = "/cxlkv/v1/default/domains/hatest/state";
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::uint64_t inc0 = 0;
+  ASSERT_TRUE(HostCalls::JoinAndGrow(a, 0, 1, &inc0, &granted[0]));
+  const std::int64_t epoch = a.Status().epoch();
+  auto now = etcd->Get(key);
+  ASSERT_TRUE(now.ok() && !now->kvs.empty()) << now.status();
+  ASSERT_TRUE(etcd->Put(key, now->kvs[0].value).ok());
+  std::vector<std::uint32_t> got;
+  EXPECT_FALSE(HostCalls::Grow(a, 0, inc0, 1, &got).ok()) << "a write over another writer's";
+  HaOrchestrator* leader = nullptr;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        leader = Leader({&a, &b});
+        return leader != nullptr && leader->Status().epoch() > epoch;
+      },
+      milliseconds(10000)))
+      << "nobody leads after the guard failed:\n"
+      << ReadFile(a.log);
+  std::uint64_t inc1 = 0;
+  ASSERT_TRUE(HostCalls::JoinAndGrow(*leader, 1, 2, &inc1, &granted[1]));
+  ExpectNoExtentLentTwice(*leader, granted);
+}
+
+// A stopped VM's clocks (kvmclock): every reading blocks while frozen, and the clock carries
+// on from the held value after the thaw, so the stop is never counted. Freeze() stops the
+// whole "VM" at each thread's next reading (the owner's inside its batch: the fenced Mem reads
+// the clock before every store).
+class VmClock final : public co::Clock {
+ public:
+  std::int64_t NowMs() override {
+    absl::MutexLock l(&mu_);
+    if (frozen_) {
+      ++blocked_;
+      mu_.Await(absl::Condition(
+          +[](bool* f) { return !*f; }, &frozen_));
+    }
+    return base_.NowMs() - lost_;
+  }
+  void Freeze() {
+    absl::MutexLock l(&mu_);
+    frozen_ = true;
+    since_ = base_.NowMs();
+  }
+  void Thaw() {
+    absl::MutexLock l(&mu_);
+    lost_ += base_.NowMs() - since_;
+    frozen_ = false;
+  }
+  int blocked() {
+    absl::MutexLock l(&mu_);
+    return blocked_;
+  }
+
+ private:
+  co::SteadyClock base_;
+  absl::Mutex mu_;
+  bool frozen_ ABSL_GUARDED_BY(mu_) = false;
+  std::int64_t since_ ABSL_GUARDED_BY(mu_) = 0, lost_ ABSL_GUARDED_BY(mu_) = 0;
+  int blocked_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Audit-ha #1: the leader's VM stops inside an owner batch, long enough for a successor to be
+// elected, and its clocks do not count the stop. On resume its own write gate is open (its
+// clock says the deadline is still ahead). The successor must not have written anything by
+// then: it waits for the release of the old term, which the old leader writes once it learns
+// it was deposed (its next keep-alive finds the lease gone) and stops storing. So every store
+// of the old term lands before the successor's first, the fence line never goes back to the
+// old epoch, and the successor never resigns over a stale line. (Before the release, the
+// successor wrote at once and the resumed leader put its old epoch back: checked.)
+TEST_F(HaTest, AResumedLeaderWithFrozenClocksStoresNothingAfterItsSuccessor) {
+  char tmpl[] = "/tmp/cxlkv-ha-frozen-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto config = [&](const std::string& node) {
+    return orch::ParseConfig(
+        "[domain]\nname = \"frozen\"\npool = \"file:" + dir +
+            "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
+            "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir + "/" + node +
+            ".state\"\nindex_entries = 1024\nmax_hosts = 4\n[rpc]\nsocket = \"" + dir + "/" + node +
+            ".sock\"\n[metrics]\nlisten = \"\"\n[etcd]\nendpoints = " + etcd_->EndpointsToml() +
+            "\nnode = \"" + node + "\"\nttl_s = 2\n",
+        node + ".toml");
+  };
+  auto ca = config("a"), cb = config("b");
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  ASSERT_TRUE(cb.ok()) << cb.status();
+  VmClock vm;
+  auto a = orch::Orchestrator::Open(
+      *ca, orch::OpenOptions{.new_domain = true, .clock = &vm, .write_back_agent = false});
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*a)->Start().ok());
+  auto role = [](orch::Orchestrator& o) {
+    absl::MutexLock l(&o.mu_);
+    return o.RoleLocked();
+  };
+  auto epoch = [](orch::Orchestrator& o) {
+    absl::MutexLock l(&o.mu_);
+    return o.epoch_locked();
+  };
+  ASSERT_TRUE(Eventually([&] { return role(**a) == "leader"; }, milliseconds(10000)));
+  const auto epoch_a = static_cast<std::uint64_t>(epoch(**a));
+  auto b = orch::Orchestrator::Open(*cb, orch::OpenOptions{.write_back_agent = false});
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE((*b)->Start().ok());
+  FenceAudit audit(dir + "/domain");
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto s = audit.samples();
+        return !s.empty() && s.back().epoch == epoch_a && s.back().batches > 5;
+      },
+      milliseconds(3000)));
+
+  // The VM stops: the owner thread at its next clock reading (inside a batch), the keep-alive
+  // thread too; etcd lets the lease expire and b is elected.
+  vm.Freeze();
+  auto b_elected = [&] {
+    absl::MutexLock l(&(*b)->mu_);
+    return (*b)->LeaderEpochLocked() > static_cast<std::int64_t>(epoch_a);
+  };
+  ASSERT_TRUE(Eventually(b_elected, milliseconds(15000))) << "b was not elected";
+  std::this_thread::sleep_for(milliseconds(700));
+  EXPECT_GT(vm.blocked(), 0);
+  EXPECT_EQ(audit.Regression(), 0u);
+  EXPECT_EQ(audit.LastEpoch(), epoch_a) << "b wrote the domain while a's term was not released";
+  EXPECT_NE(role(**b), "leader");
+
+  // The VM resumes without counting the stop: a's gate is open by its own clock.
+  const std::int64_t thawed = NowMs();
+  vm.Thaw();
+  ASSERT_TRUE(Eventually([&] { return role(**b) == "leader"; }, milliseconds(10000)))
+      << "b did not take over once a released its term";
+  const auto epoch_b = static_cast<std::uint64_t>(epoch(**b));
+  ASSERT_TRUE(Eventually([&] { return audit.LastEpoch() == epoch_b; }, milliseconds(2000)));
+  std::this_thread::sleep_for(milliseconds(500));
+  EXPECT_NE(role(**a), "leader");
+  EXPECT_EQ(audit.Regression(), 0u) << "the resumed leader wrote its old epoch after b's";
+  const std::int64_t released = audit.FirstReleasedMs(epoch_a),
+                     b_wrote = audit.FirstWrittenMs(epoch_b);
+  EXPECT_GE(released, thawed) << "a's term was released before the VM resumed";
+  EXPECT_LE(released, b_wrote) << "b wrote the domain before a's term was released";
+  EXPECT_EQ(audit.BatchesAfter(epoch_a, b_wrote), 0u);
+  EXPECT_EQ(audit.LastEpoch(), epoch_b);
+  std::printf(
+      "a released epoch %llu %lld ms after the thaw; b (epoch %llu) wrote %lld ms after "
+      "that\n",
+      static_cast<unsigned long long>(epoch_a), static_cast<long long>(released - thawed),
+      static_cast<unsigned long long>(epoch_b), static_cast<long long>(b_wrote - released));
+  // A leader that stops (no agent here) releases its own term on the way out.
+  (*b)->Stop();
+  {
+    const std::string dom = ReadAll(dir + "/domain");
+    co::OwnerReleaseLine rl{};
+    std::memcpy(&rl, dom.data() + co::kOwnerReleaseOffset, sizeof(rl));
+    EXPECT_TRUE(co::LineValid(rl));
+    EXPECT_EQ(rl.epoch, epoch_b) << "a leader that stopped did not release its term";
+  }
+  (*a)->Stop();
+  b->reset();
+  a->reset();
   const std::string cmd = "rm -rf " + dir;
   EXPECT_EQ(std::system(cmd.c_str()), 0);
 }

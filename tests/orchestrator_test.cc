@@ -55,10 +55,17 @@ TEST(Config, ErrorsNameTheKeyAndLine) {
   struct Case {
     std::string text, want;
   } cases[] = {
-      {WithExtra("[timing]\nlease_tll_ms = 5\n"), "t.toml:10: key 'timing.lease_tll_ms': unknown key"},
-      {WithExtra("[timing]\nhost_ttl_ms = \"2s\"\n"), "t.toml:10: key 'timing.host_ttl_ms': expected an integer"},
-      {WithExtra("[timing]\ngrace_ms = -1\n"), "t.toml:10: key 'timing.grace_ms': -1 is out of range"},
-      {WithExtra("[capacity]\ndefault_share = 1.5\n"), "key 'capacity.default_share': 1.5 is out of range"},
+      {WithExtra("[timing]\nlease_tll_ms = 5\n"),
+       "t.toml:10: key 'timing.lease_tll_ms': unknown key"},
+      {WithExtra("[timing]\nhost_ttl_ms = \"2s\"\n"),
+       "t.toml:10: key 'timing.host_ttl_ms': expected an integer"},
+      {WithExtra("[timing]\ngrace_ms = -1\n"),
+       "t.toml:10: key 'timing.grace_ms': -1 is out of range"},
+      // Audit-ha #6: the grace period carries rule 4 since the acquire's fences were merged.
+      {WithExtra("[timing]\ngrace_ms = 0\n"),
+       "t.toml:10: key 'timing.grace_ms': 0 is out of range"},
+      {WithExtra("[capacity]\ndefault_share = 1.5\n"),
+       "key 'capacity.default_share': 1.5 is out of range"},
       {WithExtra("[capacity.shares]\nabc = 0.5\n"), "keys of [capacity.shares] are host ids"},
       {WithExtra("[[namespace]]\ntenant = \"a\"\n"), "needs tenant, model and layout"},
       {WithExtra("[hosts]\nallowed = [1, 9]\n"), "host id 9 is not below domain.max_hosts"},
@@ -66,7 +73,9 @@ TEST(Config, ErrorsNameTheKeyAndLine) {
       {"[domain]\npool = \"tape:/dev/st0\"\n", "t.toml:2: key 'domain.pool':"},
       {"[domain]\npool = \"memfd:?size=1G\"\n", "key 'domain.prefix_domain' is required"},
       {"[domain\n", "t.toml:1:"},
-      {WithExtra("extra = 1\n"), "t.toml:9: key 'rpc.extra': unknown key (known here: allowed_uids, socket, tcp, tls_cert, tls_key, token_file)"},
+      {WithExtra("extra = 1\n"),
+       "t.toml:9: key 'rpc.extra': unknown key (known here: allowed_uids, socket, tcp, tls_cert, "
+       "tls_key, token_file)"},
       {"extra = 1\n" + std::string(kMinimal), "t.toml:1: key 'extra': unknown key"},
   };
   for (const Case& c : cases) {

@@ -10,12 +10,18 @@
 // (no flush of the lease row), crc (no CRC check on shared lines), dup_ref (no refusal of a
 // PUBLISH naming a block already named).
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "prefix_sim.h"
+#if !defined(CXLKV_FAULT_DROP_LEASE_FLUSH) && !defined(CXLKV_FAULT_NO_CRC_CHECK) && \
+    !defined(CXLKV_FAULT_NO_DUP_REF_CHECK)
+#include "fence.h"  // orchestrator HA's release (orchestrator/daemon/src)
+namespace co_ha = ::cxlkv::coherence;
+#endif
 
 namespace cxlkv::testing {
 namespace {
@@ -290,6 +296,62 @@ TEST(PrefixFault, OwnerFailoverWithoutTheOldMachinesWriteBackIsCaught) {
   // late line that reverts an entry is mostly caught by it: 8 of 10 (issue #21's owner rework).
   EXPECT_GE(Caught(10, 100000, failover(false), "fail-over, no write-back"), 2);
   EXPECT_EQ(Caught(3, 60000, failover(true), "fail-over after write-back"), 0);
+}
+
+// The same fail-over, driven by orchestrator HA's own code (docs/ha.md, "The fence", layer
+// 4; orchestrator/daemon/src/fence.cc): the old machine's write-back agent releases the old
+// term (ReleaseTerm: the domain range written back, then the release line), the successor
+// finds it released (TermReleased, the test AwaitRelease polls) and claims the domain
+// (WriteFenceLine) before the new owner opens. No other write-back: with the release, zero
+// violations; the run without it is the no-write-back case above.
+TEST(PrefixFault, OwnerFailoverThroughOrchestratorHasReleaseIsSafe) {
+  // write_back false: the release line alone, without the domain range written back first
+  // (what the takeover had before issue #29: nothing of the old machine written back).
+  auto release = [](bool write_back) {
+    return [write_back](Mem& old_machine, Mem& new_machine, std::uint64_t len) -> std::string {
+      co_ha::OwnerFenceLine fence{};
+      const bool fence_valid = orchestrator::ReadFenceLine(new_machine, &fence);
+      co_ha::OwnerReleaseLine at_start{};
+      if (!orchestrator::ReadReleaseLine(new_machine, &at_start)) at_start = {};
+      co_ha::OwnerReleaseLine r{};
+      r.epoch = fence.epoch;
+      r.by = co_ha::kReleasedByAgent;
+      orchestrator::ReleaseTerm(old_machine, write_back ? len : 0, r);
+      old_machine.FullFence();  // the agent's process runs on: its stores drain
+      co_ha::OwnerReleaseLine now{};
+      const bool release_valid = orchestrator::ReadReleaseLine(new_machine, &now);
+      if (!orchestrator::TermReleased(fence_valid, fence, release_valid, now, at_start)) {
+        return "the successor does not find epoch " + std::to_string(fence.epoch) + " released";
+      }
+      co_ha::OwnerFenceLine claim{};
+      claim.epoch = fence.epoch + 1;
+      orchestrator::WriteFenceLine(new_machine, claim);
+      return "";
+    };
+  };
+  std::uint32_t late = 50, crash = 200;
+  if (const char* v = std::getenv("CXLKV_HA_LATE")) late = static_cast<std::uint32_t>(std::atoi(v));
+  if (const char* v = std::getenv("CXLKV_HA_CRASH"))
+    crash = static_cast<std::uint32_t>(std::atoi(v));
+  auto failover = [&](bool write_back) {
+    return [&, write_back](PrefixSimulation::Config& c) {
+      c = PrefixSimulation::AllFaults(c.seed);
+      c.owner_crash_per_100k = crash;
+      c.owner_failover = true;
+      c.failover_writeback = false;
+      c.failover_release = release(write_back);
+      c.memory.late_land_per_mille = late;
+    };
+  };
+  int seeds = 5;
+  std::uint64_t steps = 60000;
+  if (const char* v = std::getenv("CXLKV_HA_SEEDS")) seeds = std::atoi(v);
+  if (const char* v = std::getenv("CXLKV_SIM_STEPS")) steps = std::strtoull(v, nullptr, 10);
+  // Without the write-back some seeds are caught (the schedule needs an old line to land
+  // late over one the new owner depends on: 1 of seeds 1-5 at these rates), not every seed;
+  // with it, none.
+  EXPECT_GE(Caught(seeds, steps, failover(false), "HA release without the write-back"), 1);
+  EXPECT_EQ(Caught(seeds, steps, failover(true), "HA release"), 0);
 }
 
 // Tearing, the real protocol: the same heavy tearing the no-CRC build is caught under (see

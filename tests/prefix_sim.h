@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -64,6 +65,14 @@ class PrefixSimulation {
     // With owner_failover: the old machine writes its whole cache back (its agent, or a
     // reset that flushes) before the new owner opens — the protection fail-over needs.
     bool failover_writeback = false;
+    // With owner_failover: called as the new owner's machine takes over, with the old
+    // machine's view (its hooks off: another process of that machine, such as orchestrator
+    // HA's write-back agent), the new machine's view and the domain's length. It does what
+    // the fail-over protocol under test does before the new owner opens (tests/
+    // prefix_fault_test.cc: orchestrator HA's release and the successor's wait); a non-empty
+    // answer is a violation.
+    std::function<std::string(Mem& old_machine, Mem& new_machine, std::uint64_t domain_len)>
+        failover_release;
     // Suspends: a pausing host (or the owner) has its clock frozen; on resume the clock jumps
     // by the frozen span (CLOCK_BOOTTIME) — or, with freeze_loses_time, does not
     // (CLOCK_MONOTONIC across S3, kvmclock across a VM stop: audit #6). Clock rates change
@@ -599,8 +608,15 @@ class PrefixSimulation {
       // Another machine takes over; the old one is alive (only the owner process died) and
       // its cache still holds what the process left dirty, to land at some later time.
       if (c_.failover_writeback) owner_view_->WriteBackAll();
+      auto next = media_.NewView(c_.evict_per_mille);
+      if (c_.failover_release) {
+        owner_view_->set_on_fence(nullptr);
+        owner_view_->set_on_store(nullptr);
+        const std::string why = c_.failover_release(*owner_view_, *next, header_.end_offset);
+        if (!why.empty()) Violation("fail-over: " + why);
+      }
       retired_owner_views_.push_back(std::move(owner_view_));
-      owner_view_ = media_.NewView(c_.evict_per_mille);
+      owner_view_ = std::move(next);
       HookOwnerView();
     }
     opening_ = true;

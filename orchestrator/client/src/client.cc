@@ -447,11 +447,14 @@ absl::Status HostClient::Join() {
 absl::Status HostClient::HeartbeatOnce() {
   pb::HeartbeatRequest req;
   req.set_host_id(host_);
-  std::uint64_t inc = 0, grants_before = 0;
+  std::uint64_t inc = 0, grants_before = 0, changes_before = 0;
+  bool quiet_at_send = false;
   {
     absl::MutexLock l(&mu_);
     inc = incarnation_;
     grants_before = grants_;  // extents granted up to here are in the reply if still held
+    changes_before = changes_started_;
+    quiet_at_send = changes_in_flight_ == 0;
   }
   req.set_incarnation(inc);
   if (counters_) {
@@ -479,7 +482,7 @@ absl::Status HostClient::HeartbeatOnce() {
     ++rejoins_;
     return Join();
   }
-  absl::MutexLock l(&mu_);
+  absl::ReleasableMutexLock l(&mu_);
   if (incarnation_ != inc) return absl::OkStatus();  // rejoined meanwhile: not about us
   draining_ = rep.draining();
   // Merged, never replaced: the reply may predate a Grow that completed while it travelled
@@ -496,6 +499,22 @@ absl::Status HostClient::HeartbeatOnce() {
     margin_ms_ = it->second / 4;
   }
   AcknowledgedLocked(sent);
+  // Listed for this incarnation but never granted to this client as far as it knows, with no
+  // Grow or Shrink under way from before the send until now: a grant whose reply was lost
+  // (audit-ha #8). Given back, so it is not lent and unused until this host leaves.
+  std::vector<std::uint32_t> unknown;
+  if (quiet_at_send && changes_in_flight_ == 0 && changes_started_ == changes_before) {
+    for (const auto& listed_extent : listed) {
+      const std::uint32_t index = listed_extent.first;
+      const bool held = std::any_of(held_.begin(), held_.end(),
+                                    [&](const Held& h) { return h.extent.index == index; });
+      if (!held) unknown.push_back(index);
+    }
+  }
+  l.Release();
+  if (!unknown.empty()) {
+    if (auto st = Shrink(unknown); st.ok()) unknown_returned_ += unknown.size();
+  }
   return absl::OkStatus();
 }
 
@@ -512,7 +531,28 @@ void HostClient::StartHeartbeats(std::function<HostCounters()> counters) {
   });
 }
 
+// Counts a Grow or Shrink under way (HeartbeatOnce: a listed extent not held is unknown only
+// while none is).
+class HostClient::ChangeInFlight {
+ public:
+  explicit ChangeInFlight(HostClient& c) : c_(c) {
+    absl::MutexLock l(&c_.mu_);
+    ++c_.changes_started_;
+    ++c_.changes_in_flight_;
+  }
+  ~ChangeInFlight() {
+    absl::MutexLock l(&c_.mu_);
+    --c_.changes_in_flight_;
+  }
+  ChangeInFlight(const ChangeInFlight&) = delete;
+  ChangeInFlight& operator=(const ChangeInFlight&) = delete;
+
+ private:
+  HostClient& c_;
+};
+
 absl::StatusOr<std::vector<GrantedExtent>> HostClient::Grow(std::uint32_t n) {
+  const ChangeInFlight change(*this);
   pb::GrowRequest req;
   req.set_host_id(host_);
   const std::uint64_t inc = incarnation();
@@ -550,6 +590,7 @@ absl::StatusOr<std::vector<GrantedExtent>> HostClient::Grow(std::uint32_t n) {
 }
 
 absl::Status HostClient::Shrink(const std::vector<std::uint32_t>& ext) {
+  const ChangeInFlight change(*this);
   pb::ShrinkRequest req;
   req.set_host_id(host_);
   req.set_incarnation(incarnation());

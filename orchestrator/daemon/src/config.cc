@@ -264,8 +264,12 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
                                 {"heartbeat_period_ms", H([&](auto& v, auto& kk) {
                                    return p.U32(v, kk, &c.heartbeat_period_ms, 1, 600000);
                                  })},
+                                // At least 1 ms: with one mfence per acquire, rule 4
+                                // rests on the grace period outlasting the time a lease
+                                // row's streaming store takes to become visible (audit-ha
+                                // #6; docs/coherence.md "Two results about fences").
                                 {"grace_ms", H([&](auto& v, auto& kk) {
-                                   return p.U32(v, kk, &c.grace_ms, 0, 600000);
+                                   return p.U32(v, kk, &c.grace_ms, 1, 600000);
                                  })},
                                 {"capacity_lease_ms", H([&](auto& v, auto& kk) {
                                    return p.U32(v, kk, &c.capacity_lease_ms, 10, 86400000);

@@ -26,6 +26,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "agent.h"
 #include "announce.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/crc32c.h"
@@ -786,7 +787,14 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
   const bool formatted = header.ok();
   o->new_domain_ = options.new_domain;
   if (c.etcd.enabled()) {
-    // Orchestrator HA: nothing is written to the domain until this one is elected.
+    // Orchestrator HA: nothing is written to the domain until this one is elected. The agent
+    // first, while this process has no thread of its own yet.
+    if (options.write_back_agent) {
+      auto agent = WriteBackAgent::Start(o->domain_region_->addr(), o->domain_region_->size_bytes(),
+                                         std::int64_t{c.etcd.ttl_s} * 1000);
+      if (!agent.ok()) return agent.status();
+      o->agent_ = *std::move(agent);
+    }
     auto ha = HaSession::Create(c, SelfDescription(c), o->clock_);
     if (!ha.ok()) return ha.status();
     o->ha_ = *std::move(ha);
@@ -1027,6 +1035,11 @@ void Orchestrator::AcceptLoop() {
 void Orchestrator::OwnerLoop() {
   std::int64_t last_metrics = 0, last_ha_metrics = 0;
   while (!stop_.load()) {
+    if (agent_ != nullptr) {
+      // The agent's view of this term's write deadline, on CLOCK_BOOTTIME (its clock).
+      const std::int64_t deadline = ha_->write_deadline_ms();
+      if (deadline != 0) agent_->Deadline(steady_.NowMs() + (deadline - clock_->NowMs()));
+    }
     {
       absl::MutexLock l(&mu_);
       // A standby (or a leader whose fence closed) writes nothing.
@@ -1131,6 +1144,9 @@ absl::Status Orchestrator::SaveLocked() {
   if (!leading_) {
     return absl::UnavailableError("this orchestrator stopped leading the domain: retry");
   }
+  // A new generation each write, recorded in the fence line once etcd has it: a successor
+  // refuses any state older than the domain's record (docs/ha.md "Durable state in etcd").
+  state_.set_generation(state_.generation() + 1);
   absl::Status st = ha_->SaveState(state_.Serialize(), epoch_);
   if (absl::IsAborted(st)) {
     // Another leader, or another writer of the state: this one's view is stale.
@@ -1140,6 +1156,8 @@ absl::Status Orchestrator::SaveLocked() {
         absl::StrCat(st.message(), ": stepping down; retry against the new leader"));
   }
   if (!st.ok()) return st;
+  fence_.state_gen = state_.generation();
+  EndBatchLocked();
   // The state file is a cache now (etcd holds the state): a failure is logged, never fatal.
   if (auto cache = state_.Save(); !cache.ok() && !cache_failure_logged_) {
     cache_failure_logged_ = true;
@@ -1159,7 +1177,8 @@ absl::Status Orchestrator::ServingLocked() {
     return absl::UnavailableError(absl::StrCat(
         "domain '", config_.etcd.domain, "': etcd unreachable since ", ReadOnlySinceLocked(),
         "; the domain is read-only until it is back (heartbeats, lookups and the extents already "
-        "lent keep working; no new extents, publications or membership changes)"));
+        "lent keep working; no new extents, publications or membership changes, and no prefix "
+        "leases once the owner's last heartbeat acknowledgement is host_ttl old)"));
   }
   const HaStats h = ha_->stats();
   return absl::UnavailableError(
@@ -1254,13 +1273,125 @@ bool Orchestrator::OwnerBatchMayRunLocked() {
 
 void Orchestrator::EndBatchLocked() {
   if (ha_ == nullptr || !leading_) return;
+  // Read before written: a line that names another term is never overwritten (audit-ha #1:
+  // a leader resumed after a stop put its old epoch back over its successor's, and the
+  // successor resigned). The successor waits for this term's release before it writes the
+  // line, so a foreign line here means an operator released this term by hand.
+  co::OwnerFenceLine now{};
+  if (!ReadFenceLine(*domain_mem_, &now) || now.epoch != fence_.epoch ||
+      now.cluster_id != fence_.cluster_id) {
+    (void)OwnerBatchMayRunLocked();  // says why, resigns
+    return;
+  }
   // Through the fenced view: after the write deadline this store is dropped like the others.
   ++fence_.batches;
   WriteFenceLine(*fenced_mem_, fence_);
 }
 
+absl::Status Orchestrator::AwaitRelease(const LeaderTerm& t) {
+  auto header = co::ReadDomainHeader(*domain_mem_);
+  if (!header.ok()) return absl::OkStatus();  // never formatted: no term ever owned it
+  co::OwnerFenceLine fence{};
+  const bool fence_valid = ReadFenceLine(*domain_mem_, &fence);
+  if (fence_valid && fence.epoch >= static_cast<std::uint64_t>(t.epoch) &&
+      fence.cluster_id == t.cluster_id) {
+    // Equal too: an epoch names one term only (an etcd restored from a backup issues its
+    // revisions again; each refused campaign burns some, until they pass the domain's).
+    return absl::FailedPreconditionError(
+        absl::StrCat("the domain's fence line names epoch ", fence.epoch,
+                     ", not older than this election's ", t.epoch,
+                     ": this orchestrator's view of etcd is stale, or etcd was restored from a "
+                     "backup (campaigning again until etcd's revisions pass the domain's record)"));
+  }
+  co::OwnerReleaseLine at_start{};
+  if (!ReadReleaseLine(*domain_mem_, &at_start)) at_start = co::OwnerReleaseLine{};
+  const std::int64_t t0 = steady_.NowMs();
+  std::int64_t next_log = t0 + 2000, next_operator = t0;
+  while (true) {
+    co::OwnerReleaseLine r{};
+    const bool valid = ReadReleaseLine(*domain_mem_, &r);
+    if (TermReleased(fence_valid, fence, valid, r, at_start)) break;
+    if (stop_.load()) return absl::AbortedError("stopping");
+    if (!ha_->WriteAllowed()) {
+      return absl::AbortedError(absl::StrCat("the write deadline passed while waiting for epoch ",
+                                             fence.epoch, " to be released"));
+    }
+    const std::int64_t now = steady_.NowMs();
+    if (now >= next_operator) {
+      next_operator = now + 500;
+      auto op = ha_->ReleasedByOperator();
+      if (op.ok() && *op != 0 && fence_valid && static_cast<std::uint64_t>(*op) == fence.epoch) {
+        std::fprintf(stderr,
+                     "cxlkv-orchestrator: epoch %llu released by an operator (%s/released): "
+                     "taking the domain over\n",
+                     static_cast<unsigned long long>(fence.epoch), ha_->where().c_str());
+        break;
+      }
+      if (!op.ok() && now >= next_log) {
+        std::fprintf(stderr, "cxlkv-orchestrator: %s\n",
+                     std::string(op.status().message()).c_str());
+      }
+    }
+    if (now >= next_log) {
+      next_log = now + 5000;
+      std::fprintf(
+          stderr,
+          "cxlkv-orchestrator: elected at epoch %lld, waiting %lld ms so far for %s to be released "
+          "by its leader or that node's write-back agent (its stores must all be in memory "
+          "before this leader's first; docs/ha.md \"Release\"). If that machine was powered "
+          "off or reset, say so: etcdctl put %s/released %llu\n",
+          static_cast<long long>(t.epoch), static_cast<long long>(now - t0),
+          fence_valid
+              ? absl::StrCat("epoch ", fence.epoch, " (cluster ", absl::Hex(fence.cluster_id), ")")
+                    .c_str()
+              : "the term of the torn fence line",
+          ha_->where().c_str(), static_cast<unsigned long long>(fence.epoch));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const std::int64_t waited = steady_.NowMs() - t0;
+  if (waited >= 100) {
+    std::fprintf(stderr, "cxlkv-orchestrator: epoch %llu was released after %lld ms\n",
+                 static_cast<unsigned long long>(fence.epoch), static_cast<long long>(waited));
+  }
+  return absl::OkStatus();
+}
+
+void Orchestrator::ReleaseLocked() {
+  if (claimed_epoch_ == 0 || claimed_epoch_ == released_epoch_) return;
+  co::OwnerReleaseLine r{};
+  r.epoch = static_cast<std::uint64_t>(claimed_epoch_);
+  r.cluster_id = claimed_cluster_;
+  r.at_ms = clock_->NowMs();
+  r.by = co::kReleasedByLeader;
+  r.node = co::Crc32c(config_.etcd.node.data(), config_.etcd.node.size());
+  // The unfenced view: the gate is closed by now, and this is the one store a deposed leader
+  // must still make.
+  ReleaseTerm(*domain_mem_, domain_region_->size_bytes(), r);
+  released_epoch_ = claimed_epoch_;
+  if (agent_ != nullptr) agent_->Released(claimed_epoch_);
+}
+
+std::string Orchestrator::StateOlderThanTheDomain(const std::string& source,
+                                                  const DomainState& state,
+                                                  const co::OwnerFenceLine& seen) const {
+  return absl::StrCat(
+      "domain '", config_.etcd.domain, "': the state from ", source, " is generation ",
+      state.generation(), ", older than the domain's own record (generation ", seen.state_gen,
+      ", saved at epoch ", seen.epoch, " of etcd cluster ", absl::Hex(seen.cluster_id),
+      "): etcd was restored from a backup or rebuilt, etcd.cluster/etcd.domain names another "
+      "place, or the state file is a stale cache. Taking it over would lend again extents that "
+      "hosts hold. Point etcd.cluster/etcd.domain at the domain's keys or put its newest state "
+      "back; if that state is lost, delete ",
+      ha_->where(), "/state (etcdctl del) and move the state file ", config_.state_file,
+      " away, then start one orchestrator with --new-domain: every extent is then quarantined "
+      "for a full capacity lease");
+}
+
 absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
   const absl::Time elected = absl::Now();
+  // 0. Every store of the previous term is in memory and none follows (docs/ha.md "Release").
+  if (auto st = AwaitRelease(t); !st.ok()) return st;
   absl::MutexLock l(&mu_);
   // Elected again (etcd is back): the read-only term's view gives way to etcd's state.
   EndReadOnlyLocked(absl::StrCat("elected at epoch ", t.epoch));
@@ -1282,7 +1413,12 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
     save_now = false;
     source = absl::StrCat("etcd (revision ", (*stored)->revision, ")");
   } else if (new_domain_) {
-    if (formatted) fresh.QuarantineAll(now);
+    if (formatted) {
+      fresh.QuarantineAll(now);
+      // Generations go on above the domain's record (the check below then passes).
+      co::OwnerFenceLine record{};
+      if (ReadFenceLine(*domain_mem_, &record)) fresh.set_generation(record.state_gen);
+    }
     source = "a new domain";
   } else if (::stat(config_.state_file.c_str(), &sb) == 0) {
     if (auto st = fresh.Load(now); !st.ok()) return st;
@@ -1302,11 +1438,13 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
                    "cxlkv-orchestrator: the domain's fence line does not validate (a leader died "
                    "writing it); epoch %lld overwrites it\n",
                    static_cast<long long>(t.epoch));
-    } else if (seen.epoch > static_cast<std::uint64_t>(t.epoch) &&
+    } else if (seen.epoch >= static_cast<std::uint64_t>(t.epoch) &&
                seen.cluster_id == t.cluster_id) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "the domain's fence line names epoch ", seen.epoch, ", newer than this election's ",
+          "the domain's fence line names epoch ", seen.epoch, ", not older than this election's ",
           t.epoch, ": this orchestrator's view of etcd is stale"));
+    } else if (seen.epoch != 0 && fresh.generation() < seen.state_gen) {
+      return absl::FailedPreconditionError(StateOlderThanTheDomain(source, fresh, seen));
     } else if (seen.epoch != 0 && seen.cluster_id != t.cluster_id) {
       std::fprintf(stderr,
                    "cxlkv-orchestrator: the domain was last owned under etcd cluster %llx (epoch "
@@ -1321,8 +1459,13 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
   co::OwnerFenceLine line{};
   line.epoch = static_cast<std::uint64_t>(t.epoch);
   line.cluster_id = t.cluster_id;
+  line.state_gen = fresh.generation();
   line.took_over_ms = now;
   line.node = co::Crc32c(config_.etcd.node.data(), config_.etcd.node.size());
+  // From the claim on, this term is released when it ends: by StepDown, or by the agent.
+  claimed_epoch_ = t.epoch;
+  claimed_cluster_ = t.cluster_id;
+  if (agent_ != nullptr) agent_->Claimed(t.epoch, t.cluster_id, line.node);
   WriteFenceLine(*fenced_mem_, line);
   co::OwnerFenceLine back{};
   if (!ReadFenceLine(*domain_mem_, &back) || back.epoch != line.epoch) {
@@ -1373,6 +1516,7 @@ void Orchestrator::StepDown(const std::string& why) {
                  "back or a successor takes over\n",
                  config_.etcd.domain.c_str(), why.c_str(), ReadOnlySinceLocked().c_str(),
                  static_cast<long long>(epoch_));
+    ReleaseLocked();  // a read-only leader stores nothing more to the domain
     return;
   }
   read_only_ = false;
@@ -1381,6 +1525,7 @@ void Orchestrator::StepDown(const std::string& why) {
   epoch_ = 0;
   std::fprintf(stderr, "cxlkv-orchestrator: no longer the leader of domain '%s': %s\n",
                config_.etcd.domain.c_str(), why.c_str());
+  ReleaseLocked();
 }
 
 void Orchestrator::Stop() {

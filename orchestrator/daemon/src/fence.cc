@@ -1,6 +1,9 @@
 // The fence line: read with retries, written sealed, flushed and fenced.
 #include "fence.h"
 
+#include <algorithm>
+#include <cstring>
+
 namespace cxlkv::orchestrator {
 
 namespace co = ::cxlkv::coherence;
@@ -24,6 +27,44 @@ void WriteFenceLine(co::Mem& mem, const co::OwnerFenceLine& l) {
   // Ordered before every later store of this leader (rings, index, the next batch): a host
   // or a rival that sees any of those also sees this line.
   mem.Fence();
+}
+
+bool ReadReleaseLine(co::Mem& mem, co::OwnerReleaseLine* out) {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    // Written by another host (a deposed leader or its agent): drop our copy first.
+    mem.Invalidate(co::kOwnerReleaseOffset, sizeof(*out));
+    mem.Read(co::kOwnerReleaseOffset, out, sizeof(*out));
+    if (co::LineValid(*out)) return true;
+  }
+  return false;
+}
+
+void ReleaseTerm(co::Mem& mem, std::uint64_t len, const co::OwnerReleaseLine& l) {
+  // 1. Every dirty line of the domain on this machine goes to memory: the term's stores that
+  // were made but not yet written back (a process stopped or killed between a store and its
+  // clwb) land now, not after a successor's stores. In chunks, so no length overflows.
+  constexpr std::uint64_t kChunk = std::uint64_t{1} << 20;
+  for (std::uint64_t off = 0; off < len; off += kChunk) {
+    mem.Flush(off, static_cast<std::size_t>(std::min(kChunk, len - off)));
+  }
+  // 2. Ordered after those write-backs: a successor that sees the release line finds every
+  // one of them in memory (it evicts its own copies before it reads, PrefixOwner::Open).
+  mem.Fence();
+  co::OwnerReleaseLine line = l;
+  line.version = co::kOwnerReleaseVersion;
+  co::SealLine(line);
+  mem.Write(co::kOwnerReleaseOffset, &line, sizeof(line));
+  mem.Flush(co::kOwnerReleaseOffset, sizeof(line));
+  mem.Fence();
+}
+
+bool TermReleased(bool fence_valid, const co::OwnerFenceLine& fence, bool release_valid,
+                  const co::OwnerReleaseLine& release,
+                  const co::OwnerReleaseLine& release_at_start) {
+  if (fence_valid && fence.epoch == 0) return true;  // never owned by an elected leader
+  if (!release_valid || release.epoch == 0) return false;
+  if (!fence_valid) return std::memcmp(&release, &release_at_start, sizeof(release)) != 0;
+  return release.epoch == fence.epoch && release.cluster_id == fence.cluster_id;
 }
 
 }  // namespace cxlkv::orchestrator

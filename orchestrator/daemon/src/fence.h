@@ -29,6 +29,27 @@ bool ReadFenceLine(coherence::Mem& mem, coherence::OwnerFenceLine* out);
 // invalidates and reads the line sees it (or a later one).
 void WriteFenceLine(coherence::Mem& mem, const coherence::OwnerFenceLine& line);
 
+// Reads the release line (coherence::OwnerReleaseLine) as its writer last flushed it, like
+// ReadFenceLine. False if it never validated.
+bool ReadReleaseLine(coherence::Mem& mem, coherence::OwnerReleaseLine* out);
+
+// Writes back every line of the domain range [0, len) from this machine's caches (clwb: the
+// whole coherence domain of this machine, other processes' dirty lines included), fences,
+// and only then seals, stores, flushes and fences the release line. Call it only once no
+// process of the released term stores to the domain again (the gate closed and the owner
+// quiet, or the process dead). The release line is written through `mem` as given: a
+// deposed leader's fenced view would drop it.
+void ReleaseTerm(coherence::Mem& mem, std::uint64_t len, const coherence::OwnerReleaseLine& line);
+
+// What a successor must wait for before its first store, given the fence line it found and
+// the release line it reads now: true when the term the fence line names was released (or
+// no elected term ever owned the domain). A torn fence line (`fence_valid` false) is
+// released only by a release line different from `release_at_start` (the one seen when the
+// wait began): its term is unknown, so the next release is taken to be its.
+bool TermReleased(bool fence_valid, const coherence::OwnerFenceLine& fence, bool release_valid,
+                  const coherence::OwnerReleaseLine& release,
+                  const coherence::OwnerReleaseLine& release_at_start);
+
 // A Mem whose stores (Write, WriteNt) reach the memory only while the gate allows them; after
 // that they are dropped and counted. Reads, flushes and fences pass through: a store made
 // while allowed may still be flushed after (the window is the store-to-flush time of one

@@ -83,6 +83,13 @@ class HaSession : public WriteGate {
   // leads at `epoch` (a guarded transaction). kAborted when it no longer leads.
   virtual absl::Status PutDirectory(const std::string& value, std::int64_t epoch) = 0;
 
+  // The write deadline of the current term on the session's clock (0: not leading).
+  virtual std::int64_t write_deadline_ms() const = 0;
+  // The epoch an operator declared released in etcd (P/released: a decimal epoch, written
+  // with etcdctl after the old leader's machine was powered off or reset, so that no cache
+  // of it can write the domain back any more). 0: none. Read now.
+  virtual absl::StatusOr<std::int64_t> ReleasedByOperator() = 0;
+
   virtual HaStats stats() const = 0;
   // stats(), and drains etcd_call_ms (for the metrics exporter).
   virtual HaStats DrainStats() = 0;

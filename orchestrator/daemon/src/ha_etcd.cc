@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -73,6 +74,26 @@ class EtcdHa final : public HaSession {
   }
 
   bool WriteAllowed() const override { return election_ != nullptr && election_->WriteAllowed(); }
+
+  std::int64_t write_deadline_ms() const override {
+    return election_ == nullptr ? 0 : election_->write_deadline_ms();
+  }
+
+  absl::StatusOr<std::int64_t> ReleasedByOperator() override {
+    auto r = client_->Get(where_ + "/released");
+    if (!r.ok()) {
+      return absl::Status(r.status().code(),
+                          absl::StrCat(where_, "/released: cannot read: ", r.status().message()));
+    }
+    if (r->kvs.empty()) return 0;
+    std::int64_t epoch = 0;
+    if (!absl::SimpleAtoi(r->kvs[0].value, &epoch) || epoch <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where_, "/released: '", r->kvs[0].value,
+          "' is not an epoch (a decimal number > 0, the epoch whose machine was reset)"));
+    }
+    return epoch;
+  }
 
   absl::StatusOr<std::optional<StoredState>> LoadState() override {
     const absl::Time t0 = absl::Now();

@@ -230,6 +230,7 @@ std::string DomainState::Serialize() const {
   j["version"] = 1;
   j["pool_bytes"] = pool_bytes_;
   j["extent_bytes"] = c_.extent_bytes;
+  j["generation"] = generation_;
   j["hosts"] = nlohmann::json::array();
   for (std::uint32_t i = 0; i < hosts_.size(); ++i) {
     const HostInfo& h = hosts_[i];
@@ -324,6 +325,7 @@ absl::Status DomainState::Deserialize(const std::string& text, std::int64_t now_
     hosts_ = std::move(hosts);
     extents_ = std::move(extents);
     recovered_ = recovered;
+    generation_ = j.contains("generation") ? j.at("generation").get<std::uint64_t>() : 0;
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat("state file: ", e.what()));
   }

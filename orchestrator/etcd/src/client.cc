@@ -321,10 +321,10 @@ absl::Status Client::RevokeLease(std::int64_t lease) {
   pb::LeaseRevokeRequest req;
   req.set_id(lease);
   pb::LeaseRevokeResponse rep;
-  const absl::Status st = CallMembers(*ch_, &current_, options_, 0, /*retry=*/true, "LeaseRevoke",
-                                      [&](const Channels::Member& m, grpc::ClientContext* ctx) {
-                                        return m.lease->LeaseRevoke(ctx, req, &rep);
-                                      });
+  absl::Status st = CallMembers(*ch_, &current_, options_, 0, /*retry=*/true, "LeaseRevoke",
+                                [&](const Channels::Member& m, grpc::ClientContext* ctx) {
+                                  return m.lease->LeaseRevoke(ctx, req, &rep);
+                                });
   if (absl::IsNotFound(st)) return absl::OkStatus();  // already gone: what was wanted
   return st;
 }

@@ -54,7 +54,13 @@ void LeaderElection::Stop() {
 
 bool LeaderElection::WriteAllowed() const {
   if (epoch_.load(std::memory_order_acquire) == 0) return false;
-  return clock_->NowMs() < valid_until_.load(std::memory_order_acquire);
+  // Sticky within a session (audit-ha #5): once a caller found the deadline passed, a
+  // keep-alive answered after that cannot reopen the gate, so the stores dropped here are a
+  // suffix of the term's stores (what a crash leaves), never a gap in the middle.
+  if (closed_.load(std::memory_order_acquire)) return false;
+  if (clock_->NowMs() < valid_until_.load(std::memory_order_acquire)) return true;
+  closed_.store(true, std::memory_order_release);
+  return false;
 }
 
 std::int64_t LeaderElection::write_deadline_ms() const {
@@ -120,6 +126,7 @@ bool LeaderElection::NewSession() {
     absl::MutexLock l(&mu_);
     lease_ = g->id;
     session_lost_ = false;
+    closed_.store(false, std::memory_order_release);  // a new session, a new gate
     // etcd started the lease no earlier than `sent`.
     valid_until_.store(sent + g->ttl_s * 1000 - o_.margin_ms);
   }
@@ -176,7 +183,9 @@ void LeaderElection::KeepAliveLoop() {
       if (lease_ != lease) continue;  // the session changed meanwhile
       if (ttl.ok()) {
         stats_.last_contact_unix_ms = WallMs();
-        if (now < valid_until_.load()) {
+        // Extended only while the gate never closed and the deadline has not passed now
+        // (not only when the answer arrived: the lock may have been waited for).
+        if (!closed_.load(std::memory_order_acquire) && clock_->NowMs() < valid_until_.load()) {
           // etcd restarted the lease after `sent`.
           valid_until_.store(std::max(valid_until_.load(), sent + *ttl * 1000 - o_.margin_ms));
           next = sent + period_ms;
@@ -290,7 +299,7 @@ void LeaderElection::ElectionLoop() {
     }
     last_leader_lease = 0;
     // A session whose fence already closed cannot lead: start a new one.
-    if (clock_->NowMs() >= valid_until_.load()) {
+    if (closed_.load() || clock_->NowMs() >= valid_until_.load()) {
       EndSession();
       continue;
     }
@@ -339,7 +348,7 @@ std::string LeaderElection::Lead(const Term& term, bool* lost_contact) {
       }
     }
     const std::int64_t now = clock_->NowMs();
-    if (now >= valid_until_.load()) {
+    if (now >= valid_until_.load() || closed_.load(std::memory_order_acquire)) {
       *lost_contact = true;
       return absl::StrCat("no keep-alive answered within the TTL less the margin (",
                           o_.ttl_s * 1000 - o_.margin_ms, " ms): fenced on this host's clock");

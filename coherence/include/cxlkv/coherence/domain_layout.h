@@ -100,12 +100,40 @@ struct alignas(64) OwnerFenceLine {
   std::int64_t took_over_ms;  // the leader's clock when it wrote this epoch (diagnostics)
   std::uint32_t version;      // kOwnerFenceVersion (0 only in the all-zero line)
   std::uint32_t node;         // a hash of the leader's node name (diagnostics)
-  std::uint8_t reserved[20];
+  // The generation of the domain's control state (etcd's P/state) this leader last saved
+  // (0: not known, lines written before it existed). A successor refuses a state older than
+  // this: etcd restored from a backup or rebuilt (docs/ha.md).
+  std::uint64_t state_gen;
+  std::uint8_t reserved[12];
   std::uint32_t crc;
 };
 inline constexpr std::uint32_t kOwnerFenceVersion = 1;
 inline constexpr std::uint64_t kOwnerFenceOffset = kOwnerClockOffset - sizeof(OwnerFenceLine);
 static_assert(sizeof(DomainHeader) <= kOwnerFenceOffset);
+
+// Writer: an elected orchestrator that stopped owning the domain, or its node's write-back
+// agent on its behalf (orchestrator HA, docs/ha.md "Release"). One line in the header's page,
+// just before the fence line: "every store the owner of epoch `epoch` made is in memory (the
+// domain range was written back from that machine's caches after its last store), and no
+// process of that term stores to the domain again". A successor waits for the release of the
+// epoch the fence line names before it writes anything (the fence line included), so a
+// deposed owner's stores, late write-backs included, land before the successor's first. All
+// zero until the first release; zero padding before, like the fence line.
+struct alignas(64) OwnerReleaseLine {
+  std::uint64_t epoch;       // the term released; 0: none yet
+  std::uint64_t cluster_id;  // the etcd cluster of that term (as in its fence line)
+  std::int64_t at_ms;        // the writer's clock (diagnostics)
+  std::uint32_t by;          // kReleasedBy*: who wrote it
+  std::uint32_t node;        // a hash of the released leader's node name (diagnostics)
+  std::uint32_t version;     // kOwnerReleaseVersion (0 only in the all-zero line)
+  std::uint8_t reserved[24];
+  std::uint32_t crc;
+};
+inline constexpr std::uint32_t kOwnerReleaseVersion = 1;
+inline constexpr std::uint32_t kReleasedByLeader = 1;  // the leader itself, stepping down
+inline constexpr std::uint32_t kReleasedByAgent = 2;   // its node's agent, after it died
+inline constexpr std::uint64_t kOwnerReleaseOffset = kOwnerFenceOffset - sizeof(OwnerReleaseLine);
+static_assert(sizeof(DomainHeader) <= kOwnerReleaseOffset);
 
 // Writer: host h.
 struct alignas(64) HostRow {
@@ -177,7 +205,9 @@ struct alignas(64) IndexEntry {
 
 static_assert(sizeof(OwnerHostLine) == 64 && sizeof(HostRow) == 64 && sizeof(ReturnSlot) == 64);
 static_assert(sizeof(OwnerClockLine) == 64 && offsetof(OwnerHostLine, crc) == 60);
-static_assert(sizeof(OwnerFenceLine) == 64 && offsetof(OwnerFenceLine, crc) == 60);
+static_assert(sizeof(OwnerFenceLine) == 64 && offsetof(OwnerFenceLine, crc) == 60 &&
+              offsetof(OwnerFenceLine, state_gen) == 40);
+static_assert(sizeof(OwnerReleaseLine) == 64 && offsetof(OwnerReleaseLine, crc) == 60);
 static_assert(sizeof(LeaseRow) == 64 && sizeof(IndexEntry) == 64 && sizeof(RequestSlot) == 128);
 static_assert(offsetof(IndexEntry, crc) == 60 && offsetof(LeaseRow, crc) == 60);
 

@@ -115,6 +115,10 @@ class HostClient {
   bool ExtentsValid() const;
   bool draining() const { return draining_.load(); }
   std::uint64_t rejoins() const { return rejoins_.load(); }
+  // Extents the orchestrator listed for this incarnation that this client never learned of
+  // (a Grow whose reply was lost, e.g. a state write that timed out but landed: audit-ha #8)
+  // and gave back with a Shrink, since Connect.
+  std::uint64_t unknown_extents_returned() const { return unknown_returned_.load(); }
   // The highest leader epoch a reply has carried (orchestrator HA, docs/ha.md; 0 without
   // [etcd]). A reply from an older epoch is refused: the call fails naming both epochs, and
   // with several endpoints it moves on to the next.
@@ -127,6 +131,7 @@ class HostClient {
 
  private:
   struct Rpc;
+  class ChangeInFlight;
   HostClient(std::unique_ptr<Rpc> rpc, std::uint32_t host, HostClientOptions options);
   // An extent held, with its own deadline.
   struct Held {
@@ -153,6 +158,11 @@ class HostClient {
   std::uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
   std::uint64_t grants_ ABSL_GUARDED_BY(mu_) = 0;    // Grow replies applied, this incarnation
+  // Grow and Shrink calls started, and those not finished: a heartbeat reply may list an
+  // extent this client does not hold only while one is under way.
+  std::uint64_t changes_started_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint32_t changes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<std::uint64_t> unknown_returned_{0};
   HostClockReading acked_ ABSL_GUARDED_BY(mu_);      // send readings of the last acknowledged
   std::int64_t margin_ms_ ABSL_GUARDED_BY(mu_) = 0;  // ¼ of the lease the replies state
   std::atomic<bool> draining_{false};

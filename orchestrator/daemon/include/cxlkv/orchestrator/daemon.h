@@ -51,6 +51,7 @@ class FencedMem;
 class HaSession;
 class Metrics;
 class Service;
+class WriteBackAgent;
 struct LeaderTerm;
 
 struct OpenOptions {
@@ -64,6 +65,10 @@ struct OpenOptions {
   // The orchestrator's clock (a seam for tests); null: CLOCK_MONOTONIC. Must outlive the
   // orchestrator.
   coherence::Clock* clock = nullptr;
+  // HA: fork the write-back agent (docs/ha.md "Release") that releases this orchestrator's
+  // term when it dies or is stopped past its write deadline. Off only for in-process tests,
+  // where the agent would watch (and could end) the test process.
+  bool write_back_agent = true;
 };
 
 class Orchestrator {
@@ -147,10 +152,26 @@ class Orchestrator {
   absl::Status TakeOver(const LeaderTerm& t);
   void StepDown(const std::string& why);
   void EndReadOnlyLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // HA, before the takeover's first store: waits until the term the domain's fence line names
+  // was released (by its leader, its agent, or an operator through etcd), or the write
+  // deadline passes (kAborted), or Stop.
+  absl::Status AwaitRelease(const LeaderTerm& t);
+  // HA, once this orchestrator stopped storing to the domain for its term: writes the domain
+  // back from this machine and writes the release line (ReleaseTerm), once per term.
+  void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The refusal of a state older than the domain's fence line records (kFailedPrecondition's
+  // message: what happened and what the operator should do).
+  std::string StateOlderThanTheDomain(const std::string& source, const DomainState& state,
+                                      const coherence::OwnerFenceLine& seen) const;
 
   std::unique_ptr<HaSession> ha_;          // null without [etcd]
   std::unique_ptr<Announcer> announcer_;   // directory summary and KV events (announce.h)
   std::unique_ptr<FencedMem> fenced_mem_;  // HA: the owner's view of the domain
+  std::unique_ptr<WriteBackAgent> agent_;  // HA: releases this one's term if it dies
+  // HA: the term this orchestrator claimed in the fence line last, and the last it released.
+  std::int64_t claimed_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t claimed_cluster_ ABSL_GUARDED_BY(mu_) = 0;
+  std::int64_t released_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // Read-only while etcd is unreachable: the last term's state, owner (no batch runs) and
   // epoch are kept; see ReadOnlyLocked.
   std::int64_t read_only_since_unix_ms_ ABSL_GUARDED_BY(mu_) = 0;

@@ -95,6 +95,12 @@ class DomainState {
   std::uint64_t extent_offset(std::uint32_t i) const { return std::uint64_t{i} * c_.extent_bytes; }
   std::uint32_t ExtentsOf(std::uint32_t host) const;
   std::uint32_t recovered_extents() const { return recovered_; }
+  // How many times this state was saved (HA: bumped before each write to etcd; 0 in states
+  // written before it existed). The domain's fence line records the generation its leader
+  // last saved, so a state older than the domain (etcd restored from a backup or rebuilt, a
+  // stale state-file cache, a wrong etcd.cluster) is told apart (docs/ha.md).
+  std::uint64_t generation() const { return generation_; }
+  void set_generation(std::uint64_t g) { generation_ = g; }
   const Config& config() const { return c_; }
 
   // The state file's contents, and parsing them (exposed for tests and the fuzzer).
@@ -112,6 +118,7 @@ class DomainState {
   std::vector<HostInfo> hosts_;
   std::vector<ExtentInfo> extents_;
   std::uint32_t recovered_ = 0;
+  std::uint64_t generation_ = 0;
 };
 
 }  // namespace cxlkv::orchestrator

@@ -103,8 +103,10 @@ class LeaderElection {
   // the threads. Idempotent.
   void Stop();
 
-  // Whether this candidate leads and its write deadline has not passed. Cheap (two atomic
-  // loads and a clock read): call it before every write to shared state.
+  // Whether this candidate leads and its write deadline has not passed. Once it answered
+  // false for a passed deadline it stays false for the rest of the session (a late keep-alive
+  // does not reopen it). Cheap (three atomic loads and a clock read): call it before every
+  // write to shared state.
   bool WriteAllowed() const;
   // The write deadline on the election's clock (0: not leading).
   std::int64_t write_deadline_ms() const;
@@ -143,6 +145,9 @@ class LeaderElection {
   std::atomic<bool> stop_{false};
   std::atomic<std::int64_t> epoch_{0};        // leading: the epoch, else 0
   std::atomic<std::int64_t> valid_until_{0};  // session: last answered keep-alive's deadline
+  // The session's gate closed (a WriteAllowed call found the deadline passed): it stays closed
+  // until a new session, whatever keep-alive answers arrive.
+  mutable std::atomic<bool> closed_{false};
 
   mutable absl::Mutex mu_;
   std::int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
