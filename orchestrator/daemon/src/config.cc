@@ -317,6 +317,13 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
              c.placement = *std::move(placement);
              return absl::OkStatus();
            })},
+          {"lmcache", H([&](const toml::node&, const std::string&) {
+             // orchestrator/lmcache/ owns the section's keys (coordinator/config.h).
+             auto lmcache = coordinator::ParseCoordinatorConfig(text, source_name);
+             if (!lmcache.ok()) return lmcache.status();
+             c.lmcache = *std::move(lmcache);
+             return absl::OkStatus();
+           })},
       });
   if (!st.ok()) return st;
   // Required keys and cross-key rules.
@@ -408,6 +415,19 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
       return absl::InvalidArgumentError(absl::StrCat(source_name, ": key 'hosts.allowed': host id ",
                                                      h, " is not below domain.max_hosts (",
                                                      c.max_hosts, ")"));
+    }
+  }
+  if (c.lmcache.enabled()) {
+    if (c.etcd.enabled()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_name, ": [lmcache] with [etcd] is not supported yet: the coordinator's state is "
+                       "a local file, not in etcd (docs/lmcache.md \"Limits\"); run the "
+                       "coordinator's domain without [etcd]"));
+    }
+    if (auto st = coordinator::ResolveCoordinatorConfig(&c.lmcache, c.name, c.state_file,
+                                                        c.extent_bytes);
+        !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", st.message()));
     }
   }
   return c;

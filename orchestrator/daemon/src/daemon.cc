@@ -28,6 +28,7 @@
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/coherence/domain_layout.h"
+#include "cxlkv/coordinator/service.h"
 #include "cxlkv/orchestrator/token.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
@@ -615,7 +616,8 @@ class Service final : public pb::Orchestrator::Service {
 // ---- the daemon -------------------------------------------------------------------------------
 
 Orchestrator::Orchestrator(const Config& c, std::uint64_t pool_bytes)
-    : state_(c, pool_bytes), config_(c) {}
+    // [lmcache]: the pool's last extents are the coordinator's, never lent to hosts.
+    : state_(c, coordinator::HostPoolBytes(c.lmcache, pool_bytes, c.extent_bytes)), config_(c) {}
 
 Orchestrator::~Orchestrator() { Stop(); }
 
@@ -771,6 +773,14 @@ absl::Status Orchestrator::Start() {
       return absl::UnavailableError(
           absl::StrCat("metrics.listen '", config_.metrics_listen, "': ", e.what()));
     }
+  }
+  // [lmcache]: LMCache's coordinator API, up before the socket listens (launchers wait on it).
+  if (config_.lmcache.enabled()) {
+    auto lmcache = coordinator::Service::Start(
+        config_.lmcache,
+        coordinator::HostPoolBytes(config_.lmcache, pool_->size_bytes(), config_.extent_bytes));
+    if (!lmcache.ok()) return lmcache.status();
+    lmcache_ = *std::move(lmcache);
   }
   // The socket: created fresh (a stale one from a killed daemon is replaced).
   sockaddr_un addr{};
@@ -1251,6 +1261,7 @@ void Orchestrator::Stop() {
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (owner_thread_.joinable()) owner_thread_.join();
   if (listen_fd_ >= 0) ::unlink(config_.socket.c_str());
+  lmcache_.reset();
 }
 
 }  // namespace cxlkv::orchestrator

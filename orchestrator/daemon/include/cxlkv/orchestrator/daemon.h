@@ -43,6 +43,10 @@ class Server;
 class Service;
 }
 
+namespace cxlkv::coordinator {
+class Service;
+}
+
 namespace cxlkv::orchestrator {
 
 class Announcer;
@@ -169,6 +173,7 @@ class Orchestrator {
   std::unique_ptr<grpc::Service> directory_service_;  // the Directory RPC (directory.proto)
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<coordinator::Service> lmcache_;  // [lmcache] (orchestrator/lmcache/)
   int listen_fd_ = -1;
   int tcp_port_ = 0;
   std::atomic<bool> stop_{false};
