@@ -424,10 +424,10 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
                        "a local file, not in etcd (docs/lmcache.md \"Limits\"); run the "
                        "coordinator's domain without [etcd]"));
     }
-    if (auto st = coordinator::ResolveCoordinatorConfig(&c.lmcache, c.name, c.state_file,
+    if (auto lst = coordinator::ResolveCoordinatorConfig(&c.lmcache, c.name, c.state_file,
                                                         c.extent_bytes);
-        !st.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", st.message()));
+        !lst.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", lst.message()));
     }
   }
   return c;

@@ -245,7 +245,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
     const Object& o = objects_.at(*cands[ci].second);
     used[ci] = true;
     evict.push_back(cands[ci].second);
-    GiveBack(&free, o.handle.offset - region_.region_offset, o.alloc_bytes);
+    GiveBack(&free, o.handle.offset, o.alloc_bytes);
     if (o.tenant == tenant) tenant_used -= o.alloc_bytes;
   };
   // At the quota: only the tenant's own objects make room.
@@ -305,7 +305,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
     o.tenant = tenant;
     o.key = items[i].key;
     o.layout = items[i].layout;
-    o.handle = {region_.region_offset + offsets[i], lengths[i], next_generation_++};
+    o.handle = {offsets[i], lengths[i], next_generation_++};
     o.alloc_bytes = (lengths[i] + align - 1) / align * align;
     o.writing = true;
     o.token = RandomHex128();
@@ -387,7 +387,7 @@ absl::Status Coordinator::Abort(const std::string& tenant, const std::string& ep
   const Stats saved_stats = stats_;
   for (const std::string& id : ids) {
     const Object& o = objects_.at(id);
-    GiveBack(&free_, o.handle.offset - region_.region_offset, o.alloc_bytes);
+    GiveBack(&free_, o.handle.offset, o.alloc_bytes);
     stats_.tenant_used_bytes[o.tenant] -= o.alloc_bytes;
     ++stats_.aborted;
     objects_.erase(id);
@@ -442,7 +442,7 @@ absl::StatusOr<std::uint32_t> Coordinator::Expire(std::int64_t now_ms) {
   const Stats saved_stats = stats_;
   for (const std::string& id : gone) {
     const Object& o = objects_.at(id);
-    GiveBack(&free_, o.handle.offset - region_.region_offset, o.alloc_bytes);
+    GiveBack(&free_, o.handle.offset, o.alloc_bytes);
     stats_.tenant_used_bytes[o.tenant] -= o.alloc_bytes;
     ++stats_.expired;
     objects_.erase(id);
@@ -570,12 +570,12 @@ absl::Status Coordinator::LoadLocked(const std::string& text, std::int64_t now_m
       // Timers restart at now: conservative (a writer may still be writing, a reader reading).
       o.expires_ms = now_ms + c_.reservation_ttl_ms;
       o.lease_until_ms = now_ms + c_.read_lease_ms;
-      if (o.handle.offset < region_.region_offset || o.alloc_bytes < o.handle.length ||
-          o.handle.generation >= next_generation_) {
+      if (o.handle.offset + o.alloc_bytes > region_.capacity_bytes ||
+          o.alloc_bytes < o.handle.length || o.handle.generation >= next_generation_) {
         return loss("an object outside the region or with a generation not yet handed out");
       }
       // Its space must be free in what is rebuilt so far: no two objects overlap.
-      const std::uint64_t rel = o.handle.offset - region_.region_offset;
+      const std::uint64_t rel = o.handle.offset;
       auto it = free_.upper_bound(rel);
       if (it == free_.begin()) return loss("overlapping objects");
       --it;

@@ -193,6 +193,19 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
   mg_server_port ports[4]{};
   if (mg_get_server_ports(s->ctx_, 4, ports) > 0) s->port_ = ports[0].port;
   const std::uint32_t period = std::max<std::uint32_t>(5, std::min<std::uint32_t>(1000, c.reservation_ttl_ms / 4));
+  {
+    const RegionInfo r = s->co_->region();
+    const Stats st = s->co_->stats();
+    std::fprintf(stderr,
+                 "cxlkv-orchestrator: lmcache coordinator on http://%s:%d: region '%s' layout '%s' "
+                 "at pool offset %llu, %llu bytes, epoch %s, %llu objects %s %s, %zu tokens\n",
+                 c.listen.substr(0, c.listen.rfind(':')).c_str(), s->port_, r.region_id.c_str(),
+                 r.layout_id.c_str(), static_cast<unsigned long long>(r.region_offset),
+                 static_cast<unsigned long long>(r.capacity_bytes), r.region_epoch.c_str(),
+                 static_cast<unsigned long long>(st.object_count),
+                 s->co_->restored() ? "restored from" : "(new) in", c.state_file.c_str(),
+                 s->tokens_.size());
+  }
   Service* self = s.get();
   s->reaper_ = std::thread([self, period] {
     while (!self->stop_.load()) {

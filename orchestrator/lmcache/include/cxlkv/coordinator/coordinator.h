@@ -3,7 +3,8 @@
 // reclamation, eviction, tenants, and a crash-consistent state file.
 //
 // Key types: ObjectKey (LMCache's EncodedObjectKey), Layout (shapes and dtype names), Handle
-// ({offset, length, generation}; offsets are pool offsets), and Coordinator. The HTTP side
+// ({offset, length, generation}; offsets are region-relative as LMCache has them: LMCache maps
+// the pool with --l1-shared-mapping-offset-bytes = region_offset), and Coordinator. The HTTP side
 // (http.h) turns requests into these calls; this file knows nothing of HTTP.
 //
 // What it adds to LMCache's M0 pool: space comes back (abort, an expired reservation,
@@ -56,7 +57,7 @@ absl::StatusOr<std::uint64_t> LayoutBytes(const Layout& l);
 absl::Status CheckKey(const ObjectKey& k);
 
 struct Handle {
-  std::uint64_t offset = 0;  // in the pool (the region LMCache maps)
+  std::uint64_t offset = 0;  // in the region; the pool offset is region_offset + offset
   std::uint64_t length = 0;
   std::uint64_t generation = 0;
 };
