@@ -286,6 +286,78 @@ TEST_F(CoordinatorTest, BadStateFileIsRefusedAndKept) {
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), bad);
 }
 
+// The journal: a crash mid-append leaves a torn last line (dropped: its reply was never sent);
+// a damaged record before the end stops the start; a crash after a new snapshot but before the
+// journal was emptied replays nothing twice; compaction keeps the state.
+TEST_F(CoordinatorTest, JournalReplayTornTailAndCompaction) {
+  const std::string journal = c_.state_file + ".journal";
+  auto slurp = [](const std::string& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  std::string epoch;
+  Handle h1, h2;
+  {
+    auto co = Open();
+    epoch = co->region().region_epoch;
+    h1 = Put(*co, "t", 1, 0, 2);
+    h2 = Put(*co, "t", 2, 0, 3);
+  }
+  const std::string old_journal = slurp(journal);
+  ASSERT_FALSE(old_journal.empty());
+  // A torn record after the good ones: dropped.
+  { std::ofstream(journal, std::ios::app) << R"({"seq":99,"puts":[)"; }
+  {
+    auto co = Open(10);
+    EXPECT_EQ(co->region().region_epoch, epoch);
+    EXPECT_TRUE(Present(*co, "t", 1, 10));
+    EXPECT_TRUE(Present(*co, "t", 2, 10));
+    EXPECT_EQ(co->stats().used_bytes, 5 * kAlign);
+    // The restart compacted: the journal is empty and the snapshot holds both.
+    EXPECT_EQ(slurp(journal), "");
+  }
+  // The old journal beside the newer snapshot (a crash before it was emptied): same state.
+  { std::ofstream(journal, std::ios::binary) << old_journal; }
+  {
+    auto co = Open(20);
+    EXPECT_EQ(co->stats().used_bytes, 5 * kAlign);
+    EXPECT_EQ(co->stats().object_count, 2u);
+    auto hits = co->Lookup("t", epoch, {Key(1), Key(2)}, 20);
+    ASSERT_TRUE(hits.ok() && (*hits)[0] && (*hits)[1]);
+    EXPECT_EQ((*hits)[0]->handle.generation, h1.generation);
+    EXPECT_EQ((*hits)[1]->handle.offset, h2.offset);
+    // Enough changes to fold the journal into a snapshot while serving.
+    // 1,200 records (a reserve and a finish each; the region holds 64, so evictions too).
+    for (int i = 0; i < 600; ++i) Put(*co, "t", 1000 + i, 30 + i, 1);
+    const std::string j = slurp(journal);
+    EXPECT_LT(std::count(j.begin(), j.end(), '\n'), 1024) << "the journal was never compacted";
+  }
+  {
+    auto co = Open(100000);
+    EXPECT_TRUE(Present(*co, "t", 1599, 100000));
+    EXPECT_FALSE(Present(*co, "t", 1000, 100000));  // evicted long ago
+    EXPECT_EQ(co->stats().used_bytes, kRegion);
+  }
+  // A damaged record followed by another: data loss, the files untouched.
+  {
+    // A restart gives every object a fresh read lease: room only once it has passed.
+    auto co = Open(200000);
+    EXPECT_EQ(co->Reserve("t", epoch, {Item(3)}, 200000).status().code(),
+              absl::StatusCode::kResourceExhausted);
+    Put(*co, "t", 3, 200000 + 500);
+    Put(*co, "t", 4, 200000 + 500);
+  }
+  std::string bad = slurp(journal);
+  const std::size_t first_nl = bad.find('\n');
+  ASSERT_NE(first_nl, std::string::npos);
+  bad[first_nl / 2] ^= 1;
+  { std::ofstream(journal, std::ios::binary) << bad; }
+  auto broken = Coordinator::Open(c_, kOffset, 300000);
+  EXPECT_EQ(broken.status().code(), absl::StatusCode::kDataLoss) << broken.status();
+  EXPECT_NE(broken.status().message().find(".journal:1"), std::string::npos) << broken.status();
+  EXPECT_EQ(slurp(journal), bad);
+}
+
 // Random reserve/finish/abort/lookup/expire/restart: live objects never overlap, stay inside
 // the region, used_bytes is their sum, and a restart changes none of it.
 TEST_F(CoordinatorTest, RandomOperationsKeepInvariants) {

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """LMCache's memory coordinator API served by a real cxlkv-orchestrator, driven by a client
-written from docs/lmcache.md (coordinator_client.py, http.client only), moving real bytes
+written from docs/lmcache.md (tools/lmcache-qualify/coordinator_client.py, http.client only), moving real bytes
 through handles with liblmcache_shared_l1_visibility.so.
 
 Usage: coordinator_http_test.py ORCHESTRATOR_BIN VISIBILITY_LIBRARY   (exit 0: pass)
@@ -29,6 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent.parent / "tools" / "lmcache-qualify"))
 from coordinator_client import Client, CoordinatorError, make_key, make_layout  # noqa: E402
 from visibility_ctypes import ACQUIRE, PUBLISH, Visibility  # noqa: E402
 

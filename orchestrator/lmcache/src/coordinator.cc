@@ -163,21 +163,28 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
                                                                std::int64_t now_ms) {
   std::unique_ptr<Coordinator> co(new Coordinator(c, region_offset));
   absl::MutexLock l(&co->mu_);
+  co->free_.emplace(0, c.region_bytes);
   std::ifstream in(c.state_file, std::ios::binary);
   if (in) {
     std::stringstream ss;
     ss << in.rdbuf();
-    if (auto st = co->LoadLocked(ss.str(), now_ms); !st.ok()) return st;
+    std::string journal;
+    std::ifstream jin(co->JournalPath(), std::ios::binary);
+    if (jin) {
+      std::stringstream js;
+      js << jin.rdbuf();
+      journal = js.str();
+    }
+    if (auto st = co->LoadLocked(ss.str(), journal, now_ms); !st.ok()) return st;
     co->restored_ = true;
-    return co;
+  } else if (errno != ENOENT) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "lmcache.state_file ", c.state_file, ": cannot read: ", pool::ErrnoText(errno)));
+  } else {
+    co->region_.region_epoch = RandomHex128();
   }
-  if (errno != ENOENT) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("lmcache.state_file ", c.state_file, ": cannot read: ", pool::ErrnoText(errno)));
-  }
-  co->region_.region_epoch = RandomHex128();
-  co->free_.emplace(0, c.region_bytes);
-  if (auto st = co->SaveLocked(); !st.ok()) return st;
+  // A fresh snapshot and an empty journal (a restart compacts what it replayed).
+  if (auto st = co->CompactLocked(); !st.ok()) return st;
   return co;
 }
 
@@ -232,14 +239,20 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
     return refuse(absl::StrCat("write batch of ", total, " bytes is larger than tenant '", tenant,
                                "''s quota (", quota_it->second, " bytes)"));
   }
-  // Eviction candidates: VALID, no read lease, least recently used first.
+  // Eviction candidates: VALID, no read lease, least recently used first; gathered (a scan of
+  // every object) only when the batch needs room.
   std::vector<std::pair<std::uint64_t, const std::string*>> cands;
-  for (const auto& [id, o] : objects_) {
-    if (!o.writing && o.lease_until_ms <= now_ms) cands.emplace_back(o.touched, &id);
-  }
-  std::sort(cands.begin(), cands.end());
+  bool have_cands = false;
+  auto gather = [&] {
+    if (have_cands) return;
+    have_cands = true;
+    for (const auto& [id, o] : objects_) {
+      if (!o.writing && o.lease_until_ms <= now_ms) cands.emplace_back(o.touched, &id);
+    }
+    std::sort(cands.begin(), cands.end());
+  };
   std::vector<const std::string*> evict;
-  std::vector<bool> used(cands.size(), false);
+  std::vector<bool> used;
   std::map<std::uint64_t, std::uint64_t> free = free_;
   auto evict_one = [&](std::size_t ci) {
     const Object& o = objects_.at(*cands[ci].second);
@@ -249,7 +262,9 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
     if (o.tenant == tenant) tenant_used -= o.alloc_bytes;
   };
   // At the quota: only the tenant's own objects make room.
-  if (has_quota) {
+  if (has_quota && tenant_used + total > quota_it->second) {
+    gather();
+    used.assign(cands.size(), false);
     for (std::size_t ci = 0; ci < cands.size() && tenant_used + total > quota_it->second; ++ci) {
       if (objects_.at(*cands[ci].second).tenant == tenant) evict_one(ci);
     }
@@ -274,6 +289,10 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
         break;
       }
     }
+    if (!have_cands) {
+      gather();
+      used.assign(cands.size(), false);
+    }
     while (next < cands.size() &&
            (used[next] || (has_quota && objects_.at(*cands[next].second).tenant != tenant))) {
       ++next;
@@ -285,19 +304,10 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
     }
     evict_one(next);
   }
-  // Commit (undone if the state file cannot be written).
-  const auto saved_objects = objects_;
-  const auto saved_free = free_;
-  const Stats saved_stats = stats_;
-  const std::uint64_t saved_gen = next_generation_;
-  for (const std::string* id : evict) {
-    Object& o = objects_.at(*id);
-    stats_.tenant_used_bytes[o.tenant] -= o.alloc_bytes;
-    stats_.evicted_bytes += o.handle.length;
-    ++stats_.evicted;
-    objects_.erase(*id);
-  }
-  free_ = std::move(free);
+  // The change, journaled before it is applied: a failed write changes nothing.
+  Change ch;
+  for (const std::string* id : evict) ch.dels.push_back(*id);
+  std::uint64_t gen = next_generation_;
   std::vector<std::optional<Grant>> grants(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
     if (!wanted[i]) continue;
@@ -305,23 +315,25 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
     o.tenant = tenant;
     o.key = items[i].key;
     o.layout = items[i].layout;
-    o.handle = {offsets[i], lengths[i], next_generation_++};
+    o.handle = {offsets[i], lengths[i], gen++};
     o.alloc_bytes = (lengths[i] + align - 1) / align * align;
     o.writing = true;
     o.token = RandomHex128();
     o.expires_ms = now_ms + c_.reservation_ttl_ms;
-    stats_.tenant_used_bytes[tenant] += o.alloc_bytes;
-    ++stats_.reserved;
     grants[i] = Grant{o.key, o.token, o.handle, o.layout};
-    objects_.emplace(ids[i], std::move(o));
+    ch.puts.emplace_back(ids[i], std::move(o));
   }
-  if (auto st = SaveLocked(); !st.ok()) {
-    objects_ = saved_objects;
-    free_ = saved_free;
-    stats_ = saved_stats;
-    next_generation_ = saved_gen;
+  ch.next_generation = gen;
+  ch.touch_seq = touch_seq_;
+  for (const std::string& id : ch.dels) {
+    ++stats_.evicted;
+    stats_.evicted_bytes += objects_.at(id).handle.length;
+  }
+  if (auto st = CommitLocked(ch); !st.ok()) {
+    stats_.evicted -= ch.dels.size();
     return st;
   }
+  stats_.reserved += ch.puts.size();
   return grants;
 }
 
@@ -356,23 +368,19 @@ absl::Status Coordinator::Finish(const std::string& tenant, const std::string& e
   absl::MutexLock l(&mu_);
   std::vector<std::string> ids;
   if (auto st = CheckRefsLocked(tenant, refs, now_ms, &ids); !st.ok()) return st;
-  const auto saved_objects = objects_;
-  const Stats saved_stats = stats_;
-  const std::uint64_t saved_touch = touch_seq_;
+  Change ch;
+  ch.touch_seq = touch_seq_;
   for (const std::string& id : ids) {
-    Object& o = objects_.at(id);
+    Object o = objects_.at(id);
     o.writing = false;
     o.token.clear();
-    o.touched = ++touch_seq_;
+    o.touched = ++ch.touch_seq;
     o.lease_until_ms = 0;
-    ++stats_.finished;
+    ch.puts.emplace_back(id, std::move(o));
   }
-  if (auto st = SaveLocked(); !st.ok()) {
-    objects_ = saved_objects;
-    stats_ = saved_stats;
-    touch_seq_ = saved_touch;
-    return st;
-  }
+  ch.next_generation = next_generation_;
+  if (auto st = CommitLocked(ch); !st.ok()) return st;
+  stats_.finished += ids.size();
   return absl::OkStatus();
 }
 
@@ -382,22 +390,12 @@ absl::Status Coordinator::Abort(const std::string& tenant, const std::string& ep
   absl::MutexLock l(&mu_);
   std::vector<std::string> ids;
   if (auto st = CheckRefsLocked(tenant, refs, now_ms, &ids); !st.ok()) return st;
-  const auto saved_objects = objects_;
-  const auto saved_free = free_;
-  const Stats saved_stats = stats_;
-  for (const std::string& id : ids) {
-    const Object& o = objects_.at(id);
-    GiveBack(&free_, o.handle.offset, o.alloc_bytes);
-    stats_.tenant_used_bytes[o.tenant] -= o.alloc_bytes;
-    ++stats_.aborted;
-    objects_.erase(id);
-  }
-  if (auto st = SaveLocked(); !st.ok()) {
-    objects_ = saved_objects;
-    free_ = saved_free;
-    stats_ = saved_stats;
-    return st;
-  }
+  Change ch;
+  ch.dels = std::move(ids);
+  ch.next_generation = next_generation_;
+  ch.touch_seq = touch_seq_;
+  if (auto st = CommitLocked(ch); !st.ok()) return st;
+  stats_.aborted += ch.dels.size();
   return absl::OkStatus();
 }
 
@@ -437,23 +435,13 @@ absl::StatusOr<std::uint32_t> Coordinator::Expire(std::int64_t now_ms) {
     if (o.writing && o.expires_ms <= now_ms) gone.push_back(id);
   }
   if (gone.empty()) return 0u;
-  const auto saved_objects = objects_;
-  const auto saved_free = free_;
-  const Stats saved_stats = stats_;
-  for (const std::string& id : gone) {
-    const Object& o = objects_.at(id);
-    GiveBack(&free_, o.handle.offset, o.alloc_bytes);
-    stats_.tenant_used_bytes[o.tenant] -= o.alloc_bytes;
-    ++stats_.expired;
-    objects_.erase(id);
-  }
-  if (auto st = SaveLocked(); !st.ok()) {
-    objects_ = saved_objects;
-    free_ = saved_free;
-    stats_ = saved_stats;
-    return st;
-  }
-  return static_cast<std::uint32_t>(gone.size());
+  Change ch;
+  ch.dels = std::move(gone);
+  ch.next_generation = next_generation_;
+  ch.touch_seq = touch_seq_;
+  if (auto st = CommitLocked(ch); !st.ok()) return st;
+  stats_.expired += ch.dels.size();
+  return static_cast<std::uint32_t>(ch.dels.size());
 }
 
 Stats Coordinator::stats() const {
@@ -467,23 +455,153 @@ Stats Coordinator::stats() const {
 }
 
 // ---- the state file -------------------------------------------------------------------------
-// One JSON document, then a line "crc32c <hex>" over it. Written whole on every change: temp
-// file, fdatasync, rename, fsync of the directory.
+// A snapshot (state_file: one JSON document, then "crc32c <hex>") and a journal beside it
+// (state_file + ".journal": one line per change, "<JSON>\t<crc32c hex>", fdatasync'd before the
+// reply). The snapshot names the last journal record it includes, so a crash between writing a
+// new snapshot and emptying the journal replays nothing twice. A torn last journal line is a
+// change whose reply was never sent: dropped. Anything else that does not check stops Open.
+
+namespace {
+
+json ObjectJson(const std::string& tenant, const ObjectKey& key, const Layout& layout,
+                const Handle& h, std::uint64_t alloc_bytes, bool writing, const std::string& token,
+                std::uint64_t touched) {
+  return json{{"tenant", tenant},   {"key", KeyJson(key)},     {"shapes", layout.shapes},
+              {"dtypes", layout.dtypes}, {"offset", h.offset},  {"length", h.length},
+              {"generation", h.generation}, {"alloc_bytes", alloc_bytes}, {"writing", writing},
+              {"token", token},     {"touched", touched}};
+}
+
+// Takes [rel, rel + bytes) out of the free map; false if any of it is not free.
+bool Carve(std::map<std::uint64_t, std::uint64_t>* free, std::uint64_t rel, std::uint64_t bytes) {
+  auto it = free->upper_bound(rel);
+  if (it == free->begin()) return false;
+  --it;
+  if (it->first + it->second < rel + bytes) return false;
+  const std::uint64_t a = it->first, len = it->second;
+  free->erase(it);
+  if (rel > a) free->emplace(a, rel - a);
+  if (a + len > rel + bytes) free->emplace(rel + bytes, a + len - rel - bytes);
+  return true;
+}
+
+absl::Status WriteAll(int fd, const std::string& text) {
+  std::size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(pool::ErrnoText(errno));
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncDirOf(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0 || ::fsync(dfd) != 0) {
+    const int err = errno;
+    if (dfd >= 0) ::close(dfd);
+    return absl::InternalError(absl::StrCat("lmcache.state_file: cannot sync the directory ", dir,
+                                            ": ", pool::ErrnoText(err),
+                                            " (put it on a local file system)"));
+  }
+  ::close(dfd);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Coordinator::~Coordinator() {
+  if (journal_fd_ >= 0) ::close(journal_fd_);
+}
+
+std::string Coordinator::JournalPath() const { return c_.state_file + ".journal"; }
+
+absl::Status Coordinator::ApplyLocked(const Change& ch) {
+  for (const std::string& id : ch.dels) {
+    auto it = objects_.find(id);
+    if (it == objects_.end()) continue;
+    GiveBack(&free_, it->second.handle.offset, it->second.alloc_bytes);
+    stats_.tenant_used_bytes[it->second.tenant] -= it->second.alloc_bytes;
+    objects_.erase(it);
+  }
+  for (const auto& [id, o] : ch.puts) {
+    auto it = objects_.find(id);
+    if (it != objects_.end()) {
+      if (it->second.handle.offset == o.handle.offset && it->second.alloc_bytes == o.alloc_bytes) {
+        it->second = o;  // the same object, changed (finished)
+        continue;
+      }
+      GiveBack(&free_, it->second.handle.offset, it->second.alloc_bytes);
+      stats_.tenant_used_bytes[it->second.tenant] -= it->second.alloc_bytes;
+      objects_.erase(it);
+    }
+    if (o.handle.offset + o.alloc_bytes > c_.region_bytes || o.alloc_bytes < o.handle.length ||
+        !Carve(&free_, o.handle.offset, o.alloc_bytes)) {
+      return absl::DataLossError(absl::StrCat("object at ", o.handle.offset, " (", o.alloc_bytes,
+                                              " bytes) overlaps another or leaves the region"));
+    }
+    stats_.tenant_used_bytes[o.tenant] += o.alloc_bytes;
+    objects_.emplace(id, o);
+  }
+  next_generation_ = std::max(next_generation_, ch.next_generation);
+  touch_seq_ = std::max(touch_seq_, ch.touch_seq);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::CommitLocked(const Change& ch) {
+  json puts = json::array();
+  for (const auto& [id, o] : ch.puts) {
+    json j = ObjectJson(o.tenant, o.key, o.layout, o.handle, o.alloc_bytes, o.writing, o.token,
+                        o.touched);
+    j["id"] = id;
+    puts.push_back(std::move(j));
+  }
+  const json rec{{"seq", journal_seq_ + 1},
+                 {"puts", puts},
+                 {"dels", ch.dels},
+                 {"next_generation", ch.next_generation},
+                 {"touch_seq", ch.touch_seq}};
+  const std::string body = rec.dump();
+  const std::string line = absl::StrCat(
+      body, "\t", absl::Hex(coherence::Crc32c(body.data(), body.size()), absl::kZeroPad8), "\n");
+  absl::Status st = WriteAll(journal_fd_, line);
+  if (st.ok() && ::fdatasync(journal_fd_) != 0) st = absl::InternalError(pool::ErrnoText(errno));
+  if (!st.ok()) {
+    // Nothing is applied; a partial line is cut off so the next record starts clean.
+    if (::ftruncate(journal_fd_, static_cast<off_t>(journal_bytes_)) != 0) {
+      journal_broken_ = true;
+    }
+    return absl::InternalError(absl::StrCat("lmcache.state_file: cannot append to ",
+                                            JournalPath(), ": ", st.message()));
+  }
+  journal_bytes_ += line.size();
+  ++journal_seq_;
+  ++journal_records_;
+  if (auto ast = ApplyLocked(ch); !ast.ok()) {
+    // A live change that does not fit the free map is a bug, not bad input.
+    std::fprintf(stderr, "cxlkv-orchestrator: lmcache: BUG: %s\n",
+                 std::string(ast.message()).c_str());
+    std::abort();
+  }
+  if (journal_records_ >= std::max<std::uint64_t>(1024, 2 * objects_.size())) {
+    if (auto cst = CompactLocked(); !cst.ok()) {
+      std::fprintf(stderr, "cxlkv-orchestrator: lmcache: compaction failed (the journal keeps "
+                   "every change; retried later): %s\n", std::string(cst.message()).c_str());
+    }
+  }
+  return absl::OkStatus();
+}
 
 std::string Coordinator::SerializeLocked() const {
   json objs = json::array();
   for (const auto& [id, o] : objects_) {
-    objs.push_back(json{{"tenant", o.tenant},
-                        {"key", KeyJson(o.key)},
-                        {"shapes", o.layout.shapes},
-                        {"dtypes", o.layout.dtypes},
-                        {"offset", o.handle.offset},
-                        {"length", o.handle.length},
-                        {"generation", o.handle.generation},
-                        {"alloc_bytes", o.alloc_bytes},
-                        {"writing", o.writing},
-                        {"token", o.token},
-                        {"touched", o.touched}});
+    objs.push_back(ObjectJson(o.tenant, o.key, o.layout, o.handle, o.alloc_bytes, o.writing,
+                              o.token, o.touched));
   }
   json doc{{"format", "cxlkv-lmcache-coordinator"},
            {"version", 1},
@@ -495,6 +613,7 @@ std::string Coordinator::SerializeLocked() const {
            {"region_epoch", region_.region_epoch},
            {"next_generation", next_generation_},
            {"touch_seq", touch_seq_},
+           {"journal_seq", journal_seq_},
            {"objects", objs}};
   std::string text = doc.dump();
   const std::uint32_t crc = coherence::Crc32c(text.data(), text.size());
@@ -502,13 +621,15 @@ std::string Coordinator::SerializeLocked() const {
   return text;
 }
 
-absl::Status Coordinator::LoadLocked(const std::string& text, std::int64_t now_ms) {
+absl::Status Coordinator::LoadLocked(const std::string& text, const std::string& journal,
+                                     std::int64_t now_ms) {
   const std::string& path = c_.state_file;
   auto loss = [&](absl::string_view what) {
     return absl::DataLossError(absl::StrCat(
         "lmcache.state_file ", path, ": ", what,
         "; the coordinator will not start on it (nothing is discarded). Stop every LMCache "
-        "server mapping the region, then move the file away to reset the region"));
+        "server mapping the region, then move the file and its .journal away to reset the "
+        "region"));
   };
   const std::size_t nl = text.rfind("\ncrc32c ");
   if (nl == std::string::npos) return loss("no crc32c line (torn or not a coordinator state file)");
@@ -518,6 +639,20 @@ absl::Status Coordinator::LoadLocked(const std::string& text, std::int64_t now_m
   if (text.substr(nl + 1) != want) return loss("crc32c mismatch");
   json doc = json::parse(body, nullptr, false);
   if (doc.is_discarded() || !doc.is_object()) return loss("not JSON");
+  auto object_of = [](const json& j) {
+    Object o;
+    o.tenant = j.at("tenant").get<std::string>();
+    o.key = KeyFrom(j.at("key"));
+    o.layout.shapes = j.at("shapes").get<std::vector<std::vector<std::int64_t>>>();
+    o.layout.dtypes = j.at("dtypes").get<std::vector<std::string>>();
+    o.handle = {j.at("offset").get<std::uint64_t>(), j.at("length").get<std::uint64_t>(),
+                j.at("generation").get<std::uint64_t>()};
+    o.alloc_bytes = j.at("alloc_bytes").get<std::uint64_t>();
+    o.writing = j.at("writing").get<bool>();
+    o.token = j.at("token").get<std::string>();
+    o.touched = j.at("touched").get<std::uint64_t>();
+    return o;
+  };
   try {
     if (doc.at("format") != "cxlkv-lmcache-coordinator" || doc.at("version") != 1) {
       return loss("unknown format or version");
@@ -549,84 +684,107 @@ absl::Status Coordinator::LoadLocked(const std::string& text, std::int64_t now_m
                       absl::StrCat(region_.alignment_bytes));
     }
     region_.region_epoch = doc.at("region_epoch").get<std::string>();
-    next_generation_ = u("next_generation");
-    touch_seq_ = u("touch_seq");
-    objects_.clear();
-    free_.clear();
-    free_.emplace(0, region_.capacity_bytes);
-    stats_ = Stats{};
+    journal_seq_ = u("journal_seq");
+    Change snap;
+    snap.next_generation = u("next_generation");
+    snap.touch_seq = u("touch_seq");
     for (const json& j : doc.at("objects")) {
-      Object o;
-      o.tenant = j.at("tenant").get<std::string>();
-      o.key = KeyFrom(j.at("key"));
-      o.layout.shapes = j.at("shapes").get<std::vector<std::vector<std::int64_t>>>();
-      o.layout.dtypes = j.at("dtypes").get<std::vector<std::string>>();
-      o.handle = {j.at("offset").get<std::uint64_t>(), j.at("length").get<std::uint64_t>(),
-                  j.at("generation").get<std::uint64_t>()};
-      o.alloc_bytes = j.at("alloc_bytes").get<std::uint64_t>();
-      o.writing = j.at("writing").get<bool>();
-      o.token = j.at("token").get<std::string>();
-      o.touched = j.at("touched").get<std::uint64_t>();
-      // Timers restart at now: conservative (a writer may still be writing, a reader reading).
-      o.expires_ms = now_ms + c_.reservation_ttl_ms;
-      o.lease_until_ms = now_ms + c_.read_lease_ms;
-      if (o.handle.offset + o.alloc_bytes > region_.capacity_bytes ||
-          o.alloc_bytes < o.handle.length || o.handle.generation >= next_generation_) {
-        return loss("an object outside the region or with a generation not yet handed out");
+      Object o = object_of(j);
+      std::string id = Canonical(NamespaceOf(o.tenant), o.key);
+      snap.puts.emplace_back(std::move(id), std::move(o));
+    }
+    if (auto st = ApplyLocked(snap); !st.ok()) return loss(st.message());
+    if (objects_.size() != snap.puts.size()) return loss("a key listed twice");
+    // The journal: records after the snapshot's, in order.
+    std::size_t pos = 0;
+    int line_no = 0;
+    while (pos < journal.size()) {
+      ++line_no;
+      const std::size_t end = journal.find('\n', pos);
+      const bool last = end == std::string::npos || end + 1 == journal.size();
+      const std::string line = journal.substr(pos, end == std::string::npos ? std::string::npos
+                                                                           : end - pos);
+      pos = end == std::string::npos ? journal.size() : end + 1;
+      const std::size_t tab = line.rfind('\t');
+      const bool intact =
+          end != std::string::npos && tab != std::string::npos &&
+          line.substr(tab + 1) ==
+              absl::StrCat(absl::Hex(coherence::Crc32c(line.data(), tab), absl::kZeroPad8));
+      if (!intact) {
+        if (last) break;  // torn by a crash mid-append: its reply was never sent
+        return loss(absl::StrCat(JournalPath(), ":", line_no, ": a damaged record"));
       }
-      // Its space must be free in what is rebuilt so far: no two objects overlap.
-      const std::uint64_t rel = o.handle.offset;
-      auto it = free_.upper_bound(rel);
-      if (it == free_.begin()) return loss("overlapping objects");
-      --it;
-      if (it->first + it->second < rel + o.alloc_bytes) return loss("overlapping objects");
-      const std::uint64_t a = it->first, len = it->second;
-      free_.erase(it);
-      if (rel > a) free_.emplace(a, rel - a);
-      if (a + len > rel + o.alloc_bytes) free_.emplace(rel + o.alloc_bytes, a + len - rel - o.alloc_bytes);
-      stats_.tenant_used_bytes[o.tenant] += o.alloc_bytes;
-      const std::string id = Canonical(NamespaceOf(o.tenant), o.key);
-      if (!objects_.emplace(id, std::move(o)).second) return loss("a key listed twice");
+      const json rec = json::parse(line.substr(0, tab), nullptr, false);
+      if (rec.is_discarded()) return loss(absl::StrCat(JournalPath(), ":", line_no, ": not JSON"));
+      const std::uint64_t seq = rec.at("seq").get<std::uint64_t>();
+      if (seq <= journal_seq_) continue;  // already in the snapshot
+      if (seq != journal_seq_ + 1) {
+        return loss(absl::StrCat(JournalPath(), ":", line_no, ": record ", seq, " after ",
+                                 journal_seq_));
+      }
+      Change ch;
+      for (const json& j : rec.at("puts")) ch.puts.emplace_back(j.at("id").get<std::string>(), object_of(j));
+      ch.dels = rec.at("dels").get<std::vector<std::string>>();
+      ch.next_generation = rec.at("next_generation").get<std::uint64_t>();
+      ch.touch_seq = rec.at("touch_seq").get<std::uint64_t>();
+      if (auto st = ApplyLocked(ch); !st.ok()) {
+        return loss(absl::StrCat(JournalPath(), ":", line_no, ": ", st.message()));
+      }
+      journal_seq_ = seq;
     }
   } catch (const json::exception& e) {
     return loss(absl::StrCat("malformed: ", e.what()));
   }
+  for (auto& [id, o] : objects_) {
+    if (o.handle.generation >= next_generation_) {
+      return loss("an object with a generation not yet handed out");
+    }
+    // Timers restart at now: conservative (a writer may still be writing, a reader reading).
+    o.expires_ms = now_ms + c_.reservation_ttl_ms;
+    o.lease_until_ms = now_ms + c_.read_lease_ms;
+  }
   return absl::OkStatus();
 }
 
-absl::Status Coordinator::SaveLocked() {
+absl::Status Coordinator::CompactLocked() {
+  if (journal_broken_) {
+    return absl::InternalError(absl::StrCat(JournalPath(), " could not be cut after a failed "
+                                            "append; restart the orchestrator"));
+  }
   const std::string text = SerializeLocked();
   const std::string& path = c_.state_file;
   const std::string tmp = path + ".tmp";
-  auto fail = [&](const char* what) {
+  auto fail = [&](const char* what, int err) {
     return absl::InternalError(
-        absl::StrCat("lmcache.state_file: ", what, " ", tmp, ": ", pool::ErrnoText(errno)));
+        absl::StrCat("lmcache.state_file: ", what, " ", tmp, ": ", pool::ErrnoText(err)));
   };
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return fail("cannot create");
-  std::size_t off = 0;
-  while (off < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      ::close(fd);
-      return fail("cannot write");
-    }
-    off += static_cast<std::size_t>(n);
+  if (fd < 0) return fail("cannot create", errno);
+  if (auto st = WriteAll(fd, text); !st.ok()) {
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("lmcache.state_file: cannot write ", tmp, ": ",
+                                            st.message()));
   }
   if (::fdatasync(fd) != 0) {
+    const int err = errno;
     ::close(fd);
-    return fail("cannot sync");
+    return fail("cannot sync", err);
   }
   ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("cannot rename");
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return fail("cannot open the directory of");
-  const int rc = ::fsync(dfd);
-  ::close(dfd);
-  if (rc != 0) return fail("cannot fsync the directory of");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("cannot rename", errno);
+  if (auto st = SyncDirOf(path); !st.ok()) return st;
+  // The snapshot holds every record: the journal starts empty.
+  const std::string jp = JournalPath();
+  if (journal_fd_ < 0) {
+    journal_fd_ = ::open(jp.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (journal_fd_ < 0) return fail("cannot open the journal beside", errno);
+  }
+  if (::ftruncate(journal_fd_, 0) != 0 || ::fdatasync(journal_fd_) != 0) {
+    return fail("cannot empty the journal beside", errno);
+  }
+  if (auto st = SyncDirOf(jp); !st.ok()) return st;
+  journal_bytes_ = 0;
+  journal_records_ = 0;
   return absl::OkStatus();
 }
 

@@ -14,7 +14,9 @@
 // restart keeps every finished object, its handle and the region epoch. The epoch changes only
 // when the region's contents are declared gone (a new state file).
 //
-// Thread-safe (one mutex); every mutating call writes the state file (cost: one fdatasync).
+// Thread-safe (one mutex). Every mutating call appends one record to the state file's journal
+// and fdatasyncs it before returning (cost: one fdatasync and the batch's size, not the
+// region's); the journal is folded into a new snapshot once it outgrows the object count.
 #ifndef CXLKV_COORDINATOR_COORDINATOR_H_
 #define CXLKV_COORDINATOR_COORDINATOR_H_
 
@@ -117,6 +119,10 @@ class Coordinator {
                                                            std::uint64_t region_offset,
                                                            std::int64_t now_ms);
 
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
   RegionInfo region() const { return region_; }
   bool restored() const { return restored_; }
 
@@ -157,12 +163,23 @@ class Coordinator {
     std::int64_t lease_until_ms = 0;  // valid: not evicted before this
     std::uint64_t touched = 0;     // valid: order of the last finish or lookup (LRU)
   };
+  // One change: objects put (new or changed) and removed, with the counters after it.
+  struct Change {
+    std::vector<std::pair<std::string, Object>> puts;
+    std::vector<std::string> dels;
+    std::uint64_t next_generation = 0, touch_seq = 0;
+  };
   Coordinator(const CoordinatorConfig& c, std::uint64_t region_offset);
   absl::Status CheckEpoch(const std::string& epoch) const;
-  absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status LoadLocked(const std::string& text, std::int64_t now_ms)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Journals the change (fdatasync), then applies it; on failure nothing changed. Compacts the
+  // journal into a new snapshot when it has grown past the objects' count.
+  absl::Status CommitLocked(const Change& ch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyLocked(const Change& ch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadLocked(const std::string& snapshot, const std::string& journal,
+                          std::int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string SerializeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string JournalPath() const;
   absl::Status CheckRefsLocked(const std::string& tenant, const std::vector<ReservationRef>& refs,
                                std::int64_t now_ms, std::vector<std::string>* ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -177,6 +194,11 @@ class Coordinator {
   std::map<std::string, Object> objects_ ABSL_GUARDED_BY(mu_);
   std::uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   std::uint64_t touch_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  int journal_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  std::uint64_t journal_seq_ ABSL_GUARDED_BY(mu_) = 0;  // the last record written
+  std::uint64_t journal_records_ ABSL_GUARDED_BY(mu_) = 0;  // since the snapshot
+  std::uint64_t journal_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool journal_broken_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,7 +1,8 @@
 """A client of LMCache's memory coordinator API, written from docs/lmcache.md ("The
 coordinator"), over http.client only (no LMCache, no third-party package).
 
-Used by coordinator_http_test.py, qualify.py and bench/lmcache_coordinator_bench.py. Every
+Used by lmcache_qualify.py, tests/lmcache/coordinator_http_test.py and
+bench/lmcache_coordinator_bench.py. Every
 call returns (status, body); the helpers raise CoordinatorError with the contract's error name
 ("stale_epoch", "invalid_reservation", "out_of_space") or the status.
 """
@@ -9,6 +10,16 @@ call returns (status, body); the helpers raise CoordinatorError with the contrac
 import http.client
 import json
 import secrets
+import socket
+
+
+class _Connection(http.client.HTTPConnection):
+    """http.client sends a POST's headers and body in two writes: without TCP_NODELAY the body
+    waits for the server's delayed ACK (about 40 ms a request)."""
+
+    def connect(self):
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class CoordinatorError(Exception):
@@ -39,7 +50,7 @@ def make_layout(nbytes, dtype="uint8"):
 class Client:
     def __init__(self, port, token, host="127.0.0.1", timeout=10.0):
         self.host, self.port, self.token, self.timeout = host, port, token, timeout
-        self.conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        self.conn = _Connection(host, port, timeout=timeout)
         self.epoch = None
 
     def close(self):
@@ -64,7 +75,7 @@ class Client:
             except (http.client.HTTPException, ConnectionError, OSError):
                 # A kept-alive connection the server closed: once more on a new one.
                 self.conn.close()
-                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+                self.conn = _Connection(self.host, self.port, timeout=self.timeout)
                 if attempt == 1:
                     raise
         try:
