@@ -329,7 +329,7 @@ def gate_stale_generation(q, g):
 def gate_concurrency(q, g):
     figures = {}
     ok_all = True
-    for n in (1, 2, 4, 8, 16):
+    for n in q.levels:
         per = max(8, q.objects // 2)
         names = [[f"conc{n}-{w}-{i}" for i in range(per)] for w in range(n)]
         t0 = time.monotonic()
@@ -347,7 +347,7 @@ def gate_concurrency(q, g):
         ok_all = ok_all and ok == n * per and bad == 0 and sum(w["written"] for w in ws) == n * per
     g.figures = figures
     g.passed = ok_all
-    g.detail = "1, 2, 4, 8, 16 processes: every object written and read back intact" \
+    g.detail = f"{', '.join(map(str, q.levels))} processes: every object written and read back intact" \
         if ok_all else "objects lost or corrupt (see figures)"
 
 
@@ -473,6 +473,8 @@ def main():
     ap.add_argument("--mixed-workers", type=int, default=4)
     ap.add_argument("--peer-wait-s", type=float, default=120.0)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run for CI: concurrency 1, 2, 4, fewer objects, 2 s mixed")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.worker:
@@ -486,6 +488,9 @@ def main():
     q.seed = a.seed if a.seed is not None else random.randrange(1 << 30)
     q.role, q.objects, q.duration, q.mixed_workers = a.role, a.objects, a.duration, a.mixed_workers
     q.peer_wait_s = a.peer_wait_s
+    q.levels = (1, 2, 4, 8, 16)
+    if a.quick:
+        q.levels, q.objects, q.duration, q.mixed_workers = (1, 2, 4), 16, 2.0, 2
     q.ttl_ms, q.lease_ms = 60000, 10000
     q.domain = None
     run = a.run_id or f"{os.getpid()}-{q.seed}"
@@ -494,7 +499,8 @@ def main():
         from emulated_domain import EmulatedDomain
         # The state file on tmpfs: the gates test the fabric and the coordinator's rules, not the
         # latency of this machine's disk (bench/RESULTS.md measures both).
-        q.domain = EmulatedDomain(a.launch, region_mib=64, ttl_ms=3000, lease_ms=1500,
+        ttl_ms = 1500 if a.quick else 3000
+        q.domain = EmulatedDomain(a.launch, region_mib=64, ttl_ms=ttl_ms, lease_ms=ttl_ms // 2,
                                   state_dir="/dev/shm").start()
         host, port = "127.0.0.1", q.domain.port
         token = q.domain.tokens["default"]
