@@ -51,7 +51,8 @@ class CoordinatorTest : public ::testing::Test {
   }
   // An object of `blocks` alignment units (float16 elements).
   static ReserveItem Item(int i, std::uint64_t blocks = 1) {
-    return ReserveItem{Key(i), Layout{{{static_cast<std::int64_t>(blocks * kAlign / 2)}}, {"float16"}}};
+    return ReserveItem{Key(i),
+                       Layout{{{static_cast<std::int64_t>(blocks * kAlign / 2)}}, {"float16"}}};
   }
   // Reserves and finishes; returns the handle.
   Handle Put(Coordinator& co, const std::string& tenant, int i, std::int64_t now,
@@ -94,7 +95,8 @@ TEST_F(CoordinatorTest, ReserveFinishLookup) {
   auto again = co->Reserve("t", e, {Item(1)}, 0);
   ASSERT_TRUE(again.ok());
   EXPECT_FALSE((*again)[0]);
-  ASSERT_TRUE(co->Finish("t", e, {{(*g)[0]->key, (*g)[0]->token}, {(*g)[1]->key, (*g)[1]->token}}, 1).ok());
+  ASSERT_TRUE(
+      co->Finish("t", e, {{(*g)[0]->key, (*g)[0]->token}, {(*g)[1]->key, (*g)[1]->token}}, 1).ok());
   auto hits = co->Lookup("t", e, {Key(1), Key(2), Key(3)}, 2);
   ASSERT_TRUE(hits.ok());
   ASSERT_TRUE((*hits)[0] && (*hits)[1]);
@@ -264,7 +266,10 @@ TEST_F(CoordinatorTest, RestartKeepsObjectsHandlesAndEpoch) {
 }
 
 TEST_F(CoordinatorTest, BadStateFileIsRefusedAndKept) {
-  { auto co = Open(); Put(*co, "t", 1, 0); }
+  {
+    auto co = Open();
+    Put(*co, "t", 1, 0);
+  }
   std::string text;
   {
     std::ifstream in(c_.state_file);
@@ -378,13 +383,16 @@ TEST_F(CoordinatorTest, RandomOperationsKeepInvariants) {
       case 1: {
         std::vector<ReserveItem> items;
         const int n = 1 + static_cast<int>(rng() % 4);
-        for (int i = 0; i < n; ++i) items.push_back(Item(static_cast<int>(rng() % 200) + 1000 * i, 1 + rng() % 6));
+        for (int i = 0; i < n; ++i)
+          items.push_back(Item(static_cast<int>(rng() % 200) + 1000 * i, 1 + rng() % 6));
         auto g = co->Reserve(t, e, items, now);
         if (g.ok()) {
-          for (auto& x : *g) if (x) open.emplace_back(t, *x);
+          for (auto& x : *g)
+            if (x) open.emplace_back(t, *x);
         } else {
           ASSERT_TRUE(g.status().code() == absl::StatusCode::kResourceExhausted ||
-                      g.status().code() == absl::StatusCode::kInvalidArgument) << g.status();
+                      g.status().code() == absl::StatusCode::kInvalidArgument)
+              << g.status();
         }
         break;
       }
@@ -421,7 +429,8 @@ TEST_F(CoordinatorTest, RandomOperationsKeepInvariants) {
         }
         auto hits = co->Lookup(tt, e, keys, now);
         ASSERT_TRUE(hits.ok());
-        for (auto& h : *hits) if (h) live.push_back(h->handle);
+        for (auto& h : *hits)
+          if (h) live.push_back(h->handle);
       }
       std::sort(live.begin(), live.end(), [](auto& a, auto& b) { return a.offset < b.offset; });
       for (std::size_t i = 0; i < live.size(); ++i) {
@@ -458,10 +467,12 @@ TEST(CoordinatorConfigTest, SectionAndTokens) {
   auto odd = *c;
   odd.region_bytes = 100u << 20;
   EXPECT_FALSE(ResolveCoordinatorConfig(&odd, "dom", "/s", 64u << 20).ok());
-  auto typo = ParseCoordinatorConfig("[lmcache]\nlisten = \"127.0.0.1:0\"\nlayout = \"L\"\n", "x.toml");
+  auto typo =
+      ParseCoordinatorConfig("[lmcache]\nlisten = \"127.0.0.1:0\"\nlayout = \"L\"\n", "x.toml");
   ASSERT_FALSE(typo.ok());
   EXPECT_NE(typo.status().message().find("x.toml:3: key 'lmcache.layout': unknown key"),
-            std::string::npos) << typo.status();
+            std::string::npos)
+      << typo.status();
   auto missing = ParseCoordinatorConfig("[lmcache]\nlisten = \"127.0.0.1:0\"\n", "x.toml");
   EXPECT_NE(missing.status().message().find("lmcache.token_file"), std::string::npos);
 
@@ -473,7 +484,8 @@ TEST(CoordinatorConfigTest, SectionAndTokens) {
     std::filesystem::permissions(f, p);
   };
   using P = std::filesystem::perms;
-  write("# tenants\nacme aaaaaaaaaaaaaaaaaaaa\nbatch bbbbbbbbbbbbbbbbbbbb\n", P::owner_read | P::owner_write);
+  write("# tenants\nacme aaaaaaaaaaaaaaaaaaaa\nbatch bbbbbbbbbbbbbbbbbbbb\n",
+        P::owner_read | P::owner_write);
   auto t = LoadTenantTokens(f);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->at("aaaaaaaaaaaaaaaaaaaa"), "acme");

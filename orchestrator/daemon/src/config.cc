@@ -419,13 +419,14 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
   }
   if (c.lmcache.enabled()) {
     if (c.etcd.enabled()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source_name, ": [lmcache] with [etcd] is not supported yet: the coordinator's state is "
+      return absl::InvalidArgumentError(
+          absl::StrCat(source_name,
+                       ": [lmcache] with [etcd] is not supported yet: the coordinator's state is "
                        "a local file, not in etcd (docs/lmcache.md \"Limits\"); run the "
                        "coordinator's domain without [etcd]"));
     }
-    if (auto lst = coordinator::ResolveCoordinatorConfig(&c.lmcache, c.name, c.state_file,
-                                                        c.extent_bytes);
+    if (auto lst =
+            coordinator::ResolveCoordinatorConfig(&c.lmcache, c.name, c.state_file, c.extent_bytes);
         !lst.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", lst.message()));
     }

@@ -94,16 +94,18 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(absl::string_view text,
   };
   if (c.listen.empty()) return missing("listen", "listen = \"127.0.0.1:9400\"");
   if (c.listen.rfind(':') == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source_name, ": key 'lmcache.listen': '", c.listen, "' is not HOST:PORT (\"127.0.0.1:9400\")"));
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": key 'lmcache.listen': '",
+                                                   c.listen,
+                                                   "' is not HOST:PORT (\"127.0.0.1:9400\")"));
   }
-  if (c.token_file.empty()) return missing("token_file", "token_file = \"/etc/cxlkv/lmcache.tokens\"");
+  if (c.token_file.empty())
+    return missing("token_file", "token_file = \"/etc/cxlkv/lmcache.tokens\"");
   if (c.layout_id.empty()) return missing("layout_id", "layout_id = \"llama3-70b-fp16-tp1\"");
   if (c.region_bytes == 0) return missing("region_size", "region_size = \"8G\"");
   if (c.alignment_bytes < 64 || (c.alignment_bytes & (c.alignment_bytes - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source_name, ": key 'lmcache.alignment': ", c.alignment_bytes,
-        " is not a power of two of at least 64 (LMCache's default is \"2M\")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": key 'lmcache.alignment': ", c.alignment_bytes,
+                     " is not a power of two of at least 64 (LMCache's default is \"2M\")"));
   }
   return c;
 }
@@ -113,14 +115,15 @@ absl::Status ResolveCoordinatorConfig(CoordinatorConfig* c, const std::string& d
                                       std::uint64_t extent_bytes) {
   if (!c->enabled()) return absl::OkStatus();
   if (c->region_bytes % extent_bytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lmcache.region_size: ", c->region_bytes, " bytes is not a multiple of domain.extent_size (",
-        extent_bytes, "): the coordinator's region is whole extents at the pool's end"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lmcache.region_size: ", c->region_bytes,
+                     " bytes is not a multiple of domain.extent_size (", extent_bytes,
+                     "): the coordinator's region is whole extents at the pool's end"));
   }
   if (c->alignment_bytes > extent_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lmcache.alignment: ", c->alignment_bytes,
-                     " is larger than domain.extent_size (", extent_bytes, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("lmcache.alignment: ", c->alignment_bytes,
+                                                   " is larger than domain.extent_size (",
+                                                   extent_bytes, ")"));
   }
   if (c->region_id.empty()) c->region_id = domain_name;
   if (c->state_file.empty()) c->state_file = domain_state_file + ".lmcache";
@@ -142,9 +145,9 @@ absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::s
                                             "lines \"TENANT TOKEN\")"));
   }
   if ((sb.st_mode & 077) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "lmcache.token_file ", path, ": readable by others (mode ",
-        absl::StrCat(absl::Hex(sb.st_mode & 0777)), "); chmod 600 ", path));
+    return absl::PermissionDeniedError(
+        absl::StrCat("lmcache.token_file ", path, ": readable by others (mode ",
+                     absl::StrCat(absl::Hex(sb.st_mode & 0777)), "); chmod 600 ", path));
   }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("lmcache.token_file ", path, ": cannot open"));
@@ -177,13 +180,13 @@ absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::s
     if (!tokens.emplace(token, tenant).second) return bad("this token is already listed");
   }
   if (tokens.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lmcache.token_file ", path, ": no token (one bare token, or lines \"TENANT TOKEN\")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lmcache.token_file ", path, ": no token (one bare token, or lines \"TENANT TOKEN\")"));
   }
   if (!bare.empty() && tokens.size() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lmcache.token_file ", path,
-        ": a bare token is only allowed alone; name its tenant (\"default TOKEN\")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lmcache.token_file ", path,
+                     ": a bare token is only allowed alone; name its tenant (\"default TOKEN\")"));
   }
   return tokens;
 }

@@ -38,8 +38,8 @@ std::string RandomHex128() {
 
 // The canonical form of a key inside a namespace (fields joined by a byte no field holds).
 std::string Canonical(const std::string& ns, const ObjectKey& k) {
-  return absl::StrCat(ns, "\x1f", k.chunk_hash_hex, "\x1f", k.model_name, "\x1f", k.kv_rank,
-                      "\x1f", k.object_group_id, "\x1f", k.cache_salt);
+  return absl::StrCat(ns, "\x1f", k.chunk_hash_hex, "\x1f", k.model_name, "\x1f", k.kv_rank, "\x1f",
+                      k.object_group_id, "\x1f", k.cache_salt);
 }
 
 json KeyJson(const ObjectKey& k) {
@@ -107,9 +107,9 @@ absl::Status StaleEpoch() {
 
 std::uint32_t DtypeBytes(const std::string& name) {
   static const std::map<std::string, std::uint32_t> kBytes = {
-      {"bool", 1},    {"uint8", 1},    {"int8", 1},     {"float8_e4m3fn", 1},
-      {"float8_e5m2", 1}, {"int16", 2}, {"float16", 2}, {"bfloat16", 2},
-      {"int32", 4},   {"float32", 4},  {"int64", 8},    {"float64", 8}};
+      {"bool", 1},        {"uint8", 1},   {"int8", 1},    {"float8_e4m3fn", 1},
+      {"float8_e5m2", 1}, {"int16", 2},   {"float16", 2}, {"bfloat16", 2},
+      {"int32", 4},       {"float32", 4}, {"int64", 8},   {"float64", 8}};
   auto it = kBytes.find(name);
   return it == kBytes.end() ? 0 : it->second;
 }
@@ -121,7 +121,8 @@ absl::StatusOr<std::uint64_t> LayoutBytes(const Layout& l) {
   unsigned __int128 total = 0;
   for (std::size_t i = 0; i < l.shapes.size(); ++i) {
     const std::uint32_t b = DtypeBytes(l.dtypes[i]);
-    if (b == 0) return absl::InvalidArgumentError(absl::StrCat("unknown wire dtype '", l.dtypes[i], "'"));
+    if (b == 0)
+      return absl::InvalidArgumentError(absl::StrCat("unknown wire dtype '", l.dtypes[i], "'"));
     unsigned __int128 n = b;
     for (std::int64_t d : l.shapes[i]) {
       if (d < 0) return absl::InvalidArgumentError("layout: dimensions must be non-negative");
@@ -178,8 +179,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
     if (auto st = co->LoadLocked(ss.str(), journal, now_ms); !st.ok()) return st;
     co->restored_ = true;
   } else if (errno != ENOENT) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "lmcache.state_file ", c.state_file, ": cannot read: ", pool::ErrnoText(errno)));
+    return absl::PermissionDeniedError(absl::StrCat("lmcache.state_file ", c.state_file,
+                                                    ": cannot read: ", pool::ErrnoText(errno)));
   } else {
     co->region_.region_epoch = RandomHex128();
   }
@@ -229,8 +230,9 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
     return absl::ResourceExhaustedError(absl::StrCat("out_of_space: ", why));
   };
   if (total > c_.region_bytes) {
-    return refuse(absl::StrCat("write batch of ", total, " bytes does not fit in the shared region (",
-                               c_.region_bytes, " bytes)"));
+    return refuse(absl::StrCat("write batch of ", total,
+                               " bytes does not fit in the shared region (", c_.region_bytes,
+                               " bytes)"));
   }
   auto quota_it = c_.quotas.find(tenant);
   const bool has_quota = quota_it != c_.quotas.end();
@@ -466,10 +468,12 @@ namespace {
 json ObjectJson(const std::string& tenant, const ObjectKey& key, const Layout& layout,
                 const Handle& h, std::uint64_t alloc_bytes, bool writing, const std::string& token,
                 std::uint64_t touched) {
-  return json{{"tenant", tenant},   {"key", KeyJson(key)},     {"shapes", layout.shapes},
-              {"dtypes", layout.dtypes}, {"offset", h.offset},  {"length", h.length},
-              {"generation", h.generation}, {"alloc_bytes", alloc_bytes}, {"writing", writing},
-              {"token", token},     {"touched", touched}};
+  return json{{"tenant", tenant},           {"key", KeyJson(key)},
+              {"shapes", layout.shapes},    {"dtypes", layout.dtypes},
+              {"offset", h.offset},         {"length", h.length},
+              {"generation", h.generation}, {"alloc_bytes", alloc_bytes},
+              {"writing", writing},         {"token", token},
+              {"touched", touched}};
 }
 
 // Takes [rel, rel + bytes) out of the free map; false if any of it is not free.
@@ -576,8 +580,8 @@ absl::Status Coordinator::CommitLocked(const Change& ch) {
     if (::ftruncate(journal_fd_, static_cast<off_t>(journal_bytes_)) != 0) {
       journal_broken_ = true;
     }
-    return absl::InternalError(absl::StrCat("lmcache.state_file: cannot append to ",
-                                            JournalPath(), ": ", st.message()));
+    return absl::InternalError(
+        absl::StrCat("lmcache.state_file: cannot append to ", JournalPath(), ": ", st.message()));
   }
   journal_bytes_ += line.size();
   ++journal_seq_;
@@ -590,8 +594,10 @@ absl::Status Coordinator::CommitLocked(const Change& ch) {
   }
   if (journal_records_ >= std::max<std::uint64_t>(1024, 2 * objects_.size())) {
     if (auto cst = CompactLocked(); !cst.ok()) {
-      std::fprintf(stderr, "cxlkv-orchestrator: lmcache: compaction failed (the journal keeps "
-                   "every change; retried later): %s\n", std::string(cst.message()).c_str());
+      std::fprintf(stderr,
+                   "cxlkv-orchestrator: lmcache: compaction failed (the journal keeps "
+                   "every change; retried later): %s\n",
+                   std::string(cst.message()).c_str());
     }
   }
   return absl::OkStatus();
@@ -702,8 +708,8 @@ absl::Status Coordinator::LoadLocked(const std::string& text, const std::string&
       ++line_no;
       const std::size_t end = journal.find('\n', pos);
       const bool last = end == std::string::npos || end + 1 == journal.size();
-      const std::string line = journal.substr(pos, end == std::string::npos ? std::string::npos
-                                                                           : end - pos);
+      const std::string line =
+          journal.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
       pos = end == std::string::npos ? journal.size() : end + 1;
       const std::size_t tab = line.rfind('\t');
       const bool intact =
@@ -719,11 +725,12 @@ absl::Status Coordinator::LoadLocked(const std::string& text, const std::string&
       const std::uint64_t seq = rec.at("seq").get<std::uint64_t>();
       if (seq <= journal_seq_) continue;  // already in the snapshot
       if (seq != journal_seq_ + 1) {
-        return loss(absl::StrCat(JournalPath(), ":", line_no, ": record ", seq, " after ",
-                                 journal_seq_));
+        return loss(
+            absl::StrCat(JournalPath(), ":", line_no, ": record ", seq, " after ", journal_seq_));
       }
       Change ch;
-      for (const json& j : rec.at("puts")) ch.puts.emplace_back(j.at("id").get<std::string>(), object_of(j));
+      for (const json& j : rec.at("puts"))
+        ch.puts.emplace_back(j.at("id").get<std::string>(), object_of(j));
       ch.dels = rec.at("dels").get<std::vector<std::string>>();
       ch.next_generation = rec.at("next_generation").get<std::uint64_t>();
       ch.touch_seq = rec.at("touch_seq").get<std::uint64_t>();
@@ -748,7 +755,8 @@ absl::Status Coordinator::LoadLocked(const std::string& text, const std::string&
 
 absl::Status Coordinator::CompactLocked() {
   if (journal_broken_) {
-    return absl::InternalError(absl::StrCat(JournalPath(), " could not be cut after a failed "
+    return absl::InternalError(absl::StrCat(JournalPath(),
+                                            " could not be cut after a failed "
                                             "append; restart the orchestrator"));
   }
   const std::string text = SerializeLocked();
@@ -762,8 +770,8 @@ absl::Status Coordinator::CompactLocked() {
   if (fd < 0) return fail("cannot create", errno);
   if (auto st = WriteAll(fd, text); !st.ok()) {
     ::close(fd);
-    return absl::InternalError(absl::StrCat("lmcache.state_file: cannot write ", tmp, ": ",
-                                            st.message()));
+    return absl::InternalError(
+        absl::StrCat("lmcache.state_file: cannot write ", tmp, ": ", st.message()));
   }
   if (::fdatasync(fd) != 0) {
     const int err = errno;

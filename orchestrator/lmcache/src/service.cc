@@ -29,11 +29,13 @@ struct Reject {
 // Strict reading of a JSON object: every field known, each of its type.
 class Fields {
  public:
-  Fields(const json& j, std::string where, std::set<std::string> known) : j_(j), where_(std::move(where)) {
+  Fields(const json& j, std::string where, std::set<std::string> known)
+      : j_(j), where_(std::move(where)) {
     if (!j.is_object()) throw Reject{absl::StrCat(where_, ": expected an object")};
     for (const auto& [k, v] : j.items()) {
       if (known.count(k) == 0) {
-        throw Reject{absl::StrCat(where_, ": unknown field '", k, "' (extra fields are forbidden)")};
+        throw Reject{
+            absl::StrCat(where_, ": unknown field '", k, "' (extra fields are forbidden)")};
       }
     }
   }
@@ -54,7 +56,8 @@ class Fields {
   std::int64_t Int(const std::string& k, bool required = true, std::int64_t def = 0) const {
     const json* v = Get(k, required);
     if (v == nullptr) return def;
-    if (!v->is_number_integer()) throw Reject{absl::StrCat(where_, ".", k, ": expected an integer")};
+    if (!v->is_number_integer())
+      throw Reject{absl::StrCat(where_, ".", k, ": expected an integer")};
     if (v->is_number_unsigned() && v->get<std::uint64_t>() > INT64_MAX) {
       throw Reject{absl::StrCat(where_, ".", k, ": out of range")};
     }
@@ -100,15 +103,18 @@ Layout LayoutOf(const json& j, const std::string& where) {
   }
   const json& dtypes = f.Array("dtypes");
   for (std::size_t i = 0; i < dtypes.size(); ++i) {
-    if (!dtypes[i].is_string()) throw Reject{absl::StrCat(where, ".dtypes[", i, "]: expected a string")};
+    if (!dtypes[i].is_string())
+      throw Reject{absl::StrCat(where, ".dtypes[", i, "]: expected a string")};
     l.dtypes.push_back(dtypes[i].get<std::string>());
   }
   return l;
 }
 
 json KeyJson(const ObjectKey& k) {
-  return json{{"chunk_hash_hex", k.chunk_hash_hex}, {"model_name", k.model_name},
-              {"kv_rank", k.kv_rank},               {"object_group_id", k.object_group_id},
+  return json{{"chunk_hash_hex", k.chunk_hash_hex},
+              {"model_name", k.model_name},
+              {"kv_rank", k.kv_rank},
+              {"object_group_id", k.object_group_id},
               {"cache_salt", k.cache_salt}};
 }
 json LayoutJson(const Layout& l) { return json{{"shapes", l.shapes}, {"dtypes", l.dtypes}}; }
@@ -182,19 +188,28 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
   const std::string threads = absl::StrCat(c.threads);
   // tcp_nodelay: a reply is written as headers then body; without it the body waits for the
   // client's delayed ACK of the headers (tens of ms per request).
-  const char* options[] = {"listening_ports",    c.listen.c_str(), "num_threads", threads.c_str(),
-                           "enable_keep_alive",  "yes",            "tcp_nodelay", "1",
-                           "request_timeout_ms", "30000",          nullptr};
+  const char* options[] = {"listening_ports",
+                           c.listen.c_str(),
+                           "num_threads",
+                           threads.c_str(),
+                           "enable_keep_alive",
+                           "yes",
+                           "tcp_nodelay",
+                           "1",
+                           "request_timeout_ms",
+                           "30000",
+                           nullptr};
   mg_callbacks cb{};
   s->ctx_ = mg_start(&cb, s.get(), options);
   if (s->ctx_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("lmcache.listen ", c.listen,
-                                               ": cannot listen (in use, or not HOST:PORT)"));
+    return absl::UnavailableError(
+        absl::StrCat("lmcache.listen ", c.listen, ": cannot listen (in use, or not HOST:PORT)"));
   }
   mg_set_request_handler(s->ctx_, "/", &Service::Handle, s.get());
   mg_server_port ports[4]{};
   if (mg_get_server_ports(s->ctx_, 4, ports) > 0) s->port_ = ports[0].port;
-  const std::uint32_t period = std::max<std::uint32_t>(5, std::min<std::uint32_t>(1000, c.reservation_ttl_ms / 4));
+  const std::uint32_t period =
+      std::max<std::uint32_t>(5, std::min<std::uint32_t>(1000, c.reservation_ttl_ms / 4));
   {
     const RegionInfo r = s->co_->region();
     const Stats st = s->co_->stats();
@@ -307,31 +322,32 @@ int Service::Serve(mg_connection* conn) {
     auto q = c_.quotas.find(tenant);
     json tenants = json::object();
     for (const auto& [t, b] : s.tenant_used_bytes) tenants[t] = b;
-    return send({200, json{{"region", contract},
-                           {"region_offset", region.region_offset},
-                           {"tenant", tenant},
-                           {"namespace", co_->NamespaceOf(tenant)},
-                           {"tenant_used_bytes", s.tenant_used_bytes.count(tenant) != 0
-                                                     ? s.tenant_used_bytes.at(tenant)
-                                                     : 0},
-                           {"tenant_quota_bytes", q == c_.quotas.end() ? json(nullptr) : json(q->second)},
-                           {"used_bytes", s.used_bytes},
-                           {"object_count", s.object_count},
-                           {"writing", s.writing},
-                           {"reserved", s.reserved},
-                           {"finished", s.finished},
-                           {"aborted", s.aborted},
-                           {"expired", s.expired},
-                           {"evicted", s.evicted},
-                           {"evicted_bytes", s.evicted_bytes},
-                           {"out_of_space", s.out_of_space},
-                           {"reservation_ttl_ms", c_.reservation_ttl_ms},
-                           {"read_lease_ms", c_.read_lease_ms},
-                           {"restored", co_->restored()}}});
+    return send(
+        {200, json{{"region", contract},
+                   {"region_offset", region.region_offset},
+                   {"tenant", tenant},
+                   {"namespace", co_->NamespaceOf(tenant)},
+                   {"tenant_used_bytes",
+                    s.tenant_used_bytes.count(tenant) != 0 ? s.tenant_used_bytes.at(tenant) : 0},
+                   {"tenant_quota_bytes", q == c_.quotas.end() ? json(nullptr) : json(q->second)},
+                   {"used_bytes", s.used_bytes},
+                   {"object_count", s.object_count},
+                   {"writing", s.writing},
+                   {"reserved", s.reserved},
+                   {"finished", s.finished},
+                   {"aborted", s.aborted},
+                   {"expired", s.expired},
+                   {"evicted", s.evicted},
+                   {"evicted_bytes", s.evicted_bytes},
+                   {"out_of_space", s.out_of_space},
+                   {"reservation_ttl_ms", c_.reservation_ttl_ms},
+                   {"read_lease_ms", c_.read_lease_ms},
+                   {"restored", co_->restored()}}});
   }
   // POST: the body.
   if (ri->content_length > kMaxBodyBytes) {
-    return send({413, json{{"detail", absl::StrCat("body larger than ", kMaxBodyBytes, " bytes")}}});
+    return send(
+        {413, json{{"detail", absl::StrCat("body larger than ", kMaxBodyBytes, " bytes")}}});
   }
   std::string body;
   char buf[16384];
@@ -395,7 +411,8 @@ int Service::Serve(mg_connection* conn) {
                                 c_.max_batch, ")")};
     }
     std::vector<ObjectKey> keys;
-    for (std::size_t i = 0; i < a.size(); ++i) keys.push_back(KeyOf(a[i], absl::StrCat("keys[", i, "]")));
+    for (std::size_t i = 0; i < a.size(); ++i)
+      keys.push_back(KeyOf(a[i], absl::StrCat("keys[", i, "]")));
     auto hits = co_->Lookup(tenant, epoch, keys, now);
     if (!hits.ok()) return send(FromStatus(hits.status()));
     json out = json::array();

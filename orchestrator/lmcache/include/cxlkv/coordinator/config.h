@@ -17,17 +17,17 @@
 namespace cxlkv::coordinator {
 
 struct CoordinatorConfig {
-  std::string listen;       // HOST:PORT of the HTTP API; "" : off (no [lmcache] section)
-  std::string token_file;   // required: bearer tokens and their tenants (LoadTenantTokens)
-  std::string region_id;    // LMCache's --l1-shared-region-id; "" : the domain's name
-  std::string layout_id;    // required: LMCache's --l1-shared-layout-id
-  std::uint64_t region_bytes = 0;            // required: the pool's last extents lent to LMCache
-  std::uint64_t alignment_bytes = 2u << 20;  // a power of two, 64 B .. extent size
-  std::uint32_t reservation_ttl_ms = 60000;  // an unfinished reservation is reclaimed after this
-  std::uint32_t read_lease_ms = 10000;       // a looked-up object is not evicted for this long
-  std::uint32_t max_batch = 4096;            // items in one request
-  std::uint32_t threads = 8;                 // HTTP worker threads
-  std::string state_file;                    // "" : <domain.state_file>.lmcache
+  std::string listen;              // HOST:PORT of the HTTP API; "" : off (no [lmcache] section)
+  std::string token_file;          // required: bearer tokens and their tenants (LoadTenantTokens)
+  std::string region_id;           // LMCache's --l1-shared-region-id; "" : the domain's name
+  std::string layout_id;           // required: LMCache's --l1-shared-layout-id
+  std::uint64_t region_bytes = 0;  // required: the pool's last extents lent to LMCache
+  std::uint64_t alignment_bytes = 2u << 20;     // a power of two, 64 B .. extent size
+  std::uint32_t reservation_ttl_ms = 60000;     // an unfinished reservation is reclaimed after this
+  std::uint32_t read_lease_ms = 10000;          // a looked-up object is not evicted for this long
+  std::uint32_t max_batch = 4096;               // items in one request
+  std::uint32_t threads = 8;                    // HTTP worker threads
+  std::string state_file;                       // "" : <domain.state_file>.lmcache
   std::map<std::string, std::uint64_t> quotas;  // [lmcache.quotas] tenant = bytes
   bool enabled() const { return !listen.empty(); }
 };

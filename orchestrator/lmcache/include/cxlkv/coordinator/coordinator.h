@@ -97,14 +97,14 @@ struct RegionInfo {
 };
 
 struct Stats {
-  std::uint64_t used_bytes = 0;     // allocated, alignment padding included
-  std::uint64_t object_count = 0;   // WRITING and VALID
+  std::uint64_t used_bytes = 0;    // allocated, alignment padding included
+  std::uint64_t object_count = 0;  // WRITING and VALID
   std::uint64_t writing = 0;
   std::uint64_t reserved = 0, finished = 0, aborted = 0;
-  std::uint64_t expired = 0;        // reservations reclaimed after reservation_ttl_ms
-  std::uint64_t evicted = 0;        // VALID objects evicted for space
+  std::uint64_t expired = 0;  // reservations reclaimed after reservation_ttl_ms
+  std::uint64_t evicted = 0;  // VALID objects evicted for space
   std::uint64_t evicted_bytes = 0;
-  std::uint64_t out_of_space = 0;   // batches refused
+  std::uint64_t out_of_space = 0;  // batches refused
   std::map<std::string, std::uint64_t> tenant_used_bytes;
 };
 
@@ -158,10 +158,10 @@ class Coordinator {
     Handle handle;
     std::uint64_t alloc_bytes = 0;  // length rounded up to the alignment
     bool writing = true;
-    std::string token;             // writing: the reservation's
-    std::int64_t expires_ms = 0;   // writing: reclaimed at this time
+    std::string token;                // writing: the reservation's
+    std::int64_t expires_ms = 0;      // writing: reclaimed at this time
     std::int64_t lease_until_ms = 0;  // valid: not evicted before this
-    std::uint64_t touched = 0;     // valid: order of the last finish or lookup (LRU)
+    std::uint64_t touched = 0;        // valid: order of the last finish or lookup (LRU)
   };
   // One change: objects put (new or changed) and removed, with the counters after it.
   struct Change {
@@ -195,7 +195,7 @@ class Coordinator {
   std::uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   std::uint64_t touch_seq_ ABSL_GUARDED_BY(mu_) = 0;
   int journal_fd_ ABSL_GUARDED_BY(mu_) = -1;
-  std::uint64_t journal_seq_ ABSL_GUARDED_BY(mu_) = 0;  // the last record written
+  std::uint64_t journal_seq_ ABSL_GUARDED_BY(mu_) = 0;      // the last record written
   std::uint64_t journal_records_ ABSL_GUARDED_BY(mu_) = 0;  // since the snapshot
   std::uint64_t journal_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool journal_broken_ ABSL_GUARDED_BY(mu_) = false;
