@@ -263,6 +263,16 @@ TEST_F(CoordinatorTest, RestartKeepsObjectsHandlesAndEpoch) {
   const Handle h3 = Put(*co, "t", 3, 100600);
   EXPECT_GT(h3.generation, pending.handle.generation);
   EXPECT_EQ(co->stats().used_bytes, 5 * kAlign);
+  // Only a reset (the state moved away: the contents declared gone) makes a new epoch, and the
+  // old epoch is then stale.
+  co.reset();
+  std::filesystem::rename(c_.state_file, c_.state_file + ".old");
+  std::filesystem::rename(c_.state_file + ".journal", c_.state_file + ".journal.old");
+  auto fresh = Open(200000);
+  EXPECT_FALSE(fresh->restored());
+  EXPECT_NE(fresh->region().region_epoch, epoch);
+  EXPECT_EQ(fresh->Lookup("t", epoch, {Key(1)}, 200000).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(CoordinatorTest, BadStateFileIsRefusedAndKept) {

@@ -397,6 +397,31 @@ def check_quota(d):
           f"at quota with everything leased: {st} {out}")
 
 
+def check_bad_config(binary):
+    """Bad [lmcache] settings stop the orchestrator with the key and the fix; nothing starts."""
+    cases = [
+        (lambda d: d.config.write_text(d.config.read_text().replace('region_size = "32M"',
+                                                                     'region_size = "256M"')),
+         "leaves the hosts no extent"),
+        (lambda d: d.config.write_text(d.config.read_text().replace('region_size = "32M"',
+                                                                     'region_size = "20M"')),
+         "not a multiple of domain.extent_size"),
+        (lambda d: d.config.write_text(d.config.read_text().replace("layout_id", "layout")),
+         "key 'lmcache.layout': unknown key"),
+        (lambda d: (d.dir / "tokens").chmod(0o644), "chmod 600"),
+    ]
+    for mutate, want in cases:
+        d = Domain(binary)
+        try:
+            mutate(d)
+            p = subprocess.run([binary, "--config", str(d.config), "--new-domain"],
+                               capture_output=True, text=True, timeout=30)
+            check(p.returncode != 0 and want in p.stderr,
+                  f"bad config ({want}): exit {p.returncode}, stderr {p.stderr!r}")
+        finally:
+            d.cleanup()
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1].startswith("--"):
         mode, args = sys.argv[1][2:], sys.argv[2:]
@@ -411,6 +436,8 @@ def main():
     binary, library = sys.argv[1], sys.argv[2]
     seed = int(os.environ.get("CXLKV_SEED", random.randrange(1 << 30)))
     print(f"seed {seed} (CXLKV_SEED to replay)", flush=True)
+    check_bad_config(binary)
+    print("bad [lmcache] settings refused with the key and the fix: ok", flush=True)
     d = Domain(binary)
     try:
         d.start()

@@ -776,9 +776,8 @@ absl::Status Orchestrator::Start() {
   }
   // [lmcache]: LMCache's coordinator API, up before the socket listens (launchers wait on it).
   if (config_.lmcache.enabled()) {
-    auto lmcache = coordinator::Service::Start(
-        config_.lmcache,
-        coordinator::HostPoolBytes(config_.lmcache, pool_->size_bytes(), config_.extent_bytes));
+    auto lmcache =
+        coordinator::Service::Start(config_.lmcache, pool_->size_bytes(), config_.extent_bytes);
     if (!lmcache.ok()) return lmcache.status();
     lmcache_ = *std::move(lmcache);
   }

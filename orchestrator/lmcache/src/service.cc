@@ -175,7 +175,15 @@ std::int64_t Service::NowMs() {
 }
 
 absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig& c,
-                                                        std::uint64_t region_offset) {
+                                                        std::uint64_t pool_bytes,
+                                                        std::uint64_t extent_bytes) {
+  const std::uint64_t region_offset = HostPoolBytes(c, pool_bytes, extent_bytes);
+  if (region_offset == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lmcache.region_size: ", c.region_bytes, " bytes leaves the hosts no extent of the pool (",
+        pool_bytes / extent_bytes, " extents of ", extent_bytes,
+        " bytes); make it smaller or the pool larger"));
+  }
   std::unique_ptr<Service> s(new Service());
   s->c_ = c;
   auto tokens = LoadTenantTokens(c.token_file);

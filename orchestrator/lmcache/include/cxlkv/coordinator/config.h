@@ -38,9 +38,9 @@ struct CoordinatorConfig {
 absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(absl::string_view toml,
                                                          absl::string_view source_name);
 
-// Checks [lmcache] against the domain: region_bytes a positive multiple of extent_bytes, at
-// most the pool's whole extents minus one (hosts keep at least one), alignment within an
-// extent. Fills region_id and state_file defaults.
+// Checks [lmcache] against the domain: region_bytes a positive multiple of extent_bytes,
+// alignment within an extent (that the pool leaves hosts an extent is checked at start, when
+// its size is known). Fills region_id and state_file defaults.
 absl::Status ResolveCoordinatorConfig(CoordinatorConfig* c, const std::string& domain_name,
                                       const std::string& domain_state_file,
                                       std::uint64_t extent_bytes);

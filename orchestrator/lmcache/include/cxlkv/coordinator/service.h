@@ -28,10 +28,12 @@ namespace cxlkv::coordinator {
 
 class Service {
  public:
-  // c must be resolved (ResolveCoordinatorConfig); the region starts at region_offset of the
-  // pool. Errors name the file or address at fault.
+  // c must be resolved (ResolveCoordinatorConfig). The region is the pool's last
+  // c.region_bytes of its whole extents (HostPoolBytes); kInvalidArgument when that leaves the
+  // hosts no extent. Errors name the file, key or address at fault.
   static absl::StatusOr<std::unique_ptr<Service>> Start(const CoordinatorConfig& c,
-                                                        std::uint64_t region_offset);
+                                                        std::uint64_t pool_bytes,
+                                                        std::uint64_t extent_bytes);
   ~Service();
   Service(const Service&) = delete;
   Service& operator=(const Service&) = delete;
