@@ -92,12 +92,6 @@ void GiveBack(std::map<std::uint64_t, std::uint64_t>* free, std::uint64_t offset
   }
 }
 
-std::uint64_t FreeBytes(const std::map<std::uint64_t, std::uint64_t>& free) {
-  std::uint64_t n = 0;
-  for (const auto& [o, l] : free) n += l;
-  return n;
-}
-
 absl::Status StaleEpoch() {
   return absl::FailedPreconditionError(
       "stale_epoch: request epoch does not match the coordinator region epoch (GET /v1/region)");
@@ -241,34 +235,44 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
     return refuse(absl::StrCat("write batch of ", total, " bytes is larger than tenant '", tenant,
                                "''s quota (", quota_it->second, " bytes)"));
   }
-  // Eviction candidates: VALID, no read lease, least recently used first; gathered (a scan of
-  // every object) only when the batch needs room.
-  std::vector<std::pair<std::uint64_t, const std::string*>> cands;
-  bool have_cands = false;
-  auto gather = [&] {
-    if (have_cands) return;
-    have_cands = true;
-    for (const auto& [id, o] : objects_) {
-      if (!o.writing && o.lease_until_ms <= now_ms) cands.emplace_back(o.touched, &id);
+  // Eviction candidates: VALID objects in least-recently-used order (lru_), skipping those
+  // under a read lease; walked only as far as the batch needs.
+  std::vector<const std::string*> cands;
+  auto lru_it = lru_.begin();
+  auto more = [&] {
+    for (; lru_it != lru_.end(); ++lru_it) {
+      const Object& o = objects_.at(lru_it->second);
+      if (o.lease_until_ms <= now_ms) {
+        cands.push_back(&lru_it->second);
+        ++lru_it;
+        return true;
+      }
     }
-    std::sort(cands.begin(), cands.end());
+    return false;
   };
   std::vector<const std::string*> evict;
   std::vector<bool> used;
   std::map<std::uint64_t, std::uint64_t> free = free_;
+  std::uint64_t free_bytes = c_.region_bytes - used_bytes_;
   auto evict_one = [&](std::size_t ci) {
-    const Object& o = objects_.at(*cands[ci].second);
+    const Object& o = objects_.at(*cands[ci]);
     used[ci] = true;
-    evict.push_back(cands[ci].second);
+    evict.push_back(cands[ci]);
     GiveBack(&free, o.handle.offset, o.alloc_bytes);
+    free_bytes += o.alloc_bytes;
     if (o.tenant == tenant) tenant_used -= o.alloc_bytes;
+  };
+  auto candidate = [&](std::size_t ci) {
+    while (ci >= cands.size()) {
+      if (!more()) return false;
+      used.push_back(false);
+    }
+    return true;
   };
   // At the quota: only the tenant's own objects make room.
   if (has_quota && tenant_used + total > quota_it->second) {
-    gather();
-    used.assign(cands.size(), false);
-    for (std::size_t ci = 0; ci < cands.size() && tenant_used + total > quota_it->second; ++ci) {
-      if (objects_.at(*cands[ci].second).tenant == tenant) evict_one(ci);
+    for (std::size_t ci = 0; tenant_used + total > quota_it->second && candidate(ci); ++ci) {
+      if (objects_.at(*cands[ci]).tenant == tenant) evict_one(ci);
     }
     if (tenant_used + total > quota_it->second) {
       return refuse(absl::StrCat("tenant '", tenant, "' is at its quota (", quota_it->second,
@@ -279,7 +283,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
   std::vector<std::uint64_t> offsets(items.size(), 0);
   std::size_t next = 0;
   while (true) {
-    if (FreeBytes(free) >= total) {
+    if (free_bytes >= total) {
       std::map<std::uint64_t, std::uint64_t> trial = free;
       bool fits = true;
       for (std::size_t i = 0; i < items.size() && fits; ++i) {
@@ -291,15 +295,11 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
         break;
       }
     }
-    if (!have_cands) {
-      gather();
-      used.assign(cands.size(), false);
-    }
-    while (next < cands.size() &&
-           (used[next] || (has_quota && objects_.at(*cands[next].second).tenant != tenant))) {
+    while (candidate(next) &&
+           (used[next] || (has_quota && objects_.at(*cands[next]).tenant != tenant))) {
       ++next;
     }
-    if (next == cands.size()) {
+    if (!candidate(next)) {
       return refuse(absl::StrCat("write batch of ", total,
                                  " bytes does not fit: the rest of the region is written, "
                                  "being written or read-leased"));
@@ -424,7 +424,9 @@ absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::Lookup(
     // The read lease: the reader copies after this reply; eviction waits for it. Soft state:
     // a restart grants every object a fresh one (Open).
     o.lease_until_ms = std::max(o.lease_until_ms, now_ms + c_.read_lease_ms);
+    lru_.erase({o.touched, it->first});
     o.touched = ++touch_seq_;
+    lru_.emplace(o.touched, it->first);
     hits[i] = Hit{o.key, o.handle, o.layout};
   }
   return hits;
@@ -433,8 +435,8 @@ absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::Lookup(
 absl::StatusOr<std::uint32_t> Coordinator::Expire(std::int64_t now_ms) {
   absl::MutexLock l(&mu_);
   std::vector<std::string> gone;
-  for (const auto& [id, o] : objects_) {
-    if (o.writing && o.expires_ms <= now_ms) gone.push_back(id);
+  for (const std::string& id : writing_) {
+    if (objects_.at(id).expires_ms <= now_ms) gone.push_back(id);
   }
   if (gone.empty()) return 0u;
   Change ch;
@@ -449,10 +451,9 @@ absl::StatusOr<std::uint32_t> Coordinator::Expire(std::int64_t now_ms) {
 Stats Coordinator::stats() const {
   absl::MutexLock l(&mu_);
   Stats s = stats_;
-  s.used_bytes = c_.region_bytes - FreeBytes(free_);
+  s.used_bytes = used_bytes_;
   s.object_count = objects_.size();
-  s.writing = 0;
-  for (const auto& [id, o] : objects_) s.writing += o.writing ? 1 : 0;
+  s.writing = writing_.size();
   return s;
 }
 
@@ -525,23 +526,41 @@ Coordinator::~Coordinator() {
 
 std::string Coordinator::JournalPath() const { return c_.state_file + ".journal"; }
 
+void Coordinator::IndexLocked(const std::string& id, const Object& o, bool add) {
+  if (add) {
+    used_bytes_ += o.alloc_bytes;
+    stats_.tenant_used_bytes[o.tenant] += o.alloc_bytes;
+    if (o.writing) {
+      writing_.insert(id);
+    } else {
+      lru_.emplace(o.touched, id);
+    }
+  } else {
+    used_bytes_ -= o.alloc_bytes;
+    stats_.tenant_used_bytes[o.tenant] -= o.alloc_bytes;
+    writing_.erase(id);
+    lru_.erase({o.touched, id});
+  }
+}
+
 absl::Status Coordinator::ApplyLocked(const Change& ch) {
   for (const std::string& id : ch.dels) {
     auto it = objects_.find(id);
     if (it == objects_.end()) continue;
     GiveBack(&free_, it->second.handle.offset, it->second.alloc_bytes);
-    stats_.tenant_used_bytes[it->second.tenant] -= it->second.alloc_bytes;
+    IndexLocked(id, it->second, false);
     objects_.erase(it);
   }
   for (const auto& [id, o] : ch.puts) {
     auto it = objects_.find(id);
     if (it != objects_.end()) {
+      IndexLocked(id, it->second, false);
       if (it->second.handle.offset == o.handle.offset && it->second.alloc_bytes == o.alloc_bytes) {
         it->second = o;  // the same object, changed (finished)
+        IndexLocked(id, o, true);
         continue;
       }
       GiveBack(&free_, it->second.handle.offset, it->second.alloc_bytes);
-      stats_.tenant_used_bytes[it->second.tenant] -= it->second.alloc_bytes;
       objects_.erase(it);
     }
     if (o.handle.offset + o.alloc_bytes > c_.region_bytes || o.alloc_bytes < o.handle.length ||
@@ -549,7 +568,7 @@ absl::Status Coordinator::ApplyLocked(const Change& ch) {
       return absl::DataLossError(absl::StrCat("object at ", o.handle.offset, " (", o.alloc_bytes,
                                               " bytes) overlaps another or leaves the region"));
     }
-    stats_.tenant_used_bytes[o.tenant] += o.alloc_bytes;
+    IndexLocked(id, o, true);
     objects_.emplace(id, o);
   }
   next_generation_ = std::max(next_generation_, ch.next_generation);

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -175,6 +176,9 @@ class Coordinator {
   // journal into a new snapshot when it has grown past the objects' count.
   absl::Status CommitLocked(const Change& ch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyLocked(const Change& ch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds the object to (or removes it from) the indexes and byte counts below.
+  void IndexLocked(const std::string& id, const Object& o, bool add)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status LoadLocked(const std::string& snapshot, const std::string& journal,
                           std::int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -192,6 +196,10 @@ class Coordinator {
   std::map<std::uint64_t, std::uint64_t> free_ ABSL_GUARDED_BY(mu_);
   // Objects by namespace + "\x1f" + canonical key.
   std::map<std::string, Object> objects_ ABSL_GUARDED_BY(mu_);
+  // VALID objects by (touched, id): eviction's order. WRITING objects: the reaper's.
+  std::set<std::pair<std::uint64_t, std::string>> lru_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> writing_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   std::uint64_t touch_seq_ ABSL_GUARDED_BY(mu_) = 0;
   int journal_fd_ ABSL_GUARDED_BY(mu_) = -1;
