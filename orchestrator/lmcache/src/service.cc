@@ -29,7 +29,7 @@ struct Reject {
 // Strict reading of a JSON object: every field known, each of its type.
 class Fields {
  public:
-  Fields(const json& j, std::string where, std::set<std::string> known)
+  Fields(const json& j, std::string where, const std::set<std::string>& known)
       : j_(j), where_(std::move(where)) {
     if (!j.is_object()) throw Reject{absl::StrCat(where_, ": expected an object")};
     for (const auto& [k, v] : j.items()) {
@@ -140,10 +140,8 @@ std::vector<ReservationRef> RefsOf(const Fields& f, std::size_t max_batch) {
   return refs;
 }
 
-struct Reply {
-  int status = 200;
-  json body;
-};
+// A reply: the status and the JSON body.
+using Reply = std::pair<int, json>;
 
 Reply FromStatus(const absl::Status& st) {
   const std::string msg(st.message());
@@ -179,10 +177,10 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
                                                         std::uint64_t extent_bytes) {
   const std::uint64_t region_offset = HostPoolBytes(c, pool_bytes, extent_bytes);
   if (region_offset == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lmcache.region_size: ", c.region_bytes, " bytes leaves the hosts no extent of the pool (",
-        pool_bytes / extent_bytes, " extents of ", extent_bytes,
-        " bytes); make it smaller or the pool larger"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lmcache.region_size: ", c.region_bytes,
+                     " bytes leaves the hosts no extent of the pool (", pool_bytes / extent_bytes,
+                     " extents of ", extent_bytes, " bytes); make it smaller or the pool larger"));
   }
   std::unique_ptr<Service> s(new Service());
   s->c_ = c;
@@ -260,24 +258,24 @@ int Service::Serve(mg_connection* conn) {
   const std::string method = ri->request_method != nullptr ? ri->request_method : "";
   const std::string path = ri->local_uri != nullptr ? ri->local_uri : "";
   std::string tenant = "-";
-  Reply r;
   auto send = [&](const Reply& reply) {
-    const std::string text = reply.body.dump();
-    mg_response_header_start(conn, reply.status);
+    const std::string text = reply.second.dump();
+    mg_response_header_start(conn, reply.first);
     mg_response_header_add(conn, "Content-Type", "application/json", -1);
     const std::string len = absl::StrCat(text.size());
     mg_response_header_add(conn, "Content-Length", len.c_str(), -1);
     mg_response_header_send(conn);
     mg_write(conn, text.data(), text.size());
-    if (reply.status >= 400) {
-      const std::string detail = reply.body.contains("detail") && reply.body["detail"].is_string()
-                                     ? reply.body["detail"].get<std::string>()
-                                     : reply.body.dump();
+    if (reply.first >= 400) {
+      const std::string detail =
+          reply.second.contains("detail") && reply.second["detail"].is_string()
+              ? reply.second["detail"].get<std::string>()
+              : reply.second.dump();
       std::fprintf(stderr, "cxlkv-orchestrator: lmcache: %d for %s %s from %s:%d (tenant %s): %s\n",
-                   reply.status, method.c_str(), path.c_str(), ri->remote_addr, ri->remote_port,
+                   reply.first, method.c_str(), path.c_str(), ri->remote_addr, ri->remote_port,
                    tenant.c_str(), detail.c_str());
     }
-    return reply.status;
+    return reply.first;
   };
   static const std::set<std::string> kGets = {"/healthz", "/readyz", "/v1/region", "/v1/status",
                                               "/cxlkv/v1/stats"};
