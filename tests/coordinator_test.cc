@@ -210,6 +210,31 @@ TEST_F(CoordinatorTest, EvictsLeastRecentlyUsedNeverLeased) {
   EXPECT_EQ(co->stats().writing, 2u);
 }
 
+// The domain's policy: a [[namespace]] pin level keeps a tenant's objects longer, whatever
+// their age.
+TEST_F(CoordinatorTest, PinLevelsAreEvictedLast) {
+  c_.pins["gold/lmcache/L1"] = 2;
+  auto co = Open();
+  EXPECT_EQ(co->PinOf("gold"), 2);
+  EXPECT_EQ(co->PinOf("bronze"), 0);
+  const std::string e = co->region().region_epoch;
+  for (int i = 0; i < 4; ++i) Put(*co, "gold", i, 0, 8);  // the oldest objects
+  for (int i = 0; i < 4; ++i) Put(*co, "bronze", i, 1, 8);
+  for (int i = 0; i < 4; ++i) {
+    auto g = co->Reserve("bronze", e, {Item(100 + i, 8)}, 2000);
+    ASSERT_TRUE(g.ok()) << g.status();
+  }
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(Present(*co, "gold", i, 2001)) << i;
+    EXPECT_FALSE(Present(*co, "bronze", i, 2001)) << i;
+  }
+  // With no bronze left, gold goes, oldest first.
+  auto g = co->Reserve("bronze", e, {Item(200, 8)}, 5000);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_FALSE(Present(*co, "gold", 0, 5001));
+  EXPECT_TRUE(Present(*co, "gold", 1, 5001));
+}
+
 TEST_F(CoordinatorTest, TenantsAreNamespacesWithQuotas) {
   c_.quotas["small"] = 16 * kAlign;
   auto co = Open();

@@ -93,6 +93,11 @@ max_batch = 256
 threads = 4
 [lmcache.quotas]
 small = {QUOTA_SMALL}
+[[namespace]]
+tenant = "acme"
+model = "lmcache"
+layout = "test-layout"
+pin = 2
 """)
         self.proc = None
         self.log = None
@@ -256,6 +261,9 @@ def check_routes_and_errors(d):
     check(set(st) == {"region", "used_bytes", "object_count"} and st["region"] == region,
           f"status {st}")
     check(a.stats()["region_offset"] == REGION_OFFSET, "stats: region_offset")
+    check(a.stats()["namespace"] == "acme/lmcache/test-layout", "stats: namespace")
+    check(a.stats()["pin_level"] == 2 and d.client("batch").stats()["pin_level"] == 0,
+          "[[namespace]] pin levels do not reach the coordinator")
     e = a.epoch
     k = make_key(1, model="errs")
     lay = make_layout(ALIGN)
@@ -409,6 +417,9 @@ def check_bad_config(binary):
         (lambda d: d.config.write_text(d.config.read_text().replace("layout_id", "layout")),
          "key 'lmcache.layout': unknown key"),
         (lambda d: (d.dir / "tokens").chmod(0o644), "chmod 600"),
+        (lambda d: d.config.write_text(d.config.read_text() +
+                                       '[etcd]\nendpoints = ["127.0.0.1:1"]\n'),
+         "[lmcache] with [etcd] is not supported yet"),
     ]
     for mutate, want in cases:
         d = Domain(binary)

@@ -422,8 +422,13 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
       return absl::InvalidArgumentError(
           absl::StrCat(source_name,
                        ": [lmcache] with [etcd] is not supported yet: the coordinator's state is "
-                       "a local file, not in etcd (docs/lmcache.md \"Limits\"); run the "
+                       "a local file, not in etcd (docs/lmcache.md \"Not done here\"); run the "
                        "coordinator's domain without [etcd]"));
+    }
+    // The domain's eviction policy for LMCache's tenants: [[namespace]] pin levels, where the
+    // namespace is one of the coordinator's ("<tenant>/lmcache/<layout_id>").
+    for (const NamespaceConfig& ns : c.namespaces) {
+      if (ns.model == "lmcache") c.lmcache.pins[ns.Name()] = ns.pin;
     }
     if (auto lst =
             coordinator::ResolveCoordinatorConfig(&c.lmcache, c.name, c.state_file, c.extent_bytes);

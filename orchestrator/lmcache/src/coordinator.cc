@@ -187,6 +187,11 @@ std::string Coordinator::NamespaceOf(const std::string& tenant) const {
   return absl::StrCat(tenant, "/lmcache/", c_.layout_id);
 }
 
+int Coordinator::PinOf(const std::string& tenant) const {
+  auto it = c_.pins.find(NamespaceOf(tenant));
+  return it == c_.pins.end() ? 0 : it->second;
+}
+
 absl::Status Coordinator::CheckEpoch(const std::string& epoch) const {
   if (epoch != region_.region_epoch) return StaleEpoch();
   return absl::OkStatus();
@@ -235,15 +240,16 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
     return refuse(absl::StrCat("write batch of ", total, " bytes is larger than tenant '", tenant,
                                "''s quota (", quota_it->second, " bytes)"));
   }
-  // Eviction candidates: VALID objects in least-recently-used order (lru_), skipping those
+  // Eviction candidates: VALID objects, lowest pin level first, then least recently used
+  // (lru_), skipping those
   // under a read lease; walked only as far as the batch needs.
   std::vector<const std::string*> cands;
   auto lru_it = lru_.begin();
   auto more = [&] {
     for (; lru_it != lru_.end(); ++lru_it) {
-      const Object& o = objects_.at(lru_it->second);
+      const Object& o = objects_.at(std::get<2>(*lru_it));
       if (o.lease_until_ms <= now_ms) {
-        cands.push_back(&lru_it->second);
+        cands.push_back(&std::get<2>(*lru_it));
         ++lru_it;
         return true;
       }
@@ -424,9 +430,10 @@ absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::Lookup(
     // The read lease: the reader copies after this reply; eviction waits for it. Soft state:
     // a restart grants every object a fresh one (Open).
     o.lease_until_ms = std::max(o.lease_until_ms, now_ms + c_.read_lease_ms);
-    lru_.erase({o.touched, it->first});
+    const int pin = PinOf(o.tenant);
+    lru_.erase({pin, o.touched, it->first});
     o.touched = ++touch_seq_;
-    lru_.emplace(o.touched, it->first);
+    lru_.emplace(pin, o.touched, it->first);
     hits[i] = Hit{o.key, o.handle, o.layout};
   }
   return hits;
@@ -533,13 +540,13 @@ void Coordinator::IndexLocked(const std::string& id, const Object& o, bool add) 
     if (o.writing) {
       writing_.insert(id);
     } else {
-      lru_.emplace(o.touched, id);
+      lru_.emplace(PinOf(o.tenant), o.touched, id);
     }
   } else {
     used_bytes_ -= o.alloc_bytes;
     stats_.tenant_used_bytes[o.tenant] -= o.alloc_bytes;
     writing_.erase(id);
-    lru_.erase({o.touched, id});
+    lru_.erase({PinOf(o.tenant), o.touched, id});
   }
 }
 

@@ -333,6 +333,7 @@ int Service::Serve(mg_connection* conn) {
                    {"region_offset", region.region_offset},
                    {"tenant", tenant},
                    {"namespace", co_->NamespaceOf(tenant)},
+                   {"pin_level", co_->PinOf(tenant)},
                    {"tenant_used_bytes",
                     s.tenant_used_bytes.count(tenant) != 0 ? s.tenant_used_bytes.at(tenant) : 0},
                    {"tenant_quota_bytes", q == c_.quotas.end() ? json(nullptr) : json(q->second)},

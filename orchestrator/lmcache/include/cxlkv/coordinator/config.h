@@ -29,6 +29,9 @@ struct CoordinatorConfig {
   std::uint32_t threads = 8;                    // HTTP worker threads
   std::string state_file;                       // "" : <domain.state_file>.lmcache
   std::map<std::string, std::uint64_t> quotas;  // [lmcache.quotas] tenant = bytes
+  // Pin levels by namespace name "<tenant>/lmcache/<layout_id>": the domain's [[namespace]]
+  // entries with model "lmcache" (filled by the daemon's config). Lower levels are evicted first.
+  std::map<std::string, int> pins;
   bool enabled() const { return !listen.empty(); }
 };
 

@@ -26,6 +26,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -129,8 +130,8 @@ class Coordinator {
 
   // LMCache's reserve: a grant per item, nullopt where the tenant's key already exists (WRITING
   // or VALID). All or nothing: space for the whole batch, evicting VALID objects without a read
-  // lease, least recently finished or looked up first (at the tenant's quota only its own),
-  // or out_of_space with nothing changed.
+  // lease, lowest pin level first, then least recently finished or looked up (at the tenant's
+  // quota only its own), or out_of_space with nothing changed.
   absl::StatusOr<std::vector<std::optional<Grant>>> Reserve(const std::string& tenant,
                                                             const std::string& epoch,
                                                             const std::vector<ReserveItem>& items,
@@ -150,6 +151,8 @@ class Coordinator {
   Stats stats() const;
   // Namespace of a tenant's keys: "<tenant>/lmcache/<layout_id>" (the [[namespace]] name form).
   std::string NamespaceOf(const std::string& tenant) const;
+  // The namespace's pin level (CoordinatorConfig::pins; 0 when not listed).
+  int PinOf(const std::string& tenant) const;
 
  private:
   struct Object {
@@ -196,8 +199,8 @@ class Coordinator {
   std::map<std::uint64_t, std::uint64_t> free_ ABSL_GUARDED_BY(mu_);
   // Objects by namespace + "\x1f" + canonical key.
   std::map<std::string, Object> objects_ ABSL_GUARDED_BY(mu_);
-  // VALID objects by (touched, id): eviction's order. WRITING objects: the reaper's.
-  std::set<std::pair<std::uint64_t, std::string>> lru_ ABSL_GUARDED_BY(mu_);
+  // VALID objects by (pin level, touched, id): eviction's order. WRITING objects: the reaper's.
+  std::set<std::tuple<int, std::uint64_t, std::string>> lru_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> writing_ ABSL_GUARDED_BY(mu_);
   std::uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
