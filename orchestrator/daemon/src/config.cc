@@ -468,6 +468,13 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
              c.placement = *std::move(placement);
              return absl::OkStatus();
            })},
+          {"lmcache", H([&](const toml::node&, const std::string&) {
+             // orchestrator/lmcache/ owns the section's keys (coordinator/config.h).
+             auto lmcache = coordinator::ParseCoordinatorConfig(text, source_name);
+             if (!lmcache.ok()) return lmcache.status();
+             c.lmcache = *std::move(lmcache);
+             return absl::OkStatus();
+           })},
       });
   if (!st.ok()) return st;
   // Required keys and cross-key rules.
@@ -563,6 +570,25 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
     }
   }
   if (auto st2 = CheckAcrossKeys(c, source_name); !st2.ok()) return st2;
+  if (c.lmcache.enabled()) {
+    if (c.etcd.enabled()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source_name,
+                       ": [lmcache] with [etcd] is not supported yet: the coordinator's state is "
+                       "a local file, not in etcd (docs/lmcache.md \"Not done here\"); run the "
+                       "coordinator's domain without [etcd]"));
+    }
+    // The domain's eviction policy for LMCache's tenants: [[namespace]] pin levels, where the
+    // namespace is one of the coordinator's ("<tenant>/lmcache/<layout_id>").
+    for (const NamespaceConfig& ns : c.namespaces) {
+      if (ns.model == "lmcache") c.lmcache.pins[ns.Name()] = ns.pin;
+    }
+    if (auto lst =
+            coordinator::ResolveCoordinatorConfig(&c.lmcache, c.name, c.state_file, c.extent_bytes);
+        !lst.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", lst.message()));
+    }
+  }
   return c;
 }
 

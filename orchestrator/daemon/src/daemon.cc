@@ -31,6 +31,7 @@
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/coherence/domain_layout.h"
+#include "cxlkv/coordinator/service.h"
 #include "cxlkv/orchestrator/token.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
@@ -673,7 +674,8 @@ class Service final : public pb::Orchestrator::Service {
 // ---- the daemon -------------------------------------------------------------------------------
 
 Orchestrator::Orchestrator(const Config& c, std::uint64_t pool_bytes)
-    : state_(c, pool_bytes), config_(c) {}
+    // [lmcache]: the pool's last extents are the coordinator's, never lent to hosts.
+    : state_(c, coordinator::HostPoolBytes(c.lmcache, pool_bytes, c.extent_bytes)), config_(c) {}
 
 Orchestrator::~Orchestrator() { Stop(); }
 
@@ -914,6 +916,13 @@ absl::Status Orchestrator::Start() {
       return MetricsListenRefused(config_.metrics_listen,
                                   absl::StrCat("the HTTP server said: ", e.what()));
     }
+  }
+  // [lmcache]: LMCache's coordinator API, up before the socket listens (launchers wait on it).
+  if (config_.lmcache.enabled()) {
+    auto lmcache =
+        coordinator::Service::Start(config_.lmcache, pool_->size_bytes(), config_.extent_bytes);
+    if (!lmcache.ok()) return lmcache.status();
+    lmcache_ = *std::move(lmcache);
   }
   sockaddr_un addr{};
   if (config_.socket.size() >= sizeof(addr.sun_path)) {
@@ -1544,6 +1553,7 @@ void Orchestrator::Stop() {
     auto stale = SocketIsStale(config_.socket);
     if (stale.ok() && *stale) ::unlink(config_.socket.c_str());
   }
+  lmcache_.reset();
 }
 
 }  // namespace cxlkv::orchestrator

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cxlkv/coordinator/config.h"
 #include "cxlkv/tier/placement_config.h"
 
 namespace cxlkv::orchestrator {
@@ -109,6 +110,9 @@ struct Config {
   // in SI units, the reuse tracker's size, and an optional calibration file whose figures
   // replace the configured ones.
   tier::PlacementConfig placement;
+  // [lmcache]: LMCache's memory coordinator API (orchestrator/lmcache/, docs/lmcache.md), off
+  // without the section; it owns the pool's last lmcache.region_size bytes.
+  coordinator::CoordinatorConfig lmcache;
 
   // The pin level of a namespace named "tenant/model/layout"; kNotFound lists the known ones.
   absl::StatusOr<int> PinLevelOf(absl::string_view ns) const;

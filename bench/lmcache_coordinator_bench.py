@@ -1,0 +1,234 @@
+#!/usr/bin/python3
+"""LMCache's coordinator API served by cxlkv-orchestrator ([lmcache]): latency of reserve+finish
+and lookup (p50/p99, batches of 1 and 64 keys) against a loopback HTTP baseline on the same
+server and client, the same lookups through the domain's own chain lease (the RPC-free path,
+cxlkv Python package), and objects per second at concurrency 1-16.
+
+Run (Debian's interpreter; a release build of the orchestrator and libcxlkv):
+    cmake --preset release
+    cmake --build build/release --target cxlkv-orchestrator cxlkv
+    /usr/bin/python3 bench/lmcache_coordinator_bench.py \
+        --orchestrator build/release/orchestrator/daemon/cxlkv-orchestrator [--json out.json]
+
+Client: tools/lmcache-qualify/coordinator_client.py (http.client, one kept-alive connection,
+TCP_NODELAY), one process, loopback. Baselines, same server and client: GET /healthz (no
+token, no body: the HTTP round trip) and POST /v1/lookup with no keys (token, JSON body and
+reply, no index work). Objects are 4 KiB (the coordinator's cost does not depend on size).
+The coordinator's state file is on --state-dir (default: a temp dir on the root disk);
+every reserve and finish waits for its fdatasync there. Objects/s: N processes, each reserving
+and finishing one object per call (and separately 64 per call) for --seconds, a fresh domain
+per level. Under pressure: reserve+finish of one object when the region is full and every
+reserve must evict one.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools" / "lmcache-qualify"))
+from coordinator_client import Client, make_key, make_layout  # noqa: E402
+from emulated_domain import EmulatedDomain  # noqa: E402
+
+OBJ = 4096
+
+
+def pct(ts, p):
+    s = sorted(ts)
+    return s[min(len(s) - 1, int(len(s) * p / 100))]
+
+
+def summary(ts, per=1):
+    return {"n": len(ts), "p50_us": pct(ts, 50) * 1e6, "p99_us": pct(ts, 99) * 1e6,
+            "per_key_p50_us": pct(ts, 50) * 1e6 / per}
+
+
+def timed(fn, n):
+    ts = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        fn(i)
+        ts.append(time.perf_counter() - t0)
+    return ts
+
+
+def latency(binary, n, state_dir):
+    d = EmulatedDomain(binary, pool_mib=512, region_mib=256, ttl_ms=60000, lease_ms=10,
+                       state_dir=state_dir).start()
+    out = {}
+    try:
+        c = Client(d.port, d.tokens["default"])
+        c.region()
+        empty = {"region_epoch": c.epoch, "keys": []}
+        for _ in range(50):  # warm the connection and the server's threads
+            c.raw("GET", "/healthz")
+        out["baseline GET /healthz"] = summary(timed(lambda i: c.raw("GET", "/healthz"), n))
+        out["baseline POST /v1/lookup, 0 keys"] = summary(
+            timed(lambda i: c.raw("POST", "/v1/lookup", empty), n))
+        for batch in (1, 64):
+            reps = n if batch == 1 else max(20, n // 4)
+            base = 10_000_000 * batch
+
+            def rf(i, batch=batch, base=base):
+                g = c.reserve([(make_key(base + i * batch + j), make_layout(OBJ))
+                               for j in range(batch)])
+                c.finish(g)
+            out[f"reserve+finish, batch {batch}"] = summary(timed(rf, reps), batch)
+
+            def lk(i, batch=batch, base=base, reps=reps):
+                start = (i % reps) * batch
+                hits = c.lookup([make_key(base + start + j) for j in range(batch)])
+                assert all(h is not None for h in hits)
+            out[f"lookup (hits), batch {batch}"] = summary(timed(lk, reps), batch)
+        # Under pressure: fill the region, then each reserve evicts the least recently used.
+        cap = c.region()["capacity_bytes"] // OBJ
+        have = c.status()["object_count"]
+        k = 50_000_000
+        while have < cap:
+            m = min(256, cap - have)
+            c.finish(c.reserve([(make_key(k + j), make_layout(OBJ)) for j in range(m)]))
+            k += m
+            have += m
+        time.sleep(0.05)  # the read leases (10 ms) of the lookups above end
+        before = c.stats()["evicted"]
+
+        def rf_full(i):
+            c.finish(c.reserve([(make_key(90_000_000 + i), make_layout(OBJ))]))
+        ts = timed(rf_full, max(20, n // 4))
+        out[f"reserve+finish, batch 1, region full ({cap} objects; each evicts)"] = summary(ts)
+        assert c.stats()["evicted"] - before == len(ts)
+    finally:
+        d.close()
+    return out
+
+
+def chain_lease(n):
+    """The same lookups through the domain's own path: cxlkv_lease_acquire_chain (+ release)."""
+    sys.path.insert(0, str(ROOT / "python"))
+    import numpy as np
+    import cxlkv
+    from cxlkv.pool import layout_for_block_bytes
+    tag = f"/dev/shm/cxlkv-bench-lmc-{os.getpid()}"
+    paths = [tag + "-domain", tag + "-pool"]
+    g = cxlkv.Geometry()
+    dspec = f"file:{paths[0]}?size={(g.bytes_needed() + 4095) // 4096 * 4096}"
+    out = {}
+    try:
+        cxlkv.Domain.format(dspec, g)
+        owner = cxlkv.Owner.open(dspec).start(0.002)
+        lay, _ = layout_for_block_bytes(OBJ)
+        pool = cxlkv.Pool.open(f"file:{paths[1]}?size={OBJ * 80 + (8 << 20)}")
+        arena = cxlkv.Arena.create(pool, lay)
+        read_arena = cxlkv.Arena.open_spec(f"file:{paths[1]}")
+        pub = cxlkv.Domain.join(dspec, 0, arenas=[arena], heartbeat_s=0.1)
+        reader = cxlkv.Domain.join(dspec, 1, arenas=[read_arena], heartbeat_s=0.1)
+        ns = cxlkv.Namespace("bench", "lmcache", "4k")
+        keys = ns.chain_keys(np.arange(16 * 64), 16)
+        parent = None
+        for k in keys:
+            pub.publish(ns, k, np.zeros(OBJ, np.uint8), parent=parent)
+            parent = k
+        while reader.lookup(ns, keys[-1]) is None:
+            time.sleep(0.001)
+        for batch in (1, 64):
+            reps = n if batch == 1 else max(20, n // 4)
+
+            def acq(i, batch=batch):
+                with reader.acquire_chain(ns, keys[:batch], wait_s=1.0) as leases:
+                    assert len(leases) == batch
+            acq(0)
+            out[f"chain lease acquire+release, {batch} keys"] = summary(timed(acq, reps), batch)
+        reader.leave()
+        pub.leave()
+        read_arena.close()
+        arena.close()
+        pool.close()
+        owner.close()
+    finally:
+        for p in paths:
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+    return out
+
+
+def writer_proc(port, token, wid, seconds, batch, start_at):
+    c = Client(port, token)
+    c.region()
+    while time.time() < start_at:
+        time.sleep(0.001)
+    end = start_at + seconds
+    n = 0
+    while time.time() < end:
+        c.finish(c.reserve([(make_key(wid * 100_000_000 + n + j), make_layout(OBJ))
+                            for j in range(batch)]))
+        n += batch
+    print(n, flush=True)
+
+
+def throughput(binary, seconds, state_dir, levels):
+    out = {}
+    for batch in (1, 64):
+        for conc in levels:
+            d = EmulatedDomain(binary, pool_mib=1024, region_mib=768, ttl_ms=60000,
+                               lease_ms=10, state_dir=state_dir, threads=16).start()
+            try:
+                start_at = time.time() + 1.0 + 0.05 * conc
+                procs = [subprocess.Popen([sys.executable, __file__, "--writer", str(d.port),
+                                           d.tokens["default"], str(w), str(seconds), str(batch),
+                                           str(start_at)], stdout=subprocess.PIPE, text=True)
+                         for w in range(conc)]
+                total = sum(int(p.communicate(timeout=seconds + 60)[0]) for p in procs)
+                out[f"batch {batch}, {conc} processes"] = {"objects": total,
+                                                           "objects_per_s": total / seconds}
+            finally:
+                d.close()
+    return out
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--writer":
+        a = sys.argv[2:]
+        writer_proc(int(a[0]), a[1], int(a[2]), float(a[3]), int(a[4]), float(a[5]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--orchestrator", required=True)
+    ap.add_argument("--iterations", type=int, default=1000)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--state-dir", default=None)
+    ap.add_argument("--levels", default="1,2,4,8,16")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    info = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "load_before": open("/proc/loadavg").read().split()[:3],
+            "uptime_before": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+            "cpus": os.cpu_count(), "orchestrator": a.orchestrator,
+            "state_dir": a.state_dir or "temp dir under /tmp (root disk)"}
+    res = {"latency": latency(a.orchestrator, a.iterations, a.state_dir)}
+    res["chain_lease"] = chain_lease(a.iterations)
+    res["throughput"] = throughput(a.orchestrator, a.seconds, a.state_dir,
+                                   [int(x) for x in a.levels.split(",")])
+    info["load_after"] = open("/proc/loadavg").read().split()[:3]
+    info["uptime_after"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(f"# {info['date']}; {info['cpus']} CPUs; state file: {info['state_dir']}")
+    print(f"# before: {info['uptime_before']}")
+    print(f"# after:  {info['uptime_after']}")
+    print(f"{'operation':64} {'p50 us':>9} {'p99 us':>9} {'p50 us/key':>11}")
+    for part in ("latency", "chain_lease"):
+        for name, r in res[part].items():
+            print(f"{name:64} {r['p50_us']:9.1f} {r['p99_us']:9.1f} {r['per_key_p50_us']:11.2f}")
+    print(f"{'reserve+finish throughput':64} {'objects/s':>9}")
+    for name, r in res["throughput"].items():
+        print(f"{name:64} {r['objects_per_s']:9.0f}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"info": info, **res}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+// cxlkv/coordinator/config.h — the [lmcache] section of domain.toml: LMCache's memory
+// coordinator API (docs/lmcache.md "The coordinator"), served by the orchestrator. Off without
+// the section. This module owns the section's keys and reads them from the same text as the
+// daemon (as tier/ does [placement]); the daemon only calls ParseCoordinatorConfig.
+//
+// The token file maps bearer tokens to tenants (LoadTenantTokens).
+#ifndef CXLKV_COORDINATOR_CONFIG_H_
+#define CXLKV_COORDINATOR_CONFIG_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace cxlkv::coordinator {
+
+struct CoordinatorConfig {
+  std::string listen;              // HOST:PORT of the HTTP API; "" : off (no [lmcache] section)
+  std::string token_file;          // required: bearer tokens and their tenants (LoadTenantTokens)
+  std::string region_id;           // LMCache's --l1-shared-region-id; "" : the domain's name
+  std::string layout_id;           // required: LMCache's --l1-shared-layout-id
+  std::uint64_t region_bytes = 0;  // required: the pool's last extents lent to LMCache
+  std::uint64_t alignment_bytes = 2u << 20;     // a power of two, 64 B .. extent size
+  std::uint32_t reservation_ttl_ms = 60000;     // an unfinished reservation is reclaimed after this
+  std::uint32_t read_lease_ms = 10000;          // a looked-up object is not evicted for this long
+  std::uint32_t max_batch = 4096;               // items in one request
+  std::uint32_t threads = 8;                    // HTTP worker threads
+  std::string state_file;                       // "" : <domain.state_file>.lmcache
+  std::map<std::string, std::uint64_t> quotas;  // [lmcache.quotas] tenant = bytes
+  // Pin levels by namespace name "<tenant>/lmcache/<layout_id>": the domain's [[namespace]]
+  // entries with model "lmcache" (filled by the daemon's config). Lower levels are evicted first.
+  std::map<std::string, int> pins;
+  bool enabled() const { return !listen.empty(); }
+};
+
+// Reads [lmcache] (and [lmcache.quotas]) from a domain.toml text; without the section the
+// result is disabled. Errors are kInvalidArgument "<source>:<line>: key 'lmcache.<k>': <what>",
+// or, for a missing required key, name the key with an example.
+absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(absl::string_view toml,
+                                                         absl::string_view source_name);
+
+// Checks [lmcache] against the domain: region_bytes a positive multiple of extent_bytes,
+// alignment within an extent (that the pool leaves hosts an extent is checked at start, when
+// its size is known). Fills region_id and state_file defaults.
+absl::Status ResolveCoordinatorConfig(CoordinatorConfig* c, const std::string& domain_name,
+                                      const std::string& domain_state_file,
+                                      std::uint64_t extent_bytes);
+
+// The pool's layout with the coordinator on: hosts get the extents below host_pool_bytes, the
+// coordinator's region is [host_pool_bytes, host_pool_bytes + region_bytes). Without it the
+// whole pool is the hosts'.
+std::uint64_t HostPoolBytes(const CoordinatorConfig& c, std::uint64_t pool_bytes,
+                            std::uint64_t extent_bytes);
+
+// Tokens and their tenants, from a file readable by its owner only. Either one bare token
+// (LMCache's own token file: tenant "default"), or lines "TENANT TOKEN" ('#' starts a comment).
+// Tokens: 16..4096 printable ASCII without spaces, each once; tenants: [A-Za-z0-9_.-]{1,64}.
+// Errors name the file, the line and the fix.
+absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::string& path);
+
+}  // namespace cxlkv::coordinator
+
+#endif  // CXLKV_COORDINATOR_CONFIG_H_

@@ -1,0 +1,218 @@
+// cxlkv/coordinator/coordinator.h — LMCache's memory coordinator (docs/lmcache.md "The
+// coordinator") over one region of a cxlkv domain's pool: reservations, finished objects,
+// reclamation, eviction, tenants, and a crash-consistent state file.
+//
+// Key types: ObjectKey (LMCache's EncodedObjectKey), Layout (shapes and dtype names), Handle
+// ({offset, length, generation}; offsets are region-relative as LMCache has them: LMCache maps
+// the pool with --l1-shared-mapping-offset-bytes = region_offset), and Coordinator. The HTTP side
+// (http.h) turns requests into these calls; this file knows nothing of HTTP.
+//
+// What it adds to LMCache's M0 pool: space comes back (abort, an expired reservation,
+// eviction); an object looked up is not evicted for read_lease_ms after the lookup (the
+// read lease, on the coordinator's clock); every tenant has a namespace of its own and may
+// have a quota; every change is in the state file before the reply that reveals it, so a
+// restart keeps every finished object, its handle and the region epoch. The epoch changes only
+// when the region's contents are declared gone (a new state file).
+//
+// Thread-safe (one mutex). Every mutating call appends one record to the state file's journal
+// and fdatasyncs it before returning (cost: one fdatasync and the batch's size, not the
+// region's); the journal is folded into a new snapshot once it outgrows the object count.
+#ifndef CXLKV_COORDINATOR_COORDINATOR_H_
+#define CXLKV_COORDINATOR_COORDINATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "cxlkv/coordinator/config.h"
+
+namespace cxlkv::coordinator {
+
+// LMCache's EncodedObjectKey: chunk_hash_hex is lower-case hex of an even length.
+struct ObjectKey {
+  std::string chunk_hash_hex;
+  std::string model_name;
+  std::int64_t kv_rank = 0;
+  std::int64_t object_group_id = 0;
+  std::string cache_salt;
+  bool operator==(const ObjectKey&) const = default;
+};
+
+struct Layout {
+  std::vector<std::vector<std::int64_t>> shapes;
+  std::vector<std::string> dtypes;
+  bool operator==(const Layout&) const = default;
+};
+
+// Bytes per element of a dtype name LMCache's wire uses (0: unknown).
+std::uint32_t DtypeBytes(const std::string& name);
+// The layout's size: sum of prod(shape) x dtype bytes. kInvalidArgument when shapes and dtypes
+// differ in number, a dimension is negative, a dtype is unknown, or it overflows.
+absl::StatusOr<std::uint64_t> LayoutBytes(const Layout& l);
+// kInvalidArgument unless chunk_hash_hex is lower-case hex of even length.
+absl::Status CheckKey(const ObjectKey& k);
+
+struct Handle {
+  std::uint64_t offset = 0;  // in the region; the pool offset is region_offset + offset
+  std::uint64_t length = 0;
+  std::uint64_t generation = 0;
+};
+
+struct ReserveItem {
+  ObjectKey key;
+  Layout layout;
+};
+struct Grant {
+  ObjectKey key;
+  std::string token;
+  Handle handle;
+  Layout layout;
+};
+struct ReservationRef {
+  ObjectKey key;
+  std::string token;
+};
+struct Hit {
+  ObjectKey key;
+  Handle handle;
+  Layout layout;
+};
+
+// The errors LMCache's contract names, as absl codes the HTTP side maps:
+//   kFailedPrecondition "stale_epoch: ..."          -> 409 stale_epoch
+//   kAborted            "invalid_reservation: ..."  -> 409 invalid_reservation
+//   kResourceExhausted  "out_of_space: ..."         -> 507 out_of_space
+//   kInvalidArgument                                -> 422
+//   kInternal (the state file could not be written) -> 500, nothing changed
+
+struct RegionInfo {
+  std::string region_id, layout_id, region_epoch;
+  std::uint64_t region_offset = 0, capacity_bytes = 0, alignment_bytes = 0;
+};
+
+struct Stats {
+  std::uint64_t used_bytes = 0;    // allocated, alignment padding included
+  std::uint64_t object_count = 0;  // WRITING and VALID
+  std::uint64_t writing = 0;
+  std::uint64_t reserved = 0, finished = 0, aborted = 0;
+  std::uint64_t expired = 0;  // reservations reclaimed after reservation_ttl_ms
+  std::uint64_t evicted = 0;  // VALID objects evicted for space
+  std::uint64_t evicted_bytes = 0;
+  std::uint64_t out_of_space = 0;  // batches refused
+  std::map<std::string, std::uint64_t> tenant_used_bytes;
+};
+
+class Coordinator {
+ public:
+  // The region is [region_offset, region_offset + c.region_bytes) of the pool. Loads
+  // c.state_file when it exists (kDataLoss when corrupt; kFailedPrecondition, naming both
+  // values and the reset, when it describes another region), else starts empty with a new
+  // epoch and writes it. Restored reservations get a fresh reservation_ttl_ms and objects a
+  // fresh read lease (the writer or a reader may still be at work).
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Open(const CoordinatorConfig& c,
+                                                           std::uint64_t region_offset,
+                                                           std::int64_t now_ms);
+
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  RegionInfo region() const { return region_; }
+  bool restored() const { return restored_; }
+
+  // LMCache's reserve: a grant per item, nullopt where the tenant's key already exists (WRITING
+  // or VALID). All or nothing: space for the whole batch, evicting VALID objects without a read
+  // lease, lowest pin level first, then least recently finished or looked up (at the tenant's
+  // quota only its own), or out_of_space with nothing changed.
+  absl::StatusOr<std::vector<std::optional<Grant>>> Reserve(const std::string& tenant,
+                                                            const std::string& epoch,
+                                                            const std::vector<ReserveItem>& items,
+                                                            std::int64_t now_ms);
+  absl::Status Finish(const std::string& tenant, const std::string& epoch,
+                      const std::vector<ReservationRef>& refs, std::int64_t now_ms);
+  // Drops the reservations; their space is free at once (the writer has stopped writing).
+  absl::Status Abort(const std::string& tenant, const std::string& epoch,
+                     const std::vector<ReservationRef>& refs, std::int64_t now_ms);
+  // VALID objects of the tenant; each hit takes a read lease until now + read_lease_ms.
+  absl::StatusOr<std::vector<std::optional<Hit>>> Lookup(const std::string& tenant,
+                                                         const std::string& epoch,
+                                                         const std::vector<ObjectKey>& keys,
+                                                         std::int64_t now_ms);
+  // Reclaims reservations older than reservation_ttl_ms. Returns how many.
+  absl::StatusOr<std::uint32_t> Expire(std::int64_t now_ms);
+  Stats stats() const;
+  // Namespace of a tenant's keys: "<tenant>/lmcache/<layout_id>" (the [[namespace]] name form).
+  std::string NamespaceOf(const std::string& tenant) const;
+  // The namespace's pin level (CoordinatorConfig::pins; 0 when not listed).
+  int PinOf(const std::string& tenant) const;
+
+ private:
+  struct Object {
+    std::string tenant;
+    ObjectKey key;
+    Layout layout;
+    Handle handle;
+    std::uint64_t alloc_bytes = 0;  // length rounded up to the alignment
+    bool writing = true;
+    std::string token;                // writing: the reservation's
+    std::int64_t expires_ms = 0;      // writing: reclaimed at this time
+    std::int64_t lease_until_ms = 0;  // valid: not evicted before this
+    std::uint64_t touched = 0;        // valid: order of the last finish or lookup (LRU)
+  };
+  // One change: objects put (new or changed) and removed, with the counters after it.
+  struct Change {
+    std::vector<std::pair<std::string, Object>> puts;
+    std::vector<std::string> dels;
+    std::uint64_t next_generation = 0, touch_seq = 0;
+  };
+  Coordinator(const CoordinatorConfig& c, std::uint64_t region_offset);
+  absl::Status CheckEpoch(const std::string& epoch) const;
+  // Journals the change (fdatasync), then applies it; on failure nothing changed. Compacts the
+  // journal into a new snapshot when it has grown past the objects' count.
+  absl::Status CommitLocked(const Change& ch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyLocked(const Change& ch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds the object to (or removes it from) the indexes and byte counts below.
+  void IndexLocked(const std::string& id, const Object& o, bool add)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadLocked(const std::string& snapshot, const std::string& journal,
+                          std::int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string SerializeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string JournalPath() const;
+  absl::Status CheckRefsLocked(const std::string& tenant, const std::vector<ReservationRef>& refs,
+                               std::int64_t now_ms, std::vector<std::string>* ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  CoordinatorConfig c_;
+  RegionInfo region_;
+  bool restored_ = false;
+  mutable absl::Mutex mu_;
+  // Free space: region-relative offset -> length, coalesced.
+  std::map<std::uint64_t, std::uint64_t> free_ ABSL_GUARDED_BY(mu_);
+  // Objects by namespace + "\x1f" + canonical key.
+  std::map<std::string, Object> objects_ ABSL_GUARDED_BY(mu_);
+  // VALID objects by (pin level, touched, id): eviction's order. WRITING objects: the reaper's.
+  std::set<std::tuple<int, std::uint64_t, std::string>> lru_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> writing_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  std::uint64_t touch_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  int journal_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  std::uint64_t journal_seq_ ABSL_GUARDED_BY(mu_) = 0;      // the last record written
+  std::uint64_t journal_records_ ABSL_GUARDED_BY(mu_) = 0;  // since the snapshot
+  std::uint64_t journal_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool journal_broken_ ABSL_GUARDED_BY(mu_) = false;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace cxlkv::coordinator
+
+#endif  // CXLKV_COORDINATOR_COORDINATOR_H_

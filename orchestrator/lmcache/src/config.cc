@@ -1,0 +1,194 @@
+// [lmcache] of domain.toml, and the tenants' token file.
+#include "cxlkv/coordinator/config.h"
+
+#include <sys/stat.h>
+
+#include <cctype>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "cxlkv/pool/toml_reader.h"
+
+namespace cxlkv::coordinator {
+namespace {
+
+bool ValidTenant(absl::string_view t) {
+  if (t.empty() || t.size() > 64) return false;
+  for (char ch : t) {
+    if (std::isalnum(static_cast<unsigned char>(ch)) == 0 && ch != '_' && ch != '.' && ch != '-') {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool ValidToken(absl::string_view t) {
+  if (t.size() < 16 || t.size() > 4096) return false;
+  for (char ch : t) {
+    if (ch <= ' ' || ch > '~') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(absl::string_view text,
+                                                         absl::string_view source_name) {
+  absl::StatusOr<toml::table> parsed = pool::ParseToml(text, source_name);
+  if (!parsed.ok()) return parsed.status();
+  CoordinatorConfig c;
+  const toml::node* section = parsed->get("lmcache");
+  if (section == nullptr) return c;
+  const pool::TomlReader p(source_name);
+  using H = pool::TomlReader::Handler;
+  auto str = [&p](std::string* out) {
+    return H([&p, out](const toml::node& v, const std::string& k) { return p.Str(v, k, out); });
+  };
+  auto u32 = [&p](std::uint32_t* out, std::int64_t lo, std::int64_t hi) {
+    return H([&p, out, lo, hi](const toml::node& v, const std::string& k) {
+      return p.U32(v, k, out, lo, hi);
+    });
+  };
+  auto size = [&p](std::uint64_t* out) {
+    return H([&p, out](const toml::node& v, const std::string& k) { return p.Size(v, k, out); });
+  };
+  // clang-format off
+  absl::Status st = p.Table(*section, "lmcache", {
+    {"listen", str(&c.listen)},
+    {"token_file", str(&c.token_file)},
+    {"region_id", str(&c.region_id)},
+    {"layout_id", str(&c.layout_id)},
+    {"region_size", size(&c.region_bytes)},
+    {"alignment", size(&c.alignment_bytes)},
+    {"reservation_ttl_ms", u32(&c.reservation_ttl_ms, 10, 86400000)},
+    {"read_lease_ms", u32(&c.read_lease_ms, 0, 86400000)},
+    {"max_batch", u32(&c.max_batch, 1, 1 << 20)},
+    {"threads", u32(&c.threads, 1, 256)},
+    {"state_file", str(&c.state_file)},
+    {"quotas", H([&](const toml::node& n, const std::string& k) {
+       const toml::table* t = n.as_table();
+       if (t == nullptr) return p.Error(n, k, "expected a table of tenant = size");
+       for (auto&& [tkey, v] : *t) {
+         const std::string tenant(tkey.str());
+         const std::string full = absl::StrCat(k, ".", tenant);
+         if (!ValidTenant(tenant)) {
+           return p.Error(v, full, "a tenant is 1-64 characters of [A-Za-z0-9_.-]");
+         }
+         std::uint64_t bytes = 0;
+         if (auto s = p.Size(v, full, &bytes); !s.ok()) return s;
+         c.quotas[tenant] = bytes;
+       }
+       return absl::OkStatus();
+     })},
+  });
+  // clang-format on
+  if (!st.ok()) return st;
+  auto missing = [&](absl::string_view key, absl::string_view example) {
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": key 'lmcache.", key,
+                                                   "' is required with [lmcache] (for example ",
+                                                   example, ")"));
+  };
+  if (c.listen.empty()) return missing("listen", "listen = \"127.0.0.1:9400\"");
+  if (c.listen.rfind(':') == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": key 'lmcache.listen': '",
+                                                   c.listen,
+                                                   "' is not HOST:PORT (\"127.0.0.1:9400\")"));
+  }
+  if (c.token_file.empty())
+    return missing("token_file", "token_file = \"/etc/cxlkv/lmcache.tokens\"");
+  if (c.layout_id.empty()) return missing("layout_id", "layout_id = \"llama3-70b-fp16-tp1\"");
+  if (c.region_bytes == 0) return missing("region_size", "region_size = \"8G\"");
+  if (c.alignment_bytes < 64 || (c.alignment_bytes & (c.alignment_bytes - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": key 'lmcache.alignment': ", c.alignment_bytes,
+                     " is not a power of two of at least 64 (LMCache's default is \"2M\")"));
+  }
+  return c;
+}
+
+absl::Status ResolveCoordinatorConfig(CoordinatorConfig* c, const std::string& domain_name,
+                                      const std::string& domain_state_file,
+                                      std::uint64_t extent_bytes) {
+  if (!c->enabled()) return absl::OkStatus();
+  if (c->region_bytes % extent_bytes != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lmcache.region_size: ", c->region_bytes,
+                     " bytes is not a multiple of domain.extent_size (", extent_bytes,
+                     "): the coordinator's region is whole extents at the pool's end"));
+  }
+  if (c->alignment_bytes > extent_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("lmcache.alignment: ", c->alignment_bytes,
+                                                   " is larger than domain.extent_size (",
+                                                   extent_bytes, ")"));
+  }
+  if (c->region_id.empty()) c->region_id = domain_name;
+  if (c->state_file.empty()) c->state_file = domain_state_file + ".lmcache";
+  return absl::OkStatus();
+}
+
+std::uint64_t HostPoolBytes(const CoordinatorConfig& c, std::uint64_t pool_bytes,
+                            std::uint64_t extent_bytes) {
+  if (!c.enabled()) return pool_bytes;
+  const std::uint64_t whole = pool_bytes / extent_bytes * extent_bytes;
+  return whole > c.region_bytes ? whole - c.region_bytes : 0;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::string& path) {
+  struct stat sb {};
+  if (::stat(path.c_str(), &sb) != 0) {
+    return absl::NotFoundError(absl::StrCat("lmcache.token_file ", path,
+                                            ": cannot be read (create it, mode 600: one token, or "
+                                            "lines \"TENANT TOKEN\")"));
+  }
+  if ((sb.st_mode & 077) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("lmcache.token_file ", path, ": readable by others (mode ",
+                     absl::StrCat(absl::Hex(sb.st_mode & 0777)), "); chmod 600 ", path));
+  }
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("lmcache.token_file ", path, ": cannot open"));
+  std::map<std::string, std::string> tokens;
+  std::string line;
+  int n = 0;
+  std::vector<std::string> bare;
+  while (std::getline(in, line)) {
+    ++n;
+    absl::string_view l = absl::StripAsciiWhitespace(line);
+    if (l.empty() || l.front() == '#') continue;
+    std::vector<absl::string_view> f = absl::StrSplit(l, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    auto bad = [&](absl::string_view what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lmcache.token_file ", path, ":", n, ": ", what,
+                       " (one bare token, or lines \"TENANT TOKEN\")"));
+    };
+    std::string tenant = "default", token;
+    if (f.size() == 1) {
+      token = std::string(f[0]);
+      bare.push_back(token);
+    } else if (f.size() == 2) {
+      tenant = std::string(f[0]);
+      token = std::string(f[1]);
+      if (!ValidTenant(tenant)) return bad("a tenant is 1-64 characters of [A-Za-z0-9_.-]");
+    } else {
+      return bad("expected TENANT TOKEN");
+    }
+    if (!ValidToken(token)) return bad("a token is 16-4096 printable ASCII characters, no spaces");
+    if (!tokens.emplace(token, tenant).second) return bad("this token is already listed");
+  }
+  if (tokens.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lmcache.token_file ", path, ": no token (one bare token, or lines \"TENANT TOKEN\")"));
+  }
+  if (!bare.empty() && tokens.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lmcache.token_file ", path,
+                     ": a bare token is only allowed alone; name its tenant (\"default TOKEN\")"));
+  }
+  return tokens;
+}
+
+}  // namespace cxlkv::coordinator

@@ -1,0 +1,825 @@
+// LMCache's memory coordinator over a region of the pool: the logic and the state file.
+#include "cxlkv/coordinator/coordinator.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "cxlkv/coherence/crc32c.h"
+#include "cxlkv/pool/region.h"
+#include "nlohmann/json.hpp"
+
+namespace cxlkv::coordinator {
+namespace {
+
+using json = nlohmann::json;
+
+std::string RandomHex128() {
+  std::random_device rd;
+  std::string s;
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 4; ++i) {
+    std::uint32_t w = rd();
+    for (int j = 0; j < 8; ++j) {
+      s.push_back(kHex[w & 0xF]);
+      w >>= 4;
+    }
+  }
+  return s;
+}
+
+// The canonical form of a key inside a namespace (fields joined by a byte no field holds).
+std::string Canonical(const std::string& ns, const ObjectKey& k) {
+  return absl::StrCat(ns, "\x1f", k.chunk_hash_hex, "\x1f", k.model_name, "\x1f", k.kv_rank, "\x1f",
+                      k.object_group_id, "\x1f", k.cache_salt);
+}
+
+json KeyJson(const ObjectKey& k) {
+  return json{{"chunk_hash_hex", k.chunk_hash_hex},
+              {"model_name", k.model_name},
+              {"kv_rank", k.kv_rank},
+              {"object_group_id", k.object_group_id},
+              {"cache_salt", k.cache_salt}};
+}
+
+ObjectKey KeyFrom(const json& j) {
+  ObjectKey k;
+  k.chunk_hash_hex = j.at("chunk_hash_hex").get<std::string>();
+  k.model_name = j.at("model_name").get<std::string>();
+  k.kv_rank = j.at("kv_rank").get<std::int64_t>();
+  k.object_group_id = j.at("object_group_id").get<std::int64_t>();
+  k.cache_salt = j.at("cache_salt").get<std::string>();
+  return k;
+}
+
+bool TakeFrom(std::map<std::uint64_t, std::uint64_t>* free, std::uint64_t bytes,
+              std::uint64_t* offset) {
+  for (auto it = free->begin(); it != free->end(); ++it) {
+    if (it->second < bytes) continue;
+    *offset = it->first;
+    const std::uint64_t rest = it->second - bytes;
+    const std::uint64_t at = it->first + bytes;
+    free->erase(it);
+    if (rest > 0) free->emplace(at, rest);
+    return true;
+  }
+  return false;
+}
+
+void GiveBack(std::map<std::uint64_t, std::uint64_t>* free, std::uint64_t offset,
+              std::uint64_t bytes) {
+  auto [it, inserted] = free->emplace(offset, bytes);
+  (void)inserted;
+  auto next = std::next(it);
+  if (next != free->end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    free->erase(next);
+  }
+  if (it != free->begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      free->erase(it);
+    }
+  }
+}
+
+absl::Status StaleEpoch() {
+  return absl::FailedPreconditionError(
+      "stale_epoch: request epoch does not match the coordinator region epoch (GET /v1/region)");
+}
+
+}  // namespace
+
+std::uint32_t DtypeBytes(const std::string& name) {
+  static const std::map<std::string, std::uint32_t> kBytes = {
+      {"bool", 1},        {"uint8", 1},   {"int8", 1},    {"float8_e4m3fn", 1},
+      {"float8_e5m2", 1}, {"int16", 2},   {"float16", 2}, {"bfloat16", 2},
+      {"int32", 4},       {"float32", 4}, {"int64", 8},   {"float64", 8}};
+  auto it = kBytes.find(name);
+  return it == kBytes.end() ? 0 : it->second;
+}
+
+absl::StatusOr<std::uint64_t> LayoutBytes(const Layout& l) {
+  if (l.shapes.size() != l.dtypes.size()) {
+    return absl::InvalidArgumentError("layout: shapes and dtypes must align");
+  }
+  unsigned __int128 total = 0;
+  for (std::size_t i = 0; i < l.shapes.size(); ++i) {
+    const std::uint32_t b = DtypeBytes(l.dtypes[i]);
+    if (b == 0)
+      return absl::InvalidArgumentError(absl::StrCat("unknown wire dtype '", l.dtypes[i], "'"));
+    unsigned __int128 n = b;
+    for (std::int64_t d : l.shapes[i]) {
+      if (d < 0) return absl::InvalidArgumentError("layout: dimensions must be non-negative");
+      n *= static_cast<std::uint64_t>(d);
+      if (n > (static_cast<unsigned __int128>(1) << 62)) {
+        return absl::InvalidArgumentError("layout: size overflows");
+      }
+    }
+    total += n;
+    if (total > (static_cast<unsigned __int128>(1) << 62)) {
+      return absl::InvalidArgumentError("layout: size overflows");
+    }
+  }
+  return static_cast<std::uint64_t>(total);
+}
+
+absl::Status CheckKey(const ObjectKey& k) {
+  const std::string& h = k.chunk_hash_hex;
+  bool ok = h.size() % 2 == 0;
+  for (char ch : h) ok = ok && ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'));
+  if (!ok) {
+    return absl::InvalidArgumentError(
+        "encoded object key must use its canonical representation (chunk_hash_hex: lower-case "
+        "hex of even length)");
+  }
+  return absl::OkStatus();
+}
+
+Coordinator::Coordinator(const CoordinatorConfig& c, std::uint64_t region_offset) : c_(c) {
+  region_.region_id = c.region_id;
+  region_.layout_id = c.layout_id;
+  region_.region_offset = region_offset;
+  region_.capacity_bytes = c.region_bytes;
+  region_.alignment_bytes = c.alignment_bytes;
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const CoordinatorConfig& c,
+                                                               std::uint64_t region_offset,
+                                                               std::int64_t now_ms) {
+  std::unique_ptr<Coordinator> co(new Coordinator(c, region_offset));
+  absl::MutexLock l(&co->mu_);
+  co->free_.emplace(0, c.region_bytes);
+  std::ifstream in(c.state_file, std::ios::binary);
+  if (in) {
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string journal;
+    std::ifstream jin(co->JournalPath(), std::ios::binary);
+    if (jin) {
+      std::stringstream js;
+      js << jin.rdbuf();
+      journal = js.str();
+    }
+    if (auto st = co->LoadLocked(ss.str(), journal, now_ms); !st.ok()) return st;
+    co->restored_ = true;
+  } else if (errno != ENOENT) {
+    return absl::PermissionDeniedError(absl::StrCat("lmcache.state_file ", c.state_file,
+                                                    ": cannot read: ", pool::ErrnoText(errno)));
+  } else {
+    co->region_.region_epoch = RandomHex128();
+  }
+  // A fresh snapshot and an empty journal (a restart compacts what it replayed).
+  if (auto st = co->CompactLocked(); !st.ok()) return st;
+  return co;
+}
+
+std::string Coordinator::NamespaceOf(const std::string& tenant) const {
+  return absl::StrCat(tenant, "/lmcache/", c_.layout_id);
+}
+
+int Coordinator::PinOf(const std::string& tenant) const {
+  auto it = c_.pins.find(NamespaceOf(tenant));
+  return it == c_.pins.end() ? 0 : it->second;
+}
+
+absl::Status Coordinator::CheckEpoch(const std::string& epoch) const {
+  if (epoch != region_.region_epoch) return StaleEpoch();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
+    const std::string& tenant, const std::string& epoch, const std::vector<ReserveItem>& items,
+    std::int64_t now_ms) {
+  if (auto st = CheckEpoch(epoch); !st.ok()) return st;
+  const std::string ns = NamespaceOf(tenant);
+  std::vector<std::string> ids;
+  std::vector<std::uint64_t> lengths;
+  std::set<std::string> seen;
+  for (const ReserveItem& it : items) {
+    if (auto st = CheckKey(it.key); !st.ok()) return st;
+    auto len = LayoutBytes(it.layout);
+    if (!len.ok()) return len.status();
+    if (*len == 0) return absl::InvalidArgumentError("write layouts must describe a positive size");
+    ids.push_back(Canonical(ns, it.key));
+    if (!seen.insert(ids.back()).second) {
+      return absl::InvalidArgumentError("a write batch must not contain duplicate keys");
+    }
+    lengths.push_back(*len);
+  }
+  const std::uint64_t align = c_.alignment_bytes;
+  absl::MutexLock l(&mu_);
+  std::uint64_t total = 0;
+  std::vector<bool> wanted(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    wanted[i] = objects_.find(ids[i]) == objects_.end();
+    if (wanted[i]) total += (lengths[i] + align - 1) / align * align;
+  }
+  auto refuse = [&](const std::string& why) {
+    ++stats_.out_of_space;
+    return absl::ResourceExhaustedError(absl::StrCat("out_of_space: ", why));
+  };
+  if (total > c_.region_bytes) {
+    return refuse(absl::StrCat("write batch of ", total,
+                               " bytes does not fit in the shared region (", c_.region_bytes,
+                               " bytes)"));
+  }
+  auto quota_it = c_.quotas.find(tenant);
+  const bool has_quota = quota_it != c_.quotas.end();
+  std::uint64_t tenant_used = stats_.tenant_used_bytes[tenant];
+  if (has_quota && total > quota_it->second) {
+    return refuse(absl::StrCat("write batch of ", total, " bytes is larger than tenant '", tenant,
+                               "''s quota (", quota_it->second, " bytes)"));
+  }
+  // Eviction candidates: VALID objects, lowest pin level first, then least recently used
+  // (lru_), skipping those
+  // under a read lease; walked only as far as the batch needs.
+  std::vector<const std::string*> cands;
+  auto lru_it = lru_.begin();
+  auto more = [&] {
+    for (; lru_it != lru_.end(); ++lru_it) {
+      const Object& o = objects_.at(std::get<2>(*lru_it));
+      if (o.lease_until_ms <= now_ms) {
+        cands.push_back(&std::get<2>(*lru_it));
+        ++lru_it;
+        return true;
+      }
+    }
+    return false;
+  };
+  std::vector<const std::string*> evict;
+  std::vector<bool> used;
+  std::map<std::uint64_t, std::uint64_t> free = free_;
+  std::uint64_t free_bytes = c_.region_bytes - used_bytes_;
+  auto evict_one = [&](std::size_t ci) {
+    const Object& o = objects_.at(*cands[ci]);
+    used[ci] = true;
+    evict.push_back(cands[ci]);
+    GiveBack(&free, o.handle.offset, o.alloc_bytes);
+    free_bytes += o.alloc_bytes;
+    if (o.tenant == tenant) tenant_used -= o.alloc_bytes;
+  };
+  auto candidate = [&](std::size_t ci) {
+    while (ci >= cands.size()) {
+      if (!more()) return false;
+      used.push_back(false);
+    }
+    return true;
+  };
+  // At the quota: only the tenant's own objects make room.
+  if (has_quota && tenant_used + total > quota_it->second) {
+    for (std::size_t ci = 0; tenant_used + total > quota_it->second && candidate(ci); ++ci) {
+      if (objects_.at(*cands[ci]).tenant == tenant) evict_one(ci);
+    }
+    if (tenant_used + total > quota_it->second) {
+      return refuse(absl::StrCat("tenant '", tenant, "' is at its quota (", quota_it->second,
+                                 " bytes, ", tenant_used, " in use or leased)"));
+    }
+  }
+  // Then space: the domain's policy over every tenant's (a quota'd tenant: its own only).
+  std::vector<std::uint64_t> offsets(items.size(), 0);
+  std::size_t next = 0;
+  while (true) {
+    if (free_bytes >= total) {
+      std::map<std::uint64_t, std::uint64_t> trial = free;
+      bool fits = true;
+      for (std::size_t i = 0; i < items.size() && fits; ++i) {
+        if (!wanted[i]) continue;
+        fits = TakeFrom(&trial, (lengths[i] + align - 1) / align * align, &offsets[i]);
+      }
+      if (fits) {
+        free = std::move(trial);
+        break;
+      }
+    }
+    while (candidate(next) &&
+           (used[next] || (has_quota && objects_.at(*cands[next]).tenant != tenant))) {
+      ++next;
+    }
+    if (!candidate(next)) {
+      return refuse(absl::StrCat("write batch of ", total,
+                                 " bytes does not fit: the rest of the region is written, "
+                                 "being written or read-leased"));
+    }
+    evict_one(next);
+  }
+  // The change, journaled before it is applied: a failed write changes nothing.
+  Change ch;
+  for (const std::string* id : evict) ch.dels.push_back(*id);
+  std::uint64_t gen = next_generation_;
+  std::vector<std::optional<Grant>> grants(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (!wanted[i]) continue;
+    Object o;
+    o.tenant = tenant;
+    o.key = items[i].key;
+    o.layout = items[i].layout;
+    o.handle = {offsets[i], lengths[i], gen++};
+    o.alloc_bytes = (lengths[i] + align - 1) / align * align;
+    o.writing = true;
+    o.token = RandomHex128();
+    o.expires_ms = now_ms + c_.reservation_ttl_ms;
+    grants[i] = Grant{o.key, o.token, o.handle, o.layout};
+    ch.puts.emplace_back(ids[i], std::move(o));
+  }
+  ch.next_generation = gen;
+  ch.touch_seq = touch_seq_;
+  for (const std::string& id : ch.dels) {
+    ++stats_.evicted;
+    stats_.evicted_bytes += objects_.at(id).handle.length;
+  }
+  if (auto st = CommitLocked(ch); !st.ok()) {
+    stats_.evicted -= ch.dels.size();
+    return st;
+  }
+  stats_.reserved += ch.puts.size();
+  return grants;
+}
+
+absl::Status Coordinator::CheckRefsLocked(const std::string& tenant,
+                                          const std::vector<ReservationRef>& refs,
+                                          std::int64_t now_ms, std::vector<std::string>* ids) {
+  const std::string ns = NamespaceOf(tenant);
+  std::set<std::string> tokens;
+  for (const ReservationRef& r : refs) {
+    if (auto st = CheckKey(r.key); !st.ok()) return st;
+    if (!tokens.insert(r.token).second) {
+      return absl::AbortedError("invalid_reservation: duplicate write reservation");
+    }
+    std::string id = Canonical(ns, r.key);
+    auto it = objects_.find(id);
+    if (it == objects_.end() || !it->second.writing || it->second.token != r.token) {
+      return absl::AbortedError("invalid_reservation: reservation does not own the write");
+    }
+    if (it->second.expires_ms <= now_ms) {
+      return absl::AbortedError(absl::StrCat(
+          "invalid_reservation: the reservation expired (lmcache.reservation_ttl_ms = ",
+          c_.reservation_ttl_ms, "); its space is reclaimed"));
+    }
+    ids->push_back(std::move(id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Finish(const std::string& tenant, const std::string& epoch,
+                                 const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
+  if (auto st = CheckEpoch(epoch); !st.ok()) return st;
+  absl::MutexLock l(&mu_);
+  std::vector<std::string> ids;
+  if (auto st = CheckRefsLocked(tenant, refs, now_ms, &ids); !st.ok()) return st;
+  Change ch;
+  ch.touch_seq = touch_seq_;
+  for (const std::string& id : ids) {
+    Object o = objects_.at(id);
+    o.writing = false;
+    o.token.clear();
+    o.touched = ++ch.touch_seq;
+    o.lease_until_ms = 0;
+    ch.puts.emplace_back(id, std::move(o));
+  }
+  ch.next_generation = next_generation_;
+  if (auto st = CommitLocked(ch); !st.ok()) return st;
+  stats_.finished += ids.size();
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::Abort(const std::string& tenant, const std::string& epoch,
+                                const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
+  if (auto st = CheckEpoch(epoch); !st.ok()) return st;
+  absl::MutexLock l(&mu_);
+  std::vector<std::string> ids;
+  if (auto st = CheckRefsLocked(tenant, refs, now_ms, &ids); !st.ok()) return st;
+  Change ch;
+  ch.dels = std::move(ids);
+  ch.next_generation = next_generation_;
+  ch.touch_seq = touch_seq_;
+  if (auto st = CommitLocked(ch); !st.ok()) return st;
+  stats_.aborted += ch.dels.size();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::Lookup(
+    const std::string& tenant, const std::string& epoch, const std::vector<ObjectKey>& keys,
+    std::int64_t now_ms) {
+  if (auto st = CheckEpoch(epoch); !st.ok()) return st;
+  const std::string ns = NamespaceOf(tenant);
+  std::vector<std::string> ids;
+  std::set<std::string> seen;
+  for (const ObjectKey& k : keys) {
+    if (auto st = CheckKey(k); !st.ok()) return st;
+    ids.push_back(Canonical(ns, k));
+    if (!seen.insert(ids.back()).second) {
+      return absl::InvalidArgumentError("a lookup batch must not contain duplicate keys");
+    }
+  }
+  absl::MutexLock l(&mu_);
+  std::vector<std::optional<Hit>> hits(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    auto it = objects_.find(ids[i]);
+    if (it == objects_.end() || it->second.writing) continue;
+    Object& o = it->second;
+    // The read lease: the reader copies after this reply; eviction waits for it. Soft state:
+    // a restart grants every object a fresh one (Open).
+    o.lease_until_ms = std::max(o.lease_until_ms, now_ms + c_.read_lease_ms);
+    const int pin = PinOf(o.tenant);
+    lru_.erase({pin, o.touched, it->first});
+    o.touched = ++touch_seq_;
+    lru_.emplace(pin, o.touched, it->first);
+    hits[i] = Hit{o.key, o.handle, o.layout};
+  }
+  return hits;
+}
+
+absl::StatusOr<std::uint32_t> Coordinator::Expire(std::int64_t now_ms) {
+  absl::MutexLock l(&mu_);
+  std::vector<std::string> gone;
+  for (const std::string& id : writing_) {
+    if (objects_.at(id).expires_ms <= now_ms) gone.push_back(id);
+  }
+  if (gone.empty()) return 0u;
+  Change ch;
+  ch.dels = std::move(gone);
+  ch.next_generation = next_generation_;
+  ch.touch_seq = touch_seq_;
+  if (auto st = CommitLocked(ch); !st.ok()) return st;
+  stats_.expired += ch.dels.size();
+  return static_cast<std::uint32_t>(ch.dels.size());
+}
+
+Stats Coordinator::stats() const {
+  absl::MutexLock l(&mu_);
+  Stats s = stats_;
+  s.used_bytes = used_bytes_;
+  s.object_count = objects_.size();
+  s.writing = writing_.size();
+  return s;
+}
+
+// ---- the state file -------------------------------------------------------------------------
+// A snapshot (state_file: one JSON document, then "crc32c <hex>") and a journal beside it
+// (state_file + ".journal": one line per change, "<JSON>\t<crc32c hex>", fdatasync'd before the
+// reply). The snapshot names the last journal record it includes, so a crash between writing a
+// new snapshot and emptying the journal replays nothing twice. A torn last journal line is a
+// change whose reply was never sent: dropped. Anything else that does not check stops Open.
+
+namespace {
+
+json ObjectJson(const std::string& tenant, const ObjectKey& key, const Layout& layout,
+                const Handle& h, std::uint64_t alloc_bytes, bool writing, const std::string& token,
+                std::uint64_t touched) {
+  return json{{"tenant", tenant},           {"key", KeyJson(key)},
+              {"shapes", layout.shapes},    {"dtypes", layout.dtypes},
+              {"offset", h.offset},         {"length", h.length},
+              {"generation", h.generation}, {"alloc_bytes", alloc_bytes},
+              {"writing", writing},         {"token", token},
+              {"touched", touched}};
+}
+
+// Takes [rel, rel + bytes) out of the free map; false if any of it is not free.
+bool Carve(std::map<std::uint64_t, std::uint64_t>* free, std::uint64_t rel, std::uint64_t bytes) {
+  auto it = free->upper_bound(rel);
+  if (it == free->begin()) return false;
+  --it;
+  if (it->first + it->second < rel + bytes) return false;
+  const std::uint64_t a = it->first, len = it->second;
+  free->erase(it);
+  if (rel > a) free->emplace(a, rel - a);
+  if (a + len > rel + bytes) free->emplace(rel + bytes, a + len - rel - bytes);
+  return true;
+}
+
+absl::Status WriteAll(int fd, const std::string& text) {
+  std::size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(pool::ErrnoText(errno));
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncDirOf(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0 || ::fsync(dfd) != 0) {
+    const int err = errno;
+    if (dfd >= 0) ::close(dfd);
+    return absl::InternalError(absl::StrCat("lmcache.state_file: cannot sync the directory ", dir,
+                                            ": ", pool::ErrnoText(err),
+                                            " (put it on a local file system)"));
+  }
+  ::close(dfd);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Coordinator::~Coordinator() {
+  if (journal_fd_ >= 0) ::close(journal_fd_);
+}
+
+std::string Coordinator::JournalPath() const { return c_.state_file + ".journal"; }
+
+void Coordinator::IndexLocked(const std::string& id, const Object& o, bool add) {
+  if (add) {
+    used_bytes_ += o.alloc_bytes;
+    stats_.tenant_used_bytes[o.tenant] += o.alloc_bytes;
+    if (o.writing) {
+      writing_.insert(id);
+    } else {
+      lru_.emplace(PinOf(o.tenant), o.touched, id);
+    }
+  } else {
+    used_bytes_ -= o.alloc_bytes;
+    stats_.tenant_used_bytes[o.tenant] -= o.alloc_bytes;
+    writing_.erase(id);
+    lru_.erase({PinOf(o.tenant), o.touched, id});
+  }
+}
+
+absl::Status Coordinator::ApplyLocked(const Change& ch) {
+  for (const std::string& id : ch.dels) {
+    auto it = objects_.find(id);
+    if (it == objects_.end()) continue;
+    GiveBack(&free_, it->second.handle.offset, it->second.alloc_bytes);
+    IndexLocked(id, it->second, false);
+    objects_.erase(it);
+  }
+  for (const auto& [id, o] : ch.puts) {
+    auto it = objects_.find(id);
+    if (it != objects_.end()) {
+      IndexLocked(id, it->second, false);
+      if (it->second.handle.offset == o.handle.offset && it->second.alloc_bytes == o.alloc_bytes) {
+        it->second = o;  // the same object, changed (finished)
+        IndexLocked(id, o, true);
+        continue;
+      }
+      GiveBack(&free_, it->second.handle.offset, it->second.alloc_bytes);
+      objects_.erase(it);
+    }
+    if (o.handle.offset + o.alloc_bytes > c_.region_bytes || o.alloc_bytes < o.handle.length ||
+        !Carve(&free_, o.handle.offset, o.alloc_bytes)) {
+      return absl::DataLossError(absl::StrCat("object at ", o.handle.offset, " (", o.alloc_bytes,
+                                              " bytes) overlaps another or leaves the region"));
+    }
+    IndexLocked(id, o, true);
+    objects_.emplace(id, o);
+  }
+  next_generation_ = std::max(next_generation_, ch.next_generation);
+  touch_seq_ = std::max(touch_seq_, ch.touch_seq);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::CommitLocked(const Change& ch) {
+  json puts = json::array();
+  for (const auto& [id, o] : ch.puts) {
+    json j = ObjectJson(o.tenant, o.key, o.layout, o.handle, o.alloc_bytes, o.writing, o.token,
+                        o.touched);
+    j["id"] = id;
+    puts.push_back(std::move(j));
+  }
+  const json rec{{"seq", journal_seq_ + 1},
+                 {"puts", puts},
+                 {"dels", ch.dels},
+                 {"next_generation", ch.next_generation},
+                 {"touch_seq", ch.touch_seq}};
+  const std::string body = rec.dump();
+  const std::string line = absl::StrCat(
+      body, "\t", absl::Hex(coherence::Crc32c(body.data(), body.size()), absl::kZeroPad8), "\n");
+  absl::Status st = WriteAll(journal_fd_, line);
+  if (st.ok() && ::fdatasync(journal_fd_) != 0) st = absl::InternalError(pool::ErrnoText(errno));
+  if (!st.ok()) {
+    // Nothing is applied; a partial line is cut off so the next record starts clean.
+    if (::ftruncate(journal_fd_, static_cast<off_t>(journal_bytes_)) != 0) {
+      journal_broken_ = true;
+    }
+    return absl::InternalError(
+        absl::StrCat("lmcache.state_file: cannot append to ", JournalPath(), ": ", st.message()));
+  }
+  journal_bytes_ += line.size();
+  ++journal_seq_;
+  ++journal_records_;
+  if (auto ast = ApplyLocked(ch); !ast.ok()) {
+    // A live change that does not fit the free map is a bug, not bad input.
+    std::fprintf(stderr, "cxlkv-orchestrator: lmcache: BUG: %s\n",
+                 std::string(ast.message()).c_str());
+    std::abort();
+  }
+  if (journal_records_ >= std::max<std::uint64_t>(1024, 2 * objects_.size())) {
+    if (auto cst = CompactLocked(); !cst.ok()) {
+      std::fprintf(stderr,
+                   "cxlkv-orchestrator: lmcache: compaction failed (the journal keeps "
+                   "every change; retried later): %s\n",
+                   std::string(cst.message()).c_str());
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Coordinator::SerializeLocked() const {
+  json objs = json::array();
+  for (const auto& [id, o] : objects_) {
+    objs.push_back(ObjectJson(o.tenant, o.key, o.layout, o.handle, o.alloc_bytes, o.writing,
+                              o.token, o.touched));
+  }
+  json doc{{"format", "cxlkv-lmcache-coordinator"},
+           {"version", 1},
+           {"region_id", region_.region_id},
+           {"layout_id", region_.layout_id},
+           {"region_offset", region_.region_offset},
+           {"capacity_bytes", region_.capacity_bytes},
+           {"alignment_bytes", region_.alignment_bytes},
+           {"region_epoch", region_.region_epoch},
+           {"next_generation", next_generation_},
+           {"touch_seq", touch_seq_},
+           {"journal_seq", journal_seq_},
+           {"objects", objs}};
+  std::string text = doc.dump();
+  const std::uint32_t crc = coherence::Crc32c(text.data(), text.size());
+  absl::StrAppend(&text, "\ncrc32c ", absl::Hex(crc, absl::kZeroPad8), "\n");
+  return text;
+}
+
+absl::Status Coordinator::LoadLocked(const std::string& text, const std::string& journal,
+                                     std::int64_t now_ms) {
+  const std::string& path = c_.state_file;
+  auto loss = [&](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat(
+        "lmcache.state_file ", path, ": ", what,
+        "; the coordinator will not start on it (nothing is discarded). Stop every LMCache "
+        "server mapping the region, then move the file and its .journal away to reset the "
+        "region"));
+  };
+  const std::size_t nl = text.rfind("\ncrc32c ");
+  if (nl == std::string::npos) return loss("no crc32c line (torn or not a coordinator state file)");
+  const std::string body = text.substr(0, nl);
+  const std::string want = absl::StrCat(
+      "crc32c ", absl::Hex(coherence::Crc32c(body.data(), body.size()), absl::kZeroPad8), "\n");
+  if (text.substr(nl + 1) != want) return loss("crc32c mismatch");
+  json doc = json::parse(body, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) return loss("not JSON");
+  auto object_of = [](const json& j) {
+    Object o;
+    o.tenant = j.at("tenant").get<std::string>();
+    o.key = KeyFrom(j.at("key"));
+    o.layout.shapes = j.at("shapes").get<std::vector<std::vector<std::int64_t>>>();
+    o.layout.dtypes = j.at("dtypes").get<std::vector<std::string>>();
+    o.handle = {j.at("offset").get<std::uint64_t>(), j.at("length").get<std::uint64_t>(),
+                j.at("generation").get<std::uint64_t>()};
+    o.alloc_bytes = j.at("alloc_bytes").get<std::uint64_t>();
+    o.writing = j.at("writing").get<bool>();
+    o.token = j.at("token").get<std::string>();
+    o.touched = j.at("touched").get<std::uint64_t>();
+    return o;
+  };
+  try {
+    if (doc.at("format") != "cxlkv-lmcache-coordinator" || doc.at("version") != 1) {
+      return loss("unknown format or version");
+    }
+    auto mismatch = [&](absl::string_view key, const std::string& was, const std::string& is) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "lmcache.state_file ", path, " describes another region: ", key, " was ", was,
+          ", the configuration says ", is,
+          ". Put the old value back, or, to start the region afresh (every LMCache server "
+          "re-validates), stop every LMCache server mapping it and move the file away"));
+    };
+    const auto u = [&](const char* k) { return doc.at(k).get<std::uint64_t>(); };
+    if (doc.at("region_id") != region_.region_id) {
+      return mismatch("region_id", doc.at("region_id").get<std::string>(), region_.region_id);
+    }
+    if (doc.at("layout_id") != region_.layout_id) {
+      return mismatch("layout_id", doc.at("layout_id").get<std::string>(), region_.layout_id);
+    }
+    if (u("region_offset") != region_.region_offset) {
+      return mismatch("region_offset", absl::StrCat(u("region_offset")),
+                      absl::StrCat(region_.region_offset));
+    }
+    if (u("capacity_bytes") != region_.capacity_bytes) {
+      return mismatch("region_size", absl::StrCat(u("capacity_bytes")),
+                      absl::StrCat(region_.capacity_bytes));
+    }
+    if (u("alignment_bytes") != region_.alignment_bytes) {
+      return mismatch("alignment", absl::StrCat(u("alignment_bytes")),
+                      absl::StrCat(region_.alignment_bytes));
+    }
+    region_.region_epoch = doc.at("region_epoch").get<std::string>();
+    journal_seq_ = u("journal_seq");
+    Change snap;
+    snap.next_generation = u("next_generation");
+    snap.touch_seq = u("touch_seq");
+    for (const json& j : doc.at("objects")) {
+      Object o = object_of(j);
+      std::string id = Canonical(NamespaceOf(o.tenant), o.key);
+      snap.puts.emplace_back(std::move(id), std::move(o));
+    }
+    if (auto st = ApplyLocked(snap); !st.ok()) return loss(st.message());
+    if (objects_.size() != snap.puts.size()) return loss("a key listed twice");
+    // The journal: records after the snapshot's, in order.
+    std::size_t pos = 0;
+    int line_no = 0;
+    while (pos < journal.size()) {
+      ++line_no;
+      const std::size_t end = journal.find('\n', pos);
+      const bool last = end == std::string::npos || end + 1 == journal.size();
+      const std::string line =
+          journal.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+      pos = end == std::string::npos ? journal.size() : end + 1;
+      const std::size_t tab = line.rfind('\t');
+      const bool intact =
+          end != std::string::npos && tab != std::string::npos &&
+          line.substr(tab + 1) ==
+              absl::StrCat(absl::Hex(coherence::Crc32c(line.data(), tab), absl::kZeroPad8));
+      if (!intact) {
+        if (last) break;  // torn by a crash mid-append: its reply was never sent
+        return loss(absl::StrCat(JournalPath(), ":", line_no, ": a damaged record"));
+      }
+      const json rec = json::parse(line.substr(0, tab), nullptr, false);
+      if (rec.is_discarded()) return loss(absl::StrCat(JournalPath(), ":", line_no, ": not JSON"));
+      const std::uint64_t seq = rec.at("seq").get<std::uint64_t>();
+      if (seq <= journal_seq_) continue;  // already in the snapshot
+      if (seq != journal_seq_ + 1) {
+        return loss(
+            absl::StrCat(JournalPath(), ":", line_no, ": record ", seq, " after ", journal_seq_));
+      }
+      Change ch;
+      for (const json& j : rec.at("puts"))
+        ch.puts.emplace_back(j.at("id").get<std::string>(), object_of(j));
+      ch.dels = rec.at("dels").get<std::vector<std::string>>();
+      ch.next_generation = rec.at("next_generation").get<std::uint64_t>();
+      ch.touch_seq = rec.at("touch_seq").get<std::uint64_t>();
+      if (auto st = ApplyLocked(ch); !st.ok()) {
+        return loss(absl::StrCat(JournalPath(), ":", line_no, ": ", st.message()));
+      }
+      journal_seq_ = seq;
+    }
+  } catch (const json::exception& e) {
+    return loss(absl::StrCat("malformed: ", e.what()));
+  }
+  for (auto& [id, o] : objects_) {
+    if (o.handle.generation >= next_generation_) {
+      return loss("an object with a generation not yet handed out");
+    }
+    // Timers restart at now: conservative (a writer may still be writing, a reader reading).
+    o.expires_ms = now_ms + c_.reservation_ttl_ms;
+    o.lease_until_ms = now_ms + c_.read_lease_ms;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::CompactLocked() {
+  if (journal_broken_) {
+    return absl::InternalError(absl::StrCat(JournalPath(),
+                                            " could not be cut after a failed "
+                                            "append; restart the orchestrator"));
+  }
+  const std::string text = SerializeLocked();
+  const std::string& path = c_.state_file;
+  const std::string tmp = path + ".tmp";
+  auto fail = [&](const char* what, int err) {
+    return absl::InternalError(
+        absl::StrCat("lmcache.state_file: ", what, " ", tmp, ": ", pool::ErrnoText(err)));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return fail("cannot create", errno);
+  if (auto st = WriteAll(fd, text); !st.ok()) {
+    ::close(fd);
+    return absl::InternalError(
+        absl::StrCat("lmcache.state_file: cannot write ", tmp, ": ", st.message()));
+  }
+  if (::fdatasync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return fail("cannot sync", err);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("cannot rename", errno);
+  if (auto st = SyncDirOf(path); !st.ok()) return st;
+  // The snapshot holds every record: the journal starts empty.
+  const std::string jp = JournalPath();
+  if (journal_fd_ < 0) {
+    journal_fd_ = ::open(jp.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (journal_fd_ < 0) return fail("cannot open the journal beside", errno);
+  }
+  if (::ftruncate(journal_fd_, 0) != 0 || ::fdatasync(journal_fd_) != 0) {
+    return fail("cannot empty the journal beside", errno);
+  }
+  if (auto st = SyncDirOf(jp); !st.ok()) return st;
+  journal_bytes_ = 0;
+  journal_records_ = 0;
+  return absl::OkStatus();
+}
+
+}  // namespace cxlkv::coordinator

@@ -1,0 +1,443 @@
+// LMCache's coordinator wire (docs/lmcache.md "The coordinator") over civetweb.
+#include "cxlkv/coordinator/service.h"
+
+#include <civetweb.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace cxlkv::coordinator {
+namespace {
+
+using json = nlohmann::json;
+constexpr long long kMaxBodyBytes = 64ll << 20;
+
+// A request that breaks the wire's rules: 422 with `detail`.
+struct Reject {
+  std::string detail;
+};
+
+// Strict reading of a JSON object: every field known, each of its type.
+class Fields {
+ public:
+  Fields(const json& j, std::string where, const std::set<std::string>& known)
+      : j_(j), where_(std::move(where)) {
+    if (!j.is_object()) throw Reject{absl::StrCat(where_, ": expected an object")};
+    for (const auto& [k, v] : j.items()) {
+      if (known.count(k) == 0) {
+        throw Reject{
+            absl::StrCat(where_, ": unknown field '", k, "' (extra fields are forbidden)")};
+      }
+    }
+  }
+  const json* Get(const std::string& k, bool required) const {
+    auto it = j_.find(k);
+    if (it == j_.end()) {
+      if (required) throw Reject{absl::StrCat(where_, ".", k, ": field required")};
+      return nullptr;
+    }
+    return &*it;
+  }
+  std::string Str(const std::string& k, bool required = true, std::string def = "") const {
+    const json* v = Get(k, required);
+    if (v == nullptr) return def;
+    if (!v->is_string()) throw Reject{absl::StrCat(where_, ".", k, ": expected a string")};
+    return v->get<std::string>();
+  }
+  std::int64_t Int(const std::string& k, bool required = true, std::int64_t def = 0) const {
+    const json* v = Get(k, required);
+    if (v == nullptr) return def;
+    if (!v->is_number_integer())
+      throw Reject{absl::StrCat(where_, ".", k, ": expected an integer")};
+    if (v->is_number_unsigned() && v->get<std::uint64_t>() > INT64_MAX) {
+      throw Reject{absl::StrCat(where_, ".", k, ": out of range")};
+    }
+    return v->get<std::int64_t>();
+  }
+  const json& Array(const std::string& k) const {
+    const json* v = Get(k, true);
+    if (!v->is_array()) throw Reject{absl::StrCat(where_, ".", k, ": expected an array")};
+    return *v;
+  }
+
+ private:
+  const json& j_;
+  std::string where_;
+};
+
+ObjectKey KeyOf(const json& j, const std::string& where) {
+  Fields f(j, where, {"chunk_hash_hex", "model_name", "kv_rank", "object_group_id", "cache_salt"});
+  ObjectKey k;
+  k.chunk_hash_hex = f.Str("chunk_hash_hex");
+  k.model_name = f.Str("model_name");
+  k.kv_rank = f.Int("kv_rank");
+  k.object_group_id = f.Int("object_group_id", false, 0);
+  k.cache_salt = f.Str("cache_salt", false, "");
+  return k;
+}
+
+Layout LayoutOf(const json& j, const std::string& where) {
+  Fields f(j, where, {"shapes", "dtypes"});
+  Layout l;
+  const json& shapes = f.Array("shapes");
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const json& s = shapes[i];
+    if (!s.is_array()) throw Reject{absl::StrCat(where, ".shapes[", i, "]: expected an array")};
+    std::vector<std::int64_t> dims;
+    for (const json& d : s) {
+      if (!d.is_number_integer()) {
+        throw Reject{absl::StrCat(where, ".shapes[", i, "]: dimensions are integers")};
+      }
+      dims.push_back(d.get<std::int64_t>());
+    }
+    l.shapes.push_back(std::move(dims));
+  }
+  const json& dtypes = f.Array("dtypes");
+  for (std::size_t i = 0; i < dtypes.size(); ++i) {
+    if (!dtypes[i].is_string())
+      throw Reject{absl::StrCat(where, ".dtypes[", i, "]: expected a string")};
+    l.dtypes.push_back(dtypes[i].get<std::string>());
+  }
+  return l;
+}
+
+json KeyJson(const ObjectKey& k) {
+  return json{{"chunk_hash_hex", k.chunk_hash_hex},
+              {"model_name", k.model_name},
+              {"kv_rank", k.kv_rank},
+              {"object_group_id", k.object_group_id},
+              {"cache_salt", k.cache_salt}};
+}
+json LayoutJson(const Layout& l) { return json{{"shapes", l.shapes}, {"dtypes", l.dtypes}}; }
+json HandleJson(const std::string& region_id, const Handle& h) {
+  return json{{"region_id", region_id},
+              {"offset", h.offset},
+              {"length", h.length},
+              {"generation", h.generation}};
+}
+
+std::vector<ReservationRef> RefsOf(const Fields& f, std::size_t max_batch) {
+  const json& a = f.Array("reservations");
+  if (a.size() > max_batch) {
+    throw Reject{absl::StrCat("reservations: ", a.size(), " items, more than lmcache.max_batch (",
+                              max_batch, ")")};
+  }
+  std::vector<ReservationRef> refs;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const std::string w = absl::StrCat("reservations[", i, "]");
+    Fields r(a[i], w, {"key", "token"});
+    refs.push_back(ReservationRef{KeyOf(*r.Get("key", true), w + ".key"), r.Str("token")});
+  }
+  return refs;
+}
+
+// A reply: the status and the JSON body.
+using Reply = std::pair<int, json>;
+
+Reply FromStatus(const absl::Status& st) {
+  const std::string msg(st.message());
+  auto named = [&](int code, const char* name) {
+    const std::string prefix = absl::StrCat(name, ": ");
+    std::string detail = absl::StartsWith(msg, prefix) ? msg.substr(prefix.size()) : msg;
+    return Reply{code, json{{"error", name}, {"detail", detail}}};
+  };
+  switch (st.code()) {
+    case absl::StatusCode::kFailedPrecondition:
+      return named(409, "stale_epoch");
+    case absl::StatusCode::kAborted:
+      return named(409, "invalid_reservation");
+    case absl::StatusCode::kResourceExhausted:
+      return named(507, "out_of_space");
+    case absl::StatusCode::kInvalidArgument:
+      return Reply{422, json{{"detail", msg}}};
+    default:
+      return Reply{500, json{{"detail", msg}}};
+  }
+}
+
+}  // namespace
+
+std::int64_t Service::NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig& c,
+                                                        std::uint64_t pool_bytes,
+                                                        std::uint64_t extent_bytes) {
+  const std::uint64_t region_offset = HostPoolBytes(c, pool_bytes, extent_bytes);
+  if (region_offset == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lmcache.region_size: ", c.region_bytes,
+                     " bytes leaves the hosts no extent of the pool (", pool_bytes / extent_bytes,
+                     " extents of ", extent_bytes, " bytes); make it smaller or the pool larger"));
+  }
+  std::unique_ptr<Service> s(new Service());
+  s->c_ = c;
+  auto tokens = LoadTenantTokens(c.token_file);
+  if (!tokens.ok()) return tokens.status();
+  s->tokens_ = *std::move(tokens);
+  auto co = Coordinator::Open(c, region_offset, NowMs());
+  if (!co.ok()) return co.status();
+  s->co_ = *std::move(co);
+  mg_init_library(0);
+  const std::string threads = absl::StrCat(c.threads);
+  // tcp_nodelay: a reply is written as headers then body; without it the body waits for the
+  // client's delayed ACK of the headers (tens of ms per request).
+  const char* options[] = {"listening_ports",
+                           c.listen.c_str(),
+                           "num_threads",
+                           threads.c_str(),
+                           "enable_keep_alive",
+                           "yes",
+                           "tcp_nodelay",
+                           "1",
+                           "request_timeout_ms",
+                           "30000",
+                           nullptr};
+  mg_callbacks cb{};
+  s->ctx_ = mg_start(&cb, s.get(), options);
+  if (s->ctx_ == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("lmcache.listen ", c.listen, ": cannot listen (in use, or not HOST:PORT)"));
+  }
+  mg_set_request_handler(s->ctx_, "/", &Service::Handle, s.get());
+  mg_server_port ports[4]{};
+  if (mg_get_server_ports(s->ctx_, 4, ports) > 0) s->port_ = ports[0].port;
+  const std::uint32_t period =
+      std::max<std::uint32_t>(5, std::min<std::uint32_t>(1000, c.reservation_ttl_ms / 4));
+  {
+    const RegionInfo r = s->co_->region();
+    const Stats st = s->co_->stats();
+    std::fprintf(stderr,
+                 "cxlkv-orchestrator: lmcache coordinator on http://%s:%d: region '%s' layout '%s' "
+                 "at pool offset %llu, %llu bytes, epoch %s, %llu objects %s %s, %zu tokens\n",
+                 c.listen.substr(0, c.listen.rfind(':')).c_str(), s->port_, r.region_id.c_str(),
+                 r.layout_id.c_str(), static_cast<unsigned long long>(r.region_offset),
+                 static_cast<unsigned long long>(r.capacity_bytes), r.region_epoch.c_str(),
+                 static_cast<unsigned long long>(st.object_count),
+                 s->co_->restored() ? "restored from" : "(new) in", c.state_file.c_str(),
+                 s->tokens_.size());
+  }
+  Service* self = s.get();
+  s->reaper_ = std::thread([self, period] {
+    while (!self->stop_.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(period));
+      auto n = self->co_->Expire(NowMs());
+      if (!n.ok()) {
+        std::fprintf(stderr, "cxlkv-orchestrator: lmcache: reclaiming reservations: %s\n",
+                     std::string(n.status().message()).c_str());
+      }
+    }
+  });
+  return s;
+}
+
+Service::~Service() {
+  stop_.store(true);
+  if (ctx_ != nullptr) mg_stop(ctx_);
+  if (reaper_.joinable()) reaper_.join();
+}
+
+int Service::Handle(mg_connection* conn, void* self) {
+  return static_cast<Service*>(self)->Serve(conn);
+}
+
+int Service::Serve(mg_connection* conn) {
+  const mg_request_info* ri = mg_get_request_info(conn);
+  const std::string method = ri->request_method != nullptr ? ri->request_method : "";
+  const std::string path = ri->local_uri != nullptr ? ri->local_uri : "";
+  std::string tenant = "-";
+  auto send = [&](const Reply& reply) {
+    const std::string text = reply.second.dump();
+    mg_response_header_start(conn, reply.first);
+    mg_response_header_add(conn, "Content-Type", "application/json", -1);
+    const std::string len = absl::StrCat(text.size());
+    mg_response_header_add(conn, "Content-Length", len.c_str(), -1);
+    mg_response_header_send(conn);
+    mg_write(conn, text.data(), text.size());
+    if (reply.first >= 400) {
+      const std::string detail =
+          reply.second.contains("detail") && reply.second["detail"].is_string()
+              ? reply.second["detail"].get<std::string>()
+              : reply.second.dump();
+      std::fprintf(stderr, "cxlkv-orchestrator: lmcache: %d for %s %s from %s:%d (tenant %s): %s\n",
+                   reply.first, method.c_str(), path.c_str(), ri->remote_addr, ri->remote_port,
+                   tenant.c_str(), detail.c_str());
+    }
+    return reply.first;
+  };
+  static const std::set<std::string> kGets = {"/healthz", "/readyz", "/v1/region", "/v1/status",
+                                              "/cxlkv/v1/stats"};
+  static const std::set<std::string> kPosts = {"/v1/writes/reserve", "/v1/writes/finish",
+                                               "/v1/writes/abort", "/v1/lookup"};
+  const bool get = kGets.count(path) != 0, post = kPosts.count(path) != 0;
+  if (!get && !post) return send({404, json{{"detail", "Not Found"}}});
+  if ((get && method != "GET") || (post && method != "POST")) {
+    return send({405, json{{"detail", "Method Not Allowed"}}});
+  }
+  if (path == "/healthz") return send({200, json{{"status", "ok"}}});
+  if (path == "/readyz") return send({200, json{{"status", "ready"}}});
+  // Bearer authentication: 401 without one, 403 for a token the file does not list.
+  const char* auth = mg_get_header(conn, "Authorization");
+  const std::string authz = auth != nullptr ? auth : "";
+  const std::size_t sp = authz.find(' ');
+  if (sp == std::string::npos || !absl::EqualsIgnoreCase(authz.substr(0, sp), "bearer") ||
+      sp + 1 >= authz.size()) {
+    return send({401, json{{"detail", "bearer token required"}}});
+  }
+  const std::string presented = authz.substr(sp + 1);
+  bool found = false;
+  for (const auto& [token, t] : tokens_) {
+    // Constant time in the token's contents (every listed token is compared).
+    std::size_t diff = token.size() ^ presented.size();
+    for (std::size_t i = 0; i < token.size(); ++i) {
+      diff |= static_cast<unsigned char>(token[i]) ^
+              static_cast<unsigned char>(i < presented.size() ? presented[i] : 0);
+    }
+    if (diff == 0 && !found) {
+      found = true;
+      tenant = t;
+    }
+  }
+  if (!found) return send({403, json{{"detail", "invalid bearer token"}}});
+  const RegionInfo region = co_->region();
+  if (path == "/v1/region" || path == "/v1/status" || path == "/cxlkv/v1/stats") {
+    json contract{{"region_id", region.region_id},
+                  {"capacity_bytes", region.capacity_bytes},
+                  {"alignment_bytes", region.alignment_bytes},
+                  {"layout_id", region.layout_id},
+                  {"region_epoch", region.region_epoch}};
+    if (path == "/v1/region") return send({200, contract});
+    const Stats s = co_->stats();
+    if (path == "/v1/status") {
+      return send({200, json{{"region", contract},
+                             {"used_bytes", s.used_bytes},
+                             {"object_count", s.object_count}}});
+    }
+    auto q = c_.quotas.find(tenant);
+    json tenants = json::object();
+    for (const auto& [t, b] : s.tenant_used_bytes) tenants[t] = b;
+    return send(
+        {200, json{{"region", contract},
+                   {"region_offset", region.region_offset},
+                   {"tenant", tenant},
+                   {"namespace", co_->NamespaceOf(tenant)},
+                   {"pin_level", co_->PinOf(tenant)},
+                   {"tenant_used_bytes",
+                    s.tenant_used_bytes.count(tenant) != 0 ? s.tenant_used_bytes.at(tenant) : 0},
+                   {"tenant_quota_bytes", q == c_.quotas.end() ? json(nullptr) : json(q->second)},
+                   {"used_bytes", s.used_bytes},
+                   {"object_count", s.object_count},
+                   {"writing", s.writing},
+                   {"reserved", s.reserved},
+                   {"finished", s.finished},
+                   {"aborted", s.aborted},
+                   {"expired", s.expired},
+                   {"evicted", s.evicted},
+                   {"evicted_bytes", s.evicted_bytes},
+                   {"out_of_space", s.out_of_space},
+                   {"reservation_ttl_ms", c_.reservation_ttl_ms},
+                   {"read_lease_ms", c_.read_lease_ms},
+                   {"restored", co_->restored()}}});
+  }
+  // POST: the body.
+  if (ri->content_length > kMaxBodyBytes) {
+    return send(
+        {413, json{{"detail", absl::StrCat("body larger than ", kMaxBodyBytes, " bytes")}}});
+  }
+  std::string body;
+  char buf[16384];
+  while (true) {
+    const int n = mg_read(conn, buf, sizeof buf);
+    if (n <= 0) break;
+    body.append(buf, static_cast<std::size_t>(n));
+    if (static_cast<long long>(body.size()) > kMaxBodyBytes) {
+      return send({413, json{{"detail", "body too large"}}});
+    }
+  }
+  const json j = json::parse(body, nullptr, false);
+  if (j.is_discarded()) return send({422, json{{"detail", "body: malformed JSON"}}});
+  try {
+    const std::int64_t now = NowMs();
+    if (path == "/v1/writes/reserve") {
+      Fields f(j, "body", {"region_epoch", "items"});
+      const std::string epoch = f.Str("region_epoch");
+      const json& a = f.Array("items");
+      if (a.size() > c_.max_batch) {
+        throw Reject{absl::StrCat("items: ", a.size(), " items, more than lmcache.max_batch (",
+                                  c_.max_batch, ")")};
+      }
+      std::vector<ReserveItem> items;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        const std::string w = absl::StrCat("items[", i, "]");
+        Fields it(a[i], w, {"key", "layout"});
+        items.push_back(ReserveItem{KeyOf(*it.Get("key", true), w + ".key"),
+                                    LayoutOf(*it.Get("layout", true), w + ".layout")});
+      }
+      auto grants = co_->Reserve(tenant, epoch, items, now);
+      if (!grants.ok()) return send(FromStatus(grants.status()));
+      json out = json::array();
+      for (const auto& g : *grants) {
+        if (!g) {
+          out.push_back(nullptr);
+          continue;
+        }
+        out.push_back(json{{"key", KeyJson(g->key)},
+                           {"token", g->token},
+                           {"handle", HandleJson(region.region_id, g->handle)},
+                           {"layout", LayoutJson(g->layout)}});
+      }
+      return send({200, json{{"region_epoch", epoch}, {"grants", out}}});
+    }
+    if (path == "/v1/writes/finish" || path == "/v1/writes/abort") {
+      Fields f(j, "body", {"region_epoch", "reservations"});
+      const std::string epoch = f.Str("region_epoch");
+      const std::vector<ReservationRef> refs = RefsOf(f, c_.max_batch);
+      const absl::Status st = path == "/v1/writes/finish" ? co_->Finish(tenant, epoch, refs, now)
+                                                          : co_->Abort(tenant, epoch, refs, now);
+      if (!st.ok()) return send(FromStatus(st));
+      return send({200, json{{"region_epoch", epoch}}});
+    }
+    // /v1/lookup
+    Fields f(j, "body", {"region_epoch", "keys"});
+    const std::string epoch = f.Str("region_epoch");
+    const json& a = f.Array("keys");
+    if (a.size() > c_.max_batch) {
+      throw Reject{absl::StrCat("keys: ", a.size(), " keys, more than lmcache.max_batch (",
+                                c_.max_batch, ")")};
+    }
+    std::vector<ObjectKey> keys;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      keys.push_back(KeyOf(a[i], absl::StrCat("keys[", i, "]")));
+    auto hits = co_->Lookup(tenant, epoch, keys, now);
+    if (!hits.ok()) return send(FromStatus(hits.status()));
+    json out = json::array();
+    for (const auto& h : *hits) {
+      if (!h) {
+        out.push_back(nullptr);
+        continue;
+      }
+      out.push_back(json{{"key", KeyJson(h->key)},
+                         {"handle", HandleJson(region.region_id, h->handle)},
+                         {"layout", LayoutJson(h->layout)}});
+    }
+    return send({200, json{{"region_epoch", epoch}, {"hits", out}}});
+  } catch (const Reject& rej) {
+    return send({422, json{{"detail", rej.detail}}});
+  } catch (const json::exception& e) {
+    return send({422, json{{"detail", absl::StrCat("body: ", e.what())}}});
+  }
+}
+
+}  // namespace cxlkv::coordinator

@@ -1,0 +1,539 @@
+// LMCache's memory coordinator (orchestrator/lmcache/): its logic on an injected clock, and
+// its state file across a restart. No HTTP here (tests/lmcache/coordinator_http_test.py).
+#include "cxlkv/coordinator/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "cxlkv/coordinator/config.h"
+#include "test_util.h"
+
+namespace cxlkv::coordinator {
+namespace {
+
+constexpr std::uint64_t kAlign = 4096;
+constexpr std::uint64_t kRegion = 64 * kAlign;
+constexpr std::uint64_t kOffset = 1ull << 30;  // the region's place in the pool
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // tmpfs: the state file is synced on every change, which the logic tests need not wait for.
+    dir_ = std::filesystem::path("/dev/shm") /
+           absl::StrCat("cxlkv-coordinator-test-", ::getpid(), "-", counter_++);
+    std::filesystem::create_directories(dir_);
+    c_.listen = "127.0.0.1:0";
+    c_.token_file = "/nonexistent";
+    c_.region_id = "r0";
+    c_.layout_id = "L1";
+    c_.region_bytes = kRegion;
+    c_.alignment_bytes = kAlign;
+    c_.reservation_ttl_ms = 1000;
+    c_.read_lease_ms = 500;
+    c_.state_file = (dir_ / "lmcache.state").string();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::unique_ptr<Coordinator> Open(std::int64_t now = 0) {
+    auto co = Coordinator::Open(c_, kOffset, now);
+    EXPECT_TRUE(co.ok()) << co.status();
+    return co.ok() ? *std::move(co) : nullptr;
+  }
+  static ObjectKey Key(int i) {
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016x", i);
+    return ObjectKey{hex, "m", 0, 0, ""};
+  }
+  // An object of `blocks` alignment units (float16 elements).
+  static ReserveItem Item(int i, std::uint64_t blocks = 1) {
+    return ReserveItem{Key(i),
+                       Layout{{{static_cast<std::int64_t>(blocks * kAlign / 2)}}, {"float16"}}};
+  }
+  // Reserves and finishes; returns the handle.
+  Handle Put(Coordinator& co, const std::string& tenant, int i, std::int64_t now,
+             std::uint64_t blocks = 1) {
+    const std::string e = co.region().region_epoch;
+    auto g = co.Reserve(tenant, e, {Item(i, blocks)}, now);
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (!g.ok() || !(*g)[0]) return {};
+    EXPECT_TRUE(co.Finish(tenant, e, {{(*g)[0]->key, (*g)[0]->token}}, now).ok());
+    return (*g)[0]->handle;
+  }
+  bool Present(Coordinator& co, const std::string& tenant, int i, std::int64_t now) {
+    auto h = co.Lookup(tenant, co.region().region_epoch, {Key(i)}, now);
+    EXPECT_TRUE(h.ok()) << h.status();
+    return h.ok() && (*h)[0].has_value();
+  }
+
+  static inline int counter_ = 0;
+  std::filesystem::path dir_;
+  CoordinatorConfig c_;
+};
+
+TEST_F(CoordinatorTest, ReserveFinishLookup) {
+  auto co = Open();
+  const std::string e = co->region().region_epoch;
+  EXPECT_EQ(e.size(), 32u);
+  auto g = co->Reserve("t", e, {Item(1), Item(2, 2)}, 0);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE((*g)[0] && (*g)[1]);
+  const Handle h1 = (*g)[0]->handle, h2 = (*g)[1]->handle;
+  EXPECT_EQ(h1.offset % kAlign, 0u);
+  EXPECT_LT(h1.offset, kRegion);  // region-relative (the pool offset is kOffset + offset)
+  EXPECT_EQ(co->region().region_offset, kOffset);
+  EXPECT_EQ(h1.length, kAlign);
+  EXPECT_EQ(h2.length, 2 * kAlign);
+  EXPECT_GT(h2.generation, h1.generation);
+  EXPECT_TRUE(h1.offset + h1.length <= h2.offset || h2.offset + h2.length <= h1.offset);
+  // WRITING is not visible; a second reserve of the key is a null grant.
+  EXPECT_FALSE(Present(*co, "t", 1, 0));
+  auto again = co->Reserve("t", e, {Item(1)}, 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE((*again)[0]);
+  ASSERT_TRUE(
+      co->Finish("t", e, {{(*g)[0]->key, (*g)[0]->token}, {(*g)[1]->key, (*g)[1]->token}}, 1).ok());
+  auto hits = co->Lookup("t", e, {Key(1), Key(2), Key(3)}, 2);
+  ASSERT_TRUE(hits.ok());
+  ASSERT_TRUE((*hits)[0] && (*hits)[1]);
+  EXPECT_FALSE((*hits)[2]);
+  EXPECT_EQ((*hits)[0]->handle.generation, h1.generation);
+  EXPECT_EQ((*hits)[1]->handle.offset, h2.offset);
+  EXPECT_EQ(co->stats().used_bytes, 3 * kAlign);
+  EXPECT_EQ(co->stats().object_count, 2u);
+}
+
+TEST_F(CoordinatorTest, ErrorsChangeNothing) {
+  auto co = Open();
+  const std::string e = co->region().region_epoch;
+  EXPECT_EQ(co->Reserve("t", "other", {Item(1)}, 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(co->Reserve("t", e, {Item(1), Item(1)}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ReserveItem bad = Item(1);
+  bad.layout.dtypes = {"float17"};
+  EXPECT_EQ(co->Reserve("t", e, {bad}, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  bad = Item(1);
+  bad.layout.shapes = {{0}};
+  EXPECT_EQ(co->Reserve("t", e, {bad}, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  bad = Item(1);
+  bad.key.chunk_hash_hex = "ABCD";
+  EXPECT_EQ(co->Reserve("t", e, {bad}, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(co->stats().used_bytes, 0u);
+  auto g = co->Reserve("t", e, {Item(1), Item(2)}, 0);
+  ASSERT_TRUE(g.ok());
+  const ReservationRef r1{(*g)[0]->key, (*g)[0]->token}, r2{(*g)[1]->key, (*g)[1]->token};
+  // A wrong token, a duplicate, another tenant, a stale epoch: all refused, nothing finished.
+  EXPECT_EQ(co->Finish("t", e, {r1, {r2.key, "nope"}}, 0).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(co->Finish("t", e, {r1, r1}, 0).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(co->Finish("u", e, {r1}, 0).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(co->Finish("t", "x", {r1}, 0).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(Present(*co, "t", 1, 0));
+  EXPECT_EQ(co->Lookup("t", e, {Key(1), Key(1)}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(co->Finish("t", e, {r1}, 0).ok());
+  // Finished: neither finish nor abort owns it any more.
+  EXPECT_EQ(co->Finish("t", e, {r1}, 0).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(co->Abort("t", e, {r1}, 0).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(Present(*co, "t", 1, 0));
+}
+
+TEST_F(CoordinatorTest, AbortAndExpiryGiveSpaceBack) {
+  auto co = Open();
+  const std::string e = co->region().region_epoch;
+  auto g = co->Reserve("t", e, {Item(1, 8), Item(2, 8)}, 0);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(co->stats().used_bytes, 16 * kAlign);
+  ASSERT_TRUE(co->Abort("t", e, {{(*g)[0]->key, (*g)[0]->token}}, 10).ok());
+  EXPECT_EQ(co->stats().used_bytes, 8 * kAlign);
+  // The aborted key is free to reserve again, in the space just given back.
+  auto g3 = co->Reserve("t", e, {Item(1, 8)}, 20);
+  ASSERT_TRUE(g3.ok() && (*g3)[0]);
+  EXPECT_EQ((*g3)[0]->handle.offset, (*g)[0]->handle.offset);
+  EXPECT_GT((*g3)[0]->handle.generation, (*g)[1]->handle.generation);
+  // Nothing expires before the TTL; both do after it, and their finish is refused.
+  ASSERT_EQ(*co->Expire(999), 0u);
+  ASSERT_EQ(*co->Expire(1020), 2u);
+  EXPECT_EQ(co->stats().used_bytes, 0u);
+  EXPECT_EQ(co->stats().expired, 2u);
+  EXPECT_EQ(co->Finish("t", e, {{(*g)[1]->key, (*g)[1]->token}}, 1021).code(),
+            absl::StatusCode::kAborted);
+  // A finish after the TTL but before the reaper ran is refused too.
+  auto g4 = co->Reserve("t", e, {Item(4)}, 2000);
+  ASSERT_TRUE(g4.ok());
+  auto late = co->Finish("t", e, {{(*g4)[0]->key, (*g4)[0]->token}}, 3000);
+  EXPECT_EQ(late.code(), absl::StatusCode::kAborted);
+  EXPECT_NE(late.message().find("expired"), std::string::npos) << late;
+}
+
+TEST_F(CoordinatorTest, OutOfSpaceIsWholeBatch) {
+  auto co = Open();
+  const std::string e = co->region().region_epoch;
+  // Larger than the region: refused without evicting anything.
+  Put(*co, "t", 1, 0, 60);
+  auto huge = co->Reserve("t", e, {Item(2, 65)}, 10000);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Present(*co, "t", 1, 10000));
+  // A batch that fits only partly while everything is leased: nothing reserved.
+  auto part = co->Reserve("t", e, {Item(3, 2), Item(4, 4)}, 10000);
+  EXPECT_EQ(part.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(co->stats().used_bytes, 60 * kAlign);
+  EXPECT_EQ(co->stats().object_count, 1u);
+}
+
+TEST_F(CoordinatorTest, EvictsLeastRecentlyUsedNeverLeased) {
+  auto co = Open();
+  const std::string e = co->region().region_epoch;
+  for (int i = 0; i < 8; ++i) Put(*co, "t", i, 0, 8);  // the region is full
+  EXPECT_EQ(co->stats().used_bytes, kRegion);
+  // Object 0 is read at 1000 (leased until 1500); 1 is the least recently used unleased one.
+  ASSERT_TRUE(Present(*co, "t", 0, 1000));
+  auto g = co->Reserve("t", e, {Item(100, 8)}, 1001);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(Present(*co, "t", 0, 1002));
+  EXPECT_FALSE(Present(*co, "t", 1, 1002));
+  EXPECT_TRUE(Present(*co, "t", 2, 1002));
+  EXPECT_EQ(co->stats().evicted, 1u);
+  // Every finished object read just now: nothing may go, the batch is refused.
+  for (int i = 2; i < 8; ++i) ASSERT_TRUE(Present(*co, "t", i, 1003));
+  EXPECT_EQ(co->Reserve("t", e, {Item(101, 8)}, 1004).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Writing objects are never evicted either: after the leases the writer's 8 blocks (where 1
+  // was) stay, and 48 contiguous blocks come from evicting everything else.
+  auto g2 = co->Reserve("t", e, {Item(101, 48)}, 1600);
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  EXPECT_EQ(co->stats().evicted, 8u);
+  EXPECT_EQ(co->stats().writing, 2u);
+}
+
+// The domain's policy: a [[namespace]] pin level keeps a tenant's objects longer, whatever
+// their age.
+TEST_F(CoordinatorTest, PinLevelsAreEvictedLast) {
+  c_.pins["gold/lmcache/L1"] = 2;
+  auto co = Open();
+  EXPECT_EQ(co->PinOf("gold"), 2);
+  EXPECT_EQ(co->PinOf("bronze"), 0);
+  const std::string e = co->region().region_epoch;
+  for (int i = 0; i < 4; ++i) Put(*co, "gold", i, 0, 8);  // the oldest objects
+  for (int i = 0; i < 4; ++i) Put(*co, "bronze", i, 1, 8);
+  for (int i = 0; i < 4; ++i) {
+    auto g = co->Reserve("bronze", e, {Item(100 + i, 8)}, 2000);
+    ASSERT_TRUE(g.ok()) << g.status();
+  }
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(Present(*co, "gold", i, 2001)) << i;
+    EXPECT_FALSE(Present(*co, "bronze", i, 2001)) << i;
+  }
+  // With no bronze left, gold goes, oldest first.
+  auto g = co->Reserve("bronze", e, {Item(200, 8)}, 5000);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_FALSE(Present(*co, "gold", 0, 5001));
+  EXPECT_TRUE(Present(*co, "gold", 1, 5001));
+}
+
+TEST_F(CoordinatorTest, TenantsAreNamespacesWithQuotas) {
+  c_.quotas["small"] = 16 * kAlign;
+  auto co = Open();
+  const std::string e = co->region().region_epoch;
+  // One key, two tenants: two objects.
+  const Handle a = Put(*co, "big", 1, 0, 8);
+  const Handle b = Put(*co, "small", 1, 0, 8);
+  EXPECT_NE(a.offset, b.offset);
+  EXPECT_NE(co->NamespaceOf("big"), co->NamespaceOf("small"));
+  Put(*co, "small", 2, 0, 8);  // small is at its quota
+  Put(*co, "big", 2, 0, 8);
+  // small writes more: it evicts its own least recently used, never big's.
+  auto g = co->Reserve("small", e, {Item(3, 8)}, 5000);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_FALSE(Present(*co, "small", 1, 5001));
+  EXPECT_TRUE(Present(*co, "big", 1, 5001));
+  EXPECT_TRUE(Present(*co, "big", 2, 5001));
+  EXPECT_EQ(co->stats().tenant_used_bytes.at("small"), 16 * kAlign);
+  // small's objects all writing or leased: 507, though the region has room.
+  EXPECT_TRUE(Present(*co, "small", 2, 5002));
+  auto refused = co->Reserve("small", e, {Item(4, 8)}, 5003);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("quota"), std::string::npos);
+  // Larger than the quota itself: refused at once.
+  EXPECT_EQ(co->Reserve("small", e, {Item(5, 17)}, 9000).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(CoordinatorTest, RestartKeepsObjectsHandlesAndEpoch) {
+  std::string epoch;
+  Handle h;
+  Grant pending;
+  {
+    auto co = Open();
+    epoch = co->region().region_epoch;
+    h = Put(*co, "t", 1, 0, 3);
+    auto g = co->Reserve("t", epoch, {Item(2)}, 0);
+    ASSERT_TRUE(g.ok());
+    pending = *(*g)[0];
+  }
+  auto co = Open(100000);
+  EXPECT_TRUE(co->restored());
+  EXPECT_EQ(co->region().region_epoch, epoch);
+  auto hits = co->Lookup("t", epoch, {Key(1)}, 100000);
+  ASSERT_TRUE(hits.ok() && (*hits)[0]);
+  EXPECT_EQ((*hits)[0]->handle.offset, h.offset);
+  EXPECT_EQ((*hits)[0]->handle.generation, h.generation);
+  // The writer that reserved before the restart may still finish (its TTL restarted).
+  ASSERT_TRUE(co->Finish("t", epoch, {{pending.key, pending.token}}, 100500).ok());
+  // Generations continue past every one handed out before.
+  const Handle h3 = Put(*co, "t", 3, 100600);
+  EXPECT_GT(h3.generation, pending.handle.generation);
+  EXPECT_EQ(co->stats().used_bytes, 5 * kAlign);
+  // Only a reset (the state moved away: the contents declared gone) makes a new epoch, and the
+  // old epoch is then stale.
+  co.reset();
+  std::filesystem::rename(c_.state_file, c_.state_file + ".old");
+  std::filesystem::rename(c_.state_file + ".journal", c_.state_file + ".journal.old");
+  auto fresh = Open(200000);
+  EXPECT_FALSE(fresh->restored());
+  EXPECT_NE(fresh->region().region_epoch, epoch);
+  EXPECT_EQ(fresh->Lookup("t", epoch, {Key(1)}, 200000).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CoordinatorTest, BadStateFileIsRefusedAndKept) {
+  {
+    auto co = Open();
+    Put(*co, "t", 1, 0);
+  }
+  std::string text;
+  {
+    std::ifstream in(c_.state_file);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // Another region in the configuration: refused, naming the key.
+  c_.layout_id = "L2";
+  auto other = Coordinator::Open(c_, kOffset, 0);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.status().message().find("layout_id"), std::string::npos) << other.status();
+  c_.layout_id = "L1";
+  // One byte flipped: data loss, and the file is left as it was.
+  std::string bad = text;
+  bad[bad.size() / 2] ^= 1;
+  { std::ofstream(c_.state_file) << bad; }
+  auto torn = Coordinator::Open(c_, kOffset, 0);
+  EXPECT_EQ(torn.status().code(), absl::StatusCode::kDataLoss) << torn.status();
+  std::ifstream in(c_.state_file);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), bad);
+}
+
+// The journal: a crash mid-append leaves a torn last line (dropped: its reply was never sent);
+// a damaged record before the end stops the start; a crash after a new snapshot but before the
+// journal was emptied replays nothing twice; compaction keeps the state.
+TEST_F(CoordinatorTest, JournalReplayTornTailAndCompaction) {
+  const std::string journal = c_.state_file + ".journal";
+  auto slurp = [](const std::string& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  std::string epoch;
+  Handle h1, h2;
+  {
+    auto co = Open();
+    epoch = co->region().region_epoch;
+    h1 = Put(*co, "t", 1, 0, 2);
+    h2 = Put(*co, "t", 2, 0, 3);
+  }
+  const std::string old_journal = slurp(journal);
+  ASSERT_FALSE(old_journal.empty());
+  // A torn record after the good ones: dropped.
+  { std::ofstream(journal, std::ios::app) << R"({"seq":99,"puts":[)"; }
+  {
+    auto co = Open(10);
+    EXPECT_EQ(co->region().region_epoch, epoch);
+    EXPECT_TRUE(Present(*co, "t", 1, 10));
+    EXPECT_TRUE(Present(*co, "t", 2, 10));
+    EXPECT_EQ(co->stats().used_bytes, 5 * kAlign);
+    // The restart compacted: the journal is empty and the snapshot holds both.
+    EXPECT_EQ(slurp(journal), "");
+  }
+  // The old journal beside the newer snapshot (a crash before it was emptied): same state.
+  { std::ofstream(journal, std::ios::binary) << old_journal; }
+  {
+    auto co = Open(20);
+    EXPECT_EQ(co->stats().used_bytes, 5 * kAlign);
+    EXPECT_EQ(co->stats().object_count, 2u);
+    auto hits = co->Lookup("t", epoch, {Key(1), Key(2)}, 20);
+    ASSERT_TRUE(hits.ok() && (*hits)[0] && (*hits)[1]);
+    EXPECT_EQ((*hits)[0]->handle.generation, h1.generation);
+    EXPECT_EQ((*hits)[1]->handle.offset, h2.offset);
+    // Enough changes to fold the journal into a snapshot while serving.
+    // 1,200 records (a reserve and a finish each; the region holds 64, so evictions too).
+    for (int i = 0; i < 600; ++i) Put(*co, "t", 1000 + i, 30 + i, 1);
+    const std::string j = slurp(journal);
+    EXPECT_LT(std::count(j.begin(), j.end(), '\n'), 1024) << "the journal was never compacted";
+  }
+  {
+    auto co = Open(100000);
+    EXPECT_TRUE(Present(*co, "t", 1599, 100000));
+    EXPECT_FALSE(Present(*co, "t", 1000, 100000));  // evicted long ago
+    EXPECT_EQ(co->stats().used_bytes, kRegion);
+  }
+  // A damaged record followed by another: data loss, the files untouched.
+  {
+    // A restart gives every object a fresh read lease: room only once it has passed.
+    auto co = Open(200000);
+    EXPECT_EQ(co->Reserve("t", epoch, {Item(3)}, 200000).status().code(),
+              absl::StatusCode::kResourceExhausted);
+    Put(*co, "t", 3, 200000 + 500);
+    Put(*co, "t", 4, 200000 + 500);
+  }
+  std::string bad = slurp(journal);
+  const std::size_t first_nl = bad.find('\n');
+  ASSERT_NE(first_nl, std::string::npos);
+  bad[first_nl / 2] ^= 1;
+  { std::ofstream(journal, std::ios::binary) << bad; }
+  auto broken = Coordinator::Open(c_, kOffset, 300000);
+  EXPECT_EQ(broken.status().code(), absl::StatusCode::kDataLoss) << broken.status();
+  EXPECT_NE(broken.status().message().find(".journal:1"), std::string::npos) << broken.status();
+  EXPECT_EQ(slurp(journal), bad);
+}
+
+// Random reserve/finish/abort/lookup/expire/restart: live objects never overlap, stay inside
+// the region, used_bytes is their sum, and a restart changes none of it.
+TEST_F(CoordinatorTest, RandomOperationsKeepInvariants) {
+  const std::uint64_t seed = cxlkv::testing::TestSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed, " (CXLKV_SEED to replay)"));
+  std::mt19937_64 rng(seed);
+  c_.quotas["q"] = 20 * kAlign;
+  auto co = Open();
+  const std::string e = co->region().region_epoch;
+  std::vector<std::pair<std::string, Grant>> open;
+  std::int64_t now = 0;
+  const std::string tenants[] = {"p", "q"};
+  for (int step = 0; step < 1200; ++step) {
+    now += static_cast<std::int64_t>(rng() % 50);
+    const std::string& t = tenants[rng() % 2];
+    switch (rng() % 6) {
+      case 0:
+      case 1: {
+        std::vector<ReserveItem> items;
+        const int n = 1 + static_cast<int>(rng() % 4);
+        for (int i = 0; i < n; ++i)
+          items.push_back(Item(static_cast<int>(rng() % 200) + 1000 * i, 1 + rng() % 6));
+        auto g = co->Reserve(t, e, items, now);
+        if (g.ok()) {
+          for (auto& x : *g)
+            if (x) open.emplace_back(t, *x);
+        } else {
+          ASSERT_TRUE(g.status().code() == absl::StatusCode::kResourceExhausted ||
+                      g.status().code() == absl::StatusCode::kInvalidArgument)
+              << g.status();
+        }
+        break;
+      }
+      case 2:
+      case 3:
+        if (!open.empty()) {
+          const std::size_t i = rng() % open.size();
+          const auto [tt, gr] = open[i];
+          open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
+          const absl::Status st = rng() % 3 == 0 ? co->Abort(tt, e, {{gr.key, gr.token}}, now)
+                                                 : co->Finish(tt, e, {{gr.key, gr.token}}, now);
+          ASSERT_TRUE(st.ok() || st.code() == absl::StatusCode::kAborted) << st;
+        }
+        break;
+      case 4:
+        ASSERT_TRUE(co->Lookup(t, e, {Key(static_cast<int>(rng() % 200))}, now).ok());
+        break;
+      default:
+        if (rng() % 10 == 0) {
+          co.reset();
+          co = Open(now);
+          ASSERT_EQ(co->region().region_epoch, e);
+        } else {
+          ASSERT_TRUE(co->Expire(now).ok());
+        }
+    }
+    // Invariants, through lookups of every key a tenant may hold.
+    if (step % 100 == 99) {
+      std::vector<Handle> live;
+      for (const std::string& tt : tenants) {
+        std::vector<ObjectKey> keys;
+        for (int k = 0; k < 4000; ++k) {
+          if (k % 1000 < 200) keys.push_back(Key(k));
+        }
+        auto hits = co->Lookup(tt, e, keys, now);
+        ASSERT_TRUE(hits.ok());
+        for (auto& h : *hits)
+          if (h) live.push_back(h->handle);
+      }
+      std::sort(live.begin(), live.end(), [](auto& a, auto& b) { return a.offset < b.offset; });
+      for (std::size_t i = 0; i < live.size(); ++i) {
+        ASSERT_LE(live[i].offset + live[i].length, kRegion);
+        if (i > 0) {
+          ASSERT_LE(live[i - 1].offset + live[i - 1].length, live[i].offset);
+        }
+      }
+      const Stats s = co->stats();
+      std::uint64_t sum = 0;
+      for (const auto& [tt, b] : s.tenant_used_bytes) sum += b;
+      ASSERT_EQ(sum, s.used_bytes);
+      if (s.tenant_used_bytes.count("q") != 0) {
+        ASSERT_LE(s.tenant_used_bytes.at("q"), 20 * kAlign);
+      }
+    }
+  }
+}
+
+TEST(CoordinatorConfigTest, SectionAndTokens) {
+  auto off = ParseCoordinatorConfig("[domain]\nname = \"d\"\n", "x.toml");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->enabled());
+  auto c = ParseCoordinatorConfig(
+      "[lmcache]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"/t\"\nlayout_id = \"L\"\n"
+      "region_size = \"128M\"\n[lmcache.quotas]\nacme = \"64M\"\n",
+      "x.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quotas.at("acme"), 64u << 20);
+  EXPECT_EQ(HostPoolBytes(*c, 1ull << 30, 64u << 20), (1ull << 30) - (128u << 20));
+  ASSERT_TRUE(ResolveCoordinatorConfig(&*c, "dom", "/s", 64u << 20).ok());
+  EXPECT_EQ(c->region_id, "dom");
+  EXPECT_EQ(c->state_file, "/s.lmcache");
+  auto odd = *c;
+  odd.region_bytes = 100u << 20;
+  EXPECT_FALSE(ResolveCoordinatorConfig(&odd, "dom", "/s", 64u << 20).ok());
+  auto typo =
+      ParseCoordinatorConfig("[lmcache]\nlisten = \"127.0.0.1:0\"\nlayout = \"L\"\n", "x.toml");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("x.toml:3: key 'lmcache.layout': unknown key"),
+            std::string::npos)
+      << typo.status();
+  auto missing = ParseCoordinatorConfig("[lmcache]\nlisten = \"127.0.0.1:0\"\n", "x.toml");
+  EXPECT_NE(missing.status().message().find("lmcache.token_file"), std::string::npos);
+
+  const auto dir = std::filesystem::temp_directory_path() / absl::StrCat("cxlkv-tok-", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string f = (dir / "tokens").string();
+  auto write = [&](const std::string& text, std::filesystem::perms p) {
+    { std::ofstream(f) << text; }
+    std::filesystem::permissions(f, p);
+  };
+  using P = std::filesystem::perms;
+  write("# tenants\nacme aaaaaaaaaaaaaaaaaaaa\nbatch bbbbbbbbbbbbbbbbbbbb\n",
+        P::owner_read | P::owner_write);
+  auto t = LoadTenantTokens(f);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->at("aaaaaaaaaaaaaaaaaaaa"), "acme");
+  write("cccccccccccccccccccc\n", P::owner_read | P::owner_write);
+  EXPECT_EQ(LoadTenantTokens(f)->at("cccccccccccccccccccc"), "default");
+  write("cccccccccccccccccccc\n", P::owner_read | P::owner_write | P::others_read);
+  EXPECT_EQ(LoadTenantTokens(f).status().code(), absl::StatusCode::kPermissionDenied);
+  write("acme short\n", P::owner_read | P::owner_write);
+  EXPECT_NE(LoadTenantTokens(f).status().message().find(":1:"), std::string::npos);
+  write("a aaaaaaaaaaaaaaaaaaaa\nb aaaaaaaaaaaaaaaaaaaa\n", P::owner_read | P::owner_write);
+  EXPECT_NE(LoadTenantTokens(f).status().message().find("already listed"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace cxlkv::coordinator
