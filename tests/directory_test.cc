@@ -125,7 +125,7 @@ TEST(Anchors, OneKeyInN) {
 
 TEST(Config, DirectoryAndEventsSections) {
   const std::string base =
-      "[domain]\nname = \"d\"\npool = \"file:/tmp/p?size=64M\"\n"
+      "[domain]\nname = \"d\"\npool = \"file:/tmp/p?size=1G\"\n"
       "prefix_domain = \"file:/tmp/d?size=4M\"\nstate_file = \"/tmp/s\"\n"
       "[rpc]\nsocket = \"/tmp/o.sock\"\n";
   auto c = orchestrator::ParseConfig(base, "t.toml");
