@@ -436,6 +436,46 @@ TEST_F(OrchestratorFixture, SecondDaemonOfARunningDomainIsRefused) {
   EXPECT_EQ(Status().extents_assigned(), 2u);
 }
 
+// A [[namespace]] whose layout the hosts never build (a typo) is not silent: once blocks of
+// namespaces no table names are published, Status and `cxlkvctl status` name the table.
+TEST(OrchestratorNamespaces, ATableNoPublicationMatchesIsNamed) {
+  OrchestratorHarness h{
+      "lease_ttl_ms = 400\nhost_ttl_ms = 400\nheartbeat_period_ms = 50\n"
+      "grace_ms = 20\ncapacity_lease_ms = 1000\n"};
+  std::ofstream(h.config, std::ios::app)
+      << "[[namespace]]\ntenant = \"t\"\nmodel = \"m\"\nlayout = \"fp16-l8O\"\npin = 2\n";
+  h.Start();
+  const co::Namespace configured = co::MakeNamespace("t", "m", "l");
+  const co::Namespace built = co::MakeNamespace("t", "m", "fp16-l80");  // what the typo meant
+  const std::uint32_t tokens[] = {1, 2, 3};
+  EXPECT_EQ(h.Status().unmatched_namespaces_size(), 0) << "nothing published: nothing to say";
+  const pid_t host = OrchestratorHarness::Fork([&] {
+    auto c = HostClient::Connect(h.socket, 0);
+    if (!c.ok()) return false;
+    (*c)->StartHeartbeats();
+    auto dom = pool::OpenRegion((*c)->domain_spec());
+    if (!dom.ok()) return false;
+    co::DirectMem mem((*dom)->addr(), (*dom)->size_bytes());
+    co::SteadyClock clock;
+    auto ph = co::PrefixHost::Join(mem, clock, 0);
+    if (!ph.ok()) return false;
+    const co::PrefixKey k1 = co::ChainKey(configured, co::PrefixKey{}, tokens);
+    const co::PrefixKey k2 = co::ChainKey(built, co::PrefixKey{}, tokens);
+    if (!(*ph)->Publish(configured, k1, co::PrefixKey{}, Ref(0, 1)).ok()) return false;
+    if (!(*ph)->Publish(built, k2, co::PrefixKey{}, Ref(0, 2)).ok()) return false;
+    return WaitFor([&] { return (*ph)->Lookup(built, k2).has_value(); }) && (*c)->Leave().ok();
+  });
+  ASSERT_TRUE(OrchestratorHarness::Exited0(host));
+  const pb::StatusReply s = h.Status();
+  ASSERT_EQ(s.unmatched_namespaces_size(), 1) << s.DebugString();
+  EXPECT_EQ(s.unmatched_namespaces(0), "t/m/fp16-l8O") << "t/m/l matched a block";
+  const Ran r = RunFor({CXLKV_CTL_BIN, "status", "--socket", h.socket}, h.dir);
+  ASSERT_TRUE(r.exited && r.code == 0) << r.err;
+  EXPECT_NE(r.out.find("[[namespace]] t/m/fp16-l8O matched no published block"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("check its tenant, model and layout"), std::string::npos) << r.out;
+}
+
 // rpc.socket: a regular file in the way, and another program's live socket, are refused and
 // left as they are, before anything is written; a stale socket (a killed daemon's) is replaced.
 TEST(OrchestratorSocket, OnlyAStaleSocketIsReplaced) {

@@ -152,6 +152,34 @@ TEST(Prefix, LookupTakesNoLeaseAndDuplicatesGoBack) {
   EXPECT_EQ(returned[0], Ref(2)) << "the duplicate went back to its writer";
 }
 
+// A configured namespace whose name differs from the one the hosts build (a `layout` typo in
+// [[namespace]]) matches no publication while others fill: the owner counts both, so the
+// orchestrator can name it. Duplicates and rejected publications count for nothing.
+TEST(Prefix, PublicationsAreCountedPerConfiguredNamespace) {
+  ManualClock clock;
+  SimMemory media(4 << 20, 11);
+  auto ov = media.NewView(0), av = media.NewView(0);
+  Domain d(*ov, clock);
+  auto a = std::move(*PrefixHost::Join(*av, clock, 0));
+  const Namespace built = MakeNamespace("t", "m", "fp16-l80");
+  const Namespace typo = MakeNamespace("t", "m", "fp16-l8O");
+  const Namespace other = MakeNamespace("u", "m", "fp16-l80");
+  ASSERT_TRUE(a->Publish(built, ChainKey(built, PrefixKey{}, kTokens), PrefixKey{}, Ref(1)).ok());
+  d.owner->ApplyRequests();
+  EXPECT_EQ(d.owner->published_under_others(), 0u) << "nothing is counted before a pin level";
+  d.owner->SetPinLevel(typo, 2);
+  d.owner->SetPinLevel(other, 1);
+  const PrefixKey k2 = ChainKey(built, ChainKey(built, PrefixKey{}, kTokens), kTokens);
+  ASSERT_TRUE(a->Publish(built, k2, PrefixKey{}, Ref(2)).ok());
+  ASSERT_TRUE(a->Publish(built, k2, PrefixKey{}, Ref(3)).ok());  // a duplicate
+  ASSERT_TRUE(a->Publish(other, ChainKey(other, PrefixKey{}, kTokens), PrefixKey{}, Ref(4)).ok());
+  d.owner->ApplyRequests();
+  EXPECT_EQ(d.owner->published_under(typo), 0u);
+  EXPECT_EQ(d.owner->published_under(other), 1u);
+  EXPECT_EQ(d.owner->published_under(built), 0u) << "never configured";
+  EXPECT_EQ(d.owner->published_under_others(), 1u) << "the duplicate is not a publication";
+}
+
 TEST(Prefix, StalledHostIsFencedAndRejoins) {
   ManualClock clock;
   SimMemory media(4 << 20, 9);

@@ -585,6 +585,10 @@ void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
   Name(i, r.ref);
   ++published_count_;
   ++stats_.published;
+  if (!published_under_pin_.empty()) {
+    auto pinned = published_under_pin_.find(r.ns);
+    ++(pinned != published_under_pin_.end() ? pinned->second : published_under_others_);
+  }
   const std::int64_t parent = FindKey(r.ns, PrefixKey{r.parent[0], r.parent[1]}, true);
   if (parent >= 0 && fanout_[static_cast<std::uint32_t>(parent)] < 0xFF) {
     ++fanout_[static_cast<std::uint32_t>(parent)];

@@ -124,6 +124,7 @@ void AddDomainCommands(CLI::App& app) {
     j.U32("extents_quarantined", r.extents_quarantined);
     j.Str("role", r.role).I64("epoch", r.epoch).Str("leader", r.leader);
     j.StrList("standbys", r.standbys).Str("read_only_since", r.read_only_since);
+    j.StrList("unmatched_namespaces", r.unmatched_namespaces);
     if (PrintJson(*o, j)) return;
     if (r.role != "single" && !r.role.empty()) {
       // Orchestrator HA (docs/ha.md): who leads, at which epoch, and who stands by.
@@ -152,6 +153,12 @@ void AddDomainCommands(CLI::App& app) {
     std::printf("uptime     %.1f s; %llu extent assignments restored at start\n",
                 static_cast<double>(r.uptime_ms) / 1000.0,
                 static_cast<unsigned long long>(r.recovered_at_start));
+    for (const std::string& n : r.unmatched_namespaces) {
+      std::printf(
+          "warning    [[namespace]] %s matched no published block while other namespaces "
+          "did: check its tenant, model and layout against the names the hosts build\n",
+          n.c_str());
+    }
   });
   Sub(app, "hosts", "hosts of the domain: incarnation, state, heartbeat age, extents", o)
       ->callback([o] {

@@ -75,6 +75,7 @@ absl::StatusOr<DomainStatus> OperatorClient::Status() {
   d.leader = r.leader();
   d.standbys.assign(r.standbys().begin(), r.standbys().end());
   d.read_only_since = r.read_only_since();
+  d.unmatched_namespaces.assign(r.unmatched_namespaces().begin(), r.unmatched_namespaces().end());
   return d;
 }
 

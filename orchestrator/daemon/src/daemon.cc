@@ -544,6 +544,8 @@ class Service final : public pb::Orchestrator::Service {
     rep->set_leader(o_.LeaderLocked());
     rep->set_uptime_ms(o_.NowMs() - o_.started_ms());
     rep->set_read_only_since(o_.ReadOnlySinceLocked());
+    for (std::string& n : o_.UnmatchedNamespacesLocked())
+      rep->add_unmatched_namespaces(std::move(n));
     for (std::string& cand : candidates) {
       if (cand != rep->leader()) rep->add_standbys(std::move(cand));
     }
@@ -1041,8 +1043,19 @@ void Orchestrator::AcceptLoop() {
   }
 }
 
+std::vector<std::string> Orchestrator::UnmatchedNamespacesLocked() const {
+  std::vector<std::string> out;
+  if (owner_ == nullptr || owner_->published_under_others() == 0) return out;
+  for (const NamespaceConfig& n : config_.namespaces) {
+    if (owner_->published_under(co::MakeNamespace(n.tenant, n.model, n.layout)) == 0) {
+      out.push_back(absl::StrCat(n.tenant, "/", n.model, "/", n.layout));
+    }
+  }
+  return out;
+}
+
 void Orchestrator::OwnerLoop() {
-  std::int64_t last_metrics = 0, last_ha_metrics = 0;
+  std::int64_t last_metrics = 0, last_ha_metrics = 0, last_namespaces = 0;
   while (!stop_.load()) {
     if (agent_ != nullptr) {
       // The agent's view of this term's write deadline, on CLOCK_BOOTTIME (its clock).
@@ -1067,6 +1080,21 @@ void Orchestrator::OwnerLoop() {
           }
         }
         EndBatchLocked();
+        // A [[namespace]] no publication matches while others fill: said once, with the fix.
+        if (now - last_namespaces >= 1000 && !config_.namespaces.empty()) {
+          last_namespaces = now;
+          for (const std::string& n : UnmatchedNamespacesLocked()) {
+            if (!unmatched_logged_.insert(n).second) continue;
+            std::fprintf(stderr,
+                         "cxlkv-orchestrator: [[namespace]] '%s' has matched none of the blocks "
+                         "published since start, while %llu were published under namespaces no "
+                         "[[namespace]] names: check its tenant, model and layout against the "
+                         "names the hosts' adapters build (cxlkvctl status lists it until a "
+                         "block matches)\n",
+                         n.c_str(),
+                         static_cast<unsigned long long>(owner_->published_under_others()));
+          }
+        }
         if (metrics_) {
           metrics_->ObserveStep(secs);
           if (now - last_metrics >= 200 && owner_ != nullptr) {

@@ -370,7 +370,19 @@ class PrefixOwner {
   static constexpr std::size_t kBookkeepingBytesPerEntry = 26;
   std::uint32_t retired_entries() const { return retired_count_; }
   // Pin level of a namespace: entries of higher levels are evicted later (0 = none).
-  void SetPinLevel(Namespace ns, int level) { pin_[ns] = level; }
+  void SetPinLevel(Namespace ns, int level) {
+    pin_[ns] = level;
+    published_under_pin_.try_emplace(ns, 0);
+  }
+  // Publications this owner applied since Open under a namespace given a pin level (0 for
+  // one never given), and under every namespace never given one: a configured namespace that
+  // matches nothing while others fill is a name that differs from the one the hosts build (a
+  // `layout` typo), which the orchestrator reports. Counted only once a pin level was set.
+  std::uint64_t published_under(Namespace ns) const {
+    auto it = published_under_pin_.find(ns);
+    return it == published_under_pin_.end() ? 0 : it->second;
+  }
+  std::uint64_t published_under_others() const { return published_under_others_; }
 
   // An arena's memory is going back to the pool (the capacity lease of the extent it lives
   // in ended, or its host gave the extent back). Retires every published entry naming one of
@@ -471,6 +483,8 @@ class PrefixOwner {
   std::vector<LeaseRow> scan_rows_;     // ScanLeases' scratch: one host's rows
   std::vector<std::uint8_t> scan_torn_;
   std::map<Namespace, int> pin_;
+  std::map<Namespace, std::uint64_t> published_under_pin_;
+  std::uint64_t published_under_others_ = 0;
   std::uint32_t published_count_ = 0;
   std::uint32_t retired_count_ = 0;
   std::uint32_t quarantined_count_ = 0;  // quarantined entries not freed yet

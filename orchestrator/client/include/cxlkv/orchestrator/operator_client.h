@@ -56,6 +56,9 @@ struct DomainStatus {
   std::string leader;
   std::vector<std::string> standbys;
   std::string read_only_since;
+  // [[namespace]] tables no published block matched while others did (a name typo, most
+  // likely): "tenant/model/layout" each.
+  std::vector<std::string> unmatched_namespaces;
 };
 
 // An extent as the operator sees it (Extents RPC): what HostClient::ListExtents gives, plus

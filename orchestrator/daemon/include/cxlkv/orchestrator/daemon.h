@@ -139,6 +139,10 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   bool OwnerBatchMayRunLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ha() const { return ha_ != nullptr; }
+  // [[namespace]] tables ("tenant/model/layout") that matched none of the blocks this owner
+  // published, while blocks of namespaces no table names were published (docs/orchestrator.md
+  // "Namespaces"). Empty without an owner (a standby).
+  std::vector<std::string> UnmatchedNamespacesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // HA: the candidates registered in etcd (their JSON), read now; mu_ need not be held.
   absl::StatusOr<std::vector<std::string>> CandidatesInEtcd();
 
@@ -152,6 +156,7 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string ArenaInExtent(std::uint32_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::set<std::string> told_owner_ ABSL_GUARDED_BY(mu_);  // arenas revoked at the owner
   std::uint64_t quarantines_released_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<std::string> unmatched_logged_ ABSL_GUARDED_BY(mu_);  // said once each in the log
   void AcceptLoop();
   bool UidAllowed(uid_t uid) const;
   // HA: the election's hooks (on its thread).
