@@ -417,9 +417,6 @@ def check_bad_config(binary):
         (lambda d: d.config.write_text(d.config.read_text().replace("layout_id", "layout")),
          "key 'lmcache.layout': unknown key"),
         (lambda d: (d.dir / "tokens").chmod(0o644), "chmod 600"),
-        (lambda d: d.config.write_text(d.config.read_text() +
-                                       '[etcd]\nendpoints = ["127.0.0.1:1"]\n'),
-         "[lmcache] with [etcd] is not supported yet"),
     ]
     for mutate, want in cases:
         d = Domain(binary)

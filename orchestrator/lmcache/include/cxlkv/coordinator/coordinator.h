@@ -14,9 +14,10 @@
 // restart keeps every finished object, its handle and the region epoch. The epoch changes only
 // when the region's contents are declared gone (a new state file).
 //
-// Thread-safe (one mutex). Every mutating call appends one record to the state file's journal
-// and fdatasyncs it before returning (cost: one fdatasync and the batch's size, not the
-// region's); the journal is folded into a new snapshot once it outgrows the object count.
+// Thread-safe (one mutex). Every mutating call appends one record to the state's journal
+// before returning (a StateStore: the state file and its journal, fdatasync'd, or etcd for a
+// domain with [etcd]; cost: one durable write of the batch's size, not the region's); the
+// journal is folded into a new snapshot once it outgrows the object count.
 #ifndef CXLKV_COORDINATOR_COORDINATOR_H_
 #define CXLKV_COORDINATOR_COORDINATOR_H_
 
@@ -98,6 +99,35 @@ struct RegionInfo {
   std::uint64_t region_offset = 0, capacity_bytes = 0, alignment_bytes = 0;
 };
 
+// Where the coordinator's state lives: a snapshot and the journal of the changes after it.
+// Records are "<JSON>\t<crc32c hex>\n" lines, numbered from 1 on (the JSON holds its number;
+// the snapshot names the last one it includes). Not thread-safe: the Coordinator calls it
+// under its mutex.
+class StateStore {
+ public:
+  struct Loaded {
+    std::string snapshot;  // the snapshot's text
+    std::string journal;   // the records, in order (a torn last one possible)
+  };
+  virtual ~StateStore() = default;
+  // nullopt: no snapshot (a new region). Errors name the place.
+  virtual absl::StatusOr<std::optional<Loaded>> Load() = 0;
+  // Record `seq` (the journal's last + 1), durable before it returns. On an error the record
+  // is not there, or (a remote store that lost the reply) may be: the next Append of the same
+  // `seq` replaces it, so what a later Load reads is always what the caller applied.
+  virtual absl::Status Append(std::uint64_t seq, const std::string& record) = 0;
+  // The snapshot becomes `text`, which includes every record up to `seq`; those records go.
+  virtual absl::Status Compact(const std::string& text, std::uint64_t seq) = 0;
+  // For messages: "lmcache.state_file /var/lib/cxlkv/d.state.lmcache", or etcd's key; and
+  // the journal's ("<state_file>.journal").
+  virtual std::string where() const = 0;
+  virtual std::string journal_where() const = 0;
+};
+
+// The state file (a snapshot: one JSON document and a CRC32C line, replaced by rename) and
+// `path`.journal beside it (fdatasync'd appends, cut back after a failed one).
+std::unique_ptr<StateStore> FileStateStore(const std::string& path);
+
 struct Stats {
   std::uint64_t used_bytes = 0;    // allocated, alignment padding included
   std::uint64_t object_count = 0;  // WRITING and VALID
@@ -120,6 +150,12 @@ class Coordinator {
   static absl::StatusOr<std::unique_ptr<Coordinator>> Open(const CoordinatorConfig& c,
                                                            std::uint64_t region_offset,
                                                            std::int64_t now_ms);
+  // The same over another store (etcd's, for a domain with [etcd]: docs/lmcache.md
+  // "Fail-over").
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Open(const CoordinatorConfig& c,
+                                                           std::uint64_t region_offset,
+                                                           std::int64_t now_ms,
+                                                           std::unique_ptr<StateStore> store);
 
   ~Coordinator();
   Coordinator(const Coordinator&) = delete;
@@ -173,7 +209,8 @@ class Coordinator {
     std::vector<std::string> dels;
     std::uint64_t next_generation = 0, touch_seq = 0;
   };
-  Coordinator(const CoordinatorConfig& c, std::uint64_t region_offset);
+  Coordinator(const CoordinatorConfig& c, std::uint64_t region_offset,
+              std::unique_ptr<StateStore> store);
   absl::Status CheckEpoch(const std::string& epoch) const;
   // Journals the change (fdatasync), then applies it; on failure nothing changed. Compacts the
   // journal into a new snapshot when it has grown past the objects' count.
@@ -186,7 +223,6 @@ class Coordinator {
   absl::Status LoadLocked(const std::string& snapshot, const std::string& journal,
                           std::int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string SerializeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string JournalPath() const;
   absl::Status CheckRefsLocked(const std::string& tenant, const std::vector<ReservationRef>& refs,
                                std::int64_t now_ms, std::vector<std::string>* ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -205,11 +241,9 @@ class Coordinator {
   std::uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   std::uint64_t touch_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  int journal_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  std::unique_ptr<StateStore> store_ ABSL_GUARDED_BY(mu_);
   std::uint64_t journal_seq_ ABSL_GUARDED_BY(mu_) = 0;      // the last record written
   std::uint64_t journal_records_ ABSL_GUARDED_BY(mu_) = 0;  // since the snapshot
-  std::uint64_t journal_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  bool journal_broken_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 
