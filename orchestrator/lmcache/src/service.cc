@@ -436,78 +436,92 @@ int Service::Serve(mg_connection* conn) {
       return send({413, json{{"detail", "body too large"}}});
     }
   }
-  const json j = json::parse(body, nullptr, false);
-  if (j.is_discarded()) return send({422, json{{"detail", "body: malformed JSON"}}});
-  try {
-    const std::int64_t now = NowMs();
-    if (path == "/v1/writes/reserve") {
-      Fields f(j, "body", {"region_epoch", "items"});
-      const std::string epoch = f.Str("region_epoch");
-      const json& a = f.Array("items");
-      if (a.size() > c_.max_batch) {
-        throw Reject{absl::StrCat("items: ", a.size(), " items, more than lmcache.max_batch (",
-                                  c_.max_batch, ")")};
-      }
-      std::vector<ReserveItem> items;
-      for (std::size_t i = 0; i < a.size(); ++i) {
-        const std::string w = absl::StrCat("items[", i, "]");
-        Fields it(a[i], w, {"key", "layout"});
-        items.push_back(ReserveItem{KeyOf(*it.Get("key", true), w + ".key"),
-                                    LayoutOf(*it.Get("layout", true), w + ".layout")});
-      }
-      auto grants = co->Reserve(tenant, epoch, items, now);
-      if (!grants.ok()) return send(FromStatus(grants.status()));
-      json out = json::array();
-      for (const auto& g : *grants) {
-        if (!g) {
-          out.push_back(nullptr);
-          continue;
-        }
-        out.push_back(json{{"key", KeyJson(g->key)},
-                           {"token", g->token},
-                           {"handle", HandleJson(region.region_id, g->handle)},
-                           {"layout", LayoutJson(g->layout)}});
-      }
-      return send({200, json{{"region_epoch", epoch}, {"grants", out}}});
-    }
-    if (path == "/v1/writes/finish" || path == "/v1/writes/abort") {
-      Fields f(j, "body", {"region_epoch", "reservations"});
-      const std::string epoch = f.Str("region_epoch");
-      const std::vector<ReservationRef> refs = RefsOf(f, c_.max_batch);
-      const absl::Status st = path == "/v1/writes/finish" ? co->Finish(tenant, epoch, refs, now)
-                                                          : co->Abort(tenant, epoch, refs, now);
-      if (!st.ok()) return send(FromStatus(st));
-      return send({200, json{{"region_epoch", epoch}}});
-    }
-    // /v1/lookup
-    Fields f(j, "body", {"region_epoch", "keys"});
-    const std::string epoch = f.Str("region_epoch");
-    const json& a = f.Array("keys");
-    if (a.size() > c_.max_batch) {
-      throw Reject{absl::StrCat("keys: ", a.size(), " keys, more than lmcache.max_batch (",
-                                c_.max_batch, ")")};
-    }
-    std::vector<ObjectKey> keys;
-    for (std::size_t i = 0; i < a.size(); ++i)
-      keys.push_back(KeyOf(a[i], absl::StrCat("keys[", i, "]")));
-    auto hits = co->Lookup(tenant, epoch, keys, now);
-    if (!hits.ok()) return send(FromStatus(hits.status()));
+  absl::StatusOr<WireRequest> req = ParseBody(path, body, c_.max_batch);
+  if (!req.ok()) return send({422, json{{"detail", std::string(req.status().message())}}});
+  const std::int64_t now = NowMs();
+  const std::string& epoch = req->region_epoch;
+  if (path == "/v1/writes/reserve") {
+    auto grants = co->Reserve(tenant, epoch, req->items, now);
+    if (!grants.ok()) return send(FromStatus(grants.status()));
     json out = json::array();
-    for (const auto& h : *hits) {
-      if (!h) {
+    for (const auto& g : *grants) {
+      if (!g) {
         out.push_back(nullptr);
         continue;
       }
-      out.push_back(json{{"key", KeyJson(h->key)},
-                         {"handle", HandleJson(region.region_id, h->handle)},
-                         {"layout", LayoutJson(h->layout)}});
+      out.push_back(json{{"key", KeyJson(g->key)},
+                         {"token", g->token},
+                         {"handle", HandleJson(region.region_id, g->handle)},
+                         {"layout", LayoutJson(g->layout)}});
     }
-    return send({200, json{{"region_epoch", epoch}, {"hits", out}}});
-  } catch (const Reject& rej) {
-    return send({422, json{{"detail", rej.detail}}});
-  } catch (const json::exception& e) {
-    return send({422, json{{"detail", absl::StrCat("body: ", e.what())}}});
+    return send({200, json{{"region_epoch", epoch}, {"grants", out}}});
   }
+  if (path == "/v1/writes/finish" || path == "/v1/writes/abort") {
+    const absl::Status st = path == "/v1/writes/finish"
+                                ? co->Finish(tenant, epoch, req->refs, now)
+                                : co->Abort(tenant, epoch, req->refs, now);
+    if (!st.ok()) return send(FromStatus(st));
+    return send({200, json{{"region_epoch", epoch}}});
+  }
+  auto hits = co->Lookup(tenant, epoch, req->keys, now);
+  if (!hits.ok()) return send(FromStatus(hits.status()));
+  json out = json::array();
+  for (const auto& h : *hits) {
+    if (!h) {
+      out.push_back(nullptr);
+      continue;
+    }
+    out.push_back(json{{"key", KeyJson(h->key)},
+                       {"handle", HandleJson(region.region_id, h->handle)},
+                       {"layout", LayoutJson(h->layout)}});
+  }
+  return send({200, json{{"region_epoch", epoch}, {"hits", out}}});
+}
+
+absl::StatusOr<WireRequest> ParseBody(absl::string_view route, absl::string_view body,
+                                      std::uint32_t max_batch) {
+  const json j = json::parse(body.begin(), body.end(), nullptr, false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("body: malformed JSON");
+  WireRequest req;
+  auto batch = [&](const json& a, const char* what) {
+    if (a.size() > max_batch) {
+      throw Reject{absl::StrCat(what, ": ", a.size(), " ", what, ", more than lmcache.max_batch (",
+                                max_batch, ")")};
+    }
+  };
+  try {
+    if (route == "/v1/writes/reserve") {
+      Fields f(j, "body", {"region_epoch", "items"});
+      req.region_epoch = f.Str("region_epoch");
+      const json& a = f.Array("items");
+      batch(a, "items");
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        const std::string w = absl::StrCat("items[", i, "]");
+        Fields it(a[i], w, {"key", "layout"});
+        req.items.push_back(ReserveItem{KeyOf(*it.Get("key", true), w + ".key"),
+                                        LayoutOf(*it.Get("layout", true), w + ".layout")});
+      }
+    } else if (route == "/v1/writes/finish" || route == "/v1/writes/abort") {
+      Fields f(j, "body", {"region_epoch", "reservations"});
+      req.region_epoch = f.Str("region_epoch");
+      req.refs = RefsOf(f, max_batch);
+    } else if (route == "/v1/lookup") {
+      Fields f(j, "body", {"region_epoch", "keys"});
+      req.region_epoch = f.Str("region_epoch");
+      const json& a = f.Array("keys");
+      batch(a, "keys");
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        req.keys.push_back(KeyOf(a[i], absl::StrCat("keys[", i, "]")));
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("no request body on route ", route));
+    }
+  } catch (const Reject& rej) {
+    return absl::InvalidArgumentError(rej.detail);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("body: ", e.what()));
+  }
+  return req;
 }
 
 }  // namespace cxlkv::coordinator

@@ -25,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "cxlkv/coordinator/config.h"
 #include "cxlkv/coordinator/coordinator.h"
@@ -33,6 +34,19 @@ struct mg_context;
 struct mg_connection;
 
 namespace cxlkv::coordinator {
+
+// A POST body of LMCache's wire for `route` ("/v1/writes/reserve", "/v1/writes/finish",
+// "/v1/writes/abort", "/v1/lookup"), read strictly (docs/lmcache.md "Rules": every field known
+// and of its type, batches of at most max_batch). kInvalidArgument (the 422's detail, naming
+// the field) otherwise. Keys and layouts are checked further by the Coordinator.
+struct WireRequest {
+  std::string region_epoch;
+  std::vector<ReserveItem> items;    // reserve
+  std::vector<ReservationRef> refs;  // finish, abort
+  std::vector<ObjectKey> keys;       // lookup
+};
+absl::StatusOr<WireRequest> ParseBody(absl::string_view route, absl::string_view body,
+                                      std::uint32_t max_batch);
 
 // Where a domain with [etcd] keeps the coordinator's state: <domain_key>/lmcache/ (snapshot,
 // journal/<seq>), beside the daemon's <domain_key>/leader and /state (docs/ha.md "Keys").
