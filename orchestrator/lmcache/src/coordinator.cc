@@ -104,6 +104,19 @@ absl::Status AddKeyId(const std::string& ns, const ObjectKey& k, absl::string_vi
   return absl::OkStatus();
 }
 
+// Copies the journal's last seq into *out when the locked section it is declared in ends.
+class NoteSeq {
+ public:
+  NoteSeq(std::uint64_t* out, const std::uint64_t& seq) : out_(out), seq_(seq) {}
+  ~NoteSeq() { *out_ = seq_; }
+  NoteSeq(const NoteSeq&) = delete;
+  NoteSeq& operator=(const NoteSeq&) = delete;
+
+ private:
+  std::uint64_t* out_;
+  const std::uint64_t& seq_;
+};
+
 absl::Status StaleEpoch() {
   return absl::FailedPreconditionError(
       "stale_epoch: request epoch does not match the coordinator region epoch (GET /v1/region)");
@@ -212,6 +225,89 @@ absl::Status Coordinator::CheckEpoch(const std::string& epoch) const {
 absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
     const std::string& tenant, const std::string& epoch, const std::vector<ReserveItem>& items,
     std::int64_t now_ms) {
+  std::uint64_t need = 0;
+  auto grants = ReserveUnsynced(tenant, epoch, items, now_ms, &need);
+  if (!grants.ok()) return grants;
+  if (auto st = WaitDurable(need); !st.ok()) return st;
+  return grants;
+}
+
+absl::Status Coordinator::Finish(const std::string& tenant, const std::string& epoch,
+                                 const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
+  std::uint64_t need = 0;
+  if (auto st = FinishOrAbortUnsynced(true, tenant, epoch, refs, now_ms, &need); !st.ok()) {
+    return st;
+  }
+  return WaitDurable(need);
+}
+
+absl::Status Coordinator::Abort(const std::string& tenant, const std::string& epoch,
+                                const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
+  std::uint64_t need = 0;
+  if (auto st = FinishOrAbortUnsynced(false, tenant, epoch, refs, now_ms, &need); !st.ok()) {
+    return st;
+  }
+  return WaitDurable(need);
+}
+
+absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::Lookup(
+    const std::string& tenant, const std::string& epoch, const std::vector<ObjectKey>& keys,
+    std::int64_t now_ms) {
+  std::uint64_t need = 0;
+  auto hits = LookupUnsynced(tenant, epoch, keys, now_ms, &need);
+  if (!hits.ok()) return hits;
+  // A hit may be an object whose finish is not durable yet: not before it is.
+  if (auto st = WaitDurable(need); !st.ok()) return st;
+  return hits;
+}
+
+absl::StatusOr<std::uint32_t> Coordinator::Expire(std::int64_t now_ms) {
+  std::uint64_t need = 0;
+  auto n = ExpireUnsynced(now_ms, &need);
+  if (!n.ok() || *n == 0) return n;
+  if (auto st = WaitDurable(need); !st.ok()) return st;
+  return n;
+}
+
+absl::Status Coordinator::WaitDurable(std::uint64_t seq) {
+  absl::MutexLock l(&sync_mu_);
+  while (true) {
+    if (!sync_error_.ok()) return sync_error_;
+    if (synced_seq_ >= seq) return absl::OkStatus();
+    if (syncing_) {
+      // Another caller's sync is running: it may cover this record too (it started after the
+      // record was appended), or the next one will.
+      sync_mu_.Await(absl::Condition(
+          +[](bool* syncing) { return !*syncing; }, &syncing_));
+      continue;
+    }
+    // This caller syncs for everyone whose record is appended by now.
+    syncing_ = true;
+    sync_mu_.Unlock();
+    std::uint64_t target = 0;
+    {
+      absl::MutexLock m(&mu_);
+      target = journal_seq_;
+    }
+    const absl::Status st = store_->Sync();
+    sync_mu_.Lock();
+    syncing_ = false;
+    ++syncs_;
+    if (!st.ok()) {
+      // The changes are applied in memory and cannot be made durable: nothing more is
+      // acknowledged (a restart reloads what is on disk; no reply revealed the rest).
+      sync_error_ = absl::InternalError(absl::StrCat(
+          store_->journal_where(), ": cannot make the journal durable: ", st.message(),
+          "; the coordinator acknowledges nothing more: restart the orchestrator"));
+      return sync_error_;
+    }
+    synced_seq_ = std::max(synced_seq_, target);
+  }
+}
+
+absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
+    const std::string& tenant, const std::string& epoch, const std::vector<ReserveItem>& items,
+    std::int64_t now_ms, std::uint64_t* need) {
   if (auto st = CheckEpoch(epoch); !st.ok()) return st;
   const std::string ns = NamespaceOf(tenant);
   std::vector<std::string> ids;
@@ -226,6 +322,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
   }
   const std::uint64_t align = c_.alignment_bytes;
   absl::MutexLock l(&mu_);
+  const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
   std::uint64_t total = 0;
   std::vector<bool> wanted(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -378,46 +475,42 @@ absl::Status Coordinator::CheckRefsLocked(const std::string& tenant,
   return absl::OkStatus();
 }
 
-absl::Status Coordinator::Finish(const std::string& tenant, const std::string& epoch,
-                                 const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
+absl::Status Coordinator::FinishOrAbortUnsynced(bool finish, const std::string& tenant,
+                                                const std::string& epoch,
+                                                const std::vector<ReservationRef>& refs,
+                                                std::int64_t now_ms, std::uint64_t* need) {
   if (auto st = CheckEpoch(epoch); !st.ok()) return st;
   absl::MutexLock l(&mu_);
+  const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
   std::vector<std::string> ids;
   if (auto st = CheckRefsLocked(tenant, refs, now_ms, &ids); !st.ok()) return st;
   Change ch;
   ch.touch_seq = touch_seq_;
-  for (const std::string& id : ids) {
-    Object o = objects_.at(id);
-    o.writing = false;
-    o.token.clear();
-    o.touched = ++ch.touch_seq;
-    o.lease_until_ms = 0;
-    ch.puts.emplace_back(id, std::move(o));
+  ch.next_generation = next_generation_;
+  if (finish) {
+    for (const std::string& id : ids) {
+      Object o = objects_.at(id);
+      o.writing = false;
+      o.token.clear();
+      o.touched = ++ch.touch_seq;
+      o.lease_until_ms = 0;
+      ch.puts.emplace_back(id, std::move(o));
+    }
+  } else {
+    ch.dels = std::move(ids);
   }
-  ch.next_generation = next_generation_;
   if (auto st = CommitLocked(ch); !st.ok()) return st;
-  stats_.finished += ids.size();
+  if (finish) {
+    stats_.finished += ch.puts.size();
+  } else {
+    stats_.aborted += ch.dels.size();
+  }
   return absl::OkStatus();
 }
 
-absl::Status Coordinator::Abort(const std::string& tenant, const std::string& epoch,
-                                const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
-  if (auto st = CheckEpoch(epoch); !st.ok()) return st;
-  absl::MutexLock l(&mu_);
-  std::vector<std::string> ids;
-  if (auto st = CheckRefsLocked(tenant, refs, now_ms, &ids); !st.ok()) return st;
-  Change ch;
-  ch.dels = std::move(ids);
-  ch.next_generation = next_generation_;
-  ch.touch_seq = touch_seq_;
-  if (auto st = CommitLocked(ch); !st.ok()) return st;
-  stats_.aborted += ch.dels.size();
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::Lookup(
+absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::LookupUnsynced(
     const std::string& tenant, const std::string& epoch, const std::vector<ObjectKey>& keys,
-    std::int64_t now_ms) {
+    std::int64_t now_ms, std::uint64_t* need) {
   if (auto st = CheckEpoch(epoch); !st.ok()) return st;
   const std::string ns = NamespaceOf(tenant);
   std::vector<std::string> ids;
@@ -426,6 +519,7 @@ absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::Lookup(
     if (auto st = AddKeyId(ns, k, "lookup", &seen, &ids); !st.ok()) return st;
   }
   absl::MutexLock l(&mu_);
+  const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
   std::vector<std::optional<Hit>> hits(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     auto it = objects_.find(ids[i]);
@@ -443,8 +537,10 @@ absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::Lookup(
   return hits;
 }
 
-absl::StatusOr<std::uint32_t> Coordinator::Expire(std::int64_t now_ms) {
+absl::StatusOr<std::uint32_t> Coordinator::ExpireUnsynced(std::int64_t now_ms,
+                                                          std::uint64_t* need) {
   absl::MutexLock l(&mu_);
+  const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
   std::vector<std::string> gone;
   for (const std::string& id : writing_) {
     if (objects_.at(id).expires_ms <= now_ms) gone.push_back(id);
@@ -465,6 +561,9 @@ Stats Coordinator::stats() const {
   s.used_bytes = used_bytes_;
   s.object_count = objects_.size();
   s.writing = writing_.size();
+  s.journal_records = journal_seq_;
+  absl::MutexLock sl(&sync_mu_);
+  s.syncs = syncs_;
   return s;
 }
 
@@ -775,6 +874,9 @@ absl::Status Coordinator::LoadLocked(const std::string& text, const std::string&
 absl::Status Coordinator::CompactLocked() {
   if (auto st = store_->Compact(SerializeLocked(), journal_seq_); !st.ok()) return st;
   journal_records_ = 0;
+  // The snapshot holds every record so far, durably.
+  absl::MutexLock sl(&sync_mu_);
+  synced_seq_ = std::max(synced_seq_, journal_seq_);
   return absl::OkStatus();
 }
 
@@ -810,7 +912,6 @@ class FileStore : public StateStore {
 
   absl::Status Append(std::uint64_t /*seq*/, const std::string& record) override {
     absl::Status st = WriteAll(fd_, record);
-    if (st.ok() && ::fdatasync(fd_) != 0) st = absl::InternalError(pool::ErrnoText(errno));
     if (!st.ok()) {
       // A partial line is cut off so the next record starts clean.
       if (::ftruncate(fd_, static_cast<off_t>(bytes_)) != 0) broken_ = true;
@@ -855,6 +956,11 @@ class FileStore : public StateStore {
     }
     if (auto st = SyncDirOf(journal_); !st.ok()) return st;
     bytes_ = 0;
+    return absl::OkStatus();
+  }
+
+  absl::Status Sync() override {
+    if (::fdatasync(fd_) != 0) return absl::InternalError(pool::ErrnoText(errno));
     return absl::OkStatus();
   }
 

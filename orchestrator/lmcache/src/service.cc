@@ -417,6 +417,8 @@ int Service::Serve(mg_connection* conn) {
                    {"evicted", s.evicted},
                    {"evicted_bytes", s.evicted_bytes},
                    {"out_of_space", s.out_of_space},
+                   {"journal_records", s.journal_records},
+                   {"syncs", s.syncs},
                    {"reservation_ttl_ms", c_.reservation_ttl_ms},
                    {"read_lease_ms", c_.read_lease_ms},
                    {"restored", co->restored()}}});
