@@ -63,7 +63,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   const json key{{"chunk_hash_hex", "0aff"}, {"model_name", "m"}, {"kv_rank", 0}};
   const std::string bodies[] = {
       json{{"region_epoch", "e"},
-           {"items", {{{"key", key}, {"layout", {{"shapes", {{2, 64}}}, {"dtypes", {"bfloat16"}}}}}}}}
+           {"items",
+            {{{"key", key}, {"layout", {{"shapes", {{2, 64}}}, {"dtypes", {"bfloat16"}}}}}}}}
           .dump(),
       json{{"region_epoch", "e"}, {"reservations", {{{"key", key}, {"token", "t"}}}}}.dump(),
       json{{"region_epoch", "e"}, {"reservations", json::array()}}.dump(),

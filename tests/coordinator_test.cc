@@ -10,9 +10,8 @@
 #include <random>
 #include <thread>
 
-#include "absl/synchronization/notification.h"
-
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "cxlkv/coordinator/config.h"
 #include "test_util.h"
 
@@ -189,8 +188,8 @@ TEST_F(CoordinatorTest, ALookupWaitsForTheFinishItReveals) {
   ASSERT_TRUE(g.ok() && (*g)[0]);
   writer.reset();
   absl::Notification gate;
-  auto opened = Coordinator::Open(c_, kOffset, 0, std::make_unique<SlowDisk>(c_.state_file, 0,
-                                                                              &gate));
+  auto opened =
+      Coordinator::Open(c_, kOffset, 0, std::make_unique<SlowDisk>(c_.state_file, 0, &gate));
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::unique_ptr<Coordinator> co = *std::move(opened);
   std::atomic<bool> finished{false}, looked{false};

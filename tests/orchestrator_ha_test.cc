@@ -2317,8 +2317,8 @@ TEST_F(HaTest, LmcacheCoordinatorFailsOverWithItsObjects) {
   const int pa = a.LmcachePort(), pb = b.LmcachePort();
   ASSERT_GT(pa, 0) << ReadFile(a.log);
   ASSERT_GT(pb, 0) << ReadFile(b.log);
-  ASSERT_TRUE(Eventually([&] { return Http(pa, "GET", "/readyz", "").first == 200; },
-                         milliseconds(10000)))
+  ASSERT_TRUE(
+      Eventually([&] { return Http(pa, "GET", "/readyz", "").first == 200; }, milliseconds(10000)))
       << ReadFile(a.log);
   EXPECT_EQ(Http(pb, "GET", "/readyz", "").first, 503);
   EXPECT_EQ(Http(pb, "GET", "/healthz", "").first, 200);
@@ -2338,14 +2338,16 @@ TEST_F(HaTest, LmcacheCoordinatorFailsOverWithItsObjects) {
   const std::uint64_t region_offset = call(pa, "GET", "/cxlkv/v1/stats").value("region_offset", 0);
   ASSERT_GT(region_offset, 0u);
   auto key = [](int i) {
-    return json{{"chunk_hash_hex", absl::StrCat("0", i, "ab")}, {"model_name", "m"}, {"kv_rank", 0}};
+    return json{
+        {"chunk_hash_hex", absl::StrCat("0", i, "ab")}, {"model_name", "m"}, {"kv_rank", 0}};
   };
   json items = json::array();
   for (int i = 0; i < 4; ++i) {
-    items.push_back({{"key", key(i)}, {"layout", {{"shapes", {{1000 + 777 * i}}}, {"dtypes", {"uint8"}}}}});
+    items.push_back(
+        {{"key", key(i)}, {"layout", {{"shapes", {{1000 + 777 * i}}}, {"dtypes", {"uint8"}}}}});
   }
-  const json grants = call(pa, "POST", "/v1/writes/reserve",
-                           {{"region_epoch", epoch}, {"items", items}})["grants"];
+  const json grants =
+      call(pa, "POST", "/v1/writes/reserve", {{"region_epoch", epoch}, {"items", items}})["grants"];
   ASSERT_EQ(grants.size(), 4u) << grants;
   // The bytes, written where the handles say in the pool every orchestrator maps.
   const int pool_fd = ::open(d_.pool.c_str(), O_RDWR);
@@ -2374,8 +2376,8 @@ TEST_F(HaTest, LmcacheCoordinatorFailsOverWithItsObjects) {
   const json used_before = call(pa, "GET", "/v1/status")["used_bytes"];
 
   a.Kill(SIGKILL);
-  ASSERT_TRUE(Eventually([&] { return Http(pb, "GET", "/readyz", "").first == 200; },
-                         milliseconds(15000)))
+  ASSERT_TRUE(
+      Eventually([&] { return Http(pb, "GET", "/readyz", "").first == 200; }, milliseconds(15000)))
       << "the standby's coordinator did not take over:\n"
       << ReadFile(b.log);
   EXPECT_EQ(call(pb, "GET", "/v1/region")["region_epoch"], epoch);
@@ -2396,12 +2398,14 @@ TEST_F(HaTest, LmcacheCoordinatorFailsOverWithItsObjects) {
   }
   // The reservation left open before the failover finishes on the new leader.
   call(pb, "POST", "/v1/writes/finish",
-       {{"region_epoch", epoch}, {"reservations", {{{"key", key(3)}, {"token", grants[3]["token"]}}}}});
+       {{"region_epoch", epoch},
+        {"reservations", {{{"key", key(3)}, {"token", grants[3]["token"]}}}}});
   const json hit3 = call(pb, "POST", "/v1/lookup", {{"region_epoch", epoch}, {"keys", {key(3)}}});
   EXPECT_EQ(hit3["hits"][0]["handle"], grants[3]["handle"]);
-  const json more = call(pb, "POST", "/v1/writes/reserve",
-                         {{"region_epoch", epoch},
-                          {"items", {{{"key", key(9)}, {"layout", {{"shapes", {{64}}}, {"dtypes", {"uint8"}}}}}}}});
+  const json more = call(
+      pb, "POST", "/v1/writes/reserve",
+      {{"region_epoch", epoch},
+       {"items", {{{"key", key(9)}, {"layout", {{"shapes", {{64}}}, {"dtypes", {"uint8"}}}}}}}});
   EXPECT_GT(more["grants"][0]["handle"]["generation"].get<std::uint64_t>(),
             grants[3]["handle"]["generation"].get<std::uint64_t>());
   EXPECT_NE(ReadFile(b.log).find("restored from etcd"), std::string::npos) << ReadFile(b.log);

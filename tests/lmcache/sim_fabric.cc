@@ -56,9 +56,9 @@ extern "C" {
 // same region again (a second mapping in one process): the same window and cache; another is
 // EBUSY.
 __attribute__((visibility("default"))) void* cxlkv_sim_attach(const char* pool,
-                                                               std::uint64_t offset,
-                                                               std::uint64_t size,
-                                                               std::uint64_t seed) {
+                                                              std::uint64_t offset,
+                                                              std::uint64_t size,
+                                                              std::uint64_t seed) {
   if (fabric != nullptr) {
     if (fabric->size == size && fabric->offset == offset) return fabric->window;
     errno = EBUSY;
@@ -66,12 +66,12 @@ __attribute__((visibility("default"))) void* cxlkv_sim_attach(const char* pool,
   }
   const int fd = ::open(pool, O_RDWR | O_CLOEXEC);
   if (fd < 0) return nullptr;
-  void* media = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                       static_cast<off_t>(offset));
+  void* media =
+      ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
   ::close(fd);
   if (media == MAP_FAILED) return nullptr;
-  void* window = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                        -1, 0);
+  void* window =
+      ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (window == MAP_FAILED) {
     ::munmap(media, size);
     return nullptr;

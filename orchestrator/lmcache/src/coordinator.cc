@@ -296,9 +296,9 @@ absl::Status Coordinator::WaitDurable(std::uint64_t seq) {
     if (!st.ok()) {
       // The changes are applied in memory and cannot be made durable: nothing more is
       // acknowledged (a restart reloads what is on disk; no reply revealed the rest).
-      sync_error_ = absl::InternalError(absl::StrCat(
-          store_->journal_where(), ": cannot make the journal durable: ", st.message(),
-          "; the coordinator acknowledges nothing more: restart the orchestrator"));
+      sync_error_ = absl::InternalError(
+          absl::StrCat(store_->journal_where(), ": cannot make the journal durable: ", st.message(),
+                       "; the coordinator acknowledges nothing more: restart the orchestrator"));
       return sync_error_;
     }
     synced_seq_ = std::max(synced_seq_, target);
@@ -783,8 +783,7 @@ absl::Status Coordinator::LoadLocked(const std::string& text, const std::string&
     }
     auto mismatch = [&](absl::string_view key, const std::string& was, const std::string& is) {
       return absl::FailedPreconditionError(absl::StrCat(
-          path, " describes another region: ", key, " was ", was,
-          ", the configuration says ", is,
+          path, " describes another region: ", key, " was ", was, ", the configuration says ", is,
           ". Put the old value back, or, to start the region afresh (every LMCache server "
           "re-validates), stop every LMCache server mapping it and move the file away"));
     };
@@ -839,12 +838,13 @@ absl::Status Coordinator::LoadLocked(const std::string& text, const std::string&
         return loss(absl::StrCat(store_->journal_where(), ":", line_no, ": a damaged record"));
       }
       const json rec = json::parse(line.substr(0, tab), nullptr, false);
-      if (rec.is_discarded()) return loss(absl::StrCat(store_->journal_where(), ":", line_no, ": not JSON"));
+      if (rec.is_discarded())
+        return loss(absl::StrCat(store_->journal_where(), ":", line_no, ": not JSON"));
       const std::uint64_t seq = rec.at("seq").get<std::uint64_t>();
       if (seq <= journal_seq_) continue;  // already in the snapshot
       if (seq != journal_seq_ + 1) {
-        return loss(
-            absl::StrCat(store_->journal_where(), ":", line_no, ": record ", seq, " after ", journal_seq_));
+        return loss(absl::StrCat(store_->journal_where(), ":", line_no, ": record ", seq, " after ",
+                                 journal_seq_));
       }
       Change ch;
       for (const json& j : rec.at("puts"))

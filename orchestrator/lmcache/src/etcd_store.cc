@@ -45,15 +45,18 @@ class EtcdStore : public StateStore {
   absl::Status Compact(const std::string& text, std::uint64_t /*seq*/) override {
     // Every record goes, not only those up to seq: one after it is an append whose reply was
     // lost and which the coordinator did not apply.
-    return Guarded({ed::Op::Put(snapshot_, text), ed::Op::Delete(journal_, ed::PrefixEnd(journal_))},
-                   snapshot_);
+    return Guarded(
+        {ed::Op::Put(snapshot_, text), ed::Op::Delete(journal_, ed::PrefixEnd(journal_))},
+        snapshot_);
   }
 
   std::string where() const override { return "etcd " + snapshot_; }
   std::string journal_where() const override { return "etcd " + journal_; }
 
  private:
-  std::string RecordKey(std::uint64_t seq) const { return absl::StrFormat("%s%020u", journal_, seq); }
+  std::string RecordKey(std::uint64_t seq) const {
+    return absl::StrFormat("%s%020u", journal_, seq);
+  }
 
   static absl::Status Named(const absl::Status& st, const std::string& key, const char* what) {
     return absl::Status(st.code(), absl::StrCat(key, ": cannot ", what, ": ", st.message()));
@@ -64,8 +67,9 @@ class EtcdStore : public StateStore {
     auto r = client_->Txn({C::CreateRevision(leader_, C::Result::kEqual, epoch_)}, ops, {});
     if (!r.ok()) return Named(r.status(), key, "write");
     if (!r->succeeded) {
-      return absl::AbortedError(absl::StrCat(key, ": not written: this orchestrator no longer leads "
-                                                  "the domain (epoch ",
+      return absl::AbortedError(absl::StrCat(key,
+                                             ": not written: this orchestrator no longer leads "
+                                             "the domain (epoch ",
                                              epoch_, ")"));
     }
     return absl::OkStatus();

@@ -174,8 +174,7 @@ std::int64_t Service::NowMs() {
 
 absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig& c,
                                                         std::uint64_t pool_bytes,
-                                                        std::uint64_t extent_bytes,
-                                                        bool standby) {
+                                                        std::uint64_t extent_bytes, bool standby) {
   const std::uint64_t region_offset = HostPoolBytes(c, pool_bytes, extent_bytes);
   if (region_offset == 0) {
     return absl::InvalidArgumentError(
@@ -280,8 +279,8 @@ absl::Status Service::Lead(std::unique_ptr<StateStore> store, std::function<bool
   absl::MutexLock l(&mu_);
   if (!co.ok()) {
     co_.reset();
-    standby_why_ = absl::StrCat("elected, but the coordinator's state did not load: ",
-                                co.status().message());
+    standby_why_ =
+        absl::StrCat("elected, but the coordinator's state did not load: ", co.status().message());
     std::fprintf(stderr, "cxlkv-orchestrator: lmcache: %s\n", standby_why_.c_str());
     return co.status();
   }
@@ -459,9 +458,8 @@ int Service::Serve(mg_connection* conn) {
     return send({200, json{{"region_epoch", epoch}, {"grants", out}}});
   }
   if (path == "/v1/writes/finish" || path == "/v1/writes/abort") {
-    const absl::Status st = path == "/v1/writes/finish"
-                                ? co->Finish(tenant, epoch, req->refs, now)
-                                : co->Abort(tenant, epoch, req->refs, now);
+    const absl::Status st = path == "/v1/writes/finish" ? co->Finish(tenant, epoch, req->refs, now)
+                                                        : co->Abort(tenant, epoch, req->refs, now);
     if (!st.ok()) return send(FromStatus(st));
     return send({200, json{{"region_epoch", epoch}}});
   }

@@ -230,9 +230,11 @@ class Coordinator {
                                      const std::string& epoch,
                                      const std::vector<ReservationRef>& refs, std::int64_t now_ms,
                                      std::uint64_t* need);
-  absl::StatusOr<std::vector<std::optional<Hit>>> LookupUnsynced(
-      const std::string& tenant, const std::string& epoch, const std::vector<ObjectKey>& keys,
-      std::int64_t now_ms, std::uint64_t* need);
+  absl::StatusOr<std::vector<std::optional<Hit>>> LookupUnsynced(const std::string& tenant,
+                                                                 const std::string& epoch,
+                                                                 const std::vector<ObjectKey>& keys,
+                                                                 std::int64_t now_ms,
+                                                                 std::uint64_t* need);
   absl::StatusOr<std::uint32_t> ExpireUnsynced(std::int64_t now_ms, std::uint64_t* need);
   // Returns once every record up to `seq` is durable (the group commit), or the sync's error.
   absl::Status WaitDurable(std::uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_, sync_mu_);
