@@ -139,11 +139,11 @@ class SlowDisk : public StateStore {
   absl::Notification* gate_;
 };
 
-// Group commit: 8 threads reserving and finishing at once share syncs (a slow disk: 20 ms a
+// Group commit: 8 threads reserving and finishing at once share syncs (a slow disk: 10 ms a
 // sync), every acknowledged object is there after a restart, and a failed sync fails the call
 // and every one after it.
 TEST_F(CoordinatorTest, ConcurrentChangesShareSyncsAndSurviveARestart) {
-  auto disk = std::make_unique<SlowDisk>(c_.state_file, 20);
+  auto disk = std::make_unique<SlowDisk>(c_.state_file, 10);
   SlowDisk* d = disk.get();
   auto opened = Coordinator::Open(c_, kOffset, 0, std::move(disk));
   ASSERT_TRUE(opened.ok()) << opened.status();
