@@ -162,7 +162,7 @@ TEST_F(CoordinatorTest, ConcurrentChangesShareSyncsAndSurviveARestart) {
   ASSERT_EQ(acked.load(), kThreads * kEach);
   const Stats s = co->stats();
   EXPECT_EQ(s.journal_records, 2u * kThreads * kEach);  // a reserve and a finish each
-  // One at a time, each record would need its own sync (64); sharing needs fewer (about 27
+  // One at a time, each record would need its own sync (64); sharing needs fewer (about 30
   // here: a sync covers what was appended before it started).
   std::printf("%d records, %d syncs\n", static_cast<int>(s.journal_records), d->syncs.load());
   EXPECT_LT(d->syncs.load(), 3 * static_cast<int>(s.journal_records) / 4) << "no group commit";
