@@ -227,7 +227,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
     std::int64_t now_ms) {
   std::uint64_t need = 0;
   auto grants = ReserveUnsynced(tenant, epoch, items, now_ms, &need);
-  if (!grants.ok()) return grants;
+  // A refusal too may reveal a change (a null grant: another writer's reservation).
   if (auto st = WaitDurable(need); !st.ok()) return st;
   return grants;
 }
@@ -235,19 +235,17 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
 absl::Status Coordinator::Finish(const std::string& tenant, const std::string& epoch,
                                  const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
   std::uint64_t need = 0;
-  if (auto st = FinishOrAbortUnsynced(true, tenant, epoch, refs, now_ms, &need); !st.ok()) {
-    return st;
-  }
-  return WaitDurable(need);
+  const absl::Status st = FinishOrAbortUnsynced(true, tenant, epoch, refs, now_ms, &need);
+  if (auto wst = WaitDurable(need); !wst.ok()) return wst;
+  return st;
 }
 
 absl::Status Coordinator::Abort(const std::string& tenant, const std::string& epoch,
                                 const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
   std::uint64_t need = 0;
-  if (auto st = FinishOrAbortUnsynced(false, tenant, epoch, refs, now_ms, &need); !st.ok()) {
-    return st;
-  }
-  return WaitDurable(need);
+  const absl::Status st = FinishOrAbortUnsynced(false, tenant, epoch, refs, now_ms, &need);
+  if (auto wst = WaitDurable(need); !wst.ok()) return wst;
+  return st;
 }
 
 absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::Lookup(
@@ -255,7 +253,6 @@ absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::Lookup(
     std::int64_t now_ms) {
   std::uint64_t need = 0;
   auto hits = LookupUnsynced(tenant, epoch, keys, now_ms, &need);
-  if (!hits.ok()) return hits;
   // A hit may be an object whose finish is not durable yet: not before it is.
   if (auto st = WaitDurable(need); !st.ok()) return st;
   return hits;
