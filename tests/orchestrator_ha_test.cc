@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <map>
@@ -51,6 +52,7 @@
 #include "eventually.h"
 #include "fence.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "orchestrator.grpc.pb.h"
 
 extern char** environ;
@@ -181,6 +183,18 @@ class HaOrchestrator {
     }
   }
 
+  // Adds sections to the config before Start.
+  void AppendConfig(const std::string& text) const {
+    std::ofstream(config_, std::ios::app) << text;
+  }
+  // The port of its LMCache coordinator, from its start-up line (0: not in the log).
+  int LmcachePort() const {
+    const std::string text = ReadFile(log);
+    const std::string mark = "lmcache coordinator on http://127.0.0.1:";
+    const std::size_t at = text.find(mark);
+    return at == std::string::npos ? 0 : std::atoi(text.c_str() + at + mark.size());
+  }
+
   std::unique_ptr<pb::Orchestrator::Stub> Stub() const {
     return pb::Orchestrator::NewStub(
         grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
@@ -222,6 +236,33 @@ std::string Metrics(int port) {
   }
   ::close(fd);
   return out;
+}
+
+// One HTTP/1.0 request to 127.0.0.1:port with a bearer token ("" : none): the status (0: no
+// answer) and the body.
+std::pair<int, std::string> Http(int port, const std::string& method, const std::string& path,
+                                 const std::string& token, const std::string& body = "") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    std::string req = absl::StrCat(method, " ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n");
+    if (!token.empty()) absl::StrAppend(&req, "Authorization: Bearer ", token, "\r\n");
+    absl::StrAppend(&req, "Content-Type: application/json\r\nContent-Length: ", body.size(),
+                    "\r\n\r\n", body);
+    if (::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      ssize_t n = 0;
+      while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  const std::size_t sp = out.find(' '), end = out.find("\r\n\r\n");
+  if (sp == std::string::npos || end == std::string::npos) return {0, ""};
+  return {std::atoi(out.c_str() + sp + 1), out.substr(end + 4)};
 }
 
 // The value of a metric line that starts with `name` followed by a space (-1: absent).
@@ -2251,6 +2292,125 @@ TEST(HaPartition, OneOrchestratorCutOffFromEtcd) {
   EXPECT_NE(alog.find("serving read-only"), std::string::npos) << alog;
   EXPECT_NE(alog.find("read-only mode of domain 'hatest' ended"), std::string::npos) << alog;
   for (auto& h : hosts) EXPECT_TRUE(h->Leave().ok());
+}
+
+// LMCache's coordinator on a domain with [etcd] (docs/lmcache.md "Fail-over"): only the leader
+// serves it (a standby answers 503, /healthz aside); a writer finishes three objects through
+// the leader and leaves a fourth reserved; after kill -9 of the leader the standby serves the
+// same region epoch, the same handles and the bytes behind them, the open reservation
+// finishes with its token, and new grants carry larger generations.
+TEST_F(HaTest, LmcacheCoordinatorFailsOverWithItsObjects) {
+  using nlohmann::json;
+  const std::string token = "ha-test-lmcache-token-0123456789";
+  char tmpl[] = "/tmp/cxlkv-ha-lmc-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string tokens = std::string(tmpl) + "/tokens";
+  std::ofstream(tokens) << token << "\n";
+  ::chmod(tokens.c_str(), 0600);
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  for (HaOrchestrator* o : {&a, &b}) {
+    o->AppendConfig(absl::StrCat("[lmcache]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"", tokens,
+                                 "\"\nlayout_id = \"ha-test\"\nregion_size = \"16M\"\n"
+                                 "alignment = \"4K\"\n"));
+  }
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
+  const int pa = a.LmcachePort(), pb = b.LmcachePort();
+  ASSERT_GT(pa, 0) << ReadFile(a.log);
+  ASSERT_GT(pb, 0) << ReadFile(b.log);
+  ASSERT_TRUE(
+      Eventually([&] { return Http(pa, "GET", "/readyz", "").first == 200; }, milliseconds(10000)))
+      << ReadFile(a.log);
+  EXPECT_EQ(Http(pb, "GET", "/readyz", "").first, 503);
+  EXPECT_EQ(Http(pb, "GET", "/healthz", "").first, 200);
+  const auto refused = Http(pb, "POST", "/v1/lookup", token, "{}");
+  EXPECT_EQ(refused.first, 503);
+  EXPECT_NE(refused.second.find("the domain's leader does"), std::string::npos) << refused.second;
+
+  auto call = [&](int port, const std::string& method, const std::string& path,
+                  const json& body = nullptr) {
+    const auto r = Http(port, method, path, token, body.is_null() ? "" : body.dump());
+    EXPECT_EQ(r.first, 200) << method << " " << path << ": " << r.second;
+    return json::parse(r.second, nullptr, false);
+  };
+  const json region = call(pa, "GET", "/v1/region");
+  const std::string epoch = region.value("region_epoch", "");
+  ASSERT_FALSE(epoch.empty()) << region;
+  const std::uint64_t region_offset = call(pa, "GET", "/cxlkv/v1/stats").value("region_offset", 0);
+  ASSERT_GT(region_offset, 0u);
+  auto key = [](int i) {
+    return json{
+        {"chunk_hash_hex", absl::StrCat("0", i, "ab")}, {"model_name", "m"}, {"kv_rank", 0}};
+  };
+  json items = json::array();
+  for (int i = 0; i < 4; ++i) {
+    items.push_back(
+        {{"key", key(i)}, {"layout", {{"shapes", {{1000 + 777 * i}}}, {"dtypes", {"uint8"}}}}});
+  }
+  const json grants =
+      call(pa, "POST", "/v1/writes/reserve", {{"region_epoch", epoch}, {"items", items}})["grants"];
+  ASSERT_EQ(grants.size(), 4u) << grants;
+  // The bytes, written where the handles say in the pool every orchestrator maps.
+  const int pool_fd = ::open(d_.pool.c_str(), O_RDWR);
+  ASSERT_GE(pool_fd, 0);
+  const std::size_t pool_bytes = 256u << 20;
+  auto* pool = static_cast<std::uint8_t*>(
+      ::mmap(nullptr, pool_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pool_fd, 0));
+  ::close(pool_fd);
+  ASSERT_NE(pool, MAP_FAILED);
+  auto byte_of = [](int i, std::uint64_t j, std::uint64_t gen) {
+    return static_cast<std::uint8_t>((i * 31 + j * 7 + gen) & 0xff);
+  };
+  for (int i = 0; i < 4; ++i) {
+    const json& h = grants[i]["handle"];
+    for (std::uint64_t j = 0; j < h["length"].get<std::uint64_t>(); ++j) {
+      pool[region_offset + h["offset"].get<std::uint64_t>() + j] =
+          byte_of(i, j, h["generation"].get<std::uint64_t>());
+    }
+  }
+  json done = json::array();
+  for (int i = 0; i < 3; ++i) done.push_back({{"key", key(i)}, {"token", grants[i]["token"]}});
+  call(pa, "POST", "/v1/writes/finish", {{"region_epoch", epoch}, {"reservations", done}});
+  json keys = json::array();
+  for (int i = 0; i < 4; ++i) keys.push_back(key(i));
+  const json before = call(pa, "POST", "/v1/lookup", {{"region_epoch", epoch}, {"keys", keys}});
+  const json used_before = call(pa, "GET", "/v1/status")["used_bytes"];
+
+  a.Kill(SIGKILL);
+  ASSERT_TRUE(
+      Eventually([&] { return Http(pb, "GET", "/readyz", "").first == 200; }, milliseconds(15000)))
+      << "the standby's coordinator did not take over:\n"
+      << ReadFile(b.log);
+  EXPECT_EQ(call(pb, "GET", "/v1/region")["region_epoch"], epoch);
+  EXPECT_EQ(call(pb, "GET", "/v1/status")["used_bytes"], used_before);
+  const json after = call(pb, "POST", "/v1/lookup", {{"region_epoch", epoch}, {"keys", keys}});
+  EXPECT_EQ(after["hits"], before["hits"]);
+  ASSERT_EQ(after["hits"].size(), 4u) << after;
+  EXPECT_TRUE(after["hits"][3].is_null()) << "a WRITING object is not a hit";
+  for (int i = 0; i < 3; ++i) {
+    const json& h = after["hits"][i]["handle"];
+    ASSERT_EQ(h, grants[i]["handle"]) << i;
+    std::uint64_t wrong = 0;
+    for (std::uint64_t j = 0; j < h["length"].get<std::uint64_t>(); ++j) {
+      wrong += pool[region_offset + h["offset"].get<std::uint64_t>() + j] !=
+               byte_of(i, j, h["generation"].get<std::uint64_t>());
+    }
+    EXPECT_EQ(wrong, 0u) << "object " << i;
+  }
+  // The reservation left open before the failover finishes on the new leader.
+  call(pb, "POST", "/v1/writes/finish",
+       {{"region_epoch", epoch},
+        {"reservations", {{{"key", key(3)}, {"token", grants[3]["token"]}}}}});
+  const json hit3 = call(pb, "POST", "/v1/lookup", {{"region_epoch", epoch}, {"keys", {key(3)}}});
+  EXPECT_EQ(hit3["hits"][0]["handle"], grants[3]["handle"]);
+  const json more = call(
+      pb, "POST", "/v1/writes/reserve",
+      {{"region_epoch", epoch},
+       {"items", {{{"key", key(9)}, {"layout", {{"shapes", {{64}}}, {"dtypes", {"uint8"}}}}}}}});
+  EXPECT_GT(more["grants"][0]["handle"]["generation"].get<std::uint64_t>(),
+            grants[3]["handle"]["generation"].get<std::uint64_t>());
+  EXPECT_NE(ReadFile(b.log).find("restored from etcd"), std::string::npos) << ReadFile(b.log);
+  ::munmap(pool, pool_bytes);
+  std::filesystem::remove_all(tmpl);
 }
 
 }  // namespace

@@ -18,7 +18,17 @@ std::uint8_t WordsOf(std::size_t in, std::size_t len) {
 }  // namespace
 
 SimMemory::SimMemory(std::uint64_t size_bytes, std::uint64_t seed, const SimOptions& options)
-    : media_((size_bytes + 63) / 64 * 64), seeds_(seed), rng_(seed ^ 0xA11CE), options_(options) {}
+    : owned_((size_bytes + 63) / 64 * 64),
+      media_(owned_),
+      seeds_(seed),
+      rng_(seed ^ 0xA11CE),
+      options_(options) {}
+
+SimMemory::SimMemory(std::span<std::byte> media, std::uint64_t seed, const SimOptions& options)
+    : media_(media.first(media.size() / 64 * 64)),
+      seeds_(seed),
+      rng_(seed ^ 0xA11CE),
+      options_(options) {}
 
 SimMemory::~SimMemory() = default;
 

@@ -19,11 +19,9 @@ import json
 import mmap
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent.parent / "tools" / "lmcache-qualify"))
 from coordinator_client import Client, CoordinatorError, make_key, make_layout  # noqa: E402
+from emulated_domain import EmulatedDomain  # noqa: E402
 from visibility_ctypes import ACQUIRE, PUBLISH, Visibility  # noqa: E402
 
 MiB = 1 << 20
@@ -56,77 +55,21 @@ def check(cond, msg):
         fail(msg)
 
 
-class Domain:
-    """A domain with [lmcache], its orchestrator as a process."""
+class Domain(EmulatedDomain):
+    """A domain with [lmcache], its orchestrator as a process (the qualification kit's
+    launcher, with this test's tenants, quotas and pin levels)."""
 
     def __init__(self, binary):
-        self.binary = binary
-        self.dir = Path(tempfile.mkdtemp(prefix="cxlkv-lmc-"))
-        tag = f"{os.getpid()}"
-        self.pool = f"/dev/shm/cxlkv-lmc-pool-{tag}"
-        self.prefix = f"/dev/shm/cxlkv-lmc-domain-{tag}"
-        tokens = self.dir / "tokens"
-        tokens.write_text("".join(f"{t} {v}\n" for t, v in TOKENS.items()))
-        tokens.chmod(0o600)
-        self.config = self.dir / "domain.toml"
-        self.config.write_text(f"""[domain]
-name = "lmc"
-pool = "file:{self.pool}?size=256M"
-prefix_domain = "file:{self.prefix}?size=4M"
-extent_size = "16M"
-state_file = "{self.dir}/d.state"
-index_entries = 1024
-max_hosts = 4
-[rpc]
-socket = "{self.dir}/o.sock"
-[metrics]
-listen = ""
-[lmcache]
-listen = "127.0.0.1:0"
-token_file = "{tokens}"
-layout_id = "test-layout"
-region_size = "32M"
-alignment = 4096
-reservation_ttl_ms = {TTL_MS}
-read_lease_ms = {LEASE_MS}
-max_batch = 256
-threads = 4
-[lmcache.quotas]
-small = {QUOTA_SMALL}
-[[namespace]]
+        super().__init__(binary, pool_mib=POOL // MiB, region_mib=REGION // MiB,
+                         extent_mib=EXTENT // MiB, alignment=ALIGN, ttl_ms=TTL_MS,
+                         lease_ms=LEASE_MS, quotas={"small": QUOTA_SMALL}, threads=4,
+                         name="lmc", layout_id="test-layout", tokens=TOKENS, max_batch=256,
+                         extra_toml="""[[namespace]]
 tenant = "acme"
 model = "lmcache"
 layout = "test-layout"
 pin = 2
 """)
-        self.proc = None
-        self.log = None
-        self.port = None
-        self.started = False
-
-    def start(self):
-        args = [self.binary, "--config", str(self.config)]
-        if not self.started:
-            args.append("--new-domain")
-        self.started = True
-        self.log = open(self.dir / f"log-{time.monotonic_ns()}", "w+")
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            self.log.seek(0)
-            m = re.search(r"lmcache coordinator on http://127\.0\.0\.1:(\d+)", self.log.read())
-            if m:
-                self.port = int(m.group(1))
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        self.log.seek(0)
-        fail(f"orchestrator did not come up: {self.log.read()}")
-
-    def kill(self, sig=signal.SIGKILL):
-        self.proc.send_signal(sig)
-        self.proc.wait(10)
 
     def log_text(self):
         self.log.seek(0)
@@ -138,14 +81,7 @@ pin = 2
         return c
 
     def cleanup(self):
-        if self.proc and self.proc.poll() is None:
-            self.kill(signal.SIGTERM)
-        for p in (self.pool, self.prefix):
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
-        subprocess.run(["rm", "-rf", str(self.dir)], check=False)
+        self.close()
 
 
 class Mapping:
@@ -417,9 +353,6 @@ def check_bad_config(binary):
         (lambda d: d.config.write_text(d.config.read_text().replace("layout_id", "layout")),
          "key 'lmcache.layout': unknown key"),
         (lambda d: (d.dir / "tokens").chmod(0o644), "chmod 600"),
-        (lambda d: d.config.write_text(d.config.read_text() +
-                                       '[etcd]\nendpoints = ["127.0.0.1:1"]\n'),
-         "[lmcache] with [etcd] is not supported yet"),
     ]
     for mutate, want in cases:
         d = Domain(binary)

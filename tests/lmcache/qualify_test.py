@@ -3,8 +3,13 @@
 every gate (--json checked); the two-host mode (--role a / --role b, one run id) passes with one
 process per role; and a peer's object scribbled on between write and read (what an overlapping
 grant or a fabric that loses write-backs would do) fails the visibility gate, naming it corrupt.
+Over the non-coherence simulator's seam (each kit process a host with a private, non-coherent
+cache over the pool file: tests/lmcache/sim_fabric.cc), the visibility gate passes with the
+visibility library's real steps and fails, every object corrupt, with a library that does
+nothing.
 
-Usage: qualify_test.py ORCHESTRATOR_BIN VISIBILITY_LIBRARY   (exit 0: pass). About 30 s.
+Usage: qualify_test.py ORCHESTRATOR_BIN VISIBILITY_LIBRARY SIM_FABRIC_LIBRARY NOOP_LIBRARY
+(exit 0: pass). About 40 s.
 """
 
 import hashlib
@@ -37,7 +42,21 @@ def qualify(*args, wait=True):
 
 
 def main():
-    binary, library = sys.argv[1], sys.argv[2]
+    binary, library, sim_fabric, noop = sys.argv[1:5]
+    # The simulated fabric: the real steps pass, a library that does nothing fails.
+    for lib, want in ((sim_fabric, 0), (noop, 1)):
+        rc, out, err = qualify("--quick", "--gates", "visibility", "--launch", binary,
+                               "--library", lib, "--sim-fabric", sim_fabric, "--json")
+        if rc != want:
+            fail(f"simulated fabric with {lib}: exit {rc}, want {want}: {out} {err}")
+        g = json.loads(out)["gates"][0]
+        n = g["figures"]["written"]
+        if want == 0 and not (g["result"] == "pass" and g["figures"]["read_ok"] == n):
+            fail(f"simulated fabric, real library: {g}")
+        if want == 1 and not (g["result"] == "FAIL" and g["figures"]["read_ok"] == 0 and
+                              g["figures"]["corrupt"] == n):
+            fail(f"simulated fabric, no-op library: every object must be corrupt: {g}")
+    print("simulated fabric: the real library passes, a no-op library fails", flush=True)
     rc, out, err = qualify("--quick", "--launch", binary, "--library", library, "--json")
     if rc != 0:
         fail(f"quick run exited {rc}: {out} {err}")

@@ -17,7 +17,10 @@ MiB = 1 << 20
 class EmulatedDomain:
     def __init__(self, binary, pool_mib=512, region_mib=128, extent_mib=16, alignment=4096,
                  ttl_ms=1000, lease_ms=500, tenants=("default",), quotas=None,
-                 state_dir=None, threads=8):
+                 state_dir=None, threads=8, name="lmq", layout_id="qualify", tokens=None,
+                 max_batch=4096, extra_toml=""):
+        """tokens: {tenant: token} (default: a random token per tenant of `tenants`);
+        extra_toml: appended to domain.toml (e.g. [[namespace]] entries)."""
         self.binary = binary
         self.dir = Path(tempfile.mkdtemp(prefix="cxlkv-lmq-"))
         state_dir = Path(state_dir) if state_dir else self.dir
@@ -28,14 +31,14 @@ class EmulatedDomain:
         self.pool_bytes = pool_mib * MiB
         self.region_bytes = region_mib * MiB
         self.region_offset = self.pool_bytes - self.region_bytes
-        self.tokens = {t: secrets.token_hex(16) for t in tenants}
+        self.tokens = dict(tokens) if tokens else {t: secrets.token_hex(16) for t in tenants}
         self.token_file = self.dir / "tokens"
         self.token_file.write_text("".join(f"{t} {v}\n" for t, v in self.tokens.items()))
         self.token_file.chmod(0o600)
         quota_text = "".join(f"{t} = {b}\n" for t, b in (quotas or {}).items())
         self.config = self.dir / "domain.toml"
         self.config.write_text(f"""[domain]
-name = "lmq"
+name = "{name}"
 pool = "file:{self.pool}?size={pool_mib}M"
 prefix_domain = "file:{self.prefix}?size=4M"
 extent_size = "{extent_mib}M"
@@ -49,14 +52,15 @@ listen = ""
 [lmcache]
 listen = "127.0.0.1:0"
 token_file = "{self.token_file}"
-layout_id = "qualify"
+layout_id = "{layout_id}"
 region_size = "{region_mib}M"
 alignment = {alignment}
 reservation_ttl_ms = {ttl_ms}
 read_lease_ms = {lease_ms}
 threads = {threads}
+max_batch = {max_batch}
 [lmcache.quotas]
-{quota_text}""")
+{quota_text}{extra_toml}""")
         self.proc = None
         self.port = None
         self.started = False

@@ -59,26 +59,58 @@ class Visibility:
 
 
 class Region:
-    """The coordinator's region mapped as an MP server maps it (at the mapping offset)."""
+    """The coordinator's region mapped as an MP server maps it (at the mapping offset). With
+    sim_fabric (a test build's library, tests/lmcache/sim_fabric.cc), this process is one host
+    of the non-coherence simulator instead: its loads and stores go through a simulated private
+    cache over the pool file, and the addresses given to the visibility library are the
+    simulator's window, whose cache operations act on that cache."""
 
-    def __init__(self, pool, mapping_offset, capacity, library):
+    def __init__(self, pool, mapping_offset, capacity, library, sim_fabric=None, seed=0):
         self.vis = Visibility(library)
         self.fd = os.open(pool, os.O_RDWR)
         self.off = mapping_offset
+        self.sim = None
+        if sim_fabric:
+            sim = ctypes.CDLL(sim_fabric, use_errno=True)
+            sim.cxlkv_sim_attach.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64,
+                                             ctypes.c_uint64]
+            sim.cxlkv_sim_attach.restype = ctypes.c_void_p
+            for f in (sim.cxlkv_sim_write, sim.cxlkv_sim_read):
+                f.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
+                f.restype = ctypes.c_int
+            base = sim.cxlkv_sim_attach(pool.encode(), mapping_offset, capacity, seed)
+            if not base:
+                raise OSError(ctypes.get_errno(), f"{sim_fabric}: cannot attach to {pool}")
+            self.sim, self.base, self.m = sim, base, None
+            return
         self.m = mmap.mmap(self.fd, capacity, flags=mmap.MAP_SHARED,
                            prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=mapping_offset)
         self.anchor = ctypes.c_ubyte.from_buffer(self.m)
         self.base = ctypes.addressof(self.anchor)
 
+    def store(self, o, data):
+        if self.sim is None:
+            self.m[o:o + len(data)] = data
+        elif self.sim.cxlkv_sim_write(o, data, len(data)) != 0:
+            raise OSError("simulated store outside the region")
+
+    def load(self, o, n):
+        if self.sim is None:
+            return bytes(self.m[o:o + n])
+        buf = ctypes.create_string_buffer(n)
+        if self.sim.cxlkv_sim_read(o, buf, n) != 0:
+            raise OSError("simulated load outside the region")
+        return buf.raw
+
     def write(self, h, payload):
         o, n = h["offset"], h["length"]
-        self.m[o:o + n] = payload
+        self.store(o, payload)
         self.vis.apply(PUBLISH, self.fd, self.base + o, self.off + o, n, h["generation"])
 
     def read(self, h):
         o, n = h["offset"], h["length"]
         self.vis.apply(ACQUIRE, self.fd, self.base + o, self.off + o, n, h["generation"])
-        return bytes(self.m[o:o + n])
+        return self.load(o, n)
 
 
 def payload(run, key_hex, generation, length):
@@ -103,7 +135,7 @@ class Ctx:
         self.client = Client(d["port"], d["token"], host=d["host"])
         self.contract = self.client.region()
         self.region = Region(d["pool"], d["mapping_offset"], self.contract["capacity_bytes"],
-                             d["library"])
+                             d["library"], d.get("sim_fabric"), os.getpid())
         self.run = d["run"]
 
     def put(self, names, sizes, finish=True):
@@ -187,7 +219,7 @@ def worker(spec):
         half = h["length"] // 2
         ctx.region.vis.apply(ACQUIRE, ctx.region.fd, ctx.region.base + h["offset"],
                              ctx.region.off + h["offset"], h["length"], h["generation"])
-        _ = bytes(ctx.region.m[h["offset"]:h["offset"] + half])
+        _ = ctx.region.load(h["offset"], half)
         print(json.dumps(hit), flush=True)
         time.sleep(3600)
     elif kind == "mixed":
@@ -476,6 +508,10 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run for CI: concurrency 1, 2, 4, fewer objects, 2 s mixed")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--sim-fabric", metavar="SO",
+                    help="test builds: each process a host of the non-coherence simulator "
+                         "(tests/lmcache/sim_fabric.cc's library, absolute path); not a "
+                         "qualification of anything")
     a = ap.parse_args()
     if a.worker:
         worker(a.worker)
@@ -524,7 +560,8 @@ def main():
             return 2
         mapping_offset = stats["region_offset"]
     q.ctxd = {"host": host, "port": port, "token": token, "pool": pool,
-              "mapping_offset": mapping_offset, "library": a.library, "run": run}
+              "mapping_offset": mapping_offset, "library": a.library, "run": run,
+              "sim_fabric": a.sim_fabric}
     q.ctx = Ctx(q.ctxd)
     gates = [x for x in a.gates.split(",") if x]
     unknown = [x for x in gates if x not in GATES]

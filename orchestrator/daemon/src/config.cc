@@ -571,13 +571,6 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
   }
   if (auto st2 = CheckAcrossKeys(c, source_name); !st2.ok()) return st2;
   if (c.lmcache.enabled()) {
-    if (c.etcd.enabled()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source_name,
-                       ": [lmcache] with [etcd] is not supported yet: the coordinator's state is "
-                       "a local file, not in etcd (docs/lmcache.md \"Not done here\"); run the "
-                       "coordinator's domain without [etcd]"));
-    }
     // The domain's eviction policy for LMCache's tenants: [[namespace]] pin levels, where the
     // namespace is one of the coordinator's ("<tenant>/lmcache/<layout_id>").
     for (const NamespaceConfig& ns : c.namespaces) {

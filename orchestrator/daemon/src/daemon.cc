@@ -921,8 +921,9 @@ absl::Status Orchestrator::Start() {
   }
   // [lmcache]: LMCache's coordinator API, up before the socket listens (launchers wait on it).
   if (config_.lmcache.enabled()) {
-    auto lmcache =
-        coordinator::Service::Start(config_.lmcache, pool_->size_bytes(), config_.extent_bytes);
+    // With [etcd]: standing by until elected (its state is in etcd, docs/lmcache.md).
+    auto lmcache = coordinator::Service::Start(config_.lmcache, pool_->size_bytes(),
+                                               config_.extent_bytes, ha_ != nullptr);
     if (!lmcache.ok()) return lmcache.status();
     lmcache_ = *std::move(lmcache);
   }
@@ -998,8 +999,15 @@ absl::Status Orchestrator::Start() {
   if (ha_ != nullptr) {
     // Campaigning starts once every endpoint is up: an elected orchestrator serves at once.
     HaSession::Hooks hooks;
-    hooks.take_over = [this](const LeaderTerm& t) { return TakeOver(t); };
-    hooks.step_down = [this](const std::string& why) { StepDown(why); };
+    hooks.take_over = [this](const LeaderTerm& t) {
+      absl::Status st = TakeOver(t);
+      if (st.ok() && lmcache_ != nullptr) LeadLmcache(t.epoch);
+      return st;
+    };
+    hooks.step_down = [this](const std::string& why) {
+      StepDown(why);
+      if (lmcache_ != nullptr) lmcache_->StandBy(why);
+    };
     ha_->Advertise(SelfDescription(config_, tcp_port_));
     if (auto st = ha_->Start(std::move(hooks)); !st.ok()) return st;
   }
@@ -1535,6 +1543,19 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
                config_.etcd.domain.c_str(), static_cast<long long>(t.epoch),
                state_.recovered_extents(), source.c_str());
   return absl::OkStatus();
+}
+
+void Orchestrator::LeadLmcache(std::int64_t epoch) {
+  // The coordinator's state is in etcd beside the domain's (orchestrator/lmcache/); an error
+  // leaves it answering 503 with the reason while the domain is led as usual.
+  auto store = coordinator::EtcdStateStore(
+      {config_.etcd.endpoints, ha_->where(), config_.etcd.call_timeout_ms}, epoch);
+  if (!store.ok()) {
+    std::fprintf(stderr, "cxlkv-orchestrator: lmcache: %s\n",
+                 std::string(store.status().message()).c_str());
+    return;
+  }
+  (void)lmcache_->Lead(*std::move(store), [this] { return ha_->WriteAllowed(); });
 }
 
 void Orchestrator::StepDown(const std::string& why) {

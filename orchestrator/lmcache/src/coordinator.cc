@@ -92,6 +92,31 @@ void GiveBack(std::map<std::uint64_t, std::uint64_t>* free, std::uint64_t offset
   }
 }
 
+// A batch's key: checked, its id appended; a key twice in one batch is refused.
+absl::Status AddKeyId(const std::string& ns, const ObjectKey& k, absl::string_view batch,
+                      std::set<std::string>* seen, std::vector<std::string>* ids) {
+  if (auto st = CheckKey(k); !st.ok()) return st;
+  ids->push_back(Canonical(ns, k));
+  if (!seen->insert(ids->back()).second) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a ", batch, " batch must not contain duplicate keys"));
+  }
+  return absl::OkStatus();
+}
+
+// Copies the journal's last seq into *out when the locked section it is declared in ends.
+class NoteSeq {
+ public:
+  NoteSeq(std::uint64_t* out, const std::uint64_t& seq) : out_(out), seq_(seq) {}
+  ~NoteSeq() { *out_ = seq_; }
+  NoteSeq(const NoteSeq&) = delete;
+  NoteSeq& operator=(const NoteSeq&) = delete;
+
+ private:
+  std::uint64_t* out_;
+  const std::uint64_t& seq_;
+};
+
 absl::Status StaleEpoch() {
   return absl::FailedPreconditionError(
       "stale_epoch: request epoch does not match the coordinator region epoch (GET /v1/region)");
@@ -145,7 +170,9 @@ absl::Status CheckKey(const ObjectKey& k) {
   return absl::OkStatus();
 }
 
-Coordinator::Coordinator(const CoordinatorConfig& c, std::uint64_t region_offset) : c_(c) {
+Coordinator::Coordinator(const CoordinatorConfig& c, std::uint64_t region_offset,
+                         std::unique_ptr<StateStore> store)
+    : c_(c), store_(std::move(store)) {
   region_.region_id = c.region_id;
   region_.layout_id = c.layout_id;
   region_.region_offset = region_offset;
@@ -156,25 +183,23 @@ Coordinator::Coordinator(const CoordinatorConfig& c, std::uint64_t region_offset
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const CoordinatorConfig& c,
                                                                std::uint64_t region_offset,
                                                                std::int64_t now_ms) {
-  std::unique_ptr<Coordinator> co(new Coordinator(c, region_offset));
+  return Open(c, region_offset, now_ms, FileStateStore(c.state_file));
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const CoordinatorConfig& c,
+                                                               std::uint64_t region_offset,
+                                                               std::int64_t now_ms,
+                                                               std::unique_ptr<StateStore> store) {
+  std::unique_ptr<Coordinator> co(new Coordinator(c, region_offset, std::move(store)));
   absl::MutexLock l(&co->mu_);
   co->free_.emplace(0, c.region_bytes);
-  std::ifstream in(c.state_file, std::ios::binary);
-  if (in) {
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string journal;
-    std::ifstream jin(co->JournalPath(), std::ios::binary);
-    if (jin) {
-      std::stringstream js;
-      js << jin.rdbuf();
-      journal = js.str();
+  auto loaded = co->store_->Load();
+  if (!loaded.ok()) return loaded.status();
+  if (loaded->has_value()) {
+    if (auto st = co->LoadLocked((*loaded)->snapshot, (*loaded)->journal, now_ms); !st.ok()) {
+      return st;
     }
-    if (auto st = co->LoadLocked(ss.str(), journal, now_ms); !st.ok()) return st;
     co->restored_ = true;
-  } else if (errno != ENOENT) {
-    return absl::PermissionDeniedError(absl::StrCat("lmcache.state_file ", c.state_file,
-                                                    ": cannot read: ", pool::ErrnoText(errno)));
   } else {
     co->region_.region_epoch = RandomHex128();
   }
@@ -200,24 +225,101 @@ absl::Status Coordinator::CheckEpoch(const std::string& epoch) const {
 absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
     const std::string& tenant, const std::string& epoch, const std::vector<ReserveItem>& items,
     std::int64_t now_ms) {
+  std::uint64_t need = 0;
+  auto grants = ReserveUnsynced(tenant, epoch, items, now_ms, &need);
+  // A refusal too may reveal a change (a null grant: another writer's reservation).
+  if (auto st = WaitDurable(need); !st.ok()) return st;
+  return grants;
+}
+
+absl::Status Coordinator::Finish(const std::string& tenant, const std::string& epoch,
+                                 const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
+  std::uint64_t need = 0;
+  const absl::Status st = FinishOrAbortUnsynced(true, tenant, epoch, refs, now_ms, &need);
+  if (auto wst = WaitDurable(need); !wst.ok()) return wst;
+  return st;
+}
+
+absl::Status Coordinator::Abort(const std::string& tenant, const std::string& epoch,
+                                const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
+  std::uint64_t need = 0;
+  const absl::Status st = FinishOrAbortUnsynced(false, tenant, epoch, refs, now_ms, &need);
+  if (auto wst = WaitDurable(need); !wst.ok()) return wst;
+  return st;
+}
+
+absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::Lookup(
+    const std::string& tenant, const std::string& epoch, const std::vector<ObjectKey>& keys,
+    std::int64_t now_ms) {
+  std::uint64_t need = 0;
+  auto hits = LookupUnsynced(tenant, epoch, keys, now_ms, &need);
+  // A hit may be an object whose finish is not durable yet: not before it is.
+  if (auto st = WaitDurable(need); !st.ok()) return st;
+  return hits;
+}
+
+absl::StatusOr<std::uint32_t> Coordinator::Expire(std::int64_t now_ms) {
+  std::uint64_t need = 0;
+  auto n = ExpireUnsynced(now_ms, &need);
+  if (!n.ok() || *n == 0) return n;
+  if (auto st = WaitDurable(need); !st.ok()) return st;
+  return n;
+}
+
+absl::Status Coordinator::WaitDurable(std::uint64_t seq) {
+  absl::MutexLock l(&sync_mu_);
+  while (true) {
+    if (!sync_error_.ok()) return sync_error_;
+    if (synced_seq_ >= seq) return absl::OkStatus();
+    if (syncing_) {
+      // Another caller's sync is running: it may cover this record too (it started after the
+      // record was appended), or the next one will.
+      sync_mu_.Await(absl::Condition(
+          +[](bool* syncing) { return !*syncing; }, &syncing_));
+      continue;
+    }
+    // This caller syncs for everyone whose record is appended by now.
+    syncing_ = true;
+    sync_mu_.Unlock();
+    std::uint64_t target = 0;
+    {
+      absl::MutexLock m(&mu_);
+      target = journal_seq_;
+    }
+    const absl::Status st = store_->Sync();
+    sync_mu_.Lock();
+    syncing_ = false;
+    ++syncs_;
+    if (!st.ok()) {
+      // The changes are applied in memory and cannot be made durable: nothing more is
+      // acknowledged (a restart reloads what is on disk; no reply revealed the rest).
+      sync_error_ = absl::InternalError(
+          absl::StrCat(store_->journal_where(), ": cannot make the journal durable: ", st.message(),
+                       "; the coordinator acknowledges nothing more: restart the orchestrator"));
+      return sync_error_;
+    }
+    synced_seq_ = std::max(synced_seq_, target);
+  }
+}
+
+absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
+    const std::string& tenant, const std::string& epoch, const std::vector<ReserveItem>& items,
+    std::int64_t now_ms, std::uint64_t* need) {
   if (auto st = CheckEpoch(epoch); !st.ok()) return st;
   const std::string ns = NamespaceOf(tenant);
   std::vector<std::string> ids;
   std::vector<std::uint64_t> lengths;
   std::set<std::string> seen;
   for (const ReserveItem& it : items) {
-    if (auto st = CheckKey(it.key); !st.ok()) return st;
+    if (auto st = AddKeyId(ns, it.key, "write", &seen, &ids); !st.ok()) return st;
     auto len = LayoutBytes(it.layout);
     if (!len.ok()) return len.status();
     if (*len == 0) return absl::InvalidArgumentError("write layouts must describe a positive size");
-    ids.push_back(Canonical(ns, it.key));
-    if (!seen.insert(ids.back()).second) {
-      return absl::InvalidArgumentError("a write batch must not contain duplicate keys");
-    }
     lengths.push_back(*len);
   }
   const std::uint64_t align = c_.alignment_bytes;
   absl::MutexLock l(&mu_);
+  const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
   std::uint64_t total = 0;
   std::vector<bool> wanted(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -370,58 +472,51 @@ absl::Status Coordinator::CheckRefsLocked(const std::string& tenant,
   return absl::OkStatus();
 }
 
-absl::Status Coordinator::Finish(const std::string& tenant, const std::string& epoch,
-                                 const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
+absl::Status Coordinator::FinishOrAbortUnsynced(bool finish, const std::string& tenant,
+                                                const std::string& epoch,
+                                                const std::vector<ReservationRef>& refs,
+                                                std::int64_t now_ms, std::uint64_t* need) {
   if (auto st = CheckEpoch(epoch); !st.ok()) return st;
   absl::MutexLock l(&mu_);
+  const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
   std::vector<std::string> ids;
   if (auto st = CheckRefsLocked(tenant, refs, now_ms, &ids); !st.ok()) return st;
   Change ch;
   ch.touch_seq = touch_seq_;
-  for (const std::string& id : ids) {
-    Object o = objects_.at(id);
-    o.writing = false;
-    o.token.clear();
-    o.touched = ++ch.touch_seq;
-    o.lease_until_ms = 0;
-    ch.puts.emplace_back(id, std::move(o));
+  ch.next_generation = next_generation_;
+  if (finish) {
+    for (const std::string& id : ids) {
+      Object o = objects_.at(id);
+      o.writing = false;
+      o.token.clear();
+      o.touched = ++ch.touch_seq;
+      o.lease_until_ms = 0;
+      ch.puts.emplace_back(id, std::move(o));
+    }
+  } else {
+    ch.dels = std::move(ids);
   }
-  ch.next_generation = next_generation_;
   if (auto st = CommitLocked(ch); !st.ok()) return st;
-  stats_.finished += ids.size();
+  if (finish) {
+    stats_.finished += ch.puts.size();
+  } else {
+    stats_.aborted += ch.dels.size();
+  }
   return absl::OkStatus();
 }
 
-absl::Status Coordinator::Abort(const std::string& tenant, const std::string& epoch,
-                                const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
-  if (auto st = CheckEpoch(epoch); !st.ok()) return st;
-  absl::MutexLock l(&mu_);
-  std::vector<std::string> ids;
-  if (auto st = CheckRefsLocked(tenant, refs, now_ms, &ids); !st.ok()) return st;
-  Change ch;
-  ch.dels = std::move(ids);
-  ch.next_generation = next_generation_;
-  ch.touch_seq = touch_seq_;
-  if (auto st = CommitLocked(ch); !st.ok()) return st;
-  stats_.aborted += ch.dels.size();
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::Lookup(
+absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::LookupUnsynced(
     const std::string& tenant, const std::string& epoch, const std::vector<ObjectKey>& keys,
-    std::int64_t now_ms) {
+    std::int64_t now_ms, std::uint64_t* need) {
   if (auto st = CheckEpoch(epoch); !st.ok()) return st;
   const std::string ns = NamespaceOf(tenant);
   std::vector<std::string> ids;
   std::set<std::string> seen;
   for (const ObjectKey& k : keys) {
-    if (auto st = CheckKey(k); !st.ok()) return st;
-    ids.push_back(Canonical(ns, k));
-    if (!seen.insert(ids.back()).second) {
-      return absl::InvalidArgumentError("a lookup batch must not contain duplicate keys");
-    }
+    if (auto st = AddKeyId(ns, k, "lookup", &seen, &ids); !st.ok()) return st;
   }
   absl::MutexLock l(&mu_);
+  const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
   std::vector<std::optional<Hit>> hits(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     auto it = objects_.find(ids[i]);
@@ -439,8 +534,10 @@ absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::Lookup(
   return hits;
 }
 
-absl::StatusOr<std::uint32_t> Coordinator::Expire(std::int64_t now_ms) {
+absl::StatusOr<std::uint32_t> Coordinator::ExpireUnsynced(std::int64_t now_ms,
+                                                          std::uint64_t* need) {
   absl::MutexLock l(&mu_);
+  const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
   std::vector<std::string> gone;
   for (const std::string& id : writing_) {
     if (objects_.at(id).expires_ms <= now_ms) gone.push_back(id);
@@ -461,6 +558,9 @@ Stats Coordinator::stats() const {
   s.used_bytes = used_bytes_;
   s.object_count = objects_.size();
   s.writing = writing_.size();
+  s.journal_records = journal_seq_;
+  absl::MutexLock sl(&sync_mu_);
+  s.syncs = syncs_;
   return s;
 }
 
@@ -527,11 +627,7 @@ absl::Status SyncDirOf(const std::string& path) {
 
 }  // namespace
 
-Coordinator::~Coordinator() {
-  if (journal_fd_ >= 0) ::close(journal_fd_);
-}
-
-std::string Coordinator::JournalPath() const { return c_.state_file + ".journal"; }
+Coordinator::~Coordinator() = default;
 
 void Coordinator::IndexLocked(const std::string& id, const Object& o, bool add) {
   if (add) {
@@ -599,17 +695,10 @@ absl::Status Coordinator::CommitLocked(const Change& ch) {
   const std::string body = rec.dump();
   const std::string line = absl::StrCat(
       body, "\t", absl::Hex(coherence::Crc32c(body.data(), body.size()), absl::kZeroPad8), "\n");
-  absl::Status st = WriteAll(journal_fd_, line);
-  if (st.ok() && ::fdatasync(journal_fd_) != 0) st = absl::InternalError(pool::ErrnoText(errno));
-  if (!st.ok()) {
-    // Nothing is applied; a partial line is cut off so the next record starts clean.
-    if (::ftruncate(journal_fd_, static_cast<off_t>(journal_bytes_)) != 0) {
-      journal_broken_ = true;
-    }
-    return absl::InternalError(
-        absl::StrCat("lmcache.state_file: cannot append to ", JournalPath(), ": ", st.message()));
+  if (auto st = store_->Append(journal_seq_ + 1, line); !st.ok()) {
+    return absl::InternalError(absl::StrCat("cannot append to ", store_->journal_where(), ": ",
+                                            st.message(), " (nothing changed)"));
   }
-  journal_bytes_ += line.size();
   ++journal_seq_;
   ++journal_records_;
   if (auto ast = ApplyLocked(ch); !ast.ok()) {
@@ -655,10 +744,10 @@ std::string Coordinator::SerializeLocked() const {
 
 absl::Status Coordinator::LoadLocked(const std::string& text, const std::string& journal,
                                      std::int64_t now_ms) {
-  const std::string& path = c_.state_file;
+  const std::string path = store_->where();
   auto loss = [&](absl::string_view what) {
     return absl::DataLossError(absl::StrCat(
-        "lmcache.state_file ", path, ": ", what,
+        path, ": ", what,
         "; the coordinator will not start on it (nothing is discarded). Stop every LMCache "
         "server mapping the region, then move the file and its .journal away to reset the "
         "region"));
@@ -691,8 +780,7 @@ absl::Status Coordinator::LoadLocked(const std::string& text, const std::string&
     }
     auto mismatch = [&](absl::string_view key, const std::string& was, const std::string& is) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "lmcache.state_file ", path, " describes another region: ", key, " was ", was,
-          ", the configuration says ", is,
+          path, " describes another region: ", key, " was ", was, ", the configuration says ", is,
           ". Put the old value back, or, to start the region afresh (every LMCache server "
           "re-validates), stop every LMCache server mapping it and move the file away"));
     };
@@ -744,15 +832,16 @@ absl::Status Coordinator::LoadLocked(const std::string& text, const std::string&
               absl::StrCat(absl::Hex(coherence::Crc32c(line.data(), tab), absl::kZeroPad8));
       if (!intact) {
         if (last) break;  // torn by a crash mid-append: its reply was never sent
-        return loss(absl::StrCat(JournalPath(), ":", line_no, ": a damaged record"));
+        return loss(absl::StrCat(store_->journal_where(), ":", line_no, ": a damaged record"));
       }
       const json rec = json::parse(line.substr(0, tab), nullptr, false);
-      if (rec.is_discarded()) return loss(absl::StrCat(JournalPath(), ":", line_no, ": not JSON"));
+      if (rec.is_discarded())
+        return loss(absl::StrCat(store_->journal_where(), ":", line_no, ": not JSON"));
       const std::uint64_t seq = rec.at("seq").get<std::uint64_t>();
       if (seq <= journal_seq_) continue;  // already in the snapshot
       if (seq != journal_seq_ + 1) {
-        return loss(
-            absl::StrCat(JournalPath(), ":", line_no, ": record ", seq, " after ", journal_seq_));
+        return loss(absl::StrCat(store_->journal_where(), ":", line_no, ": record ", seq, " after ",
+                                 journal_seq_));
       }
       Change ch;
       for (const json& j : rec.at("puts"))
@@ -761,7 +850,7 @@ absl::Status Coordinator::LoadLocked(const std::string& text, const std::string&
       ch.next_generation = rec.at("next_generation").get<std::uint64_t>();
       ch.touch_seq = rec.at("touch_seq").get<std::uint64_t>();
       if (auto st = ApplyLocked(ch); !st.ok()) {
-        return loss(absl::StrCat(JournalPath(), ":", line_no, ": ", st.message()));
+        return loss(absl::StrCat(store_->journal_where(), ":", line_no, ": ", st.message()));
       }
       journal_seq_ = seq;
     }
@@ -780,46 +869,112 @@ absl::Status Coordinator::LoadLocked(const std::string& text, const std::string&
 }
 
 absl::Status Coordinator::CompactLocked() {
-  if (journal_broken_) {
-    return absl::InternalError(absl::StrCat(JournalPath(),
-                                            " could not be cut after a failed "
-                                            "append; restart the orchestrator"));
-  }
-  const std::string text = SerializeLocked();
-  const std::string& path = c_.state_file;
-  const std::string tmp = path + ".tmp";
-  auto fail = [&](const char* what, int err) {
-    return absl::InternalError(
-        absl::StrCat("lmcache.state_file: ", what, " ", tmp, ": ", pool::ErrnoText(err)));
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return fail("cannot create", errno);
-  if (auto st = WriteAll(fd, text); !st.ok()) {
-    ::close(fd);
-    return absl::InternalError(
-        absl::StrCat("lmcache.state_file: cannot write ", tmp, ": ", st.message()));
-  }
-  if (::fdatasync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return fail("cannot sync", err);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("cannot rename", errno);
-  if (auto st = SyncDirOf(path); !st.ok()) return st;
-  // The snapshot holds every record: the journal starts empty.
-  const std::string jp = JournalPath();
-  if (journal_fd_ < 0) {
-    journal_fd_ = ::open(jp.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (journal_fd_ < 0) return fail("cannot open the journal beside", errno);
-  }
-  if (::ftruncate(journal_fd_, 0) != 0 || ::fdatasync(journal_fd_) != 0) {
-    return fail("cannot empty the journal beside", errno);
-  }
-  if (auto st = SyncDirOf(jp); !st.ok()) return st;
-  journal_bytes_ = 0;
+  if (auto st = store_->Compact(SerializeLocked(), journal_seq_); !st.ok()) return st;
   journal_records_ = 0;
+  // The snapshot holds every record so far, durably.
+  absl::MutexLock sl(&sync_mu_);
+  synced_seq_ = std::max(synced_seq_, journal_seq_);
   return absl::OkStatus();
+}
+
+// ---- the state file and its journal ---------------------------------------------------------
+
+namespace {
+
+class FileStore : public StateStore {
+ public:
+  explicit FileStore(std::string path) : path_(std::move(path)), journal_(path_ + ".journal") {}
+  ~FileStore() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  absl::StatusOr<std::optional<Loaded>> Load() override {
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) {
+      if (errno == ENOENT) return std::optional<Loaded>();
+      return absl::PermissionDeniedError(
+          absl::StrCat(where(), ": cannot read: ", pool::ErrnoText(errno)));
+    }
+    Loaded out;
+    std::stringstream ss;
+    ss << in.rdbuf();
+    out.snapshot = ss.str();
+    if (std::ifstream jin(journal_, std::ios::binary); jin) {
+      std::stringstream js;
+      js << jin.rdbuf();
+      out.journal = js.str();
+    }
+    return std::optional<Loaded>(std::move(out));
+  }
+
+  absl::Status Append(std::uint64_t /*seq*/, const std::string& record) override {
+    absl::Status st = WriteAll(fd_, record);
+    if (!st.ok()) {
+      // A partial line is cut off so the next record starts clean.
+      if (::ftruncate(fd_, static_cast<off_t>(bytes_)) != 0) broken_ = true;
+      return st;
+    }
+    bytes_ += record.size();
+    return absl::OkStatus();
+  }
+
+  absl::Status Compact(const std::string& text, std::uint64_t /*seq*/) override {
+    if (broken_) {
+      return absl::InternalError(absl::StrCat(
+          journal_, " could not be cut after a failed append; restart the orchestrator"));
+    }
+    const std::string tmp = path_ + ".tmp";
+    auto fail = [&](const char* what, int err) {
+      return absl::InternalError(
+          absl::StrCat("lmcache.state_file: ", what, " ", tmp, ": ", pool::ErrnoText(err)));
+    };
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return fail("cannot create", errno);
+    if (auto st = WriteAll(fd, text); !st.ok()) {
+      ::close(fd);
+      return absl::InternalError(
+          absl::StrCat("lmcache.state_file: cannot write ", tmp, ": ", st.message()));
+    }
+    if (::fdatasync(fd) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return fail("cannot sync", err);
+    }
+    ::close(fd);
+    if (::rename(tmp.c_str(), path_.c_str()) != 0) return fail("cannot rename", errno);
+    if (auto st = SyncDirOf(path_); !st.ok()) return st;
+    // The snapshot holds every record: the journal starts empty.
+    if (fd_ < 0) {
+      fd_ = ::open(journal_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+      if (fd_ < 0) return fail("cannot open the journal beside", errno);
+    }
+    if (::ftruncate(fd_, 0) != 0 || ::fdatasync(fd_) != 0) {
+      return fail("cannot empty the journal beside", errno);
+    }
+    if (auto st = SyncDirOf(journal_); !st.ok()) return st;
+    bytes_ = 0;
+    return absl::OkStatus();
+  }
+
+  absl::Status Sync() override {
+    if (::fdatasync(fd_) != 0) return absl::InternalError(pool::ErrnoText(errno));
+    return absl::OkStatus();
+  }
+
+  std::string where() const override { return "lmcache.state_file " + path_; }
+  std::string journal_where() const override { return journal_; }
+
+ private:
+  std::string path_, journal_;
+  int fd_ = -1;
+  std::uint64_t bytes_ = 0;  // the journal's length
+  bool broken_ = false;      // a failed append could not be cut off
+};
+
+}  // namespace
+
+std::unique_ptr<StateStore> FileStateStore(const std::string& path) {
+  return std::make_unique<FileStore>(path);
 }
 
 }  // namespace cxlkv::coordinator

@@ -174,7 +174,7 @@ std::int64_t Service::NowMs() {
 
 absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig& c,
                                                         std::uint64_t pool_bytes,
-                                                        std::uint64_t extent_bytes) {
+                                                        std::uint64_t extent_bytes, bool standby) {
   const std::uint64_t region_offset = HostPoolBytes(c, pool_bytes, extent_bytes);
   if (region_offset == 0) {
     return absl::InvalidArgumentError(
@@ -184,12 +184,19 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
   }
   std::unique_ptr<Service> s(new Service());
   s->c_ = c;
+  s->region_offset_ = region_offset;
   auto tokens = LoadTenantTokens(c.token_file);
   if (!tokens.ok()) return tokens.status();
   s->tokens_ = *std::move(tokens);
-  auto co = Coordinator::Open(c, region_offset, NowMs());
-  if (!co.ok()) return co.status();
-  s->co_ = *std::move(co);
+  if (standby) {
+    absl::MutexLock l(&s->mu_);
+    s->standby_why_ = "not elected yet";
+  } else {
+    auto co = Coordinator::Open(c, region_offset, NowMs());
+    if (!co.ok()) return co.status();
+    absl::MutexLock l(&s->mu_);
+    s->co_ = *std::move(co);
+  }
   mg_init_library(0);
   const std::string threads = absl::StrCat(c.threads);
   // tcp_nodelay: a reply is written as headers then body; without it the body waits for the
@@ -216,24 +223,25 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
   if (mg_get_server_ports(s->ctx_, 4, ports) > 0) s->port_ = ports[0].port;
   const std::uint32_t period =
       std::max<std::uint32_t>(5, std::min<std::uint32_t>(1000, c.reservation_ttl_ms / 4));
-  {
-    const RegionInfo r = s->co_->region();
-    const Stats st = s->co_->stats();
+  if (standby) {
     std::fprintf(stderr,
-                 "cxlkv-orchestrator: lmcache coordinator on http://%s:%d: region '%s' layout '%s' "
-                 "at pool offset %llu, %llu bytes, epoch %s, %llu objects %s %s, %zu tokens\n",
-                 c.listen.substr(0, c.listen.rfind(':')).c_str(), s->port_, r.region_id.c_str(),
-                 r.layout_id.c_str(), static_cast<unsigned long long>(r.region_offset),
-                 static_cast<unsigned long long>(r.capacity_bytes), r.region_epoch.c_str(),
-                 static_cast<unsigned long long>(st.object_count),
-                 s->co_->restored() ? "restored from" : "(new) in", c.state_file.c_str(),
-                 s->tokens_.size());
+                 "cxlkv-orchestrator: lmcache coordinator on http://%s:%d: standing by (the "
+                 "domain's leader serves it; state in etcd), region at pool offset %llu, %zu "
+                 "tokens\n",
+                 c.listen.substr(0, c.listen.rfind(':')).c_str(), s->port_,
+                 static_cast<unsigned long long>(region_offset), s->tokens_.size());
+  } else {
+    std::string unused;
+    s->LogServing(*s->Serving(&unused), c.state_file);
   }
   Service* self = s.get();
   s->reaper_ = std::thread([self, period] {
     while (!self->stop_.load()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(period));
-      auto n = self->co_->Expire(NowMs());
+      std::string why;
+      std::shared_ptr<Coordinator> co = self->Serving(&why);
+      if (co == nullptr) continue;
+      auto n = co->Expire(NowMs());
       if (!n.ok()) {
         std::fprintf(stderr, "cxlkv-orchestrator: lmcache: reclaiming reservations: %s\n",
                      std::string(n.status().message()).c_str());
@@ -241,6 +249,54 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
     }
   });
   return s;
+}
+
+void Service::LogServing(const Coordinator& co, const std::string& from) const {
+  const RegionInfo r = co.region();
+  const Stats st = co.stats();
+  std::fprintf(stderr,
+               "cxlkv-orchestrator: lmcache coordinator on http://%s:%d: region '%s' layout '%s' "
+               "at pool offset %llu, %llu bytes, epoch %s, %llu objects %s %s, %zu tokens\n",
+               c_.listen.substr(0, c_.listen.rfind(':')).c_str(), port_, r.region_id.c_str(),
+               r.layout_id.c_str(), static_cast<unsigned long long>(r.region_offset),
+               static_cast<unsigned long long>(r.capacity_bytes), r.region_epoch.c_str(),
+               static_cast<unsigned long long>(st.object_count),
+               co.restored() ? "restored from" : "(new) in", from.c_str(), tokens_.size());
+}
+
+std::shared_ptr<Coordinator> Service::Serving(std::string* why) {
+  absl::MutexLock l(&mu_);
+  if (co_ != nullptr && (!may_serve_ || may_serve_())) return co_;
+  *why = co_ != nullptr ? "its leadership's write deadline passed (it was paused, or etcd is "
+                          "unreachable)"
+                        : standby_why_;
+  return nullptr;
+}
+
+absl::Status Service::Lead(std::unique_ptr<StateStore> store, std::function<bool()> may_serve) {
+  const std::string from = store->where();
+  auto co = Coordinator::Open(c_, region_offset_, NowMs(), std::move(store));
+  absl::MutexLock l(&mu_);
+  if (!co.ok()) {
+    co_.reset();
+    standby_why_ =
+        absl::StrCat("elected, but the coordinator's state did not load: ", co.status().message());
+    std::fprintf(stderr, "cxlkv-orchestrator: lmcache: %s\n", standby_why_.c_str());
+    return co.status();
+  }
+  co_ = *std::move(co);
+  may_serve_ = std::move(may_serve);
+  LogServing(*co_, from);
+  return absl::OkStatus();
+}
+
+void Service::StandBy(const std::string& why) {
+  absl::MutexLock l(&mu_);
+  if (co_ == nullptr) return;
+  co_.reset();
+  may_serve_ = nullptr;
+  standby_why_ = absl::StrCat("no longer the leader: ", why);
+  std::fprintf(stderr, "cxlkv-orchestrator: lmcache coordinator standing by: %s\n", why.c_str());
 }
 
 Service::~Service() {
@@ -258,15 +314,17 @@ int Service::Serve(mg_connection* conn) {
   const std::string method = ri->request_method != nullptr ? ri->request_method : "";
   const std::string path = ri->local_uri != nullptr ? ri->local_uri : "";
   std::string tenant = "-";
+  bool standby = false;
   auto send = [&](const Reply& reply) {
     const std::string text = reply.second.dump();
     mg_response_header_start(conn, reply.first);
     mg_response_header_add(conn, "Content-Type", "application/json", -1);
+    if (standby) mg_response_header_add(conn, "Retry-After", "1", -1);
     const std::string len = absl::StrCat(text.size());
     mg_response_header_add(conn, "Content-Length", len.c_str(), -1);
     mg_response_header_send(conn);
     mg_write(conn, text.data(), text.size());
-    if (reply.first >= 400) {
+    if (reply.first >= 400 && !standby) {
       const std::string detail =
           reply.second.contains("detail") && reply.second["detail"].is_string()
               ? reply.second["detail"].get<std::string>()
@@ -287,6 +345,17 @@ int Service::Serve(mg_connection* conn) {
     return send({405, json{{"detail", "Method Not Allowed"}}});
   }
   if (path == "/healthz") return send({200, json{{"status", "ok"}}});
+  // A standby of a domain with [etcd]: 503 (LMCache's client raises on it; a lookup leaves
+  // the client usable, a mutating POST fences it as an ambiguous write). A load balancer in
+  // front of the domain's orchestrators routes to the one whose /readyz answers 200.
+  std::string why;
+  const std::shared_ptr<Coordinator> co = Serving(&why);
+  if (co == nullptr) {
+    standby = true;
+    return send({503, json{{"detail", absl::StrCat("this orchestrator does not serve the LMCache "
+                                                   "coordinator now: ",
+                                                   why, "; the domain's leader does")}}});
+  }
   if (path == "/readyz") return send({200, json{{"status", "ready"}}});
   // Bearer authentication: 401 without one, 403 for a token the file does not list.
   const char* auth = mg_get_header(conn, "Authorization");
@@ -311,7 +380,7 @@ int Service::Serve(mg_connection* conn) {
     }
   }
   if (!found) return send({403, json{{"detail", "invalid bearer token"}}});
-  const RegionInfo region = co_->region();
+  const RegionInfo region = co->region();
   if (path == "/v1/region" || path == "/v1/status" || path == "/cxlkv/v1/stats") {
     json contract{{"region_id", region.region_id},
                   {"capacity_bytes", region.capacity_bytes},
@@ -319,7 +388,7 @@ int Service::Serve(mg_connection* conn) {
                   {"layout_id", region.layout_id},
                   {"region_epoch", region.region_epoch}};
     if (path == "/v1/region") return send({200, contract});
-    const Stats s = co_->stats();
+    const Stats s = co->stats();
     if (path == "/v1/status") {
       return send({200, json{{"region", contract},
                              {"used_bytes", s.used_bytes},
@@ -332,8 +401,8 @@ int Service::Serve(mg_connection* conn) {
         {200, json{{"region", contract},
                    {"region_offset", region.region_offset},
                    {"tenant", tenant},
-                   {"namespace", co_->NamespaceOf(tenant)},
-                   {"pin_level", co_->PinOf(tenant)},
+                   {"namespace", co->NamespaceOf(tenant)},
+                   {"pin_level", co->PinOf(tenant)},
                    {"tenant_used_bytes",
                     s.tenant_used_bytes.count(tenant) != 0 ? s.tenant_used_bytes.at(tenant) : 0},
                    {"tenant_quota_bytes", q == c_.quotas.end() ? json(nullptr) : json(q->second)},
@@ -347,9 +416,11 @@ int Service::Serve(mg_connection* conn) {
                    {"evicted", s.evicted},
                    {"evicted_bytes", s.evicted_bytes},
                    {"out_of_space", s.out_of_space},
+                   {"journal_records", s.journal_records},
+                   {"syncs", s.syncs},
                    {"reservation_ttl_ms", c_.reservation_ttl_ms},
                    {"read_lease_ms", c_.read_lease_ms},
-                   {"restored", co_->restored()}}});
+                   {"restored", co->restored()}}});
   }
   // POST: the body.
   if (ri->content_length > kMaxBodyBytes) {
@@ -366,78 +437,91 @@ int Service::Serve(mg_connection* conn) {
       return send({413, json{{"detail", "body too large"}}});
     }
   }
-  const json j = json::parse(body, nullptr, false);
-  if (j.is_discarded()) return send({422, json{{"detail", "body: malformed JSON"}}});
-  try {
-    const std::int64_t now = NowMs();
-    if (path == "/v1/writes/reserve") {
-      Fields f(j, "body", {"region_epoch", "items"});
-      const std::string epoch = f.Str("region_epoch");
-      const json& a = f.Array("items");
-      if (a.size() > c_.max_batch) {
-        throw Reject{absl::StrCat("items: ", a.size(), " items, more than lmcache.max_batch (",
-                                  c_.max_batch, ")")};
-      }
-      std::vector<ReserveItem> items;
-      for (std::size_t i = 0; i < a.size(); ++i) {
-        const std::string w = absl::StrCat("items[", i, "]");
-        Fields it(a[i], w, {"key", "layout"});
-        items.push_back(ReserveItem{KeyOf(*it.Get("key", true), w + ".key"),
-                                    LayoutOf(*it.Get("layout", true), w + ".layout")});
-      }
-      auto grants = co_->Reserve(tenant, epoch, items, now);
-      if (!grants.ok()) return send(FromStatus(grants.status()));
-      json out = json::array();
-      for (const auto& g : *grants) {
-        if (!g) {
-          out.push_back(nullptr);
-          continue;
-        }
-        out.push_back(json{{"key", KeyJson(g->key)},
-                           {"token", g->token},
-                           {"handle", HandleJson(region.region_id, g->handle)},
-                           {"layout", LayoutJson(g->layout)}});
-      }
-      return send({200, json{{"region_epoch", epoch}, {"grants", out}}});
-    }
-    if (path == "/v1/writes/finish" || path == "/v1/writes/abort") {
-      Fields f(j, "body", {"region_epoch", "reservations"});
-      const std::string epoch = f.Str("region_epoch");
-      const std::vector<ReservationRef> refs = RefsOf(f, c_.max_batch);
-      const absl::Status st = path == "/v1/writes/finish" ? co_->Finish(tenant, epoch, refs, now)
-                                                          : co_->Abort(tenant, epoch, refs, now);
-      if (!st.ok()) return send(FromStatus(st));
-      return send({200, json{{"region_epoch", epoch}}});
-    }
-    // /v1/lookup
-    Fields f(j, "body", {"region_epoch", "keys"});
-    const std::string epoch = f.Str("region_epoch");
-    const json& a = f.Array("keys");
-    if (a.size() > c_.max_batch) {
-      throw Reject{absl::StrCat("keys: ", a.size(), " keys, more than lmcache.max_batch (",
-                                c_.max_batch, ")")};
-    }
-    std::vector<ObjectKey> keys;
-    for (std::size_t i = 0; i < a.size(); ++i)
-      keys.push_back(KeyOf(a[i], absl::StrCat("keys[", i, "]")));
-    auto hits = co_->Lookup(tenant, epoch, keys, now);
-    if (!hits.ok()) return send(FromStatus(hits.status()));
+  absl::StatusOr<WireRequest> req = ParseBody(path, body, c_.max_batch);
+  if (!req.ok()) return send({422, json{{"detail", std::string(req.status().message())}}});
+  const std::int64_t now = NowMs();
+  const std::string& epoch = req->region_epoch;
+  if (path == "/v1/writes/reserve") {
+    auto grants = co->Reserve(tenant, epoch, req->items, now);
+    if (!grants.ok()) return send(FromStatus(grants.status()));
     json out = json::array();
-    for (const auto& h : *hits) {
-      if (!h) {
+    for (const auto& g : *grants) {
+      if (!g) {
         out.push_back(nullptr);
         continue;
       }
-      out.push_back(json{{"key", KeyJson(h->key)},
-                         {"handle", HandleJson(region.region_id, h->handle)},
-                         {"layout", LayoutJson(h->layout)}});
+      out.push_back(json{{"key", KeyJson(g->key)},
+                         {"token", g->token},
+                         {"handle", HandleJson(region.region_id, g->handle)},
+                         {"layout", LayoutJson(g->layout)}});
     }
-    return send({200, json{{"region_epoch", epoch}, {"hits", out}}});
-  } catch (const Reject& rej) {
-    return send({422, json{{"detail", rej.detail}}});
-  } catch (const json::exception& e) {
-    return send({422, json{{"detail", absl::StrCat("body: ", e.what())}}});
+    return send({200, json{{"region_epoch", epoch}, {"grants", out}}});
   }
+  if (path == "/v1/writes/finish" || path == "/v1/writes/abort") {
+    const absl::Status st = path == "/v1/writes/finish" ? co->Finish(tenant, epoch, req->refs, now)
+                                                        : co->Abort(tenant, epoch, req->refs, now);
+    if (!st.ok()) return send(FromStatus(st));
+    return send({200, json{{"region_epoch", epoch}}});
+  }
+  auto hits = co->Lookup(tenant, epoch, req->keys, now);
+  if (!hits.ok()) return send(FromStatus(hits.status()));
+  json out = json::array();
+  for (const auto& h : *hits) {
+    if (!h) {
+      out.push_back(nullptr);
+      continue;
+    }
+    out.push_back(json{{"key", KeyJson(h->key)},
+                       {"handle", HandleJson(region.region_id, h->handle)},
+                       {"layout", LayoutJson(h->layout)}});
+  }
+  return send({200, json{{"region_epoch", epoch}, {"hits", out}}});
+}
+
+absl::StatusOr<WireRequest> ParseBody(absl::string_view route, absl::string_view body,
+                                      std::uint32_t max_batch) {
+  const json j = json::parse(body.begin(), body.end(), nullptr, false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("body: malformed JSON");
+  WireRequest req;
+  auto batch = [&](const json& a, const char* what) {
+    if (a.size() > max_batch) {
+      throw Reject{absl::StrCat(what, ": ", a.size(), " ", what, ", more than lmcache.max_batch (",
+                                max_batch, ")")};
+    }
+  };
+  try {
+    if (route == "/v1/writes/reserve") {
+      Fields f(j, "body", {"region_epoch", "items"});
+      req.region_epoch = f.Str("region_epoch");
+      const json& a = f.Array("items");
+      batch(a, "items");
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        const std::string w = absl::StrCat("items[", i, "]");
+        Fields it(a[i], w, {"key", "layout"});
+        req.items.push_back(ReserveItem{KeyOf(*it.Get("key", true), w + ".key"),
+                                        LayoutOf(*it.Get("layout", true), w + ".layout")});
+      }
+    } else if (route == "/v1/writes/finish" || route == "/v1/writes/abort") {
+      Fields f(j, "body", {"region_epoch", "reservations"});
+      req.region_epoch = f.Str("region_epoch");
+      req.refs = RefsOf(f, max_batch);
+    } else if (route == "/v1/lookup") {
+      Fields f(j, "body", {"region_epoch", "keys"});
+      req.region_epoch = f.Str("region_epoch");
+      const json& a = f.Array("keys");
+      batch(a, "keys");
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        req.keys.push_back(KeyOf(a[i], absl::StrCat("keys[", i, "]")));
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("no request body on route ", route));
+    }
+  } catch (const Reject& rej) {
+    return absl::InvalidArgumentError(rej.detail);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("body: ", e.what()));
+  }
+  return req;
 }
 
 }  // namespace cxlkv::coordinator

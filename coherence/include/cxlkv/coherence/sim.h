@@ -50,6 +50,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -87,6 +88,10 @@ struct SimStats {
 class SimMemory {
  public:
   SimMemory(std::uint64_t size_bytes, std::uint64_t seed, const SimOptions& options = {});
+  // The media is `media` (a multiple of 64 bytes; it must outlive this SimMemory), e.g. a
+  // mapping other processes map too: each process then simulates its own host's cache over
+  // one shared media (the LMCache qualification kit's simulated fabric, docs/lmcache.md).
+  SimMemory(std::span<std::byte> media, std::uint64_t seed, const SimOptions& options = {});
   ~SimMemory();
   SimMemory(const SimMemory&) = delete;
   SimMemory& operator=(const SimMemory&) = delete;
@@ -123,7 +128,8 @@ class SimMemory {
   void Progress();
   void Apply(InFlight& w, std::uint8_t words);
 
-  std::vector<std::byte> media_;
+  std::vector<std::byte> owned_;  // the media when this SimMemory allocated it
+  std::span<std::byte> media_;
   std::mt19937_64 seeds_;
   std::mt19937_64 rng_;
   SimOptions options_;

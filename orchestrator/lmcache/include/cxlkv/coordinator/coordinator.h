@@ -14,9 +14,14 @@
 // restart keeps every finished object, its handle and the region epoch. The epoch changes only
 // when the region's contents are declared gone (a new state file).
 //
-// Thread-safe (one mutex). Every mutating call appends one record to the state file's journal
-// and fdatasyncs it before returning (cost: one fdatasync and the batch's size, not the
-// region's); the journal is folded into a new snapshot once it outgrows the object count.
+// Thread-safe (one mutex). Every mutating call appends one record to the state's journal
+// before returning (a StateStore: the state file and its journal, or etcd for a domain with
+// [etcd]; cost: one write of the batch's size, not the region's), and returns only once its
+// record is durable. Durability is a group commit: the records of concurrent calls are
+// appended under the mutex and made durable by one fdatasync outside it, by whichever caller
+// finds none in progress; a call that reveals state (a lookup) waits the same way for every
+// record it could have seen. The journal is folded into a new snapshot once it outgrows the
+// object count.
 #ifndef CXLKV_COORDINATOR_COORDINATOR_H_
 #define CXLKV_COORDINATOR_COORDINATOR_H_
 
@@ -98,6 +103,40 @@ struct RegionInfo {
   std::uint64_t region_offset = 0, capacity_bytes = 0, alignment_bytes = 0;
 };
 
+// Where the coordinator's state lives: a snapshot and the journal of the changes after it.
+// Records are "<JSON>\t<crc32c hex>\n" lines, numbered from 1 on (the JSON holds its number;
+// the snapshot names the last one it includes). Not thread-safe: the Coordinator calls it
+// under its mutex.
+class StateStore {
+ public:
+  struct Loaded {
+    std::string snapshot;  // the snapshot's text
+    std::string journal;   // the records, in order (a torn last one possible)
+  };
+  virtual ~StateStore() = default;
+  // nullopt: no snapshot (a new region). Errors name the place.
+  virtual absl::StatusOr<std::optional<Loaded>> Load() = 0;
+  // Record `seq` (the journal's last + 1), durable once Sync returns after it (a store whose
+  // writes are durable at once: at once). On an error the record is not there, or (a remote
+  // store that lost the reply) may be: the next Append of the same `seq` replaces it, so what
+  // a later Load reads is always what the caller applied.
+  virtual absl::Status Append(std::uint64_t seq, const std::string& record) = 0;
+  // Makes every record appended so far durable (the file store: one fdatasync). The one call
+  // not made under the Coordinator's mutex: it may run while Append or Compact does (one
+  // Sync at a time), and covers at least what was appended before it started.
+  virtual absl::Status Sync() = 0;
+  // The snapshot becomes `text`, which includes every record up to `seq`; those records go.
+  virtual absl::Status Compact(const std::string& text, std::uint64_t seq) = 0;
+  // For messages: "lmcache.state_file /var/lib/cxlkv/d.state.lmcache", or etcd's key; and
+  // the journal's ("<state_file>.journal").
+  virtual std::string where() const = 0;
+  virtual std::string journal_where() const = 0;
+};
+
+// The state file (a snapshot: one JSON document and a CRC32C line, replaced by rename) and
+// `path`.journal beside it (fdatasync'd appends, cut back after a failed one).
+std::unique_ptr<StateStore> FileStateStore(const std::string& path);
+
 struct Stats {
   std::uint64_t used_bytes = 0;    // allocated, alignment padding included
   std::uint64_t object_count = 0;  // WRITING and VALID
@@ -107,6 +146,7 @@ struct Stats {
   std::uint64_t evicted = 0;  // VALID objects evicted for space
   std::uint64_t evicted_bytes = 0;
   std::uint64_t out_of_space = 0;  // batches refused
+  std::uint64_t journal_records = 0, syncs = 0;  // appended, and the group commits' syncs
   std::map<std::string, std::uint64_t> tenant_used_bytes;
 };
 
@@ -120,6 +160,12 @@ class Coordinator {
   static absl::StatusOr<std::unique_ptr<Coordinator>> Open(const CoordinatorConfig& c,
                                                            std::uint64_t region_offset,
                                                            std::int64_t now_ms);
+  // The same over another store (etcd's, for a domain with [etcd]: docs/lmcache.md
+  // "Fail-over").
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Open(const CoordinatorConfig& c,
+                                                           std::uint64_t region_offset,
+                                                           std::int64_t now_ms,
+                                                           std::unique_ptr<StateStore> store);
 
   ~Coordinator();
   Coordinator(const Coordinator&) = delete;
@@ -173,8 +219,25 @@ class Coordinator {
     std::vector<std::string> dels;
     std::uint64_t next_generation = 0, touch_seq = 0;
   };
-  Coordinator(const CoordinatorConfig& c, std::uint64_t region_offset);
+  Coordinator(const CoordinatorConfig& c, std::uint64_t region_offset,
+              std::unique_ptr<StateStore> store);
   absl::Status CheckEpoch(const std::string& epoch) const;
+  // The calls above without the wait for durability; *need: the last record they may reveal.
+  absl::StatusOr<std::vector<std::optional<Grant>>> ReserveUnsynced(
+      const std::string& tenant, const std::string& epoch, const std::vector<ReserveItem>& items,
+      std::int64_t now_ms, std::uint64_t* need);
+  absl::Status FinishOrAbortUnsynced(bool finish, const std::string& tenant,
+                                     const std::string& epoch,
+                                     const std::vector<ReservationRef>& refs, std::int64_t now_ms,
+                                     std::uint64_t* need);
+  absl::StatusOr<std::vector<std::optional<Hit>>> LookupUnsynced(const std::string& tenant,
+                                                                 const std::string& epoch,
+                                                                 const std::vector<ObjectKey>& keys,
+                                                                 std::int64_t now_ms,
+                                                                 std::uint64_t* need);
+  absl::StatusOr<std::uint32_t> ExpireUnsynced(std::int64_t now_ms, std::uint64_t* need);
+  // Returns once every record up to `seq` is durable (the group commit), or the sync's error.
+  absl::Status WaitDurable(std::uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_, sync_mu_);
   // Journals the change (fdatasync), then applies it; on failure nothing changed. Compacts the
   // journal into a new snapshot when it has grown past the objects' count.
   absl::Status CommitLocked(const Change& ch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -186,7 +249,6 @@ class Coordinator {
   absl::Status LoadLocked(const std::string& snapshot, const std::string& journal,
                           std::int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string SerializeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string JournalPath() const;
   absl::Status CheckRefsLocked(const std::string& tenant, const std::vector<ReservationRef>& refs,
                                std::int64_t now_ms, std::vector<std::string>* ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -205,12 +267,17 @@ class Coordinator {
   std::uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   std::uint64_t touch_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  int journal_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  // Append, Compact and Load under mu_; Sync by the group commit's syncer, without it.
+  const std::unique_ptr<StateStore> store_;
   std::uint64_t journal_seq_ ABSL_GUARDED_BY(mu_) = 0;      // the last record written
   std::uint64_t journal_records_ ABSL_GUARDED_BY(mu_) = 0;  // since the snapshot
-  std::uint64_t journal_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  bool journal_broken_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  // The group commit (taken after mu_, never before it).
+  mutable absl::Mutex sync_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::uint64_t synced_seq_ ABSL_GUARDED_BY(sync_mu_) = 0;  // durable up to here
+  bool syncing_ ABSL_GUARDED_BY(sync_mu_) = false;          // a caller is in Sync now
+  absl::Status sync_error_ ABSL_GUARDED_BY(sync_mu_);       // a failed Sync: every call fails
+  std::uint64_t syncs_ ABSL_GUARDED_BY(sync_mu_) = 0;       // Sync calls (Stats::syncs)
 };
 
 }  // namespace cxlkv::coordinator

@@ -7,17 +7,26 @@
 // LMCache's (routes, bodies, status codes); every body field is checked and unknown fields are
 // refused (422). Rejected requests are logged to stderr naming the client and its tenant.
 // Thread-safe; the destructor stops serving (in-flight requests finish first).
+//
+// With [etcd] (docs/lmcache.md "Fail-over") every orchestrator of the domain listens, and only
+// the leader serves: a Service started as a standby answers 503 on every route but /healthz
+// until Lead (on election) loads the state from etcd; StandBy (on losing leadership) goes back.
 #ifndef CXLKV_COORDINATOR_SERVICE_H_
 #define CXLKV_COORDINATOR_SERVICE_H_
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "cxlkv/coordinator/config.h"
 #include "cxlkv/coordinator/coordinator.h"
 
@@ -26,29 +35,71 @@ struct mg_connection;
 
 namespace cxlkv::coordinator {
 
+// A POST body of LMCache's wire for `route` ("/v1/writes/reserve", "/v1/writes/finish",
+// "/v1/writes/abort", "/v1/lookup"), read strictly (docs/lmcache.md "Rules": every field known
+// and of its type, batches of at most max_batch). kInvalidArgument (the 422's detail, naming
+// the field) otherwise. Keys and layouts are checked further by the Coordinator.
+struct WireRequest {
+  std::string region_epoch;
+  std::vector<ReserveItem> items;    // reserve
+  std::vector<ReservationRef> refs;  // finish, abort
+  std::vector<ObjectKey> keys;       // lookup
+};
+absl::StatusOr<WireRequest> ParseBody(absl::string_view route, absl::string_view body,
+                                      std::uint32_t max_batch);
+
+// Where a domain with [etcd] keeps the coordinator's state: <domain_key>/lmcache/ (snapshot,
+// journal/<seq>), beside the daemon's <domain_key>/leader and /state (docs/ha.md "Keys").
+struct EtcdPlace {
+  std::vector<std::string> endpoints;  // the [etcd] section's
+  std::string domain_key;              // "/cxlkv/v1/<cluster>/domains/<domain>"
+  std::uint32_t call_timeout_ms = 1000;
+};
+
+// The coordinator's state in etcd for the leader of `epoch` (the leader key's create
+// revision): every write is a transaction that holds only while that leader key is there.
+// kFailedPrecondition in a build without the etcd client.
+absl::StatusOr<std::unique_ptr<StateStore>> EtcdStateStore(const EtcdPlace& place,
+                                                           std::int64_t epoch);
+
 class Service {
  public:
   // c must be resolved (ResolveCoordinatorConfig). The region is the pool's last
   // c.region_bytes of its whole extents (HostPoolBytes); kInvalidArgument when that leaves the
-  // hosts no extent. Errors name the file, key or address at fault.
+  // hosts no extent. Errors name the file, key or address at fault. `standby`: serve nothing
+  // until Lead (a domain with [etcd]); otherwise the state file is opened now.
   static absl::StatusOr<std::unique_ptr<Service>> Start(const CoordinatorConfig& c,
                                                         std::uint64_t pool_bytes,
-                                                        std::uint64_t extent_bytes);
+                                                        std::uint64_t extent_bytes,
+                                                        bool standby = false);
   ~Service();
   Service(const Service&) = delete;
   Service& operator=(const Service&) = delete;
 
   int port() const { return port_; }  // the bound port (lmcache.listen may say 0)
-  Coordinator& coordinator() { return *co_; }
+
+  // Elected: loads the coordinator from `store` and serves it while `may_serve` holds (the
+  // leader's write deadline; checked on every request). On an error it stays a standby whose
+  // 503s name the error.
+  absl::Status Lead(std::unique_ptr<StateStore> store, std::function<bool()> may_serve);
+  // Leadership ended: 503 from now on, naming `why`.
+  void StandBy(const std::string& why);
 
  private:
   Service() = default;
   static int Handle(mg_connection* conn, void* self);
   int Serve(mg_connection* conn);
   static std::int64_t NowMs();
+  // The coordinator to serve now, or nullptr and why not.
+  std::shared_ptr<Coordinator> Serving(std::string* why);
+  void LogServing(const Coordinator& co, const std::string& from) const;
 
   CoordinatorConfig c_;
-  std::unique_ptr<Coordinator> co_;
+  std::uint64_t region_offset_ = 0;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<Coordinator> co_ ABSL_GUARDED_BY(mu_);
+  std::function<bool()> may_serve_ ABSL_GUARDED_BY(mu_);
+  std::string standby_why_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> tokens_;  // token -> tenant
   mg_context* ctx_ = nullptr;
   int port_ = 0;
