@@ -22,7 +22,10 @@ cp, tp) rank's process from the same extra config. Each rank joins as host
 takes ``dp_size * pp_size * attn_cp_size * tp_size`` consecutive rows. Derived rather than
 assigned by the orchestrator on join because it works on every domain source (``file:``,
 ``devdax:``, orchestrator), needs no new protocol, and a rank that restarts gets its own row
-back. Two engines on one domain need ``host_id`` ranges that do not overlap.
+back. Two engines on one domain need ``host_id`` ranges that do not overlap: on one machine a
+per-row lock refuses the second, and across machines an ``orchestrator:`` domain's orchestrator
+refuses a join of an id that is live on another machine, naming both (the rank's start fails
+with that message).
 
 **The namespace names everything that changes a page's bytes**: the model, the rank's slice
 (TP rank and size, except for MLA models, whose ranks hold the same page; PP and CP rank and
