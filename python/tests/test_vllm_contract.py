@@ -288,3 +288,59 @@ def test_an_orchestrator_domain_needs_no_pool(orchestrator: str) -> None:  # noq
             b.shutdown()
     finally:
         a.shutdown()
+
+
+def events_registry() -> Dict[str, type]:
+    """The registry of an engine whose base has take_events (tier-owned events)."""
+    g = V.GENERATIONS[-1]
+    cls = adapter.build_tier_class(
+        gens.generation_named(g.name), V.SecondaryTierManagerEvents, g.result_cls,
+        engine_version=g.version, lookup_result=V.LookupResult,
+        request_context_cls=V.RequestOffloadingContext, medium=V.Medium.CPU,
+        event_cls=V.OffloadingEvent, locality_cls=V.Locality)
+    return {adapter.TIER_TYPE: cls}
+
+
+def test_stores_reach_the_engines_kv_events_under_its_own_keys(env: Env) -> None:
+    """With tier-owned events (vLLM PR #46544) and enable_kv_events, each store job that
+    succeeded becomes one OffloadingEvent naming the engine's own keys (which vLLM publishes
+    as BlockStored with its block hashes); loads (found or not), events off in vLLM, or the
+    option unset yield none."""
+    g = V.GENERATIONS[-1]
+    on = spec()
+    on.kv_events_config = V.KVEventsConfig(enable_kv_cache_events=True)
+    ctx = V.ReqContext("req-ev")
+
+    def tier(host_id: int, sp: V.OffloadingSpec, **extra: Any) -> Any:
+        t = V.create_secondary_tier(events_registry(), tier_config(env, host_id, **extra),
+                                    primary_view(host_id), sp)
+        env._closers.insert(0, t.shutdown)
+        return t
+
+    a = tier(1, on, enable_kv_events=True, locality="REMOTE")
+    assert list(a.take_events()) == []
+    keys = offload_keys(3)
+    a.submit_store(g.job(5, keys, np.arange(3, dtype=np.int64), False, ctx))
+    assert [(r.job_id, r.success) for r in V.poll(a.get_finished_jobs, 1)] == [(5, True)]
+    ev = list(a.take_events())
+    assert ev == [V.OffloadingEvent(keys=keys, medium=V.Medium.CPU, removed=False,
+                                    locality=V.Locality.REMOTE)]
+    assert list(a.take_events()) == []  # taken once
+    # A load is no store: no event.
+    a.submit_load(g.job(6, keys, np.arange(8, 11, dtype=np.int64), True, ctx))
+    assert [r.success for r in V.poll(a.get_finished_jobs, 1)] == [True]
+    assert list(a.take_events()) == []
+    # A load that fails (nothing stored under those keys) yields none either.
+    b = tier(2, on, enable_kv_events=True)
+    missing = offload_keys(2, salt=b"never-stored")
+    b.submit_load(g.job(7, missing, np.arange(2, dtype=np.int64), True, ctx))
+    assert [r.success for r in V.poll(b.get_finished_jobs, 1)] == [False]
+    assert list(b.take_events()) == []
+    # vLLM's events off, or the option unset: the tier records nothing.
+    for t in (tier(3, spec(), enable_kv_events=True), tier(4, on)):
+        more = offload_keys(2, salt=bytes([t.core.host_id]))
+        t.submit_store(g.job(8, more, np.arange(2, dtype=np.int64), False, ctx))
+        assert [r.success for r in V.poll(t.get_finished_jobs, 1)] == [True]
+        assert list(t.take_events()) == []
+    with pytest.raises(InvalidArgumentError, match="locality"):
+        tier(5, on, enable_kv_events=True, locality="NEARBY")
