@@ -93,7 +93,8 @@ def test_the_installed_base_class_tells_its_generation(g: V.Generation) -> None:
     """What the package does with an installed vLLM: the class that fits its base (abstract
     methods, lookup's declared answer), whatever the version says."""
     found = gens.generation_of_interface(frozenset(g.base.__abstractmethods__),
-                                         adapter._answers_lookup_result(g.base, V.LookupResult))
+                                         adapter._answers_lookup_result(g.base, V.LookupResult),
+                                         g.version)
     assert found is not None and found.name == g.name
 
 
@@ -344,3 +345,33 @@ def test_stores_reach_the_engines_kv_events_under_its_own_keys(env: Env) -> None
         assert list(t.take_events()) == []
     with pytest.raises(InvalidArgumentError, match="locality"):
         tier(5, on, enable_kv_events=True, locality="NEARBY")
+
+
+@pytest.mark.parametrize("base,lookup_enum,version,want", [
+    (V.SecondaryTierManagerV24, False, "0.24.0", "0.23"),
+    (V.SecondaryTierManagerV26Drain, True, "0.26.0", "0.26"),
+    (V.SecondaryTierManagerV32, True, "0.32.0", "0.32"),
+], ids=["v0.24-branch", "main-after-LookupResult", "v0.32"])
+def test_bases_that_declare_drain_jobs_get_the_class_of_their_release(
+        env: Env, base: type, lookup_enum: bool, version: str, want: str) -> None:
+    """drain_jobs became abstract on vLLM's main before LookupResult did, so releases of the
+    0.23 and 0.26 interfaces may declare it (the v0.24.0 branch does): the installed base and
+    version pick the class, it implements drain_jobs, and the engine constructs it and runs a
+    store through it."""
+    gen = gens.generation_of_interface(frozenset(base.__abstractmethods__), lookup_enum, version)
+    assert gen is not None and gen.name == want and gen.covers(version)
+    g = next(x for x in V.GENERATIONS if x.name == want)
+    cls = adapter.build_tier_class(gen, base, g.result_cls, engine_version=version,
+                                   lookup_result=V.LookupResult,
+                                   request_context_cls=V.RequestOffloadingContext,
+                                   medium=V.Medium.CPU if gen.drain_jobs else None)
+    assert not getattr(cls, "__abstractmethods__", None)
+    t = V.create_secondary_tier({adapter.TIER_TYPE: cls}, tier_config(env, 1), primary_view(1),
+                                spec())
+    env._closers.insert(0, t.shutdown)
+    ctx = V.ReqContext("req-d")
+    keys = offload_keys(2, salt=version.encode())
+    job = V.JobMetadata(3, keys, np.arange(2, dtype=np.int64), False, ctx)
+    t.submit_store(job)
+    t.drain_jobs()
+    assert [(r.job_id, r.success) for r in V.poll(t.get_finished_jobs, 1)] == [(3, True)]

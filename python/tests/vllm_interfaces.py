@@ -167,6 +167,28 @@ class SecondaryTierManagerV23(_BaseCommon):
         return None
 
 
+class SecondaryTierManagerV24(SecondaryTierManagerV23):
+    """The v0.24.0 release branch as read (neuralmagic/vllm branch varun/v0.24.0 at
+    217c64a976, below its owner's own commits; tiering/base.py): as v0.23, plus abstract
+    drain_jobs (:212) and has_pending_work (:156, optional); lookup still -> bool | None
+    (:74), JobMetadata.block_ids (:29)."""
+
+    @abc.abstractmethod
+    def drain_jobs(self) -> None: ...
+
+
+class SecondaryTierManagerV26Drain(SecondaryTierManagerV23):
+    """vLLM main after the LookupResult change (neuralmagic/vllm bb61177e49, 2026-06-24):
+    LookupResult lookups (:83) and abstract drain_jobs (:221), block_ids (:38): what a release
+    cut from main after 2026-06-24 declares."""
+
+    @abc.abstractmethod
+    def lookup(self, key: bytes, req_context: Any) -> LookupResult: ...
+
+    @abc.abstractmethod
+    def drain_jobs(self) -> None: ...
+
+
 class SecondaryTierManagerV26(SecondaryTierManagerV23):
     """v0.26-v0.31: lookup answers LookupResult; serve_external_requests(parent) optional."""
 

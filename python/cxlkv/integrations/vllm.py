@@ -349,10 +349,11 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
         def on_new_request(self: Any, req_context: Any) -> Any:
             return request_context_cls()
         ns["on_new_request"] = on_new_request
-    if generation.drain_jobs:
-        def drain_jobs(self: Any) -> None:
-            self._core.drain()
-        ns["drain_jobs"] = drain_jobs
+    # Every class drains: releases of several generations declare drain_jobs abstract
+    # (vllm_generations.generation_of_interface), and one that does not never calls it.
+    def drain_jobs(self: Any) -> None:
+        self._core.drain()
+    ns["drain_jobs"] = drain_jobs
     if medium is not None:
         ns["medium"] = medium
     if event_cls is not None:
@@ -388,7 +389,7 @@ def _from_installed_vllm() -> None:
     # tier may run (VllmTierCore refuses a version outside the class's pin, saying why).
     by_interface = gens.generation_of_interface(
         frozenset(getattr(base, "__abstractmethods__", ())),
-        _answers_lookup_result(base, lookup_result))
+        _answers_lookup_result(base, lookup_result), ENGINE_VERSION)
     gen = by_interface or by_version
     if gen is None:
         IMPORT_ERROR = EngineVersionError(
