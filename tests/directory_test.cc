@@ -11,6 +11,9 @@
 // Debian's etcd-server. Random keys take CXLKV_SEED (printed on failure).
 #include "cxlkv/orchestrator/directory.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <array>
 #include <cstdint>
 #include <cstdio>
@@ -25,6 +28,7 @@
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/directory_reader.h"
+#include "cxlkv/orchestrator/published_key.h"
 #include "cxlkv/tier/reuse_tracker.h"
 #include "directory_fixture.h"
 #include "etcd_cluster.h"
@@ -168,6 +172,121 @@ TEST(Config, DirectoryAndEventsSections) {
   EXPECT_NE(bad.status().message().find("unknown key"), std::string::npos) << bad.status();
 }
 
+// A publish secret in a file the way the orchestrator reads it (mode 600); the caller removes it.
+std::string SecretFile(const std::string& secret) {
+  char path[] = "/tmp/cxlkv-secret-XXXXXX";
+  const int fd = ::mkstemp(path);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(::write(fd, secret.data(), secret.size()), static_cast<ssize_t>(secret.size()));
+  ::close(fd);
+  return path;
+}
+
+const std::string kSecret = "cxlkv-test-secret-0123456789abcdef";
+
+// The vector computed outside cxlkv: `openssl dgst -sha256 -hmac SECRET` over the label, its
+// NUL and the key's words big-endian (hi 0123456789abcdef, lo fedcba9876543210) gives
+// b0daf149e64c21dd 10a8a6c9b8fc8077 ...; over "cxlkv key id v1\0" efd585ae30061bb6 ...
+// python/tests/test_keys.py checks Python's hmac against the same digits.
+TEST(PublishedKey, KnownAnswerAndId) {
+  auto k = orchestrator::PublishedKeyer::Create(kSecret);
+  ASSERT_TRUE(k.ok()) << k.status();
+  const co::PrefixKey out = k->Apply(co::PrefixKey{0xfedcba9876543210ull, 0x0123456789abcdefull});
+  EXPECT_EQ(out.hi, 0xb0daf149e64c21ddull);
+  EXPECT_EQ(out.lo, 0x10a8a6c9b8fc8077ull);
+  EXPECT_EQ(k->id(), 0xefd585ae30061bb6ull);
+  auto other = orchestrator::PublishedKeyer::Create(kSecret + "x");
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->id(), k->id());
+  EXPECT_NE(other->Apply(co::PrefixKey{1, 2}), k->Apply(co::PrefixKey{1, 2}));
+  auto shortk = orchestrator::PublishedKeyer::Create("too-short");
+  ASSERT_FALSE(shortk.ok());
+  EXPECT_NE(shortk.status().message().find("at least 16 bytes"), std::string::npos)
+      << shortk.status();
+}
+
+// A keyed summary (what a leader with keys.publish_file writes): whoever lacks the secret can
+// neither match a known prompt's chain key against the filter nor get a verdict from a reader;
+// the holder of the secret matches every key.
+TEST(Summary, KeyedMatchesOnlyWithItsSecret) {
+  const std::uint64_t seed = Seed();
+  SCOPED_TRACE(absl::StrCat("CXLKV_SEED=", seed));
+  std::mt19937_64 rng(seed);
+  auto keyer = orchestrator::PublishedKeyer::Create(kSecret);
+  ASSERT_TRUE(keyer.ok());
+  dir::Summary s;
+  s.domain = "tenant-a";
+  s.epoch = 3;
+  s.keyed = true;
+  s.key_id = keyer->id();
+  s.filter = dir::BloomFilter(dir::SizeFor(2000, 1e-4));
+  const co::Namespace ns = co::MakeNamespace("t", "m", "l");
+  std::vector<co::PrefixKey> chain;
+  co::PrefixKey parent{};
+  for (std::uint32_t i = 0; i < 2000; ++i) {
+    const std::uint32_t tokens[] = {static_cast<std::uint32_t>(rng()), i};
+    parent = co::ChainKey(ns, i % 16 == 0 ? co::PrefixKey{} : parent, tokens);
+    chain.push_back(parent);
+    s.filter.Add(keyer->Apply(parent));
+    ++s.anchors;
+  }
+  s.published = s.anchors;
+  const std::string rec = dir::EncodeSummary(s);
+  EXPECT_EQ(rec[4], 2);  // version 2: keyed
+  auto back = dir::DecodeSummary(rec);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->keyed);
+  EXPECT_EQ(back->key_id, keyer->id());
+  // Without the secret: the raw chain keys are not in the filter (beyond its false positives,
+  // 0.2 expected here), and a reader answers "cannot tell".
+  std::size_t raw_hits = 0;
+  for (const auto& k : chain) raw_hits += back->filter.MayContain(k) ? 1 : 0;
+  EXPECT_LE(raw_hits, 3u);
+  auto wrong = orchestrator::PublishedKeyer::Create(kSecret + "-other");
+  ASSERT_TRUE(wrong.ok());
+  for (const std::vector<orchestrator::PublishedKeyer>& ring :
+       {std::vector<orchestrator::PublishedKeyer>{},
+        std::vector<orchestrator::PublishedKeyer>{*wrong}}) {
+    const dir::DomainAnswer a = dir::AnswerFor(*back, chain[7], ring, 0);
+    EXPECT_TRUE(a.keyed);
+    EXPECT_FALSE(a.key_held);
+    EXPECT_FALSE(a.may_hold);
+  }
+  // With it: every key matches.
+  const std::vector<orchestrator::PublishedKeyer> ring{*wrong, *keyer};
+  for (const auto& k : chain) {
+    const dir::DomainAnswer a = dir::AnswerFor(*back, k, ring, 0);
+    ASSERT_TRUE(a.key_held);
+    ASSERT_TRUE(a.may_hold);
+  }
+  // An unkeyed summary stays version 1, so readers of before keep reading it.
+  s.keyed = false;
+  EXPECT_EQ(dir::EncodeSummary(s)[4], 1);
+  EXPECT_TRUE(dir::AnswerFor(*dir::DecodeSummary(dir::EncodeSummary(s)), chain[0], {}, 0).key_held);
+}
+
+TEST(Config, KeysSection) {
+  const std::string base =
+      "[domain]\nname = \"d\"\npool = \"file:/tmp/p?size=1G\"\n"
+      "prefix_domain = \"file:/tmp/d?size=4M\"\nstate_file = \"/tmp/s\"\n"
+      "[rpc]\nsocket = \"/tmp/o.sock\"\n";
+  const std::string mine = SecretFile(kSecret), theirs = SecretFile(kSecret + "-b");
+  auto c = orchestrator::ParseConfig(
+      base + "[keys]\npublish_file = \"" + mine + "\"\ndirectory_files = [\"" + theirs + "\"]\n",
+      "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->keys.publish_secret, kSecret);
+  EXPECT_EQ(c->keys.directory_secrets, std::vector<std::string>{kSecret + "-b"});
+  ASSERT_EQ(::chmod(mine.c_str(), 0644), 0);
+  auto bad =
+      orchestrator::ParseConfig(base + "[keys]\npublish_file = \"" + mine + "\"\n", "t.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("keys.publish_file"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("chmod 600"), std::string::npos) << bad.status();
+  ::unlink(mine.c_str());
+  ::unlink(theirs.c_str());
+}
+
 std::string RunCapture(const std::string& cmd) {
   std::string out;
   FILE* p = ::popen(cmd.c_str(), "r");
@@ -305,6 +424,86 @@ TEST_F(DirectoryTest, PublishedInAReportedForAOnlyFollowsRetireAndDiesWithTheLea
   EXPECT_GE(ms, 1000) << "gone before the lease could have expired: deleted by someone else?";
   EXPECT_TRUE(MayHold(r, ka[1]).empty());
   EXPECT_EQ(MayHold(r, kb), std::vector<std::string>{"dom-b"});
+}
+
+// A domain with keys.publish_file: its summary in etcd holds K' only. A reader without the
+// secret gets "keyed, secret not held" (never a verdict) and cannot find a known prompt's chain
+// key in the raw filter; with the secret (a reader's publish_secrets, another orchestrator's
+// keys.directory_files, cxlkvctl --key-file) the prompt matches. A domain without the secret
+// in its config answers no-key.
+TEST_F(DirectoryTest, KeyedDomainMatchesOnlyWithItsSecret) {
+  const std::uint64_t seed = Seed();
+  SCOPED_TRACE(absl::StrCat("CXLKV_SEED=", seed));
+  const std::string key_file = SecretFile(kSecret);
+  SpawnedOrchestrator a("dom-k", Extra() + "[keys]\npublish_file = \"" + key_file + "\"\n");
+  SpawnedOrchestrator b("dom-r", Extra() + "[keys]\ndirectory_files = [\"" + key_file + "\"]\n");
+  SpawnedOrchestrator c("dom-x", Extra());
+  ASSERT_TRUE(a.Start(/*new_domain=*/true));
+  ASSERT_TRUE(b.Start(/*new_domain=*/true));
+  ASSERT_TRUE(c.Start(/*new_domain=*/true));
+  std::mt19937_64 rng(seed);
+  const co::Namespace ns = co::MakeNamespace("t", "m", "l");
+  const std::uint32_t tokens[] = {static_cast<std::uint32_t>(rng()), 1, 2};
+  const co::PrefixKey k = co::ChainKey(ns, co::PrefixKey{}, tokens);
+  ASSERT_TRUE(a.Publish(ns, k, 1));
+
+  dir::ReaderOptions with;
+  with.endpoints = etcd_->endpoints();
+  with.publish_secrets = {kSecret};
+  auto keyed_reader = dir::DirectoryReader::Open(with);
+  ASSERT_TRUE(keyed_reader.ok()) << keyed_reader.status();
+  ASSERT_TRUE(
+      SoonTrue([&] { return MayHold(**keyed_reader, k) == std::vector<std::string>{"dom-k"}; },
+               milliseconds(8000)))
+      << "a reader holding the secret did not come to match the published prompt";
+  dir::ReaderOptions without;
+  without.endpoints = etcd_->endpoints();
+  auto plain_reader = dir::DirectoryReader::Open(without);
+  ASSERT_TRUE(plain_reader.ok()) << plain_reader.status();
+  for (const dir::DomainAnswer& d : (*plain_reader)->Where(k)) {
+    EXPECT_FALSE(d.may_hold) << d.domain;
+    EXPECT_EQ(d.keyed, d.domain == "dom-k") << d.domain;
+    EXPECT_EQ(d.key_held, d.domain != "dom-k") << d.domain;
+  }
+  // The raw record in etcd: the chain key is not in its filter, K' is.
+  auto etcd = etcd_->NewClient();
+  auto rec = etcd->Get(dir::SummaryKey("default", "dom-k"), "");
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  ASSERT_EQ(rec->kvs.size(), 1u);
+  auto summary = dir::DecodeSummary(rec->kvs[0].value);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_TRUE(summary->keyed);
+  EXPECT_FALSE(summary->filter.MayContain(k));
+  auto keyer = orchestrator::PublishedKeyer::Create(kSecret);
+  ASSERT_TRUE(keyer.ok());
+  EXPECT_EQ(summary->key_id, keyer->id());
+  EXPECT_TRUE(summary->filter.MayContain(keyer->Apply(k)));
+
+  // cxlkvctl where: from etcd with and without --key-file; through dom-r (keys.directory_files
+  // holds the secret) and dom-x (it does not).
+  const std::string hex = tier::FormatPrefixKey(k);
+  std::string eps;
+  for (const auto& e : etcd_->endpoints()) eps += (eps.empty() ? "" : ",") + e;
+  struct Case {
+    std::string how;
+    bool held;
+  };
+  for (const Case& cs :
+       {Case{"--etcd " + eps + " --key-file " + key_file, true}, Case{"--etcd " + eps, false},
+        Case{"--socket " + b.socket, true}, Case{"--socket " + c.socket, false}}) {
+    const std::string out =
+        RunCapture(absl::StrCat(CXLKV_CTL_BIN, " where ", hex, " ", cs.how, " --json"));
+    auto j = nlohmann::json::parse(out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << cs.how << ": " << out;
+    EXPECT_EQ(j["may_hold"], cs.held ? nlohmann::json::array({"dom-k"}) : nlohmann::json::array())
+        << cs.how << ": " << out;
+    for (const auto& d : j["domains"]) {
+      if (d["domain"] != "dom-k") continue;
+      EXPECT_EQ(d["keyed"], true) << out;
+      EXPECT_EQ(d["key_held"], cs.held) << cs.how << ": " << out;
+    }
+  }
+  ::unlink(key_file.c_str());
 }
 
 TEST_F(DirectoryTest, SingleOrchestratorRefusesTheDirectoryCallSayingWhy) {

@@ -10,6 +10,7 @@
 // Skipped when /usr/bin/python3 lacks zmq or msgpack (scripts/deps installs them).
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #define MSGPACK_NO_BOOST 1
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/orchestrator/kv_events.h"
+#include "cxlkv/orchestrator/published_key.h"
 #include "cxlkv/tier/reuse_tracker.h"
 #include "gtest/gtest.h"
 #include "kv_events_subscriber.h"
@@ -239,6 +241,66 @@ TEST(KvEventsThroughTheOrchestrator, MapFormAsNewerVllm) {
   EXPECT_EQ(m[0]["topic"], "kv@cxl-rack-3@Qwen/Qwen3-8B");
   EXPECT_EQ(m[0]["rank"], 2);
   EXPECT_EQ(m.back()["form"], nlohmann::json::array({"map"}));
+  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+}
+
+// keys.publish_file set: events carry K' (published_key.h), never the chain key. A subscriber
+// without the secret cannot match a prompt it knows; one with the secret computes K' from its
+// own chain key and matches (python/cxlkv/keys.py's published_key computes the same K').
+TEST(KvEventsThroughTheOrchestrator, KeyedHashesMatchOnlyWithTheSecret) {
+  if (!PythonHasZmqAndMsgpack()) GTEST_SKIP() << "/usr/bin/python3 lacks zmq or msgpack";
+  char tmpl[] = "/tmp/cxlkv-kvev-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string secret = "kv-events-test-secret-6d1f0c2e", key_file = dir + "/publish.key";
+  {
+    std::FILE* f = std::fopen(key_file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs((secret + "\n").c_str(), f);
+    std::fclose(f);
+    ASSERT_EQ(::chmod(key_file.c_str(), 0600), 0);
+  }
+  Subscriber sub(dir, "cxlkv/ev-keyed");
+  const int port = sub.Port();
+  ASSERT_NE(port, 0);
+  SpawnedOrchestrator o("ev-keyed", absl::StrCat("[events]\nendpoint = \"tcp://127.0.0.1:", port,
+                                                 "\"\ninterval_ms = 20\n[keys]\npublish_file = \"",
+                                                 key_file, "\"\n"));
+  ASSERT_TRUE(o.Start(/*new_domain=*/true));
+  const co::Namespace ns = co::MakeNamespace("t", "m", "l");
+  const std::uint32_t t1[] = {1, 2, 3}, t2[] = {4, 5, 6};
+  const co::PrefixKey k1 = co::ChainKey(ns, co::PrefixKey{}, t1);
+  const co::PrefixKey k2 = co::ChainKey(ns, k1, t2);
+  auto keyer = orchestrator::PublishedKeyer::Create(secret);
+  ASSERT_TRUE(keyer.ok()) << keyer.status();
+  const std::string raw1 = tier::FormatPrefixKey(k1), raw2 = tier::FormatPrefixKey(k2);
+  const std::string h1 = tier::FormatPrefixKey(keyer->Apply(k1)),
+                    h2 = tier::FormatPrefixKey(keyer->Apply(k2));
+  ASSERT_TRUE(SoonTrue([&] { return !sub.Messages().empty(); }, milliseconds(5000)));
+  ASSERT_TRUE(o.Publish(ns, k1, 1));
+  ASSERT_TRUE(o.Publish(ns, k2, 2));
+  // With the secret: both blocks match.
+  ASSERT_TRUE(SoonTrue([&] { return HasStored(sub.Events(), h1) && HasStored(sub.Events(), h2); },
+                       milliseconds(5000)))
+      << "BlockStored under the keyed hashes did not arrive";
+  ASSERT_TRUE(o.Retire(ns, k1));
+  ASSERT_TRUE(SoonTrue(
+      [&] {
+        for (const auto& e : sub.Events()) {
+          if (e["type"] == "BlockRemoved" && e["block_hashes"] == nlohmann::json::array({h1})) {
+            return true;
+          }
+        }
+        return false;
+      },
+      milliseconds(5000)))
+      << "BlockRemoved under the keyed hash did not arrive";
+  // Without it: no event names a chain key the subscriber could compute from a known prompt.
+  for (const auto& e : sub.Events()) {
+    const std::string text = e.dump();
+    EXPECT_EQ(text.find(raw1), std::string::npos) << text;
+    EXPECT_EQ(text.find(raw2), std::string::npos) << text;
+  }
   EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 

@@ -343,6 +343,33 @@ TEST(DomainState, JoinGrowHeartbeatFenceExpire) {
   EXPECT_TRUE(absl::IsFailedPrecondition(s.Grow(1, 2, 1, 11000).status())) << "draining";
 }
 
+// Two machines configured with the same host id (SGLang ranks of two engines given one
+// host_id): the second join is refused while the first is live, naming both machines; a
+// restart on the same machine, and a join after the holder's heartbeat is older than
+// host_ttl_ms, take the row over.
+TEST(DomainState, ASecondMachineCannotTakeALiveHostId) {
+  const Config c = TestConfig("/tmp/unused.state");
+  DomainState s(c, 1ull << 30);
+  ASSERT_TRUE(s.Join(3, "node-a pid 100", 0).ok());
+  auto dup = s.Join(3, "node-b pid 200", 500);
+  ASSERT_TRUE(absl::IsAlreadyExists(dup.status())) << dup.status();
+  const std::string m(dup.status().message());
+  EXPECT_NE(m.find("host id 3 is live on machine 'node-a'"), std::string::npos) << m;
+  EXPECT_NE(m.find("machine 'node-b'"), std::string::npos) << m;
+  EXPECT_NE(m.find("host_id range"), std::string::npos) << m;
+  EXPECT_EQ(s.hosts()[3].incarnation, 1u) << "the live holder keeps its row";
+  // The holder keeps beating; a restart on its own machine takes the row over.
+  ASSERT_TRUE(s.Heartbeat(3, 1, 0, 1000).ok());
+  auto restarted = s.Join(3, "node-a pid 101", 1200);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  EXPECT_EQ(*restarted, 2u);
+  // node-a goes silent: once its heartbeat is older than host_ttl_ms, node-b may join.
+  EXPECT_TRUE(absl::IsAlreadyExists(s.Join(3, "node-b pid 200", 1200 + 2000).status()));
+  auto taken = s.Join(3, "node-b pid 200", 1200 + 2001);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(*taken, 3u);
+}
+
 // Extents a host loses go into quarantine, never straight back to the free pool: a new
 // incarnation's old extents until the old lease term ends (a zombie may still write), expired
 // ones at once; Grow skips them; the quarantine and the arena found survive a restart.
@@ -353,7 +380,7 @@ TEST(DomainState, LostExtentsAreQuarantinedAndSurviveARestart) {
   DomainState s(c, 1ull << 30);  // 16 extents
   ASSERT_TRUE(s.Join(0, "a", 0).ok());
   ASSERT_EQ(s.Grow(0, 1, 16, 0)->size(), 16u);
-  ASSERT_TRUE(s.Join(0, "a again", 100).ok());  // restarted: incarnation 2
+  ASSERT_TRUE(s.Join(0, "a pid 2", 100).ok());  // restarted on its machine: incarnation 2
   std::uint32_t q = 0;
   for (const ExtentInfo& e : s.extents()) {
     q += e.quarantined;

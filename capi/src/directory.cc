@@ -61,7 +61,9 @@ CXLKV_API int cxlkv_directory_where(const char* orchestrators, const cxlkv_prefi
                             {"fp_rate", d.fp_rate},
                             {"epoch", d.epoch},
                             {"age_ms", d.age_ms},
-                            {"filter_bytes", d.filter_bytes}});
+                            {"filter_bytes", d.filter_bytes},
+                            {"keyed", d.keyed},
+                            {"key_held", d.key_held}});
   }
   j["may_hold"] = holders;
   j["revision"] = r->revision;

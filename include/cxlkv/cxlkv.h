@@ -782,7 +782,11 @@ int cxlkv_tier_stats_get(cxlkv_tier* t, cxlkv_tier_stats* stats);
  * its leader's last summary, at most directory.min_interval_ms old while it lives). Writes one
  * JSON object into buf:
  *   {"may_hold":["a",...], "revision":N, "domains":[{"domain":"a","may_hold":true,
- *    "anchor":true,"published":N,"fp_rate":F,"epoch":N,"age_ms":N,"filter_bytes":N},...]}
+ *    "anchor":true,"published":N,"fp_rate":F,"epoch":N,"age_ms":N,"filter_bytes":N,
+ *    "keyed":false,"key_held":true},...]}
+ * A domain with keys.publish_file publishes keyed keys ("keyed":true); when the answering
+ * orchestrator lacks its secret, "key_held" is false and "may_hold" false: cannot tell
+ * (docs/kv_events.md, "What a subscriber can learn").
  * buf/len/needed as cxlkv_tier_explain. CXLKV_E_INVALID for a bad endpoint or a short buffer;
  * the orchestrator's error otherwise (cxlkv_last_error names it: no [etcd] there, etcd
  * unreadable, nobody answering). Makes one RPC; thread-safe. */

@@ -33,6 +33,8 @@ class DomainVerdict:
     epoch: int
     age_ms: int
     filter_bytes: int
+    keyed: bool = False  # the domain keys its published chain keys (docs/kv_events.md)
+    key_held: bool = True  # keyed: the answering orchestrator holds its secret
 
 
 @dataclass(frozen=True)
@@ -84,5 +86,6 @@ def where(orchestrators: str, key: Union[PrefixKey, str]) -> WhereAnswer:
         revision=int(j["revision"]),
         domains=[DomainVerdict(d["domain"], bool(d["may_hold"]), bool(d["anchor"]),
                                int(d["published"]), float(d["fp_rate"]), int(d["epoch"]),
-                               int(d["age_ms"]), int(d["filter_bytes"]))
+                               int(d["age_ms"]), int(d["filter_bytes"]),
+                               bool(d.get("keyed", False)), bool(d.get("key_held", True)))
                  for d in j["domains"]])

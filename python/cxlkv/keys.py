@@ -27,11 +27,20 @@ A :class:`PrefixKey` (128 bits) names one block. There are two ways to get one:
   Keys derived by earlier versions of this package (a token chain over a "DGST"-tagged word
   list) differ from these: blocks published under them are not found under the new keys.
 
+Keys that leave a domain (KV events, the directory's summary) are keyed with the domain's
+publish secret when it has one (``keys.publish_file``; docs/kv_events.md, "What a subscriber
+can learn"): :func:`published_key` turns a chain key into the key a router sees, so a router
+that holds the secret matches events and the directory with its own keys; without the secret
+nobody can.
+
 Keys are plain values: hashable, comparable, safe to share between threads and processes
 (``bytes(key)`` is 16 bytes, little-endian ``lo`` then ``hi``).
 """
 
 from __future__ import annotations
+
+import hashlib
+import hmac
 
 import ctypes
 from dataclasses import dataclass
@@ -307,3 +316,41 @@ def parse_keys(keys: Iterable[Any], ns: Namespace, what: str) -> List[PrefixKey]
     for k in keys:
         out.append(k if isinstance(k, PrefixKey) else ns.digest_key(digest_bytes(k, what)))
     return out
+
+
+PUBLISH_SECRET_MIN = 16
+_PUBLISHED_LABEL = b"cxlkv published key v1\0"
+_KEY_ID_LABEL = b"cxlkv key id v1\0"
+
+
+def _secret_bytes(secret: Union[bytes, str], what: str) -> bytes:
+    b = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+    if len(b) < PUBLISH_SECRET_MIN:
+        raise InvalidArgumentError(
+            f"{what}: a publish secret must have at least {PUBLISH_SECRET_MIN} bytes "
+            f"(it has {len(b)})", operation=what,
+            hint="pass the contents of the domain's keys.publish_file (read_publish_secret)")
+    return b
+
+
+def published_key(secret: Union[bytes, str], key: PrefixKey) -> PrefixKey:
+    """The key a domain keyed with `secret` publishes for chain key `key`: the first 16 bytes of
+    HMAC-SHA256(secret, "cxlkv published key v1\\0" || hi || lo), words big-endian (the
+    orchestrator's ``published_key.h``). Events carry it (hex, high word first, as bytes; its
+    ``lo`` as an integer); the directory's filter holds it."""
+    d = hmac.new(_secret_bytes(secret, "published_key"),
+                 _PUBLISHED_LABEL + key.hi.to_bytes(8, "big") + key.lo.to_bytes(8, "big"),
+                 hashlib.sha256).digest()
+    return PrefixKey(int.from_bytes(d[8:16], "big"), int.from_bytes(d[0:8], "big"))
+
+
+def publish_key_id(secret: Union[bytes, str]) -> int:
+    """The id a keyed directory summary names its secret by (reveals nothing of it)."""
+    d = hmac.new(_secret_bytes(secret, "publish_key_id"), _KEY_ID_LABEL, hashlib.sha256).digest()
+    return int.from_bytes(d[0:8], "big")
+
+
+def read_publish_secret(path: str) -> bytes:
+    """A ``keys.publish_file`` as the orchestrator reads it (surrounding whitespace dropped)."""
+    with open(path, "rb") as f:
+        return _secret_bytes(f.read().strip(), path)

@@ -116,10 +116,14 @@ def create_dynamic_backend(storage_config: HiCacheStorageConfig, **kwargs: Any) 
     return cls(storage_config, kwargs)
 
 
-def zero_copy(extra_config: Dict[str, Any]) -> bool:
-    """cache_controller: a dynamic backend gets the zero-copy page get/set (batch_*_v1 by host
-    indices) when extra_config's interface_v1 is truthy; otherwise the generic copy path."""
-    return bool(extra_config.get("interface_v1", 0))
+def zero_copy(extra_config: Dict[str, Any], version: str) -> bool:
+    """cache_controller: from 0.5.6 (PR #13140; cache_controller.py:318-326 at the 0.5.6
+    version commit 7ae368efd) a dynamic backend gets the zero-copy page get/set (batch_*_v1 by
+    host indices) when extra_config's interface_v1 is truthy; otherwise, and always on
+    0.5.3-0.5.5.x (:309-315 at 0.5.3's a4a3d8239: only hf3fs, mooncake, eic), the generic
+    copy path."""
+    major_minor_patch = tuple(int(x) for x in version.split(".")[:3])
+    return major_minor_patch >= (0, 5, 6) and bool(extra_config.get("interface_v1", 0))
 
 
 def rank_configs(extra_config: Dict[str, Any], model: str, *, tp_size: int = 1,

@@ -206,3 +206,21 @@ def test_the_one_text_form_round_trips_and_matches_the_library() -> None:
     for bad in ("", "0123", str(k) + "0", str(k)[:-1] + "g", str(k)[:16] + ":" + str(k)[16:]):
         with pytest.raises(cxlkv.errors.InvalidArgumentError, match="32 hex digits"):
             cxlkv.PrefixKey.parse(bad)
+
+
+def test_published_key_is_the_orchestrators_keyed_key(tmp_path: Path) -> None:
+    # The vector tests/directory_test.cc (PublishedKey.KnownAnswerAndId) pins for the
+    # orchestrator, computed outside cxlkv with `openssl dgst -sha256 -hmac`.
+    from cxlkv.keys import PrefixKey, publish_key_id, published_key, read_publish_secret
+    secret = "cxlkv-test-secret-0123456789abcdef"
+    k = PrefixKey(0xfedcba9876543210, 0x0123456789abcdef)
+    out = published_key(secret, k)
+    assert (out.hi, out.lo) == (0xb0daf149e64c21dd, 0x10a8a6c9b8fc8077)
+    assert publish_key_id(secret) == 0xefd585ae30061bb6
+    # Without the secret the key a router computes from a known prompt is not what is published.
+    assert published_key(secret + "x", k) != out and k != out
+    f = tmp_path / "publish.key"
+    f.write_text(secret + "\n")
+    assert published_key(read_publish_secret(str(f)), k) == out
+    with pytest.raises(InvalidArgumentError, match="at least 16 bytes"):
+        published_key("short", k)

@@ -25,7 +25,8 @@ MODEL = "Qwen/Qwen3-8B"
 
 #: The adapter class over the interface's base, as the package builds it (module_path and
 #: class_name of the extra config below point here, so the dynamic loader imports it).
-Backend = adapter.build_backend_class(S.HiCacheStorage, "0.5.3")
+VERSION = "0.5.6"  # the first release that gives a dynamic backend the zero-copy path
+Backend = adapter.build_backend_class(S.HiCacheStorage, VERSION)
 
 
 @pytest.fixture
@@ -73,7 +74,7 @@ def test_every_rank_of_one_config_joins_as_its_own_host(env: Env) -> None:
     ranks = start(env, S.rank_configs(cfg, MODEL, tp_size=2, dp_size=2),
                   [pool(i) for i in range(4)])
     assert [r.core.host_id for r in ranks] == [2, 3, 4, 5]
-    assert S.zero_copy(cfg) and all(r.core.path == "v1" for r in ranks)
+    assert S.zero_copy(cfg, VERSION) and all(r.core.path == "v1" for r in ranks)
     keys = page_keys(2)
     for r in ranks:  # each rank stores its slice of the same two pages
         assert r.batch_set_v1(keys, idx([0, 1]), S.HiCacheStorageExtraInfo()) == [True, True]
@@ -215,3 +216,33 @@ def test_two_engines_configured_alike_on_one_machine_are_refused(env: Env) -> No
         b.close()
     again = start(env, S.rank_configs(cfg, MODEL, tp_size=2), [pool(3), pool(4)])
     assert [b.core.host_id for b in again] == [4, 5]
+
+
+#: The backend class as the package builds it over SGLang 0.5.3 (module_path / class_name of
+#: the extra config point here).
+Backend053 = adapter.build_backend_class(S.HiCacheStorage, "0.5.3")
+
+
+def test_interface_v1_on_053_is_the_generic_path_and_shares_with_it(env: Env) -> None:
+    """SGLang 0.5.3-0.5.5 never give a dynamic backend the zero-copy path, whatever
+    interface_v1 says: the backend files its pages under the generic path (the bytes SGLang
+    really hands it), so a 0.5.3 engine with interface_v1 and a 0.5.6 engine without it share
+    pages, and a 0.5.6 zero-copy engine never reads them as its own layout."""
+    cfg = dict(extra_config(env, host_id=0), class_name="Backend053")
+    assert not S.zero_copy(cfg, "0.5.3")
+    old = S.create_dynamic_backend(S.rank_configs(cfg, MODEL)[0])
+    old.register_mem_pool_host(pool(1))
+    env._closers.insert(0, old.close)
+    assert old.core.path == "generic"
+    new_generic, new_v1 = start(env, [
+        S.rank_configs(dict(extra_config(env, host_id=1), interface_v1=0), MODEL)[0],
+        S.rank_configs(extra_config(env, host_id=2), MODEL)[0]], [pool(2), pool(3)])
+    assert new_v1.core.path == "v1"
+    keys = page_keys(2, b"053")
+    vals = [np.random.default_rng(10 + i).integers(0, 256, PAGE_BYTES, np.uint8)
+            for i in range(2)]
+    assert old.batch_set(keys, vals) is True
+    wait_until(lambda: new_generic.batch_exists(keys) == 2)
+    got = new_generic.batch_get(keys, [np.zeros(PAGE_BYTES, np.uint8) for _ in keys])
+    assert all(np.array_equal(g, v) for g, v in zip(got, vals))
+    assert new_v1.batch_exists(keys) == 0

@@ -93,7 +93,8 @@ def test_the_installed_base_class_tells_its_generation(g: V.Generation) -> None:
     """What the package does with an installed vLLM: the class that fits its base (abstract
     methods, lookup's declared answer), whatever the version says."""
     found = gens.generation_of_interface(frozenset(g.base.__abstractmethods__),
-                                         adapter._answers_lookup_result(g.base, V.LookupResult))
+                                         adapter._answers_lookup_result(g.base, V.LookupResult),
+                                         g.version)
     assert found is not None and found.name == g.name
 
 
@@ -288,3 +289,89 @@ def test_an_orchestrator_domain_needs_no_pool(orchestrator: str) -> None:  # noq
             b.shutdown()
     finally:
         a.shutdown()
+
+
+def events_registry() -> Dict[str, type]:
+    """The registry of an engine whose base has take_events (tier-owned events)."""
+    g = V.GENERATIONS[-1]
+    cls = adapter.build_tier_class(
+        gens.generation_named(g.name), V.SecondaryTierManagerEvents, g.result_cls,
+        engine_version=g.version, lookup_result=V.LookupResult,
+        request_context_cls=V.RequestOffloadingContext, medium=V.Medium.CPU,
+        event_cls=V.OffloadingEvent, locality_cls=V.Locality)
+    return {adapter.TIER_TYPE: cls}
+
+
+def test_stores_reach_the_engines_kv_events_under_its_own_keys(env: Env) -> None:
+    """With tier-owned events (vLLM PR #46544) and enable_kv_events, each store job that
+    succeeded becomes one OffloadingEvent naming the engine's own keys (which vLLM publishes
+    as BlockStored with its block hashes); loads (found or not), events off in vLLM, or the
+    option unset yield none."""
+    g = V.GENERATIONS[-1]
+    on = spec()
+    on.kv_events_config = V.KVEventsConfig(enable_kv_cache_events=True)
+    ctx = V.ReqContext("req-ev")
+
+    def tier(host_id: int, sp: V.OffloadingSpec, **extra: Any) -> Any:
+        t = V.create_secondary_tier(events_registry(), tier_config(env, host_id, **extra),
+                                    primary_view(host_id), sp)
+        env._closers.insert(0, t.shutdown)
+        return t
+
+    a = tier(1, on, enable_kv_events=True, locality="REMOTE")
+    assert list(a.take_events()) == []
+    keys = offload_keys(3)
+    a.submit_store(g.job(5, keys, np.arange(3, dtype=np.int64), False, ctx))
+    assert [(r.job_id, r.success) for r in V.poll(a.get_finished_jobs, 1)] == [(5, True)]
+    ev = list(a.take_events())
+    assert ev == [V.OffloadingEvent(keys=keys, medium=V.Medium.CPU, removed=False,
+                                    locality=V.Locality.REMOTE)]
+    assert list(a.take_events()) == []  # taken once
+    # A load is no store: no event.
+    a.submit_load(g.job(6, keys, np.arange(8, 11, dtype=np.int64), True, ctx))
+    assert [r.success for r in V.poll(a.get_finished_jobs, 1)] == [True]
+    assert list(a.take_events()) == []
+    # A load that fails (nothing stored under those keys) yields none either.
+    b = tier(2, on, enable_kv_events=True)
+    missing = offload_keys(2, salt=b"never-stored")
+    b.submit_load(g.job(7, missing, np.arange(2, dtype=np.int64), True, ctx))
+    assert [r.success for r in V.poll(b.get_finished_jobs, 1)] == [False]
+    assert list(b.take_events()) == []
+    # vLLM's events off, or the option unset: the tier records nothing.
+    for t in (tier(3, spec(), enable_kv_events=True), tier(4, on)):
+        more = offload_keys(2, salt=bytes([t.core.host_id]))
+        t.submit_store(g.job(8, more, np.arange(2, dtype=np.int64), False, ctx))
+        assert [r.success for r in V.poll(t.get_finished_jobs, 1)] == [True]
+        assert list(t.take_events()) == []
+    with pytest.raises(InvalidArgumentError, match="locality"):
+        tier(5, on, enable_kv_events=True, locality="NEARBY")
+
+
+@pytest.mark.parametrize("base,lookup_enum,version,want", [
+    (V.SecondaryTierManagerV24, False, "0.24.0", "0.23"),
+    (V.SecondaryTierManagerV26Drain, True, "0.26.0", "0.26"),
+    (V.SecondaryTierManagerV32, True, "0.32.0", "0.32"),
+], ids=["v0.24-branch", "main-after-LookupResult", "v0.32"])
+def test_bases_that_declare_drain_jobs_get_the_class_of_their_release(
+        env: Env, base: type, lookup_enum: bool, version: str, want: str) -> None:
+    """drain_jobs became abstract on vLLM's main before LookupResult did, so releases of the
+    0.23 and 0.26 interfaces may declare it (the v0.24.0 branch does): the installed base and
+    version pick the class, it implements drain_jobs, and the engine constructs it and runs a
+    store through it."""
+    gen = gens.generation_of_interface(frozenset(base.__abstractmethods__), lookup_enum, version)
+    assert gen is not None and gen.name == want and gen.covers(version)
+    g = next(x for x in V.GENERATIONS if x.name == want)
+    cls = adapter.build_tier_class(gen, base, g.result_cls, engine_version=version,
+                                   lookup_result=V.LookupResult,
+                                   request_context_cls=V.RequestOffloadingContext,
+                                   medium=V.Medium.CPU if gen.drain_jobs else None)
+    assert not getattr(cls, "__abstractmethods__", None)
+    t = V.create_secondary_tier({adapter.TIER_TYPE: cls}, tier_config(env, 1), primary_view(1),
+                                spec())
+    env._closers.insert(0, t.shutdown)
+    ctx = V.ReqContext("req-d")
+    keys = offload_keys(2, salt=version.encode())
+    job = V.JobMetadata(3, keys, np.arange(2, dtype=np.int64), False, ctx)
+    t.submit_store(job)
+    t.drain_jobs()
+    assert [(r.job_id, r.success) for r in V.poll(t.get_finished_jobs, 1)] == [(3, True)]

@@ -167,6 +167,28 @@ class SecondaryTierManagerV23(_BaseCommon):
         return None
 
 
+class SecondaryTierManagerV24(SecondaryTierManagerV23):
+    """The v0.24.0 release branch as read (neuralmagic/vllm branch varun/v0.24.0 at
+    217c64a976, below its owner's own commits; tiering/base.py): as v0.23, plus abstract
+    drain_jobs (:212) and has_pending_work (:156, optional); lookup still -> bool | None
+    (:74), JobMetadata.block_ids (:29)."""
+
+    @abc.abstractmethod
+    def drain_jobs(self) -> None: ...
+
+
+class SecondaryTierManagerV26Drain(SecondaryTierManagerV23):
+    """vLLM main after the LookupResult change (neuralmagic/vllm bb61177e49, 2026-06-24):
+    LookupResult lookups (:83) and abstract drain_jobs (:221), block_ids (:38): what a release
+    cut from main after 2026-06-24 declares."""
+
+    @abc.abstractmethod
+    def lookup(self, key: bytes, req_context: Any) -> LookupResult: ...
+
+    @abc.abstractmethod
+    def drain_jobs(self) -> None: ...
+
+
 class SecondaryTierManagerV26(SecondaryTierManagerV23):
     """v0.26-v0.31: lookup answers LookupResult; serve_external_requests(parent) optional."""
 
@@ -207,6 +229,46 @@ class SecondaryTierManagerV32(_BaseCommon):
 
     def serve_external_requests(self, parent: Any) -> None:
         return None
+
+
+# ---- tier-owned KV events (vLLM PR #46544) -----------------------------------------------------
+#
+# Read on vLLM's main branch after the PR (neuralmagic/vllm, a fork that follows main, at
+# c46ced1ee3fa, 2026-07-07, and at 017e9f4448b7, 2026-08-17; the release that first ships it is
+# not established, docs/engines.md): SecondaryTierManager gains take_events() (default: no
+# events; tiering/base.py:246 at 017e9f44), TieringOffloadingManager.take_events yields the
+# primary tier's events and then each secondary tier's (tiering/manager.py), and the connector's
+# event tracker turns each OffloadingEvent into BlockStored under the engine's block hashes with
+# the parent hash and token ids it recorded for the request, medium by the Medium
+# (offloading/events.py, _take_stored_event). OffloadingEvent: keys, medium (a Medium),
+# removed, locality (a Locality or None; base.py:154). The fs tier creates its events list only
+# when its enable_kv_events is set and offloading_spec.kv_events_config.enable_kv_cache_events
+# is on.
+
+
+class Locality(enum.Enum):
+    LOCAL = "LOCAL"
+    REMOTE = "REMOTE"
+
+
+@dataclass
+class OffloadingEvent:
+    keys: List[bytes]
+    medium: Medium
+    removed: bool
+    locality: Optional[Locality] = None
+
+
+@dataclass
+class KVEventsConfig:
+    enable_kv_cache_events: bool = False
+
+
+class SecondaryTierManagerEvents(SecondaryTierManagerV32):
+    """0.32 with tier-owned events: take_events() is optional and yields nothing by default."""
+
+    def take_events(self) -> Any:
+        return ()
 
 
 # ---- the factory's call (tiering/factory.py), the same in every release read --------------------
@@ -257,9 +319,11 @@ class VllmConfig:
 
 @dataclass
 class OffloadingSpec:
-    """The spec object the factory passes as offloading_spec (its vllm_config)."""
+    """The spec object the factory passes as offloading_spec (its vllm_config; with
+    tier-owned events also kv_events_config)."""
 
     vllm_config: VllmConfig
+    kv_events_config: KVEventsConfig = field(default_factory=KVEventsConfig)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@
 #define CXLKV_TOOLS_CXLKVCTL_WHERE_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cxlkv/coherence/key.h"
@@ -15,6 +16,7 @@ namespace cxlkv::ctl {
 // host:port), answered for `key`.
 absl::StatusOr<orchestrator::WhereResult> WhereViaEtcd(const std::string& endpoints,
                                                        const std::string& cluster,
+                                                       const std::vector<std::string>& secrets,
                                                        const coherence::PrefixKey& key);
 
 }  // namespace cxlkv::ctl

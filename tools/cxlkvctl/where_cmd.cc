@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "commands.h"
 #include "cxlkv/orchestrator/directory_client.h"
+#include "cxlkv/orchestrator/token.h"
 #include "cxlkv/tier/reuse_tracker.h"
 #include "nlohmann/json.hpp"
 #include "where.h"
@@ -26,6 +27,7 @@ struct WhereOptions {
   std::string etcd;  // comma-separated host:port; empty: ask an orchestrator
   std::string cluster = "default";
   std::string socket;  // orchestrator endpoints, comma-separated
+  std::vector<std::string> key_files;  // with --etcd: publish secrets of keyed domains
   bool json = false;
 };
 
@@ -39,7 +41,13 @@ void Run(const WhereOptions& o) {
   if (!key.ok()) Fail(absl::StrCat("PREFIX '", o.prefix, "': ", key.status().message()));
   orch::WhereResult r;
   if (!o.etcd.empty()) {
-    auto got = WhereViaEtcd(o.etcd, o.cluster, *key);
+    std::vector<std::string> secrets;
+    for (const std::string& f : o.key_files) {
+      auto s = orch::ReadTokenFile(f, "--key-file");
+      if (!s.ok()) Fail(std::string(s.status().message()));
+      secrets.push_back(*std::move(s));
+    }
+    auto got = WhereViaEtcd(o.etcd, o.cluster, secrets, *key);
     if (!got.ok()) Fail(std::string(got.status().message()));
     r = *std::move(got);
   } else {
@@ -67,7 +75,9 @@ void Run(const WhereOptions& o) {
                               {"fp_rate", d.fp_rate},
                               {"epoch", d.epoch},
                               {"age_ms", d.age_ms},
-                              {"filter_bytes", d.filter_bytes}});
+                              {"filter_bytes", d.filter_bytes},
+                              {"keyed", d.keyed},
+                              {"key_held", d.key_held}});
     }
     std::printf("%s\n", j.dump().c_str());
     return;
@@ -80,7 +90,8 @@ void Run(const WhereOptions& o) {
               "FILTER", "AGE_MS", "EPOCH");
   for (const auto& d : r.domains) {
     std::printf("%-20s %-9s %-10llu %-9.2g %-11llu %-8lld %lld\n", d.domain.c_str(),
-                !d.anchor    ? "not-anchor"
+                !d.key_held  ? "no-key"
+                : !d.anchor  ? "not-anchor"
                 : d.may_hold ? "yes"
                              : "no",
                 static_cast<unsigned long long>(d.published), d.fp_rate,
@@ -101,6 +112,9 @@ void AddWhereCommand(CLI::App& app) {
       ->required();
   c->add_option("--etcd", o->etcd, "read etcd directly: host:port[,host:port...]");
   c->add_option("--cluster", o->cluster, "with --etcd: the etcd.cluster name (default: default)");
+  c->add_option("--key-file", o->key_files,
+                "with --etcd: a keyed domain's keys.publish_file (repeatable); a keyed domain "
+                "whose secret is not given answers no-key");
   c->add_option("--socket", o->socket,
                 "ask this orchestrator (any with [etcd]): path, unix:PATH or tcp:HOST:PORT, "
                 "several separated by commas (default: $CXLKV_ORCHESTRATOR_SOCKET)");

@@ -6,6 +6,7 @@ namespace cxlkv::ctl {
 
 absl::StatusOr<orchestrator::WhereResult> WhereViaEtcd(const std::string& endpoints,
                                                        const std::string&,
+                                                       const std::vector<std::string>&,
                                                        const coherence::PrefixKey&) {
   return absl::FailedPreconditionError(absl::StrCat(
       "this cxlkvctl was built without the etcd client (golang-etcd-server-dev was missing); "

@@ -75,6 +75,8 @@ absl::StatusOr<WhereResult> DirectoryClient::Where(const coherence::PrefixKey& k
       v.epoch = a.epoch();
       v.age_ms = a.age_ms();
       v.filter_bytes = a.filter_bytes();
+      v.keyed = a.keyed();
+      v.key_held = !a.keyed() || a.key_held();
       r.domains.push_back(std::move(v));
     }
     return r;

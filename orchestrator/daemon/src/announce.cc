@@ -3,13 +3,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/orchestrator/daemon.h"
 #include "cxlkv/orchestrator/directory.h"
+#include "cxlkv/orchestrator/published_key.h"
 #include "event_sink.h"
 #include "ha.h"
 
@@ -41,13 +44,18 @@ struct Announcer::Impl {
   mutable absl::Mutex mu;
   AnnounceStats stats ABSL_GUARDED_BY(mu);
   std::unique_ptr<EventSink> sink;  // null: no events
+  // keys.publish_file's secret: every key that leaves (events, the directory summary) is K'
+  // (published_key.h). Null: keys leave unkeyed.
+  std::optional<PublishedKeyer> keyer;
 
   // The thread's own state.
   bool in_term = false;
   std::int64_t term_epoch = -1;
   const void* term_owner = nullptr;
   std::uint64_t last_sig = ~0ull;
-  std::vector<co::PrefixKey> current;
+  std::vector<co::PrefixKey> current;  // what leaves: K' when keyed, else the chain keys
+  // Keyed: K' of each key of the last look, so a look keys only what is new (one HMAC each).
+  absl::flat_hash_map<co::PrefixKey, co::PrefixKey, co::PrefixKeyHash> keyed_of;
   absl::flat_hash_set<co::PrefixKey, co::PrefixKeyHash> known;
   bool dir_dirty = false;
   std::int64_t last_put_ms = 0;
@@ -117,6 +125,7 @@ struct Announcer::Impl {
       known.clear();
       return;
     }
+    if (changed && keyer.has_value()) KeyCurrent();
     const bool opening = !in_term;
     in_term = true;
     if (changed || opening) {
@@ -124,6 +133,19 @@ struct Announcer::Impl {
       Events(opening);
     }
     if (DirectoryOn()) Directory(epoch, capacity);
+  }
+
+  // Replaces the chain keys in `current` with K', outside the orchestrator's lock.
+  void KeyCurrent() {
+    absl::flat_hash_map<co::PrefixKey, co::PrefixKey, co::PrefixKeyHash> next;
+    next.reserve(current.size());
+    for (co::PrefixKey& k : current) {
+      const auto it = keyed_of.find(k);
+      const co::PrefixKey keyed = it != keyed_of.end() ? it->second : keyer->Apply(k);
+      next.emplace(k, keyed);
+      k = keyed;
+    }
+    keyed_of = std::move(next);
   }
 
   void Events(bool opening) {
@@ -158,6 +180,10 @@ struct Announcer::Impl {
     s.published = current.size();
     s.anchor_every = c.directory.anchor_every;
     s.built_unix_ms = UnixMs();
+    if (keyer.has_value()) {
+      s.keyed = true;
+      s.key_id = keyer->id();
+    }
     const std::uint64_t expected =
         (c.directory.expected_keys != 0 ? c.directory.expected_keys : capacity) /
         std::max<std::uint32_t>(c.directory.anchor_every, 1);
@@ -194,6 +220,22 @@ absl::StatusOr<std::unique_ptr<Announcer>> Announcer::Start(Orchestrator& o, HaS
   if (!sink.ok()) return sink.status();
   impl->sink = *std::move(sink);
   if (!impl->DirectoryOn() && !impl->EventsOn()) return std::unique_ptr<Announcer>();
+  const KeysConfig& keys = o.config().keys;
+  if (!keys.publish_secret.empty()) {
+    auto keyer = PublishedKeyer::Create(keys.publish_secret);
+    if (!keyer.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key 'keys.publish_file' ('", keys.publish_file, "'): ", keyer.status().message()));
+    }
+    impl->keyer = *std::move(keyer);
+  } else {
+    std::fprintf(stderr,
+                 "cxlkv-orchestrator: chain keys leave domain '%s' unkeyed (%s): whoever reads "
+                 "them can test a guessed prompt; set keys.publish_file (docs/kv_events.md, "
+                 "\"What a subscriber can learn\")\n",
+                 o.config().name.c_str(),
+                 impl->EventsOn() ? "KV events" : "the directory summary in etcd");
+  }
   Impl* p = impl.get();
   p->thread = std::thread([p] { p->Loop(); });
   return std::unique_ptr<Announcer>(new Announcer(std::move(impl)));

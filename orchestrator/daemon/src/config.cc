@@ -461,6 +461,25 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
                       H([&](auto& v, auto& kk) { return p.U32(v, kk, &e.hwm, 1, 1 << 24); })},
                  });
            })},
+          {"keys", H([&](const toml::node& n, const std::string& k) {
+             return p.Table(
+                 n, k,
+                 {
+                     {"publish_file",
+                      H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.keys.publish_file); })},
+                     {"directory_files", H([&](const toml::node& v, const std::string& kk) {
+                        const toml::array* a = v.as_array();
+                        if (a == nullptr) return p.Error(v, kk, "expected an array of file paths");
+                        c.keys.directory_files.clear();
+                        for (const toml::node& e : *a) {
+                          std::string f;
+                          if (auto s2 = p.Str(e, kk, &f); !s2.ok()) return s2;
+                          c.keys.directory_files.push_back(f);
+                        }
+                        return absl::OkStatus();
+                      })},
+                 });
+           })},
           {"placement", H([&](const toml::node&, const std::string&) {
              // tier/ owns the section's keys; it reads them from the same text.
              auto placement = tier::ParsePlacementConfig(text, source_name);
@@ -511,6 +530,18 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
         absl::StrCat(source_name,
                      ": rpc.token_file, rpc.tls_cert and rpc.tls_key apply to rpc.tcp, which is "
                      "not set; add tcp = \"HOST:PORT\" or drop them"));
+  }
+  if (!c.keys.publish_file.empty()) {
+    auto secret =
+        ReadTokenFile(c.keys.publish_file, absl::StrCat(source_name, ": key 'keys.publish_file'"));
+    if (!secret.ok()) return secret.status();
+    c.keys.publish_secret = *std::move(secret);
+  }
+  c.keys.directory_secrets.clear();
+  for (const std::string& f : c.keys.directory_files) {
+    auto secret = ReadTokenFile(f, absl::StrCat(source_name, ": key 'keys.directory_files'"));
+    if (!secret.ok()) return secret.status();
+    c.keys.directory_secrets.push_back(*std::move(secret));
   }
   if (c.tls_cert.empty() != c.tls_key.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(

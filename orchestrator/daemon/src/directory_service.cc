@@ -32,6 +32,10 @@ class DirectoryService final : public dpb::Directory::Service {
         o.endpoints = c_.etcd.endpoints;
         o.cluster = c_.etcd.cluster;
         o.call_timeout_ms = c_.etcd.call_timeout_ms;
+        // This domain's own publish secret and the other domains' (keys.directory_files):
+        // keyed summaries under any other secret answer key_held = false.
+        if (!c_.keys.publish_secret.empty()) o.publish_secrets.push_back(c_.keys.publish_secret);
+        for (const std::string& s : c_.keys.directory_secrets) o.publish_secrets.push_back(s);
         auto opened = directory::DirectoryReader::Open(o);
         if (!opened.ok()) {
           return grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -53,6 +57,8 @@ class DirectoryService final : public dpb::Directory::Service {
       d->set_epoch(a.epoch);
       d->set_age_ms(a.age_ms);
       d->set_filter_bytes(a.filter_bytes);
+      d->set_keyed(a.keyed);
+      d->set_key_held(a.key_held);
     }
     rep->set_revision(r->revision());
     return grpc::Status::OK;

@@ -19,6 +19,12 @@
 namespace cxlkv::orchestrator {
 namespace {
 
+// The machine part of a Join's hostname ("MACHINE pid N", HostClient::Join); "" when unknown.
+std::string MachineOf(const std::string& hostname) {
+  const std::size_t pid = hostname.find(" pid ");
+  return pid == std::string::npos ? hostname : hostname.substr(0, pid);
+}
+
 }  // namespace
 
 const char* HostStateName(HostState s) {
@@ -109,6 +115,18 @@ absl::StatusOr<std::uint64_t> DomainState::Join(std::uint32_t host, const std::s
         "host id ", host, " is not allowed in this domain (hosts.allowed / domain.max_hosts)"));
   }
   HostInfo& h = hosts_[host];
+  const std::string holder = MachineOf(h.hostname), joiner = MachineOf(hostname.substr(0, 64));
+  if (h.state == HostState::kLive && now_ms - h.last_heartbeat_ms <= c_.host_ttl_ms &&
+      !holder.empty() && !joiner.empty() && holder != joiner) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "host id ", host, " is live on machine '", holder, "' ('", h.hostname,
+        "', last heartbeat ", now_ms - h.last_heartbeat_ms, " ms ago) and machine '", joiner,
+        "' ('", hostname,
+        "') asks for it too: two machines are configured with the same host id; give each "
+        "machine its own host_id range (for SGLang: a host_id per engine that leaves room for "
+        "its dp*pp*cp*tp ranks), or, if '",
+        holder, "' is gone, join again after host_ttl_ms (", c_.host_ttl_ms, " ms)"));
+  }
   // A new incarnation: what the old one held goes into quarantine until its old lease term
   // ends (the old incarnation may be a zombie that still writes) and no published entry
   // names a block in it.

@@ -13,6 +13,9 @@ namespace {
 
 constexpr std::uint32_t kMagic = 0x53445843;  // "CXDS" little-endian
 constexpr std::uint16_t kVersion = 1;
+// Version 2: the same with the publish key's id (8 bytes) after built_unix_ms: a summary whose
+// keys were keyed with that secret (published_key.h). Unkeyed summaries stay version 1.
+constexpr std::uint16_t kVersionKeyed = 2;
 
 // A 64-bit finalizer (splitmix64's): chain keys are already hash output, but anchor choice
 // and filter positions must not read the same raw bits.
@@ -124,7 +127,7 @@ std::string EncodeSummary(const Summary& s) {
   std::string out;
   out.reserve(64 + s.domain.size() + s.filter.bytes());
   Put<std::uint32_t>(&out, kMagic);
-  Put<std::uint16_t>(&out, kVersion);
+  Put<std::uint16_t>(&out, s.keyed ? kVersionKeyed : kVersion);
   Put<std::uint16_t>(&out, static_cast<std::uint16_t>(s.filter.size().hashes));
   Put<std::uint32_t>(&out, s.anchor_every);
   Put<std::uint32_t>(&out, static_cast<std::uint32_t>(s.filter.words().size()));
@@ -132,6 +135,7 @@ std::string EncodeSummary(const Summary& s) {
   Put<std::uint64_t>(&out, s.published);
   Put<std::uint64_t>(&out, s.anchors);
   Put<std::int64_t>(&out, s.built_unix_ms);
+  if (s.keyed) Put<std::uint64_t>(&out, s.key_id);
   Put<std::uint16_t>(&out, static_cast<std::uint16_t>(s.domain.size()));
   out.append(s.domain);
   for (std::uint64_t w : s.filter.words()) Put<std::uint64_t>(&out, w);
@@ -154,9 +158,13 @@ absl::StatusOr<Summary> DecodeSummary(absl::string_view bytes) {
   std::uint16_t version = 0, hashes = 0, name_len = 0;
   Summary s;
   if (!r.Get(&magic) || magic != kMagic) return bad("not a summary (magic)");
-  if (!r.Get(&version) || version != kVersion) return bad("unknown version");
+  if (!r.Get(&version) || (version != kVersion && version != kVersionKeyed)) {
+    return bad("unknown version");
+  }
+  s.keyed = version == kVersionKeyed;
   if (!r.Get(&hashes) || !r.Get(&s.anchor_every) || !r.Get(&words) || !r.Get(&s.epoch) ||
-      !r.Get(&s.published) || !r.Get(&s.anchors) || !r.Get(&s.built_unix_ms) || !r.Get(&name_len)) {
+      !r.Get(&s.published) || !r.Get(&s.anchors) || !r.Get(&s.built_unix_ms) ||
+      (s.keyed && !r.Get(&s.key_id)) || !r.Get(&name_len)) {
     return bad("torn header");
   }
   absl::string_view name, body;
@@ -170,6 +178,32 @@ absl::StatusOr<Summary> DecodeSummary(absl::string_view bytes) {
   if (words != 0) std::memcpy(w.data(), body.data(), body.size());
   s.filter = BloomFilter::FromWords(hashes, std::move(w));
   return s;
+}
+
+DomainAnswer AnswerFor(const Summary& s, const coherence::PrefixKey& key,
+                       const std::vector<PublishedKeyer>& keyers, std::int64_t now_unix_ms) {
+  DomainAnswer a;
+  a.domain = s.domain;
+  a.keyed = s.keyed;
+  coherence::PrefixKey asked = key;
+  if (s.keyed) {
+    a.key_held = false;
+    for (const PublishedKeyer& k : keyers) {
+      if (k.id() == s.key_id) {
+        asked = k.Apply(key);
+        a.key_held = true;
+        break;
+      }
+    }
+  }
+  a.anchor = IsAnchor(asked, s.anchor_every);
+  a.may_hold = a.key_held && a.anchor && s.filter.MayContain(asked);
+  a.published = s.published;
+  a.fp_rate = FalsePositiveRate(s.filter.size(), s.anchors);
+  a.epoch = s.epoch;
+  a.age_ms = now_unix_ms - s.built_unix_ms;
+  a.filter_bytes = s.filter.bytes();
+  return a;
 }
 
 std::string DirectoryPrefix(const std::string& cluster) {

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
+
 namespace cxlkv::orchestrator::directory {
 
 namespace {
@@ -17,9 +19,19 @@ absl::StatusOr<std::unique_ptr<DirectoryReader>> DirectoryReader::Open(const Rea
   co.endpoints = o.endpoints;
   co.call_timeout_ms = o.call_timeout_ms;
   co.attempt_timeout_ms = std::max<std::uint32_t>(o.call_timeout_ms / 2, 100);
+  std::vector<PublishedKeyer> keyers;
+  for (std::size_t i = 0; i < o.publish_secrets.size(); ++i) {
+    auto k = PublishedKeyer::Create(o.publish_secrets[i]);
+    if (!k.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("directory reader: publish secret #", i + 1, ": ", k.status().message()));
+    }
+    keyers.push_back(*std::move(k));
+  }
   auto c = etcd::Client::Create(co);
   if (!c.ok()) return c.status();
   std::unique_ptr<DirectoryReader> r(new DirectoryReader(o, *std::move(c)));
+  r->keyers_ = std::move(keyers);
   if (auto st = r->Refresh(); !st.ok()) return st;
   if (o.follow) r->watcher_ = std::thread([p = r.get()] { p->WatchLoop(); });
   return r;
@@ -90,27 +102,15 @@ std::vector<DomainAnswer> DirectoryReader::Where(const coherence::PrefixKey& key
   std::vector<DomainAnswer> out;
   absl::MutexLock l(&mu_);
   out.reserve(by_key_.size());
-  for (const auto& [k, s] : by_key_) {
-    DomainAnswer a;
-    a.domain = s.domain;
-    a.anchor = IsAnchor(key, s.anchor_every);
-    a.may_hold = a.anchor && s.filter.MayContain(key);
-    a.published = s.published;
-    a.fp_rate = FalsePositiveRate(s.filter.size(), s.anchors);
-    a.epoch = s.epoch;
-    a.age_ms = now - s.built_unix_ms;
-    a.filter_bytes = s.filter.bytes();
-    out.push_back(std::move(a));
-  }
+  for (const auto& [k, s] : by_key_) out.push_back(AnswerFor(s, key, keyers_, now));
   return out;
 }
 
 std::vector<std::string> DirectoryReader::DomainsThatMayHold(
     const coherence::PrefixKey& key) const {
   std::vector<std::string> out;
-  absl::MutexLock l(&mu_);
-  for (const auto& [k, s] : by_key_) {
-    if (IsAnchor(key, s.anchor_every) && s.filter.MayContain(key)) out.push_back(s.domain);
+  for (DomainAnswer& a : Where(key)) {
+    if (a.may_hold) out.push_back(std::move(a.domain));
   }
   return out;
 }

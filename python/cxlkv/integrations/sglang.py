@@ -2,8 +2,9 @@
 
 Pinned to SGLang >= 0.5.3, < 0.6 (:data:`cxlkv.integrations.TARGETS` ``["sglang"]``; what
 each release offers and where it was read: docs/engines.md). Load it as a ``dynamic``
-backend, with ``interface_v1`` so SGLang takes the zero-copy path (``batch_get_v1`` /
-``batch_set_v1`` by host indices; without it SGLang copies pages through ``get``/``set``)::
+backend, with ``interface_v1`` so SGLang (from 0.5.6; :data:`ZERO_COPY_DYNAMIC_FROM`) takes the
+zero-copy path (``batch_get_v1`` / ``batch_set_v1`` by host indices; without it, and on
+0.5.3-0.5.5.x always, SGLang copies pages through ``get``/``set``)::
 
     python -m sglang.launch_server ... --enable-hierarchical-cache \\
       --hicache-mem-layout page_first --hicache-storage-backend dynamic \\
@@ -22,7 +23,10 @@ cp, tp) rank's process from the same extra config. Each rank joins as host
 takes ``dp_size * pp_size * attn_cp_size * tp_size`` consecutive rows. Derived rather than
 assigned by the orchestrator on join because it works on every domain source (``file:``,
 ``devdax:``, orchestrator), needs no new protocol, and a rank that restarts gets its own row
-back. Two engines on one domain need ``host_id`` ranges that do not overlap.
+back. Two engines on one domain need ``host_id`` ranges that do not overlap: on one machine a
+per-row lock refuses the second, and across machines an ``orchestrator:`` domain's orchestrator
+refuses a join of an id that is live on another machine, naming both (the rank's start fails
+with that message).
 
 **The namespace names everything that changes a page's bytes**: the model, the rank's slice
 (TP rank and size, except for MLA models, whose ranks hold the same page; PP and CP rank and
@@ -34,6 +38,7 @@ some layouts). Draft-model pages (keys ``d:<hash>``) live in a namespace of thei
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -41,8 +46,10 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..keys import Namespace
 from ..page_store import PageStore, page_buffer_meta
-from . import check_engine_version
+from . import check_engine_version, parse_version
 from ._config import Attachment, as_dict
+
+log = logging.getLogger(__name__)
 
 DRAFT_PREFIX = "d:"
 
@@ -93,6 +100,27 @@ def namespace_for(storage_config: Any, tenant: str, page_bytes: int, *, dtype: s
     return Namespace(tenant, model, words.strip())
 
 
+#: The first release whose cache controller gives a ``dynamic`` backend the zero-copy path
+#: when ``interface_v1`` is set (SGLang PR #13140, 2025-11-17; cache_controller.py:318-326 at
+#: 0.5.6's version commit 7ae368efd). 0.5.3-0.5.5.x give it only to hf3fs, mooncake and eic
+#: (cache_controller.py:309-315 at 0.5.3's a4a3d8239) and ignore ``interface_v1``.
+ZERO_COPY_DYNAMIC_FROM = "0.5.6"
+
+
+def transfer_path(cfg: Dict[str, Any], engine_version: Optional[str]) -> str:
+    """The path SGLang will hand this backend pages by: ``"v1"`` (zero-copy, batch_*_v1 by
+    host indices) or ``"generic"`` (copies through get/set/batch_*). It is part of the
+    namespace, so it must be the path SGLang really takes, not the one asked for."""
+    if not cfg.get("interface_v1"):
+        return "generic"
+    if engine_version and parse_version(engine_version) < parse_version(ZERO_COPY_DYNAMIC_FROM):
+        log.warning("cxlkv: SGLang %s ignores interface_v1 for a dynamic backend (zero-copy "
+                    "from %s): pages go through the generic copy path", engine_version,
+                    ZERO_COPY_DYNAMIC_FROM)
+        return "generic"
+    return "v1"
+
+
 class SglangBackendCore:
     """What the backend does, whatever SGLang's base class: the configuration, the rank's
     identity, and the page stores (main and draft) once the host pool is known.
@@ -120,7 +148,7 @@ class SglangBackendCore:
                 hint="set host_id: the first host row of this engine (each rank takes "
                 "host_id + its rank index)")
         self.storage_config = storage_config
-        self.path = "v1" if cfg.get("interface_v1") else "generic"
+        self.path = transfer_path(cfg, engine_version)
         idx, ranks = rank_index(storage_config)
         self.rank, self.ranks = idx, ranks
         self.host_id = int(cfg["host_id"]) + idx

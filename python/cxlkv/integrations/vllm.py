@@ -24,8 +24,20 @@ enough. Keys (:data:`CONFIG_KEYS`): ``domain`` and ``host_id`` are required; ``p
 an ``orchestrator:`` domain, which lends this host an extent), ``read_pools``, ``tenant``,
 ``heartbeat_s``, ``block_bytes`` (optional: the primary view's row is the block; if given it
 must match), ``model`` (overrides the model name read from the engine's config),
-``namespace_layout`` (free text added to the namespace), ``allow_untested_version``. An
-unknown key is refused (a misspelt key would otherwise be ignored).
+``namespace_layout`` (free text added to the namespace), ``allow_untested_version``,
+``enable_kv_events`` and ``locality`` (below). An unknown key is refused (a misspelt key
+would otherwise be ignored).
+
+**KV events under the engine's own block hashes.** Where the installed
+``SecondaryTierManager`` has ``take_events`` (tier-owned events, vLLM PR #46544), the tier
+with ``enable_kv_events: true`` records an ``OffloadingEvent(keys, medium, removed=False[,
+locality])`` for the keys of every store job that succeeded, and ``take_events`` hands them to
+vLLM, which publishes them as ``BlockStored`` with its own block hashes (and, where its event
+tracker saw the request, the parent hash and token ids), as its ``fs`` tier does: what a
+router needs to match them with the engine's keys (docs/kv_events.md, "Matching by the
+engine's hash"). Only while vLLM's own KV events are on (``kv_events_config``); ``locality``
+(``"LOCAL"`` or ``"REMOTE"``) is passed where the event has that field. The tier learns of no
+eviction in the domain, so it sends no ``BlockRemoved``.
 
 Identity: one vLLM scheduler runs one tier; with data parallelism each DP engine has its own
 scheduler, so the tier joins as host ``host_id + data_parallel_rank``. The namespace is
@@ -55,7 +67,7 @@ TIER_TYPE = "cxlkv"
 #: Every key the tier's config dict may hold (besides ``type``, which the factory removes).
 CONFIG_KEYS = frozenset({
     "domain", "host_id", "pool", "read_pools", "tenant", "heartbeat_s", "block_bytes",
-    "model", "namespace_layout", "allow_untested_version"})
+    "model", "namespace_layout", "allow_untested_version", "enable_kv_events", "locality"})
 
 
 def _attr_path(obj: Any, path: str) -> Any:
@@ -158,6 +170,23 @@ class VllmTierCore:
             log.warning("cxlkv: PYTHONHASHSEED is not set, so vLLM's block hashes differ from "
                         "every other engine's and no blocks will be shared; set the same "
                         "PYTHONHASHSEED for every engine using domain %s", cfg["domain"])
+        # Tier-owned KV events (build_tier_class's event_cls): off unless asked for and
+        # vLLM's own KV events are on.
+        self.events: Optional[List[Any]] = None
+        self._store_keys: Dict[int, List[Any]] = {}
+        if cfg.get("enable_kv_events"):
+            if not _attr_path(offloading_spec, "kv_events_config.enable_kv_cache_events"):
+                log.warning("cxlkv: enable_kv_events is set but vLLM's KV cache events are off "
+                            "(kv_events_config.enable_kv_cache_events): the tier emits none")
+            else:
+                self.events = []
+        loc = cfg.get("locality")
+        if loc is not None and loc not in ("LOCAL", "REMOTE"):
+            raise InvalidArgumentError(
+                f"{what}: locality {loc!r} is not LOCAL or REMOTE",
+                operation="CxlkvSecondaryTier",
+                hint="LOCAL or REMOTE: where the domain's memory is, seen from this engine")
+        self.locality = loc
         att_cfg = dict(cfg, host_id=self.host_id)
         self._att = Attachment(att_cfg, "CxlkvSecondaryTier", block_bytes=rows.row_bytes)
         try:
@@ -190,7 +219,10 @@ class VllmTierCore:
                        getattr(job, "req_context", None))
 
     def submit_store(self, job: Any) -> None:
-        self.tier.submit_store(self.job(job))
+        j = self.job(job)
+        if self.events is not None:
+            self._store_keys[j.job_id] = list(j.keys)
+        self.tier.submit_store(j)
 
     def submit_load(self, job: Any) -> None:
         self.tier.submit_load(self.job(job))
@@ -202,7 +234,27 @@ class VllmTierCore:
         for r in self.tier.get_finished():
             if r.error:
                 log.warning("cxlkv tier job %d failed: %s", r.job_id, r.error)
+            keys = self._store_keys.pop(r.job_id, None)
+            if keys is not None and r.success and self.events is not None:
+                self.events.append(keys)
             out.append(job_result_cls(**_result_fields(r, fields)))
+        return out
+
+    def take_events(self, event_cls: Any, medium: Any, locality_cls: Any) -> List[Any]:
+        """The stores recorded since the last call, as the engine's ``OffloadingEvent``s
+        (``locality`` only where the event declares it)."""
+        if not self.events:
+            return []
+        fields = {f.name for f in dataclasses.fields(event_cls)}
+        out = []
+        for keys in self.events:
+            kw: Dict[str, Any] = {"keys": keys, "medium": medium, "removed": False}
+            if "locality" in fields:
+                kw["locality"] = (locality_cls(self.locality)
+                                  if self.locality is not None and locality_cls is not None
+                                  else None)
+            out.append(event_cls(**kw))
+        self.events.clear()
         return out
 
     def drain(self) -> None:
@@ -223,7 +275,8 @@ def _result_fields(r: TierJobResult, fields: Iterable[str]) -> Dict[str, Any]:
 
 def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: type, *,
                      engine_version: Optional[str], lookup_result: Any = None,
-                     request_context_cls: Any = None, medium: Any = None) -> type:
+                     request_context_cls: Any = None, medium: Any = None,
+                     event_cls: Any = None, locality_cls: Any = None) -> type:
     """The tier class of one interface generation: a subclass of the engine's
     ``SecondaryTierManager`` (`base`) whose methods are that generation's, each forwarding to
     one :class:`VllmTierCore`.
@@ -238,6 +291,8 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
             ``on_new_request`` returns), where the generation has it.
         medium: the value of the ``medium`` class attribute (``Medium.CPU``), where the
             engine's base declares one.
+        event_cls, locality_cls: the engine's ``OffloadingEvent`` and ``Locality``, where its
+            base has ``take_events`` (tier-owned KV events): the class then implements it.
     """
     if generation.lookup_enum and lookup_result is None:
         raise EngineVersionError(f"the {generation.name} interface answers lookups with "
@@ -294,12 +349,17 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
         def on_new_request(self: Any, req_context: Any) -> Any:
             return request_context_cls()
         ns["on_new_request"] = on_new_request
-    if generation.drain_jobs:
-        def drain_jobs(self: Any) -> None:
-            self._core.drain()
-        ns["drain_jobs"] = drain_jobs
+    # Every class drains: releases of several generations declare drain_jobs abstract
+    # (vllm_generations.generation_of_interface), and one that does not never calls it.
+    def drain_jobs(self: Any) -> None:
+        self._core.drain()
+    ns["drain_jobs"] = drain_jobs
     if medium is not None:
         ns["medium"] = medium
+    if event_cls is not None:
+        def take_events(self: Any) -> List[Any]:
+            return self._core.take_events(event_cls, medium, locality_cls)
+        ns["take_events"] = take_events
     return type("CxlkvSecondaryTier", (base,), ns)
 
 
@@ -329,7 +389,7 @@ def _from_installed_vllm() -> None:
     # tier may run (VllmTierCore refuses a version outside the class's pin, saying why).
     by_interface = gens.generation_of_interface(
         frozenset(getattr(base, "__abstractmethods__", ())),
-        _answers_lookup_result(base, lookup_result))
+        _answers_lookup_result(base, lookup_result), ENGINE_VERSION)
     gen = by_interface or by_version
     if gen is None:
         IMPORT_ERROR = EngineVersionError(
@@ -339,11 +399,17 @@ def _from_installed_vllm() -> None:
             operation="cxlkv.integrations.vllm", hint=f"install vllm{gens.SUPPORTED}")
         return
     GENERATION = gen
-    # 0.32+ tiers declare their medium; CXL memory is memory (Medium.CPU), not storage.
-    medium = getattr(getattr(_kvbase, "Medium", None), "CPU", None) if gen.drain_jobs else None
+    # Tier-owned KV events (PR #46544): the base declares take_events.
+    owns_events = "take_events" in vars(base)
+    # 0.32+ tiers declare their medium, and events name it; CXL memory is memory (Medium.CPU),
+    # not storage.
+    medium = (getattr(getattr(_kvbase, "Medium", None), "CPU", None)
+              if gen.drain_jobs or owns_events else None)
     CxlkvSecondaryTier = build_tier_class(
         gen, base, _tbase.JobResult, engine_version=ENGINE_VERSION, lookup_result=lookup_result,
-        request_context_cls=getattr(_kvbase, "RequestOffloadingContext", None), medium=medium)
+        request_context_cls=getattr(_kvbase, "RequestOffloadingContext", None), medium=medium,
+        event_cls=getattr(_kvbase, "OffloadingEvent", None) if owns_events else None,
+        locality_cls=getattr(_kvbase, "Locality", None))
 
 
 def _answers_lookup_result(base: type, lookup_result: Any) -> bool:

@@ -68,7 +68,8 @@ GENERATIONS: Tuple[VllmGeneration, ...] = (
     # v0.22.x: the first released tiering interface. lookup -> bool | None, get_finished().
     VllmGeneration("0.22", "0.22.0", "0.23.0", "v0.22.1", "get_finished", False, "block_ids",
                    "JobMetadata", False, False),
-    # v0.23-v0.25: get_finished_jobs() replaces get_finished(); on_new_request is abstract.
+    # v0.23-v0.25: get_finished_jobs() replaces get_finished(); on_new_request is abstract
+    # (and, from the v0.24.0 branch read, drain_jobs: see generation_of_interface).
     VllmGeneration("0.23", "0.23.0", "0.26.0", "v0.23.0", "get_finished_jobs", False,
                    "block_ids", "JobMetadata", True, False),
     # v0.26-v0.31: lookup answers vllm.v1.kv_offload.base.LookupResult; ParentManager and
@@ -102,13 +103,24 @@ def generation_named(name: str) -> VllmGeneration:
                    f"{', '.join(g.name for g in GENERATIONS)}")
 
 
-def generation_of_interface(abstract: Tuple[str, ...] | frozenset,
-                            lookup_enum: bool) -> Optional[VllmGeneration]:
+def _without_drain(names: Tuple[str, ...] | frozenset) -> Tuple[str, ...]:
+    return tuple(sorted(set(names) - {"drain_jobs"}))
+
+
+def generation_of_interface(abstract: Tuple[str, ...] | frozenset, lookup_enum: bool,
+                            version: Optional[str] = None) -> Optional[VllmGeneration]:
     """The generation whose abstract method set (and lookup answer) an installed base class
-    has; None if none matches. Used only for an engine outside every pin that the
-    configuration allows (``allow_untested_version``)."""
-    want = tuple(sorted(abstract))
-    for g in reversed(GENERATIONS):
-        if g.abstract_methods == want and g.lookup_enum == lookup_enum:
+    has; None if none matches.
+
+    ``drain_jobs`` does not tell generations apart: vLLM's main branch made it abstract on
+    2026-06-15 (PR #44541), before the LookupResult change, so release branches cut after it
+    declare it whatever else they have (the v0.24.0 branch read has it with ``bool | None``
+    lookups; docs/engines.md), and every adapter class defines it. Among the generations that
+    match, the one whose pin covers `version` wins, else the newest."""
+    want = _without_drain(abstract)
+    found = [g for g in reversed(GENERATIONS)
+             if _without_drain(g.abstract_methods) == want and g.lookup_enum == lookup_enum]
+    for g in found:
+        if version and g.covers(version):
             return g
-    return None
+    return found[0] if found else None

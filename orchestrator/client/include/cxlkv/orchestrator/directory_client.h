@@ -33,6 +33,8 @@ struct DomainVerdict {
   std::int64_t epoch = 0;
   std::int64_t age_ms = 0;
   std::uint64_t filter_bytes = 0;
+  bool keyed = false;    // the domain keys its published keys (docs/kv_events.md)
+  bool key_held = true;  // keyed: the answerer holds the secret (else may_hold says nothing)
 };
 
 struct WhereResult {

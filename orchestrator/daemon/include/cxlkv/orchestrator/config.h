@@ -67,6 +67,17 @@ struct EventsConfig {
   bool enabled() const { return !endpoint.empty(); }
 };
 
+// [keys]: the secret that keys the chain keys leaving the domain (KV events and the directory
+// summary; cxlkv/orchestrator/published_key.h, docs/kv_events.md "What a subscriber can
+// learn"), and the other domains' secrets with which the Directory RPC answers for them.
+// Files follow the token file's rules (mode 600, 16 to 4096 printable characters).
+struct KeysConfig {
+  std::string publish_file;                  // empty: keys leave the domain unkeyed
+  std::string publish_secret;                // its contents, read when the config is loaded
+  std::vector<std::string> directory_files;  // other domains' publish secrets
+  std::vector<std::string> directory_secrets;
+};
+
 struct Config {
   // [domain]
   std::string name;
@@ -106,6 +117,8 @@ struct Config {
   // [directory], [events]
   DirectoryConfig directory;
   EventsConfig events;
+  // [keys]
+  KeysConfig keys;
   // [placement], parsed by tier/ (tier/placement_config.h): the CXL-vs-NVMe rule's parameters
   // in SI units, the reuse tracker's size, and an optional calibration file whose figures
   // replace the configured ones.

@@ -66,7 +66,12 @@ class DomainState {
   // and the extent is free once no entry names it).
   void QuarantineAll(std::int64_t now_ms);
 
-  // kPermissionDenied: host id not allowed by the config.
+  // kPermissionDenied: host id not allowed by the config. kAlreadyExists: the id is live (its
+  // last heartbeat within host_ttl_ms) and held by another machine — two machines configured
+  // with the same host id (hostname is "MACHINE pid N", as HostClient sends it; a join from the
+  // same machine is a restart and takes the row over, as does any join once the holder's
+  // heartbeat is older than host_ttl_ms, or when either side's machine is unknown). The message
+  // names both machines and the fix.
   absl::StatusOr<std::uint64_t> Join(std::uint32_t host, const std::string& hostname,
                                      std::int64_t now_ms);
   // kFailedPrecondition: not the current incarnation, or fenced (rejoin).

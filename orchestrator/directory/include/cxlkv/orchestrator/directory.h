@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "cxlkv/coherence/key.h"
+#include "cxlkv/orchestrator/published_key.h"
 
 namespace cxlkv::orchestrator::directory {
 
@@ -77,11 +78,16 @@ struct Summary {
   std::uint64_t anchors = 0;       // keys added to the filter
   std::int64_t built_unix_ms = 0;  // wall clock of the leader when built
   std::uint32_t anchor_every = 1;
+  // Keyed with a publish secret (published_key.h): the filter holds K' = the keyed chain keys,
+  // and anchors are chosen by K'. key_id names the secret; a reader without it cannot match.
+  bool keyed = false;
+  std::uint64_t key_id = 0;
   BloomFilter filter;
 };
 
-// The record: magic "CXDS", version 1, then fixed-width little-endian fields, the domain's
-// name, the filter's words, and a CRC32C over everything before it.
+// The record: magic "CXDS", version 1 (unkeyed) or 2 (keyed: the key id follows
+// built_unix_ms), then fixed-width little-endian fields, the domain's name, the filter's words,
+// and a CRC32C over everything before it.
 std::string EncodeSummary(const Summary& s);
 // kDataLoss for a record that is torn, of another version, or whose CRC does not match.
 absl::StatusOr<Summary> DecodeSummary(absl::string_view bytes);
@@ -91,12 +97,20 @@ struct DomainAnswer {
   std::string domain;
   bool may_hold = false;
   bool anchor = true;  // the key is an anchor under this domain's anchor_every
+  bool keyed = false;  // the summary holds keyed keys (published_key.h)
+  bool key_held = true;  // keyed: the reader holds its secret (else may_hold is false: unknown)
   std::uint64_t published = 0;
   double fp_rate = 0;  // of its filter at its anchor count
   std::int64_t epoch = 0;
   std::int64_t age_ms = 0;  // now − built, on the reader's wall clock (clock skew included)
   std::uint64_t filter_bytes = 0;
 };
+
+// The answer of one summary for the chain key `key`: for a keyed summary the key is first keyed
+// with the secret in `keyers` whose id matches (none: keyed, key_held = false, may_hold =
+// false). `now_unix_ms` gives age_ms.
+DomainAnswer AnswerFor(const Summary& s, const coherence::PrefixKey& key,
+                       const std::vector<PublishedKeyer>& keyers, std::int64_t now_unix_ms);
 
 // The etcd key of a domain's summary: /cxlkv/v1/<cluster>/directory/<domain>; a reader
 // ranges over DirectoryPrefix(cluster).

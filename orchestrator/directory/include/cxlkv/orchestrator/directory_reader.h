@@ -14,6 +14,12 @@
 // false and the caller should ask with the deepest anchor of its chain), the published count,
 // the filter's false-positive rate at that count, and the summary's age.
 //
+// Keyed summaries (published_key.h): a domain that keys its published chain keys with a secret
+// writes a summary of K' under that secret's id. Where() computes K' from the caller's chain
+// key with each secret in ReaderOptions::publish_secrets whose id matches and asks the filter;
+// for a keyed summary whose secret the reader lacks, the answer is keyed, key_held = false and
+// may_hold = false (the reader cannot tell), never a guess.
+//
 // Errors: Open fails with etcd's status naming the endpoint (kUnavailable, kDeadlineExceeded).
 // A summary that does not decode is skipped and counted (bad_summaries()).
 //
@@ -34,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cxlkv/orchestrator/directory.h"
 #include "cxlkv/orchestrator/etcd.h"
+#include "cxlkv/orchestrator/published_key.h"
 
 namespace cxlkv::orchestrator::directory {
 
@@ -42,6 +49,9 @@ struct ReaderOptions {
   std::string cluster = "default";
   bool follow = true;  // keep the cache current with a watch
   std::uint32_t call_timeout_ms = 2000;
+  // The publish secrets of the domains whose keyed summaries this reader may match (each at
+  // least kMinPublishSecret bytes; Open refuses a shorter one, naming its position).
+  std::vector<std::string> publish_secrets;
 };
 
 class DirectoryReader {
@@ -70,6 +80,7 @@ class DirectoryReader {
   ReaderOptions o_;
   std::unique_ptr<etcd::Client> client_;
   std::string prefix_;
+  std::vector<PublishedKeyer> keyers_;
   mutable absl::Mutex mu_;
   std::map<std::string, Summary> by_key_ ABSL_GUARDED_BY(mu_);
   std::int64_t revision_ ABSL_GUARDED_BY(mu_) = 0;
