@@ -8,7 +8,8 @@
 //              cxlkv_owner_*); defines cxlkv_domain and cxlkv_owner
 //   gpu.cc     GPU registration and copies (cxlkv_gpu_*)
 //   tier.cc    an arena's size class and an NVMe store under the placement rule
-//              (cxlkv_tier_*); defines cxlkv_tier, a memory user of its arena
+//              (cxlkv_tier_*) over a tier::TieredStore; defines cxlkv_tier, a memory user
+//              of its arena
 //   key.cc     keys from an engine's own block digest (cxlkv_prefix_key_from_digest)
 //
 // Rule: inside the library, one part reaches another only through the C++ functions
