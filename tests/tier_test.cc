@@ -8,9 +8,6 @@
 //
 // CXL: an arena on a memfd region (through the backend seam). NVMe: a store in a temporary
 // directory. Time: a fake clock in TierOptions::now_ms.
-#include "cxlkv/tier/tier_manager.h"
-#include "cxlkv/tier/tiered_store.h"
-
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -20,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "cxlkv/tier/tier_manager.h"
+#include "cxlkv/tier/tiered_store.h"
 #include "gtest/gtest.h"
 #include "nvme_test_util.h"
 #include "test_util.h"
@@ -588,7 +587,6 @@ TEST(TierManager, RestartAdoptsNvmeBlocks) {
   ExpectInCxl(*m, 1, 7);
 }
 
-
 // ---- TieredStore (tiered_store.h): the store the C API's tier and the replay drive ----------
 
 using tier::Outcome;
@@ -615,9 +613,9 @@ std::unique_ptr<TieredStore> MakeStore(std::string* skip, const std::string& dir
   return s.ok() ? std::move(*s) : nullptr;
 }
 
-#define STORE_OR_SKIP(var, ...)                                         \
-  std::string var##_skip;                                               \
-  auto var = MakeStore(&var##_skip, __VA_ARGS__);                       \
+#define STORE_OR_SKIP(var, ...)                                          \
+  std::string var##_skip;                                                \
+  auto var = MakeStore(&var##_skip, __VA_ARGS__);                        \
   if (var == nullptr && !var##_skip.empty()) GTEST_SKIP() << var##_skip; \
   ASSERT_NE(var, nullptr)
 
@@ -730,8 +728,8 @@ TEST(TieredStore, RulePlacesPinnedBlocksInCxlAndExplainsThem) {
   std::vector<std::byte> buf(s->block_bytes());
   void* dst = buf.data();
   const nvme::NvmeKey gone = KeyOf(103);
-  EXPECT_TRUE(absl::IsNotFound(s->Read(std::span(&gone, 1), std::span(&dst, 1), buf.size(),
-                                       nullptr)));
+  EXPECT_TRUE(
+      absl::IsNotFound(s->Read(std::span(&gone, 1), std::span(&dst, 1), buf.size(), nullptr)));
 }
 
 TEST(TieredStore, TicketsAreCollectedOnce) {

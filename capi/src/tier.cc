@@ -225,8 +225,7 @@ std::string Render(const ti::ExplainReport& e, bool json) {
   j["tier"] = e.store;
   j["config"] = e.config;
   j["residence"] = ResidenceName(ti::OutcomeOf(e.where));
-  absl::StrAppend(&text, "key ", key_hex, " in ", e.store, " (placement config: ", e.config,
-                  ")\n");
+  absl::StrAppend(&text, "key ", key_hex, " in ", e.store, " (placement config: ", e.config, ")\n");
   // Where it is.
   if (e.cxl_block) {
     j["cxl_block"] = {{"index", e.cxl_block->index}, {"generation", e.cxl_block->generation}};
@@ -259,11 +258,11 @@ std::string Render(const ti::ExplainReport& e, bool json) {
     j["reuse"] = {{"uses", e.reuse->uses},
                   {"ewma_interval_s", JsonSeconds(e.reuse->ewma_interval_s)},
                   {"last_use_s_ago", e.idle_s}};
-    absl::StrAppend(&text, "reuse: ", e.reuse->uses, e.reuse->uses == 1 ? " use" : " uses",
-                    " recorded, EWMA interval ",
-                    std::isinf(e.reuse->ewma_interval_s) ? "none yet"
-                                                         : Seconds(e.reuse->ewma_interval_s),
-                    ", last use ", Seconds(e.idle_s), " ago\n");
+    absl::StrAppend(
+        &text, "reuse: ", e.reuse->uses, e.reuse->uses == 1 ? " use" : " uses",
+        " recorded, EWMA interval ",
+        std::isinf(e.reuse->ewma_interval_s) ? "none yet" : Seconds(e.reuse->ewma_interval_s),
+        ", last use ", Seconds(e.idle_s), " ago\n");
   } else {
     j["reuse"] = nullptr;
     absl::StrAppend(&text,
@@ -286,8 +285,8 @@ std::string Render(const ti::ExplainReport& e, bool json) {
                       {"namespace", absl::StrFormat("0x%016x", e.ns)},
                       {"tokens", e.tokens},
                       {"pin", e.pin}};
-  absl::StrAppend(&text, "last move, ", Seconds(e.last_s_ago), " ago: ",
-                  ti::MoveEventName(mv.event));
+  absl::StrAppend(&text, "last move, ", Seconds(e.last_s_ago),
+                  " ago: ", ti::MoveEventName(mv.event));
   if (!mv.note.empty()) {
     m["note"] = mv.note;
     absl::StrAppend(&text, " (", mv.note, ")");
@@ -308,16 +307,15 @@ std::string Render(const ti::ExplainReport& e, bool json) {
     j["now"] = nullptr;
     return json ? j.dump(2) + "\n" : text;
   }
-  j["now"] = {{"reuse_source", ti::ReuseSourceName(e.now_reuse.source)},
-              {"verdict",
-               {{"tier", ti::TierName(e.now.tier)}, {"clause", ti::ClauseName(e.now.clause)}}},
-              {"explanation", nlohmann::json::parse(e.now_why.ToJson(-1))}};
-  absl::StrAppend(&text, "if decided now: ", ti::TierName(e.now.tier), " (",
-                  ti::ClauseName(e.now.clause), "; reuse interval ",
-                  Seconds(e.now_reuse.interval_s), " from ",
-                  ti::ReuseSourceName(e.now_reuse.source), ", break-even ",
-                  Seconds(e.now_why.break_even_s), ", CXL occupancy ",
-                  absl::StrFormat("%.3f", e.now_occupancy), ")\n");
+  j["now"] = {
+      {"reuse_source", ti::ReuseSourceName(e.now_reuse.source)},
+      {"verdict", {{"tier", ti::TierName(e.now.tier)}, {"clause", ti::ClauseName(e.now.clause)}}},
+      {"explanation", nlohmann::json::parse(e.now_why.ToJson(-1))}};
+  absl::StrAppend(
+      &text, "if decided now: ", ti::TierName(e.now.tier), " (", ti::ClauseName(e.now.clause),
+      "; reuse interval ", Seconds(e.now_reuse.interval_s), " from ",
+      ti::ReuseSourceName(e.now_reuse.source), ", break-even ", Seconds(e.now_why.break_even_s),
+      ", CXL occupancy ", absl::StrFormat("%.3f", e.now_occupancy), ")\n");
   return json ? j.dump(2) + "\n" : text;
 }
 
@@ -364,8 +362,8 @@ int Open(cxlkv_arena* arena, const cxlkv_tier_options* o, Tier* t) {
   ti::TieredStoreOptions so;
   so.name = t->name;
   so.size_class = o->size_class;
-  so.cxl_tier = o->cxl_kind == CXLKV_TIER_CXL_EXPANDED ? ti::Tier::kCxlExpanded
-                                                       : ti::Tier::kCxlPooled;
+  so.cxl_tier =
+      o->cxl_kind == CXLKV_TIER_CXL_EXPANDED ? ti::Tier::kCxlExpanded : ti::Tier::kCxlPooled;
   so.cxl_blocks = o->cxl_blocks;
   so.nvme_blocks = o->nvme_blocks;
   so.placer.params = placement->config.params;
@@ -463,7 +461,8 @@ CXLKV_API int cxlkv_tier_place(cxlkv_tier* t, const cxlkv_tier_request* r, const
   if (const int rc = CheckLen(t, len, "cxlkv_tier_place"); rc != CXLKV_OK) return rc;
   const std::vector<Key> keys = Keys(r->chain, r->n);
   std::vector<ti::KeyResult> res;
-  (void)t->s->Place(Request(r, keys), [data](std::size_t i) { return data[i]; }, &res);
+  (void)t->s->Place(
+      Request(r, keys), [data](std::size_t i) { return data[i]; }, &res);
   return Results(res, "cxlkv_tier_place", results);
 }
 

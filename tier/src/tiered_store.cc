@@ -79,8 +79,8 @@ absl::Status FirstError(const std::vector<KeyResult>& res) {
 // One prefetch ticket: the batch, and per key of the request its result.
 struct TieredStore::Ticket {
   PromotionBatch batch;
-  StoreRequest request;           // chain copied into keys
-  std::vector<Key> keys;          // the request's chain
+  StoreRequest request;             // chain copied into keys
+  std::vector<Key> keys;            // the request's chain
   std::vector<KeyResult> results;   // per key of the request (from first)
   std::vector<std::size_t> at;      // per key of the batch: its index in results
   std::vector<LastMove> decisions;  // per key of the batch
@@ -174,8 +174,8 @@ absl::StatusOr<LoadedPlacement> LoadPlacement(const char* path) {
   if (!out.config.calibration.empty()) {
     auto cal = LoadCalibration(out.config.calibration);
     if (!cal.ok()) {
-      return absl::Status(cal.status().code(), absl::StrCat(path, ": placement.calibration: ",
-                                                            cal.status().message()));
+      return absl::Status(cal.status().code(),
+                          absl::StrCat(path, ": placement.calibration: ", cal.status().message()));
     }
     out.calibration = ApplyCalibration(*cal, &out.config.params);
   }
@@ -194,8 +194,8 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(allocator::BlockA
                      alloc.class_count(), " size classes (0..", alloc.class_count() - 1, ")"));
   }
   if (!IsCxl(options.cxl_tier)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cxl_tier ", TierName(options.cxl_tier), " is not a CXL tier: expanded or pooled"));
+    return absl::InvalidArgumentError(absl::StrCat("cxl_tier ", TierName(options.cxl_tier),
+                                                   " is not a CXL tier: expanded or pooled"));
   }
   const pool::ClassRecord& cr = pa.class_record(options.size_class);
   if (options.cxl_blocks > cr.block_count) {
@@ -214,15 +214,15 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(allocator::BlockA
   const PlacementParams& p = o.placer.params;
   if (o.strategy == Strategy::kRule) {
     if (!p.cxl[static_cast<std::size_t>(s->slot_)].present) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          s->config_, ": placement.cxl_tiers does not list ",
-          s->slot_ == 0 ? "\"expanded\"" : "\"pooled\"", ", the CXL tier this arena is; add it "
-          "there or open the store as the other CXL tier"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(s->config_, ": placement.cxl_tiers does not list ",
+                       s->slot_ == 0 ? "\"expanded\"" : "\"pooled\"",
+                       ", the CXL tier this arena is; add it "
+                       "there or open the store as the other CXL tier"));
     }
     auto placer = Placer::Create(o.placer);
     if (!placer.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(s->config_, ": ", placer.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(s->config_, ": ", placer.status().message()));
     }
     s->placer_.emplace(std::move(*placer));
   }
@@ -243,7 +243,8 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(allocator::BlockA
       s->high_ = std::max<std::uint64_t>(
           1, static_cast<std::uint64_t>(p.high_watermark * static_cast<double>(s->capacity_)));
       s->low_ = std::min<std::uint64_t>(
-          s->high_, static_cast<std::uint64_t>(p.low_watermark * static_cast<double>(s->capacity_)));
+          s->high_,
+          static_cast<std::uint64_t>(p.low_watermark * static_cast<double>(s->capacity_)));
       to.cooldown_ms = static_cast<std::int64_t>(p.cooldown_s * 1e3);
       to.victim_tier = [self](const Key& key) { return self->VictimTier(key); };
       break;
@@ -292,9 +293,8 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(std::unique_ptr<p
 absl::Status TieredStore::ReturnBlock(allocator::BlockHandle h) {
   const allocator::FreeResult fr = m_->allocator().Free(h);
   if (fr == allocator::FreeResult::kOk) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(o_.name, ": block ", h.index,
-                                                    " handed back did not free: ",
-                                                    allocator::FreeResultName(fr)));
+  return absl::FailedPreconditionError(absl::StrCat(
+      o_.name, ": block ", h.index, " handed back did not free: ", allocator::FreeResultName(fr)));
 }
 
 TieredStore::~TieredStore() {
@@ -432,8 +432,8 @@ absl::StatusOr<allocator::BlockHandle> TieredStore::AllocBlock(bool for_nvme) {
   if (h.valid()) return h;
   const absl::Status why = alloc.ExplainAllocFailure(o_.size_class);
   return absl::ResourceExhaustedError(
-      absl::StrCat(o_.name, ": no free block to ", for_nvme ? "stage it for NVMe" : "keep it in CXL",
-                   " (", why.message(),
+      absl::StrCat(o_.name, ": no free block to ",
+                   for_nvme ? "stage it for NVMe" : "keep it in CXL", " (", why.message(),
                    "): demote blocks, lower placement.high_watermark or cxl_blocks, or give the "
                    "arena more memory"));
 }
@@ -448,9 +448,8 @@ absl::Status TieredStore::PlaceBlocks(const StoreRequest& r,
                                       std::span<const allocator::BlockHandle> blocks,
                                       std::vector<KeyResult>* results) {
   if (blocks.size() != r.chain.size() - std::min(r.first, r.chain.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("PlaceBlocks: ", blocks.size(),
-                                                   " blocks for ", r.chain.size() - r.first,
-                                                   " keys"));
+    return absl::InvalidArgumentError(absl::StrCat("PlaceBlocks: ", blocks.size(), " blocks for ",
+                                                   r.chain.size() - r.first, " keys"));
   }
   return PlaceImpl(r, nullptr, blocks, results);
 }
@@ -649,9 +648,9 @@ absl::Status TieredStore::Read(std::span<const Key> keys, std::span<void* const>
   std::vector<KeyResult>& res = results != nullptr ? *results : local;
   res.assign(keys.size(), KeyResult{});
   if (dsts.size() != keys.size() || len != block_bytes_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Read: ", keys.size(), " keys, ", dsts.size(), " destinations of ", len, " bytes; ",
-        o_.name, " keeps blocks of ", block_bytes_, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("Read: ", keys.size(), " keys, ", dsts.size(),
+                                                   " destinations of ", len, " bytes; ", o_.name,
+                                                   " keeps blocks of ", block_bytes_, " bytes"));
   }
   std::vector<std::size_t> todo(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) todo[i] = i;
@@ -666,8 +665,8 @@ absl::Status TieredStore::Read(std::span<const Key> keys, std::span<void* const>
       const Key& key = keys[i];
       const std::optional<Residence> where = m_->Where(key);
       if (!where) {
-        res[i] = Failed(absl::NotFoundError(
-            absl::StrCat(FormatPrefixKey(key), ": not held by ", o_.name)));
+        res[i] = Failed(
+            absl::NotFoundError(absl::StrCat(FormatPrefixKey(key), ": not held by ", o_.name)));
       } else if (*where == Residence::kCxl) {
         auto p = m_->Acquire(key);
         if (!p.ok()) {  // it moved meanwhile: look again
@@ -704,8 +703,8 @@ absl::Status TieredStore::Read(std::span<const Key> keys, std::span<void* const>
     if (again.empty()) break;
     if (MonotonicNs() > deadline) {
       for (std::size_t i : again) {
-        res[i] = Failed(absl::FailedPreconditionError(absl::StrCat(
-            o_.name, ": the block's I/O did not finish within 10 s; retry")));
+        res[i] = Failed(absl::FailedPreconditionError(
+            absl::StrCat(o_.name, ": the block's I/O did not finish within 10 s; retry")));
       }
       break;
     }
@@ -814,8 +813,8 @@ absl::Status TieredStore::Collect(std::uint64_t ticket, bool block,
   {
     std::lock_guard l(tickets_mu_);
     if (tickets_.erase(ticket) == 0) {
-      return absl::NotFoundError(absl::StrCat(o_.name, ": prefetch ticket ", ticket,
-                                              " was collected by another thread"));
+      return absl::NotFoundError(
+          absl::StrCat(o_.name, ": prefetch ticket ", ticket, " was collected by another thread"));
     }
   }
   // Results, what Explain remembers, the promoted blocks announced, then the watermarks.
@@ -842,14 +841,15 @@ absl::Status TieredStore::Collect(std::uint64_t ticket, bool block,
           e.promoted = true;
           if (absl::Status hs = o_.on_cxl(e); !hs.ok()) t->results[i] = Failed(hs, Outcome::kCxl);
         } else {
-          t->results[i] = Failed(absl::InternalError(absl::StrCat(
-              FormatPrefixKey(key), ": promoted but not in CXL")), OutcomeOf(m_->Where(key)));
+          t->results[i] = Failed(
+              absl::InternalError(absl::StrCat(FormatPrefixKey(key), ": promoted but not in CXL")),
+              OutcomeOf(m_->Where(key)));
         }
       }
     } else {
       // kNotFound: dropped meanwhile; kDataLoss: the store's message says it was dropped.
-      t->results[i] = absl::IsNotFound(st) ? At(Outcome::kMissing)
-                                           : Failed(st, OutcomeOf(m_->Where(key)));
+      t->results[i] =
+          absl::IsNotFound(st) ? At(Outcome::kMissing) : Failed(st, OutcomeOf(m_->Where(key)));
       mv.event = MoveEvent::kPromoteFailed;
       mv.note = std::string(st.message());
     }

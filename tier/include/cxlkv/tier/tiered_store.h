@@ -102,10 +102,10 @@ struct CxlEntry {
 struct TieredStoreOptions {
   std::string name = "tiered store";  // names it in messages
   Strategy strategy = Strategy::kRule;
-  std::uint32_t size_class = 0;          // the arena's class the store keeps blocks of
-  Tier cxl_tier = Tier::kCxlExpanded;    // which CXL tier the arena is, as the rule prices it
-  std::uint64_t cxl_blocks = 0;          // CXL capacity (occupancy, watermarks); 0: the class
-  std::uint64_t nvme_blocks = 0;         // NVMe capacity, LRU past it; 0: the store's bytes
+  std::uint32_t size_class = 0;        // the arena's class the store keeps blocks of
+  Tier cxl_tier = Tier::kCxlExpanded;  // which CXL tier the arena is, as the rule prices it
+  std::uint64_t cxl_blocks = 0;        // CXL capacity (occupancy, watermarks); 0: the class
+  std::uint64_t nvme_blocks = 0;       // NVMe capacity, LRU past it; 0: the store's bytes
   // The rule (kRule): its parameters (with watermarks and cool-down), tracker and sources.
   PlacerOptions placer;
   // The NVMe store: dir and the caller's choices; payload_bytes is the class's block size;
@@ -337,7 +337,8 @@ class TieredStore {
   void RememberLocked(const StoreRequest& r, std::size_t pos, LastMove mv);
   void PruneLocked();
   Tier VictimTier(const Key& key);
-  absl::Status PlaceImpl(const StoreRequest& r, const absl::FunctionRef<const void*(std::size_t)>* data,
+  absl::Status PlaceImpl(const StoreRequest& r,
+                         const absl::FunctionRef<const void*(std::size_t)>* data,
                          std::span<const allocator::BlockHandle> blocks,
                          std::vector<KeyResult>* results);
   absl::Status Collect(std::uint64_t ticket, bool block, std::vector<KeyResult>* results);
@@ -351,7 +352,7 @@ class TieredStore {
   std::uint32_t class_tokens_ = 0;
   int slot_ = 0;  // the rule's index of this CXL tier
 
-  mutable std::mutex mu_;  // guards everything below
+  mutable std::mutex mu_;         // guards everything below
   std::optional<Placer> placer_;  // kRule
   absl::flat_hash_map<Key, KeyMeta, NvmeKeyHash> meta_;
   std::uint32_t queue_depth_ = 0;  // the latest request's, for victims
