@@ -12,9 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
-#include <list>
 #include <memory>
-#include <optional>
 #include <queue>
 
 #include "absl/container/flat_hash_map.h"
