@@ -1,20 +1,24 @@
 // TierManager: demotion frees CXL only after NVMe has the block, promotion (batched, async)
 // restores it, the cool-down refuses early promotions and says why, the watermarks demote the
 // least recently used blocks with hysteresis, a full disk leaves blocks in CXL, a corrupt NVMe
-// copy is reported and dropped, and a restart adopts the NVMe blocks.
+// copy is reported and dropped, and a restart adopts the NVMe blocks. TieredStore: the rule's
+// placements read back and explained, prefetch tickets collected once, the baseline
+// strategies as their LRU policies, the hooks that see blocks enter and leave CXL, and bad
+// options and configs named.
 //
 // CXL: an arena on a memfd region (through the backend seam). NVMe: a store in a temporary
 // directory. Time: a fake clock in TierOptions::now_ms.
-#include "cxlkv/tier/tier_manager.h"
-
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "cxlkv/tier/tier_manager.h"
+#include "cxlkv/tier/tiered_store.h"
 #include "gtest/gtest.h"
 #include "nvme_test_util.h"
 #include "test_util.h"
@@ -581,6 +585,318 @@ TEST(TierManager, RestartAdoptsNvmeBlocks) {
   EXPECT_FALSE(m->Where(KeyOf(2)).has_value()) << "CXL blocks of the old process are gone";
   ASSERT_TRUE(m->Promote(KeyOf(1)).ok()) << "adopted blocks have no cool-down";
   ExpectInCxl(*m, 1, 7);
+}
+
+// ---- TieredStore (tiered_store.h): the store the C API's tier and the replay drive ----------
+
+using tier::Outcome;
+using tier::Strategy;
+using tier::TieredStore;
+using tier::TieredStoreOptions;
+
+std::unique_ptr<TieredStore> MakeStore(std::string* skip, const std::string& dir,
+                                       TieredStoreOptions o) {
+  pool::FormatOptions fo;
+  fo.layout = testing::TinyLayout();
+  fo.classes = {{16, kBlock, 1}};
+  auto arena = testing::MustFormat("memfd:cxlkv-tiered-store-test?size=4M", fo);
+  if (arena == nullptr) return nullptr;
+  o.nvme.dir = dir;
+  o.nvme.queue_depth = 32;
+  o.nvme.grow_bytes = 0;
+  auto s = TieredStore::Open(std::move(arena), std::move(o));
+  if (!s.ok() && s.status().message().find("O_DIRECT") != std::string::npos) {
+    *skip = std::string(s.status().message());
+    return nullptr;
+  }
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+#define STORE_OR_SKIP(var, ...)                                          \
+  std::string var##_skip;                                                \
+  auto var = MakeStore(&var##_skip, __VA_ARGS__);                        \
+  if (var == nullptr && !var##_skip.empty()) GTEST_SKIP() << var##_skip; \
+  ASSERT_NE(var, nullptr)
+
+std::vector<nvme::NvmeKey> Chain(std::uint64_t from, std::size_t n) {
+  std::vector<nvme::NvmeKey> keys;
+  for (std::size_t i = 0; i < n; ++i) keys.push_back(KeyOf(from + i));
+  return keys;
+}
+
+// Places chain[first..] of `from`'s chain with FillBlock(from + i, version) as their bytes.
+std::vector<tier::KeyResult> PlaceChain(TieredStore& s, const std::vector<nvme::NvmeKey>& chain,
+                                        std::uint64_t from, std::size_t first = 0,
+                                        std::int32_t pin = 0, std::uint64_t version = 1) {
+  tier::StoreRequest r;
+  r.ns = 7;
+  r.chain = chain;
+  r.first = first;
+  r.pin = pin;
+  std::vector<std::byte> buf(s.block_bytes());
+  std::vector<tier::KeyResult> res;
+  (void)s.Place(
+      r,
+      [&](std::size_t i) -> const void* {
+        FillBlock(buf.data(), buf.size(), from + first + i, version);
+        return buf.data();
+      },
+      &res);
+  return res;
+}
+
+void ExpectReadsBack(TieredStore& s, std::uint64_t k, Outcome from, std::uint64_t version = 1) {
+  std::vector<std::byte> buf(s.block_bytes());
+  void* dst = buf.data();
+  const nvme::NvmeKey key = KeyOf(k);
+  std::vector<tier::KeyResult> res;
+  ASSERT_TRUE(s.Read(std::span(&key, 1), std::span(&dst, 1), buf.size(), &res).ok()) << k;
+  EXPECT_EQ(res[0].outcome, from) << "key " << k;
+  std::uint64_t v = 0;
+  EXPECT_TRUE(BlockIsIntact(buf.data(), buf.size(), k, &v)) << "key " << k;
+  EXPECT_EQ(v, version) << "key " << k;
+}
+
+TEST(TieredStore, RulePlacesPinnedBlocksInCxlAndExplainsThem) {
+  testing::TempDir dir("tiered-store");
+  Clock clock;
+  TieredStoreOptions o;
+  o.cxl_blocks = 16;
+  o.now_ns = [&clock] { return clock.ms.load() * 1'000'000; };
+  STORE_OR_SKIP(s, dir.path(), o);
+  const auto chain = Chain(100, 4);
+  tier::StoreRequest use;
+  use.ns = 7;
+  use.chain = chain;
+  s->Use(use);
+  // Pin level 3 >= the default pin_level 2: the rule keeps them in CXL (clause "pinned").
+  auto res = PlaceChain(*s, chain, 100, 0, /*pin=*/3);
+  ASSERT_EQ(res.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(res[i].status.ok()) << i << ": " << res[i].status;
+    EXPECT_EQ(res[i].outcome, Outcome::kCxl) << i;
+    ExpectReadsBack(*s, 100 + i, Outcome::kCxl);
+  }
+  tier::TieredStoreStats st = s->Stats();
+  EXPECT_EQ(st.placed_cxl, 4u);
+  EXPECT_EQ(st.uses, 4u);
+  EXPECT_EQ(st.placer.decisions, 4u);
+  EXPECT_EQ(st.placer.clauses[static_cast<std::size_t>(tier::Clause::kPinned)], 4u);
+  EXPECT_EQ(st.tiers.cxl_blocks, 4u);
+  EXPECT_EQ(st.cxl_reads, 4u);
+
+  const tier::ExplainReport e = s->Explain(KeyOf(102));
+  EXPECT_EQ(e.where, Residence::kCxl);
+  ASSERT_TRUE(e.cxl_block.has_value());
+  ASSERT_TRUE(e.has_last);
+  EXPECT_EQ(e.last.event, tier::MoveEvent::kPlaced);
+  EXPECT_TRUE(e.last.by_rule);
+  EXPECT_EQ(e.last.decision.clause, tier::Clause::kPinned);
+  EXPECT_EQ(e.ns, 7u);
+  EXPECT_EQ(e.pin, 3);
+  ASSERT_TRUE(e.reuse.has_value());
+  EXPECT_EQ(e.reuse->uses, 1u);
+  EXPECT_TRUE(e.has_now);
+  EXPECT_EQ(e.now.clause, tier::Clause::kPinned);
+
+  // Placed again: held already, nothing copied.
+  res = PlaceChain(*s, chain, 100, 0, 3, /*version=*/2);
+  for (const auto& k : res) EXPECT_TRUE(k.already_held);
+  ExpectReadsBack(*s, 101, Outcome::kCxl, 1);
+
+  // Demoted, then forced back by a prefetch; dropped; a key never placed is missing.
+  std::vector<tier::KeyResult> dr;
+  ASSERT_TRUE(s->Demote(std::vector<nvme::NvmeKey>{KeyOf(101)}, &dr).ok());
+  EXPECT_EQ(dr[0].outcome, Outcome::kNvme);
+  ExpectReadsBack(*s, 101, Outcome::kNvme);
+  EXPECT_EQ(s->Explain(KeyOf(101)).last.event, tier::MoveEvent::kDemoted);
+  tier::StoreRequest pf = use;
+  pf.first = 1;
+  pf.force = true;
+  clock.ms += 10'000'000;  // past the cool-down
+  auto ticket = s->Prefetch(pf);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  std::vector<tier::KeyResult> got;
+  ASSERT_TRUE(s->Wait(*ticket, &got).ok());
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].outcome, Outcome::kCxl);
+  EXPECT_EQ(s->Explain(KeyOf(101)).last.event, tier::MoveEvent::kPromoted);
+  ExpectReadsBack(*s, 101, Outcome::kCxl);
+  ASSERT_TRUE(s->Drop(std::vector<nvme::NvmeKey>{KeyOf(103)}, nullptr).ok());
+  EXPECT_FALSE(s->Lookup(KeyOf(103)).where.has_value());
+  std::vector<std::byte> buf(s->block_bytes());
+  void* dst = buf.data();
+  const nvme::NvmeKey gone = KeyOf(103);
+  EXPECT_TRUE(
+      absl::IsNotFound(s->Read(std::span(&gone, 1), std::span(&dst, 1), buf.size(), nullptr)));
+}
+
+TEST(TieredStore, TicketsAreCollectedOnce) {
+  testing::TempDir dir("tiered-store");
+  TieredStoreOptions o;
+  STORE_OR_SKIP(s, dir.path(), o);
+  EXPECT_TRUE(absl::IsNotFound(s->Poll(42, nullptr)));
+  const auto chain = Chain(1, 2);
+  tier::StoreRequest r;
+  r.chain = chain;
+  auto t = s->Prefetch(r);
+  ASSERT_TRUE(t.ok());
+  std::vector<tier::KeyResult> res;
+  ASSERT_TRUE(s->Wait(*t, &res).ok());
+  ASSERT_EQ(res.size(), 2u);
+  EXPECT_EQ(res[0].outcome, Outcome::kMissing);
+  EXPECT_TRUE(absl::IsNotFound(s->Wait(*t, &res))) << "a ticket is collected once";
+}
+
+TEST(TieredStore, BaselineStrategiesAreTheirLruPolicies) {
+  const auto chain = Chain(10, 6);
+  {  // cxl-lru: everything to CXL; at capacity the least recently used are dropped.
+    testing::TempDir dir("tiered-store");
+    TieredStoreOptions o;
+    o.strategy = Strategy::kCxlLru;
+    o.cxl_blocks = 4;
+    STORE_OR_SKIP(s, dir.path(), o);
+    for (const auto& k : PlaceChain(*s, chain, 10)) EXPECT_EQ(k.outcome, Outcome::kCxl);
+    const tier::TieredStoreStats st = s->Stats();
+    EXPECT_EQ(st.tiers.cxl_blocks, 4u);
+    EXPECT_EQ(st.tiers.victims_dropped, 2u);
+    EXPECT_EQ(st.tiers.nvme_blocks, 0u);
+    EXPECT_FALSE(s->Lookup(KeyOf(10)).where.has_value()) << "the oldest went first";
+    EXPECT_EQ(s->Lookup(KeyOf(15)).where, Residence::kCxl);
+    EXPECT_EQ(st.placer.decisions, 0u) << "no rule";
+  }
+  {  // nvme-lru: everything to NVMe; CXL only stages the writes.
+    testing::TempDir dir("tiered-store");
+    TieredStoreOptions o;
+    o.strategy = Strategy::kNvmeLru;
+    o.nvme_blocks = 64;
+    STORE_OR_SKIP(s, dir.path(), o);
+    for (const auto& k : PlaceChain(*s, chain, 10)) EXPECT_EQ(k.outcome, Outcome::kNvme);
+    EXPECT_EQ(s->Stats().tiers.cxl_blocks, 0u);
+    EXPECT_EQ(s->allocator().Stats().usage.classes[0].allocated, 0u) << "staging blocks freed";
+    ExpectReadsBack(*s, 12, Outcome::kNvme);
+    tier::StoreRequest r;
+    r.chain = chain;
+    auto t = s->Prefetch(r);
+    ASSERT_TRUE(t.ok());
+    std::vector<tier::KeyResult> res;
+    ASSERT_TRUE(s->Wait(*t, &res).ok());
+    EXPECT_EQ(res[0].outcome, Outcome::kNvme) << "nvme-lru never promotes";
+  }
+  {  // lru-spill: CXL LRU whose victims are demoted; a prefetch brings them back.
+    testing::TempDir dir("tiered-store");
+    TieredStoreOptions o;
+    o.strategy = Strategy::kLruSpill;
+    o.cxl_blocks = 4;
+    STORE_OR_SKIP(s, dir.path(), o);
+    for (const auto& k : PlaceChain(*s, chain, 10)) EXPECT_EQ(k.outcome, Outcome::kCxl);
+    EXPECT_EQ(s->Stats().tiers.demotions, 2u);
+    EXPECT_EQ(s->Lookup(KeyOf(10)).where, Residence::kNvme);
+    tier::StoreRequest r;
+    r.chain = chain;
+    r.first = 0;
+    auto t = s->Prefetch(r);
+    ASSERT_TRUE(t.ok());
+    std::vector<tier::KeyResult> res;
+    ASSERT_TRUE(s->Wait(*t, &res).ok());
+    EXPECT_EQ(res[0].outcome, Outcome::kCxl);
+    EXPECT_EQ(res[1].outcome, Outcome::kCxl);
+    EXPECT_EQ(s->Stats().tiers.cxl_blocks, 4u) << "the watermarks ran after the promotions";
+    EXPECT_EQ(s->Stats().promoted, 2u);
+  }
+}
+
+TEST(TieredStore, HooksSeeBlocksEnterAndLeaveCxl) {
+  testing::TempDir dir("tiered-store");
+  TieredStoreOptions o;
+  o.strategy = Strategy::kLruSpill;
+  o.cxl_blocks = 2;
+  int entered = 0, promoted = 0;
+  bool refuse = false;
+  std::vector<std::pair<nvme::NvmeKey, tier::BlockHandle>> released;
+  o.on_cxl = [&](const tier::CxlEntry& e) {
+    if (refuse) return absl::UnavailableError("the index is full");
+    ++(e.promoted ? promoted : entered);
+    EXPECT_NE(e.addr, nullptr);
+    return absl::OkStatus();
+  };
+  o.release_cxl = [&](const nvme::NvmeKey& k, tier::BlockHandle h) { released.emplace_back(k, h); };
+  STORE_OR_SKIP(s, dir.path(), o);
+  const auto chain = Chain(20, 3);
+  PlaceChain(*s, chain, 20);
+  EXPECT_EQ(entered, 3);
+  ASSERT_EQ(released.size(), 1u) << "one victim left CXL";
+  EXPECT_EQ(released[0].first, KeyOf(20));
+  const auto allocated = [&] { return s->allocator().Stats().usage.classes[0].allocated; };
+  EXPECT_EQ(allocated(), 3u) << "the released block is the hook's until it comes back";
+  ASSERT_TRUE(s->ReturnBlock(released[0].second).ok());
+  EXPECT_EQ(allocated(), 2u);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s->ReturnBlock(released[0].second)));
+
+  tier::StoreRequest r;
+  r.chain = chain;
+  auto t = s->Prefetch(r);
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(s->Wait(*t, nullptr).ok());
+  EXPECT_EQ(promoted, 1);
+
+  // A hook's error fails the key, and its block goes back to the arena.
+  refuse = true;
+  const auto more = Chain(30, 1);
+  const std::uint64_t before = allocated();
+  const auto res = PlaceChain(*s, more, 30);
+  EXPECT_TRUE(absl::IsUnavailable(res[0].status)) << res[0].status;
+  EXPECT_EQ(allocated(), before);
+  EXPECT_FALSE(s->Lookup(KeyOf(30)).where.has_value());
+}
+
+TEST(TieredStore, OpenAndConfigErrorsNameTheFieldAndTheFix) {
+  testing::TempDir dir("tiered-store");
+  auto defaults = tier::LoadPlacement(nullptr);
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->source, "defaults");
+  const std::string missing = dir.path() + "/missing.toml";
+  auto st = tier::LoadPlacement(missing.c_str()).status();
+  EXPECT_TRUE(absl::IsNotFound(st)) << st;
+  EXPECT_NE(st.message().find("missing.toml"), std::string::npos) << st;
+  const std::string bad = dir.path() + "/bad.toml";
+  {
+    std::FILE* f = std::fopen(bad.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("[placement]\nbogus = 1\n", f);
+    std::fclose(f);
+  }
+  st = tier::LoadPlacement(bad.c_str()).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find("placement.bogus"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("domain.example.toml"), std::string::npos) << st;
+
+  pool::FormatOptions fo;
+  fo.layout = testing::TinyLayout();
+  fo.classes = {{16, kBlock, 1}};
+  auto arena = testing::MustFormat("memfd:cxlkv-tiered-store-test?size=4M", fo);
+  ASSERT_NE(arena, nullptr);
+  auto alloc = allocator::BlockAllocator::Create(std::move(arena));
+  ASSERT_TRUE(alloc.ok());
+  TieredStoreOptions o;
+  o.nvme.dir = dir.path();
+  o.size_class = 3;
+  st = TieredStore::Open(**alloc, o).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(st) && st.message().find("size_class 3") != std::string::npos)
+      << st;
+  o.size_class = 0;
+  o.cxl_blocks = 1u << 30;
+  st = TieredStore::Open(**alloc, o).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(st) && st.message().find("cxl_blocks") != std::string::npos)
+      << st;
+  o.cxl_blocks = 0;
+  o.cxl_tier = Tier::kCxlPooled;  // a tier the rule's parameters do not list
+  o.placer.params.cxl[1].present = false;
+  st = TieredStore::Open(**alloc, o).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(st) &&
+              st.message().find("placement.cxl_tiers") != std::string::npos)
+      << st;
 }
 
 }  // namespace

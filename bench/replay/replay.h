@@ -7,12 +7,14 @@
 //              blocks are published under their chained prefix keys and found only through
 //              PrefixHost::AcquireChain (leases, copy-out, ValidateAfterCopy, release)
 //   NVMe tier  a nvme::NvmeStore (O_DIRECT + io_uring) in a directory, normally under /tmp
-//   moves      a tier::TierManager over the two: placement, batched NVMe writes, watermarks
-//              (victims re-decided by the policy), NVMe capacity, cool-down, promotion and
-//              reads; CXL blocks it lets go are retired from the index (release_cxl)
-//   the rule   a tier::Placer (placement rule, reuse tracker, namespace prior, chain
-//              inheritance, retention pressure) decides new blocks, NVMe hits and victims;
-//              the replay is its driver and holds no policy of its own
+//   the store  a tier::TieredStore over the two (the C API's tier is the same class), the
+//              policy its strategy: a tier::TierManager moves blocks (placement, batched NVMe
+//              writes, watermarks with victims re-decided, NVMe capacity, cool-down,
+//              promotion, reads); for the rule, a tier::Placer (placement rule, reuse tracker,
+//              namespace prior, chain inheritance, retention pressure) decides new blocks,
+//              NVMe hits and victims. CXL blocks entering CXL are published in the index
+//              (on_cxl), those leaving it retired (release_cxl). The replay is the store's
+//              driver and holds no policy of its own
 // Per request: the longest leading run of the prompt's blocks is looked up in the index (CXL
 // hits), then on NVMe (NVMe hits, read through the store and checked byte for byte), the rest
 // is "recomputed": its blocks (and those of the answer) are generated and placed per policy.

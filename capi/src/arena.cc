@@ -232,8 +232,9 @@ CXLKV_API int cxlkv_arena_open(cxlkv_pool* pool, const cxlkv_kv_layout* expect, 
 
 CXLKV_API void cxlkv_arena_close(cxlkv_arena* arena) {
   if (arena == nullptr) return;
-  if (arena->domain != nullptr) {
-    (void)cxlkv::capi::ShrinkDomainArena(arena->domain, arena);
+  if (arena->close) {  // its maker closes it (a domain's arena: the extent goes back)
+    const std::function<void(cxlkv_arena*)> close = std::move(arena->close);
+    close(arena);
     return;
   }
   cxlkv::capi::DropMemoryUsers(arena);  // before the mapping goes

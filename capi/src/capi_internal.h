@@ -5,10 +5,12 @@
 //   error.cc   cxlkv_strerror, cxlkv_last_error; Fail and FromStatus below
 //   arena.cc   pools, arenas and blocks (cxlkv_pool_*, cxlkv_arena_*, cxlkv_alloc*, ...)
 //   domain.cc  the shared prefix domain (cxlkv_domain_*, cxlkv_prefix_*, cxlkv_lease_*,
-//              cxlkv_owner_*); defines cxlkv_domain and cxlkv_owner
+//              cxlkv_owner_*); defines cxlkv_domain and cxlkv_owner; an arena it grows
+//              closes through the arena's close hook
 //   gpu.cc     GPU registration and copies (cxlkv_gpu_*)
 //   tier.cc    an arena's size class and an NVMe store under the placement rule
-//              (cxlkv_tier_*); defines cxlkv_tier, a memory user of its arena
+//              (cxlkv_tier_*) over a tier::TieredStore; defines cxlkv_tier, a memory user
+//              of its arena
 //   key.cc     keys from an engine's own block digest (cxlkv_prefix_key_from_digest)
 //
 // Rule: inside the library, one part reaches another only through the C++ functions
@@ -46,6 +48,10 @@ struct cxlkv_arena {
   cxlkv_domain* domain = nullptr;
   std::uint32_t extent = 0;
   const std::atomic<bool>* revoked = nullptr;
+  // Set by the part that made the arena when closing it is more than deleting it (an arena in
+  // a domain's extent: the extent is given back): cxlkv_arena_close calls it instead, so the
+  // arena's part never calls into the domain's.
+  std::function<void(cxlkv_arena*)> close = nullptr;
 };
 
 namespace cxlkv::capi {
@@ -89,10 +95,6 @@ void RemoveMemoryUser(const void* owner, std::uint64_t id);
 void RemoveMemoryUsers(const void* owner);
 // Ends and forgets every use of arena a's memory.
 void DropMemoryUsers(const cxlkv_arena* a);
-
-// ---- domain.cc
-// cxlkv_domain_shrink: closes arena a, grown in domain d, and gives its extent back.
-int ShrinkDomainArena(cxlkv_domain* d, cxlkv_arena* a);
 
 }  // namespace cxlkv::capi
 

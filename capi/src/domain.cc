@@ -44,11 +44,12 @@ struct cxlkv_owner {
   std::unique_ptr<cxlkv::coherence::PrefixOwner> owner;
 };
 
-namespace cxlkv::capi {
+namespace {
 
+// cxlkv_domain_shrink: closes arena a, grown in domain d, and gives its extent back.
 int ShrinkDomainArena(cxlkv_domain* d, cxlkv_arena* a) {
   if (d == nullptr || a == nullptr || a->domain != d) {
-    return Fail(CXLKV_E_INVALID, "domain and an arena grown in it must be set");
+    return cxlkv::capi::Fail(CXLKV_E_INVALID, "domain and an arena grown in it must be set");
   }
   {
     std::lock_guard l(d->grown_mu);
@@ -62,10 +63,10 @@ int ShrinkDomainArena(cxlkv_domain* d, cxlkv_arena* a) {
   d->arenas->Closing(extent);
   cxlkv::capi::DropMemoryUsers(a);
   delete a;
-  return FromStatus(d->arenas->Shrink(extent));
+  return cxlkv::capi::FromStatus(d->arenas->Shrink(extent));
 }
 
-}  // namespace cxlkv::capi
+}  // namespace
 
 namespace {
 
@@ -77,7 +78,6 @@ using cxlkv::capi::FromStatus;
 using cxlkv::capi::LastError;
 using cxlkv::capi::Revoked;
 using cxlkv::capi::SameArena;
-using cxlkv::capi::ShrinkDomainArena;
 
 namespace co = cxlkv::coherence;
 
@@ -202,6 +202,7 @@ CXLKV_API int cxlkv_domain_grow(cxlkv_domain* d, const cxlkv_arena_options* o, c
   auto* a =
       new (std::nothrow) cxlkv_arena{nullptr, std::move(*alloc), d, grown->extent, grown->revoked};
   if (a == nullptr) return Fail(CXLKV_E_INTERNAL, "out of memory");
+  a->close = [d](cxlkv_arena* arena) { (void)ShrinkDomainArena(d, arena); };
   {
     std::lock_guard l(d->grown_mu);
     d->grown.push_back(a);
