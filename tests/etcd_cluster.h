@@ -48,6 +48,22 @@ inline std::string EtcdBinary() {
     }                                                                                       \
   } while (0)
 
+// etcdctl (Debian's etcd-client), for snapshot save and restore: "" when missing.
+inline std::string EtcdctlBinary() {
+  for (const char* dir : {"/usr/bin", "/usr/local/bin"}) {
+    const std::string p = std::string(dir) + "/etcdctl";
+    if (::access(p.c_str(), X_OK) == 0) return p;
+  }
+  return "";
+}
+
+#define CXLKV_SKIP_WITHOUT_ETCDCTL()                                                        \
+  do {                                                                                      \
+    if (::cxlkv::testing::EtcdctlBinary().empty()) {                                        \
+      GTEST_SKIP() << "no etcdctl (apt-get install etcd-client; scripts/deps installs it)"; \
+    }                                                                                       \
+  } while (0)
+
 // Ports the kernel says are free now (all held open together, so they differ).
 inline std::vector<int> FreeLoopbackPorts(int n) {
   std::vector<int> fds, ports;
@@ -89,6 +105,7 @@ class EtcdCluster {
           (i ? "," : "") + Name(i) + "=http://" + host_ + ":" + std::to_string(peer_ports_[i]);
     }
     pids_.assign(n_, -1);
+    token_ = "cxlkv-test-" + std::to_string(getpid());
   }
   ~EtcdCluster() {
     for (int i = 0; i < n_; ++i) Kill(i);
@@ -173,6 +190,42 @@ class EtcdCluster {
   void Resume(int i) { ::kill(pids_[i], SIGCONT); }
   // Starts a killed member again on its data directory.
   void Restart(int i) { Spawn(i, /*fresh=*/false); }
+  // etcdctl snapshot save of member 0's data into `file` (an operator's backup). False (with
+  // why) when etcdctl fails; its output is in <dir>/etcdctl.log.
+  bool SnapshotSave(const std::string& file, std::string* why) {
+    return Etcdctl("--endpoints=" + endpoints()[0] + " snapshot save " + file, why);
+  }
+  // An etcd disaster recovery: every member killed, its data directory replaced by `file`
+  // restored (etcdctl snapshot restore) as a cluster with token `token`, and started again;
+  // waits until it is healthy. The revisions go back to the snapshot's.
+  bool RestoreSnapshot(const std::string& file, const std::string& token, std::string* why) {
+    for (int i = 0; i < n_; ++i) Kill(i);
+    token_ = token;
+    for (int i = 0; i < n_; ++i) {
+      const std::string data = dir_ + "/" + Name(i);
+      if (std::system(("rm -rf " + data).c_str()) != 0) return false;
+      const std::string peer = "http://" + host_ + ":" + std::to_string(peer_ports_[i]);
+      if (!Etcdctl("snapshot restore " + file + " --name=" + Name(i) + " --data-dir=" + data +
+                       " --initial-cluster=" + initial_ + " --initial-cluster-token=" + token_ +
+                       " --initial-advertise-peer-urls=" + peer,
+                   why)) {
+        return false;
+      }
+    }
+    for (int i = 0; i < n_; ++i) Spawn(i, /*fresh=*/true);
+    return WaitHealthy(std::chrono::seconds(30), why);
+  }
+  // etcd rebuilt empty: every member killed and started on an empty data directory, as a
+  // cluster with token `token`.
+  bool RebuildEmpty(const std::string& token, std::string* why) {
+    for (int i = 0; i < n_; ++i) Kill(i);
+    token_ = token;
+    for (int i = 0; i < n_; ++i) {
+      if (std::system(("rm -rf " + dir_ + "/" + Name(i)).c_str()) != 0) return false;
+    }
+    for (int i = 0; i < n_; ++i) Spawn(i, /*fresh=*/true);
+    return WaitHealthy(std::chrono::seconds(30), why);
+  }
   pid_t pid(int i) const { return pids_[i]; }
   int size() const { return n_; }
   const std::string& dir() const { return dir_; }
@@ -191,7 +244,7 @@ class EtcdCluster {
         bin, "--name=" + name, "--data-dir=" + data, "--listen-client-urls=" + client,
         "--advertise-client-urls=" + client, "--listen-peer-urls=" + peer,
         "--initial-advertise-peer-urls=" + peer, "--initial-cluster=" + initial_,
-        "--initial-cluster-token=cxlkv-test-" + std::to_string(getpid()),
+        "--initial-cluster-token=" + token_,
         std::string("--initial-cluster-state=") + (fresh ? "new" : "existing"), "--logger=zap",
         "--log-level=warn",
         // tmpfs under /tmp or not, fsync costs little at this size
@@ -214,8 +267,16 @@ class EtcdCluster {
     pids_[i] = p;
   }
 
+  bool Etcdctl(const std::string& args, std::string* why) {
+    const std::string log = dir_ + "/etcdctl.log";
+    const std::string cmd = "ETCDCTL_API=3 " + EtcdctlBinary() + " " + args + " >>" + log + " 2>&1";
+    if (std::system(cmd.c_str()) == 0) return true;
+    if (why != nullptr) *why = "etcdctl " + args + " failed (output in " + log + ")";
+    return false;
+  }
+
   int n_;
-  std::string host_;
+  std::string host_, token_;
   std::string dir_, initial_;
   std::vector<int> client_ports_, peer_ports_;
   std::vector<pid_t> pids_;

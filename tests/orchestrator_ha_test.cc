@@ -194,6 +194,8 @@ class HaOrchestrator {
     return r;
   }
   std::string Role() const { return Status().role(); }
+  // Adds a line to the config's last section ([etcd]), before Start.
+  void AppendToEtcdSection(const std::string& line) { std::ofstream(config_, std::ios::app) << line << "\n"; }
 
   std::string dir, socket, log;
   std::string netns;     // run in this network namespace ("" : the test's)
@@ -328,6 +330,7 @@ class FenceAudit {
     std::int64_t at_ms;
     std::uint64_t epoch, batches;
     std::uint64_t released;  // the release line's epoch (0: none)
+    std::int64_t took_over_ms = 0;
   };
   // Every change seen (epoch or batch count), in time order.
   std::vector<Sample> samples() {
@@ -340,6 +343,15 @@ class FenceAudit {
     for (const Sample& s : samples()) {
       if (s.epoch < newest) return s.epoch;
       newest = std::max(newest, s.epoch);
+    }
+    return 0;
+  }
+  // An epoch that named two terms (two takeovers): 0 when none did.
+  std::uint64_t EpochOfTwoTerms() {
+    std::map<std::uint64_t, std::int64_t> took_over;
+    for (const Sample& s : samples()) {
+      auto [it, fresh] = took_over.emplace(s.epoch, s.took_over_ms);
+      if (!fresh && it->second != s.took_over_ms) return s.epoch;
     }
     return 0;
   }
@@ -387,7 +399,7 @@ class FenceAudit {
       if (co::LineValid(l) &&
           (l.epoch != prev.epoch || l.batches != prev.batches || released != prev_released)) {
         absl::MutexLock lock(&mu_);
-        samples_.push_back(Sample{NowMs(), l.epoch, l.batches, released});
+        samples_.push_back(Sample{NowMs(), l.epoch, l.batches, released, l.took_over_ms});
         prev = l;
         prev_released = released;
       }
@@ -791,6 +803,214 @@ TEST_F(HaTest, AStateOlderThanTheDomainIsRefused) {
   const std::string blog = ReadFile(b.log);
   EXPECT_NE(blog.find(key), std::string::npos) << "the refusal names the state's key:\n" << blog;
   EXPECT_NE(blog.find("--new-domain"), std::string::npos) << blog;
+}
+
+// Samples every millisecond which hosts hold each extent valid (HostClient::ExtentValid, on
+// each host's own clock): the audit of "no extent is valid on two hosts at any instant".
+class ExtentAudit {
+ public:
+  ExtentAudit() : thread_([this] { Run(); }) {}
+  ~ExtentAudit() {
+    stop_ = true;
+    thread_.join();
+  }
+  void Watch(orch::HostClient* h) {
+    absl::MutexLock l(&mu_);
+    hosts_.push_back(h);
+  }
+  // "" when no sample found an extent valid on two hosts; else the first such sample.
+  std::string FirstDoubleHolding() {
+    absl::MutexLock l(&mu_);
+    return first_double_;
+  }
+  std::uint64_t samples() {
+    absl::MutexLock l(&mu_);
+    return samples_;
+  }
+
+ private:
+  void Run() {
+    while (!stop_.load()) {
+      {
+        absl::MutexLock l(&mu_);
+        std::map<std::uint32_t, std::uint32_t> holder;
+        for (orch::HostClient* h : hosts_) {
+          for (const orch::GrantedExtent& e : h->extents()) {
+            if (!h->ExtentValid(e.index)) continue;
+            auto [it, fresh] = holder.emplace(e.index, h->host_id());
+            if (!fresh && it->second != h->host_id() && first_double_.empty()) {
+              first_double_ = absl::StrCat("at ", NowMs(), " ms extent ", e.index,
+                                           " was valid on host ", it->second, " and host ",
+                                           h->host_id());
+            }
+          }
+        }
+        ++samples_;
+      }
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+  }
+
+  std::atomic<bool> stop_{false};
+  absl::Mutex mu_;
+  std::vector<orch::HostClient*> hosts_ ABSL_GUARDED_BY(mu_);
+  std::string first_double_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+// etcd's own restores (issue #29), with real etcdctl; under the `stress` label
+// (orchestrator_ha_etcd_restore: about 20 s each).
+class HaRestoreTest : public HaTest {
+ protected:
+  void SetUp() override {
+    CXLKV_SKIP_WITHOUT_ETCDCTL();
+    HaTest::SetUp();
+    snapshot_ = etcd_->dir() + "/backup.db";
+  }
+  std::string snapshot_;
+};
+
+// etcd restored from a snapshot (a new cluster id, revisions back to the snapshot's), then
+// rebuilt empty; an orchestrator given the wrong etcd.domain meanwhile. Epochs derive from the
+// domain's record as well as etcd's revision, so each new leader's epoch is above every one
+// the domain saw: no epoch names two terms, and a host that heard the old terms accepts the
+// new leader without a restart, keeping its incarnation and extents. The wrong-domain
+// orchestrator refuses the domain (its fence line names other etcd keys), also after the
+// leader's kill -9 released its term. Sampled: no extent valid on two hosts at any instant.
+// (Before: the leader after the restore served at an epoch below the hosts' and they refused
+// it until restarted; checked.)
+TEST_F(HaRestoreTest, RestoredOrRebuiltEtcdEpochsStayUniqueAndHostsFollow) {
+  HaOrchestrator a(d_, *etcd_, "a", /*ttl_s=*/2), b(d_, *etcd_, "b", /*ttl_s=*/2);
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
+  FenceAudit audit(d_.domain);
+  ExtentAudit extents;
+  const std::string list = a.socket + "," + b.socket;
+  auto h0 = orch::HostClient::Connect(list, 0);
+  ASSERT_TRUE(h0.ok()) << h0.status();
+  ASSERT_TRUE((*h0)->Grow(2).ok());
+  extents.Watch(h0->get());
+  (*h0)->StartHeartbeats();
+  // A wrong etcd.domain (operator error), started as a new domain there: elected under its
+  // own keys, it must refuse the domain, whose fence line names other keys, even once the
+  // leader's term is released.
+  HaOrchestrator c(d_, *etcd_, "c", /*ttl_s=*/2);
+  c.AppendToEtcdSection("domain = \"wrong\"");
+  ASSERT_TRUE(c.Start(/*new_domain=*/true));
+
+  std::string why;
+  ASSERT_TRUE(etcd_->SnapshotSave(snapshot_, &why)) << why;
+  // Other users of the same etcd move its revision on after the backup.
+  auto kv = etcd_->NewClient();
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(kv->Put("/another-app/key", std::to_string(i)).ok());
+  const std::int64_t epoch_a = a.Status().epoch();
+  a.Kill(SIGKILL);
+  ASSERT_TRUE(Eventually([&] { return (*h0)->leader_epoch() > epoch_a; }, milliseconds(15000)))
+      << "the host did not follow b";
+  const std::int64_t epoch_b = (*h0)->leader_epoch();
+  ASSERT_TRUE(a.Start());  // a standby again
+  EXPECT_NE(c.Role(), "leader");
+
+  // The restore: revisions back to the snapshot's, under a new cluster token.
+  ASSERT_TRUE(etcd_->RestoreSnapshot(snapshot_, "cxlkv-restored", &why)) << why;
+  ASSERT_TRUE(Eventually([&] { return (*h0)->leader_epoch() > epoch_b; }, milliseconds(20000)))
+      << "the host did not accept the leader elected after the restore (epoch "
+      << audit.LastEpoch() << ", the host's " << (*h0)->leader_epoch() << ")";
+  const std::int64_t epoch_r = (*h0)->leader_epoch();
+  EXPECT_EQ(audit.LastEpoch(), static_cast<std::uint64_t>(epoch_r));
+  EXPECT_EQ((*h0)->extents().size(), 2u);
+  EXPECT_EQ((*h0)->rejoins(), 0u);
+
+  // etcd rebuilt empty: the leader's state file (a cache, current) is imported.
+  ASSERT_TRUE(etcd_->RebuildEmpty("cxlkv-rebuilt", &why)) << why;
+  ASSERT_TRUE(Eventually([&] { return (*h0)->leader_epoch() > epoch_r; }, milliseconds(20000)))
+      << "the host did not accept the leader elected after the rebuild";
+  EXPECT_EQ((*h0)->extents().size(), 2u);
+  EXPECT_EQ((*h0)->rejoins(), 0u);
+  auto h1 = orch::HostClient::Connect(list, 1);
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  extents.Watch(h1->get());
+  ASSERT_TRUE((*h1)->Grow(2).ok());
+  std::this_thread::sleep_for(milliseconds(300));
+
+  EXPECT_EQ(extents.FirstDoubleHolding(), "");
+  EXPECT_GT(extents.samples(), 1000u);
+  EXPECT_EQ(audit.Regression(), 0u) << "an older epoch wrote after a newer one";
+  EXPECT_EQ(audit.EpochOfTwoTerms(), 0u) << "one epoch named two terms";
+  EXPECT_NE(c.Role(), "leader");
+  const std::string clog = ReadFile(c.log);
+  EXPECT_NE(clog.find("belongs to orchestrators elected under other etcd keys"), std::string::npos)
+      << clog;
+  EXPECT_EQ(clog.find("cxlkv-orchestrator: leader of domain"), std::string::npos) << clog;
+}
+
+// etcd restored from a snapshot taken before a Grow: its state is older than the domain's
+// record, so every takeover refuses it, naming the key and the fix; the operator's fix is
+// one orchestrator started with --new-domain, which replaces the state with one that
+// quarantines every extent: the host that held extents loses them (it must rejoin) before
+// anyone else can be lent them. Sampled: no extent valid on two hosts at any instant.
+TEST_F(HaRestoreTest, AStateOlderThanTheDomainTakesNewDomainWhichQuarantinesEverything) {
+  HaOrchestrator a(d_, *etcd_, "a", /*ttl_s=*/2, /*capacity_lease_ms=*/3000),
+      b(d_, *etcd_, "b", /*ttl_s=*/2, /*capacity_lease_ms=*/3000);
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
+  FenceAudit audit(d_.domain);
+  ExtentAudit extents;
+  const std::string list = a.socket + "," + b.socket;
+  auto h0 = orch::HostClient::Connect(list, 0);
+  ASSERT_TRUE(h0.ok()) << h0.status();
+  ASSERT_TRUE((*h0)->Grow(1).ok());
+  extents.Watch(h0->get());
+  (*h0)->StartHeartbeats();
+  std::string why;
+  ASSERT_TRUE(etcd_->SnapshotSave(snapshot_, &why)) << why;
+  ASSERT_TRUE((*h0)->Grow(3).ok());  // after the backup
+  ASSERT_EQ((*h0)->extents().size(), 4u);
+  const std::uint64_t epoch_a = audit.LastEpoch();
+
+  ASSERT_TRUE(etcd_->RestoreSnapshot(snapshot_, "cxlkv-restored", &why)) << why;
+  const std::string key = "/cxlkv/v1/default/domains/hatest/state";
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return ReadFile(a.log).find("older than the domain's own record") != std::string::npos ||
+               ReadFile(b.log).find("older than the domain's own record") != std::string::npos;
+      },
+      milliseconds(15000)))
+      << "no takeover refused the restored state";
+  EXPECT_EQ(audit.LastEpoch(), epoch_a) << "a leader took the restored (older) state over";
+  const std::string refusal = ReadFile(a.log) + ReadFile(b.log);
+  EXPECT_NE(refusal.find(key), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("--new-domain"), std::string::npos) << refusal;
+
+  // The operator's fix: stop them, start one with --new-domain.
+  a.Kill(SIGTERM);
+  b.Kill(SIGTERM);
+  ASSERT_TRUE(b.Start(/*new_domain=*/true));
+  ASSERT_TRUE(Eventually([&] { return b.Role() == "leader"; }, milliseconds(15000)))
+      << ReadFile(b.log);
+  EXPECT_GT(audit.LastEpoch(), epoch_a);
+  EXPECT_NE(ReadFile(b.log).find("every extent quarantined"), std::string::npos)
+      << ReadFile(b.log);
+  auto h1 = orch::HostClient::Connect(b.socket, 1);
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  extents.Watch(h1->get());
+  // Nothing is lent until the quarantine (a full capacity lease) ends; then h1 gets extents
+  // h0 held, which h0 no longer uses.
+  std::vector<orch::GrantedExtent> got;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto g = (*h1)->Grow(4);
+        if (g.ok()) got.insert(got.end(), g->begin(), g->end());
+        return got.size() >= 4;
+      },
+      milliseconds(15000)))
+      << "the quarantine never ended";
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_EQ(extents.FirstDoubleHolding(), "");
+  EXPECT_GT(extents.samples(), 1000u);
+  EXPECT_FALSE((*h0)->ExtentsValid() && !(*h0)->extents().empty())
+      << "the host of the forgotten state still uses its extents";
+  EXPECT_EQ(audit.Regression(), 0u);
+  EXPECT_EQ(audit.EpochOfTwoTerms(), 0u);
 }
 
 // A host given every orchestrator of the domain (comma-separated) follows the leader: after

@@ -54,7 +54,7 @@ class EtcdHa final : public HaSession {
     ed::LeaderElection::Callbacks cb;
     cb.elected = [this](const ed::Term& t) {
       lease_.store(t.lease);
-      return hooks_.take_over(LeaderTerm{t.epoch, t.cluster_id});
+      return hooks_.take_over(LeaderTerm{.revision = t.epoch, .cluster_id = t.cluster_id});
     };
     cb.lost = [this](const ed::Term&, const std::string& why) { hooks_.step_down(why); };
     auto e = ed::LeaderElection::Start(*client_, o, std::move(cb));
@@ -109,7 +109,7 @@ class EtcdHa final : public HaSession {
     return std::optional<StoredState>(StoredState{r->kvs[0].value, r->kvs[0].mod_revision});
   }
 
-  absl::Status SaveState(const std::string& text, std::int64_t epoch) override {
+  absl::Status SaveState(const std::string& text, std::int64_t revision) override {
     using C = ed::Compare;
     const absl::Time t0 = absl::Now();
     std::int64_t seen = 0;
@@ -117,7 +117,7 @@ class EtcdHa final : public HaSession {
       absl::MutexLock l(&mu_);
       seen = state_revision_;
     }
-    auto r = client_->Txn({C::CreateRevision(where_ + "/leader", C::Result::kEqual, epoch),
+    auto r = client_->Txn({C::CreateRevision(where_ + "/leader", C::Result::kEqual, revision),
                            C::ModRevision(StateKey(), C::Result::kEqual, seen)},
                           {ed::Op::Put(StateKey(), text)},
                           {ed::Op::Get(where_ + "/leader"), ed::Op::Get(StateKey())});
@@ -130,21 +130,22 @@ class EtcdHa final : public HaSession {
     if (!r->succeeded) {
       ++state_write_failures_;
       const bool leads = !r->results.empty() && !r->results[0].kvs.empty() &&
-                         r->results[0].kvs[0].create_revision == epoch;
+                         r->results[0].kvs[0].create_revision == revision;
       return absl::AbortedError(absl::StrCat(
           where_, "/state: not written: ",
           leads ? absl::StrCat("it changed since revision ", seen, " (another writer)")
-                : absl::StrCat("this orchestrator no longer leads (epoch ", epoch, ")")));
+                : absl::StrCat("this orchestrator no longer leads (its term's etcd revision ",
+                                         revision, ")")));
     }
     state_revision_ = r->header.revision;
     ++state_writes_;
     return absl::OkStatus();
   }
 
-  absl::Status PutDirectory(const std::string& value, std::int64_t epoch) override {
+  absl::Status PutDirectory(const std::string& value, std::int64_t revision) override {
     using C = ed::Compare;
     const std::string key = directory::SummaryKey(c_.etcd.cluster, c_.etcd.domain);
-    auto r = client_->Txn({C::CreateRevision(where_ + "/leader", C::Result::kEqual, epoch)},
+    auto r = client_->Txn({C::CreateRevision(where_ + "/leader", C::Result::kEqual, revision)},
                           {ed::Op::Put(key, value, lease_.load())}, {});
     if (!r.ok()) {
       return absl::Status(
@@ -154,8 +155,8 @@ class EtcdHa final : public HaSession {
     if (!r->succeeded) {
       return absl::AbortedError(absl::StrCat(key,
                                              ": not written: this orchestrator no longer "
-                                             "leads (epoch ",
-                                             epoch, ")"));
+                                             "leads (its term's etcd revision ",
+                                             revision, ")"));
     }
     return absl::OkStatus();
   }
