@@ -1272,13 +1272,7 @@ absl::StatusOr<std::vector<std::string>> Orchestrator::CandidatesInEtcd() {
 }
 
 std::int64_t Orchestrator::LeaderEpochLocked() const {
-  if (ha_ == nullptr) return 0;
-  // The domain's record names the leader's epoch once it took over; etcd's revision before.
-  co::OwnerFenceLine line{};
-  if (ReadFenceLine(*domain_mem_, &line) && line.epoch != 0) {
-    return static_cast<std::int64_t>(line.epoch);
-  }
-  return ha_->stats().leader_epoch;
+  return ha_ == nullptr ? 0 : ha_->stats().leader_epoch;
 }
 
 std::string Orchestrator::LeaderLocked() const {

@@ -75,9 +75,11 @@ class HaSession : public WriteGate {
   // guard of SaveState.
   virtual absl::StatusOr<std::optional<StoredState>> LoadState() = 0;
   // Writes the state only if this orchestrator still leads in the term etcd numbered
-  // `revision` (LeaderTerm) and nobody wrote the state since it was last loaded or saved here. kAborted when a guard fails (this one must
-  // step down); kUnavailable / kDeadlineExceeded when etcd did not answer in time (the write
-  // may or may not have happened: the next save's guard tells).
+  // `revision` (LeaderTerm) and nobody wrote the state since it was last loaded or saved here.
+  // kAborted when a guard fails (this one must step down). When etcd does not answer in time,
+  // the state is read back: the write landed (OK), did not (kUnavailable / kDeadlineExceeded),
+  // or someone else wrote (kAborted); when the read fails too, the outcome stays unknown
+  // (kUnavailable / kDeadlineExceeded: the next save's guard tells).
   virtual absl::Status SaveState(const std::string& text, std::int64_t revision) = 0;
 
   // The cross-domain directory (docs/ha.md): writes this domain's summary under the leader's

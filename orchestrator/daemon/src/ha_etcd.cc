@@ -121,6 +121,14 @@ class EtcdHa final : public HaSession {
                            C::ModRevision(StateKey(), C::Result::kEqual, seen)},
                           {ed::Op::Put(StateKey(), text)},
                           {ed::Op::Get(where_ + "/leader"), ed::Op::Get(StateKey())});
+    if (!r.ok() && (absl::IsDeadlineExceeded(r.status()) || absl::IsUnavailable(r.status()))) {
+      // The outcome is unknown (the request may have landed and only its reply been lost,
+      // audit-ha #8): read the state back, so a grant that did land is answered, not leaked.
+      auto back = client_->Get(StateKey());
+      absl::MutexLock l(&mu_);
+      Latency(t0);
+      return ResolveUnknownWriteLocked(text, seen, r.status(), back);
+    }
     absl::MutexLock l(&mu_);
     Latency(t0);
     if (!r.ok()) {
@@ -212,6 +220,37 @@ class EtcdHa final : public HaSession {
 
  private:
   std::string StateKey() const { return where_ + "/state"; }
+
+  // After a state write of unknown outcome (`lost`), with P/state read back (`back`): it holds `text` at a
+  // revision after `seen`: the write landed (OK; the next guard is against it). It is still at
+  // `seen`: it did not (the error, retryable). Anything else: someone else wrote it (kAborted:
+  // this leader's view is stale). The read failing too: the outcome stays unknown (the error;
+  // the next write's guard tells).
+  absl::Status ResolveUnknownWriteLocked(const std::string& text, std::int64_t seen,
+                                         const absl::Status& lost,
+                                         const absl::StatusOr<ed::RangeResult>& back)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!back.ok()) {
+      ++state_write_failures_;
+      return Named(lost, "write (and read back after it)");
+    }
+    const std::int64_t now = back->kvs.empty() ? 0 : back->kvs[0].mod_revision;
+    if (now > seen && back->kvs[0].value == text) {
+      state_revision_ = now;
+      ++state_writes_;
+      std::fprintf(stderr,
+                   "cxlkv-orchestrator: %s/state: the write's reply was lost (%s); read back: it "
+                   "landed at revision %lld\n",
+                   where_.c_str(), std::string(lost.message()).c_str(),
+                   static_cast<long long>(now));
+      return absl::OkStatus();
+    }
+    ++state_write_failures_;
+    if (now == seen) return Named(lost, "write (read back: it did not land)");
+    return absl::AbortedError(absl::StrCat(
+        where_, "/state: not written: it changed since revision ", seen,
+        " (another writer; read back after a write of unknown outcome)"));
+  }
   void Latency(absl::Time t0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (call_ms_.size() < 4096) call_ms_.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
   }

@@ -135,8 +135,8 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::int64_t revision_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return revision_; }
   // The leader as etcd names it ("" : none known, or no [etcd]).
   std::string LeaderLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The leader's epoch: the one the domain's fence line names, else etcd's leader key's create
-  // revision (0: none known, or no [etcd]).
+  // The leader's term as etcd numbers it: its leader key's create revision (0: none known, or
+  // no [etcd]). Not the domain's epoch (epoch_locked), which may be higher.
   std::int64_t LeaderEpochLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Before a batch of owner writes: true without [etcd]; with it, only while this
   // orchestrator leads, its write deadline has not passed, and the domain's fence line still
