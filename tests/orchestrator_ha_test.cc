@@ -47,6 +47,7 @@
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/daemon.h"
 #include "cxlkv/orchestrator/operator_client.h"
+#include "cxlkv/orchestrator/token.h"
 #include "etcd_cluster.h"
 #include "eventually.h"
 #include "fence.h"
@@ -1266,6 +1267,7 @@ TEST_F(HaTest, HostFindsALeaderOnAnotherHostThroughItsTcpEndpoint) {
   EXPECT_NE(value.find("\"host\":\"cxlkv-ha-other-a\""), std::string::npos) << value;
   EXPECT_NE(value.find("\"endpoint\":\"127.0.0.1:"), std::string::npos) << value;
   EXPECT_EQ(value.find("\"endpoint\":\"127.0.0.1:0\""), std::string::npos) << value;
+  EXPECT_NE(value.find("\"mac\":\""), std::string::npos) << "not sealed: " << value;
   auto host = orch::HostClient::Connect(EtcdSpec(*etcd_, "default/hatest"), 0);
   ASSERT_TRUE(host.ok()) << host.status();
   auto got = (*host)->Grow(1);
@@ -1279,6 +1281,80 @@ TEST_F(HaTest, HostFindsALeaderOnAnotherHostThroughItsTcpEndpoint) {
   ASSERT_TRUE(more.ok()) << more.status();
   EXPECT_EQ((*host)->extents().size(), 2u);
   EXPECT_TRUE((*host)->Leave().ok());
+  ::unsetenv("CXLKV_RPC_TOKEN_FILE");
+  EXPECT_EQ(std::system(("rm -rf " + std::string(tmpl)).c_str()), 0);
+}
+
+// Audit-ha #7, discovery: a leader record put into etcd by someone who is not an orchestrator
+// of the domain (not sealed with the domain's token, or sealed with another key) names an
+// endpoint the test listens on. A host holding the token refuses the record, naming the key
+// and the fix, and never connects there (so never sends the token). A record the domain's
+// orchestrator wrote (sealed) is called as before. (Before: the host connected to the forged
+// endpoint and sent the token: checked.)
+TEST_F(HaTest, AForgedLeaderRecordGetsNoConnectionAndNoToken) {
+  char tmpl[] = "/tmp/cxlkv-ha-forged-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string token = std::string(tmpl) + "/token";
+  std::ofstream(token) << "0123456789abcdef0123456789abcdef\n";
+  ASSERT_EQ(::chmod(token.c_str(), 0600), 0);
+  ASSERT_EQ(::setenv("CXLKV_RPC_TOKEN_FILE", token.c_str(), 1), 0);
+  // The listener a forger would run.
+  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(lfd, 16), 0);
+  ASSERT_EQ(::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string forged_ep = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  std::atomic<int> connections{0};
+  std::atomic<bool> stop{false};
+  std::thread listener([&] {
+    while (!stop.load()) {
+      const int c = ::accept(lfd, nullptr, nullptr);
+      if (c >= 0) {
+        ++connections;
+        ::close(c);
+      }
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+  });
+  auto etcd = etcd_->NewClient();
+  const std::string key = "/cxlkv/v1/default/domains/hatest/leader";
+  const std::string record = "{\"endpoint\":\"" + forged_ep +
+                             "\",\"host\":\"elsewhere\",\"node\":\"evil\",\"pid\":1,\"socket\":"
+                             "\"\",\"tcp\":\"" +
+                             forged_ep + "\"}";
+  const std::string other_mac =
+      orch::LeaderRecordMac("another-token-of-another-domain!", key, record);
+  for (const std::string& value :
+       {record, record.substr(0, record.size() - 1) + ",\"mac\":\"" + other_mac + "\"}"}) {
+    ASSERT_TRUE(etcd->Put(key, value).ok());
+    auto host = orch::HostClient::Connect(EtcdSpec(*etcd_, "hatest"), 0);
+    ASSERT_FALSE(host.ok()) << "a host called a forged leader";
+    EXPECT_NE(host.status().message().find("is not sealed with this host's domain token"),
+              std::string::npos)
+        << host.status();
+    EXPECT_NE(host.status().message().find(key), std::string::npos) << host.status();
+    EXPECT_NE(host.status().message().find("CXLKV_RPC_TOKEN_FILE"), std::string::npos)
+        << host.status();
+  }
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_EQ(connections.load(), 0) << "the host connected to the forged leader's endpoint";
+  stop = true;
+  listener.join();
+  ::close(lfd);
+  // The domain's own orchestrator seals its record: the host calls it.
+  ASSERT_TRUE(etcd->Delete(key).ok());
+  HaOrchestrator a(d_, *etcd_, "a", 3, 60000, 0, 4, token);
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {}));
+  auto sealed = etcd->Get(key);
+  ASSERT_TRUE(sealed.ok() && !sealed->kvs.empty()) << sealed.status();
+  EXPECT_NE(sealed->kvs[0].value.find("\"mac\":\""), std::string::npos) << sealed->kvs[0].value;
+  auto host = orch::HostClient::Connect(EtcdSpec(*etcd_, "hatest"), 0);
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_TRUE((*host)->Grow(1).ok());
   ::unsetenv("CXLKV_RPC_TOKEN_FILE");
   EXPECT_EQ(std::system(("rm -rf " + std::string(tmpl)).c_str()), 0);
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cxlkv/orchestrator/endpoint.h"
+#include "cxlkv/orchestrator/token.h"
 #include "etcd_wire.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "nlohmann/json.hpp"
@@ -79,6 +81,13 @@ class LeaderFinder {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
     f->hostname_ = host;
+    // With the domain's token, only a leader record sealed with it is called (the token is
+    // sent to TCP endpoints: never to one a forged record names).
+    if (const char* t = std::getenv("CXLKV_RPC_TOKEN_FILE"); t != nullptr && *t != '\0') {
+      auto token = ReadTokenFile(t, "CXLKV_RPC_TOKEN_FILE");
+      if (!token.ok()) return token.status();
+      f->token_ = *std::move(token);
+    }
     return f;
   }
 
@@ -146,6 +155,21 @@ class LeaderFinder {
       const auto it = j.find(name);
       return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
     };
+    if (!token_.empty()) {
+      const std::string mac = field("mac");
+      nlohmann::json record = j;
+      record.erase("mac");
+      const std::string want = LeaderRecordMac(token_, key_, record.dump());
+      if (mac.size() != want.size() || !TokenMatches(absl::StrCat("Bearer ", mac), want)) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            key_, ": the leader record (", value, ") is ",
+            mac.empty() ? "not sealed at all" : "sealed with another key",
+            ": it is not sealed with this host's domain token (CXLKV_RPC_TOKEN_FILE). A forged "
+            "record, or the domain's orchestrators have another rpc.token_file (or none). "
+            "Nothing was sent to it. Give the orchestrators and the hosts the same token, and "
+            "check who can write etcd (etcd authentication: docs/ha.md)"));
+      }
+    }
     const std::string socket = field("socket"), endpoint = field("endpoint");
     if (field("host") == hostname_ && !socket.empty()) return socket;
     if (!endpoint.empty()) return absl::StrCat("tcp:", endpoint);
@@ -156,6 +180,7 @@ class LeaderFinder {
   }
 
   std::string key_, hostname_;
+  std::string token_;  // the domain's token (CXLKV_RPC_TOKEN_FILE); "" : none given
   std::vector<std::string> endpoints_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::atomic<std::size_t> next_{0};  // the etcd member that answered last

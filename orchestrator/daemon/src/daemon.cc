@@ -101,6 +101,13 @@ std::string SelfDescription(const Config& c, int tcp_port = 0) {
     if (addr.empty() || addr == "0.0.0.0" || addr == "[::]" || addr == "::") addr = host;
     j["endpoint"] = absl::StrCat(addr, ":", tcp_port);
   }
+  // Sealed with the domain's token (rpc.token_file), so a host that holds the token calls
+  // only a leader the domain's own orchestrators advertised (docs/ha.md).
+  if (c.etcd.enabled() && !c.token.empty()) {
+    j["mac"] = LeaderRecordMac(
+        c.token, absl::StrCat("/cxlkv/v1/", c.etcd.cluster, "/domains/", c.etcd.domain, "/leader"),
+        j.dump());
+  }
   return j.dump();
 }
 
