@@ -488,5 +488,82 @@ TEST(EtcdElectionFence, ClosesWhenKeepAlivesGoUnansweredBeforeAnySuccessor) {
   EXPECT_GT(next, a_lost);
 }
 
+
+// etcd with authentication (issue #29, audit-ha #7): a client given a user gets a token
+// (Auth.Authenticate) and sends it with every call: puts, guarded transactions, leases and
+// their keep-alives, watches and an election all work; a client without a user, or with a
+// wrong password, is refused, the latter naming the user. One member of its own (auth on).
+TEST(EtcdAuth, AClientWithAUserWorksAndOthersAreRefused) {
+  CXLKV_SKIP_WITHOUT_ETCD();
+  CXLKV_SKIP_WITHOUT_ETCDCTL();
+  EtcdCluster etcd(1);
+  std::string why;
+  ASSERT_TRUE(etcd.Start(&why)) << why;
+  ASSERT_TRUE(etcd.Ctl("user add root:rootpw --interactive=false", &why)) << why;
+  ASSERT_TRUE(etcd.Ctl("auth enable", &why)) << why;
+  ed::ClientOptions o;
+  o.endpoints = etcd.endpoints();
+  o.call_timeout_ms = 2000;
+  o.user = "root";
+  o.password = "rootpw";
+  auto c = ed::Client::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->Put("/auth/a", "1").ok());
+  auto got = (*c)->Get("/auth/a");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->kvs.size(), 1u);
+  using C = ed::Compare;
+  auto txn = (*c)->Txn({C::ModRevision("/auth/a", C::Result::kEqual, got->kvs[0].mod_revision)},
+                       {ed::Op::Put("/auth/a", "2")}, {});
+  ASSERT_TRUE(txn.ok() && txn->succeeded) << txn.status();
+  auto lease = (*c)->GrantLease(5);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_TRUE((*c)->KeepAliveOnce(lease->id, 1000).ok());
+  auto w = (*c)->NewWatch("/auth/", ed::PrefixEnd("/auth/"), 0, false);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*c)->Put("/auth/b", "3").ok());
+  std::vector<ed::Event> events;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto ev = (*w)->Next(milliseconds(100));
+        if (ev.ok()) events.insert(events.end(), ev->begin(), ev->end());
+        return !events.empty();
+      },
+      milliseconds(3000)));
+  EXPECT_EQ(events[0].kv.key, "/auth/b");
+  // A leader election through the authenticated client.
+  ed::ElectionOptions eo;
+  eo.leader_key = "/auth/election/leader";
+  eo.candidate_prefix = "/auth/election/c/";
+  eo.value = "me";
+  eo.ttl_s = 2;
+  std::atomic<std::int64_t> epoch{0};
+  ed::LeaderElection::Callbacks cb;
+  cb.elected = [&](const ed::Term& t) {
+    epoch = t.epoch;
+    return absl::OkStatus();
+  };
+  cb.lost = [](const ed::Term&, const std::string&) {};
+  auto e = ed::LeaderElection::Start(**c, eo, std::move(cb));
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(Eventually([&] { return epoch.load() > 0; }, milliseconds(5000)));
+  (*e)->Stop();
+
+  ed::ClientOptions none = o;
+  none.user.clear();
+  auto anon = ed::Client::Create(none);
+  ASSERT_TRUE(anon.ok());
+  EXPECT_FALSE((*anon)->Get("/auth/a").ok()) << "etcd answered a client without a user";
+  ed::ClientOptions wrong = o;
+  wrong.password = "not-the-password";
+  auto bad = ed::Client::Create(wrong);
+  ASSERT_TRUE(bad.ok());
+  auto refused = (*bad)->Get("/auth/a");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("'root'"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("etcd.password_file"), std::string::npos)
+      << refused.status();
+}
+
 }  // namespace
 }  // namespace cxlkv::testing

@@ -289,6 +289,11 @@ absl::StatusOr<std::unique_ptr<HaSession>> HaSession::Create(const Config& c,
   o.endpoints = c.etcd.endpoints;
   o.call_timeout_ms = c.etcd.call_timeout_ms;
   o.attempt_timeout_ms = std::max<std::uint32_t>(c.etcd.call_timeout_ms / 2, 100);
+  o.user = c.etcd.user;
+  o.password = c.etcd.password;
+  o.ca_pem = c.etcd.ca_pem;
+  o.cert_pem = c.etcd.cert_pem;
+  o.key_pem = c.etcd.key_pem;
   auto client = ed::Client::Create(o);
   if (!client.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("etcd.endpoints: ", client.status().message()));
