@@ -1359,6 +1359,35 @@ TEST_F(HaTest, AForgedLeaderRecordGetsNoConnectionAndNoToken) {
   EXPECT_EQ(std::system(("rm -rf " + std::string(tmpl)).c_str()), 0);
 }
 
+// Orchestrators on an etcd with authentication (etcd.user, etcd.password_file): elected and
+// serving, with a standby; one with a wrong password is refused at start, naming the user and
+// the keys to fix. (Keep-alives, watches and guarded writes under authentication:
+// etcd_client_test's EtcdAuth.)
+TEST_F(HaTest, OrchestratorsUseEtcdAuthentication) {
+  CXLKV_SKIP_WITHOUT_ETCDCTL();
+  std::string why;
+  ASSERT_TRUE(etcd_->Ctl("user add root:rootpw --interactive=false", &why)) << why;
+  ASSERT_TRUE(etcd_->Ctl("auth enable", &why)) << why;
+  HaOrchestrator a(d_, *etcd_, "a", /*ttl_s=*/2), b(d_, *etcd_, "b", /*ttl_s=*/2),
+      c(d_, *etcd_, "c", /*ttl_s=*/2);
+  const std::string pw = a.dir + "/etcd-password";
+  std::ofstream(pw) << "rootpw\n";
+  const std::string bad = a.dir + "/wrong-password";
+  std::ofstream(bad) << "not-it\n";
+  a.AppendToEtcdSection("user = \"root\"\npassword_file = \"" + pw + "\"");
+  b.AppendToEtcdSection("user = \"root\"\npassword_file = \"" + pw + "\"");
+  c.AppendToEtcdSection("user = \"root\"\npassword_file = \"" + bad + "\"");
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::uint64_t inc = 0;
+  ASSERT_TRUE(HostCalls::JoinAndGrow(a, 0, 2, &inc, &granted[0]));
+  ExpectNoExtentLentTwice(a, granted);
+  EXPECT_EQ(b.Role(), "standby");
+  EXPECT_FALSE(c.Start());
+  const std::string clog = ReadFile(c.log);
+  EXPECT_NE(clog.find("etcd user 'root'"), std::string::npos) << clog;
+}
+
 // `cxlkvctl status` names the role, the leader, its epoch and the standbys; the Prometheus
 // endpoint exports elections won, step-downs, etcd request latency, the epoch, the read-only
 // state and the last takeover, on the leader and on the standby that takes over.
