@@ -595,7 +595,9 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
           "until ttl - margin after each)"));
     }
   } else if (!c.etcd.node.empty() || !c.etcd.domain.empty() || c.etcd.ttl_s != 3 ||
-             c.etcd.margin_ms != 0 || c.etcd.cluster != "default") {
+             c.etcd.margin_ms != 0 || c.etcd.cluster != "default" || !c.etcd.user.empty() ||
+             !c.etcd.password_file.empty() || !c.etcd.ca_file.empty() || !c.etcd.cert_file.empty() ||
+             !c.etcd.key_file.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source_name,
                      ": the [etcd] section has no endpoints: add endpoints = [\"host:port\", "

@@ -1299,7 +1299,9 @@ bool Orchestrator::OwnerBatchMayRunLocked() {
   const std::string why =
       read ? absl::StrCat("the domain's fence line names epoch ", now.epoch, " (cluster ",
                           absl::Hex(now.cluster_id), "), not this leader's ", fence_.epoch,
-                          ": another leader took the domain over")
+                          ": another leader took the domain over (if `cxlkvctl status` shows "
+                          "none, something else writes domain.prefix_domain: stop it, then "
+                          "release that epoch as docs/ha.md says)")
            : std::string("the domain's fence line does not validate (torn or overwritten)");
   std::fprintf(stderr, "cxlkv-orchestrator: %s; stepping down\n", why.c_str());
   leading_ = false;
@@ -1423,10 +1425,13 @@ std::string Orchestrator::StateOlderThanTheDomain(const std::string& source,
       "): etcd was restored from a backup or rebuilt, etcd.cluster/etcd.domain names another "
       "place, or the state file is a stale cache. Taking it over would lend again extents that "
       "hosts hold. Point etcd.cluster/etcd.domain at the domain's keys or put its newest state "
-      "back; if that state is lost, delete ",
-      ha_->where(), "/state (etcdctl del) and move the state file ", config_.state_file,
-      " away, then start one orchestrator with --new-domain: every extent is then quarantined "
-      "for a full capacity lease");
+      "back into ",
+      ha_->where(), "/state; if that state is lost, stop the domain's orchestrators and start "
+      "one with --new-domain: it replaces every state older than the record (etcd's, and the "
+      "state file ",
+      config_.state_file,
+      " as a cache) by a new one in which every extent is quarantined for a full capacity "
+      "lease");
 }
 
 std::uint32_t Orchestrator::KeysHash() const {
