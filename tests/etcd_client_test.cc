@@ -488,7 +488,6 @@ TEST(EtcdElectionFence, ClosesWhenKeepAlivesGoUnansweredBeforeAnySuccessor) {
   EXPECT_GT(next, a_lost);
 }
 
-
 // etcd with authentication (issue #29, audit-ha #7): a client given a user gets a token
 // (Auth.Authenticate) and sends it with every call: puts, guarded transactions, leases and
 // their keep-alives, watches and an election all work; a client without a user, or with a

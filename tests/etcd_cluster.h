@@ -193,7 +193,7 @@ class EtcdCluster {
   // etcdctl snapshot save of member 0's data into `file` (an operator's backup). False (with
   // why) when etcdctl fails; its output is in <dir>/etcdctl.log.
   bool SnapshotSave(const std::string& file, std::string* why) {
-    return EtcdctlPrivate("--endpoints=" + endpoints()[0] + " snapshot save " + file, why);
+    return RunEtcdctl("--endpoints=" + endpoints()[0] + " snapshot save " + file, why);
   }
   // An etcd disaster recovery: every member killed, its data directory replaced by `file`
   // restored (etcdctl snapshot restore) as a cluster with token `token`, and started again;
@@ -205,10 +205,11 @@ class EtcdCluster {
       const std::string data = dir_ + "/" + Name(i);
       if (std::system(("rm -rf " + data).c_str()) != 0) return false;
       const std::string peer = "http://" + host_ + ":" + std::to_string(peer_ports_[i]);
-      if (!EtcdctlPrivate("snapshot restore " + file + " --name=" + Name(i) + " --data-dir=" + data +
-                       " --initial-cluster=" + initial_ + " --initial-cluster-token=" + token_ +
-                       " --initial-advertise-peer-urls=" + peer,
-                   why)) {
+      if (!RunEtcdctl("snapshot restore " + file + " --name=" + Name(i) +
+                              " --data-dir=" + data + " --initial-cluster=" + initial_ +
+                              " --initial-cluster-token=" + token_ +
+                              " --initial-advertise-peer-urls=" + peer,
+                          why)) {
         return false;
       }
     }
@@ -231,7 +232,7 @@ class EtcdCluster {
   bool Ctl(const std::string& args, std::string* why) {
     std::string eps;
     for (const std::string& e : endpoints()) eps += (eps.empty() ? "" : ",") + e;
-    return EtcdctlPrivate("--endpoints=" + eps + " " + args, why);
+    return RunEtcdctl("--endpoints=" + eps + " " + args, why);
   }
   pid_t pid(int i) const { return pids_[i]; }
   int size() const { return n_; }
@@ -274,7 +275,7 @@ class EtcdCluster {
     pids_[i] = p;
   }
 
-  bool EtcdctlPrivate(const std::string& args, std::string* why) {
+  bool RunEtcdctl(const std::string& args, std::string* why) {
     const std::string log = dir_ + "/etcdctl.log";
     const std::string cmd = "ETCDCTL_API=3 " + EtcdctlBinary() + " " + args + " >>" + log + " 2>&1";
     if (std::system(cmd.c_str()) == 0) return true;

@@ -204,7 +204,9 @@ class HaOrchestrator {
     std::ofstream(config_, std::ios::trunc) << text;
   }
   // Adds a line to the config's last section ([etcd]), before Start.
-  void AppendToEtcdSection(const std::string& line) { std::ofstream(config_, std::ios::app) << line << "\n"; }
+  void AppendToEtcdSection(const std::string& line) {
+    std::ofstream(config_, std::ios::app) << line << "\n";
+  }
 
   std::string dir, socket, log;
   std::string netns;     // run in this network namespace ("" : the test's)
@@ -875,7 +877,8 @@ TEST_F(HaTest, AGrowWhoseStateWriteLandsButItsReplyIsLostIsAnswered) {
     got.insert(got.end(), g->begin(), g->end());
   }
   ASSERT_NE(ReadFile(a.log).find(landed), std::string::npos)
-      << "no state write went through the held proxy:\n" << ReadFile(a.log);
+      << "no state write went through the held proxy:\n"
+      << ReadFile(a.log);
   EXPECT_EQ(a.Role(), "leader");
   EXPECT_EQ(a.Status().epoch(), epoch) << "the leader resigned";
   // The extents etcd says host 0 holds are exactly the host's.
@@ -973,9 +976,9 @@ class ExtentAudit {
             if (!h->ExtentValid(e.index)) continue;
             auto [it, fresh] = holder.emplace(e.index, h->host_id());
             if (!fresh && it->second != h->host_id() && first_double_.empty()) {
-              first_double_ = absl::StrCat("at ", NowMs(), " ms extent ", e.index,
-                                           " was valid on host ", it->second, " and host ",
-                                           h->host_id());
+              first_double_ =
+                  absl::StrCat("at ", NowMs(), " ms extent ", e.index, " was valid on host ",
+                               it->second, " and host ", h->host_id());
             }
           }
         }
@@ -1048,8 +1051,8 @@ TEST_F(HaRestoreTest, RestoredOrRebuiltEtcdEpochsStayUniqueAndHostsFollow) {
   // The restore: revisions back to the snapshot's, under a new cluster token.
   ASSERT_TRUE(etcd_->RestoreSnapshot(snapshot_, "cxlkv-restored", &why)) << why;
   ASSERT_TRUE(Eventually([&] { return (*h0)->leader_epoch() > epoch_b; }, milliseconds(20000)))
-      << "the host did not accept the leader elected after the restore (epoch "
-      << audit.LastEpoch() << ", the host's " << (*h0)->leader_epoch() << ")";
+      << "the host did not accept the leader elected after the restore (epoch " << audit.LastEpoch()
+      << ", the host's " << (*h0)->leader_epoch() << ")";
   const std::int64_t epoch_r = (*h0)->leader_epoch();
   EXPECT_EQ(audit.LastEpoch(), static_cast<std::uint64_t>(epoch_r));
   EXPECT_EQ((*h0)->extents().size(), 2u);
@@ -1122,8 +1125,7 @@ TEST_F(HaRestoreTest, AStateOlderThanTheDomainTakesNewDomainWhichQuarantinesEver
   ASSERT_TRUE(Eventually([&] { return b.Role() == "leader"; }, milliseconds(15000)))
       << ReadFile(b.log);
   EXPECT_GT(audit.LastEpoch(), epoch_a);
-  EXPECT_NE(ReadFile(b.log).find("every extent quarantined"), std::string::npos)
-      << ReadFile(b.log);
+  EXPECT_NE(ReadFile(b.log).find("every extent quarantined"), std::string::npos) << ReadFile(b.log);
   auto h1 = orch::HostClient::Connect(b.socket, 1);
   ASSERT_TRUE(h1.ok()) << h1.status();
   extents.Watch(h1->get());
@@ -1360,8 +1362,9 @@ TEST_F(HaTest, AForgedLeaderRecordGetsNoConnectionAndNoToken) {
 }
 
 // Orchestrators on an etcd with authentication (etcd.user, etcd.password_file): elected and
-// serving, with a standby; one with a wrong password is refused at start, naming the user and
-// the keys to fix. (Keep-alives, watches and guarded writes under authentication:
+// serving, with a standby; a host finds the leader through etcd with CXLKV_ETCD_USER and
+// CXLKV_ETCD_PASSWORD_FILE (without them it is told to set them); an orchestrator with a wrong
+// password is refused at start, naming the user and the keys to fix. (Keep-alives, watches and guarded writes under authentication:
 // etcd_client_test's EtcdAuth.)
 TEST_F(HaTest, OrchestratorsUseEtcdAuthentication) {
   CXLKV_SKIP_WITHOUT_ETCDCTL();
@@ -1383,6 +1386,19 @@ TEST_F(HaTest, OrchestratorsUseEtcdAuthentication) {
   ASSERT_TRUE(HostCalls::JoinAndGrow(a, 0, 2, &inc, &granted[0]));
   ExpectNoExtentLentTwice(a, granted);
   EXPECT_EQ(b.Role(), "standby");
+  // Discovery on an etcd with authentication: without a user the host is told what to set;
+  // with CXLKV_ETCD_USER and CXLKV_ETCD_PASSWORD_FILE it finds the leader.
+  auto anonymous = orch::HostClient::Connect(EtcdSpec(*etcd_, "hatest"), 1);
+  ASSERT_FALSE(anonymous.ok());
+  EXPECT_NE(anonymous.status().message().find("CXLKV_ETCD_USER"), std::string::npos)
+      << anonymous.status();
+  ASSERT_EQ(::setenv("CXLKV_ETCD_USER", "root", 1), 0);
+  ASSERT_EQ(::setenv("CXLKV_ETCD_PASSWORD_FILE", pw.c_str(), 1), 0);
+  auto host = orch::HostClient::Connect(EtcdSpec(*etcd_, "hatest"), 1);
+  ::unsetenv("CXLKV_ETCD_USER");
+  ::unsetenv("CXLKV_ETCD_PASSWORD_FILE");
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_TRUE((*host)->Grow(1).ok());
   EXPECT_FALSE(c.Start());
   const std::string clog = ReadFile(c.log);
   EXPECT_NE(clog.find("etcd user 'root'"), std::string::npos) << clog;

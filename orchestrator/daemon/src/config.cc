@@ -389,9 +389,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
                         return p.U32(v, kk, &c.etcd.call_timeout_ms, 100, 60000);
                       })},
                      {"user", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.etcd.user); })},
-                     {"password_file", H([&](auto& v, auto& kk) {
-                        return p.Str(v, kk, &c.etcd.password_file);
-                      })},
+                     {"password_file",
+                      H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.etcd.password_file); })},
                      {"ca", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.etcd.ca_file); })},
                      {"cert",
                       H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.etcd.cert_file); })},
@@ -596,8 +595,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
     }
   } else if (!c.etcd.node.empty() || !c.etcd.domain.empty() || c.etcd.ttl_s != 3 ||
              c.etcd.margin_ms != 0 || c.etcd.cluster != "default" || !c.etcd.user.empty() ||
-             !c.etcd.password_file.empty() || !c.etcd.ca_file.empty() || !c.etcd.cert_file.empty() ||
-             !c.etcd.key_file.empty()) {
+             !c.etcd.password_file.empty() || !c.etcd.ca_file.empty() ||
+             !c.etcd.cert_file.empty() || !c.etcd.key_file.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source_name,
                      ": the [etcd] section has no endpoints: add endpoints = [\"host:port\", "

@@ -1341,8 +1341,8 @@ absl::Status Orchestrator::AwaitRelease(const LeaderTerm& t) {
         "domain.prefix_domain '", config_.prefix_domain,
         "' belongs to orchestrators elected under other etcd keys (its fence line names keys "
         "hashing to ",
-        absl::Hex(fence.keys), ", epoch ", fence.epoch, "), not this one's ", ha_->where(),
-        " (", absl::Hex(KeysHash()),
+        absl::Hex(fence.keys), ", epoch ", fence.epoch, "), not this one's ", ha_->where(), " (",
+        absl::Hex(KeysHash()),
         "): etcd.cluster or etcd.domain is wrong in this orchestrator's config; give it the "
         "same [etcd] section as the domain's other orchestrators. Nothing was written"));
   }
@@ -1426,7 +1426,8 @@ std::string Orchestrator::StateOlderThanTheDomain(const std::string& source,
       "place, or the state file is a stale cache. Taking it over would lend again extents that "
       "hosts hold. Point etcd.cluster/etcd.domain at the domain's keys or put its newest state "
       "back into ",
-      ha_->where(), "/state; if that state is lost, stop the domain's orchestrators and start "
+      ha_->where(),
+      "/state; if that state is lost, stop the domain's orchestrators and start "
       "one with --new-domain: it replaces every state older than the record (etcd's, and the "
       "state file ",
       config_.state_file,
@@ -1592,8 +1593,7 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
                "cxlkv-orchestrator: leader of domain '%s' at epoch %lld (etcd revision %lld): %u "
                "extents held by hosts, state from %s\n",
                config_.etcd.domain.c_str(), static_cast<long long>(epoch),
-               static_cast<long long>(t.revision),
-               state_.recovered_extents(), source.c_str());
+               static_cast<long long>(t.revision), state_.recovered_extents(), source.c_str());
   return absl::OkStatus();
 }
 

@@ -143,7 +143,7 @@ class EtcdHa final : public HaSession {
           where_, "/state: not written: ",
           leads ? absl::StrCat("it changed since revision ", seen, " (another writer)")
                 : absl::StrCat("this orchestrator no longer leads (its term's etcd revision ",
-                                         revision, ")")));
+                               revision, ")")));
     }
     state_revision_ = r->header.revision;
     ++state_writes_;
@@ -221,11 +221,11 @@ class EtcdHa final : public HaSession {
  private:
   std::string StateKey() const { return where_ + "/state"; }
 
-  // After a state write of unknown outcome (`lost`), with P/state read back (`back`): it holds `text` at a
-  // revision after `seen`: the write landed (OK; the next guard is against it). It is still at
-  // `seen`: it did not (the error, retryable). Anything else: someone else wrote it (kAborted:
-  // this leader's view is stale). The read failing too: the outcome stays unknown (the error;
-  // the next write's guard tells).
+  // After a state write of unknown outcome (`lost`), with P/state read back (`back`): it holds
+  // `text` at a revision after `seen`: the write landed (OK; the next guard is against it). It is
+  // still at `seen`: it did not (the error, retryable). Anything else: someone else wrote it
+  // (kAborted: this leader's view is stale). The read failing too: the outcome stays unknown (the
+  // error; the next write's guard tells).
   absl::Status ResolveUnknownWriteLocked(const std::string& text, std::int64_t seen,
                                          const absl::Status& lost,
                                          const absl::StatusOr<ed::RangeResult>& back)
@@ -247,9 +247,9 @@ class EtcdHa final : public HaSession {
     }
     ++state_write_failures_;
     if (now == seen) return Named(lost, "write (read back: it did not land)");
-    return absl::AbortedError(absl::StrCat(
-        where_, "/state: not written: it changed since revision ", seen,
-        " (another writer; read back after a write of unknown outcome)"));
+    return absl::AbortedError(
+        absl::StrCat(where_, "/state: not written: it changed since revision ", seen,
+                     " (another writer; read back after a write of unknown outcome)"));
   }
   void Latency(absl::Time t0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (call_ms_.size() < 4096) call_ms_.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));

@@ -12,8 +12,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "cxlkv/orchestrator/etcd.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
