@@ -1,7 +1,11 @@
 // The etcd client and the leader election (orchestrator/etcd) against a real 3-member etcd
 // cluster on loopback (tests/etcd_cluster.h); skipped without Debian's etcd-server.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -562,6 +566,46 @@ TEST(EtcdAuth, AClientWithAUserWorksAndOthersAreRefused) {
   EXPECT_NE(refused.status().message().find("'root'"), std::string::npos) << refused.status();
   EXPECT_NE(refused.status().message().find("etcd.password_file"), std::string::npos)
       << refused.status();
+}
+
+// etcd over TLS: a member serving clients with a certificate for 127.0.0.1 signed by a CA the
+// test makes (openssl); a client given the CA (ClientOptions::ca_pem, etcd.ca) reads and
+// writes; a plaintext client gets no answer.
+TEST(EtcdTls, AClientWithTheCaSpeaksTls) {
+  CXLKV_SKIP_WITHOUT_ETCD();
+  if (::access("/usr/bin/openssl", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/openssl";
+  char tmpl[] = "/tmp/cxlkv-etcd-tls-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  std::ofstream(dir + "/san.ext") << "subjectAltName=IP:127.0.0.1\n";
+  const std::string cmd =
+      "cd " + dir + " && openssl req -x509" + ec +
+      " -keyout ca.key -out ca.pem -days 1 -subj /CN=cxlkv-test-ca && openssl req" + ec +
+      " -keyout m.key -out m.csr -subj /CN=127.0.0.1 && openssl x509 -req -in m.csr -CA ca.pem "
+      "-CAkey ca.key -CAcreateserial -out m.pem -days 1 -extfile san.ext";
+  ASSERT_EQ(std::system(("(" + cmd + ") >" + dir + "/openssl.log 2>&1").c_str()), 0)
+      << "see " << dir << "/openssl.log";
+  std::stringstream ca;
+  ca << std::ifstream(dir + "/ca.pem").rdbuf();
+  {
+    EtcdCluster etcd(1);
+    etcd.UseTls(dir + "/m.pem", dir + "/m.key", ca.str());
+    std::string why;
+    ASSERT_TRUE(etcd.Start(&why)) << why;
+    auto c = etcd.NewClient();
+    ASSERT_NE(c, nullptr);
+    ASSERT_TRUE(c->Put("/tls/a", "1").ok());
+    auto got = c->Get("/tls/a");
+    ASSERT_TRUE(got.ok() && got->kvs.size() == 1) << got.status();
+    ed::ClientOptions plain;
+    plain.endpoints = etcd.endpoints();
+    plain.call_timeout_ms = 500;
+    auto p = ed::Client::Create(plain);
+    ASSERT_TRUE(p.ok());
+    EXPECT_FALSE((*p)->Get("/tls/a").ok()) << "a plaintext client was answered";
+  }
+  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
 }  // namespace

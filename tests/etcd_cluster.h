@@ -157,6 +157,7 @@ class EtcdCluster {
       std::uint32_t call_timeout_ms = 2000) const {
     orchestrator::etcd::ClientOptions o;
     o.endpoints = endpoints();
+    o.ca_pem = ca_pem_;
     o.call_timeout_ms = call_timeout_ms;
     auto c = orchestrator::etcd::Client::Create(o);
     EXPECT_TRUE(c.ok()) << c.status();
@@ -234,6 +235,14 @@ class EtcdCluster {
     for (const std::string& e : endpoints()) eps += (eps.empty() ? "" : ",") + e;
     return RunEtcdctl("--endpoints=" + eps + " " + args, why);
   }
+  // Before Start: the members serve clients over TLS with this certificate and key (PEM
+  // files); NewClient trusts `ca_pem`.
+  void UseTls(const std::string& cert_file, const std::string& key_file,
+              const std::string& ca_pem) {
+    tls_cert_ = cert_file;
+    tls_key_ = key_file;
+    ca_pem_ = ca_pem;
+  }
   pid_t pid(int i) const { return pids_[i]; }
   int size() const { return n_; }
   const std::string& dir() const { return dir_; }
@@ -244,7 +253,8 @@ class EtcdCluster {
   void Spawn(int i, bool fresh) {
     const std::string name = Name(i);
     const std::string data = dir_ + "/" + name;
-    const std::string client = "http://" + host_ + ":" + std::to_string(client_ports_[i]);
+    const std::string client = (tls_cert_.empty() ? "http://" : "https://") + host_ + ":" +
+                               std::to_string(client_ports_[i]);
     const std::string peer = "http://" + host_ + ":" + std::to_string(peer_ports_[i]);
     const std::string log = dir_ + "/" + name + ".log";
     const std::string bin = EtcdBinary();
@@ -257,6 +267,10 @@ class EtcdCluster {
         "--log-level=warn",
         // tmpfs under /tmp or not, fsync costs little at this size
         "--snapshot-count=10000"};
+    if (!tls_cert_.empty()) {
+      args.push_back("--cert-file=" + tls_cert_);
+      args.push_back("--key-file=" + tls_key_);
+    }
     const pid_t p = ::fork();
     if (p == 0) {
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -285,6 +299,7 @@ class EtcdCluster {
 
   int n_;
   std::string host_, token_;
+  std::string tls_cert_, tls_key_, ca_pem_;  // UseTls
   std::string dir_, initial_;
   std::vector<int> client_ports_, peer_ports_;
   std::vector<pid_t> pids_;
