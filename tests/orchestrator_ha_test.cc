@@ -1105,6 +1105,11 @@ TEST_F(HaRestoreTest, AStateOlderThanTheDomainTakesNewDomainWhichQuarantinesEver
   const std::uint64_t epoch_a = audit.LastEpoch();
 
   ASSERT_TRUE(etcd_->RestoreSnapshot(snapshot_, "cxlkv-restored", &why)) << why;
+  // The snapshot holds the leader's session lease: the leader may lead on from its memory (a
+  // newer state than etcd's) until its next state write, whose guard then fails (P/state is
+  // not at the revision it wrote last): it resigns. A Grow makes that write now.
+  auto refused = (*h0)->Grow(1);
+  EXPECT_FALSE(refused.ok()) << "a Grow was served from the state etcd lost";
   const std::string key = "/cxlkv/v1/default/domains/hatest/state";
   ASSERT_TRUE(Eventually(
       [&] {
