@@ -206,11 +206,10 @@ class EtcdCluster {
       const std::string data = dir_ + "/" + Name(i);
       if (std::system(("rm -rf " + data).c_str()) != 0) return false;
       const std::string peer = "http://" + host_ + ":" + std::to_string(peer_ports_[i]);
-      if (!RunEtcdctl("snapshot restore " + file + " --name=" + Name(i) +
-                              " --data-dir=" + data + " --initial-cluster=" + initial_ +
-                              " --initial-cluster-token=" + token_ +
-                              " --initial-advertise-peer-urls=" + peer,
-                          why)) {
+      if (!RunEtcdctl("snapshot restore " + file + " --name=" + Name(i) + " --data-dir=" + data +
+                          " --initial-cluster=" + initial_ + " --initial-cluster-token=" + token_ +
+                          " --initial-advertise-peer-urls=" + peer,
+                      why)) {
         return false;
       }
     }

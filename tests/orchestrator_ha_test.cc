@@ -1369,8 +1369,8 @@ TEST_F(HaTest, AForgedLeaderRecordGetsNoConnectionAndNoToken) {
 // Orchestrators on an etcd with authentication (etcd.user, etcd.password_file): elected and
 // serving, with a standby; a host finds the leader through etcd with CXLKV_ETCD_USER and
 // CXLKV_ETCD_PASSWORD_FILE (without them it is told to set them); an orchestrator with a wrong
-// password is refused at start, naming the user and the keys to fix. (Keep-alives, watches and guarded writes under authentication:
-// etcd_client_test's EtcdAuth.)
+// password is refused at start, naming the user and the keys to fix. (Keep-alives, watches and
+// guarded writes under authentication: etcd_client_test's EtcdAuth.)
 TEST_F(HaTest, OrchestratorsUseEtcdAuthentication) {
   CXLKV_SKIP_WITHOUT_ETCDCTL();
   std::string why;

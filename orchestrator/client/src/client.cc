@@ -130,9 +130,8 @@ class LeaderFinder {
                             .count();
       if (left <= 0) break;
       const auto attempt_deadline =
-          std::chrono::system_clock::now() +
-          std::chrono::milliseconds(
-              std::max<std::int64_t>(left / static_cast<std::int64_t>(n - attempt), 1));
+          std::chrono::system_clock::now() + std::chrono::milliseconds(std::max<std::int64_t>(
+                                                 left / static_cast<std::int64_t>(n - attempt), 1));
       ew::RangeRequest req;
       req.set_key(key_);
       ew::RangeResponse rep;
@@ -236,17 +235,17 @@ class LeaderFinder {
     ew::AuthenticateResponse rep;
     grpc::Status st = Unary(channels_[i], "/etcdserverpb.Auth/Authenticate", &ctx, req, &rep);
     if (!st.ok()) {
-      return grpc::Status(st.error_code(),
-                          absl::StrCat("Authenticate as etcd user '", user_, "': ",
-                                       st.error_message(),
-                                       " (check CXLKV_ETCD_USER and CXLKV_ETCD_PASSWORD_FILE)"));
+      return grpc::Status(
+          st.error_code(),
+          absl::StrCat("Authenticate as etcd user '", user_, "': ", st.error_message(),
+                       " (check CXLKV_ETCD_USER and CXLKV_ETCD_PASSWORD_FILE)"));
     }
     etcd_token_ = rep.token();
     return st;
   }
 
   std::string key_, hostname_;
-  std::string token_;  // the domain's token (CXLKV_RPC_TOKEN_FILE); "" : none given
+  std::string token_;            // the domain's token (CXLKV_RPC_TOKEN_FILE); "" : none given
   std::string user_, password_;  // etcd authentication (CXLKV_ETCD_USER); "" : none
   absl::Mutex find_mu_;
   std::string etcd_token_ ABSL_GUARDED_BY(find_mu_);  // etcd's token for user_, once authenticated
