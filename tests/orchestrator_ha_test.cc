@@ -944,6 +944,7 @@ TEST_F(HaTest, AStateOlderThanTheDomainIsRefused) {
 
 // Samples every millisecond which hosts hold each extent valid (HostClient::ExtentValid, on
 // each host's own clock): the audit of "no extent is valid on two hosts at any instant".
+// The hosts it watches must outlive it.
 class ExtentAudit {
  public:
   ExtentAudit() : thread_([this] { Run(); }) {}
@@ -1021,10 +1022,12 @@ TEST_F(HaRestoreTest, RestoredOrRebuiltEtcdEpochsStayUniqueAndHostsFollow) {
   HaOrchestrator a(d_, *etcd_, "a", /*ttl_s=*/2), b(d_, *etcd_, "b", /*ttl_s=*/2);
   ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
   FenceAudit audit(d_.domain);
-  ExtentAudit extents;
   const std::string list = a.socket + "," + b.socket;
   auto h0 = orch::HostClient::Connect(list, 0);
   ASSERT_TRUE(h0.ok()) << h0.status();
+  // Declared before the audit, which samples them until it is destroyed.
+  absl::StatusOr<std::unique_ptr<orch::HostClient>> h1 = absl::UnavailableError("not yet");
+  ExtentAudit extents;
   ASSERT_TRUE((*h0)->Grow(2).ok());
   extents.Watch(h0->get());
   (*h0)->StartHeartbeats();
@@ -1064,7 +1067,7 @@ TEST_F(HaRestoreTest, RestoredOrRebuiltEtcdEpochsStayUniqueAndHostsFollow) {
       << "the host did not accept the leader elected after the rebuild";
   EXPECT_EQ((*h0)->extents().size(), 2u);
   EXPECT_EQ((*h0)->rejoins(), 0u);
-  auto h1 = orch::HostClient::Connect(list, 1);
+  h1 = orch::HostClient::Connect(list, 1);
   ASSERT_TRUE(h1.ok()) << h1.status();
   extents.Watch(h1->get());
   ASSERT_TRUE((*h1)->Grow(2).ok());
@@ -1091,10 +1094,12 @@ TEST_F(HaRestoreTest, AStateOlderThanTheDomainTakesNewDomainWhichQuarantinesEver
       b(d_, *etcd_, "b", /*ttl_s=*/2, /*capacity_lease_ms=*/3000);
   ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
   FenceAudit audit(d_.domain);
-  ExtentAudit extents;
   const std::string list = a.socket + "," + b.socket;
   auto h0 = orch::HostClient::Connect(list, 0);
   ASSERT_TRUE(h0.ok()) << h0.status();
+  // Declared before the audit, which samples them until it is destroyed.
+  absl::StatusOr<std::unique_ptr<orch::HostClient>> h1 = absl::UnavailableError("not yet");
+  ExtentAudit extents;
   ASSERT_TRUE((*h0)->Grow(1).ok());
   extents.Watch(h0->get());
   (*h0)->StartHeartbeats();
@@ -1131,7 +1136,7 @@ TEST_F(HaRestoreTest, AStateOlderThanTheDomainTakesNewDomainWhichQuarantinesEver
       << ReadFile(b.log);
   EXPECT_GT(audit.LastEpoch(), epoch_a);
   EXPECT_NE(ReadFile(b.log).find("every extent quarantined"), std::string::npos) << ReadFile(b.log);
-  auto h1 = orch::HostClient::Connect(b.socket, 1);
+  h1 = orch::HostClient::Connect(b.socket, 1);
   ASSERT_TRUE(h1.ok()) << h1.status();
   extents.Watch(h1->get());
   // Nothing is lent until the quarantine (a full capacity lease) ends; then h1 gets extents
