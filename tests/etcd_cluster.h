@@ -48,6 +48,22 @@ inline std::string EtcdBinary() {
     }                                                                                       \
   } while (0)
 
+// etcdctl (Debian's etcd-client), for snapshot save and restore: "" when missing.
+inline std::string EtcdctlBinary() {
+  for (const char* dir : {"/usr/bin", "/usr/local/bin"}) {
+    const std::string p = std::string(dir) + "/etcdctl";
+    if (::access(p.c_str(), X_OK) == 0) return p;
+  }
+  return "";
+}
+
+#define CXLKV_SKIP_WITHOUT_ETCDCTL()                                                        \
+  do {                                                                                      \
+    if (::cxlkv::testing::EtcdctlBinary().empty()) {                                        \
+      GTEST_SKIP() << "no etcdctl (apt-get install etcd-client; scripts/deps installs it)"; \
+    }                                                                                       \
+  } while (0)
+
 // Ports the kernel says are free now (all held open together, so they differ).
 inline std::vector<int> FreeLoopbackPorts(int n) {
   std::vector<int> fds, ports;
@@ -89,6 +105,7 @@ class EtcdCluster {
           (i ? "," : "") + Name(i) + "=http://" + host_ + ":" + std::to_string(peer_ports_[i]);
     }
     pids_.assign(n_, -1);
+    token_ = "cxlkv-test-" + std::to_string(getpid());
   }
   ~EtcdCluster() {
     for (int i = 0; i < n_; ++i) Kill(i);
@@ -140,6 +157,7 @@ class EtcdCluster {
       std::uint32_t call_timeout_ms = 2000) const {
     orchestrator::etcd::ClientOptions o;
     o.endpoints = endpoints();
+    o.ca_pem = ca_pem_;
     o.call_timeout_ms = call_timeout_ms;
     auto c = orchestrator::etcd::Client::Create(o);
     EXPECT_TRUE(c.ok()) << c.status();
@@ -173,6 +191,57 @@ class EtcdCluster {
   void Resume(int i) { ::kill(pids_[i], SIGCONT); }
   // Starts a killed member again on its data directory.
   void Restart(int i) { Spawn(i, /*fresh=*/false); }
+  // etcdctl snapshot save of member 0's data into `file` (an operator's backup). False (with
+  // why) when etcdctl fails; its output is in <dir>/etcdctl.log.
+  bool SnapshotSave(const std::string& file, std::string* why) {
+    return RunEtcdctl("--endpoints=" + endpoints()[0] + " snapshot save " + file, why);
+  }
+  // An etcd disaster recovery: every member killed, its data directory replaced by `file`
+  // restored (etcdctl snapshot restore) as a cluster with token `token`, and started again;
+  // waits until it is healthy. The revisions go back to the snapshot's.
+  bool RestoreSnapshot(const std::string& file, const std::string& token, std::string* why) {
+    for (int i = 0; i < n_; ++i) Kill(i);
+    token_ = token;
+    for (int i = 0; i < n_; ++i) {
+      const std::string data = dir_ + "/" + Name(i);
+      if (std::system(("rm -rf " + data).c_str()) != 0) return false;
+      const std::string peer = "http://" + host_ + ":" + std::to_string(peer_ports_[i]);
+      if (!RunEtcdctl("snapshot restore " + file + " --name=" + Name(i) + " --data-dir=" + data +
+                          " --initial-cluster=" + initial_ + " --initial-cluster-token=" + token_ +
+                          " --initial-advertise-peer-urls=" + peer,
+                      why)) {
+        return false;
+      }
+    }
+    for (int i = 0; i < n_; ++i) Spawn(i, /*fresh=*/true);
+    return WaitHealthy(std::chrono::seconds(30), why);
+  }
+  // etcd rebuilt empty: every member killed and started on an empty data directory, as a
+  // cluster with token `token`.
+  bool RebuildEmpty(const std::string& token, std::string* why) {
+    for (int i = 0; i < n_; ++i) Kill(i);
+    token_ = token;
+    for (int i = 0; i < n_; ++i) {
+      if (std::system(("rm -rf " + dir_ + "/" + Name(i)).c_str()) != 0) return false;
+    }
+    for (int i = 0; i < n_; ++i) Spawn(i, /*fresh=*/true);
+    return WaitHealthy(std::chrono::seconds(30), why);
+  }
+  // etcdctl `args` against the members (e.g. "user add root:pw", "auth enable"); output in
+  // <dir>/etcdctl.log.
+  bool Ctl(const std::string& args, std::string* why) {
+    std::string eps;
+    for (const std::string& e : endpoints()) eps += (eps.empty() ? "" : ",") + e;
+    return RunEtcdctl("--endpoints=" + eps + " " + args, why);
+  }
+  // Before Start: the members serve clients over TLS with this certificate and key (PEM
+  // files); NewClient trusts `ca_pem`.
+  void UseTls(const std::string& cert_file, const std::string& key_file,
+              const std::string& ca_pem) {
+    tls_cert_ = cert_file;
+    tls_key_ = key_file;
+    ca_pem_ = ca_pem;
+  }
   pid_t pid(int i) const { return pids_[i]; }
   int size() const { return n_; }
   const std::string& dir() const { return dir_; }
@@ -183,7 +252,8 @@ class EtcdCluster {
   void Spawn(int i, bool fresh) {
     const std::string name = Name(i);
     const std::string data = dir_ + "/" + name;
-    const std::string client = "http://" + host_ + ":" + std::to_string(client_ports_[i]);
+    const std::string client = (tls_cert_.empty() ? "http://" : "https://") + host_ + ":" +
+                               std::to_string(client_ports_[i]);
     const std::string peer = "http://" + host_ + ":" + std::to_string(peer_ports_[i]);
     const std::string log = dir_ + "/" + name + ".log";
     const std::string bin = EtcdBinary();
@@ -191,11 +261,15 @@ class EtcdCluster {
         bin, "--name=" + name, "--data-dir=" + data, "--listen-client-urls=" + client,
         "--advertise-client-urls=" + client, "--listen-peer-urls=" + peer,
         "--initial-advertise-peer-urls=" + peer, "--initial-cluster=" + initial_,
-        "--initial-cluster-token=cxlkv-test-" + std::to_string(getpid()),
+        "--initial-cluster-token=" + token_,
         std::string("--initial-cluster-state=") + (fresh ? "new" : "existing"), "--logger=zap",
         "--log-level=warn",
         // tmpfs under /tmp or not, fsync costs little at this size
         "--snapshot-count=10000"};
+    if (!tls_cert_.empty()) {
+      args.push_back("--cert-file=" + tls_cert_);
+      args.push_back("--key-file=" + tls_key_);
+    }
     const pid_t p = ::fork();
     if (p == 0) {
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -214,8 +288,17 @@ class EtcdCluster {
     pids_[i] = p;
   }
 
+  bool RunEtcdctl(const std::string& args, std::string* why) {
+    const std::string log = dir_ + "/etcdctl.log";
+    const std::string cmd = "ETCDCTL_API=3 " + EtcdctlBinary() + " " + args + " >>" + log + " 2>&1";
+    if (std::system(cmd.c_str()) == 0) return true;
+    if (why != nullptr) *why = "etcdctl " + args + " failed (output in " + log + ")";
+    return false;
+  }
+
   int n_;
-  std::string host_;
+  std::string host_, token_;
+  std::string tls_cert_, tls_key_, ca_pem_;  // UseTls
   std::string dir_, initial_;
   std::vector<int> client_ports_, peer_ports_;
   std::vector<pid_t> pids_;

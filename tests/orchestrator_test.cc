@@ -577,6 +577,16 @@ TEST(Config, EtcdSection) {
        "key 'etcd.margin_ms'"},
       {"[etcd]\nttl_s = 5\n", "has no endpoints"},
       {"[etcd]\nendpoint = [\"h:1\"]\n", "key 'etcd.endpoint': unknown key"},
+      {"[etcd]\nendpoints = [\"h:1\"]\ndomain = \"d\"\nuser = \"root\"\n",
+       "'etcd.user' and 'etcd.password_file' go together"},
+      {"[etcd]\nendpoints = [\"h:1\"]\ndomain = \"d\"\nuser = \"root\"\n"
+       "password_file = \"/nonexistent/pw\"\n",
+       "etcd.password_file '/nonexistent/pw'"},
+      {"[etcd]\nendpoints = [\"h:1\"]\ndomain = \"d\"\ncert = \"/c.pem\"\nkey = \"/k.pem\"\n",
+       "need 'etcd.ca'"},
+      {"[etcd]\nendpoints = [\"h:1\"]\ndomain = \"d\"\nca = \"/ca.pem\"\ncert = \"/c.pem\"\n",
+       "'etcd.cert' and 'etcd.key' go together"},
+      {"[etcd]\nuser = \"root\"\n", "has no endpoints"},
   };
   for (const Case& k : cases) {
     auto bad = ParseConfig(WithExtra(k.extra), "t.toml");

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cxlkv/orchestrator/endpoint.h"
+#include "cxlkv/orchestrator/token.h"
 #include "etcd_wire.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "nlohmann/json.hpp"
@@ -69,16 +71,44 @@ class LeaderFinder {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 10);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
+    // etcd over TLS (CXLKV_ETCD_CA: the CA that signs the members' certificates) and with
+    // authentication (CXLKV_ETCD_USER, CXLKV_ETCD_PASSWORD_FILE): docs/ha.md.
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (const char* ca = std::getenv("CXLKV_ETCD_CA"); ca != nullptr && *ca != '\0') {
+      auto pem = ReadSmallFile(ca, "CXLKV_ETCD_CA");
+      if (!pem.ok()) return pem.status();
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = *std::move(pem);
+      creds = grpc::SslCredentials(ssl);
+    }
+    if (const char* user = std::getenv("CXLKV_ETCD_USER"); user != nullptr && *user != '\0') {
+      const char* pw = std::getenv("CXLKV_ETCD_PASSWORD_FILE");
+      if (pw == nullptr || *pw == '\0') {
+        return absl::InvalidArgumentError(
+            "CXLKV_ETCD_USER is set but CXLKV_ETCD_PASSWORD_FILE is not: set it to the file "
+            "holding that etcd user's password");
+      }
+      auto password = ReadSmallFile(pw, "CXLKV_ETCD_PASSWORD_FILE");
+      if (!password.ok()) return password.status();
+      f->user_ = user;
+      f->password_ = std::string(absl::StripTrailingAsciiWhitespace(*password));
+    }
     for (absl::string_view ep : absl::StrSplit(spec.substr(0, slash), ',', absl::SkipEmpty())) {
       std::string target(absl::StripAsciiWhitespace(ep));
       if (absl::ConsumePrefix(&ep, "http://")) target = std::string(ep);
       f->endpoints_.push_back(target);
-      f->channels_.push_back(
-          grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+      f->channels_.push_back(grpc::CreateCustomChannel(target, creds, args));
     }
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
     f->hostname_ = host;
+    // With the domain's token, only a leader record sealed with it is called (the token is
+    // sent to TCP endpoints: never to one a forged record names).
+    if (const char* t = std::getenv("CXLKV_RPC_TOKEN_FILE"); t != nullptr && *t != '\0') {
+      auto token = ReadTokenFile(t, "CXLKV_RPC_TOKEN_FILE");
+      if (!token.ok()) return token.status();
+      f->token_ = *std::move(token);
+    }
     return f;
   }
 
@@ -87,7 +117,8 @@ class LeaderFinder {
   // The leader's endpoint as this host can reach it: its Unix socket when it runs on this host
   // (its advertised host name is ours), else its TCP endpoint. Tries each etcd member in turn
   // within timeout_ms.
-  absl::StatusOr<std::string> Find(int timeout_ms) {
+  absl::StatusOr<std::string> Find(int timeout_ms) ABSL_LOCKS_EXCLUDED(find_mu_) {
+    absl::MutexLock find_lock(&find_mu_);  // one lookup at a time: they share etcd's token
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     std::string errors;
     const std::size_t n = channels_.size();
@@ -98,30 +129,35 @@ class LeaderFinder {
                             deadline - std::chrono::steady_clock::now())
                             .count();
       if (left <= 0) break;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(std::max<std::int64_t>(
-                           left / static_cast<std::int64_t>(n - attempt), 1)));
+      const auto attempt_deadline =
+          std::chrono::system_clock::now() + std::chrono::milliseconds(std::max<std::int64_t>(
+                                                 left / static_cast<std::int64_t>(n - attempt), 1));
       ew::RangeRequest req;
       req.set_key(key_);
       ew::RangeResponse rep;
-      grpc::TemplatedGenericStub<ew::RangeRequest, ew::RangeResponse> stub(channels_[i]);
-      absl::Mutex mu;
-      bool done = false;
       grpc::Status st;
-      stub.UnaryCall(&ctx, "/etcdserverpb.KV/Range", grpc::StubOptions(), &req, &rep,
-                     [&](grpc::Status s) {
-                       absl::MutexLock l(&mu);
-                       st = std::move(s);
-                       done = true;
-                     });
-      {
-        absl::MutexLock l(&mu);
-        mu.Await(absl::Condition(&done));
+      // With etcd authentication: a token first, and a new one when etcd refuses it.
+      for (int auth_try = 0; auth_try < 2; ++auth_try) {
+        if (!user_.empty() && (auth_try > 0 || etcd_token_.empty())) {
+          st = Authenticate(i, attempt_deadline);
+          if (!st.ok()) break;
+        }
+        grpc::ClientContext ctx;
+        ctx.set_deadline(attempt_deadline);
+        if (!etcd_token_.empty()) ctx.AddMetadata("token", etcd_token_);
+        st = Unary(channels_[i], "/etcdserverpb.KV/Range", &ctx, req, &rep);
+        const bool refused = st.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+                             absl::StrContains(st.error_message(), "invalid auth token");
+        if (user_.empty() || !refused) break;
       }
       if (!st.ok()) {
         absl::StrAppend(&errors, errors.empty() ? "" : "; ", endpoints_[i], ": ",
                         st.error_message());
+        if (user_.empty() && absl::StrContains(st.error_message(), "user name is empty")) {
+          absl::StrAppend(&errors,
+                          " (etcd requires authentication: set CXLKV_ETCD_USER and "
+                          "CXLKV_ETCD_PASSWORD_FILE)");
+        }
         continue;
       }
       next_.store(i);
@@ -146,6 +182,21 @@ class LeaderFinder {
       const auto it = j.find(name);
       return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
     };
+    if (!token_.empty()) {
+      const std::string mac = field("mac");
+      nlohmann::json record = j;
+      record.erase("mac");
+      const std::string want = LeaderRecordMac(token_, key_, record.dump());
+      if (mac.size() != want.size() || !TokenMatches(absl::StrCat("Bearer ", mac), want)) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            key_, ": the leader record (", value, ") is ",
+            mac.empty() ? "not sealed at all" : "sealed with another key",
+            ": it is not sealed with this host's domain token (CXLKV_RPC_TOKEN_FILE). A forged "
+            "record, or the domain's orchestrators have another rpc.token_file (or none). "
+            "Nothing was sent to it. Give the orchestrators and the hosts the same token, and "
+            "check who can write etcd (etcd authentication: docs/ha.md)"));
+      }
+    }
     const std::string socket = field("socket"), endpoint = field("endpoint");
     if (field("host") == hostname_ && !socket.empty()) return socket;
     if (!endpoint.empty()) return absl::StrCat("tcp:", endpoint);
@@ -155,7 +206,49 @@ class LeaderFinder {
                      "the orchestrators rpc.tcp"));
   }
 
+  // One unary call through the generic stub, waited for.
+  template <class Req, class Rep>
+  static grpc::Status Unary(const std::shared_ptr<grpc::Channel>& channel, const char* method,
+                            grpc::ClientContext* ctx, const Req& req, Rep* rep) {
+    grpc::TemplatedGenericStub<Req, Rep> stub(channel);
+    absl::Mutex mu;
+    bool done = false;
+    grpc::Status st;
+    stub.UnaryCall(ctx, method, grpc::StubOptions(), &req, rep, [&](grpc::Status s) {
+      absl::MutexLock l(&mu);
+      st = std::move(s);
+      done = true;
+    });
+    absl::MutexLock l(&mu);
+    mu.Await(absl::Condition(&done));
+    return st;
+  }
+
+  // etcd's Auth/Authenticate on member i: the token for the calls that follow.
+  grpc::Status Authenticate(std::size_t i, std::chrono::system_clock::time_point deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(find_mu_) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline);
+    ew::AuthenticateRequest req;
+    req.set_name(user_);
+    req.set_password(password_);
+    ew::AuthenticateResponse rep;
+    grpc::Status st = Unary(channels_[i], "/etcdserverpb.Auth/Authenticate", &ctx, req, &rep);
+    if (!st.ok()) {
+      return grpc::Status(
+          st.error_code(),
+          absl::StrCat("Authenticate as etcd user '", user_, "': ", st.error_message(),
+                       " (check CXLKV_ETCD_USER and CXLKV_ETCD_PASSWORD_FILE)"));
+    }
+    etcd_token_ = rep.token();
+    return st;
+  }
+
   std::string key_, hostname_;
+  std::string token_;            // the domain's token (CXLKV_RPC_TOKEN_FILE); "" : none given
+  std::string user_, password_;  // etcd authentication (CXLKV_ETCD_USER); "" : none
+  absl::Mutex find_mu_;
+  std::string etcd_token_ ABSL_GUARDED_BY(find_mu_);  // etcd's token for user_, once authenticated
   std::vector<std::string> endpoints_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::atomic<std::size_t> next_{0};  // the etcd member that answered last

@@ -1,6 +1,8 @@
 // The control plane's TCP token.
 #include "cxlkv/orchestrator/token.h"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -31,6 +33,18 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_
     return absl::InvalidArgumentError(absl::StrCat(what, " '", path, "': larger than 1 MiB"));
   }
   return out;
+}
+
+std::string LeaderRecordMac(absl::string_view token, absl::string_view key,
+                            absl::string_view record) {
+  const std::string msg = absl::StrCat(key, "\n", record);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), mac, &len);
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", mac[i]);
+  return hex;
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path, absl::string_view what) {

@@ -89,12 +89,13 @@ struct Announcer::Impl {
     // look (and its scan under the orchestrator's lock) until then.
     if (!EventsOn() && in_term && SteadyMs() - last_put_ms < c.directory.min_interval_ms) return;
     bool serving = false, changed = false;
-    std::int64_t epoch = 0;
+    std::int64_t epoch = 0, revision = 0;
     std::uint32_t capacity = 0;
     {
       absl::MutexLock l(&o.mu_);
       serving = o.owner_ != nullptr && o.ServingLocked().ok();
       epoch = o.epoch_locked();
+      revision = o.revision_locked();
       if (serving) {
         const auto& st = o.owner_->stats();
         const std::uint64_t sig = st.published * 0x9E3779B97F4A7C15ull ^ st.retired ^
@@ -132,7 +133,7 @@ struct Announcer::Impl {
       dir_dirty = true;
       Events(opening);
     }
-    if (DirectoryOn()) Directory(epoch, capacity);
+    if (DirectoryOn()) Directory(epoch, revision, capacity);
   }
 
   // Replaces the chain keys in `current` with K', outside the orchestrator's lock.
@@ -169,7 +170,8 @@ struct Announcer::Impl {
     stats.event_drops += n.drops;
   }
 
-  void Directory(std::int64_t epoch, std::uint32_t capacity) {
+  // `revision`: etcd's id of the term (guards the write); `epoch`: the domain's.
+  void Directory(std::int64_t epoch, std::int64_t revision, std::uint32_t capacity) {
     const std::int64_t now = SteadyMs();
     const bool due = (dir_dirty && now - last_put_ms >= c.directory.min_interval_ms) ||
                      now - last_put_ms >= c.directory.refresh_ms;
@@ -197,7 +199,7 @@ struct Announcer::Impl {
         ++s.anchors;
       }
     }
-    const absl::Status st = ha->PutDirectory(directory::EncodeSummary(s), epoch);
+    const absl::Status st = ha->PutDirectory(directory::EncodeSummary(s), revision);
     absl::MutexLock l(&mu);
     if (st.ok()) {
       ++stats.directory_writes;

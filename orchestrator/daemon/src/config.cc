@@ -10,7 +10,9 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
+#include <tuple>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cxlkv/coherence/prefix.h"
@@ -386,6 +388,13 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
                      {"call_timeout_ms", H([&](auto& v, auto& kk) {
                         return p.U32(v, kk, &c.etcd.call_timeout_ms, 100, 60000);
                       })},
+                     {"user", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.etcd.user); })},
+                     {"password_file",
+                      H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.etcd.password_file); })},
+                     {"ca", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.etcd.ca_file); })},
+                     {"cert",
+                      H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.etcd.cert_file); })},
+                     {"key", H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.etcd.key_file); })},
                  });
            })},
           {"directory", H([&](const toml::node& n, const std::string& k) {
@@ -579,6 +588,35 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
           absl::StrCat(source_name, ": key 'etcd.cluster': '", c.etcd.cluster,
                        "' must be a non-empty name without '/' or spaces"));
     }
+    if (c.etcd.user.empty() != c.etcd.password_file.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_name,
+          ": keys 'etcd.user' and 'etcd.password_file' go together (etcd authentication): "
+          "give both or neither"));
+    }
+    if (!c.etcd.password_file.empty()) {
+      auto pw = ReadSmallFile(c.etcd.password_file, "etcd.password_file");
+      if (!pw.ok()) return pw.status();
+      c.etcd.password = std::string(absl::StripTrailingAsciiWhitespace(*pw));
+    }
+    if (c.etcd.ca_file.empty() && (!c.etcd.cert_file.empty() || !c.etcd.key_file.empty())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_name,
+          ": keys 'etcd.cert'/'etcd.key' need 'etcd.ca' (the CA that signs the members' "
+          "certificates): TLS to etcd"));
+    }
+    if (c.etcd.cert_file.empty() != c.etcd.key_file.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_name, ": keys 'etcd.cert' and 'etcd.key' go together: give both or neither"));
+    }
+    for (auto [file, pem, key] : {std::tuple{&c.etcd.ca_file, &c.etcd.ca_pem, "etcd.ca"},
+                                  std::tuple{&c.etcd.cert_file, &c.etcd.cert_pem, "etcd.cert"},
+                                  std::tuple{&c.etcd.key_file, &c.etcd.key_pem, "etcd.key"}}) {
+      if (file->empty()) continue;
+      auto contents = ReadSmallFile(*file, key);
+      if (!contents.ok()) return contents.status();
+      *pem = *std::move(contents);
+    }
     if (c.etcd.margin_ms == 0) c.etcd.margin_ms = c.etcd.ttl_s * 1000 / 4;
     if (c.etcd.margin_ms >= c.etcd.ttl_s * 1000 * 2 / 3) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -587,7 +625,9 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
           "until ttl - margin after each)"));
     }
   } else if (!c.etcd.node.empty() || !c.etcd.domain.empty() || c.etcd.ttl_s != 3 ||
-             c.etcd.margin_ms != 0 || c.etcd.cluster != "default") {
+             c.etcd.margin_ms != 0 || c.etcd.cluster != "default" || !c.etcd.user.empty() ||
+             !c.etcd.password_file.empty() || !c.etcd.ca_file.empty() ||
+             !c.etcd.cert_file.empty() || !c.etcd.key_file.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source_name,
                      ": the [etcd] section has no endpoints: add endpoints = [\"host:port\", "

@@ -101,6 +101,13 @@ std::string SelfDescription(const Config& c, int tcp_port = 0) {
     if (addr.empty() || addr == "0.0.0.0" || addr == "[::]" || addr == "::") addr = host;
     j["endpoint"] = absl::StrCat(addr, ":", tcp_port);
   }
+  // Sealed with the domain's token (rpc.token_file), so a host that holds the token calls
+  // only a leader the domain's own orchestrators advertised (docs/ha.md).
+  if (c.etcd.enabled() && !c.token.empty()) {
+    j["mac"] = LeaderRecordMac(
+        c.token, absl::StrCat("/cxlkv/v1/", c.etcd.cluster, "/domains/", c.etcd.domain, "/leader"),
+        j.dump());
+  }
   return j.dump();
 }
 
@@ -812,11 +819,29 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
     }
     struct stat hb {};
     const bool have_file = ::stat(c.state_file.c_str(), &hb) == 0;
-    if (options.new_domain && (stored->has_value() || have_file)) {
+    // --new-domain over existing state only when all of it is older than the domain's own
+    // record (etcd restored from a backup, a stale cache): the takeover then quarantines every
+    // extent instead of adopting it (docs/ha.md "Durable state in etcd").
+    co::OwnerFenceLine record{};
+    const bool recorded = formatted && ReadFenceLine(*o->domain_mem_, &record) && record.epoch != 0;
+    bool all_older = recorded;
+    if (all_older && stored->has_value()) {
+      DomainState s(c, o->pool_->size_bytes());
+      all_older = s.Deserialize((*stored)->text, 0).ok() && s.generation() < record.state_gen;
+    }
+    if (all_older && have_file) {
+      DomainState s(c, o->pool_->size_bytes());
+      all_older = s.Load(0).ok() && s.generation() < record.state_gen;
+    }
+    if (options.new_domain && (stored->has_value() || have_file) && !all_older) {
       return absl::FailedPreconditionError(absl::StrCat(
           "--new-domain: domain '", c.etcd.domain, "' is not new: ",
           stored->has_value() ? absl::StrCat("its state is in etcd at ", o->ha_->where(), "/state")
                               : absl::StrCat("the state file ", c.state_file, " exists"),
+          recorded ? absl::StrCat(" and is not older than the domain's own record (state "
+                                  "generation ",
+                                  record.state_gen, ")")
+                   : std::string(),
           "; start without --new-domain"));
     }
     if (!options.new_domain && !stored->has_value() && !have_file) {
@@ -1192,7 +1217,7 @@ absl::Status Orchestrator::SaveLocked() {
   // A new generation each write, recorded in the fence line once etcd has it: a successor
   // refuses any state older than the domain's record (docs/ha.md "Durable state in etcd").
   state_.set_generation(state_.generation() + 1);
-  absl::Status st = ha_->SaveState(state_.Serialize(), epoch_);
+  absl::Status st = ha_->SaveState(state_.Serialize(), revision_);
   if (absl::IsAborted(st)) {
     // Another leader, or another writer of the state: this one's view is stale.
     leading_ = false;
@@ -1248,8 +1273,9 @@ bool Orchestrator::ReadOnlyLocked() {
   const HaStats h = ha_->stats();
   std::string why;
   co::OwnerFenceLine line{};
-  if (!h.leader.empty() && h.leader_epoch != epoch_) {
-    why = absl::StrCat("etcd names another leader (epoch ", h.leader_epoch, ")");
+  if (!h.leader.empty() && h.leader_epoch != revision_) {
+    why = absl::StrCat("etcd names another leader (its key's revision ", h.leader_epoch,
+                       ", this term's ", revision_, ")");
   } else if (!ReadFenceLine(*domain_mem_, &line)) {
     why = "the domain's fence line does not validate (a successor is writing it)";
   } else if (line.epoch != fence_.epoch || line.cluster_id != fence_.cluster_id) {
@@ -1266,6 +1292,7 @@ void Orchestrator::EndReadOnlyLocked(const std::string& why) {
   read_only_ = false;
   owner_.reset();
   epoch_ = 0;
+  revision_ = 0;
   std::fprintf(stderr, "cxlkv-orchestrator: read-only mode of domain '%s' ended: %s\n",
                config_.etcd.domain.c_str(), why.c_str());
 }
@@ -1308,7 +1335,9 @@ bool Orchestrator::OwnerBatchMayRunLocked() {
   const std::string why =
       read ? absl::StrCat("the domain's fence line names epoch ", now.epoch, " (cluster ",
                           absl::Hex(now.cluster_id), "), not this leader's ", fence_.epoch,
-                          ": another leader took the domain over")
+                          ": another leader took the domain over (if `cxlkvctl status` shows "
+                          "none, something else writes domain.prefix_domain: stop it, then "
+                          "release that epoch as docs/ha.md says)")
            : std::string("the domain's fence line does not validate (torn or overwritten)");
   std::fprintf(stderr, "cxlkv-orchestrator: %s; stepping down\n", why.c_str());
   leading_ = false;
@@ -1336,17 +1365,22 @@ void Orchestrator::EndBatchLocked() {
 absl::Status Orchestrator::AwaitRelease(const LeaderTerm& t) {
   auto header = co::ReadDomainHeader(*domain_mem_);
   if (!header.ok()) return absl::OkStatus();  // never formatted: no term ever owned it
+  // Whatever epoch the line names, even one above etcd's revisions (etcd restored or
+  // replaced): that term is waited for like any other, and this one's epoch is derived above
+  // it (DomainEpoch).
   co::OwnerFenceLine fence{};
   const bool fence_valid = ReadFenceLine(*domain_mem_, &fence);
-  if (fence_valid && fence.epoch >= static_cast<std::uint64_t>(t.epoch) &&
-      fence.cluster_id == t.cluster_id) {
-    // Equal too: an epoch names one term only (an etcd restored from a backup issues its
-    // revisions again; each refused campaign burns some, until they pass the domain's).
-    return absl::FailedPreconditionError(
-        absl::StrCat("the domain's fence line names epoch ", fence.epoch,
-                     ", not older than this election's ", t.epoch,
-                     ": this orchestrator's view of etcd is stale, or etcd was restored from a "
-                     "backup (campaigning again until etcd's revisions pass the domain's record)"));
+  // The domain belongs to the etcd keys its leaders were elected under: a candidate elected
+  // under other keys (a wrong etcd.cluster/etcd.domain) would be a second owner beside them.
+  if (fence_valid && fence.keys != 0 && fence.keys != KeysHash()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "domain.prefix_domain '", config_.prefix_domain,
+        "' belongs to orchestrators elected under other etcd keys (its fence line names keys "
+        "hashing to ",
+        absl::Hex(fence.keys), ", epoch ", fence.epoch, "), not this one's ", ha_->where(), " (",
+        absl::Hex(KeysHash()),
+        "): etcd.cluster or etcd.domain is wrong in this orchestrator's config; give it the "
+        "same [etcd] section as the domain's other orchestrators. Nothing was written"));
   }
   co::OwnerReleaseLine at_start{};
   if (!ReadReleaseLine(*domain_mem_, &at_start)) at_start = co::OwnerReleaseLine{};
@@ -1385,7 +1419,7 @@ absl::Status Orchestrator::AwaitRelease(const LeaderTerm& t) {
           "by its leader or that node's write-back agent (its stores must all be in memory "
           "before this leader's first; docs/ha.md \"Release\"). If that machine was powered "
           "off or reset, say so: etcdctl put %s/released %llu\n",
-          static_cast<long long>(t.epoch), static_cast<long long>(now - t0),
+          static_cast<long long>(t.revision), static_cast<long long>(now - t0),
           fence_valid
               ? absl::StrCat("epoch ", fence.epoch, " (cluster ", absl::Hex(fence.cluster_id), ")")
                     .c_str()
@@ -1427,10 +1461,39 @@ std::string Orchestrator::StateOlderThanTheDomain(const std::string& source,
       "): etcd was restored from a backup or rebuilt, etcd.cluster/etcd.domain names another "
       "place, or the state file is a stale cache. Taking it over would lend again extents that "
       "hosts hold. Point etcd.cluster/etcd.domain at the domain's keys or put its newest state "
-      "back; if that state is lost, delete ",
-      ha_->where(), "/state (etcdctl del) and move the state file ", config_.state_file,
-      " away, then start one orchestrator with --new-domain: every extent is then quarantined "
-      "for a full capacity lease");
+      "back into ",
+      ha_->where(),
+      "/state; if that state is lost, stop the domain's orchestrators and start "
+      "one with --new-domain: it replaces every state older than the record (etcd's, and the "
+      "state file ",
+      config_.state_file,
+      " as a cache) by a new one in which every extent is quarantined for a full capacity "
+      "lease");
+}
+
+std::uint32_t Orchestrator::KeysHash() const {
+  const std::string where = ha_->where();
+  return std::max<std::uint32_t>(1, co::Crc32c(where.data(), where.size()));
+}
+
+absl::StatusOr<std::int64_t> Orchestrator::DomainEpoch(const LeaderTerm& t) {
+  std::uint64_t floor = 0;  // the highest epoch the domain records
+  co::OwnerFenceLine fence{};
+  if (ReadFenceLine(*domain_mem_, &fence)) floor = std::max(floor, fence.epoch);
+  co::OwnerReleaseLine released{};
+  if (ReadReleaseLine(*domain_mem_, &released)) floor = std::max(floor, released.epoch);
+  // Room for 2^62 more terms: a line naming more was not written by a leader of this domain.
+  constexpr std::uint64_t kMaxEpoch = std::uint64_t{1} << 62;
+  if (floor >= kMaxEpoch) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the domain's fence or release line names epoch ", floor, " (cluster ",
+        absl::Hex(fence.cluster_id),
+        "), beyond any term this domain can have had: a foreign writer put it there (another "
+        "domain's orchestrator given this prefix_domain, or a corrupted line). Stop whatever "
+        "else writes domain.prefix_domain '",
+        config_.prefix_domain, "', then restore the domain or re-create it with --new-domain"));
+  }
+  return std::max<std::int64_t>(t.revision, static_cast<std::int64_t>(floor) + 1);
 }
 
 absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
@@ -1439,7 +1502,7 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
   if (auto st = AwaitRelease(t); !st.ok()) return st;
   absl::MutexLock l(&mu_);
   // Elected again (etcd is back): the read-only term's view gives way to etcd's state.
-  EndReadOnlyLocked(absl::StrCat("elected at epoch ", t.epoch));
+  EndReadOnlyLocked(absl::StrCat("elected again (etcd revision ", t.revision, ")"));
   const std::int64_t now = clock_->NowMs();
   // 1. The domain's state: etcd's, or for the first leader a new one or the state file's.
   auto stored = ha_->LoadState();
@@ -1451,18 +1514,33 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
   bool save_now = true;
   std::string source;
   struct stat sb {};
+  co::OwnerFenceLine record{};
+  const bool recorded = formatted && ReadFenceLine(*domain_mem_, &record) && record.epoch != 0;
   if (stored->has_value()) {
     if (auto st = fresh.Deserialize((*stored)->text, now); !st.ok()) {
       return absl::DataLossError(absl::StrCat(ha_->where(), "/state: ", st.message()));
     }
     save_now = false;
     source = absl::StrCat("etcd (revision ", (*stored)->revision, ")");
+    if (new_domain_ && recorded && fresh.generation() < record.state_gen) {
+      // The operator's answer to a state older than the domain: nothing of it is trusted.
+      std::fprintf(stderr,
+                   "cxlkv-orchestrator: --new-domain: %s/state (generation %llu) is older than "
+                   "the domain's record (generation %llu): replaced by a new state, every "
+                   "extent quarantined for a full capacity lease\n",
+                   ha_->where().c_str(), static_cast<unsigned long long>(fresh.generation()),
+                   static_cast<unsigned long long>(record.state_gen));
+      fresh = DomainState(config_, pool_->size_bytes());
+      fresh.QuarantineAll(now);
+      fresh.set_generation(record.state_gen);
+      save_now = true;
+      source = "a new domain (--new-domain over an older state)";
+    }
   } else if (new_domain_) {
     if (formatted) {
       fresh.QuarantineAll(now);
       // Generations go on above the domain's record (the check below then passes).
-      co::OwnerFenceLine record{};
-      if (ReadFenceLine(*domain_mem_, &record)) fresh.set_generation(record.state_gen);
+      if (recorded) fresh.set_generation(record.state_gen);
     }
     source = "a new domain";
   } else if (::stat(config_.state_file.c_str(), &sb) == 0) {
@@ -1474,7 +1552,17 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
                      "' has no state in etcd and no state file here: "
                      "start one orchestrator once with --new-domain"));
   }
-  // 2. The fence: this epoch into the domain before anything else of this leader is written
+  // 2. The term's epoch: above etcd's revision and above every epoch the domain records
+  // (the fence line's, and the release line's for a fence line torn by its writer), so an
+  // epoch never names two terms, whatever etcd was restored from or replaced by, and hosts
+  // that saw the old terms accept this one (docs/ha.md "Election and epoch").
+  std::int64_t epoch = t.revision;
+  if (formatted) {
+    auto derived = DomainEpoch(t);
+    if (!derived.ok()) return derived.status();
+    epoch = *derived;
+  }
+  // 3. The fence: this epoch into the domain before anything else of this leader is written
   // there (a domain never formatted is formatted first; that clears the line).
   if (formatted) {
     co::OwnerFenceLine seen{};
@@ -1482,35 +1570,32 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
       std::fprintf(stderr,
                    "cxlkv-orchestrator: the domain's fence line does not validate (a leader died "
                    "writing it); epoch %lld overwrites it\n",
-                   static_cast<long long>(t.epoch));
-    } else if (seen.epoch >= static_cast<std::uint64_t>(t.epoch) &&
-               seen.cluster_id == t.cluster_id) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the domain's fence line names epoch ", seen.epoch, ", not older than this election's ",
-          t.epoch, ": this orchestrator's view of etcd is stale"));
+                   static_cast<long long>(epoch));
     } else if (seen.epoch != 0 && fresh.generation() < seen.state_gen) {
       return absl::FailedPreconditionError(StateOlderThanTheDomain(source, fresh, seen));
     } else if (seen.epoch != 0 && seen.cluster_id != t.cluster_id) {
       std::fprintf(stderr,
                    "cxlkv-orchestrator: the domain was last owned under etcd cluster %llx (epoch "
-                   "%llu), now %llx: the etcd cluster was replaced; taking the domain over\n",
+                   "%llu), now %llx: the etcd cluster was replaced or restored; taking the domain "
+                   "over at epoch %lld\n",
                    static_cast<unsigned long long>(seen.cluster_id),
                    static_cast<unsigned long long>(seen.epoch),
-                   static_cast<unsigned long long>(t.cluster_id));
+                   static_cast<unsigned long long>(t.cluster_id), static_cast<long long>(epoch));
     }
   } else if (auto st = Format(*fenced_mem_, config_, domain_region_->size_bytes()); !st.ok()) {
     return st;
   }
   co::OwnerFenceLine line{};
-  line.epoch = static_cast<std::uint64_t>(t.epoch);
+  line.epoch = static_cast<std::uint64_t>(epoch);
   line.cluster_id = t.cluster_id;
   line.state_gen = fresh.generation();
+  line.keys = KeysHash();
   line.took_over_ms = now;
   line.node = co::Crc32c(config_.etcd.node.data(), config_.etcd.node.size());
   // From the claim on, this term is released when it ends: by StepDown, or by the agent.
-  claimed_epoch_ = t.epoch;
+  claimed_epoch_ = epoch;
   claimed_cluster_ = t.cluster_id;
-  if (agent_ != nullptr) agent_->Claimed(t.epoch, t.cluster_id, line.node);
+  if (agent_ != nullptr) agent_->Claimed(epoch, t.cluster_id, line.node);
   WriteFenceLine(*fenced_mem_, line);
   co::OwnerFenceLine back{};
   if (!ReadFenceLine(*domain_mem_, &back) || back.epoch != line.epoch) {
@@ -1526,7 +1611,8 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
   told_owner_.clear();
   owner_ = *std::move(owner);
   fence_ = line;
-  epoch_ = t.epoch;
+  epoch_ = epoch;
+  revision_ = t.revision;
   leading_ = true;
   if (save_now) {
     if (auto st = SaveLocked(); !st.ok()) {
@@ -1535,13 +1621,15 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
       return st;
     }
   }
+  // --new-domain applies to the first term only: a later etcd restore is refused again.
+  new_domain_ = false;
   last_takeover_unix_s_ = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   last_takeover_s_ = absl::ToDoubleSeconds(absl::Now() - elected);
   std::fprintf(stderr,
-               "cxlkv-orchestrator: leader of domain '%s' at epoch %lld: %u extents held by hosts, "
-               "state from %s\n",
-               config_.etcd.domain.c_str(), static_cast<long long>(t.epoch),
-               state_.recovered_extents(), source.c_str());
+               "cxlkv-orchestrator: leader of domain '%s' at epoch %lld (etcd revision %lld): %u "
+               "extents held by hosts, state from %s\n",
+               config_.etcd.domain.c_str(), static_cast<long long>(epoch),
+               static_cast<long long>(t.revision), state_.recovered_extents(), source.c_str());
   return absl::OkStatus();
 }
 
@@ -1581,6 +1669,7 @@ void Orchestrator::StepDown(const std::string& why) {
   leading_ = false;
   owner_.reset();
   epoch_ = 0;
+  revision_ = 0;
   std::fprintf(stderr, "cxlkv-orchestrator: no longer the leader of domain '%s': %s\n",
                config_.etcd.domain.c_str(), why.c_str());
   ReleaseLocked();

@@ -19,8 +19,10 @@
 
 namespace cxlkv::orchestrator {
 
+// A term as etcd numbers it. The domain's epoch of the term (what hosts compare and the fence
+// line records) derives from this and from the domain's record: Orchestrator::TakeOver.
 struct LeaderTerm {
-  std::int64_t epoch = 0;        // the leader key's create revision
+  std::int64_t revision = 0;     // the leader key's create revision (guards etcd writes)
   std::uint64_t cluster_id = 0;  // the etcd cluster's id
 };
 
@@ -72,16 +74,18 @@ class HaSession : public WriteGate {
   // The domain's state as etcd holds it (nullopt: none yet). Remembers its revision for the
   // guard of SaveState.
   virtual absl::StatusOr<std::optional<StoredState>> LoadState() = 0;
-  // Writes the state only if this orchestrator still leads at `epoch` and nobody wrote the
-  // state since it was last loaded or saved here. kAborted when a guard fails (this one must
-  // step down); kUnavailable / kDeadlineExceeded when etcd did not answer in time (the write
-  // may or may not have happened: the next save's guard tells).
-  virtual absl::Status SaveState(const std::string& text, std::int64_t epoch) = 0;
+  // Writes the state only if this orchestrator still leads in the term etcd numbered
+  // `revision` (LeaderTerm) and nobody wrote the state since it was last loaded or saved here.
+  // kAborted when a guard fails (this one must step down). When etcd does not answer in time,
+  // the state is read back: the write landed (OK), did not (kUnavailable / kDeadlineExceeded),
+  // or someone else wrote (kAborted); when the read fails too, the outcome stays unknown
+  // (kUnavailable / kDeadlineExceeded: the next save's guard tells).
+  virtual absl::Status SaveState(const std::string& text, std::int64_t revision) = 0;
 
   // The cross-domain directory (docs/ha.md): writes this domain's summary under the leader's
   // session lease, so it vanishes with the lease, and only while this orchestrator still
-  // leads at `epoch` (a guarded transaction). kAborted when it no longer leads.
-  virtual absl::Status PutDirectory(const std::string& value, std::int64_t epoch) = 0;
+  // leads in the term `revision` (a guarded transaction). kAborted when it no longer leads.
+  virtual absl::Status PutDirectory(const std::string& value, std::int64_t revision) = 0;
 
   // The write deadline of the current term on the session's clock (0: not leading).
   virtual std::int64_t write_deadline_ms() const = 0;

@@ -54,7 +54,7 @@ class EtcdHa final : public HaSession {
     ed::LeaderElection::Callbacks cb;
     cb.elected = [this](const ed::Term& t) {
       lease_.store(t.lease);
-      return hooks_.take_over(LeaderTerm{t.epoch, t.cluster_id});
+      return hooks_.take_over(LeaderTerm{.revision = t.epoch, .cluster_id = t.cluster_id});
     };
     cb.lost = [this](const ed::Term&, const std::string& why) { hooks_.step_down(why); };
     auto e = ed::LeaderElection::Start(*client_, o, std::move(cb));
@@ -109,7 +109,7 @@ class EtcdHa final : public HaSession {
     return std::optional<StoredState>(StoredState{r->kvs[0].value, r->kvs[0].mod_revision});
   }
 
-  absl::Status SaveState(const std::string& text, std::int64_t epoch) override {
+  absl::Status SaveState(const std::string& text, std::int64_t revision) override {
     using C = ed::Compare;
     const absl::Time t0 = absl::Now();
     std::int64_t seen = 0;
@@ -117,10 +117,18 @@ class EtcdHa final : public HaSession {
       absl::MutexLock l(&mu_);
       seen = state_revision_;
     }
-    auto r = client_->Txn({C::CreateRevision(where_ + "/leader", C::Result::kEqual, epoch),
+    auto r = client_->Txn({C::CreateRevision(where_ + "/leader", C::Result::kEqual, revision),
                            C::ModRevision(StateKey(), C::Result::kEqual, seen)},
                           {ed::Op::Put(StateKey(), text)},
                           {ed::Op::Get(where_ + "/leader"), ed::Op::Get(StateKey())});
+    if (!r.ok() && (absl::IsDeadlineExceeded(r.status()) || absl::IsUnavailable(r.status()))) {
+      // The outcome is unknown (the request may have landed and only its reply been lost,
+      // audit-ha #8): read the state back, so a grant that did land is answered, not leaked.
+      auto back = client_->Get(StateKey());
+      absl::MutexLock l(&mu_);
+      Latency(t0);
+      return ResolveUnknownWriteLocked(text, seen, r.status(), back);
+    }
     absl::MutexLock l(&mu_);
     Latency(t0);
     if (!r.ok()) {
@@ -130,21 +138,22 @@ class EtcdHa final : public HaSession {
     if (!r->succeeded) {
       ++state_write_failures_;
       const bool leads = !r->results.empty() && !r->results[0].kvs.empty() &&
-                         r->results[0].kvs[0].create_revision == epoch;
+                         r->results[0].kvs[0].create_revision == revision;
       return absl::AbortedError(absl::StrCat(
           where_, "/state: not written: ",
           leads ? absl::StrCat("it changed since revision ", seen, " (another writer)")
-                : absl::StrCat("this orchestrator no longer leads (epoch ", epoch, ")")));
+                : absl::StrCat("this orchestrator no longer leads (its term's etcd revision ",
+                               revision, ")")));
     }
     state_revision_ = r->header.revision;
     ++state_writes_;
     return absl::OkStatus();
   }
 
-  absl::Status PutDirectory(const std::string& value, std::int64_t epoch) override {
+  absl::Status PutDirectory(const std::string& value, std::int64_t revision) override {
     using C = ed::Compare;
     const std::string key = directory::SummaryKey(c_.etcd.cluster, c_.etcd.domain);
-    auto r = client_->Txn({C::CreateRevision(where_ + "/leader", C::Result::kEqual, epoch)},
+    auto r = client_->Txn({C::CreateRevision(where_ + "/leader", C::Result::kEqual, revision)},
                           {ed::Op::Put(key, value, lease_.load())}, {});
     if (!r.ok()) {
       return absl::Status(
@@ -154,8 +163,8 @@ class EtcdHa final : public HaSession {
     if (!r->succeeded) {
       return absl::AbortedError(absl::StrCat(key,
                                              ": not written: this orchestrator no longer "
-                                             "leads (epoch ",
-                                             epoch, ")"));
+                                             "leads (its term's etcd revision ",
+                                             revision, ")"));
     }
     return absl::OkStatus();
   }
@@ -211,6 +220,37 @@ class EtcdHa final : public HaSession {
 
  private:
   std::string StateKey() const { return where_ + "/state"; }
+
+  // After a state write of unknown outcome (`lost`), with P/state read back (`back`): it holds
+  // `text` at a revision after `seen`: the write landed (OK; the next guard is against it). It is
+  // still at `seen`: it did not (the error, retryable). Anything else: someone else wrote it
+  // (kAborted: this leader's view is stale). The read failing too: the outcome stays unknown (the
+  // error; the next write's guard tells).
+  absl::Status ResolveUnknownWriteLocked(const std::string& text, std::int64_t seen,
+                                         const absl::Status& lost,
+                                         const absl::StatusOr<ed::RangeResult>& back)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!back.ok()) {
+      ++state_write_failures_;
+      return Named(lost, "write (and read back after it)");
+    }
+    const std::int64_t now = back->kvs.empty() ? 0 : back->kvs[0].mod_revision;
+    if (now > seen && back->kvs[0].value == text) {
+      state_revision_ = now;
+      ++state_writes_;
+      std::fprintf(stderr,
+                   "cxlkv-orchestrator: %s/state: the write's reply was lost (%s); read back: it "
+                   "landed at revision %lld\n",
+                   where_.c_str(), std::string(lost.message()).c_str(),
+                   static_cast<long long>(now));
+      return absl::OkStatus();
+    }
+    ++state_write_failures_;
+    if (now == seen) return Named(lost, "write (read back: it did not land)");
+    return absl::AbortedError(
+        absl::StrCat(where_, "/state: not written: it changed since revision ", seen,
+                     " (another writer; read back after a write of unknown outcome)"));
+  }
   void Latency(absl::Time t0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (call_ms_.size() < 4096) call_ms_.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
   }
@@ -249,6 +289,11 @@ absl::StatusOr<std::unique_ptr<HaSession>> HaSession::Create(const Config& c,
   o.endpoints = c.etcd.endpoints;
   o.call_timeout_ms = c.etcd.call_timeout_ms;
   o.attempt_timeout_ms = std::max<std::uint32_t>(c.etcd.call_timeout_ms / 2, 100);
+  o.user = c.etcd.user;
+  o.password = c.etcd.password;
+  o.ca_pem = c.etcd.ca_pem;
+  o.cert_pem = c.etcd.cert_pem;
+  o.key_pem = c.etcd.key_pem;
   auto client = ed::Client::Create(o);
   if (!client.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("etcd.endpoints: ", client.status().message()));

@@ -10,14 +10,23 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "cxlkv/orchestrator/etcd.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace cxlkv::orchestrator::etcd {
 
 namespace pb = ::etcdserverpb;
+
+// etcd authentication: the user's token, shared by every member's calls.
+struct AuthState {
+  std::string user, password;  // "" user: no authentication
+  absl::Mutex mu;
+  std::string token ABSL_GUARDED_BY(mu);
+};
 
 struct Client::Channels {
   struct Member {
@@ -27,9 +36,30 @@ struct Client::Channels {
     std::unique_ptr<pb::Lease::Stub> lease;
     std::unique_ptr<pb::Watch::Stub> watch;
     std::unique_ptr<pb::Maintenance::Stub> maintenance;
+    std::unique_ptr<pb::Auth::Stub> auth;
+    std::shared_ptr<AuthState> auth_state;
+    // Adds the user's token to a call (nothing without authentication).
+    void Authorize(grpc::ClientContext* ctx) const {
+      if (auth_state == nullptr || auth_state->user.empty()) return;
+      absl::MutexLock l(&auth_state->mu);
+      if (!auth_state->token.empty()) ctx->AddMetadata("token", auth_state->token);
+    }
   };
   std::vector<Member> members;
 };
+
+// Gets a new token for the user from `m` (Auth.Authenticate) by `deadline`. OK without
+// authentication.
+absl::Status Authenticate(const Client::Channels::Member& m,
+                          std::chrono::system_clock::time_point deadline);
+
+// etcd says the call's token is missing or no longer valid (expired, or etcd restarted with
+// simple tokens): worth authenticating again.
+inline bool AuthFailure(const grpc::Status& st) {
+  return st.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+         st.error_message().find("invalid auth token") != std::string::npos ||
+         st.error_message().find("user name is empty") != std::string::npos;
+}
 
 inline Header FromPb(const pb::ResponseHeader& h) {
   return Header{h.cluster_id(), h.member_id(), h.revision(), h.raft_term()};

@@ -139,6 +139,26 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   for (const std::string& e : options.endpoints) {
     if (auto st = ValidateEndpoint(e); !st.ok()) return st;
   }
+  if (options.ca_pem.empty() && (!options.cert_pem.empty() || !options.key_pem.empty())) {
+    return absl::InvalidArgumentError(
+        "etcd: a client certificate without the CA that signs the members' certificates: give "
+        "the CA too (TLS)");
+  }
+  if (options.cert_pem.empty() != options.key_pem.empty()) {
+    return absl::InvalidArgumentError(
+        "etcd: a client certificate needs both the certificate and its key");
+  }
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!options.ca_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.ca_pem;
+    ssl.pem_cert_chain = options.cert_pem;
+    ssl.pem_private_key = options.key_pem;
+    creds = grpc::SslCredentials(ssl);
+  }
+  auto auth = std::make_shared<AuthState>();
+  auth->user = options.user;
+  auth->password = options.password;
   std::unique_ptr<Client> c(new Client(options));
   for (const std::string& e : options.endpoints) {
     grpc::ChannelArguments args;
@@ -153,14 +173,42 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
     args.SetMaxReceiveMessageSize(64 << 20);
     Channels::Member m;
     m.endpoint = e;
-    m.channel = grpc::CreateCustomChannel(e, grpc::InsecureChannelCredentials(), args);
+    m.channel = grpc::CreateCustomChannel(e, creds, args);
     m.kv = pb::KV::NewStub(m.channel);
     m.lease = pb::Lease::NewStub(m.channel);
     m.watch = pb::Watch::NewStub(m.channel);
     m.maintenance = pb::Maintenance::NewStub(m.channel);
+    m.auth = pb::Auth::NewStub(m.channel);
+    m.auth_state = auth;
     c->ch_->members.push_back(std::move(m));
   }
   return c;
+}
+
+absl::Status Authenticate(const Client::Channels::Member& m,
+                          std::chrono::system_clock::time_point deadline) {
+  if (m.auth_state == nullptr || m.auth_state->user.empty()) return absl::OkStatus();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(deadline);
+  ctx.set_wait_for_ready(true);
+  pb::AuthenticateRequest req;
+  req.set_name(m.auth_state->user);
+  req.set_password(m.auth_state->password);
+  pb::AuthenticateResponse rep;
+  const grpc::Status st = m.auth->Authenticate(&ctx, req, &rep);
+  if (!st.ok()) {
+    absl::Status out = FromGrpc(st, m.endpoint, "Authenticate");
+    if (st.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+        st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(out.message(), " (as etcd user '", m.auth_state->user,
+                       "': check etcd.user and etcd.password_file, and that etcd has this user)"));
+    }
+    return out;
+  }
+  absl::MutexLock l(&m.auth_state->mu);
+  m.auth_state->token = rep.token();
+  return absl::OkStatus();
 }
 
 namespace {
@@ -182,13 +230,35 @@ absl::Status CallMembers(
     const std::size_t idx = (start + attempt) % n;
     const auto now = std::chrono::system_clock::now();
     if (now >= deadline) break;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::min(deadline, now + std::chrono::milliseconds(o.attempt_timeout_ms)));
-    // Waits through a connection being (re)made instead of failing at once, and keeps this
-    // thread polling gRPC meanwhile: with the synchronous API a connection's handshake makes
-    // progress only while some call waits on it. The attempt's deadline bounds the wait.
-    ctx.set_wait_for_ready(true);
-    const grpc::Status st = fn(ch.members[idx], &ctx);
+    const auto attempt_deadline =
+        std::min(deadline, now + std::chrono::milliseconds(o.attempt_timeout_ms));
+    const Client::Channels::Member& m = ch.members[idx];
+    grpc::Status st;
+    // With etcd authentication: a token first, and a new one when etcd refuses it.
+    for (int auth_try = 0; auth_try < 2; ++auth_try) {
+      if (!o.user.empty()) {
+        bool need = auth_try > 0;
+        {
+          absl::MutexLock l(&m.auth_state->mu);
+          need = need || m.auth_state->token.empty();
+        }
+        if (need) {
+          if (absl::Status a = Authenticate(m, attempt_deadline); !a.ok()) {
+            st = grpc::Status(static_cast<grpc::StatusCode>(a.code()), std::string(a.message()));
+            break;
+          }
+        }
+      }
+      grpc::ClientContext ctx;
+      ctx.set_deadline(attempt_deadline);
+      // Waits through a connection being (re)made instead of failing at once, and keeps this
+      // thread polling gRPC meanwhile: with the synchronous API a connection's handshake makes
+      // progress only while some call waits on it. The attempt's deadline bounds the wait.
+      ctx.set_wait_for_ready(true);
+      m.Authorize(&ctx);
+      st = fn(m, &ctx);
+      if (o.user.empty() || !AuthFailure(st)) break;
+    }
     if (st.ok()) {
       current->store(idx);
       return absl::OkStatus();
@@ -364,6 +434,20 @@ absl::StatusOr<std::unique_ptr<Watch>> Client::NewWatch(const std::string& key,
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) break;
+    if (!options_.user.empty()) {
+      bool need = false;
+      {
+        absl::MutexLock l(&ch_->members[idx].auth_state->mu);
+        need = ch_->members[idx].auth_state->token.empty();
+      }
+      if (need) {
+        last = Authenticate(ch_->members[idx], std::chrono::system_clock::now() + left);
+        if (!last.ok()) {
+          if (!absl::IsUnavailable(last) && !absl::IsDeadlineExceeded(last)) return last;
+          continue;
+        }
+      }
+    }
     auto w = OpenWatch(ch_->members[idx], create,
                        std::min(left, std::chrono::milliseconds(options_.attempt_timeout_ms)));
     if (w.ok()) {
@@ -387,6 +471,7 @@ absl::StatusOr<MemberStatus> Client::Status(std::size_t endpoint_index) {
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(options_.attempt_timeout_ms));
   ctx.set_wait_for_ready(true);  // as in CallMembers
+  m.Authorize(&ctx);
   pb::StatusRequest req;
   pb::StatusResponse rep;
   const grpc::Status st = m.maintenance->Status(&ctx, req, &rep);

@@ -17,6 +17,7 @@ class WatchStream final : public Watch {
  public:
   explicit WatchStream(const Client::Channels::Member& m) : endpoint_(m.endpoint), stub_(*m.watch) {
     ctx_.set_wait_for_ready(true);  // see CallMembers (client.cc)
+    m.Authorize(&ctx_);
   }
 
   ~WatchStream() override {

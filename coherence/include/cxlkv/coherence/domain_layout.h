@@ -94,7 +94,9 @@ static_assert(sizeof(DomainHeader) <= kOwnerClockOffset);
 // place of zero padding: domains formatted before it read as never elected, and readers that
 // do not know it never look at it, so kDomainVersion stays 1.
 struct alignas(64) OwnerFenceLine {
-  std::uint64_t epoch;        // the leader key's create revision in etcd; 0: never elected
+  // The term's epoch: above its leader key's create revision in etcd and above every epoch the
+  // domain recorded before (docs/ha.md "Election and epoch"); 0: never elected.
+  std::uint64_t epoch;
   std::uint64_t cluster_id;   // the etcd cluster that revision belongs to
   std::uint64_t batches;      // owner write batches under this epoch so far
   std::int64_t took_over_ms;  // the leader's clock when it wrote this epoch (diagnostics)
@@ -104,7 +106,11 @@ struct alignas(64) OwnerFenceLine {
   // (0: not known, lines written before it existed). A successor refuses a state older than
   // this: etcd restored from a backup or rebuilt (docs/ha.md).
   std::uint64_t state_gen;
-  std::uint8_t reserved[12];
+  // CRC32C of the etcd keys the leaders are elected under ("/cxlkv/v1/<cluster>/domains/
+  // <domain>"); 0: not known (lines written before it existed). A candidate elected under
+  // other keys (a wrong etcd.cluster/etcd.domain) refuses the domain.
+  std::uint32_t keys;
+  std::uint8_t reserved[8];
   std::uint32_t crc;
 };
 inline constexpr std::uint32_t kOwnerFenceVersion = 1;

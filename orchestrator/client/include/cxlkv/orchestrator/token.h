@@ -17,6 +17,12 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path, absl::string_
 // the token's contents.
 bool TokenMatches(absl::string_view presented, absl::string_view token);
 
+// The leader record's seal (docs/ha.md "Hosts following the leader"): HMAC-SHA256 with the
+// domain's token over the leader key's name, a newline and the record (a JSON object without
+// its "mac" field, as nlohmann::json dumps it: keys sorted), in lowercase hex.
+std::string LeaderRecordMac(absl::string_view token, absl::string_view key,
+                            absl::string_view record);
+
 // A small file's contents; errors name `what` and the path.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_view what);
 

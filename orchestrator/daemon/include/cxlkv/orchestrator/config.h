@@ -34,6 +34,13 @@ struct EtcdConfig {
                                          // its lease can expire
   std::string node;                      // this orchestrator's name; "" : hostname:pid
   std::uint32_t call_timeout_ms = 1000;  // one etcd call, failover to other members included
+  // etcd authentication: the user, and the file holding its password (read at load time into
+  // `password`). "" : none.
+  std::string user, password_file, password;
+  // TLS to etcd: the CA (PEM file) that signs the members' certificates, and optionally this
+  // orchestrator's client certificate and key; their contents are read at load time.
+  std::string ca_file, cert_file, key_file;
+  std::string ca_pem, cert_pem, key_pem;
   bool enabled() const { return !endpoints.empty(); }
 };
 

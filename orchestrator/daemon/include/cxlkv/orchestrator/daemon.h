@@ -128,10 +128,15 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string ReadOnlySinceLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "single", "leader", "read-only" or "standby".
   std::string RoleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The epoch this orchestrator leads (or serves read-only) at: the domain's epoch, which
+  // hosts compare and the fence line records (docs/ha.md "Election and epoch"); 0: none.
   std::int64_t epoch_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return epoch_; }
+  // The term's id in etcd (the leader key's create revision), which guards its etcd writes.
+  std::int64_t revision_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return revision_; }
   // The leader as etcd names it ("" : none known, or no [etcd]).
   std::string LeaderLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The leader's epoch as etcd names it (0: none known, or no [etcd]).
+  // The leader's term as etcd numbers it: its leader key's create revision (0: none known, or
+  // no [etcd]). Not the domain's epoch (epoch_locked), which may be higher.
   std::int64_t LeaderEpochLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Before a batch of owner writes: true without [etcd]; with it, only while this
   // orchestrator leads, its write deadline has not passed, and the domain's fence line still
@@ -169,6 +174,11 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // was released (by its leader, its agent, or an operator through etcd), or the write
   // deadline passes (kAborted), or Stop.
   absl::Status AwaitRelease(const LeaderTerm& t);
+  // HA, after AwaitRelease: the epoch of the term etcd numbered t: above t's revision and
+  // above every epoch the domain's fence and release lines record.
+  absl::StatusOr<std::int64_t> DomainEpoch(const LeaderTerm& t);
+  // HA: the fence line's `keys`: CRC32C of the etcd keys this orchestrator is elected under.
+  std::uint32_t KeysHash() const;
   // HA, once this orchestrator stopped storing to the domain for its term: writes the domain
   // back from this machine and writes the release line (ReleaseTerm), once per term.
   void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -191,6 +201,7 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   double last_takeover_unix_s_ ABSL_GUARDED_BY(mu_) = 0;  // metrics: the last takeover
   double last_takeover_s_ ABSL_GUARDED_BY(mu_) = 0;       // its length (elected -> serving)
   std::int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::int64_t revision_ ABSL_GUARDED_BY(mu_) = 0;  // etcd's id of the term (revision_locked)
   // The fence line as this leader last wrote it.
   std::uint64_t fence_violations_ ABSL_GUARDED_BY(mu_) = 0;
 

@@ -145,6 +145,13 @@ struct ClientOptions {
   std::uint32_t call_timeout_ms = 2000;
   // One attempt on one endpoint: an endpoint that hangs (a stopped member) is left after this.
   std::uint32_t attempt_timeout_ms = 700;
+  // etcd authentication (`etcdctl auth enable`): with a user, the client gets a token from
+  // Auth.Authenticate and sends it with every call ("token" metadata), authenticating again
+  // when etcd says it is no longer valid. "" : no authentication.
+  std::string user, password;
+  // TLS to the members: the CA's certificates (PEM) that sign theirs; with cert_pem and
+  // key_pem also a client certificate (etcd's --client-cert-auth). "" : plaintext.
+  std::string ca_pem, cert_pem, key_pem;
 };
 
 class Watch;
