@@ -1026,7 +1026,7 @@ absl::Status Orchestrator::Start() {
     HaSession::Hooks hooks;
     hooks.take_over = [this](const LeaderTerm& t) {
       absl::Status st = TakeOver(t);
-      if (st.ok() && lmcache_ != nullptr) LeadLmcache(t.epoch);
+      if (st.ok() && lmcache_ != nullptr) LeadLmcache(t.revision);
       return st;
     };
     hooks.step_down = [this](const std::string& why) {
@@ -1633,11 +1633,19 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
   return absl::OkStatus();
 }
 
-void Orchestrator::LeadLmcache(std::int64_t epoch) {
+void Orchestrator::LeadLmcache(std::int64_t revision) {
   // The coordinator's state is in etcd beside the domain's (orchestrator/lmcache/); an error
   // leaves it answering 503 with the reason while the domain is led as usual.
-  auto store = coordinator::EtcdStateStore(
-      {config_.etcd.endpoints, ha_->where(), config_.etcd.call_timeout_ms}, epoch);
+  coordinator::EtcdPlace place;
+  place.endpoints = config_.etcd.endpoints;
+  place.domain_key = ha_->where();
+  place.call_timeout_ms = config_.etcd.call_timeout_ms;
+  place.user = config_.etcd.user;
+  place.password = config_.etcd.password;
+  place.ca_pem = config_.etcd.ca_pem;
+  place.cert_pem = config_.etcd.cert_pem;
+  place.key_pem = config_.etcd.key_pem;
+  auto store = coordinator::EtcdStateStore(place, revision);
   if (!store.ok()) {
     std::fprintf(stderr, "cxlkv-orchestrator: lmcache: %s\n",
                  std::string(store.status().message()).c_str());

@@ -88,6 +88,11 @@ absl::StatusOr<std::unique_ptr<StateStore>> EtcdStateStore(const EtcdPlace& plac
   o.endpoints = place.endpoints;
   o.call_timeout_ms = place.call_timeout_ms;
   o.attempt_timeout_ms = std::min<std::uint32_t>(o.attempt_timeout_ms, place.call_timeout_ms);
+  o.user = place.user;
+  o.password = place.password;
+  o.ca_pem = place.ca_pem;
+  o.cert_pem = place.cert_pem;
+  o.key_pem = place.key_pem;
   auto client = ed::Client::Create(o);
   if (!client.ok()) return client.status();
   return std::unique_ptr<StateStore>(new EtcdStore(*std::move(client), place, epoch));

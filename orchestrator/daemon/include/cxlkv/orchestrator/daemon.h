@@ -168,7 +168,7 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   absl::Status TakeOver(const LeaderTerm& t);
   void StepDown(const std::string& why);
   // [lmcache] with [etcd]: the coordinator serves from etcd's state while this one leads.
-  void LeadLmcache(std::int64_t epoch);
+  void LeadLmcache(std::int64_t revision);
   void EndReadOnlyLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // HA, before the takeover's first store: waits until the term the domain's fence line names
   // was released (by its leader, its agent, or an operator through etcd), or the write

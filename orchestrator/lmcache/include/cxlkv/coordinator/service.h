@@ -54,6 +54,8 @@ struct EtcdPlace {
   std::vector<std::string> endpoints;  // the [etcd] section's
   std::string domain_key;              // "/cxlkv/v1/<cluster>/domains/<domain>"
   std::uint32_t call_timeout_ms = 1000;
+  // etcd authentication and TLS, as the [etcd] section resolved them ("" : none).
+  std::string user, password, ca_pem, cert_pem, key_pem;
 };
 
 // The coordinator's state in etcd for the leader of `epoch` (the leader key's create
