@@ -445,7 +445,7 @@ int EnvSeeds(int fallback) {
 }
 
 // Short (CI): without the old machine's write-back every seed is caught (each run stops at
-// its first violation: seeds 1-5 by step 6646, seeds 1-10 by step 11175); with it, none.
+// its first violation: seeds 1-5 by step 7,033, seeds 1-10 by step 7,591); with it, none.
 // CXLKV_SIM_STEPS and CXLKV_HA_SEEDS run the release's arm longer (docs/ha.md: 10^6 steps
 // × 5 seeds); CXLKV_HA_BUG_STEPS bounds the other arm.
 TEST(PrefixFault, HaTakeoverWithoutTheWriteBackIsCaughtOnEverySeed) {
