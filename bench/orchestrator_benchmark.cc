@@ -529,7 +529,7 @@ class BenchGate final : public orch::WriteGate {
 
 // OwnerBed with its owner reopened over the HA path (checks) or left bare.
 struct HaBed {
-  HaBed(std::uint32_t entries, bool checks) : bed(entries), checks(checks) {
+  HaBed(std::uint32_t entries, bool with_checks) : bed(entries), checks(with_checks) {
     if (!checks) return;
     fenced = std::make_unique<orch::FencedMem>(*bed.mems[0], gate);
     bed.owner.reset();
