@@ -2187,13 +2187,10 @@ class LeaseProbe {
 // Issue #29, measured: the fraction of a host's prefix-lease attempts (one every 5 ms, of a
 // published block, through CXL alone) served during a kill -9 fail-over of the leader and
 // during an etcd outage (two of three members stopped for 6 s). A measurement, not a check
-// of a target: skipped unless CXLKV_HA_MEASURE=1 (bench/RESULTS.md has the command and the
-// figures). Each window runs from the failure until a leader serves again (a Join answered)
+// of a target: DISABLED_, run by hand with --gtest_also_run_disabled_tests (bench/RESULTS.md
+// has the command and the figures). Each window runs from the failure until a leader serves again (a Join answered)
 // plus 1 s; the gap is from the first refused attempt to the next granted one.
-TEST_F(HaTest, LeaseAttemptsServedDuringFailoverAndEtcdOutage) {
-  if (std::getenv("CXLKV_HA_MEASURE") == nullptr) {
-    GTEST_SKIP() << "a measurement: set CXLKV_HA_MEASURE=1 (bench/RESULTS.md)";
-  }
+TEST_F(HaTest, DISABLED_LeaseAttemptsServedDuringFailoverAndEtcdOutage) {
   // host_ttl 2 s, the daemon's default: a prefix lease needs a heartbeat the owner
   // acknowledged less than host_ttl − margin (1.5 s) ago.
   HaOrchestrator a(d_, *etcd_, "a", 3, 2000), b(d_, *etcd_, "b", 3, 2000);
@@ -2286,13 +2283,10 @@ std::int64_t BootNs() {
 // only then does the successor write. The fence line never goes back to the old epoch, no
 // batch of the old epoch follows the successor's first store, and no extent is lent twice.
 // The in-process AResumedLeaderWithFrozenClocksStoresNothingAfterItsSuccessor checks the
-// logic deterministically; this runs the real processes (stress label:
-// orchestrator_ha_frozen_processes, CXLKV_HA_FROZEN_PROCESSES=1; skipped otherwise).
-TEST_F(HaTest, AResumedLeaderProcessWithClocksSetBackStoresNothingAfterItsSuccessor) {
-  if (std::getenv("CXLKV_HA_FROZEN_PROCESSES") == nullptr) {
-    GTEST_SKIP() << "stress only: set CXLKV_HA_FROZEN_PROCESSES=1 (ctest -L stress runs it as "
-                    "orchestrator_ha_frozen_processes)";
-  }
+// logic deterministically; this runs the real processes, under the stress label only
+// (orchestrator_ha_frozen_processes: DISABLED_ here, so that the rpc label's run does not
+// start an etcd cluster for it; --gtest_also_run_disabled_tests runs it).
+TEST_F(HaTest, DISABLED_AResumedLeaderProcessWithClocksSetBackStoresNothingAfterItsSuccessor) {
   char tmpl[] = "/tmp/cxlkv-ha-shift-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string shift_file = std::string(tmpl) + "/shift";
