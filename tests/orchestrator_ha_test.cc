@@ -2188,8 +2188,9 @@ class LeaseProbe {
 // published block, through CXL alone) served during a kill -9 fail-over of the leader and
 // during an etcd outage (two of three members stopped for 6 s). A measurement, not a check
 // of a target: DISABLED_, run by hand with --gtest_also_run_disabled_tests (bench/RESULTS.md
-// has the command and the figures). Each window runs from the failure until a leader serves again (a Join answered)
-// plus 1 s; the gap is from the first refused attempt to the next granted one.
+// has the command and the figures). Each window runs from the failure until a leader serves
+// again (a Join answered) plus 1 s; the gap is from the first refused attempt to the next
+// granted one.
 TEST_F(HaTest, DISABLED_LeaseAttemptsServedDuringFailoverAndEtcdOutage) {
   // host_ttl 2 s, the daemon's default: a prefix lease needs a heartbeat the owner
   // acknowledged less than host_ttl − margin (1.5 s) ago.
