@@ -19,6 +19,15 @@
 //                           CRC), what EndBatchLocked added to every owner batch (issue #29)
 //   BM_ReleaseTerm/MiB:N    HA: the release at a step-down or by the agent: the domain range
 //                           written back (clwb), then the release line
+//   BM_HaOwnerBatch/checks:C/publishes:P   one owner batch applying P publishes (2^20
+//                           entries, 60 % full), with the HA checks as the leader runs them
+//                           (C = 1: every store through FencedMem asking the election's gate
+//                           — an epoch load, the sticky bit, a CLOCK_BOOTTIME reading against
+//                           the deadline — and the fence line read and rewritten per batch)
+//                           or without any (C = 0: the owner alone), in one run
+//   BM_HostAcquire/checks:C a host's lookup + lease + release of a published block on the
+//                           same domain, the owner with (C = 1) or without (C = 0) the checks:
+//                           the host's path has none (the control)
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -499,9 +508,119 @@ void BM_ReleaseTerm(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
 }
 
+// The election's gate as LeaderElection::WriteAllowed asks it (election.cc): a term (epoch),
+// the sticky closed bit, the deadline on CLOCK_BOOTTIME. Always open here (a far deadline).
+class BenchGate final : public orch::WriteGate {
+ public:
+  bool WriteAllowed() const override {
+    if (epoch_.load(std::memory_order_acquire) == 0) return false;
+    if (closed_.load(std::memory_order_acquire)) return false;
+    if (clock_.NowMs() < valid_until_.load(std::memory_order_acquire)) return true;
+    closed_.store(true, std::memory_order_release);
+    return false;
+  }
+
+ private:
+  mutable co::SteadyClock clock_;
+  std::atomic<std::int64_t> epoch_{7};
+  std::atomic<std::int64_t> valid_until_{std::int64_t{1} << 62};
+  mutable std::atomic<bool> closed_{false};
+};
+
+// OwnerBed with its owner reopened over the HA path (checks) or left bare.
+struct HaBed {
+  HaBed(std::uint32_t entries, bool with_checks) : bed(entries), checks(with_checks) {
+    if (!checks) return;
+    fenced = std::make_unique<orch::FencedMem>(*bed.mems[0], gate);
+    bed.owner.reset();
+    bed.owner = std::move(*co::PrefixOwner::Open(*fenced, bed.clock));
+    line.epoch = 7;
+    orch::WriteFenceLine(*fenced, line);
+  }
+  ~HaBed() { bed.owner.reset(); }  // before the fenced Mem it stores through
+  // One batch as Orchestrator's owner loop runs it: with the checks, the gate and the fence
+  // line before (OwnerBatchMayRunLocked) and the line read then rewritten after
+  // (EndBatchLocked).
+  void Batch() {
+    if (checks) {
+      co::OwnerFenceLine now{};
+      if (!gate.WriteAllowed() || !orch::ReadFenceLine(*fenced, &now) || now.epoch != 7) {
+        std::abort();
+      }
+    }
+    bed.owner->Step();
+    if (checks) {
+      co::OwnerFenceLine now{};
+      if (!orch::ReadFenceLine(*fenced, &now) || now.epoch != 7) std::abort();
+      ++line.batches;
+      orch::WriteFenceLine(*fenced, line);
+    }
+  }
+  OwnerBed bed;
+  const bool checks;
+  BenchGate gate;
+  std::unique_ptr<orch::FencedMem> fenced;
+  co::OwnerFenceLine line{};
+};
+
+void BM_HaOwnerBatch(benchmark::State& state) {
+  HaBed ha(1u << 20, state.range(0) != 0);
+  const auto publishes = static_cast<std::uint32_t>(state.range(1));
+  co::PrefixHost& host = *ha.bed.hosts[0];
+  std::vector<co::BlockRef> back;
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::vector<co::PrefixKey> keys;
+    for (std::uint32_t p = 0; p < publishes; ++p) {
+      const std::uint32_t token = ha.bed.next++;
+      keys.push_back(ha.bed.Key(token));
+      if (!host.Publish(ha.bed.ns, keys.back(), co::PrefixKey{}, OwnerBed::Ref(0, token)).ok()) {
+        state.SkipWithError("publish refused (ring full)");
+        return;
+      }
+    }
+    state.ResumeTiming();
+    ha.Batch();
+    state.PauseTiming();
+    for (const co::PrefixKey& k : keys) (void)ha.bed.owner->RetireKey(ha.bed.ns, k);
+    if (publishes != 0) {  // keep the index at its fill: reclaim, take the returns
+      ha.bed.clock.now += 20;
+      ha.bed.owner->Reclaim();
+      back.clear();
+      (void)host.Heartbeat(&back);
+      (void)host.Heartbeat(nullptr);
+    }
+    state.ResumeTiming();
+  }
+  state.counters["stores_dropped"] =
+      ha.fenced != nullptr ? static_cast<double>(ha.fenced->dropped()) : 0.0;
+}
+
+void BM_HostAcquire(benchmark::State& state) {
+  HaBed ha(1u << 20, state.range(0) != 0);
+  co::PrefixHost& host = *ha.bed.hosts[1];
+  const co::PrefixKey key = ha.bed.Key(0);  // published by OwnerBed
+  for (auto _ : state) {
+    auto lease = host.LookupAndAcquire(ha.bed.ns, key);
+    if (!lease.ok()) {
+      state.SkipWithError("no lease");
+      break;
+    }
+    host.Release(*lease);
+  }
+}
+
 }  // namespace
 
 BENCHMARK(BM_FenceLineCheck)->Unit(benchmark::kNanosecond);
+BENCHMARK(BM_HaOwnerBatch)
+    ->ArgNames({"checks", "publishes"})
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({0, 16})
+    ->Args({1, 16})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_HostAcquire)->ArgName("checks")->Arg(0)->Arg(1)->Unit(benchmark::kNanosecond);
 BENCHMARK(BM_ReleaseTerm)->ArgName("MiB")->Arg(4)->Arg(64)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ReclaimLatency)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(20);
 BENCHMARK(BM_Join)->Unit(benchmark::kMicrosecond)->UseRealTime();

@@ -157,7 +157,13 @@ class HaOrchestrator {
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    const int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+    // The test's environment, and `env` (NAME=VALUE) on top of it.
+    std::vector<std::string> env_strings = env;
+    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+    std::vector<char*> envp;
+    for (std::string& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    const int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&fa);
     EXPECT_EQ(rc, 0);
     if (rc != 0) return false;
@@ -223,6 +229,7 @@ class HaOrchestrator {
   }
 
   std::string dir, socket, log;
+  std::vector<std::string> env;  // NAME=VALUE added to the test's environment
   std::string netns;     // run in this network namespace ("" : the test's)
   std::string hostname;  // run under this host name (a UTS namespace; "" : the test's)
   pid_t pid = -1;
@@ -2636,6 +2643,260 @@ int Sh(const std::string& cmd, std::string* out = nullptr) {
   const int rc = ::pclose(p);
   if (out != nullptr) *out = text;
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// Prefix-lease attempts of a CXL host, counted per 100 ms from a start time, by a thread
+// that also heartbeats the host through CXL every 100 ms (what a serving host does).
+class LeaseProbe {
+ public:
+  LeaseProbe(CxlHost& host, const co::PrefixKey& key) : host_(host), key_(key) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~LeaseProbe() { Stop(); }
+  void Stop() {
+    if (!stop_.exchange(true)) thread_.join();
+  }
+  // Attempts and leases granted with times in [from, to) (ms, NowMs()).
+  std::pair<std::uint64_t, std::uint64_t> Count(std::int64_t from, std::int64_t to) {
+    absl::MutexLock l(&mu_);
+    std::uint64_t tried = 0, served = 0;
+    for (const auto& [at, ok] : attempts_) {
+      if (at < from || at >= to) continue;
+      ++tried;
+      served += ok ? 1 : 0;
+    }
+    return {tried, served};
+  }
+  // The first refused attempt at or after `from`, and the first granted one after that (-1:
+  // none).
+  std::pair<std::int64_t, std::int64_t> Gap(std::int64_t from) {
+    absl::MutexLock l(&mu_);
+    std::int64_t refused = -1, back = -1;
+    for (const auto& [at, ok] : attempts_) {
+      if (at < from) continue;
+      if (refused < 0 && !ok) refused = at;
+      if (refused >= 0 && ok) {
+        back = at;
+        break;
+      }
+    }
+    return {refused, back};
+  }
+
+ private:
+  void Run() {
+    std::int64_t next_beat = 0;
+    while (!stop_.load()) {
+      const std::int64_t now = NowMs();
+      if (now >= next_beat) {
+        (void)host_->Heartbeat(nullptr);
+        next_beat = now + 100;
+      }
+      const bool ok = host_.AcquireAndRelease(key_).ok();
+      {
+        absl::MutexLock l(&mu_);
+        attempts_.emplace_back(now, ok);
+      }
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  }
+  CxlHost& host_;
+  const co::PrefixKey key_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  absl::Mutex mu_;
+  std::vector<std::pair<std::int64_t, bool>> attempts_ ABSL_GUARDED_BY(mu_);
+};
+
+// Issue #29, measured: the fraction of a host's prefix-lease attempts (one every 5 ms, of a
+// published block, through CXL alone) served during a kill -9 fail-over of the leader and
+// during an etcd outage (two of three members stopped for 6 s). A measurement, not a check
+// of a target: DISABLED_, run by hand with --gtest_also_run_disabled_tests (bench/RESULTS.md
+// has the command and the figures). Each window runs from the failure until a leader serves
+// again (a Join answered) plus 1 s; the gap is from the first refused attempt to the next
+// granted one.
+TEST_F(HaTest, DISABLED_LeaseAttemptsServedDuringFailoverAndEtcdOutage) {
+  // host_ttl 2 s, the daemon's default: a prefix lease needs a heartbeat the owner
+  // acknowledged less than host_ttl − margin (1.5 s) ago.
+  HaOrchestrator a(d_, *etcd_, "a", 3, 2000), b(d_, *etcd_, "b", 3, 2000);
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
+  CxlHost host(d_.domain);
+  const co::PrefixKey key = host.Key({4, 5, 6});
+  ASSERT_TRUE(host.PublishAndWait(key, TestRef(7, 3)));
+  LeaseProbe probe(host, key);
+  std::this_thread::sleep_for(milliseconds(1000));
+  const auto before = probe.Count(NowMs() - 1000, NowMs());
+  auto report = [&](const char* what, std::int64_t t0, std::int64_t served_again) {
+    const auto [tried, served] = probe.Count(t0, served_again + 1000);
+    const auto [refused, back] = probe.Gap(t0);
+    std::printf(
+        "%s: %llu of %llu lease attempts served (%.1f %%) from the failure until 1 s after a "
+        "leader served again (%lld ms); first refusal %lld ms in, leases back %lld ms in\n",
+        what, static_cast<unsigned long long>(served), static_cast<unsigned long long>(tried),
+        tried == 0 ? 0.0 : 100.0 * static_cast<double>(served) / static_cast<double>(tried),
+        static_cast<long long>(served_again - t0),
+        static_cast<long long>(refused < 0 ? -1 : refused - t0),
+        static_cast<long long>(back < 0 ? -1 : back - t0));
+  };
+  std::printf("before: %llu of %llu attempts served in 1 s\n",
+              static_cast<unsigned long long>(before.second),
+              static_cast<unsigned long long>(before.first));
+  EXPECT_EQ(before.first, before.second);
+
+  // kill -9 of the leader.
+  const std::int64_t killed = NowMs();
+  a.Kill(SIGKILL);
+  std::uint64_t inc1 = 0;
+  ASSERT_TRUE(Eventually([&] { return HostCalls::Join(b, 1, &inc1).ok(); }, milliseconds(15000)));
+  const std::int64_t b_serves = NowMs();
+  std::this_thread::sleep_for(milliseconds(1500));
+  report("kill -9 of the leader", killed, b_serves);
+
+  // etcd outage: two of three members stopped for 6 s.
+  const int l = etcd_->LeaderIndex();
+  ASSERT_GE(l, 0);
+  const int f = (l + 1) % 3;
+  const std::int64_t paused = NowMs();
+  etcd_->Pause(l);
+  etcd_->Pause(f);
+  std::this_thread::sleep_for(milliseconds(6000));
+  etcd_->Resume(l);
+  etcd_->Resume(f);
+  std::uint64_t inc3 = 0;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        HaOrchestrator* leader = Leader({&b, &a});
+        return leader != nullptr && HostCalls::Join(*leader, 3, &inc3).ok();
+      },
+      milliseconds(20000)));
+  const std::int64_t serves_again = NowMs();
+  std::this_thread::sleep_for(milliseconds(1500));
+  probe.Stop();
+  report("etcd outage (6 s, quorum lost)", paused, serves_again);
+}
+
+// The process ids whose parent is `parent` (from /proc).
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    // /proc/PID/stat: pid (comm) state ppid ...; comm may hold spaces: parse after ')'.
+    const std::string stat = ReadFile("/proc/" + name + "/stat");
+    const std::size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 1));
+    std::string state;
+    long ppid = 0;
+    if (fields >> state >> ppid && ppid == parent) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+std::int64_t BootNs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_BOOTTIME, &ts);
+  return std::int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+// Audit-ha #1 with real processes (issue #29): the leader's "VM" stops — the orchestrator and
+// its write-back agent, SIGSTOP — for longer than the TTL, and on resume their CLOCK_BOOTTIME
+// is set back by the length of the stop (tests/ha/clock_shim.c, LD_PRELOAD), as a stopped
+// VM's guest reads it. The standby is elected meanwhile and must wait: the resumed leader's
+// gate is open by its own clock (its agent sees no deadline passed either), it may run more
+// batches, learns from its next keep-alive that its lease is gone, steps down and releases;
+// only then does the successor write. The fence line never goes back to the old epoch, no
+// batch of the old epoch follows the successor's first store, and no extent is lent twice.
+// The in-process AResumedLeaderWithFrozenClocksStoresNothingAfterItsSuccessor checks the
+// logic deterministically; this runs the real processes, under the stress label only
+// (orchestrator_ha_frozen_processes: DISABLED_ here, so that the rpc label's run does not
+// start an etcd cluster for it; --gtest_also_run_disabled_tests runs it).
+TEST_F(HaTest, DISABLED_AResumedLeaderProcessWithClocksSetBackStoresNothingAfterItsSuccessor) {
+  char tmpl[] = "/tmp/cxlkv-ha-shift-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string shift_file = std::string(tmpl) + "/shift";
+  {
+    const std::int64_t zero = 0;
+    std::ofstream(shift_file, std::ios::binary).write(reinterpret_cast<const char*>(&zero), 8);
+  }
+  HaOrchestrator a(d_, *etcd_, "a"), b(d_, *etcd_, "b");
+  a.env = {"LD_PRELOAD=" CXLKV_CLOCK_SHIM_SO, "CXLKV_TEST_CLOCK_SHIFT=" + shift_file};
+  ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
+  FenceAudit audit(d_.domain);
+  std::map<std::uint32_t, std::set<std::uint32_t>> granted;
+  std::uint64_t inc0 = 0;
+  ASSERT_TRUE(HostCalls::JoinAndGrow(a, 0, 2, &inc0, &granted[0]));
+  const auto epoch_a = static_cast<std::uint64_t>(a.Status().epoch());
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto s = audit.samples();
+        return !s.empty() && s.back().epoch == epoch_a && s.back().batches > 5;
+      },
+      milliseconds(3000)));
+  const std::vector<pid_t> agent = ChildrenOf(a.pid);
+  ASSERT_EQ(agent.size(), 1u) << "a's write-back agent not found";
+
+  // The VM stops: the orchestrator and its agent.
+  const std::int64_t stopped_ns = BootNs();
+  ::kill(a.pid, SIGSTOP);
+  ::kill(agent[0], SIGSTOP);
+  auto etcd = etcd_->NewClient();
+  auto leader_epoch = [&]() -> std::int64_t {
+    auto key = etcd->Get("/cxlkv/v1/default/domains/hatest/leader");
+    return key.ok() && !key->kvs.empty() ? key->kvs[0].create_revision : 0;
+  };
+  ASSERT_TRUE(Eventually([&] { return leader_epoch() > static_cast<std::int64_t>(epoch_a); },
+                         milliseconds(15000)))
+      << "b was not elected while a was stopped";
+  const auto epoch_b = static_cast<std::uint64_t>(leader_epoch());
+  std::this_thread::sleep_for(milliseconds(700));
+  EXPECT_EQ(audit.LastEpoch(), epoch_a) << "b wrote the domain while a's term was not released";
+  EXPECT_NE(b.Role(), "leader");
+
+  // The VM resumes: its BOOTTIME does not count the stop.
+  const std::int64_t stop_ns = BootNs() - stopped_ns;
+  {
+    const int fd = ::open(shift_file.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, &stop_ns, sizeof(stop_ns), 0), static_cast<ssize_t>(sizeof(stop_ns)));
+    ::close(fd);
+  }
+  const std::int64_t resumed = NowMs();
+  ::kill(agent[0], SIGCONT);
+  ::kill(a.pid, SIGCONT);
+  ASSERT_TRUE(Eventually([&] { return b.Role() == "leader"; }, milliseconds(10000)))
+      << "b did not take over once a released its term";
+  ASSERT_TRUE(Eventually([&] { return audit.LastEpoch() == epoch_b; }, milliseconds(2000)));
+  std::this_thread::sleep_for(milliseconds(500));
+  EXPECT_EQ(audit.Regression(), 0u) << "the resumed leader wrote its old epoch after b's";
+  const std::int64_t released = audit.FirstReleasedMs(epoch_a),
+                     b_wrote = audit.FirstWrittenMs(epoch_b);
+  EXPECT_GE(released, resumed) << "a's term was released before the VM resumed";
+  EXPECT_LE(released, b_wrote) << "b wrote the domain before a's term was released";
+  EXPECT_EQ(audit.BatchesAfter(epoch_a, b_wrote), 0u) << "a batch of the old epoch after b's";
+  EXPECT_EQ(audit.LastEpoch(), epoch_b);
+  // a resumed with its gate open by its own clock (the stop was not counted), so it learned
+  // of the end of its term from etcd, not from its deadline, and its agent did not end it.
+  const std::string alog = ReadFile(a.log);
+  EXPECT_NE(
+      alog.find(absl::StrCat("stepped down from epoch ", epoch_a, ": the session lease was lost")),
+      std::string::npos)
+      << "a did not resume with its clocks set back (its gate should have been open):\n"
+      << alog;
+  EXPECT_EQ(alog.find("stopped past its write deadline"), std::string::npos) << alog;
+  EXPECT_EQ(alog.find("fenced on this host's clock"), std::string::npos) << alog;
+  std::printf(
+      "stopped %lld ms; a released epoch %llu %lld ms after the resume; b (epoch %llu) wrote "
+      "%lld ms after that\n",
+      static_cast<long long>(stop_ns / 1000000), static_cast<unsigned long long>(epoch_a),
+      static_cast<long long>(released - resumed), static_cast<unsigned long long>(epoch_b),
+      static_cast<long long>(b_wrote - released));
+  // The host follows to b; grants there; nothing lent twice.
+  std::uint64_t inc1 = 0;
+  ASSERT_TRUE(HostCalls::JoinAndGrow(b, 1, 2, &inc1, &granted[1]));
+  ExpectNoExtentLentTwice(b, granted);
+  const std::string cmd = std::string("rm -rf ") + tmpl;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // A network namespace joined to the test's by a veth pair: etcd listens on the test's end, an

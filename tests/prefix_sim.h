@@ -73,6 +73,28 @@ class PrefixSimulation {
     // answer is a violation.
     std::function<std::string(Mem& old_machine, Mem& new_machine, std::uint64_t domain_len)>
         failover_release;
+    // Orchestrator HA's fail-over (docs/ha.md, "The fence"; with owner_failover): the owner
+    // holds a term whose session lease lasts owner_term_ms of global time from its last
+    // keep-alive (one at the start of each owner step, unless the lease is gone), and a
+    // write deadline on the owner's own clock of the keep-alive's reading + owner_term_ms −
+    // owner_term_ms / 4 (the election's margin). The write gate is the election's: open until
+    // the deadline, closed for the rest of the term once found passed (sticky).
+    // owner_mem wraps the owner machine's view for each term with that gate (orchestrator
+    // HA's FencedMem): every store of the owner goes through it. An owner whose gate closed
+    // (a stall, a stop) or whose lease is gone steps down at its next step: the term ends
+    // (failover_release runs with the old machine still alive) and a successor takes over on
+    // another machine.
+    std::uint32_t owner_term_ms = 0;  // 0: no election, no gate
+    std::function<std::unique_ptr<Mem>(Mem& machine, std::function<bool()> write_allowed)>
+        owner_mem;
+    // Stops of the owner process (with owner_term_ms), at any of its stores, with this chance
+    // per 100,000: it stands still until its session lease is gone (hosts act meanwhile),
+    // then one of three, at random: its write-back agent ends it (SIGKILL of a process
+    // stopped past its deadline: a crash there); it resumes with its clock having counted the
+    // stop (SIGSTOP: the gate drops its remaining stores); or it resumes with its clock
+    // frozen across the stop (a VM stop: the gate still open, it finishes its batch, the
+    // successor still waiting for its release). The last two step down at the next step.
+    std::uint32_t owner_stop_per_100k = 0;
     // Suspends: a pausing host (or the owner) has its clock frozen; on resume the clock jumps
     // by the frozen span (CLOCK_BOOTTIME) — or, with freeze_loses_time, does not
     // (CLOCK_MONOTONIC across S3, kvmclock across a VM stop: audit #6). Clock rates change
@@ -130,6 +152,11 @@ class PrefixSimulation {
     std::uint64_t giveaways = 0;
     std::uint64_t extents_reused = 0;  // handed out again after a give-away
     std::uint64_t copies_checked = 0;  // block data compared after a validated copy
+    // Orchestrator HA (owner_term_ms):
+    std::uint64_t owner_stops = 0;           // stops (owner_stop_per_100k)
+    std::uint64_t owner_step_downs = 0;      // terms ended by the gate or a lost lease
+    std::uint64_t owner_stores_dropped = 0;  // stores the fenced Mem refused (gate closed)
+    std::uint64_t failovers = 0;             // new owners on another machine
   };
 
   explicit PrefixSimulation(const Config& c)
@@ -141,11 +168,25 @@ class PrefixSimulation {
     owner_clock_ = std::make_unique<SimClock>(&now_, 1000, 1.0);
     if (!FormatDomain(*owner_view_, c.geometry).ok()) Violation("format failed");
     media_.Settle();
-    owner_ = std::move(*PrefixOwner::Open(*owner_view_, *owner_clock_));
+    if (c.owner_term_ms != 0) StartTerm();  // the first leader: its gate guards the owner
+    owner_ = std::move(*PrefixOwner::Open(OwnerMem(), *owner_clock_));
     header_ = owner_->header();
     const std::uint32_t owner_actor = c.hosts;
     HookOwnerView();
     owner_clock_->set_on_read([this, owner_actor] { Preempt(owner_actor); });
+    if (c.owner_failover) {
+      // The fail-over's safety in one check: a line the old owner's machine still held dirty
+      // must not reach memory once a successor on another machine opened the domain (that
+      // successor no longer reads what its predecessor wrote; it trusts what it wrote itself).
+      media_.set_on_late_land([this](const SimMemory::HostView& v, std::uint64_t off) {
+        for (const auto& r : retired_owner_views_) {
+          if (r.get() != &v) continue;
+          Violation("a line the old owner's machine held dirty (offset " + std::to_string(off) +
+                    ", " + Region(off) + ") reached memory after its successor took over " +
+                    "(the old machine's cache was not written back before the takeover)");
+        }
+      });
+    }
     namespaces_ = {MakeNamespace("tenant-a", "llama3-70b", "L=80"),
                    MakeNamespace("tenant-b", "llama3-70b", "L=80")};
     extents_.resize(std::size_t{2} * c.hosts);
@@ -215,6 +256,7 @@ class PrefixSimulation {
       Advance(5);
       media_.Tick();
       RevokeQueued();
+      RenewTerm();
       owner_->Step();
       for (std::uint32_t h = 0; h < c_.hosts; ++h) {
         if (!hosts_[h].down) HeartbeatOp(h);
@@ -236,6 +278,7 @@ class PrefixSimulation {
       }
     }
     for (std::uint32_t h = 0; h < c_.hosts; ++h) Crash(h);
+    RenewTerm();
     for (const auto& [ns, keys] : published_keys_) {
       for (const auto& [lo, hi] : keys) (void)owner_->RetireKey(ns, PrefixKey{lo, hi});
     }
@@ -245,6 +288,7 @@ class PrefixSimulation {
       Advance(5);
       media_.Tick();
       RevokeQueued();
+      RenewTerm();
       owner_->Step();
       // Halfway, the hosts are gone for good: the orchestrator takes their extents back and
       // revokes the arenas, so entries waiting for room in a dead publisher's full return
@@ -384,7 +428,9 @@ class PrefixSimulation {
   struct BlockTruth {
     bool in_domain = false;         // published (persisted, request posted) and not handed back yet
     bool persisted = false;         // its publisher committed it (else a crash freed it at restart)
-    bool dup_ok = false;            // handed back before an owner crash: may come back once more
+    // Handed back before owner crashes: may come back once more per crash (owners that die
+    // one after another before the return's tombstone lands each return it again).
+    std::uint32_t dups_ok = 0;
     std::uint64_t incarnation = 0;  // of its publisher when it published it
     bool returned_to_later_incarnation = false;
   };
@@ -516,6 +562,13 @@ class PrefixSimulation {
       owner_clock_->Resume();
       if (!c_.freeze_loses_time) owner_clock_->Jump(now_ - owner_suspended_from_);
     }
+    if (c_.owner_term_ms != 0 && !KeepAlive()) {
+      // The daemon's owner loop checks the gate before each batch; a closed gate or a lost
+      // lease ends the term (StepDown), and the step-down releases it (failover_release).
+      ++events_.owner_step_downs;
+      LoseOwner(/*process_dies=*/false);
+      return;
+    }
     RunOwner([&] {
       RevokeQueued();
       owner_->Step();
@@ -541,6 +594,7 @@ class PrefixSimulation {
     });
     owner_view_->set_on_store([this, owner_actor] {
       CrashPoint(owner_actor);
+      StopPoint();
       Preempt(owner_actor);
     });
   }
@@ -567,16 +621,92 @@ class PrefixSimulation {
 
   void CrashOwner() {
     ++events_.owner_crashes;
+    LoseOwner(/*process_dies=*/true);
+  }
+
+  // ---- orchestrator HA's term (owner_term_ms) -----------------------------------------------
+
+  // A new term for the owner of this machine (owner_view_): a fresh session lease, the gate
+  // open, and the owner's Mem wrapped by owner_mem with that gate.
+  void StartTerm() {
+    term_ = Term{};
+    RenewTerm();
+    owner_mem_.reset();
+    if (c_.owner_mem)
+      owner_mem_ = c_.owner_mem(*owner_view_, [this] { return TermWriteAllowed(); });
+  }
+  // A keep-alive answered: the lease runs owner_term_ms from now (etcd's clock: global
+  // time), the deadline owner_term_ms − margin from the send on the owner's clock.
+  void RenewTerm() {
+    if (c_.owner_term_ms == 0) return;
+    term_.lease_until = now_ + c_.owner_term_ms;
+    term_.deadline = owner_clock_->PeekMs() + c_.owner_term_ms - c_.owner_term_ms / 4;
+  }
+  // The owner loop's keep-alive: false once the lease is gone or the deadline passed (a
+  // keep-alive answered after the deadline does not reopen the term: the election's rule).
+  bool KeepAlive() {
+    if (term_.closed || now_ >= term_.lease_until || owner_clock_->PeekMs() >= term_.deadline) {
+      term_.closed = true;
+      return false;
+    }
+    RenewTerm();
+    return true;
+  }
+  // The election's gate (LeaderElection::WriteAllowed): the deadline on the owner's own
+  // clock, sticky once found passed. Called by the fenced Mem before every store.
+  bool TermWriteAllowed() {
+    if (!term_.closed && owner_clock_->PeekMs() < term_.deadline) return true;
+    term_.closed = true;
+    ++events_.owner_stores_dropped;
+    return false;
+  }
+  Mem& OwnerMem() { return owner_mem_ != nullptr ? *owner_mem_ : *owner_view_; }
+
+  // A stop of the owner process at one of its stores (owner_stop_per_100k).
+  void StopPoint() {
+    if (!running_ || draining_ || opening_ || preempting_ || c_.owner_stop_per_100k == 0 ||
+        rng_() % 100000 >= c_.owner_stop_per_100k) {
+      return;
+    }
+    ++events_.owner_stops;
+    const std::uint64_t kind = rng_() % 3;  // 0 killed by its agent, 1 SIGSTOP, 2 VM stop
+    if (kind == 2) owner_clock_->Freeze();
+    preempting_ = true;  // nothing re-enters the owner while it stands still
+    const std::int64_t until =
+        term_.lease_until + static_cast<std::int64_t>(rng_() % c_.owner_term_ms);
+    while (now_ < until && failure_.empty()) {
+      Advance(1 + static_cast<std::int64_t>(rng_() % 20));
+      media_.Tick();
+      const auto h = static_cast<std::uint32_t>(rng_() % c_.hosts);
+      RunHost(h, [&] { HostStep(h); });
+    }
+    preempting_ = false;
+    if (kind == 2) owner_clock_->Resume();  // the stop is not counted
+    if (kind == 0) throw ActorCrash{c_.hosts};
+  }
+
+  static const char* RegionName(const DomainHeader& h, std::uint64_t off) {
+    if (off >= h.end_offset) return "outside the domain";
+    if (off >= h.index_offset) return "index";
+    if (off >= h.lease_rows_offset) return "lease rows";
+    if (off >= h.return_rings_offset) return "return rings";
+    if (off >= h.request_rings_offset) return "request rings";
+    if (off >= h.host_rows_offset) return "host rows";
+    if (off >= h.owner_area_offset) return "owner area";
+    return "header";
+  }
+  std::string Region(std::uint64_t off) const { return RegionName(header_, off); }
+
+  // The owner is gone: it died (its cache keeps what it left dirty) or its term ended and it
+  // stepped down (the process lives on and stores no more).
+  void LoseOwner(bool process_dies) {
     Add(past_, owner_->stats());
     // The new owner may return again what this one returned but had not yet tombstoned (or
     // replay a consumed request that handed a block back): at-least-once, as documented.
     // Candidates: blocks handed back since the last owner crash, blocks of entries retired or
     // tombstoned (in memory or in the dead owner's cache), blocks in any request slot.
-    auto dup_ok = [&](const BlockRef& r) {
-      const auto it = truth_.find(IdOf(r));
-      if (it != truth_.end()) it->second.dup_ok = true;
-    };
-    for (const BlockId& id : returned_since_owner_crash_) truth_[id].dup_ok = true;
+    std::set<BlockId> again(returned_since_owner_crash_.begin(), returned_since_owner_crash_.end());
+    auto dup_ok = [&](const BlockRef& r) { again.insert(IdOf(r)); };
     returned_since_owner_crash_.clear();
     for (std::uint32_t i = 0; i < header_.index_entries; ++i) {
       for (const bool peek : {false, true}) {
@@ -598,7 +728,11 @@ class PrefixSimulation {
       media_.ReadMedia(header_.request_rings_offset + s * sizeof(r), &r, sizeof(r));
       if (r.seq != 0) dup_ok(r.ref);
     }
-    owner_view_->Crash();
+    for (const BlockId id : again) {
+      const auto it = truth_.find(id);
+      if (it != truth_.end()) ++it->second.dups_ok;
+    }
+    if (process_dies) owner_view_->Crash();
     owner_.reset();
     owner_down_until_ = now_ + static_cast<std::int64_t>(rng_() % c_.geometry.lease_ttl_ms);
   }
@@ -609,18 +743,24 @@ class PrefixSimulation {
       // its cache still holds what the process left dirty, to land at some later time.
       if (c_.failover_writeback) owner_view_->WriteBackAll();
       auto next = media_.NewView(c_.evict_per_mille);
+      owner_view_->set_on_fence(nullptr);
+      owner_view_->set_on_store(nullptr);
+      owner_mem_.reset();
       if (c_.failover_release) {
-        owner_view_->set_on_fence(nullptr);
-        owner_view_->set_on_store(nullptr);
         const std::string why = c_.failover_release(*owner_view_, *next, header_.end_offset);
         if (!why.empty()) Violation("fail-over: " + why);
       }
+      // The old machine lives on: what its cache still holds dirty lands some time later.
+      owner_view_->Abandon();
       retired_owner_views_.push_back(std::move(owner_view_));
+      std::erase_if(retired_owner_views_, [](const auto& v) { return v->dirty_lines() == 0; });
       owner_view_ = std::move(next);
+      ++events_.failovers;
       HookOwnerView();
     }
+    if (c_.owner_term_ms != 0) StartTerm();
     opening_ = true;
-    auto o = PrefixOwner::Open(*owner_view_, *owner_clock_);
+    auto o = PrefixOwner::Open(OwnerMem(), *owner_clock_);
     if (!o.ok()) {
       opening_ = false;
       Violation("a new owner cannot open the domain: " + std::string(o.status().message()) +
@@ -842,8 +982,8 @@ class PrefixSimulation {
       host.may_come_again.erase(again);  // handed out before a crash, not acknowledged
       return;
     }
-    if (!t.in_domain && t.dup_ok) {
-      t.dup_ok = false;  // returned again by the owner that replaced a crashed one
+    if (!t.in_domain && t.dups_ok > 0) {
+      --t.dups_ok;  // returned again by the owner that replaced a crashed one
       return;
     }
     if (!t.in_domain) {
@@ -1131,6 +1271,14 @@ class PrefixSimulation {
   std::unique_ptr<SimMemory::HostView> owner_view_;
   std::vector<std::unique_ptr<SimMemory::HostView>> retired_owner_views_;  // owner_failover
   std::unique_ptr<SimClock> owner_clock_;
+  // Orchestrator HA (owner_term_ms): the owner's term and its fenced Mem over owner_view_.
+  struct Term {
+    std::int64_t lease_until = 0;  // global time: the session lease ends (etcd's clock)
+    std::int64_t deadline = 0;     // on the owner's clock: the write deadline
+    bool closed = false;           // the gate found the deadline passed: closed for the term
+  };
+  Term term_;
+  std::unique_ptr<Mem> owner_mem_;
   std::unique_ptr<PrefixOwner> owner_;
   DomainHeader header_{};
   std::int64_t owner_down_until_ = 0;

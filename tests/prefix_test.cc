@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "cxlkv/coherence/sim.h"
+// White box: a key's probe start, to make two keys share one.
+#include "../coherence/src/domain_internal.h"
 #include "cxlkv/pool/region.h"
 #include "gtest/gtest.h"
 
@@ -857,6 +859,102 @@ class CountingMem final : public Mem {
   Mem& inner_;
   std::uint64_t lo_, hi_;
 };
+
+// The owner's stores, flushes and fences in order, through the Mem seam.
+class RecordingMem final : public Mem {
+ public:
+  enum Kind : std::uint8_t { kWrite, kFlush, kFence };
+  struct Op {
+    Kind kind;
+    std::uint64_t offset;
+  };
+  explicit RecordingMem(Mem& inner) : inner_(inner) {}
+  std::uint64_t size_bytes() const override { return inner_.size_bytes(); }
+  void Read(std::uint64_t o, void* d, std::size_t n) override { inner_.Read(o, d, n); }
+  void Write(std::uint64_t o, const void* s, std::size_t n) override {
+    ops.push_back({kWrite, o});
+    inner_.Write(o, s, n);
+  }
+  void WriteNt(std::uint64_t o, const void* s, std::size_t n) override {
+    ops.push_back({kWrite, o});
+    inner_.WriteNt(o, s, n);
+  }
+  void Flush(std::uint64_t o, std::size_t n) override {
+    ops.push_back({kFlush, o});
+    inner_.Flush(o, n);
+  }
+  void Invalidate(std::uint64_t o, std::size_t n) override {
+    ops.push_back({kFence, o});  // ends with an mfence
+    inner_.Invalidate(o, n);
+  }
+  void Evict(std::uint64_t o, std::size_t n) override { inner_.Evict(o, n); }
+  void Fence() override {
+    ops.push_back({kFence, 0});
+    inner_.Fence();
+  }
+  void FullFence() override {
+    ops.push_back({kFence, 0});
+    inner_.FullFence();
+  }
+  std::vector<Op> ops;
+
+ private:
+  Mem& inner_;
+};
+
+// Audit-ha #9. Inside the owner's batch, a raised probe length (the home line) must be fenced
+// before the entry it now covers is stored: clwb's of two lines are not ordered with each
+// other, so without a fence the entry can reach memory first (and a crash then leaves it
+// past the length readers stop at). The HA simulation caught this as "a published entry
+// lies past its start slot's probe length" after an owner crash (seed 1, step 54,416).
+TEST(PrefixAudit, RaisedProbeLengthIsFencedBeforeTheEntryItCovers) {
+  World w;
+  RecordingMem rec(*w.ov);
+  struct DropOwnerFirst {  // the owner goes before `rec`, whatever ends the test
+    World& w;
+    ~DropOwnerFirst() { w.owner.reset(); }
+  } drop_owner_first{w};
+  w.owner.reset();
+  w.owner = std::move(*PrefixOwner::Open(rec, w.oc));
+  const DomainHeader& h = w.owner->header();
+  // Two keys with one probe start.
+  std::map<std::uint32_t, std::uint32_t> first_with_start;
+  std::uint32_t a = 0, b = 0;
+  for (std::uint32_t i = 0;; ++i) {
+    const std::uint32_t start = internal::ProbeStart(h, w.ns, w.Key(i));
+    const auto [it, fresh] = first_with_start.try_emplace(start, i);
+    if (!fresh) {
+      a = it->second;
+      b = i;
+      break;
+    }
+  }
+  const std::uint32_t home = internal::ProbeStart(h, w.ns, w.Key(a));
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(a), PrefixKey{}, Ref(1)).ok());
+  w.owner->ApplyRequests();
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(b), PrefixKey{}, Ref(2)).ok());
+  rec.ops.clear();
+  w.owner->ApplyRequests();
+  const std::uint64_t home_off = w.EntryOff(home);
+  const std::uint64_t slot_off = w.EntryOff((home + 1) % h.index_entries);
+  std::ptrdiff_t home_store = -1, slot_store = -1;
+  for (std::size_t k = 0; k < rec.ops.size(); ++k) {
+    if (rec.ops[k].kind != RecordingMem::kWrite) continue;
+    if (rec.ops[k].offset == home_off && home_store < 0)
+      home_store = static_cast<std::ptrdiff_t>(k);
+    if (rec.ops[k].offset == slot_off && slot_store < 0)
+      slot_store = static_cast<std::ptrdiff_t>(k);
+  }
+  ASSERT_GE(home_store, 0) << "the batch did not raise the home line's probe length";
+  ASSERT_GT(slot_store, home_store) << "the entry was stored before its home line";
+  bool fenced = false;
+  for (std::ptrdiff_t k = home_store; k < slot_store; ++k) {
+    fenced = fenced || rec.ops[static_cast<std::size_t>(k)].kind == RecordingMem::kFence;
+  }
+  EXPECT_TRUE(fenced) << "no fence between the home line's store (probe length raised) and "
+                         "the store of the entry it covers";
+  ASSERT_TRUE(w.h1->Lookup(w.ns, w.Key(b)).has_value());
+}
 
 // Audit #15. After publish / retire / reclaim churn, a lookup of a key that is not there must
 // stop after a few entries, not probe the whole index; and keys still published are found.

@@ -11,6 +11,7 @@
 #                         load-bearing, and what a forged PUBLISH can do).
 #   check.sh --trail NAME  after the run, prints the counterexample of bug variant NAME
 #                         (spin -t -p, trimmed) — for reading, not for the verdict.
+#   check.sh --only REGEX  only the checks whose name matches (grep -E), e.g. --only failover
 #
 # Works from any directory; builds in a temporary directory it removes; exits non-zero when a
 # verdict is not the expected one. Needs spin (Debian package `spin`) and a C compiler.
@@ -20,11 +21,13 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 model="$here/prefix.pml"
 extended=0
 trail=""
+only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --extended) extended=1 ;;
     --trail) trail="${2:-}"; shift ;;
-    *) echo "usage: $0 [--extended] [--trail BUG_NAME]" >&2; exit 2 ;;
+    --only) only="${2:-}"; shift ;;
+    *) echo "usage: $0 [--extended] [--trail BUG_NAME] [--only REGEX]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -46,7 +49,8 @@ trap 'rm -rf "$work"' EXIT
 jobs_max="$(nproc 2>/dev/null || echo 2)"
 [ "$jobs_max" -gt 4 ] && jobs_max=4
 
-# Checks: name | expect (pass|fail) | spin -D flags | cc flags | pan flags
+# Checks: name | expect (pass|fail) | spin -D flags | cc flags | pan flags [| model file in
+# this directory, prefix.pml when absent]
 # The base configuration (BASE) is the one docs/model.md describes: the owner, the publisher
 # (host 0) and one reader host, with an owner crash, a publisher crash, torn host rows and the
 # explicit lease clock. Every bug variant is BASE plus one -D. Safety runs: assertions
@@ -78,6 +82,13 @@ checks=(
   "BUG_SCAN_ALL_ROWS|fail|$BASE -DLIVENESS -DBUG_SCAN_ALL_ROWS|$LIVE_CC|$LIVE_PAN -N live"
   "BUG_NEVER_FENCE|fail|$BASE -DLIVENESS -DBUG_NEVER_FENCE|$LIVE_CC|$LIVE_PAN -N fenced0"
   "BUG_ROOM_BEFORE_SCAN|fail|$BASE -DLIVENESS -DBUG_ROOM_BEFORE_SCAN|$LIVE_CC|$LIVE_PAN -N live"
+  # failover.pml: a leader change of orchestrator HA with a zombie leader (docs/model.md,
+  # "Leader change with a zombie leader"); small: a second or two each, compile included.
+  # The bug variants are checked on S1 alone (-DNO_S2): their counterexample is the harm (a
+  # published entry naming a freed block), not only a late store.
+  "failover|pass||$SAFE_CC|-m100000|failover.pml"
+  "failover_BUG_NO_WRITEBACK|fail|-DNO_S2 -DBUG_NO_WRITEBACK|$SAFE_CC|-m100000|failover.pml"
+  "failover_BUG_NO_RELEASE_WAIT|fail|-DNO_S2 -DBUG_NO_RELEASE_WAIT|$SAFE_CC|-m100000|failover.pml"
 )
 if [ "$extended" -eq 1 ]; then
   # Bitstate searches (-DBITSTATE, a 2^32-bit table) visit a large part of a state space that
@@ -102,14 +113,23 @@ if [ "$extended" -eq 1 ]; then
   )
 fi
 
+if [ -n "$only" ]; then
+  kept=()
+  for c in "${checks[@]}"; do
+    if grep -qE -- "$only" <<<"${c%%|*}"; then kept+=("$c"); fi
+  done
+  [ "${#kept[@]}" -gt 0 ] || { echo "check.sh: no check matches --only '$only'" >&2; exit 2; }
+  checks=("${kept[@]}")
+fi
+
 # One check: spin -a, compile, run pan; writes $work/$name/verdict.
 run_check() {
-  local name="$1" expect="$2" sflags="$3" cflags="$4" pflags="$5"
+  local name="$1" expect="$2" sflags="$3" cflags="$4" pflags="$5" file="${6:-prefix.pml}"
   local d="$work/$name"
   mkdir -p "$d" && cd "$d" || return 1
   local t0=$SECONDS
   # shellcheck disable=SC2086
-  if ! spin $sflags -a "$model" >spin.txt 2>&1; then
+  if ! spin $sflags -a "$here/$file" >spin.txt 2>&1; then
     echo "ERROR spin -a failed (see spin.txt)" >verdict; return
   fi
   # shellcheck disable=SC2086
@@ -136,11 +156,11 @@ run_check() {
 }
 
 start=$SECONDS
-echo "SPIN model check of $model (up to $jobs_max at once)"
+echo "SPIN model check of $model and $here/failover.pml (up to $jobs_max at once)"
 running=0
 for c in "${checks[@]}"; do
-  IFS='|' read -r name expect sflags cflags pflags <<<"$c"
-  run_check "$name" "$expect" "$sflags" "$cflags" "$pflags" &
+  IFS='|' read -r name expect sflags cflags pflags file <<<"$c"
+  run_check "$name" "$expect" "$sflags" "$cflags" "$pflags" "$file" &
   running=$((running + 1))
   if [ "$running" -ge "$jobs_max" ]; then wait -n; running=$((running - 1)); fi
 done
@@ -161,13 +181,14 @@ done
 
 if [ -n "$trail" ]; then
   d="$work/$trail"
-  if [ -f "$d/prefix.pml.trail" ]; then
+  if compgen -G "$d/*.pml.trail" >/dev/null; then
     echo; echo "== counterexample of $trail (spin -t -p, steps of the processes)"
-    IFS='|' read -r _ _ sflags _ _ <<<"$(printf '%s\n' "${checks[@]}" | grep "^$trail|")"
+    IFS='|' read -r _ _ sflags _ _ file <<<"$(printf '%s\n' "${checks[@]}" | grep "^$trail|")"
+    file="${file:-prefix.pml}"
     # pan wrote the trail next to it, named after the model: spin -t reads it from there.
-    cp "$model" "$d/prefix.pml"
+    cp "$here/$file" "$d/$file"
     # shellcheck disable=SC2086
-    (cd "$d" && spin -t -p -g -l $sflags prefix.pml | grep -E '^ *[0-9]+:|assert' | tail -n 120)
+    (cd "$d" && spin -t -p -g -l $sflags "$file" | grep -E '^ *[0-9]+:|assert' | tail -n 120)
   else
     echo "no trail for $trail"
   fi

@@ -362,13 +362,16 @@ void PrefixOwner::CoverSlot(std::uint32_t home, std::uint32_t slot) {
   std::uint16_t& cur = probe_len_[home];
   if (cur == 0 || len <= cur) return;  // 0: unknown, readers probe to an EMPTY entry
   cur = len > 0xFFFF ? 0 : static_cast<std::uint16_t>(len);
-  // Outside a batch the home line reaches memory (flush, store fence) before the caller writes
-  // the entry at `slot`: a reader that sees the entry there may see the old length (and miss
-  // it, as if it had looked a moment earlier), never a length that leaves out an entry it
-  // already sees. Inside a batch (batch_writes_) both lines are fenced together by the batch's
-  // sfence, so a reader may also see the entry with the old length: a miss only (audit-ha #9;
-  // docs/coherence.md "Probe lengths").
-  if (home != slot) WriteEntry(home, entry(home));
+  // The home line reaches memory (flush, store fence) before the caller stores the entry at
+  // `slot`: a reader that sees the entry there may see the old length (and miss it, as if it
+  // had looked a moment earlier), never a length that leaves out an entry it already sees,
+  // and a crash never leaves the entry in memory without the length that covers it. Inside a
+  // batch (batch_writes_) WriteEntry only stores and flushes, so the sfence is here: clwb's of
+  // two lines are not ordered with each other (audit-ha #9; docs/coherence.md "Probe
+  // lengths"). It costs one sfence per publish that lengthens a probe run, not per publish.
+  if (home == slot) return;
+  WriteEntry(home, entry(home));
+  if (batch_writes_) mem_.Fence();
 }
 
 void PrefixOwner::TrimProbeLen(std::uint32_t home) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 namespace cxlkv::coherence {
 
@@ -473,6 +474,22 @@ void SimMemory::HostView::Crash() {
   crashed_ = !lines_.empty();
 }
 
+void SimMemory::HostView::Abandon() {
+  DrainStoreBuffer();
+  media_.CompleteAll(this);
+  pending_evictions_.clear();
+  for (auto it = lines_.begin(); it != lines_.end();) {
+    it = it->second.dirty ? std::next(it) : lines_.erase(it);
+  }
+  crashed_ = !lines_.empty();
+}
+
+std::size_t SimMemory::HostView::dirty_lines() const {
+  std::size_t n = 0;
+  for (const auto& [line, l] : lines_) n += l.dirty ? 1 : 0;
+  return n;
+}
+
 void SimMemory::HostView::TickLate() {
   if (!crashed_) return;
   for (auto it = lines_.begin(); it != lines_.end();) {
@@ -481,6 +498,7 @@ void SimMemory::HostView::TickLate() {
       continue;
     }
     if (rng_() % 1000 < media_.options_.late_land_per_mille) {
+      if (media_.on_late_land_) media_.on_late_land_(*this, it->first * 64);
       std::memcpy(media_.media_.data() + it->first * 64, it->second.data.data(), 64);
       ++media_.stats_.late_lines;
       it = lines_.erase(it);

@@ -113,6 +113,11 @@ class SimMemory {
   void Tick();
   const SimOptions& options() const { return options_; }
   const SimStats& stats() const { return stats_; }
+  // Called as a line a crashed or abandoned view still held lands late (Tick), before it
+  // reaches the media: the view and the line's offset (for a simulation's invariants).
+  void set_on_late_land(std::function<void(const HostView&, std::uint64_t)> f) {
+    on_late_land_ = std::move(f);
+  }
 
  private:
   struct InFlight {
@@ -136,6 +141,7 @@ class SimMemory {
   SimStats stats_;
   std::vector<InFlight> in_flight_;
   std::vector<HostView*> views_;
+  std::function<void(const HostView&, std::uint64_t)> on_late_land_;
 };
 
 class SimMemory::HostView final : public Mem {
@@ -166,6 +172,14 @@ class SimMemory::HostView final : public Mem {
   // dirty line is lost or reaches the media — at once, or (late_writeback) at a random later
   // Tick or when the view is used again (the same machine: its own cache is coherent to it).
   void Crash();
+  // No process of this machine touches the memory through this view again, but the machine
+  // lives on: its store buffer drains, its write-backs in flight complete, and each line it
+  // still holds dirty reaches the media at a random later Tick (late_writeback), as a cache
+  // evicts on its own — never lost. For a machine whose owner process died or stepped down
+  // and that another machine took over from.
+  void Abandon();
+  // Lines this view holds dirty (not yet written back).
+  std::size_t dirty_lines() const;
   // Drains the store buffer now (stores reach this cache, their clwbs are issued).
   void DrainStoreBuffer();
   // Writes every dirty line back now and completes this host's write-backs in flight (a
