@@ -600,9 +600,12 @@ class PrefixSimulation {
   }
 
   void RevokeQueued() {
+    // One at a time, taken off the queue first: a preemption inside the owner's stores runs
+    // hosts, whose give-aways append to the queue.
     while (!to_revoke_.empty()) {
-      owner_->RevokeArena(to_revoke_.front());
+      const PrefixOwner::ArenaId arena = to_revoke_.front();
       to_revoke_.erase(to_revoke_.begin());
+      owner_->RevokeArena(arena);
     }
   }
 
@@ -771,7 +774,9 @@ class PrefixSimulation {
     ++events_.owner_opens;
     // Revocations live in owner memory: they are said again after a restart (the
     // orchestrator keeps them in its state file).
-    for (const auto& a : revoked_) owner_->RevokeArena(a);
+    // By index: a preemption inside the owner's stores may append to revoked_ (each append is
+    // queued in to_revoke_ too, and revoked here as the loop reaches it).
+    for (std::size_t i = 0; i < revoked_.size(); ++i) owner_->RevokeArena(revoked_[i]);
     to_revoke_.clear();
     opening_ = false;
   }

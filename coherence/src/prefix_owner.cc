@@ -147,7 +147,7 @@ bool PrefixOwner::Revoked(const BlockRef& ref) const {
   return !revoked_.empty() && revoked_.count(ArenaOf(ref)) != 0;
 }
 
-std::uint32_t PrefixOwner::RevokeArena(const ArenaId& arena) {
+std::uint32_t PrefixOwner::RevokeArena(ArenaId arena) {
   revoked_.insert(arena);
   if (arena_refs_.count(arena) == 0) return 0;
   std::uint32_t retired = 0;

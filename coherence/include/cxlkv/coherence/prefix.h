@@ -392,7 +392,9 @@ class PrefixOwner {
   // only: after an owner restart it must be said again (the orchestrator keeps revoked
   // extents in its state file and does). Returns how many entries it retired now.
   using ArenaId = std::array<std::uint8_t, 16>;
-  std::uint32_t RevokeArena(const ArenaId& arena);
+  // By value: the retires below store to the domain, and whatever runs meanwhile (a caller's
+  // fence hook) may change the container the caller's id came from.
+  std::uint32_t RevokeArena(ArenaId arena);
   // Published and retired entries that still name a block of `arena`. Once this is 0 after
   // RevokeArena, no lease on a block of the arena is valid any more and its memory may be
   // lent again. Quarantined entries (Stats::quarantined) name a block nobody knows, which may
