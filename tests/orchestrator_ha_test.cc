@@ -47,6 +47,8 @@
 #include "cxlkv/orchestrator/client.h"
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/daemon.h"
+#include "cxlkv/orchestrator/directory_client.h"
+#include "cxlkv/orchestrator/directory_reader.h"
 #include "cxlkv/orchestrator/operator_client.h"
 #include "cxlkv/orchestrator/token.h"
 #include "etcd_cluster.h"
@@ -86,6 +88,19 @@ struct SharedDomain {
   }
   std::string pool, domain;
 };
+
+// Runs a shell command; its exit status, and its output in *out.
+int Sh(const std::string& cmd, std::string* out = nullptr) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  std::string text;
+  char buf[1024];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) text.append(buf, n);
+  const int rc = ::pclose(p);
+  if (out != nullptr) *out = text;
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
 
 // One cxlkv-orchestrator process of the domain: its config (with [etcd]) in a directory of
 // its own, stdout and stderr in <dir>/log.
@@ -1460,6 +1475,40 @@ TEST_F(HaTest, OrchestratorsUseEtcdAuthentication) {
   EXPECT_FALSE(c.Start());
   const std::string clog = ReadFile(c.log);
   EXPECT_NE(clog.find("etcd user 'root'"), std::string::npos) << clog;
+
+  // The prefix directory on the same etcd: the reader with the user reads it, without one it
+  // is told etcd wants authentication; the orchestrators' Directory RPC reads with their
+  // [etcd] user; cxlkvctl where --etcd with CXLKV_ETCD_USER and CXLKV_ETCD_PASSWORD_FILE.
+  namespace dir = ::cxlkv::orchestrator::directory;
+  dir::ReaderOptions ro;
+  ro.endpoints = etcd_->endpoints();
+  ro.follow = false;
+  auto refused = dir::DirectoryReader::Open(ro);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("etcd requires authentication"), std::string::npos)
+      << refused.status();
+  ro.user = "root";
+  ro.password = "rootpw";
+  auto reader = dir::DirectoryReader::Open(ro);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  for (HaOrchestrator* o : {&a, &b}) {
+    auto dc = orch::DirectoryClient::Connect(o->socket);
+    ASSERT_TRUE(dc.ok()) << dc.status();
+    auto answer = (*dc)->Where(co::PrefixKey{1, 2});
+    EXPECT_TRUE(answer.ok()) << o->socket << ": " << answer.status();
+  }
+  std::string endpoints;
+  for (const std::string& e : etcd_->endpoints()) {
+    absl::StrAppend(&endpoints, endpoints.empty() ? "" : ",", e);
+  }
+  const std::string where = std::string(CXLKV_CTL_BIN) + " where 0000000000000002" +
+                            "0000000000000001 --etcd " + endpoints + " --json 2>&1";
+  std::string out;
+  EXPECT_NE(Sh(where, &out), 0) << out;
+  EXPECT_NE(out.find("CXLKV_ETCD_USER"), std::string::npos) << out;
+  EXPECT_EQ(Sh("CXLKV_ETCD_USER=root CXLKV_ETCD_PASSWORD_FILE=" + pw + " " + where, &out), 0)
+      << out;
+  EXPECT_NE(out.find("\"domains\""), std::string::npos) << out;
 }
 
 // `cxlkvctl status` names the role, the leader, its epoch and the standbys; the Prometheus
@@ -2631,19 +2680,6 @@ TEST_F(HaTest, AResumedLeaderWithFrozenClocksStoresNothingAfterItsSuccessor) {
 }
 
 // ---- a network partition of one orchestrator (root only) ----------------------------------------
-
-// Runs a shell command; its exit status, and its output in *out.
-int Sh(const std::string& cmd, std::string* out = nullptr) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  std::string text;
-  char buf[1024];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) text.append(buf, n);
-  const int rc = ::pclose(p);
-  if (out != nullptr) *out = text;
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
 
 // Prefix-lease attempts of a CXL host, counted per 100 ms from a start time, by a thread
 // that also heartbeats the host through CXL every 100 ms (what a serving host does).
