@@ -319,3 +319,38 @@ def test_dp_replicas_and_pp_stages_at_053_each_get_a_host_and_stages_keep_apart(
     for pp, a in enumerate(read):  # each stage read its own layers' bytes, not the other's
         want = [hashlib.sha256(bytes(p)).hexdigest() for p in R.stage_pages(pp, len(keys))]
         assert a["read"] == want, f"stage {pp}"
+
+
+from test_orchestrator import orchestrator  # noqa: E402,F401  (the fixture: a real daemon)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/usr/bin/unshare", os.X_OK),
+                    reason="needs root and unshare(1) to join under another host name")
+def test_a_row_live_on_another_machine_is_skipped_on_an_orchestrator_domain(
+        orchestrator: str) -> None:  # noqa: F811
+    """Across machines the per-row lock sees nothing: an orchestrator domain's orchestrator
+    refuses a row that is live on another machine, and the rank takes its next row. The other
+    machine is a process under another host name (a UTS namespace) holding row 1."""
+    code = ("import sys; sys.path.insert(0, {py!r}); import cxlkv; "
+            "d = cxlkv.Domain.join({spec!r}, 1, heartbeat_s=0.05); print('joined', flush=True); "
+            "sys.stdin.read(); d.leave()").format(py=str(HERE.parent), spec=orchestrator)
+    other = subprocess.Popen(["/usr/bin/unshare", "--uts", "--", "/bin/sh", "-c",
+                              f"hostname node-b && exec {sys.executable} -c \"$0\"", code],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "joined\n", (
+            other.stderr.read() if other.stderr else "")
+        cfg = dict(backend_name="cxlkv", module_path=__name__, class_name="Backend053",
+                   domain=orchestrator, host_id=1, heartbeat_s=0.05)
+        b = S.create_dynamic_backend(S.HiCacheStorageConfig053(0, 1, False, True, MODEL, cfg))
+        try:
+            b.register_mem_pool_host(pool(1))  # joins here: the page size sizes the arena
+            assert b.core.host_id == 2
+            assert b.core._att.grown is not None
+        finally:
+            b.close()
+    finally:
+        if other.stdin:
+            other.stdin.close()
+        other.wait(timeout=10)
