@@ -297,13 +297,11 @@ def test_dp_replicas_and_pp_stages_at_053_each_get_a_host_and_stages_keep_apart(
         return dict(config=dataclasses.asdict(r.config), start_layer=r.start_layer,
                     end_layer=r.end_layer, pp_rank=r.pp_rank, keys=keys, do=do)
 
-    # Replica 0's stages store the same page hashes, each its own layers' bytes; then
-    # replica 1's stages read them.
-    procs = [_rank_process(arg(r, "store")) for r in ranks if r.dp_rank == 0]
+    # Replica 0's stages store the same page hashes, each its own layers' bytes, while
+    # replica 1's stages wait for them and read them (all four start together).
+    procs = [_rank_process(arg(r, "store" if r.dp_rank == 0 else "read")) for r in ranks]
     try:
-        stored = _answers(procs)
-        procs += [_rank_process(arg(r, "read")) for r in ranks if r.dp_rank == 1]
-        read = _answers(procs[2:])
+        stored, read = _answers(procs[:2]), _answers(procs[2:])
     finally:
         for p in procs:
             if p.stdin:
