@@ -432,10 +432,11 @@ class OffloadTier:
     def _run(self) -> None:
         while True:
             if self.track_events:
+                # A step of a sweep between any two jobs, so a busy queue does not starve it.
+                self._sweep_some()
                 try:
                     q = self._q.get(timeout=self._sweep_wait())
                 except queue.Empty:
-                    self._sweep_some()
                     continue
             else:
                 q = self._q.get()
@@ -472,25 +473,28 @@ class OffloadTier:
     RETURN_POLL_S = 0.1
 
     def _sweep_wait(self) -> float:
-        """How long the worker may wait for a job before the next step of a sweep."""
+        """How long the worker may wait for a job before it looks at the sweep again."""
         if self._sweep:
             return 0.0
-        returned = self.domain.blocks_returned
-        if returned != self._returned_seen:  # the owner handed blocks back: look now
-            self._returned_seen = returned
-            self._next_sweep = time.monotonic()
         # Woken at least every RETURN_POLL_S to notice returned blocks.
         return min(self.RETURN_POLL_S, max(0.0, self._next_sweep - time.monotonic()))
 
     def _sweep_some(self) -> None:
-        """One step of a sweep: a new one when due, then up to SWEEP_STEP lookups; the
-        announced keys found gone become one removed event."""
+        """One step of a sweep: a new one when due (every removal_check_s, or at once when
+        the owner handed this host blocks back), then up to SWEEP_STEP lookups; the announced
+        keys found gone become one removed event."""
         if not self._sweep:
+            returned = self.domain.blocks_returned
+            now = time.monotonic()
+            if returned == self._returned_seen and now < self._next_sweep:
+                return
+            self._returned_seen = returned
             with self._mu:
                 self._sweep = [(kb, pk, seq) for kb, (pk, seq) in self._announced.items()]
-            self._next_sweep = time.monotonic() + self.removal_check_s
+            self._next_sweep = now + self.removal_check_s
         step, self._sweep = self._sweep[:self.SWEEP_STEP], self._sweep[self.SWEEP_STEP:]
         gone: List[Tuple[bytes, int]] = []
+        seen: List[bytes] = []
         for kb, pk, seq in step:
             try:
                 hit = self.domain.lookup(self.namespace, pk)
@@ -499,10 +503,12 @@ class OffloadTier:
                 return
             if hit is None:
                 gone.append((kb, seq))
-        if not gone:
-            return
+            else:
+                seen.append(kb)
         now = time.monotonic()
         with self._mu:
+            for kb in seen:  # applied: a later miss is a removal, not a late publish
+                self._unapplied.pop(kb, None)
             removed = []
             for kb, seq in gone:
                 entry = self._announced.get(kb)
