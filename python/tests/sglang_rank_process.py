@@ -33,8 +33,10 @@ import sglang_interfaces as S  # noqa: E402
 PAGE, TOKENS, TOKEN_BYTES = 16, 64, 64
 PAGE_BYTES = 2 * PAGE * TOKEN_BYTES
 
-#: The backend class over SGLang 0.5.3 (the extra config's module_path / class_name name it).
+#: The backend classes over SGLang 0.5.3 and 0.5.6 (the extra config's module_path /
+#: class_name name one).
 Backend053 = adapter.build_backend_class(S.HiCacheStorage, "0.5.3")
+Backend056 = adapter.build_backend_class(S.HiCacheStorage, "0.5.6")
 
 
 class StagePool(HostPagePool):
@@ -52,6 +54,10 @@ def stage_pages(pp_rank: int, n: int) -> list:
     return [rng.integers(0, 256, PAGE_BYTES, np.uint8) for _ in range(n)]
 
 
+def host_indices(n: int) -> np.ndarray:
+    return np.arange(n * PAGE, dtype=np.int64)
+
+
 def main() -> None:
     a = json.loads(sys.argv[1])
     cfg = S.HiCacheStorageConfig053(**a["config"])
@@ -59,18 +65,32 @@ def main() -> None:
     data = np.zeros((2, TOKENS, TOKEN_BYTES), np.uint8)
     b.register_mem_pool_host(StagePool(data, PAGE, a["start_layer"], a["end_layer"]))
     keys = a["keys"]
-    out: dict = {"host_id": b.core.host_id, "namespace": str(b.store.namespace)}
+    n = len(keys)
+    v1 = b.core.path == "v1"  # 0.5.6 with interface_v1: pages by host indices
+    out: dict = {"host_id": b.core.host_id, "namespace": str(b.store.namespace),
+                 "path": b.core.path}
     if a["do"] == "store":
-        out["stored"] = b.batch_set(keys, stage_pages(a["pp_rank"], len(keys)))
+        pages = stage_pages(a["pp_rank"], n)
+        if v1:  # the stage's bytes in the host pool (K half, V half), stored from there
+            for i, p in enumerate(pages):
+                data[:, i * PAGE:(i + 1) * PAGE] = p.reshape(2, PAGE, TOKEN_BYTES)
+            out["stored"] = all(b.batch_set_v1(keys, host_indices(n)))
+        else:
+            out["stored"] = b.batch_set(keys, pages)
         end = time.monotonic() + 5
-        while b.batch_exists(keys) < len(keys) and time.monotonic() < end:
+        while b.batch_exists(keys) < n and time.monotonic() < end:
             time.sleep(0.002)
     else:  # read what another replica of this stage stored
         end = time.monotonic() + 5
-        while b.batch_exists(keys) < len(keys) and time.monotonic() < end:
+        while b.batch_exists(keys) < n and time.monotonic() < end:
             time.sleep(0.002)
-        got = b.batch_get(keys, [np.zeros(PAGE_BYTES, np.uint8) for _ in keys])
-        out["read"] = [None if g is None else hashlib.sha256(bytes(g)).hexdigest()
+        if v1:
+            ok = b.batch_get_v1(keys, host_indices(n))
+            got = [data[:, i * PAGE:(i + 1) * PAGE].copy() if g else None
+                   for i, g in enumerate(ok)]
+        else:
+            got = b.batch_get(keys, [np.zeros(PAGE_BYTES, np.uint8) for _ in keys])
+        out["read"] = [None if g is None else hashlib.sha256(g.tobytes()).hexdigest()
                        for g in got]
     print(json.dumps(out), flush=True)
     sys.stdin.read()  # hold the host row until the test is done

@@ -278,17 +278,19 @@ def _answers(procs: List["subprocess.Popen[str]"]) -> List[Dict[str, Any]]:
     return out
 
 
-def test_dp_replicas_and_pp_stages_at_053_each_get_a_host_and_stages_keep_apart(
-        env: Env) -> None:
+@pytest.mark.parametrize("version,path", [("053", "generic"), ("056", "v1")])
+def test_dp_replicas_and_pp_stages_of_053_and_056_get_hosts_and_stages_keep_apart(
+        env: Env, version: str, path: str) -> None:
     """SGLang 0.5.3/0.5.6 give every DP replica and PP stage of a TP rank the same config
-    (no DP or PP rank in it), from one extra config, each rank in its own process. Each rank
+    (no DP or PP rank in it), from one extra config, each rank in its own process (0.5.3:
+    pages through the generic path; 0.5.6 with interface_v1: by host indices). Each rank
     still joins as a host of its own, with no per-rank setting; a PP stage's pages are filed
     under its layers (its host pool's start_layer..end_layer), so a stage never reads
     another's, while the replicas of a stage share theirs."""
     import sglang_rank_process as R
 
     cfg = dict(extra_config(env, host_id=1), module_path="sglang_rank_process",
-               class_name="Backend053")
+               class_name=f"Backend{version}")
     ranks = S.rank_configs_053(cfg, MODEL, layers=32, dp_size=2, pp_size=2)
     assert len({json.dumps(dataclasses.asdict(r.config)) for r in ranks}) == 1  # all alike
     keys = page_keys(2, b"pp")
@@ -309,6 +311,7 @@ def test_dp_replicas_and_pp_stages_at_053_each_get_a_host_and_stages_keep_apart(
         for p in procs:
             p.wait(timeout=10)
     assert all(s["stored"] is True for s in stored)
+    assert {a["path"] for a in stored + read} == {path}
     rows = [a["host_id"] for a in stored + read]
     assert len(set(rows)) == 4 and min(rows) >= 1, rows  # a host of its own each
     ns = [a["namespace"] for a in stored + read]
