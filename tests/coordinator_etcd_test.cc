@@ -451,6 +451,53 @@ TEST_F(CoordinatorEtcdTest, SingleValueFormIsReadAndReplacedAndDamageIsRefused) 
   EXPECT_EQ(Differ(Keys(), damaged), "");
 }
 
+// The store alone: a snapshot of 700 KB, larger than etcd's gRPC receive limit
+// (--max-request-bytes + 512 KiB: its first refusal is gRPC's, not etcd's), comes back byte
+// for byte from chunks under the limit, with the journal after it read a few records per
+// request (a window full, then a part; and windows that end exactly at the last record).
+TEST_F(CoordinatorEtcdTest, StoreRoundTripsASnapshotPastGrpcsLimitAndAJournalInWindows) {
+  const std::int64_t epoch = NewLeader();
+  EtcdPlace place = Place(etcd_->endpoints());
+  place.journal_read_batch = 4;
+  std::string text(700 * 1024, ' ');
+  std::uint64_t x = 88172645463325252ull;
+  for (char& c : text) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = static_cast<char>('!' + x % 90);
+  }
+  {
+    auto store = EtcdStateStore(place, epoch);
+    ASSERT_TRUE(store.ok());
+    auto none = (*store)->Load();
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_FALSE(none->has_value());
+    ASSERT_TRUE((*store)->Compact(text, 7).ok());
+    for (int seq = 8; seq <= 15; ++seq) {
+      ASSERT_TRUE((*store)->Append(seq, absl::StrCat("record ", seq, "\n")).ok());
+    }
+  }
+  const json h = Head();
+  ASSERT_TRUE(h.is_object());
+  const auto chunks = Chunks(h.at("generation").get<std::string>());
+  EXPECT_GT(chunks.size(), 700u * 1024 / kMaxRequest);
+  for (const auto& [k, v] : chunks) EXPECT_LT(v.size(), static_cast<std::size_t>(kMaxRequest));
+  std::string want_journal;
+  for (int seq = 8; seq <= 15; ++seq) absl::StrAppend(&want_journal, "record ", seq, "\n");
+  for (int more = 0; more < 2; ++more) {
+    auto store = EtcdStateStore(place, epoch);
+    ASSERT_TRUE(store.ok());
+    auto loaded = (*store)->Load();
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ASSERT_TRUE(loaded->has_value());
+    EXPECT_TRUE((*loaded)->snapshot == text);
+    // 8 records (windows of 4, 4 and an empty one), then 9 (4, 4 and 1).
+    EXPECT_EQ((*loaded)->journal, want_journal);
+    const int seq = 16 + more;
+    ASSERT_TRUE((*store)->Append(seq, absl::StrCat("record ", seq, "\n")).ok());
+    absl::StrAppend(&want_journal, "record ", seq, "\n");
+  }
+}
+
 // The child: a leader of the epoch in its environment that loads the state and compacts it,
 // and stops for good once the new generation's chunks are written (the parent kills it).
 int CompactAndStopBeforeFlip(const std::string& spec) {

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -31,19 +32,21 @@ namespace ed = ::cxlkv::orchestrator::etcd;
 using json = nlohmann::json;
 
 constexpr std::uint32_t kMinChunkBytes = 1024;
-constexpr std::uint64_t kJournalWindow = 1000;  // records read per request
-constexpr int kLoadAttempts = 3;                // a head that moved while read: read again
+constexpr int kLoadAttempts = 3;  // a head that moved while read: read again
 
 std::string Crc(const std::string& s) {
   return absl::StrCat(absl::Hex(coherence::Crc32c(s.data(), s.size()), absl::kZeroPad8));
 }
 
-// etcd refused a request for its size: its own check (--max-request-bytes) or gRPC's limit
-// just above it.
+// etcd refused a request for its size: its own check of --max-request-bytes
+// (InvalidArgument "etcdserver: request is too large") or gRPC's receive limit just above it
+// (ResourceExhausted "... larger than max ..."). Not etcd's other ResourceExhausted errors
+// (a full database, too many requests): those stop the compaction as they are.
 bool TooLarge(const absl::Status& st) {
-  return st.code() == absl::StatusCode::kResourceExhausted ||
-         (st.code() == absl::StatusCode::kInvalidArgument &&
-          absl::StrContains(st.message(), "too large"));
+  const std::string m = absl::AsciiStrToLower(st.message());
+  return (st.code() == absl::StatusCode::kInvalidArgument ||
+          st.code() == absl::StatusCode::kResourceExhausted) &&
+         (absl::StrContains(m, "too large") || absl::StrContains(m, "larger than max"));
 }
 
 // A generation's name: the epoch of the leader that wrote it and that leader's count, both
@@ -68,6 +71,7 @@ class EtcdStore : public StateStore {
         journal_(place.domain_key + "/lmcache/journal/"),
         epoch_(epoch),
         chunk_bytes_(std::max(place.snapshot_chunk_bytes, kMinChunkBytes)),
+        journal_window_(std::max<std::uint32_t>(place.journal_read_batch, 1)),
         before_flip_(place.before_flip) {}
 
   absl::StatusOr<std::optional<Loaded>> Load() override {
@@ -105,7 +109,7 @@ class EtcdStore : public StateStore {
       done = true;
       for (std::uint64_t i = 0; i < chunks; ++i) {
         const std::string key = ChunkKey(prefix, i);
-        const absl::Status st =
+        absl::Status st =
             Guarded({ed::Op::Put(key, text.substr(i * chunk_bytes_, chunk_bytes_))}, key);
         if (st.ok()) continue;
         if (TooLarge(st) && chunk_bytes_ / 2 >= kMinChunkBytes) {
@@ -244,11 +248,11 @@ class EtcdStore : public StateStore {
     }
     // The records after the snapshot, a window at a time (each reply stays small); they are
     // numbered without gaps from journal_seq + 1.
-    for (std::uint64_t from = h->journal_seq + 1;; from += kJournalWindow) {
-      auto records = client_->Get(RecordKey(from), RecordKey(from + kJournalWindow));
+    for (std::uint64_t from = h->journal_seq + 1;; from += journal_window_) {
+      auto records = client_->Get(RecordKey(from), RecordKey(from + journal_window_));
       if (!records.ok()) return Named(records.status(), journal_, "read");
       for (const ed::KeyValue& kv : records->kvs) out.journal += kv.value;  // in seq order
-      if (records->kvs.size() < kJournalWindow) break;
+      if (records->kvs.size() < journal_window_) break;
     }
     auto m = head_moved();
     if (!m.ok()) return m.status();
@@ -303,6 +307,7 @@ class EtcdStore : public StateStore {
   std::string leader_, head_, gens_, legacy_, journal_;
   std::int64_t epoch_;
   std::uint64_t chunk_bytes_;
+  std::uint64_t journal_window_;  // records read per request
   std::function<void()> before_flip_;
   std::string live_;         // the generation the head names, as last read or written
   bool live_known_ = false;  // live_ is etcd's (a Load or a flip happened)

@@ -61,6 +61,8 @@ struct EtcdPlace {
   // halved (down to 1 KiB) each time etcd refuses one as too large (its --max-request-bytes,
   // 1.5 MiB by default), and kept so for the store's life.
   std::uint32_t snapshot_chunk_bytes = 1u << 20;
+  // Journal records read per request when loading (each reply stays small).
+  std::uint32_t journal_read_batch = 1000;
   // Tests: called once a new generation's chunks are all written, before the flip.
   std::function<void()> before_flip;
 };
