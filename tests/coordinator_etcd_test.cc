@@ -13,7 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -418,6 +421,37 @@ TEST_F(CoordinatorEtcdTest, SingleValueFormIsReadAndReplacedAndDamageIsRefused) 
     EXPECT_TRUE(absl::StartsWith(gen, absl::StrFormat("%020d-", epoch)));
     Expected more;
     Fill(*co, &more, 2000, 300, 300);  // several chunks from the next compaction on
+  }
+  // An earlier cxlkv led after this one: it found no single value, started the region afresh
+  // (a new epoch), and its compaction wrote the single value and removed the records; the
+  // head and its generation stay. Its state is the one loaded, not the head's. (That state
+  // is made here by a coordinator on a state file: the same text.)
+  Expected older;
+  std::string older_text;
+  {
+    CoordinatorConfig c = Config();
+    c.state_file = absl::StrCat("/dev/shm/cxlkv-coordinator-etcd-test-", ::getpid(), ".state");
+    for (int n = 0; n < 2; ++n) {  // the second open folds the journal into the file
+      auto co = Coordinator::Open(c, kOffset, 0);
+      ASSERT_TRUE(co.ok()) << co.status();
+      if (n == 0) Fill(**co, &older, 5000, 20, 15);
+    }
+    std::ifstream in(c.state_file, std::ios::binary);
+    older_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    std::remove(c.state_file.c_str());
+    std::remove((c.state_file + ".journal").c_str());
+  }
+  ASSERT_NE(older.epoch, e.epoch);
+  {
+    const std::string p = absl::StrCat(kDomain, "/lmcache/");
+    ASSERT_TRUE(client_->Delete(p + "journal/", ed::PrefixEnd(p + "journal/")).ok());
+    ASSERT_TRUE(client_->Put(p + "snapshot", older_text).ok());
+    auto co = Open(NewLeader());
+    ASSERT_NE(co, nullptr);
+    EXPECT_EQ(Keys().count("snapshot"), 0u);
+    ExpectHolds(*co, older);
+    Expected more;
+    Fill(*co, &more, 3000, 300, 300);  // several chunks from the next compaction on
   }
   // A deposed leader: every chunk write is refused, nothing is written. (Its coordinator
   // opened twice in one term: the second compaction names a generation of its own, never

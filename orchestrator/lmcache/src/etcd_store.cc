@@ -203,9 +203,17 @@ class EtcdStore : public StateStore {
 
   // One read of the state; *moved when the head changed while it was read (read again).
   absl::StatusOr<std::optional<Loaded>> LoadOnce(bool* moved) {
+    // The single value, when there, is the state: every flip deletes it, so it was written
+    // after the head's generation (an earlier cxlkv led since), or there is no head at all.
+    auto legacy = client_->Get(legacy_);
+    if (!legacy.ok()) return Named(legacy.status(), legacy_, "read");
+    if (!legacy->kvs.empty()) return LoadLegacy(legacy->kvs[0].value);
     auto head = client_->Get(head_);
     if (!head.ok()) return Named(head.status(), head_, "read");
-    if (head->kvs.empty()) return LoadLegacy();
+    if (head->kvs.empty()) {
+      live_known_ = true;  // none: a new region
+      return std::optional<Loaded>();
+    }
     const std::int64_t head_rev = head->kvs[0].mod_revision;
     auto h = ParseHead(head->kvs[0].value);
     if (!h.ok()) return h.status();
@@ -265,14 +273,10 @@ class EtcdStore : public StateStore {
     return std::optional<Loaded>(std::move(out));
   }
 
-  // The single-value form an earlier cxlkv wrote (no head): the snapshot and every record.
-  absl::StatusOr<std::optional<Loaded>> LoadLegacy() {
-    live_known_ = true;
-    auto snap = client_->Get(legacy_);
-    if (!snap.ok()) return Named(snap.status(), legacy_, "read");
-    if (snap->kvs.empty()) return std::optional<Loaded>();
+  // The single-value form an earlier cxlkv writes: the snapshot and every record.
+  absl::StatusOr<std::optional<Loaded>> LoadLegacy(const std::string& snapshot) {
     Loaded out;
-    out.snapshot = snap->kvs[0].value;
+    out.snapshot = snapshot;
     auto records = client_->Get(journal_, ed::PrefixEnd(journal_));
     if (!records.ok()) return Named(records.status(), journal_, "read");
     for (const ed::KeyValue& kv : records->kvs) out.journal += kv.value;  // in key (seq) order
