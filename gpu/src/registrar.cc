@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda_status.h"
+#include "cxlkv/base/bytes.h"
 #include "cxlkv/gpu/prefault.h"
 #include "cxlkv/pool/spec.h"
 
@@ -238,10 +239,10 @@ void Registrar::DoRegister(std::uint64_t id) {
       absl::Status cause = CudaStatus(err, name, "cudaHostRegister");
       absl::Status st(cause.code(),
                       absl::StrCat(name, " (", MappingKindName(kind), ", ",
-                                   pool::FormatBytes(chunks.back().offset + chunks.back().bytes),
+                                   base::FormatBytes(chunks.back().offset + chunks.back().bytes),
                                    "): the driver refused to register chunk ", c, " of ",
                                    chunks.size(), " [offset ", chunks[c].offset, ", ",
-                                   pool::FormatBytes(chunks[c].bytes), "]: ", cudaGetErrorName(err),
+                                   base::FormatBytes(chunks[c].bytes), "]: ", cudaGetErrorName(err),
                                    ": ", cudaGetErrorString(err), " — ", RefusalHint(kind)));
       RegistrationInfo snap;
       {

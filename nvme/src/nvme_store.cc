@@ -25,12 +25,13 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/pool/region.h"
 
 namespace cxlkv::nvme {
 
-using pool::ErrnoStatus;
-using pool::ErrnoText;
+using base::ErrnoStatus;
+using base::ErrnoText;
 namespace {
 
 constexpr std::uint64_t RoundUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }

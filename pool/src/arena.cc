@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cxlkv/base/bytes.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/coherence/cache.h"
 #include "owner.h"
 
@@ -126,15 +128,16 @@ absl::StatusOr<ArenaHeader> PlanHeader(const Region& region, const FormatOptions
   PlaceGeometry(h, counts);
   for (std::uint32_t c = 0; c < h.class_count; ++c) {
     if (counts[c] == 0 || h.data_end_offset > h.region_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          region.name(), ": region of ", FormatBytes(h.region_bytes),
-          " is too small for size class ", c, " (blocks of ", FormatBytes(h.classes[c].block_bytes),
-          "); use a larger size= or fewer/smaller classes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(region.name(), ": region of ", base::FormatBytes(h.region_bytes),
+                       " is too small for size class ", c, " (blocks of ",
+                       base::FormatBytes(h.classes[c].block_bytes),
+                       "); use a larger size= or fewer/smaller classes"));
     }
   }
   std::uint8_t uuid[16];
   if (::getrandom(uuid, sizeof(uuid), 0) != sizeof(uuid)) {
-    return ErrnoStatus(errno, region.name(), "getrandom");
+    return base::ErrnoStatus(errno, region.name(), "getrandom");
   }
   uuid[6] = static_cast<std::uint8_t>((uuid[6] & 0x0F) | 0x40);  // RFC 4122 version 4
   uuid[8] = static_cast<std::uint8_t>((uuid[8] & 0x3F) | 0x80);

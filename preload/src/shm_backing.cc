@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/bytes.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/pool/layout.h"
 #include "cxlkv/pool/region.h"
@@ -251,7 +253,7 @@ ShmBacking::Mapped ShmBacking::MapKmem(void* addr, std::size_t len, int prot, in
     Logf(LogLevel::kWarn,
          "CXLKV_SHM: mbind of %s to node %d failed: %s; its pages go where the "
          "kernel puts them",
-         path, spec_.numa_node, ErrnoText(err).c_str());
+         path, spec_.numa_node, base::ErrnoText(err).c_str());
   }
   if ((flags & MAP_POPULATE) != 0) {
     (void)::madvise(p, bytes, (prot & PROT_WRITE) != 0 ? kMadvPopulateWrite : kMadvPopulateRead);
@@ -307,7 +309,7 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
     const int err = errno;
     if (lfd >= 0) ::close(lfd);
     Logf(LogLevel::kError, "CXLKV_SHM: cannot create or lock %s: %s; %s is mapped as it is",
-         sidecar.c_str(), ErrnoText(err).c_str(), name);
+         sidecar.c_str(), base::ErrnoText(err).c_str(), name);
     return {};
   }
   auto fail = [&](int err, const std::string& why) -> Mapped {
@@ -390,9 +392,9 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
       gens.clear();
       rec.state = static_cast<std::uint32_t>(ShmBindingState::kPassThrough);
       CopyText(rec.reason, sizeof(rec.reason),
-               absl::StrCat("the pool has no free run of ", pool::FormatBytes(need), " (", blocks,
-                            " blocks of ", pool::FormatBytes(stride_), ", starting on a ",
-                            pool::FormatBytes(align_), " boundary)"));
+               absl::StrCat("the pool has no free run of ", base::FormatBytes(need), " (", blocks,
+                            " blocks of ", base::FormatBytes(stride_), ", starting on a ",
+                            base::FormatBytes(align_), " boundary)"));
     }
     if (!WriteBinding(lfd, &rec, gens)) {
       const int err = errno;
@@ -401,7 +403,7 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
           arena_->FreeShared(static_cast<std::uint32_t>(first) + i, gens[i]);
         }
       }
-      return fail(err, absl::StrCat("cannot write ", sidecar, ": ", ErrnoText(err)));
+      return fail(err, absl::StrCat("cannot write ", sidecar, ": ", base::ErrnoText(err)));
     }
     if (first >= 0) {
       Logf(LogLevel::kInfo,
@@ -470,16 +472,16 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
   }
   if (p == MAP_FAILED) {
     const int err = errno;
-    return fail(
-        err, absl::StrCat("mmap of its extent in ", spec_.ToString(), " failed: ", ErrnoText(err)));
+    return fail(err, absl::StrCat("mmap of its extent in ", spec_.ToString(),
+                                  " failed: ", base::ErrnoText(err)));
   }
   // This process maps the extent now: the mapper lock stays with the descriptor until the
   // mapping goes (Unmapped) or the process does.
   if (!LockByte(lfd, kShmMapperLockByte, F_RDLCK, false)) {
     const int err = errno;
     ::munmap(p, bytes);
-    return fail(err,
-                absl::StrCat("cannot take the mapper lock of ", sidecar, ": ", ErrnoText(err)));
+    return fail(
+        err, absl::StrCat("cannot take the mapper lock of ", sidecar, ": ", base::ErrnoText(err)));
   }
   UnlockByte(lfd, kShmRecordLockByte);
   std::size_t slot = kMaxTracked;
