@@ -263,14 +263,14 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Open(std::unique_ptr<Region> regio
   if (a->read_only_) return a;
   a->Recover();
   {
-    std::lock_guard<std::mutex> lock(a->attach_mu_);
+    base::MutexLock lock(a->attach_mu_);
     if (auto st = a->Attach(); !st.ok()) return st;
   }
   return a;
 }
 
 Arena::~Arena() {
-  std::lock_guard<std::mutex> lock(attach_mu_);
+  base::MutexLock lock(attach_mu_);
   Detach();
 }
 
@@ -293,7 +293,7 @@ absl::Status Arena::Attach() {
       slot.state.store(SlotWord(kSlotActive, self.pid, epoch), std::memory_order_release);
       owner_id_.store(s + 1, std::memory_order_relaxed);
       attached_pid_ = self.pid;
-      attached_fork_epoch_ = ForkEpoch();
+      attached_fork_epoch_.store(ForkEpoch(), std::memory_order_relaxed);
       return absl::OkStatus();
     }
     Recover();
@@ -323,8 +323,9 @@ absl::Status Arena::EnsureAttached() {
     return absl::FailedPreconditionError(
         absl::StrCat(region_->name(), ": arena was opened read-only; it cannot allocate"));
   }
-  std::lock_guard<std::mutex> lock(attach_mu_);
-  if (attached_fork_epoch_ == ForkEpoch() && owner_id_.load(std::memory_order_relaxed) != 0) {
+  base::MutexLock lock(attach_mu_);
+  if (attached_fork_epoch_.load(std::memory_order_relaxed) == ForkEpoch() &&
+      owner_id_.load(std::memory_order_relaxed) != 0) {
     return absl::OkStatus();
   }
   owner_id_.store(0, std::memory_order_relaxed);  // forked child: the parent's slot is not ours
@@ -412,7 +413,8 @@ RecoveryReport Arena::Recover() {
 std::size_t Arena::ClaimBatch(std::uint32_t cls, std::uint32_t* out, std::size_t n) noexcept {
   if (cls >= header_.class_count || n == 0) return 0;
   // Unlocked fast check; the slow path (first call after fork) takes the mutex.
-  if ((attached_fork_epoch_ != ForkEpoch() || owner_id_.load(std::memory_order_relaxed) == 0) &&
+  if ((attached_fork_epoch_.load(std::memory_order_relaxed) != ForkEpoch() ||
+       owner_id_.load(std::memory_order_relaxed) == 0) &&
       !EnsureAttached().ok()) {
     return 0;
   }
@@ -456,7 +458,8 @@ std::size_t Arena::ClaimBatch(std::uint32_t cls, std::uint32_t* out, std::size_t
 std::int64_t Arena::ClaimRun(std::uint32_t cls, std::uint32_t n,
                             std::uint64_t align_bytes) noexcept {
   if (cls >= header_.class_count || n == 0) return -1;
-  if ((attached_fork_epoch_ != ForkEpoch() || owner_id_.load(std::memory_order_relaxed) == 0) &&
+  if ((attached_fork_epoch_.load(std::memory_order_relaxed) != ForkEpoch() ||
+       owner_id_.load(std::memory_order_relaxed) == 0) &&
       !EnsureAttached().ok()) {
     return -1;
   }

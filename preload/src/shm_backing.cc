@@ -292,7 +292,7 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
   }
   FileId id;
   if (!IdOf(fd, "", AT_EMPTY_PATH, &id) || !S_ISREG(id.mode) || id.size == 0 || off < 0) return {};
-  std::lock_guard lock(mu_);
+  base::MutexLock lock(mu_);
   if (auto st = EnsureArena(); !st.ok()) {
     if (FirstTime(once_arena_)) {
       Logf(LogLevel::kError,
@@ -341,7 +341,7 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
     // what it takes to reach the next aligned address holds an aligned extent (the heap does
     // the same for jemalloc's aligned requests).
     const std::uint64_t lead_blocks = align_ > kPage ? (align_ + stride_ - 1) / stride_ : 0;
-    auto claim = [&]() {
+    auto claim = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       std::int64_t f = -1;
       if (blocks <= arena_->class_record(cls_).block_count) {
         f = arena_->ClaimRun(cls_, static_cast<std::uint32_t>(blocks), align_);
@@ -579,7 +579,7 @@ std::size_t ShmBacking::CollectDirLocked(const std::string& dir, const std::stri
 }
 
 std::size_t ShmBacking::CollectGarbage(const std::string& dir) noexcept {
-  std::lock_guard lock(mu_);
+  base::MutexLock lock(mu_);
   if (spec_.kind == pool::SourceKind::kKmem || !EnsureArena().ok()) return 0;
   return CollectDirLocked(dir, "");
 }
@@ -587,7 +587,7 @@ std::size_t ShmBacking::CollectGarbage(const std::string& dir) noexcept {
 std::size_t ShmBacking::UnmapLength(const void* addr, std::size_t len) const noexcept {
   if (ntracked_.load(std::memory_order_relaxed) == 0) return len;
   const auto lo = reinterpret_cast<std::uintptr_t>(addr);
-  std::lock_guard lock(mu_);
+  base::MutexLock lock(mu_);
   for (const Tracked& t : tracked_) {
     if (t.lock_fd >= 0 && t.addr == lo && len >= t.asked && len < t.bytes) return t.bytes;
   }
@@ -597,7 +597,7 @@ std::size_t ShmBacking::UnmapLength(const void* addr, std::size_t len) const noe
 void ShmBacking::Unmapped(const void* addr, std::size_t len) noexcept {
   if (ntracked_.load(std::memory_order_relaxed) == 0) return;
   const auto lo = reinterpret_cast<std::uintptr_t>(addr);
-  std::lock_guard lock(mu_);
+  base::MutexLock lock(mu_);
   for (Tracked& t : tracked_) {
     if (t.lock_fd < 0 || t.addr < lo || t.addr + t.bytes > lo + len) continue;
     // The whole extent mapping is gone: drop this mapping's claim, then collect the extent
@@ -623,7 +623,7 @@ void ShmBacking::Unlinked(int dirfd, const char* path, const struct stat& before
   std::string dir, base;
   SplitPath(p, &dir, &base);
   const std::string prefix = absl::StrCat(".", base, ".", before.st_ino, ".");
-  std::lock_guard lock(mu_);
+  base::MutexLock lock(mu_);
   if (!EnsureArena().ok()) return;
   const int dfd = ::openat(dirfd, dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) return;
