@@ -2,10 +2,12 @@
 #include <cerrno>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "cxlkv/base/bytes.h"
 #include "cxlkv/base/errno.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/base/toml_reader.h"
 #include "gtest/gtest.h"
 
@@ -54,6 +56,33 @@ TEST(TomlReader, ErrorsNameTheSourceLineAndKey) {
   auto bad = ParseToml("[a\n", "broken.toml");
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
   EXPECT_NE(bad.status().message().find("broken.toml:1:"), std::string::npos) << bad.status();
+}
+
+// The annotated mutex is std::mutex underneath: a waiter on the CondVar releases it (the other
+// thread takes it and sets the flag), wakes on the notify and holds it again; after the scope
+// it is free.
+TEST(Mutex, CondVarReleasesWaitsAndRetakes) {
+  Mutex mu;
+  CondVar cv;
+  bool ready = false;
+  int seen = 0;
+  std::thread t([&] {
+    MutexLock l(mu);
+    ready = true;
+    cv.NotifyAll();
+  });
+  {
+    MutexLock l(mu);
+    while (!ready) cv.Wait(mu);
+    seen = 1;
+  }
+  t.join();
+  EXPECT_EQ(seen, 1);
+  if (mu.TryLock()) {
+    mu.Unlock();
+  } else {
+    ADD_FAILURE() << "the mutex is still held after its MutexLock's scope";
+  }
 }
 
 }  // namespace

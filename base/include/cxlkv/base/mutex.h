@@ -12,7 +12,7 @@
 //   base::Mutex mu_;
 //   int n_ ABSL_GUARDED_BY(mu_);
 //   void Helper() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-//   { base::MutexLock l(mu_); ++n_; }         // scoped; l.Unlock() / l.Lock() in between
+//   { base::MutexLock l(mu_); ++n_; }         // scoped
 //   while (n_ == 0) cv_.Wait(mu_);            // a loop, not a predicate lambda: clang does
 //                                             // not carry the held lock into a lambda
 //
@@ -20,7 +20,6 @@
 #ifndef CXLKV_BASE_MUTEX_H_
 #define CXLKV_BASE_MUTEX_H_
 
-#include <chrono>
 #include <condition_variable>
 #include <mutex>
 
@@ -37,37 +36,22 @@ class ABSL_LOCKABLE Mutex {
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
   void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
   bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) { return mu_.try_lock(); }
-  // Tells the analysis the lock is held where it cannot see it (no run-time check).
-  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {}
 
  private:
   friend class CondVar;
   std::mutex mu_;
 };
 
-// Holds a Mutex for its scope. Unlock() and Lock() release and take it again in between
-// (the destructor unlocks only if held).
+// Holds a Mutex for its scope.
 class ABSL_SCOPED_LOCKABLE MutexLock {
  public:
   explicit MutexLock(Mutex& mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_.Lock(); }
-  ~MutexLock() ABSL_UNLOCK_FUNCTION() {
-    if (held_) mu_.Unlock();
-  }
+  ~MutexLock() ABSL_UNLOCK_FUNCTION() { mu_.Unlock(); }
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
 
-  void Unlock() ABSL_UNLOCK_FUNCTION() {
-    held_ = false;
-    mu_.Unlock();
-  }
-  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
-    mu_.Lock();
-    held_ = true;
-  }
-
  private:
   Mutex& mu_;
-  bool held_ = true;
 };
 
 // A condition variable over a base::Mutex (std::condition_variable underneath).
@@ -78,15 +62,6 @@ class CondVar {
     std::unique_lock<std::mutex> l(mu.mu_, std::adopt_lock);
     cv_.wait(l);
     l.release();
-  }
-  // The same, for at most `timeout`; false if it ran out.
-  template <class Rep, class Period>
-  bool WaitFor(Mutex& mu, std::chrono::duration<Rep, Period> timeout)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    std::unique_lock<std::mutex> l(mu.mu_, std::adopt_lock);
-    const bool woken = cv_.wait_for(l, timeout) == std::cv_status::no_timeout;
-    l.release();
-    return woken;
   }
   void NotifyOne() noexcept { cv_.notify_one(); }
   void NotifyAll() noexcept { cv_.notify_all(); }
