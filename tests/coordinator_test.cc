@@ -143,12 +143,6 @@ class SlowDisk : public StateStore {
 // sync), every acknowledged object is there after a restart, and a failed sync fails the call
 // and every one after it.
 TEST_F(CoordinatorTest, ConcurrentChangesShareSyncsAndSurviveARestart) {
-#if defined(__SANITIZE_THREAD__)
-  // The coordinator orders its threads with absl::Mutex, and Debian's libabsl is not built with
-  // TSan: the runtime never sees those locks taken, so it reports their critical sections as
-  // races (as for gRPC, whose tests carry the `rpc` label the TSan run skips).
-  GTEST_SKIP() << "absl::Mutex from Debian's uninstrumented libabsl: invisible to TSan";
-#endif
   auto disk = std::make_unique<SlowDisk>(c_.state_file, 10);
   SlowDisk* d = disk.get();
   auto opened = Coordinator::Open(c_, kOffset, 0, std::move(disk));
@@ -188,12 +182,6 @@ TEST_F(CoordinatorTest, ConcurrentChangesShareSyncsAndSurviveARestart) {
 
 // A lookup does not reveal a finish whose record is not durable yet: it waits for the sync.
 TEST_F(CoordinatorTest, ALookupWaitsForTheFinishItReveals) {
-#if defined(__SANITIZE_THREAD__)
-  // The coordinator orders its threads with absl::Mutex, and Debian's libabsl is not built with
-  // TSan: the runtime never sees those locks taken, so it reports their critical sections as
-  // races (as for gRPC, whose tests carry the `rpc` label the TSan run skips).
-  GTEST_SKIP() << "absl::Mutex from Debian's uninstrumented libabsl: invisible to TSan";
-#endif
   auto writer = Open();
   const std::string e = writer->region().region_epoch;
   auto g = writer->Reserve("t", e, {Item(7)}, 0);

@@ -192,7 +192,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
                                                                std::int64_t now_ms,
                                                                std::unique_ptr<StateStore> store) {
   std::unique_ptr<Coordinator> co(new Coordinator(c, region_offset, std::move(store)));
-  absl::MutexLock l(&co->mu_);
+  base::MutexLock l(co->mu_);
   co->free_.emplace(0, c.region_bytes);
   auto loaded = co->store_->Load();
   if (!loaded.ok()) return loaded.status();
@@ -268,15 +268,14 @@ absl::StatusOr<std::uint32_t> Coordinator::Expire(std::int64_t now_ms) {
 }
 
 absl::Status Coordinator::WaitDurable(std::uint64_t seq) {
-  absl::MutexLock l(&sync_mu_);
+  base::MutexLock l(sync_mu_);
   while (true) {
     if (!sync_error_.ok()) return sync_error_;
     if (synced_seq_ >= seq) return absl::OkStatus();
     if (syncing_) {
       // Another caller's sync is running: it may cover this record too (it started after the
       // record was appended), or the next one will.
-      sync_mu_.Await(absl::Condition(
-          +[](bool* syncing) { return !*syncing; }, &syncing_));
+      while (syncing_) sync_done_.Wait(sync_mu_);
       continue;
     }
     // This caller syncs for everyone whose record is appended by now.
@@ -284,12 +283,13 @@ absl::Status Coordinator::WaitDurable(std::uint64_t seq) {
     sync_mu_.Unlock();
     std::uint64_t target = 0;
     {
-      absl::MutexLock m(&mu_);
+      base::MutexLock m(mu_);
       target = journal_seq_;
     }
     const absl::Status st = store_->Sync();
     sync_mu_.Lock();
     syncing_ = false;
+    sync_done_.NotifyAll();
     ++syncs_;
     if (!st.ok()) {
       // The changes are applied in memory and cannot be made durable: nothing more is
@@ -319,7 +319,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
     lengths.push_back(*len);
   }
   const std::uint64_t align = c_.alignment_bytes;
-  absl::MutexLock l(&mu_);
+  base::MutexLock l(mu_);
   const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
   std::uint64_t total = 0;
   std::vector<bool> wanted(items.size());
@@ -478,7 +478,7 @@ absl::Status Coordinator::FinishOrAbortUnsynced(bool finish, const std::string& 
                                                 const std::vector<ReservationRef>& refs,
                                                 std::int64_t now_ms, std::uint64_t* need) {
   if (auto st = CheckEpoch(epoch); !st.ok()) return st;
-  absl::MutexLock l(&mu_);
+  base::MutexLock l(mu_);
   const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
   std::vector<std::string> ids;
   if (auto st = CheckRefsLocked(tenant, refs, now_ms, &ids); !st.ok()) return st;
@@ -516,7 +516,7 @@ absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::LookupUnsynced(
   for (const ObjectKey& k : keys) {
     if (auto st = AddKeyId(ns, k, "lookup", &seen, &ids); !st.ok()) return st;
   }
-  absl::MutexLock l(&mu_);
+  base::MutexLock l(mu_);
   const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
   std::vector<std::optional<Hit>> hits(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -537,7 +537,7 @@ absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::LookupUnsynced(
 
 absl::StatusOr<std::uint32_t> Coordinator::ExpireUnsynced(std::int64_t now_ms,
                                                           std::uint64_t* need) {
-  absl::MutexLock l(&mu_);
+  base::MutexLock l(mu_);
   const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
   std::vector<std::string> gone;
   for (const std::string& id : writing_) {
@@ -554,13 +554,13 @@ absl::StatusOr<std::uint32_t> Coordinator::ExpireUnsynced(std::int64_t now_ms,
 }
 
 Stats Coordinator::stats() const {
-  absl::MutexLock l(&mu_);
+  base::MutexLock l(mu_);
   Stats s = stats_;
   s.used_bytes = used_bytes_;
   s.object_count = objects_.size();
   s.writing = writing_.size();
   s.journal_records = journal_seq_;
-  absl::MutexLock sl(&sync_mu_);
+  base::MutexLock sl(sync_mu_);
   s.syncs = syncs_;
   return s;
 }
@@ -873,7 +873,7 @@ absl::Status Coordinator::CompactLocked() {
   if (auto st = store_->Compact(SerializeLocked(), journal_seq_); !st.ok()) return st;
   journal_records_ = 0;
   // The snapshot holds every record so far, durably.
-  absl::MutexLock sl(&sync_mu_);
+  base::MutexLock sl(sync_mu_);
   synced_seq_ = std::max(synced_seq_, journal_seq_);
   return absl::OkStatus();
 }

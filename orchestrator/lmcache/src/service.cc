@@ -189,12 +189,12 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
   if (!tokens.ok()) return tokens.status();
   s->tokens_ = *std::move(tokens);
   if (standby) {
-    absl::MutexLock l(&s->mu_);
+    base::MutexLock l(s->mu_);
     s->standby_why_ = "not elected yet";
   } else {
     auto co = Coordinator::Open(c, region_offset, NowMs());
     if (!co.ok()) return co.status();
-    absl::MutexLock l(&s->mu_);
+    base::MutexLock l(s->mu_);
     s->co_ = *std::move(co);
   }
   mg_init_library(0);
@@ -265,7 +265,7 @@ void Service::LogServing(const Coordinator& co, const std::string& from) const {
 }
 
 std::shared_ptr<Coordinator> Service::Serving(std::string* why) {
-  absl::MutexLock l(&mu_);
+  base::MutexLock l(mu_);
   if (co_ != nullptr && (!may_serve_ || may_serve_())) return co_;
   *why = co_ != nullptr ? "its leadership's write deadline passed (it was paused, or etcd is "
                           "unreachable)"
@@ -276,7 +276,7 @@ std::shared_ptr<Coordinator> Service::Serving(std::string* why) {
 absl::Status Service::Lead(std::unique_ptr<StateStore> store, std::function<bool()> may_serve) {
   const std::string from = store->where();
   auto co = Coordinator::Open(c_, region_offset_, NowMs(), std::move(store));
-  absl::MutexLock l(&mu_);
+  base::MutexLock l(mu_);
   if (!co.ok()) {
     co_.reset();
     standby_why_ =
@@ -291,7 +291,7 @@ absl::Status Service::Lead(std::unique_ptr<StateStore> store, std::function<bool
 }
 
 void Service::StandBy(const std::string& why) {
-  absl::MutexLock l(&mu_);
+  base::MutexLock l(mu_);
   if (co_ == nullptr) return;
   co_.reset();
   may_serve_ = nullptr;

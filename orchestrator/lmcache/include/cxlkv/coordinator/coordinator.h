@@ -36,7 +36,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/base/thread_annotations.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/coordinator/config.h"
 
 namespace cxlkv::coordinator {
@@ -256,7 +257,7 @@ class Coordinator {
   CoordinatorConfig c_;
   RegionInfo region_;
   bool restored_ = false;
-  mutable absl::Mutex mu_;
+  mutable base::Mutex mu_;
   // Free space: region-relative offset -> length, coalesced.
   std::map<std::uint64_t, std::uint64_t> free_ ABSL_GUARDED_BY(mu_);
   // Objects by namespace + "\x1f" + canonical key.
@@ -273,9 +274,10 @@ class Coordinator {
   std::uint64_t journal_records_ ABSL_GUARDED_BY(mu_) = 0;  // since the snapshot
   Stats stats_ ABSL_GUARDED_BY(mu_);
   // The group commit (taken after mu_, never before it).
-  mutable absl::Mutex sync_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  mutable base::Mutex sync_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::uint64_t synced_seq_ ABSL_GUARDED_BY(sync_mu_) = 0;  // durable up to here
   bool syncing_ ABSL_GUARDED_BY(sync_mu_) = false;          // a caller is in Sync now
+  base::CondVar sync_done_;                                 // notified when syncing_ clears
   absl::Status sync_error_ ABSL_GUARDED_BY(sync_mu_);       // a failed Sync: every call fails
   std::uint64_t syncs_ ABSL_GUARDED_BY(sync_mu_) = 0;       // Sync calls (Stats::syncs)
 };

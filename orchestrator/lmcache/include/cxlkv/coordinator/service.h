@@ -26,7 +26,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/base/thread_annotations.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/coordinator/config.h"
 #include "cxlkv/coordinator/coordinator.h"
 
@@ -107,7 +108,7 @@ class Service {
 
   CoordinatorConfig c_;
   std::uint64_t region_offset_ = 0;
-  mutable absl::Mutex mu_;
+  mutable base::Mutex mu_;
   std::shared_ptr<Coordinator> co_ ABSL_GUARDED_BY(mu_);
   std::function<bool()> may_serve_ ABSL_GUARDED_BY(mu_);
   std::string standby_why_ ABSL_GUARDED_BY(mu_);
