@@ -36,7 +36,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/base/thread_annotations.h"
 #include "cxlkv/base/mutex.h"
 #include "cxlkv/coordinator/config.h"
 

@@ -26,7 +26,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/base/thread_annotations.h"
 #include "cxlkv/base/mutex.h"
 #include "cxlkv/coordinator/config.h"
 #include "cxlkv/coordinator/coordinator.h"
