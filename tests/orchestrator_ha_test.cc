@@ -1438,7 +1438,23 @@ TEST_F(HaTest, OrchestratorsUseEtcdAuthentication) {
   a.AppendToEtcdSection("user = \"root\"\npassword_file = \"" + pw + "\"");
   b.AppendToEtcdSection("user = \"root\"\npassword_file = \"" + pw + "\"");
   c.AppendToEtcdSection("user = \"root\"\npassword_file = \"" + bad + "\"");
+  // [lmcache]: the coordinator's state store in etcd is made from the same [etcd] options
+  // (authentication included) as the election's client.
+  const std::string tokens = a.dir + "/lmcache-tokens";
+  std::ofstream(tokens) << "ha-test-lmcache-token-0123456789\n";
+  ::chmod(tokens.c_str(), 0600);
+  for (HaOrchestrator* o : {&a, &b}) {
+    o->AppendConfig(absl::StrCat("[lmcache]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"", tokens,
+                                 "\"\nlayout_id = \"ha-test\"\nregion_size = \"16M\"\n"
+                                 "alignment = \"4K\"\n"));
+  }
   ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
+  // The leader's coordinator loaded its state from etcd as user root: it serves.
+  const int lmcache_port = a.LmcachePort();
+  ASSERT_GT(lmcache_port, 0) << ReadFile(a.log);
+  EXPECT_TRUE(Eventually([&] { return Http(lmcache_port, "GET", "/readyz", "").first == 200; },
+                         milliseconds(10000)))
+      << ReadFile(a.log);
   std::map<std::uint32_t, std::set<std::uint32_t>> granted;
   std::uint64_t inc = 0;
   ASSERT_TRUE(HostCalls::JoinAndGrow(a, 0, 2, &inc, &granted[0]));

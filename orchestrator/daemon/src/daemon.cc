@@ -1057,16 +1057,8 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
 void Orchestrator::LeadLmcache(std::int64_t revision) {
   // The coordinator's state is in etcd beside the domain's (orchestrator/lmcache/); an error
   // leaves it answering 503 with the reason while the domain is led as usual.
-  coordinator::EtcdPlace place;
-  place.endpoints = config_.etcd.endpoints;
-  place.domain_key = ha_->where();
-  place.call_timeout_ms = config_.etcd.call_timeout_ms;
-  place.user = config_.etcd.user;
-  place.password = config_.etcd.password;
-  place.ca_pem = config_.etcd.ca_pem;
-  place.cert_pem = config_.etcd.cert_pem;
-  place.key_pem = config_.etcd.key_pem;
-  auto store = coordinator::EtcdStateStore(place, revision);
+  // On the [etcd] section's client options, as the HA session's own clients (ha_etcd.cc).
+  auto store = ha_->CoordinatorStore(revision);
   if (!store.ok()) {
     std::fprintf(stderr, "cxlkv-orchestrator: lmcache: %s\n",
                  std::string(store.status().message()).c_str());

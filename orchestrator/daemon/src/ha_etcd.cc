@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cxlkv/coordinator/etcd_store.h"
 #include "cxlkv/orchestrator/directory.h"
 #include "cxlkv/orchestrator/election.h"
 #include "cxlkv/orchestrator/etcd.h"
@@ -24,6 +25,22 @@ namespace cxlkv::orchestrator {
 namespace {
 
 namespace ed = ::cxlkv::orchestrator::etcd;
+
+// The etcd client's options as the [etcd] section gives them: the endpoints, the call timeout,
+// the user and password, the TLS CA, certificate and key. Every client the daemon makes for
+// the domain starts from these (the session's two, the coordinator's store); each bounds one
+// attempt on one endpoint its own way.
+ed::ClientOptions ClientOptionsOf(const EtcdConfig& e) {
+  ed::ClientOptions o;
+  o.endpoints = e.endpoints;
+  o.call_timeout_ms = e.call_timeout_ms;
+  o.user = e.user;
+  o.password = e.password;
+  o.ca_pem = e.ca_pem;
+  o.cert_pem = e.cert_pem;
+  o.key_pem = e.key_pem;
+  return o;
+}
 
 class EtcdHa final : public HaSession {
  public:
@@ -218,6 +235,11 @@ class EtcdHa final : public HaSession {
 
   std::string where() const override { return where_; }
 
+  absl::StatusOr<std::unique_ptr<coordinator::StateStore>> CoordinatorStore(
+      std::int64_t revision) override {
+    return coordinator::EtcdStateStore(ClientOptionsOf(c_.etcd), where_, revision);
+  }
+
  private:
   std::string StateKey() const { return where_ + "/state"; }
 
@@ -285,15 +307,8 @@ class EtcdHa final : public HaSession {
 absl::StatusOr<std::unique_ptr<HaSession>> HaSession::Create(const Config& c,
                                                              const std::string& self,
                                                              coherence::Clock* clock) {
-  ed::ClientOptions o;
-  o.endpoints = c.etcd.endpoints;
-  o.call_timeout_ms = c.etcd.call_timeout_ms;
+  ed::ClientOptions o = ClientOptionsOf(c.etcd);
   o.attempt_timeout_ms = std::max<std::uint32_t>(c.etcd.call_timeout_ms / 2, 100);
-  o.user = c.etcd.user;
-  o.password = c.etcd.password;
-  o.ca_pem = c.etcd.ca_pem;
-  o.cert_pem = c.etcd.cert_pem;
-  o.key_pem = c.etcd.key_pem;
   auto client = ed::Client::Create(o);
   if (!client.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("etcd.endpoints: ", client.status().message()));

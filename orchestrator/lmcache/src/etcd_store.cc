@@ -2,12 +2,13 @@
 // <domain key>/lmcache/snapshot and <domain key>/lmcache/journal/<seq, 20 digits>, written
 // only by the leader of `epoch` (each write is a transaction guarded by the leader key's
 // create revision, as the daemon's own state writes are).
+#include "cxlkv/coordinator/etcd_store.h"
+
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cxlkv/coordinator/service.h"
-#include "cxlkv/orchestrator/etcd.h"
 
 namespace cxlkv::coordinator {
 namespace {
@@ -16,11 +17,11 @@ namespace ed = ::cxlkv::orchestrator::etcd;
 
 class EtcdStore : public StateStore {
  public:
-  EtcdStore(std::unique_ptr<ed::Client> client, const EtcdPlace& place, std::int64_t epoch)
+  EtcdStore(std::unique_ptr<ed::Client> client, const std::string& domain_key, std::int64_t epoch)
       : client_(std::move(client)),
-        leader_(place.domain_key + "/leader"),
-        snapshot_(place.domain_key + "/lmcache/snapshot"),
-        journal_(place.domain_key + "/lmcache/journal/"),
+        leader_(domain_key + "/leader"),
+        snapshot_(domain_key + "/lmcache/snapshot"),
+        journal_(domain_key + "/lmcache/journal/"),
         epoch_(epoch) {}
 
   absl::StatusOr<std::optional<Loaded>> Load() override {
@@ -82,20 +83,14 @@ class EtcdStore : public StateStore {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<StateStore>> EtcdStateStore(const EtcdPlace& place,
+absl::StatusOr<std::unique_ptr<StateStore>> EtcdStateStore(const ed::ClientOptions& options,
+                                                           const std::string& domain_key,
                                                            std::int64_t epoch) {
-  ed::ClientOptions o;
-  o.endpoints = place.endpoints;
-  o.call_timeout_ms = place.call_timeout_ms;
-  o.attempt_timeout_ms = std::min<std::uint32_t>(o.attempt_timeout_ms, place.call_timeout_ms);
-  o.user = place.user;
-  o.password = place.password;
-  o.ca_pem = place.ca_pem;
-  o.cert_pem = place.cert_pem;
-  o.key_pem = place.key_pem;
+  ed::ClientOptions o = options;
+  o.attempt_timeout_ms = std::min<std::uint32_t>(o.attempt_timeout_ms, o.call_timeout_ms);
   auto client = ed::Client::Create(o);
   if (!client.ok()) return client.status();
-  return std::unique_ptr<StateStore>(new EtcdStore(*std::move(client), place, epoch));
+  return std::unique_ptr<StateStore>(new EtcdStore(*std::move(client), domain_key, epoch));
 }
 
 }  // namespace cxlkv::coordinator
