@@ -995,6 +995,32 @@ TEST(PrefixAudit, MissAfterChurnProbesAFewEntriesNotTheIndex) {
   }
 }
 
+// Eviction under pressure converts published entries into retired ones, which hold their index
+// slots until their grace has passed and they are reclaimed: evicting frees nothing at once.
+// The owner evicts the published entries beyond max_load once, not again at every step until
+// the reclaim (the engine adapters' removal test found 224 publishes into a 256-entry index
+// leaving none published: each step evicted another max_load's excess).
+TEST(Prefix, EvictionUnderPressureKeepsMaxLoadOfTheIndexPublished) {
+  World w({2, 64, 4, 64, 400, 4000, 40});
+  const std::uint32_t limit = 48;  // max_load 0.75 of 64 entries
+  for (std::uint32_t i = 0; i < 56; ++i) {
+    ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(i), PrefixKey{}, Ref(i)).ok()) << i;
+  }
+  for (int step = 0; step < 10; ++step) w.owner->Step();  // no time passes: nothing reclaimed
+  EXPECT_EQ(w.owner->published_entries(), limit);
+  EXPECT_EQ(w.owner->retired_entries(), 56u - limit);
+  EXPECT_EQ(w.owner->stats().evicted, 56u - limit);
+  for (int round = 0; round < 4; ++round) {  // the grace passes: the evicted are reclaimed
+    w.now += 30;
+    w.Beat();
+  }
+  EXPECT_EQ(w.owner->stats().reclaimed, 56u - limit);
+  EXPECT_EQ(w.owner->published_entries(), limit);
+  std::uint32_t hits = 0;
+  for (std::uint32_t i = 0; i < 56; ++i) hits += w.h1->Lookup(w.ns, w.Key(i)).has_value() ? 1 : 0;
+  EXPECT_EQ(hits, limit);
+}
+
 // Issue #21 (audit #15 at load). With the index kept 70 % full through many publish /
 // retire / reclaim cycles, tombstones fill the empty slots a miss used to stop at; a lookup
 // of an absent key must still read about as many entries as a hit, not walk the clusters.

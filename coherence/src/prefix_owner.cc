@@ -443,9 +443,13 @@ bool PrefixOwner::HostLive(std::uint32_t host, HostRow* row) {
 void PrefixOwner::Step() {
   ApplyRequests();
   FenceExpiredHosts();
-  const std::uint32_t in_use = published_count_ + retired_count_;
+  // Evicting turns published entries into retired ones, which keep their index slots until
+  // their grace has passed and they are reclaimed: it lowers the load only once those are
+  // freed. So the published entries beyond max_load are evicted, once; the retired ones are
+  // already on their way out (counting them evicted another excess at every step until the
+  // reclaim, down to nothing published).
   const auto limit = static_cast<std::uint32_t>(options_.max_load * h_.index_entries);
-  if (in_use > limit) Evict(in_use - limit);
+  if (published_count_ > limit) Evict(published_count_ - limit);
   Reclaim();
 }
 

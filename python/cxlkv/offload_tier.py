@@ -18,6 +18,17 @@ the same block hash finds the block (vLLM's hashes are process-independent only 
 ``lookup`` says ``None`` while a store of the key is queued or running, and after it is
 published until the owner has applied it (at most ``visibility_timeout_s``; then ``False``).
 
+**Events** (``track_events=True``; vLLM's tier-owned KV events): :meth:`take_events` yields,
+in the order they happened, ``(False, keys)`` for the keys of each store job whose success
+:meth:`get_finished` handed over (keys not announced already), and ``(True, keys)`` for
+announced keys that left the domain (the owner evicted or retired them, or another host's
+block a store found there went away), so a router stops scoring them. Removals are found by
+looking up the announced keys on the worker thread every ``removal_check_s`` (sooner when the
+owner hands this host blocks back), a few hundred at a time between jobs, never on the
+scheduler's calls. The tier keeps the engine keys it announced, because a removal must name
+them and the domain knows only its one-way prefix keys; an entry leaves when its removal is
+announced.
+
 No NVMe spill here (unlike :class:`~cxlkv.PageStore`'s ``spill=``): vLLM cascades every store
 to all of its configured secondary tiers and stages loads through the primary itself, so
 local NVMe is another secondary tier listed after this one (python/README.md, "Engine
@@ -72,6 +83,8 @@ class TierJobResult:
     transfer_time: Optional[float] = None  # seconds
     transfer_bytes: Optional[int] = None
     error: Optional[str] = None  # why it failed, when it failed on an error
+    # A store that succeeded, with events tracked: its keys (announced by get_finished).
+    stored_keys: Optional[List[bytes]] = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -229,12 +242,15 @@ class OffloadTier:
         max_batch: keys leased per ``cxlkv_lease_acquire_chain``.
         acquire_wait_s: how long a load waits for a lease row or the owner's confirmation of
             this host before the rest of the job fails.
+        track_events: record stores and removals for :meth:`take_events`.
+        removal_check_s: how often the announced keys are looked up for removals.
     """
 
     def __init__(self, domain: Domain, namespace: Namespace, primary_kv_view: Any, *,
                  block_bytes: Optional[int] = None, size_class: int = 0,
                  visibility_timeout_s: float = 5.0,
-                 max_batch: int = 64, acquire_wait_s: float = 0.25) -> None:
+                 max_batch: int = 64, acquire_wait_s: float = 0.25,
+                 track_events: bool = False, removal_check_s: float = 1.0) -> None:
         home = domain.home_arena
         if home is None:
             raise InvalidArgumentError(f"{domain!r} has no arena attached",
@@ -266,6 +282,20 @@ class OffloadTier:
         self._pending = 0  # jobs queued or running
         self._idle = threading.Condition(self._mu)
         self._closed = False
+        if removal_check_s <= 0:
+            raise InvalidArgumentError(f"removal_check_s must be > 0, got {removal_check_s}",
+                                       operation="OffloadTier",
+                                       hint="seconds between looks for removed blocks, e.g. 1")
+        self.track_events = track_events
+        self.removal_check_s = removal_check_s
+        # Events: the engine keys announced as stored (-> prefix key, announcement number),
+        # the log take_events hands out, and the worker's sweep for removals.
+        self._announced: Dict[bytes, Tuple[PrefixKey, int]] = {}
+        self._announce_seq = 0
+        self._events: List[Tuple[bool, List[bytes]]] = []
+        self._sweep: List[Tuple[bytes, PrefixKey, int]] = []
+        self._next_sweep = time.monotonic() + removal_check_s
+        self._returned_seen = 0
         self._worker = threading.Thread(target=self._run, name=f"cxlkv-offload {namespace!r}",
                                         daemon=True)
         self._worker.start()
@@ -319,8 +349,29 @@ class OffloadTier:
         out: List[TierJobResult] = []
         with self._mu:
             while self._done:
-                out.append(self._done.popleft())
+                r = self._done.popleft()
+                if r.stored_keys is not None:
+                    self._announce(r.stored_keys)
+                    r.stored_keys = None
+                out.append(r)
         return out
+
+    def take_events(self) -> List[Tuple[bool, List[bytes]]]:
+        """What happened to this tier's blocks since the last call, in order:
+        ``(removed, keys)`` (``track_events`` only; else always empty)."""
+        with self._mu:
+            out, self._events = self._events, []
+        return out
+
+    def _announce(self, keys: Sequence[bytes]) -> None:
+        """(under _mu) Records a stored event for the keys not announced already."""
+        new = [kb for kb in keys if kb not in self._announced]
+        if not new:
+            return
+        self._announce_seq += 1
+        for kb in new:
+            self._announced[kb] = (self.key(kb), self._announce_seq)
+        self._events.append((False, new))
 
     def touch(self, keys: Iterable[Any], req_context: Any = None) -> None:
         """Recency hint. The domain's owner decides evictions, and a lease is what keeps a
@@ -380,7 +431,15 @@ class OffloadTier:
 
     def _run(self) -> None:
         while True:
-            q = self._q.get()
+            if self.track_events:
+                # A step of a sweep between any two jobs, so a busy queue does not starve it.
+                self._sweep_some()
+                try:
+                    q = self._q.get(timeout=self._sweep_wait())
+                except queue.Empty:
+                    continue
+            else:
+                q = self._q.get()
             if q is None:
                 return
             t0 = time.monotonic()
@@ -392,6 +451,8 @@ class OffloadTier:
                 res = TierJobResult(q.job.job_id, False, [] if q.kind == "load" else None,
                                     error=msg)
             res.transfer_time = time.monotonic() - t0
+            if self.track_events and q.kind == "store" and res.success:
+                res.stored_keys = list(q.kbytes)
             with self._mu:
                 if q.kind == "store":
                     for kb in q.kbytes:
@@ -403,6 +464,63 @@ class OffloadTier:
                 self._done.append(res)
                 self._pending -= 1
                 self._idle.notify_all()
+
+    # ---- removals (track_events) ----------------------------------------------------------------
+
+    #: Announced keys looked up per step of a sweep (between jobs).
+    SWEEP_STEP = 256
+    #: How often an idle worker checks whether the owner handed blocks back.
+    RETURN_POLL_S = 0.1
+
+    def _sweep_wait(self) -> float:
+        """How long the worker may wait for a job before it looks at the sweep again."""
+        if self._sweep:
+            return 0.0
+        # Woken at least every RETURN_POLL_S to notice returned blocks.
+        return min(self.RETURN_POLL_S, max(0.0, self._next_sweep - time.monotonic()))
+
+    def _sweep_some(self) -> None:
+        """One step of a sweep: a new one when due (every removal_check_s, or at once when
+        the owner handed this host blocks back), then up to SWEEP_STEP lookups; the announced
+        keys found gone become one removed event."""
+        if not self._sweep:
+            returned = self.domain.blocks_returned
+            now = time.monotonic()
+            if returned == self._returned_seen and now < self._next_sweep:
+                return
+            self._returned_seen = returned
+            with self._mu:
+                self._sweep = [(kb, pk, seq) for kb, (pk, seq) in self._announced.items()]
+            self._next_sweep = now + self.removal_check_s
+        step, self._sweep = self._sweep[:self.SWEEP_STEP], self._sweep[self.SWEEP_STEP:]
+        gone: List[Tuple[bytes, int]] = []
+        seen: List[bytes] = []
+        for kb, pk, seq in step:
+            try:
+                hit = self.domain.lookup(self.namespace, pk)
+            except CxlkvError:  # the domain left meanwhile: nothing more to announce
+                self._sweep = []
+                return
+            if hit is None:
+                gone.append((kb, seq))
+            else:
+                seen.append(kb)
+        now = time.monotonic()
+        with self._mu:
+            for kb in seen:  # applied: a later miss is a removal, not a late publish
+                self._unapplied.pop(kb, None)
+            removed = []
+            for kb, seq in gone:
+                entry = self._announced.get(kb)
+                if entry is None or entry[1] != seq or self._storing.get(kb):
+                    continue  # announced again, or being stored again, since the snapshot
+                until = self._unapplied.get(kb)
+                if until is not None and now < until:
+                    continue  # published, not applied by the owner yet
+                del self._announced[kb]
+                removed.append(kb)
+            if removed:
+                self._events.append((True, removed))
 
     def _store(self, q: _Queued) -> TierJobResult:
         d, home = self.domain, self.domain.home_arena

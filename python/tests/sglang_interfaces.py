@@ -132,3 +132,52 @@ def rank_configs(extra_config: Dict[str, Any], model: str, *, tp_size: int = 1,
     return [HiCacheStorageConfig(tp, tp_size, 0, 1, 0, 1, mla, False, True, model, dp, dp_size,
                                  extra_config=dict(extra_config))
             for dp in range(dp_size) for tp in range(tp_size)]
+
+
+# ---- 0.5.3 and 0.5.6: what a rank's backend can see --------------------------------------------
+#
+# Read at the release commits (docs/engines.md): HiCacheStorageConfig holds tp_rank, tp_size,
+# is_mla_model, is_page_first_layout, model_name and extra_config only (hicache_storage.py:28 at
+# 0.5.3's a4a3d8239365, :47 at 0.5.6's 7ae368efde14). The cache controller fills it in every
+# scheduler process (cache_controller.py _generate_storage_config, :361-387 at 0.5.3, :372-398 at
+# 0.5.6): with DP attention tp_rank/tp_size are the attention TP rank and size and the DP rank is
+# computed but not passed; without it, the TP rank and size. So every DP replica and every PP
+# stage of one TP rank gets an equal config. The host pool a backend is registered with
+# (HostKVCache, memory_pool_host.py:70-71 at 0.5.3, :83-84 at 0.5.6) copies its device pool's
+# start_layer and end_layer, the stage's first and last layer (inclusive: KVCache's default
+# end_layer is layer_num - 1, memory_pool.py:338-340 at 0.5.3).
+
+
+@dataclass
+class HiCacheStorageConfig053:
+    """The config of 0.5.3 and 0.5.6 (no PP, DP or CP rank)."""
+
+    tp_rank: int
+    tp_size: int
+    is_mla_model: bool
+    is_page_first_layout: bool
+    model_name: Optional[str]
+    extra_config: Optional[dict] = None
+
+
+@dataclass
+class RankOf053:
+    """One rank of a 0.5.3/0.5.6 engine: the config its backend gets, and the layers its host
+    pool holds (start_layer, end_layer inclusive). dp_rank and pp_rank are the engine's, which
+    the backend is not told."""
+
+    config: HiCacheStorageConfig053
+    start_layer: int
+    end_layer: int
+    dp_rank: int
+    pp_rank: int
+
+
+def rank_configs_053(extra_config: Dict[str, Any], model: str, *, layers: int, tp_size: int = 1,
+                     dp_size: int = 1, pp_size: int = 1) -> List[RankOf053]:
+    """Every rank of one engine at 0.5.3/0.5.6: PP stages split the layers evenly."""
+    per = layers // pp_size
+    return [RankOf053(HiCacheStorageConfig053(tp, tp_size, False, True, model,
+                                              dict(extra_config)),
+                      pp * per, (pp + 1) * per - 1, dp, pp)
+            for dp in range(dp_size) for pp in range(pp_size) for tp in range(tp_size)]

@@ -194,3 +194,35 @@ def test_a_closed_domain_fails_jobs_not_the_process(env: Env, ns: cxlkv.Namespac
     assert not r.success and r.error and "has left the domain" in r.error
     with pytest.raises(ClosedError):
         a.lookup(keys[0])
+
+
+def test_events_stores_then_removals_when_blocks_come_back(env: Env,
+                                                          ns: cxlkv.Namespace) -> None:
+    """track_events: take_events gives each successful store's new keys, then, when the owner
+    hands the tier's own blocks back (here: retired by this host), the keys that left, long
+    before the periodic look (30 s here) would have found them."""
+    t = tier(env, 1, ns, primary(1), track_events=True, removal_check_s=30)
+    keys = offload_keys(3, salt=b"events")
+    t.submit_store(cxlkv.TierJob(1, keys, np.arange(3)))
+    assert [r.success for r in finished(t)] == [True]
+    assert t.take_events() == [(False, keys)]
+    wait_until(lambda: all(t.lookup(k) for k in keys), what="the stored blocks")
+    t.submit_store(cxlkv.TierJob(2, keys[:2], np.arange(2)))  # stored already: no new event
+    assert [r.success for r in finished(t)] == [True]
+    assert t.take_events() == []
+    t.domain.retire(ns, t.key(keys[1]))
+    got: List = []
+    wait_until(lambda: bool(got.extend(t.take_events()) or got), what="the removal")
+    assert got == [(True, [keys[1]])]
+    assert [t.lookup(k) for k in keys] == [True, False, True]
+
+
+def test_no_events_unless_tracked(env: Env, ns: cxlkv.Namespace) -> None:
+    t = tier(env, 1, ns, primary(1))
+    keys = offload_keys(2, salt=b"untracked")
+    t.submit_store(cxlkv.TierJob(1, keys, np.arange(2)))
+    assert [r.success for r in finished(t)] == [True]
+    assert t.take_events() == []
+    with pytest.raises(InvalidArgumentError, match="removal_check_s"):
+        cxlkv.OffloadTier(t.domain, ns, primary(2), block_bytes=BLOCK, track_events=True,
+                          removal_check_s=0)

@@ -6,8 +6,13 @@ picks with ``interface_v1`` and through the generic path without it."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, Dict, List
 
 import numpy as np
@@ -22,6 +27,7 @@ import sglang_interfaces as S
 PAGE, TOKENS, TOKEN_BYTES = 16, 64, 64  # tokens per page, pool tokens, bytes per token and part
 PAGE_BYTES = 2 * PAGE * TOKEN_BYTES
 MODEL = "Qwen/Qwen3-8B"
+HERE = Path(__file__).resolve().parent
 
 #: The adapter class over the interface's base, as the package builds it (module_path and
 #: class_name of the extra config below point here, so the dynamic loader imports it).
@@ -152,7 +158,8 @@ def test_bad_configuration_fails_at_start_naming_the_setting(env: Env) -> None:
     e = err(extra_config(env, hostid=1))
     assert "'hostid'" in str(e)
     e = err(extra_config(env, host_id=6), tp_size=4)  # rows 6..9 of a domain of 8
-    assert isinstance(e, InvalidArgumentError) and "rank 2 of 4 joins as host 8" in str(e)
+    assert isinstance(e, InvalidArgumentError)
+    assert "rank 2 of 4 (host_id 6 + rank index 2 = row 8" in str(e)
     assert "max_hosts" in e.hint
     old = adapter.build_backend_class(S.HiCacheStorage, "0.5.2")
     with pytest.raises(EngineVersionError, match="0.5.2"):
@@ -203,15 +210,21 @@ def test_a_pool_giving_one_size_for_every_segment(env: Env) -> None:
     assert np.array_equal(data[:, 0:2 * PAGE], dst[:, 2 * PAGE:4 * PAGE])
 
 
-def test_two_engines_configured_alike_on_one_machine_are_refused(env: Env) -> None:
-    """Two engines given the same host_id: the second's ranks would take the first's host
-    rows (the C API takes a new incarnation on every join). Refused at start instead."""
+def test_two_engines_configured_alike_on_one_machine_take_rows_of_their_own(env: Env) -> None:
+    """Two engines given the same host_id (or, what the backend cannot tell from that, two
+    DP replicas of one engine): the second's ranks would take the first's host rows (the C API
+    takes a new incarnation on every join). Each rank takes the next free row of its rank's
+    sequence instead, and when the domain has none left the start fails, naming the rows."""
     cfg = extra_config(env, host_id=4)
     first = start(env, S.rank_configs(cfg, MODEL, tp_size=2), [pool(1), pool(2)])
-    with pytest.raises(InvalidArgumentError) as e:
-        start(env, S.rank_configs(cfg, MODEL, tp_size=2), [pool(3), pool(4)])
+    assert [b.core.host_id for b in first] == [4, 5]
+    second = start(env, S.rank_configs(cfg, MODEL, tp_size=2), [pool(3), pool(4)])
+    assert [b.core.host_id for b in second] == [6, 7]
+    with pytest.raises(InvalidArgumentError) as e:  # rows 4, 6 taken; 8 beyond the domain's 8
+        start(env, S.rank_configs(cfg, MODEL, tp_size=2), [pool(5), pool(6)])
+    assert "no free host row" in str(e.value) and "row 8 is outside" in str(e.value)
     assert "host row 4 of domain" in str(e.value) and f"pid {os.getpid()}" in str(e.value)
-    assert "own host_id" in e.value.hint
+    assert "max_hosts" in e.value.hint
     for b in first:
         b.close()
     again = start(env, S.rank_configs(cfg, MODEL, tp_size=2), [pool(3), pool(4)])
@@ -246,3 +259,99 @@ def test_interface_v1_on_053_is_the_generic_path_and_shares_with_it(env: Env) ->
     got = new_generic.batch_get(keys, [np.zeros(PAGE_BYTES, np.uint8) for _ in keys])
     assert all(np.array_equal(g, v) for g, v in zip(got, vals))
     assert new_v1.batch_exists(keys) == 0
+
+
+def _rank_process(arg: Dict[str, Any]) -> "subprocess.Popen[str]":
+    return subprocess.Popen([sys.executable, str(HERE / "sglang_rank_process.py"),
+                             json.dumps(arg)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _answers(procs: List["subprocess.Popen[str]"]) -> List[Dict[str, Any]]:
+    out = []
+    for p in procs:
+        line = p.stdout.readline() if p.stdout else ""
+        if not line:
+            p.wait(timeout=10)
+            pytest.fail(f"rank process failed: {p.stderr.read() if p.stderr else ''}")
+        out.append(json.loads(line))
+    return out
+
+
+@pytest.mark.parametrize("version,path", [("053", "generic"), ("056", "v1")])
+def test_dp_replicas_and_pp_stages_of_053_and_056_get_hosts_and_stages_keep_apart(
+        env: Env, version: str, path: str) -> None:
+    """SGLang 0.5.3/0.5.6 give every DP replica and PP stage of a TP rank the same config
+    (no DP or PP rank in it), from one extra config, each rank in its own process (0.5.3:
+    pages through the generic path; 0.5.6 with interface_v1: by host indices). Each rank
+    still joins as a host of its own, with no per-rank setting; a PP stage's pages are filed
+    under its layers (its host pool's start_layer..end_layer), so a stage never reads
+    another's, while the replicas of a stage share theirs."""
+    import sglang_rank_process as R
+
+    cfg = dict(extra_config(env, host_id=1), module_path="sglang_rank_process",
+               class_name=f"Backend{version}")
+    ranks = S.rank_configs_053(cfg, MODEL, layers=32, dp_size=2, pp_size=2)
+    assert len({json.dumps(dataclasses.asdict(r.config)) for r in ranks}) == 1  # all alike
+    keys = page_keys(2, b"pp")
+
+    def arg(r: S.RankOf053, do: str) -> Dict[str, Any]:
+        return dict(config=dataclasses.asdict(r.config), start_layer=r.start_layer,
+                    end_layer=r.end_layer, pp_rank=r.pp_rank, keys=keys, do=do)
+
+    # Replica 0's stages store the same page hashes, each its own layers' bytes, while
+    # replica 1's stages wait for them and read them (all four start together).
+    procs = [_rank_process(arg(r, "store" if r.dp_rank == 0 else "read")) for r in ranks]
+    try:
+        stored, read = _answers(procs[:2]), _answers(procs[2:])
+    finally:
+        for p in procs:
+            if p.stdin:
+                p.stdin.close()
+        for p in procs:
+            p.wait(timeout=10)
+    assert all(s["stored"] is True for s in stored)
+    assert {a["path"] for a in stored + read} == {path}
+    rows = [a["host_id"] for a in stored + read]
+    assert len(set(rows)) == 4 and min(rows) >= 1, rows  # a host of its own each
+    ns = [a["namespace"] for a in stored + read]
+    assert ns[0] != ns[1] and "layers=0-15" in ns[0] and "layers=16-31" in ns[1]
+    assert ns[2:] == ns[:2]  # replica 1's stages: the namespaces of replica 0's
+    for pp, a in enumerate(read):  # each stage read its own layers' bytes, not the other's
+        want = [hashlib.sha256(bytes(p)).hexdigest() for p in R.stage_pages(pp, len(keys))]
+        assert a["read"] == want, f"stage {pp}"
+
+
+from test_orchestrator import orchestrator  # noqa: E402,F401  (the fixture: a real daemon)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/usr/bin/unshare", os.X_OK),
+                    reason="needs root and unshare(1) to join under another host name")
+def test_a_row_live_on_another_machine_is_skipped_on_an_orchestrator_domain(
+        orchestrator: str) -> None:  # noqa: F811
+    """Across machines the per-row lock sees nothing: an orchestrator domain's orchestrator
+    refuses a row that is live on another machine, and the rank takes its next row. The other
+    machine is a process under another host name (a UTS namespace) holding row 1."""
+    code = ("import sys; sys.path.insert(0, {py!r}); import cxlkv; "
+            "d = cxlkv.Domain.join({spec!r}, 1, heartbeat_s=0.05); print('joined', flush=True); "
+            "sys.stdin.read(); d.leave()").format(py=str(HERE.parent), spec=orchestrator)
+    other = subprocess.Popen(["/usr/bin/unshare", "--uts", "--", "/bin/sh", "-c",
+                              f"hostname node-b && exec {sys.executable} -c \"$0\"", code],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "joined\n", (
+            other.stderr.read() if other.stderr else "")
+        cfg = dict(backend_name="cxlkv", module_path=__name__, class_name="Backend053",
+                   domain=orchestrator, host_id=1, heartbeat_s=0.05)
+        b = S.create_dynamic_backend(S.HiCacheStorageConfig053(0, 1, False, True, MODEL, cfg))
+        try:
+            b.register_mem_pool_host(pool(1))  # joins here: the page size sizes the arena
+            assert b.core.host_id == 2
+            assert b.core._att.grown is not None
+        finally:
+            b.close()
+    finally:
+        if other.stdin:
+            other.stdin.close()
+        other.wait(timeout=10)

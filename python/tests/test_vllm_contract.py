@@ -19,7 +19,9 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 
-from cxlkv.errors import BufferMismatchError, EngineVersionError, InvalidArgumentError
+import cxlkv
+
+from cxlkv.errors import BufferMismatchError, EngineVersionError, FullError, InvalidArgumentError
 from cxlkv.integrations import vllm as adapter
 from cxlkv.integrations import vllm_generations as gens
 from conftest import Env, wait_until
@@ -375,3 +377,103 @@ def test_bases_that_declare_drain_jobs_get_the_class_of_their_release(
     t.submit_store(job)
     t.drain_jobs()
     assert [(r.job_id, r.success) for r in V.poll(t.get_finished_jobs, 1)] == [(3, True)]
+
+
+def _events_tier(env: Env, host_id: int, **extra: Any) -> Any:
+    sp = spec()
+    sp.kv_events_config = V.KVEventsConfig(enable_kv_cache_events=True)
+    t = V.create_secondary_tier(events_registry(), tier_config(env, host_id, enable_kv_events=True,
+                                                               removal_check_s=0.05, **extra),
+                                primary_view(host_id), sp)
+    env._closers.insert(0, t.shutdown)
+    return t
+
+
+def _collect(t: Any, until: Any, timeout_s: float = 5.0) -> List[Any]:
+    """take_events, polled as the engine's manager does each step, until `until(events)`."""
+    import time
+
+    out: List[Any] = []
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        out.extend(t.take_events())
+        if until(out):
+            return out
+        time.sleep(0.005)
+    pytest.fail(f"timed out; events so far: {out}")
+
+
+def test_blocks_that_leave_the_domain_are_announced_removed(env: Env) -> None:
+    """Keys the tier announced as stored whose blocks then leave the domain (here: another
+    host's block that a store found there, retired by that host) come back from take_events as
+    one OffloadingEvent(removed=True), which vLLM publishes as BlockRemoved under its own
+    block hashes, so a router stops scoring them; a later store of the same keys is announced
+    stored again, after the removal."""
+    g = V.GENERATIONS[-1]
+    ctx = V.ReqContext("req-rm")
+    a = _events_tier(env, 1, locality="LOCAL")
+    other = env.host(5)  # another engine's host of the domain
+    keys = offload_keys(3, salt=b"rm")
+    pks = [a.tier.key(k) for k in keys]
+    for pk in pks[:2]:  # the other host holds the first two blocks already
+        other.publish(a.core.namespace, pk, np.full(ROW, 7, np.uint8))
+    wait_until(lambda: all(other.lookup(a.core.namespace, pk) for pk in pks[:2]))
+    a.submit_store(g.job(1, keys, np.arange(3, dtype=np.int64), False, ctx))
+    assert [r.success for r in V.poll(a.get_finished_jobs, 1)] == [True]
+    assert list(a.take_events()) == [V.OffloadingEvent(keys, V.Medium.CPU, False,
+                                                       V.Locality.LOCAL)]
+    for pk in pks[:2]:
+        other.retire(a.core.namespace, pk)
+    ev = _collect(a, lambda out: out)
+    assert ev == [V.OffloadingEvent(keys[:2], V.Medium.CPU, True, V.Locality.LOCAL)]
+    # The third block (the tier's own) is still there: never announced removed.
+    assert [a.tier.lookup(k) for k in keys] == [False, False, True]
+    assert list(a.take_events()) == []
+    a.submit_store(g.job(2, keys, np.arange(3, dtype=np.int64), False, ctx))
+    assert [r.success for r in V.poll(a.get_finished_jobs, 1)] == [True]
+    assert list(a.take_events()) == [V.OffloadingEvent(keys[:2], V.Medium.CPU, False,
+                                                       V.Locality.LOCAL)]
+
+
+def test_blocks_the_owner_evicts_are_announced_removed(make_env) -> None:
+    """The owner evicts under index pressure (a 256-entry index keeps 192 entries): every
+    announced key that a lookup then misses is announced removed, exactly once, and no key
+    that is still there is."""
+    env = make_env(block_bytes=ROW, blocks=512, geometry=cxlkv.Geometry(index_entries=256))
+    g = V.GENERATIONS[-1]
+    ctx = V.ReqContext("req-evict")
+    a = _events_tier(env, 1)
+    stored: List[bytes] = []
+    events: List[Any] = []
+    for job in range(4):
+        keys = offload_keys(ROWS, salt=b"evict%d" % job)
+        a.submit_store(g.job(job, keys, np.arange(ROWS, dtype=np.int64), False, ctx))
+        assert [r.success for r in V.poll(a.get_finished_jobs, 1)] == [True]
+        wait_until(lambda: all(a.tier.lookup(k) for k in keys), what="the stored blocks")
+        stored += keys
+        events += a.take_events()
+    assert [e.keys for e in events if not e.removed] == [stored[i:i + ROWS]
+                                                        for i in range(0, len(stored), ROWS)]
+    # Another engine's host fills the index past what the owner keeps.
+    other, other_ns = env.host(5), cxlkv.Namespace("pytest", "another-model", "l")
+    for i in range(160):
+        key = other_ns.digest_key(hashlib.sha256(b"fill%d" % i).digest())
+        wait_until(lambda: _published(other, other_ns, key), what="room in the request ring")
+
+    def settled(out: List[Any]) -> bool:
+        removed = [k for e in events + out if e.removed for k in e.keys]
+        missing = [k for k in stored if a.tier.lookup(k) is False]
+        return bool(removed) and sorted(removed) == sorted(missing)
+
+    events += _collect(a, settled)
+    removed = [k for e in events if e.removed for k in e.keys]
+    assert len(removed) == len(set(removed))
+    assert all(a.tier.lookup(k) is False for k in removed)
+
+
+def _published(d: Any, ns: Any, key: Any) -> bool:
+    try:
+        d.publish(ns, key, np.zeros(ROW, np.uint8))
+        return True
+    except FullError:
+        return False

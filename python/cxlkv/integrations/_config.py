@@ -17,9 +17,12 @@ Two processes joining as one host row would both publish as that host, each taki
 row from the other (the C API takes a new incarnation on every join, silently). Processes
 of one machine are kept apart: the attachment holds an exclusive ``flock`` on a file named
 after the domain and the host row (in ``/dev/shm``, else the temporary directory; removed
-when it leaves) while it is joined, and a second attachment of the same row is refused at
-engine start. Engines on
-different machines must be given disjoint ``host_id`` ranges by configuration.
+when it leaves) while it is joined; across machines an ``orchestrator:`` domain's orchestrator
+refuses a row that is live on another machine. A vLLM tier joins its one row and a taken row
+is refused at engine start; an SGLang rank tries the rows its configuration allows and takes
+the first free one (``Attachment(rows=...)``). Engines on different machines sharing a
+``devdax:`` domain without an orchestrator must be given disjoint ``host_id`` ranges by
+configuration: nothing else sees both machines.
 """
 
 from __future__ import annotations
@@ -28,27 +31,66 @@ import fcntl
 import hashlib
 import os
 import tempfile
-from typing import Any, Dict, List, Mapping, Optional, TextIO
+from typing import Any, Dict, Iterable, List, Mapping, Optional, TextIO
 
 from ..domain import Domain
-from ..errors import InvalidArgumentError
+from ..errors import ExistsError, InvalidArgumentError, PermissionDeniedError
 from ..pool import Arena, layout_for_block_bytes
 
 
+class RowTaken(InvalidArgumentError):
+    """A host row another attachment holds: on this machine (the per-row lock), or, for an
+    ``orchestrator:`` domain, live on another machine (the orchestrator refused the join)."""
+
+
 class Attachment:
-    """A domain joined with its arenas, as one configuration describes; close() undoes it."""
+    """A domain joined with its arenas, as one configuration describes; close() undoes it.
+
+    `rows`, when given, are the host rows to try in order (SGLang's ranks: see
+    :func:`cxlkv.integrations.sglang.candidate_rows`): the first one free is joined, so
+    processes that nothing in their configuration tells apart still get rows of their own.
+    A row is free when no process of this machine holds its lock and, for an ``orchestrator:``
+    domain, no other machine holds it live. Without `rows` only ``cfg["host_id"]`` is tried
+    and a taken row is an error. :attr:`host_id` is the row joined.
+    """
 
     def __init__(self, cfg: Mapping[str, Any], what: str, *,
-                 block_bytes: Optional[int] = None) -> None:
+                 block_bytes: Optional[int] = None,
+                 rows: Optional[Iterable[int]] = None) -> None:
         for k in ("domain", "host_id"):
             if k not in cfg:
                 raise InvalidArgumentError(
                     f"the cxlkv configuration lacks {k!r}", operation=what,
                     hint="set domain (the domain's spec) and host_id in the engine's "
                     "extra config")
+        if rows is None:
+            self._join(cfg, int(cfg["host_id"]), what, block_bytes)
+            return
+        taken: List[str] = []
+        for row in rows:
+            try:
+                self._join(cfg, row, what, block_bytes)
+                return
+            except RowTaken as e:
+                taken.append(f"{row} ({e.args[0] if e.args else e})")
+            except (InvalidArgumentError, PermissionDeniedError) as e:
+                if not taken or not _outside(e):
+                    raise
+                raise InvalidArgumentError(
+                    f"no free host row in domain {cfg['domain']}: row {row} is outside it "
+                    f"({e}), and the rows before it are taken: {'; '.join(taken)}",
+                    operation=what,
+                    hint="format the domain with more host rows (max_hosts), lower host_id, "
+                    "or stop an engine that holds rows of this domain") from e
+        raise InvalidArgumentError(f"no host row to try in domain {cfg['domain']}",
+                                   operation=what, hint="report this")
+
+    def _join(self, cfg: Mapping[str, Any], row: int, what: str,
+              block_bytes: Optional[int]) -> None:
+        self.host_id = row
         self.arenas: List[Arena] = []
         self.grown: Optional[Arena] = None
-        self._lock = _HostRowLock(str(cfg["domain"]), int(cfg["host_id"]), what)
+        self._lock = _HostRowLock(str(cfg["domain"]), row, what)
         try:
             pools: List[str] = []
             if cfg.get("pool"):
@@ -64,10 +106,13 @@ class Attachment:
                     hint="set pool (the pool spec of this host's arena), or join through an "
                     "orchestrator (domain = orchestrator:/run/cxlkv/<domain>.sock), which lends "
                     "extents")
-            self.domain = Domain.join(spec, int(cfg["host_id"]), arenas=self.arenas,
-                                      heartbeat_s=hb)
+            try:
+                self.domain = Domain.join(spec, row, arenas=self.arenas, heartbeat_s=hb)
+            except ExistsError as e:  # the orchestrator: row `row` is live on another machine
+                raise RowTaken(str(e), operation=what, hint=e.hint) from e
             if not self.arenas:  # an orchestrator domain: an arena in a lent extent
                 if block_bytes is None:
+                    self.domain.leave()
                     raise InvalidArgumentError(
                         "the block size is not known yet", operation=what,
                         hint="the adapter grows its arena once it knows the block size")
@@ -92,6 +137,12 @@ class Attachment:
             a.close()
 
 
+def _outside(e: Exception) -> bool:
+    """Whether a join failed because the row is beyond the domain's host rows (a file or
+    devdax domain's max_hosts, or what an orchestrator admits)."""
+    return "outside the domain" in str(e) or "not allowed in this domain" in str(e)
+
+
 class _HostRowLock:
     """An exclusive flock on a file named after (domain, host row), removed on release.
 
@@ -114,12 +165,12 @@ class _HostRowLock:
                 f.seek(0)
                 holder = f.read().strip() or "unknown"
                 f.close()
-                raise InvalidArgumentError(
+                raise RowTaken(
                     f"host row {host_id} of domain {source} is already joined by another "
                     f"engine on this machine (pid {holder}; lock {self.path})", operation=what,
-                    hint="give every engine (and, for SGLang, every engine's ranks) its own "
-                    "host_id range: two processes on one host row would take it from each "
-                    "other") from None
+                    hint="give every vLLM engine its own host_id (SGLang ranks take the next "
+                    "free row themselves): two processes on one host row would take it from "
+                    "each other") from None
             try:
                 same = os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino
             except FileNotFoundError:

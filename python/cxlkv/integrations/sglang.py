@@ -16,21 +16,25 @@ zero-copy path (``batch_get_v1`` / ``batch_set_v1`` by host indices; without it,
 ``devdax:`` domain, not for an ``orchestrator:`` one.)
 
 **One host per rank, from one configuration.** SGLang builds a backend in every (dp, pp,
-cp, tp) rank's process from the same extra config. Each rank joins as host
-``host_id + rank_index`` with ``rank_index = ((dp_rank * pp_size + pp_rank) * attn_cp_size
-+ attn_cp_rank) * tp_size + tp_rank`` (:func:`rank_index`), derived from
-``HiCacheStorageConfig``: so ``host_id`` is the first host row of the engine and the engine
-takes ``dp_size * pp_size * attn_cp_size * tp_size`` consecutive rows. Derived rather than
-assigned by the orchestrator on join because it works on every domain source (``file:``,
-``devdax:``, orchestrator), needs no new protocol, and a rank that restarts gets its own row
-back. Two engines on one domain need ``host_id`` ranges that do not overlap: on one machine a
-per-row lock refuses the second, and across machines an ``orchestrator:`` domain's orchestrator
-refuses a join of an id that is live on another machine, naming both (the rank's start fails
-with that message).
+cp, tp) rank's process from the same extra config, and at 0.5.3 and 0.5.6 the
+``HiCacheStorageConfig`` it passes carries only the (attention) TP rank and size: DP replicas
+and PP stages of one engine see the same config. So a rank's host row is taken, not computed:
+each rank tries the rows :func:`candidate_rows` names, ``host_id + rank_index + k * ranks``
+for k = 0, 1, ... (``rank_index`` and ``ranks`` from whatever ranks the config carries,
+:func:`rank_index`), and joins the first one free (no process of this machine holds its lock;
+for an ``orchestrator:`` domain, no other machine holds it live), up to the domain's last
+row. A config that names every rank gets exactly ``host_id + rank_index``; ranks that nothing
+tells apart (the replicas of one TP rank, at 0.5.3) take the next free rows of their TP rank's
+sequence, in the order they start. ``host_id`` is the first row an engine may use; engines on
+one machine, or on an ``orchestrator:`` domain, may share it (each rank finds a free row), and
+only engines on several machines sharing a ``devdax:`` domain without an orchestrator need
+disjoint ``host_id`` ranges. docs/engines.md says why rows are taken rather than derived.
 
 **The namespace names everything that changes a page's bytes**: the model, the rank's slice
 (TP rank and size, except for MLA models, whose ranks hold the same page; PP and CP rank and
-size), the host pool's dtype and layout (``page_first``, ``page_first_direct``,
+size where the config has them; the layers the host pool holds, ``start_layer`` to
+``end_layer``, which tell PP stages apart where the config does not), the host pool's dtype
+and layout (``page_first``, ``page_first_direct``,
 ``layer_first``), the page size in tokens and bytes, and the transfer path (``v1``
 zero-copy, or ``generic``: SGLang's copy path hands pages over in another byte order for
 some layouts). Draft-model pages (keys ``d:<hash>``) live in a namespace of their own.
@@ -39,7 +43,7 @@ some layouts). Draft-model pages (keys ``d:<hash>``) live in a namespace of thei
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -86,9 +90,32 @@ def rank_index(storage_config: Any) -> Tuple[int, int]:
     return ((dp * pps + pp) * cps + cp) * tps + tp, dps * pps * cps * tps
 
 
+#: How many rows past its first one a rank looks for a free row (a bound on the scan when the
+#: domain's host rows are many; the domain's last row ends it before that).
+MAX_ROW_TRIES = 1024
+
+
+def candidate_rows(host_id: int, storage_config: Any) -> Iterator[int]:
+    """The host rows a rank tries, in order: ``host_id + rank_index + k * ranks``."""
+    idx, ranks = rank_index(storage_config)
+    for k in range(MAX_ROW_TRIES):
+        yield host_id + idx + k * ranks
+
+
+def pool_layers(mem_pool_host: Any) -> str:
+    """The layers a host pool holds, ``"<start>-<end>"`` (SGLang's ``HostKVCache`` copies its
+    device pool's ``start_layer`` and inclusive ``end_layer``: a PP stage's own layers), or
+    ``"?"`` for a pool without them."""
+    start, end = getattr(mem_pool_host, "start_layer", None), getattr(mem_pool_host,
+                                                                       "end_layer", None)
+    if start is None or end is None:
+        return "?"
+    return f"{int(start)}-{int(end)}"
+
+
 def namespace_for(storage_config: Any, tenant: str, page_bytes: int, *, dtype: str = "?",
                   layout: str = "?", page_tokens: int = 0, path: str = "v1",
-                  extra: str = "") -> Namespace:
+                  layers: str = "?", extra: str = "") -> Namespace:
     """The namespace of one SGLang rank's pages: everything that changes their bytes."""
     model = str(_g(storage_config, "model_name", ""))
     mla = bool(_g(storage_config, "is_mla_model", False))
@@ -96,7 +123,7 @@ def namespace_for(storage_config: Any, tenant: str, page_bytes: int, *, dtype: s
     words = (f"sglang dtype={dtype} layout={layout} path={path} page={page_tokens}t/"
              f"{page_bytes}B tp={tp} pp={_g(storage_config, 'pp_rank', 0)}/"
              f"{_g(storage_config, 'pp_size', 1)} cp={_g(storage_config, 'attn_cp_rank', 0)}/"
-             f"{_g(storage_config, 'attn_cp_size', 1)} {extra}")
+             f"{_g(storage_config, 'attn_cp_size', 1)} layers={layers} {extra}")
     return Namespace(tenant, model, words.strip())
 
 
@@ -125,8 +152,9 @@ class SglangBackendCore:
     """What the backend does, whatever SGLang's base class: the configuration, the rank's
     identity, and the page stores (main and draft) once the host pool is known.
 
-    Raises (at engine start, naming the setting and the fix): a missing or unknown key, a
-    host row outside the domain (``host_id`` + this rank's index), an engine outside the pin.
+    Raises (at engine start, naming the setting and the fix): a missing or unknown key, no
+    free host row in the domain from ``host_id`` + this rank's index on, an engine outside
+    the pin.
     """
 
     def __init__(self, storage_config: Any, kwargs: Any, engine_version: Optional[str]
@@ -146,13 +174,16 @@ class SglangBackendCore:
                 "the cxlkv backend's extra config lacks 'host_id'",
                 operation="CxlkvHiCacheStorage",
                 hint="set host_id: the first host row of this engine (each rank takes "
-                "host_id + its rank index)")
+                "the first free row from host_id + its rank index)")
         self.storage_config = storage_config
         self.path = transfer_path(cfg, engine_version)
         idx, ranks = rank_index(storage_config)
         self.rank, self.ranks = idx, ranks
-        self.host_id = int(cfg["host_id"]) + idx
-        self._cfg = dict(cfg, host_id=self.host_id)
+        self.first_row = int(cfg["host_id"])
+        #: The host row joined (None until joined: an orchestrator domain without a pool
+        #: joins once the host pool is registered).
+        self.host_id: Optional[int] = None
+        self._cfg = cfg
         self._extra = str(cfg.get("namespace_layout", ""))
         self.tenant = str(cfg.get("tenant", "default"))
         self._att: Optional[Attachment] = None
@@ -162,17 +193,21 @@ class SglangBackendCore:
         self._attach(None)
 
     def _attach(self, page_bytes: Optional[int]) -> None:
+        first = self.first_row + self.rank
         try:
-            self._att = Attachment(self._cfg, "CxlkvHiCacheStorage", block_bytes=page_bytes)
+            self._att = Attachment(self._cfg, "CxlkvHiCacheStorage", block_bytes=page_bytes,
+                                   rows=candidate_rows(self.first_row, self.storage_config))
         except InvalidArgumentError as e:
-            if "outside the domain" in str(e):
+            if "outside the domain" in str(e) or "not allowed in this domain" in str(e):
                 raise InvalidArgumentError(
-                    f"rank {self.rank} of {self.ranks} joins as host {self.host_id} "
-                    f"(host_id {self.host_id - self.rank} + rank index): {e}",
+                    f"rank {self.rank} of {self.ranks} (host_id {self.first_row} + rank index "
+                    f"{self.rank} = row {first}, then every {self.ranks} rows): {e}",
                     operation="CxlkvHiCacheStorage",
                     hint="lower host_id, or format the domain with max_hosts >= host_id + "
-                    "dp_size * pp_size * attn_cp_size * tp_size") from e
+                    "the ranks of every engine on it (dp_size * pp_size * attn_cp_size * "
+                    "tp_size each)") from e
             raise
+        self.host_id = self._att.host_id
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         ps = int(mem_pool_host.page_size)
@@ -183,9 +218,10 @@ class SglangBackendCore:
         assert self._att is not None
         dtype = str(getattr(mem_pool_host, "dtype", "?")).replace("torch.", "")
         layout = str(getattr(mem_pool_host, "layout", "?"))
+        layers = pool_layers(mem_pool_host)
         for draft in (False, True):
             ns = namespace_for(self.storage_config, self.tenant, page_bytes, dtype=dtype,
-                               layout=layout, page_tokens=ps, path=self.path,
+                               layout=layout, page_tokens=ps, path=self.path, layers=layers,
                                extra=(self._extra + " draft").strip() if draft else self._extra)
             store = PageStore(self._att.domain, ns, page_bytes=page_bytes)
             store.register_mem_pool_host(mem_pool_host)

@@ -25,19 +25,23 @@ an ``orchestrator:`` domain, which lends this host an extent), ``read_pools``, `
 ``heartbeat_s``, ``block_bytes`` (optional: the primary view's row is the block; if given it
 must match), ``model`` (overrides the model name read from the engine's config),
 ``namespace_layout`` (free text added to the namespace), ``allow_untested_version``,
-``enable_kv_events`` and ``locality`` (below). An unknown key is refused (a misspelt key
-would otherwise be ignored).
+``enable_kv_events``, ``locality`` and ``removal_check_s`` (below). An unknown key is refused
+(a misspelt key would otherwise be ignored).
 
 **KV events under the engine's own block hashes.** Where the installed
 ``SecondaryTierManager`` has ``take_events`` (tier-owned events, vLLM PR #46544), the tier
 with ``enable_kv_events: true`` records an ``OffloadingEvent(keys, medium, removed=False[,
-locality])`` for the keys of every store job that succeeded, and ``take_events`` hands them to
+locality])`` for the keys of every store job that succeeded (those not announced already),
+and ``take_events`` hands them to
 vLLM, which publishes them as ``BlockStored`` with its own block hashes (and, where its event
 tracker saw the request, the parent hash and token ids), as its ``fs`` tier does: what a
 router needs to match them with the engine's keys (docs/kv_events.md, "Matching by the
 engine's hash"). Only while vLLM's own KV events are on (``kv_events_config``); ``locality``
-(``"LOCAL"`` or ``"REMOTE"``) is passed where the event has that field. The tier learns of no
-eviction in the domain, so it sends no ``BlockRemoved``.
+(``"LOCAL"`` or ``"REMOTE"``) is passed where the event has that field. When announced blocks
+leave the domain (the owner evicts or retires them), ``take_events`` yields
+``OffloadingEvent(keys, medium, removed=True)`` for their keys, which vLLM publishes as
+``BlockRemoved``: the tier looks its announced keys up every ``removal_check_s`` seconds
+(default 1), on its worker thread (:class:`cxlkv.OffloadTier`, "Events").
 
 Identity: one vLLM scheduler runs one tier; with data parallelism each DP engine has its own
 scheduler, so the tier joins as host ``host_id + data_parallel_rank``. The namespace is
@@ -67,7 +71,8 @@ TIER_TYPE = "cxlkv"
 #: Every key the tier's config dict may hold (besides ``type``, which the factory removes).
 CONFIG_KEYS = frozenset({
     "domain", "host_id", "pool", "read_pools", "tenant", "heartbeat_s", "block_bytes",
-    "model", "namespace_layout", "allow_untested_version", "enable_kv_events", "locality"})
+    "model", "namespace_layout", "allow_untested_version", "enable_kv_events", "locality",
+    "removal_check_s"})
 
 
 def _attr_path(obj: Any, path: str) -> Any:
@@ -172,14 +177,19 @@ class VllmTierCore:
                         "PYTHONHASHSEED for every engine using domain %s", cfg["domain"])
         # Tier-owned KV events (build_tier_class's event_cls): off unless asked for and
         # vLLM's own KV events are on.
-        self.events: Optional[List[Any]] = None
-        self._store_keys: Dict[int, List[Any]] = {}
+        self.events = False
         if cfg.get("enable_kv_events"):
             if not _attr_path(offloading_spec, "kv_events_config.enable_kv_cache_events"):
                 log.warning("cxlkv: enable_kv_events is set but vLLM's KV cache events are off "
                             "(kv_events_config.enable_kv_cache_events): the tier emits none")
             else:
-                self.events = []
+                self.events = True
+        check_s = cfg.get("removal_check_s", 1.0)
+        if not isinstance(check_s, (int, float)) or isinstance(check_s, bool) or check_s <= 0:
+            raise InvalidArgumentError(
+                f"{what}: removal_check_s {check_s!r} is not a number of seconds > 0",
+                operation="CxlkvSecondaryTier",
+                hint="seconds between looks for blocks that left the domain, e.g. 1")
         loc = cfg.get("locality")
         if loc is not None and loc not in ("LOCAL", "REMOTE"):
             raise InvalidArgumentError(
@@ -191,7 +201,8 @@ class VllmTierCore:
         self._att = Attachment(att_cfg, "CxlkvSecondaryTier", block_bytes=rows.row_bytes)
         try:
             self.tier = OffloadTier(self._att.domain, self.namespace, primary_kv_view,
-                                    block_bytes=rows.row_bytes)
+                                    block_bytes=rows.row_bytes, track_events=self.events,
+                                    removal_check_s=float(check_s))
         except BaseException:
             self._att.close()
             raise
@@ -219,10 +230,7 @@ class VllmTierCore:
                        getattr(job, "req_context", None))
 
     def submit_store(self, job: Any) -> None:
-        j = self.job(job)
-        if self.events is not None:
-            self._store_keys[j.job_id] = list(j.keys)
-        self.tier.submit_store(j)
+        self.tier.submit_store(self.job(job))
 
     def submit_load(self, job: Any) -> None:
         self.tier.submit_load(self.job(job))
@@ -234,27 +242,26 @@ class VllmTierCore:
         for r in self.tier.get_finished():
             if r.error:
                 log.warning("cxlkv tier job %d failed: %s", r.job_id, r.error)
-            keys = self._store_keys.pop(r.job_id, None)
-            if keys is not None and r.success and self.events is not None:
-                self.events.append(keys)
             out.append(job_result_cls(**_result_fields(r, fields)))
         return out
 
     def take_events(self, event_cls: Any, medium: Any, locality_cls: Any) -> List[Any]:
-        """The stores recorded since the last call, as the engine's ``OffloadingEvent``s
+        """What happened to the tier's blocks since the last call, as the engine's
+        ``OffloadingEvent``s in order: ``removed=False`` for the keys of each store job that
+        succeeded, ``removed=True`` for keys that left the domain since they were announced
         (``locality`` only where the event declares it)."""
-        if not self.events:
+        events = self.tier.take_events()
+        if not events:
             return []
         fields = {f.name for f in dataclasses.fields(event_cls)}
         out = []
-        for keys in self.events:
-            kw: Dict[str, Any] = {"keys": keys, "medium": medium, "removed": False}
+        for removed, keys in events:
+            kw: Dict[str, Any] = {"keys": keys, "medium": medium, "removed": removed}
             if "locality" in fields:
                 kw["locality"] = (locality_cls(self.locality)
                                   if self.locality is not None and locality_cls is not None
                                   else None)
             out.append(event_cls(**kw))
-        self.events.clear()
         return out
 
     def drain(self) -> None:

@@ -313,7 +313,8 @@ class PrefixHost {
 class PrefixOwner {
  public:
   struct Options {
-    // Start evicting when more than this fraction of index entries is in use.
+    // Evict (once) the published entries beyond this fraction of the index entries; retired
+    // ones keep their slots until reclaimed and are not counted again.
     double max_load = 0.75;
     // Weight of fan-out (children published under an entry) against recent lease takes.
     double fanout_weight = 4.0;

@@ -20,7 +20,9 @@
 // for a keyed summary whose secret the reader lacks, the answer is keyed, key_held = false and
 // may_hold = false (the reader cannot tell), never a guess.
 //
-// Errors: Open fails with etcd's status naming the endpoint (kUnavailable, kDeadlineExceeded).
+// Errors: Open fails with etcd's status naming the endpoint (kUnavailable, kDeadlineExceeded);
+// an etcd with authentication enabled refuses a reader without `user` (etcd's "user name is
+// empty", with the options to set appended).
 // A summary that does not decode is skipped and counted (bad_summaries()).
 //
 // Thread-safety: every method may be called from any thread.
@@ -52,6 +54,11 @@ struct ReaderOptions {
   // The publish secrets of the domains whose keyed summaries this reader may match (each at
   // least kMinPublishSecret bytes; Open refuses a shorter one, naming its position).
   std::vector<std::string> publish_secrets;
+  // etcd authentication and TLS, as etcd::ClientOptions takes them (the daemon passes its
+  // [etcd] section's; cxlkvctl reads CXLKV_ETCD_USER, CXLKV_ETCD_PASSWORD_FILE, CXLKV_ETCD_CA).
+  // "" : none / plaintext.
+  std::string user, password;
+  std::string ca_pem, cert_pem, key_pem;
 };
 
 class DirectoryReader {
