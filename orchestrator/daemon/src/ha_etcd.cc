@@ -18,6 +18,7 @@
 #include "cxlkv/orchestrator/directory.h"
 #include "cxlkv/orchestrator/election.h"
 #include "cxlkv/orchestrator/etcd.h"
+#include "etcd_options.h"
 #include "ha.h"
 
 namespace cxlkv::orchestrator {
@@ -25,22 +26,6 @@ namespace cxlkv::orchestrator {
 namespace {
 
 namespace ed = ::cxlkv::orchestrator::etcd;
-
-// The etcd client's options as the [etcd] section gives them: the endpoints, the call timeout,
-// the user and password, the TLS CA, certificate and key. Every client the daemon makes for
-// the domain starts from these (the session's two, the coordinator's store); each bounds one
-// attempt on one endpoint its own way.
-ed::ClientOptions ClientOptionsOf(const EtcdConfig& e) {
-  ed::ClientOptions o;
-  o.endpoints = e.endpoints;
-  o.call_timeout_ms = e.call_timeout_ms;
-  o.user = e.user;
-  o.password = e.password;
-  o.ca_pem = e.ca_pem;
-  o.cert_pem = e.cert_pem;
-  o.key_pem = e.key_pem;
-  return o;
-}
 
 class EtcdHa final : public HaSession {
  public:
@@ -237,7 +222,7 @@ class EtcdHa final : public HaSession {
 
   absl::StatusOr<std::unique_ptr<coordinator::StateStore>> CoordinatorStore(
       std::int64_t revision) override {
-    return coordinator::EtcdStateStore(ClientOptionsOf(c_.etcd), where_, revision);
+    return coordinator::EtcdStateStore(EtcdClientOptions(c_.etcd), where_, revision);
   }
 
  private:
@@ -307,7 +292,7 @@ class EtcdHa final : public HaSession {
 absl::StatusOr<std::unique_ptr<HaSession>> HaSession::Create(const Config& c,
                                                              const std::string& self,
                                                              coherence::Clock* clock) {
-  ed::ClientOptions o = ClientOptionsOf(c.etcd);
+  ed::ClientOptions o = EtcdClientOptions(c.etcd);
   o.attempt_timeout_ms = std::max<std::uint32_t>(c.etcd.call_timeout_ms / 2, 100);
   auto client = ed::Client::Create(o);
   if (!client.ok()) {
