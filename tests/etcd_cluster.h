@@ -242,6 +242,10 @@ class EtcdCluster {
     tls_key_ = key_file;
     ca_pem_ = ca_pem;
   }
+  // Before Start: more flags for every member (e.g. "--max-request-bytes=32768").
+  void AddArgs(std::vector<std::string> args) {
+    extra_args_.insert(extra_args_.end(), args.begin(), args.end());
+  }
   pid_t pid(int i) const { return pids_[i]; }
   int size() const { return n_; }
   const std::string& dir() const { return dir_; }
@@ -266,6 +270,7 @@ class EtcdCluster {
         "--log-level=warn",
         // tmpfs under /tmp or not, fsync costs little at this size
         "--snapshot-count=10000"};
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
     if (!tls_cert_.empty()) {
       args.push_back("--cert-file=" + tls_cert_);
       args.push_back("--key-file=" + tls_key_);
@@ -299,6 +304,7 @@ class EtcdCluster {
   int n_;
   std::string host_, token_;
   std::string tls_cert_, tls_key_, ca_pem_;  // UseTls
+  std::vector<std::string> extra_args_;      // AddArgs
   std::string dir_, initial_;
   std::vector<int> client_ports_, peer_ports_;
   std::vector<pid_t> pids_;

@@ -222,7 +222,10 @@ class EtcdHa final : public HaSession {
 
   absl::StatusOr<std::unique_ptr<coordinator::StateStore>> CoordinatorStore(
       std::int64_t revision) override {
-    return coordinator::EtcdStateStore(EtcdClientOptions(c_.etcd), where_, revision);
+    coordinator::EtcdPlace place;
+    place.client = EtcdClientOptions(c_.etcd);
+    place.domain_key = where_;
+    return coordinator::EtcdStateStore(place, revision);
   }
 
  private:

@@ -235,7 +235,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
 absl::Status Coordinator::Finish(const std::string& tenant, const std::string& epoch,
                                  const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
   std::uint64_t need = 0;
-  const absl::Status st = FinishOrAbortUnsynced(true, tenant, epoch, refs, now_ms, &need);
+  absl::Status st = FinishOrAbortUnsynced(true, tenant, epoch, refs, now_ms, &need);
   if (auto wst = WaitDurable(need); !wst.ok()) return wst;
   return st;
 }
@@ -243,7 +243,7 @@ absl::Status Coordinator::Finish(const std::string& tenant, const std::string& e
 absl::Status Coordinator::Abort(const std::string& tenant, const std::string& epoch,
                                 const std::vector<ReservationRef>& refs, std::int64_t now_ms) {
   std::uint64_t need = 0;
-  const absl::Status st = FinishOrAbortUnsynced(false, tenant, epoch, refs, now_ms, &need);
+  absl::Status st = FinishOrAbortUnsynced(false, tenant, epoch, refs, now_ms, &need);
   if (auto wst = WaitDurable(need); !wst.ok()) return wst;
   return st;
 }
