@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cxlkv/base/bytes.h"
 #include "cxlkv/pool/kv_layout.h"
 #include "cxlkv/pool/spec.h"
 
@@ -14,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     auto again = cxlkv::pool::ParseSourceSpec(spec->ToString());
     if (!again.ok() || !(*again == *spec)) std::abort();
   }
-  (void)cxlkv::pool::ParseSize(text);
+  (void)cxlkv::base::ParseSize(text);
   auto layout = cxlkv::pool::ParseKvLayout(text);
   if (layout.ok() && !layout->Validate().ok()) std::abort();
   return 0;

@@ -3,7 +3,8 @@
 
 Every quoted include of every C/C++ file in a module is read, and each rule is checked:
   1. a module includes public headers (cxlkv/<module>/...) only of the modules it may depend
-     on (ALLOWED: dependencies point down);
+     on (ALLOWED: dependencies point down; base/ is the bottom, every module may use it and
+     it uses none);
   2. no module includes another module's private headers (a header under <module>/src/);
      tests and benchmarks may (white-box: a private step's behaviour or cost);
   3. nvme/ never includes tier/; tier/ and nvme/ never include the lease protocol's headers
@@ -24,20 +25,21 @@ ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
 
 # Module -> the modules whose public headers it may include (besides its own).
 ALLOWED = {
-    "coherence": set(),
-    "pool": {"coherence"},
-    "allocator": {"pool", "coherence"},
-    "nvme": {"pool", "coherence"},
-    "tier": {"nvme", "allocator", "pool", "coherence"},
-    "gpu": {"pool", "coherence"},
-    "preload": {"gpu", "pool", "coherence"},
-    "orchestrator": {"tier", "pool", "coherence"},
-    "integrations": {"lmcache", "coherence", "pool", "orchestrator"},
-    "capi": {"allocator", "coherence", "gpu", "nvme", "orchestrator", "pool", "tier"},
-    "tools": {"allocator", "coherence", "orchestrator", "pool", "tier", "nvme", "lmcache",
+    "base": set(),
+    "coherence": {"base"},
+    "pool": {"base", "coherence"},
+    "allocator": {"base", "pool", "coherence"},
+    "nvme": {"base", "pool", "coherence"},
+    "tier": {"base", "nvme", "allocator", "pool", "coherence"},
+    "gpu": {"base", "pool", "coherence"},
+    "preload": {"base", "gpu", "pool", "coherence"},
+    "orchestrator": {"base", "tier", "pool", "coherence"},
+    "integrations": {"base", "lmcache", "coherence", "pool", "orchestrator"},
+    "capi": {"base", "allocator", "coherence", "gpu", "nvme", "orchestrator", "pool", "tier"},
+    "tools": {"base", "allocator", "coherence", "orchestrator", "pool", "tier", "nvme", "lmcache",
               "coordinator"},
-    "bench": {"allocator", "coherence", "gpu", "nvme", "orchestrator", "pool", "tier", "replay",
-              "lmcache"},
+    "bench": {"base", "allocator", "coherence", "gpu", "nvme", "orchestrator", "pool", "tier",
+              "replay", "lmcache"},
 }
 # The public header namespace of a module when it differs from its directory.
 PROVIDES = {"integrations": {"lmcache"}, "bench": {"replay"},

@@ -1,5 +1,5 @@
 // The fixture of the tests that run orchestrators with the cross-domain directory (docs/ha.md)
-// as child processes (spawned_orchestrator.h): a fresh 3-member etcd cluster for each test
+// as child processes (orchestrator_process.h): a fresh 3-member etcd cluster for each test
 // (etcd_cluster.h), the [etcd] and [directory] sections that make an orchestrator join it, and
 // a reader's answer for one key. Skipped without etcd.
 #ifndef CXLKV_TESTS_DIRECTORY_FIXTURE_H_
@@ -17,8 +17,8 @@ namespace cxlkv::testing {
 
 class EtcdDirectoryTest : public EtcdClusterTest {
  protected:
-  // TOML for SpawnedOrchestrator's `extra`: this cluster, a session TTL of 2 s, summaries
-  // rewritten at most every 100 ms and at least every 5 s.
+  // TOML for SmallDomain's `extra`: this cluster, a session TTL of 2 s, summaries rewritten
+  // at most every 100 ms and at least every 5 s.
   std::string Extra() const {
     return absl::StrCat("[etcd]\nendpoints = ", etcd_->EndpointsToml(), "\nttl_s = 2\n",
                         "[directory]\nmin_interval_ms = 100\nrefresh_ms = 5000\n");

@@ -34,7 +34,7 @@
 #include "etcd_cluster.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "spawned_orchestrator.h"
+#include "orchestrator_process.h"
 
 namespace cxlkv::testing {
 namespace {
@@ -303,9 +303,9 @@ using DirectoryTest = EtcdDirectoryTest;
 TEST_F(DirectoryTest, PublishedInAReportedForAOnlyFollowsRetireAndDiesWithTheLease) {
   const std::uint64_t seed = Seed();
   SCOPED_TRACE(absl::StrCat("CXLKV_SEED=", seed));
-  SpawnedOrchestrator a("dom-a", Extra()), b("dom-b", Extra());
-  ASSERT_TRUE(a.Start(/*new_domain=*/true));
-  ASSERT_TRUE(b.Start(/*new_domain=*/true));
+  OrchestratorProcess a(SmallDomain("dom-a", Extra())), b(SmallDomain("dom-b", Extra()));
+  ASSERT_TRUE(a.Start());
+  ASSERT_TRUE(b.Start());
   dir::ReaderOptions ro;
   ro.client.endpoints = etcd_->endpoints();
   auto reader = dir::DirectoryReader::Open(ro);
@@ -413,7 +413,7 @@ TEST_F(DirectoryTest, PublishedInAReportedForAOnlyFollowsRetireAndDiesWithTheLea
 
   // kill -9 of dom-a's only orchestrator: its summary goes with its lease (TTL 2 s).
   const auto t0 = std::chrono::steady_clock::now();
-  a.Kill(SIGKILL);
+  a.Stop(SIGKILL);
   ASSERT_TRUE(SoonTrue([&] { return r.Domains() == std::vector<std::string>{"dom-b"}; },
                        milliseconds(8000)))
       << "dom-a's summary outlived its leader's lease";
@@ -435,12 +435,14 @@ TEST_F(DirectoryTest, KeyedDomainMatchesOnlyWithItsSecret) {
   const std::uint64_t seed = Seed();
   SCOPED_TRACE(absl::StrCat("CXLKV_SEED=", seed));
   const std::string key_file = SecretFile(kSecret);
-  SpawnedOrchestrator a("dom-k", Extra() + "[keys]\npublish_file = \"" + key_file + "\"\n");
-  SpawnedOrchestrator b("dom-r", Extra() + "[keys]\ndirectory_files = [\"" + key_file + "\"]\n");
-  SpawnedOrchestrator c("dom-x", Extra());
-  ASSERT_TRUE(a.Start(/*new_domain=*/true));
-  ASSERT_TRUE(b.Start(/*new_domain=*/true));
-  ASSERT_TRUE(c.Start(/*new_domain=*/true));
+  OrchestratorProcess a(
+      SmallDomain("dom-k", Extra() + "[keys]\npublish_file = \"" + key_file + "\"\n"));
+  OrchestratorProcess b(
+      SmallDomain("dom-r", Extra() + "[keys]\ndirectory_files = [\"" + key_file + "\"]\n"));
+  OrchestratorProcess c(SmallDomain("dom-x", Extra()));
+  ASSERT_TRUE(a.Start());
+  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(c.Start());
   std::mt19937_64 rng(seed);
   const co::Namespace ns = co::MakeNamespace("t", "m", "l");
   const std::uint32_t tokens[] = {static_cast<std::uint32_t>(rng()), 1, 2};
@@ -507,8 +509,8 @@ TEST_F(DirectoryTest, KeyedDomainMatchesOnlyWithItsSecret) {
 }
 
 TEST_F(DirectoryTest, SingleOrchestratorRefusesTheDirectoryCallSayingWhy) {
-  SpawnedOrchestrator s("solo", "");
-  ASSERT_TRUE(s.Start(/*new_domain=*/true));
+  OrchestratorProcess s(SmallDomain("solo", ""));
+  ASSERT_TRUE(s.Start());
   cxlkv_prefix_key ck{1, 2};
   EXPECT_EQ(cxlkv_directory_where(s.socket.c_str(), &ck, nullptr, 0, nullptr), CXLKV_E_MISMATCH)
       << cxlkv_last_error();

@@ -21,7 +21,7 @@
 #include "gtest/gtest.h"
 #include "kv_events_subscriber.h"
 #include "nlohmann/json.hpp"
-#include "spawned_orchestrator.h"
+#include "orchestrator_process.h"
 
 namespace cxlkv::testing {
 namespace {
@@ -42,16 +42,16 @@ TEST_F(KvEventsHaTest, OnlyTheLeaderPublishesEventsAndATakeoverOpensANewTerm) {
   ASSERT_NE(port, 0);
   const std::string events =
       absl::StrCat("[events]\nendpoint = \"tcp://127.0.0.1:", port, "\"\ninterval_ms = 20\n");
-  SpawnedOrchestrator a("ha-ev", Extra() + events);
-  ASSERT_TRUE(a.Start(/*new_domain=*/true));
+  OrchestratorProcess a(SmallDomain("ha-ev", Extra() + events));
+  ASSERT_TRUE(a.Start());
   dir::ReaderOptions ro;
   ro.client.endpoints = etcd_->endpoints();
   auto reader = dir::DirectoryReader::Open(ro);
   ASSERT_TRUE(reader.ok()) << reader.status();
   ASSERT_TRUE(SoonTrue([&] { return (*reader)->Domains() == std::vector<std::string>{"ha-ev"}; },
                        milliseconds(10000)));
-  SpawnedOrchestrator b("ha-ev", Extra() + events, &a);
-  ASSERT_TRUE(b.Start(/*new_domain=*/false));
+  OrchestratorProcess b(SmallDomain("ha-ev", Extra() + events), &a);
+  ASSERT_TRUE(b.Start());
   const co::Namespace ns = co::MakeNamespace("t", "m", "l");
   const std::uint32_t tokens[] = {5, 6, 7};
   const co::PrefixKey k = co::ChainKey(ns, co::PrefixKey{}, tokens);
@@ -81,7 +81,7 @@ TEST_F(KvEventsHaTest, OnlyTheLeaderPublishesEventsAndATakeoverOpensANewTerm) {
   const std::size_t before = sub.Messages().size();
   const std::int64_t epoch_a = (*reader)->Where(k)[0].epoch;
 
-  a.Kill(SIGKILL);
+  a.Stop(SIGKILL);
   ASSERT_TRUE(SoonTrue([&] { return clears(sub.Messages()).size() == 2; }, milliseconds(10000)))
       << "the new leader did not open a term";
   // The new leader's publisher never sent before: its first message is sequence 0.

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
-#include "spawned_orchestrator.h"
+#include "orchestrator_process.h"
 
 namespace cxlkv::testing {
 

@@ -27,7 +27,7 @@
 #include "gtest/gtest.h"
 #include "kv_events_subscriber.h"
 #include "nlohmann/json.hpp"
-#include "spawned_orchestrator.h"
+#include "orchestrator_process.h"
 
 namespace cxlkv::testing {
 namespace {
@@ -138,9 +138,10 @@ TEST(KvEventsThroughTheOrchestrator, StoredRemovedAndANewTermDecodedByPython) {
   Subscriber sub(dir, "cxlkv/ev-dom");
   const int port = sub.Port();
   ASSERT_NE(port, 0) << "the subscriber did not start";
-  SpawnedOrchestrator o("ev-dom", absl::StrCat("[events]\nendpoint = \"tcp://127.0.0.1:", port,
-                                               "\"\ninterval_ms = 20\nblock_size = 16\n"));
-  ASSERT_TRUE(o.Start(/*new_domain=*/true));
+  OrchestratorProcess o(
+      SmallDomain("ev-dom", absl::StrCat("[events]\nendpoint = \"tcp://127.0.0.1:", port,
+                                         "\"\ninterval_ms = 20\nblock_size = 16\n")));
+  ASSERT_TRUE(o.Start());
   // The first term opens with AllBlocksCleared (nothing is published yet).
   ASSERT_TRUE(SoonTrue([&] { return !sub.Messages().empty(); }, milliseconds(5000)))
       << "no event batch arrived";
@@ -194,8 +195,8 @@ TEST(KvEventsThroughTheOrchestrator, StoredRemovedAndANewTermDecodedByPython) {
 
   // kill -9 and a restart: a new term opens with AllBlocksCleared, then what the index still
   // holds (k2; k1 is retired).
-  o.Kill(SIGKILL);
-  ASSERT_TRUE(o.Start(/*new_domain=*/false));
+  o.Stop(SIGKILL);
+  ASSERT_TRUE(o.Start());
   const std::size_t from = before.size();
   ASSERT_TRUE(SoonTrue([&] { return HasStored(sub.Events(from), h2); }, milliseconds(8000)))
       << "the new term did not announce the published block";
@@ -215,12 +216,13 @@ TEST(KvEventsThroughTheOrchestrator, MapFormAsNewerVllm) {
   Subscriber sub(dir, "kv@");
   const int port = sub.Port();
   ASSERT_NE(port, 0);
-  SpawnedOrchestrator o("ev-map", absl::StrCat("[events]\nendpoint = \"tcp://127.0.0.1:", port,
-                                               "\"\nformat = \"map\"\nblock_hash = \"uint64\"\n"
-                                               "topic = \"kv@cxl-rack-3@Qwen/Qwen3-8B\"\n"
-                                               "medium = \"shared_storage\"\n"
-                                               "data_parallel_rank = 2\n"));
-  ASSERT_TRUE(o.Start(/*new_domain=*/true));
+  OrchestratorProcess o(
+      SmallDomain("ev-map", absl::StrCat("[events]\nendpoint = \"tcp://127.0.0.1:", port,
+                                         "\"\nformat = \"map\"\nblock_hash = \"uint64\"\n"
+                                         "topic = \"kv@cxl-rack-3@Qwen/Qwen3-8B\"\n"
+                                         "medium = \"shared_storage\"\n"
+                                         "data_parallel_rank = 2\n")));
+  ASSERT_TRUE(o.Start());
   const co::Namespace ns = co::MakeNamespace("t", "m", "l");
   const std::uint32_t t1[] = {9, 9, 9};
   const co::PrefixKey k = co::ChainKey(ns, co::PrefixKey{}, t1);
@@ -263,10 +265,11 @@ TEST(KvEventsThroughTheOrchestrator, KeyedHashesMatchOnlyWithTheSecret) {
   Subscriber sub(dir, "cxlkv/ev-keyed");
   const int port = sub.Port();
   ASSERT_NE(port, 0);
-  SpawnedOrchestrator o("ev-keyed", absl::StrCat("[events]\nendpoint = \"tcp://127.0.0.1:", port,
-                                                 "\"\ninterval_ms = 20\n[keys]\npublish_file = \"",
-                                                 key_file, "\"\n"));
-  ASSERT_TRUE(o.Start(/*new_domain=*/true));
+  OrchestratorProcess o(SmallDomain(
+      "ev-keyed",
+      absl::StrCat("[events]\nendpoint = \"tcp://127.0.0.1:", port,
+                   "\"\ninterval_ms = 20\n[keys]\npublish_file = \"", key_file, "\"\n")));
+  ASSERT_TRUE(o.Start());
   const co::Namespace ns = co::MakeNamespace("t", "m", "l");
   const std::uint32_t t1[] = {1, 2, 3}, t2[] = {4, 5, 6};
   const co::PrefixKey k1 = co::ChainKey(ns, co::PrefixKey{}, t1);

@@ -30,7 +30,7 @@
 #include "cxlkv/pool/region.h"
 #include "gtest/gtest.h"
 #include "orchestrator.grpc.pb.h"
-#include "orchestrator_harness.h"
+#include "orchestrator_process.h"
 
 namespace cxlkv::orchestrator {
 namespace {
@@ -40,7 +40,7 @@ namespace co = ::cxlkv::coherence;
 using namespace std::chrono_literals;
 
 using testing::AcceptsConnections;
-using testing::OrchestratorHarness;
+using testing::OrchestratorProcess;
 using testing::WaitFor;
 
 class OrchestratorFixture : public ::testing::Test {
@@ -52,11 +52,12 @@ class OrchestratorFixture : public ::testing::Test {
   pb::StatusReply Status() { return h_.Status(); }
   std::string HostState(std::uint32_t id) { return h_.HostState(id); }
   std::unique_ptr<pb::Orchestrator::Stub> Stub() { return h_.Stub(); }
-  pid_t Host(const std::function<bool()>& body) { return OrchestratorHarness::Fork(body); }
-  static bool Exited0(pid_t pid) { return OrchestratorHarness::Exited0(pid); }
+  pid_t Host(const std::function<bool()>& body) { return OrchestratorProcess::Fork(body); }
+  static bool Exited0(pid_t pid) { return OrchestratorProcess::Exited0(pid); }
 
-  OrchestratorHarness h_{"lease_ttl_ms = 400\nhost_ttl_ms = 400\nheartbeat_period_ms = 50\n"
-                         "grace_ms = 20\ncapacity_lease_ms = 1000\n"};
+  OrchestratorProcess h_{
+      "lease_ttl_ms = 400\nhost_ttl_ms = 400\nheartbeat_period_ms = 50\n"
+      "grace_ms = 20\ncapacity_lease_ms = 1000\n"};
   const std::string& socket_ = h_.socket;
 };
 
@@ -439,7 +440,7 @@ TEST_F(OrchestratorFixture, SecondDaemonOfARunningDomainIsRefused) {
 // A [[namespace]] whose layout the hosts never build (a typo) is not silent: once blocks of
 // namespaces no table names are published, Status and `cxlkvctl status` name the table.
 TEST(OrchestratorNamespaces, ATableNoPublicationMatchesIsNamed) {
-  OrchestratorHarness h{
+  OrchestratorProcess h{
       "lease_ttl_ms = 400\nhost_ttl_ms = 400\nheartbeat_period_ms = 50\n"
       "grace_ms = 20\ncapacity_lease_ms = 1000\n"};
   std::ofstream(h.config, std::ios::app)
@@ -449,7 +450,7 @@ TEST(OrchestratorNamespaces, ATableNoPublicationMatchesIsNamed) {
   const co::Namespace built = co::MakeNamespace("t", "m", "fp16-l80");  // what the typo meant
   const std::uint32_t tokens[] = {1, 2, 3};
   EXPECT_EQ(h.Status().unmatched_namespaces_size(), 0) << "nothing published: nothing to say";
-  const pid_t host = OrchestratorHarness::Fork([&] {
+  const pid_t host = OrchestratorProcess::Fork([&] {
     auto c = HostClient::Connect(h.socket, 0);
     if (!c.ok()) return false;
     (*c)->StartHeartbeats();
@@ -465,7 +466,7 @@ TEST(OrchestratorNamespaces, ATableNoPublicationMatchesIsNamed) {
     if (!(*ph)->Publish(built, k2, co::PrefixKey{}, Ref(0, 2)).ok()) return false;
     return WaitFor([&] { return (*ph)->Lookup(built, k2).has_value(); }) && (*c)->Leave().ok();
   });
-  ASSERT_TRUE(OrchestratorHarness::Exited0(host));
+  ASSERT_TRUE(OrchestratorProcess::Exited0(host));
   const pb::StatusReply s = h.Status();
   ASSERT_EQ(s.unmatched_namespaces_size(), 1) << s.DebugString();
   EXPECT_EQ(s.unmatched_namespaces(0), "t/m/fp16-l8O") << "t/m/l matched a block";
@@ -479,7 +480,7 @@ TEST(OrchestratorNamespaces, ATableNoPublicationMatchesIsNamed) {
 // rpc.socket: a regular file in the way, and another program's live socket, are refused and
 // left as they are, before anything is written; a stale socket (a killed daemon's) is replaced.
 TEST(OrchestratorSocket, OnlyAStaleSocketIsReplaced) {
-  OrchestratorHarness o("lease_ttl_ms = 400\nhost_ttl_ms = 400\nheartbeat_period_ms = 50\n");
+  OrchestratorProcess o("lease_ttl_ms = 400\nhost_ttl_ms = 400\nheartbeat_period_ms = 50\n");
   const std::string state = o.dir + "/d.state";
   {
     std::ofstream(o.socket) << "keep me\n";
@@ -696,6 +697,8 @@ TEST_F(OrchestratorFixture, PrefixShareReportsADeadHostAndReturns) {
 namespace cxlkv::testing {
 namespace {
 
+namespace pb = ::cxlkv::orchestrator::v1;
+
 // A TCP port nobody listens on now (the daemon binds it right after).
 int FreePort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -734,7 +737,7 @@ TEST(OrchestratorTcp, TheTokenAuthorizesTcpCalls) {
   WriteSecret(good, "s3cret-token-of-the-domain-0123456789");
   WriteSecret(bad, "another-token-not-the-domain-s-9876");
   const int port = FreePort();
-  OrchestratorHarness o(kTcpTiming, "tcp = \"127.0.0.1:" + std::to_string(port) +
+  OrchestratorProcess o(kTcpTiming, "tcp = \"127.0.0.1:" + std::to_string(port) +
                                         "\"\ntoken_file = \"" + good + "\"\n");
   o.Start();
   const std::string where = "tcp:127.0.0.1:" + std::to_string(port);
@@ -747,12 +750,12 @@ TEST(OrchestratorTcp, TheTokenAuthorizesTcpCalls) {
 
   // A raw call without the header: refused by the daemon.
   {
-    auto stub = opb::Orchestrator::NewStub(
-        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    auto stub = pb::Orchestrator::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                              grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    opb::StatusReply r;
-    const grpc::Status st = stub->Status(&ctx, opb::StatusRequest{}, &r);
+    pb::StatusReply r;
+    const grpc::Status st = stub->Status(&ctx, pb::StatusRequest{}, &r);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
     EXPECT_NE(st.error_message().find("missing or wrong token"), std::string::npos);
   }
@@ -791,7 +794,7 @@ TEST(OrchestratorTcp, TlsCarriesTheToken) {
       dir + "/key.pem -out " + dir + "/cert.pem >/dev/null 2>&1";
   if (std::system(gen.c_str()) != 0) GTEST_SKIP() << "openssl could not make a certificate";
   const int port = FreePort();
-  OrchestratorHarness o(kTcpTiming, "tcp = \"127.0.0.1:" + std::to_string(port) +
+  OrchestratorProcess o(kTcpTiming, "tcp = \"127.0.0.1:" + std::to_string(port) +
                                         "\"\ntoken_file = \"" + token + "\"\ntls_cert = \"" + dir +
                                         "/cert.pem\"\ntls_key = \"" + dir + "/key.pem\"\n");
   o.Start();

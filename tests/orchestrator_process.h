@@ -1,85 +1,202 @@
-// A cxlkv-orchestrator run as a child process on a fresh emulated domain, for the
-// integration and soak tests: config written to a temp dir, start / SIGTERM / kill -9, and
-// helpers to run host bodies in forked processes. No gRPC here (orchestrator_harness.h adds
-// the control-plane stub), so tests of libcxlkv.so alone can use it.
+// The one test fixture that runs cxlkv-orchestrator as a child process on a fresh emulated
+// domain: its config written to a temporary directory, started with posix_spawn (safe in a
+// multithreaded test) with its output in a log file printed when the test failed, stopped with
+// any signal (kill -9 included) and started again on the state it wrote. Also helpers to run
+// host bodies in forked processes.
+//
+// Two parts switch on with what the test links, so that tests of libcxlkv.so alone (no gRPC,
+// no coherence headers) use the same fixture:
+//   - with the orchestrator's generated gRPC header on the include path: Stub(), Hosts(),
+//     Status(), HostState() ask the daemon over its control-plane socket;
+//   - with cxlkv/coherence/prefix.h: Host(), Publish(), Retire() act as a host of the domain
+//     in this process (a PrefixHost on the shared domain file).
 #ifndef CXLKV_TESTS_ORCHESTRATOR_PROCESS_H_
 #define CXLKV_TESTS_ORCHESTRATOR_PROCESS_H_
 
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <memory>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "eventually.h"
 #include "gtest/gtest.h"
 
+#if __has_include("orchestrator.grpc.pb.h")
+#include <grpcpp/grpcpp.h>
+
+#include "orchestrator.grpc.pb.h"
+#define CXLKV_TESTS_ORCHESTRATOR_RPC 1
+#endif
+#if __has_include("cxlkv/coherence/prefix.h")
+#include "cxlkv/coherence/mem.h"
+#include "cxlkv/coherence/prefix.h"
+#define CXLKV_TESTS_ORCHESTRATOR_HOST 1
+#endif
+
+extern char** environ;
+
 namespace cxlkv::testing {
 
+// Eventually() with the limit most of these tests use.
 inline bool WaitFor(const std::function<bool()>& cond,
                     std::chrono::milliseconds limit = std::chrono::milliseconds(5000)) {
   return Eventually(cond, limit);
 }
+// Eventually() under the name the directory and KV-event tests use.
+inline bool SoonTrue(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
+  return Eventually(cond, limit);
+}
+
+inline std::string SlurpFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// What the fixture writes into domain.toml. The defaults are the integration tests' domain: a
+// 256 MiB pool in 16 MiB extents, a capacity share and one namespace, SIGTERM at teardown
+// (which must exit cleanly).
+struct OrchestratorConfig {
+  std::string name = "itest";             // domain.name (the domain's name in etcd)
+  std::string pool_params = "size=256M";  // the pool file's spec parameters, after '?'
+  std::string extent_size = "16M";
+  std::string timing;     // the [timing] table's body
+  std::string rpc_extra;  // more lines of [rpc] (tcp, token_file, tls_*)
+  std::string sections =  // TOML after [timing]
+      "[capacity]\ndefault_share = 0.5\n"
+      "[[namespace]]\ntenant = \"t\"\nmodel = \"m\"\nlayout = \"l\"\n";
+  int teardown_signal = SIGTERM;
+};
+
+// The directory and KV-event tests' domain: 64 MiB of pool (not reserved) in 8 MiB extents,
+// 500 ms leases, a long host TTL, `extra` sections appended, kill -9 at teardown.
+inline OrchestratorConfig SmallDomain(const std::string& name, const std::string& extra) {
+  OrchestratorConfig c;
+  c.name = name;
+  c.pool_params = "size=64M&reserve=0";
+  c.extent_size = "8M";
+  c.timing =
+      "lease_ttl_ms = 500\nhost_ttl_ms = 60000\nheartbeat_period_ms = 100\ngrace_ms = 50\n"
+      "capacity_lease_ms = 60000\n";
+  c.sections = extra;
+  c.teardown_signal = SIGKILL;
+  return c;
+}
+
+inline constexpr std::size_t kOrchestratorDomainBytes = 4 << 20;  // prefix_domain's size
 
 class OrchestratorProcess {
  public:
-  // `timing` is the [timing] table's body.
-  // `rpc_extra`: more lines for the [rpc] table (tcp, token_file, tls_*).
-  explicit OrchestratorProcess(const std::string& timing, const std::string& rpc_extra = "") {
+  // The integration tests' domain (OrchestratorConfig's defaults) with this [timing] body
+  // and more [rpc] lines.
+  explicit OrchestratorProcess(const std::string& timing, const std::string& rpc_extra = "")
+      : OrchestratorProcess(WithTiming(timing, rpc_extra)) {}
+  // `share_with`: another orchestrator of the same domain (HA: the same pool and domain
+  // files, which that one removes at teardown); this one's first start is not a new domain.
+  explicit OrchestratorProcess(const OrchestratorConfig& c,
+                               const OrchestratorProcess* share_with = nullptr)
+      : teardown_signal_(c.teardown_signal),
+        owns_files_(share_with == nullptr),
+        started_(share_with != nullptr) {
     char tmpl[] = "/tmp/cxlkv-orch-XXXXXX";
-    EXPECT_NE(mkdtemp(tmpl), nullptr);
+    EXPECT_NE(::mkdtemp(tmpl), nullptr);
     dir = tmpl;
-    const std::string tag = std::to_string(getpid());
-    pool = "/dev/shm/cxlkv-orch-pool-" + tag;
-    domain = "/dev/shm/cxlkv-orch-domain-" + tag;
+    const std::string tag = dir.substr(dir.rfind('-') + 1);
+    pool = share_with != nullptr ? share_with->pool : "/dev/shm/cxlkv-orch-pool-" + tag;
+    domain = share_with != nullptr ? share_with->domain : "/dev/shm/cxlkv-orch-domain-" + tag;
     socket = dir + "/o.sock";
+    log = dir + "/log";
     config = dir + "/domain.toml";
-    std::ofstream(config) << "[domain]\nname = \"itest\"\n"
-                          << "pool = \"file:" << pool << "?size=256M\"\n"
+    std::ofstream(config) << "[domain]\nname = \"" << c.name << "\"\n"
+                          << "pool = \"file:" << pool << "?" << c.pool_params << "\"\n"
                           << "prefix_domain = \"file:" << domain << "?size=4M\"\n"
-                          << "extent_size = \"16M\"\nstate_file = \"" << dir << "/d.state\"\n"
+                          << "extent_size = \"" << c.extent_size << "\"\nstate_file = \"" << dir
+                          << "/d.state\"\n"
                           << "index_entries = 1024\nmax_hosts = 4\n"
-                          << "[rpc]\nsocket = \"" << socket << "\"\n" << rpc_extra
-                          << "[metrics]\nlisten = \"\"\n"
-                          << "[timing]\n" << timing
-                          << "[capacity]\ndefault_share = 0.5\n"
-                          << "[[namespace]]\ntenant = \"t\"\nmodel = \"m\"\nlayout = \"l\"\n";
+                          << "[rpc]\nsocket = \"" << socket << "\"\n"
+                          << c.rpc_extra << "[metrics]\nlisten = \"\"\n"
+                          << "[timing]\n"
+                          << c.timing << c.sections;
   }
   ~OrchestratorProcess() {
-    Stop(SIGTERM);
-    unlink(pool.c_str());
-    unlink(domain.c_str());
+#ifdef CXLKV_TESTS_ORCHESTRATOR_HOST
+    host_.reset();
+    mem_.reset();
+#endif
+    if (map_ != nullptr) ::munmap(map_, kOrchestratorDomainBytes);
+    Stop(teardown_signal_);
+    if (::testing::Test::HasFailure()) {
+      std::fprintf(stderr, "---- log of the orchestrator in %s ----\n%s", dir.c_str(),
+                   SlurpFile(log).c_str());
+    }
+    if (owns_files_) {
+      ::unlink(pool.c_str());
+      ::unlink(domain.c_str());
+    }
     const std::string cmd = "rm -rf " + dir;
     EXPECT_EQ(std::system(cmd.c_str()), 0);
   }
+  OrchestratorProcess(const OrchestratorProcess&) = delete;
+  OrchestratorProcess& operator=(const OrchestratorProcess&) = delete;
 
-  // The first start creates the domain (--new-domain); later ones (a restart after Stop)
-  // read the state file it wrote.
-  void Start() {
-    const bool first = !started_;
+  // Starts the process and waits (10 s at most) until its socket accepts connections; false
+  // (and a test failure with the log) if it exited or did not come up. The first start
+  // creates the domain (--new-domain) unless it shares another's; later ones (a restart after
+  // Stop) read the state file it wrote.
+  bool Start() {
+    const bool new_domain = !started_;
     started_ = true;
-    pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      const int null = open("/dev/null", O_WRONLY);
-      dup2(null, 1);
-      execl(CXLKV_ORCHESTRATOR_BIN, CXLKV_ORCHESTRATOR_BIN, "--config", config.c_str(),
-            first ? "--new-domain" : nullptr, nullptr);
-      _exit(127);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    std::vector<std::string> args = {CXLKV_ORCHESTRATOR_BIN, "--config", config};
+    if (new_domain) args.push_back("--new-domain");
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = ::posix_spawn(&pid, CXLKV_ORCHESTRATOR_BIN, &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+      pid = -1;
+      ADD_FAILURE() << "posix_spawn " << CXLKV_ORCHESTRATOR_BIN << ": " << rc;
+      return false;
     }
-    ASSERT_TRUE(WaitFor([&] { return AcceptsConnections(socket); }))
-        << "the orchestrator did not come up";
+    const bool up = Eventually(
+        [&] {
+          int status = 0;
+          if (::waitpid(pid, &status, WNOHANG) == pid) {
+            pid = -1;
+            return true;
+          }
+          return AcceptsConnections(socket);
+        },
+        std::chrono::milliseconds(10000));
+    EXPECT_TRUE(up && pid > 0) << "the orchestrator did not come up:\n" << SlurpFile(log);
+    return up && pid > 0;
   }
+
+  // Sends `sig` and reaps the process. SIGKILL also continues a stopped one; after SIGTERM the
+  // process must have exited with status 0.
   void Stop(int sig) {
     if (pid <= 0) return;
-    kill(pid, sig);
+    ::kill(pid, sig);
+    if (sig == SIGKILL) ::kill(pid, SIGCONT);
     int status = 0;
-    waitpid(pid, &status, 0);
+    ::waitpid(pid, &status, 0);
     if (sig == SIGTERM) {
       EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
     }
@@ -98,11 +215,88 @@ class OrchestratorProcess {
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
 
-  std::string dir, pool, domain, socket, config;
+#ifdef CXLKV_TESTS_ORCHESTRATOR_RPC
+  // The control plane, over the daemon's Unix socket.
+  std::unique_ptr<::cxlkv::orchestrator::v1::Orchestrator::Stub> Stub() const {
+    return ::cxlkv::orchestrator::v1::Orchestrator::NewStub(
+        grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  }
+  ::cxlkv::orchestrator::v1::HostsReply Hosts() const {
+    grpc::ClientContext ctx;
+    ::cxlkv::orchestrator::v1::HostsReply r;
+    EXPECT_TRUE(Stub()->Hosts(&ctx, ::cxlkv::orchestrator::v1::HostsRequest{}, &r).ok());
+    return r;
+  }
+  ::cxlkv::orchestrator::v1::StatusReply Status() const {
+    grpc::ClientContext ctx;
+    ::cxlkv::orchestrator::v1::StatusReply r;
+    EXPECT_TRUE(Stub()->Status(&ctx, ::cxlkv::orchestrator::v1::StatusRequest{}, &r).ok());
+    return r;
+  }
+  // A host's state as the daemon reports it, or "absent".
+  std::string HostState(std::uint32_t id) const {
+    const ::cxlkv::orchestrator::v1::HostsReply r = Hosts();
+    for (const auto& h : r.hosts()) {
+      if (h.host_id() == id) return h.state();
+    }
+    return "absent";
+  }
+#endif
+
+#ifdef CXLKV_TESTS_ORCHESTRATOR_HOST
+  // A host of this domain (host id 2) in this process, on the shared domain file.
+  coherence::PrefixHost& Host() {
+    if (host_ == nullptr) {
+      const int fd = ::open(domain.c_str(), O_RDWR);
+      EXPECT_GE(fd, 0);
+      map_ = ::mmap(nullptr, kOrchestratorDomainBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      ::close(fd);
+      EXPECT_NE(map_, MAP_FAILED);
+      mem_ = std::make_unique<coherence::DirectMem>(static_cast<std::byte*>(map_),
+                                                    kOrchestratorDomainBytes);
+      auto h = coherence::PrefixHost::Join(*mem_, clock_, 2);
+      EXPECT_TRUE(h.ok()) << h.status();
+      host_ = *std::move(h);
+    }
+    return *host_;
+  }
+  // Publishes a block under `key` and waits until the owner applied it.
+  bool Publish(coherence::Namespace ns, const coherence::PrefixKey& key, std::uint32_t index) {
+    coherence::BlockRef ref{};
+    ref.arena[0] = 9;
+    ref.index = index;
+    ref.generation = 1;
+    if (!Host().Publish(ns, key, coherence::PrefixKey{}, ref).ok()) return false;
+    return SoonTrue([&] { return Host().Lookup(ns, key).has_value(); },
+                    std::chrono::milliseconds(3000));
+  }
+  bool Retire(coherence::Namespace ns, const coherence::PrefixKey& key) {
+    if (!Host().Retire(ns, key).ok()) return false;
+    return SoonTrue([&] { return !Host().Lookup(ns, key).has_value(); },
+                    std::chrono::milliseconds(3000));
+  }
+#endif
+
+  std::string dir, pool, domain, socket, log, config;
   pid_t pid = -1;
 
  private:
+  static OrchestratorConfig WithTiming(const std::string& timing, const std::string& rpc_extra) {
+    OrchestratorConfig c;
+    c.timing = timing;
+    c.rpc_extra = rpc_extra;
+    return c;
+  }
+
+  int teardown_signal_ = SIGTERM;
+  bool owns_files_ = true;
   bool started_ = false;
+  void* map_ = nullptr;
+#ifdef CXLKV_TESTS_ORCHESTRATOR_HOST
+  coherence::SteadyClock clock_;
+  std::unique_ptr<coherence::DirectMem> mem_;
+  std::unique_ptr<coherence::PrefixHost> host_;
+#endif
 };
 
 }  // namespace cxlkv::testing

@@ -24,13 +24,14 @@
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
 #include "gtest/gtest.h"
-#include "orchestrator_harness.h"
+#include "orchestrator_process.h"
 #include "test_util.h"
 
 namespace cxlkv::testing {
 namespace {
 
 namespace co = ::cxlkv::coherence;
+namespace opb = ::cxlkv::orchestrator::v1;
 using allocator::BlockAllocator;
 using allocator::BlockHandle;
 
@@ -178,7 +179,7 @@ TEST(OrchestratorSoak, RandomFaultsLeakNothing) {
   std::printf("soak seed=%llu seconds=%d (replay: CXLKV_SEED=%llu)\n",
               static_cast<unsigned long long>(seed), seconds, static_cast<unsigned long long>(seed));
   std::fflush(stdout);
-  OrchestratorHarness h(
+  OrchestratorProcess h(
       "lease_ttl_ms = 300\nhost_ttl_ms = 300\nheartbeat_period_ms = 50\ngrace_ms = 20\n"
       "capacity_lease_ms = 600\n");
   h.Start();
@@ -196,7 +197,8 @@ TEST(OrchestratorSoak, RandomFaultsLeakNothing) {
   std::vector<pid_t> pids(kHosts, -1);
   auto spawn = [&](std::uint32_t i) {
     const std::uint64_t s = rng();
-    pids[i] = OrchestratorHarness::Fork([&, i, s] { return HostMain(h.socket, i, s, stop, false); });
+    pids[i] =
+        OrchestratorProcess::Fork([&, i, s] { return HostMain(h.socket, i, s, stop, false); });
   };
   for (std::uint32_t i = 0; i < kHosts; ++i) spawn(i);
   int kills = 0, stops = 0, restarts = 0;
@@ -226,7 +228,7 @@ TEST(OrchestratorSoak, RandomFaultsLeakNothing) {
   // what the owner hands back.
   ASSERT_EQ(creat(stop.c_str(), 0600) >= 0, true);
   for (std::uint32_t i = 0; i < kHosts; ++i) {
-    EXPECT_TRUE(OrchestratorHarness::Exited0(pids[i])) << "host " << i << " failed";
+    EXPECT_TRUE(OrchestratorProcess::Exited0(pids[i])) << "host " << i << " failed";
   }
   {
     grpc::ClientContext ctx;
@@ -238,8 +240,8 @@ TEST(OrchestratorSoak, RandomFaultsLeakNothing) {
   const bool drained = WaitFor(
       [&] {
         for (std::uint32_t i = 0; i < kHosts; ++i) {
-          EXPECT_TRUE(OrchestratorHarness::Exited0(OrchestratorHarness::Fork(
-              [&, i] { return HostMain(h.socket, i, 0, stop, true); })));
+          EXPECT_TRUE(OrchestratorProcess::Exited0(
+              OrchestratorProcess::Fork([&, i] { return HostMain(h.socket, i, 0, stop, true); })));
         }
         grpc::ClientContext ctx;
         opb::PrefixesRequest q;

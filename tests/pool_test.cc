@@ -75,18 +75,6 @@ TEST(Spec, RejectsBadSpecsWithTheFix) {
   }
 }
 
-TEST(Spec, Sizes) {
-  EXPECT_EQ(*ParseSize("4096"), 4096u);
-  EXPECT_EQ(*ParseSize("64K"), 65536u);
-  EXPECT_EQ(*ParseSize("2MiB"), 2u << 20);
-  EXPECT_EQ(*ParseSize("3g"), 3ull << 30);
-  EXPECT_FALSE(ParseSize("").ok());
-  EXPECT_FALSE(ParseSize("G").ok());
-  EXPECT_FALSE(ParseSize("1X").ok());
-  EXPECT_FALSE(ParseSize("20000000T").ok());
-  EXPECT_EQ(FormatBytes(5u << 20), "5 MiB");
-}
-
 TEST(KvLayout, Llama3_70BBlockIsFiveMiB) {
   const KvLayout l = Llama3_70B();
   EXPECT_EQ(l.BytesPerToken(), 320u * 1024);

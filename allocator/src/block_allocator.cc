@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/bytes.h"
 
 #ifdef CXLKV_ASAN
 #include <sanitizer/asan_interface.h>
@@ -334,7 +335,7 @@ absl::Status BlockAllocator::ExplainAllocFailure(std::uint32_t cls) const {
   const pool::ArenaUsage u = arena_->Usage();
   const pool::ClassUsage& c = u.classes[cls];
   return absl::ResourceExhaustedError(absl::StrCat(
-      arena_->region().name(), ": size class ", cls, " (", pool::FormatBytes(c.block_bytes),
+      arena_->region().name(), ": size class ", cls, " (", base::FormatBytes(c.block_bytes),
       " blocks) is full: ", c.allocated, " allocated, ", c.persisted, " persisted, ", c.cached,
       " held in per-thread caches, ", c.free, " free of ", c.total,
       "; free blocks, or format a larger region"));

@@ -13,6 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cxlkv/base/bytes.h"
 #include "cxlkv/pool/region.h"
 #include "cxlkv/tier/calibrate.h"
 #include "cxlkv/tier/placement.h"
@@ -160,11 +161,12 @@ int main(int argc, char** argv) {
   const auto nvme_blocks = static_cast<std::uint32_t>(c.nvme_gib * D(1ull << 30) / D(modeled));
   std::printf("kv_replay: model %s, %llu B/token, block %s modeled, %s moved (scale 1/%u)\n",
               c.profile.c_str(), static_cast<unsigned long long>(c.bytes_per_token),
-              pool::FormatBytes(modeled).c_str(), pool::FormatBytes(moved).c_str(), c.scale);
-  std::printf("  CXL capacity %.1f GiB modeled = %u blocks (%s in the arena); NVMe %.0f GiB "
-              "modeled = %u blocks\n",
-              c.cxl_gib, cxl_blocks, pool::FormatBytes(std::uint64_t{cxl_blocks} * moved).c_str(),
-              c.nvme_gib, nvme_blocks);
+              base::FormatBytes(modeled).c_str(), base::FormatBytes(moved).c_str(), c.scale);
+  std::printf(
+      "  CXL capacity %.1f GiB modeled = %u blocks (%s in the arena); NVMe %.0f GiB "
+      "modeled = %u blocks\n",
+      c.cxl_gib, cxl_blocks, base::FormatBytes(std::uint64_t{cxl_blocks} * moved).c_str(),
+      c.nvme_gib, nvme_blocks);
   std::printf("  figures: CXL %.0f ns + %.2f GB/s; NVMe %.1f us + %.2f GB/s; prefill %.0f "
               "tokens/s x (1 + %.2f x queue depth)\n",
               params.cxl[0].figures.latency_s * 1e9, params.cxl[0].figures.read_bytes_per_s / 1e9,

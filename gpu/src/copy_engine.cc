@@ -57,6 +57,7 @@ absl::Status CopyEngine::Init() {
     CXLKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), kWhat);
   }
   const StageLayout layout(options_.max_kernel_blocks, kMaxLayers);
+  base::MutexLock lock(mu_);  // no other thread sees the engine yet: for the analysis
   slots_.resize(options_.kernel_slots);
   for (std::size_t i = 0; i < slots_.size(); ++i) {
     CXLKV_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&slots_[i].host, layout.bytes, cudaHostAllocDefault),
@@ -252,7 +253,7 @@ absl::StatusOr<Ticket> CopyEngine::Submit(const PagedCache& cache, Direction dir
         " per submission (CopyEngineOptions::max_kernel_blocks); split the list"));
   }
   if (absl::Status st = SetDevice(); !st.ok()) return st;
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (absl::Status st = RetireLocked(false); !st.ok()) return st;
   cudaStream_t s = stream(dir);
   auto ev = TakeEventLocked();
@@ -324,7 +325,7 @@ absl::StatusOr<std::vector<Ticket>> CopyEngine::SubmitLayers(const PagedCache& c
     }
   }
   std::vector<Ticket> tickets;
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (absl::Status st = RetireLocked(false); !st.ok()) return st;
   cudaStream_t s = stream(dir);
   int slot = -1;
@@ -367,7 +368,7 @@ absl::StatusOr<std::vector<Ticket>> CopyEngine::SubmitLayers(const PagedCache& c
 
 absl::Status CopyEngine::Poll(Ticket t) {
   if (absl::Status st = SetDevice(); !st.ok()) return st;
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (t == 0 || t >= next_ticket_) {
     return absl::NotFoundError(absl::StrCat("ticket ", t, " was not issued by this engine"));
   }
@@ -385,7 +386,7 @@ absl::Status CopyEngine::Wait(Ticket t) {
   for (;;) {
     cudaEvent_t ev = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       if (t == 0 || t >= next_ticket_) {
         return absl::NotFoundError(absl::StrCat("ticket ", t, " was not issued by this engine"));
       }
@@ -408,13 +409,13 @@ absl::Status CopyEngine::Drain() {
     const cudaError_t e = cudaStreamSynchronize(s);
     if (e != cudaSuccess) return CudaStatus(e, kWhat, "cudaStreamSynchronize");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return RetireLocked(false);
 }
 
 absl::Status CopyEngine::StreamWait(Ticket t, cudaStream_t stream) {
   if (absl::Status st = SetDevice(); !st.ok()) return st;
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (t == 0 || t >= next_ticket_) {
     return absl::NotFoundError(absl::StrCat("ticket ", t, " was not issued by this engine"));
   }
@@ -428,7 +429,7 @@ absl::Status CopyEngine::StreamWait(Ticket t, cudaStream_t stream) {
 }
 
 CopyEngineStats CopyEngine::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return stats_;
 }
 

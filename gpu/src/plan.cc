@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/bytes.h"
 #include "cxlkv/pool/spec.h"
 
 namespace cxlkv::gpu {
@@ -15,7 +16,7 @@ bool IsPow2(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 std::string Hex(std::uint64_t v) { return absl::StrCat("0x", absl::Hex(v)); }
 
 std::string Range(std::uint64_t begin, std::uint64_t bytes) {
-  return absl::StrCat("[", Hex(begin), ", +", pool::FormatBytes(bytes), ")");
+  return absl::StrCat("[", Hex(begin), ", +", base::FormatBytes(bytes), ")");
 }
 
 }  // namespace
@@ -34,8 +35,8 @@ absl::StatusOr<std::vector<ChunkPlan>> PlanChunks(std::uint64_t bytes, std::uint
   }
   if (max_chunk_bytes < align_bytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("maximum chunk ", pool::FormatBytes(max_chunk_bytes),
-                     " is below the source alignment ", pool::FormatBytes(align_bytes),
+        absl::StrCat("maximum chunk ", base::FormatBytes(max_chunk_bytes),
+                     " is below the source alignment ", base::FormatBytes(align_bytes),
                      ": a chunk may not end inside a device page; raise the chunk size"));
   }
   const std::uint64_t chunk = max_chunk_bytes / align_bytes * align_bytes;
@@ -467,7 +468,7 @@ absl::Status ValidateBlocks(const PagedCache& cache, Direction dir,
         return absl::InvalidArgumentError(absl::StrCat(
             "block list entries ", order[i - 1], " and ", order[i],
             " store into overlapping host blocks at ", Hex(blocks[order[i - 1]].host_addr), " and ",
-            Hex(blocks[order[i]].host_addr), " (block size ", pool::FormatBytes(block_bytes), ")"));
+            Hex(blocks[order[i]].host_addr), " (block size ", base::FormatBytes(block_bytes), ")"));
       }
     }
   }

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda_status.h"
+#include "cxlkv/base/bytes.h"
 #include "cxlkv/gpu/prefault.h"
 #include "cxlkv/pool/spec.h"
 
@@ -92,14 +93,14 @@ absl::StatusOr<std::unique_ptr<Registrar>> Registrar::Create(const RegistrarOpti
 Registrar::~Registrar() {
   if (!thread_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     for (const RegistrationInfo* r : table_.All()) {
       cancel_.push_back(r->id);
       jobs_.push_back(Job{Job::Kind::kUnregister, r->id});
     }
     jobs_.push_back(Job{Job::Kind::kStop, 0});
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
 }
 
@@ -134,8 +135,8 @@ void Registrar::Run(std::promise<absl::Status>* ready) {
   for (;;) {
     Job job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return !jobs_.empty(); });
+      base::MutexLock lock(mu_);
+      while (jobs_.empty()) cv_.Wait(mu_);
       job = jobs_.front();
       jobs_.pop_front();
     }
@@ -149,7 +150,7 @@ void Registrar::Run(std::promise<absl::Status>* ready) {
       case Job::Kind::kStop:
         return;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 }
 
@@ -158,14 +159,14 @@ absl::StatusOr<std::uint64_t> Registrar::Enqueue(absl::string_view name, Mapping
                                                  std::uint64_t align) {
   std::uint64_t id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     auto added =
         table_.Add(name, kind, addr, bytes, align, max_chunk_bytes_, NowNs(), first_chunk_bytes_);
     if (!added.ok()) return added.status();
     id = *added;
     jobs_.push_back(Job{Job::Kind::kRegister, id});
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   return id;
 }
 
@@ -199,7 +200,7 @@ void Registrar::DoRegister(std::uint64_t id) {
   std::string name;
   MappingKind kind;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     const RegistrationInfo* r = table_.Find(id);
     if (r == nullptr || r->state != RegState::kQueued) return;
     host = r->host_addr;
@@ -215,13 +216,13 @@ void Registrar::DoRegister(std::uint64_t id) {
   Prefaulter prefaulter(host, total, prefault ? prefault_threads_ : 0);
   for (std::uint32_t c = 0; c < chunks.size(); ++c) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       if (std::find(cancel_.begin(), cancel_.end(), id) != cancel_.end()) return;
     }
     void* p = reinterpret_cast<void*>(host + chunks[c].offset);
     const std::int64_t waited = prefaulter.WaitUntil(chunks[c].offset + chunks[c].bytes);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       table_.Find(id)->prefault_ns += waited;
     }
     const std::int64_t t0 = NowNs();
@@ -238,28 +239,28 @@ void Registrar::DoRegister(std::uint64_t id) {
       absl::Status cause = CudaStatus(err, name, "cudaHostRegister");
       absl::Status st(cause.code(),
                       absl::StrCat(name, " (", MappingKindName(kind), ", ",
-                                   pool::FormatBytes(chunks.back().offset + chunks.back().bytes),
+                                   base::FormatBytes(chunks.back().offset + chunks.back().bytes),
                                    "): the driver refused to register chunk ", c, " of ",
                                    chunks.size(), " [offset ", chunks[c].offset, ", ",
-                                   pool::FormatBytes(chunks[c].bytes), "]: ", cudaGetErrorName(err),
+                                   base::FormatBytes(chunks[c].bytes), "]: ", cudaGetErrorName(err),
                                    ": ", cudaGetErrorString(err), " — ", RefusalHint(kind)));
       RegistrationInfo snap;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        base::MutexLock lock(mu_);
         table_.Failed(id, st, t1);
         snap = *table_.Find(id);
       }
-      cv_.notify_all();
+      cv_.NotifyAll();
       if (on_progress_) on_progress_(snap);
       return;
     }
     RegistrationInfo snap;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      base::MutexLock lock(mu_);
       table_.ChunkDone(id, reinterpret_cast<std::uintptr_t>(dev), t0, t1);
       if (on_progress_) snap = *table_.Find(id);
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     if (on_progress_) on_progress_(snap);
   }
 }
@@ -269,7 +270,7 @@ void Registrar::DoUnregister(std::uint64_t id) {
   std::vector<ChunkPlan> chunks;
   std::uint32_t done = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     const RegistrationInfo* r = table_.Find(id);
     if (r == nullptr) return;
     host = r->host_addr;
@@ -277,14 +278,14 @@ void Registrar::DoUnregister(std::uint64_t id) {
     done = r->state == RegState::kFailed ? 0 : r->chunks_done;
   }
   Unpin(host, chunks, done);
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   table_.Unregistered(id);
   table_.Erase(id);
   cancel_.erase(std::remove(cancel_.begin(), cancel_.end(), id), cancel_.end());
 }
 
 absl::Status Registrar::Wait(std::uint64_t id) {
-  std::unique_lock<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   for (;;) {
     const RegistrationInfo* r = table_.Find(id);
     if (r == nullptr) {
@@ -302,12 +303,12 @@ absl::Status Registrar::Wait(std::uint64_t id) {
       default:
         break;
     }
-    cv_.wait(lock);
+    cv_.Wait(mu_);
   }
 }
 
 absl::StatusOr<RegistrationInfo> Registrar::Info(std::uint64_t id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   const RegistrationInfo* r = table_.Find(id);
   if (r == nullptr) {
     return absl::NotFoundError(absl::StrCat("registration #", id, " does not exist"));
@@ -316,38 +317,38 @@ absl::StatusOr<RegistrationInfo> Registrar::Info(std::uint64_t id) const {
 }
 
 std::vector<RegistrationInfo> Registrar::List() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   std::vector<RegistrationInfo> out;
   for (const RegistrationInfo* r : table_.All()) out.push_back(*r);
   return out;
 }
 
 absl::Status Registrar::Unregister(std::uint64_t id) {
-  std::unique_lock<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   if (table_.Find(id) == nullptr) {
     return absl::NotFoundError(absl::StrCat("registration #", id, " does not exist"));
   }
   cancel_.push_back(id);
   jobs_.push_back(Job{Job::Kind::kUnregister, id});
-  cv_.notify_all();
-  cv_.wait(lock, [&] { return table_.Find(id) == nullptr; });
+  cv_.NotifyAll();
+  while (table_.Find(id) != nullptr) cv_.Wait(mu_);
   return absl::OkStatus();
 }
 
 absl::StatusOr<PinnedSpan> Registrar::Lookup(const void* host, std::uint64_t bytes) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return table_.Lookup(reinterpret_cast<std::uintptr_t>(host), bytes);
 }
 
 std::uint64_t Registrar::ChunkEnd(std::uint64_t a) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   auto s = table_.Lookup(a, 1);
   return s.ok() ? s->chunk_host_end : a;
 }
 
 std::vector<std::pair<std::uint64_t, std::uint64_t>> Registrar::PinnedChunks() const {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   for (const RegistrationInfo* r : table_.All()) {
     if (r->state != RegState::kRegistering && r->state != RegState::kRegistered) continue;
     for (std::uint32_t c = 0; c < r->chunks_done; ++c) {

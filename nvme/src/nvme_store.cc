@@ -25,12 +25,13 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/pool/region.h"
 
 namespace cxlkv::nvme {
 
-using pool::ErrnoStatus;
-using pool::ErrnoText;
+using base::ErrnoStatus;
+using base::ErrnoText;
 namespace {
 
 constexpr std::uint64_t RoundUp(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
@@ -242,7 +243,7 @@ std::byte* NvmeStore::Stage(Io* io) {
 
 void NvmeStore::AddDirectDestination(const void* base, std::uint64_t bytes) {
   const auto b = reinterpret_cast<std::uintptr_t>(base);
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   direct_ranges_.emplace_back(b, b + bytes);
 }
 
@@ -417,7 +418,7 @@ absl::Status NvmeStore::OpenSlots() {
   struct stat st {};
   if (::fstat(slots_fd_, &st) != 0) return ErrnoStatus(errno, slots_path_, "fstat");
   const std::uint64_t n = static_cast<std::uint64_t>(st.st_size) / slot_bytes_;
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   slots_.assign(n, Slot{});
   return absl::OkStatus();
 }
@@ -435,7 +436,7 @@ absl::Status NvmeStore::WriteSync(std::uint64_t offset, const std::byte* buf, st
 // the highest sequence of a key wins; older versions are retired (tombstoned) before the store
 // is used, so a later delete of the winner cannot bring an old version back.
 absl::Status NvmeStore::Scan(bool verify_payloads, NvmeOpenReport* report) {
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   const std::uint64_t total = slots_.size();
   const std::uint64_t read_bytes = verify_payloads ? slot_bytes_ : kNvmeHeaderBytes;
   const std::uint64_t depth =
@@ -770,7 +771,7 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
     }
   }
   std::vector<NvmeBatch*> finished;
-  mu_.lock();
+  mu_.Lock();
   batch.callback_ = std::move(done);
   batch.pending_ = n + 1;  // +1 until every op is queued, so no completion finishes it early
   batch.done_.store(false, std::memory_order_relaxed);
@@ -874,17 +875,17 @@ absl::Status NvmeStore::Submit(NvmeBatch& batch, NvmeBatch::Callback done) {
       // The ring is full: send what is queued and wait for completions to make room.
       SubmitQueued();
       const std::uint64_t seen = reaped_;
-      mu_.unlock();
-      cv_.notify_all();  // in_flight_ grew: a waiter may take the reaper role
+      mu_.Unlock();
+      cv_.NotifyAll();  // in_flight_ grew: a waiter may take the reaper role
       WaitProgress(seen);
-      mu_.lock();
+      mu_.Lock();
     }
   }
   IssueTombstones();
   SubmitQueued();
   ReleaseOne(&batch, &finished);  // the +1 above
-  mu_.unlock();
-  cv_.notify_all();
+  mu_.Unlock();
+  cv_.NotifyAll();
   RunCallbacks(finished);
   return absl::OkStatus();
 }
@@ -1026,13 +1027,13 @@ std::size_t NvmeStore::Reap(bool block) {
   io_uring_cq_advance(ring_.get(), n);
   // Acquire the lock once so that the submitters' writes to these Ios are visible (the kernel
   // orders them, but a race detector sees only the lock).
-  { std::lock_guard<std::mutex> sync(mu_); }
+  { base::MutexLock sync(mu_); }
   for (unsigned i = 0; i < n; ++i) {
     if (done[i].io->kind == Io::Kind::kGet) Verify(done[i].io, done[i].res);
   }
   std::vector<NvmeBatch*> finished;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    base::MutexLock l(mu_);
     for (unsigned i = 0; i < n; ++i) Apply(done[i], &finished);
     in_flight_ -= n;
     reaped_ += n;
@@ -1040,7 +1041,7 @@ std::size_t NvmeStore::Reap(bool block) {
     SubmitQueued();
     reaping_ = false;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   RunCallbacks(finished);
   return n;
 }
@@ -1055,10 +1056,10 @@ void NvmeStore::RunCallbacks(std::vector<NvmeBatch*>& finished) {
   // done() turns true only after the callback returned, so a waiter never frees a batch whose
   // callback is still running. Set under the store lock, then waiters are woken.
   {
-    std::lock_guard<std::mutex> l(mu_);
+    base::MutexLock l(mu_);
     for (NvmeBatch* b : finished) b->done_.store(true, std::memory_order_release);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 // Each wait below blocks on the store lock until its goal holds, or until no thread reads
@@ -1067,8 +1068,8 @@ void NvmeStore::RunCallbacks(std::vector<NvmeBatch*>& finished) {
 // until RunCallbacks marks it done (under the lock, then a notify wakes it).
 void NvmeStore::WaitProgress(std::uint64_t seen_reaped) {
   {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return reaped_ != seen_reaped || (!reaping_ && in_flight_ != 0); });
+    base::MutexLock l(mu_);
+    while (!(reaped_ != seen_reaped || (!reaping_ && in_flight_ != 0))) cv_.Wait(mu_);
     if (reaped_ != seen_reaped) return;
     reaping_ = true;
   }
@@ -1078,8 +1079,8 @@ void NvmeStore::WaitProgress(std::uint64_t seen_reaped) {
 void NvmeStore::Wait(NvmeBatch& batch) {
   for (;;) {
     {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return batch.done() || (!reaping_ && in_flight_ != 0); });
+      base::MutexLock l(mu_);
+      while (!(batch.done() || (!reaping_ && in_flight_ != 0))) cv_.Wait(mu_);
       if (batch.done()) return;
       reaping_ = true;
     }
@@ -1089,7 +1090,7 @@ void NvmeStore::Wait(NvmeBatch& batch) {
 
 std::size_t NvmeStore::Poll() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    base::MutexLock l(mu_);
     if (reaping_ || in_flight_ == 0) return 0;
     reaping_ = true;
   }
@@ -1099,8 +1100,8 @@ std::size_t NvmeStore::Poll() {
 void NvmeStore::Drain() {
   for (;;) {
     {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return in_flight_ == 0 || !reaping_; });
+      base::MutexLock l(mu_);
+      while (!(in_flight_ == 0 || !reaping_)) cv_.Wait(mu_);
       if (in_flight_ == 0) {
         if (unsubmitted_ != 0 || !tombstone_queue_.empty()) Bug("work queued on an idle ring");
         return;
@@ -1140,12 +1141,12 @@ absl::Status NvmeStore::Delete(const NvmeKey& key) {
 }
 
 bool NvmeStore::Contains(const NvmeKey& key) const {
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   return index_.contains(key);
 }
 
 std::vector<NvmeKey> NvmeStore::Keys() const {
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   std::vector<NvmeKey> keys;
   keys.reserve(index_.size());
   for (const auto& [key, e] : index_) keys.push_back(key);
@@ -1153,7 +1154,7 @@ std::vector<NvmeKey> NvmeStore::Keys() const {
 }
 
 absl::StatusOr<NvmeStore::Location> NvmeStore::Locate(const NvmeKey& key) const {
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   auto it = index_.find(key);
   if (it == index_.end()) {
     return NoBlockError(dir_, key);
@@ -1168,7 +1169,7 @@ absl::Status NvmeStore::Sync() {
 }
 
 NvmeStats NvmeStore::Stats() const {
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   NvmeStats s = stats_;
   s.blocks = index_.size();
   s.slots_in_file = slots_.size();

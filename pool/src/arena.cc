@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cxlkv/base/bytes.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/coherence/cache.h"
 #include "owner.h"
 
@@ -126,15 +128,16 @@ absl::StatusOr<ArenaHeader> PlanHeader(const Region& region, const FormatOptions
   PlaceGeometry(h, counts);
   for (std::uint32_t c = 0; c < h.class_count; ++c) {
     if (counts[c] == 0 || h.data_end_offset > h.region_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          region.name(), ": region of ", FormatBytes(h.region_bytes),
-          " is too small for size class ", c, " (blocks of ", FormatBytes(h.classes[c].block_bytes),
-          "); use a larger size= or fewer/smaller classes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(region.name(), ": region of ", base::FormatBytes(h.region_bytes),
+                       " is too small for size class ", c, " (blocks of ",
+                       base::FormatBytes(h.classes[c].block_bytes),
+                       "); use a larger size= or fewer/smaller classes"));
     }
   }
   std::uint8_t uuid[16];
   if (::getrandom(uuid, sizeof(uuid), 0) != sizeof(uuid)) {
-    return ErrnoStatus(errno, region.name(), "getrandom");
+    return base::ErrnoStatus(errno, region.name(), "getrandom");
   }
   uuid[6] = static_cast<std::uint8_t>((uuid[6] & 0x0F) | 0x40);  // RFC 4122 version 4
   uuid[8] = static_cast<std::uint8_t>((uuid[8] & 0x3F) | 0x80);
@@ -260,14 +263,14 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Open(std::unique_ptr<Region> regio
   if (a->read_only_) return a;
   a->Recover();
   {
-    std::lock_guard<std::mutex> lock(a->attach_mu_);
+    base::MutexLock lock(a->attach_mu_);
     if (auto st = a->Attach(); !st.ok()) return st;
   }
   return a;
 }
 
 Arena::~Arena() {
-  std::lock_guard<std::mutex> lock(attach_mu_);
+  base::MutexLock lock(attach_mu_);
   Detach();
 }
 
@@ -290,7 +293,7 @@ absl::Status Arena::Attach() {
       slot.state.store(SlotWord(kSlotActive, self.pid, epoch), std::memory_order_release);
       owner_id_.store(s + 1, std::memory_order_relaxed);
       attached_pid_ = self.pid;
-      attached_fork_epoch_ = ForkEpoch();
+      attached_fork_epoch_.store(ForkEpoch(), std::memory_order_relaxed);
       return absl::OkStatus();
     }
     Recover();
@@ -320,8 +323,9 @@ absl::Status Arena::EnsureAttached() {
     return absl::FailedPreconditionError(
         absl::StrCat(region_->name(), ": arena was opened read-only; it cannot allocate"));
   }
-  std::lock_guard<std::mutex> lock(attach_mu_);
-  if (attached_fork_epoch_ == ForkEpoch() && owner_id_.load(std::memory_order_relaxed) != 0) {
+  base::MutexLock lock(attach_mu_);
+  if (attached_fork_epoch_.load(std::memory_order_relaxed) == ForkEpoch() &&
+      owner_id_.load(std::memory_order_relaxed) != 0) {
     return absl::OkStatus();
   }
   owner_id_.store(0, std::memory_order_relaxed);  // forked child: the parent's slot is not ours
@@ -409,7 +413,8 @@ RecoveryReport Arena::Recover() {
 std::size_t Arena::ClaimBatch(std::uint32_t cls, std::uint32_t* out, std::size_t n) noexcept {
   if (cls >= header_.class_count || n == 0) return 0;
   // Unlocked fast check; the slow path (first call after fork) takes the mutex.
-  if ((attached_fork_epoch_ != ForkEpoch() || owner_id_.load(std::memory_order_relaxed) == 0) &&
+  if ((attached_fork_epoch_.load(std::memory_order_relaxed) != ForkEpoch() ||
+       owner_id_.load(std::memory_order_relaxed) == 0) &&
       !EnsureAttached().ok()) {
     return 0;
   }
@@ -453,7 +458,8 @@ std::size_t Arena::ClaimBatch(std::uint32_t cls, std::uint32_t* out, std::size_t
 std::int64_t Arena::ClaimRun(std::uint32_t cls, std::uint32_t n,
                             std::uint64_t align_bytes) noexcept {
   if (cls >= header_.class_count || n == 0) return -1;
-  if ((attached_fork_epoch_ != ForkEpoch() || owner_id_.load(std::memory_order_relaxed) == 0) &&
+  if ((attached_fork_epoch_.load(std::memory_order_relaxed) != ForkEpoch() ||
+       owner_id_.load(std::memory_order_relaxed) == 0) &&
       !EnsureAttached().ok()) {
     return -1;
   }

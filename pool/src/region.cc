@@ -12,38 +12,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/pool/give_away.h"
 #include "region_source.h"
 
 namespace cxlkv::pool {
 namespace {
 
-absl::string_view Hint(int err) {
-  switch (err) {
-    case EACCES:
-    case EPERM:
-      return " — check the owner and mode of the path, or run as a user allowed to map it";
-    case ENOENT:
-      return " — check the path (for devdax: `daxctl list` shows the devices)";
-    case ENOSPC:
-      return " — the file system is full; pick a smaller size= or free space";
-    case ENOMEM:
-      return " — not enough memory for the mapping; pick a smaller size=";
-    case EINVAL:
-      return " — the size or alignment is not accepted by this device";
-    case ENXIO:
-    case ENODEV:
-      return " — the device is not enabled in devdax mode (daxctl list)";
-    default:
-      return "";
-  }
-}
-
 absl::Status Mmap(void* at, int fd, std::uint64_t size, std::uint64_t offset,
                   absl::string_view name, std::byte** out) {
   void* p = ::mmap(at, size, PROT_READ | PROT_WRITE, MAP_SHARED | (at != nullptr ? MAP_FIXED : 0),
                    fd, static_cast<off_t>(offset));
-  if (p == MAP_FAILED) return ErrnoStatus(errno, name, "mmap");
+  if (p == MAP_FAILED) return base::ErrnoStatus(errno, name, "mmap");
   *out = static_cast<std::byte*>(p);
   return absl::OkStatus();
 }
@@ -57,31 +37,6 @@ static_assert(static_cast<int>(SourceKind::kDevdax) == 0 &&
               static_cast<int>(SourceKind::kMemfd) == 3 && std::size(kBackends) == 4);
 
 }  // namespace
-
-std::string ErrnoText(int err) {
-  char buf[128];
-  return ::strerror_r(err, buf, sizeof(buf));  // GNU: returns the message (in buf or static)
-}
-
-absl::Status ErrnoStatus(int err, absl::string_view object, absl::string_view call) {
-  std::string msg = absl::StrCat(object, ": ", call, ": ", ErrnoText(err), Hint(err));
-  switch (err) {
-    case ENOENT:
-      return absl::NotFoundError(msg);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(msg);
-    case ENOSPC:
-    case ENOMEM:
-      return absl::ResourceExhaustedError(msg);
-    case EINVAL:
-      return absl::InvalidArgumentError(msg);
-    case EBUSY:
-      return absl::UnavailableError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
-}
 
 std::uint64_t Region::Track() {
   if (tracked_id_ == 0 && addr_ != nullptr) tracked_id_ = TrackRegion(addr_, size_bytes_);
@@ -112,7 +67,7 @@ absl::StatusOr<std::unique_ptr<Region>> Region::Duplicate() const {
   r->alignment_ = alignment_;
   Fd fd;
   fd.fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
-  if (fd.fd < 0) return ErrnoStatus(errno, name_, "dup");
+  if (fd.fd < 0) return base::ErrnoStatus(errno, name_, "dup");
   if (auto st = Mmap(nullptr, fd.fd, size_bytes_, spec_.offset, name_, &r->addr_); !st.ok()) {
     return st;
   }
@@ -203,7 +158,7 @@ absl::StatusOr<std::unique_ptr<Region>> OpenExistingRegion(const SourceSpec& spe
                        "check the path, or create an arena there with `cxlkvctl arena format ",
                        spec.ToString(), "`"));
     }
-    return ErrnoStatus(errno, spec.path, "stat");
+    return base::ErrnoStatus(errno, spec.path, "stat");
   }
   if (S_ISREG(st.st_mode) && spec.size_bytes != 0 &&
       static_cast<std::uint64_t>(st.st_size) != spec.size_bytes) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/pool/region.h"
 #include "region_source.h"
 
@@ -24,7 +25,7 @@ struct DaxInfo {
 // Looks the device up by name in libdaxctl (never by hand-parsing sysfs).
 absl::StatusOr<DaxInfo> LookupDax(absl::string_view devname) {
   daxctl_ctx* ctx = nullptr;
-  if (int rc = daxctl_new(&ctx); rc < 0) return ErrnoStatus(-rc, "libdaxctl", "daxctl_new");
+  if (int rc = daxctl_new(&ctx); rc < 0) return base::ErrnoStatus(-rc, "libdaxctl", "daxctl_new");
   DaxInfo info;
   daxctl_region* region;
   daxctl_region_foreach(ctx, region) {
@@ -58,7 +59,7 @@ absl::Status OpenDevdax(const SourceSpec& spec, const std::string& /*name*/, Ope
                        "kmem:node=N or `daxctl reconfigure-device --mode=devdax ",
                        base, "`"));
     }
-    return ErrnoStatus(errno, spec.path, "open");
+    return base::ErrnoStatus(errno, spec.path, "open");
   }
   if (!info->found) {
     return absl::NotFoundError(

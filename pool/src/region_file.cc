@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/pool/region.h"
 #include "region_source.h"
 
@@ -29,10 +30,10 @@ absl::Status OpenFile(const SourceSpec& spec, const std::string& /*name*/, Opene
       return absl::NotFoundError(absl::StrCat(
           spec.path, ": file does not exist; add ?size=BYTES to the spec to create it"));
     }
-    return ErrnoStatus(errno, spec.path, "open");
+    return base::ErrnoStatus(errno, spec.path, "open");
   }
   struct stat st {};
-  if (::fstat(out->fd.fd, &st) != 0) return ErrnoStatus(errno, spec.path, "fstat");
+  if (::fstat(out->fd.fd, &st) != 0) return base::ErrnoStatus(errno, spec.path, "fstat");
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(
         spec.path, ": not a regular file; use devdax: for device-DAX character devices"));
@@ -53,13 +54,13 @@ absl::Status OpenFile(const SourceSpec& spec, const std::string& /*name*/, Opene
   if (size % kPageBytes != 0) return absl::OkStatus();  // region.cc reports it, file untouched
   if (existing == 0) {
     if (::ftruncate(out->fd.fd, static_cast<off_t>(size)) != 0) {
-      return ErrnoStatus(errno, spec.path, "ftruncate");
+      return base::ErrnoStatus(errno, spec.path, "ftruncate");
     }
     if (spec.reserve) {
       // Reserve now so a full file system is an error here, not a SIGBUS later.
       if (int rc = ::posix_fallocate(out->fd.fd, 0, static_cast<off_t>(size)); rc != 0) {
         (void)::ftruncate(out->fd.fd, 0);
-        return ErrnoStatus(rc, spec.path, "posix_fallocate");
+        return base::ErrnoStatus(rc, spec.path, "posix_fallocate");
       }
     }
   }

@@ -9,6 +9,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/pool/region.h"
 #include "region_source.h"
 
@@ -34,11 +35,11 @@ absl::Status OpenKmem(const SourceSpec& spec, const std::string& name, OpenedSou
     out->size_bytes = (static_cast<std::uint64_t>(free_bytes) / 2) & ~((2ull << 20) - 1);
   }
   out->fd.fd = ::memfd_create("cxlkv-kmem", MFD_CLOEXEC);
-  if (out->fd.fd < 0) return ErrnoStatus(errno, name, "memfd_create");
+  if (out->fd.fd < 0) return base::ErrnoStatus(errno, name, "memfd_create");
   // The size is a multiple of the page here (the spec's was checked, the default is whole
   // 2 MiB pages).
   if (::ftruncate(out->fd.fd, static_cast<off_t>(out->size_bytes)) != 0) {
-    return ErrnoStatus(errno, name, "ftruncate");
+    return base::ErrnoStatus(errno, name, "ftruncate");
   }
   return absl::OkStatus();
 }
@@ -52,7 +53,7 @@ absl::Status BindKmem(const SourceSpec& spec, const std::string& name, void* add
   const long rc = mbind(addr, bytes, MPOL_BIND, nodes->maskp, nodes->size + 1, 0);
   const int err = errno;
   numa_free_nodemask(nodes);
-  if (rc != 0) return ErrnoStatus(err, name, "mbind");
+  if (rc != 0) return base::ErrnoStatus(err, name, "mbind");
   return absl::OkStatus();
 }
 

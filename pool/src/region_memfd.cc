@@ -6,6 +6,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/pool/region.h"
 #include "region_source.h"
 
@@ -16,10 +17,10 @@ std::string MemfdName(const SourceSpec& spec) { return absl::StrCat("memfd:", sp
 
 absl::Status OpenMemfd(const SourceSpec& spec, const std::string& name, OpenedSource* out) {
   out->fd.fd = ::memfd_create(spec.path.c_str(), MFD_CLOEXEC);
-  if (out->fd.fd < 0) return ErrnoStatus(errno, name, "memfd_create");
+  if (out->fd.fd < 0) return base::ErrnoStatus(errno, name, "memfd_create");
   out->size_bytes = spec.size_bytes;  // a multiple of the page (checked by the caller)
   if (::ftruncate(out->fd.fd, static_cast<off_t>(out->size_bytes)) != 0) {
-    return ErrnoStatus(errno, name, "ftruncate");
+    return base::ErrnoStatus(errno, name, "ftruncate");
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "cxlkv/base/bytes.h"
 
 namespace cxlkv::pool {
 namespace {
@@ -43,65 +44,6 @@ absl::string_view SourceKindName(SourceKind kind) noexcept {
       return "memfd";
   }
   return "?";
-}
-
-absl::StatusOr<std::uint64_t> ParseSize(absl::string_view text) {
-  if (text.empty()) return absl::InvalidArgumentError("size is empty (e.g. 8G, 512M, 4096)");
-  std::uint64_t value = 0;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (ec != std::errc() || ptr == text.data()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("size '", text, "' is not a number with an optional K/M/G/T suffix"));
-  }
-  absl::string_view suffix(ptr, static_cast<std::size_t>(end - ptr));
-  if (suffix == "iB" || suffix == "B") suffix = "";
-  unsigned shift = 0;
-  if (!suffix.empty()) {
-    switch (suffix[0]) {
-      case 'K':
-      case 'k':
-        shift = 10;
-        break;
-      case 'M':
-      case 'm':
-        shift = 20;
-        break;
-      case 'G':
-      case 'g':
-        shift = 30;
-        break;
-      case 'T':
-      case 't':
-        shift = 40;
-        break;
-      default:
-        return absl::InvalidArgumentError(
-            absl::StrCat("size '", text, "' has unknown suffix '", suffix, "' (use K, M, G, T)"));
-    }
-    const absl::string_view rest = suffix.substr(1);
-    if (!(rest.empty() || rest == "iB" || rest == "B")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("size '", text, "' has unknown suffix '", suffix, "' (use K, M, G, T)"));
-    }
-  }
-  if (shift != 0 && value > (std::numeric_limits<std::uint64_t>::max() >> shift)) {
-    return absl::InvalidArgumentError(absl::StrCat("size '", text, "' overflows 64 bits"));
-  }
-  return value << shift;
-}
-
-std::string FormatBytes(std::uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int unit = 0;
-  double v = static_cast<double>(bytes);
-  while (v >= 1024.0 && unit < 4) {
-    v /= 1024.0;
-    ++unit;
-  }
-  if (unit == 0) return absl::StrCat(bytes, " B");
-  return absl::StrFormat("%.*f %s", v == static_cast<double>(static_cast<std::uint64_t>(v)) ? 0 : 2,
-                         v, kUnits[unit]);
 }
 
 absl::StatusOr<SourceSpec> ParseSourceSpec(absl::string_view spec) {
@@ -147,7 +89,7 @@ absl::StatusOr<SourceSpec> ParseSourceSpec(absl::string_view spec) {
       }
       const absl::string_view key = kv.substr(0, eq), value = kv.substr(eq + 1);
       if (key == "size") {
-        auto size = ParseSize(value);
+        auto size = base::ParseSize(value);
         if (!size.ok()) return SpecError(spec, size.status().message());
         if (*size == 0) return SpecError(spec, "size=0 is not a usable size");
         out.size_bytes = *size;
@@ -157,7 +99,7 @@ absl::StatusOr<SourceSpec> ParseSourceSpec(absl::string_view spec) {
         out.reserve = *b;
       } else if ((key == "offset" || key == "length") &&
                  (out.kind == SourceKind::kDevdax || out.kind == SourceKind::kFile)) {
-        auto v = ParseSize(value);
+        auto v = base::ParseSize(value);
         if (!v.ok()) return SpecError(spec, absl::StrCat(key, ": ", v.status().message()));
         (key == "offset" ? out.offset : out.length) = *v;
         if (key == "length" && *v == 0) return SpecError(spec, "length=0 is not a usable window");

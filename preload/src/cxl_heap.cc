@@ -14,6 +14,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/bytes.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/config.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/give_away.h"
@@ -183,8 +185,8 @@ absl::Status JemallocHeap::CreateJemallocArena(const std::string& name) {
   // The new value is the hooks pointer itself, so its size is a pointer's.
   // NOLINTNEXTLINE(bugprone-sizeof-expression): sizeof(extent_hooks_t*) is meant
   if (int rc = mallctl("arenas.create", &ind, &sz, &hooks, sizeof(hooks)); rc != 0) {
-    return absl::InternalError(
-        absl::StrCat(name, ": jemalloc refused a new arena (arenas.create: ", ErrnoText(rc), ")"));
+    return absl::InternalError(absl::StrCat(
+        name, ": jemalloc refused a new arena (arenas.create: ", base::ErrnoText(rc), ")"));
   }
   arena_ind_ = ind;
   flags_ = static_cast<int>(MALLOCX_ARENA(ind)) | MALLOCX_TCACHE_NONE;
@@ -237,8 +239,8 @@ absl::StatusOr<std::unique_ptr<CxlHeap>> JemallocHeap::OpenPooled(
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (r == MAP_FAILED) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(source->Describe(), ": cannot reserve ", pool::FormatBytes(reserve_bytes),
-                     " of address space for the heap's extents (mmap: ", ErrnoText(errno),
+        absl::StrCat(source->Describe(), ": cannot reserve ", base::FormatBytes(reserve_bytes),
+                     " of address space for the heap's extents (mmap: ", base::ErrnoText(errno),
                      "); is RLIMIT_AS (ulimit -v) limited?"));
   }
   std::unique_ptr<JemallocHeap> h(new JemallocHeap());
@@ -275,9 +277,9 @@ absl::Status JemallocHeap::Grow() noexcept {
   align = std::min<std::uint64_t>(std::max<std::uint64_t>(align, kPageBytes), 1ull << 30);
   const std::uintptr_t at = (reserve_next_ + align - 1) & ~(align - 1);
   if (nslabs_ == kMaxSlabs || at + e->length > range_.lo + range_.bytes || at < reserve_next_) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat(
-        "the heap's address reservation (", pool::FormatBytes(range_.bytes),
-        ") has no room for another extent of ", pool::FormatBytes(e->length))));
+    return fail(absl::ResourceExhaustedError(
+        absl::StrCat("the heap's address reservation (", base::FormatBytes(range_.bytes),
+                     ") has no room for another extent of ", base::FormatBytes(e->length))));
   }
   auto spec = pool::ParseSourceSpec(e->spec);
   if (!spec.ok()) return fail(spec.status());
@@ -345,7 +347,7 @@ void JemallocHeap::RevokeSlabLocked(std::uint32_t si) noexcept {
   const int rc = pool::SwapAndWriteBack(lo, len, [&] { return SwapSlabPrivateLocked(si); });
   if (rc != 0) {
     Logf(LogLevel::kError, "extent %u: giving it away failed (%s); the window is inaccessible",
-         static_cast<unsigned>(s.extent), ErrnoText(rc).c_str());
+         static_cast<unsigned>(s.extent), base::ErrnoText(rc).c_str());
   }
   s.revoked = true;
   revocations_.fetch_add(1, std::memory_order_relaxed);
@@ -623,13 +625,13 @@ std::string JemallocHeap::Describe() const {
     return absl::StrCat(source_->Describe(), ": jemalloc arena ", arena_ind_, " over ", n,
                         " extent(s) lent by the orchestrator, ", revocations(),
                         " revoked (grows by one when full; blocks of ",
-                        pool::FormatBytes(kChunkBytes), ")");
+                        base::FormatBytes(kChunkBytes), ")");
   }
   const Slab& s = slabs_[0];
   const pool::ClassRecord& k = s.arena->class_record(s.cls);
   return absl::StrCat(s.arena->region().name(), ": jemalloc arena ", arena_ind_,
                       " over cxlkv arena ", pool::UuidToString(s.arena->uuid()), " (",
-                      k.block_count, " blocks of ", pool::FormatBytes(k.stride_bytes), ", owner ",
+                      k.block_count, " blocks of ", base::FormatBytes(k.stride_bytes), ", owner ",
                       s.arena->owner_id(), ")");
 }
 

@@ -16,13 +16,6 @@ void LogSetup(LogLevel level, int fd) noexcept;
 bool LogEnabled(LogLevel level) noexcept;
 void Logf(LogLevel level, const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
 
-// errno as text: strerror may share its buffer between threads (MT-Unsafe); GNU strerror_r
-// returns the message (in buf or static).
-inline std::string ErrnoText(int err) {
-  char buf[128];
-  return ::strerror_r(err, buf, sizeof(buf));
-}
-
 // True the first time it is called for `flag` (for "log once" sites).
 inline bool FirstTime(std::atomic<bool>& flag) noexcept {
   return !flag.exchange(true, std::memory_order_relaxed);

@@ -12,6 +12,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cxlkv/base/bytes.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/pool/spec.h"
 #include "log.h"
 
@@ -51,7 +53,7 @@ absl::Status ReadFile(const std::string& path, std::string* out) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat("CXLKV_CONFIG=", path,
-                                            ": cannot open: ", ErrnoText(errno),
+                                            ": cannot open: ", base::ErrnoText(errno),
                                             "; point CXLKV_CONFIG at a readable file"));
   }
   char buf[4096];
@@ -125,7 +127,7 @@ absl::Status ApplySetting(absl::string_view key, absl::string_view value, Settin
     return absl::OkStatus();
   }
   if (key == "min_bytes") {
-    auto n = pool::ParseSize(value);
+    auto n = base::ParseSize(value);
     if (!n.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "min_bytes '", value, "': ", n.status().message(),
@@ -164,7 +166,7 @@ absl::Status ApplySetting(absl::string_view key, absl::string_view value, Settin
     return absl::OkStatus();
   }
   if (key == "register_chunk") {
-    auto n = pool::ParseSize(value);
+    auto n = base::ParseSize(value);
     if (!n.ok() || *n == 0 || *n % 4096 != 0 || *n >= kDriverRegisterLimitBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "register_chunk '", value, "': ", n.ok() ? "" : absl::StrCat(n.status().message(), "; "),

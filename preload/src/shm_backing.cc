@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/bytes.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/pool/layout.h"
 #include "cxlkv/pool/region.h"
@@ -251,7 +253,7 @@ ShmBacking::Mapped ShmBacking::MapKmem(void* addr, std::size_t len, int prot, in
     Logf(LogLevel::kWarn,
          "CXLKV_SHM: mbind of %s to node %d failed: %s; its pages go where the "
          "kernel puts them",
-         path, spec_.numa_node, ErrnoText(err).c_str());
+         path, spec_.numa_node, base::ErrnoText(err).c_str());
   }
   if ((flags & MAP_POPULATE) != 0) {
     (void)::madvise(p, bytes, (prot & PROT_WRITE) != 0 ? kMadvPopulateWrite : kMadvPopulateRead);
@@ -290,7 +292,7 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
   }
   FileId id;
   if (!IdOf(fd, "", AT_EMPTY_PATH, &id) || !S_ISREG(id.mode) || id.size == 0 || off < 0) return {};
-  std::lock_guard lock(mu_);
+  base::MutexLock lock(mu_);
   if (auto st = EnsureArena(); !st.ok()) {
     if (FirstTime(once_arena_)) {
       Logf(LogLevel::kError,
@@ -307,7 +309,7 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
     const int err = errno;
     if (lfd >= 0) ::close(lfd);
     Logf(LogLevel::kError, "CXLKV_SHM: cannot create or lock %s: %s; %s is mapped as it is",
-         sidecar.c_str(), ErrnoText(err).c_str(), name);
+         sidecar.c_str(), base::ErrnoText(err).c_str(), name);
     return {};
   }
   auto fail = [&](int err, const std::string& why) -> Mapped {
@@ -339,7 +341,7 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
     // what it takes to reach the next aligned address holds an aligned extent (the heap does
     // the same for jemalloc's aligned requests).
     const std::uint64_t lead_blocks = align_ > kPage ? (align_ + stride_ - 1) / stride_ : 0;
-    auto claim = [&]() {
+    auto claim = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       std::int64_t f = -1;
       if (blocks <= arena_->class_record(cls_).block_count) {
         f = arena_->ClaimRun(cls_, static_cast<std::uint32_t>(blocks), align_);
@@ -390,9 +392,9 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
       gens.clear();
       rec.state = static_cast<std::uint32_t>(ShmBindingState::kPassThrough);
       CopyText(rec.reason, sizeof(rec.reason),
-               absl::StrCat("the pool has no free run of ", pool::FormatBytes(need), " (", blocks,
-                            " blocks of ", pool::FormatBytes(stride_), ", starting on a ",
-                            pool::FormatBytes(align_), " boundary)"));
+               absl::StrCat("the pool has no free run of ", base::FormatBytes(need), " (", blocks,
+                            " blocks of ", base::FormatBytes(stride_), ", starting on a ",
+                            base::FormatBytes(align_), " boundary)"));
     }
     if (!WriteBinding(lfd, &rec, gens)) {
       const int err = errno;
@@ -401,7 +403,7 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
           arena_->FreeShared(static_cast<std::uint32_t>(first) + i, gens[i]);
         }
       }
-      return fail(err, absl::StrCat("cannot write ", sidecar, ": ", ErrnoText(err)));
+      return fail(err, absl::StrCat("cannot write ", sidecar, ": ", base::ErrnoText(err)));
     }
     if (first >= 0) {
       Logf(LogLevel::kInfo,
@@ -470,16 +472,16 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
   }
   if (p == MAP_FAILED) {
     const int err = errno;
-    return fail(
-        err, absl::StrCat("mmap of its extent in ", spec_.ToString(), " failed: ", ErrnoText(err)));
+    return fail(err, absl::StrCat("mmap of its extent in ", spec_.ToString(),
+                                  " failed: ", base::ErrnoText(err)));
   }
   // This process maps the extent now: the mapper lock stays with the descriptor until the
   // mapping goes (Unmapped) or the process does.
   if (!LockByte(lfd, kShmMapperLockByte, F_RDLCK, false)) {
     const int err = errno;
     ::munmap(p, bytes);
-    return fail(err,
-                absl::StrCat("cannot take the mapper lock of ", sidecar, ": ", ErrnoText(err)));
+    return fail(
+        err, absl::StrCat("cannot take the mapper lock of ", sidecar, ": ", base::ErrnoText(err)));
   }
   UnlockByte(lfd, kShmRecordLockByte);
   std::size_t slot = kMaxTracked;
@@ -577,7 +579,7 @@ std::size_t ShmBacking::CollectDirLocked(const std::string& dir, const std::stri
 }
 
 std::size_t ShmBacking::CollectGarbage(const std::string& dir) noexcept {
-  std::lock_guard lock(mu_);
+  base::MutexLock lock(mu_);
   if (spec_.kind == pool::SourceKind::kKmem || !EnsureArena().ok()) return 0;
   return CollectDirLocked(dir, "");
 }
@@ -585,7 +587,7 @@ std::size_t ShmBacking::CollectGarbage(const std::string& dir) noexcept {
 std::size_t ShmBacking::UnmapLength(const void* addr, std::size_t len) const noexcept {
   if (ntracked_.load(std::memory_order_relaxed) == 0) return len;
   const auto lo = reinterpret_cast<std::uintptr_t>(addr);
-  std::lock_guard lock(mu_);
+  base::MutexLock lock(mu_);
   for (const Tracked& t : tracked_) {
     if (t.lock_fd >= 0 && t.addr == lo && len >= t.asked && len < t.bytes) return t.bytes;
   }
@@ -595,7 +597,7 @@ std::size_t ShmBacking::UnmapLength(const void* addr, std::size_t len) const noe
 void ShmBacking::Unmapped(const void* addr, std::size_t len) noexcept {
   if (ntracked_.load(std::memory_order_relaxed) == 0) return;
   const auto lo = reinterpret_cast<std::uintptr_t>(addr);
-  std::lock_guard lock(mu_);
+  base::MutexLock lock(mu_);
   for (Tracked& t : tracked_) {
     if (t.lock_fd < 0 || t.addr < lo || t.addr + t.bytes > lo + len) continue;
     // The whole extent mapping is gone: drop this mapping's claim, then collect the extent
@@ -621,7 +623,7 @@ void ShmBacking::Unlinked(int dirfd, const char* path, const struct stat& before
   std::string dir, base;
   SplitPath(p, &dir, &base);
   const std::string prefix = absl::StrCat(".", base, ".", before.st_ino, ".");
-  std::lock_guard lock(mu_);
+  base::MutexLock lock(mu_);
   if (!EnsureArena().ok()) return;
   const int dfd = ::openat(dirfd, dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) return;

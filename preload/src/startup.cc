@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/pool/spec.h"
 #include "cxlkv/preload/shm_backing.h"
 #include "domain_source.h"
@@ -82,7 +83,7 @@ __attribute__((constructor)) void Start() {
     const std::string path = ExpandPid(settings->log_path, static_cast<int>(::getpid()));
     log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0) {
-      errors.push_back("CXLKV_LOG: cannot open " + path + ": " + ErrnoText(errno) +
+      errors.push_back("CXLKV_LOG: cannot open " + path + ": " + base::ErrnoText(errno) +
                        "; logging to stderr");
       log_fd = 2;
     }
@@ -189,7 +190,7 @@ __attribute__((destructor)) void Stop() {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     Logf(LogLevel::kError, "CXLKV_STATS: cannot write %s: %s", path.c_str(),
-         ErrnoText(errno).c_str());
+         base::ErrnoText(errno).c_str());
     return;
   }
   (void)!::write(fd, json.data(), json.size());

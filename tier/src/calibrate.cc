@@ -23,11 +23,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/pool/layout.h"
 
 namespace cxlkv::tier {
 
-using pool::ErrnoStatus;
+using base::ErrnoStatus;
 using pool::kArenaMagic;
 using pool::kFormattingMagic;
 using pool::Region;

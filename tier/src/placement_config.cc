@@ -8,20 +8,20 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "cxlkv/pool/toml_reader.h"
+#include "cxlkv/base/toml_reader.h"
 
 namespace cxlkv::tier {
 
 absl::StatusOr<PlacementConfig> ParsePlacementConfig(absl::string_view text,
                                                      absl::string_view source_name) {
-  absl::StatusOr<toml::table> parsed = pool::ParseToml(text, source_name);
+  absl::StatusOr<toml::table> parsed = base::ParseToml(text, source_name);
   if (!parsed.ok()) return parsed.status();
   const toml::table& root = *parsed;
   PlacementConfig c;
   const toml::node* section = root.get("placement");
   // Without the table the defaults stand (they pass the checks below).
-  const pool::TomlReader p(source_name);
-  using H = pool::TomlReader::Handler;
+  const base::TomlReader p(source_name);
+  using H = base::TomlReader::Handler;
   PlacementParams& pp = c.params;
   // Each key's line, for the cross-key checks below.
   std::map<std::string, std::uint64_t> lines;

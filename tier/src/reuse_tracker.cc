@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/coherence/record.h"
 #include "cxlkv/pool/region.h"
@@ -20,7 +21,7 @@
 
 namespace cxlkv::tier {
 
-using pool::ErrnoStatus;
+using base::ErrnoStatus;
 
 static_assert(std::endian::native == std::endian::little, "the stats file is little-endian");
 

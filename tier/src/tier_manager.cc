@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<TierManager>> TierManager::Make(
   m->block_bytes_ = bytes;
   m->options_ = std::move(options);
   {
-    std::lock_guard<std::mutex> l(m->mu_);
+    base::MutexLock l(m->mu_);
     for (const Key& key : nvme->Keys()) {
       Entry e;
       e.where = Residence::kNvme;
@@ -109,7 +109,7 @@ absl::StatusOr<std::unique_ptr<TierManager>> TierManager::Make(
 TierManager::~TierManager() {
   // Promotions in flight call back into this object: finish them while it is whole.
   nvme_->Drain();
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   for (auto& [key, e] : entries_) {
     if (e.where != Residence::kNvme) cxl_->Free(e.block);
   }
@@ -173,7 +173,7 @@ absl::Status TierManager::Place(std::span<const Key> keys,
   std::vector<std::size_t> placed_at;
   std::vector<allocator::BlockHandle> to_free;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    base::MutexLock l(mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) {
       const Key& key = keys[i];
       if (!blocks[i].valid()) {
@@ -229,7 +229,7 @@ absl::Status TierManager::Move(const Key& key, Tier target) {
   }
   allocator::BlockHandle to_free;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    base::MutexLock l(mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) {
       return absl::NotFoundError(absl::StrCat("Move(", K(key), ", drop): not tracked"));
@@ -272,7 +272,7 @@ absl::Status TierManager::DemoteKeys(std::span<const Key> keys,
   std::vector<std::size_t> go;  // indexes into keys, in batch order
   NvmeBatch batch;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    base::MutexLock l(mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) {
       auto it = entries_.find(keys[i]);
       if (it == entries_.end()) {
@@ -293,7 +293,7 @@ absl::Status TierManager::DemoteKeys(std::span<const Key> keys,
   }
   if (!go.empty()) {
     if (absl::Status st = nvme_->Submit(batch); !st.ok()) {
-      std::lock_guard<std::mutex> l(mu_);
+      base::MutexLock l(mu_);
       for (std::size_t i : go) {
         entries_[keys[i]].where = Residence::kCxl;
         res[i] = st;
@@ -304,7 +304,7 @@ absl::Status TierManager::DemoteKeys(std::span<const Key> keys,
   }
   std::vector<std::pair<Key, allocator::BlockHandle>> to_free;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    base::MutexLock l(mu_);
     const std::int64_t now = Now();
     for (std::size_t j = 0; j < go.size(); ++j) {
       const std::size_t i = go[j];
@@ -361,7 +361,7 @@ PromoteCheck TierManager::CheckLocked(const Key& key, std::int64_t now) const {
 }
 
 PromoteCheck TierManager::CheckPromote(const Key& key) const {
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   return CheckLocked(key, Now());
 }
 
@@ -393,7 +393,7 @@ absl::Status TierManager::Prefetch(std::span<const Key> keys, PromotionBatch& ba
   batch.io_.Clear();
   batch.callback_ = std::move(done);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    base::MutexLock l(mu_);
     const std::int64_t now = Now();
     for (std::size_t i = 0; i < keys.size(); ++i) {
       const PromoteCheck c = CheckLocked(keys[i], now);
@@ -436,7 +436,7 @@ void TierManager::FinishPromotion(PromotionBatch& batch) {
   std::vector<allocator::BlockHandle> to_free;
   const std::int64_t now = Now();
   {
-    std::lock_guard<std::mutex> l(mu_);
+    base::MutexLock l(mu_);
     for (std::size_t i = 0; i < batch.keys_.size(); ++i) {
       if (batch.io_op_[i] == kNoOp) continue;
       const Key& key = batch.keys_[i];
@@ -489,7 +489,7 @@ absl::Status TierManager::Read(std::span<const Key> keys, std::span<void* const>
   NvmeBatch batch;
   std::vector<std::size_t> go;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    base::MutexLock l(mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) {
       auto it = entries_.find(keys[i]);
       if (it == entries_.end()) {
@@ -513,7 +513,7 @@ absl::Status TierManager::Read(std::span<const Key> keys, std::span<void* const>
   if (absl::Status st = nvme_->Submit(batch); !st.ok()) return st;
   nvme_->Wait(batch);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    base::MutexLock l(mu_);
     for (std::size_t j = 0; j < go.size(); ++j) {
       const std::size_t i = go[j];
       const absl::Status& st = batch.status(j);
@@ -549,7 +549,7 @@ absl::Status TierManager::Promote(const Key& key) {
 // ---- use and watermarks ---------------------------------------------------------------------
 
 absl::StatusOr<std::byte*> TierManager::Acquire(const Key& key) {
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     return absl::NotFoundError(absl::StrCat("Acquire(", K(key), "): not tracked"));
@@ -567,14 +567,14 @@ absl::StatusOr<std::byte*> TierManager::Acquire(const Key& key) {
 }
 
 void TierManager::Release(const Key& key) {
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   auto it = entries_.find(key);
   if (it != entries_.end() && it->second.pins != 0) --it->second.pins;
 }
 
 std::size_t TierManager::Touch(std::span<const Key> keys) {
   const std::int64_t now = Now();
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   std::size_t n = 0;
   for (auto k = keys.rbegin(); k != keys.rend(); ++k) {  // the last spliced ends up first
     auto it = entries_.find(*k);
@@ -598,7 +598,7 @@ absl::StatusOr<std::size_t> TierManager::EnforceWatermarks() {
   std::vector<Key> victims;
   const std::int64_t now = Now();
   {
-    std::lock_guard<std::mutex> l(mu_);
+    base::MutexLock l(mu_);
     if (cxl_resident_ <= options_.high_watermark_blocks) return 0;
     ++stats_.watermark_runs;
     const std::uint64_t need = cxl_resident_ - options_.low_watermark_blocks;
@@ -626,7 +626,7 @@ absl::StatusOr<std::size_t> TierManager::EnforceWatermarks() {
         demote.push_back(key);
       } else if (Move(key, Tier::kDrop).ok()) {  // pinned since: it stays
         ++gone;
-        std::lock_guard<std::mutex> l(mu_);
+        base::MutexLock l(mu_);
         ++stats_.victims_dropped;
       }
     }
@@ -645,27 +645,27 @@ void TierManager::MaybeEnforce() {
 
 double TierManager::RetentionS() const {
   const std::int64_t now = Now();
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   if (retention_ewma_ms_ < 0) return std::numeric_limits<double>::infinity();
   return std::max(retention_ewma_ms_, static_cast<double>(now - last_eviction_ms_)) * 1e-3;
 }
 
 std::optional<Residence> TierManager::Where(const Key& key) const {
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return std::nullopt;
   return it->second.where;
 }
 
 std::optional<allocator::BlockHandle> TierManager::CxlBlock(const Key& key) const {
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end() || it->second.where != Residence::kCxl) return std::nullopt;
   return it->second.block;
 }
 
 TierStats TierManager::Stats() const {
-  std::lock_guard<std::mutex> l(mu_);
+  base::MutexLock l(mu_);
   TierStats s = stats_;
   s.cxl_blocks = cxl_resident_;
   // The LRU list holds the blocks in CXL and being demoted; the rest are on NVMe (some of

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
@@ -36,7 +37,7 @@ absl::StatusOr<std::string> ReadFile(const char* path) {
   std::FILE* f = std::fopen(path, "rb");
   if (f == nullptr) {
     const int err = errno;
-    const std::string why = absl::StrCat("config_path ", path, ": ", pool::ErrnoText(err));
+    const std::string why = absl::StrCat("config_path ", path, ": ", base::ErrnoText(err));
     if (err == ENOENT) {
       return absl::NotFoundError(
           absl::StrCat(why, " — pass the path of a domain.toml, or none for the defaults"));

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "commands.h"
+#include "cxlkv/base/bytes.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
 
@@ -80,13 +81,13 @@ void Print(const nlohmann::json& j, bool json) {
               j["spec"].get<std::string>().c_str());
   std::printf("  layout %s, %s region, metadata %.4f%%, %u/%u owners active\n",
               j["layout"].get<std::string>().c_str(),
-              pool::FormatBytes(j["region_bytes"].get<std::uint64_t>()).c_str(),
+              base::FormatBytes(j["region_bytes"].get<std::uint64_t>()).c_str(),
               j["metadata_percent"].get<double>(), j["owners_active"].get<unsigned>(),
               j["owner_slots"].get<unsigned>());
   std::printf("  CLASS  BLOCK      BLOCKS    FREE  CACHED  ALLOC  PERSIST  LARGEST-FREE-RUN\n");
   for (const auto& c : j["classes"]) {
     std::printf("  %-5u  %-9s  %6u  %6u  %6u  %5u  %7u  %u\n", c["class"].get<unsigned>(),
-                pool::FormatBytes(c["block_bytes"].get<std::uint64_t>()).c_str(),
+                base::FormatBytes(c["block_bytes"].get<std::uint64_t>()).c_str(),
                 c["blocks"].get<unsigned>(), c["free"].get<unsigned>(), c["cached"].get<unsigned>(),
                 c["allocated"].get<unsigned>(), c["persisted"].get<unsigned>(),
                 c["largest_free_run"].get<unsigned>());

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "commands.h"
+#include "cxlkv/base/bytes.h"
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/pool/region.h"
 #include "cxlkv/pool/spec.h"
@@ -80,15 +81,15 @@ void RunCalibrate(const CalibrateArgs& a) {
       std::cout << absl::StrFormat(
           "memory  %s (%s): read %s, write %s, latency %s  [%s range, %s copies]\n", m.source,
           m.tier, Rate(m.read_bytes_per_s), Rate(m.write_bytes_per_s), Time(m.latency_s),
-          pool::FormatBytes(m.bytes), pool::FormatBytes(m.block_bytes));
+          base::FormatBytes(m.bytes), base::FormatBytes(m.block_bytes));
     }
     if (c->nvme) {
       const tier::NvmeCalibration& n = *c->nvme;
       std::cout << absl::StrFormat(
           "nvme    %s: 4 KiB read at QD1 %s mean (p50 %s); %s reads x%u: %s; 4 KiB x%u: %.0f IOPS  "
           "[%s scratch file, O_DIRECT]\n",
-          n.dir, Time(n.latency_qd1_s), Time(n.latency_qd1_p50_s), pool::FormatBytes(n.io_bytes),
-          n.depth, Rate(n.read_bytes_per_s), n.depth, n.iops, pool::FormatBytes(n.file_bytes));
+          n.dir, Time(n.latency_qd1_s), Time(n.latency_qd1_p50_s), base::FormatBytes(n.io_bytes),
+          n.depth, Rate(n.read_bytes_per_s), n.depth, n.iops, base::FormatBytes(n.file_bytes));
     }
     if (!a.out.empty())
       std::cout << "saved to " << a.out << " (domain.toml: placement.calibration)\n";
@@ -222,7 +223,7 @@ void RunExplain(const ExplainArgs& a) {
     in.reuse_interval_s = ms * 1e-3;
   }
   if (!a.size.empty()) {
-    auto size = pool::ParseSize(a.size);
+    auto size = base::ParseSize(a.size);
     if (!size.ok() || *size == 0) {
       BadFlag("--size", a.size, "is not a block size in bytes (e.g. 1310720000, 5M or 1G)");
     }

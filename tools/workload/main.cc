@@ -21,6 +21,7 @@
 
 #include "CLI/CLI.hpp"
 #include "cxlkv/allocator/block_allocator.h"
+#include "cxlkv/base/bytes.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/pool/spec.h"
 #include "nlohmann/json.hpp"
@@ -306,7 +307,7 @@ int main(int argc, char** argv) {
   if (o.json) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    using cxlkv::pool::FormatBytes;
+    using cxlkv::base::FormatBytes;
     std::printf("cxlkv-workload summary\n");
     std::printf("  pool                 %s\n", spec->ToString().c_str());
     std::printf("  KV layout            %s (%s per block)\n", layout->ToString().c_str(),

@@ -25,26 +25,26 @@ PooledArenas::~PooledArenas() {
   // Leaving the domain: every extent still held stops being this host's when the client
   // leaves, next. Each goes as a revocation does: an arena still open is swapped for private
   // memory and written back, a raw extent's holder stops writing it and writes it back.
-  std::lock_guard l(mu_);
+  base::MutexLock l(mu_);
   for (auto& [extent, h] : held_) {
     if (!h.revoked->load()) RevokeLocked(extent, h);
   }
 }
 
 void PooledArenas::OnGiveAway(std::uint32_t extent, std::function<void()> fn) {
-  std::lock_guard l(mu_);
+  base::MutexLock l(mu_);
   auto it = held_.find(extent);
   if (it != held_.end()) it->second.before_give_away = std::move(fn);
 }
 
 void PooledArenas::Closing(std::uint32_t extent) {
-  std::lock_guard l(mu_);
+  base::MutexLock l(mu_);
   auto it = held_.find(extent);
   if (it != held_.end()) it->second.before_give_away = nullptr;
 }
 
 void PooledArenas::OnRevoke(std::function<void(std::uint32_t)> fn) {
-  std::lock_guard l(mu_);
+  base::MutexLock l(mu_);
   on_revoke_ = std::move(fn);
 }
 
@@ -78,7 +78,7 @@ absl::StatusOr<PooledArenas::Grown> PooledArenas::Grow(const pool::FormatOptions
   pool::FormatOptions fo = options;
   fo.force = true;
   fo.exclusive = true;
-  std::lock_guard l(mu_);
+  base::MutexLock l(mu_);
   // Formatting writes the extent: only while its lease holds.
   if (!client_.ExtentValid(e.index)) {
     return give_back(absl::UnavailableError(absl::StrCat(
@@ -110,7 +110,7 @@ absl::StatusOr<PooledArenas::RawExtent> PooledArenas::GrowRaw(
   h.length = e.length;
   h.revoked = std::make_unique<std::atomic<bool>>(false);
   h.revoke = std::move(revoke);
-  std::lock_guard l(mu_);
+  base::MutexLock l(mu_);
   held_[e.index] = std::move(h);
   return RawExtent{e.index, e.length, WindowSpec(e.offset, e.length)};
 }
@@ -118,7 +118,7 @@ absl::StatusOr<PooledArenas::RawExtent> PooledArenas::GrowRaw(
 absl::Status PooledArenas::Shrink(std::uint32_t extent) {
   bool revoked = false;
   {
-    std::lock_guard l(mu_);
+    base::MutexLock l(mu_);
     auto it = held_.find(extent);
     if (it == held_.end()) {
       return absl::NotFoundError(absl::StrCat("extent ", extent, " was not grown here"));
@@ -164,7 +164,7 @@ void PooledArenas::RevokeLocked(std::uint32_t extent, Held& h) {
 void PooledArenas::Watch() {
   while (!stop_.load()) {
     {
-      std::lock_guard l(mu_);
+      base::MutexLock l(mu_);
       for (auto& [extent, h] : held_) {
         if (h.revoked->load()) continue;
         // Each extent on its own deadline (a Grow renews only what it grants); not held any
@@ -211,7 +211,7 @@ absl::Status PooledArenas::RefreshPeersLocked() {
 absl::StatusOr<std::byte*> PooledArenas::Resolve(const coherence::BlockRef& ref) {
   pool::Uuid id;
   std::memcpy(id.data(), ref.arena, id.size());
-  std::lock_guard l(mu_);
+  base::MutexLock l(mu_);
   for (auto& [extent, h] : held_) {
     if (h.uuid != id) continue;
     if (h.revoked->load()) {
@@ -236,7 +236,7 @@ absl::StatusOr<std::byte*> PooledArenas::Resolve(const coherence::BlockRef& ref)
 absl::StatusOr<PooledArenas::BlockSpan> PooledArenas::ResolveBlock(const coherence::BlockRef& ref) {
   auto addr = Resolve(ref);
   if (!addr.ok()) return addr.status();
-  std::lock_guard l(mu_);
+  base::MutexLock l(mu_);
   for (auto& [extent, p] : peers_) {
     if (std::memcmp(p.arena->uuid().data(), ref.arena, 16) != 0) continue;
     for (std::uint32_t c = 0; c < p.arena->class_count(); ++c) {

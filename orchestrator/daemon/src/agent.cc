@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/coherence/mem.h"
 #include "cxlkv/pool/region.h"
@@ -143,7 +144,7 @@ absl::StatusOr<std::unique_ptr<WriteBackAgent>> WriteBackAgent::Start(std::byte*
       ::mmap(nullptr, sizeof(Page), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("write-back agent: mmap of its shared page: ", pool::ErrnoText(errno)));
+        absl::StrCat("write-back agent: mmap of its shared page: ", base::ErrnoText(errno)));
   }
   std::unique_ptr<WriteBackAgent> a(new WriteBackAgent());
   a->page_ = new (p) Page();
@@ -153,7 +154,7 @@ absl::StatusOr<std::unique_ptr<WriteBackAgent>> WriteBackAgent::Start(std::byte*
     ::munmap(p, sizeof(Page));
     a->page_ = nullptr;
     return absl::ResourceExhaustedError(
-        absl::StrCat("write-back agent: fork: ", pool::ErrnoText(errno)));
+        absl::StrCat("write-back agent: fork: ", base::ErrnoText(errno)));
   }
   if (pid == 0) RunAgent(a->page_, domain, len, parent, kill_after_ms);
   a->pid_ = pid;

@@ -15,17 +15,18 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cxlkv/base/bytes.h"
+#include "cxlkv/base/toml_reader.h"
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/orchestrator/token.h"
 #include "cxlkv/pool/region.h"
 #include "cxlkv/pool/spec.h"
-#include "cxlkv/pool/toml_reader.h"
 
 namespace cxlkv::orchestrator {
 namespace {
 
 // domain.toml's readers, and two more the orchestrator's sections use.
-class Parser : public pool::TomlReader {
+class Parser : public base::TomlReader {
  public:
   using TomlReader::TomlReader;
 
@@ -156,7 +157,7 @@ absl::Status CheckAcrossKeys(const Config& c, absl::string_view source_name) {
                absl::StrCat(dom_bytes, " bytes cannot hold this geometry (max_hosts ", c.max_hosts,
                             ", index_entries ", c.index_entries, ", lease_rows ", c.lease_rows,
                             ", ring_slots ", c.ring_slots, " need ", coherence::DomainBytes(g),
-                            " bytes): give it size=", pool::FormatBytes(coherence::DomainBytes(g)),
+                            " bytes): give it size=", base::FormatBytes(coherence::DomainBytes(g)),
                             " or more, or lower index_entries"));
   }
   sockaddr_un addr{};
@@ -198,7 +199,7 @@ double Config::ShareOf(std::uint32_t host) const {
 }
 
 absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view source_name) {
-  absl::StatusOr<toml::table> parsed = pool::ParseToml(text, source_name);
+  absl::StatusOr<toml::table> parsed = base::ParseToml(text, source_name);
   if (!parsed.ok()) return parsed.status();
   const toml::table& root = *parsed;
   Config c;
@@ -689,9 +690,9 @@ absl::Status CheckConfigOnHost(const Config& c) {
     const auto have = static_cast<std::uint64_t>(sb.st_size);
     if (have != spec->size_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          r.key, " '", r.spec, "': the file is ", have, " bytes (", pool::FormatBytes(have),
+          r.key, " '", r.spec, "': the file is ", have, " bytes (", base::FormatBytes(have),
           ") but size= asks for ", spec->size_bytes, ". The file holds ", r.holds,
-          ": set size= back to ", pool::FormatBytes(have),
+          ": set size= back to ", base::FormatBytes(have),
           " (or drop size=); a domain's regions cannot be resized in place, and removing the "
           "file discards what it holds"));
     }

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "agent.h"
 #include "announce.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/coherence/domain_layout.h"
@@ -107,7 +108,7 @@ absl::StatusOr<bool> SocketIsStale(const std::string& path) {
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return false;
     return absl::UnavailableError(
-        absl::StrCat("rpc.socket '", path, "': ", pool::ErrnoText(errno)));
+        absl::StrCat("rpc.socket '", path, "': ", base::ErrnoText(errno)));
   }
   if (!S_ISSOCK(st.st_mode)) {
     return absl::FailedPreconditionError(
@@ -118,7 +119,7 @@ absl::StatusOr<bool> SocketIsStale(const std::string& path) {
                      "); it was left as it is: move it away, or set rpc.socket to another path"));
   }
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", pool::ErrnoText(errno)));
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", base::ErrnoText(errno)));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), std::min(path.size(), sizeof(addr.sun_path) - 1));
@@ -137,7 +138,7 @@ absl::StatusOr<bool> SocketIsStale(const std::string& path) {
     return absl::UnavailableError(absl::StrCat("rpc.socket '", path,
                                                "': cannot tell whether it is "
                                                "in use (connect: ",
-                                               pool::ErrnoText(err), ")"));
+                                               base::ErrnoText(err), ")"));
   }
   return true;
 }
@@ -148,7 +149,7 @@ absl::Status ClearStaleSocket(const std::string& path) {
   if (!stale.ok()) return stale.status();
   if (*stale && ::unlink(path.c_str()) != 0 && errno != ENOENT) {
     return absl::UnavailableError(absl::StrCat(
-        "rpc.socket '", path, "': cannot remove the stale socket: ", pool::ErrnoText(errno)));
+        "rpc.socket '", path, "': cannot remove the stale socket: ", base::ErrnoText(errno)));
   }
   return absl::OkStatus();
 }
@@ -296,7 +297,7 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
   const bool have_state = ::stat(c.state_file.c_str(), &sb) == 0;
   if (!have_state && errno != ENOENT) {
     return absl::PermissionDeniedError(
-        absl::StrCat("domain.state_file ", c.state_file, ": ", pool::ErrnoText(errno)));
+        absl::StrCat("domain.state_file ", c.state_file, ": ", base::ErrnoText(errno)));
   }
   if (options.new_domain && have_state) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -394,7 +395,7 @@ absl::Status Orchestrator::Start() {
     const int err = errno;
     if (fd >= 0) ::close(fd);
     return absl::UnavailableError(absl::StrCat(
-        "rpc.socket '", config_.socket, "': ", pool::ErrnoText(err),
+        "rpc.socket '", config_.socket, "': ", base::ErrnoText(err),
         err == EADDRINUSE ? " (another process bound it just now: choose another rpc.socket)"
                           : ""));
   }
@@ -434,7 +435,7 @@ absl::Status Orchestrator::Start() {
   tcp_port_ = tcp_port;
   if (::listen(listen_fd_, 128) != 0) {
     return absl::UnavailableError(
-        absl::StrCat("rpc.socket '", config_.socket, "': listen: ", pool::ErrnoText(errno)));
+        absl::StrCat("rpc.socket '", config_.socket, "': listen: ", base::ErrnoText(errno)));
   }
   owner_thread_ = std::thread([this] { OwnerLoop(); });
   accept_thread_ = std::thread([this] { AcceptLoop(); });

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/pool/region.h"
 #include "cxlkv/pool/spec.h"
 
@@ -96,7 +97,7 @@ absl::StatusOr<std::unique_ptr<DomainLock>> DomainLock::Acquire(const Config& c)
     return absl::Status(
         err == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kPermissionDenied,
         absl::StrCat("domain.state_file ", c.state_file, ": cannot open its lock file ", l->path_,
-                     ": ", pool::ErrnoText(err),
+                     ": ", base::ErrnoText(err),
                      err == ENOENT ? " (create the directory, or fix domain.state_file)"
                                    : " (run as the user that owns the state file's directory)"));
   }
@@ -106,7 +107,7 @@ absl::StatusOr<std::unique_ptr<DomainLock>> DomainLock::Acquire(const Config& c)
     if (err != EWOULDBLOCK) {
       return absl::UnavailableError(absl::StrCat("domain.state_file ", c.state_file,
                                                  ": cannot lock ", l->path_, ": ",
-                                                 pool::ErrnoText(err)));
+                                                 base::ErrnoText(err)));
     }
     const std::string text = ReadText(l->path_);
     const std::string pid = Field(text, "pid"), socket = Field(text, "socket");
@@ -126,7 +127,7 @@ absl::StatusOr<std::unique_ptr<DomainLock>> DomainLock::Acquire(const Config& c)
       ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
     return absl::UnavailableError(absl::StrCat("domain.state_file ", c.state_file,
                                                ": cannot write its lock file ", l->path_, ": ",
-                                               pool::ErrnoText(errno)));
+                                               base::ErrnoText(errno)));
   }
   return l;
 }
@@ -139,9 +140,9 @@ absl::Status DomainLock::LockRegion(absl::string_view key, const std::string& sp
   }
   const int fd = ::open(spec->path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
-    return absl::Status(pool::ErrnoStatus(errno, spec->path, "open").code(),
+    return absl::Status(base::ErrnoStatus(errno, spec->path, "open").code(),
                         absl::StrCat(key, " '", spec_text,
-                                     "': cannot open it to lock it: ", pool::ErrnoText(errno)));
+                                     "': cannot open it to lock it: ", base::ErrnoText(errno)));
   }
   fds_.push_back(fd);
   struct flock fl {};
@@ -153,7 +154,7 @@ absl::Status DomainLock::LockRegion(absl::string_view key, const std::string& sp
   const int err = errno;
   if (err != EAGAIN && err != EACCES) {
     return absl::UnavailableError(
-        absl::StrCat(key, " '", spec_text, "': cannot lock it (", pool::ErrnoText(err), ")"));
+        absl::StrCat(key, " '", spec_text, "': cannot lock it (", base::ErrnoText(err), ")"));
   }
   struct stat st {};
   std::string holders;

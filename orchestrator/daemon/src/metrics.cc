@@ -9,7 +9,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "cxlkv/pool/region.h"
+#include "cxlkv/base/errno.h"
 #include "ha.h"
 
 namespace cxlkv::orchestrator {
@@ -61,7 +61,7 @@ absl::Status ProbeListen(const std::string& listen) {
     }
   }
   ::freeaddrinfo(res);
-  return MetricsListenRefused(listen, absl::StrCat("bind: ", pool::ErrnoText(err)));
+  return MetricsListenRefused(listen, absl::StrCat("bind: ", base::ErrnoText(err)));
 }
 
 struct Metrics::Ha {

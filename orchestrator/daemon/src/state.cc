@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/pool/region.h"
 #include "nlohmann/json.hpp"
@@ -358,7 +359,7 @@ absl::Status DomainState::Load(std::int64_t now_ms) {
       return absl::NotFoundError(absl::StrCat("state file ", c_.state_file, " does not exist"));
     }
     return absl::PermissionDeniedError(
-        absl::StrCat("cannot read state file ", c_.state_file, ": ", pool::ErrnoText(errno)));
+        absl::StrCat("cannot read state file ", c_.state_file, ": ", base::ErrnoText(errno)));
   }
   std::stringstream ss;
   ss << in.rdbuf();
@@ -382,7 +383,7 @@ absl::Status DomainState::Save() const {
   const std::string text = Serialize();
   const std::string tmp = c_.state_file + ".tmp";
   auto fail = [&](const char* what) {
-    return absl::InternalError(absl::StrCat(what, " ", tmp, ": ", pool::ErrnoText(errno)));
+    return absl::InternalError(absl::StrCat(what, " ", tmp, ": ", base::ErrnoText(errno)));
   };
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return fail("cannot create");
@@ -410,7 +411,7 @@ absl::Status DomainState::Save() const {
   auto dir_fail = [&](const char* what) {
     return absl::InternalError(absl::StrCat(
         "cannot ", what, " directory ", dir, " to make the rename of ", c_.state_file,
-        " durable: ", pool::ErrnoText(errno), " (put domain.state_file on a local file system)"));
+        " durable: ", base::ErrnoText(errno), " (put domain.state_file on a local file system)"));
   };
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) return dir_fail("open");

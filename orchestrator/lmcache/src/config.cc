@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "cxlkv/pool/toml_reader.h"
+#include "cxlkv/base/toml_reader.h"
 
 namespace cxlkv::coordinator {
 namespace {
@@ -38,13 +38,13 @@ bool ValidToken(absl::string_view t) {
 
 absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(absl::string_view text,
                                                          absl::string_view source_name) {
-  absl::StatusOr<toml::table> parsed = pool::ParseToml(text, source_name);
+  absl::StatusOr<toml::table> parsed = base::ParseToml(text, source_name);
   if (!parsed.ok()) return parsed.status();
   CoordinatorConfig c;
   const toml::node* section = parsed->get("lmcache");
   if (section == nullptr) return c;
-  const pool::TomlReader p(source_name);
-  using H = pool::TomlReader::Handler;
+  const base::TomlReader p(source_name);
+  using H = base::TomlReader::Handler;
   auto str = [&p](std::string* out) {
     return H([&p, out](const toml::node& v, const std::string& k) { return p.Str(v, k, out); });
   };

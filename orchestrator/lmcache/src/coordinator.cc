@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/errno.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/pool/region.h"
 #include "nlohmann/json.hpp"
@@ -603,7 +604,7 @@ absl::Status WriteAll(int fd, const std::string& text) {
     const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return absl::InternalError(pool::ErrnoText(errno));
+      return absl::InternalError(base::ErrnoText(errno));
     }
     off += static_cast<std::size_t>(n);
   }
@@ -618,7 +619,7 @@ absl::Status SyncDirOf(const std::string& path) {
     const int err = errno;
     if (dfd >= 0) ::close(dfd);
     return absl::InternalError(absl::StrCat("lmcache.state_file: cannot sync the directory ", dir,
-                                            ": ", pool::ErrnoText(err),
+                                            ": ", base::ErrnoText(err),
                                             " (put it on a local file system)"));
   }
   ::close(dfd);
@@ -893,7 +894,7 @@ class FileStore : public StateStore {
     if (!in) {
       if (errno == ENOENT) return std::optional<Loaded>();
       return absl::PermissionDeniedError(
-          absl::StrCat(where(), ": cannot read: ", pool::ErrnoText(errno)));
+          absl::StrCat(where(), ": cannot read: ", base::ErrnoText(errno)));
     }
     Loaded out;
     std::stringstream ss;
@@ -926,7 +927,7 @@ class FileStore : public StateStore {
     const std::string tmp = path_ + ".tmp";
     auto fail = [&](const char* what, int err) {
       return absl::InternalError(
-          absl::StrCat("lmcache.state_file: ", what, " ", tmp, ": ", pool::ErrnoText(err)));
+          absl::StrCat("lmcache.state_file: ", what, " ", tmp, ": ", base::ErrnoText(err)));
     };
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return fail("cannot create", errno);
@@ -957,7 +958,7 @@ class FileStore : public StateStore {
   }
 
   absl::Status Sync() override {
-    if (::fdatasync(fd_) != 0) return absl::InternalError(pool::ErrnoText(errno));
+    if (::fdatasync(fd_) != 0) return absl::InternalError(base::ErrnoText(errno));
     return absl::OkStatus();
   }
 

@@ -13,11 +13,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cxlkv/pool/region.h"
+#include "cxlkv/base/errno.h"
 
 namespace cxlkv::orchestrator {
 
-using pool::ErrnoText;
+using base::ErrnoText;
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_view what) {
   std::ifstream f(path, std::ios::binary);

@@ -35,12 +35,13 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/gpu/dma_writeback.h"
 #include "cxlkv/gpu/plan.h"
 #include "cxlkv/gpu/registrar.h"
@@ -134,29 +135,32 @@ class CopyEngine {
   CopyEngine(Registrar& registrar, const CopyEngineOptions& options);
   absl::Status Init();
   absl::Status SetDevice() const;
-  // Under mu_: retires finished tickets at the front; with `wait`, waits for the oldest.
-  absl::Status RetireLocked(bool wait_oldest);
-  absl::StatusOr<cudaEvent_t> TakeEventLocked();
-  absl::StatusOr<int> TakeSlotLocked();
+  // Retires finished tickets at the front; with `wait`, waits for the oldest.
+  absl::Status RetireLocked(bool wait_oldest) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<cudaEvent_t> TakeEventLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int> TakeSlotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EnqueueMemcpy(const PagedCache& cache, Direction dir,
                              std::span<const BlockCopy> blocks, std::uint32_t lb, std::uint32_t le,
-                             cudaStream_t s);
+                             cudaStream_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EnqueueKernel(const PagedCache& cache, Direction dir,
                              std::span<const BlockCopy> blocks, std::uint32_t lb, std::uint32_t le,
-                             cudaStream_t s, int slot, bool stage);
+                             cudaStream_t s, int slot, bool stage)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Registrar& registrar_;
   const CopyEngineOptions options_;
   cudaStream_t streams_[2] = {nullptr, nullptr};
 
-  mutable std::mutex mu_;
-  Ticket next_ticket_ = 1;
-  std::deque<InFlight> in_flight_;  // submission order
-  std::vector<cudaEvent_t> free_events_;
-  std::vector<Slot> slots_;
-  std::vector<int> free_slots_;
-  absl::Status sticky_ = absl::OkStatus();  // first asynchronous failure seen
-  CopyEngineStats stats_;
+  // Guards everything below (base::Mutex: docs/architecture.md).
+  mutable base::Mutex mu_;
+  Ticket next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  std::deque<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);  // submission order
+  std::vector<cudaEvent_t> free_events_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> free_slots_ ABSL_GUARDED_BY(mu_);
+  // The first asynchronous failure seen.
+  absl::Status sticky_ ABSL_GUARDED_BY(mu_) = absl::OkStatus();
+  CopyEngineStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cxlkv::gpu

@@ -22,21 +22,21 @@
 #ifndef CXLKV_GPU_REGISTRAR_H_
 #define CXLKV_GPU_REGISTRAR_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/gpu/plan.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
@@ -131,11 +131,13 @@ class Registrar {
   const std::function<void(const RegistrationInfo&)> on_progress_;
   bool host_ptr_is_dev_ptr_ = false;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;         // a job queued, or a registration changed state
-  RegistrationTable table_;            // guarded by mu_
-  std::deque<Job> jobs_;               // guarded by mu_
-  std::vector<std::uint64_t> cancel_;  // ids whose remaining chunks are cancelled; mu_
+  // Guards the table, the job queue and the cancellations (base::Mutex: docs/architecture.md).
+  mutable base::Mutex mu_;
+  base::CondVar cv_;  // a job queued, or a registration changed state
+  RegistrationTable table_ ABSL_GUARDED_BY(mu_);
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  // Ids whose remaining chunks are cancelled.
+  std::vector<std::uint64_t> cancel_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -33,22 +33,22 @@
 #include <sys/uio.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/coherence/key.h"
 #include "cxlkv/nvme/nvme_layout.h"
 
@@ -282,34 +282,37 @@ class NvmeStore {
   // ReadStaging::kAuto: times reads into 4 KiB and 2 MiB pages and sets stage_reads_.
   void CalibrateReads(NvmeOpenReport* report);
   // Lends io a staging buffer (back to the pool in FreeIo), within the budget; null when none.
-  std::byte* Stage(Io* io);
+  std::byte* Stage(Io* io) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::uint64_t StagingBufferBytes() const;
-  bool IsDirectDestination(const void* p, std::uint64_t bytes) const;
+  bool IsDirectDestination(const void* p, std::uint64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReadSlotSync(std::uint64_t slot, std::byte* buf, std::uint64_t bytes);
   absl::Status WriteSync(std::uint64_t offset, const std::byte* buf, std::uint64_t bytes);
 
-  Io* NewIo();
-  void FreeIo(Io* io);
+  Io* NewIo() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeIo(Io* io) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes a free slot, growing the file within the limit. kResourceExhausted when neither.
-  absl::StatusOr<std::uint64_t> TakeSlot(const NvmeKey& key);
-  absl::Status Grow(const NvmeKey& key);
-  void Retire(std::uint64_t slot);
-  void IssueTombstones();
+  absl::StatusOr<std::uint64_t> TakeSlot(const NvmeKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Grow(const NvmeKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Retire(std::uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void IssueTombstones() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Prepares the SQE for io; false when the ring has no room (the caller submits and waits).
-  bool Queue(Io* io);
-  void SubmitQueued();
+  bool Queue(Io* io) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SubmitQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteOp(NvmeBatch* batch, std::size_t i, absl::Status status, std::uint64_t bytes,
-                  std::vector<NvmeBatch*>* finished);
+                  std::vector<NvmeBatch*>* finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One fewer op outstanding; the batch is finished (done, or its callback due) at zero.
-  void ReleaseOne(NvmeBatch* batch, std::vector<NvmeBatch*>* finished);
+  void ReleaseOne(NvmeBatch* batch, std::vector<NvmeBatch*>* finished)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Holding the reaper role: reaps (blocking for one if `block`), applies, gives the role
   // back and runs finished callbacks. Returns I/Os reaped.
-  std::size_t Reap(bool block);
+  std::size_t Reap(bool block) ABSL_LOCKS_EXCLUDED(mu_);
   void Verify(Io* io, int res) const;
-  void Apply(const Completion& c, std::vector<NvmeBatch*>* finished);
+  void Apply(const Completion& c, std::vector<NvmeBatch*>* finished)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until some I/O completes (reaping it if no other thread is) or `until` holds.
-  void WaitProgress(std::uint64_t seen_reaped);
-  void RunCallbacks(std::vector<NvmeBatch*>& finished);
+  void WaitProgress(std::uint64_t seen_reaped) ABSL_LOCKS_EXCLUDED(mu_);
+  void RunCallbacks(std::vector<NvmeBatch*>& finished) ABSL_LOCKS_EXCLUDED(mu_);
   std::string SlotName(std::uint64_t slot) const;
 
   std::string dir_;
@@ -330,28 +333,30 @@ class NvmeStore {
   std::uint64_t staging_limit_ = 0;
   std::unique_ptr<io_uring> ring_;
 
-  // Everything below is guarded by mu_ (a std::mutex, which ThreadSanitizer understands;
-  // Debian's absl::Mutex is not instrumented). NewIo, FreeIo, TakeSlot,
-  // Grow, Retire, IssueTombstones, Queue, SubmitQueued, CompleteOp, ReleaseOne and Apply run
-  // with mu_ held; Reap, WaitProgress and RunCallbacks without it.
+  // Everything below is guarded by mu_ (base::Mutex: a std::mutex, which ThreadSanitizer
+  // understands, with the annotations clang checks; docs/architecture.md). NewIo, FreeIo,
+  // TakeSlot, Grow, Retire, IssueTombstones, Queue, SubmitQueued, CompleteOp, ReleaseOne and
+  // Apply run with mu_ held; Reap, WaitProgress and RunCallbacks without it.
   // cv_ is notified whenever reaping_, in_flight_, reaped_ or a batch's done() changes.
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool reaping_ = false;  // one thread reads the completion queue
-  std::uint64_t reaped_ = 0;
-  std::uint64_t in_flight_ = 0;
-  std::uint32_t unsubmitted_ = 0;  // SQEs prepared, not yet submitted
-  std::uint64_t next_seq_ = 1;
-  absl::flat_hash_map<NvmeKey, IndexEntry, NvmeKeyHash> index_;
-  std::vector<Slot> slots_;                // size = slots the file has room for
-  std::vector<std::uint64_t> free_slots_;  // LIFO
-  std::vector<std::uint64_t> tombstone_queue_;
-  std::vector<Io*> io_free_;
-  std::vector<std::unique_ptr<Io>> io_all_;
-  std::vector<std::byte*> staging_free_;  // StagingBufferBytes() each; stats_.staging_bytes in all
-  std::byte* zero_header_ = nullptr;      // 4 KiB of zeros, the tombstone
-  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> direct_ranges_;  // [begin, end)
-  NvmeStats stats_;
+  mutable base::Mutex mu_;
+  base::CondVar cv_;
+  bool reaping_ ABSL_GUARDED_BY(mu_) = false;  // one thread reads the completion queue
+  std::uint64_t reaped_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint32_t unsubmitted_ ABSL_GUARDED_BY(mu_) = 0;  // SQEs prepared, not yet submitted
+  std::uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<NvmeKey, IndexEntry, NvmeKeyHash> index_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);  // size = slots the file has room for
+  std::vector<std::uint64_t> free_slots_ ABSL_GUARDED_BY(mu_);  // LIFO
+  std::vector<std::uint64_t> tombstone_queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<Io*> io_free_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Io>> io_all_ ABSL_GUARDED_BY(mu_);
+  // StagingBufferBytes() each; stats_.staging_bytes in all.
+  std::vector<std::byte*> staging_free_ ABSL_GUARDED_BY(mu_);
+  std::byte* zero_header_ = nullptr;  // 4 KiB of zeros, the tombstone (set by Init, then read)
+  // [begin, end) of destinations read into directly (AddDirectDestination).
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> direct_ranges_ ABSL_GUARDED_BY(mu_);
+  NvmeStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cxlkv::nvme

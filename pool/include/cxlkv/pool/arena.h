@@ -26,13 +26,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/pool/kv_layout.h"
 #include "cxlkv/pool/layout.h"
@@ -185,8 +186,9 @@ class Arena {
 
  private:
   Arena() = default;
-  absl::Status Attach();
-  void Detach();
+  // Take this process's owner slot / give it back; attach_mu_ held.
+  absl::Status Attach() ABSL_EXCLUSIVE_LOCKS_REQUIRED(attach_mu_);
+  void Detach() ABSL_EXCLUSIVE_LOCKS_REQUIRED(attach_mu_);
   std::uint32_t ReclaimOwners(const std::vector<std::uint32_t>& slots);
 
   std::unique_ptr<Region> region_;
@@ -194,13 +196,16 @@ class Arena {
   Uuid uuid_{};
   BlockWord* words_ = nullptr;
   OwnerSlot* slots_ = nullptr;
+  // Attaching and detaching this process (base::Mutex: docs/architecture.md). owner_id_ and
+  // attached_fork_epoch_ are written under it and read without it by the claim paths' fast
+  // check (atomics, relaxed: a stale value only sends a caller to the locked slow path).
+  base::Mutex attach_mu_;
   std::atomic<std::uint32_t> owner_id_{0};
-  std::uint32_t attached_pid_ = 0;
-  std::uint64_t attached_fork_epoch_ = 0;  // see ForkEpoch() in arena.cc
+  std::uint32_t attached_pid_ ABSL_GUARDED_BY(attach_mu_) = 0;
+  std::atomic<std::uint64_t> attached_fork_epoch_{0};  // see ForkEpoch() in arena.cc
   // Per class: address of region base + data_offset - first_index * stride, as an integer
   // (it may lie before the region), so a block's address is bias + index * stride.
   std::array<std::uintptr_t, kMaxClasses> block_bias_{};
-  std::mutex attach_mu_;
   std::array<std::atomic<std::uint32_t>, kMaxClasses> cursor_{};  // hint word to try first
   std::atomic<std::int64_t> last_recover_ns_{0};
   bool read_only_ = false;

@@ -84,14 +84,6 @@ absl::StatusOr<std::unique_ptr<Region>> OpenExistingRegion(const SourceSpec& spe
 // unmapping, so the reservation stays whole. Not for kmem.
 absl::StatusOr<std::unique_ptr<Region>> OpenRegionAt(const SourceSpec& spec, void* at);
 
-// Turns errno from `call` on `object` into a Status with the object named and, where one
-// exists, a hint for the fix. The one place errno becomes Status in pool/.
-absl::Status ErrnoStatus(int err, absl::string_view object, absl::string_view call);
-
-// errno's message ("No such file or directory"), safe from any thread: strerror() may share
-// one buffer between threads, GNU strerror_r() does not.
-std::string ErrnoText(int err);
-
 }  // namespace cxlkv::pool
 
 #endif  // CXLKV_POOL_REGION_H_

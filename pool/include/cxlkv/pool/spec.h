@@ -6,9 +6,10 @@
 //   file:PATH[?size=BYTES][&reserve=0|1]     a file, e.g. in /dev/shm (emulated pool)
 //   memfd:[NAME]?size=BYTES                  an anonymous memfd (private to this process tree)
 //
-// Sizes are bytes with an optional binary suffix K, M, G or T (KiB..TiB), e.g. 8G. Parameters
-// follow '?', separated by '&'. `shared=1` declares the source switch-pooled (shared by the
-// hosts of a CXL domain) when topology cannot tell. Parsing is pure and thread-safe.
+// Sizes are bytes with an optional binary suffix K, M, G or T (KiB..TiB), e.g. 8G, as
+// base::ParseSize reads them. Parameters follow '?', separated by '&'. `shared=1` declares the
+// source switch-pooled (shared by the hosts of a CXL domain) when topology cannot tell.
+// Parsing is pure and thread-safe.
 #ifndef CXLKV_POOL_SPEC_H_
 #define CXLKV_POOL_SPEC_H_
 
@@ -44,12 +45,6 @@ struct SourceSpec {
 // Parses a spec string. Errors are kInvalidArgument and quote the spec, the offending part
 // and the accepted forms.
 absl::StatusOr<SourceSpec> ParseSourceSpec(absl::string_view spec);
-
-// Parses "123", "64K", "8G" (binary units). Rejects overflow, empty and unknown suffixes.
-absl::StatusOr<std::uint64_t> ParseSize(absl::string_view text);
-
-// "5 MiB"-style rendering for messages and summaries.
-std::string FormatBytes(std::uint64_t bytes);
 
 }  // namespace cxlkv::pool
 

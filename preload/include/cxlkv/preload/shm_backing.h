@@ -37,10 +37,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/spec.h"
 
@@ -94,9 +95,10 @@ class ShmBacking {
   std::size_t CollectGarbage(const std::string& dir) noexcept;
 
   // fork: the parent takes the lock before and releases it after; the child releases it
-  // (its copies of the mapper descriptors keep the extents held while it maps them).
-  void LockForFork() noexcept { mu_.lock(); }
-  void UnlockAfterFork() noexcept { mu_.unlock(); }
+  // (its copies of the mapper descriptors keep the extents held while it maps them). Taken
+  // and released in different pthread_atfork handlers, which the analysis cannot pair.
+  void LockForFork() noexcept ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
+  void UnlockAfterFork() noexcept ABSL_NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
 
   // Mappings of bound extents this process tracks (for munmap's fast check).
   std::size_t tracked() const noexcept { return ntracked_.load(std::memory_order_relaxed); }
@@ -118,21 +120,25 @@ class ShmBacking {
                  const char* path) noexcept;
   Mapped MapExtent(void* addr, std::size_t len, int prot, int flags, int fd, off_t off,
                    const std::string& path) noexcept;
-  absl::Status EnsureArena();  // mu_ held
-  // CollectGarbage of every sidecar in dir but `skip` (a name). mu_ held.
-  std::size_t CollectDirLocked(const std::string& dir, const std::string& skip) noexcept;
-  // Collects one sidecar (see CollectGarbage). mu_ held.
-  bool CollectLocked(int dirfd, const std::string& dir, const std::string& name) noexcept;
+  absl::Status EnsureArena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CollectGarbage of every sidecar in dir but `skip` (a name).
+  std::size_t CollectDirLocked(const std::string& dir, const std::string& skip) noexcept
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Collects one sidecar (see CollectGarbage).
+  bool CollectLocked(int dirfd, const std::string& dir, const std::string& name) noexcept
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   pool::SourceSpec spec_;
   std::string glob_;
-  mutable std::mutex mu_;  // the arena, the table, binding and collecting in this process
-  std::unique_ptr<pool::Arena> arena_;
-  std::uint32_t cls_ = 0;
-  std::uint64_t stride_ = 0;
-  std::uint64_t align_ = 0;
-  std::string arena_error_;  // why the arena could not be opened (once)
-  Tracked tracked_[kMaxTracked];
+  // The arena, the table, binding and collecting in this process (base::Mutex:
+  // docs/architecture.md).
+  mutable base::Mutex mu_;
+  std::unique_ptr<pool::Arena> arena_ ABSL_GUARDED_BY(mu_);
+  std::uint32_t cls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t stride_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t align_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string arena_error_ ABSL_GUARDED_BY(mu_);  // why the arena could not be opened (once)
+  Tracked tracked_[kMaxTracked] ABSL_GUARDED_BY(mu_);
   std::atomic<std::size_t> ntracked_{0};
   std::atomic<bool> once_not_tmpfs_{false}, once_mbind_{false}, once_full_{false},
       once_table_{false}, once_arena_{false};

@@ -32,16 +32,17 @@
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cxlkv/allocator/block_allocator.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/nvme/nvme_store.h"
 #include "cxlkv/tier/tier.h"
 
@@ -248,15 +249,16 @@ class TierManager {
   std::int64_t Now() const;
   absl::Status DemoteKeys(std::span<const Key> keys, std::vector<absl::Status>* results,
                           bool cooldown);
-  PromoteCheck CheckLocked(const Key& key, std::int64_t now) const;
+  PromoteCheck CheckLocked(const Key& key, std::int64_t now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RefusalStatus(const Key& key, const PromoteCheck& c) const;
   void FinishPromotion(PromotionBatch& batch);
   void MaybeEnforce();
   // The key's entry becomes NVMe-resident / stops being: keeps nvme_lru_ in step.
-  void EnterNvmeLocked(const Key& key, Entry& e);
-  void LeaveNvmeLocked(Entry& e);
+  void EnterNvmeLocked(const Key& key, Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LeaveNvmeLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes the least recently used NVMe-only blocks past nvme_capacity_blocks.
-  void EvictNvmeLocked();
+  void EvictNvmeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands a CXL block that was resident under key to release_cxl, or frees it.
   void ReleaseCxl(const Key& key, allocator::BlockHandle h);
 
@@ -271,17 +273,18 @@ class TierManager {
   std::uint32_t cls_ = 0;
   std::uint64_t block_bytes_ = 0;
 
-  // Guards everything below (std::mutex: ThreadSanitizer understands it, Debian's absl::Mutex
-  // is not instrumented). CheckLocked runs with it held; FinishPromotion takes it.
-  mutable std::mutex mu_;
-  absl::flat_hash_map<Key, Entry, NvmeKeyHash> entries_;
-  std::list<Key> lru_;  // front: most recently used
-  std::list<Key> nvme_lru_;  // NVMe-only blocks, front: most recently demoted or read
-  std::uint64_t cxl_resident_ = 0;
-  TierStats stats_;
+  // Guards everything below (base::Mutex, a std::mutex that ThreadSanitizer understands with
+  // the annotations clang checks; docs/architecture.md). FinishPromotion takes it.
+  mutable base::Mutex mu_;
+  absl::flat_hash_map<Key, Entry, NvmeKeyHash> entries_ ABSL_GUARDED_BY(mu_);
+  std::list<Key> lru_ ABSL_GUARDED_BY(mu_);  // front: most recently used
+  // NVMe-only blocks, front: most recently demoted or read.
+  std::list<Key> nvme_lru_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t cxl_resident_ ABSL_GUARDED_BY(mu_) = 0;
+  TierStats stats_ ABSL_GUARDED_BY(mu_);
   // RetentionS(): EWMA of the youngest victim's idle ms per watermark run (< 0: no run yet).
-  double retention_ewma_ms_ = -1;
-  std::int64_t last_eviction_ms_ = 0;
+  double retention_ewma_ms_ ABSL_GUARDED_BY(mu_) = -1;
+  std::int64_t last_eviction_ms_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace cxlkv::tier

@@ -38,12 +38,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/orchestrator/client.h"
 #include "cxlkv/pool/arena.h"
@@ -126,14 +127,15 @@ class PooledArenas {
   };
   std::string WindowSpec(std::uint64_t offset, std::uint64_t length) const;
   void Watch();
-  void RevokeLocked(std::uint32_t extent, Held& h);
-  absl::Status RefreshPeersLocked();
+  void RevokeLocked(std::uint32_t extent, Held& h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RefreshPeersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   HostClient& client_;
-  std::mutex mu_;
-  std::map<std::uint32_t, Held> held_;   // by extent index
-  std::map<std::uint32_t, Peer> peers_;  // by extent index
-  std::function<void(std::uint32_t)> on_revoke_;
+  // Guards the extents held and the peers' arenas (base::Mutex: docs/architecture.md).
+  base::Mutex mu_;
+  std::map<std::uint32_t, Held> held_ ABSL_GUARDED_BY(mu_);   // by extent index
+  std::map<std::uint32_t, Peer> peers_ ABSL_GUARDED_BY(mu_);  // by extent index
+  std::function<void(std::uint32_t)> on_revoke_ ABSL_GUARDED_BY(mu_);
   std::atomic<std::uint64_t> revocations_{0};
   std::atomic<bool> stop_{false};
   std::thread watchdog_;

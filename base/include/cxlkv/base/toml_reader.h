@@ -2,13 +2,13 @@
 // shared by every parser of its sections (the orchestrator's config, tier's [placement]) so
 // that all of them word their errors alike: "<source>:<line>: key '<table.key>': <what>".
 //
-// Header-only, so pool itself neither parses TOML nor links toml++: a target that includes
+// Header-only, so base itself neither parses TOML nor links toml++: a target that includes
 // this header links toml++ (PkgConfig::TOMLPP) itself. toml++ is used with exceptions on
 // (TOML_EXCEPTIONS=1); ParseToml turns its parse error into a Status.
 //
 // Thread-safety: a TomlReader holds only the source's name; its methods are const.
-#ifndef CXLKV_POOL_TOML_READER_H_
-#define CXLKV_POOL_TOML_READER_H_
+#ifndef CXLKV_BASE_TOML_READER_H_
+#define CXLKV_BASE_TOML_READER_H_
 
 #include <cstdint>
 #include <functional>
@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "cxlkv/pool/spec.h"
+#include "cxlkv/base/bytes.h"
 
 #ifndef TOML_EXCEPTIONS
 #define TOML_EXCEPTIONS 1
@@ -29,7 +29,7 @@
 
 static_assert(TOML_EXCEPTIONS, "cxlkv/pool/toml_reader.h catches toml++'s parse errors");
 
-namespace cxlkv::pool {
+namespace cxlkv::base {
 
 // Parses `text`, named `source_name` in errors: the root table, or kInvalidArgument with the
 // line and toml++'s description.
@@ -129,6 +129,6 @@ class TomlReader {
   std::string source_;
 };
 
-}  // namespace cxlkv::pool
+}  // namespace cxlkv::base
 
-#endif  // CXLKV_POOL_TOML_READER_H_
+#endif  // CXLKV_BASE_TOML_READER_H_
