@@ -198,7 +198,7 @@ void BM_ReaderWhere(benchmark::State& state) {
   if (!w.Up()) return state.SkipWithError(w.why.c_str());
   dir::ReaderOptions o;
   o.cluster = w.EnsureDomains(static_cast<int>(state.range(0)));
-  o.endpoints = {w.endpoint};
+  o.client.endpoints = {w.endpoint};
   auto r = dir::DirectoryReader::Open(o);
   if (!r.ok()) return state.SkipWithError(std::string(r.status().message()).c_str());
   const auto probes = Probes();
@@ -216,7 +216,7 @@ void BM_ReaderRefresh(benchmark::State& state) {
   if (!w.Up()) return state.SkipWithError(w.why.c_str());
   dir::ReaderOptions o;
   o.cluster = w.EnsureDomains(static_cast<int>(state.range(0)));
-  o.endpoints = {w.endpoint};
+  o.client.endpoints = {w.endpoint};
   o.follow = false;
   auto r = dir::DirectoryReader::Open(o);
   if (!r.ok()) return state.SkipWithError(std::string(r.status().message()).c_str());

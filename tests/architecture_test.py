@@ -9,7 +9,9 @@ Every quoted include of every C/C++ file in a module is read, and each rule is c
      tests and benchmarks may (white-box: a private step's behaviour or cost);
   3. nvme/ never includes tier/; tier/ and nvme/ never include the lease protocol's headers
      (coherence/prefix.h, domain_layout.h, mem.h, sim.h): the tiers name blocks by key.h alone;
-  4. bench/replay/ includes no allocator/ header (it drives the tiers, not the allocator).
+  4. bench/replay/ includes no allocator/ header (it drives the tiers, not the allocator);
+  5. orchestrator/daemon/ includes none of the client's headers (orchestrator/client/include):
+     the daemon links the token target (orchestrator/token/), never the client library.
 PENDING lists the known violations a later step of issue #31 removes; each must still occur
 (a stale entry fails too), so the list only shrinks. Prints file:line for every violation.
 Usage: architecture_test.py [SOURCE_DIR]
@@ -47,6 +49,8 @@ PROTOCOL = {"cxlkv/coherence/prefix.h", "cxlkv/coherence/domain_layout.h",
 # (file, included header): violations still to be removed, and by what.
 PENDING = {}
 
+# Rule 5: the client library's public headers, which the daemon never includes.
+CLIENT_INCLUDE = os.path.join("orchestrator", "client", "include")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 EXTS = (".cc", ".h", ".cu", ".c")
 
@@ -64,6 +68,11 @@ def main():
         for f in files_of(m):
             if "/src/" in f and f.endswith(".h"):
                 private.setdefault(os.path.basename(f), set()).add(m)
+    client_headers = set()
+    for d, _, names in os.walk(os.path.join(ROOT, CLIENT_INCLUDE)):
+        for n in names:
+            client_headers.add(os.path.relpath(os.path.join(d, n),
+                                               os.path.join(ROOT, CLIENT_INCLUDE)))
     bad, seen_pending = [], set()
     for m, allowed in ALLOWED.items():
         own = {m} | PROVIDES.get(m, set())
@@ -91,6 +100,10 @@ def main():
                                        "(rule 3)")
                         if rel.startswith("bench/replay/") and dep == "allocator":
                             bad.append(f"{where}: the replay never includes allocator/ (rule 4)")
+                        if rel.startswith("orchestrator/daemon/") and inc in client_headers:
+                            bad.append(f"{where}: the daemon never includes the client's "
+                                       "headers; what both ends share goes into a target of "
+                                       "its own, as token.h did (rule 5)")
                     elif "/" not in inc or inc.startswith(".."):
                         base = os.path.basename(inc)
                         holders = private.get(base, set())

@@ -29,6 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cxlkv/coordinator/coordinator.h"
+#include "cxlkv/coordinator/etcd_store.h"
 #include "cxlkv/coordinator/service.h"
 #include "etcd_cluster.h"
 #include "gtest/gtest.h"
@@ -62,9 +63,9 @@ CoordinatorConfig Config() {
 
 EtcdPlace Place(const std::vector<std::string>& endpoints) {
   EtcdPlace p;
-  p.endpoints = endpoints;
+  p.client.endpoints = endpoints;
   p.domain_key = kDomain;
-  p.call_timeout_ms = 5000;
+  p.client.call_timeout_ms = 5000;
   return p;
 }
 

@@ -307,7 +307,7 @@ TEST_F(DirectoryTest, PublishedInAReportedForAOnlyFollowsRetireAndDiesWithTheLea
   ASSERT_TRUE(a.Start());
   ASSERT_TRUE(b.Start());
   dir::ReaderOptions ro;
-  ro.endpoints = etcd_->endpoints();
+  ro.client.endpoints = etcd_->endpoints();
   auto reader = dir::DirectoryReader::Open(ro);
   ASSERT_TRUE(reader.ok()) << reader.status();
   dir::DirectoryReader& r = **reader;
@@ -450,7 +450,7 @@ TEST_F(DirectoryTest, KeyedDomainMatchesOnlyWithItsSecret) {
   ASSERT_TRUE(a.Publish(ns, k, 1));
 
   dir::ReaderOptions with;
-  with.endpoints = etcd_->endpoints();
+  with.client.endpoints = etcd_->endpoints();
   with.publish_secrets = {kSecret};
   auto keyed_reader = dir::DirectoryReader::Open(with);
   ASSERT_TRUE(keyed_reader.ok()) << keyed_reader.status();
@@ -459,7 +459,7 @@ TEST_F(DirectoryTest, KeyedDomainMatchesOnlyWithItsSecret) {
                milliseconds(8000)))
       << "a reader holding the secret did not come to match the published prompt";
   dir::ReaderOptions without;
-  without.endpoints = etcd_->endpoints();
+  without.client.endpoints = etcd_->endpoints();
   auto plain_reader = dir::DirectoryReader::Open(without);
   ASSERT_TRUE(plain_reader.ok()) << plain_reader.status();
   for (const dir::DomainAnswer& d : (*plain_reader)->Where(k)) {

@@ -45,7 +45,7 @@ TEST_F(KvEventsHaTest, OnlyTheLeaderPublishesEventsAndATakeoverOpensANewTerm) {
   OrchestratorProcess a(SmallDomain("ha-ev", Extra() + events));
   ASSERT_TRUE(a.Start());
   dir::ReaderOptions ro;
-  ro.endpoints = etcd_->endpoints();
+  ro.client.endpoints = etcd_->endpoints();
   auto reader = dir::DirectoryReader::Open(ro);
   ASSERT_TRUE(reader.ok()) << reader.status();
   ASSERT_TRUE(SoonTrue([&] { return (*reader)->Domains() == std::vector<std::string>{"ha-ev"}; },

@@ -1437,8 +1437,10 @@ TEST_F(HaTest, AForgedLeaderRecordGetsNoConnectionAndNoToken) {
 // Orchestrators on an etcd with authentication (etcd.user, etcd.password_file): elected and
 // serving, with a standby; a host finds the leader through etcd with CXLKV_ETCD_USER and
 // CXLKV_ETCD_PASSWORD_FILE (without them it is told to set them); an orchestrator with a wrong
-// password is refused at start, naming the user and the keys to fix. (Keep-alives, watches and
-// guarded writes under authentication: etcd_client_test's EtcdAuth.)
+// password is refused at start, naming the user and the keys to fix; the leader's LMCache
+// coordinator loads its state from etcd as that user, and so does the Directory RPC's reader
+// (every etcd client of the daemon starts from the [etcd] section's options, etcd_options.h).
+// (Keep-alives, watches and guarded writes under authentication: etcd_client_test's EtcdAuth.)
 TEST_F(HaTest, OrchestratorsUseEtcdAuthentication) {
   CXLKV_SKIP_WITHOUT_ETCDCTL();
   std::string why;
@@ -1453,7 +1455,23 @@ TEST_F(HaTest, OrchestratorsUseEtcdAuthentication) {
   a.AppendToEtcdSection("user = \"root\"\npassword_file = \"" + pw + "\"");
   b.AppendToEtcdSection("user = \"root\"\npassword_file = \"" + pw + "\"");
   c.AppendToEtcdSection("user = \"root\"\npassword_file = \"" + bad + "\"");
+  // [lmcache]: the coordinator's state store in etcd is made from the same [etcd] options
+  // (authentication included) as the election's client.
+  const std::string tokens = a.dir + "/lmcache-tokens";
+  std::ofstream(tokens) << "ha-test-lmcache-token-0123456789\n";
+  ::chmod(tokens.c_str(), 0600);
+  for (HaOrchestrator* o : {&a, &b}) {
+    o->AppendConfig(absl::StrCat("[lmcache]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"", tokens,
+                                 "\"\nlayout_id = \"ha-test\"\nregion_size = \"16M\"\n"
+                                 "alignment = \"4K\"\n"));
+  }
   ASSERT_TRUE(StartLeaderAndStandbys(a, {&b}));
+  // The leader's coordinator loaded its state from etcd as user root: it serves.
+  const int lmcache_port = a.LmcachePort();
+  ASSERT_GT(lmcache_port, 0) << ReadFile(a.log);
+  EXPECT_TRUE(Eventually([&] { return Http(lmcache_port, "GET", "/readyz", "").first == 200; },
+                         milliseconds(10000)))
+      << ReadFile(a.log);
   std::map<std::uint32_t, std::set<std::uint32_t>> granted;
   std::uint64_t inc = 0;
   ASSERT_TRUE(HostCalls::JoinAndGrow(a, 0, 2, &inc, &granted[0]));
@@ -1481,14 +1499,14 @@ TEST_F(HaTest, OrchestratorsUseEtcdAuthentication) {
   // [etcd] user; cxlkvctl where --etcd with CXLKV_ETCD_USER and CXLKV_ETCD_PASSWORD_FILE.
   namespace dir = ::cxlkv::orchestrator::directory;
   dir::ReaderOptions ro;
-  ro.endpoints = etcd_->endpoints();
+  ro.client.endpoints = etcd_->endpoints();
   ro.follow = false;
   auto refused = dir::DirectoryReader::Open(ro);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("etcd requires authentication"), std::string::npos)
       << refused.status();
-  ro.user = "root";
-  ro.password = "rootpw";
+  ro.client.user = "root";
+  ro.client.password = "rootpw";
   auto reader = dir::DirectoryReader::Open(ro);
   ASSERT_TRUE(reader.ok()) << reader.status();
   for (HaOrchestrator* o : {&a, &b}) {

@@ -19,14 +19,14 @@ absl::StatusOr<orchestrator::WhereResult> WhereViaEtcd(const std::string& endpoi
                                                        const coherence::PrefixKey& key) {
   namespace dir = ::cxlkv::orchestrator::directory;
   dir::ReaderOptions ro;
-  ro.endpoints = absl::StrSplit(endpoints, ',', absl::SkipWhitespace());
+  ro.client.endpoints = absl::StrSplit(endpoints, ',', absl::SkipWhitespace());
   ro.cluster = cluster;
   ro.follow = false;
   ro.publish_secrets = secrets;
   if (const char* ca = std::getenv("CXLKV_ETCD_CA"); ca != nullptr && *ca != '\0') {
     auto pem = orchestrator::ReadSmallFile(ca, "CXLKV_ETCD_CA");
     if (!pem.ok()) return pem.status();
-    ro.ca_pem = *std::move(pem);
+    ro.client.ca_pem = *std::move(pem);
   }
   if (const char* user = std::getenv("CXLKV_ETCD_USER"); user != nullptr && *user != '\0') {
     const char* pw = std::getenv("CXLKV_ETCD_PASSWORD_FILE");
@@ -37,12 +37,13 @@ absl::StatusOr<orchestrator::WhereResult> WhereViaEtcd(const std::string& endpoi
     }
     auto password = orchestrator::ReadSmallFile(pw, "CXLKV_ETCD_PASSWORD_FILE");
     if (!password.ok()) return password.status();
-    ro.user = user;
-    ro.password = std::string(absl::StripTrailingAsciiWhitespace(*password));
+    ro.client.user = user;
+    ro.client.password = std::string(absl::StripTrailingAsciiWhitespace(*password));
   }
   auto reader = dir::DirectoryReader::Open(ro);
   if (!reader.ok()) {
-    if (ro.user.empty() && absl::StrContains(reader.status().message(), "user name is empty")) {
+    if (ro.client.user.empty() &&
+        absl::StrContains(reader.status().message(), "user name is empty")) {
       return absl::Status(reader.status().code(),
                           absl::StrCat(reader.status().message(),
                                        "; set CXLKV_ETCD_USER and CXLKV_ETCD_PASSWORD_FILE"));

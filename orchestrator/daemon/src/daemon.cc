@@ -1,11 +1,13 @@
-// cxlkv-orchestrator: the owner role, membership and capacity, gRPC on a Unix socket whose
-// peers' credentials are checked, and a Prometheus endpoint.
+// cxlkv-orchestrator's lifecycle (Open, Start, Stop, the accept loop), the owner loop with the
+// capacity quarantine, and orchestrator HA's leader side (the takeover, the fence and the
+// release, read-only mode). The gRPC service is service.cc's, the Prometheus endpoint
+// metrics.cc's.
 #include "cxlkv/orchestrator/daemon.h"
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/service_type.h>
 #include <grpcpp/server_posix.h>
-#include <netdb.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -17,13 +19,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <map>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "agent.h"
@@ -40,25 +38,15 @@
 #include "domain_lock.h"
 #include "fence.h"
 #include "ha.h"
+#include "metrics.h"
 #include "nlohmann/json.hpp"
-#include "orchestrator.grpc.pb.h"
-#include "prometheus/counter.h"
-#include "prometheus/exposer.h"
-#include "prometheus/gauge.h"
-#include "prometheus/histogram.h"
-#include "prometheus/registry.h"
+#include "service.h"
 
 namespace cxlkv::orchestrator {
 
-namespace pb = ::cxlkv::orchestrator::v1;
 namespace co = ::cxlkv::coherence;
 
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& st) {
-  if (st.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
-}
 
 co::DomainGeometry GeometryOf(const Config& c) {
   co::DomainGeometry g;
@@ -166,580 +154,13 @@ absl::Status ClearStaleSocket(const std::string& path) {
   return absl::OkStatus();
 }
 
-const char* EntryStateName(std::uint8_t s) {
-  switch (static_cast<co::EntryState>(s)) {
-    case co::EntryState::kEmpty:
-      return "empty";
-    case co::EntryState::kPublished:
-      return "published";
-    case co::EntryState::kRetired:
-      return "retired";
-    case co::EntryState::kTombstone:
-      return "tombstone";
-  }
-  return "?";
-}
-
 }  // namespace
-
-// ---- metrics ---------------------------------------------------------------------------------
-
-class Metrics {
- public:
-  explicit Metrics(const std::string& listen)
-      : exposer_(listen),
-        registry_(std::make_shared<prometheus::Registry>()),
-        extents_(prometheus::BuildGauge()
-                     .Name("cxlkv_extents")
-                     .Help("Extents of the pooled region by state")
-                     .Register(*registry_)),
-        capacity_(prometheus::BuildGauge()
-                      .Name("cxlkv_capacity_bytes")
-                      .Help("Pooled capacity by state")
-                      .Register(*registry_)),
-        hosts_(prometheus::BuildGauge()
-                   .Name("cxlkv_hosts")
-                   .Help("Hosts by state")
-                   .Register(*registry_)),
-        host_used_(prometheus::BuildGauge()
-                       .Name("cxlkv_host_used_bytes")
-                       .Help("Bytes each host reports in use")
-                       .Register(*registry_)),
-        host_extents_(prometheus::BuildGauge()
-                          .Name("cxlkv_host_extents")
-                          .Help("Extents each host holds")
-                          .Register(*registry_)),
-        entries_(prometheus::BuildGauge()
-                     .Name("cxlkv_prefix_entries")
-                     .Help("Shared prefix index entries by state")
-                     .Register(*registry_)),
-        events_(prometheus::BuildGauge()
-                    .Name("cxlkv_prefix_events")
-                    .Help("Owner counters since start (published, duplicates, retired, reclaimed, "
-                          "evicted, fenced, leases_expired, returns_waiting)")
-                    .Register(*registry_)),
-        traffic_(prometheus::BuildCounter()
-                     .Name("cxlkv_prefix_lookups_total")
-                     .Help("Prefix lookups hosts reported, by result")
-                     .Register(*registry_)),
-        step_(prometheus::BuildHistogram()
-                  .Name("cxlkv_owner_step_seconds")
-                  .Help("Owner step (apply, fence, evict, reclaim) latency")
-                  .Register(*registry_)),
-        step_hist_(step_.Add({}, prometheus::Histogram::BucketBoundaries{1e-5, 5e-5, 1e-4, 5e-4,
-                                                                         1e-3, 5e-3, 1e-2, 5e-2})),
-        hits_(traffic_.Add({{"result", "hit"}})),
-        misses_(traffic_.Add({{"result", "miss"}})) {
-    exposer_.RegisterCollectable(registry_);
-  }
-  void Update(const DomainState& s, const co::PrefixOwner& o, std::uint64_t extent_bytes) {
-    std::map<std::string, std::uint64_t> by_extent_state{
-        {"free", 0}, {"assigned", 0}, {"quarantined", 0}};
-    for (const ExtentInfo& e : s.extents()) ++by_extent_state[e.state_name()];
-    for (const auto& [name, n] : by_extent_state) {
-      extents_.Add({{"state", name}}).Set(static_cast<double>(n));
-      capacity_.Add({{"state", name}}).Set(static_cast<double>(n * extent_bytes));
-    }
-    std::map<std::string, int> by_state;
-    for (std::uint32_t h = 0; h < s.hosts().size(); ++h) {
-      const HostInfo& hi = s.hosts()[h];
-      if (hi.state == HostState::kAbsent) continue;
-      ++by_state[HostStateName(hi.state)];
-      host_used_.Add({{"host", std::to_string(h)}}).Set(static_cast<double>(hi.used_bytes));
-      host_extents_.Add({{"host", std::to_string(h)}}).Set(s.ExtentsOf(h));
-    }
-    for (const char* st : {"live", "fenced", "draining", "left"}) {
-      hosts_.Add({{"state", st}}).Set(by_state[st]);
-    }
-    entries_.Add({{"state", "published"}}).Set(o.published_entries());
-    entries_.Add({{"state", "retired"}}).Set(o.retired_entries());
-    const auto& st = o.stats();
-    events_.Add({{"event", "published"}}).Set(static_cast<double>(st.published));
-    events_.Add({{"event", "duplicates"}}).Set(static_cast<double>(st.duplicates));
-    events_.Add({{"event", "retired"}}).Set(static_cast<double>(st.retired));
-    events_.Add({{"event", "reclaimed"}}).Set(static_cast<double>(st.reclaimed));
-    events_.Add({{"event", "evicted"}}).Set(static_cast<double>(st.evicted));
-    events_.Add({{"event", "hosts_fenced"}}).Set(static_cast<double>(st.hosts_fenced));
-    events_.Add({{"event", "leases_expired"}}).Set(static_cast<double>(st.leases_expired));
-    events_.Add({{"event", "returns_waiting"}}).Set(static_cast<double>(st.returns_waiting));
-  }
-  void ObserveStep(double seconds) { step_hist_.Observe(seconds); }
-
-  // Orchestrator HA ([etcd]; docs/ha.md "Metrics"). Counters advance by what the election
-  // counted since the last update; the latencies are the ones drained since then.
-  struct HaView {
-    bool leading = false, read_only = false;
-    std::int64_t epoch = 0;
-    double last_takeover_unix_s = 0, last_takeover_s = 0;
-  };
-  void UpdateHa(const HaStats& h, const HaView& v) {
-    if (ha_ == nullptr) ha_ = std::make_unique<Ha>(*registry_);
-    Ha& m = *ha_;
-    auto advance = [](prometheus::Counter& c, std::uint64_t now, std::uint64_t& seen) {
-      if (now > seen) c.Increment(static_cast<double>(now - seen));
-      seen = now;
-    };
-    advance(m.won, h.elections_won, m.won_seen);
-    advance(m.step_downs, h.step_downs, m.step_downs_seen);
-    advance(m.state_writes, h.state_writes, m.state_writes_seen);
-    advance(m.state_write_failures, h.state_write_failures, m.state_write_failures_seen);
-    advance(m.keepalive_failures, h.keepalive_failures, m.keepalive_failures_seen);
-    for (double ms : h.etcd_call_ms) m.latency_hist.Observe(ms / 1000.0);
-    m.role.Add({{"role", "leader"}}).Set(v.leading ? 1 : 0);
-    m.role.Add({{"role", "read-only"}}).Set(v.read_only ? 1 : 0);
-    m.role.Add({{"role", "standby"}}).Set(v.leading || v.read_only ? 0 : 1);
-    m.read_only.Set(v.read_only ? 1 : 0);
-    m.epoch.Set(static_cast<double>(v.epoch));
-    if (v.last_takeover_unix_s > 0) {
-      m.last_takeover.Set(v.last_takeover_unix_s);
-      m.takeover_seconds.Set(v.last_takeover_s);
-    }
-  }
-  void Traffic(std::uint64_t hits, std::uint64_t misses) {
-    hits_.Increment(static_cast<double>(hits));
-    misses_.Increment(static_cast<double>(misses));
-  }
-
- private:
-  prometheus::Exposer exposer_;
-  std::shared_ptr<prometheus::Registry> registry_;
-  prometheus::Family<prometheus::Gauge>& extents_;
-  prometheus::Family<prometheus::Gauge>& capacity_;
-  prometheus::Family<prometheus::Gauge>& hosts_;
-  prometheus::Family<prometheus::Gauge>& host_used_;
-  prometheus::Family<prometheus::Gauge>& host_extents_;
-  prometheus::Family<prometheus::Gauge>& entries_;
-  prometheus::Family<prometheus::Gauge>& events_;
-  prometheus::Family<prometheus::Counter>& traffic_;
-  prometheus::Family<prometheus::Histogram>& step_;
-  prometheus::Histogram& step_hist_;
-  prometheus::Counter& hits_;
-  prometheus::Counter& misses_;
-
-  struct Ha {
-    explicit Ha(prometheus::Registry& r)
-        : won(prometheus::BuildCounter()
-                  .Name("cxlkv_ha_elections_won_total")
-                  .Help("Elections this orchestrator won (terms it led)")
-                  .Register(r)
-                  .Add({})),
-          step_downs(prometheus::BuildCounter()
-                         .Name("cxlkv_ha_step_downs_total")
-                         .Help("Leaderships that ended (deadline passed, lease lost, resigned)")
-                         .Register(r)
-                         .Add({})),
-          state_writes(prometheus::BuildCounter()
-                           .Name("cxlkv_ha_state_writes_total")
-                           .Help("Guarded transactions writing the domain's state to etcd")
-                           .Register(r)
-                           .Add({})),
-          state_write_failures(prometheus::BuildCounter()
-                                   .Name("cxlkv_ha_state_write_failures_total")
-                                   .Help("State writes refused by their guard or unanswered")
-                                   .Register(r)
-                                   .Add({})),
-          keepalive_failures(prometheus::BuildCounter()
-                                 .Name("cxlkv_ha_keepalive_failures_total")
-                                 .Help("Session keep-alives etcd did not answer")
-                                 .Register(r)
-                                 .Add({})),
-          latency_hist(
-              prometheus::BuildHistogram()
-                  .Name("cxlkv_ha_etcd_request_seconds")
-                  .Help("etcd request latency (keep-alives, campaigns, state reads and "
-                        "writes)")
-                  .Register(r)
-                  .Add({},
-                       prometheus::Histogram::BucketBoundaries{
-                           5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5})),
-          role(prometheus::BuildGauge()
-                   .Name("cxlkv_ha_role")
-                   .Help("1 for this orchestrator's role: leader, read-only or standby")
-                   .Register(r)),
-          read_only(prometheus::BuildGauge()
-                        .Name("cxlkv_ha_read_only")
-                        .Help("1 while the leader serves read-only (etcd unreachable)")
-                        .Register(r)
-                        .Add({})),
-          epoch(prometheus::BuildGauge()
-                    .Name("cxlkv_ha_epoch")
-                    .Help("The epoch this orchestrator leads at (0: it does not)")
-                    .Register(r)
-                    .Add({})),
-          last_takeover(prometheus::BuildGauge()
-                            .Name("cxlkv_ha_last_takeover_timestamp_seconds")
-                            .Help("When this orchestrator last took the domain over (Unix time)")
-                            .Register(r)
-                            .Add({})),
-          takeover_seconds(prometheus::BuildGauge()
-                               .Name("cxlkv_ha_last_takeover_seconds")
-                               .Help("The last takeover, from winning the election to serving")
-                               .Register(r)
-                               .Add({})) {}
-    prometheus::Counter& won;
-    prometheus::Counter& step_downs;
-    prometheus::Counter& state_writes;
-    prometheus::Counter& state_write_failures;
-    prometheus::Counter& keepalive_failures;
-    prometheus::Histogram& latency_hist;
-    prometheus::Family<prometheus::Gauge>& role;
-    prometheus::Gauge& read_only;
-    prometheus::Gauge& epoch;
-    prometheus::Gauge& last_takeover;
-    prometheus::Gauge& takeover_seconds;
-    std::uint64_t won_seen = 0, step_downs_seen = 0, state_writes_seen = 0;
-    std::uint64_t state_write_failures_seen = 0, keepalive_failures_seen = 0;
-  };
-  std::unique_ptr<Ha> ha_;  // created on the first UpdateHa (only with [etcd])
-};
-
-// ---- RPC service ------------------------------------------------------------------------------
-
-class Service final : public pb::Orchestrator::Service {
- public:
-  explicit Service(Orchestrator& o) : o_(o) {}
-
-  // Every call: a TCP peer must carry the token; a Unix-socket peer was let in by the
-  // accept loop, which checked its uid before gRPC saw the connection.
-  grpc::Status Check(grpc::ServerContext* ctx) {
-    const std::string peer = ctx->peer();
-    if (absl::StartsWith(peer, "ipv4:") || absl::StartsWith(peer, "ipv6:")) {
-      // A TCP peer (rpc.tcp): the token decides.
-      const auto& md = ctx->client_metadata();
-      const auto it = md.find("authorization");
-      if (it == md.end() || !TokenMatches(absl::string_view(it->second.data(), it->second.size()),
-                                          o_.config().token)) {
-        return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                            absl::StrCat("peer ", peer,
-                                         ": missing or wrong token (the client "
-                                         "reads it from CXLKV_RPC_TOKEN_FILE; the daemon from "
-                                         "rpc.token_file)"));
-      }
-      return grpc::Status::OK;
-    }
-    // Channels made from an accepted descriptor are named "fd:N"; the server listens on
-    // nothing else, so anything else is a transport this check does not know.
-    if (!absl::StartsWith(peer, "fd:")) {
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          absl::StrCat("peer ", peer, ": not a connection this daemon accepted"));
-    }
-    return grpc::Status::OK;
-  }
-
-  void FillExtent(const DomainState& s, std::uint32_t i, std::int64_t now, pb::Extent* e) {
-    const ExtentInfo& x = s.extents()[i];
-    e->set_index(i);
-    e->set_offset(s.extent_offset(i));
-    e->set_length(s.config().extent_bytes);
-    const std::uint32_t holder = x.quarantined ? x.former_host : x.host;
-    e->set_host_id(holder == ExtentInfo::kNoHost ? 0 : holder);
-    e->set_incarnation(x.incarnation);
-    e->set_expires_in_ms(x.free() ? 0 : std::max<std::int64_t>(0, x.expires_ms - now));
-    e->set_state(x.state_name());
-    e->set_arena(x.arena);
-  }
-
-  grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* req,
-                    pb::JoinReply* rep) override {
-    if (auto st = Check(ctx); !st.ok()) return st;
-    absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
-    auto inc = o_.state_.Join(req->host_id(), req->hostname(), o_.NowMs());
-    if (!inc.ok()) return ToGrpc(inc.status());
-    if (auto st = o_.SaveLocked(); !st.ok()) return ToGrpc(st);
-    const Config& c = o_.config();
-    rep->set_incarnation(*inc);
-    rep->set_epoch(o_.epoch_locked());
-    rep->set_heartbeat_period_ms(c.heartbeat_period_ms);
-    rep->set_host_ttl_ms(c.host_ttl_ms);
-    rep->set_domain_spec(c.prefix_domain);
-    rep->set_pool_spec(c.pool);
-    rep->set_extent_bytes(c.extent_bytes);
-    return grpc::Status::OK;
-  }
-
-  grpc::Status Heartbeat(grpc::ServerContext* ctx, const pb::HeartbeatRequest* req,
-                         pb::HeartbeatReply* rep) override {
-    if (auto st = Check(ctx); !st.ok()) return st;
-    o_.CountPrefixTraffic(req->prefix_hits(), req->prefix_misses());
-    absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ReadableLocked(); !st.ok()) return ToGrpc(st);
-    rep->set_epoch(o_.epoch_locked());
-    const std::int64_t now = o_.NowMs();
-    const absl::Status st =
-        o_.state_.Heartbeat(req->host_id(), req->incarnation(), req->used_bytes(), now);
-    if (absl::IsFailedPrecondition(st)) {
-      rep->set_fenced(true);
-      return grpc::Status::OK;
-    }
-    if (!st.ok()) return ToGrpc(st);
-    rep->set_draining(o_.state_.hosts()[req->host_id()].state == HostState::kDraining);
-    for (std::uint32_t i = 0; i < o_.state_.extents().size(); ++i) {
-      const ExtentInfo& e = o_.state_.extents()[i];
-      if (e.host == req->host_id() && e.incarnation == req->incarnation()) {
-        FillExtent(o_.state_, i, now, rep->add_extents());
-      }
-    }
-    return grpc::Status::OK;
-  }
-
-  grpc::Status Leave(grpc::ServerContext* ctx, const pb::LeaveRequest* req,
-                     pb::LeaveReply* rep) override {
-    if (auto st = Check(ctx); !st.ok()) return st;
-    absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
-    if (auto st = o_.state_.Leave(req->host_id(), req->incarnation(), o_.NowMs()); !st.ok()) {
-      return ToGrpc(st);
-    }
-    rep->set_epoch(o_.epoch_locked());
-    return ToGrpc(o_.SaveLocked());
-  }
-
-  grpc::Status Grow(grpc::ServerContext* ctx, const pb::GrowRequest* req,
-                    pb::GrowReply* rep) override {
-    if (auto st = Check(ctx); !st.ok()) return st;
-    if (req->extents() > 1024) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "grow by at most 1024 extents a call");
-    }
-    absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
-    const std::int64_t now = o_.NowMs();
-    auto got = o_.state_.Grow(req->host_id(), req->incarnation(), req->extents(), now);
-    if (!got.ok()) return ToGrpc(got.status());
-    // Durable before the host may write into them.
-    if (auto st = o_.SaveLocked(); !st.ok()) {
-      // Never revealed to the host: straight back to free.
-      (void)o_.state_.Shrink(req->host_id(), req->incarnation(), *got, now);
-      for (std::uint32_t i : *got) o_.state_.ReleaseQuarantine(i);
-      return ToGrpc(st);
-    }
-    for (std::uint32_t i : *got) FillExtent(o_.state_, i, now, rep->add_granted());
-    rep->set_epoch(o_.epoch_locked());
-    return grpc::Status::OK;
-  }
-
-  grpc::Status Shrink(grpc::ServerContext* ctx, const pb::ShrinkRequest* req,
-                      pb::ShrinkReply* rep) override {
-    if (auto st = Check(ctx); !st.ok()) return st;
-    std::vector<std::uint32_t> ext(req->extents().begin(), req->extents().end());
-    absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
-    if (auto st = o_.state_.Shrink(req->host_id(), req->incarnation(), ext, o_.NowMs()); !st.ok()) {
-      return ToGrpc(st);
-    }
-    rep->set_epoch(o_.epoch_locked());
-    return ToGrpc(o_.SaveLocked());
-  }
-
-  grpc::Status Status(grpc::ServerContext* ctx, const pb::StatusRequest*,
-                      pb::StatusReply* rep) override {
-    if (auto st = Check(ctx); !st.ok()) return st;
-    // The candidates from etcd, before the lock (etcd may be slow or away; then none listed).
-    std::vector<std::string> candidates;
-    if (o_.ha()) {
-      if (auto c = o_.CandidatesInEtcd(); c.ok()) candidates = *std::move(c);
-    }
-    absl::MutexLock l(&o_.mu_);
-    const Config& c = o_.config();
-    rep->set_domain_spec(c.prefix_domain);
-    rep->set_pool_spec(c.pool);
-    rep->set_pool_bytes(o_.pool_bytes());
-    rep->set_extent_bytes(c.extent_bytes);
-    rep->set_role(o_.RoleLocked());
-    // This one's epoch while it leads (or serves read-only); a standby's: the leader's.
-    rep->set_epoch(o_.epoch_locked() != 0 ? o_.epoch_locked() : o_.LeaderEpochLocked());
-    rep->set_leader(o_.LeaderLocked());
-    rep->set_uptime_ms(o_.NowMs() - o_.started_ms());
-    rep->set_read_only_since(o_.ReadOnlySinceLocked());
-    for (std::string& n : o_.UnmatchedNamespacesLocked())
-      rep->add_unmatched_namespaces(std::move(n));
-    for (std::string& cand : candidates) {
-      if (cand != rep->leader()) rep->add_standbys(std::move(cand));
-    }
-    // A standby knows the configuration and who leads; the domain's state is the leader's.
-    if (!o_.ReadableLocked().ok()) return grpc::Status::OK;
-    std::uint32_t free = 0, assigned = 0, quarantined = 0;
-    for (const ExtentInfo& e : o_.state_.extents()) {
-      (e.free() ? free : e.quarantined ? quarantined : assigned)++;
-    }
-    rep->set_extents_total(free + assigned + quarantined);
-    rep->set_extents_free(free);
-    rep->set_extents_assigned(assigned);
-    rep->set_extents_quarantined(quarantined);
-    std::uint32_t live = 0, fenced = 0;
-    for (const HostInfo& h : o_.state_.hosts()) {
-      live += h.state == HostState::kLive || h.state == HostState::kDraining;
-      fenced += h.state == HostState::kFenced;
-    }
-    rep->set_hosts_live(live);
-    rep->set_hosts_fenced(fenced);
-    const auto& st = o_.owner_->stats();
-    rep->set_prefixes_published(o_.owner_->published_entries());
-    rep->set_prefix_duplicates(st.duplicates);
-    rep->set_prefixes_reclaimed(st.reclaimed);
-    rep->set_prefixes_evicted(st.evicted);
-    rep->set_recovered_at_start(o_.state_.recovered_extents());
-    return grpc::Status::OK;
-  }
-
-  grpc::Status Hosts(grpc::ServerContext* ctx, const pb::HostsRequest*,
-                     pb::HostsReply* rep) override {
-    if (auto st = Check(ctx); !st.ok()) return st;
-    absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ReadableLocked(); !st.ok()) return ToGrpc(st);
-    const std::int64_t now = o_.NowMs();
-    for (std::uint32_t i = 0; i < o_.state_.hosts().size(); ++i) {
-      const HostInfo& h = o_.state_.hosts()[i];
-      if (h.state == HostState::kAbsent) continue;
-      pb::Host* x = rep->add_hosts();
-      x->set_host_id(i);
-      x->set_incarnation(h.incarnation);
-      x->set_state(HostStateName(h.state));
-      x->set_last_heartbeat_ms_ago(now - h.last_heartbeat_ms);
-      x->set_extents(o_.state_.ExtentsOf(i));
-      x->set_used_bytes(h.used_bytes);
-      x->set_hostname(h.hostname);
-    }
-    return grpc::Status::OK;
-  }
-
-  grpc::Status Extents(grpc::ServerContext* ctx, const pb::ExtentsRequest*,
-                       pb::ExtentsReply* rep) override {
-    if (auto st = Check(ctx); !st.ok()) return st;
-    absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ReadableLocked(); !st.ok()) return ToGrpc(st);
-    const std::int64_t now = o_.NowMs();
-    for (std::uint32_t i = 0; i < o_.state_.extents().size(); ++i) {
-      FillExtent(o_.state_, i, now, rep->add_extents());
-    }
-    return grpc::Status::OK;
-  }
-
-  grpc::Status Prefixes(grpc::ServerContext* ctx, const pb::PrefixesRequest* req,
-                        pb::PrefixesReply* rep) override {
-    if (auto st = Check(ctx); !st.ok()) return st;
-    absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ReadableLocked(); !st.ok()) return ToGrpc(st);
-    const co::PrefixOwner& owner = *o_.owner_;
-    std::uint32_t published = 0, retired = 0;
-    for (std::uint32_t i = 0; i < owner.header().index_entries; ++i) {
-      const co::EntryState s = owner.entry_state(i);
-      if (s != co::EntryState::kPublished && s != co::EntryState::kRetired) continue;
-      (s == co::EntryState::kPublished ? published : retired)++;
-      if (req->limit() != 0 && static_cast<std::uint32_t>(rep->prefixes_size()) >= req->limit())
-        continue;
-      const co::IndexEntry e = owner.entry(i);
-      pb::Prefix* p = rep->add_prefixes();
-      p->set_entry(i);
-      p->set_state(EntryStateName(e.state));
-      p->set_ns(e.ns);
-      p->set_key(co::FormatKey({e.key[0], e.key[1]}));
-      p->set_publisher(e.publisher);
-      p->set_block_index(e.ref.index);
-    }
-    rep->set_published(published);
-    rep->set_retired(retired);
-    return grpc::Status::OK;
-  }
-
-  grpc::Status Drain(grpc::ServerContext* ctx, const pb::DrainRequest* req,
-                     pb::DrainReply*) override {
-    if (auto st = Check(ctx); !st.ok()) return st;
-    absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
-    if (auto st = o_.state_.Drain(req->host_id()); !st.ok()) return ToGrpc(st);
-    return ToGrpc(o_.SaveLocked());
-  }
-
-  grpc::Status Evict(grpc::ServerContext* ctx, const pb::EvictRequest* req,
-                     pb::EvictReply* rep) override {
-    if (auto st = Check(ctx); !st.ok()) return st;
-    const NamespaceConfig* found = nullptr;
-    for (const NamespaceConfig& n : o_.config().namespaces) {
-      if (n.Name() == req->ns()) found = &n;
-    }
-    if (found == nullptr) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                          absl::StrCat("no [[namespace]] '", req->ns(),
-                                       "' in the config (name it tenant/model/layout)"));
-    }
-    absl::MutexLock l(&o_.mu_);
-    if (auto st = o_.ServingLocked(); !st.ok()) return ToGrpc(st);
-    // An owner write outside the owner loop: the same fence check as a batch.
-    if (!o_.OwnerBatchMayRunLocked()) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "this orchestrator stopped leading the domain: retry against the leader");
-    }
-    rep->set_retired(
-        o_.owner_->RetireNamespace(co::MakeNamespace(found->tenant, found->model, found->layout)));
-    o_.EndBatchLocked();
-    return grpc::Status::OK;
-  }
-
- private:
-  Orchestrator& o_;
-};
-
-// ---- the daemon -------------------------------------------------------------------------------
 
 Orchestrator::Orchestrator(const Config& c, std::uint64_t pool_bytes)
     // [lmcache]: the pool's last extents are the coordinator's, never lent to hosts.
     : state_(c, coordinator::HostPoolBytes(c.lmcache, pool_bytes, c.extent_bytes)), config_(c) {}
 
 Orchestrator::~Orchestrator() { Stop(); }
-
-namespace {
-
-// The message for a metrics.listen this daemon cannot listen on (Open probes it before anything
-// is written; Start, which binds it for real, says the same if it was taken in between).
-absl::Status MetricsListenRefused(const std::string& listen, absl::string_view why) {
-  return absl::UnavailableError(
-      absl::StrCat("metrics.listen '", listen,
-                   "': cannot listen there (the address is in use or not this machine's; ", why,
-                   "): choose another HOST:PORT, or \"\" to turn metrics off"));
-}
-
-// Whether HOST:PORT can be bound now (SO_REUSEADDR, as the HTTP server binds it).
-absl::Status ProbeListen(const std::string& listen) {
-  const std::size_t colon = listen.rfind(':');
-  if (colon == std::string::npos) return MetricsListenRefused(listen, "no :PORT");
-  std::string host = listen.substr(0, colon);
-  const std::string port = listen.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  if (const int rc =
-          ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &res);
-      rc != 0) {
-    return MetricsListenRefused(listen, absl::StrCat("getaddrinfo: ", ::gai_strerror(rc)));
-  }
-  int err = 0;
-  for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      err = errno;
-      continue;
-    }
-    const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    const bool bound = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0;
-    if (!bound) err = errno;
-    ::close(fd);
-    if (bound) {
-      ::freeaddrinfo(res);
-      return absl::OkStatus();
-    }
-  }
-  ::freeaddrinfo(res);
-  return MetricsListenRefused(listen, absl::StrCat("bind: ", base::ErrnoText(err)));
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c,
                                                                  const OpenOptions& options) {
@@ -980,7 +401,7 @@ absl::Status Orchestrator::Start() {
   }
   listen_fd_ = fd;
   ::chmod(config_.socket.c_str(), 0666);  // access is decided by peer credentials
-  service_ = std::make_unique<Service>(*this);
+  service_ = MakeOrchestratorService(*this);
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
   directory_service_ = MakeDirectoryService(config_);
@@ -1637,16 +1058,8 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
 void Orchestrator::LeadLmcache(std::int64_t revision) {
   // The coordinator's state is in etcd beside the domain's (orchestrator/lmcache/); an error
   // leaves it answering 503 with the reason while the domain is led as usual.
-  coordinator::EtcdPlace place;
-  place.endpoints = config_.etcd.endpoints;
-  place.domain_key = ha_->where();
-  place.call_timeout_ms = config_.etcd.call_timeout_ms;
-  place.user = config_.etcd.user;
-  place.password = config_.etcd.password;
-  place.ca_pem = config_.etcd.ca_pem;
-  place.cert_pem = config_.etcd.cert_pem;
-  place.key_pem = config_.etcd.key_pem;
-  auto store = coordinator::EtcdStateStore(place, revision);
+  // On the [etcd] section's client options, as the HA session's own clients (ha_etcd.cc).
+  auto store = ha_->CoordinatorStore(revision);
   if (!store.ok()) {
     std::fprintf(stderr, "cxlkv-orchestrator: lmcache: %s\n",
                  std::string(store.status().message()).c_str());

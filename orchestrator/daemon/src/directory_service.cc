@@ -9,6 +9,7 @@
 #include "cxlkv/orchestrator/directory_reader.h"
 #include "cxlkv/orchestrator/token.h"
 #include "directory.grpc.pb.h"
+#include "etcd_options.h"
 
 namespace cxlkv::orchestrator {
 
@@ -29,14 +30,8 @@ class DirectoryService final : public dpb::Directory::Service {
       absl::MutexLock l(&mu_);
       if (reader_ == nullptr) {
         directory::ReaderOptions o;
-        o.endpoints = c_.etcd.endpoints;
+        o.client = EtcdClientOptions(c_.etcd);
         o.cluster = c_.etcd.cluster;
-        o.call_timeout_ms = c_.etcd.call_timeout_ms;
-        o.user = c_.etcd.user;
-        o.password = c_.etcd.password;
-        o.ca_pem = c_.etcd.ca_pem;
-        o.cert_pem = c_.etcd.cert_pem;
-        o.key_pem = c_.etcd.key_pem;
         // This domain's own publish secret and the other domains' (keys.directory_files):
         // keyed summaries under any other secret answer key_held = false.
         if (!c_.keys.publish_secret.empty()) o.publish_secrets.push_back(c_.keys.publish_secret);

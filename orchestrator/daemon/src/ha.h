@@ -17,6 +17,10 @@
 #include "cxlkv/orchestrator/config.h"
 #include "fence.h"
 
+namespace cxlkv::coordinator {
+class StateStore;
+}
+
 namespace cxlkv::orchestrator {
 
 // A term as etcd numbers it. The domain's epoch of the term (what hosts compare and the fence
@@ -101,6 +105,12 @@ class HaSession : public WriteGate {
   virtual absl::StatusOr<std::vector<std::string>> Candidates() = 0;
   // Where the domain lives in etcd, for messages: "/cxlkv/v1/C/domains/D".
   virtual std::string where() const = 0;
+
+  // [lmcache] (orchestrator/lmcache/): the coordinator's state in etcd beside the domain's
+  // (where()/lmcache/), written only while the term etcd numbered `revision` leads. On a client
+  // of its own, made from the same [etcd] options as the session's (no I/O here).
+  virtual absl::StatusOr<std::unique_ptr<coordinator::StateStore>> CoordinatorStore(
+      std::int64_t revision) = 0;
 };
 
 }  // namespace cxlkv::orchestrator

@@ -14,9 +14,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cxlkv/coordinator/etcd_store.h"
 #include "cxlkv/orchestrator/directory.h"
 #include "cxlkv/orchestrator/election.h"
 #include "cxlkv/orchestrator/etcd.h"
+#include "etcd_options.h"
 #include "ha.h"
 
 namespace cxlkv::orchestrator {
@@ -218,6 +220,14 @@ class EtcdHa final : public HaSession {
 
   std::string where() const override { return where_; }
 
+  absl::StatusOr<std::unique_ptr<coordinator::StateStore>> CoordinatorStore(
+      std::int64_t revision) override {
+    coordinator::EtcdPlace place;
+    place.client = EtcdClientOptions(c_.etcd);
+    place.domain_key = where_;
+    return coordinator::EtcdStateStore(place, revision);
+  }
+
  private:
   std::string StateKey() const { return where_ + "/state"; }
 
@@ -285,15 +295,8 @@ class EtcdHa final : public HaSession {
 absl::StatusOr<std::unique_ptr<HaSession>> HaSession::Create(const Config& c,
                                                              const std::string& self,
                                                              coherence::Clock* clock) {
-  ed::ClientOptions o;
-  o.endpoints = c.etcd.endpoints;
-  o.call_timeout_ms = c.etcd.call_timeout_ms;
+  ed::ClientOptions o = EtcdClientOptions(c.etcd);
   o.attempt_timeout_ms = std::max<std::uint32_t>(c.etcd.call_timeout_ms / 2, 100);
-  o.user = c.etcd.user;
-  o.password = c.etcd.password;
-  o.ca_pem = c.etcd.ca_pem;
-  o.cert_pem = c.etcd.cert_pem;
-  o.key_pem = c.etcd.key_pem;
   auto client = ed::Client::Create(o);
   if (!client.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("etcd.endpoints: ", client.status().message()));

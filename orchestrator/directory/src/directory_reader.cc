@@ -16,15 +16,8 @@ std::int64_t UnixMs() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DirectoryReader>> DirectoryReader::Open(const ReaderOptions& o) {
-  etcd::ClientOptions co;
-  co.endpoints = o.endpoints;
-  co.call_timeout_ms = o.call_timeout_ms;
-  co.attempt_timeout_ms = std::max<std::uint32_t>(o.call_timeout_ms / 2, 100);
-  co.user = o.user;
-  co.password = o.password;
-  co.ca_pem = o.ca_pem;
-  co.cert_pem = o.cert_pem;
-  co.key_pem = o.key_pem;
+  etcd::ClientOptions co = o.client;
+  co.attempt_timeout_ms = std::max<std::uint32_t>(co.call_timeout_ms / 2, 100);
   std::vector<PublishedKeyer> keyers;
   for (std::size_t i = 0; i < o.publish_secrets.size(); ++i) {
     auto k = PublishedKeyer::Create(o.publish_secrets[i]);
@@ -39,7 +32,7 @@ absl::StatusOr<std::unique_ptr<DirectoryReader>> DirectoryReader::Open(const Rea
   std::unique_ptr<DirectoryReader> r(new DirectoryReader(o, *std::move(c)));
   r->keyers_ = std::move(keyers);
   if (auto st = r->Refresh(); !st.ok()) {
-    if (o.user.empty() && absl::StrContains(st.message(), "user name is empty")) {
+    if (o.client.user.empty() && absl::StrContains(st.message(), "user name is empty")) {
       return absl::Status(st.code(), absl::StrCat(st.message(),
                                                   " (etcd requires authentication: give the "
                                                   "reader an etcd user and its password)"));

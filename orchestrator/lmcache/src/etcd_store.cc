@@ -11,6 +11,8 @@
 // chunks first, one transaction each, then flips the head to it in one transaction that also
 // deletes the journal, every other generation and the old single value: until the flip the
 // old generation is the live one, whatever happened to the chunk writes.
+#include "cxlkv/coordinator/etcd_store.h"
+
 #include <algorithm>
 #include <cstdio>
 
@@ -21,8 +23,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cxlkv/coherence/crc32c.h"
-#include "cxlkv/coordinator/service.h"
-#include "cxlkv/orchestrator/etcd.h"
 #include "nlohmann/json.hpp"
 
 namespace cxlkv::coordinator {
@@ -322,15 +322,8 @@ class EtcdStore : public StateStore {
 
 absl::StatusOr<std::unique_ptr<StateStore>> EtcdStateStore(const EtcdPlace& place,
                                                            std::int64_t epoch) {
-  ed::ClientOptions o;
-  o.endpoints = place.endpoints;
-  o.call_timeout_ms = place.call_timeout_ms;
-  o.attempt_timeout_ms = std::min<std::uint32_t>(o.attempt_timeout_ms, place.call_timeout_ms);
-  o.user = place.user;
-  o.password = place.password;
-  o.ca_pem = place.ca_pem;
-  o.cert_pem = place.cert_pem;
-  o.key_pem = place.key_pem;
+  ed::ClientOptions o = place.client;
+  o.attempt_timeout_ms = std::min<std::uint32_t>(o.attempt_timeout_ms, o.call_timeout_ms);
   auto client = ed::Client::Create(o);
   if (!client.ok()) return client.status();
   return std::unique_ptr<StateStore>(new EtcdStore(*std::move(client), place, epoch));

@@ -54,7 +54,6 @@ class DomainLock;
 class FencedMem;
 class HaSession;
 class Metrics;
-class Service;
 class WriteBackAgent;
 struct LeaderTerm;
 
@@ -214,7 +213,7 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::unique_ptr<pool::Region> pool_;
   std::unique_ptr<pool::Region> domain_region_;
   std::unique_ptr<coherence::DirectMem> domain_mem_;
-  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Service> service_;            // the Orchestrator RPC (service.h)
   std::unique_ptr<grpc::Service> directory_service_;  // the Directory RPC (directory.proto)
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Metrics> metrics_;

@@ -47,18 +47,17 @@
 namespace cxlkv::orchestrator::directory {
 
 struct ReaderOptions {
-  std::vector<std::string> endpoints;  // etcd members, host:port
+  // The etcd client's: the members (host:port), the call timeout, authentication and TLS (the
+  // daemon makes them from its [etcd] section, as for its other etcd clients; cxlkvctl from
+  // --etcd, CXLKV_ETCD_USER, CXLKV_ETCD_PASSWORD_FILE and CXLKV_ETCD_CA). One attempt on one
+  // member is bounded by half the call timeout (at least 100 ms), whatever attempt_timeout_ms
+  // says.
+  etcd::ClientOptions client;
   std::string cluster = "default";
   bool follow = true;  // keep the cache current with a watch
-  std::uint32_t call_timeout_ms = 2000;
   // The publish secrets of the domains whose keyed summaries this reader may match (each at
   // least kMinPublishSecret bytes; Open refuses a shorter one, naming its position).
   std::vector<std::string> publish_secrets;
-  // etcd authentication and TLS, as etcd::ClientOptions takes them (the daemon passes its
-  // [etcd] section's; cxlkvctl reads CXLKV_ETCD_USER, CXLKV_ETCD_PASSWORD_FILE, CXLKV_ETCD_CA).
-  // "" : none / plaintext.
-  std::string user, password;
-  std::string ca_pem, cert_pem, key_pem;
 };
 
 class DirectoryReader {

@@ -48,31 +48,6 @@ struct WireRequest {
 absl::StatusOr<WireRequest> ParseBody(absl::string_view route, absl::string_view body,
                                       std::uint32_t max_batch);
 
-// Where a domain with [etcd] keeps the coordinator's state: <domain_key>/lmcache/ (head,
-// gen/<generation>/<chunk>, journal/<seq>), beside the daemon's <domain_key>/leader and /state
-// (docs/ha.md "Keys", docs/lmcache.md "The state in etcd").
-struct EtcdPlace {
-  std::vector<std::string> endpoints;  // the [etcd] section's
-  std::string domain_key;              // "/cxlkv/v1/<cluster>/domains/<domain>"
-  std::uint32_t call_timeout_ms = 1000;
-  // etcd authentication and TLS, as the [etcd] section resolved them ("" : none).
-  std::string user, password, ca_pem, cert_pem, key_pem;
-  // The snapshot is written in chunks of at most this many bytes, one etcd request each;
-  // halved (down to 1 KiB) each time etcd refuses one as too large (its --max-request-bytes,
-  // 1.5 MiB by default), and kept so for the store's life.
-  std::uint32_t snapshot_chunk_bytes = 1u << 20;
-  // Journal records read per request when loading (each reply stays small).
-  std::uint32_t journal_read_batch = 1000;
-  // Tests: called once a new generation's chunks are all written, before the flip.
-  std::function<void()> before_flip;
-};
-
-// The coordinator's state in etcd for the leader of `epoch` (the leader key's create
-// revision): every write is a transaction that holds only while that leader key is there.
-// kFailedPrecondition in a build without the etcd client.
-absl::StatusOr<std::unique_ptr<StateStore>> EtcdStateStore(const EtcdPlace& place,
-                                                           std::int64_t epoch);
-
 class Service {
  public:
   // c must be resolved (ResolveCoordinatorConfig). The region is the pool's last

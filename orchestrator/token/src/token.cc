@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cxlkv/base/errno.h"
-#include "cxlkv/pool/region.h"
 
 namespace cxlkv::orchestrator {
 
