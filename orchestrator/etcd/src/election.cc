@@ -45,11 +45,20 @@ LeaderElection::~LeaderElection() { Stop(); }
 void LeaderElection::Stop() {
   {
     absl::MutexLock l(&mu_);
-    if (stop_.exchange(true)) return;
+    stop_.store(true);
     wake_ = true;
+    // (StopCampaigning may have set stop_: the threads are still to be joined here.)
+    if (joined_) return;
+    joined_ = true;
   }
   if (election_thread_.joinable()) election_thread_.join();
   if (keepalive_thread_.joinable()) keepalive_thread_.join();
+}
+
+void LeaderElection::StopCampaigning() {
+  absl::MutexLock l(&mu_);
+  stop_.store(true);
+  wake_ = true;
 }
 
 bool LeaderElection::WriteAllowed() const {

@@ -102,6 +102,10 @@ class LeaderElection {
   // Steps down if leading (the lease is revoked, so a successor may start at once) and ends
   // the threads. Idempotent.
   void Stop();
+  // Campaigns no more: the election thread ends its current term (if any) and its session
+  // (the lease is revoked) and exits; the threads are joined by Stop. Unlike Stop, a
+  // callback may call it (a candidate that must never lead, found so in its takeover).
+  void StopCampaigning();
 
   // Whether this candidate leads and its write deadline has not passed. Once it answered
   // false for a passed deadline it stays false for the rest of the session (a late keep-alive
@@ -154,6 +158,7 @@ class LeaderElection {
   bool session_lost_ ABSL_GUARDED_BY(mu_) = false;  // the keep-alive found the lease gone/late
   std::string resign_why_ ABSL_GUARDED_BY(mu_);     // non-empty: Resign was called
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool joined_ ABSL_GUARDED_BY(mu_) = false;  // Stop is joining (or joined) the threads
   ElectionStats stats_ ABSL_GUARDED_BY(mu_);
 
   std::thread election_thread_, keepalive_thread_;
