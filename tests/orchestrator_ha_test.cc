@@ -2690,15 +2690,20 @@ TEST_F(HaTest, AWrongKeysCandidateStopsCampaigningAndExits) {
   EXPECT_NE(why.find(wrong.substr(0, wrong.size() - 1)), std::string::npos) << why;
   EXPECT_NE(why.find("campaigns no more"), std::string::npos) << why;
   // Its session ends (the lease revoked: no candidate or leader key of it), and it never
-  // campaigns again: well past the election's retry pause (500 ms), still nothing.
+  // campaigns again: well past the election's retry pause (500 ms), not one change under its
+  // keys (a watch sees even a campaign refused within milliseconds).
   EXPECT_TRUE(Eventually([&] { return wrong_keys() == 0; }, milliseconds(3000)));
+  auto watch = etcd->NewWatch(wrong, orch::etcd::PrefixEnd(wrong));
+  ASSERT_TRUE(watch.ok()) << watch.status();
+  std::vector<std::string> changed;
   const std::int64_t t0 = NowMs();
-  std::size_t seen = 0;
   while (NowMs() - t0 < 1500) {
-    seen = std::max(seen, wrong_keys());
-    std::this_thread::sleep_for(milliseconds(20));
+    auto ev = (*watch)->Next(milliseconds(100));
+    ASSERT_TRUE(ev.ok()) << ev.status();
+    for (const orch::etcd::Event& e : *ev) changed.push_back(e.kv.key);
   }
-  EXPECT_EQ(seen, 0u) << "the wrong-keys candidate campaigned again";
+  EXPECT_TRUE(changed.empty()) << "the wrong-keys candidate campaigned again: " << changed.size()
+                               << " changes, the first " << changed[0];
   {
     absl::MutexLock l(&(*o)->mu_);
     EXPECT_NE((*o)->RoleLocked(), "leader");
