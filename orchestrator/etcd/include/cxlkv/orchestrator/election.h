@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cxlkv/coherence/mem.h"
 #include "cxlkv/orchestrator/etcd.h"
+#include "cxlkv/orchestrator/write_deadline.h"
 
 namespace cxlkv::orchestrator::etcd {
 
@@ -148,10 +149,9 @@ class LeaderElection {
 
   std::atomic<bool> stop_{false};
   std::atomic<std::int64_t> epoch_{0};        // leading: the epoch, else 0
-  std::atomic<std::int64_t> valid_until_{0};  // session: last answered keep-alive's deadline
-  // The session's gate closed (a WriteAllowed call found the deadline passed): it stays closed
-  // until a new session, whatever keep-alive answers arrive.
-  mutable std::atomic<bool> closed_{false};
+  // The session's write deadline and its sticky gate (write_deadline.h): moved by each
+  // keep-alive answered in time, closed for the session once found passed.
+  WriteDeadline gate_;
 
   mutable absl::Mutex mu_;
   std::int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
