@@ -2325,6 +2325,63 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
   EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
+// The LMCache coordinator of a leader past its write deadline answers nothing (503), already
+// before the election's step-down stands it by (held back here: the step-down waits for the
+// orchestrator's lock, which the test holds): a deposed coordinator must not answer beside its
+// successor's (docs/lmcache.md "Fail-over"). The gate is the one the daemon hands it
+// (Orchestrator::LeadLmcache); forced open, /readyz answers 200 after the jump.
+TEST_F(HaTest, LmcacheCoordinatorStopsServingAtTheWriteDeadline) {
+  char tmpl[] = "/tmp/cxlkv-ha-lmcgate-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string token = "ha-test-lmcache-token-0123456789";
+  std::ofstream(dir + "/tokens") << token << "\n";
+  ::chmod((dir + "/tokens").c_str(), 0600);
+  // A free port for the coordinator (lmcache.listen; the in-process daemon logs it only).
+  const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  ::close(probe);
+  auto c = orch::ParseConfig(
+      "[domain]\nname = \"lmcgate\"\npool = \"file:" + dir +
+          "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
+          "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
+          "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n[rpc]\nsocket = \"" + dir +
+          "/o.sock\"\n[metrics]\nlisten = \"\"\n[lmcache]\nlisten = \"127.0.0.1:" +
+          std::to_string(port) + "\"\ntoken_file = \"" + dir +
+          "/tokens\"\nlayout_id = \"ha-test\"\nregion_size = \"16M\"\nalignment = \"4K\"\n"
+          "[etcd]\nendpoints = " +
+          etcd_->EndpointsToml() + "\nnode = \"solo\"\nttl_s = 3\n",
+      "lmcgate.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  JumpingClock clock;
+  auto o = orch::Orchestrator::Open(
+      *c, orch::OpenOptions{.new_domain = true, .clock = &clock, .write_back_agent = false});
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_TRUE((*o)->Start().ok());
+  ASSERT_TRUE(Eventually([&] { return Http(port, "GET", "/readyz", "").first == 200; },
+                         milliseconds(10000)))
+      << "the leader's coordinator never served";
+  {
+    absl::MutexLock l(&(*o)->mu_);
+    clock.Jump(10'000);
+    EXPECT_EQ(Http(port, "GET", "/readyz", "").first, 503)
+        << "the coordinator answers past the leader's write deadline";
+    const auto lookup = Http(port, "POST", "/v1/lookup", token, "{}");
+    EXPECT_EQ(lookup.first, 503) << lookup.second;
+    EXPECT_NE(lookup.second.find("write deadline passed"), std::string::npos) << lookup.second;
+  }
+  (*o)->Stop();
+  o->reset();
+  const std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
 // Bad input: a fence line this leader did not write (a forged or foreign one: another
 // cluster's leader, an operator's mistake) appears while it leads. Its next owner batch reads
 // the line first and stops: not one byte of the domain changes after the line appeared, but
