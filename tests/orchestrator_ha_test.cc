@@ -831,6 +831,10 @@ TEST_F(HaTest, AnExtentGrantedByALostGrowReplyIsGivenBack) {
   };
   EXPECT_TRUE(Eventually([&] { return state_of(lost[0]) != "assigned/0"; }, milliseconds(3000)))
       << "extent " << lost[0] << " is still lent to host 0, which never learned of it";
+  // The host counts the give-back once its Shrink's reply is back, after the orchestrator
+  // changed the extent's state: wait for it (seen failing once under load, at 606 ms).
+  EXPECT_TRUE(
+      Eventually([&] { return (*host)->unknown_extents_returned() >= 1; }, milliseconds(2000)));
   EXPECT_EQ((*host)->unknown_extents_returned(), 1u);
   EXPECT_EQ(state_of((*mine)[0].index), "assigned/0") << "the host's own extent was given back";
   EXPECT_TRUE((*host)->ExtentsValid());
