@@ -419,6 +419,39 @@ TEST_F(EtcdTest, TheWriteGateOnceClosedStaysClosedInTheSession) {
 
 // The leader key deleted by hand while the leader's lease lives: the next leader does not
 // start before the old one's fence closed.
+// The election's write gate as a rule (write_deadline.h), on a clock the test names: the
+// deadline is a keep-alive's send + TTL − margin; a keep-alive back after the deadline does
+// not renew; once a caller found the deadline passed the gate stays closed until a new
+// session (the rule the non-coherence simulator's owner term runs on, tests/prefix_sim.h).
+TEST(WriteDeadline, MovesWithKeepAlivesAndOnceClosedStaysClosed) {
+  orchestrator::WriteDeadline gate;
+  EXPECT_FALSE(gate.Allowed(0)) << "no session, no writes";
+  gate.Start(/*sent_ms=*/1000, /*ttl_ms=*/3000, /*margin_ms=*/750);
+  EXPECT_EQ(gate.until(), 3250);
+  EXPECT_TRUE(gate.Allowed(3249));
+  // A keep-alive sent at 2000, back at 2100: the deadline moves to 2000 + 3000 − 750.
+  EXPECT_TRUE(gate.Renew(2000, 3000, 750, 2100));
+  EXPECT_EQ(gate.until(), 4250);
+  // One sent earlier than the last, answered late: never moves the deadline back.
+  EXPECT_TRUE(gate.Renew(1500, 3000, 750, 2200));
+  EXPECT_EQ(gate.until(), 4250);
+  // Back only after the deadline: refused, the session is over.
+  EXPECT_FALSE(gate.Renew(4000, 3000, 750, 4250));
+  EXPECT_EQ(gate.until(), 4250);
+  // Found passed: closed, and a deadline that moves on does not reopen it (audit-ha #5).
+  EXPECT_FALSE(gate.Allowed(4250));
+  EXPECT_TRUE(gate.closed());
+  EXPECT_FALSE(gate.Allowed(100));
+  EXPECT_FALSE(gate.Renew(4300, 3000, 750, 100));
+  // Closed by the session's end alike; a new session reopens it.
+  gate.Start(5000, 3000, 750);
+  EXPECT_TRUE(gate.Allowed(5000));
+  gate.Close();
+  EXPECT_FALSE(gate.Allowed(5000));
+  gate.End();
+  EXPECT_EQ(gate.until(), 0);
+}
+
 TEST_F(EtcdTest, LeaderKeyDeletedByHandNoOverlap) {
   const std::string key = prefix_ + "leader";
   Candidate a;

@@ -35,6 +35,7 @@
 
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/coherence/sim.h"
+#include "cxlkv/orchestrator/write_deadline.h"
 // White box: the probe start of a key, for the probe-length invariant.
 #include "../coherence/src/domain_internal.h"
 
@@ -77,8 +78,9 @@ class PrefixSimulation {
     // holds a term whose session lease lasts owner_term_ms of global time from its last
     // keep-alive (one at the start of each owner step, unless the lease is gone), and a
     // write deadline on the owner's own clock of the keep-alive's reading + owner_term_ms −
-    // owner_term_ms / 4 (the election's margin). The write gate is the election's: open until
-    // the deadline, closed for the rest of the term once found passed (sticky).
+    // owner_term_ms / 4 (the election's margin). The write gate is the election's own
+    // (orchestrator::WriteDeadline, which LeaderElection keeps per session): open until the
+    // deadline, closed for the rest of the term once found passed (sticky).
     // owner_mem wraps the owner machine's view for each term with that gate (orchestrator
     // HA's FencedMem): every store of the owner goes through it. An owner whose gate closed
     // (a stall, a stop) or whose lease is gone steps down at its next step: the term ends
@@ -256,7 +258,8 @@ class PrefixSimulation {
       Advance(5);
       media_.Tick();
       RevokeQueued();
-      RenewTerm();
+      DrainKeepAlive();
+      if (owner_ == nullptr) break;
       owner_->Step();
       for (std::uint32_t h = 0; h < c_.hosts; ++h) {
         if (!hosts_[h].down) HeartbeatOp(h);
@@ -278,7 +281,8 @@ class PrefixSimulation {
       }
     }
     for (std::uint32_t h = 0; h < c_.hosts; ++h) Crash(h);
-    RenewTerm();
+    DrainKeepAlive();
+    if (owner_ == nullptr) return false;
     for (const auto& [ns, keys] : published_keys_) {
       for (const auto& [lo, hi] : keys) (void)owner_->RetireKey(ns, PrefixKey{lo, hi});
     }
@@ -288,7 +292,8 @@ class PrefixSimulation {
       Advance(5);
       media_.Tick();
       RevokeQueued();
-      RenewTerm();
+      DrainKeepAlive();
+      if (owner_ == nullptr) return false;  // the successor could not open: a violation
       owner_->Step();
       // Halfway, the hosts are gone for good: the orchestrator takes their extents back and
       // revokes the arenas, so entries waiting for room in a dead publisher's full return
@@ -632,34 +637,39 @@ class PrefixSimulation {
   // A new term for the owner of this machine (owner_view_): a fresh session lease, the gate
   // open, and the owner's Mem wrapped by owner_mem with that gate.
   void StartTerm() {
-    term_ = Term{};
-    RenewTerm();
+    term_.lease_until = now_ + c_.owner_term_ms;
+    term_.gate.Start(owner_clock_->PeekMs(), c_.owner_term_ms, c_.owner_term_ms / 4);
     owner_mem_.reset();
     if (c_.owner_mem)
       owner_mem_ = c_.owner_mem(*owner_view_, [this] { return TermWriteAllowed(); });
   }
-  // A keep-alive answered: the lease runs owner_term_ms from now (etcd's clock: global
-  // time), the deadline owner_term_ms − margin from the send on the owner's clock.
-  void RenewTerm() {
-    if (c_.owner_term_ms == 0) return;
-    term_.lease_until = now_ + c_.owner_term_ms;
-    term_.deadline = owner_clock_->PeekMs() + c_.owner_term_ms - c_.owner_term_ms / 4;
-  }
   // The owner loop's keep-alive: false once the lease is gone or the deadline passed (a
-  // keep-alive answered after the deadline does not reopen the term: the election's rule).
+  // keep-alive answered after the deadline does not reopen the term: the election's rule,
+  // WriteDeadline::Renew). Answered: the lease runs owner_term_ms from now (etcd's clock:
+  // global time), the deadline owner_term_ms − margin from the send on the owner's clock.
   bool KeepAlive() {
-    if (term_.closed || now_ >= term_.lease_until || owner_clock_->PeekMs() >= term_.deadline) {
-      term_.closed = true;
+    const std::int64_t sent = owner_clock_->PeekMs();
+    if (now_ >= term_.lease_until ||
+        !term_.gate.Renew(sent, c_.owner_term_ms, c_.owner_term_ms / 4, sent)) {
+      term_.gate.Close();  // the session is over
       return false;
     }
-    RenewTerm();
+    term_.lease_until = now_ + c_.owner_term_ms;
     return true;
   }
-  // The election's gate (LeaderElection::WriteAllowed): the deadline on the owner's own
-  // clock, sticky once found passed. Called by the fenced Mem before every store.
+  // The drain's keep-alive, at each of its owner steps: a term that cannot be renewed (its
+  // deadline passed or its lease ended while the owner stood still at the end of the run)
+  // ends as in OwnerStep, and a successor takes over at once (the drain waits for no lease).
+  void DrainKeepAlive() {
+    if (c_.owner_term_ms == 0 || owner_ == nullptr || KeepAlive()) return;
+    ++events_.owner_step_downs;
+    LoseOwner(/*process_dies=*/false);
+    RestartOwner();
+  }
+  // The election's gate (LeaderElection::WriteAllowed: WriteDeadline::Allowed on the owner's
+  // own clock, sticky once found passed). Called by the fenced Mem before every store.
   bool TermWriteAllowed() {
-    if (!term_.closed && owner_clock_->PeekMs() < term_.deadline) return true;
-    term_.closed = true;
+    if (term_.gate.Allowed(owner_clock_->PeekMs())) return true;
     ++events_.owner_stores_dropped;
     return false;
   }
@@ -1279,8 +1289,8 @@ class PrefixSimulation {
   // Orchestrator HA (owner_term_ms): the owner's term and its fenced Mem over owner_view_.
   struct Term {
     std::int64_t lease_until = 0;  // global time: the session lease ends (etcd's clock)
-    std::int64_t deadline = 0;     // on the owner's clock: the write deadline
-    bool closed = false;           // the gate found the deadline passed: closed for the term
+    // The election's write deadline on the owner's clock, and its sticky gate.
+    orchestrator::WriteDeadline gate;
   };
   Term term_;
   std::unique_ptr<Mem> owner_mem_;

@@ -795,14 +795,22 @@ absl::Status Orchestrator::AwaitRelease(const LeaderTerm& t) {
   // The domain belongs to the etcd keys its leaders were elected under: a candidate elected
   // under other keys (a wrong etcd.cluster/etcd.domain) would be a second owner beside them.
   if (fence_valid && fence.keys != 0 && fence.keys != KeysHash()) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    absl::Status wrong = absl::FailedPreconditionError(absl::StrCat(
         "domain.prefix_domain '", config_.prefix_domain,
         "' belongs to orchestrators elected under other etcd keys (its fence line names keys "
         "hashing to ",
         absl::Hex(fence.keys), ", epoch ", fence.epoch, "), not this one's ", ha_->where(), " (",
         absl::Hex(KeysHash()),
         "): etcd.cluster or etcd.domain is wrong in this orchestrator's config; give it the "
-        "same [etcd] section as the domain's other orchestrators. Nothing was written"));
+        "same [etcd] section as the domain's other orchestrators and start it again. Nothing "
+        "was written; this orchestrator campaigns no more and exits"));
+    // A wrong config does not heal: every election would be refused the same way.
+    {
+      absl::MutexLock l(&mu_);
+      fatal_ = wrong;
+    }
+    ha_->StopCampaigning();
+    return wrong;
   }
   co::OwnerReleaseLine at_start{};
   if (!ReadReleaseLine(*domain_mem_, &at_start)) at_start = co::OwnerReleaseLine{};
@@ -856,6 +864,11 @@ absl::Status Orchestrator::AwaitRelease(const LeaderTerm& t) {
                  static_cast<unsigned long long>(fence.epoch), static_cast<long long>(waited));
   }
   return absl::OkStatus();
+}
+
+absl::Status Orchestrator::fatal() {
+  absl::MutexLock l(&mu_);
+  return fatal_;
 }
 
 void Orchestrator::ReleaseLocked() {

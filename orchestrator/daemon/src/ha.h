@@ -74,6 +74,9 @@ class HaSession : public WriteGate {
   virtual void Stop() = 0;
   // Steps down now; campaigns again after a pause.
   virtual void Resign(const std::string& why) = 0;
+  // Steps down now and never campaigns again (the session ends): a candidate that must not
+  // lead this domain. May be called from a hook.
+  virtual void StopCampaigning() = 0;
 
   // The domain's state as etcd holds it (nullopt: none yet). Remembers its revision for the
   // guard of SaveState.

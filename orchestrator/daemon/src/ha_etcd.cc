@@ -20,6 +20,7 @@
 #include "cxlkv/orchestrator/etcd.h"
 #include "etcd_options.h"
 #include "ha.h"
+#include "state_write.h"
 
 namespace cxlkv::orchestrator {
 
@@ -73,6 +74,10 @@ class EtcdHa final : public HaSession {
 
   void Resign(const std::string& why) override {
     if (election_) election_->Resign(why);
+  }
+
+  void StopCampaigning() override {
+    if (election_) election_->StopCampaigning();
   }
 
   bool WriteAllowed() const override { return election_ != nullptr && election_->WriteAllowed(); }
@@ -245,7 +250,9 @@ class EtcdHa final : public HaSession {
       return Named(lost, "write (and read back after it)");
     }
     const std::int64_t now = back->kvs.empty() ? 0 : back->kvs[0].mod_revision;
-    if (now > seen && back->kvs[0].value == text) {
+    const UnknownWrite outcome = ResolveUnknownWrite(
+        text, seen, now, back->kvs.empty() ? std::string() : back->kvs[0].value);
+    if (outcome == UnknownWrite::kLanded) {
       state_revision_ = now;
       ++state_writes_;
       std::fprintf(stderr,
@@ -256,7 +263,9 @@ class EtcdHa final : public HaSession {
       return absl::OkStatus();
     }
     ++state_write_failures_;
-    if (now == seen) return Named(lost, "write (read back: it did not land)");
+    if (outcome == UnknownWrite::kDidNotLand) {
+      return Named(lost, "write (read back: it did not land)");
+    }
     return absl::AbortedError(
         absl::StrCat(where_, "/state: not written: it changed since revision ", seen,
                      " (another writer; read back after a write of unknown outcome)"));

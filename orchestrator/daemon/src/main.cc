@@ -84,9 +84,20 @@ int main(int argc, char** argv) {
     }
   }
   std::fflush(stdout);
-  int sig = 0;
-  sigwait(&set, &sig);
-  std::printf("cxlkv-orchestrator: signal %d, stopping\n", sig);
-  (*o)->Stop();
-  return 0;
+  // A signal stops it; so does an HA candidate that found it must never lead (fatal()).
+  const timespec poll{0, 100'000'000};
+  while (true) {
+    const int sig = sigtimedwait(&set, nullptr, &poll);
+    if (sig > 0) {
+      std::printf("cxlkv-orchestrator: signal %d, stopping\n", sig);
+      (*o)->Stop();
+      return 0;
+    }
+    if (absl::Status fatal = (*o)->fatal(); !fatal.ok()) {
+      std::fprintf(stderr, "cxlkv-orchestrator: exiting: %s\n",
+                   std::string(fatal.message()).c_str());
+      (*o)->Stop();
+      return 1;
+    }
+  }
 }

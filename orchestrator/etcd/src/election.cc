@@ -45,11 +45,20 @@ LeaderElection::~LeaderElection() { Stop(); }
 void LeaderElection::Stop() {
   {
     absl::MutexLock l(&mu_);
-    if (stop_.exchange(true)) return;
+    stop_.store(true);
     wake_ = true;
+    // (StopCampaigning may have set stop_: the threads are still to be joined here.)
+    if (joined_) return;
+    joined_ = true;
   }
   if (election_thread_.joinable()) election_thread_.join();
   if (keepalive_thread_.joinable()) keepalive_thread_.join();
+}
+
+void LeaderElection::StopCampaigning() {
+  absl::MutexLock l(&mu_);
+  stop_.store(true);
+  wake_ = true;
 }
 
 bool LeaderElection::WriteAllowed() const {
@@ -57,14 +66,11 @@ bool LeaderElection::WriteAllowed() const {
   // Sticky within a session (audit-ha #5): once a caller found the deadline passed, a
   // keep-alive answered after that cannot reopen the gate, so the stores dropped here are a
   // suffix of the term's stores (what a crash leaves), never a gap in the middle.
-  if (closed_.load(std::memory_order_acquire)) return false;
-  if (clock_->NowMs() < valid_until_.load(std::memory_order_acquire)) return true;
-  closed_.store(true, std::memory_order_release);
-  return false;
+  return gate_.Allowed(clock_->NowMs());
 }
 
 std::int64_t LeaderElection::write_deadline_ms() const {
-  return epoch_.load() == 0 ? 0 : valid_until_.load();
+  return epoch_.load() == 0 ? 0 : gate_.until();
 }
 
 void LeaderElection::Resign(const std::string& why) {
@@ -126,9 +132,8 @@ bool LeaderElection::NewSession() {
     absl::MutexLock l(&mu_);
     lease_ = g->id;
     session_lost_ = false;
-    closed_.store(false, std::memory_order_release);  // a new session, a new gate
-    // etcd started the lease no earlier than `sent`.
-    valid_until_.store(sent + g->ttl_s * 1000 - o_.margin_ms);
+    // A new session, a new gate: etcd started the lease no earlier than `sent`.
+    gate_.Start(sent, g->ttl_s * 1000, o_.margin_ms);
   }
   if (!o_.candidate_prefix.empty()) {
     auto put = client_.Put(absl::StrCat(o_.candidate_prefix, absl::Hex(g->id)), o_.value, g->id);
@@ -145,7 +150,7 @@ void LeaderElection::EndSession() {
     lease = lease_;
     lease_ = 0;
     session_lost_ = false;
-    valid_until_.store(0);
+    gate_.End();
   }
   if (lease == 0) return;
   // Its keys (the leader key, if it held it, and the candidate key) vanish now instead of at
@@ -185,9 +190,8 @@ void LeaderElection::KeepAliveLoop() {
         stats_.last_contact_unix_ms = WallMs();
         // Extended only while the gate never closed and the deadline has not passed now
         // (not only when the answer arrived: the lock may have been waited for).
-        if (!closed_.load(std::memory_order_acquire) && clock_->NowMs() < valid_until_.load()) {
-          // etcd restarted the lease after `sent`.
-          valid_until_.store(std::max(valid_until_.load(), sent + *ttl * 1000 - o_.margin_ms));
+        // etcd restarted the lease after `sent`.
+        if (gate_.Renew(sent, *ttl * 1000, o_.margin_ms, clock_->NowMs())) {
           next = sent + period_ms;
         } else {
           // Too late: the fence closed already, and leadership with it. Safe to reopen (the
@@ -198,7 +202,7 @@ void LeaderElection::KeepAliveLoop() {
         }
       } else {
         ++stats_.keepalive_failures;
-        if (absl::IsNotFound(ttl.status()) || now >= valid_until_.load()) {
+        if (absl::IsNotFound(ttl.status()) || now >= gate_.until()) {
           session_lost_ = true;
           wake_ = true;
         }
@@ -299,7 +303,7 @@ void LeaderElection::ElectionLoop() {
     }
     last_leader_lease = 0;
     // A session whose fence already closed cannot lead: start a new one.
-    if (closed_.load() || clock_->NowMs() >= valid_until_.load()) {
+    if (gate_.closed() || clock_->NowMs() >= gate_.until()) {
       EndSession();
       continue;
     }
@@ -348,7 +352,7 @@ std::string LeaderElection::Lead(const Term& term, bool* lost_contact) {
       }
     }
     const std::int64_t now = clock_->NowMs();
-    if (now >= valid_until_.load() || closed_.load(std::memory_order_acquire)) {
+    if (now >= gate_.until() || gate_.closed()) {
       *lost_contact = true;
       return absl::StrCat("no keep-alive answered within the TTL less the margin (",
                           o_.ttl_s * 1000 - o_.margin_ms, " ms): fenced on this host's clock");
@@ -361,7 +365,7 @@ std::string LeaderElection::Lead(const Term& term, bool* lost_contact) {
       }
       next_check = now + check_ms;
     }
-    Pause(std::min<std::int64_t>(50, valid_until_.load() - now));
+    Pause(std::min<std::int64_t>(50, gate_.until() - now));
   }
 }
 

@@ -90,6 +90,10 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // only when it is a socket nothing answers on; anything else there is refused and left.
   absl::Status Start();
   void Stop();
+  // HA: not OK once this orchestrator found it must never lead its domain (a wrong
+  // etcd.cluster/etcd.domain: the domain's fence line names other etcd keys). It campaigns
+  // no more; the process exits with this error (main.cc).
+  absl::Status fatal();
 
   // Everything below is called with mu_ held by the service.
   // First: a 64-byte-aligned line anywhere else pads the object (clang-tidy optin.Padding).
@@ -203,6 +207,7 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::int64_t revision_ ABSL_GUARDED_BY(mu_) = 0;  // etcd's id of the term (revision_locked)
   // The fence line as this leader last wrote it.
   std::uint64_t fence_violations_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status fatal_ ABSL_GUARDED_BY(mu_);  // fatal()
 
   // Held for the daemon's life, released after the regions and the server below: the state
   // file's lock and, without [etcd], the pool's and the prefix domain's (domain_lock.h).

@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cxlkv/coherence/mem.h"
 #include "cxlkv/orchestrator/etcd.h"
+#include "cxlkv/orchestrator/write_deadline.h"
 
 namespace cxlkv::orchestrator::etcd {
 
@@ -102,6 +103,10 @@ class LeaderElection {
   // Steps down if leading (the lease is revoked, so a successor may start at once) and ends
   // the threads. Idempotent.
   void Stop();
+  // Campaigns no more: the election thread ends its current term (if any) and its session
+  // (the lease is revoked) and exits; the threads are joined by Stop. Unlike Stop, a
+  // callback may call it (a candidate that must never lead, found so in its takeover).
+  void StopCampaigning();
 
   // Whether this candidate leads and its write deadline has not passed. Once it answered
   // false for a passed deadline it stays false for the rest of the session (a late keep-alive
@@ -144,16 +149,16 @@ class LeaderElection {
 
   std::atomic<bool> stop_{false};
   std::atomic<std::int64_t> epoch_{0};        // leading: the epoch, else 0
-  std::atomic<std::int64_t> valid_until_{0};  // session: last answered keep-alive's deadline
-  // The session's gate closed (a WriteAllowed call found the deadline passed): it stays closed
-  // until a new session, whatever keep-alive answers arrive.
-  mutable std::atomic<bool> closed_{false};
+  // The session's write deadline and its sticky gate (write_deadline.h): moved by each
+  // keep-alive answered in time, closed for the session once found passed.
+  WriteDeadline gate_;
 
   mutable absl::Mutex mu_;
   std::int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   bool session_lost_ ABSL_GUARDED_BY(mu_) = false;  // the keep-alive found the lease gone/late
   std::string resign_why_ ABSL_GUARDED_BY(mu_);     // non-empty: Resign was called
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool joined_ ABSL_GUARDED_BY(mu_) = false;  // Stop is joining (or joined) the threads
   ElectionStats stats_ ABSL_GUARDED_BY(mu_);
 
   std::thread election_thread_, keepalive_thread_;
