@@ -173,8 +173,8 @@ def bench_sglang(page: int, n: int, reps: int) -> Dict[str, float]:
             sc = types.SimpleNamespace(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
                                        attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
                                        model_name="bench", extra_config=None)
-            ca = sg.SglangBackendCore(sc, dict(cfg, host_id=0 if path == "v1" else 2), "0.5.3")
-            cb = sg.SglangBackendCore(sc, dict(cfg, host_id=1 if path == "v1" else 3), "0.5.3")
+            ca = sg.SglangBackendCore(sc, dict(cfg, host_id=0 if path == "v1" else 2), "0.5.6")
+            cb = sg.SglangBackendCore(sc, dict(cfg, host_id=1 if path == "v1" else 3), "0.5.6")
             cores += [ca, cb]
             src = np.random.default_rng(2).integers(0, 256, (2, tokens, token_bytes), np.uint8)
             dst = np.zeros_like(src)
