@@ -45,6 +45,7 @@
 #include "cxlkv/orchestrator/client.h"
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/daemon.h"
+#include "cxlkv/orchestrator/write_deadline.h"
 #include "cxlkv/pool/region.h"
 #include "fence.h"
 
@@ -512,19 +513,18 @@ void BM_ReleaseTerm(benchmark::State& state) {
 // the sticky closed bit, the deadline on CLOCK_BOOTTIME. Always open here (a far deadline).
 class BenchGate final : public orch::WriteGate {
  public:
+  // A session whose deadline never comes: the gate's cost, never its closing.
+  BenchGate() { deadline_.Start(0, std::int64_t{1} << 62, 0); }
+  // As LeaderElection::WriteAllowed: an epoch, and the election's own deadline rule.
   bool WriteAllowed() const override {
     if (epoch_.load(std::memory_order_acquire) == 0) return false;
-    if (closed_.load(std::memory_order_acquire)) return false;
-    if (clock_.NowMs() < valid_until_.load(std::memory_order_acquire)) return true;
-    closed_.store(true, std::memory_order_release);
-    return false;
+    return deadline_.Allowed(clock_.NowMs());
   }
 
  private:
   mutable co::SteadyClock clock_;
   std::atomic<std::int64_t> epoch_{7};
-  std::atomic<std::int64_t> valid_until_{std::int64_t{1} << 62};
-  mutable std::atomic<bool> closed_{false};
+  orch::WriteDeadline deadline_;
 };
 
 // OwnerBed with its owner reopened over the HA path (checks) or left bare.
