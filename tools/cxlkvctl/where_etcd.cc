@@ -1,14 +1,11 @@
 // cxlkvctl where --etcd: the directory read straight from etcd (DirectoryReader, no watch).
 // etcd's authentication and TLS come from the environment, as for a host's etcd:// discovery
 // (docs/ha.md): CXLKV_ETCD_USER with CXLKV_ETCD_PASSWORD_FILE, CXLKV_ETCD_CA.
-#include <cstdlib>
-
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cxlkv/orchestrator/directory_reader.h"
-#include "cxlkv/orchestrator/token.h"
+#include "cxlkv/orchestrator/endpoint.h"
 #include "where.h"
 
 namespace cxlkv::ctl {
@@ -23,23 +20,11 @@ absl::StatusOr<orchestrator::WhereResult> WhereViaEtcd(const std::string& endpoi
   ro.cluster = cluster;
   ro.follow = false;
   ro.publish_secrets = secrets;
-  if (const char* ca = std::getenv("CXLKV_ETCD_CA"); ca != nullptr && *ca != '\0') {
-    auto pem = orchestrator::ReadSmallFile(ca, "CXLKV_ETCD_CA");
-    if (!pem.ok()) return pem.status();
-    ro.client.ca_pem = *std::move(pem);
-  }
-  if (const char* user = std::getenv("CXLKV_ETCD_USER"); user != nullptr && *user != '\0') {
-    const char* pw = std::getenv("CXLKV_ETCD_PASSWORD_FILE");
-    if (pw == nullptr || *pw == '\0') {
-      return absl::InvalidArgumentError(
-          "CXLKV_ETCD_USER is set but CXLKV_ETCD_PASSWORD_FILE is not: set it to the file "
-          "holding that etcd user's password");
-    }
-    auto password = orchestrator::ReadSmallFile(pw, "CXLKV_ETCD_PASSWORD_FILE");
-    if (!password.ok()) return password.status();
-    ro.client.user = user;
-    ro.client.password = std::string(absl::StripTrailingAsciiWhitespace(*password));
-  }
+  auto creds = orchestrator::EtcdCredentialsFromEnv();
+  if (!creds.ok()) return creds.status();
+  ro.client.user = creds->user;
+  ro.client.password = creds->password;
+  ro.client.ca_pem = creds->ca_pem;
   auto reader = dir::DirectoryReader::Open(ro);
   if (!reader.ok()) {
     if (ro.client.user.empty() &&

@@ -74,25 +74,15 @@ class LeaderFinder {
     // etcd over TLS (CXLKV_ETCD_CA: the CA that signs the members' certificates) and with
     // authentication (CXLKV_ETCD_USER, CXLKV_ETCD_PASSWORD_FILE): docs/ha.md.
     std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-    if (const char* ca = std::getenv("CXLKV_ETCD_CA"); ca != nullptr && *ca != '\0') {
-      auto pem = ReadSmallFile(ca, "CXLKV_ETCD_CA");
-      if (!pem.ok()) return pem.status();
+    auto etcd_creds = EtcdCredentialsFromEnv();
+    if (!etcd_creds.ok()) return etcd_creds.status();
+    if (!etcd_creds->ca_pem.empty()) {
       grpc::SslCredentialsOptions ssl;
-      ssl.pem_root_certs = *std::move(pem);
+      ssl.pem_root_certs = etcd_creds->ca_pem;
       creds = grpc::SslCredentials(ssl);
     }
-    if (const char* user = std::getenv("CXLKV_ETCD_USER"); user != nullptr && *user != '\0') {
-      const char* pw = std::getenv("CXLKV_ETCD_PASSWORD_FILE");
-      if (pw == nullptr || *pw == '\0') {
-        return absl::InvalidArgumentError(
-            "CXLKV_ETCD_USER is set but CXLKV_ETCD_PASSWORD_FILE is not: set it to the file "
-            "holding that etcd user's password");
-      }
-      auto password = ReadSmallFile(pw, "CXLKV_ETCD_PASSWORD_FILE");
-      if (!password.ok()) return password.status();
-      f->user_ = user;
-      f->password_ = std::string(absl::StripTrailingAsciiWhitespace(*password));
-    }
+    f->user_ = etcd_creds->user;
+    f->password_ = etcd_creds->password;
     for (absl::string_view ep : absl::StrSplit(spec.substr(0, slash), ',', absl::SkipEmpty())) {
       std::string target(absl::StripAsciiWhitespace(ep));
       if (absl::ConsumePrefix(&ep, "http://")) target = std::string(ep);

@@ -62,4 +62,26 @@ absl::StatusOr<Endpoint> ResolveEndpoint(const std::string& where) {
   return e;
 }
 
+absl::StatusOr<EtcdEnvCredentials> EtcdCredentialsFromEnv() {
+  EtcdEnvCredentials c;
+  if (const char* ca = std::getenv("CXLKV_ETCD_CA"); ca != nullptr && *ca != '\0') {
+    auto pem = ReadSmallFile(ca, "CXLKV_ETCD_CA");
+    if (!pem.ok()) return pem.status();
+    c.ca_pem = *std::move(pem);
+  }
+  if (const char* user = std::getenv("CXLKV_ETCD_USER"); user != nullptr && *user != '\0') {
+    const char* pw = std::getenv("CXLKV_ETCD_PASSWORD_FILE");
+    if (pw == nullptr || *pw == '\0') {
+      return absl::InvalidArgumentError(
+          "CXLKV_ETCD_USER is set but CXLKV_ETCD_PASSWORD_FILE is not: set it to the file "
+          "holding that etcd user's password");
+    }
+    auto password = ReadSmallFile(pw, "CXLKV_ETCD_PASSWORD_FILE");
+    if (!password.ok()) return password.status();
+    c.user = user;
+    c.password = std::string(absl::StripTrailingAsciiWhitespace(*password));
+  }
+  return c;
+}
+
 }  // namespace cxlkv::orchestrator

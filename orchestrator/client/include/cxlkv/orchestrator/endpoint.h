@@ -31,6 +31,15 @@ struct Endpoint {
 
 absl::StatusOr<Endpoint> ResolveEndpoint(const std::string& where);
 
+// etcd's credentials for a process that reads etcd itself (a host's etcd:// discovery,
+// `cxlkvctl where --etcd`): CXLKV_ETCD_USER with CXLKV_ETCD_PASSWORD_FILE (the password,
+// trailing white space dropped), CXLKV_ETCD_CA (the PEM of the CA that signs the members'
+// certificates). Unset: empty (no authentication, plaintext). An error names the variable.
+struct EtcdEnvCredentials {
+  std::string user, password, ca_pem;
+};
+absl::StatusOr<EtcdEnvCredentials> EtcdCredentialsFromEnv();
+
 }  // namespace cxlkv::orchestrator
 
 #endif  // CXLKV_ORCHESTRATOR_ENDPOINT_H_
