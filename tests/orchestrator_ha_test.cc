@@ -12,7 +12,6 @@
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -58,9 +57,8 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator.grpc.pb.h"
+#include "orchestrator_process.h"
 #include "state_write.h"
-
-extern char** environ;
 
 namespace cxlkv::testing {
 namespace {
@@ -104,114 +102,42 @@ int Sh(const std::string& cmd, std::string* out = nullptr) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-// One cxlkv-orchestrator process of the domain: its config (with [etcd]) in a directory of
-// its own, stdout and stderr in <dir>/log.
-class HaOrchestrator {
+// One cxlkv-orchestrator process of the domain (tests/orchestrator_process.h) with [etcd] in
+// its config: a directory of its own, stdout and stderr in <dir>/log, kill -9 at teardown.
+class HaOrchestrator : public OrchestratorProcess {
  public:
   HaOrchestrator(const SharedDomain& d, const EtcdCluster& etcd, const std::string& name,
                  std::uint32_t ttl_s = 3, std::uint32_t capacity_lease_ms = 60000,
                  int metrics_port = 0, std::uint32_t max_hosts = 4,
-                 const std::string& tcp_token_file = "") {
-    // More hosts: smaller extents (the pool stays 256 MiB) and room for their rings.
-    const bool many = max_hosts > 4;
-    char tmpl[] = "/tmp/cxlkv-ha-XXXXXX";
-    EXPECT_NE(::mkdtemp(tmpl), nullptr);
-    dir = tmpl;
-    socket = dir + "/o.sock";
-    log = dir + "/log";
-    const std::string config = dir + "/domain.toml";
-    std::ofstream(config) << "[domain]\nname = \"hatest\"\n"
-                          << "pool = \"file:" << d.pool << "?size=256M&reserve=0\"\n"
-                          << "prefix_domain = \"file:" << d.domain
-                          << (many ? "?size=32M\"\n" : "?size=4M\"\n") << "extent_size = \""
-                          << (many ? "2M" : "8M") << "\"\n"
-                          << "state_file = \"" << dir << "/d.state\"\n"
-                          << "index_entries = 1024\nmax_hosts = " << max_hosts << "\n"
-                          << "[rpc]\nsocket = \"" << socket << "\"\n"
-                          << (tcp_token_file.empty() ? std::string()
-                                                     : "tcp = \"127.0.0.1:0\"\ntoken_file = \"" +
-                                                           tcp_token_file + "\"\n")
-                          << "[metrics]\nlisten = \""
-                          << (metrics_port > 0 ? "127.0.0.1:" + std::to_string(metrics_port) : "")
-                          << "\"\n"
-                          // Hosts (the test) do not heartbeat between calls: long TTLs.
-                          << "[timing]\nlease_ttl_ms = 500\nhost_ttl_ms = "
-                          << std::min<std::uint32_t>(60000, capacity_lease_ms) << "\n"
-                          << "heartbeat_period_ms = 100\ngrace_ms = 50\n"
-                          << "capacity_lease_ms = " << capacity_lease_ms << "\n"
-                          << "[capacity]\ndefault_share = 1.0\n"
-                          << "[etcd]\nendpoints = " << etcd.EndpointsToml() << "\n"
-                          << "node = \"" << name << "\"\nttl_s = " << ttl_s << "\n";
-    config_ = config;
-  }
-  ~HaOrchestrator() {
-    Kill(SIGKILL);
-    if (::testing::Test::HasFailure()) {
-      std::fprintf(stderr, "---- log of %s ----\n%s", dir.c_str(), ReadFile(log).c_str());
-    }
-    const std::string cmd = "rm -rf " + dir;
-    EXPECT_EQ(std::system(cmd.c_str()), 0);
-  }
+                 const std::string& tcp_token_file = "")
+      : OrchestratorProcess(Config(d, etcd, name, ttl_s, capacity_lease_ms, metrics_port, max_hosts,
+                                   tcp_token_file)) {}
 
-  // Starts the process (posix_spawn: no fork handlers of this multithreaded test run) and
-  // waits until its socket accepts connections (it is up, as a candidate). False if it exited
-  // (its log says why).
+  // Starts the process and waits until its socket accepts connections (it is up, as a
+  // candidate). False if it exited (its log says why; exit_status has its wait status).
   bool Start(bool new_domain = false) {
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    std::vector<std::string> args = {CXLKV_ORCHESTRATOR_BIN, "--config", config_};
-    if (new_domain) args.push_back("--new-domain");
-    // In a network namespace: `ip netns exec` joins it and execs the orchestrator (same pid).
-    if (!netns.empty()) args.insert(args.begin(), {"/usr/sbin/ip", "netns", "exec", netns});
+    command_prefix.clear();
     // Under another host name (a UTS namespace): what an orchestrator on another host looks
     // like to a host that finds it in etcd.
     if (!hostname.empty()) {
-      args.insert(args.begin(), {"/usr/bin/unshare", "--uts", "--", "/bin/sh", "-c",
-                                 "hostname \"$0\" && exec \"$@\"", hostname});
+      const std::string rename = "hostname \"$0\" && exec \"$@\"";
+      command_prefix = {"/usr/bin/unshare", "--uts", "--", "/bin/sh", "-c", rename, hostname};
     }
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    // The test's environment, and `env` (NAME=VALUE) on top of it.
-    std::vector<std::string> env_strings = env;
-    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-    std::vector<char*> envp;
-    for (std::string& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    const int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    EXPECT_EQ(rc, 0);
-    if (rc != 0) return false;
-    const bool up = Eventually(
-        [&] {
-          int status = 0;
-          if (::waitpid(pid, &status, WNOHANG) == pid) {
-            pid = -1;
-            exit_status = status;
-            return true;  // exited: reported below
-          }
-          return AcceptsConnections(socket);
-        },
-        milliseconds(10000));
-    EXPECT_TRUE(up) << "the orchestrator did not come up:\n" << ReadFile(log);
-    return up && pid > 0;
+    // In a network namespace: `ip netns exec` joins it and execs the orchestrator (same pid).
+    if (!netns.empty()) {
+      command_prefix.insert(command_prefix.end(), {"/usr/sbin/ip", "netns", "exec", netns});
+    }
+    return Launch(new_domain) == Launched::kUp;
   }
+  // Sends `sig`; SIGKILL and SIGTERM also reap the process (whatever its exit status).
   void Kill(int sig) {
-    if (pid <= 0) return;
-    ::kill(pid, sig);
     if (sig == SIGKILL || sig == SIGTERM) {
-      if (sig == SIGKILL) ::kill(pid, SIGCONT);  // a stopped process dies only once continued
-      ::waitpid(pid, nullptr, 0);
-      pid = -1;
+      (void)Reap(sig);
+    } else {
+      Signal(sig);
     }
   }
 
-  // Adds sections to the config before Start.
-  void AppendConfig(const std::string& text) const {
-    std::ofstream(config_, std::ios::app) << text;
-  }
   // The port of its LMCache coordinator, from its start-up line (0: not in the log).
   int LmcachePort() const {
     const std::string text = ReadFile(log);
@@ -220,10 +146,6 @@ class HaOrchestrator {
     return at == std::string::npos ? 0 : std::atoi(text.c_str() + at + mark.size());
   }
 
-  std::unique_ptr<pb::Orchestrator::Stub> Stub() const {
-    return pb::Orchestrator::NewStub(
-        grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
-  }
   // Status with a short deadline ("" role if it does not answer).
   pb::StatusReply Status() const {
     grpc::ClientContext ctx;
@@ -235,41 +157,51 @@ class HaOrchestrator {
   std::string Role() const { return Status().role(); }
   // Replaces the config's etcd.endpoints (a TOML list), before Start.
   void SetEtcdEndpoints(const std::string& list) {
-    std::string text = ReadFile(config_);
+    std::string text = ReadFile(config);
     const auto at = text.find("\nendpoints = ");
     const auto end = text.find('\n', at + 1);
     text.replace(at + 1, end - at - 1, "endpoints = " + list);
-    std::ofstream(config_, std::ios::trunc) << text;
+    std::ofstream(config, std::ios::trunc) << text;
   }
   // Adds a line to the config's last section ([etcd]), before Start.
-  void AppendToEtcdSection(const std::string& line) {
-    std::ofstream(config_, std::ios::app) << line << "\n";
-  }
+  void AppendToEtcdSection(const std::string& line) { AppendConfig(line + "\n"); }
 
-  // Waits up to `limit` for the process to exit; its wait status then is exit_status.
-  bool Exited(milliseconds limit) {
-    if (pid <= 0) return exit_status != -1;
-    return Eventually(
-        [&] {
-          int status = 0;
-          if (::waitpid(pid, &status, WNOHANG) != pid) return false;
-          pid = -1;
-          exit_status = status;
-          return true;
-        },
-        limit);
-  }
-  const std::string& config_path() const { return config_; }
+  const std::string& config_path() const { return config; }
 
-  std::string dir, socket, log;
-  int exit_status = -1;          // the wait status once it exited on its own (-1: not seen)
-  std::vector<std::string> env;  // NAME=VALUE added to the test's environment
   std::string netns;     // run in this network namespace ("" : the test's)
   std::string hostname;  // run under this host name (a UTS namespace; "" : the test's)
-  pid_t pid = -1;
 
  private:
-  std::string config_;
+  static OrchestratorConfig Config(const SharedDomain& d, const EtcdCluster& etcd,
+                                   const std::string& name, std::uint32_t ttl_s,
+                                   std::uint32_t capacity_lease_ms, int metrics_port,
+                                   std::uint32_t max_hosts, const std::string& tcp_token_file) {
+    // More hosts: smaller extents (the pool stays 256 MiB) and room for their rings.
+    const bool many = max_hosts > 4;
+    OrchestratorConfig c;
+    c.name = "hatest";
+    c.pool_file = d.pool;
+    c.domain_file = d.domain;
+    c.pool_params = "size=256M&reserve=0";
+    c.domain_params = many ? "size=32M" : "size=4M";
+    c.extent_size = many ? "2M" : "8M";
+    c.max_hosts = max_hosts;
+    if (!tcp_token_file.empty()) {
+      c.rpc_extra = "tcp = \"127.0.0.1:0\"\ntoken_file = \"" + tcp_token_file + "\"\n";
+    }
+    if (metrics_port > 0) c.metrics_listen = "127.0.0.1:" + std::to_string(metrics_port);
+    // Hosts (the test) do not heartbeat between calls: long TTLs.
+    c.timing = absl::StrCat(
+        "lease_ttl_ms = 500\nhost_ttl_ms = ", std::min<std::uint32_t>(60000, capacity_lease_ms),
+        "\nheartbeat_period_ms = 100\ngrace_ms = 50\n", "capacity_lease_ms = ", capacity_lease_ms,
+        "\n");
+    // [etcd] last: AppendToEtcdSection adds to it.
+    c.sections =
+        absl::StrCat("[capacity]\ndefault_share = 1.0\n[etcd]\nendpoints = ", etcd.EndpointsToml(),
+                     "\nnode = \"", name, "\"\nttl_s = ", ttl_s, "\n");
+    c.teardown_signal = SIGKILL;
+    return c;
+  }
 };
 
 // GET http://127.0.0.1:port/metrics ("" when nothing answers).

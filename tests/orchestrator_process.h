@@ -10,6 +10,10 @@
 //     Status(), HostState() ask the daemon over its control-plane socket;
 //   - with cxlkv/coherence/prefix.h: Host(), Publish(), Retire() act as a host of the domain
 //     in this process (a PrefixHost on the shared domain file).
+//
+// The HA tests (tests/orchestrator_ha_test.cc) build their etcd-backed orchestrators on it: the
+// domain's files from outside, extra environment, a command prefix (a network or UTS
+// namespace), Launch() with an explicit --new-domain and an exit that is the expected outcome.
 #ifndef CXLKV_TESTS_ORCHESTRATOR_PROCESS_H_
 #define CXLKV_TESTS_ORCHESTRATOR_PROCESS_H_
 
@@ -21,6 +25,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -73,8 +78,14 @@ struct OrchestratorConfig {
   std::string name = "itest";             // domain.name (the domain's name in etcd)
   std::string pool_params = "size=256M";  // the pool file's spec parameters, after '?'
   std::string extent_size = "16M";
-  std::string timing;     // the [timing] table's body
-  std::string rpc_extra;  // more lines of [rpc] (tcp, token_file, tls_*)
+  std::string domain_params = "size=4M";  // the prefix domain file's spec parameters
+  std::uint32_t max_hosts = 4;
+  // The pool and prefix domain files; empty: the fixture's own, removed at teardown. Given
+  // (both): another's (HA: shared by several orchestrators), left in place.
+  std::string pool_file, domain_file;
+  std::string timing;          // the [timing] table's body
+  std::string rpc_extra;       // more lines of [rpc] (tcp, token_file, tls_*)
+  std::string metrics_listen;  // [metrics] listen ("" : no endpoint)
   std::string sections =  // TOML after [timing]
       "[capacity]\ndefault_share = 0.5\n"
       "[[namespace]]\ntenant = \"t\"\nmodel = \"m\"\nlayout = \"l\"\n";
@@ -106,28 +117,39 @@ class OrchestratorProcess {
       : OrchestratorProcess(WithTiming(timing, rpc_extra)) {}
   // `share_with`: another orchestrator of the same domain (HA: the same pool and domain
   // files, which that one removes at teardown); this one's first start is not a new domain.
+  // Neither is it when the config names the files.
   explicit OrchestratorProcess(const OrchestratorConfig& c,
                                const OrchestratorProcess* share_with = nullptr)
       : teardown_signal_(c.teardown_signal),
-        owns_files_(share_with == nullptr),
-        started_(share_with != nullptr) {
+        owns_files_(share_with == nullptr && c.pool_file.empty()),
+        started_(!owns_files_) {
+    EXPECT_EQ(c.pool_file.empty(), c.domain_file.empty())
+        << "OrchestratorConfig: set both pool_file and domain_file, or neither";
     char tmpl[] = "/tmp/cxlkv-orch-XXXXXX";
     EXPECT_NE(::mkdtemp(tmpl), nullptr);
     dir = tmpl;
     const std::string tag = dir.substr(dir.rfind('-') + 1);
-    pool = share_with != nullptr ? share_with->pool : "/dev/shm/cxlkv-orch-pool-" + tag;
-    domain = share_with != nullptr ? share_with->domain : "/dev/shm/cxlkv-orch-domain-" + tag;
+    if (share_with != nullptr) {
+      pool = share_with->pool;
+      domain = share_with->domain;
+    } else if (!c.pool_file.empty()) {
+      pool = c.pool_file;
+      domain = c.domain_file;
+    } else {
+      pool = "/dev/shm/cxlkv-orch-pool-" + tag;
+      domain = "/dev/shm/cxlkv-orch-domain-" + tag;
+    }
     socket = dir + "/o.sock";
     log = dir + "/log";
     config = dir + "/domain.toml";
     std::ofstream(config) << "[domain]\nname = \"" << c.name << "\"\n"
                           << "pool = \"file:" << pool << "?" << c.pool_params << "\"\n"
-                          << "prefix_domain = \"file:" << domain << "?size=4M\"\n"
+                          << "prefix_domain = \"file:" << domain << "?" << c.domain_params << "\"\n"
                           << "extent_size = \"" << c.extent_size << "\"\nstate_file = \"" << dir
                           << "/d.state\"\n"
-                          << "index_entries = 1024\nmax_hosts = 4\n"
+                          << "index_entries = 1024\nmax_hosts = " << c.max_hosts << "\n"
                           << "[rpc]\nsocket = \"" << socket << "\"\n"
-                          << c.rpc_extra << "[metrics]\nlisten = \"\"\n"
+                          << c.rpc_extra << "[metrics]\nlisten = \"" << c.metrics_listen << "\"\n"
                           << "[timing]\n"
                           << c.timing << c.sections;
   }
@@ -159,49 +181,98 @@ class OrchestratorProcess {
   bool Start() {
     const bool new_domain = !started_;
     started_ = true;
+    const Launched l = Launch(new_domain);
+    EXPECT_NE(l, Launched::kExited) << "the orchestrator did not come up:\n" << SlurpFile(log);
+    return l == Launched::kUp;
+  }
+
+  enum class Launched { kUp, kExited, kFailed };
+  // Spawns the process (posix_spawn: no fork handlers of a multithreaded test run), with
+  // --new-domain if `new_domain`, `command_prefix` before it and `env` added to the test's
+  // environment, and waits (10 s at most) until its socket accepts connections. kExited when
+  // it exited first (its wait status in exit_status, its log says why: for a test that expects
+  // a refusal, no failure); kFailed, with a test failure, when it could not be spawned or did
+  // not come up.
+  Launched Launch(bool new_domain) {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    std::vector<std::string> args = {CXLKV_ORCHESTRATOR_BIN, "--config", config};
+    std::vector<std::string> args = command_prefix;
+    args.insert(args.end(), {CXLKV_ORCHESTRATOR_BIN, "--config", config});
     if (new_domain) args.push_back("--new-domain");
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    const int rc = ::posix_spawn(&pid, CXLKV_ORCHESTRATOR_BIN, &fa, nullptr, argv.data(), environ);
+    std::vector<std::string> env_strings = env;
+    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+    std::vector<char*> envp;
+    for (std::string& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    const int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) {
       pid = -1;
-      ADD_FAILURE() << "posix_spawn " << CXLKV_ORCHESTRATOR_BIN << ": " << rc;
-      return false;
+      ADD_FAILURE() << "posix_spawn " << args[0] << ": " << rc;
+      return Launched::kFailed;
     }
     const bool up = Eventually(
         [&] {
           int status = 0;
           if (::waitpid(pid, &status, WNOHANG) == pid) {
             pid = -1;
+            exit_status = status;
             return true;
           }
           return AcceptsConnections(socket);
         },
         std::chrono::milliseconds(10000));
-    EXPECT_TRUE(up && pid > 0) << "the orchestrator did not come up:\n" << SlurpFile(log);
-    return up && pid > 0;
+    if (!up) {
+      ADD_FAILURE() << "the orchestrator did not come up:\n" << SlurpFile(log);
+      return Launched::kFailed;
+    }
+    return pid > 0 ? Launched::kUp : Launched::kExited;
   }
 
   // Sends `sig` and reaps the process. SIGKILL also continues a stopped one; after SIGTERM the
   // process must have exited with status 0.
   void Stop(int sig) {
-    if (pid <= 0) return;
+    const int status = Reap(sig);
+    if (status != -1 && sig == SIGTERM) {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    }
+  }
+  // Sends `sig` and reaps the process, whatever its exit: its wait status (-1: not running).
+  // SIGKILL also continues a stopped one.
+  int Reap(int sig) {
+    if (pid <= 0) return -1;
     ::kill(pid, sig);
     if (sig == SIGKILL) ::kill(pid, SIGCONT);
     int status = 0;
     ::waitpid(pid, &status, 0);
-    if (sig == SIGTERM) {
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-    }
     pid = -1;
+    return status;
   }
+  // Sends `sig` (SIGSTOP, SIGCONT) and leaves the process running.
+  void Signal(int sig) const {
+    if (pid > 0) ::kill(pid, sig);
+  }
+  // Waits up to `limit` for the process to exit on its own; its wait status then is
+  // exit_status.
+  bool Exited(std::chrono::milliseconds limit) {
+    if (pid <= 0) return exit_status != -1;
+    return Eventually(
+        [&] {
+          int status = 0;
+          if (::waitpid(pid, &status, WNOHANG) != pid) return false;
+          pid = -1;
+          exit_status = status;
+          return true;
+        },
+        limit);
+  }
+  // Adds text to the config (after the last section), before Start.
+  void AppendConfig(const std::string& text) const { std::ofstream(config, std::ios::app) << text; }
 
   // Runs body in a child process; the child exits 0 if body returns true.
   static pid_t Fork(const std::function<bool()>& body) {
@@ -279,6 +350,9 @@ class OrchestratorProcess {
 
   std::string dir, pool, domain, socket, log, config;
   pid_t pid = -1;
+  int exit_status = -1;          // the wait status once it exited on its own (-1: not seen)
+  std::vector<std::string> env;  // NAME=VALUE added to the test's environment
+  std::vector<std::string> command_prefix;  // a command that execs the rest (a namespace)
 
  private:
   static OrchestratorConfig WithTiming(const std::string& timing, const std::string& rpc_extra) {
