@@ -3256,7 +3256,8 @@ TEST_F(HaTest, DISABLED_EveryHostReattachedAfterAFrozenClockStop) {
     const std::int64_t zero = 0;
     std::ofstream(shift_files.back(), std::ios::binary)
         .write(reinterpret_cast<const char*>(&zero), sizeof(zero));
-    env.push_back({"LD_PRELOAD=" CXLKV_CLOCK_SHIM_SO, "CXLKV_TEST_CLOCK_SHIFT=" + shift_files.back()});
+    env.push_back(
+        {"LD_PRELOAD=" CXLKV_CLOCK_SHIM_SO, "CXLKV_TEST_CLOCK_SHIFT=" + shift_files.back()});
   }
   ReattachBed bed;
   ASSERT_TRUE(StartReattachBed(n_hosts, env, &bed));
