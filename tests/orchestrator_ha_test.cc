@@ -512,6 +512,23 @@ bool Reattached(orch::HostClient& host) {
 }
 
 // The spec of a host that finds the domain's leader in etcd: etcd://EP,EP,EP/`path`.
+// The config of an orchestrator the test runs in its own process (Orchestrator::Open): domain
+// `name`, a 64 MiB pool file and a 4 MiB domain file in `dir`, 16 MiB extents, 1024 index
+// entries, 4 hosts, its socket and state in `dir`, no metrics; then `extra` (whole sections);
+// then, with `etcd`, an [etcd] section for node "solo" with a 3 s session TTL.
+std::string InProcessToml(const std::string& dir, const std::string& name,
+                          const EtcdCluster* etcd, const std::string& extra = "") {
+  std::string t = "[domain]\nname = \"" + name + "\"\npool = \"file:" + dir +
+                  "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
+                  "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
+                  "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n[rpc]\nsocket = \"" + dir +
+                  "/o.sock\"\n[metrics]\nlisten = \"\"\n" + extra;
+  if (etcd != nullptr) {
+    t += "[etcd]\nendpoints = " + etcd->EndpointsToml() + "\nnode = \"solo\"\nttl_s = 3\n";
+  }
+  return t;
+}
+
 std::string EtcdSpec(const EtcdCluster& etcd, const std::string& path) {
   std::string spec = "etcd://";
   for (const std::string& e : etcd.endpoints()) absl::StrAppend(&spec, e, ",");
@@ -2230,13 +2247,7 @@ TEST(Fence, ASingleOrchestratorRefusesAnElectedDomain) {
   char tmpl[] = "/tmp/cxlkv-ha-single-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  auto c =
-      orch::ParseConfig("[domain]\nname = \"s\"\npool = \"file:" + dir +
-                            "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
-                            "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
-                            "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n[rpc]\nsocket = \"" +
-                            dir + "/o.sock\"\n[metrics]\nlisten = \"\"\n",
-                        "single.toml");
+  auto c = orch::ParseConfig(InProcessToml(dir, "s", nullptr), "single.toml");
   ASSERT_TRUE(c.ok()) << c.status();
   {
     auto first = orch::Orchestrator::Open(*c, orch::OpenOptions{.new_domain = true});
@@ -2289,14 +2300,7 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
   char tmpl[] = "/tmp/cxlkv-ha-inproc-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  auto c = orch::ParseConfig(
-      "[domain]\nname = \"inproc\"\npool = \"file:" + dir +
-          "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
-          "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
-          "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n[rpc]\nsocket = \"" + dir +
-          "/o.sock\"\n[metrics]\nlisten = \"\"\n[etcd]\nendpoints = " + etcd_->EndpointsToml() +
-          "\nnode = \"solo\"\nttl_s = 3\n",
-      "inproc.toml");
+  auto c = orch::ParseConfig(InProcessToml(dir, "inproc", etcd_.get()), "inproc.toml");
   ASSERT_TRUE(c.ok()) << c.status();
   JumpingClock clock;
   auto o = orch::Orchestrator::Open(
@@ -2380,15 +2384,11 @@ TEST_F(HaTest, LmcacheCoordinatorStopsServingAtTheWriteDeadline) {
   const int port = ntohs(addr.sin_port);
   ::close(probe);
   auto c = orch::ParseConfig(
-      "[domain]\nname = \"lmcgate\"\npool = \"file:" + dir +
-          "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
-          "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
-          "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n[rpc]\nsocket = \"" + dir +
-          "/o.sock\"\n[metrics]\nlisten = \"\"\n[lmcache]\nlisten = \"127.0.0.1:" +
-          std::to_string(port) + "\"\ntoken_file = \"" + dir +
-          "/tokens\"\nlayout_id = \"ha-test\"\nregion_size = \"16M\"\nalignment = \"4K\"\n"
-          "[etcd]\nendpoints = " +
-          etcd_->EndpointsToml() + "\nnode = \"solo\"\nttl_s = 3\n",
+      InProcessToml(dir, "lmcgate", etcd_.get(),
+                    "[lmcache]\nlisten = \"127.0.0.1:" + std::to_string(port) +
+                        "\"\ntoken_file = \"" + dir +
+                        "/tokens\"\nlayout_id = \"ha-test\"\nregion_size = \"16M\"\n"
+                        "alignment = \"4K\"\n"),
       "lmcgate.toml");
   ASSERT_TRUE(c.ok()) << c.status();
   JumpingClock clock;
@@ -2423,14 +2423,7 @@ TEST_F(HaTest, AForeignFenceLineStopsTheLeaderBeforeItsNextStore) {
   char tmpl[] = "/tmp/cxlkv-ha-foreign-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  auto c = orch::ParseConfig(
-      "[domain]\nname = \"foreign\"\npool = \"file:" + dir +
-          "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
-          "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
-          "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n[rpc]\nsocket = \"" + dir +
-          "/o.sock\"\n[metrics]\nlisten = \"\"\n[etcd]\nendpoints = " + etcd_->EndpointsToml() +
-          "\nnode = \"solo\"\nttl_s = 3\n",
-      "foreign.toml");
+  auto c = orch::ParseConfig(InProcessToml(dir, "foreign", etcd_.get()), "foreign.toml");
   ASSERT_TRUE(c.ok()) << c.status();
   auto o = orch::Orchestrator::Open(
       *c, orch::OpenOptions{.new_domain = true, .write_back_agent = false});
@@ -2497,18 +2490,11 @@ TEST_F(HaTest, OwnerWritesOutsideTheLoopCheckAndRecordTheFenceLine) {
   char tmpl[] = "/tmp/cxlkv-ha-outside-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  auto c = orch::ParseConfig("[domain]\nname = \"outside\"\npool = \"file:" + dir +
-                                 "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
-                                 "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
-                                 "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n"
-                                 "[rpc]\nsocket = \"" +
-                                 dir +
-                                 "/o.sock\"\n[metrics]\nlisten = \"\"\n"
-                                 "[timing]\nowner_period_ms = 10000\n"
-                                 "[[namespace]]\ntenant = \"t\"\nmodel = \"m\"\nlayout = \"l\"\n"
-                                 "[etcd]\nendpoints = " +
-                                 etcd_->EndpointsToml() + "\nnode = \"solo\"\nttl_s = 3\n",
-                             "outside.toml");
+  auto c = orch::ParseConfig(
+      InProcessToml(dir, "outside", etcd_.get(),
+                    "[timing]\nowner_period_ms = 10000\n"
+                    "[[namespace]]\ntenant = \"t\"\nmodel = \"m\"\nlayout = \"l\"\n"),
+      "outside.toml");
   ASSERT_TRUE(c.ok()) << c.status();
   auto o = orch::Orchestrator::Open(
       *c, orch::OpenOptions{.new_domain = true, .write_back_agent = false});
@@ -2647,14 +2633,7 @@ TEST_F(HaTest, ANewLeadersEpochIsAboveEveryEpochTheDomainRecords) {
   char tmpl[] = "/tmp/cxlkv-ha-epochs-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  auto c = orch::ParseConfig(
-      "[domain]\nname = \"epochs\"\npool = \"file:" + dir +
-          "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
-          "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
-          "/d.state\"\nindex_entries = 1024\nmax_hosts = 4\n[rpc]\nsocket = \"" + dir +
-          "/o.sock\"\n[metrics]\nlisten = \"\"\n[etcd]\nendpoints = " + etcd_->EndpointsToml() +
-          "\nnode = \"solo\"\nttl_s = 3\n",
-      "epochs.toml");
+  auto c = orch::ParseConfig(InProcessToml(dir, "epochs", etcd_.get()), "epochs.toml");
   ASSERT_TRUE(c.ok()) << c.status();
   DomainLines lines(dir + "/domain");
   auto etcd = etcd_->NewClient();
