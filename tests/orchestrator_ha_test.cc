@@ -516,8 +516,8 @@ bool Reattached(orch::HostClient& host) {
 // `name`, a 64 MiB pool file and a 4 MiB domain file in `dir`, 16 MiB extents, 1024 index
 // entries, 4 hosts, its socket and state in `dir`, no metrics; then `extra` (whole sections);
 // then, with `etcd`, an [etcd] section for node "solo" with a 3 s session TTL.
-std::string InProcessToml(const std::string& dir, const std::string& name,
-                          const EtcdCluster* etcd, const std::string& extra = "") {
+std::string InProcessToml(const std::string& dir, const std::string& name, const EtcdCluster* etcd,
+                          const std::string& extra = "") {
   std::string t = "[domain]\nname = \"" + name + "\"\npool = \"file:" + dir +
                   "/pool?size=64M\"\nprefix_domain = \"file:" + dir +
                   "/domain?size=4M\"\nextent_size = \"16M\"\nstate_file = \"" + dir +
