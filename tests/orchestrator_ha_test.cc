@@ -630,6 +630,22 @@ class HaTest : public EtcdClusterTest {
     std::vector<std::unique_ptr<orch::HostClient>> hosts;
     std::map<std::uint32_t, std::set<std::uint32_t>> granted;
     std::vector<std::uint64_t> incs;
+    // Waits (20 s) until every host follows a leader of an epoch above `old_epoch`; (*at)[h]
+    // is the ms from `t0` at which host h was first seen doing so.
+    bool WaitForEveryHost(std::int64_t old_epoch, std::int64_t t0,
+                          std::vector<std::int64_t>* at) const {
+      at->assign(hosts.size(), -1);
+      return Eventually(
+          [&] {
+            bool every = true;
+            for (std::size_t h = 0; h < hosts.size(); ++h) {
+              if ((*at)[h] < 0 && hosts[h]->leader_epoch() > old_epoch) (*at)[h] = NowMs() - t0;
+              every = every && (*at)[h] >= 0;
+            }
+            return every;
+          },
+          std::chrono::milliseconds(20000));
+    }
     std::vector<HaOrchestrator*> all() const {
       std::vector<HaOrchestrator*> v;
       for (const auto& o : orch) v.push_back(o.get());
@@ -1914,17 +1930,8 @@ TEST_F(HaTest, EveryHostReattachedAfterKillNine) {
     for (auto& h : hosts) old_epoch = std::max(old_epoch, h->leader_epoch());
     leader->Kill(SIGKILL);
     const std::int64_t t0 = NowMs();
-    std::vector<std::int64_t> at(n_hosts, -1);
-    ASSERT_TRUE(Eventually(
-        [&] {
-          bool every = true;
-          for (std::uint32_t h = 0; h < n_hosts; ++h) {
-            if (at[h] < 0 && hosts[h]->leader_epoch() > old_epoch) at[h] = NowMs() - t0;
-            every = every && at[h] >= 0;
-          }
-          return every;
-        },
-        milliseconds(20000)))
+    std::vector<std::int64_t> at;
+    ASSERT_TRUE(bed.WaitForEveryHost(old_epoch, t0, &at))
         << "trial " << trial << ": not every host re-attached";
     std::int64_t worst_list = 0, worst_etcd = 0;
     for (std::uint32_t h = 0; h < n_hosts; ++h) {
@@ -3279,17 +3286,8 @@ TEST_F(HaTest, DISABLED_EveryHostReattachedAfterAFrozenClockStop) {
     const std::int64_t t0 = NowMs();
     ::kill(agent[0], SIGCONT);
     ::kill(leader->pid, SIGCONT);
-    std::vector<std::int64_t> at(n_hosts, -1);
-    ASSERT_TRUE(Eventually(
-        [&] {
-          bool every = true;
-          for (std::uint32_t h = 0; h < n_hosts; ++h) {
-            if (at[h] < 0 && hosts[h]->leader_epoch() > old_epoch) at[h] = NowMs() - t0;
-            every = every && at[h] >= 0;
-          }
-          return every;
-        },
-        milliseconds(20000)))
+    std::vector<std::int64_t> at;
+    ASSERT_TRUE(bed.WaitForEveryHost(old_epoch, t0, &at))
         << "trial " << trial << ": not every host re-attached after the resume";
     std::int64_t worst = 0;
     for (std::uint32_t h = 0; h < n_hosts; ++h) {
