@@ -1916,5 +1916,130 @@ TEST(PrefixOwnerMemory, NamedBlocksStayExactThroughReclaims) {
   }
 }
 
+
+// ---- entries of the owner's own: region objects (PublishOwn, docs/lmcache.md) ---------------
+
+RegionObject Obj(std::uint64_t offset, std::uint64_t generation) {
+  return RegionObject{offset, 4096 + offset % 7, generation, 0xC0FFEEu};
+}
+
+TEST(PrefixOwn, RegionRefRoundTripsAndNoArenaIdReadsAsOne) {
+  const RegionObject o{(std::uint64_t{1} << 48) - 64, 0xFFFFFFFFull, ~0ull, 77};
+  const auto ref = RegionRef(o);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(AsRegionObject(*ref), o);
+  EXPECT_EQ(AsRegionObject(*RegionRef(Obj(0, 1))), Obj(0, 1));
+  EXPECT_FALSE(RegionRef(RegionObject{std::uint64_t{1} << 48, 1, 1, 0}).ok()) << "offset";
+  EXPECT_FALSE(RegionRef(RegionObject{0, 0, 1, 0}).ok()) << "length 0";
+  EXPECT_FALSE(RegionRef(RegionObject{0, std::uint64_t{1} << 32, 1, 0}).ok()) << "length";
+  EXPECT_FALSE(RegionRef(RegionObject{0, 1, 0, 0}).ok()) << "generation 0";
+  // An arena block's ref: the arena id is a version-4 UUID (0x4? in byte 6).
+  BlockRef block = Ref(9);
+  for (unsigned v = 0; v < 256; ++v) {
+    block.arena[6] = static_cast<std::uint8_t>(0x40 | (v & 0x0F));
+    block.arena[7] = static_cast<std::uint8_t>(v);
+    EXPECT_FALSE(AsRegionObject(block).has_value()) << v;
+  }
+}
+
+// The owner publishes a region object; a host finds and leases it like any block; the owner's
+// process retires it, and the ref comes back to that process (never to a host's ring) only
+// once no lease names it: then, and only then, may the range be granted again.
+TEST(PrefixOwn, OwnEntryIsLeasedByHostsAndComesBackOnlyAfterItsLeases) {
+  World w;
+  const PrefixKey k = w.Key(1);
+  const BlockRef ref = *RegionRef(Obj(2 << 20, 41));
+  ASSERT_TRUE(w.owner->PublishOwn(w.ns, k, ref).ok());
+  EXPECT_TRUE(absl::IsAlreadyExists(w.owner->PublishOwn(w.ns, k, *RegionRef(Obj(4 << 20, 42)))));
+  EXPECT_TRUE(absl::IsInvalidArgument(w.owner->PublishOwn(w.ns, w.Key(2), ref)))
+      << "a ref named twice";
+  EXPECT_TRUE(absl::IsInvalidArgument(w.owner->PublishOwn(w.ns, w.Key(3), Ref(3))))
+      << "an arena block is published by its host, not by the owner";
+  std::vector<Lease> leases;
+  const PrefixKey keys[] = {k};
+  auto n = w.h1->AcquireChain(w.ns, keys, &leases);
+  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_EQ(*n, 1u);
+  EXPECT_EQ(AsRegionObject(leases[0].ref), Obj(2 << 20, 41));
+  EXPECT_EQ(w.h1->Lookup(w.ns, k)->publisher, kOwnerPublisher);
+
+  ASSERT_TRUE(w.owner->RetireKey(w.ns, k).ok());
+  for (int round = 0; round < 4; ++round) {  // past the grace, the lease still held
+    w.now += 30;
+    ASSERT_TRUE(w.h1->Renew(leases[0]).ok());
+    w.Beat();
+  }
+  EXPECT_TRUE(w.owner->TakeReclaimedOwn().empty()) << "leased: the range stays the index's";
+  EXPECT_FALSE(w.h1->ValidateAfterCopy(leases[0]).ok()) << "a copy after the retire is refused";
+  w.h1->Release(leases[0]);
+  w.now += 30;
+  w.Beat();
+  const auto back = w.owner->TakeReclaimedOwn();
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0], ref);
+  EXPECT_TRUE(w.owner->TakeReclaimedOwn().empty()) << "handed back once";
+  EXPECT_EQ(w.owner->stats().own_reclaimed, 1u);
+  std::vector<BlockRef> returned;
+  ASSERT_TRUE(w.h0->Heartbeat(&returned).ok());
+  ASSERT_TRUE(w.h1->Heartbeat(&returned).ok());
+  EXPECT_TRUE(returned.empty()) << "no host is handed the owner's range";
+  // The range is free: the same offset, a new generation, published again.
+  ASSERT_TRUE(w.owner->PublishOwn(w.ns, k, *RegionRef(Obj(2 << 20, 43))).ok());
+  EXPECT_EQ(AsRegionObject(w.h0->Lookup(w.ns, k)->ref)->generation, 43u);
+}
+
+// A region ref in a host's request would let readers take a range of the owner's region for
+// that host's object: refused, and the key stays absent.
+TEST(PrefixOwn, AHostCannotPublishARegionRef) {
+  World w;
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(5), PrefixKey{}, *RegionRef(Obj(0, 9))).ok());
+  const std::uint64_t rejected = w.owner->stats().rejected;
+  w.Beat();
+  EXPECT_EQ(w.owner->stats().rejected, rejected + 1);
+  EXPECT_FALSE(w.h1->Lookup(w.ns, w.Key(5)).has_value());
+}
+
+// A restarted owner's process reconciles its objects with what the index holds: OwnEntries
+// lists the published and the retired own entries; the retired one still comes back after
+// its grace, through the new owner.
+TEST(PrefixOwn, ARestartedOwnerListsItsEntriesAndStillHandsBackTheRetired) {
+  World w;
+  ASSERT_TRUE(w.owner->PublishOwn(w.ns, w.Key(1), *RegionRef(Obj(0, 1))).ok());
+  ASSERT_TRUE(w.owner->PublishOwn(w.ns, w.Key(2), *RegionRef(Obj(8192, 2))).ok());
+  ASSERT_TRUE(w.h0->Publish(w.ns, w.Key(3), PrefixKey{}, Ref(3)).ok());
+  w.Beat();
+  ASSERT_TRUE(w.owner->RetireKey(w.ns, w.Key(2)).ok());
+  w.owner = std::move(*PrefixOwner::Open(*w.ov, w.oc));
+  auto own = w.owner->OwnEntries();
+  std::sort(own.begin(), own.end(),
+            [](const auto& a, const auto& b) { return a.ref.index < b.ref.index; });
+  ASSERT_EQ(own.size(), 2u) << "the host's block is not the owner's";
+  EXPECT_EQ(AsRegionObject(own[0].ref), Obj(0, 1));
+  EXPECT_TRUE(own[0].published);
+  EXPECT_EQ(AsRegionObject(own[1].ref), Obj(8192, 2));
+  EXPECT_FALSE(own[1].published);
+  EXPECT_EQ(own[1].key, w.Key(2));
+  for (int round = 0; round < 4; ++round) {
+    w.now += 30;
+    w.Beat();
+  }
+  const auto back = w.owner->TakeReclaimedOwn();
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(AsRegionObject(back[0]), Obj(8192, 2));
+  EXPECT_EQ(w.owner->EntriesNaming(PrefixOwner::ArenaId{7}), 1u)
+      << "own entries are counted under no arena; the host's block is";
+}
+
+TEST(PrefixOwn, ADomainOf255HostsHasNoIdForTheOwner) {
+  SimMemory media(DomainBytes({255, 16, 1, 1, 400, 4000, 40}), 1);
+  auto view = media.NewView(0);
+  ASSERT_TRUE(FormatDomain(*view, {255, 16, 1, 1, 400, 4000, 40}).ok());
+  ManualClock clock;
+  auto owner = std::move(*PrefixOwner::Open(*view, clock));
+  const auto st = owner->PublishOwn(MakeNamespace("t", "m", "l"), PrefixKey{1, 2},
+                                    *RegionRef(Obj(0, 1)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+  EXPECT_NE(st.message().find("max_hosts 254"), std::string::npos) << st;
+}
 }  // namespace
 }  // namespace cxlkv::coherence

@@ -10,6 +10,9 @@
 namespace cxlkv::coherence {
 namespace {
 
+// RegionRef's mark in arena[6]: an arena id (an RFC 4122 version-4 UUID) has 0x4? there.
+constexpr std::uint8_t kRegionRefMark = 0xE0;
+
 std::uint32_t RoundUpPow2(std::uint32_t v) {
   std::uint32_t p = 1;
   while (p < v) p <<= 1;
@@ -136,6 +139,36 @@ absl::StatusOr<DomainHeader> ReadDomainHeader(Mem& mem) {
   }
   if (auto st = CheckGeometry(h, mem.size_bytes()); !st.ok()) return st;
   return h;
+}
+
+absl::StatusOr<BlockRef> RegionRef(const RegionObject& o) {
+  if (o.offset >= (std::uint64_t{1} << 48)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region object offset ", o.offset, " is not below 2^48"));
+  }
+  if (o.length == 0 || o.length > 0xFFFFFFFFull) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region object length ", o.length, " is not in 1..2^32-1"));
+  }
+  if (o.generation == 0) return absl::InvalidArgumentError("region object generation 0");
+  BlockRef r{};
+  for (int b = 0; b < 6; ++b) r.arena[b] = static_cast<std::uint8_t>(o.offset >> (8 * b));
+  r.arena[6] = kRegionRefMark;
+  for (int b = 0; b < 8; ++b) r.arena[8 + b] = static_cast<std::uint8_t>(o.generation >> (8 * b));
+  r.index = static_cast<std::uint32_t>(o.length);
+  r.generation = o.region_tag;
+  return r;
+}
+
+std::optional<RegionObject> AsRegionObject(const BlockRef& ref) {
+  if (ref.arena[6] != kRegionRefMark || ref.arena[7] != 0 || ref.index == 0) return std::nullopt;
+  RegionObject o;
+  for (int b = 0; b < 6; ++b) o.offset |= std::uint64_t{ref.arena[b]} << (8 * b);
+  for (int b = 0; b < 8; ++b) o.generation |= std::uint64_t{ref.arena[8 + b]} << (8 * b);
+  if (o.generation == 0) return std::nullopt;
+  o.length = ref.index;
+  o.region_tag = ref.generation;
+  return o;
 }
 
 }  // namespace cxlkv::coherence

@@ -116,7 +116,7 @@ void PrefixOwner::NameAt(std::uint32_t i, std::uint32_t home) {
 
 void PrefixOwner::Name(std::uint32_t i, const BlockRef& ref) {
   NameAt(i, NamedHome(ref));
-  ++arena_refs_[ArenaOf(ref)];
+  if (!Own(i)) ++arena_refs_[ArenaOf(ref)];  // a region ref names no arena
 }
 
 void PrefixOwner::Unname(std::uint32_t i, const BlockRef& ref) {
@@ -139,6 +139,7 @@ void PrefixOwner::Unname(std::uint32_t i, const BlockRef& ref) {
     }
   }
   named_[hole] = 0;
+  if (Own(i)) return;
   auto it = arena_refs_.find(ArenaOf(ref));
   if (it != arena_refs_.end() && --it->second == 0) arena_refs_.erase(it);
 }
@@ -152,7 +153,7 @@ std::uint32_t PrefixOwner::RevokeArena(ArenaId arena) {
   if (arena_refs_.count(arena) == 0) return 0;
   std::uint32_t retired = 0;
   for (std::uint32_t i = 0; i < h_.index_entries; ++i) {
-    if (entry_state(i) == EntryState::kPublished && ArenaOf(ReadEntry(i).ref) == arena) {
+    if (entry_state(i) == EntryState::kPublished && !Own(i) && ArenaOf(ReadEntry(i).ref) == arena) {
       RetireEntry(i);
       ++retired;
     }
@@ -243,7 +244,7 @@ absl::StatusOr<std::unique_ptr<PrefixOwner>> PrefixOwner::Open(Mem& mem, Clock& 
         const std::uint32_t home = o->NamedHome(e.ref);
         __builtin_prefetch(&o->named_[home], 1);
         to_name.emplace_back(i, home);
-        count_arena(e.ref);
+        if (e.publisher != kOwnerPublisher) count_arena(e.ref);
       }
       if (s == EntryState::kPublished) {
         ++o->published_count_;
@@ -558,7 +559,9 @@ void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
   }
 #endif
   // A block of a revoked arena: its memory is going back to the pool, nothing to return to.
-  if (Revoked(r.ref)) {
+  // A region ref: only the owner publishes those (PublishOwn); a host's would let readers
+  // take a range of the owner's region for its object.
+  if (Revoked(r.ref) || AsRegionObject(r.ref).has_value()) {
     ++stats_.rejected;
     return;
   }
@@ -567,39 +570,93 @@ void PrefixOwner::Apply(std::uint32_t host, const RequestSlot& r) {
     ReturnBlock(host, r.ref);
     return;
   }
-  const std::int64_t slot = FindFreeSlot(r.ns, key);
-  if (slot < 0) {
+  if (!InsertEntry(r.ns, key, PrefixKey{r.parent[0], r.parent[1]}, r.ref,
+                   static_cast<std::uint8_t>(host))) {
     ++stats_.rejected;  // index full even after eviction: the block goes back
     ReturnBlock(host, r.ref);
-    return;
   }
+}
+
+bool PrefixOwner::InsertEntry(Namespace ns, const PrefixKey& key, const PrefixKey& parent_key,
+                              const BlockRef& ref, std::uint8_t publisher) {
+  const std::int64_t slot = FindFreeSlot(ns, key);
+  if (slot < 0) return false;
   const auto i = static_cast<std::uint32_t>(slot);
   IndexEntry e{};
   e.key[0] = key.lo;
   e.key[1] = key.hi;
-  e.ns = r.ns;
-  e.ref = r.ref;
+  e.ns = ns;
+  e.ref = ref;
   e.entry_gen = gen_[i] + 1;
   e.state = static_cast<std::uint8_t>(EntryState::kPublished);
-  e.publisher = static_cast<std::uint8_t>(host);
+  e.publisher = publisher;
   flags_[i] = 0;  // not leased, not quarantined; WriteEntry sets the state
   fanout_[i] = 0;
   score_[i] = 0;
   retired_at_[i] = 0;
-  tags_[i] = KeyTag(r.ns, key);
-  CoverSlot(internal::ProbeStart(h_, r.ns, key), i);
+  tags_[i] = KeyTag(ns, key);
+  CoverSlot(internal::ProbeStart(h_, ns, key), i);
   WriteEntry(i, e);
-  Name(i, r.ref);
+  Name(i, ref);
   ++published_count_;
   ++stats_.published;
   if (!published_under_pin_.empty()) {
-    auto pinned = published_under_pin_.find(r.ns);
+    auto pinned = published_under_pin_.find(ns);
     ++(pinned != published_under_pin_.end() ? pinned->second : published_under_others_);
   }
-  const std::int64_t parent = FindKey(r.ns, PrefixKey{r.parent[0], r.parent[1]}, true);
+  const std::int64_t parent = FindKey(ns, parent_key, true);
   if (parent >= 0 && fanout_[static_cast<std::uint32_t>(parent)] < 0xFF) {
     ++fanout_[static_cast<std::uint32_t>(parent)];
   }
+  return true;
+}
+
+absl::Status PrefixOwner::PublishOwn(Namespace ns, const PrefixKey& key, const BlockRef& ref) {
+  if (h_.max_hosts > kOwnerPublisher) {
+    return absl::FailedPreconditionError(
+        "the domain was formatted for 255 hosts, so every publisher id is a host's and the "
+        "owner cannot publish entries of its own: format it with max_hosts 254 or fewer");
+  }
+  if (ns == 0 || (key.lo == 0 && key.hi == 0)) {
+    return absl::InvalidArgumentError("an own entry needs a non-zero namespace and key");
+  }
+  if (!AsRegionObject(ref).has_value()) {
+    return absl::InvalidArgumentError("an own entry names a region object (a region ref)");
+  }
+  if (IsNamed(ref)) {
+    return absl::InvalidArgumentError("the region ref is already named by an index entry");
+  }
+  if (FindKey(ns, key, true) >= 0) {
+    return absl::AlreadyExistsError("the key is published in this namespace");
+  }
+  // Stored, flushed and fenced before this returns (not a batch): a host that looks after
+  // the call finds the entry.
+  if (!InsertEntry(ns, key, PrefixKey{}, ref, kOwnerPublisher)) {
+    return absl::ResourceExhaustedError("the prefix index has no free entry");
+  }
+  ++stats_.own_published;
+  return absl::OkStatus();
+}
+
+std::vector<BlockRef> PrefixOwner::TakeReclaimedOwn() {
+  std::vector<BlockRef> out;
+  out.swap(reclaimed_own_);
+  return out;
+}
+
+std::vector<PrefixOwner::OwnEntry> PrefixOwner::OwnEntries() const {
+  std::vector<OwnEntry> out;
+  for (std::uint32_t i = 0; i < h_.index_entries; ++i) {
+    const EntryState s = entry_state(i);
+    if ((s != EntryState::kPublished && s != EntryState::kRetired) || !Own(i) ||
+        IsQuarantined(i)) {
+      continue;
+    }
+    const IndexEntry e = ReadEntry(i);
+    out.push_back(OwnEntry{e.ns, PrefixKey{e.key[0], e.key[1]}, e.ref,
+                           s == EntryState::kPublished});
+  }
+  return out;
 }
 
 void PrefixOwner::RetireEntry(std::uint32_t i) {
@@ -751,7 +808,8 @@ std::uint32_t PrefixOwner::Reclaim() {
     }
     // Reclaimed without a return, so no ring room needed: entries of a revoked arena, and
     // quarantined ones (their block is unknown).
-    if (IsQuarantined(i) || (!revoked_.empty() && Revoked(ReadEntry(i).ref))) {
+    // Own entries go back to the owner's process (TakeReclaimedOwn), not to a host's ring.
+    if (IsQuarantined(i) || Own(i) || (!revoked_.empty() && Revoked(ReadEntry(i).ref))) {
       due.push_back(i);
       continue;
     }
@@ -789,7 +847,10 @@ std::uint32_t PrefixOwner::Reclaim() {
       continue;
     }
     const BlockRef ref = ReadEntry(i).ref;
-    if (!Revoked(ref)) {
+    if (Own(i)) {
+      reclaimed_own_.push_back(ref);
+      ++stats_.own_reclaimed;
+    } else if (!Revoked(ref)) {
       const std::uint8_t publisher = publisher_[i];
       if (room[publisher] == 0) {
         ++stats_.returns_waiting;

@@ -190,6 +190,11 @@ enum class EntryState : std::uint8_t { kEmpty = 0, kPublished = 1, kRetired = 2,
 // IndexEntry::publisher of an entry the owner found torn when it opened the domain: retired,
 // its key and block unknown (the block leaks); freed once no lease row names the entry.
 inline constexpr std::uint8_t kQuarantined = 0xFF;  // never a host id (max_hosts <= 255)
+// IndexEntry::publisher of an entry the owner published itself (PrefixOwner::PublishOwn): an
+// object in a region of the pool that no host's arena holds (the LMCache coordinator's region),
+// its BlockRef a region ref (prefix.h, RegionRef). Never a host id: PublishOwn needs a domain of
+// at most 254 hosts. Reclaimed without a return; the owner's process is told (TakeReclaimedOwn).
+inline constexpr std::uint8_t kOwnerPublisher = 0xFE;
 
 // Writer: the owner. One line.
 struct alignas(64) IndexEntry {

@@ -41,6 +41,32 @@ Namespace MakeNamespace(absl::string_view tenant, absl::string_view model,
 // sequence chains from the all-zero key.
 PrefixKey ChainKey(Namespace ns, const PrefixKey& parent, std::span<const std::uint32_t> tokens);
 
+// ---- region objects -------------------------------------------------------------------------
+//
+// An object the owner's process keeps in a region of the pool outside every host's arena (the
+// LMCache coordinator's region, docs/lmcache.md "Keys in the domain's index") and publishes in
+// the index itself (PrefixOwner::PublishOwn). Its BlockRef is a *region ref*, 24 bytes read as:
+//   arena[0..6)   offset in the region, 48-bit little-endian
+//   arena[6]      0xE0: the mark (an arena id is an RFC 4122 version-4 UUID: 0x4? there)
+//   arena[7]      0
+//   arena[8..16)  the object's 64-bit generation, little-endian
+//   index         length in bytes
+//   generation    the region's tag (the owner's process picks it: LMCache's, CRC32C of
+//                 region_id), so a reader checks the ref names the region it mapped
+// Hosts never publish one (the owner rejects the request), so a region ref in the index is the
+// owner's. A lease on its entry keeps the range from reuse exactly as for an arena block.
+struct RegionObject {
+  std::uint64_t offset = 0;      // < 2^48
+  std::uint64_t length = 0;      // 1 .. 2^32 - 1
+  std::uint64_t generation = 0;  // != 0
+  std::uint32_t region_tag = 0;
+  bool operator==(const RegionObject&) const = default;
+};
+// kInvalidArgument naming the field out of range.
+absl::StatusOr<BlockRef> RegionRef(const RegionObject& o);
+// nullopt unless `ref` is a region ref.
+std::optional<RegionObject> AsRegionObject(const BlockRef& ref);
+
 // ---- domain geometry ------------------------------------------------------------------------
 
 struct DomainGeometry {
@@ -334,6 +360,8 @@ class PrefixOwner {
     // quarantined — kept retired until no lease can name it, then freed without a return —
     // and its block, which nobody can name any more, is leaked.
     std::uint64_t quarantined = 0;
+    std::uint64_t own_published = 0;  // PublishOwn's entries
+    std::uint64_t own_reclaimed = 0;  // ... handed back through TakeReclaimedOwn
     // Found by Open: owner lines that never validated, rebuilt from the host's own lines.
     // Requests the host had pending then are dropped (their blocks leak).
     std::uint64_t owner_lines_rebuilt = 0;
@@ -357,6 +385,27 @@ class PrefixOwner {
   std::uint32_t Evict(std::uint32_t n);
   // Retires the entry of (ns, key) if published. kNotFound otherwise.
   absl::Status RetireKey(Namespace ns, const PrefixKey& key);
+
+  // Publishes an entry of the owner's own (publisher kOwnerPublisher) for a region object:
+  // `ref` a region ref (RegionRef). Hosts find and lease it like any entry; the owner's
+  // process retires it with RetireKey (or the owner evicts it under pressure), and once it is
+  // reclaimed — no lease names it and none can again — its ref is handed back through
+  // TakeReclaimedOwn, never through a host's ring: only then may the range be reused.
+  // kAlreadyExists: the key is published; kResourceExhausted: no free index slot;
+  // kInvalidArgument: not a region ref, a zero namespace or key, or the ref already named;
+  // kFailedPrecondition: a domain of 255 hosts (kOwnerPublisher would be a host id).
+  absl::Status PublishOwn(Namespace ns, const PrefixKey& key, const BlockRef& ref);
+  // Refs of own entries reclaimed since the last call, oldest first.
+  std::vector<BlockRef> TakeReclaimedOwn();
+  // The own entries in the index, published or retired (not yet reclaimed): what a restarted
+  // owner's process reconciles its objects with (after Open they are what the index holds).
+  struct OwnEntry {
+    Namespace ns = 0;
+    PrefixKey key;
+    BlockRef ref{};
+    bool published = false;
+  };
+  std::vector<OwnEntry> OwnEntries() const;
   // Retires every published entry of a namespace (an operator's evict). Returns how many.
   std::uint32_t RetireNamespace(Namespace ns);
   // Entry i as the owner last wrote it (read back from the shared index: the owner keeps no
@@ -444,6 +493,11 @@ class PrefixOwner {
   std::int64_t FindKey(Namespace ns, const PrefixKey& key, bool published_only) const;
   std::int64_t FindFreeSlot(Namespace ns, const PrefixKey& key) const;
   void Apply(std::uint32_t host, const RequestSlot& r);
+  // Writes a published entry for (ns, key) at a free slot: Apply's publish and PublishOwn's.
+  // False when the index has no free slot.
+  bool InsertEntry(Namespace ns, const PrefixKey& key, const PrefixKey& parent,
+                   const BlockRef& ref, std::uint8_t publisher);
+  bool Own(std::uint32_t i) const { return publisher_[i] == kOwnerPublisher; }
   void RetireEntry(std::uint32_t i);
   // Free slots in `host`'s return ring as its row (`row`, read earlier) last showed them.
   std::uint32_t ReturnRoom(std::uint32_t host, const HostRow& row) const;
@@ -512,6 +566,7 @@ class PrefixOwner {
   bool Revoked(const BlockRef& ref) const;
   std::unordered_map<ArenaId, std::uint32_t, ArenaHash> arena_refs_;  // named_, by arena
   std::unordered_set<ArenaId, ArenaHash> revoked_;
+  std::vector<BlockRef> reclaimed_own_;  // TakeReclaimedOwn's
 };
 
 }  // namespace cxlkv::coherence
