@@ -591,6 +591,125 @@ TEST_F(CoordinatorTest, RandomOperationsKeepInvariants) {
   }
 }
 
+// ---- the domain's prefix index (docs/lmcache.md "Keys in the domain's index") ----------------
+
+std::optional<coherence::RegionObject> RefOf(const Coordinator::IndexOp& op) {
+  return coherence::AsRegionObject(op.ref);
+}
+
+// Finished objects are offered to the index under the tenant's namespace and the key's name
+// key, with their handle as a region ref; an evicted one's range is held — counted, not
+// granted — until the index lets it go, and a reserve that needs it waits for that.
+TEST_F(CoordinatorTest, IndexedObjectsAreHeldAfterEvictionUntilTheIndexLetsThemGo) {
+  c_.index_wait_ms = 400;
+  auto co = Open();
+  co->AttachIndex({});
+  const std::string e = co->region().region_epoch;
+  std::vector<Handle> h;
+  for (int i = 0; i < 8; ++i) h.push_back(Put(*co, "t", i, 0, 8));  // full
+  auto ops = co->TakeIndexOps();
+  ASSERT_EQ(ops.size(), 8u);
+  const coherence::Namespace ns = coherence::MakeNamespace("t", "lmcache", "L1");
+  EXPECT_EQ(co->IndexNamespace("t"), ns);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_TRUE(ops[i].publish);
+    EXPECT_EQ(ops[i].ns, ns);
+    EXPECT_EQ(ops[i].key, coherence::NameKey(ns, std::string(Key(i).chunk_hash_hex) + "\x1fm\x1f"
+                                                     "0\x1f"
+                                                     "0\x1f"));
+    EXPECT_EQ(RefOf(ops[i]), (coherence::RegionObject{h[i].offset, h[i].length, h[i].generation,
+                                                      coherence::Crc32c("r0", 2)}));
+  }
+  EXPECT_EQ(co->stats().indexed, 8u);
+  // A reserve that needs object 0's range: 0 is evicted (gone from lookups, its entry retired)
+  // but its range is the index's till released: not within index_wait_ms here.
+  auto g = co->Reserve("t", e, {Item(100, 8)}, 1);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kResourceExhausted) << g.status();
+  EXPECT_NE(g.status().message().find("lmcache.index_wait_ms"), std::string::npos) << g.status();
+  EXPECT_FALSE(Present(*co, "t", 0, 2));
+  EXPECT_EQ(co->stats().evicted, 1u);
+  EXPECT_EQ(co->stats().held_bytes, 8 * kAlign);
+  EXPECT_EQ(co->stats().used_bytes, kRegion) << "a held range is still taken";
+  ops = co->TakeIndexOps();
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_FALSE(ops[0].publish);
+  EXPECT_EQ(ops[0].key, coherence::NameKey(ns, Coordinator::IndexName(Key(0))));
+  // Retrying before the release evicts nothing more: the held range is on its way.
+  EXPECT_FALSE(co->Reserve("t", e, {Item(100, 8)}, 3).ok());
+  EXPECT_EQ(co->stats().evicted, 1u);
+  // A release of another generation at that offset frees nothing.
+  auto stale = coherence::RegionRef({h[0].offset, h[0].length, h[0].generation + 100,
+                                     co->RegionTag()});
+  co->IndexReleased({*stale});
+  EXPECT_EQ(co->stats().held_bytes, 8 * kAlign);
+  // The release comes while a reserve waits: it is granted object 0's range.
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    co->IndexReleased(
+        {*coherence::RegionRef({h[0].offset, h[0].length, h[0].generation, co->RegionTag()})});
+  });
+  auto g2 = co->Reserve("t", e, {Item(100, 8)}, 4);
+  releaser.join();
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  ASSERT_TRUE((*g2)[0]);
+  EXPECT_EQ((*g2)[0]->handle.offset, h[0].offset);
+  EXPECT_GT((*g2)[0]->handle.generation, h[7].generation);
+  EXPECT_EQ(co->stats().held_bytes, 0u);
+  EXPECT_EQ(co->stats().evicted, 1u);
+  EXPECT_GE(co->stats().index_waits, 2u);
+}
+
+// Without the index nothing is held: eviction frees at once, as before the link.
+TEST_F(CoordinatorTest, WithoutTheIndexEvictionFreesAtOnce) {
+  c_.index = false;
+  auto co = Open();
+  co->AttachIndex({});
+  for (int i = 0; i < 8; ++i) Put(*co, "t", i, 0, 8);
+  EXPECT_TRUE(co->TakeIndexOps().empty());
+  auto g = co->Reserve("t", co->region().region_epoch, {Item(100, 8)}, 1);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(co->stats().held_bytes, 0u);
+}
+
+// An object the index evicted (or refused) is served over HTTP only: its eviction later frees
+// at once. A restarted coordinator reconciles with the index: an entry of an object it
+// evicted before the restart holds that range, live objects already there are not offered
+// again, the rest are.
+TEST_F(CoordinatorTest, ARestartReconcilesWithWhatTheIndexHolds) {
+  c_.index_wait_ms = 0;
+  std::vector<Handle> h;
+  std::vector<coherence::PrefixOwner::OwnEntry> own;
+  {
+    auto co = Open();
+    co->AttachIndex({});
+    for (int i = 0; i < 8; ++i) h.push_back(Put(*co, "t", i, 0, 8));
+    for (const auto& op : co->TakeIndexOps()) own.push_back({op.ns, op.key, op.ref, true});
+    // The index let object 7 go on its own: no longer indexed.
+    co->IndexReleased({own[7].ref});
+    EXPECT_EQ(co->stats().indexed, 7u);
+    own.pop_back();
+    // Object 0 evicted: its entry is retired (the restart comes before the reclaim).
+    EXPECT_FALSE(co->Reserve("t", co->region().region_epoch, {Item(100, 8)}, 1).ok());
+    own[0].published = false;
+  }
+  auto co = Open();
+  EXPECT_EQ(co->stats().object_count, 7u);
+  EXPECT_EQ(co->stats().used_bytes, 7 * 8 * kAlign) << "before the index: 0's range looks free";
+  co->AttachIndex(own);
+  EXPECT_EQ(co->stats().held_bytes, 8 * kAlign);
+  EXPECT_EQ(co->stats().used_bytes, kRegion);
+  auto ops = co->TakeIndexOps();
+  ASSERT_EQ(ops.size(), 1u) << "only object 7, which the index no longer has, is offered";
+  EXPECT_TRUE(ops[0].publish);
+  EXPECT_EQ(RefOf(ops[0])->offset, h[7].offset);
+  EXPECT_EQ(co->stats().indexed, 7u);
+  co->IndexReleased({own[0].ref});
+  EXPECT_EQ(co->stats().held_bytes, 0u);
+  auto g = co->Reserve("t", co->region().region_epoch, {Item(100, 8)}, 2);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)[0]->handle.offset, h[0].offset);
+}
+
 TEST(CoordinatorConfigTest, SectionAndTokens) {
   auto off = ParseCoordinatorConfig("[domain]\nname = \"d\"\n", "x.toml");
   ASSERT_TRUE(off.ok());

@@ -1,6 +1,7 @@
 #include "cxlkv/coherence/key.h"
 
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -12,6 +13,8 @@ namespace {
 // "cxlkvdg1" read as a big-endian word: the digest keys' hash seed (the token chain's
 // ChainKey hashes with seed 0).
 constexpr XXH64_hash_t kDigestSeed = 0x63786c6b76646731ull;
+// "cxlkvnm1": NameKey's.
+constexpr XXH64_hash_t kNameSeed = 0x63786c6b766e6d31ull;
 
 // Little-endian bytes of v, whatever the host's byte order.
 void PutLe64(unsigned char* dst, std::uint64_t v) {
@@ -47,6 +50,16 @@ absl::StatusOr<PrefixKey> ParseKey(absl::string_view text) {
     std::uint64_t& w = i < 16 ? k.hi : k.lo;
     w = (w << 4) | static_cast<std::uint64_t>(d);
   }
+  return k;
+}
+
+PrefixKey NameKey(Namespace ns, absl::string_view name) {
+  std::string in(8, '\0');
+  PutLe64(reinterpret_cast<unsigned char*>(in.data()), ns);
+  in.append(name.data(), name.size());
+  const XXH128_hash_t h = XXH3_128bits_withSeed(in.data(), in.size(), kNameSeed);
+  PrefixKey k{h.low64, h.high64};
+  if (k.lo == 0 && k.hi == 0) k.lo = 1;  // the zero key is the root, never an object
   return k;
 }
 

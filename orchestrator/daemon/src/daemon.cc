@@ -369,8 +369,15 @@ absl::Status Orchestrator::Start() {
   // [lmcache]: LMCache's coordinator API, up before the socket listens (launchers wait on it).
   if (config_.lmcache.enabled()) {
     // With [etcd]: standing by until elected (its state is in etcd, docs/lmcache.md).
+    // Its objects are published in the prefix index as the owner's own entries: what the index
+    // holds of them now is reconciled before the first request (docs/lmcache.md).
+    coordinator::Service::OwnEntries own;
+    {
+      absl::MutexLock l(&mu_);
+      if (owner_ != nullptr) own = owner_->OwnEntries();
+    }
     auto lmcache = coordinator::Service::Start(config_.lmcache, pool_->size_bytes(),
-                                               config_.extent_bytes, ha_ != nullptr);
+                                               config_.extent_bytes, ha_ != nullptr, own);
     if (!lmcache.ok()) return lmcache.status();
     lmcache_ = *std::move(lmcache);
   }
@@ -527,6 +534,8 @@ void Orchestrator::OwnerLoop() {
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const std::int64_t now = clock_->NowMs();
         // Both run every step (no short-circuit): expiry first, then the quarantine it feeds.
+        // The LMCache coordinator's objects in the index (its publishes, retires, releases).
+        if (lmcache_ != nullptr) lmcache_->TendIndex(*owner_);
         const bool expired = state_.Expire(now);
         const bool tended = TendQuarantineLocked(now);
         if (expired || tended) {
@@ -1078,7 +1087,12 @@ void Orchestrator::LeadLmcache(std::int64_t revision) {
                  std::string(store.status().message()).c_str());
     return;
   }
-  (void)lmcache_->Lead(*std::move(store), [this] { return ha_->WriteAllowed(); });
+  coordinator::Service::OwnEntries own;
+  {
+    absl::MutexLock l(&mu_);
+    if (owner_ != nullptr) own = owner_->OwnEntries();
+  }
+  (void)lmcache_->Lead(*std::move(store), [this] { return ha_->WriteAllowed(); }, own);
 }
 
 void Orchestrator::StepDown(const std::string& why) {

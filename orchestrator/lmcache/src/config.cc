@@ -66,6 +66,10 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(absl::string_view text,
     {"alignment", size(&c.alignment_bytes)},
     {"reservation_ttl_ms", u32(&c.reservation_ttl_ms, 10, 86400000)},
     {"read_lease_ms", u32(&c.read_lease_ms, 0, 86400000)},
+    {"index", H([&p, &c](const toml::node& v, const std::string& k) {
+       return p.Bool(v, k, &c.index);
+     })},
+    {"index_wait_ms", u32(&c.index_wait_ms, 0, 600000)},
     {"max_batch", u32(&c.max_batch, 1, 1 << 20)},
     {"threads", u32(&c.threads, 1, 256)},
     {"state_file", str(&c.state_file)},

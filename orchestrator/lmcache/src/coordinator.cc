@@ -39,8 +39,7 @@ std::string RandomHex128() {
 
 // The canonical form of a key inside a namespace (fields joined by a byte no field holds).
 std::string Canonical(const std::string& ns, const ObjectKey& k) {
-  return absl::StrCat(ns, "\x1f", k.chunk_hash_hex, "\x1f", k.model_name, "\x1f", k.kv_rank, "\x1f",
-                      k.object_group_id, "\x1f", k.cache_salt);
+  return absl::StrCat(ns, "\x1f", Coordinator::IndexName(k));
 }
 
 json KeyJson(const ObjectKey& k) {
@@ -91,6 +90,19 @@ void GiveBack(std::map<std::uint64_t, std::uint64_t>* free, std::uint64_t offset
       free->erase(it);
     }
   }
+}
+
+// Takes [rel, rel + bytes) out of the free map; false if any of it is not free.
+bool Carve(std::map<std::uint64_t, std::uint64_t>* free, std::uint64_t rel, std::uint64_t bytes) {
+  auto it = free->upper_bound(rel);
+  if (it == free->begin()) return false;
+  --it;
+  if (it->first + it->second < rel + bytes) return false;
+  const std::uint64_t a = it->first, len = it->second;
+  free->erase(it);
+  if (rel > a) free->emplace(a, rel - a);
+  if (a + len > rel + bytes) free->emplace(rel + bytes, a + len - rel - bytes);
+  return true;
 }
 
 // A batch's key: checked, its id appended; a key twice in one batch is refused.
@@ -226,11 +238,32 @@ absl::Status Coordinator::CheckEpoch(const std::string& epoch) const {
 absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::Reserve(
     const std::string& tenant, const std::string& epoch, const std::vector<ReserveItem>& items,
     std::int64_t now_ms) {
-  std::uint64_t need = 0;
-  auto grants = ReserveUnsynced(tenant, epoch, items, now_ms, &need);
-  // A refusal too may reveal a change (a null grant: another writer's reservation).
-  if (auto st = WaitDurable(need); !st.ok()) return st;
-  return grants;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(c_.index_wait_ms);
+  bool waited = false;
+  while (true) {
+    std::uint64_t need = 0, released = 0;
+    bool wait = false;
+    auto grants = ReserveUnsynced(tenant, epoch, items, now_ms, &need, &wait, &released);
+    // A refusal too may reveal a change (a null grant: another writer's reservation).
+    if (auto st = WaitDurable(need); !st.ok()) return st;
+    if (!wait) return grants;
+    // The batch fits once evicted ranges come back from the domain's index (their entries
+    // retired, reclaimed when no host's lease names them and the grace has passed).
+    base::MutexLock l(mu_);
+    if (!waited) ++stats_.index_waits;
+    waited = true;
+    while (released_ == released) {
+      if (!released_cv_.WaitUntil(mu_, deadline) && released_ == released) {
+        ++stats_.out_of_space;
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "out_of_space: the batch fits only once ", held_bytes_,
+            " evicted bytes come back from the domain's prefix index, where hosts still lease "
+            "them (or their grace period runs); not within lmcache.index_wait_ms (",
+            c_.index_wait_ms, " ms): retry"));
+      }
+    }
+  }
 }
 
 absl::Status Coordinator::Finish(const std::string& tenant, const std::string& epoch,
@@ -305,7 +338,7 @@ absl::Status Coordinator::WaitDurable(std::uint64_t seq) {
 
 absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
     const std::string& tenant, const std::string& epoch, const std::vector<ReserveItem>& items,
-    std::int64_t now_ms, std::uint64_t* need) {
+    std::int64_t now_ms, std::uint64_t* need, bool* wait, std::uint64_t* released) {
   if (auto st = CheckEpoch(epoch); !st.ok()) return st;
   const std::string ns = NamespaceOf(tenant);
   std::vector<std::string> ids;
@@ -321,6 +354,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
   const std::uint64_t align = c_.alignment_bytes;
   base::MutexLock l(mu_);
   const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
+  *released = released_;
   std::uint64_t total = 0;
   std::vector<bool> wanted(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -361,15 +395,36 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
   };
   std::vector<const std::string*> evict;
   std::vector<bool> used;
-  std::map<std::uint64_t, std::uint64_t> free = free_;
+  // Two views of the space: free now, and free once every range the index still names (held
+  // now, or of an indexed object evicted here) has come back.
+  std::map<std::uint64_t, std::uint64_t> free = free_, free_soon = free_;
+  for (const auto& [off, h] : held_) GiveBack(&free_soon, off, h.alloc_bytes);
   std::uint64_t free_bytes = c_.region_bytes - used_bytes_;
+  std::uint64_t soon_bytes = free_bytes + held_bytes_;
   auto evict_one = [&](std::size_t ci) {
     const Object& o = objects_.at(*cands[ci]);
     used[ci] = true;
     evict.push_back(cands[ci]);
-    GiveBack(&free, o.handle.offset, o.alloc_bytes);
-    free_bytes += o.alloc_bytes;
+    GiveBack(&free_soon, o.handle.offset, o.alloc_bytes);
+    soon_bytes += o.alloc_bytes;
+    if (!o.in_index) {
+      GiveBack(&free, o.handle.offset, o.alloc_bytes);
+      free_bytes += o.alloc_bytes;
+    }
     if (o.tenant == tenant) tenant_used -= o.alloc_bytes;
+  };
+  auto fits_in = [&](const std::map<std::uint64_t, std::uint64_t>& space, std::uint64_t bytes,
+                     std::map<std::uint64_t, std::uint64_t>* taken, std::vector<std::uint64_t>* at) {
+    if (bytes < total) return false;
+    std::map<std::uint64_t, std::uint64_t> trial = space;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (!wanted[i]) continue;
+      std::uint64_t off = 0;
+      if (!TakeFrom(&trial, (lengths[i] + align - 1) / align * align, &off)) return false;
+      if (at != nullptr) (*at)[i] = off;
+    }
+    if (taken != nullptr) *taken = std::move(trial);
+    return true;
   };
   auto candidate = [&](std::size_t ci) {
     while (ci >= cands.size()) {
@@ -392,17 +447,22 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
   std::vector<std::uint64_t> offsets(items.size(), 0);
   std::size_t next = 0;
   while (true) {
-    if (free_bytes >= total) {
-      std::map<std::uint64_t, std::uint64_t> trial = free;
-      bool fits = true;
-      for (std::size_t i = 0; i < items.size() && fits; ++i) {
-        if (!wanted[i]) continue;
-        fits = TakeFrom(&trial, (lengths[i] + align - 1) / align * align, &offsets[i]);
-      }
-      if (fits) {
-        free = std::move(trial);
-        break;
-      }
+    if (fits_in(free, free_bytes, &free, &offsets)) break;
+    if (fits_in(free_soon, soon_bytes, nullptr, nullptr)) {
+      // It fits once the index lets ranges go: the evictions so far are made (journaled, their
+      // entries retired) and the caller waits for IndexReleased, then tries again.
+      *wait = true;
+      if (evict.empty()) return std::vector<std::optional<Grant>>{};
+      Change ch;
+      for (const std::string* id : evict) ch.dels.push_back(*id);
+      ch.next_generation = next_generation_;
+      ch.touch_seq = touch_seq_;
+      std::uint64_t bytes = 0;
+      for (const std::string& id : ch.dels) bytes += objects_.at(id).handle.length;
+      if (auto st = CommitLocked(ch); !st.ok()) return st;
+      stats_.evicted += ch.dels.size();
+      stats_.evicted_bytes += bytes;
+      return std::vector<std::optional<Grant>>{};
     }
     while (candidate(next) &&
            (used[next] || (has_quota && objects_.at(*cands[next]).tenant != tenant))) {
@@ -553,9 +613,138 @@ absl::StatusOr<std::uint32_t> Coordinator::ExpireUnsynced(std::int64_t now_ms,
   return static_cast<std::uint32_t>(ch.dels.size());
 }
 
+// ---- the domain's prefix index ----------------------------------------------------------------
+
+std::string Coordinator::IndexName(const ObjectKey& k) {
+  return absl::StrCat(k.chunk_hash_hex, "\x1f", k.model_name, "\x1f", k.kv_rank, "\x1f",
+                      k.object_group_id, "\x1f", k.cache_salt);
+}
+
+coherence::PrefixKey Coordinator::IndexKey(coherence::Namespace ns, const ObjectKey& k) {
+  return coherence::NameKey(ns, IndexName(k));
+}
+
+coherence::Namespace Coordinator::IndexNamespace(const std::string& tenant) const {
+  return coherence::MakeNamespace(tenant, "lmcache", c_.layout_id);
+}
+
+std::uint32_t Coordinator::RegionTag() const {
+  return coherence::Crc32c(region_.region_id.data(), region_.region_id.size());
+}
+
+void Coordinator::OfferToIndexLocked(Object& o, const std::string& tenant) {
+  if (!index_attached_ || o.in_index) return;
+  auto ref = coherence::RegionRef(
+      coherence::RegionObject{o.handle.offset, o.handle.length, o.handle.generation, RegionTag()});
+  if (!ref.ok()) {
+    ++stats_.index_skipped;  // 4 GiB or more: served over HTTP only
+    return;
+  }
+  o.in_index = true;
+  ++stats_.indexed;
+  const coherence::Namespace ns = IndexNamespace(tenant);
+  index_ops_.push_back(IndexOp{true, ns, IndexKey(ns, o.key), *ref});
+}
+
+void Coordinator::HoldLocked(const Object& o) {
+  held_[o.handle.offset] = Held{o.alloc_bytes, o.handle.generation};
+  held_bytes_ += o.alloc_bytes;
+  used_bytes_ += o.alloc_bytes;  // still taken, by nobody's object
+  const coherence::Namespace ns = IndexNamespace(o.tenant);
+  index_ops_.push_back(IndexOp{false, ns, IndexKey(ns, o.key), {}});
+}
+
+void Coordinator::AttachIndex(const std::vector<coherence::PrefixOwner::OwnEntry>& own) {
+  base::MutexLock l(mu_);
+  index_attached_ = c_.index;
+  if (!index_attached_) return;
+  const std::uint32_t tag = RegionTag();
+  for (const auto& e : own) {
+    const auto ro = coherence::AsRegionObject(e.ref);
+    if (!ro.has_value() || ro->region_tag != tag) {
+      // Another region's (region_id changed): nothing of ours; gone from the index anyway.
+      if (e.published) index_ops_.push_back(IndexOp{false, e.ns, e.key, {}});
+      continue;
+    }
+    auto at = by_offset_.find(ro->offset);
+    if (at != by_offset_.end()) {
+      Object& o = objects_.at(at->second);
+      if (!o.writing && o.handle.generation == ro->generation && !o.in_index) {
+        o.in_index = true;  // published before the restart (or retired: released later)
+        ++stats_.indexed;
+        continue;
+      }
+    }
+    // An object evicted before a restart, or a region reset: its range stays the index's until
+    // the entry is reclaimed.
+    const std::uint64_t bytes = (ro->length + c_.alignment_bytes - 1) / c_.alignment_bytes *
+                                c_.alignment_bytes;
+    if (ro->offset + bytes <= c_.region_bytes && Carve(&free_, ro->offset, bytes)) {
+      held_[ro->offset] = Held{bytes, ro->generation};
+      held_bytes_ += bytes;
+      used_bytes_ += bytes;
+    } else {
+      std::fprintf(stderr,
+                   "cxlkv-orchestrator: lmcache: the domain's index names region bytes %llu+%llu "
+                   "(generation %llu) that this coordinator's state has granted again: the "
+                   "index and the coordinator's state do not belong together (restored from "
+                   "different times?); the entry is retired\n",
+                   static_cast<unsigned long long>(ro->offset),
+                   static_cast<unsigned long long>(ro->length),
+                   static_cast<unsigned long long>(ro->generation));
+    }
+    if (e.published) index_ops_.push_back(IndexOp{false, e.ns, e.key, {}});
+  }
+  for (auto& [id, o] : objects_) {
+    if (!o.writing) OfferToIndexLocked(o, o.tenant);
+  }
+}
+
+std::vector<Coordinator::IndexOp> Coordinator::TakeIndexOps() {
+  base::MutexLock l(mu_);
+  std::vector<IndexOp> out;
+  out.swap(index_ops_);
+  return out;
+}
+
+void Coordinator::IndexReleased(const std::vector<coherence::BlockRef>& refs) {
+  if (refs.empty()) return;
+  base::MutexLock l(mu_);
+  const std::uint32_t tag = RegionTag();
+  bool freed = false;
+  for (const coherence::BlockRef& ref : refs) {
+    const auto ro = coherence::AsRegionObject(ref);
+    if (!ro.has_value() || ro->region_tag != tag) continue;
+    auto h = held_.find(ro->offset);
+    if (h != held_.end() && h->second.generation == ro->generation) {
+      GiveBack(&free_, h->first, h->second.alloc_bytes);
+      held_bytes_ -= h->second.alloc_bytes;
+      used_bytes_ -= h->second.alloc_bytes;
+      held_.erase(h);
+      freed = true;
+      continue;
+    }
+    // Still a finished object here: the index evicted it under its own pressure, or refused it
+    // (counted as skipped: served over HTTP only from now on).
+    auto at = by_offset_.find(ro->offset);
+    if (at == by_offset_.end()) continue;
+    Object& o = objects_.at(at->second);
+    if (o.in_index && o.handle.generation == ro->generation) {
+      o.in_index = false;
+      --stats_.indexed;
+      ++stats_.index_skipped;
+    }
+  }
+  if (freed) {
+    ++released_;
+    released_cv_.NotifyAll();
+  }
+}
+
 Stats Coordinator::stats() const {
   base::MutexLock l(mu_);
   Stats s = stats_;
+  s.held_bytes = held_bytes_;
   s.used_bytes = used_bytes_;
   s.object_count = objects_.size();
   s.writing = writing_.size();
@@ -583,19 +772,6 @@ json ObjectJson(const std::string& tenant, const ObjectKey& key, const Layout& l
               {"generation", h.generation}, {"alloc_bytes", alloc_bytes},
               {"writing", writing},         {"token", token},
               {"touched", touched}};
-}
-
-// Takes [rel, rel + bytes) out of the free map; false if any of it is not free.
-bool Carve(std::map<std::uint64_t, std::uint64_t>* free, std::uint64_t rel, std::uint64_t bytes) {
-  auto it = free->upper_bound(rel);
-  if (it == free->begin()) return false;
-  --it;
-  if (it->first + it->second < rel + bytes) return false;
-  const std::uint64_t a = it->first, len = it->second;
-  free->erase(it);
-  if (rel > a) free->emplace(a, rel - a);
-  if (a + len > rel + bytes) free->emplace(rel + bytes, a + len - rel - bytes);
-  return true;
 }
 
 absl::Status WriteAll(int fd, const std::string& text) {
@@ -632,6 +808,7 @@ Coordinator::~Coordinator() = default;
 
 void Coordinator::IndexLocked(const std::string& id, const Object& o, bool add) {
   if (add) {
+    by_offset_[o.handle.offset] = id;
     used_bytes_ += o.alloc_bytes;
     stats_.tenant_used_bytes[o.tenant] += o.alloc_bytes;
     if (o.writing) {
@@ -640,6 +817,8 @@ void Coordinator::IndexLocked(const std::string& id, const Object& o, bool add) 
       lru_.emplace(PinOf(o.tenant), o.touched, id);
     }
   } else {
+    by_offset_.erase(o.handle.offset);
+    if (o.in_index) --stats_.indexed;
     used_bytes_ -= o.alloc_bytes;
     stats_.tenant_used_bytes[o.tenant] -= o.alloc_bytes;
     writing_.erase(id);
@@ -651,8 +830,12 @@ absl::Status Coordinator::ApplyLocked(const Change& ch) {
   for (const std::string& id : ch.dels) {
     auto it = objects_.find(id);
     if (it == objects_.end()) continue;
-    GiveBack(&free_, it->second.handle.offset, it->second.alloc_bytes);
     IndexLocked(id, it->second, false);
+    if (it->second.in_index) {
+      HoldLocked(it->second);  // hosts may lease it through the index: back when it lets go
+    } else {
+      GiveBack(&free_, it->second.handle.offset, it->second.alloc_bytes);
+    }
     objects_.erase(it);
   }
   for (const auto& [id, o] : ch.puts) {
@@ -660,11 +843,17 @@ absl::Status Coordinator::ApplyLocked(const Change& ch) {
     if (it != objects_.end()) {
       IndexLocked(id, it->second, false);
       if (it->second.handle.offset == o.handle.offset && it->second.alloc_bytes == o.alloc_bytes) {
+        const bool was_writing = it->second.writing;
         it->second = o;  // the same object, changed (finished)
         IndexLocked(id, o, true);
+        if (was_writing && !o.writing) OfferToIndexLocked(it->second, o.tenant);
         continue;
       }
-      GiveBack(&free_, it->second.handle.offset, it->second.alloc_bytes);
+      if (it->second.in_index) {
+        HoldLocked(it->second);
+      } else {
+        GiveBack(&free_, it->second.handle.offset, it->second.alloc_bytes);
+      }
       objects_.erase(it);
     }
     if (o.handle.offset + o.alloc_bytes > c_.region_bytes || o.alloc_bytes < o.handle.length ||

@@ -174,7 +174,8 @@ std::int64_t Service::NowMs() {
 
 absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig& c,
                                                         std::uint64_t pool_bytes,
-                                                        std::uint64_t extent_bytes, bool standby) {
+                                                        std::uint64_t extent_bytes, bool standby,
+                                                        const OwnEntries& own) {
   const std::uint64_t region_offset = HostPoolBytes(c, pool_bytes, extent_bytes);
   if (region_offset == 0) {
     return absl::InvalidArgumentError(
@@ -194,6 +195,7 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
   } else {
     auto co = Coordinator::Open(c, region_offset, NowMs());
     if (!co.ok()) return co.status();
+    (*co)->AttachIndex(own);
     base::MutexLock l(s->mu_);
     s->co_ = *std::move(co);
   }
@@ -273,9 +275,11 @@ std::shared_ptr<Coordinator> Service::Serving(std::string* why) {
   return nullptr;
 }
 
-absl::Status Service::Lead(std::unique_ptr<StateStore> store, std::function<bool()> may_serve) {
+absl::Status Service::Lead(std::unique_ptr<StateStore> store, std::function<bool()> may_serve,
+                           const OwnEntries& own) {
   const std::string from = store->where();
   auto co = Coordinator::Open(c_, region_offset_, NowMs(), std::move(store));
+  if (co.ok()) (*co)->AttachIndex(own);
   base::MutexLock l(mu_);
   if (!co.ok()) {
     co_.reset();
@@ -288,6 +292,35 @@ absl::Status Service::Lead(std::unique_ptr<StateStore> store, std::function<bool
   may_serve_ = std::move(may_serve);
   LogServing(*co_, from);
   return absl::OkStatus();
+}
+
+void Service::TendIndex(coherence::PrefixOwner& owner) {
+  std::shared_ptr<Coordinator> co;
+  {
+    base::MutexLock l(mu_);
+    co = co_;
+  }
+  if (co == nullptr) return;
+  std::vector<coherence::BlockRef> gone;
+  for (const Coordinator::IndexOp& op : co->TakeIndexOps()) {
+    if (!op.publish) {
+      (void)owner.RetireKey(op.ns, op.key);  // kNotFound: the index evicted it already
+      continue;
+    }
+    if (auto st = owner.PublishOwn(op.ns, op.key, op.ref); !st.ok()) {
+      // Served over HTTP only; its range is the coordinator's alone again.
+      gone.push_back(op.ref);
+      if (index_refusals_++ == 0) {
+        std::fprintf(stderr,
+                     "cxlkv-orchestrator: lmcache: the domain's prefix index refused an object "
+                     "(%s); such objects are served over HTTP only (counted in /cxlkv/v1/stats "
+                     "index_skipped; a larger index_entries in domain.toml makes room)\n",
+                     std::string(st.message()).c_str());
+      }
+    }
+  }
+  for (const coherence::BlockRef& r : owner.TakeReclaimedOwn()) gone.push_back(r);
+  co->IndexReleased(gone);
 }
 
 void Service::StandBy(const std::string& why) {
@@ -418,6 +451,14 @@ int Service::Serve(mg_connection* conn) {
                    {"out_of_space", s.out_of_space},
                    {"journal_records", s.journal_records},
                    {"syncs", s.syncs},
+                   {"index", c_.index},
+                   {"index_namespace", absl::StrCat(absl::Hex(co->IndexNamespace(tenant),
+                                                              absl::kZeroPad16))},
+                   {"region_tag", co->RegionTag()},
+                   {"indexed", s.indexed},
+                   {"held_bytes", s.held_bytes},
+                   {"index_skipped", s.index_skipped},
+                   {"index_waits", s.index_waits},
                    {"reservation_ttl_ms", c_.reservation_ttl_ms},
                    {"read_lease_ms", c_.read_lease_ms},
                    {"restored", co->restored()}}});

@@ -20,6 +20,7 @@
 #ifndef CXLKV_BASE_MUTEX_H_
 #define CXLKV_BASE_MUTEX_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 
@@ -62,6 +63,14 @@ class CondVar {
     std::unique_lock<std::mutex> l(mu.mu_, std::adopt_lock);
     cv_.wait(l);
     l.release();
+  }
+  // Wait, or until `deadline`: false when the deadline passed (mu is held again either way).
+  bool WaitUntil(Mutex& mu, std::chrono::steady_clock::time_point deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::unique_lock<std::mutex> l(mu.mu_, std::adopt_lock);
+    const bool notified = cv_.wait_until(l, deadline) == std::cv_status::no_timeout;
+    l.release();
+    return notified;
   }
   void NotifyOne() noexcept { cv_.notify_one(); }
   void NotifyAll() noexcept { cv_.notify_all(); }

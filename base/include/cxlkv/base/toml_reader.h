@@ -63,6 +63,12 @@ class TomlReader {
     return absl::OkStatus();
   }
 
+  absl::Status Bool(const toml::node& n, absl::string_view key, bool* out) const {
+    if (!n.is_boolean()) return Error(n, key, "expected true or false");
+    *out = *n.value<bool>();
+    return absl::OkStatus();
+  }
+
   // An integer in [lo, hi].
   absl::Status U32(const toml::node& n, absl::string_view key, std::uint32_t* out, std::int64_t lo,
                    std::int64_t hi) const {

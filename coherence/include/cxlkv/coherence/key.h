@@ -63,6 +63,14 @@ inline constexpr std::size_t kMaxDigestBytes = 32;
 absl::StatusOr<PrefixKey> DigestKey(Namespace ns, const PrefixKey& parent,
                                     std::span<const std::byte> digest);
 
+// ---- Keys of named objects ---------------------------------------------------------------
+//
+// The key of an object that is not a block of a token chain but has a name of its own (an
+// LMCache object: its EncodedObjectKey's fields in their text form, docs/lmcache.md): XXH3-128
+// (seed "cxlkvnm1") of ns (a little-endian word) | the name's bytes. A frozen format, like
+// DigestKey's (tests pin golden values); the zero key is never returned.
+PrefixKey NameKey(Namespace ns, absl::string_view name);
+
 }  // namespace cxlkv::coherence
 
 #endif  // CXLKV_COHERENCE_KEY_H_

@@ -28,6 +28,10 @@ struct CoordinatorConfig {
   std::uint32_t max_batch = 4096;               // items in one request
   std::uint32_t threads = 8;                    // HTTP worker threads
   std::string state_file;                       // "" : <domain.state_file>.lmcache
+  // Finished objects are published in the domain's prefix index (hosts find them by chain
+  // lease, no HTTP); an evicted one's range waits for the index to let it go.
+  bool index = true;
+  std::uint32_t index_wait_ms = 2000;  // a reserve waits this long for evicted ranges to come back
   std::map<std::string, std::uint64_t> quotas;  // [lmcache.quotas] tenant = bytes
   // Pin levels by namespace name "<tenant>/lmcache/<layout_id>": the domain's [[namespace]]
   // entries with model "lmcache" (filled by the daemon's config). Lower levels are evicted first.

@@ -37,6 +37,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "cxlkv/base/mutex.h"
+#include "cxlkv/coherence/prefix.h"
 #include "cxlkv/coordinator/config.h"
 
 namespace cxlkv::coordinator {
@@ -147,6 +148,10 @@ struct Stats {
   std::uint64_t evicted_bytes = 0;
   std::uint64_t out_of_space = 0;  // batches refused
   std::uint64_t journal_records = 0, syncs = 0;  // appended, and the group commits' syncs
+  // The domain's prefix index (Coordinator::AttachIndex): objects published there, evicted
+  // bytes waiting for the index to let their ranges go (counted in used_bytes), objects not
+  // indexed (a length of 4 GiB or more, or the index refused them), reserves that waited.
+  std::uint64_t indexed = 0, held_bytes = 0, index_skipped = 0, index_waits = 0;
   std::map<std::string, std::uint64_t> tenant_used_bytes;
 };
 
@@ -197,6 +202,38 @@ class Coordinator {
   Stats stats() const;
   // Namespace of a tenant's keys: "<tenant>/lmcache/<layout_id>" (the [[namespace]] name form).
   std::string NamespaceOf(const std::string& tenant) const;
+
+  // ---- the domain's prefix index (docs/lmcache.md "Keys in the domain's index") ------------
+  // With lmcache.index, every finished object is published in the domain's prefix index as an
+  // entry of the owner's own (coherence::PrefixOwner::PublishOwn): namespace IndexNamespace
+  // (tenant), key IndexKey(key), a region ref of its handle. Hosts then find and lease it by
+  // chain lease, without HTTP. Such an object's range, once the object is evicted, is *held*
+  // (not free, counted in used_bytes) until the index lets it go: the owner reclaims its entry
+  // when no host's lease names it (IndexReleased). The daemon's owner loop carries the ops out
+  // (TakeIndexOps) and reports back; this class never touches the index itself.
+  struct IndexOp {
+    bool publish = false;  // else retire (ns, key)
+    coherence::Namespace ns = 0;
+    coherence::PrefixKey key;
+    coherence::BlockRef ref{};
+  };
+  // The key's fields in one text (chunk_hash_hex, model_name, kv_rank, object_group_id,
+  // cache_salt joined by 0x1F), and its index key: coherence::NameKey(ns, that text).
+  static std::string IndexName(const ObjectKey& k);
+  static coherence::PrefixKey IndexKey(coherence::Namespace ns, const ObjectKey& k);
+  coherence::Namespace IndexNamespace(const std::string& tenant) const;
+  // The region tag in this region's refs: CRC32C of region_id.
+  std::uint32_t RegionTag() const;
+  // Turns the link on, before the coordinator serves (the owner's process calls it once the
+  // owner is open): `own` is what the index holds of the owner's entries now. An entry naming
+  // no finished object of this coordinator with that handle (its object was evicted before a
+  // restart, or the region was reset) is retired and its range held till it is reclaimed;
+  // finished objects not in the index are published.
+  void AttachIndex(const std::vector<coherence::PrefixOwner::OwnEntry>& own);
+  std::vector<IndexOp> TakeIndexOps();
+  // Refs the index no longer names (reclaimed, or refused at publish): a held range becomes
+  // free; a finished object named by one is no longer in the index (evicted at once later).
+  void IndexReleased(const std::vector<coherence::BlockRef>& refs);
   // The namespace's pin level (CoordinatorConfig::pins; 0 when not listed).
   int PinOf(const std::string& tenant) const;
 
@@ -212,6 +249,12 @@ class Coordinator {
     std::int64_t expires_ms = 0;      // writing: reclaimed at this time
     std::int64_t lease_until_ms = 0;  // valid: not evicted before this
     std::uint64_t touched = 0;        // valid: order of the last finish or lookup (LRU)
+    bool in_index = false;            // valid: published in the domain's index (soft state)
+  };
+  // An evicted object's range the index still names: offset -> (bytes, generation).
+  struct Held {
+    std::uint64_t alloc_bytes = 0;
+    std::uint64_t generation = 0;
   };
   // One change: objects put (new or changed) and removed, with the counters after it.
   struct Change {
@@ -223,9 +266,14 @@ class Coordinator {
               std::unique_ptr<StateStore> store);
   absl::Status CheckEpoch(const std::string& epoch) const;
   // The calls above without the wait for durability; *need: the last record they may reveal.
+  // *wait: the batch fits only once ranges evicted now (or earlier) come back from the index;
+  // *released is IndexReleased's count at the call, to wait for a later one.
   absl::StatusOr<std::vector<std::optional<Grant>>> ReserveUnsynced(
       const std::string& tenant, const std::string& epoch, const std::vector<ReserveItem>& items,
-      std::int64_t now_ms, std::uint64_t* need);
+      std::int64_t now_ms, std::uint64_t* need, bool* wait, std::uint64_t* released);
+  // Queues the object's publish when the link is on and its handle fits a region ref.
+  void OfferToIndexLocked(Object& o, const std::string& tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HoldLocked(const Object& o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FinishOrAbortUnsynced(bool finish, const std::string& tenant,
                                      const std::string& epoch,
                                      const std::vector<ReservationRef>& refs, std::int64_t now_ms,
@@ -267,6 +315,14 @@ class Coordinator {
   std::uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   std::uint64_t touch_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // The index link (AttachIndex).
+  bool index_attached_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<IndexOp> index_ops_ ABSL_GUARDED_BY(mu_);
+  std::map<std::uint64_t, Held> held_ ABSL_GUARDED_BY(mu_);
+  std::map<std::uint64_t, std::string> by_offset_ ABSL_GUARDED_BY(mu_);  // objects_ by offset
+  std::uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t released_ ABSL_GUARDED_BY(mu_) = 0;  // IndexReleased calls that freed a range
+  base::CondVar released_cv_;                        // notified by IndexReleased
   // Append, Compact and Load under mu_; Sync by the group commit's syncer, without it.
   const std::unique_ptr<StateStore> store_;
   std::uint64_t journal_seq_ ABSL_GUARDED_BY(mu_) = 0;      // the last record written

@@ -54,10 +54,13 @@ class Service {
   // c.region_bytes of its whole extents (HostPoolBytes); kInvalidArgument when that leaves the
   // hosts no extent. Errors name the file, key or address at fault. `standby`: serve nothing
   // until Lead (a domain with [etcd]); otherwise the state file is opened now.
+  // `own`: the owner's entries in the domain's prefix index now (PrefixOwner::OwnEntries), for
+  // Coordinator::AttachIndex before anything is served (unused when standing by).
+  using OwnEntries = std::vector<coherence::PrefixOwner::OwnEntry>;
   static absl::StatusOr<std::unique_ptr<Service>> Start(const CoordinatorConfig& c,
                                                         std::uint64_t pool_bytes,
-                                                        std::uint64_t extent_bytes,
-                                                        bool standby = false);
+                                                        std::uint64_t extent_bytes, bool standby,
+                                                        const OwnEntries& own);
   ~Service();
   Service(const Service&) = delete;
   Service& operator=(const Service&) = delete;
@@ -67,7 +70,13 @@ class Service {
   // Elected: loads the coordinator from `store` and serves it while `may_serve` holds (the
   // leader's write deadline; checked on every request). On an error it stays a standby whose
   // 503s name the error.
-  absl::Status Lead(std::unique_ptr<StateStore> store, std::function<bool()> may_serve);
+  absl::Status Lead(std::unique_ptr<StateStore> store, std::function<bool()> may_serve,
+                    const OwnEntries& own);
+  // The owner loop's share of the index link (docs/lmcache.md "Keys in the domain's index"),
+  // on the thread that drives `owner`, after its Step: carries out the coordinator's queued
+  // publishes and retires, and reports the refs the index let go. Nothing while nothing is
+  // served (the reclaimed refs wait in the owner for the coordinator that attaches next).
+  void TendIndex(coherence::PrefixOwner& owner);
   // Leadership ended: 503 from now on, naming `why`.
   void StandBy(const std::string& why);
 
@@ -90,6 +99,7 @@ class Service {
   mg_context* ctx_ = nullptr;
   int port_ = 0;
   std::atomic<bool> stop_{false};
+  std::uint64_t index_refusals_ = 0;  // TendIndex's (its thread only)
   std::thread reaper_;
 };
 
