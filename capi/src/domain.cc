@@ -541,6 +541,55 @@ CXLKV_API int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena,
   return CXLKV_OK;
 }
 
+CXLKV_API int cxlkv_region_object(const cxlkv_block_ref* ref, uint64_t* offset, uint64_t* length,
+                                  uint64_t* generation, uint32_t* region_tag) {
+  if (ref == nullptr) return Fail(CXLKV_E_INVALID, "ref must be set");
+  const auto o = co::AsRegionObject(ToCo(*ref));
+  if (!o.has_value()) {
+    return Fail(CXLKV_E_INVALID,
+                "not a region object's ref: an arena block (read it with cxlkv_lease_copy_out)");
+  }
+  if (offset != nullptr) *offset = o->offset;
+  if (length != nullptr) *length = o->length;
+  if (generation != nullptr) *generation = o->generation;
+  if (region_tag != nullptr) *region_tag = o->region_tag;
+  return CXLKV_OK;
+}
+
+CXLKV_API int cxlkv_lease_copy_out_region(cxlkv_domain* d, const cxlkv_lease* lease,
+                                          const void* region, uint64_t region_bytes,
+                                          uint64_t offset, void* dst, size_t len) {
+  if (d == nullptr || lease == nullptr || region == nullptr || dst == nullptr) {
+    return Fail(CXLKV_E_INVALID, "domain, lease, region and dst must be set");
+  }
+  const auto o = co::AsRegionObject(ToCo(lease->ref));
+  if (!o.has_value()) {
+    return Fail(CXLKV_E_INVALID,
+                "the lease is on an arena block, not a region object: use cxlkv_lease_copy_out");
+  }
+  if (len == 0 || offset > o->length || len > o->length - offset) {
+    return Fail(CXLKV_E_INVALID, "the range [" + std::to_string(offset) + ", +" +
+                                     std::to_string(len) + ") is not inside the object (" +
+                                     std::to_string(o->length) + " bytes)");
+  }
+  if (o->offset > region_bytes || o->length > region_bytes - o->offset) {
+    return Fail(CXLKV_E_INVALID,
+                "the object (at " + std::to_string(o->offset) + ", " + std::to_string(o->length) +
+                    " bytes) is not inside the region passed (" + std::to_string(region_bytes) +
+                    " bytes): map the whole region (LMCache's: region_offset and "
+                    "capacity_bytes of /cxlkv/v1/stats)");
+  }
+  if (d->clock.NowMs() > lease->deadline_ms) {
+    return Fail(CXLKV_E_STALE, "the lease's deadline has passed (" +
+                                   std::to_string(lease->deadline_ms) +
+                                   " ms): nothing was read; acquire the object again");
+  }
+  const auto* src = static_cast<const std::byte*>(region) + o->offset + offset;
+  const absl::Status st = d->host->CopyOut(ToLease(*lease), src, dst, len);
+  if (!st.ok()) return Fail(CXLKV_E_STALE, std::string(st.message()));
+  return CXLKV_OK;
+}
+
 CXLKV_API int cxlkv_block_invalidate(cxlkv_domain* d, const cxlkv_arena* arena,
                                      const cxlkv_lease* lease, uint64_t offset, size_t len,
                                      const void** addr) {

@@ -264,6 +264,12 @@ cxlkv_prefix_key cxlkv_prefix_key_chain(uint64_t ns, const cxlkv_prefix_key* par
  * hosts find each other's blocks. Pure: any thread. *out is written only on success. */
 int cxlkv_prefix_key_from_digest(uint64_t ns, const cxlkv_prefix_key* parent, const void* digest,
                                  size_t digest_len, cxlkv_prefix_key* out);
+/* The key of an object with a name of its own rather than a place in a token chain (an LMCache
+ * object in the domain's index: its key's fields joined by 0x1F, docs/lmcache.md "Keys in the
+ * domain's index"): XXH3-128, seed 0x63786c6b766e6d31 ("cxlkvnm1"), of ns as a little-endian
+ * 64-bit word followed by the name's bytes. A frozen format; never the zero key. */
+int cxlkv_prefix_key_from_name(uint64_t ns, const void* name, size_t name_len,
+                               cxlkv_prefix_key* out);
 
 /* Finds a published block; takes no lease. CXLKV_E_NOT_FOUND on a miss. */
 int cxlkv_prefix_lookup(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* key,
@@ -373,6 +379,22 @@ int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_
  *   6. release the lease only after its last read. */
 int cxlkv_block_invalidate(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* lease,
                            uint64_t offset, size_t len, const void** addr);
+
+/* Region objects: entries the owner publishes itself for objects in a region of the pool no
+ * host's arena holds (the LMCache coordinator's region, docs/lmcache.md "Keys in the domain's
+ * index"). Found and leased like any block (cxlkv_lease_acquire_chain with their keys); the
+ * lease's ref is then a region ref. cxlkv_region_object decodes it: the object's offset in the
+ * region, its length, its generation (LMCache's handle) and the region's tag (LMCache's: the
+ * CRC32C of region_id); CXLKV_E_INVALID for an arena block's ref. Any output may be NULL.
+ * cxlkv_lease_copy_out_region is cxlkv_lease_copy_out for such a lease: `region` is where this
+ * process maps the region (region_bytes long); copies [offset, offset + len) of the object
+ * into dst after invalidating it, then validates the lease. CXLKV_E_STALE: discard dst (as
+ * cxlkv_lease_copy_out); CXLKV_E_INVALID: not a region object, or a range outside the object
+ * or the region. */
+int cxlkv_region_object(const cxlkv_block_ref* ref, uint64_t* offset, uint64_t* length,
+                        uint64_t* generation, uint32_t* region_tag);
+int cxlkv_lease_copy_out_region(cxlkv_domain* d, const cxlkv_lease* lease, const void* region,
+                                uint64_t region_bytes, uint64_t offset, void* dst, size_t len);
 
 /* The owner role: one per domain. cxlkv_owner_step applies requests, fences, evicts and
  * reclaims; call it every few milliseconds. */

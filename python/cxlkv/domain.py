@@ -64,6 +64,7 @@ from .pool import Arena, Block, KvLayout, arena_options, uuid_str
 
 NamespaceLike = Union[Namespace, int]
 _LEASE_SIZE = ctypes.sizeof(_lib.LeaseC)
+_LEASE_REF_OFFSET = _lib.LeaseC.ref.offset
 _UNRESOLVED = object()
 
 
@@ -686,6 +687,44 @@ class Leases:
             raise StaleError(
                 f"lease {i} of {self!r} went stale during the copy", operation="copy_out",
                 hint="discard the destination's contents and acquire the prefix again")
+
+    def region_object(self, i: int) -> Optional[Tuple[int, int, int, int]]:
+        """(offset, length, generation, region tag) when lease `i` is on a region object (an
+        entry the owner published for an object of its own region, e.g. LMCache's coordinator:
+        the object's handle), else None (an arena block)."""
+        la = self._addr(i, "region_object")
+        off, length, gen, tag = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64(), \
+            ctypes.c_uint32()
+        rc = _lib.load().cxlkv_region_object(la + _LEASE_REF_OFFSET, ctypes.byref(off),
+                                             ctypes.byref(length), ctypes.byref(gen),
+                                             ctypes.byref(tag))
+        if rc:
+            return None
+        return int(off.value), int(length.value), int(gen.value), int(tag.value)
+
+    def try_copy_out_region(self, i: int, region: Any, dst: Any, *, offset: int = 0) -> bool:
+        """Reads ``dst``'s size in bytes of region object `i` from `offset`, validated
+        (``cxlkv_lease_copy_out_region``): `region` is this process's mapping of the whole
+        region (a buffer, e.g. an mmap or a numpy view of it). False: the object went stale
+        during the copy; discard `dst`.
+
+        Raises:
+            InvalidArgumentError: not a region object, or a range outside it or the region.
+        """
+        la = self._addr(i, "copy_out_region")
+        rptr, rn = _buffers.address(region, writable=False, what="region mapping")
+        ptr, n = _buffers.address(dst, writable=True, what="copy_out_region destination")
+        d = self._domain
+        with d._lock:
+            h = d._handle("copy_out_region")
+            lib = _lib.load()
+            rc = lib.cxlkv_lease_copy_out_region(h, la, rptr, rn, offset, ptr, n)
+        if rc == E_STALE:
+            return False
+        if rc:
+            _lib.check(lib, rc, "cxlkv_lease_copy_out_region", d,
+                       hint="map the whole region; read inside the object")
+        return True
 
     def copy_out_rows(self, dst: Any, *, offset: int = 0, dtype: Any = None) -> List[bool]:
         """Copies every leased block into its row of `dst` (block i into ``dst[i]``), each

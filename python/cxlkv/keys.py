@@ -285,6 +285,39 @@ def key_from_digest(ns_id: int, digest: Union[bytes, bytearray, memoryview],
     return PrefixKey(int(out.lo), int(out.hi))
 
 
+def key_from_name(ns_id: int, name: Union[bytes, str]) -> PrefixKey:
+    """``cxlkv_prefix_key_from_name(ns_id, name)``: the key of an object named by itself rather
+    than by a place in a token chain (an LMCache object in the domain's index:
+    :func:`lmcache_index_name`). A frozen format, equal in every process and host.
+
+    Raises:
+        InvalidArgumentError: a namespace id outside 0..2^64-1, or a name that is neither bytes
+            nor str.
+    """
+    if not isinstance(ns_id, int) or not 0 <= ns_id < 1 << 64:
+        raise InvalidArgumentError(f"namespace id {ns_id!r} is outside 0..2^64-1",
+                                   operation="key_from_name", hint="pass Namespace(...).id")
+    if isinstance(name, str):
+        name = name.encode()
+    if not isinstance(name, (bytes, bytearray)):
+        raise InvalidArgumentError(f"name is a {type(name).__name__}, not bytes or str",
+                                   operation="key_from_name", hint="pass the object's name")
+    lib = _lib.load()
+    out = _lib.PrefixKeyC()
+    buf = ctypes.create_string_buffer(bytes(name), len(name))
+    lib.cxlkv_prefix_key_from_name(ns_id, buf, len(name), ctypes.byref(out))
+    return PrefixKey(int(out.lo), int(out.hi))
+
+
+def lmcache_index_name(chunk_hash_hex: str, model_name: str, kv_rank: int,
+                       object_group_id: int = 0, cache_salt: str = "") -> bytes:
+    """The name an LMCache object has in a cxlkv domain's prefix index (docs/lmcache.md "Keys
+    in the domain's index"): its EncodedObjectKey's fields, integers in decimal, joined by
+    0x1F. Its key is ``key_from_name(Namespace(tenant, "lmcache", layout_id).id, name)``."""
+    return "\x1f".join([chunk_hash_hex, model_name, str(int(kv_rank)), str(int(object_group_id)),
+                        cache_salt]).encode()
+
+
 def digest_bytes(digest: Union[bytes, bytearray, memoryview, str], what: str) -> bytes:
     """An engine digest as bytes (16 or 32), from bytes or a hex string."""
     if isinstance(digest, str):

@@ -28,6 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent.parent / "tools" / "lmcache-qualify"))
+sys.path.insert(0, str(HERE.parent.parent / "python"))  # cxlkv: a host of the domain
 from coordinator_client import Client, CoordinatorError, make_key, make_layout  # noqa: E402
 from emulated_domain import EmulatedDomain  # noqa: E402
 from visibility_ctypes import ACQUIRE, PUBLISH, Visibility  # noqa: E402
@@ -59,12 +60,12 @@ class Domain(EmulatedDomain):
     """A domain with [lmcache], its orchestrator as a process (the qualification kit's
     launcher, with this test's tenants, quotas and pin levels)."""
 
-    def __init__(self, binary):
+    def __init__(self, binary, lmcache_toml=""):
         super().__init__(binary, pool_mib=POOL // MiB, region_mib=REGION // MiB,
                          extent_mib=EXTENT // MiB, alignment=ALIGN, ttl_ms=TTL_MS,
                          lease_ms=LEASE_MS, quotas={"small": QUOTA_SMALL}, threads=4,
                          name="lmc", layout_id="test-layout", tokens=TOKENS, max_batch=256,
-                         extra_toml="""[[namespace]]
+                         lmcache_toml=lmcache_toml, extra_toml="""[[namespace]]
 tenant = "acme"
 model = "lmcache"
 layout = "test-layout"
@@ -341,6 +342,86 @@ def check_quota(d):
           f"at quota with everything leased: {st} {out}")
 
 
+def check_index(binary, library):
+    """The objects in the domain's prefix index: a host joined to the domain finds a finished
+    object by chain lease, with no HTTP, and reads its bytes through its own mapping of the
+    region; an object it leases keeps its range from reuse after the coordinator evicted it,
+    until the lease is released."""
+    import cxlkv
+    d = Domain(binary, lmcache_toml="index_wait_ms = 300")
+    host = None
+    try:
+        d.start()
+        b = d.client("batch")
+        st = b.stats()
+        check(st["index"] and st["indexed"] == 0, f"index stats at start: {st}")
+        ns = cxlkv.Namespace("batch", "lmcache", "test-layout")
+        check(int(st["index_namespace"], 16) == ns.id, "index_namespace is not the tenant's")
+        m = Mapping(d.pool, library)
+        size = REGION // 4  # four objects fill the region
+        keys = [make_key(i, "idx") for i in range(5)]
+        payload = {}
+        handles = {}
+        for i in range(4):
+            g = b.reserve([(keys[i], make_layout(size))])[0]
+            payload[i] = hashlib.sha256(b"idx%d" % i).digest() * (size // 32)
+            m.write(g["handle"], payload[i])
+            b.finish([g])
+            handles[i] = g["handle"]
+
+        def ikey(k):
+            name = cxlkv.lmcache_index_name(k["chunk_hash_hex"], k["model_name"], k["kv_rank"],
+                                            k.get("object_group_id", 0), k.get("cache_salt", ""))
+            return cxlkv.key_from_name(ns.id, name)
+        host = cxlkv.Domain.join(f"orchestrator:{d.dir}/o.sock", 1)
+        ikeys = [ikey(k) for k in keys]
+        deadline = time.monotonic() + 10
+        while True:
+            leases = host.acquire_chain(ns, ikeys[:4], wait_s=1.0)
+            if len(leases) == 4 or time.monotonic() > deadline:
+                break
+            leases.release()
+            time.sleep(0.01)
+        check(len(leases) == 4, f"the host leased {len(leases)} of 4 objects through the index")
+        region = memoryview(m.m)
+        for i in range(4):
+            h = handles[i]
+            check(leases.region_object(i) == (h["offset"], h["length"], h["generation"],
+                                              st["region_tag"]),
+                  f"object {i}: the index's ref {leases.region_object(i)} is not its handle {h}")
+            dst = bytearray(h["length"])
+            check(leases.try_copy_out_region(i, region, dst), f"object {i}: copy went stale")
+            check(bytes(dst) == payload[i], f"object {i}: bytes read through the index differ")
+        check(b.stats()["indexed"] == 4, "indexed count")
+        # Object 0 is the least recently used: a fifth object evicts it. The host's lease keeps
+        # its range: the reserve waits index_wait_ms, then 507 naming the index.
+        s, out = b.raw("POST", "/v1/writes/reserve", {"region_epoch": b.epoch, "items": [
+            {"key": keys[4], "layout": make_layout(size)}]})
+        check(s == 507 and "index" in out.get("detail", ""), f"reserve under a lease: {s} {out}")
+        st = b.stats()
+        check(st["evicted"] == 1 and st["held_bytes"] == size and st["used_bytes"] == REGION,
+              f"after the eviction: {st}")
+        check(b.lookup([keys[0]])[0] is None, "the evicted object is still served")
+        dst = bytearray(size)
+        check(not leases.try_copy_out_region(0, region, dst),
+              "a copy of the evicted object validated after its entry was retired")
+        leases.release()
+        # Released: the owner reclaims the entry after its grace and the range comes back.
+        g = b.reserve([(keys[4], make_layout(size))])[0]
+        check(g is not None and g["handle"]["offset"] == handles[0]["offset"] and
+              g["handle"]["generation"] > handles[3]["generation"],
+              f"the fifth object did not get object 0's range: {g}")
+        check(b.stats()["held_bytes"] == 0, "held bytes after the release")
+        b.finish([g])
+        again = host.acquire_chain(ns, [ikeys[0]])
+        check(len(again) == 0, "the evicted object is still in the index")
+        again.release()
+    finally:
+        if host is not None:
+            host.leave()
+        d.cleanup()
+
+
 def check_bad_config(binary):
     """Bad [lmcache] settings stop the orchestrator with the key and the fix; nothing starts."""
     cases = [
@@ -395,6 +476,10 @@ def main():
         print("orchestrator killed between finish and lookup: ok", flush=True)
         check_quota(d)
         print("tenant quota: ok", flush=True)
+        d.cleanup()
+        check_index(binary, library)
+        print("objects in the domain's index: found, read and held by a host's lease: ok",
+              flush=True)
     except SystemExit:
         print(f"seed {seed}", file=sys.stderr)
         raise

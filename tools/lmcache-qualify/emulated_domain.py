@@ -18,9 +18,10 @@ class EmulatedDomain:
     def __init__(self, binary, pool_mib=512, region_mib=128, extent_mib=16, alignment=4096,
                  ttl_ms=1000, lease_ms=500, tenants=("default",), quotas=None,
                  state_dir=None, threads=8, name="lmq", layout_id="qualify", tokens=None,
-                 max_batch=4096, extra_toml=""):
+                 max_batch=4096, extra_toml="", lmcache_toml=""):
         """tokens: {tenant: token} (default: a random token per tenant of `tenants`);
-        extra_toml: appended to domain.toml (e.g. [[namespace]] entries)."""
+        extra_toml: appended to domain.toml (e.g. [[namespace]] entries); lmcache_toml: more
+        [lmcache] keys (e.g. index_wait_ms = 300)."""
         self.binary = binary
         self.dir = Path(tempfile.mkdtemp(prefix="cxlkv-lmq-"))
         state_dir = Path(state_dir) if state_dir else self.dir
@@ -59,6 +60,7 @@ reservation_ttl_ms = {ttl_ms}
 read_lease_ms = {lease_ms}
 threads = {threads}
 max_batch = {max_batch}
+{lmcache_toml}
 [lmcache.quotas]
 {quota_text}{extra_toml}""")
         self.proc = None
