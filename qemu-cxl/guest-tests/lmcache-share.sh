@@ -13,8 +13,10 @@
 # liblmcache_shared_l1_visibility.so, then looks up, acquires, reads and checks every one of
 # the other guest's. Each role's --json report comes back as results/<guest>/lmcache-share/
 # qualify-<role>.json. The guests exchange messages through the shared device (daxio, a
-# 64-byte slot each at 168 MiB): b says it started, a says its coordinator serves, each gives
-# its verdict; the test fails on both guests if either role is NOT QUALIFIED.
+# 64-byte slot each at 168 MiB): b says it started, a says its coordinator serves, b gives its
+# verdict, then a gives its own once it has read b's (so b, going on to another test, never
+# overwrites its verdict unread); the test fails on both guests if either role is NOT
+# QUALIFIED.
 #
 # QEMU shares the device's memory coherently (one host file): this shows that the kit, the
 # library and the coordinator agree on the mapping, the layout and the wire across two kernels
@@ -93,7 +95,8 @@ marked() {
 # Whatever ends this test before its verdict is given tells the other guest so.
 verdict=''
 trap '_rc=$?; [ -n "$verdict" ] || mark "rc=$((_rc ? _rc : 1))"' EXIT
-peer_said() { [ -n "$(marked "$peer")" ] && [ "$(marked "$peer")" != "$1" ]; }
+# peer_said OLD: the other guest's message is there and is not OLD; it is then in $said.
+peer_said() { said="$(marked "$peer")"; [ -n "$said" ] && [ "$said" != "$1" ]; }
 
 # qualify: this guest's role of the kit; its report in $out/qualify-ROLE.json. Returns its exit.
 qualify() {
@@ -122,7 +125,7 @@ run_a() {
   ep="$CXLKV_NET_ADDR"
   note "waiting for guest b to start this test (daxio, $CXLKV_DAX at $(slot b))"
   wait_until 120 "guest b to start $name" peer_said ''
-  [ "$(marked b)" = started ] || fail "guest b ended before it started: $(marked b)"
+  [ "$said" = started ] || fail "guest b ended before it started: $said"
 
   cat >"$work/domain.toml" <<EOF
 [domain]
@@ -166,16 +169,17 @@ EOF
 
   qualify
   rc=$?
-  mark "rc=$rc"
-  verdict=$rc
   note "waiting for guest b's verdict"
   wait_until 150 "guest b's verdict" peer_said started
+  b_verdict="$said"
+  mark "rc=$rc"
+  verdict=$rc
   kill -TERM "$opid"
   wait "$opid"
   orc=$?
   [ "$orc" = 0 ] || fail "cxlkv-orchestrator exited with $orc on SIGTERM (log: orchestrator.log)"
   [ "$rc" = 0 ] || fail "role a is NOT QUALIFIED (qualify-a.json)"
-  [ "$(marked b)" = rc=0 ] || fail "guest b: role b is NOT QUALIFIED ($(marked b); its qualify-b.json)"
+  [ "$b_verdict" = rc=0 ] || fail "guest b: role b is NOT QUALIFIED ($b_verdict; its qualify-b.json)"
   note "OK: both roles QUALIFIED: each guest read the other's $objects objects intact"
 }
 
@@ -185,14 +189,14 @@ run_b() {
   mark started
   note "waiting for guest a's coordinator (daxio, $CXLKV_DAX at $(slot a))"
   wait_until 200 "guest a's coordinator" peer_said ''
-  [ "$(marked a)" = serving ] || fail "guest a's coordinator did not start: $(marked a)"
+  [ "$said" = serving ] || fail "guest a's coordinator did not start: $said"
   qualify
   rc=$?
   mark "rc=$rc"
   verdict=$rc
   wait_until 150 "guest a's verdict" peer_said serving
   [ "$rc" = 0 ] || fail "role b is NOT QUALIFIED (qualify-b.json)"
-  [ "$(marked a)" = rc=0 ] || fail "guest a: role a is NOT QUALIFIED ($(marked a); its qualify-a.json)"
+  [ "$said" = rc=0 ] || fail "guest a: role a is NOT QUALIFIED ($said; its qualify-a.json)"
   note "OK: both roles QUALIFIED: each guest read the other's $objects objects intact"
 }
 
