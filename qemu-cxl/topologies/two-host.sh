@@ -28,7 +28,7 @@ TOPO_DESCRIPTION="two guests sharing one switch-attached Type-3 device (one host
 TOPO_HOSTS=2
 TOPO_ROLES="a b"
 TOPO_TIMEOUT_S=300
-TOPO_DEFAULT_TESTS="smoke topology pool-share lease-share"
+TOPO_DEFAULT_TESTS="smoke topology pool-share lease-share lmcache-share"
 
 CXLKV_EXPECT_MEMDEVS=1
 CXLKV_EXPECT_REGIONS=1

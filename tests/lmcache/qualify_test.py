@@ -87,6 +87,19 @@ def main():
                 fail(f"role {role}: {g}")
         print("two roles, one run id: both pass", flush=True)
 
+        # The kit's own negative control: role b corrupts 3 of a's objects once a published
+        # them (--scribble 3); b fails with 3 corrupt, a (reading b's) passes.
+        pa = qualify(*common, "--role", "a", "--run-id", "scr", "--json", wait=False)
+        pb = qualify(*common, "--role", "b", "--run-id", "scr", "--scribble", 3, "--json",
+                     wait=False)
+        (oa, ea), (ob, eb) = pa.communicate(timeout=120), pb.communicate(timeout=120)
+        if pa.returncode != 0:
+            fail(f"role a failed beside a scribbling b: {oa} {ea}")
+        g = json.loads(ob)["gates"][0]
+        if pb.returncode != 1 or g["result"] != "FAIL" or g["figures"]["corrupt"] != 3:
+            fail(f"role b with --scribble 3 (exit {pb.returncode}): {g} {eb}")
+        print("--scribble 3: role b fails with 3 corrupt, role a passes", flush=True)
+
         # A peer's objects scribbled on after they were published: the reader must say corrupt.
         rc, out, err = qualify(*common, "--role", "a", "--run-id", "bad", "--peer-wait-s", 1,
                                "--json")

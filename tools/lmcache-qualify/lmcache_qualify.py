@@ -316,9 +316,13 @@ def gate_visibility(q, g):
         mine, theirs = ("a", "b") if q.role == "a" else ("b", "a")
         w = collect([spawn(q.ctxd, "write", names=[f"vis-{mine}-{i}" for i in range(n)],
                            seed=q.seed, max_bytes=256 * 1024)])[0]
+        if q.scribble:
+            scribble(q, [f"vis-{theirs}-{i}" for i in range(n)][:q.scribble])
         r = collect([spawn(q.ctxd, "read", names=[f"vis-{theirs}-{i}" for i in range(n)],
                            wait_s=q.peer_wait_s)], timeout=q.peer_wait_s + 60)[0]
         g.figures = {"written": w["written"], **r}
+        if q.scribble:
+            g.figures["scribbled"] = q.scribble
         g.passed = r["ok"] == n and r["corrupt"] == 0
         g.detail = f"{r['ok']}/{n} of the peer's objects read intact"
         return
@@ -331,6 +335,24 @@ def gate_visibility(q, g):
                  "corrupt": sum(r["corrupt"] for r in rs), "missing": sum(r["miss"] for r in rs)}
     g.passed = ok == 2 * n
     g.detail = f"{ok}/{2 * n} objects intact, written by one process and read by the other"
+
+
+def scribble(q, names):
+    """The negative control (--scribble): once the peer has published these objects, flips
+    the first 8 bytes of each through this host's mapping, then publishes that store, so the
+    reader that follows must find them corrupt."""
+    keys = [key_of(q.ctx.run, n) for n in names]
+    deadline = time.monotonic() + q.peer_wait_s
+    hits = q.ctx.client.lookup(keys)
+    while any(h is None for h in hits):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"--scribble: the peer's objects {names} never appeared")
+        time.sleep(0.05)
+        hits = q.ctx.client.lookup(keys)
+    for hit in hits:
+        h = dict(hit["handle"], length=8)
+        old = q.ctx.region.read(h)
+        q.ctx.region.write(h, bytes(b ^ 0xA5 for b in old))
 
 
 def gate_stale_generation(q, g):
@@ -505,6 +527,9 @@ def main():
     ap.add_argument("--mixed-workers", type=int, default=4)
     ap.add_argument("--peer-wait-s", type=float, default=120.0)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--scribble", type=int, default=0, metavar="N",
+                    help="with --role: a negative control; corrupt N of the peer's objects "
+                         "after it published them and before reading them (the gate must fail)")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run for CI: concurrency 1, 2, 4, fewer objects, 2 s mixed")
     ap.add_argument("--json", action="store_true")
@@ -523,7 +548,10 @@ def main():
     q = Qualify()
     q.seed = a.seed if a.seed is not None else random.randrange(1 << 30)
     q.role, q.objects, q.duration, q.mixed_workers = a.role, a.objects, a.duration, a.mixed_workers
-    q.peer_wait_s = a.peer_wait_s
+    q.peer_wait_s, q.scribble = a.peer_wait_s, a.scribble
+    if a.scribble and a.role == "both":
+        print("lmcache-qualify: --scribble needs --role a or b", file=sys.stderr)
+        return 2
     q.levels = (1, 2, 4, 8, 16)
     if a.quick:
         q.levels, q.objects, q.duration, q.mixed_workers = (1, 2, 4), 16, 2.0, 2
