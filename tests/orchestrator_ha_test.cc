@@ -3538,6 +3538,11 @@ TEST_F(HaTest, LmcacheCoordinatorFailsOverWithItsObjects) {
   for (int i = 0; i < 4; ++i) keys.push_back(key(i));
   const json before = call(pa, "POST", "/v1/lookup", {{"region_epoch", epoch}, {"keys", keys}});
   const json used_before = call(pa, "GET", "/v1/status")["used_bytes"];
+  // The three finished objects are in the domain's prefix index (the leader's owner loop
+  // publishes them as its own entries).
+  ASSERT_TRUE(Eventually([&] { return call(pa, "GET", "/cxlkv/v1/stats")["indexed"] == 3; },
+                         milliseconds(5000)))
+      << call(pa, "GET", "/cxlkv/v1/stats");
 
   a.Kill(SIGKILL);
   ASSERT_TRUE(
@@ -3566,6 +3571,12 @@ TEST_F(HaTest, LmcacheCoordinatorFailsOverWithItsObjects) {
         {"reservations", {{{"key", key(3)}, {"token", grants[3]["token"]}}}}});
   const json hit3 = call(pb, "POST", "/v1/lookup", {{"region_epoch", epoch}, {"keys", {key(3)}}});
   EXPECT_EQ(hit3["hits"][0]["handle"], grants[3]["handle"]);
+  // The successor found the three in the index it took over (none published twice), and
+  // publishes the fourth.
+  EXPECT_TRUE(Eventually([&] { return call(pb, "GET", "/cxlkv/v1/stats")["indexed"] == 4; },
+                         milliseconds(5000)))
+      << call(pb, "GET", "/cxlkv/v1/stats");
+  EXPECT_EQ(call(pb, "GET", "/cxlkv/v1/stats")["index_skipped"], 0) << "a publish was refused";
   const json more = call(
       pb, "POST", "/v1/writes/reserve",
       {{"region_epoch", epoch},
