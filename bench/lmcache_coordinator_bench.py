@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """LMCache's coordinator API served by cxlkv-orchestrator ([lmcache]): latency of reserve+finish
 and lookup (p50/p99, batches of 1 and 64 keys) against a loopback HTTP baseline on the same
-server and client, the same lookups through the domain's own chain lease (the RPC-free path,
-cxlkv Python package), and objects per second at concurrency 1-16.
+server and client, the same lookups through the domain's prefix index by chain lease (the
+RPC-free path: a host joined to the domain, cxlkv Python package; the objects are there as
+the owner's own entries), and objects per second at concurrency 1-16.
 
 Run (Debian's interpreter; a release build of the orchestrator and libcxlkv):
     cmake --preset release
@@ -58,8 +59,9 @@ def timed(fn, n):
 
 
 def latency(binary, n, state_dir):
+    # An index with room for every object this run finishes (at most 3/4 of it is published).
     d = EmulatedDomain(binary, pool_mib=512, region_mib=256, ttl_ms=60000, lease_ms=10,
-                       state_dir=state_dir).start()
+                       state_dir=state_dir, index_entries=1 << 16).start()
     out = {}
     try:
         c = Client(d.port, d.tokens["default"])
@@ -85,6 +87,7 @@ def latency(binary, n, state_dir):
                 hits = c.lookup([make_key(base + start + j) for j in range(batch)])
                 assert all(h is not None for h in hits)
             out[f"lookup (hits), batch {batch}"] = summary(timed(lk, reps), batch)
+        out.update(index_path(d, n))
         # Under pressure: fill the region, then each reserve evicts the least recently used.
         cap = c.region()["capacity_bytes"] // OBJ
         have = c.status()["object_count"]
@@ -107,54 +110,61 @@ def latency(binary, n, state_dir):
     return out
 
 
-def chain_lease(n):
-    """The same lookups through the domain's own path: cxlkv_lease_acquire_chain (+ release)."""
+def index_path(d, n):
+    """The same keys as the HTTP lookups above, through the domain's prefix index: a host joined
+    to the domain (the orchestrator's socket) leases them by chain lease (no HTTP), and reads
+    one object through its own mapping of the region (the RPC-free path)."""
     sys.path.insert(0, str(ROOT / "python"))
-    import numpy as np
+    import mmap
     import cxlkv
-    from cxlkv.pool import layout_for_block_bytes
-    tag = f"/dev/shm/cxlkv-bench-lmc-{os.getpid()}"
-    paths = [tag + "-domain", tag + "-pool"]
-    g = cxlkv.Geometry()
-    dspec = f"file:{paths[0]}?size={(g.bytes_needed() + 4095) // 4096 * 4096}"
+    c = Client(d.port, d.tokens["default"])
+    region = c.region()
+    st = c.stats()
+    ns = cxlkv.Namespace("default", "lmcache", region["layout_id"])
+    assert int(st["index_namespace"], 16) == ns.id
+
+    def ikey(k):
+        return cxlkv.key_from_name(ns.id, cxlkv.lmcache_index_name(
+            k["chunk_hash_hex"], k["model_name"], k["kv_rank"], k.get("object_group_id", 0),
+            k.get("cache_salt", "")))
+    host = cxlkv.Domain.join(f"orchestrator:{d.dir}/o.sock", 1)
+    fd = os.open(d.pool, os.O_RDONLY)
+    m = mmap.mmap(fd, d.region_bytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ,
+                  offset=d.region_offset)
+    view = memoryview(m)
     out = {}
     try:
-        cxlkv.Domain.format(dspec, g)
-        owner = cxlkv.Owner.open(dspec).start(0.002)
-        lay, _ = layout_for_block_bytes(OBJ)
-        pool = cxlkv.Pool.open(f"file:{paths[1]}?size={OBJ * 80 + (8 << 20)}")
-        arena = cxlkv.Arena.create(pool, lay)
-        read_arena = cxlkv.Arena.open_spec(f"file:{paths[1]}")
-        pub = cxlkv.Domain.join(dspec, 0, arenas=[arena], heartbeat_s=0.1)
-        reader = cxlkv.Domain.join(dspec, 1, arenas=[read_arena], heartbeat_s=0.1)
-        ns = cxlkv.Namespace("bench", "lmcache", "4k")
-        keys = ns.chain_keys(np.arange(16 * 64), 16)
-        parent = None
-        for k in keys:
-            pub.publish(ns, k, np.zeros(OBJ, np.uint8), parent=parent)
-            parent = k
-        while reader.lookup(ns, keys[-1]) is None:
-            time.sleep(0.001)
+        # The owner loop publishes finished objects within a step or two: wait for the last.
+        last = ikey(make_key(64 * 10_000_000 + 64 * max(20, n // 4) - 1))
+        deadline = time.monotonic() + 30
+        while len(host.acquire_chain(ns, [last], wait_s=1.0)) == 0:
+            assert time.monotonic() < deadline, "the objects never reached the index"
+            time.sleep(0.01)
         for batch in (1, 64):
             reps = n if batch == 1 else max(20, n // 4)
+            base = 10_000_000 * batch
+            keys = [[ikey(make_key(base + r * batch + j)) for j in range(batch)]
+                    for r in range(reps)]
 
-            def acq(i, batch=batch):
-                with reader.acquire_chain(ns, keys[:batch], wait_s=1.0) as leases:
+            def acq(i, batch=batch, keys=keys):
+                with host.acquire_chain(ns, keys[i % len(keys)], wait_s=1.0) as leases:
                     assert len(leases) == batch
             acq(0)
-            out[f"chain lease acquire+release, {batch} keys"] = summary(timed(acq, reps), batch)
-        reader.leave()
-        pub.leave()
-        read_arena.close()
-        arena.close()
-        pool.close()
-        owner.close()
+            out[f"index: chain lease acquire+release, {batch} keys"] = summary(
+                timed(acq, reps), batch)
+        keys1 = [ikey(make_key(10_000_000 + r)) for r in range(n)]
+        dst = bytearray(OBJ)
+
+        def read(i):
+            with host.acquire_chain(ns, [keys1[i % n]], wait_s=1.0) as leases:
+                assert leases.try_copy_out_region(0, view, dst)
+        read(0)
+        out[f"index: acquire + copy out {OBJ} B + release, 1 key"] = summary(timed(read, n))
     finally:
-        for p in paths:
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
+        host.leave()
+        view.release()
+        m.close()
+        os.close(fd)
     return out
 
 
@@ -211,7 +221,6 @@ def main():
             "cpus": os.cpu_count(), "orchestrator": a.orchestrator,
             "state_dir": a.state_dir or "temp dir under /tmp (root disk)"}
     res = {"latency": latency(a.orchestrator, a.iterations, a.state_dir)}
-    res["chain_lease"] = chain_lease(a.iterations)
     res["throughput"] = throughput(a.orchestrator, a.seconds, a.state_dir,
                                    [int(x) for x in a.levels.split(",")])
     info["load_after"] = open("/proc/loadavg").read().split()[:3]
@@ -220,7 +229,7 @@ def main():
     print(f"# before: {info['uptime_before']}")
     print(f"# after:  {info['uptime_after']}")
     print(f"{'operation':64} {'p50 us':>9} {'p99 us':>9} {'p50 us/key':>11}")
-    for part in ("latency", "chain_lease"):
+    for part in ("latency",):
         for name, r in res[part].items():
             print(f"{name:64} {r['p50_us']:9.1f} {r['p99_us']:9.1f} {r['per_key_p50_us']:11.2f}")
     print(f"{'reserve+finish throughput':64} {'objects/s':>9}")

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -602,6 +603,7 @@ std::optional<coherence::RegionObject> RefOf(const Coordinator::IndexOp& op) {
 // granted — until the index lets it go, and a reserve that needs it waits for that.
 TEST_F(CoordinatorTest, IndexedObjectsAreHeldAfterEvictionUntilTheIndexLetsThemGo) {
   c_.index_wait_ms = 400;
+  c_.evict_ahead_bytes = 0;  // exactly what each batch needs (evicting ahead: below)
   auto co = Open();
   co->AttachIndex({});
   const std::string e = co->region().region_epoch;
@@ -659,6 +661,59 @@ TEST_F(CoordinatorTest, IndexedObjectsAreHeldAfterEvictionUntilTheIndexLetsThemG
   EXPECT_GE(co->stats().index_waits, 2u);
 }
 
+// Once the region is full, a reserve evicts ahead: evict_ahead bytes beyond its batch are
+// free or on their way back from the index, so the next reserves find space without waiting
+// for the index's grace.
+TEST_F(CoordinatorTest, AFullRegionEvictsAheadSoTheNextReservesNeedNotWait) {
+  c_.index_wait_ms = 0;  // a reserve that would wait fails at once: no wait goes unseen
+  c_.evict_ahead_bytes = 3 * 8 * kAlign;
+  auto co = Open();
+  co->AttachIndex({});
+  const std::string e = co->region().region_epoch;
+  // The index, played here: refs by key from the publishes; a retire is reclaimed when told.
+  std::map<std::pair<std::uint64_t, std::uint64_t>, coherence::BlockRef> refs;
+  std::vector<coherence::BlockRef> retired;
+  auto play_index = [&] {
+    for (const auto& op : co->TakeIndexOps()) {
+      if (op.publish) {
+        refs[{op.key.lo, op.key.hi}] = op.ref;
+      } else {
+        retired.push_back(refs.at({op.key.lo, op.key.hi}));
+      }
+    }
+  };
+  // The index keeps up (each retire reclaimed before the next reserve): none waits, and from
+  // the moment the region fills, 24 blocks stay free or on their way back after every reserve.
+  for (int i = 0; i < 20; ++i) {
+    auto g = co->Reserve("t", e, {Item(i, 8)}, i);
+    ASSERT_TRUE(g.ok()) << i << ": " << g.status();
+    ASSERT_TRUE(co->Finish("t", e, {{(*g)[0]->key, (*g)[0]->token}}, i).ok());
+    const Stats st = co->stats();
+    if (i >= 5) {
+      EXPECT_GE(kRegion - st.used_bytes + st.held_bytes, 3 * 8 * kAlign) << i;
+    }
+    play_index();
+    co->IndexReleased(retired);
+    retired.clear();
+    EXPECT_EQ(co->stats().held_bytes, 0u);
+  }
+  EXPECT_EQ(co->stats().evicted, 20u - co->stats().object_count);
+  EXPECT_GE(co->stats().evicted, 15u);
+  // The index stops giving ranges back (hosts hold leases): the bytes ahead carry three more
+  // reserves without a wait; the fourth has to wait for the index (and fails here at once).
+  for (int i = 20; i < 23; ++i) {
+    auto g = co->Reserve("t", e, {Item(i, 8)}, i);
+    ASSERT_TRUE(g.ok()) << i << ": " << g.status();
+    play_index();
+  }
+  auto g = co->Reserve("t", e, {Item(23, 8)}, 23);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kResourceExhausted) << g.status();
+  EXPECT_NE(g.status().message().find("index"), std::string::npos) << g.status();
+  play_index();
+  co->IndexReleased(retired);
+  EXPECT_TRUE(co->Reserve("t", e, {Item(23, 8)}, 24).ok());
+}
+
 // Without the index nothing is held: eviction frees at once, as before the link.
 TEST_F(CoordinatorTest, WithoutTheIndexEvictionFreesAtOnce) {
   c_.index = false;
@@ -677,6 +732,7 @@ TEST_F(CoordinatorTest, WithoutTheIndexEvictionFreesAtOnce) {
 // again, the rest are.
 TEST_F(CoordinatorTest, ARestartReconcilesWithWhatTheIndexHolds) {
   c_.index_wait_ms = 0;
+  c_.evict_ahead_bytes = 0;
   std::vector<Handle> h;
   std::vector<coherence::PrefixOwner::OwnEntry> own;
   {
@@ -724,9 +780,26 @@ TEST(CoordinatorConfigTest, SectionAndTokens) {
   ASSERT_TRUE(ResolveCoordinatorConfig(&*c, "dom", "/s", 64u << 20).ok());
   EXPECT_EQ(c->region_id, "dom");
   EXPECT_EQ(c->state_file, "/s.lmcache");
+  EXPECT_TRUE(c->index) << "the index link is on by default";
+  EXPECT_EQ(c->evict_ahead_bytes, (128u << 20) / 64) << "a 64th of the region by default";
   auto odd = *c;
   odd.region_bytes = 100u << 20;
   EXPECT_FALSE(ResolveCoordinatorConfig(&odd, "dom", "/s", 64u << 20).ok());
+  const std::string base =
+      "[lmcache]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"/t\"\nlayout_id = \"L\"\n"
+      "region_size = \"128M\"\n";
+  auto idx = ParseCoordinatorConfig(base + "index = false\nindex_wait_ms = 50\nevict_ahead = 0\n",
+                                    "x.toml");
+  ASSERT_TRUE(idx.ok()) << idx.status();
+  EXPECT_FALSE(idx->index);
+  EXPECT_EQ(idx->index_wait_ms, 50u);
+  ASSERT_TRUE(ResolveCoordinatorConfig(&*idx, "dom", "/s", 64u << 20).ok());
+  EXPECT_EQ(idx->evict_ahead_bytes, 0u) << "0 stays 0";
+  auto greedy = ParseCoordinatorConfig(base + "evict_ahead = \"65M\"\n", "x.toml");
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  const auto half = ResolveCoordinatorConfig(&*greedy, "dom", "/s", 64u << 20);
+  EXPECT_NE(half.message().find("lmcache.evict_ahead"), std::string::npos) << half;
+  EXPECT_FALSE(ParseCoordinatorConfig(base + "index = 1\n", "x.toml").ok()) << "not a boolean";
   auto typo =
       ParseCoordinatorConfig("[lmcache]\nlisten = \"127.0.0.1:0\"\nlayout = \"L\"\n", "x.toml");
   ASSERT_FALSE(typo.ok());

@@ -348,7 +348,7 @@ def check_index(binary, library):
     region; an object it leases keeps its range from reuse after the coordinator evicted it,
     until the lease is released."""
     import cxlkv
-    d = Domain(binary, lmcache_toml="index_wait_ms = 300")
+    d = Domain(binary, lmcache_toml="index_wait_ms = 300\nevict_ahead = 0")
     host = None
     try:
         d.start()

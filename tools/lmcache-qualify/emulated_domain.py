@@ -18,10 +18,12 @@ class EmulatedDomain:
     def __init__(self, binary, pool_mib=512, region_mib=128, extent_mib=16, alignment=4096,
                  ttl_ms=1000, lease_ms=500, tenants=("default",), quotas=None,
                  state_dir=None, threads=8, name="lmq", layout_id="qualify", tokens=None,
-                 max_batch=4096, extra_toml="", lmcache_toml=""):
+                 max_batch=4096, extra_toml="", lmcache_toml="", index_entries=1024):
         """tokens: {tenant: token} (default: a random token per tenant of `tenants`);
         extra_toml: appended to domain.toml (e.g. [[namespace]] entries); lmcache_toml: more
-        [lmcache] keys (e.g. index_wait_ms = 300)."""
+        [lmcache] keys (e.g. index_wait_ms = 300); index_entries: the prefix index's size (the
+        coordinator's finished objects are entries there)."""
+        prefix_mib = max(4, (index_entries * 64 >> 20) + 2)
         self.binary = binary
         self.dir = Path(tempfile.mkdtemp(prefix="cxlkv-lmq-"))
         state_dir = Path(state_dir) if state_dir else self.dir
@@ -41,10 +43,10 @@ class EmulatedDomain:
         self.config.write_text(f"""[domain]
 name = "{name}"
 pool = "file:{self.pool}?size={pool_mib}M"
-prefix_domain = "file:{self.prefix}?size=4M"
+prefix_domain = "file:{self.prefix}?size={prefix_mib}M"
 extent_size = "{extent_mib}M"
 state_file = "{self.state_file}"
-index_entries = 1024
+index_entries = {index_entries}
 max_hosts = 4
 [rpc]
 socket = "{self.dir}/o.sock"

@@ -70,6 +70,15 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(absl::string_view text,
        return p.Bool(v, k, &c.index);
      })},
     {"index_wait_ms", u32(&c.index_wait_ms, 0, 600000)},
+    {"evict_ahead", H([&p, &c](const toml::node& v, const std::string& k) {
+       // 0: evict only what each batch needs (every reserve of a full region then waits for
+       // the index's grace); otherwise a size.
+       if (v.is_integer() && *v.value<std::int64_t>() == 0) {
+         c.evict_ahead_bytes = 0;
+         return absl::OkStatus();
+       }
+       return p.Size(v, k, &c.evict_ahead_bytes);
+     })},
     {"max_batch", u32(&c.max_batch, 1, 1 << 20)},
     {"threads", u32(&c.threads, 1, 256)},
     {"state_file", str(&c.state_file)},
@@ -128,6 +137,14 @@ absl::Status ResolveCoordinatorConfig(CoordinatorConfig* c, const std::string& d
     return absl::InvalidArgumentError(absl::StrCat("lmcache.alignment: ", c->alignment_bytes,
                                                    " is larger than domain.extent_size (",
                                                    extent_bytes, ")"));
+  }
+  if (c->evict_ahead_bytes == CoordinatorConfig::kEvictAheadDefault) {
+    c->evict_ahead_bytes = c->region_bytes / 64;
+  }
+  if (c->evict_ahead_bytes > c->region_bytes / 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lmcache.evict_ahead: ", c->evict_ahead_bytes, " bytes is more than half the region (",
+        c->region_bytes, "): eviction ahead of need would empty it; the default is a 64th"));
   }
   if (c->region_id.empty()) c->region_id = domain_name;
   if (c->state_file.empty()) c->state_file = domain_state_file + ".lmcache";

@@ -186,6 +186,9 @@ absl::Status CheckKey(const ObjectKey& k) {
 Coordinator::Coordinator(const CoordinatorConfig& c, std::uint64_t region_offset,
                          std::unique_ptr<StateStore> store)
     : c_(c), store_(std::move(store)) {
+  if (c_.evict_ahead_bytes == CoordinatorConfig::kEvictAheadDefault) {
+    c_.evict_ahead_bytes = c_.region_bytes / 64;  // as ResolveCoordinatorConfig
+  }
   region_.region_id = c.region_id;
   region_.layout_id = c.layout_id;
   region_.region_offset = region_offset;
@@ -433,6 +436,18 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
     }
     return true;
   };
+  // Past what the batch needs, once the region is full and the index is on: more candidates
+  // (the policy's next ones, of the tenant's own when it has a quota) until `left` plus what
+  // they free reaches evict_ahead_bytes.
+  auto evict_ahead = [&](std::uint64_t left) {
+    if (!index_attached_) return;
+    for (std::size_t ci = 0; left < c_.evict_ahead_bytes && candidate(ci); ++ci) {
+      const Object& o = objects_.at(*cands[ci]);
+      if (used[ci] || !o.in_index || (has_quota && o.tenant != tenant)) continue;
+      evict_one(ci);
+      left += o.alloc_bytes;
+    }
+  };
   // At the quota: only the tenant's own objects make room.
   if (has_quota && tenant_used + total > quota_it->second) {
     for (std::size_t ci = 0; tenant_used + total > quota_it->second && candidate(ci); ++ci) {
@@ -452,6 +467,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
       // It fits once the index lets ranges go: the evictions so far are made (journaled, their
       // entries retired) and the caller waits for IndexReleased, then tries again.
       *wait = true;
+      evict_ahead(soon_bytes - total);
       if (evict.empty()) return std::vector<std::optional<Grant>>{};
       Change ch;
       for (const std::string* id : evict) ch.dels.push_back(*id);
@@ -475,6 +491,9 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
     }
     evict_one(next);
   }
+  // Evicting ahead keeps the next reserves from waiting on the index (indexed objects only:
+  // anything else frees at once when needed): a low-water mark of free and returning bytes.
+  evict_ahead(soon_bytes - total);
   // The change, journaled before it is applied: a failed write changes nothing.
   Change ch;
   for (const std::string* id : evict) ch.dels.push_back(*id);

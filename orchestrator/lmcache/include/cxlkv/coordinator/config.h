@@ -32,6 +32,11 @@ struct CoordinatorConfig {
   // lease, no HTTP); an evicted one's range waits for the index to let it go.
   bool index = true;
   std::uint32_t index_wait_ms = 2000;  // a reserve waits this long for evicted ranges to come back
+  // With the index, once the region is full a reserve evicts ahead: it leaves at least this
+  // many bytes free or on their way back from the index, so that later reserves find them
+  // free instead of waiting for the index's grace. kEvictAheadDefault: region_size / 64.
+  static constexpr std::uint64_t kEvictAheadDefault = ~0ull;
+  std::uint64_t evict_ahead_bytes = kEvictAheadDefault;
   std::map<std::string, std::uint64_t> quotas;  // [lmcache.quotas] tenant = bytes
   // Pin levels by namespace name "<tenant>/lmcache/<layout_id>": the domain's [[namespace]]
   // entries with model "lmcache" (filled by the daemon's config). Lower levels are evicted first.
