@@ -399,22 +399,30 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
   std::vector<const std::string*> evict;
   std::vector<bool> used;
   // Two views of the space: free now, and free once every range the index still names (held
-  // now, or of an indexed object evicted here) has come back.
-  std::map<std::uint64_t, std::uint64_t> free = free_, free_soon = free_;
-  for (const auto& [off, h] : held_) GiveBack(&free_soon, off, h.alloc_bytes);
+  // now, or of an indexed object evicted here: `pending`) has come back. The second is built
+  // only when the first is not enough (it copies every held range).
+  std::map<std::uint64_t, std::uint64_t> free = free_;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> pending;
   std::uint64_t free_bytes = c_.region_bytes - used_bytes_;
   std::uint64_t soon_bytes = free_bytes + held_bytes_;
   auto evict_one = [&](std::size_t ci) {
     const Object& o = objects_.at(*cands[ci]);
     used[ci] = true;
     evict.push_back(cands[ci]);
-    GiveBack(&free_soon, o.handle.offset, o.alloc_bytes);
     soon_bytes += o.alloc_bytes;
-    if (!o.in_index) {
+    if (o.in_index) {
+      pending.emplace_back(o.handle.offset, o.alloc_bytes);
+    } else {
       GiveBack(&free, o.handle.offset, o.alloc_bytes);
       free_bytes += o.alloc_bytes;
     }
     if (o.tenant == tenant) tenant_used -= o.alloc_bytes;
+  };
+  auto free_soon = [&] {
+    std::map<std::uint64_t, std::uint64_t> soon = free;
+    for (const auto& [off, h] : held_) GiveBack(&soon, off, h.alloc_bytes);
+    for (const auto& [off, bytes] : pending) GiveBack(&soon, off, bytes);
+    return soon;
   };
   auto fits_in = [&](const std::map<std::uint64_t, std::uint64_t>& space, std::uint64_t bytes,
                      std::map<std::uint64_t, std::uint64_t>* taken, std::vector<std::uint64_t>* at) {
@@ -463,7 +471,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
   std::size_t next = 0;
   while (true) {
     if (fits_in(free, free_bytes, &free, &offsets)) break;
-    if (fits_in(free_soon, soon_bytes, nullptr, nullptr)) {
+    if (soon_bytes >= total && fits_in(free_soon(), soon_bytes, nullptr, nullptr)) {
       // It fits once the index lets ranges go: the evictions so far are made (journaled, their
       // entries retired) and the caller waits for IndexReleased, then tries again.
       *wait = true;
