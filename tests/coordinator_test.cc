@@ -617,8 +617,8 @@ TEST_F(CoordinatorTest, IndexedObjectsAreHeldAfterEvictionUntilTheIndexLetsThemG
     EXPECT_TRUE(ops[i].publish);
     EXPECT_EQ(ops[i].ns, ns);
     EXPECT_EQ(ops[i].key, coherence::NameKey(ns, std::string(Key(i).chunk_hash_hex) + "\x1fm\x1f"
-                                                     "0\x1f"
-                                                     "0\x1f"));
+                                                                                      "0\x1f"
+                                                                                      "0\x1f"));
     EXPECT_EQ(RefOf(ops[i]), (coherence::RegionObject{h[i].offset, h[i].length, h[i].generation,
                                                       coherence::Crc32c("r0", 2)}));
   }
@@ -640,8 +640,8 @@ TEST_F(CoordinatorTest, IndexedObjectsAreHeldAfterEvictionUntilTheIndexLetsThemG
   EXPECT_FALSE(co->Reserve("t", e, {Item(100, 8)}, 3).ok());
   EXPECT_EQ(co->stats().evicted, 1u);
   // A release of another generation at that offset frees nothing.
-  auto stale = coherence::RegionRef({h[0].offset, h[0].length, h[0].generation + 100,
-                                     co->RegionTag()});
+  auto stale =
+      coherence::RegionRef({h[0].offset, h[0].length, h[0].generation + 100, co->RegionTag()});
   co->IndexReleased({*stale});
   EXPECT_EQ(co->stats().held_bytes, 8 * kAlign);
   // The release comes while a reserve waits: it is granted object 0's range.

@@ -1916,7 +1916,6 @@ TEST(PrefixOwnerMemory, NamedBlocksStayExactThroughReclaims) {
   }
 }
 
-
 // ---- entries of the owner's own: region objects (PublishOwn, docs/lmcache.md) ---------------
 
 RegionObject Obj(std::uint64_t offset, std::uint64_t generation) {
@@ -2036,8 +2035,8 @@ TEST(PrefixOwn, ADomainOf255HostsHasNoIdForTheOwner) {
   ASSERT_TRUE(FormatDomain(*view, {255, 16, 1, 1, 400, 4000, 40}).ok());
   ManualClock clock;
   auto owner = std::move(*PrefixOwner::Open(*view, clock));
-  const auto st = owner->PublishOwn(MakeNamespace("t", "m", "l"), PrefixKey{1, 2},
-                                    *RegionRef(Obj(0, 1)));
+  const auto st =
+      owner->PublishOwn(MakeNamespace("t", "m", "l"), PrefixKey{1, 2}, *RegionRef(Obj(0, 1)));
   EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
   EXPECT_NE(st.message().find("max_hosts 254"), std::string::npos) << st;
 }

@@ -18,8 +18,8 @@ CXLKV_API int cxlkv_prefix_key_from_name(uint64_t ns, const void* name, size_t n
   if (out == nullptr || (name == nullptr && name_len != 0)) {
     return Fail(CXLKV_E_INVALID, "cxlkv_prefix_key_from_name: name and out must be set");
   }
-  const auto k = cxlkv::coherence::NameKey(
-      ns, absl::string_view(static_cast<const char*>(name), name_len));
+  const auto k =
+      cxlkv::coherence::NameKey(ns, absl::string_view(static_cast<const char*>(name), name_len));
   *out = cxlkv_prefix_key{k.lo, k.hi};
   return CXLKV_OK;
 }

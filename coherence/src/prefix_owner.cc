@@ -648,13 +648,12 @@ std::vector<PrefixOwner::OwnEntry> PrefixOwner::OwnEntries() const {
   std::vector<OwnEntry> out;
   for (std::uint32_t i = 0; i < h_.index_entries; ++i) {
     const EntryState s = entry_state(i);
-    if ((s != EntryState::kPublished && s != EntryState::kRetired) || !Own(i) ||
-        IsQuarantined(i)) {
+    if ((s != EntryState::kPublished && s != EntryState::kRetired) || !Own(i) || IsQuarantined(i)) {
       continue;
     }
     const IndexEntry e = ReadEntry(i);
-    out.push_back(OwnEntry{e.ns, PrefixKey{e.key[0], e.key[1]}, e.ref,
-                           s == EntryState::kPublished});
+    out.push_back(
+        OwnEntry{e.ns, PrefixKey{e.key[0], e.key[1]}, e.ref, s == EntryState::kPublished});
   }
   return out;
 }

@@ -1092,7 +1092,8 @@ void Orchestrator::LeadLmcache(std::int64_t revision) {
     absl::MutexLock l(&mu_);
     if (owner_ != nullptr) own = owner_->OwnEntries();
   }
-  (void)lmcache_->Lead(*std::move(store), [this] { return ha_->WriteAllowed(); }, own);
+  (void)lmcache_->Lead(
+      *std::move(store), [this] { return ha_->WriteAllowed(); }, own);
 }
 
 void Orchestrator::StepDown(const std::string& why) {

@@ -425,7 +425,8 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
     return soon;
   };
   auto fits_in = [&](const std::map<std::uint64_t, std::uint64_t>& space, std::uint64_t bytes,
-                     std::map<std::uint64_t, std::uint64_t>* taken, std::vector<std::uint64_t>* at) {
+                     std::map<std::uint64_t, std::uint64_t>* taken,
+                     std::vector<std::uint64_t>* at) {
     if (bytes < total) return false;
     std::map<std::uint64_t, std::uint64_t> trial = space;
     for (std::size_t i = 0; i < items.size(); ++i) {
@@ -704,8 +705,8 @@ void Coordinator::AttachIndex(const std::vector<coherence::PrefixOwner::OwnEntry
     }
     // An object evicted before a restart, or a region reset: its range stays the index's until
     // the entry is reclaimed.
-    const std::uint64_t bytes = (ro->length + c_.alignment_bytes - 1) / c_.alignment_bytes *
-                                c_.alignment_bytes;
+    const std::uint64_t bytes =
+        (ro->length + c_.alignment_bytes - 1) / c_.alignment_bytes * c_.alignment_bytes;
     if (ro->offset + bytes <= c_.region_bytes && Carve(&free_, ro->offset, bytes)) {
       held_[ro->offset] = Held{bytes, ro->generation};
       held_bytes_ += bytes;

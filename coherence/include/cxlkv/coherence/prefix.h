@@ -495,8 +495,8 @@ class PrefixOwner {
   void Apply(std::uint32_t host, const RequestSlot& r);
   // Writes a published entry for (ns, key) at a free slot: Apply's publish and PublishOwn's.
   // False when the index has no free slot.
-  bool InsertEntry(Namespace ns, const PrefixKey& key, const PrefixKey& parent,
-                   const BlockRef& ref, std::uint8_t publisher);
+  bool InsertEntry(Namespace ns, const PrefixKey& key, const PrefixKey& parent, const BlockRef& ref,
+                   std::uint8_t publisher);
   bool Own(std::uint32_t i) const { return publisher_[i] == kOwnerPublisher; }
   void RetireEntry(std::uint32_t i);
   // Free slots in `host`'s return ring as its row (`row`, read earlier) last showed them.
