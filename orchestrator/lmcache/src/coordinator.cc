@@ -364,7 +364,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
     wanted[i] = objects_.find(ids[i]) == objects_.end();
     if (wanted[i]) total += (lengths[i] + align - 1) / align * align;
   }
-  auto refuse = [&](const std::string& why) {
+  auto refuse = [&](const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++stats_.out_of_space;
     return absl::ResourceExhaustedError(absl::StrCat("out_of_space: ", why));
   };
@@ -385,7 +385,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
   // under a read lease; walked only as far as the batch needs.
   std::vector<const std::string*> cands;
   auto lru_it = lru_.begin();
-  auto more = [&] {
+  auto more = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (; lru_it != lru_.end(); ++lru_it) {
       const Object& o = objects_.at(std::get<2>(*lru_it));
       if (o.lease_until_ms <= now_ms) {
@@ -405,7 +405,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
   std::vector<std::pair<std::uint64_t, std::uint64_t>> pending;
   std::uint64_t free_bytes = c_.region_bytes - used_bytes_;
   std::uint64_t soon_bytes = free_bytes + held_bytes_;
-  auto evict_one = [&](std::size_t ci) {
+  auto evict_one = [&](std::size_t ci) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Object& o = objects_.at(*cands[ci]);
     used[ci] = true;
     evict.push_back(cands[ci]);
@@ -418,7 +418,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
     }
     if (o.tenant == tenant) tenant_used -= o.alloc_bytes;
   };
-  auto free_soon = [&] {
+  auto free_soon = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::map<std::uint64_t, std::uint64_t> soon = free;
     for (const auto& [off, h] : held_) GiveBack(&soon, off, h.alloc_bytes);
     for (const auto& [off, bytes] : pending) GiveBack(&soon, off, bytes);
@@ -426,7 +426,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
   };
   auto fits_in = [&](const std::map<std::uint64_t, std::uint64_t>& space, std::uint64_t bytes,
                      std::map<std::uint64_t, std::uint64_t>* taken,
-                     std::vector<std::uint64_t>* at) {
+                     std::vector<std::uint64_t>* at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (bytes < total) return false;
     std::map<std::uint64_t, std::uint64_t> trial = space;
     for (std::size_t i = 0; i < items.size(); ++i) {
@@ -438,7 +438,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
     if (taken != nullptr) *taken = std::move(trial);
     return true;
   };
-  auto candidate = [&](std::size_t ci) {
+  auto candidate = [&](std::size_t ci) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     while (ci >= cands.size()) {
       if (!more()) return false;
       used.push_back(false);
@@ -448,7 +448,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
   // Past what the batch needs, once the region is full and the index is on: more candidates
   // (the policy's next ones, of the tenant's own when it has a quota) until `left` plus what
   // they free reaches evict_ahead_bytes.
-  auto evict_ahead = [&](std::uint64_t left) {
+  auto evict_ahead = [&](std::uint64_t left) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!index_attached_) return;
     for (std::size_t ci = 0; left < c_.evict_ahead_bytes && candidate(ci); ++ci) {
       const Object& o = objects_.at(*cands[ci]);
