@@ -425,19 +425,20 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
     return soon;
   };
   auto fits_in = [&](const std::map<std::uint64_t, std::uint64_t>& space, std::uint64_t bytes,
-                     std::map<std::uint64_t, std::uint64_t>* taken,
-                     std::vector<std::uint64_t>* at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (bytes < total) return false;
-    std::map<std::uint64_t, std::uint64_t> trial = space;
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      if (!wanted[i]) continue;
-      std::uint64_t off = 0;
-      if (!TakeFrom(&trial, (lengths[i] + align - 1) / align * align, &off)) return false;
-      if (at != nullptr) (*at)[i] = off;
-    }
-    if (taken != nullptr) *taken = std::move(trial);
-    return true;
-  };
+                     std::map<std::uint64_t, std::uint64_t>* taken, std::vector<std::uint64_t>* at)
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                       if (bytes < total) return false;
+                       std::map<std::uint64_t, std::uint64_t> trial = space;
+                       for (std::size_t i = 0; i < items.size(); ++i) {
+                         if (!wanted[i]) continue;
+                         std::uint64_t off = 0;
+                         if (!TakeFrom(&trial, (lengths[i] + align - 1) / align * align, &off))
+                           return false;
+                         if (at != nullptr) (*at)[i] = off;
+                       }
+                       if (taken != nullptr) *taken = std::move(trial);
+                       return true;
+                     };
   auto candidate = [&](std::size_t ci) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     while (ci >= cands.size()) {
       if (!more()) return false;
