@@ -49,7 +49,8 @@ blocks_h=8               # host 3 holds prefix 100
 
 fail() { echo "lease-share: FAIL: $*"; exit 1; }
 note() { echo "lease-share: $*"; }
-ms() { awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime; }
+# shellcheck source-path=SCRIPTDIR source=lib/wait.sh
+. "${CXLKV_TESTS:-$(dirname "$0")}/lib/wait.sh"
 
 case "${CXLKV_ROLE:-}" in
   a|b) ;;
@@ -104,15 +105,6 @@ show() {
   }' "$work/$1.json"
 }
 
-# wait_until SECS WHAT CMD...: runs CMD until it succeeds, every 0.2 s; fails after SECS.
-wait_until() {
-  _end=$(($(ms) + $1 * 1000)) _what="$2"
-  shift 2
-  until "$@"; do
-    [ "$(ms)" -lt "$_end" ] || fail "timed out waiting for $_what"
-    sleep 0.2
-  done
-}
 # ready PID FILE LOG: FILE exists; fails the test, showing LOG, if PID exited first.
 ready() {
   [ -e "$2" ] && return 0

@@ -48,7 +48,8 @@ lib="${LMCACHE_SHARE_LIBRARY:-$CXLKV_BIN/liblmcache_shared_l1_visibility.so}"
 
 fail() { echo "$name: FAIL: $*"; exit 1; }
 note() { echo "$name: $*"; }
-ms() { awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime; }
+# shellcheck source-path=SCRIPTDIR source=lib/wait.sh
+. "${CXLKV_TESTS:-$(dirname "$0")}/lib/wait.sh"
 
 case "${CXLKV_ROLE:-}" in
   a) peer=b ;;
@@ -71,15 +72,6 @@ token="$work/lmcache.token"
 echo "cxlkv-lmq-$(echo "$CXLKV_RUN_ID" | sha256sum | cut -c1-40)" >"$token"
 chmod 600 "$token"
 
-# wait_until SECS WHAT CMD...: runs CMD until it succeeds, every 0.2 s; fails after SECS.
-wait_until() {
-  _end=$(($(ms) + $1 * 1000)) _what="$2"
-  shift 2
-  until "$@"; do
-    [ "$(ms)" -lt "$_end" ] || fail "timed out waiting for $_what"
-    sleep 0.2
-  done
-}
 # mark TEXT: writes this guest's 64-byte message in its slot; marked WHO: WHO's message of
 # this run (empty if none yet).
 slot() { if [ "$1" = a ]; then echo "$mark_off"; else echo $((mark_off + 4096)); fi; }
