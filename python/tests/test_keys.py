@@ -224,3 +224,18 @@ def test_published_key_is_the_orchestrators_keyed_key(tmp_path: Path) -> None:
     assert published_key(read_publish_secret(str(f)), k) == out
     with pytest.raises(InvalidArgumentError, match="at least 16 bytes"):
         published_key("short", k)
+
+
+def test_name_keys_are_the_c_functions_golden_values() -> None:
+    """LMCache's objects in the domain's index: key_from_name over lmcache_index_name, pinned
+    to the values tests/key_test.cc pins for coherence::NameKey."""
+    name = cxlkv.lmcache_index_name("00ff", "llama", 3, 1, "salt")
+    assert name == b"00ff\x1fllama\x1f3\x1f1\x1fsalt"
+    assert cxlkv.lmcache_index_name("abcd", "m", 0) == b"abcd\x1fm\x1f0\x1f0\x1f"
+    k = cxlkv.key_from_name(42, cxlkv.lmcache_index_name("00ff", "llama", 3, 1, "salt"))
+    assert (k.lo, k.hi) == (0x519EBCEFED477DAA, 0x1209500162F25A1C)
+    k0 = cxlkv.key_from_name(42, b"")
+    assert (k0.lo, k0.hi) == (0xF2F85EE3469D559F, 0x2F464639C2BB76CA)
+    assert cxlkv.key_from_name(42, "x") == cxlkv.key_from_name(42, b"x")
+    with pytest.raises(cxlkv.errors.InvalidArgumentError):
+        cxlkv.key_from_name(-1, b"x")
