@@ -73,7 +73,9 @@ TEST(DigestKey, GoldenValues) {
 // and in python/tests/test_keys.py; the name is an LMCache key's fields joined by 0x1F.
 TEST(NameKey, GoldenValues) {
   EXPECT_EQ(NameKey(42, ""), (PrefixKey{0xF2F85EE3469D559Full, 0x2F464639C2BB76CAull}));
-  EXPECT_EQ(NameKey(42, absl::string_view("00ff\x1fllama\x1f" "3\x1f" "1\x1fsalt")),
+  EXPECT_EQ(NameKey(42, absl::string_view("00ff\x1fllama\x1f"
+                                          "3\x1f"
+                                          "1\x1fsalt")),
             (PrefixKey{0x519EBCEFED477DAAull, 0x1209500162F25A1Cull}));
   EXPECT_NE(NameKey(43, ""), NameKey(42, "")) << "the namespace is hashed";
   EXPECT_NE(NameKey(42, "a"), NameKey(42, "b"));
