@@ -371,13 +371,9 @@ absl::Status Orchestrator::Start() {
     // With [etcd]: standing by until elected (its state is in etcd, docs/lmcache.md).
     // Its objects are published in the prefix index as the owner's own entries: what the index
     // holds of them now is reconciled before the first request (docs/lmcache.md).
-    coordinator::Service::OwnEntries own;
-    {
-      absl::MutexLock l(&mu_);
-      if (owner_ != nullptr) own = owner_->OwnEntries();
-    }
-    auto lmcache = coordinator::Service::Start(config_.lmcache, pool_->size_bytes(),
-                                               config_.extent_bytes, ha_ != nullptr, own);
+    auto lmcache =
+        coordinator::Service::Start(config_.lmcache, pool_->size_bytes(), config_.extent_bytes,
+                                    ha_ != nullptr, OwnIndexEntries());
     if (!lmcache.ok()) return lmcache.status();
     lmcache_ = *std::move(lmcache);
   }
@@ -1087,13 +1083,13 @@ void Orchestrator::LeadLmcache(std::int64_t revision) {
                  std::string(store.status().message()).c_str());
     return;
   }
-  coordinator::Service::OwnEntries own;
-  {
-    absl::MutexLock l(&mu_);
-    if (owner_ != nullptr) own = owner_->OwnEntries();
-  }
   (void)lmcache_->Lead(
-      *std::move(store), [this] { return ha_->WriteAllowed(); }, own);
+      *std::move(store), [this] { return ha_->WriteAllowed(); }, OwnIndexEntries());
+}
+
+std::vector<co::PrefixOwner::OwnEntry> Orchestrator::OwnIndexEntries() {
+  absl::MutexLock l(&mu_);
+  return owner_ != nullptr ? owner_->OwnEntries() : std::vector<co::PrefixOwner::OwnEntry>{};
 }
 
 void Orchestrator::StepDown(const std::string& why) {

@@ -60,6 +60,11 @@ ObjectKey KeyFrom(const json& j) {
   return k;
 }
 
+// An object's bytes in the region: its length rounded up to the alignment.
+std::uint64_t AlignUp(std::uint64_t length, std::uint64_t align) {
+  return (length + align - 1) / align * align;
+}
+
 bool TakeFrom(std::map<std::uint64_t, std::uint64_t>* free, std::uint64_t bytes,
               std::uint64_t* offset) {
   for (auto it = free->begin(); it != free->end(); ++it) {
@@ -362,7 +367,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
   std::vector<bool> wanted(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
     wanted[i] = objects_.find(ids[i]) == objects_.end();
-    if (wanted[i]) total += (lengths[i] + align - 1) / align * align;
+    if (wanted[i]) total += AlignUp(lengths[i], align);
   }
   auto refuse = [&](const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++stats_.out_of_space;
@@ -432,8 +437,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
                        for (std::size_t i = 0; i < items.size(); ++i) {
                          if (!wanted[i]) continue;
                          std::uint64_t off = 0;
-                         if (!TakeFrom(&trial, (lengths[i] + align - 1) / align * align, &off))
-                           return false;
+                         if (!TakeFrom(&trial, AlignUp(lengths[i], align), &off)) return false;
                          if (at != nullptr) (*at)[i] = off;
                        }
                        if (taken != nullptr) *taken = std::move(trial);
@@ -516,7 +520,7 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
     o.key = items[i].key;
     o.layout = items[i].layout;
     o.handle = {offsets[i], lengths[i], gen++};
-    o.alloc_bytes = (lengths[i] + align - 1) / align * align;
+    o.alloc_bytes = AlignUp(lengths[i], align);
     o.writing = true;
     o.token = RandomHex128();
     o.expires_ms = now_ms + c_.reservation_ttl_ms;
@@ -706,8 +710,7 @@ void Coordinator::AttachIndex(const std::vector<coherence::PrefixOwner::OwnEntry
     }
     // An object evicted before a restart, or a region reset: its range stays the index's until
     // the entry is reclaimed.
-    const std::uint64_t bytes =
-        (ro->length + c_.alignment_bytes - 1) / c_.alignment_bytes * c_.alignment_bytes;
+    const std::uint64_t bytes = AlignUp(ro->length, c_.alignment_bytes);
     if (ro->offset + bytes <= c_.region_bytes && Carve(&free_, ro->offset, bytes)) {
       held_[ro->offset] = Held{bytes, ro->generation};
       held_bytes_ += bytes;

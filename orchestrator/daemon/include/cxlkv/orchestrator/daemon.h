@@ -172,6 +172,9 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   void StepDown(const std::string& why);
   // [lmcache] with [etcd]: the coordinator serves from etcd's state while this one leads.
   void LeadLmcache(std::int64_t revision);
+  // The owner's own entries in the prefix index now (the LMCache coordinator's objects), which
+  // the coordinator reconciles with before it serves; none before the owner is open.
+  std::vector<coherence::PrefixOwner::OwnEntry> OwnIndexEntries() ABSL_LOCKS_EXCLUDED(mu_);
   void EndReadOnlyLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // HA, before the takeover's first store: waits until the term the domain's fence line names
   // was released (by its leader, its agent, or an operator through etcd), or the write
