@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -578,6 +579,7 @@ struct CrashLedger {
   std::atomic<std::uint64_t> submitted[kCrashKeys];  // highest version ever submitted
   std::atomic<std::uint64_t> acked[kCrashKeys];      // highest version whose put completed OK
   std::atomic<std::uint64_t> deleted[kCrashKeys];    // 1: a delete was issued after that ack
+  std::atomic<std::uint64_t> batches;                // batches the writer saw complete
 };
 
 NvmeStoreOptions CrashOptions(const std::string& dir) {
@@ -621,6 +623,7 @@ NvmeStoreOptions CrashOptions(const std::string& dir) {
         ledger->deleted[keys[i]].store(0);
       }
     }
+    ledger->batches.fetch_add(1);
   }
 }
 
@@ -647,8 +650,29 @@ TEST(NvmeStoreCrash, KillDuringWritesNeverYieldsAWrongBlock) {
   for (int it = 0; it < CrashIterations(); ++it) {
     const pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
+    // The kill lands after the writer has made progress, not after a time: a slow machine
+    // (a sanitizer build, a loaded CI host) that opens the store in 30 ms must still be
+    // killed mid-writes, never before its first put (the test would then prove nothing).
+    // The writer is killed once it has completed 1-8 batches since this fork, then after a
+    // random 0-3 ms more, so the kill falls anywhere inside the next batches.
+    const std::uint64_t before = ledger->batches.load();
+    const std::uint64_t wanted = before + 1 + rng() % 8;
+    const auto waited_from = std::chrono::steady_clock::now();
     if (pid == 0) CrashWriter(dir.path(), ledger, rng());
-    ::usleep(static_cast<useconds_t>(2000 + rng() % 25000));
+    while (ledger->batches.load() < wanted) {
+      int wstatus = 0;
+      ASSERT_EQ(::waitpid(pid, &wstatus, WNOHANG), 0)
+          << "the writer ended before it was killed (iteration " << it << ", status " << wstatus
+          << ")";
+      if (std::chrono::steady_clock::now() - waited_from > std::chrono::seconds(120)) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+        FAIL() << "the writer completed " << ledger->batches.load() - before << " of "
+               << wanted - before << " batches in 120 s (iteration " << it << ")";
+      }
+      ::usleep(100);
+    }
+    ::usleep(static_cast<useconds_t>(rng() % 3000));
     ::kill(pid, SIGKILL);
     int wstatus = 0;
     ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);

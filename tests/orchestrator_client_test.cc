@@ -340,6 +340,56 @@ TEST(PooledArenas, AnExtentOfAWindowedPoolIsInsideThePool) {
   ASSERT_TRUE(arenas.Shrink(raw->extent).ok());
 }
 
+// This process's resident set in bytes (VmRSS of /proc/self/status).
+std::uint64_t ResidentBytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  std::uint64_t kib = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "VmRSS: %lu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib << 10;
+}
+
+// Busy hosts (issue #39): resolving the first block of another host's arena opened a view of
+// its extent and invalidated the whole extent, which faulted in every page of it (a 1 GiB
+// extent: seconds on a loaded host) while the caller held the leases it had just taken; they
+// expired before the first copy. The view must read what opening the arena reads (header,
+// owner table, map), not the extent: the resident set grows by that, not by the extent.
+TEST(PooledArenas, ResolvingAPeerArenaReadsItsMetadataNotTheWholeExtent) {
+  InProcessDomain d;
+  ASSERT_TRUE(d.Open().ok());
+  HostClocks clocks0, clocks1;
+  auto c0 = d.Connect(0, clocks0);
+  ASSERT_TRUE(c0.ok()) << c0.status();
+  auto c1 = d.Connect(1, clocks1);
+  ASSERT_TRUE(c1.ok()) << c1.status();
+  PooledArenas publisher(**c0);
+  pool::FormatOptions fo;
+  auto layout = pool::ParseKvLayout("llama3-8b");
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  fo.layout = *layout;
+  auto grown = publisher.Grow(fo);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  const std::uint64_t extent_bytes = grown->arena->region().size_bytes();
+  co::BlockRef ref{};
+  std::memcpy(ref.arena, grown->arena->uuid().data(), 16);
+  ref.index = 0;
+  ref.generation = 0;
+  PooledArenas reader(**c1);
+  const std::uint64_t before = ResidentBytes();
+  auto addr = reader.Resolve(ref);
+  const std::uint64_t after = ResidentBytes();
+  // Block 0 is free (never allocated): the view resolved it and found it stale.
+  ASSERT_TRUE(addr.ok() || absl::IsFailedPrecondition(addr.status())) << addr.status();
+  EXPECT_LT(after - std::min(after, before), extent_bytes / 4)
+      << "opening a view of another host's " << (extent_bytes >> 20) << " MiB extent made "
+      << ((after - std::min(after, before)) >> 10) << " KiB resident: it touched the whole extent";
+  grown->arena.reset();
+}
+
 // Audit #6: a host whose clocks froze (a VM stop: CLOCK_MONOTONIC and CLOCK_BOOTTIME held)
 // while the orchestrator took its extent back and lent it to another host must not count the
 // extent valid when it resumes. Its wall clock, stepped forward on resume, gives the pause

@@ -1,6 +1,7 @@
 // PrefixHost: lookups, leases, requests and heartbeat of one host (docs/coherence.md).
 #include <algorithm>
 #include <cstddef>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -46,13 +47,15 @@ constexpr std::size_t kMaxSentBeats = 64;
 }  // namespace
 
 PrefixHost::PrefixHost(Mem& mem, Clock& clock, const DomainHeader& h, std::uint32_t host,
-                       std::uint32_t margin_ms, std::uint32_t pause_tolerance_ms)
+                       std::uint32_t margin_ms, std::uint32_t pause_tolerance_ms,
+                       std::uint32_t ack_wait_ms)
     : mem_(mem),
       clock_(clock),
       h_(h),
       host_(host),
       margin_ms_(margin_ms),
-      pause_tolerance_ms_(pause_tolerance_ms) {}
+      pause_tolerance_ms_(pause_tolerance_ms),
+      ack_wait_ms_(ack_wait_ms) {}
 
 absl::StatusOr<std::unique_ptr<PrefixHost>> PrefixHost::Join(Mem& mem, Clock& clock,
                                                              std::uint32_t host_id,
@@ -69,7 +72,8 @@ absl::StatusOr<std::unique_ptr<PrefixHost>> PrefixHost::Join(Mem& mem, Clock& cl
   }
   const std::uint32_t tolerance =
       options.pause_tolerance_ms != 0 ? options.pause_tolerance_ms : margin / 2;
-  std::unique_ptr<PrefixHost> p(new PrefixHost(mem, clock, *h, host_id, margin, tolerance));
+  std::unique_ptr<PrefixHost> p(
+      new PrefixHost(mem, clock, *h, host_id, margin, tolerance, options.ack_wait_ms));
   if (auto st = p->Rejoin(); !st.ok()) return st;
   return p;
 }
@@ -176,8 +180,12 @@ void PrefixHost::NoteOwnerLine(const OwnerHostLine& o, std::int64_t read_ms) {
   while (k < sent_beats_.size() && sent_beats_[k].first <= o.acked_heartbeat) ++k;
   if (k == 0) return;
   const std::int64_t sent_ms = sent_beats_[k - 1].second;
-  alive_until_ms_ =
-      std::max(alive_until_ms_, sent_ms + static_cast<std::int64_t>(h_.host_ttl_ms) - margin_ms_);
+  const std::int64_t credit = sent_ms + static_cast<std::int64_t>(h_.host_ttl_ms) - margin_ms_;
+  if (credit > alive_until_ms_) {
+    alive_until_ms_ = credit;
+    last_ack_seen_ms_ = read_ms;
+    owner_silent_ = false;
+  }
   if (o.clock_id != 0) NoteOffsetBound(o.acked_at_ms, o.clock_id, sent_ms);
   sent_beats_.erase(sent_beats_.begin(), sent_beats_.begin() + static_cast<std::ptrdiff_t>(k - 1));
 }
@@ -411,16 +419,50 @@ std::size_t PrefixHost::ProbeRun(Namespace ns, std::span<const PrefixKey> keys) 
 absl::Status PrefixHost::EnsureAlive(std::int64_t* now_ms) {
   *now_ms = clock_.NowMs();
   if (*now_ms <= alive_until_ms_) return absl::OkStatus();
-  // No acknowledged heartbeat recent enough to promise a lease: beat, and look again.
+  // No acknowledged heartbeat recent enough to promise a lease: beat, and look again — after
+  // waiting for the owner's acknowledgement (a host that was descheduled or stopped leases
+  // again within one owner round, docs/coherence.md "Busy hosts").
+  // kAborted (fenced, or a pause found): the caller learns its leases are gone; its retry
+  // waits for the new incarnation's acknowledgement here.
   if (auto st = Heartbeat(nullptr); !st.ok()) return st;
-  *now_ms = clock_.NowMs();
-  if (*now_ms > alive_until_ms_) {
+  if (!BeatUntilAlive(clock_.NowMs(), /*beat=*/false)) {
+    ++stats_.leases_refused_late;
+    *now_ms = clock_.NowMs();
     return absl::UnavailableError(
         absl::StrCat("host ", host_,
                      ": the owner has not acknowledged a recent heartbeat (down or "
                      "behind); no lease can be promised — retry after Heartbeat()"));
   }
+  *now_ms = clock_.NowMs();
   return absl::OkStatus();
+}
+
+bool PrefixHost::BeatUntilAlive(std::int64_t until_ms, bool beat) {
+  if (alive_until_ms_ >= until_ms) return true;
+  // An owner that let a whole wait pass without acknowledging anything is taken for down or
+  // far behind: no more waits until it acknowledges again (callers fail fast meanwhile).
+  if (ack_wait_ms_ == 0 || owner_silent_) return false;
+  // A beat sent now, once acknowledged, covers now + host_ttl - margin: enough for any
+  // `until_ms` below that. One beat suffices (the owner acknowledges the newest it reads).
+  if (beat) {
+    (void)Heartbeat(nullptr);  // a fence found here rejoins; the new incarnation's beat counts
+    if (alive_until_ms_ >= until_ms) return true;
+  }
+  ++stats_.ack_waits;
+  const std::int64_t start = clock_.NowMs();
+  // Polls of the owner's line (an Invalidate and a load each), 100 us apart; bounded by the
+  // count too, so a clock that does not move (a test's) cannot hold the wait forever.
+  for (std::uint32_t polls = 0;; ++polls) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    OwnerHostLine o{};
+    if (ReadOwnerLine(&o) && o.fenced_incarnation >= incarnation_) (void)Heartbeat(nullptr);
+    if (alive_until_ms_ >= until_ms) return true;
+    if (clock_.NowMs() - start >= static_cast<std::int64_t>(ack_wait_ms_) ||
+        polls >= ack_wait_ms_ * 10) {
+      owner_silent_ = true;
+      return false;
+    }
+  }
 }
 
 absl::StatusOr<Lease> PrefixHost::Acquire(const Hit& hit) {
@@ -640,14 +682,111 @@ absl::Status PrefixHost::CopyOut(const Lease& lease, const void* src, void* dst,
   std::memcpy(dst, src, len);
   // Whether the copy counts: the entry still published with the lease's generation, and the
   // deadline not passed during the copy.
-  return ValidateAfterCopy(lease);
+  absl::Status st = ValidateAfterCopy(lease);
+  if (!st.ok()) ++stats_.copies_discarded;
+  return st;
 }
 
 absl::Status PrefixHost::CopyOut(const Lease& lease, Mem& block_mem, std::uint64_t offset,
                                  void* dst, std::size_t len) {
   block_mem.Invalidate(offset, len);
   block_mem.Read(offset, dst, len);
-  return ValidateAfterCopy(lease);
+  absl::Status st = ValidateAfterCopy(lease);
+  if (!st.ok()) ++stats_.copies_discarded;
+  return st;
+}
+
+absl::Status PrefixHost::ReadLeased(Lease& lease, const void* src, void* dst, std::size_t len) {
+  const auto* from = static_cast<const std::byte*>(src);
+  auto* to = static_cast<std::byte*>(dst);
+  return ReadLeasedParts(lease, len, [&](std::size_t off, std::size_t n) {
+    Invalidate(from + off, n);
+    std::memcpy(to + off, from + off, n);
+  });
+}
+
+absl::Status PrefixHost::ReadLeased(Lease& lease, Mem& block_mem, std::uint64_t offset,
+                                    void* dst, std::size_t len) {
+  auto* to = static_cast<std::byte*>(dst);
+  return ReadLeasedParts(lease, len, [&](std::size_t off, std::size_t n) {
+    block_mem.Invalidate(offset + off, n);
+    block_mem.Read(offset + off, to + off, n);
+  });
+}
+
+absl::Status PrefixHost::ReadLeasedParts(
+    Lease& lease, std::size_t len, const std::function<void(std::size_t, std::size_t)>& read) {
+  // What a lease must have left before a part is read, beyond the part's expected copy time:
+  // an eighth of a lease's life covers a scheduling delay or two on a busy host.
+  const std::int64_t slack = std::max<std::int64_t>(1, (h_.lease_ttl_ms - margin_ms_) / 8);
+  absl::Status last;
+  for (std::uint32_t attempt = 1; attempt <= kReadAttempts; ++attempt) {
+    for (std::size_t off = 0; off < len;) {
+      const std::size_t n = std::min(kReadPartBytes, len - off);
+      if (auto st = KeepLease(lease, ExpectedCopyMs(n) + slack); !st.ok()) {
+        ++stats_.copies_discarded;
+        return st;
+      }
+      const std::int64_t t0 = clock_.NowMs();
+      read(off, n);
+      NoteCopy(n, clock_.NowMs() - t0);
+      off += n;
+    }
+    // The copy counts only if the lease held throughout: validated as CopyOut's is.
+    last = ValidateAfterCopy(lease);
+    if (last.ok()) return last;
+    // Expired during the copy (descheduled, stopped), or dropped after a pause: copy again
+    // under a lease taken again. A retired or reclaimed block is a miss: stop.
+    if (!absl::IsDeadlineExceeded(last) && !absl::IsFailedPrecondition(last)) break;
+    ++stats_.copies_retried;
+  }
+  ++stats_.copies_discarded;
+  return last;
+}
+
+absl::Status PrefixHost::KeepLease(Lease& lease, std::int64_t need_ms) {
+  // Never more than half a fresh lease's life: a part that needs more is read anyway and
+  // validated after (a slower copy than that is retried, not promised).
+  need_ms = std::min<std::int64_t>(need_ms, (h_.lease_ttl_ms - margin_ms_) / 2);
+  const std::int64_t now = clock_.NowMs();
+  if (Holds(lease) && now + need_ms <= lease.deadline_ms) return absl::OkStatus();
+  // The renewal's deadline is capped by the liveness credit: get a fresh one first.
+  (void)BeatUntilAlive(now + need_ms);
+  if (Holds(lease) && clock_.NowMs() <= lease.deadline_ms) {
+    const absl::Status st = Renew(lease);
+    if (st.ok()) {
+      ++stats_.leases_renewed_for_copy;
+      return st;
+    }
+    if (absl::IsUnavailable(st)) return st;  // no liveness: the owner is down or behind
+    // Expired meanwhile, or reclaimed: Renew released it. Taking it again tells which.
+  }
+  if (Holds(lease)) Release(lease);
+  auto again = Acquire(Hit{lease.entry, lease.entry_gen, lease.ref, 0});
+  if (!again.ok()) {
+    if (absl::IsNotFound(again.status())) {
+      return absl::AbortedError("the block was retired before the lease could be taken again");
+    }
+    return again.status();
+  }
+  lease = *again;
+  ++stats_.leases_retaken;
+  return absl::OkStatus();
+}
+
+std::int64_t PrefixHost::ExpectedCopyMs(std::size_t len) const {
+  std::uint64_t slowest = 0;
+  for (std::uint64_t r : copy_rates_) {
+    if (r != 0 && (slowest == 0 || r < slowest)) slowest = r;
+  }
+  if (slowest == 0) return 0;
+  return static_cast<std::int64_t>((len + slowest - 1) / slowest);
+}
+
+void PrefixHost::NoteCopy(std::size_t len, std::int64_t ms) {
+  if (ms <= 0) return;  // under a millisecond: nothing a deadline in ms must allow for
+  copy_rates_[copy_rate_next_] = std::max<std::uint64_t>(1, len / static_cast<std::uint64_t>(ms));
+  copy_rate_next_ = (copy_rate_next_ + 1) % copy_rates_.size();
 }
 
 absl::Status PrefixHost::ValidateAfterCopy(const Lease& lease) {
@@ -804,6 +943,8 @@ absl::Status PrefixHost::Heartbeat(std::vector<BlockRef>* returned) {
   const bool owner_ok = ReadOwnerLine(&o);
   if (owner_ok && o.fenced_incarnation >= incarnation_) {
     const std::uint64_t old = incarnation_;
+    ++stats_.rejoins_after_fence;
+    owner_silent_ = false;  // a new incarnation: its first beat is worth a wait
     if (auto st = Rejoin(); !st.ok()) return st;
     return absl::AbortedError(absl::StrCat("host ", host_, " was fenced as incarnation ", old,
                                            "; its leases are gone; rejoined as ", incarnation_));

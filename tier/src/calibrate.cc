@@ -185,6 +185,8 @@ absl::StatusOr<int> OpenScratch(const std::string& dir) {
   return fd;
 }
 
+constexpr std::uint32_t kMinReadsPerThread = 16;
+
 struct ReadRun {
   double bytes_per_s = 0;
   double ops_per_s = 0;
@@ -192,7 +194,10 @@ struct ReadRun {
 };
 
 // `depth` threads issue O_DIRECT preads of `io` bytes at random aligned offsets below
-// `file_bytes` until `seconds` pass.
+// `file_bytes` until `seconds` pass, and each at least kMinReadsPerThread of them: the
+// figure rests on a number of samples, not on a window a thread may not even start in (on a
+// loaded machine or under a sanitizer, threads started late found the window closed and the
+// calibration measured no reads).
 ReadRun ReadAtDepth(int fd, std::uint64_t file_bytes, std::uint32_t io, std::uint32_t depth,
                     double seconds) {
   std::atomic<std::uint64_t> ops{0};
@@ -211,7 +216,10 @@ ReadRun ReadAtDepth(int fd, std::uint64_t file_bytes, std::uint32_t io, std::uin
       }
       std::mt19937_64 rng(t * 7919 + 1);
       std::uniform_int_distribution<std::uint64_t> pick(0, slots - 1);
-      while (Clock::now() < deadline && error.load(std::memory_order_relaxed) == 0) {
+      for (std::uint32_t done = 0;
+           (done < kMinReadsPerThread || Clock::now() < deadline) &&
+           error.load(std::memory_order_relaxed) == 0;
+           ++done) {
         const ssize_t n = ::pread(fd, buf.get(), io, static_cast<off_t>(pick(rng) * io));
         if (n != static_cast<ssize_t>(io)) {
           error.store(n < 0 ? errno : EIO);

@@ -3,6 +3,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -198,7 +199,18 @@ absl::Status PooledArenas::RefreshPeersLocked() {
     }
     auto region = pool::OpenRegion(WindowSpec(e.offset, e.length));
     if (!region.ok()) continue;
-    coherence::Invalidate((*region)->addr(), (*region)->size_bytes());
+    // Another host wrote the arena: what opening it reads (the header, then the owner table
+    // and the map behind it) must come from memory, not from lines this host cached earlier.
+    // Only that: a block is invalidated when it is read (PrefixHost::CopyOut, Resolve's map
+    // word), after its lease. Invalidating the whole extent here faulted in and flushed every
+    // page of it (a 1 GiB extent: 16 M lines, seconds on a busy host) while the caller held
+    // leases it had just taken, which expired before the first copy (docs/coherence.md,
+    // "Busy hosts").
+    const std::byte* base = (*region)->addr();
+    coherence::Invalidate(base, sizeof(pool::ArenaHeader));
+    pool::ArenaHeader hdr{};
+    if (!pool::ValidateHeaderBytes(base, (*region)->size_bytes(), "extent", &hdr).ok()) continue;
+    coherence::Invalidate(base, std::min<std::uint64_t>(hdr.metadata_bytes, (*region)->size_bytes()));
     pool::OpenOptions ro;
     ro.read_only = true;
     auto arena = pool::Arena::Open(*std::move(region), ro);

@@ -120,6 +120,29 @@ class PrefixHost {
     // How far this host's clock may fall behind the owner's, beyond rate drift, before the
     // host takes it for a pause (a stop of its clock) and drops its leases.
     std::uint32_t pause_tolerance_ms = 0;  // 0: margin / 2
+    // How long an acquire (or ReadLeased) that finds no acknowledged heartbeat recent enough
+    // waits for the owner to acknowledge a fresh one before it gives up with kUnavailable,
+    // polling the owner's line (docs/coherence.md, "Busy hosts"). A host that was
+    // descheduled, stopped or fenced then leases again in one owner round instead of failing
+    // until its next periodic heartbeat. It waits only while the owner acknowledged a beat in
+    // the last host_ttl (an owner that is down costs no wait). 0: no wait (the simulator,
+    // whose owner runs in the same thread). Processes on real memory pass kRealAckWaitMs.
+    std::uint32_t ack_wait_ms = 0;
+  };
+  // The ack wait of hosts on real memory: one heartbeat period of the default timing.
+  static constexpr std::uint32_t kRealAckWaitMs = 250;
+
+  // What this host met that a busy or stopped machine causes, counted since it joined
+  // (every incarnation): what an operator reads to see that sharing suffers, and why.
+  struct Stats {
+    std::uint64_t leases_refused_late = 0;  // no acknowledged heartbeat recent enough
+    std::uint64_t leases_renewed_for_copy = 0;  // ReadLeased renewed so the lease lasts a copy
+    std::uint64_t leases_retaken = 0;       // ReadLeased took an expired lease again
+    std::uint64_t copies_retried = 0;       // the lease expired during a copy: copied again
+    std::uint64_t copies_discarded = 0;     // copies that did not validate (ReadLeased, CopyOut)
+    std::uint64_t pauses_detected = 0;      // this host's clock stood still: leases dropped
+    std::uint64_t rejoins_after_fence = 0;  // the owner fenced this host (it stopped beating)
+    std::uint64_t ack_waits = 0;            // acquires that waited for an acknowledgement
   };
 
   // Joins the domain as host `host_id` with a new incarnation: clears this host's lease
@@ -175,6 +198,23 @@ class PrefixHost {
   absl::Status CopyOut(const Lease& lease, const void* src, void* dst, std::size_t len);
   absl::Status CopyOut(const Lease& lease, Mem& block_mem, std::uint64_t offset, void* dst,
                        std::size_t len);
+  // The read a serving host uses: CopyOut that keeps working on a busy host. Before each
+  // part of the copy (parts of at most kReadPartBytes) the lease must last that part at the
+  // slowest copy rate this host has measured plus a slack; if it would not, the lease is
+  // renewed first (after a fresh acknowledged heartbeat when the host's liveness credit is
+  // short too). A lease that expired anyway (the host was descheduled or stopped during the
+  // copy) is taken again on the same entry and generation — if the entry still publishes
+  // them — and the block copied again, up to kReadAttempts times. `lease` is updated in place
+  // (deadline; row and id when taken again): release it as usual afterwards. OK: dst holds
+  // the published bytes. kAborted/kNotFound: the block was retired or reclaimed (a real miss:
+  // discard dst); kDeadlineExceeded/kUnavailable: the host could not keep a lease (the owner
+  // is down, or every attempt expired) — discard dst. Never honours a lease past its
+  // deadline: every copy that counts was validated under a lease that held (ValidateAfterCopy).
+  absl::Status ReadLeased(Lease& lease, const void* src, void* dst, std::size_t len);
+  absl::Status ReadLeased(Lease& lease, Mem& block_mem, std::uint64_t offset, void* dst,
+                          std::size_t len);
+  static constexpr std::size_t kReadPartBytes = 4u << 20;
+  static constexpr std::uint32_t kReadAttempts = 3;
 
   // Asks the owner to publish a block this host wrote (and will not modify again).
   // kUnavailable: the request ring is full (the owner is behind or down); retry later.
@@ -231,10 +271,15 @@ class PrefixHost {
   std::size_t unacked_heartbeats() const { return sent_beats_.size(); }
   // Times this host found that its clock stood still and dropped its leases.
   std::uint64_t pauses_detected() const { return pauses_; }
+  Stats stats() const {
+    Stats s = stats_;
+    s.pauses_detected = pauses_;
+    return s;
+  }
 
  private:
   PrefixHost(Mem& mem, Clock& clock, const DomainHeader& h, std::uint32_t host,
-             std::uint32_t margin_ms, std::uint32_t pause_tolerance_ms);
+             std::uint32_t margin_ms, std::uint32_t pause_tolerance_ms, std::uint32_t ack_wait_ms);
   absl::Status Rejoin();
   bool ReadEntry(std::uint32_t i, IndexEntry* e);
   // Probes for keys[0..k) together and returns the length of the leading run found: for
@@ -263,9 +308,20 @@ class PrefixHost {
   void ClearLeaseRow(std::uint32_t row);
   // The row's streaming store, no fence (ClearLeaseRow and the callers that batch fence).
   void StoreLeaseRow(std::uint32_t row, std::uint32_t entry, std::uint32_t gen, bool held);
-  // kUnavailable unless an acknowledged heartbeat covers now (beats once to get one).
-  // `now_ms`: this host's clock as last read here.
+  // kUnavailable unless an acknowledged heartbeat covers now (beats once to get one, and
+  // waits up to ack_wait_ms for its acknowledgement). `now_ms`: this host's clock as last
+  // read here.
   absl::Status EnsureAlive(std::int64_t* now_ms);
+  // Beats (unless the caller just did) and waits (up to ack_wait_ms, polling the owner's
+  // line) until the liveness credit reaches `until_ms` on this host's clock. False if not.
+  bool BeatUntilAlive(std::int64_t until_ms, bool beat = true);
+  // ReadLeased's steps: make `lease` last `need_ms` more (renew, or take it again), and the
+  // copy time expected for `len` bytes at the slowest rate measured.
+  absl::Status KeepLease(Lease& lease, std::int64_t need_ms);
+  std::int64_t ExpectedCopyMs(std::size_t len) const;
+  void NoteCopy(std::size_t len, std::int64_t ms);
+  absl::Status ReadLeasedParts(Lease& lease, std::size_t len,
+                               const std::function<void(std::size_t off, std::size_t n)>& read);
   bool Holds(const Lease& lease) const {
     return lease.row < rows_.size() && rows_[lease.row].id != 0 && rows_[lease.row].id == lease.id;
   }
@@ -289,6 +345,15 @@ class PrefixHost {
   std::uint32_t host_;
   std::uint32_t margin_ms_;
   std::uint32_t pause_tolerance_ms_;
+  std::uint32_t ack_wait_ms_;
+  Stats stats_;
+  // This host's clock when it last saw a new acknowledgement (the owner was acking then).
+  std::int64_t last_ack_seen_ms_ = 0;
+  bool owner_silent_ = false;  // a whole ack wait passed without an acknowledgement
+  // Copy rates measured by ReadLeased (bytes per ms, copies of at least a millisecond): the
+  // slowest of the last few decides how long a lease must last before a copy.
+  std::array<std::uint64_t, 16> copy_rates_{};
+  std::size_t copy_rate_next_ = 0;
   std::uint64_t incarnation_ = 0;
   std::uint64_t heartbeat_ = 0;
   std::uint64_t ring_tail_ = 0;
