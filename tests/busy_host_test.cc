@@ -10,8 +10,8 @@
 
 #include <atomic>
 #include <cstring>
-#include <new>
 #include <memory>
+#include <new>
 #include <thread>
 #include <vector>
 

@@ -1,7 +1,7 @@
 // PrefixHost: lookups, leases, requests and heartbeat of one host (docs/coherence.md).
 #include <algorithm>
-#include <cstddef>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <thread>
 
@@ -705,8 +705,8 @@ absl::Status PrefixHost::ReadLeased(Lease& lease, const void* src, void* dst, st
   });
 }
 
-absl::Status PrefixHost::ReadLeased(Lease& lease, Mem& block_mem, std::uint64_t offset,
-                                    void* dst, std::size_t len) {
+absl::Status PrefixHost::ReadLeased(Lease& lease, Mem& block_mem, std::uint64_t offset, void* dst,
+                                    std::size_t len) {
   auto* to = static_cast<std::byte*>(dst);
   return ReadLeasedParts(lease, len, [&](std::size_t off, std::size_t n) {
     block_mem.Invalidate(offset + off, n);

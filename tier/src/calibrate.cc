@@ -216,9 +216,8 @@ ReadRun ReadAtDepth(int fd, std::uint64_t file_bytes, std::uint32_t io, std::uin
       }
       std::mt19937_64 rng(t * 7919 + 1);
       std::uniform_int_distribution<std::uint64_t> pick(0, slots - 1);
-      for (std::uint32_t done = 0;
-           (done < kMinReadsPerThread || Clock::now() < deadline) &&
-           error.load(std::memory_order_relaxed) == 0;
+      for (std::uint32_t done = 0; (done < kMinReadsPerThread || Clock::now() < deadline) &&
+                                   error.load(std::memory_order_relaxed) == 0;
            ++done) {
         const ssize_t n = ::pread(fd, buf.get(), io, static_cast<off_t>(pick(rng) * io));
         if (n != static_cast<ssize_t>(io)) {

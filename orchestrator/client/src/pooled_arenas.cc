@@ -210,7 +210,8 @@ absl::Status PooledArenas::RefreshPeersLocked() {
     coherence::Invalidate(base, sizeof(pool::ArenaHeader));
     pool::ArenaHeader hdr{};
     if (!pool::ValidateHeaderBytes(base, (*region)->size_bytes(), "extent", &hdr).ok()) continue;
-    coherence::Invalidate(base, std::min<std::uint64_t>(hdr.metadata_bytes, (*region)->size_bytes()));
+    coherence::Invalidate(base,
+                          std::min<std::uint64_t>(hdr.metadata_bytes, (*region)->size_bytes()));
     pool::OpenOptions ro;
     ro.read_only = true;
     auto arena = pool::Arena::Open(*std::move(region), ro);

@@ -135,10 +135,10 @@ class PrefixHost {
   // What this host met that a busy or stopped machine causes, counted since it joined
   // (every incarnation): what an operator reads to see that sharing suffers, and why.
   struct Stats {
-    std::uint64_t leases_refused_late = 0;  // no acknowledged heartbeat recent enough
+    std::uint64_t leases_refused_late = 0;      // no acknowledged heartbeat recent enough
     std::uint64_t leases_renewed_for_copy = 0;  // ReadLeased renewed so the lease lasts a copy
-    std::uint64_t leases_retaken = 0;       // ReadLeased took an expired lease again
-    std::uint64_t copies_retried = 0;       // the lease expired during a copy: copied again
+    std::uint64_t leases_retaken = 0;           // ReadLeased took an expired lease again
+    std::uint64_t copies_retried = 0;           // the lease expired during a copy: copied again
     std::uint64_t copies_discarded = 0;     // copies that did not validate (ReadLeased, CopyOut)
     std::uint64_t pauses_detected = 0;      // this host's clock stood still: leases dropped
     std::uint64_t rejoins_after_fence = 0;  // the owner fenced this host (it stopped beating)
