@@ -223,9 +223,23 @@ int main(void) {
       CHECK(cxlkv_lease_copy_out(b, NULL, &l2, 0, dst, 16) == CXLKV_E_INVALID);
       CHECK(strstr(cxlkv_last_error(), "orchestrator") != NULL);
       {
-        cxlkv_lease expired = l2;
-        expired.deadline_ms = 0;
-        CHECK(cxlkv_lease_copy_out(b, arena, &expired, 0, dst, 16) == CXLKV_E_STALE);
+        /* A lease whose deadline passed before the copy (the caller was descheduled, or held
+         * a lock such as Python's GIL) is taken again and the block copied: the handle comes
+         * back live, and the handle it replaced is void. */
+        cxlkv_lease late = l2;
+        cxlkv_lease_stats st;
+        late.deadline_ms = 0;
+        CHECK(cxlkv_lease_copy_out(b, arena, &late, 0, dst, 16) == CXLKV_OK);
+        CHECK(late.deadline_ms > 0 && late.id != l2.id);
+        CHECK(Checksum(dst, 16) == Checksum(src, 16));
+        CHECK(cxlkv_domain_lease_stats(b, &st) == CXLKV_OK);
+        CHECK(st.leases_retaken == 1 && st.copies_discarded == 0);
+        CHECK(cxlkv_lease_validate(b, &l2) == CXLKV_E_STALE);
+        CHECK(cxlkv_domain_lease_stats(NULL, &st) == CXLKV_E_INVALID);
+        l2 = late;
+        /* cxlkv_block_invalidate (in place) still refuses a lease past its deadline. */
+        late.deadline_ms = 0;
+        CHECK(cxlkv_block_invalidate(b, arena, &late, 0, 16, &in_place) == CXLKV_E_STALE);
         CHECK(strstr(cxlkv_last_error(), "deadline") != NULL);
       }
       /* The publisher retires the entry and the owner applies it while b holds the lease. */

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "capi_internal.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/allocator/block_allocator.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/mem.h"
@@ -35,6 +36,14 @@ struct cxlkv_domain {
   std::unique_ptr<cxlkv::coherence::DirectMem> mem;
   cxlkv::coherence::SteadyClock clock;
   std::unique_ptr<cxlkv::coherence::PrefixHost> host;
+  // host->stats() as of the caller's last heartbeat or copy, for the client's heartbeat
+  // thread to send (the host is the caller's thread's alone).
+  cxlkv::base::Mutex stats_mu;
+  cxlkv::coherence::PrefixHost::Stats stats_seen ABSL_GUARDED_BY(stats_mu);
+  void NoteStats() {
+    cxlkv::base::MutexLock l(stats_mu);
+    stats_seen = host->stats();
+  }
 };
 
 struct cxlkv_owner {
@@ -148,7 +157,13 @@ CXLKV_API int cxlkv_domain_join(const char* spec, uint32_t host_id, cxlkv_domain
         cxlkv::orchestrator::HostClient::Connect(domain_spec.substr(kOrchestrator.size()), host_id);
     if (!client.ok()) return FromStatus(client.status());
     d->client = std::move(*client);
-    d->client->StartHeartbeats();
+    cxlkv_domain* dp = d.get();
+    d->client->StartHeartbeats([dp] {
+      cxlkv::orchestrator::HostCounters c;
+      cxlkv::base::MutexLock l(dp->stats_mu);
+      c.lease = dp->stats_seen;
+      return c;
+    });
     d->arenas = std::make_unique<cxlkv::orchestrator::PooledArenas>(*d->client);
     domain_spec = d->client->domain_spec();
   }
@@ -156,7 +171,11 @@ CXLKV_API int cxlkv_domain_join(const char* spec, uint32_t host_id, cxlkv_domain
   if (!region.ok()) return FromStatus(region.status());
   d->region = std::move(*region);
   d->mem = std::make_unique<co::DirectMem>(d->region->addr(), d->region->size_bytes());
-  auto host = co::PrefixHost::Join(*d->mem, d->clock, host_id);
+  // A process on real memory: an acquire that finds no fresh acknowledgement waits for one
+  // (a host descheduled, stopped or fenced leases again at once, docs/coherence.md).
+  co::PrefixHost::Options ho;
+  ho.ack_wait_ms = co::PrefixHost::kRealAckWaitMs;
+  auto host = co::PrefixHost::Join(*d->mem, d->clock, host_id, ho);
   if (!host.ok()) return FromStatus(host.status());
   d->host = std::move(*host);
   *out = d.release();
@@ -281,6 +300,7 @@ CXLKV_API int cxlkv_domain_heartbeat(cxlkv_domain* d, cxlkv_arena* arena, size_t
   if (d == nullptr) return Fail(CXLKV_E_INVALID, "domain must be set");
   std::vector<co::BlockRef> back;
   const absl::Status st = d->host->Heartbeat(&back);
+  d->NoteStats();
   size_t n = 0;
   std::lock_guard l(d->grown_mu);
   for (const co::BlockRef& r : back) {
@@ -473,12 +493,13 @@ namespace {
 
 // The bytes [offset, offset + len) of a leased block in this process, after the argument,
 // deadline and block checks of cxlkv_lease_copy_out / cxlkv_block_invalidate (cxlkv.h).
+// A copy-out (`in_place` false) may start past the deadline: ReadLeased takes the lease again.
 int LeasedRange(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* lease,
-                uint64_t offset, size_t len, const std::byte** out) {
+                uint64_t offset, size_t len, const std::byte** out, bool in_place) {
   if (d == nullptr || lease == nullptr)
     return Fail(CXLKV_E_INVALID, "domain and lease must be set");
   if (len == 0) return Fail(CXLKV_E_INVALID, "len must be at least 1 byte");
-  if (d->clock.NowMs() > lease->deadline_ms) {
+  if (in_place && d->clock.NowMs() > lease->deadline_ms) {
     return Fail(CXLKV_E_STALE, "the lease's deadline has passed (" +
                                    std::to_string(lease->deadline_ms) +
                                    " ms): nothing was read; acquire the block again");
@@ -530,14 +551,29 @@ int LeasedRange(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* le
 }  // namespace
 
 CXLKV_API int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena,
-                                   const cxlkv_lease* lease, uint64_t offset, void* dst,
-                                   size_t len) {
+                                   cxlkv_lease* lease, uint64_t offset, void* dst, size_t len) {
   if (dst == nullptr) return Fail(CXLKV_E_INVALID, "dst must be set");
   const std::byte* src = nullptr;
-  if (const int rc = LeasedRange(d, arena, lease, offset, len, &src); rc != CXLKV_OK) return rc;
-  // The protocol's read step (invalidate, copy, validate the generation): PrefixHost::CopyOut.
-  const absl::Status st = d->host->CopyOut(ToLease(*lease), src, dst, len);
+  if (const int rc = LeasedRange(d, arena, lease, offset, len, &src, /*in_place=*/false);
+      rc != CXLKV_OK) {
+    return rc;
+  }
+  // The protocol's read step (invalidate, copy, validate the generation), with the lease kept
+  // for the whole copy on a busy host: PrefixHost::ReadLeased. The lease comes back updated.
+  co::Lease l = ToLease(*lease);
+  const absl::Status st = d->host->ReadLeased(l, src, dst, len);
+  *lease = FromLease(l);
+  d->NoteStats();
   if (!st.ok()) return Fail(CXLKV_E_STALE, std::string(st.message()));
+  return CXLKV_OK;
+}
+
+CXLKV_API int cxlkv_domain_lease_stats(cxlkv_domain* d, cxlkv_lease_stats* out) {
+  if (d == nullptr || out == nullptr) return Fail(CXLKV_E_INVALID, "domain and out must be set");
+  const co::PrefixHost::Stats s = d->host->stats();
+  *out = cxlkv_lease_stats{s.leases_refused_late, s.leases_renewed_for_copy, s.leases_retaken,
+                           s.copies_retried,      s.copies_discarded,        s.pauses_detected,
+                           s.rejoins_after_fence, s.ack_waits};
   return CXLKV_OK;
 }
 
@@ -556,7 +592,7 @@ CXLKV_API int cxlkv_region_object(const cxlkv_block_ref* ref, uint64_t* offset, 
   return CXLKV_OK;
 }
 
-CXLKV_API int cxlkv_lease_copy_out_region(cxlkv_domain* d, const cxlkv_lease* lease,
+CXLKV_API int cxlkv_lease_copy_out_region(cxlkv_domain* d, cxlkv_lease* lease,
                                           const void* region, uint64_t region_bytes,
                                           uint64_t offset, void* dst, size_t len) {
   if (d == nullptr || lease == nullptr || region == nullptr || dst == nullptr) {
@@ -579,13 +615,11 @@ CXLKV_API int cxlkv_lease_copy_out_region(cxlkv_domain* d, const cxlkv_lease* le
                     " bytes): map the whole region (LMCache's: region_offset and "
                     "capacity_bytes of /cxlkv/v1/stats)");
   }
-  if (d->clock.NowMs() > lease->deadline_ms) {
-    return Fail(CXLKV_E_STALE, "the lease's deadline has passed (" +
-                                   std::to_string(lease->deadline_ms) +
-                                   " ms): nothing was read; acquire the object again");
-  }
   const auto* src = static_cast<const std::byte*>(region) + o->offset + offset;
-  const absl::Status st = d->host->CopyOut(ToLease(*lease), src, dst, len);
+  co::Lease l = ToLease(*lease);
+  const absl::Status st = d->host->ReadLeased(l, src, dst, len);
+  *lease = FromLease(l);
+  d->NoteStats();
   if (!st.ok()) return Fail(CXLKV_E_STALE, std::string(st.message()));
   return CXLKV_OK;
 }
@@ -595,7 +629,10 @@ CXLKV_API int cxlkv_block_invalidate(cxlkv_domain* d, const cxlkv_arena* arena,
                                      const void** addr) {
   if (addr == nullptr) return Fail(CXLKV_E_INVALID, "addr must be set");
   const std::byte* p = nullptr;
-  if (const int rc = LeasedRange(d, arena, lease, offset, len, &p); rc != CXLKV_OK) return rc;
+  if (const int rc = LeasedRange(d, arena, lease, offset, len, &p, /*in_place=*/true);
+      rc != CXLKV_OK) {
+    return rc;
+  }
   co::Invalidate(p, len);
   *addr = p;
   return CXLKV_OK;

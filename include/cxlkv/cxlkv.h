@@ -357,13 +357,33 @@ int cxlkv_prefix_retire(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* ke
  *
  * cxlkv_lease_copy_out — the complete read, the one to use unless the data must stay in
  * place: invalidates the range, copies it into dst (ordinary loads; non-temporal loads gain
- * nothing on write-back memory), then validates the lease (cxlkv_lease_validate). Returns 0
- * when dst holds the bytes as published; CXLKV_E_STALE when the block was retired, reused or
- * the lease expired during the copy: dst was written and must be discarded. Cost: one
- * clflushopt per 64-byte line, one mfence, the copy, one index-entry read. The domain handle
- * is used by one thread at a time (as for every cxlkv_lease_* call). */
-int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* lease,
+ * nothing on write-back memory), then validates the lease (cxlkv_lease_validate). On a busy
+ * host it keeps the lease for the whole copy (docs/coherence.md, "Busy hosts"): a lease with
+ * less time left than the copy takes at the slowest rate this host measured is renewed first,
+ * and one that expired before or during the copy (the caller was descheduled, stopped, or held
+ * a lock such as Python's GIL) is taken again on the same entry and generation and the block
+ * copied again; *lease is updated in place (deadline, and row and id when taken again) and is
+ * released as usual afterwards. Returns 0 when dst holds the bytes as published;
+ * CXLKV_E_STALE when the block was retired or reused, or no lease could be kept (the owner is
+ * down): dst was written and must be discarded. Cost: one clflushopt per 64-byte line, one
+ * mfence, the copy, one index-entry read. The domain handle is used by one thread at a time
+ * (as for every cxlkv_lease_* call). */
+int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena, cxlkv_lease* lease,
                          uint64_t offset, void* dst, size_t len);
+/* What a busy or stopped machine cost this host's leases since it joined (docs/coherence.md,
+ * "Busy hosts"); a host joined through an orchestrator also sends them with its heartbeats
+ * (cxlkvctl hosts, the metrics). */
+typedef struct cxlkv_lease_stats {
+  uint64_t leases_refused_late;     /* no acknowledged heartbeat recent enough */
+  uint64_t leases_renewed_for_copy; /* renewed so that a lease lasts its copy */
+  uint64_t leases_retaken;          /* expired leases taken again */
+  uint64_t copies_retried;          /* the lease expired during a copy: copied again */
+  uint64_t copies_discarded;        /* copies that did not validate */
+  uint64_t pauses_detected;         /* this host's clock stood still: leases dropped */
+  uint64_t rejoins_after_fence;     /* fenced by the owner (no heartbeat for host_ttl) */
+  uint64_t ack_waits;               /* acquires that waited for the owner's acknowledgement */
+} cxlkv_lease_stats;
+int cxlkv_domain_lease_stats(cxlkv_domain* d, cxlkv_lease_stats* out);
 /* cxlkv_block_invalidate — for zero-copy readers (a kernel or a GPU copy reading the block
  * in place): checks the lease's deadline and the block as above, invalidates the range and
  * stores its address in *addr. A zero-copy reader must, in this order:
@@ -388,12 +408,13 @@ int cxlkv_block_invalidate(cxlkv_domain* d, const cxlkv_arena* arena, const cxlk
  * CRC32C of region_id); CXLKV_E_INVALID for an arena block's ref. Any output may be NULL.
  * cxlkv_lease_copy_out_region is cxlkv_lease_copy_out for such a lease: `region` is where this
  * process maps the region (region_bytes long); copies [offset, offset + len) of the object
- * into dst after invalidating it, then validates the lease. CXLKV_E_STALE: discard dst (as
+ * into dst after invalidating it, then validates the lease (kept for the copy and updated in
+ * place, as cxlkv_lease_copy_out's). CXLKV_E_STALE: discard dst (as
  * cxlkv_lease_copy_out); CXLKV_E_INVALID: not a region object, or a range outside the object
  * or the region. */
 int cxlkv_region_object(const cxlkv_block_ref* ref, uint64_t* offset, uint64_t* length,
                         uint64_t* generation, uint32_t* region_tag);
-int cxlkv_lease_copy_out_region(cxlkv_domain* d, const cxlkv_lease* lease, const void* region,
+int cxlkv_lease_copy_out_region(cxlkv_domain* d, cxlkv_lease* lease, const void* region,
                                 uint64_t region_bytes, uint64_t offset, void* dst, size_t len);
 
 /* The owner role: one per domain. cxlkv_owner_step applies requests, fences, evicts and

@@ -112,6 +112,12 @@ class PrefixHitC(ctypes.Structure):
     _fields_ = [("entry", c_u32), ("entry_gen", c_u32), ("ref", BlockRef), ("publisher", c_u32)]
 
 
+class LeaseStatsC(ctypes.Structure):
+    _fields_ = [(name, c_u64) for name in (
+        "leases_refused_late", "leases_renewed_for_copy", "leases_retaken", "copies_retried",
+        "copies_discarded", "pauses_detected", "rejoins_after_fence", "ack_waits")]
+
+
 class LeaseC(ctypes.Structure):
     _fields_ = [
         ("row", c_u32),
@@ -211,6 +217,7 @@ STRUCTS = {
     "cxlkv_prefix_hit": PrefixHitC,
     "cxlkv_publish_item": PublishItemC,
     "cxlkv_lease": LeaseC,
+    "cxlkv_lease_stats": LeaseStatsC,
     "cxlkv_tier_options": TierOptionsC,
     "cxlkv_tier_request": TierRequestC,
     "cxlkv_tier_location": TierLocationC,
@@ -245,6 +252,7 @@ _PROTOTYPES = {
     "cxlkv_domain_grow": (_INT, [_P, ctypes.POINTER(ArenaOptionsC), _PP]),
     "cxlkv_domain_shrink": (_INT, [_P, _P]),
     "cxlkv_domain_heartbeat": (_INT, [_P, _P, ctypes.POINTER(_SIZE)]),
+    "cxlkv_domain_lease_stats": (_INT, [_P, ctypes.POINTER(LeaseStatsC)]),
     "cxlkv_namespace": (c_u64, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]),
     "cxlkv_prefix_key_chain": (PrefixKeyC, [c_u64, _P, _P, _SIZE]),
     "cxlkv_prefix_key_from_digest": (_INT, [c_u64, _P, _P, _SIZE, _P]),

@@ -363,6 +363,19 @@ class Domain:
                        "every host_ttl/4" if rc == E_MISMATCH else None)
             return int(freed.value)
 
+    def lease_stats(self) -> Dict[str, int]:
+        """What a busy or stopped machine cost this host's leases since it joined
+        (``cxlkv_domain_lease_stats``; docs/coherence.md, "Busy hosts"): leases refused late,
+        renewed to last a copy, taken again, copies retried and discarded, pauses, fences and
+        waits for the owner's acknowledgement."""
+        with self._lock:
+            h = self._handle("lease_stats")
+            out = _lib.LeaseStatsC()
+            lib = _lib.load()
+            _lib.check(lib, lib.cxlkv_domain_lease_stats(h, ctypes.byref(out)),
+                       "cxlkv_domain_lease_stats", self)
+            return {name: int(getattr(out, name)) for name, _ in _lib.LeaseStatsC._fields_}
+
     def start_heartbeat(self, period_s: float = 0.1) -> None:
         """Heartbeats on a background thread every `period_s` (must be <= host_ttl/4)."""
         if self._hb_thread is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -353,3 +355,31 @@ def test_publish_chain_is_one_transaction_and_reads_back(env: Env, ns: cxlkv.Nam
     assert a.lookup(ns, long_keys[0]) is None
     home.free(spare)
     a.publish_chain(ns, [])  # nothing to do
+
+
+def test_a_lease_that_expired_while_python_held_the_gil_is_taken_again(
+        make_env, ns: cxlkv.Namespace) -> None:
+    # Busy hosts (docs/coherence.md): a serving process holds the GIL in long C calls (a
+    # tokenizer, a torch op) between leasing a prefix and copying it out. The lease (150 ms
+    # of life here) expires meanwhile; copy_out takes it again on the same entry and
+    # generation and copies the block: the request reuses it instead of recomputing.
+    env = make_env(geometry=cxlkv.Geometry(lease_ttl_ms=200, host_ttl_ms=2000))
+    a, b = env.host(0), env.host(1)
+    keys = ns.chain_keys(range(16), 16)
+    data = blocks(1, env.block_bytes, seed=3)
+    publish_chain(a, ns, keys[:1], data)
+    with b.acquire_chain(ns, keys[:1], wait_s=1.0) as leases:
+        deadline = leases.deadline_ms(0)
+        held = 0
+        while time.monotonic() * 1000 < deadline + 100:  # one C call at a time, GIL held
+            held += sum(range(2_000_000))
+        out = np.empty(env.block_bytes, np.uint8)
+        leases.copy_out(0, out)
+        assert np.array_equal(out, data[0])
+        assert leases.deadline_ms(0) > deadline, "the handle comes back with the live lease"
+    s = b.lease_stats()
+    assert s["leases_retaken"] >= 1, s
+    assert s["copies_discarded"] == 0, s
+    assert set(s) == {"leases_refused_late", "leases_renewed_for_copy", "leases_retaken",
+                      "copies_retried", "copies_discarded", "pauses_detected",
+                      "rejoins_after_fence", "ack_waits"}

@@ -125,6 +125,21 @@ void AddDomainCommands(CLI::App& app) {
     j.Str("role", r.role).I64("epoch", r.epoch).Str("leader", r.leader);
     j.StrList("standbys", r.standbys).Str("read_only_since", r.read_only_since);
     j.StrList("unmatched_namespaces", r.unmatched_namespaces);
+    // What busy or stopped machines cost the hosts' leases, summed over the hosts (per host:
+    // cxlkvctl hosts; docs/coherence.md, "Busy hosts").
+    cxlkv::coherence::PrefixHost::Stats lease;
+    for (const orch::HostView& h : Invoke(*o, "hosts", [](auto& c) { return c.Hosts(); })) {
+      lease.leases_refused_late += h.lease.leases_refused_late;
+      lease.copies_discarded += h.lease.copies_discarded;
+      lease.copies_retried += h.lease.copies_retried;
+      lease.pauses_detected += h.lease.pauses_detected;
+      lease.rejoins_after_fence += h.lease.rejoins_after_fence;
+    }
+    j.U64("leases_refused_late", lease.leases_refused_late)
+        .U64("copies_discarded", lease.copies_discarded)
+        .U64("copies_retried", lease.copies_retried)
+        .U64("pauses_detected", lease.pauses_detected)
+        .U64("rejoins_after_fence", lease.rejoins_after_fence);
     if (PrintJson(*o, j)) return;
     if (r.role != "single" && !r.role.empty()) {
       // Orchestrator HA (docs/ha.md): who leads, at which epoch, and who stands by.
@@ -144,6 +159,13 @@ void AddDomainCommands(CLI::App& app) {
                 r.extents_total, static_cast<unsigned long long>(r.extent_bytes >> 20),
                 r.extents_assigned, r.extents_free, r.extents_quarantined);
     std::printf("hosts      %u live, %u fenced\n", r.hosts_live, r.hosts_fenced);
+    std::printf("leases     %llu acquires refused late, %llu copies discarded, %llu retried, %llu "
+                "pauses, %llu fences (the hosts' counts; per host: cxlkvctl hosts)\n",
+                static_cast<unsigned long long>(lease.leases_refused_late),
+                static_cast<unsigned long long>(lease.copies_discarded),
+                static_cast<unsigned long long>(lease.copies_retried),
+                static_cast<unsigned long long>(lease.pauses_detected),
+                static_cast<unsigned long long>(lease.rejoins_after_fence));
     std::printf(
         "prefixes   %llu published (domain %s); %llu duplicates, %llu reclaimed, %llu evicted\n",
         static_cast<unsigned long long>(r.prefixes_published), r.domain_spec.c_str(),
@@ -170,16 +192,33 @@ void AddDomainCommands(CLI::App& app) {
           j.U32("host_id", h.host_id).U64("incarnation", h.incarnation).Str("state", h.state);
           j.I64("last_heartbeat_ms_ago", h.last_heartbeat_ms_ago).U32("extents", h.extents);
           j.U64("used_bytes", h.used_bytes).Str("hostname", h.hostname);
+          j.U64("leases_refused_late", h.lease.leases_refused_late)
+              .U64("copies_discarded", h.lease.copies_discarded)
+              .U64("copies_retried", h.lease.copies_retried)
+              .U64("leases_retaken", h.lease.leases_retaken)
+              .U64("pauses_detected", h.lease.pauses_detected)
+              .U64("rejoins_after_fence", h.lease.rejoins_after_fence);
           list.push_back(std::move(j));
         }
         if (PrintJson(*o, WireJson().List("hosts", std::move(list)))) return;
-        std::printf("%-5s %-11s %-9s %-10s %-8s %-12s %s\n", "HOST", "INCARNATION", "STATE",
-                    "HEARTBEAT", "EXTENTS", "USED", "NAME");
+        // LATE: acquires refused for want of an acknowledged heartbeat; DISCARDED / RETRIED:
+        // copies that did not validate / were made again under a lease taken again; PAUSES,
+        // FENCES: the host's clock stood still / it stopped beating (docs/coherence.md, "Busy
+        // hosts"). Counted by each host since its process joined.
+        std::printf("%-5s %-11s %-9s %-10s %-8s %-12s %-5s %-9s %-7s %-6s %-6s %s\n", "HOST",
+                    "INCARNATION", "STATE", "HEARTBEAT", "EXTENTS", "USED", "LATE", "DISCARDED",
+                    "RETRIED", "PAUSES", "FENCES", "NAME");
         for (const orch::HostView& h : hosts) {
-          std::printf("%-5u %-11llu %-9s %-10s %-8u %-12llu %s\n", h.host_id,
-                      static_cast<unsigned long long>(h.incarnation), h.state.c_str(),
+          std::printf("%-5u %-11llu %-9s %-10s %-8u %-12llu %-5llu %-9llu %-7llu %-6llu %-6llu %s\n",
+                      h.host_id, static_cast<unsigned long long>(h.incarnation), h.state.c_str(),
                       (std::to_string(h.last_heartbeat_ms_ago) + " ms").c_str(), h.extents,
-                      static_cast<unsigned long long>(h.used_bytes), h.hostname.c_str());
+                      static_cast<unsigned long long>(h.used_bytes),
+                      static_cast<unsigned long long>(h.lease.leases_refused_late),
+                      static_cast<unsigned long long>(h.lease.copies_discarded),
+                      static_cast<unsigned long long>(h.lease.copies_retried),
+                      static_cast<unsigned long long>(h.lease.pauses_detected),
+                      static_cast<unsigned long long>(h.lease.rejoins_after_fence),
+                      h.hostname.c_str());
         }
       });
   Sub(app, "extents", "every extent of the pooled region and who holds it", o)->callback([o] {

@@ -29,6 +29,7 @@
 
 #include "CLI/CLI.hpp"
 #include "cxlkv/allocator/block_allocator.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/orchestrator/client.h"
@@ -219,12 +220,18 @@ bool WaitForPublisher(int fd, const std::function<void()>& tick = {}) {
 bool Reuser(const Options& o, Report& r, int published_fd) {
   auto client = cxlkv::orchestrator::HostClient::Connect(o.socket, 1);
   if (!client.ok()) return Fail(r, std::string(client.status().message()));
-  // Counters since the last heartbeat, as the orchestrator adds them up.
+  // Counters since the last heartbeat, as the orchestrator adds them up, and the lease
+  // counters as of the last request (the heartbeat thread reads a copy: PrefixHost is this
+  // thread's alone).
   std::atomic<std::uint64_t> hits{0}, misses{0};
-  (*client)->StartHeartbeats([&hits, &misses] {
+  cxlkv::base::Mutex stats_mu;
+  co::PrefixHost::Stats stats_seen{};
+  (*client)->StartHeartbeats([&] {
     cxlkv::orchestrator::HostCounters c;
     c.prefix_hits = hits.exchange(0);
     c.prefix_misses = misses.exchange(0);
+    cxlkv::base::MutexLock l(stats_mu);
+    c.lease = stats_seen;
     return c;
   });
   // Host 0's blocks live in its extent: resolved through the orchestrator's extent table.
@@ -312,6 +319,10 @@ bool Reuser(const Options& o, Report& r, int published_fd) {
     }
     (*host)->ReleaseAll(leases);
     r.reused += used;
+    {
+      cxlkv::base::MutexLock l(stats_mu);
+      stats_seen = (*host)->stats();
+    }
     hits.fetch_add(used);
     misses.fetch_add(keys.size() - used);
     if (used > 0 && resumed != Clock::time_point{}) {

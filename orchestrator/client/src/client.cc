@@ -545,6 +545,13 @@ absl::Status HostClient::HeartbeatOnce() {
     req.set_used_bytes(hc.used_bytes);
     req.set_prefix_hits(hc.prefix_hits);
     req.set_prefix_misses(hc.prefix_misses);
+    pb::LeaseCounters* l = req.mutable_lease();
+    l->set_leases_refused_late(hc.lease.leases_refused_late);
+    l->set_copies_discarded(hc.lease.copies_discarded);
+    l->set_copies_retried(hc.lease.copies_retried);
+    l->set_leases_retaken(hc.lease.leases_retaken);
+    l->set_pauses_detected(hc.lease.pauses_detected);
+    l->set_rejoins_after_fence(hc.lease.rejoins_after_fence);
   }
   pb::HeartbeatReply rep;
   const HostClockReading sent = ReadClocks();

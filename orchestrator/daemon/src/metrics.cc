@@ -159,6 +159,13 @@ Metrics::Metrics(const std::string& listen)
                         .Name("cxlkv_host_extents")
                         .Help("Extents each host holds")
                         .Register(*registry_)),
+      host_lease_events_(prometheus::BuildGauge()
+                             .Name("cxlkv_host_lease_events")
+                             .Help("What a busy or stopped machine cost each host's leases, "
+                                   "as the host counts them since its process joined: "
+                                   "leases_refused_late, copies_discarded, copies_retried, "
+                                   "leases_retaken, pauses_detected, rejoins_after_fence")
+                             .Register(*registry_)),
       entries_(prometheus::BuildGauge()
                    .Name("cxlkv_prefix_entries")
                    .Help("Shared prefix index entries by state")
@@ -200,6 +207,17 @@ void Metrics::Update(const DomainState& s, const co::PrefixOwner& o, std::uint64
     ++by_state[HostStateName(hi.state)];
     host_used_.Add({{"host", std::to_string(h)}}).Set(static_cast<double>(hi.used_bytes));
     host_extents_.Add({{"host", std::to_string(h)}}).Set(s.ExtentsOf(h));
+    const std::pair<const char*, std::uint64_t> lease[] = {
+        {"leases_refused_late", hi.lease.leases_refused_late},
+        {"copies_discarded", hi.lease.copies_discarded},
+        {"copies_retried", hi.lease.copies_retried},
+        {"leases_retaken", hi.lease.leases_retaken},
+        {"pauses_detected", hi.lease.pauses_detected},
+        {"rejoins_after_fence", hi.lease.rejoins_after_fence}};
+    for (const auto& [event, n] : lease) {
+      host_lease_events_.Add({{"host", std::to_string(h)}, {"event", event}})
+          .Set(static_cast<double>(n));
+    }
   }
   for (const char* st : {"live", "fenced", "draining", "left"}) {
     hosts_.Add({{"state", st}}).Set(by_state[st]);

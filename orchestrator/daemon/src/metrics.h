@@ -61,6 +61,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& hosts_;
   prometheus::Family<prometheus::Gauge>& host_used_;
   prometheus::Family<prometheus::Gauge>& host_extents_;
+  // Per host and event: what a busy or stopped machine cost its leases (HostInfo::lease).
+  prometheus::Family<prometheus::Gauge>& host_lease_events_;
   prometheus::Family<prometheus::Gauge>& entries_;
   prometheus::Family<prometheus::Gauge>& events_;
   prometheus::Family<prometheus::Counter>& traffic_;

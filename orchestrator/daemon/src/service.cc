@@ -118,6 +118,14 @@ class Service final : public pb::Orchestrator::Service {
       return grpc::Status::OK;
     }
     if (!st.ok()) return ToGrpc(st);
+    coherence::PrefixHost::Stats lease;
+    lease.leases_refused_late = req->lease().leases_refused_late();
+    lease.copies_discarded = req->lease().copies_discarded();
+    lease.copies_retried = req->lease().copies_retried();
+    lease.leases_retaken = req->lease().leases_retaken();
+    lease.pauses_detected = req->lease().pauses_detected();
+    lease.rejoins_after_fence = req->lease().rejoins_after_fence();
+    o_.state_.NoteLeaseCounters(req->host_id(), lease);
     rep->set_draining(o_.state_.hosts()[req->host_id()].state == HostState::kDraining);
     for (std::uint32_t i = 0; i < o_.state_.extents().size(); ++i) {
       const ExtentInfo& e = o_.state_.extents()[i];
@@ -245,6 +253,13 @@ class Service final : public pb::Orchestrator::Service {
       x->set_extents(o_.state_.ExtentsOf(i));
       x->set_used_bytes(h.used_bytes);
       x->set_hostname(h.hostname);
+      pb::LeaseCounters* lc = x->mutable_lease();
+      lc->set_leases_refused_late(h.lease.leases_refused_late);
+      lc->set_copies_discarded(h.lease.copies_discarded);
+      lc->set_copies_retried(h.lease.copies_retried);
+      lc->set_leases_retaken(h.lease.leases_retaken);
+      lc->set_pauses_detected(h.lease.pauses_detected);
+      lc->set_rejoins_after_fence(h.lease.rejoins_after_fence);
     }
     return grpc::Status::OK;
   }

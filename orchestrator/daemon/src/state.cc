@@ -136,6 +136,7 @@ absl::StatusOr<std::uint64_t> DomainState::Join(std::uint32_t host, const std::s
   h.state = HostState::kLive;
   h.last_heartbeat_ms = now_ms;
   h.used_bytes = 0;
+  h.lease = {};  // a new process: its counters start again
   h.hostname = hostname.substr(0, 64);
   return h.incarnation;
 }

@@ -37,6 +37,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "cxlkv/coherence/prefix.h"
 
 namespace cxlkv::orchestrator {
 
@@ -72,6 +73,9 @@ struct HostClientOptions {
 struct HostCounters {
   std::uint64_t used_bytes = 0;
   std::uint64_t prefix_hits = 0, prefix_misses = 0;  // since the last heartbeat
+  // The host's PrefixHost::stats() (since its process joined): leases refused late, copies
+  // discarded or retried, pauses, fences — shown per host by `cxlkvctl hosts` and the metrics.
+  coherence::PrefixHost::Stats lease{};
 };
 
 class HostClient {

@@ -82,6 +82,8 @@ struct HostView {
   std::uint32_t extents = 0;
   std::uint64_t used_bytes = 0;  // as the host reports it
   std::string hostname;          // as the host gave it; for operators, not trusted
+  // What a busy or stopped machine cost its leases, as it last reported (HostCounters::lease).
+  coherence::PrefixHost::Stats lease{};
 };
 
 // One entry of the shared prefix index (Prefixes RPC).

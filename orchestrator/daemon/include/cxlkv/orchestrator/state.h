@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cxlkv/coherence/prefix.h"
 #include "cxlkv/orchestrator/config.h"
 
 namespace cxlkv::orchestrator {
@@ -26,6 +27,9 @@ struct HostInfo {
   std::int64_t last_heartbeat_ms = 0;  // orchestrator clock
   std::uint64_t used_bytes = 0;
   std::string hostname;
+  // What a busy or stopped machine cost its leases, as its last heartbeat said (kept in
+  // memory only: a restart of the orchestrator hears them again at the next heartbeat).
+  coherence::PrefixHost::Stats lease{};
 };
 
 // An extent is free, assigned (held by host/incarnation under a capacity lease), or
@@ -77,6 +81,10 @@ class DomainState {
   // kFailedPrecondition: not the current incarnation, or fenced (rejoin).
   absl::Status Heartbeat(std::uint32_t host, std::uint64_t incarnation, std::uint64_t used_bytes,
                          std::int64_t now_ms);
+  // The lease counters a heartbeat of the current incarnation carried (HostInfo::lease).
+  void NoteLeaseCounters(std::uint32_t host, const coherence::PrefixHost::Stats& lease) {
+    if (host < hosts_.size()) hosts_[host].lease = lease;
+  }
   // The host leaves: its extents are quarantined until their lease term ends (the process
   // may write them until it exits), like a lost lease's; also for a fenced incarnation.
   absl::Status Leave(std::uint32_t host, std::uint64_t incarnation, std::int64_t now_ms);
