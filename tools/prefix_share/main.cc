@@ -129,6 +129,8 @@ bool Publisher(const Options& o, Report& r, int published_fd) {
   std::vector<std::byte> buf(block_bytes);
   std::vector<co::PublishItem> items;
   std::vector<BlockHandle> handles;
+  std::vector<co::BlockRef> returned_early;  // none expected: nothing is retired meanwhile
+  auto last_drain_beat = Clock::now();
   for (std::uint32_t p = 0; p < o.prefixes; ++p) {
     const auto keys = Keys(kNs, p, o.blocks);
     items.clear();
@@ -137,6 +139,12 @@ bool Publisher(const Options& o, Report& r, int published_fd) {
       const BlockHandle h = (*alloc)->Alloc(0);
       if (!h.valid()) return Fail(r, std::string((*alloc)->ExplainAllocFailure(0).message()));
       Fill(buf.data(), buf.size(), p, b);  // prefill's output (not timed)
+      // A serving host beats on a thread of its own while it computes; here, between blocks
+      // (filling 5 MiB takes long on a busy machine, and a host that does not beat for
+      // host_ttl is fenced and its requests ignored).
+      if (auto hb = (*host)->Heartbeat(&returned_early); absl::IsAborted(hb)) {
+        return Fail(r, "host 0 was fenced during its prefill: " + std::string(hb.message()));
+      }
       // The block's pages are faulted in untimed (one byte a page): a prefill host reuses
       // its blocks, so the copy measured is the streaming copy, not the first touch.
       auto* dst = static_cast<volatile std::byte*>((*alloc)->Addr(h));
@@ -174,18 +182,28 @@ bool Publisher(const Options& o, Report& r, int published_fd) {
       if (!st.ok()) return Fail(r, std::string(st.message()));
     }
     r.post_ns += Ns(t0, Clock::now());
-    // A prefill of many 5 MiB blocks takes long on a busy host: beat between prefixes, as a
-    // serving host's heartbeat thread would, so the owner never takes it for dead.
-    std::vector<co::BlockRef> ignored;
-    (void)(*host)->Heartbeat(&ignored);
   }
   // Until the owner has applied every request (its step period bounds the wait): then every
   // block is visible to a lookup by any host.
+  // Waits while the owner makes progress; fails after 30 s without any (the owner is down),
+  // or when this host finds it was fenced (its requests would never be applied).
   const auto d0 = Clock::now();
-  while ((*host)->RequestsPending(true) != 0) {
-    if (Clock::now() - d0 > std::chrono::seconds(5))
-      return Fail(r, "the owner applied nothing for 5 s");
+  auto progress_at = d0;
+  for (std::uint64_t pending = (*host)->RequestsPending(true); pending != 0;) {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
+    const std::uint64_t now_pending = (*host)->RequestsPending(true);
+    if (now_pending < pending) progress_at = Clock::now();
+    pending = now_pending;
+    if (Clock::now() - progress_at > std::chrono::seconds(30)) {
+      return Fail(r, "the owner applied none of host 0's requests for 30 s");
+    }
+    if (Clock::now() - last_drain_beat > std::chrono::milliseconds(100)) {
+      last_drain_beat = Clock::now();
+      if (auto hb = (*host)->Heartbeat(&returned_early); absl::IsAborted(hb)) {
+        return Fail(r, "host 0 was fenced before the owner applied its requests: " +
+                           std::string(hb.message()));
+      }
+    }
   }
   r.drain_ns = Ns(d0, Clock::now());
   const char ready[2] = {1, 1};  // one byte for host 1, one for the parent
