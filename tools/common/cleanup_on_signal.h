@@ -1,0 +1,107 @@
+// What the quickstart's drivers (cxlkv-workload, cxlkv-prefix-share) leave when they are
+// interrupted: nothing. CleanupOnSignal::Install() makes SIGINT, SIGTERM and SIGHUP kill the
+// children the tool forked through Fork() (SIGKILL), remove the one file it registered with
+// RemoveOnSignal() (the pool file cxlkv-workload created), and then end the tool by that
+// signal, so a shell sees the interruption. Children die with the tool also when it is killed
+// with -9 (PR_SET_PDEATHSIG); the file then stays, which is why a tool names it when it starts.
+//
+// The handler reads only what is set up before the signals can arrive, through async-signal-
+// safe calls (kill, unlink, signal, raise): the pid table and the path are written with the
+// three signals blocked. Process-wide; call from the main thread, before any other thread.
+#ifndef CXLKV_TOOLS_COMMON_CLEANUP_ON_SIGNAL_H_
+#define CXLKV_TOOLS_COMMON_CLEANUP_ON_SIGNAL_H_
+
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstddef>
+#include <cstring>
+#include <string>
+
+namespace cxlkv::tools {
+
+class CleanupOnSignal {
+ public:
+  static constexpr int kMaxChildren = 64;
+
+  // Installs the handlers for SIGINT, SIGTERM and SIGHUP. Idempotent.
+  static void Install() {
+    struct sigaction sa {};
+    sa.sa_handler = &Handle;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : kSignals) sigaddset(&sa.sa_mask, sig);  // one cleanup at a time
+    for (int sig : kSignals) ::sigaction(sig, &sa, nullptr);
+  }
+
+  // Registers `path` (a file this process created) to be unlinked on one of the signals;
+  // "" forgets it. A path longer than PATH_MAX - 1 bytes is not registered: false.
+  static bool RemoveOnSignal(const std::string& path) {
+    if (path.size() >= sizeof(path_)) return false;
+    const Blocked blocked;
+    std::memcpy(path_, path.c_str(), path.size() + 1);
+    path_set_ = path.empty() ? 0 : 1;
+    return true;
+  }
+
+  // fork(2), with the signals blocked across it: the parent records the child's pid before
+  // it can handle one; the child starts with their default actions and dies with its parent.
+  // -1 with errno as fork's, or EAGAIN past kMaxChildren.
+  static pid_t Fork() {
+    if (children_count_ >= kMaxChildren) {
+      errno = EAGAIN;
+      return -1;
+    }
+    const pid_t parent = ::getpid();
+    const Blocked blocked;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      for (int sig : kSignals) ::signal(sig, SIG_DFL);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(1);  // the parent died before the prctl
+    } else if (pid > 0) {
+      children_[children_count_] = pid;
+      children_count_ = children_count_ + 1;
+    }
+    return pid;  // the child unblocks the signals as the parent does, with `blocked`
+  }
+
+ private:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+  // The three signals blocked for this object's life.
+  class Blocked {
+   public:
+    Blocked() {
+      sigset_t set;
+      sigemptyset(&set);
+      for (int sig : kSignals) sigaddset(&set, sig);
+      ::sigprocmask(SIG_BLOCK, &set, &old_);
+    }
+    ~Blocked() { ::sigprocmask(SIG_SETMASK, &old_, nullptr); }
+    Blocked(const Blocked&) = delete;
+    Blocked& operator=(const Blocked&) = delete;
+
+   private:
+    sigset_t old_;
+  };
+
+  static void Handle(int sig) {
+    for (int i = 0; i < children_count_; ++i) ::kill(children_[i], SIGKILL);
+    if (path_set_ != 0) ::unlink(path_);
+    // Ends the process by `sig` once the handler returns (the signal is blocked until then).
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+  }
+
+  inline static char path_[4096] = {};
+  inline static volatile std::sig_atomic_t path_set_ = 0;
+  inline static pid_t children_[kMaxChildren] = {};
+  inline static volatile std::sig_atomic_t children_count_ = 0;
+};
+
+}  // namespace cxlkv::tools
+
+#endif  // CXLKV_TOOLS_COMMON_CLEANUP_ON_SIGNAL_H_
