@@ -1,13 +1,14 @@
 // What the quickstart's drivers (cxlkv-workload, cxlkv-prefix-share) leave when they are
-// interrupted: nothing. CleanupOnSignal::Install() makes SIGINT, SIGTERM and SIGHUP kill the
-// children the tool forked through Fork() (SIGKILL), remove the one file it registered with
-// RemoveOnSignal() (the pool file cxlkv-workload created), and then end the tool by that
-// signal, so a shell sees the interruption. Children die with the tool also when it is killed
-// with -9 (PR_SET_PDEATHSIG); the file then stays, which is why a tool names it when it starts.
+// interrupted: nothing. CleanupOnSignal::Install() makes SIGINT, SIGTERM and SIGHUP remove the
+// one file the tool registered with RemoveOnSignal() (the pool file cxlkv-workload created)
+// and then end the tool by that signal, so a shell sees the interruption. The children it
+// forked through Fork() die with it (PR_SET_PDEATHSIG, SIGKILL), however it dies: no pid
+// table to signal, so no pid reused since is ever killed. After a kill -9 the file stays,
+// which is why a tool names it when it creates it.
 //
-// The handler reads only what is set up before the signals can arrive, through async-signal-
-// safe calls (kill, unlink, signal, raise): the pid table and the path are written with the
-// three signals blocked. Process-wide; call from the main thread, before any other thread.
+// The handler reads only the path, written with the three signals blocked, through
+// async-signal-safe calls (unlink, signal, raise). Process-wide; call from the main thread
+// (the one that forks: a child's death signal follows its forking thread), before any other.
 #ifndef CXLKV_TOOLS_COMMON_CLEANUP_ON_SIGNAL_H_
 #define CXLKV_TOOLS_COMMON_CLEANUP_ON_SIGNAL_H_
 
@@ -15,7 +16,6 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <csignal>
 #include <cstddef>
 #include <cstring>
@@ -25,8 +25,6 @@ namespace cxlkv::tools {
 
 class CleanupOnSignal {
  public:
-  static constexpr int kMaxChildren = 64;
-
   // Installs the handlers for SIGINT, SIGTERM and SIGHUP. Idempotent.
   static void Install() {
     struct sigaction sa {};
@@ -46,14 +44,10 @@ class CleanupOnSignal {
     return true;
   }
 
-  // fork(2), with the signals blocked across it: the parent records the child's pid before
-  // it can handle one; the child starts with their default actions and dies with its parent.
-  // -1 with errno as fork's, or EAGAIN past kMaxChildren.
+  // fork(2), with the signals blocked across it, so the child never runs the handler (it
+  // would remove the parent's file): it starts with their default actions, and is killed when
+  // its parent dies. -1 with errno as fork's.
   static pid_t Fork() {
-    if (children_count_ >= kMaxChildren) {
-      errno = EAGAIN;
-      return -1;
-    }
     const pid_t parent = ::getpid();
     const Blocked blocked;
     const pid_t pid = ::fork();
@@ -61,9 +55,6 @@ class CleanupOnSignal {
       for (int sig : kSignals) ::signal(sig, SIG_DFL);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(1);  // the parent died before the prctl
-    } else if (pid > 0) {
-      children_[children_count_] = pid;
-      children_count_ = children_count_ + 1;
     }
     return pid;  // the child unblocks the signals as the parent does, with `blocked`
   }
@@ -89,7 +80,6 @@ class CleanupOnSignal {
   };
 
   static void Handle(int sig) {
-    for (int i = 0; i < children_count_; ++i) ::kill(children_[i], SIGKILL);
     if (path_set_ != 0) ::unlink(path_);
     // Ends the process by `sig` once the handler returns (the signal is blocked until then).
     ::signal(sig, SIG_DFL);
@@ -98,8 +88,6 @@ class CleanupOnSignal {
 
   inline static char path_[4096] = {};
   inline static volatile std::sig_atomic_t path_set_ = 0;
-  inline static pid_t children_[kMaxChildren] = {};
-  inline static volatile std::sig_atomic_t children_count_ = 0;
 };
 
 }  // namespace cxlkv::tools

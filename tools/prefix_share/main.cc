@@ -262,12 +262,11 @@ int main(int argc, char** argv) {
   Report reports[2];
   int fds[2][2];
   pid_t pids[2];
-  // SIGINT, SIGTERM, SIGHUP: the hosts are killed with this process (it creates no files).
-  cxlkv::tools::CleanupOnSignal::Install();
   // Each report pipe's write end lives in its host alone: when a host dies, its pipe reads EOF
   // and the report below says so (the parent and the other host hold no copy of it).
   for (int i = 0; i < 2; ++i) {
     if (pipe2(fds[i], O_CLOEXEC) != 0) return 1;
+    // The hosts die with this process, however it ends (it creates no files of its own).
     pids[i] = cxlkv::tools::CleanupOnSignal::Fork();
     if (pids[i] < 0) return 1;
     if (pids[i] == 0) {
