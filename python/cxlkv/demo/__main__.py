@@ -203,4 +203,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the hosts and a private domain are gone by now
+        print("cxlkv.demo: interrupted", file=sys.stderr)
+        sys.exit(130)
