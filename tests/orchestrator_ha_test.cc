@@ -3224,7 +3224,8 @@ TEST_F(HaTest, DISABLED_EveryHostReattachedAfterAFrozenClockStop) {
   if (const char* h = std::getenv("CXLKV_HA_HOSTS")) n_hosts = std::max(2, std::atoi(h));
   int stop_ms = 4000;
   if (const char* s = std::getenv("CXLKV_HA_STOP_MS")) stop_ms = std::max(100, std::atoi(s));
-  const cxlkv::testing::TempDir scratch("ha-frozen-reattach", "/tmp");  // removed however the test ends
+  // Removed however the test ends.
+  const cxlkv::testing::TempDir scratch("ha-frozen-reattach", "/tmp");
   ASSERT_FALSE(scratch.path().empty());
   const std::string tmpl = scratch.path();
   std::vector<std::string> shift_files;

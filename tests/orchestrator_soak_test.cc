@@ -55,9 +55,7 @@ std::uint64_t Pattern(const co::BlockRef& r) {
 }
 
 std::string g_arenas;  // a directory in /dev/shm, set by the test before it forks
-std::string ArenaPath(std::uint32_t host) {
-  return g_arenas + "/arena-" + std::to_string(host);
-}
+std::string ArenaPath(std::uint32_t host) { return g_arenas + "/arena-" + std::to_string(host); }
 
 struct Worlds {
   std::vector<std::unique_ptr<pool::Arena>> peers;  // every host's arena, read-only

@@ -29,8 +29,8 @@ class TempDir {
     if (::mkdtemp(templ.data()) != nullptr) {
       path_ = templ;
     } else {
-      ADD_FAILURE() << "TempDir: cannot make " << templ << ": " << std::strerror(errno)
-                    << " (is " << base << " a writable directory?)";
+      ADD_FAILURE() << "TempDir: cannot make " << templ << ": " << std::strerror(errno) << " (is "
+                    << base << " a writable directory?)";
     }
   }
   ~TempDir() {

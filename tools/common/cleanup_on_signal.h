@@ -12,6 +12,7 @@
 #ifndef CXLKV_TOOLS_COMMON_CLEANUP_ON_SIGNAL_H_
 #define CXLKV_TOOLS_COMMON_CLEANUP_ON_SIGNAL_H_
 
+#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -69,9 +70,9 @@ class CleanupOnSignal {
       sigset_t set;
       sigemptyset(&set);
       for (int sig : kSignals) sigaddset(&set, sig);
-      ::sigprocmask(SIG_BLOCK, &set, &old_);
+      ::pthread_sigmask(SIG_BLOCK, &set, &old_);
     }
-    ~Blocked() { ::sigprocmask(SIG_SETMASK, &old_, nullptr); }
+    ~Blocked() { ::pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
     Blocked(const Blocked&) = delete;
     Blocked& operator=(const Blocked&) = delete;
 

@@ -25,11 +25,11 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "cleanup_on_signal.h"
 #include "cxlkv/allocator/block_allocator.h"
 #include "cxlkv/base/bytes.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/pool/spec.h"
-#include "cleanup_on_signal.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -235,9 +235,10 @@ int main(int argc, char** argv) {
   CreatedPool created;
   if (!o.keep_pool) created.TakeIfNew(*spec);
   if (!created.path().empty()) {
-    std::printf("cxlkv-workload: creates %s, removed when it ends (--keep-pool keeps it; after a "
-                "kill -9: rm -f %s)\n",
-                created.path().c_str(), created.path().c_str());
+    std::printf(
+        "cxlkv-workload: creates %s, removed when it ends (--keep-pool keeps it; after a "
+        "kill -9: rm -f %s)\n",
+        created.path().c_str(), created.path().c_str());
     std::fflush(stdout);
   }
   auto region = cxlkv::pool::OpenRegion(*spec);
