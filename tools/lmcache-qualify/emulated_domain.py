@@ -11,7 +11,6 @@ them, and the orchestrator, which dies with its parent (PR_SET_PDEATHSIG), then 
 nothing. exit_on_termination() makes SIGTERM and SIGHUP run the caller's finally blocks."""
 
 import ctypes
-import os
 import re
 import secrets
 import shutil
