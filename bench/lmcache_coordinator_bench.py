@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "lmcache-qualify"))
 from coordinator_client import Client, make_key, make_layout  # noqa: E402
-from emulated_domain import EmulatedDomain  # noqa: E402
+from emulated_domain import EmulatedDomain, die_with_parent, exit_on_termination  # noqa: E402
 
 OBJ = 4096
 
@@ -61,9 +61,10 @@ def timed(fn, n):
 def latency(binary, n, state_dir):
     # An index with room for every object this run finishes (at most 3/4 of it is published).
     d = EmulatedDomain(binary, pool_mib=512, region_mib=256, ttl_ms=60000, lease_ms=10,
-                       state_dir=state_dir, index_entries=1 << 17).start()
+                       state_dir=state_dir, index_entries=1 << 17)
     out = {}
     try:
+        d.start()
         c = Client(d.port, d.tokens["default"])
         c.region()
         empty = {"region_epoch": c.epoch, "keys": []}
@@ -190,12 +191,14 @@ def throughput(binary, seconds, state_dir, levels):
     for batch in (1, 64):
         for conc in levels:
             d = EmulatedDomain(binary, pool_mib=1024, region_mib=768, ttl_ms=60000,
-                               lease_ms=10, state_dir=state_dir, threads=16).start()
+                               lease_ms=10, state_dir=state_dir, threads=16)
             try:
+                d.start()
                 start_at = time.time() + 1.0 + 0.05 * conc
                 procs = [subprocess.Popen([sys.executable, __file__, "--writer", str(d.port),
                                            d.tokens["default"], str(w), str(seconds), str(batch),
-                                           str(start_at)], stdout=subprocess.PIPE, text=True)
+                                           str(start_at)], stdout=subprocess.PIPE, text=True,
+                                          preexec_fn=die_with_parent)
                          for w in range(conc)]
                 total = sum(int(p.communicate(timeout=seconds + 60)[0]) for p in procs)
                 out[f"batch {batch}, {conc} processes"] = {"objects": total,
@@ -218,6 +221,7 @@ def main():
     ap.add_argument("--levels", default="1,2,4,8,16")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    exit_on_termination()  # SIGTERM/SIGHUP: each domain's `finally` removes its files
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "load_before": open("/proc/loadavg").read().split()[:3],
             "uptime_before": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),

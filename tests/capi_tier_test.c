@@ -666,6 +666,13 @@ static void TestClosedTier(void) {
   cxlkv_pool_close(pool);
 }
 
+/* The scratch directory goes at every exit, exit(1) on a failed write included. */
+static void RemoveDir(void) {
+  char cmd[512];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
 int main(void) {
   const char* tmp = getenv("TMPDIR");
   snprintf(dir, sizeof(dir), "%s/cxlkv-capi-tier-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -673,6 +680,7 @@ int main(void) {
     perror("mkdtemp");
     return 1;
   }
+  atexit(RemoveDir);
   TestDigestKeys();
 
   cxlkv_pool* pool = NULL;
@@ -726,9 +734,6 @@ int main(void) {
   cxlkv_pool_close(pool);
   TestClosedTier();
 
-  char cmd[512];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
   if (failures != 0) {
     fprintf(stderr, "%d checks failed\n", failures);
     return 1;

@@ -15,6 +15,7 @@
 #include "etcd_cluster.h"
 #include "eventually.h"
 #include "gtest/gtest.h"
+#include "temp_dir.h"
 
 namespace cxlkv::testing {
 namespace {
@@ -607,8 +608,9 @@ TEST(EtcdAuth, AClientWithAUserWorksAndOthersAreRefused) {
 TEST(EtcdTls, AClientWithTheCaSpeaksTls) {
   CXLKV_SKIP_WITHOUT_ETCD();
   if (::access("/usr/bin/openssl", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/openssl";
-  char tmpl[] = "/tmp/cxlkv-etcd-tls-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("etcd-tls", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl;
   const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
   std::ofstream(dir + "/san.ext") << "subjectAltName=IP:127.0.0.1\n";
@@ -638,7 +640,6 @@ TEST(EtcdTls, AClientWithTheCaSpeaksTls) {
     ASSERT_TRUE(p.ok());
     EXPECT_FALSE((*p)->Get("/tls/a").ok()) << "a plaintext client was answered";
   }
-  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "kv_events_subscriber.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator_process.h"
+#include "temp_dir.h"
 
 namespace cxlkv::testing {
 namespace {
@@ -34,8 +35,9 @@ using KvEventsHaTest = EtcdDirectoryTest;
 
 TEST_F(KvEventsHaTest, OnlyTheLeaderPublishesEventsAndATakeoverOpensANewTerm) {
   if (!PythonHasZmqAndMsgpack()) GTEST_SKIP() << "/usr/bin/python3 lacks zmq or msgpack";
-  char tmpl[] = "/tmp/cxlkv-haev-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("haev", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string tmp = tmpl;
   Subscriber sub(tmp, "cxlkv/ha-ev");
   const int port = sub.Port();
@@ -95,7 +97,6 @@ TEST_F(KvEventsHaTest, OnlyTheLeaderPublishesEventsAndATakeoverOpensANewTerm) {
       },
       milliseconds(5000)))
       << "the new leader did not rewrite the summary";
-  EXPECT_EQ(std::system(("rm -rf " + tmp).c_str()), 0);
 }
 
 }  // namespace

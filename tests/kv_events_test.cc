@@ -28,6 +28,7 @@
 #include "kv_events_subscriber.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator_process.h"
+#include "temp_dir.h"
 
 namespace cxlkv::testing {
 namespace {
@@ -132,8 +133,9 @@ TEST(KvEventsThroughTheOrchestrator, StoredRemovedAndANewTermDecodedByPython) {
     GTEST_SKIP() << "/usr/bin/python3 lacks zmq or msgpack: apt-get install python3-zmq "
                     "python3-msgpack (scripts/deps does)";
   }
-  char tmpl[] = "/tmp/cxlkv-kvev-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("kvev", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl;
   Subscriber sub(dir, "cxlkv/ev-dom");
   const int port = sub.Port();
@@ -204,13 +206,13 @@ TEST(KvEventsThroughTheOrchestrator, StoredRemovedAndANewTermDecodedByPython) {
   ASSERT_GE(after.size(), 2u);
   EXPECT_EQ(after[0]["type"], "AllBlocksCleared");
   EXPECT_FALSE(HasStored(after, h1));
-  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
 TEST(KvEventsThroughTheOrchestrator, MapFormAsNewerVllm) {
   if (!PythonHasZmqAndMsgpack()) GTEST_SKIP() << "/usr/bin/python3 lacks zmq or msgpack";
-  char tmpl[] = "/tmp/cxlkv-kvev-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("kvev", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl;
   // llm-d's form of topic (kv@<pod>@<model>; its subscriber's default filter is "kv@").
   Subscriber sub(dir, "kv@");
@@ -243,7 +245,6 @@ TEST(KvEventsThroughTheOrchestrator, MapFormAsNewerVllm) {
   EXPECT_EQ(m[0]["topic"], "kv@cxl-rack-3@Qwen/Qwen3-8B");
   EXPECT_EQ(m[0]["rank"], 2);
   EXPECT_EQ(m.back()["form"], nlohmann::json::array({"map"}));
-  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
 // keys.publish_file set: events carry K' (published_key.h), never the chain key. A subscriber
@@ -251,8 +252,9 @@ TEST(KvEventsThroughTheOrchestrator, MapFormAsNewerVllm) {
 // own chain key and matches (python/cxlkv/keys.py's published_key computes the same K').
 TEST(KvEventsThroughTheOrchestrator, KeyedHashesMatchOnlyWithTheSecret) {
   if (!PythonHasZmqAndMsgpack()) GTEST_SKIP() << "/usr/bin/python3 lacks zmq or msgpack";
-  char tmpl[] = "/tmp/cxlkv-kvev-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("kvev", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl;
   const std::string secret = "kv-events-test-secret-6d1f0c2e", key_file = dir + "/publish.key";
   {
@@ -304,7 +306,6 @@ TEST(KvEventsThroughTheOrchestrator, KeyedHashesMatchOnlyWithTheSecret) {
     EXPECT_EQ(text.find(raw1), std::string::npos) << text;
     EXPECT_EQ(text.find(raw2), std::string::npos) << text;
   }
-  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
 }  // namespace

@@ -17,32 +17,9 @@
 #include <string>
 
 #include "cxlkv/nvme/nvme_store.h"
+#include "temp_dir.h"
 
 namespace cxlkv::testing {
-
-// A fresh directory under the system temporary directory (a disk file system here: /tmp),
-// removed with its contents when the object dies.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    std::string templ =
-        (std::filesystem::temp_directory_path() / ("cxlkv-" + tag + "-XXXXXX")).string();
-    if (::mkdtemp(templ.data()) != nullptr) path_ = templ;
-  }
-  ~TempDir() {
-    if (!path_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(path_, ec);
-    }
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string sub(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // A tmpfs of `bytes` mounted on a fresh directory: a real file system that fills up. Needs
 // CAP_SYS_ADMIN. The process first moves into its own mount namespace (when it can), so the

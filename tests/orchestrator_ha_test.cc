@@ -59,6 +59,7 @@
 #include "orchestrator.grpc.pb.h"
 #include "orchestrator_process.h"
 #include "state_write.h"
+#include "temp_dir.h"
 
 namespace cxlkv::testing {
 namespace {
@@ -1374,8 +1375,9 @@ TEST_F(HaTest, HostFindsALeaderOnAnotherHostThroughItsTcpEndpoint) {
   if (::geteuid() != 0 || ::access("/usr/bin/unshare", X_OK) != 0) {
     GTEST_SKIP() << "needs root and unshare(1) to run the orchestrators under another host name";
   }
-  char tmpl[] = "/tmp/cxlkv-ha-token-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("ha-token", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string token = std::string(tmpl) + "/token";
   std::ofstream(token) << "0123456789abcdef0123456789abcdef\n";
   ASSERT_EQ(::chmod(token.c_str(), 0600), 0);
@@ -1407,7 +1409,6 @@ TEST_F(HaTest, HostFindsALeaderOnAnotherHostThroughItsTcpEndpoint) {
   EXPECT_EQ((*host)->extents().size(), 2u);
   EXPECT_TRUE((*host)->Leave().ok());
   ::unsetenv("CXLKV_RPC_TOKEN_FILE");
-  EXPECT_EQ(std::system(("rm -rf " + std::string(tmpl)).c_str()), 0);
 }
 
 // Audit-ha #7, discovery: a leader record put into etcd by someone who is not an orchestrator
@@ -1417,8 +1418,9 @@ TEST_F(HaTest, HostFindsALeaderOnAnotherHostThroughItsTcpEndpoint) {
 // orchestrator wrote (sealed) is called as before. (Before: the host connected to the forged
 // endpoint and sent the token: checked.)
 TEST_F(HaTest, AForgedLeaderRecordGetsNoConnectionAndNoToken) {
-  char tmpl[] = "/tmp/cxlkv-ha-forged-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("ha-forged", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string token = std::string(tmpl) + "/token";
   std::ofstream(token) << "0123456789abcdef0123456789abcdef\n";
   ASSERT_EQ(::chmod(token.c_str(), 0600), 0);
@@ -1487,7 +1489,6 @@ TEST_F(HaTest, AForgedLeaderRecordGetsNoConnectionAndNoToken) {
   ASSERT_TRUE(host.ok()) << host.status();
   EXPECT_TRUE((*host)->Grow(1).ok());
   ::unsetenv("CXLKV_RPC_TOKEN_FILE");
-  EXPECT_EQ(std::system(("rm -rf " + std::string(tmpl)).c_str()), 0);
 }
 
 // Orchestrators on an etcd with authentication (etcd.user, etcd.password_file): elected and
@@ -2251,8 +2252,9 @@ TEST(Fence, LineRoundTripsAndATornLineDoesNotValidate) {
 
 // A single orchestrator (no [etcd]) refuses a domain that elected orchestrators owned.
 TEST(Fence, ASingleOrchestratorRefusesAnElectedDomain) {
-  char tmpl[] = "/tmp/cxlkv-ha-single-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("ha-single", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl;
   auto c = orch::ParseConfig(InProcessToml(dir, "s", nullptr), "single.toml");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -2278,8 +2280,6 @@ TEST(Fence, ASingleOrchestratorRefusesAnElectedDomain) {
   auto refused = orch::Orchestrator::Open(*c);
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
   EXPECT_NE(refused.status().message().find("[etcd]"), std::string::npos) << refused.status();
-  const std::string cmd = "rm -rf " + dir;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // ---- the fence on the leader's own clock, in process --------------------------------------------
@@ -2304,8 +2304,9 @@ std::string ReadAll(const std::string& path) { return ReadFile(path); }
 // down and, alone, is elected again at a higher epoch. (With the owner's checks and the fenced
 // Mem removed, the next owner batch writes within a few milliseconds and this test fails.)
 TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
-  char tmpl[] = "/tmp/cxlkv-ha-inproc-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("ha-inproc", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl;
   auto c = orch::ParseConfig(InProcessToml(dir, "inproc", etcd_.get()), "inproc.toml");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -2364,8 +2365,6 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
   EXPECT_EQ(audit.Regression(), 0u);
   (*o)->Stop();
   o->reset();
-  const std::string cmd = "rm -rf " + dir;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // The LMCache coordinator of a leader past its write deadline answers nothing (503), already
@@ -2374,8 +2373,9 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
 // successor's (docs/lmcache.md "Fail-over"). The gate is the one the daemon hands it
 // (Orchestrator::LeadLmcache); forced open, /readyz answers 200 after the jump.
 TEST_F(HaTest, LmcacheCoordinatorStopsServingAtTheWriteDeadline) {
-  char tmpl[] = "/tmp/cxlkv-ha-lmcgate-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("ha-lmcgate", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl;
   const std::string token = "ha-test-lmcache-token-0123456789";
   std::ofstream(dir + "/tokens") << token << "\n";
@@ -2417,8 +2417,6 @@ TEST_F(HaTest, LmcacheCoordinatorStopsServingAtTheWriteDeadline) {
   }
   (*o)->Stop();
   o->reset();
-  const std::string cmd = "rm -rf " + dir;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // Bad input: a fence line this leader did not write (a forged or foreign one: another
@@ -2427,8 +2425,9 @@ TEST_F(HaTest, LmcacheCoordinatorStopsServingAtTheWriteDeadline) {
 // the release (this leader's write-back and release line, written as it steps down). Its next
 // election is refused while the line names an epoch not older than etcd's, saying why.
 TEST_F(HaTest, AForeignFenceLineStopsTheLeaderBeforeItsNextStore) {
-  char tmpl[] = "/tmp/cxlkv-ha-foreign-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("ha-foreign", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl;
   auto c = orch::ParseConfig(InProcessToml(dir, "foreign", etcd_.get()), "foreign.toml");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -2483,8 +2482,6 @@ TEST_F(HaTest, AForeignFenceLineStopsTheLeaderBeforeItsNextStore) {
   EXPECT_NE(role(), "leader") << "elected again over a fence line naming a newer epoch";
   (*o)->Stop();
   o->reset();
-  const std::string cmd = "rm -rf " + dir;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // Owner writes outside the owner loop, and the state's generation in the domain's record
@@ -2494,8 +2491,9 @@ TEST_F(HaTest, AForeignFenceLineStopsTheLeaderBeforeItsNextStore) {
 // checks the fence line first and records itself in it; under a foreign fence line the Evict
 // is refused and the leader steps down.
 TEST_F(HaTest, OwnerWritesOutsideTheLoopCheckAndRecordTheFenceLine) {
-  char tmpl[] = "/tmp/cxlkv-ha-outside-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("ha-outside", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl;
   auto c = orch::ParseConfig(
       InProcessToml(dir, "outside", etcd_.get(),
@@ -2564,8 +2562,6 @@ TEST_F(HaTest, OwnerWritesOutsideTheLoopCheckAndRecordTheFenceLine) {
   host->reset();
   (*o)->Stop();
   o->reset();
-  const std::string cmd = "rm -rf " + dir;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // Another writer of the domain's state in etcd (here: the state put back as it is, which
@@ -2637,8 +2633,9 @@ struct DomainLines {
 // fails when its line is left out of the derivation, and the first without the "+ 1" or with
 // the revision as the epoch.
 TEST_F(HaTest, ANewLeadersEpochIsAboveEveryEpochTheDomainRecords) {
-  char tmpl[] = "/tmp/cxlkv-ha-epochs-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("ha-epochs", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl;
   auto c = orch::ParseConfig(InProcessToml(dir, "epochs", etcd_.get()), "epochs.toml");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -2728,8 +2725,6 @@ TEST_F(HaTest, ANewLeadersEpochIsAboveEveryEpochTheDomainRecords) {
   });
   EXPECT_EQ(fourth, static_cast<std::int64_t>(z) + 1)
       << "the release line's epoch was left out of the derivation";
-  const std::string cmd = "rm -rf " + dir;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // A candidate with a wrong etcd.cluster/etcd.domain (elected under its own keys at once) is
@@ -2864,8 +2859,9 @@ class VmClock final : public co::Clock {
 // old epoch, and the successor never resigns over a stale line. (Before the release, the
 // successor wrote at once and the resumed leader put its old epoch back: checked.)
 TEST_F(HaTest, AResumedLeaderWithFrozenClocksStoresNothingAfterItsSuccessor) {
-  char tmpl[] = "/tmp/cxlkv-ha-frozen-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("ha-frozen", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl;
   auto config = [&](const std::string& node) {
     return orch::ParseConfig(
@@ -2953,8 +2949,6 @@ TEST_F(HaTest, AResumedLeaderWithFrozenClocksStoresNothingAfterItsSuccessor) {
   (*a)->Stop();
   b->reset();
   a->reset();
-  const std::string cmd = "rm -rf " + dir;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // ---- a network partition of one orchestrator (root only) ----------------------------------------
@@ -3126,8 +3120,9 @@ std::int64_t BootNs() {
 // (orchestrator_ha_frozen_processes: DISABLED_ here, so that the rpc label's run does not
 // start an etcd cluster for it; --gtest_also_run_disabled_tests runs it).
 TEST_F(HaTest, DISABLED_AResumedLeaderProcessWithClocksSetBackStoresNothingAfterItsSuccessor) {
-  char tmpl[] = "/tmp/cxlkv-ha-shift-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("ha-shift", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string shift_file = std::string(tmpl) + "/shift";
   {
     const std::int64_t zero = 0;
@@ -3209,8 +3204,6 @@ TEST_F(HaTest, DISABLED_AResumedLeaderProcessWithClocksSetBackStoresNothingAfter
   std::uint64_t inc1 = 0;
   ASSERT_TRUE(HostCalls::JoinAndGrow(b, 1, 2, &inc1, &granted[1]));
   ExpectNoExtentLentTwice(b, granted);
-  const std::string cmd = std::string("rm -rf ") + tmpl;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // Fail-over after a frozen-clock stop of the leader, with hosts heartbeating (issue #29's
@@ -3231,8 +3224,10 @@ TEST_F(HaTest, DISABLED_EveryHostReattachedAfterAFrozenClockStop) {
   if (const char* h = std::getenv("CXLKV_HA_HOSTS")) n_hosts = std::max(2, std::atoi(h));
   int stop_ms = 4000;
   if (const char* s = std::getenv("CXLKV_HA_STOP_MS")) stop_ms = std::max(100, std::atoi(s));
-  char tmpl[] = "/tmp/cxlkv-ha-frozen-reattach-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  // Removed however the test ends.
+  const cxlkv::testing::TempDir scratch("ha-frozen-reattach", "/tmp");
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   std::vector<std::string> shift_files;
   std::vector<std::int64_t> shift_ns;
   std::vector<std::vector<std::string>> env;
@@ -3314,8 +3309,6 @@ TEST_F(HaTest, DISABLED_EveryHostReattachedAfterAFrozenClockStop) {
       stop_ms, n_hosts, trials, static_cast<long long>(sorted[sorted.size() / 2]),
       static_cast<long long>(sorted.back()), times.c_str(), stopped.c_str());
   orch.clear();
-  const std::string cmd = std::string("rm -rf ") + tmpl;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // A network namespace joined to the test's by a veth pair: etcd listens on the test's end, an
@@ -3466,8 +3459,9 @@ TEST(HaPartition, OneOrchestratorCutOffFromEtcd) {
 TEST_F(HaTest, LmcacheCoordinatorFailsOverWithItsObjects) {
   using nlohmann::json;
   const std::string token = "ha-test-lmcache-token-0123456789";
-  char tmpl[] = "/tmp/cxlkv-ha-lmc-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("ha-lmc", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string tokens = std::string(tmpl) + "/tokens";
   std::ofstream(tokens) << token << "\n";
   ::chmod(tokens.c_str(), 0600);
@@ -3585,7 +3579,6 @@ TEST_F(HaTest, LmcacheCoordinatorFailsOverWithItsObjects) {
             grants[3]["handle"]["generation"].get<std::uint64_t>());
   EXPECT_NE(ReadFile(b.log).find("restored from etcd"), std::string::npos) << ReadFile(b.log);
   ::munmap(pool, pool_bytes);
-  std::filesystem::remove_all(tmpl);
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "orchestrator.grpc.pb.h"
 #include "orchestrator_process.h"
+#include "temp_dir.h"
 
 namespace cxlkv::orchestrator {
 namespace {
@@ -534,8 +535,9 @@ TEST(OrchestratorSocket, OnlyAStaleSocketIsReplaced) {
 // pool and prefix_domain naming the same memory: refused by --validate and at start with both
 // keys named, and nothing is created.
 TEST(OrchestratorValidate, OverlappingRegionsAreRefusedBeforeAnythingIsCreated) {
-  char tmpl[] = "/tmp/cxlkv-overlap-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("overlap", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl, config = dir + "/domain.toml", pool = dir + "/pool";
   std::ofstream(config) << "[domain]\nname = \"o\"\npool = \"file:" << pool
                         << "?size=64M\"\nprefix_domain = \"file:" << dir
@@ -551,15 +553,14 @@ TEST(OrchestratorValidate, OverlappingRegionsAreRefusedBeforeAnythingIsCreated) 
     EXPECT_FALSE(Exists(pool)) << mode << ": nothing created";
     EXPECT_FALSE(Exists(dir + "/d.state"));
   }
-  const std::string cmd = "rm -rf " + dir;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // metrics.listen on an address another process holds: named, with the fix (not CivetServer's
 // "null context" alone).
 TEST(OrchestratorValidate, MetricsAddressInUseIsNamedWithTheFix) {
-  char tmpl[] = "/tmp/cxlkv-metrics-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("metrics", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl, config = dir + "/domain.toml";
   const int busy = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -587,15 +588,14 @@ TEST(OrchestratorValidate, MetricsAddressInUseIsNamedWithTheFix) {
   struct stat st {};
   EXPECT_NE(::stat((dir + "/d.state").c_str(), &st), 0) << "a state file was written";
   EXPECT_NE(::stat((dir + "/o.sock").c_str(), &st), 0) << "a socket was bound";
-  const std::string cmd = "rm -rf " + dir;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // Read-only commands never create, extend or write a file; a failed format leaves nothing it
 // created.
 TEST(CxlkvctlArena, InfoCreatesNothingAndAFailedFormatLeavesNothing) {
-  char tmpl[] = "/tmp/cxlkv-arenactl-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("arenactl", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl, file = dir + "/a";
   // info on a missing file, size= given: refused, nothing created.
   Ran r = RunFor({CXLKV_CTL_BIN, "arena", "info", "file:" + file + "?size=4M"}, dir);
@@ -639,8 +639,6 @@ TEST(CxlkvctlArena, InfoCreatesNothingAndAFailedFormatLeavesNothing) {
             std::string::npos)
       << r.err;
   EXPECT_EQ(r.err.find("secure client channel"), std::string::npos) << r.err;
-  const std::string cmd = "rm -rf " + dir;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 // cxlkv-prefix-share (the quickstart's tool) reports a host that dies and returns.
@@ -731,8 +729,9 @@ constexpr char kTcpTiming[] =
 // rpc.tcp: a call without the domain's token, or with another, is refused (UNAUTHENTICATED);
 // with it, hosts join and operators query over TCP as over the Unix socket.
 TEST(OrchestratorTcp, TheTokenAuthorizesTcpCalls) {
-  char tmpl[] = "/tmp/cxlkv-tcp-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("tcp", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl, good = dir + "/good.token", bad = dir + "/bad.token";
   WriteSecret(good, "s3cret-token-of-the-domain-0123456789");
   WriteSecret(bad, "another-token-not-the-domain-s-9876");
@@ -778,14 +777,14 @@ TEST(OrchestratorTcp, TheTokenAuthorizesTcpCalls) {
   ASSERT_TRUE((*c)->Leave().ok());
   c->reset();
   ::unsetenv("CXLKV_RPC_TOKEN_FILE");
-  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
 // rpc.tls_cert/tls_key: TCP with TLS; a client that trusts the CA (CXLKV_RPC_CA) joins, one
 // that speaks plaintext cannot.
 TEST(OrchestratorTcp, TlsCarriesTheToken) {
-  char tmpl[] = "/tmp/cxlkv-tls-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("tls", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl, token = dir + "/rpc.token";
   WriteSecret(token, "s3cret-token-of-the-domain-0123456789");
   const std::string gen =
@@ -814,7 +813,6 @@ TEST(OrchestratorTcp, TlsCarriesTheToken) {
   c->reset();
   ::unsetenv("CXLKV_RPC_TOKEN_FILE");
   ::unsetenv("CXLKV_RPC_CA");
-  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
 }  // namespace

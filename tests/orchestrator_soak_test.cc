@@ -25,6 +25,7 @@
 #include "cxlkv/pool/region.h"
 #include "gtest/gtest.h"
 #include "orchestrator_process.h"
+#include "temp_dir.h"
 #include "test_util.h"
 
 namespace cxlkv::testing {
@@ -53,10 +54,8 @@ std::uint64_t Pattern(const co::BlockRef& r) {
   return (std::uint64_t{r.index} << 32 | r.generation) * 0x9E3779B97F4A7C15ull ^ r.arena[0];
 }
 
-std::string g_tag;  // set by the test before it forks: the hosts inherit it
-std::string ArenaPath(std::uint32_t host) {
-  return "/dev/shm/cxlkv-soak-arena-" + g_tag + "-" + std::to_string(host);
-}
+std::string g_arenas;  // a directory in /dev/shm, set by the test before it forks
+std::string ArenaPath(std::uint32_t host) { return g_arenas + "/arena-" + std::to_string(host); }
 
 struct Worlds {
   std::vector<std::unique_ptr<pool::Arena>> peers;  // every host's arena, read-only
@@ -183,7 +182,10 @@ TEST(OrchestratorSoak, RandomFaultsLeakNothing) {
       "lease_ttl_ms = 300\nhost_ttl_ms = 300\nheartbeat_period_ms = 50\ngrace_ms = 20\n"
       "capacity_lease_ms = 600\n");
   h.Start();
-  g_tag = std::to_string(getpid());
+  // The hosts' arena files, removed with this directory however the test ends.
+  const cxlkv::testing::TempDir arenas("soak", "/dev/shm");
+  ASSERT_FALSE(arenas.path().empty());
+  g_arenas = arenas.path();
   // Each host's arena (a file the host process reopens after every restart).
   for (std::uint32_t i = 0; i < kHosts; ++i) {
     pool::FormatOptions o;
@@ -264,7 +266,6 @@ TEST(OrchestratorSoak, RandomFaultsLeakNothing) {
     leaked += u.allocated + u.persisted;
     EXPECT_EQ(u.allocated + u.persisted, 0u) << "host " << i << "'s arena: " << u.allocated
                                              << " allocated, " << u.persisted << " persisted";
-    unlink(ArenaPath(i).c_str());
   }
   const opb::StatusReply st = h.Status();
   std::printf("soak: %d host kills, %d stops, %d orchestrator kill -9; %llu prefixes reclaimed "

@@ -19,6 +19,7 @@
 #include "cxlkv/orchestrator/config.h"
 #include "cxlkv/orchestrator/state.h"
 #include "gtest/gtest.h"
+#include "temp_dir.h"
 
 namespace cxlkv::orchestrator {
 namespace {
@@ -113,8 +114,9 @@ TEST(Config, PlacementSectionComesFromTier) {
 
 // rpc.tcp needs a token file that only its owner can read; TLS needs both halves.
 TEST(Config, TcpNeedsAPrivateTokenFile) {
-  const std::string dir = ::testing::TempDir() + "cxlkv-token-" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
+  const cxlkv::testing::TempDir scratch("token");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string dir = scratch.path();
   const std::string good = dir + "/good", open = dir + "/open", shorty = dir + "/short";
   std::ofstream(good) << "  0123456789abcdef-token  \n";
   std::ofstream(open) << "0123456789abcdef-token\n";
@@ -147,7 +149,6 @@ TEST(Config, TcpNeedsAPrivateTokenFile) {
     EXPECT_NE(got.status().message().find(c.want), std::string::npos)
         << "got: " << got.status().message() << "\nwant: " << c.want;
   }
-  std::filesystem::remove_all(dir);
 }
 
 // Issue #33: each bad input -> the exact expectation that the message names the object (the
@@ -234,8 +235,9 @@ TEST(Config, BadInputNamesTheObjectAndTheFix) {
 // The file-system half of the table: what LoadConfig and CheckConfigOnHost (--validate and the
 // start) see on this host, and the state file's corrupt forms.
 TEST(Config, BadFilesNameTheObjectAndTheFix) {
-  char tmpl[] = "/tmp/cxlkv-badfiles-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("badfiles", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl;
   // A config path that is a directory: said so, not "key 'domain.pool' is required".
   auto loaded = LoadConfig(dir);
@@ -284,7 +286,6 @@ TEST(Config, BadFilesNameTheObjectAndTheFix) {
         << st;
     EXPECT_NE(st.message().find("restore the file from a backup"), std::string::npos) << st;
   }
-  std::filesystem::remove_all(dir);
 }
 
 Config TestConfig(const std::string& state_file) {
@@ -374,8 +375,9 @@ TEST(DomainState, ASecondMachineCannotTakeALiveHostId) {
 // incarnation's old extents until the old lease term ends (a zombie may still write), expired
 // ones at once; Grow skips them; the quarantine and the arena found survive a restart.
 TEST(DomainState, LostExtentsAreQuarantinedAndSurviveARestart) {
-  char tmpl[] = "/tmp/cxlkv-state-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("state", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const Config c = TestConfig(std::string(tmpl) + "/d.state");
   DomainState s(c, 1ull << 30);  // 16 extents
   ASSERT_TRUE(s.Join(0, "a", 0).ok());
@@ -408,12 +410,12 @@ TEST(DomainState, LostExtentsAreQuarantinedAndSurviveARestart) {
   r.ReleaseQuarantine(3);
   EXPECT_TRUE(r.extents()[3].free());
   ASSERT_EQ(r.Grow(0, 2, 4, 5000)->size(), 1u) << "only the released one is lent";
-  std::filesystem::remove_all(tmpl);
 }
 
 TEST(DomainState, SavedStateSurvivesAndCorruptionIsReported) {
-  char tmpl[] = "/tmp/cxlkv-state-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("state", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string file = std::string(tmpl) + "/d.state";
   const Config c = TestConfig(file);
   {
@@ -443,8 +445,6 @@ TEST(DomainState, SavedStateSurvivesAndCorruptionIsReported) {
   const absl::Status st = torn.Load(0);
   EXPECT_TRUE(absl::IsDataLoss(st));
   EXPECT_NE(st.message().find("checksum"), std::string::npos) << st;
-  std::remove(file.c_str());
-  rmdir(tmpl);
 }
 
 // Audit #3 (server half): a host that leaves (the preload's exit path) may still write its
@@ -524,8 +524,9 @@ TEST(DomainState, SaveReportsAFailingDirectorySync) {
 #if !defined(__x86_64__)
   GTEST_SKIP() << "the seccomp filter here is written for x86-64";
 #else
-  char tmpl[] = "/tmp/cxlkv-state-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("state", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const Config c = TestConfig(std::string(tmpl) + "/d.state");
   DomainState s(c, 1ull << 30);
   ASSERT_TRUE(s.Join(0, "a", 0).ok());
@@ -540,7 +541,6 @@ TEST(DomainState, SaveReportsAFailingDirectorySync) {
   EXPECT_NE(no_sync.find("directory " + std::string(tmpl)), std::string::npos)
       << "Save with a failing directory fsync: " << no_sync;
   EXPECT_NE(no_sync.find("Input/output error"), std::string::npos) << no_sync;
-  std::filesystem::remove_all(tmpl);
 #endif
 }
 

@@ -10,6 +10,7 @@
 
 #include "cxlkv/tier/reuse_tracker.h"
 #include "gtest/gtest.h"
+#include "temp_dir.h"
 
 namespace {
 
@@ -106,7 +107,9 @@ TEST(ExplainCli, PrefixFromStatsFile) {
   const cxlkv::coherence::PrefixKey key{0x1111222233334444ull, 0xaaaabbbbccccddddull};
   for (int i = 0; i < 10; ++i)
     t->Record(key, 1'000'000'000ull + i * 20'000'000ull, 1310720000, 4000);
-  const std::string stats = "/tmp/cxlkv-cli-stats-" + std::to_string(::getpid());
+  const cxlkv::testing::TempDir scratch("cli-stats");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string stats = scratch.sub("stats");
   ASSERT_TRUE(t->Save(stats, 1'000'000'000ull + 9 * 20'000'000ull + 10'000'000ull).ok());
 
   const CtlRun r = Ctl("explain " + cxlkv::tier::FormatPrefixKey(key) + " --stats " + stats +
@@ -130,13 +133,12 @@ TEST(ExplainCli, PrefixFromStatsFile) {
   EXPECT_EQ(both.code, 2);
   EXPECT_NE(both.out.find("--reuse-ms: '5' cannot be given with PREFIX"), std::string::npos)
       << both.out;
-  std::remove(stats.c_str());
 }
 
 TEST(CalibrateCli, JsonAndSavedFileFeedExplain) {
-  char dir[] = "/tmp/cxlkv-calcli-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  const std::string out = std::string(dir) + "/cal.json";
+  const cxlkv::testing::TempDir scratch("calcli", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string dir = scratch.path(), out = dir + "/cal.json";
   const CtlRun r =
       Ctl(std::string("calibrate --dir ") + dir + " --budget-ms 300 --json --out " + out);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -152,8 +154,6 @@ TEST(CalibrateCli, JsonAndSavedFileFeedExplain) {
       << "NVMe latency, bandwidth, IOPS (DRAM applies to no tier)";
   EXPECT_DOUBLE_EQ(ej["tiers"][2]["read_bytes_per_s"].get<double>(),
                    j["nvme"]["read_bytes_per_s"].get<double>());
-  std::remove(out.c_str());
-  ::rmdir(dir);
 
   const CtlRun bad = Ctl("calibrate --dir /dev/shm --budget-ms 200");
   EXPECT_EQ(bad.code, 1);

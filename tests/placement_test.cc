@@ -20,6 +20,7 @@
 #include "cxlkv/tier/placement_config.h"
 #include "cxlkv/tier/reuse_tracker.h"
 #include "gtest/gtest.h"
+#include "temp_dir.h"
 #include "test_util.h"
 
 namespace cxlkv::tier {
@@ -850,13 +851,11 @@ TEST(Calibration, MeasuresMemoryAndNvmeAndSavesThem) {
   o.memory_bytes = 16ull << 20;
   o.nvme_file_bytes = 16ull << 20;
   o.nvme_depth = 4;
-  char dir[] = "/tmp/cxlkv-cal-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const cxlkv::testing::TempDir scratch("cal", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string dir = scratch.path();
   auto c = Calibrate(nullptr, dir, o);
-  if (!c.ok() && absl::IsFailedPrecondition(c.status())) {
-    ::rmdir(dir);
-    GTEST_SKIP() << c.status();
-  }
+  if (!c.ok() && absl::IsFailedPrecondition(c.status())) GTEST_SKIP() << c.status();
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_TRUE(c->memory && c->nvme);
   EXPECT_EQ(c->memory->tier, "dram");
@@ -873,7 +872,7 @@ TEST(Calibration, MeasuresMemoryAndNvmeAndSavesThem) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, *c);
   std::remove(file.c_str());
-  EXPECT_EQ(::rmdir(dir), 0) << "the scratch file is gone";
+  EXPECT_EQ(::rmdir(dir.c_str()), 0) << "the scratch file is gone";
 }
 
 TEST(Calibration, RefusesAnArenaAndBadDirectories) {

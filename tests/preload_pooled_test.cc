@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator_process.h"
+#include "temp_dir.h"
 
 namespace cxlkv::testing {
 namespace {
@@ -206,8 +207,9 @@ TEST(PreloadPooled, ProcessesWithoutLargeAllocationsDoNotJoin) {
 
 // A wrong library or a missing host id is an error naming the fix; the program still runs.
 TEST(PreloadPooled, BadSettingsNameTheFixAndPassThrough) {
-  char tmpl[] = "/tmp/cxlkv-pooled-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const cxlkv::testing::TempDir scratch("pooled", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string tmpl = scratch.path();
   const std::string dir = tmpl;
   struct Case {
     std::vector<std::string> env;
@@ -241,8 +243,6 @@ TEST(PreloadPooled, BadSettingsNameTheFixAndPassThrough) {
     EXPECT_NE(ReadAll(err).find(c.expect), std::string::npos)
         << "expected '" << c.expect << "' in:\n" << ReadAll(err);
   }
-  const std::string rm = "rm -rf " + dir;
-  EXPECT_EQ(std::system(rm.c_str()), 0);
 }
 
 }  // namespace

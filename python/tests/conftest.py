@@ -4,16 +4,25 @@ Run with Debian's interpreter (it sees python3-numpy/torch/pytest):
     /usr/bin/python3 -m pytest python/tests
 The library is found as the package finds it (CXLKV_LIBRARY, ..., the source tree's build);
 ctest sets CXLKV_LIBRARY to the build's libcxlkv.so.0.
+
+The suite leaves nothing behind (scripts/leftovers): files in /dev/shm are removed by the
+fixtures that name them, tmp_path's directories live in one cxlkv-pytest-* directory of the
+temporary directory that the session removes at its end (unless --basetemp names one), and
+SIGTERM and SIGHUP stop the session as SIGINT does, through every fixture's teardown.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import pytest
 
@@ -24,6 +33,26 @@ import cxlkv  # noqa: E402
 from cxlkv.pool import layout_for_block_bytes  # noqa: E402
 
 _seq = itertools.count()
+_basetemp: Optional[str] = None  # the session's own, removed at its end
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    global _basetemp
+    if config.option.basetemp is None:  # pytest's default keeps three runs' in pytest-of-USER
+        _basetemp = tempfile.mkdtemp(prefix="cxlkv-pytest-")
+        config.option.basetemp = _basetemp
+
+    def interrupt(_sig: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # the session ends through every fixture's teardown
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _basetemp is not None:
+        shutil.rmtree(_basetemp, ignore_errors=True)
 
 
 def wait_until(cond: Callable[[], object], timeout_s: float = 5.0, what: str = "condition"
@@ -36,6 +65,27 @@ def wait_until(cond: Callable[[], object], timeout_s: float = 5.0, what: str = "
         time.sleep(0.002)
     if not cond():
         pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def run_program(args: List[str], timeout_s: float, **kw: Any
+                ) -> "subprocess.CompletedProcess[str]":
+    """subprocess.run (text, output captured) for a program that removes what it creates when
+    it ends: past `timeout_s`, or when the test is interrupted, it gets SIGTERM and 30 s to do
+    so (subprocess.run's SIGKILL would leave its files), then SIGKILL. Raises what ended the
+    wait (subprocess.TimeoutExpired fails the test)."""
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          **kw) as p:
+        try:
+            out, err = p.communicate(timeout=timeout_s)
+        except BaseException:
+            p.terminate()
+            try:
+                p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()
+            raise
+    return subprocess.CompletedProcess(args, p.returncode, out, err)
 
 
 class ShmFiles:

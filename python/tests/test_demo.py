@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict
@@ -19,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="python3-torch is not installed")
 
 import cxlkv  # noqa: E402
-from conftest import HERE, Env  # noqa: E402
+from conftest import HERE, Env, run_program  # noqa: E402
 from cxlkv.demo import share  # noqa: E402
 from cxlkv.demo.__main__ import ok  # noqa: E402
 from cxlkv.demo.hosts import DemoConfig, HostSpec, run  # noqa: E402
@@ -176,9 +175,10 @@ def test_demo_end_to_end_loads_the_prompt_and_reproduces_the_logits(tmp_path: Pa
     _need_orchestrator()
     out = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=str(HERE.parent))
-    r = subprocess.run([sys.executable, "-m", "cxlkv.demo", *SMALL_ARGS, "--prompt-tokens",
-                        str(PROMPT), "--requests", "3", "--suffix-tokens", "5:20", "--json",
-                        str(out)], capture_output=True, text=True, env=env, timeout=300)
+    # SIGTERM, not SIGKILL, on a timeout or an interruption: the demo removes its domain.
+    r = run_program([sys.executable, "-m", "cxlkv.demo", *SMALL_ARGS, "--prompt-tokens",
+                     str(PROMPT), "--requests", "3", "--suffix-tokens", "5:20", "--json",
+                     str(out)], 300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "next-token logits with the shared prefix vs from scratch" in r.stdout
     report = json.loads(out.read_text())

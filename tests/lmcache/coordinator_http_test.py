@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent.parent / "tools" / "lmcache-qualify"))
 sys.path.insert(0, str(HERE.parent.parent / "python"))  # cxlkv: a host of the domain
 from coordinator_client import Client, CoordinatorError, make_key, make_layout  # noqa: E402
-from emulated_domain import EmulatedDomain  # noqa: E402
+from emulated_domain import EmulatedDomain, die_with_parent, exit_on_termination  # noqa: E402
 from visibility_ctypes import ACQUIRE, PUBLISH, Visibility  # noqa: E402
 
 MiB = 1 << 20
@@ -164,7 +164,7 @@ def reader(port, tenant, pool, library, expected_json):
 
 def spawn(mode, *args):
     return subprocess.Popen([sys.executable, __file__, "--" + mode, *map(str, args)],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
 
 
 def run(mode, *args):
@@ -459,6 +459,7 @@ def main():
             reader(int(args[0]), args[1], args[2], args[3], args[4])
         return
     binary, library = sys.argv[1], sys.argv[2]
+    exit_on_termination()
     seed = int(os.environ.get("CXLKV_SEED", random.randrange(1 << 30)))
     print(f"seed {seed} (CXLKV_SEED to replay)", flush=True)
     check_bad_config(binary)

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "lmcache-qualify" / "lmcache_qualify.py"
 sys.path.insert(0, str(TOOL.parent))
 from coordinator_client import Client  # noqa: E402
-from emulated_domain import EmulatedDomain  # noqa: E402
+from emulated_domain import EmulatedDomain, die_with_parent, exit_on_termination  # noqa: E402
 
 
 def fail(msg):
@@ -34,7 +34,9 @@ def fail(msg):
 
 def qualify(*args, wait=True):
     cmd = [sys.executable, str(TOOL), *map(str, args)]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A kit run ends (and removes its domain) when this test ends, however it ends.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=die_with_parent)
     if not wait:
         return p
     out, err = p.communicate(timeout=300)
@@ -43,6 +45,7 @@ def qualify(*args, wait=True):
 
 def main():
     binary, library, sim_fabric, noop = sys.argv[1:5]
+    exit_on_termination()
     # The simulated fabric: the real steps pass, a library that does nothing fails.
     for lib, want in ((sim_fabric, 0), (noop, 1)):
         rc, out, err = qualify("--quick", "--gates", "visibility", "--launch", binary,
@@ -68,8 +71,10 @@ def main():
         fail(f"report {out}")
     print("quick run: every gate passes", flush=True)
 
-    d = EmulatedDomain(binary, state_dir="/dev/shm").start()
+    d = EmulatedDomain(binary, state_dir="/dev/shm")
+    print(f"the domain's files are removed at the end; after a kill -9: {d.removal}", flush=True)
     try:
+        d.start()
         tf = d.dir / "token"
         tf.write_text(d.tokens["default"] + "\n")
         tf.chmod(0o600)

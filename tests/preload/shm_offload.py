@@ -23,11 +23,16 @@ and the test checks where the bytes landed:
   bad       CXLKV_SHM with a memfd pool: the error names the fix, the program runs unchanged.
 
 Usage: shm_offload.py SHIM VLLM_OFFLOAD CXLKVCTL  (exit 0: pass; 77: not run, with the reason)
+It leaves nothing behind, also when a check fails or it gets SIGINT/SIGTERM/SIGHUP: the
+workers still running are killed, and its directories and its pid-tagged files in /dev/shm
+(the pools, the offload files and their sidecars) removed.
 """
 
 import glob
 import json
 import os
+import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -40,6 +45,31 @@ SHM_PREFIX = f"/dev/shm/vllm_offload_cxlkvtest{PID}_"
 REGION = 8 << 20
 BLOCK = 256 << 10  # a blank pool's block (preload/cxl_heap.h kChunkBytes)
 FAILED = []
+DIRS = []   # every directory this run made (workers' barriers, the shim's logs)
+PROCS = []  # every worker started
+
+
+def mkdtemp(prefix):
+    d = tempfile.mkdtemp(prefix=prefix)
+    DIRS.append(d)
+    return d
+
+
+def cleanup():
+    """Kills the workers still running and removes everything this run created."""
+    for p in PROCS:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for d in DIRS:
+        shutil.rmtree(d, ignore_errors=True)
+    shm = glob.glob(SHM_PREFIX + "*") + glob.glob(f"/dev/shm/.vllm_offload_cxlkvtest{PID}_*") + \
+        glob.glob(f"/dev/shm/cxlkv-shm-pool-*{PID}")
+    for f in shm:
+        try:
+            os.unlink(f)
+        except FileNotFoundError:
+            pass
 
 
 def check(cond, what):
@@ -87,7 +117,7 @@ def read_binding(path):
 
 def run_workers(tag, path, world, env, extra=(), hold=True):
     """Starts `world` workers; returns (procs, summaries, hold_file, work_dir)."""
-    work = tempfile.mkdtemp(prefix=f"cxlkv-shm-{tag}-")
+    work = mkdtemp(f"cxlkv-shm-{tag}-")
     barrier = os.path.join(work, "barrier")
     os.mkdir(barrier)
     hold_file = os.path.join(work, "release")
@@ -100,6 +130,7 @@ def run_workers(tag, path, world, env, extra=(), hold=True):
         procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
                                       stderr=open(os.path.join(work, f"err.{rank}"), "w"),
                                       text=True))
+        PROCS.append(procs[-1])
         if rank == 0:
             time.sleep(0.2)  # rank 0 creates the file, as vLLM's first worker usually does
     summaries = []
@@ -124,7 +155,7 @@ def finish(procs, hold_file, work, tag):
 
 def shim_env(pool, shm_glob, work_tag):
     env = clean_env()
-    logdir = tempfile.mkdtemp(prefix=f"cxlkv-shm-log-{work_tag}-")
+    logdir = mkdtemp(f"cxlkv-shm-log-{work_tag}-")
     env.update(LD_PRELOAD=SHIM, CXLKV_POOL=pool, CXLKV_LOG=f"info,{logdir}/shim.log",
                CXLKV_STATS=f"{logdir}/%p.json", CXLKV_REGISTER_CHUNK="1M")
     if shm_glob:
@@ -270,11 +301,19 @@ def main():
     for f in (SHIM, PROG, CTL):
         if not os.path.exists(f):
             sys.exit(f"missing {f}")
-    scenario_file()
-    scenario_control()
-    scenario_shm_open()
-    scenario_kmem()
-    scenario_bad()
+
+    def terminate(sig, _frame):
+        raise SystemExit(128 + sig)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, terminate)
+    try:
+        scenario_file()
+        scenario_control()
+        scenario_shm_open()
+        scenario_kmem()
+        scenario_bad()
+    finally:
+        cleanup()
     if FAILED:
         sys.exit(f"{len(FAILED)} check(s) failed")
     print("PASS")

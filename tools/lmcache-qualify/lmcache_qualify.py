@@ -32,6 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from coordinator_client import Client, CoordinatorError  # noqa: E402
+from emulated_domain import EmulatedDomain, die_with_parent, exit_on_termination  # noqa: E402
 
 PUBLISH, ACQUIRE = 1, 2
 
@@ -281,10 +282,26 @@ def mixed_worker(ctx, w):
     print(json.dumps(c), flush=True)
 
 
+_workers = []  # every worker started, so that the run stops them when it ends however it ends
+
+
 def spawn(ctxd, kind, **kw):
     spec = json.dumps({"ctx": ctxd, "kind": kind, **kw})
-    return subprocess.Popen([sys.executable, __file__, "--worker", spec], stdout=subprocess.PIPE,
-                            text=True)
+    p = subprocess.Popen([sys.executable, __file__, "--worker", spec], stdout=subprocess.PIPE,
+                         text=True, preexec_fn=die_with_parent)
+    _workers.append(p)
+    return p
+
+
+def stop_workers():
+    """Kills the workers still running (a gate that failed or was interrupted) and reaps them."""
+    for p in _workers:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
+    _workers.clear()
 
 
 def collect(procs, timeout=120):
@@ -541,6 +558,9 @@ def main():
     if a.worker:
         worker(a.worker)
         return 0
+    # SIGTERM and SIGHUP end the run as SIGINT does: through the `finally` below, which stops
+    # the workers and the launched domain and removes its files.
+    exit_on_termination()
     if not a.library or not os.path.isabs(a.library):
         print("lmcache-qualify: --library /absolute/path/liblmcache_shared_l1_visibility.so is "
               "required", file=sys.stderr)
@@ -558,14 +578,27 @@ def main():
     q.ttl_ms, q.lease_ms = 60000, 10000
     q.domain = None
     run = a.run_id or f"{os.getpid()}-{q.seed}"
+    try:
+        return qualify(q, a, run)
+    finally:
+        # Also on a failure and on SIGINT/SIGTERM/SIGHUP; a second signal waits for this.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        stop_workers()
+        if q.domain is not None:
+            q.domain.close()
+
+
+def qualify(q, a, run):
     if a.launch:
-        sys.path.insert(0, str(HERE))
-        from emulated_domain import EmulatedDomain
         # The state file on tmpfs: the gates test the fabric and the coordinator's rules, not the
         # latency of this machine's disk (bench/RESULTS.md measures both).
         ttl_ms = 1500 if a.quick else 3000
         q.domain = EmulatedDomain(a.launch, region_mib=64, ttl_ms=ttl_ms, lease_ms=ttl_ms // 2,
-                                  state_dir="/dev/shm").start()
+                                  state_dir="/dev/shm")
+        print(f"lmcache-qualify: the emulated domain's files are removed when this run ends; "
+              f"after a kill -9: {q.domain.removal}", file=sys.stderr, flush=True)
+        q.domain.start()
         host, port = "127.0.0.1", q.domain.port
         token = q.domain.tokens["default"]
         pool, mapping_offset = q.domain.pool, q.domain.region_offset
@@ -600,21 +633,20 @@ def main():
     if a.role != "both":
         gates = ["visibility"]
     results = []
-    try:
-        for name in gates:
-            g = Gate(name)
-            t0 = time.monotonic()
-            try:
-                GATES[name](q, g)
-            except Exception as e:  # a gate that crashes fails, with the reason
-                g.passed, g.detail = False, f"{type(e).__name__}: {e}"
-            g.figures["seconds"] = round(time.monotonic() - t0, 2)
-            results.append(g)
-            if not a.json:
-                print(f"{'PASS' if g.passed else 'FAIL'}  {name:17} {g.detail}", flush=True)
-    finally:
-        if q.domain is not None:
-            q.domain.close()
+    for name in gates:
+        g = Gate(name)
+        t0 = time.monotonic()
+        try:
+            GATES[name](q, g)
+        except Exception as e:  # a gate that crashes fails, with the reason
+            g.passed, g.detail = False, f"{type(e).__name__}: {e}"
+        stop_workers()  # a crashed gate's workers
+        g.figures["seconds"] = round(time.monotonic() - t0, 2)
+        results.append(g)
+        if not a.json:
+            print(f"{'PASS' if g.passed else 'FAIL'}  {name:17} {g.detail}", flush=True)
+    if q.domain is not None:
+        q.domain.close()
     passed = all(g.passed or g.skipped for g in results)
     report = {"passed": passed, "seed": q.seed, "run_id": run, "library": a.library,
               "coordinator": "launched emulated domain" if a.launch else a.endpoint,
@@ -628,4 +660,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the domain and the workers are gone (main's `finally`)
+        print("lmcache-qualify: interrupted", file=sys.stderr)
+        sys.exit(130)

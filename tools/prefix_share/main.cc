@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "cleanup_on_signal.h"
 #include "cxlkv/allocator/block_allocator.h"
 #include "cxlkv/base/mutex.h"
 #include "cxlkv/coherence/cache.h"
@@ -398,7 +399,8 @@ int main(int argc, char** argv) {
   // and the report below says so (the parent and the other host hold no copy of it).
   for (int i = 0; i < 2; ++i) {
     if (pipe2(fds[i], O_CLOEXEC) != 0) return 1;
-    pids[i] = fork();
+    // The hosts die with this process, however it ends (it creates no files of its own).
+    pids[i] = cxlkv::tools::CleanupOnSignal::Fork();
     if (pids[i] < 0) return 1;
     if (pids[i] == 0) {
       ::close(fds[i][0]);

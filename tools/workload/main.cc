@@ -5,10 +5,15 @@
 // full the oldest requests are evicted. Every block carries its owner's tag, checked before
 // the block is freed, so a block handed to two processes at once is caught.
 // Prints a summary: blocks, bytes, alloc/free rate, arena utilization, fragmentation.
+// A pool file it creates (a file: spec with ?size= naming no file yet) is removed when it ends,
+// fails or is interrupted (SIGINT, SIGTERM, SIGHUP), unless --keep-pool; one that was there is
+// left as it is. After a kill -9 the file stays: the line printed when it was created names it.
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "cleanup_on_signal.h"
 #include "cxlkv/allocator/block_allocator.h"
 #include "cxlkv/base/bytes.h"
 #include "cxlkv/coherence/cache.h"
@@ -39,6 +45,7 @@ struct Options {
   double seconds = 5;
   bool format = false;
   bool force = false;
+  bool keep_pool = false;
   std::uint64_t seed = 1;
   std::uint32_t fill_bytes = 4096;
   bool json = false;
@@ -163,6 +170,33 @@ int Fail(const absl::Status& st) {
   return 1;
 }
 
+// The pool file this run creates, removed when main returns (declared before the region, so
+// after it is unmapped) and, through CleanupOnSignal, on an interruption.
+class CreatedPool {
+ public:
+  CreatedPool() = default;
+  CreatedPool(const CreatedPool&) = delete;
+  CreatedPool& operator=(const CreatedPool&) = delete;
+  ~CreatedPool() {
+    if (path_.empty()) return;
+    ::unlink(path_.c_str());
+    cxlkv::tools::CleanupOnSignal::RemoveOnSignal("");
+  }
+  // Takes `spec`'s file when opening it will create it (a file: spec with a size, no file).
+  void TakeIfNew(const cxlkv::pool::SourceSpec& spec) {
+    struct stat st {};
+    if (spec.kind != cxlkv::pool::SourceKind::kFile || spec.size_bytes == 0 ||
+        ::stat(spec.path.c_str(), &st) == 0 || errno != ENOENT) {
+      return;
+    }
+    if (cxlkv::tools::CleanupOnSignal::RemoveOnSignal(spec.path)) path_ = spec.path;
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 }  // namespace
 
 // An exception escaping main (CLI11, the standard library: a bug or memory exhaustion) ends the
@@ -181,6 +215,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.1, 3600.0));
   app.add_flag("--format", o.format, "format a new arena on the pool first");
   app.add_flag("--force", o.force, "with --format: overwrite an existing arena (never one in use)");
+  app.add_flag("--keep-pool", o.keep_pool,
+               "keep a pool file this run creates (by default removed when it ends)");
   app.add_option("--seed", o.seed, "random seed")->capture_default_str();
   app.add_option("--fill-bytes", o.fill_bytes, "bytes written into each block (streaming stores)")
       ->capture_default_str();
@@ -195,6 +231,16 @@ int main(int argc, char** argv) {
   if (!layout.ok()) return Fail(layout.status());
   auto spec = cxlkv::pool::ParseSourceSpec(o.pool);
   if (!spec.ok()) return Fail(spec.status());
+  cxlkv::tools::CleanupOnSignal::Install();
+  CreatedPool created;
+  if (!o.keep_pool) created.TakeIfNew(*spec);
+  if (!created.path().empty()) {
+    std::printf(
+        "cxlkv-workload: creates %s, removed when it ends (--keep-pool keeps it; after a "
+        "kill -9: rm -f %s)\n",
+        created.path().c_str(), created.path().c_str());
+    std::fflush(stdout);
+  }
   auto region = cxlkv::pool::OpenRegion(*spec);
   if (!region.ok()) return Fail(region.status());
   absl::StatusOr<std::unique_ptr<cxlkv::pool::Arena>> arena;
@@ -219,7 +265,9 @@ int main(int argc, char** argv) {
   for (int p = 0; p < o.procs; ++p) {
     int fd[2];
     if (::pipe(fd) != 0) return Fail(absl::InternalError("pipe failed"));
-    const pid_t pid = ::fork();
+    // Dies with this process, and is killed when it is interrupted.
+    const pid_t pid = cxlkv::tools::CleanupOnSignal::Fork();
+    if (pid < 0) return Fail(absl::InternalError("fork failed"));
     if (pid == 0) {
       ::close(fd[0]);
       const WorkerReport rep = RunWorker(a, o, p);

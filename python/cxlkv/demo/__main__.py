@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
+import threading
 from dataclasses import fields, replace
 from typing import Any, Dict, List, Optional
 
@@ -150,12 +152,24 @@ def ok(r: Dict[str, Any]) -> bool:
                 and all(n == want for n in s["blocks_loaded"]))
 
 
+def _exit_on_termination() -> None:
+    """SIGTERM and SIGHUP raise SystemExit in the main thread, as SIGINT raises
+    KeyboardInterrupt: the hosts are stopped and a private domain's files removed on the way
+    out."""
+    def handler(sig: int, _frame: Any) -> None:
+        raise SystemExit(128 + sig)
+    if threading.current_thread() is threading.main_thread():  # main() run from a thread: no
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, handler)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parse(argv)
     from .hosts import run
     from .orchestrator import LocalOrchestrator
     from .share import ModelMismatchError
 
+    _exit_on_termination()
     with contextlib.ExitStack() as stack:
         if args.socket or args.domain:
             domain = args.domain or "orchestrator:" + args.socket
@@ -165,6 +179,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             except (FileNotFoundError, RuntimeError) as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 1
+            print(f"cxlkv.demo: a private orchestrator; its files are removed at exit (after a "
+                  f"kill -9: {orch.removal})", file=sys.stderr, flush=True)
             domain = orch.spec
         cfg = DemoConfig(domain=domain, tenant=args.tenant, prompt_tokens=args.prompt_tokens,
                          requests=args.requests, suffix_tokens=args.suffix, seed=args.seed,
@@ -187,4 +203,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the hosts and a private domain are gone by now
+        print("cxlkv.demo: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -19,8 +19,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import os
 import queue
+import signal
 import statistics
 import time
 import traceback
@@ -236,6 +239,15 @@ def _raise(role: str, p: Dict[str, Any]) -> None:
     raise DemoError(f"host {role} failed: {p['kind']}: {p['message']}\n{p['trace']}")
 
 
+def _as_host(fn: Any, parent: int, *args: Any) -> None:
+    """A host process's entry: it is killed when the process that started it dies, however that
+    dies (PR_SET_PDEATHSIG), so an interrupted or killed demo leaves no host running."""
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the prctl
+        return
+    fn(*args)
+
+
 def run(cfg: DemoConfig) -> Dict[str, Any]:
     """Runs hosts A and B as two processes on `cfg.domain`; returns their reports and a
     summary (:func:`summarize`). Raises what a host raised."""
@@ -246,8 +258,11 @@ def run(cfg: DemoConfig) -> Dict[str, Any]:
     ctx = mp.get_context("spawn")
     out: Any = ctx.Queue()
     go: Any = ctx.Queue()
-    a = ctx.Process(target=publisher, args=(cfg, prompt, out, go), name="cxlkv-demo host A")
-    b = ctx.Process(target=server, args=(cfg, prompt, requests, out), name="cxlkv-demo host B")
+    me = os.getpid()
+    a = ctx.Process(target=_as_host, args=(publisher, me, cfg, prompt, out, go),
+                    name="cxlkv-demo host A")
+    b = ctx.Process(target=_as_host, args=(server, me, cfg, prompt, requests, out),
+                    name="cxlkv-demo host B")
     procs = [a, b]
     got: Dict[str, Any] = {}
     try:

@@ -4,7 +4,9 @@
 region and prefix index as files in /dev/shm, a state file and the RPC socket in a temporary
 directory), starts ``cxlkv-orchestrator --new-domain`` on it, waits for the socket, and on exit
 stops the daemon and removes every file. ``spec`` is what hosts join
-(``orchestrator:<socket>``).
+(``orchestrator:<socket>``). The daemon dies with the process that started it (it gets SIGTERM
+then, PR_SET_PDEATHSIG); after a kill -9 of that process its files stay: ``removal`` is the
+command that removes them, for a message printed at start.
 
 The binary is looked for in this order: the `binary` argument, ``$CXLKV_ORCHESTRATOR_BIN``, a
 source tree's ``build/<preset>/orchestrator/daemon/cxlkv-orchestrator`` (dev, release, then
@@ -13,8 +15,10 @@ any), ``cxlkv-orchestrator`` on PATH.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -42,6 +46,11 @@ def find_orchestrator(binary: Optional[str] = None) -> Optional[str]:
     return shutil.which("cxlkv-orchestrator")
 
 
+def _die_with_parent() -> None:
+    """A preexec_fn: SIGTERM to the child when the process that started it dies."""
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 class LocalOrchestrator:
     """A cxlkv-orchestrator on a fresh emulated domain; a context manager."""
 
@@ -60,6 +69,11 @@ class LocalOrchestrator:
         self._shm: List[str] = []
         self._proc: Optional[subprocess.Popen[bytes]] = None
 
+    @property
+    def removal(self) -> str:
+        """The command that removes this domain's files (what a kill -9 leaves)."""
+        return "rm -rf " + " ".join([str(self._dir)] + self._shm)
+
     def __enter__(self) -> "LocalOrchestrator":
         d = Path(tempfile.mkdtemp(prefix="cxlkv-demo-"))
         self._dir = d
@@ -77,7 +91,7 @@ class LocalOrchestrator:
         try:
             self._proc = subprocess.Popen(
                 [self.binary, "--config", str(d / "domain.toml"), "--new-domain"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
             end = time.monotonic() + 15
             while True:
                 try:
