@@ -183,7 +183,7 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
   }
   // With [etcd] every candidate maps the same pool and prefix domain (the election decides who
   // writes); without it, this daemon is their only owner on this host.
-  if (!c.etcd.enabled()) {
+  if (!c.etcd.enabled() && options.lock_regions) {
     if (auto st = (*lock)->LockRegion("domain.pool", c.pool); !st.ok()) return st;
   }
   if ((*pool)->size_bytes() < c.extent_bytes) {
@@ -199,7 +199,7 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
     return absl::Status(dom.status().code(), absl::StrCat("domain.prefix_domain '", c.prefix_domain,
                                                           "': ", dom.status().message()));
   }
-  if (!c.etcd.enabled()) {
+  if (!c.etcd.enabled() && options.lock_regions) {
     if (auto st = (*lock)->LockRegion("domain.prefix_domain", c.prefix_domain); !st.ok()) {
       return st;
     }

@@ -72,6 +72,11 @@ struct OpenOptions {
   // term when it dies or is stopped past its write deadline. Off only for in-process tests,
   // where the agent would watch (and could end) the test process.
   bool write_back_agent = true;
+  // Locks the pool's and the prefix domain's bytes for the orchestrator's life
+  // (docs/orchestrator.md "One orchestrator per domain"). Off only for in-process tests that
+  // play orchestrators on two machines sharing the memory, which cannot see each other's
+  // locks: only what the domain itself records can keep them apart there.
+  bool lock_regions = true;
 };
 
 // One per process. Its padding follows Config's size modulo the 64-byte fence line (fence_),
