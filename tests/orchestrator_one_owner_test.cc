@@ -385,5 +385,53 @@ TEST_F(OneOwnerTest, ASingleOrchestratorStopsOwningOnceAnotherOwnerWroteTheFence
   (*single)->Stop();
 }
 
+// Two single orchestrators on two machines sharing the memory (no region lock between them):
+// the second is refused while the first runs (its mark moves), and starts once the first
+// released the domain. A serving mark that does not move (its run was killed and never
+// released it) is taken over after the wait, saying so. Before, nothing kept them apart.
+TEST(OneOwner, ASecondSingleOrchestratorOnAnotherMachineIsRefusedWhileTheFirstRuns) {
+  Bed bed;
+  auto first = bed.Open("single", nullptr, {.new_domain = true, .lock_regions = false});
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE((*first)->Start().ok());
+  bed.CopyState("single", "single2");
+  auto second = bed.Open("single2", nullptr, {.lock_regions = false});
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  EXPECT_NE(second.status().message().find("single cxlkv-orchestrator"), std::string::npos)
+      << second.status();
+  EXPECT_EQ(Role(**first), "single");
+  EXPECT_TRUE((*first)->fatal().ok()) << (*first)->fatal();
+  (*first)->Stop();
+  first->reset();
+  EXPECT_EQ(bed.Mark().state, co::kSingleReleased);
+  second = bed.Open("single2", nullptr, {.lock_regions = false});
+  ASSERT_TRUE(second.ok()) << second.status();
+  second->reset();
+
+  // A run that ended without releasing its mark (kill -9 on another machine): its mark says
+  // serving and never moves.
+  co::SingleOwnerLine dead = bed.Mark();
+  dead.state = co::kSingleServing;
+  dead.pid = 1;
+  std::memcpy(dead.host, "elsewhere", 10);
+  {
+    const int fd = ::open(bed.domain_file().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT_NE(p, MAP_FAILED);
+    co::DirectMem mem(static_cast<std::byte*>(p), 4096);
+    orch::WriteSingleOwnerLine(mem, dead);
+    ::munmap(p, 4096);
+    ::close(fd);
+  }
+  const std::int64_t t0 = NowMs();
+  auto after_dead = bed.Open("single2", nullptr, {.lock_regions = false});
+  ASSERT_TRUE(after_dead.ok()) << after_dead.status();
+  EXPECT_GE(NowMs() - t0, orch::SingleOwnerStillAfterMs(dead)) << "it did not watch the mark";
+  const co::SingleOwnerLine mine = bed.Mark();
+  EXPECT_EQ(mine.state, co::kSingleServing);
+  EXPECT_EQ(mine.pid, static_cast<std::uint32_t>(::getpid()));
+}
+
 }  // namespace
 }  // namespace cxlkv::testing

@@ -1,6 +1,7 @@
 // The leader's fence in the domain region (orchestrator HA, docs/ha.md; private to the
-// daemon): the fence line (coherence::OwnerFenceLine) and a Mem that drops stores once the
-// leader's write deadline passed.
+// daemon): the fence line (coherence::OwnerFenceLine), the release, a Mem that drops stores
+// once the leader's write deadline passed, and the single orchestrator's mark
+// (coherence::SingleOwnerLine) that keeps it and elected ones apart across machines.
 #ifndef CXLKV_ORCHESTRATOR_DAEMON_SRC_FENCE_H_
 #define CXLKV_ORCHESTRATOR_DAEMON_SRC_FENCE_H_
 

@@ -90,7 +90,8 @@ static_assert(sizeof(DomainHeader) <= kOwnerClockOffset);
 // each batch the leader rewrites it with `batches` bumped, so a reader sampling the line sees
 // which epoch wrote when (the HA tests audit that an old epoch never reappears once a newer
 // one did). All zero (valid: the initial state) until the first elected leader writes it; a
-// single orchestrator never writes it, and refuses a domain where it is not zero. Added in
+// single orchestrator never writes it, refuses a domain where it is not zero, and stops owning
+// one where it finds it written (SingleOwnerLine). Added in
 // place of zero padding: domains formatted before it read as never elected, and readers that
 // do not know it never look at it, so kDomainVersion stays 1.
 struct alignas(64) OwnerFenceLine {
