@@ -1029,9 +1029,13 @@ TEST_F(HaTest, AStateOlderThanTheDomainIsRefused) {
   std::this_thread::sleep_for(milliseconds(100));  // a batch or two: the fence line has it
   // The "restore", then the leader dies: b must take over from etcd.
   ASSERT_TRUE(etcd->Put(key, backup->kvs[0].value).ok());
+  // Every election b wins from here on puts the leader key (a is dead).
+  auto leader_watch = etcd->NewWatch("/cxlkv/v1/default/domains/hatest/leader");
+  ASSERT_TRUE(leader_watch.ok()) << leader_watch.status();
   a.Kill(SIGKILL);
   const std::int64_t t0 = NowMs();
   bool refused_logged = false;
+  int elections = 0;
   while (NowMs() - t0 < 8000) {
     std::uint64_t inc1 = 0;
     if (HostCalls::Join(b, 1, &inc1).ok()) {
@@ -1040,9 +1044,33 @@ TEST_F(HaTest, AStateOlderThanTheDomainIsRefused) {
     }
     refused_logged =
         ReadFile(b.log).find("older than the domain's own record") != std::string::npos;
-    std::this_thread::sleep_for(milliseconds(200));
+    auto ev = (*leader_watch)->Next(milliseconds(200));
+    ASSERT_TRUE(ev.ok()) << ev.status();
+    for (const orch::etcd::Event& e : *ev) {
+      if (e.type == orch::etcd::Event::Type::kPut) ++elections;
+    }
   }
   EXPECT_TRUE(refused_logged) << ReadFile(b.log);
+  // A host is told the refusal by the orchestrator that answered (before: "no orchestrator
+  // answered; if one runs, check that it allows uid ..."), with what the operator must do.
+  auto host = orch::HostClient::Connect(b.socket, 2);
+  ASSERT_FALSE(host.ok());
+  const std::string told(host.status().message());
+  EXPECT_NE(told.find("older than the domain's own record"), std::string::npos) << told;
+  EXPECT_NE(told.find("--new-domain"), std::string::npos) << told;
+  EXPECT_EQ(told.find("no orchestrator answered"), std::string::npos) << told;
+  // The refused candidate backs off (500 ms, doubling, capped) instead of campaigning every
+  // 500 ms, and logs the reason once while it does not change (before: three long lines at
+  // every election).
+  EXPECT_GE(elections, 2);
+  EXPECT_LE(elections, 5) << "b was elected " << elections << " times in 8 s";
+  std::size_t logged = 0;
+  const std::string blog_now = ReadFile(b.log);
+  for (std::size_t at = blog_now.find("older than the domain's own record");
+       at != std::string::npos; at = blog_now.find("older than the domain's own record", at + 1)) {
+    ++logged;
+  }
+  EXPECT_EQ(logged, 1u) << blog_now;
   EXPECT_NE(b.Role(), "leader");
   EXPECT_TRUE(granted[1].empty()) << "b served from the restored (older) state";
   for (const std::uint32_t e : granted[1]) {

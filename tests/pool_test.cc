@@ -404,6 +404,25 @@ TEST(Region, OpenExistingCreatesNothing) {
   EXPECT_EQ((*ok)->size_bytes(), 8u << 20);
 }
 
+// An arena file truncated to 0 bytes (a `> file`, a copy that failed): opening it says the
+// file is empty and was truncated if it held a region, instead of advising ?size=, which would
+// make a new, empty region of it and hide that the arena is gone (issue #40).
+TEST(Region, ATruncatedFileIsNamedAsSuch) {
+  ShmPath p("emptied");
+  ASSERT_NE(MustFormat(p.spec("16M"), TinyOptions()), nullptr);
+  ASSERT_EQ(::truncate(p.path().c_str(), 0), 0);
+  auto r = OpenRegion(p.spec());
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_TRUE(Mentions(r.status(), "is empty (0 bytes)")) << r.status();
+  EXPECT_TRUE(Mentions(r.status(), "truncated")) << r.status();
+  EXPECT_TRUE(Mentions(r.status(), "restore it from a backup")) << r.status();
+  EXPECT_FALSE(Mentions(r.status(), "add ?size=BYTES to the spec")) << r.status();
+  struct stat st {};
+  ASSERT_EQ(::stat(p.path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0) << "the open changed the file";
+}
+
 // A file OpenRegion creates is removed again when the open fails (here: reserving it runs
 // into RLIMIT_FSIZE, as ENOSPC would): the next command meets what was there before.
 TEST(Region, AFailedCreateLeavesNoFile) {

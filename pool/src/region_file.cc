@@ -42,8 +42,14 @@ absl::Status OpenFile(const SourceSpec& spec, const std::string& /*name*/, Opene
   if (size == 0) {
     size = existing;
     if (size == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(spec.path, ": file is empty; add ?size=BYTES to the spec"));
+      // Not "add ?size=": that makes a new, empty region of it, and an arena, pool or prefix
+      // domain that was there stays lost without a word.
+      return absl::InvalidArgumentError(absl::StrCat(
+          spec.path,
+          ": file is empty (0 bytes), so it holds no region. If it held one (an arena, a pool, "
+          "a prefix domain), it was truncated and its contents are gone: restore it from a "
+          "backup (nothing was changed). Only to make a new, empty region of it, give the spec "
+          "?size=BYTES"));
     }
   } else if (existing != 0 && existing != size) {
     return absl::InvalidArgumentError(

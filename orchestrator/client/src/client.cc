@@ -494,15 +494,19 @@ absl::Status HostClient::Join() {
   req.set_hostname(absl::StrCat(name, " pid ", ::getpid()));
   pb::JoinReply rep;
   const HostClockReading sent = ReadClocks();
+  bool answered = false;  // by an orchestrator, refusals included (kAnsweredByOrchestrator)
   const grpc::Status called = rpc_->Call(
       2000,
       [&](pb::Orchestrator::Stub& stub, grpc::ClientContext* ctx) {
-        return stub.Join(ctx, req, &rep);
+        grpc::Status st = stub.Join(ctx, req, &rep);
+        answered = ctx->GetServerTrailingMetadata().count(kAnsweredByOrchestrator) > 0;
+        return st;
       },
       [&] { return rep.epoch(); });
   if (auto st = FromGrpc(called, "join"); !st.ok()) {
-    if ((absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) && rpc_->finder == nullptr &&
-        rpc_->members.size() == 1 && absl::StartsWith(rpc_->endpoint().target, "unix:")) {
+    if ((absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) && !answered &&
+        rpc_->finder == nullptr && rpc_->members.size() == 1 &&
+        absl::StartsWith(rpc_->endpoint().target, "unix:")) {
       // A daemon closes a connection from a uid it does not allow before answering anything.
       return absl::Status(st.code(), absl::StrCat(st.message(), " (", rpc_->endpoint().target,
                                                   ": no orchestrator answered; if one runs, "

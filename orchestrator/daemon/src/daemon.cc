@@ -182,9 +182,13 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
                         absl::StrCat("domain.pool '", c.pool, "': ", pool.status().message()));
   }
   // With [etcd] every candidate maps the same pool and prefix domain (the election decides who
-  // writes); without it, this daemon is their only owner on this host.
-  if (!c.etcd.enabled()) {
-    if (auto st = (*lock)->LockRegion("domain.pool", c.pool); !st.ok()) return st;
+  // writes): they share the locks. Without it, this daemon is their only owner: it holds them
+  // alone. So a single orchestrator and candidates on this host refuse each other, whichever
+  // started first.
+  if (options.lock_regions) {
+    if (auto st = (*lock)->LockRegion("domain.pool", c.pool, c.etcd.enabled()); !st.ok()) {
+      return st;
+    }
   }
   if ((*pool)->size_bytes() < c.extent_bytes) {
     return absl::InvalidArgumentError(
@@ -199,8 +203,9 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
     return absl::Status(dom.status().code(), absl::StrCat("domain.prefix_domain '", c.prefix_domain,
                                                           "': ", dom.status().message()));
   }
-  if (!c.etcd.enabled()) {
-    if (auto st = (*lock)->LockRegion("domain.prefix_domain", c.prefix_domain); !st.ok()) {
+  if (options.lock_regions) {
+    if (auto st = (*lock)->LockRegion("domain.prefix_domain", c.prefix_domain, c.etcd.enabled());
+        !st.ok()) {
       return st;
     }
   }
@@ -320,6 +325,11 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
                      "', start once with --new-domain (later starts read the state file)"));
   }
   o->started_ms_ = o->clock_->NowMs();
+  // The domain is this orchestrator's from its mark on (a candidate on another machine reads
+  // it); before the state file is written, so a refusal here changes nothing else.
+  if (formatted) {
+    if (auto st = o->MarkSingleOwner(options.lock_regions); !st.ok()) return st;
+  }
   if (options.new_domain) {
     absl::MutexLock l(&o->mu_);
     // A domain whose prefix domain was in use: its extents may hold arenas that index entries
@@ -331,6 +341,8 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
   }
   if (!formatted) {
     if (auto st = Format(*o->domain_mem_, c, o->domain_region_->size_bytes()); !st.ok()) return st;
+    // Formatting cleared the header page: the mark goes in now.
+    if (auto st = o->MarkSingleOwner(options.lock_regions); !st.ok()) return st;
   }
   absl::MutexLock l(&o->mu_);
   auto owner = co::PrefixOwner::Open(*o->domain_mem_, *o->clock_);
@@ -451,6 +463,14 @@ absl::Status Orchestrator::Start() {
     HaSession::Hooks hooks;
     hooks.take_over = [this](const LeaderTerm& t) {
       absl::Status st = TakeOver(t);
+      {
+        // What a host calling this standby is told until the next takeover (ServingLocked).
+        absl::MutexLock l(&mu_);
+        takeover_refused_ =
+            st.ok() ? std::string()
+                    : absl::StrCat("it was elected (etcd revision ", t.revision,
+                                   ") and refused to take the domain over: ", st.message());
+      }
       if (st.ok() && lmcache_ != nullptr) LeadLmcache(t.revision);
       return st;
     };
@@ -634,6 +654,149 @@ bool Orchestrator::TendQuarantineLocked(std::int64_t now) {
   return changed;
 }
 
+// ---- one owner per domain: the single orchestrator's mark ------------------------------------
+// docs/orchestrator.md "One orchestrator per domain": on one machine the region locks keep a
+// single orchestrator and candidates apart; across machines the domain's own lines do. A
+// single orchestrator marks the domain (coherence::SingleOwnerLine) before its first store and
+// then reads the fence line; a candidate writes the fence line and then reads the mark. Each
+// stops at the other's line.
+
+namespace {
+void ThisHost(char (&out)[sizeof(co::SingleOwnerLine::host)]) {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::memset(out, 0, sizeof(out));
+  std::memcpy(out, host, std::min(sizeof(out), std::strlen(host)));
+}
+}  // namespace
+
+absl::Status Orchestrator::MarkSingleOwner(bool holds_locks) {
+  absl::MutexLock l(&mu_);
+  co::SingleOwnerLine me{};
+  ThisHost(me.host);
+  co::SingleOwnerLine prev{};
+  const bool valid = ReadSingleOwnerLine(*domain_mem_, &prev);
+  // A run on this machine that did not release its mark (kill -9) is gone for sure: this one
+  // holds the region locks it held.
+  const bool dead_here =
+      valid && holds_locks && std::memcmp(prev.host, me.host, sizeof(me.host)) == 0;
+  if ((!valid || prev.state == co::kSingleServing) && !dead_here) {
+    const std::int64_t wait_ms = SingleOwnerStillAfterMs(prev);
+    co::SingleOwnerLine now{};
+    if (SingleOwnerAdvances(*domain_mem_, prev, wait_ms, &now)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "domain.prefix_domain '", config_.prefix_domain, "' is owned by ",
+          DescribeSingleOwner(now),
+          " (its mark in the domain moved while this one watched it): a domain has one owner. "
+          "Nothing was started or changed. Use that one, or stop it first"));
+    }
+    std::fprintf(stderr,
+                 "cxlkv-orchestrator: the domain's single-owner mark %s did not move in %lld ms: "
+                 "taken as ended without releasing the domain (killed, or its machine gone); "
+                 "this orchestrator owns the domain from now on\n",
+                 valid ? absl::StrCat("names ", DescribeSingleOwner(prev), ", which").c_str()
+                       : "does not validate and",
+                 static_cast<long long>(wait_ms));
+  }
+  me.started_ms = clock_->NowMs();
+  me.at_ms = me.started_ms;
+  me.state = co::kSingleServing;
+  me.pid = static_cast<std::uint32_t>(::getpid());
+  me.period_ms = config_.owner_period_ms;
+  mark_ = me;
+  WriteSingleOwnerLine(*domain_mem_, mark_);
+  // The mark's store before the fence line's load (ReadFenceLine's invalidate fences fully
+  // too): a candidate that wrote its fence line before reading this mark, or this one sees
+  // the other.
+  domain_mem_->FullFence();
+  co::OwnerFenceLine f{};
+  const bool fence_valid = ReadFenceLine(*domain_mem_, &f);
+  if (!fence_valid || f.epoch != 0) {
+    // Nothing else of this run was stored: released again at once.
+    mark_.state = co::kSingleReleased;
+    WriteSingleOwnerLine(*domain_mem_, mark_);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "domain.prefix_domain '", config_.prefix_domain,
+        "' was claimed by an orchestrator elected through etcd while this one started (its fence "
+        "line ",
+        fence_valid ? absl::StrCat("names epoch ", f.epoch) : std::string("is being written"),
+        "). Nothing was started; this one's mark in the domain is released again. Give this "
+        "orchestrator the same [etcd] section (docs/ha.md) instead of running it as the "
+        "domain's only one"));
+  }
+  marked_ = true;
+  return absl::OkStatus();
+}
+
+void Orchestrator::StopOwningLocked(const std::string& why) {
+  stopped_owning_ = absl::StrCat(
+      "domain '", config_.name,
+      "': this single orchestrator (no [etcd]) stopped owning the domain: ", why,
+      ". It makes no owner batch, extent grant, heartbeat answer or membership change any more "
+      "and exits; hosts keep the extents they hold until their capacity leases end. A domain has "
+      "one owner: either one orchestrator without [etcd], or orchestrators elected through etcd "
+      "(docs/ha.md), the first of which imports this one's state file ",
+      config_.state_file);
+  fatal_ = absl::FailedPreconditionError(stopped_owning_);
+  std::fprintf(stderr, "cxlkv-orchestrator: %s\n", stopped_owning_.c_str());
+  // The mark is released only while it is still this run's: another single orchestrator's
+  // is left as it is.
+  co::SingleOwnerLine m{};
+  if (marked_ && ReadSingleOwnerLine(*domain_mem_, &m) && m.started_ms == mark_.started_ms &&
+      m.pid == mark_.pid && std::memcmp(m.host, mark_.host, sizeof(m.host)) == 0) {
+    ReleaseSingleLocked();
+  }
+  marked_ = false;
+}
+
+void Orchestrator::ReleaseSingleLocked() {
+  if (stopped_owning_.empty()) stopped_owning_ = "this orchestrator is stopping";
+  if (!marked_) return;
+  // Every store of this run reaches memory before the mark says released: a candidate on
+  // another machine that then takes the domain over reads what this one wrote, and no late
+  // write-back of this machine lands over its stores.
+  WriteBackDomain(*domain_mem_, domain_region_->size_bytes());
+  mark_.state = co::kSingleReleased;
+  mark_.at_ms = clock_->NowMs();
+  WriteSingleOwnerLine(*domain_mem_, mark_);
+  marked_ = false;
+}
+
+absl::Status Orchestrator::RefuseASingleOwner() {
+  if (!co::ReadDomainHeader(*domain_mem_).ok()) return absl::OkStatus();  // never formatted
+  co::SingleOwnerLine m{};
+  const bool valid = ReadSingleOwnerLine(*domain_mem_, &m);
+  if (valid && m.state != co::kSingleServing) return absl::OkStatus();  // never marked, released
+  const std::int64_t wait_ms = SingleOwnerStillAfterMs(m);
+  co::SingleOwnerLine now{};
+  const bool live = SingleOwnerAdvances(*domain_mem_, m, wait_ms, &now);
+  const std::string who = valid ? DescribeSingleOwner(m) : "a single cxlkv-orchestrator";
+  const std::string host(m.host, strnlen(m.host, sizeof(m.host)));
+  if (live) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "domain.prefix_domain '", config_.prefix_domain, "' is owned by ", who,
+        ": its mark in the domain moves. A domain has one owner, so this candidate does not "
+        "take it over (nothing was written) until that one stopped: it marks the domain "
+        "released when it stops (systemctl stop, or kill -TERM ",
+        m.pid, " on host '", host,
+        "'). To move the domain to etcd, stop it and give the first candidate its state file "
+        "(docs/ha.md \"The first leader\"); if it is meant to keep the domain, stop this "
+        "candidate"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "domain.prefix_domain '", config_.prefix_domain, "' is marked as owned by ", who,
+      valid ? absl::StrCat(", whose mark did not move in ", wait_ms, " ms")
+            : std::string(" (the mark does not validate: its writer died writing it)"),
+      ": it ended without releasing the domain (killed, stopped, or its machine gone), and "
+      "stores of it may still sit in its machine's caches. This candidate does not take the "
+      "domain over (nothing was written). Start that orchestrator again on its machine and "
+      "stop it (systemctl stop): it writes the domain back and marks it released; then this "
+      "candidate takes over (give it that one's state file: docs/ha.md \"The first leader\"). "
+      "If that machine is gone for good, start a single orchestrator of this domain once on a "
+      "machine that maps it (with its state file, or --new-domain if that is lost too) and "
+      "stop it"));
+}
+
 // ---- orchestrator HA --------------------------------------------------------------------------
 
 absl::Status Orchestrator::SaveLocked() {
@@ -665,11 +828,13 @@ absl::Status Orchestrator::SaveLocked() {
 }
 
 absl::Status Orchestrator::ServingLocked() {
+  // A single orchestrator that found another owner answers nothing more (StopOwningLocked).
+  if (ha_ == nullptr) {
+    return stopped_owning_.empty() ? absl::OkStatus() : absl::UnavailableError(stopped_owning_);
+  }
   // A leader whose write deadline passed (it was stopped, or etcd went silent) changes
   // nothing more: a successor may be serving from a newer state by now.
-  if (ha_ == nullptr || (leading_ && owner_ != nullptr && ha_->WriteAllowed())) {
-    return absl::OkStatus();
-  }
+  if (leading_ && owner_ != nullptr && ha_->WriteAllowed()) return absl::OkStatus();
   if (ReadOnlyLocked()) {
     return absl::UnavailableError(absl::StrCat(
         "domain '", config_.etcd.domain, "': etcd unreachable since ", ReadOnlySinceLocked(),
@@ -678,16 +843,16 @@ absl::Status Orchestrator::ServingLocked() {
         "leases once the owner's last heartbeat acknowledgement is host_ttl old)"));
   }
   const HaStats h = ha_->stats();
-  return absl::UnavailableError(
-      absl::StrCat("this orchestrator is a standby of domain '", config_.etcd.domain, "'",
-                   h.leader.empty() ? std::string("; no leader is elected right now: retry shortly")
-                                    : absl::StrCat("; the leader is ", h.leader)));
+  return absl::UnavailableError(absl::StrCat(
+      "this orchestrator is a standby of domain '", config_.etcd.domain, "'",
+      h.leader.empty() ? std::string("; no leader is elected right now: retry shortly")
+                       : absl::StrCat("; the leader is ", h.leader),
+      takeover_refused_.empty() ? std::string() : absl::StrCat("; ", takeover_refused_)));
 }
 
 absl::Status Orchestrator::ReadableLocked() {
-  if (ha_ == nullptr || (leading_ && owner_ != nullptr && ha_->WriteAllowed())) {
-    return absl::OkStatus();
-  }
+  if (ha_ == nullptr) return ServingLocked();
+  if (leading_ && owner_ != nullptr && ha_->WriteAllowed()) return absl::OkStatus();
   if (ReadOnlyLocked()) return absl::OkStatus();
   return ServingLocked();
 }
@@ -751,7 +916,33 @@ std::string Orchestrator::LeaderLocked() const {
 }
 
 bool Orchestrator::OwnerBatchMayRunLocked() {
-  if (ha_ == nullptr) return true;
+  if (ha_ == nullptr) {
+    if (!stopped_owning_.empty()) return false;
+    // Another owner leaves its line before its first store to the domain (an elected leader
+    // its fence line, another single orchestrator its mark): once either is there, the next
+    // store of this one could land beside or over that owner's.
+    co::OwnerFenceLine f{};
+    co::SingleOwnerLine m{};
+    std::string why;
+    if (!ReadFenceLine(*domain_mem_, &f)) {
+      why =
+          "the domain's fence line does not validate: an orchestrator elected through etcd is "
+          "writing it";
+    } else if (f.epoch != 0) {
+      why = absl::StrCat("the domain's fence line names epoch ", f.epoch, " (cluster ",
+                         absl::Hex(f.cluster_id),
+                         "): an orchestrator elected through etcd claimed the domain");
+    } else if (!ReadSingleOwnerLine(*domain_mem_, &m)) {
+      why = "the domain's single-owner mark does not validate: another orchestrator is writing it";
+    } else if (m.state != co::kSingleServing || m.started_ms != mark_.started_ms ||
+               m.pid != mark_.pid || std::memcmp(m.host, mark_.host, sizeof(m.host)) != 0) {
+      why = absl::StrCat("the domain's single-owner mark now names ", DescribeSingleOwner(m),
+                         ", not this one: that orchestrator took the domain over");
+    }
+    if (why.empty()) return true;
+    StopOwningLocked(why);
+    return false;
+  }
   if (!leading_ || owner_ == nullptr) return false;
   // The write deadline: the election steps down shortly; nothing more from this term.
   if (!ha_->WriteAllowed()) return false;
@@ -773,7 +964,16 @@ bool Orchestrator::OwnerBatchMayRunLocked() {
 }
 
 void Orchestrator::EndBatchLocked() {
-  if (ha_ == nullptr || !leading_) return;
+  if (ha_ == nullptr) {
+    // The mark moves with every batch: a reader on another machine tells a live owner from
+    // one that ended without releasing the domain (SingleOwnerAdvances).
+    if (!marked_) return;
+    ++mark_.seq;
+    mark_.at_ms = clock_->NowMs();
+    WriteSingleOwnerLine(*domain_mem_, mark_);
+    return;
+  }
+  if (!leading_) return;
   // Read before written: a line that names another term is never overwritten (audit-ha #1:
   // a leader resumed after a stop put its old epoch back over its successor's, and the
   // successor resigned). The successor waits for this term's release before it writes the
@@ -938,8 +1138,11 @@ absl::StatusOr<std::int64_t> Orchestrator::DomainEpoch(const LeaderTerm& t) {
 
 absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
   const absl::Time elected = absl::Now();
-  // 0. Every store of the previous term is in memory and none follows (docs/ha.md "Release").
+  // 0. Every store of the previous term is in memory and none follows (docs/ha.md "Release"),
+  // and no single orchestrator owns the domain (on another machine: this one's region locks
+  // keep one off this machine).
   if (auto st = AwaitRelease(t); !st.ok()) return st;
+  if (auto st = RefuseASingleOwner(); !st.ok()) return st;
   absl::MutexLock l(&mu_);
   // Elected again (etcd is back): the read-only term's view gives way to etcd's state.
   EndReadOnlyLocked(absl::StrCat("elected again (etcd revision ", t.revision, ")"));
@@ -1041,6 +1244,19 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
   if (!ReadFenceLine(*domain_mem_, &back) || back.epoch != line.epoch) {
     return absl::AbortedError("the fence line did not take: the write deadline passed meanwhile");
   }
+  // A single orchestrator that marked the domain since RefuseASingleOwner read it: it reads
+  // the fence line after its mark (and every batch), so it refuses or stops owning once it
+  // sees this epoch; this term stores nothing more and is released, and a later election
+  // finds the mark released. The read follows the fence line's store (ReadFenceLine's
+  // invalidate fences fully): of the two, at least one sees the other's line.
+  co::SingleOwnerLine mark{};
+  if (!ReadSingleOwnerLine(*domain_mem_, &mark) || mark.state == co::kSingleServing) {
+    return absl::AbortedError(absl::StrCat(
+        DescribeSingleOwner(mark), " marked domain.prefix_domain '", config_.prefix_domain,
+        "' as its own while this candidate claimed it: it stops owning once it reads this "
+        "epoch in the fence line and marks the domain released; this candidate steps down and "
+        "campaigns again"));
+  }
   // 3. The prefix owner, on the fenced view of the domain, and the state.
   auto owner = co::PrefixOwner::Open(*fenced_mem_, *clock_);
   if (!owner.ok()) return owner.status();
@@ -1111,13 +1327,17 @@ void Orchestrator::StepDown(const std::string& why) {
     ReleaseLocked();  // a read-only leader stores nothing more to the domain
     return;
   }
+  // A takeover that was refused never led: the election says why (once per reason).
+  const bool led = leading_ || read_only_ || owner_ != nullptr;
   read_only_ = false;
   leading_ = false;
   owner_.reset();
   epoch_ = 0;
   revision_ = 0;
-  std::fprintf(stderr, "cxlkv-orchestrator: no longer the leader of domain '%s': %s\n",
-               config_.etcd.domain.c_str(), why.c_str());
+  if (led) {
+    std::fprintf(stderr, "cxlkv-orchestrator: no longer the leader of domain '%s': %s\n",
+                 config_.etcd.domain.c_str(), why.c_str());
+  }
   ReleaseLocked();
 }
 
@@ -1131,6 +1351,12 @@ void Orchestrator::Stop() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (owner_thread_.joinable()) owner_thread_.join();
+  if (ha_ == nullptr) {
+    // No batch runs and no call is answered any more: the domain is released for the next
+    // owner (a candidate on another machine waits for this).
+    absl::MutexLock l(&mu_);
+    ReleaseSingleLocked();
+  }
   // Only a socket nothing answers on (this daemon's, now closed): one another process bound
   // there since is left alone.
   if (listen_fd_ >= 0) {

@@ -132,7 +132,8 @@ absl::StatusOr<std::unique_ptr<DomainLock>> DomainLock::Acquire(const Config& c)
   return l;
 }
 
-absl::Status DomainLock::LockRegion(absl::string_view key, const std::string& spec_text) {
+absl::Status DomainLock::LockRegion(absl::string_view key, const std::string& spec_text,
+                                    bool shared) {
   auto spec = pool::ParseSourceSpec(spec_text);
   if (!spec.ok()) return spec.status();
   if (spec->kind != pool::SourceKind::kFile && spec->kind != pool::SourceKind::kDevdax) {
@@ -146,10 +147,11 @@ absl::Status DomainLock::LockRegion(absl::string_view key, const std::string& sp
   }
   fds_.push_back(fd);
   struct flock fl {};
-  fl.l_type = F_WRLCK;
+  fl.l_type = shared ? F_RDLCK : F_WRLCK;
   fl.l_whence = SEEK_SET;
   fl.l_start = static_cast<off_t>(spec->offset);
   fl.l_len = static_cast<off_t>(spec->length);  // 0: to the end, however large it grows
+  const struct flock want = fl;
   if (::fcntl(fd, F_OFD_SETLK, &fl) == 0) return absl::OkStatus();
   const int err = errno;
   if (err != EAGAIN && err != EACCES) {
@@ -159,6 +161,31 @@ absl::Status DomainLock::LockRegion(absl::string_view key, const std::string& sp
   struct stat st {};
   std::string holders;
   if (::fstat(fd, &st) == 0) holders = OfdHolders(st);
+  const std::string who = holders.empty() ? std::string() : absl::StrCat(" (", holders, ")");
+  if (shared) {
+    // Only an exclusive lock refuses a shared one: a single orchestrator holds the memory.
+    return absl::FailedPreconditionError(absl::StrCat(
+        key, " '", spec_text,
+        "' is owned by a single cxlkv-orchestrator (no [etcd]) on this machine", who,
+        ": a domain has one owner, either that one alone or orchestrators elected through etcd. "
+        "Nothing was started or changed. To move the domain to etcd, stop that one first (it "
+        "marks the domain released) and give the first candidate its state file (docs/ha.md "
+        "\"The first leader\"); if it is meant to keep the domain, do not start candidates for "
+        "it"));
+  }
+  // Which kind holds it: shared locks are the candidates of an HA domain.
+  struct flock held = want;
+  held.l_pid = 0;
+  if (::fcntl(fd, F_OFD_GETLK, &held) == 0 && held.l_type == F_RDLCK) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        key, " '", spec_text,
+        "' is in use by orchestrators elected through etcd on this machine (their config has "
+        "an [etcd] section)",
+        who,
+        ": a single orchestrator beside them would be a second owner of the domain. Nothing "
+        "was started or changed. Give this orchestrator the same [etcd] section (docs/ha.md) "
+        "instead of running it as the domain's only one, or stop them first"));
+  }
   return absl::FailedPreconditionError(absl::StrCat(
       key, " '", spec_text, "' is in use by another running orchestrator",
       holders.empty() ? std::string() : absl::StrCat(" (", holders, ")"),

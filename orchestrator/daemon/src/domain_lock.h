@@ -2,12 +2,15 @@
 // (docs/orchestrator.md "One orchestrator per domain").
 //
 // Acquire() takes an exclusive lock on `<domain.state_file>.lock` and writes this daemon's
-// pid, socket and configuration into it; LockRegion() takes an exclusive open-file-description
-// lock (F_OFD_SETLK) on the bytes of a file or device-DAX region the domain owns (the prefix
-// domain and the pool). Both are advisory kernel locks: they end with the last descriptor,
-// that is when the daemon exits however it exits (kill -9 included), so a stale lock cannot
-// outlive its holder. They hold on one host only: daemons on two hosts sharing the memory do
-// not see each other's (orchestrator HA elects through etcd for that).
+// pid, socket and configuration into it; LockRegion() takes an open-file-description lock
+// (F_OFD_SETLK) on the bytes of a file or device-DAX region the domain owns (the prefix domain
+// and the pool): exclusive for a single orchestrator, shared for the candidates of an HA
+// domain (which all map the same memory; the election decides who writes), so that a single
+// orchestrator and candidates on one host refuse each other in either order. Both are
+// advisory kernel locks: they end with the last descriptor, that is when the daemon exits
+// however it exits (kill -9 included), so a stale lock cannot outlive its holder. They hold on
+// one host only: daemons on two hosts sharing the memory do not see each other's (there the
+// domain's own lines tell: the fence line and the single owner's mark, docs/orchestrator.md).
 // Not thread-safe; the daemon's Open uses it before any thread starts.
 #ifndef CXLKV_ORCHESTRATOR_DAEMON_SRC_DOMAIN_LOCK_H_
 #define CXLKV_ORCHESTRATOR_DAEMON_SRC_DOMAIN_LOCK_H_
@@ -33,10 +36,13 @@ class DomainLock {
   DomainLock& operator=(const DomainLock&) = delete;
 
   // Locks the bytes `spec` names ([offset, offset + length), or the whole source) for this
-  // daemon's life. `key` names the configuration key in messages. Sources private to one
+  // daemon's life: shared (`shared`: a candidate of an HA domain) or exclusive (a single
+  // orchestrator). `key` names the configuration key in messages. Sources private to one
   // process (memfd, kmem) have nothing to lock: OK. kFailedPrecondition when another
-  // orchestrator holds them, naming it where /proc tells (pid and command line).
-  absl::Status LockRegion(absl::string_view key, const std::string& spec);
+  // orchestrator holds them against this one (any lock against an exclusive one, an
+  // exclusive one against a shared one), saying which kind holds them (a single orchestrator,
+  // or candidates with [etcd]) and naming it where /proc tells (pid and command line).
+  absl::Status LockRegion(absl::string_view key, const std::string& spec, bool shared = false);
 
   // The lock file's path (the state file's, with ".lock").
   const std::string& path() const { return path_; }

@@ -1,11 +1,13 @@
 // The leader's fence in the domain region (orchestrator HA, docs/ha.md; private to the
-// daemon): the fence line (coherence::OwnerFenceLine) and a Mem that drops stores once the
-// leader's write deadline passed.
+// daemon): the fence line (coherence::OwnerFenceLine), the release, a Mem that drops stores
+// once the leader's write deadline passed, and the single orchestrator's mark
+// (coherence::SingleOwnerLine) that keeps it and elected ones apart across machines.
 #ifndef CXLKV_ORCHESTRATOR_DAEMON_SRC_FENCE_H_
 #define CXLKV_ORCHESTRATOR_DAEMON_SRC_FENCE_H_
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/coherence/mem.h"
@@ -40,6 +42,31 @@ bool ReadReleaseLine(coherence::Mem& mem, coherence::OwnerReleaseLine* out);
 // quiet, or the process dead). The release line is written through `mem` as given: a
 // deposed leader's fenced view would drop it.
 void ReleaseTerm(coherence::Mem& mem, std::uint64_t len, const coherence::OwnerReleaseLine& line);
+
+// Writes back every line of the domain range [0, len) from this machine's caches (clwb, in
+// chunks), then fences: every store this machine made to the domain before the call is in
+// memory once it returns. ReleaseTerm's first step; a single orchestrator's release too.
+void WriteBackDomain(coherence::Mem& mem, std::uint64_t len);
+
+// The single owner's mark (coherence::SingleOwnerLine), read and written like the fence line:
+// ReadSingleOwnerLine is false if the line never validated; WriteSingleOwnerLine seals, stores,
+// flushes and fences it.
+bool ReadSingleOwnerLine(coherence::Mem& mem, coherence::SingleOwnerLine* out);
+void WriteSingleOwnerLine(coherence::Mem& mem, const coherence::SingleOwnerLine& line);
+
+// "a single cxlkv-orchestrator (no [etcd]) on host 'H', pid P": who a mark names, for messages.
+std::string DescribeSingleOwner(const coherence::SingleOwnerLine& line);
+
+// How long a reader waits for a serving mark to move before it calls it still: twenty of its
+// writer's owner periods, within [200 ms, 1 s] (scheduling on a loaded machine stays well
+// below; a live owner bumps it every period).
+std::int64_t SingleOwnerStillAfterMs(const coherence::SingleOwnerLine& line);
+
+// Whether the mark `seen` (read just before) changes within `wait_ms`: its owner is alive and
+// running batches. Reads the line every few milliseconds; *now: the last read. Costs up to
+// wait_ms of sleeping.
+bool SingleOwnerAdvances(coherence::Mem& mem, const coherence::SingleOwnerLine& seen,
+                         std::int64_t wait_ms, coherence::SingleOwnerLine* now);
 
 // What a successor must wait for before its first store, given the fence line it found and
 // the release line it reads now: true when the term the fence line names was released (or

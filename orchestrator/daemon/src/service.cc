@@ -47,6 +47,8 @@ class Service final : public pb::Orchestrator::Service {
   // Every call: a TCP peer must carry the token; a Unix-socket peer was let in by the
   // accept loop, which checked its uid before gRPC saw the connection.
   grpc::Status Check(grpc::ServerContext* ctx) {
+    // Whatever the answer, the caller learns it came from an orchestrator (token.h).
+    ctx->AddTrailingMetadata(kAnsweredByOrchestrator, "1");
     const std::string peer = ctx->peer();
     if (absl::StartsWith(peer, "ipv4:") || absl::StartsWith(peer, "ipv6:")) {
       // A TCP peer (rpc.tcp): the token decides.

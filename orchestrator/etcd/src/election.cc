@@ -222,6 +222,10 @@ void LeaderElection::KeepAliveLoop() {
 
 void LeaderElection::ElectionLoop() {
   std::string last_error;
+  // Refused takeovers in a row, and the last one's reason: the pause doubles, the reason is
+  // logged when it changes (a candidate refused for minutes logs it once, not every second).
+  int refused = 0;
+  std::string last_refusal;
   std::int64_t last_leader_lease = 0;  // the lease of the leader this candidate last followed
   auto note_error = [&](const std::string& e) {
     if (e != last_error) Log(e);  // each distinct error once, not once per retry
@@ -316,9 +320,16 @@ void LeaderElection::ElectionLoop() {
       resign_why_.clear();
       epoch_.store(term.epoch, std::memory_order_release);
     }
-    Log(absl::StrCat("etcd: elected leader of ", o_.leader_key, " at epoch ", term.epoch,
-                     " (cluster ", absl::Hex(term.cluster_id), ")"));
+    const std::string elected =
+        absl::StrCat("etcd: elected leader of ", o_.leader_key, " at epoch ", term.epoch,
+                     " (cluster ", absl::Hex(term.cluster_id), ")");
+    if (refused == 0) Log(elected);  // while refused, said with the outcome
     const absl::Status took = cb_.elected(term);
+    if (took.ok() && refused > 0) {
+      Log(absl::StrCat(elected, ", after ", refused, " refused takeovers"));
+      refused = 0;
+      last_refusal.clear();
+    }
     bool contact = false;
     const std::string why =
         took.ok() ? Lead(term, &contact) : absl::StrCat("takeover failed: ", took.message());
@@ -331,9 +342,24 @@ void LeaderElection::ElectionLoop() {
       stats_.leader_epoch = 0;
     }
     cb_.lost(term, why);
-    Log(absl::StrCat("etcd: stepped down from epoch ", term.epoch, ": ", why));
+    std::int64_t pause = o_.retry_ms;
+    if (took.ok()) {
+      Log(absl::StrCat("etcd: stepped down from epoch ", term.epoch, ": ", why));
+    } else {
+      const std::int64_t cap = std::max<std::int64_t>(o_.max_retry_ms, o_.retry_ms);
+      pause = std::min<std::int64_t>(std::int64_t{o_.retry_ms} << std::min(refused, 20), cap);
+      ++refused;
+      const std::string reason(took.message());
+      if (reason != last_refusal) {
+        Log(absl::StrCat("etcd: elected at epoch ", term.epoch, " (cluster ",
+                         absl::Hex(term.cluster_id), "), but the takeover was refused: ", reason,
+                         ". Campaigning again in ", pause, " ms, the pause doubling up to ", cap,
+                         " ms while refused; this is logged again only if the reason changes"));
+      }
+      last_refusal = reason;
+    }
     EndSession();  // revoked: a successor may campaign now
-    if (!stop_.load()) Pause(o_.retry_ms);
+    if (!stop_.load()) Pause(pause);
   }
   EndSession();
 }

@@ -90,7 +90,8 @@ static_assert(sizeof(DomainHeader) <= kOwnerClockOffset);
 // each batch the leader rewrites it with `batches` bumped, so a reader sampling the line sees
 // which epoch wrote when (the HA tests audit that an old epoch never reappears once a newer
 // one did). All zero (valid: the initial state) until the first elected leader writes it; a
-// single orchestrator never writes it, and refuses a domain where it is not zero. Added in
+// single orchestrator never writes it, refuses a domain where it is not zero, and stops owning
+// one where it finds it written (SingleOwnerLine). Added in
 // place of zero padding: domains formatted before it read as never elected, and readers that
 // do not know it never look at it, so kDomainVersion stays 1.
 struct alignas(64) OwnerFenceLine {
@@ -140,6 +141,35 @@ inline constexpr std::uint32_t kReleasedByLeader = 1;  // the leader itself, ste
 inline constexpr std::uint32_t kReleasedByAgent = 2;   // its node's agent, after it died
 inline constexpr std::uint64_t kOwnerReleaseOffset = kOwnerFenceOffset - sizeof(OwnerReleaseLine);
 static_assert(sizeof(DomainHeader) <= kOwnerReleaseOffset);
+
+// Writer: a single orchestrator (no [etcd]; docs/orchestrator.md "One orchestrator per
+// domain"). One line in the header's page, just before the release line: the mark a single
+// owner leaves where an orchestrator on another machine, which cannot see its locks, reads it.
+// It writes `kSingleServing` (sealed, flushed, fenced) before its first other store of a run,
+// then reads the fence line; it bumps `seq` after every owner batch; and it writes
+// `kSingleReleased` once it stores nothing more (stopped, or yielding to an elected leader
+// whose epoch it found in the fence line), after writing the domain range back from its
+// machine's caches, as an elected leader's release does. An elected candidate writes its fence
+// line, then reads this line, and takes the domain over only when it is not `kSingleServing`
+// (each side writes its own line before it reads the other's, so of two that start together
+// at least one sees the other). All zero (valid: never marked) until a single orchestrator
+// writes it; zero padding before, like the fence line, so kDomainVersion stays 1.
+struct alignas(64) SingleOwnerLine {
+  std::uint64_t seq;        // owner batches of this run so far; 0 with state 0: never marked
+  std::int64_t started_ms;  // the owner's clock when this run marked the domain (its identity)
+  std::int64_t at_ms;       // the owner's clock at this write (diagnostics)
+  std::uint32_t state;      // kSingle*
+  std::uint32_t pid;        // the owner's process id (messages)
+  std::uint32_t period_ms;  // how often seq moves while it serves (its owner period)
+  std::uint32_t version;    // kSingleOwnerVersion (0 only in the all-zero line)
+  char host[20];            // its host name, truncated, NUL-padded (messages)
+  std::uint32_t crc;
+};
+inline constexpr std::uint32_t kSingleOwnerVersion = 1;
+inline constexpr std::uint32_t kSingleServing = 1;   // it owns the domain now
+inline constexpr std::uint32_t kSingleReleased = 2;  // it stopped; every store of it is in memory
+inline constexpr std::uint64_t kSingleOwnerOffset = kOwnerReleaseOffset - sizeof(SingleOwnerLine);
+static_assert(sizeof(DomainHeader) <= kSingleOwnerOffset);
 
 // Writer: host h.
 struct alignas(64) HostRow {
@@ -219,6 +249,7 @@ static_assert(sizeof(OwnerClockLine) == 64 && offsetof(OwnerHostLine, crc) == 60
 static_assert(sizeof(OwnerFenceLine) == 64 && offsetof(OwnerFenceLine, crc) == 60 &&
               offsetof(OwnerFenceLine, state_gen) == 40);
 static_assert(sizeof(OwnerReleaseLine) == 64 && offsetof(OwnerReleaseLine, crc) == 60);
+static_assert(sizeof(SingleOwnerLine) == 64 && offsetof(SingleOwnerLine, crc) == 60);
 static_assert(sizeof(LeaseRow) == 64 && sizeof(IndexEntry) == 64 && sizeof(RequestSlot) == 128);
 static_assert(offsetof(IndexEntry, crc) == 60 && offsetof(LeaseRow, crc) == 60);
 

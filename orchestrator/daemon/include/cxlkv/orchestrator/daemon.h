@@ -72,6 +72,11 @@ struct OpenOptions {
   // term when it dies or is stopped past its write deadline. Off only for in-process tests,
   // where the agent would watch (and could end) the test process.
   bool write_back_agent = true;
+  // Locks the pool's and the prefix domain's bytes for the orchestrator's life
+  // (docs/orchestrator.md "One orchestrator per domain"). Off only for in-process tests that
+  // play orchestrators on two machines sharing the memory, which cannot see each other's
+  // locks: only what the domain itself records can keep them apart there.
+  bool lock_regions = true;
 };
 
 // One per process. Its padding follows Config's size modulo the 64-byte fence line (fence_),
@@ -90,14 +95,18 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // only when it is a socket nothing answers on; anything else there is refused and left.
   absl::Status Start();
   void Stop();
-  // HA: not OK once this orchestrator found it must never lead its domain (a wrong
-  // etcd.cluster/etcd.domain: the domain's fence line names other etcd keys). It campaigns
-  // no more; the process exits with this error (main.cc).
+  // Not OK once this orchestrator found it must not own its domain: HA, a wrong
+  // etcd.cluster/etcd.domain (the domain's fence line names other etcd keys; it campaigns no
+  // more); single, another owner wrote the domain's fence line or its single-owner mark (it
+  // stopped owning: docs/orchestrator.md "One orchestrator per domain"). The process exits
+  // with this error (main.cc).
   absl::Status fatal();
 
   // Everything below is called with mu_ held by the service.
   // First: a 64-byte-aligned line anywhere else pads the object (clang-tidy optin.Padding).
   coherence::OwnerFenceLine fence_ ABSL_GUARDED_BY(mu_){};
+  // Single: this run's mark in the domain as it last wrote it (coherence::SingleOwnerLine).
+  coherence::SingleOwnerLine mark_ ABSL_GUARDED_BY(mu_){};
   absl::Mutex mu_;
   DomainState state_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<coherence::PrefixOwner> owner_ ABSL_GUARDED_BY(mu_);
@@ -116,9 +125,10 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- orchestrator HA ([etcd]; docs/ha.md) ----
-  // OK when this orchestrator may change the domain's state now (always without [etcd]; with
-  // it, while it leads); kUnavailable naming the leader otherwise, or while read-only saying
-  // since when etcd is unreachable.
+  // OK when this orchestrator may change the domain's state now (without [etcd], until it
+  // stopped owning the domain; with it, while it leads); kUnavailable naming the leader
+  // otherwise (and why this one's last election ended in a refused takeover), or while
+  // read-only saying since when etcd is unreachable, or why a single one stopped owning.
   absl::Status ServingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK when this orchestrator answers heartbeats and reads now: as ServingLocked, and also
   // while read-only (docs/ha.md "Read-only while etcd is unreachable").
@@ -141,9 +151,11 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // The leader's term as etcd numbers it: its leader key's create revision (0: none known, or
   // no [etcd]). Not the domain's epoch (epoch_locked), which may be higher.
   std::int64_t LeaderEpochLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Before a batch of owner writes: true without [etcd]; with it, only while this
-  // orchestrator leads, its write deadline has not passed, and the domain's fence line still
-  // names its epoch (else it resigns). EndBatchLocked after the batch records it in the line.
+  // Before a batch of owner writes. Without [etcd]: while the domain's fence line is still
+  // zero and its single-owner mark still this run's (else it stops owning for good:
+  // StopOwningLocked). With it: only while this orchestrator leads, its write deadline has not
+  // passed, and the domain's fence line still names its epoch (else it resigns).
+  // EndBatchLocked after the batch records it in the line (single: in the mark).
   bool OwnerBatchMayRunLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ha() const { return ha_ != nullptr; }
@@ -188,6 +200,22 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // HA, once this orchestrator stopped storing to the domain for its term: writes the domain
   // back from this machine and writes the release line (ReleaseTerm), once per term.
   void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Single, in Open, before its first store to a formatted domain (or right after formatting
+  // one): refuses a domain whose mark shows another single orchestrator at work (it moves),
+  // writes this run's mark, then reads the fence line and refuses (its mark released again) if
+  // an elected leader claimed the domain meanwhile. `holds_locks`: this process holds the
+  // region locks, so a serving mark of this host's name is a dead run's.
+  absl::Status MarkSingleOwner(bool holds_locks);
+  // Single: stops owning the domain for good (`why`: who else owns it): no batch, grant,
+  // heartbeat answer or membership change from now on; the domain written back and the mark
+  // released (when it is still this run's); fatal() says why.
+  void StopOwningLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Single, at Stop: writes the domain back from this machine and marks it released.
+  void ReleaseSingleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // HA, before the takeover's first store: kFailedPrecondition (nothing written) when the
+  // domain's single-owner mark says a single orchestrator serves it (live: the mark moves; or
+  // ended without releasing it: killed, stopped, its machine gone), saying what to do.
+  absl::Status RefuseASingleOwner();
   // The refusal of a state older than the domain's fence line records (kFailedPrecondition's
   // message: what happened and what the operator should do).
   std::string StateOlderThanTheDomain(const std::string& source, const DomainState& state,
@@ -211,9 +239,17 @@ class Orchestrator {  // NOLINT(clang-analyzer-optin.performance.Padding)
   // The fence line as this leader last wrote it.
   std::uint64_t fence_violations_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);  // fatal()
+  // HA: why the last election this orchestrator won ended in a refused takeover ("" : it did
+  // not), told to hosts that call this standby.
+  std::string takeover_refused_ ABSL_GUARDED_BY(mu_);
+  // Single: why it stopped owning the domain ("" : it owns it), told to every caller.
+  std::string stopped_owning_ ABSL_GUARDED_BY(mu_);
+  // Single: this run's mark is in the domain as serving (written by Open, not yet released).
+  bool marked_ ABSL_GUARDED_BY(mu_) = false;
 
   // Held for the daemon's life, released after the regions and the server below: the state
-  // file's lock and, without [etcd], the pool's and the prefix domain's (domain_lock.h).
+  // file's lock and the pool's and the prefix domain's (domain_lock.h: exclusive without
+  // [etcd], shared with it).
   std::unique_ptr<DomainLock> lock_;
   Config config_;
   coherence::SteadyClock steady_;

@@ -53,6 +53,9 @@ struct ElectionOptions {
   std::int64_t ttl_s = 3;             // the session lease's TTL
   std::int64_t margin_ms = 0;         // 0: ttl / 4
   std::uint32_t retry_ms = 500;       // pause after an etcd error or a refused takeover
+  // Refused takeovers in a row double the pause from retry_ms up to this; a takeover that
+  // succeeds starts over at retry_ms.
+  std::uint32_t max_retry_ms = 8000;
   coherence::Clock* clock = nullptr;  // null: CLOCK_BOOTTIME; must outlive the election
   // Logs one line (no newline); null: stderr. Called from the election threads.
   std::function<void(const std::string&)> log;
@@ -87,7 +90,9 @@ class LeaderElection {
  public:
   struct Callbacks {
     // This candidate won. Run the takeover here (writes are allowed from now on); an error
-    // resigns and campaigns again after retry_ms.
+    // (a refused takeover) resigns and campaigns again after a pause that doubles with each
+    // refusal in a row (retry_ms to max_retry_ms). The refusal is logged when its message
+    // differs from the previous refusal's, so keep the message the same while the reason is.
     std::function<absl::Status(const Term&)> elected;
     // Leadership ended (lease lost, fence deadline passed, leader key gone, Resign, Stop).
     // WriteAllowed() is already false when this runs.

@@ -1,4 +1,5 @@
-// cxlkv/orchestrator/token.h — the shared secret that authorizes TCP calls to the control plane.
+// cxlkv/orchestrator/token.h — what both ends of the control plane share: the secret that
+// authorizes TCP calls, the leader record's seal, the mark of an orchestrator's answer.
 #ifndef CXLKV_ORCHESTRATOR_TOKEN_H_
 #define CXLKV_ORCHESTRATOR_TOKEN_H_
 
@@ -22,6 +23,12 @@ bool TokenMatches(absl::string_view presented, absl::string_view token);
 // its "mac" field, as nlohmann::json dumps it: keys sorted), in lowercase hex.
 std::string LeaderRecordMac(absl::string_view token, absl::string_view key,
                             absl::string_view record);
+
+// The trailing metadata key every answer of the daemon's Orchestrator service carries (value
+// "1"), errors included. A call that fails without it was answered by no orchestrator (the
+// connection refused or closed first: a uid not in rpc.allowed_uids, nothing listening); one
+// that fails with it carries the orchestrator's own reason, which the host passes on as it is.
+inline constexpr char kAnsweredByOrchestrator[] = "cxlkv-orchestrator-answered";
 
 // A small file's contents; errors name `what` and the path.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, absl::string_view what);
