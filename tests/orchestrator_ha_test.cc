@@ -53,6 +53,7 @@
 #include "cxlkv/orchestrator/token.h"
 #include "etcd_cluster.h"
 #include "eventually.h"
+#include "ha/extent_audit.h"
 #include "fence.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -1080,61 +1081,6 @@ TEST_F(HaTest, AStateOlderThanTheDomainIsRefused) {
   EXPECT_NE(blog.find(key), std::string::npos) << "the refusal names the state's key:\n" << blog;
   EXPECT_NE(blog.find("--new-domain"), std::string::npos) << blog;
 }
-
-// Samples every millisecond which hosts hold each extent valid (HostClient::ExtentValid, on
-// each host's own clock): the audit of "no extent is valid on two hosts at any instant".
-// The hosts it watches must outlive it.
-class ExtentAudit {
- public:
-  ExtentAudit() : thread_([this] { Run(); }) {}
-  ~ExtentAudit() {
-    stop_ = true;
-    thread_.join();
-  }
-  void Watch(orch::HostClient* h) {
-    absl::MutexLock l(&mu_);
-    hosts_.push_back(h);
-  }
-  // "" when no sample found an extent valid on two hosts; else the first such sample.
-  std::string FirstDoubleHolding() {
-    absl::MutexLock l(&mu_);
-    return first_double_;
-  }
-  std::uint64_t samples() {
-    absl::MutexLock l(&mu_);
-    return samples_;
-  }
-
- private:
-  void Run() {
-    while (!stop_.load()) {
-      {
-        absl::MutexLock l(&mu_);
-        std::map<std::uint32_t, std::uint32_t> holder;
-        for (orch::HostClient* h : hosts_) {
-          for (const orch::GrantedExtent& e : h->extents()) {
-            if (!h->ExtentValid(e.index)) continue;
-            auto [it, fresh] = holder.emplace(e.index, h->host_id());
-            if (!fresh && it->second != h->host_id() && first_double_.empty()) {
-              first_double_ =
-                  absl::StrCat("at ", NowMs(), " ms extent ", e.index, " was valid on host ",
-                               it->second, " and host ", h->host_id());
-            }
-          }
-        }
-        ++samples_;
-      }
-      std::this_thread::sleep_for(milliseconds(1));
-    }
-  }
-
-  std::atomic<bool> stop_{false};
-  absl::Mutex mu_;
-  std::vector<orch::HostClient*> hosts_ ABSL_GUARDED_BY(mu_);
-  std::string first_double_ ABSL_GUARDED_BY(mu_);
-  std::uint64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
-  std::thread thread_;
-};
 
 // etcd's own restores (issue #29), with real etcdctl; under the `stress` label
 // (orchestrator_ha_etcd_restore: about 20 s each).

@@ -35,6 +35,7 @@
 #include "cxlkv/orchestrator/daemon.h"
 #include "etcd_cluster.h"
 #include "eventually.h"
+#include "ha/extent_audit.h"
 #include "fence.h"
 #include "gtest/gtest.h"
 
@@ -121,61 +122,6 @@ std::string Role(orch::Orchestrator& o) {
   return o.RoleLocked();
 }
 
-// Samples every millisecond which hosts hold each extent valid (HostClient::ExtentValid, on
-// each host's own clock): "no extent is valid on two hosts at any instant". The hosts it
-// watches must outlive it.
-class ExtentSampler {
- public:
-  ExtentSampler() : thread_([this] { Run(); }) {}
-  ~ExtentSampler() {
-    stop_ = true;
-    thread_.join();
-  }
-  void Watch(orch::HostClient* h) {
-    absl::MutexLock l(&mu_);
-    hosts_.push_back(h);
-  }
-  // "" when no sample found an extent valid on two hosts; else the first such sample.
-  std::string FirstDoubleHolding() {
-    absl::MutexLock l(&mu_);
-    return first_double_;
-  }
-  std::uint64_t samples() {
-    absl::MutexLock l(&mu_);
-    return samples_;
-  }
-
- private:
-  void Run() {
-    while (!stop_.load()) {
-      {
-        absl::MutexLock l(&mu_);
-        std::map<std::uint32_t, std::uint32_t> holder;
-        for (orch::HostClient* h : hosts_) {
-          for (const orch::GrantedExtent& e : h->extents()) {
-            if (!h->ExtentValid(e.index)) continue;
-            auto [it, fresh] = holder.emplace(e.index, h->host_id());
-            if (!fresh && it->second != h->host_id() && first_double_.empty()) {
-              first_double_ =
-                  absl::StrCat("at ", NowMs(), " ms extent ", e.index, " was valid on host ",
-                               it->second, " and on host ", h->host_id());
-            }
-          }
-        }
-        ++samples_;
-      }
-      std::this_thread::sleep_for(milliseconds(1));
-    }
-  }
-
-  std::atomic<bool> stop_{false};
-  absl::Mutex mu_;
-  std::vector<orch::HostClient*> hosts_ ABSL_GUARDED_BY(mu_);
-  std::string first_double_ ABSL_GUARDED_BY(mu_);
-  std::uint64_t samples_ ABSL_GUARDED_BY(mu_) = 0;
-  std::thread thread_;
-};
-
 // An orchestrator on another machine: it cannot see this one's region locks (and forks no
 // write-back agent in this test process).
 constexpr orch::OpenOptions kOtherMachine{.write_back_agent = false, .lock_regions = false};
@@ -218,7 +164,7 @@ class OneOwnerTest : public EtcdClusterTest {
                                << (host1_ ? host1_->extents().size() : 0) << " extents";
   }
   std::unique_ptr<orch::HostClient> host0_, host1_;
-  ExtentSampler sampler_;  // after the hosts: it stops before they go
+  ExtentAudit sampler_;  // after the hosts: it stops before they go
 };
 
 // The order of the report (#40): a single orchestrator serves, host 0 holds extents 0-2; a

@@ -126,9 +126,14 @@ void AddDomainCommands(CLI::App& app) {
     j.StrList("standbys", r.standbys).Str("read_only_since", r.read_only_since);
     j.StrList("unmatched_namespaces", r.unmatched_namespaces);
     // What busy or stopped machines cost the hosts' leases, summed over the hosts (per host:
-    // cxlkvctl hosts; docs/coherence.md, "Busy hosts").
+    // cxlkvctl hosts; docs/coherence.md, "Busy hosts"). A standby answers status but not
+    // hosts: then there is nothing to sum (its leader's status has the figures).
     cxlkv::coherence::PrefixHost::Stats lease;
-    for (const orch::HostView& h : Invoke(*o, "hosts", [](auto& c) { return c.Hosts(); })) {
+    std::vector<orch::HostView> hosts;
+    if (auto client = orch::OperatorClient::Connect(o->socket); client.ok()) {
+      if (auto got = (*client)->Hosts(); got.ok()) hosts = *std::move(got);
+    }
+    for (const orch::HostView& h : hosts) {
       lease.leases_refused_late += h.lease.leases_refused_late;
       lease.copies_discarded += h.lease.copies_discarded;
       lease.copies_retried += h.lease.copies_retried;
@@ -159,13 +164,15 @@ void AddDomainCommands(CLI::App& app) {
                 r.extents_total, static_cast<unsigned long long>(r.extent_bytes >> 20),
                 r.extents_assigned, r.extents_free, r.extents_quarantined);
     std::printf("hosts      %u live, %u fenced\n", r.hosts_live, r.hosts_fenced);
-    std::printf("leases     %llu acquires refused late, %llu copies discarded, %llu retried, %llu "
+    if (r.role != "standby") {
+      std::printf("leases     %llu acquires refused late, %llu copies discarded, %llu retried, %llu "
                 "pauses, %llu fences (the hosts' counts; per host: cxlkvctl hosts)\n",
                 static_cast<unsigned long long>(lease.leases_refused_late),
                 static_cast<unsigned long long>(lease.copies_discarded),
                 static_cast<unsigned long long>(lease.copies_retried),
                 static_cast<unsigned long long>(lease.pauses_detected),
                 static_cast<unsigned long long>(lease.rejoins_after_fence));
+    }
     std::printf(
         "prefixes   %llu published (domain %s); %llu duplicates, %llu reclaimed, %llu evicted\n",
         static_cast<unsigned long long>(r.prefixes_published), r.domain_spec.c_str(),
