@@ -33,7 +33,9 @@ class ManualClock final : public Clock {
   std::atomic<std::int64_t>* now_;
 };
 
-// Block memory whose next `slow_reads` Reads each take `ms_per_read` on the host's clock.
+// Block memory whose next `slow_reads` Reads each take `ms_per_read` on the host's clock. It
+// also counts reads of bytes not invalidated since they were last read (`unfetched_reads`):
+// another host wrote the block, so every read must follow an Invalidate of its range.
 class SlowMem final : public Mem {
  public:
   SlowMem(std::byte* base, std::uint64_t size, ManualClock& clock)
@@ -41,6 +43,8 @@ class SlowMem final : public Mem {
   std::uint64_t size_bytes() const override { return mem_.size_bytes(); }
   void Read(std::uint64_t offset, void* dst, std::size_t len) override {
     ++reads;
+    if (offset < fresh_from_ || offset + len > fresh_to_) ++unfetched_reads;
+    fresh_from_ = fresh_to_ = 0;
     if (slow_reads > 0) {
       --slow_reads;
       clock_.Advance(ms_per_read);
@@ -50,7 +54,11 @@ class SlowMem final : public Mem {
   void Write(std::uint64_t o, const void* s, std::size_t n) override { mem_.Write(o, s, n); }
   void WriteNt(std::uint64_t o, const void* s, std::size_t n) override { mem_.WriteNt(o, s, n); }
   void Flush(std::uint64_t o, std::size_t n) override { mem_.Flush(o, n); }
-  void Invalidate(std::uint64_t o, std::size_t n) override { mem_.Invalidate(o, n); }
+  void Invalidate(std::uint64_t o, std::size_t n) override {
+    fresh_from_ = o;
+    fresh_to_ = o + n;
+    mem_.Invalidate(o, n);
+  }
   void Evict(std::uint64_t o, std::size_t n) override { mem_.Evict(o, n); }
   void Fence() override { mem_.Fence(); }
   void FullFence() override { mem_.FullFence(); }
@@ -58,8 +66,10 @@ class SlowMem final : public Mem {
   int slow_reads = 0;
   std::int64_t ms_per_read = 0;
   int reads = 0;
+  int unfetched_reads = 0;
 
  private:
+  std::uint64_t fresh_from_ = 0, fresh_to_ = 0;  // the range the last Invalidate dropped
   DirectMem mem_;
   ManualClock& clock_;
 };
@@ -180,6 +190,7 @@ TEST(BusyHost, ALeaseThatExpiresDuringTheCopyIsTakenAgainAndTheCopyRetried) {
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_TRUE(b.CopyIsTheBlock(got));
   EXPECT_EQ(b.block_mem.reads, 2) << "the copy made past the deadline was made again";
+  EXPECT_EQ(b.block_mem.unfetched_reads, 0) << "each copy invalidates the range it reads";
   const PrefixHost::Stats s = b.reader->stats();
   EXPECT_EQ(s.copies_retried, 1u);
   EXPECT_EQ(s.leases_retaken, 1u);
@@ -212,6 +223,7 @@ TEST(BusyHost, ALeaseShortOfTheCopyIsRenewedBeforeIt) {
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_TRUE(b.CopyIsTheBlock(got));
   EXPECT_EQ(b.block_mem.reads, 1) << "renewed first: one copy sufficed";
+  EXPECT_EQ(b.block_mem.unfetched_reads, 0);
   EXPECT_EQ(b.reader->stats().leases_renewed_for_copy, renewed + 1);
   EXPECT_EQ(b.reader->stats().copies_retried, 0u);
   b.reader->Release(l);
