@@ -35,9 +35,9 @@
 #include "cxlkv/orchestrator/daemon.h"
 #include "etcd_cluster.h"
 #include "eventually.h"
-#include "ha/extent_audit.h"
 #include "fence.h"
 #include "gtest/gtest.h"
+#include "ha/extent_audit.h"
 
 namespace cxlkv::testing {
 namespace {

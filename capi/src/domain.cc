@@ -14,8 +14,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "capi_internal.h"
-#include "cxlkv/base/mutex.h"
 #include "cxlkv/allocator/block_allocator.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/mem.h"
 #include "cxlkv/coherence/prefix.h"
@@ -550,8 +550,8 @@ int LeasedRange(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* le
 
 }  // namespace
 
-CXLKV_API int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena,
-                                   cxlkv_lease* lease, uint64_t offset, void* dst, size_t len) {
+CXLKV_API int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena, cxlkv_lease* lease,
+                                   uint64_t offset, void* dst, size_t len) {
   if (dst == nullptr) return Fail(CXLKV_E_INVALID, "dst must be set");
   const std::byte* src = nullptr;
   if (const int rc = LeasedRange(d, arena, lease, offset, len, &src, /*in_place=*/false);
@@ -571,9 +571,9 @@ CXLKV_API int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena,
 CXLKV_API int cxlkv_domain_lease_stats(cxlkv_domain* d, cxlkv_lease_stats* out) {
   if (d == nullptr || out == nullptr) return Fail(CXLKV_E_INVALID, "domain and out must be set");
   const co::PrefixHost::Stats s = d->host->stats();
-  *out = cxlkv_lease_stats{s.leases_refused_late, s.leases_renewed_for_copy, s.leases_retaken,
-                           s.copies_retried,      s.copies_discarded,        s.pauses_detected,
-                           s.rejoins_after_fence, s.ack_waits};
+  *out = cxlkv_lease_stats{
+      s.leases_refused_late, s.leases_renewed_for_copy, s.leases_retaken,      s.copies_retried,
+      s.copies_discarded,    s.pauses_detected,         s.rejoins_after_fence, s.ack_waits};
   return CXLKV_OK;
 }
 
@@ -592,9 +592,9 @@ CXLKV_API int cxlkv_region_object(const cxlkv_block_ref* ref, uint64_t* offset, 
   return CXLKV_OK;
 }
 
-CXLKV_API int cxlkv_lease_copy_out_region(cxlkv_domain* d, cxlkv_lease* lease,
-                                          const void* region, uint64_t region_bytes,
-                                          uint64_t offset, void* dst, size_t len) {
+CXLKV_API int cxlkv_lease_copy_out_region(cxlkv_domain* d, cxlkv_lease* lease, const void* region,
+                                          uint64_t region_bytes, uint64_t offset, void* dst,
+                                          size_t len) {
   if (d == nullptr || lease == nullptr || region == nullptr || dst == nullptr) {
     return Fail(CXLKV_E_INVALID, "domain, lease, region and dst must be set");
   }

@@ -165,13 +165,14 @@ void AddDomainCommands(CLI::App& app) {
                 r.extents_assigned, r.extents_free, r.extents_quarantined);
     std::printf("hosts      %u live, %u fenced\n", r.hosts_live, r.hosts_fenced);
     if (r.role != "standby") {
-      std::printf("leases     %llu acquires refused late, %llu copies discarded, %llu retried, %llu "
-                "pauses, %llu fences (the hosts' counts; per host: cxlkvctl hosts)\n",
-                static_cast<unsigned long long>(lease.leases_refused_late),
-                static_cast<unsigned long long>(lease.copies_discarded),
-                static_cast<unsigned long long>(lease.copies_retried),
-                static_cast<unsigned long long>(lease.pauses_detected),
-                static_cast<unsigned long long>(lease.rejoins_after_fence));
+      std::printf(
+          "leases     %llu acquires refused late, %llu copies discarded, %llu retried, %llu "
+          "pauses, %llu fences (the hosts' counts; per host: cxlkvctl hosts)\n",
+          static_cast<unsigned long long>(lease.leases_refused_late),
+          static_cast<unsigned long long>(lease.copies_discarded),
+          static_cast<unsigned long long>(lease.copies_retried),
+          static_cast<unsigned long long>(lease.pauses_detected),
+          static_cast<unsigned long long>(lease.rejoins_after_fence));
     }
     std::printf(
         "prefixes   %llu published (domain %s); %llu duplicates, %llu reclaimed, %llu evicted\n",
@@ -216,16 +217,16 @@ void AddDomainCommands(CLI::App& app) {
                     "INCARNATION", "STATE", "HEARTBEAT", "EXTENTS", "USED", "LATE", "DISCARDED",
                     "RETRIED", "PAUSES", "FENCES", "NAME");
         for (const orch::HostView& h : hosts) {
-          std::printf("%-5u %-11llu %-9s %-10s %-8u %-12llu %-5llu %-9llu %-7llu %-6llu %-6llu %s\n",
-                      h.host_id, static_cast<unsigned long long>(h.incarnation), h.state.c_str(),
-                      (std::to_string(h.last_heartbeat_ms_ago) + " ms").c_str(), h.extents,
-                      static_cast<unsigned long long>(h.used_bytes),
-                      static_cast<unsigned long long>(h.lease.leases_refused_late),
-                      static_cast<unsigned long long>(h.lease.copies_discarded),
-                      static_cast<unsigned long long>(h.lease.copies_retried),
-                      static_cast<unsigned long long>(h.lease.pauses_detected),
-                      static_cast<unsigned long long>(h.lease.rejoins_after_fence),
-                      h.hostname.c_str());
+          std::printf(
+              "%-5u %-11llu %-9s %-10s %-8u %-12llu %-5llu %-9llu %-7llu %-6llu %-6llu %s\n",
+              h.host_id, static_cast<unsigned long long>(h.incarnation), h.state.c_str(),
+              (std::to_string(h.last_heartbeat_ms_ago) + " ms").c_str(), h.extents,
+              static_cast<unsigned long long>(h.used_bytes),
+              static_cast<unsigned long long>(h.lease.leases_refused_late),
+              static_cast<unsigned long long>(h.lease.copies_discarded),
+              static_cast<unsigned long long>(h.lease.copies_retried),
+              static_cast<unsigned long long>(h.lease.pauses_detected),
+              static_cast<unsigned long long>(h.lease.rejoins_after_fence), h.hostname.c_str());
         }
       });
   Sub(app, "extents", "every extent of the pooled region and who holds it", o)->callback([o] {

@@ -280,9 +280,9 @@ bool Reuser(const Options& o, Report& r, int published_fd) {
       // This process did not run for a while (stopped, or starved): time its recovery.
       ++r.stops;
       r.longest_stop_ms = std::max<std::uint64_t>(
-          r.longest_stop_ms, static_cast<std::uint64_t>(
-                                 std::chrono::duration_cast<std::chrono::milliseconds>(loop - last_loop)
-                                     .count()));
+          r.longest_stop_ms,
+          static_cast<std::uint64_t>(
+              std::chrono::duration_cast<std::chrono::milliseconds>(loop - last_loop).count()));
       resumed = loop;
     }
     last_loop = loop;
@@ -348,7 +348,8 @@ bool Reuser(const Options& o, Report& r, int published_fd) {
       r.worst_recovery_ms = std::max<std::uint64_t>(
           r.worst_recovery_ms,
           static_cast<std::uint64_t>(
-              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - resumed).count()));
+              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - resumed)
+                  .count()));
       resumed = Clock::time_point{};
     }
   }
@@ -467,23 +468,24 @@ int main(int argc, char** argv) {
   const double publish_gbps =
       e2e_ns ? static_cast<double>(a.bytes_written) / static_cast<double>(e2e_ns) : 0.0;
   if (!o.json) {
-  std::printf(
-      "host 0 (prefill): published %llu blocks (%llu prefixes x %u, one ring transaction "
-      "a prefix), %.1f MiB\n",
-      static_cast<unsigned long long>(a.published), static_cast<unsigned long long>(o.prefixes),
-      o.blocks, mib);
-  std::printf(
-      "                  copy-in %.2f GB/s (streaming stores alone); publish %.2f GB/s end "
-      "to end (copy-in + chain requests + the owner applying them), %.0f %% of the copy\n",
-      copy_gbps, publish_gbps, copy_gbps > 0 ? 100.0 * publish_gbps / copy_gbps : 0.0);
-  std::printf(
-      "                  %.1f us per block: copy %.1f, requests %.1f, owner catching up "
-      "%.1f (its step period)\n",
-      a.published ? static_cast<double>(e2e_ns) / static_cast<double>(a.published) / 1e3 : 0.0,
-      a.published ? static_cast<double>(a.copy_in_ns) / static_cast<double>(a.published) / 1e3
-                  : 0.0,
-      a.published ? static_cast<double>(a.post_ns) / static_cast<double>(a.published) / 1e3 : 0.0,
-      a.published ? static_cast<double>(a.drain_ns) / static_cast<double>(a.published) / 1e3 : 0.0);
+    std::printf(
+        "host 0 (prefill): published %llu blocks (%llu prefixes x %u, one ring transaction "
+        "a prefix), %.1f MiB\n",
+        static_cast<unsigned long long>(a.published), static_cast<unsigned long long>(o.prefixes),
+        o.blocks, mib);
+    std::printf(
+        "                  copy-in %.2f GB/s (streaming stores alone); publish %.2f GB/s end "
+        "to end (copy-in + chain requests + the owner applying them), %.0f %% of the copy\n",
+        copy_gbps, publish_gbps, copy_gbps > 0 ? 100.0 * publish_gbps / copy_gbps : 0.0);
+    std::printf(
+        "                  %.1f us per block: copy %.1f, requests %.1f, owner catching up "
+        "%.1f (its step period)\n",
+        a.published ? static_cast<double>(e2e_ns) / static_cast<double>(a.published) / 1e3 : 0.0,
+        a.published ? static_cast<double>(a.copy_in_ns) / static_cast<double>(a.published) / 1e3
+                    : 0.0,
+        a.published ? static_cast<double>(a.post_ns) / static_cast<double>(a.published) / 1e3 : 0.0,
+        a.published ? static_cast<double>(a.drain_ns) / static_cast<double>(a.published) / 1e3
+                    : 0.0);
   }
   // Every key a request asked for was leased or missed; a block counts as reused only when
   // its validated copy was used.
@@ -516,47 +518,51 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(st.ack_waits),
         static_cast<unsigned long long>(st.pauses_detected),
         static_cast<unsigned long long>(st.rejoins_after_fence),
-        static_cast<unsigned long long>(b.stops), static_cast<unsigned long long>(b.longest_stop_ms),
+        static_cast<unsigned long long>(b.stops),
+        static_cast<unsigned long long>(b.longest_stop_ms),
         static_cast<unsigned long long>(b.worst_recovery_ms),
         static_cast<unsigned long long>(b.bad_bytes));
   } else {
-    std::printf("host 1 (serve):   %llu requests, %llu prefix blocks reused, %llu computed (block "
-                "hit rate %.1f %%, the most a request can reuse: %.1f %%)\n",
-                static_cast<unsigned long long>(b.requests), static_cast<unsigned long long>(b.reused),
-                static_cast<unsigned long long>(b.blocks_missed + b.blocks_leased - b.reused), hit,
-                most);
-    std::printf("                  reused %.1f %% of the shared blocks its requests asked for; "
-                "%llu requests could lease nothing\n",
-                100.0 * reuse, static_cast<unsigned long long>(b.refused_requests));
-    std::printf("                  lease a request's prefix: %.2f us mean, p50 %.2f us, p99 %.2f us "
-                "(%.0f ns per block, lookups + leases + re-validation)\n",
-                b.requests ? static_cast<double>(b.chain_ns) / static_cast<double>(b.requests) / 1e3
-                           : 0.0,
-                static_cast<double>(b.lease_p50_ns) / 1e3, static_cast<double>(b.lease_p99_ns) / 1e3,
-                b.blocks_leased ? static_cast<double>(b.chain_ns) / static_cast<double>(b.blocks_leased)
-                                : 0.0);
-    std::printf("                  copied %.1f MiB out of shared blocks at %.2f GB/s; %llu copies "
-                "discarded by validation; %llu blocks with wrong bytes\n",
-                static_cast<double>(b.bytes_copied) / (1 << 20),
-                b.copy_ns ? static_cast<double>(b.bytes_copied) / static_cast<double>(b.copy_ns) : 0.0,
-                static_cast<unsigned long long>(b.discarded),
-                static_cast<unsigned long long>(b.bad_bytes));
-    std::printf("                  busy host: %llu leases renewed to last a copy, %llu taken again "
-                "and copies retried %llu, %llu acquires refused late, %llu waits for an "
-                "acknowledgement, %llu pauses detected, %llu fences\n",
-                static_cast<unsigned long long>(st.leases_renewed_for_copy),
-                static_cast<unsigned long long>(st.leases_retaken),
-                static_cast<unsigned long long>(st.copies_retried),
-                static_cast<unsigned long long>(st.leases_refused_late),
-                static_cast<unsigned long long>(st.ack_waits),
-                static_cast<unsigned long long>(st.pauses_detected),
-                static_cast<unsigned long long>(st.rejoins_after_fence));
+    std::printf(
+        "host 1 (serve):   %llu requests, %llu prefix blocks reused, %llu computed (block "
+        "hit rate %.1f %%, the most a request can reuse: %.1f %%)\n",
+        static_cast<unsigned long long>(b.requests), static_cast<unsigned long long>(b.reused),
+        static_cast<unsigned long long>(b.blocks_missed + b.blocks_leased - b.reused), hit, most);
+    std::printf(
+        "                  reused %.1f %% of the shared blocks its requests asked for; "
+        "%llu requests could lease nothing\n",
+        100.0 * reuse, static_cast<unsigned long long>(b.refused_requests));
+    std::printf(
+        "                  lease a request's prefix: %.2f us mean, p50 %.2f us, p99 %.2f us "
+        "(%.0f ns per block, lookups + leases + re-validation)\n",
+        b.requests ? static_cast<double>(b.chain_ns) / static_cast<double>(b.requests) / 1e3 : 0.0,
+        static_cast<double>(b.lease_p50_ns) / 1e3, static_cast<double>(b.lease_p99_ns) / 1e3,
+        b.blocks_leased ? static_cast<double>(b.chain_ns) / static_cast<double>(b.blocks_leased)
+                        : 0.0);
+    std::printf(
+        "                  copied %.1f MiB out of shared blocks at %.2f GB/s; %llu copies "
+        "discarded by validation; %llu blocks with wrong bytes\n",
+        static_cast<double>(b.bytes_copied) / (1 << 20),
+        b.copy_ns ? static_cast<double>(b.bytes_copied) / static_cast<double>(b.copy_ns) : 0.0,
+        static_cast<unsigned long long>(b.discarded), static_cast<unsigned long long>(b.bad_bytes));
+    std::printf(
+        "                  busy host: %llu leases renewed to last a copy, %llu taken again "
+        "and copies retried %llu, %llu acquires refused late, %llu waits for an "
+        "acknowledgement, %llu pauses detected, %llu fences\n",
+        static_cast<unsigned long long>(st.leases_renewed_for_copy),
+        static_cast<unsigned long long>(st.leases_retaken),
+        static_cast<unsigned long long>(st.copies_retried),
+        static_cast<unsigned long long>(st.leases_refused_late),
+        static_cast<unsigned long long>(st.ack_waits),
+        static_cast<unsigned long long>(st.pauses_detected),
+        static_cast<unsigned long long>(st.rejoins_after_fence));
     if (b.stops != 0) {
-      std::printf("                  stopped %llu times (longest %llu ms); served again %llu ms "
-                  "after running again at worst\n",
-                  static_cast<unsigned long long>(b.stops),
-                  static_cast<unsigned long long>(b.longest_stop_ms),
-                  static_cast<unsigned long long>(b.worst_recovery_ms));
+      std::printf(
+          "                  stopped %llu times (longest %llu ms); served again %llu ms "
+          "after running again at worst\n",
+          static_cast<unsigned long long>(b.stops),
+          static_cast<unsigned long long>(b.longest_stop_ms),
+          static_cast<unsigned long long>(b.worst_recovery_ms));
     }
   }
   if (b.bad_bytes != 0) {

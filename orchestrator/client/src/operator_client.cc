@@ -89,8 +89,8 @@ absl::StatusOr<std::vector<HostView>> OperatorClient::Hosts() {
   std::vector<HostView> out;
   out.reserve(static_cast<std::size_t>(r.hosts_size()));
   for (const pb::Host& h : r.hosts()) {
-    HostView v{h.host_id(), h.incarnation(), h.state(), h.last_heartbeat_ms_ago(),
-               h.extents(), h.used_bytes(), h.hostname()};
+    HostView v{h.host_id(), h.incarnation(), h.state(),   h.last_heartbeat_ms_ago(),
+               h.extents(), h.used_bytes(),  h.hostname()};
     v.lease.leases_refused_late = h.lease().leases_refused_late();
     v.lease.copies_discarded = h.lease().copies_discarded();
     v.lease.copies_retried = h.lease().copies_retried();
