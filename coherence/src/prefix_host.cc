@@ -753,7 +753,7 @@ absl::Status PrefixHost::KeepLease(Lease& lease, std::int64_t need_ms) {
   // The renewal's deadline is capped by the liveness credit: get a fresh one first.
   (void)BeatUntilAlive(now + need_ms);
   if (Holds(lease) && clock_.NowMs() <= lease.deadline_ms) {
-    const absl::Status st = Renew(lease);
+    absl::Status st = Renew(lease);
     if (st.ok()) {
       ++stats_.leases_renewed_for_copy;
       return st;
