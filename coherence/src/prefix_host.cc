@@ -675,11 +675,18 @@ void PrefixHost::ForgetRow(std::uint32_t row) {
   free_rows_.push_back(row);
 }
 
-absl::Status PrefixHost::CopyOut(const Lease& lease, const void* src, void* dst, std::size_t len) {
-  // Under the lease the block is immutable: after the invalidation (clflushopt, then mfence
-  // before any load) every line comes from memory, i.e. holds the published bytes.
+namespace {
+// The read step on a real mapping, written once for CopyOut and ReadLeased: under the lease
+// the block is immutable, so after the invalidation (clflushopt, then mfence before any load)
+// every line comes from memory, i.e. holds the published bytes.
+void ReadRange(const void* src, void* dst, std::size_t len) {
   Invalidate(src, len);
   std::memcpy(dst, src, len);
+}
+}  // namespace
+
+absl::Status PrefixHost::CopyOut(const Lease& lease, const void* src, void* dst, std::size_t len) {
+  ReadRange(src, dst, len);
   // Whether the copy counts: the entry still published with the lease's generation, and the
   // deadline not passed during the copy.
   absl::Status st = ValidateAfterCopy(lease);
@@ -699,10 +706,8 @@ absl::Status PrefixHost::CopyOut(const Lease& lease, Mem& block_mem, std::uint64
 absl::Status PrefixHost::ReadLeased(Lease& lease, const void* src, void* dst, std::size_t len) {
   const auto* from = static_cast<const std::byte*>(src);
   auto* to = static_cast<std::byte*>(dst);
-  return ReadLeasedParts(lease, len, [&](std::size_t off, std::size_t n) {
-    Invalidate(from + off, n);
-    std::memcpy(to + off, from + off, n);
-  });
+  return ReadLeasedParts(
+      lease, len, [&](std::size_t off, std::size_t n) { ReadRange(from + off, to + off, n); });
 }
 
 absl::Status PrefixHost::ReadLeased(Lease& lease, Mem& block_mem, std::uint64_t offset, void* dst,
