@@ -56,6 +56,7 @@
 #include "fence.h"
 #include "gtest/gtest.h"
 #include "ha/extent_audit.h"
+#include "ha/fence_file.h"
 #include "nlohmann/json.hpp"
 #include "orchestrator.grpc.pb.h"
 #include "orchestrator_process.h"
@@ -2238,19 +2239,7 @@ TEST(Fence, ASingleOrchestratorRefusesAnElectedDomain) {
   }
   // Reopens fine as long as no elected leader wrote the fence line.
   ASSERT_TRUE(orch::Orchestrator::Open(*c).ok());
-  {
-    const int fd = ::open((dir + "/domain").c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ASSERT_NE(p, MAP_FAILED);
-    co::DirectMem mem(static_cast<std::byte*>(p), 4096);
-    co::OwnerFenceLine l{};
-    l.epoch = 9;
-    l.cluster_id = 1;
-    orch::WriteFenceLine(mem, l);
-    ::munmap(p, 4096);
-    ::close(fd);
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteFenceLineInFile(dir + "/domain", 9, 1));
   auto refused = orch::Orchestrator::Open(*c);
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
   EXPECT_NE(refused.status().message().find("[etcd]"), std::string::npos) << refused.status();

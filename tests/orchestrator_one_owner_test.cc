@@ -38,6 +38,7 @@
 #include "fence.h"
 #include "gtest/gtest.h"
 #include "ha/extent_audit.h"
+#include "ha/fence_file.h"
 
 namespace cxlkv::testing {
 namespace {
@@ -302,19 +303,7 @@ TEST_F(OneOwnerTest, ASingleOrchestratorStopsOwningOnceAnotherOwnerWroteTheFence
   ASSERT_TRUE(single.ok()) << single.status();
   ASSERT_TRUE((*single)->Start().ok());
   ASSERT_NO_FATAL_FAILURE(StartHost0(bed));
-  {
-    const int fd = ::open(bed.domain_file().c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ASSERT_NE(p, MAP_FAILED);
-    co::DirectMem mem(static_cast<std::byte*>(p), 4096);
-    co::OwnerFenceLine l{};
-    l.epoch = 9;
-    l.cluster_id = 1;
-    orch::WriteFenceLine(mem, l);
-    ::munmap(p, 4096);
-    ::close(fd);
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteFenceLineInFile(bed.domain_file(), 9, 1));
   ASSERT_TRUE(Eventually([&] { return !(*single)->fatal().ok(); }, milliseconds(3000)))
       << "the single orchestrator did not notice the fence line";
   const std::string why((*single)->fatal().message());

@@ -36,8 +36,9 @@ struct cxlkv_domain {
   std::unique_ptr<cxlkv::coherence::DirectMem> mem;
   cxlkv::coherence::SteadyClock clock;
   std::unique_ptr<cxlkv::coherence::PrefixHost> host;
-  // host->stats() as of the caller's last heartbeat or copy, for the client's heartbeat
-  // thread to send (the host is the caller's thread's alone).
+  // host->stats() as of the caller's last heartbeat (cxlkv_domain_heartbeat, at least every
+  // host_ttl/4), for the client's heartbeat thread to send (the host is the caller's thread's
+  // alone); not refreshed on the copy-out path, which stays free of the lock.
   cxlkv::base::Mutex stats_mu;
   cxlkv::coherence::PrefixHost::Stats stats_seen ABSL_GUARDED_BY(stats_mu);
   void NoteStats() {
@@ -563,7 +564,6 @@ CXLKV_API int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena, cx
   co::Lease l = ToLease(*lease);
   const absl::Status st = d->host->ReadLeased(l, src, dst, len);
   *lease = FromLease(l);
-  d->NoteStats();
   if (!st.ok()) return Fail(CXLKV_E_STALE, std::string(st.message()));
   return CXLKV_OK;
 }
@@ -619,7 +619,6 @@ CXLKV_API int cxlkv_lease_copy_out_region(cxlkv_domain* d, cxlkv_lease* lease, c
   co::Lease l = ToLease(*lease);
   const absl::Status st = d->host->ReadLeased(l, src, dst, len);
   *lease = FromLease(l);
-  d->NoteStats();
   if (!st.ok()) return Fail(CXLKV_E_STALE, std::string(st.message()));
   return CXLKV_OK;
 }
