@@ -17,15 +17,15 @@ elseif(NOT CXLKV_SANITIZE STREQUAL "")
   message(FATAL_ERROR "CXLKV_SANITIZE must be '', 'address' or 'thread', got '${CXLKV_SANITIZE}'")
 endif()
 
-# Shared objects that must resolve every symbol at link time (the ABI-only .so files) link with
-# ${CXLKV_LINK_NO_UNDEFINED}. clang leaves a sanitizer's runtime to the executable that loads
-# the object (gcc links libasan.so into it), so in clang sanitizer builds the check is off.
-set(CXLKV_LINK_NO_UNDEFINED "-Wl,--no-undefined")
-if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang" AND NOT CXLKV_SANITIZE STREQUAL "")
-  set(CXLKV_LINK_NO_UNDEFINED "")
-  # A C program linking libcxlkv.so (C++ inside) needs the C++ half of clang's UBSan runtime
-  # (vptr checks) and the C++ library it calls, which the C driver leaves out.
-  add_link_options("$<$<LINK_LANGUAGE:C>:-fsanitize-link-c++-runtime;-lstdc++>")
+# clang links ASan's runtime statically into each executable by default, and an executable's
+# own malloc then wins over an LD_PRELOADed one: the preload shim's tests under ASan would test
+# ASan's allocator instead of the shim. Link the shared runtime instead, as GCC does (libasan.so):
+# the shim, preloaded, comes first; shared objects record the runtime they need.
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang" AND CXLKV_SANITIZE STREQUAL "address")
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libclang_rt.asan-x86_64.so
+                  OUTPUT_VARIABLE cxlkv_asan_runtime OUTPUT_STRIP_TRAILING_WHITESPACE)
+  get_filename_component(cxlkv_asan_runtime_dir "${cxlkv_asan_runtime}" DIRECTORY)
+  add_link_options(-shared-libasan "-Wl,-rpath,${cxlkv_asan_runtime_dir}")
 endif()
 
 # Fuzz builds instrument every library for coverage, so libFuzzer is guided into the parsers
