@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cxlkv/base/errno.h"
+#include "cxlkv/base/file.h"
 #include "cxlkv/pool/region.h"
 
 namespace cxlkv::nvme {
@@ -85,6 +86,9 @@ std::uint64_t NowUnixNs() {
   return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull +
          static_cast<std::uint64_t>(ts.tv_nsec);
 }
+
+// The meta page's file in the store's directory.
+constexpr char kMetaName[] = "cxlkv-nvme.meta";
 
 // A write that could not be stored for lack of room is kResourceExhausted, whichever errno
 // the file system chose; everything else goes through the pool's errno seam.
@@ -281,7 +285,7 @@ absl::Status NvmeStore::Init(const NvmeStoreOptions& o, NvmeOpenReport* report) 
         absl::StrCat(o.dir, ": queue_depth ", o.queue_depth, " must be in 1..4096"));
   }
   dir_ = o.dir;
-  meta_path_ = dir_ + "/cxlkv-nvme.meta";
+  meta_path_ = dir_ + "/" + kMetaName;
   slots_path_ = dir_ + "/cxlkv-nvme.slots";
   payload_bytes_ = o.payload_bytes;
   payload_span_bytes_ = RoundUp(o.payload_bytes, kNvmeIoAlignBytes);
@@ -384,18 +388,13 @@ absl::Status NvmeStore::OpenMeta(const NvmeStoreOptions& o) {
   coherence::Seal(meta, kNvmeMetaMagic, kNvmeVersion, 1);
   std::vector<char> page(kNvmeMetaBytes, 0);
   std::memcpy(page.data(), &meta, sizeof(meta));
-  const std::string tmp = meta_path_ + ".tmp";
-  Fd out;
-  out.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (out.fd < 0) return ErrnoStatus(errno, tmp, "open");
-  if (::pwrite(out.fd, page.data(), page.size(), 0) != static_cast<ssize_t>(page.size())) {
-    return WriteError(errno, tmp, "write");
+  // base::ReplaceFileAt in the directory this store holds open: a crash leaves no store or a
+  // complete one.
+  if (auto st = base::ReplaceFileAt(dir_fd_, dir_, kMetaName,
+                                    {absl::string_view(page.data(), page.size())}, 0600);
+      !st.ok()) {
+    return st;
   }
-  if (::fdatasync(out.fd) != 0) return WriteError(errno, tmp, "fdatasync");
-  if (::rename(tmp.c_str(), meta_path_.c_str()) != 0) {
-    return ErrnoStatus(errno, meta_path_, "rename");
-  }
-  if (::fsync(dir_fd_) != 0) return ErrnoStatus(errno, dir_, "fsync");
   // Slots of an earlier store in this directory (its meta file deleted) carry another uuid
   // and are never indexed; start the file afresh so they do not count against capacity.
   ::unlink(slots_path_.c_str());

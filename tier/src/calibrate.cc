@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cxlkv/base/errno.h"
+#include "cxlkv/base/file.h"
 #include "cxlkv/pool/layout.h"
 
 namespace cxlkv::tier {
@@ -523,22 +524,8 @@ absl::StatusOr<Calibration> CalibrationFromJson(absl::string_view text, absl::st
 }
 
 absl::Status SaveCalibration(const Calibration& c, const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << CalibrationToJson(c) << "\n";
-    out.flush();
-    if (!out) {
-      return absl::UnavailableError(
-          absl::StrCat(tmp, ": write failed (directory writable? disk full?)"));
-    }
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoStatus(err, path, "rename");
-  }
-  return absl::OkStatus();
+  // The placement rule reads this file at every start: never torn, never empty (base/file.h).
+  return base::ReplaceFile(path, CalibrationToJson(c) + "\n", 0644);
 }
 
 absl::StatusOr<Calibration> LoadCalibration(const std::string& path) {

@@ -1,11 +1,7 @@
 // ReuseTracker: a fixed table of 4-way buckets, EWMA per prefix key, and its stats file.
 #include "cxlkv/tier/reuse_tracker.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <bit>
-#include <cerrno>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -13,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cxlkv/base/errno.h"
+#include "cxlkv/base/file.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/coherence/record.h"
 #include "cxlkv/pool/region.h"
@@ -21,7 +17,6 @@
 
 namespace cxlkv::tier {
 
-using base::ErrnoStatus;
 
 static_assert(std::endian::native == std::endian::little, "the stats file is little-endian");
 
@@ -64,19 +59,6 @@ inline std::uint64_t Mix(const coherence::PrefixKey& k) noexcept {
   return ((k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull)) * 0xD6E8FEB86659FD93ull) >> 17;
 }
 
-absl::Status WriteAll(int fd, const void* data, std::size_t len, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (len > 0) {
-    const ssize_t n = ::write(fd, p, len);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, path, "write");
-    }
-    p += n;
-    len -= static_cast<std::size_t>(n);
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -233,47 +215,18 @@ absl::Status ReuseTracker::Save(const std::string& path, std::uint64_t now_ns) c
   h.alpha = alpha_;
   coherence::Seal(h, kStatsMagic, kStatsVersion, 0);
 
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, tmp, "open");
-  absl::Status st = WriteAll(fd, &h, sizeof(h), tmp);
-  if (st.ok()) st = WriteAll(fd, entries.data(), entries.size() * sizeof(Entry), tmp);
-  if (st.ok() && ::fsync(fd) != 0) st = ErrnoStatus(errno, tmp, "fsync");
-  ::close(fd);
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = ErrnoStatus(errno, path, "rename");
-  if (!st.ok()) {
-    ::unlink(tmp.c_str());
-    return st;
-  }
-  const std::size_t slash = path.rfind('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return absl::OkStatus();
+  return base::ReplaceFile(
+      path,
+      {absl::string_view(reinterpret_cast<const char*>(&h), sizeof(h)),
+       absl::string_view(reinterpret_cast<const char*>(entries.data()),
+                         entries.size() * sizeof(Entry))},
+      0644);
 }
 
 absl::StatusOr<ReuseTracker::Loaded> ReuseTracker::Load(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, path, "open");
-  std::string bytes;
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, path, "read");
-    }
-    if (n == 0) break;
-    bytes.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(fd);
-  return Parse(bytes, path);
+  absl::StatusOr<std::string> bytes = base::ReadFile(path);
+  if (!bytes.ok()) return bytes.status();
+  return Parse(*bytes, path);
 }
 
 absl::StatusOr<ReuseTracker::Loaded> ReuseTracker::Parse(absl::string_view bytes,

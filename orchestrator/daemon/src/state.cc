@@ -1,18 +1,15 @@
 // DomainState: membership and capacity leases, and their state file.
 #include "cxlkv/orchestrator/state.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "cxlkv/base/errno.h"
+#include "cxlkv/base/file.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/pool/region.h"
 #include "nlohmann/json.hpp"
@@ -381,48 +378,11 @@ absl::Status DomainState::Load(std::int64_t now_ms) {
 }
 
 absl::Status DomainState::Save() const {
-  const std::string text = Serialize();
-  const std::string tmp = c_.state_file + ".tmp";
-  auto fail = [&](const char* what) {
-    return absl::InternalError(absl::StrCat(what, " ", tmp, ": ", base::ErrnoText(errno)));
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return fail("cannot create");
-  std::size_t off = 0;
-  while (off < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      ::close(fd);
-      return fail("cannot write");
-    }
-    off += static_cast<std::size_t>(n);
-  }
-  // The contents and the size (fdatasync covers what reading the file back needs).
-  if (::fdatasync(fd) != 0) {
-    ::close(fd);
-    return fail("cannot sync");
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), c_.state_file.c_str()) != 0) return fail("cannot rename");
-  // The rename is durable only once the directory is: a change this reply reveals must not
-  // be undone by a power loss, so a directory that cannot be synced fails the save.
-  std::string dir = std::filesystem::path(c_.state_file).parent_path().string();
-  if (dir.empty()) dir = ".";
-  auto dir_fail = [&](const char* what) {
-    return absl::InternalError(absl::StrCat(
-        "cannot ", what, " directory ", dir, " to make the rename of ", c_.state_file,
-        " durable: ", base::ErrnoText(errno), " (put domain.state_file on a local file system)"));
-  };
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return dir_fail("open");
-  if (::fsync(dfd) != 0) {
-    absl::Status st = dir_fail("fsync");
-    ::close(dfd);
-    return st;
-  }
-  ::close(dfd);
-  return absl::OkStatus();
+  // A change this reply reveals must not be undone by a power loss: a directory that cannot
+  // be synced fails the save too (base/file.h).
+  absl::Status st = base::ReplaceFile(c_.state_file, Serialize(), 0600);
+  if (st.ok()) return st;
+  return absl::InternalError(absl::StrCat("domain.state_file: ", st.message()));
 }
 
 }  // namespace cxlkv::orchestrator

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <filesystem>
 #include <fstream>
 #include <random>
 #include <set>
@@ -14,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cxlkv/base/errno.h"
+#include "cxlkv/base/file.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/pool/region.h"
 #include "nlohmann/json.hpp"
@@ -806,32 +806,10 @@ json ObjectJson(const std::string& tenant, const ObjectKey& key, const Layout& l
               {"touched", touched}};
 }
 
-absl::Status WriteAll(int fd, const std::string& text) {
-  std::size_t off = 0;
-  while (off < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(base::ErrnoText(errno));
-    }
-    off += static_cast<std::size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SyncDirOf(const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0 || ::fsync(dfd) != 0) {
-    const int err = errno;
-    if (dfd >= 0) ::close(dfd);
-    return absl::InternalError(absl::StrCat("lmcache.state_file: cannot sync the directory ", dir,
-                                            ": ", base::ErrnoText(err),
-                                            " (put it on a local file system)"));
-  }
-  ::close(dfd);
-  return absl::OkStatus();
+// Every write of the state file and its journal names the setting in its error.
+absl::Status InStateFile(const absl::Status& st) {
+  if (st.ok()) return st;
+  return absl::InternalError(absl::StrCat("lmcache.state_file: ", st.message()));
 }
 
 }  // namespace
@@ -1130,7 +1108,7 @@ class FileStore : public StateStore {
   }
 
   absl::Status Append(std::uint64_t /*seq*/, const std::string& record) override {
-    absl::Status st = WriteAll(fd_, record);
+    absl::Status st = InStateFile(base::WriteAll(fd_, record, journal_));
     if (!st.ok()) {
       // A partial line is cut off so the next record starts clean.
       if (::ftruncate(fd_, static_cast<off_t>(bytes_)) != 0) broken_ = true;
@@ -1145,35 +1123,20 @@ class FileStore : public StateStore {
       return absl::InternalError(absl::StrCat(
           journal_, " could not be cut after a failed append; restart the orchestrator"));
     }
-    const std::string tmp = path_ + ".tmp";
     auto fail = [&](const char* what, int err) {
       return absl::InternalError(
-          absl::StrCat("lmcache.state_file: ", what, " ", tmp, ": ", base::ErrnoText(err)));
+          absl::StrCat("lmcache.state_file: ", what, " ", journal_, ": ", base::ErrnoText(err)));
     };
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return fail("cannot create", errno);
-    if (auto st = WriteAll(fd, text); !st.ok()) {
-      ::close(fd);
-      return absl::InternalError(
-          absl::StrCat("lmcache.state_file: cannot write ", tmp, ": ", st.message()));
-    }
-    if (::fdatasync(fd) != 0) {
-      const int err = errno;
-      ::close(fd);
-      return fail("cannot sync", err);
-    }
-    ::close(fd);
-    if (::rename(tmp.c_str(), path_.c_str()) != 0) return fail("cannot rename", errno);
-    if (auto st = SyncDirOf(path_); !st.ok()) return st;
+    if (auto st = InStateFile(base::ReplaceFile(path_, text, 0600)); !st.ok()) return st;
     // The snapshot holds every record: the journal starts empty.
     if (fd_ < 0) {
       fd_ = ::open(journal_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-      if (fd_ < 0) return fail("cannot open the journal beside", errno);
+      if (fd_ < 0) return fail("cannot open the journal", errno);
     }
     if (::ftruncate(fd_, 0) != 0 || ::fdatasync(fd_) != 0) {
-      return fail("cannot empty the journal beside", errno);
+      return fail("cannot empty the journal", errno);
     }
-    if (auto st = SyncDirOf(journal_); !st.ok()) return st;
+    if (auto st = InStateFile(base::SyncParentDir(journal_)); !st.ok()) return st;
     bytes_ = 0;
     return absl::OkStatus();
   }

@@ -96,8 +96,9 @@ class ReuseTracker {
   // Every entry (unordered), for tools and tests.
   std::vector<ReuseStats> Entries() const;
 
-  // Writes the stats file atomically (temporary file, fsync, rename, fsync of the
-  // directory). `now_ns` is stored as saved_at_ns, on the same clock as the entries.
+  // Writes the stats file with base::ReplaceFile's guarantee (old or new, never torn; durable
+  // on OK, the directory's fsync included: its failure fails the save). `now_ns` is stored as
+  // saved_at_ns, on the same clock as the entries.
   absl::Status Save(const std::string& path, std::uint64_t now_ns) const;
 
   struct Loaded;

@@ -61,9 +61,9 @@ class DomainState {
   // (Orchestrator::Open, --new-domain). kDataLoss if it is corrupt or does not match the
   // pool (never silently discarded).
   absl::Status Load(std::int64_t now_ms);
-  // Writes the state file: temp file, fdatasync, rename, fsync of the directory. Any failure,
-  // the directory's open and fsync included, is kInternal naming the path; the caller must
-  // then not reveal the change.
+  // Writes the state file (base::ReplaceFile: temp file, fdatasync, rename, fsync of the
+  // directory). Any failure, the directory's open and fsync included, is kInternal naming the
+  // path and the step; the caller must then not reveal the change.
   absl::Status Save() const;
   // A new domain on a prefix domain that was already in use: every extent starts quarantined
   // for a full capacity lease, as if a host had held it (its arena is revoked at the owner
