@@ -11,7 +11,7 @@
 //   - with cxlkv/coherence/prefix.h: Host(), Publish(), Retire() act as a host of the domain
 //     in this process (a PrefixHost on the shared domain file).
 //
-// The HA tests (tests/orchestrator_ha_test.cc) build their etcd-backed orchestrators on it: the
+// The HA tests (tests/ha/ha_orchestrator.h) build their etcd-backed orchestrators on it: the
 // domain's files from outside, extra environment, a command prefix (a network or UTS
 // namespace), Launch() with an explicit --new-domain and an exit that is the expected outcome.
 #ifndef CXLKV_TESTS_ORCHESTRATOR_PROCESS_H_

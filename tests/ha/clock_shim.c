@@ -1,4 +1,4 @@
-/* A clock shim for the HA tests' real processes (LD_PRELOAD; tests/orchestrator_ha_test.cc):
+/* A clock shim for the HA tests' real processes (LD_PRELOAD; tests/ha/frozen_clock_test.cc):
  * every CLOCK_BOOTTIME reading of a process (and of the children it forks) is its clock less
  * a shift that the test sets, so that a process the test stopped (SIGSTOP) and resumed sees
  * on that clock what a stopped VM's guest sees with kvmclock: no time passed across the stop

@@ -39,13 +39,10 @@
 #include "gtest/gtest.h"
 #include "ha/extent_audit.h"
 #include "ha/fence_file.h"
+#include "ha/namespaces.h"
 
 namespace cxlkv::testing {
 namespace {
-
-namespace co = ::cxlkv::coherence;
-namespace orch = ::cxlkv::orchestrator;
-using std::chrono::milliseconds;
 
 // One domain's files (a 128 MiB pool of 8 extents, a 4 MiB prefix domain) in a temporary
 // directory, and a subdirectory of each orchestrator's own (its socket and state file).
