@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -33,8 +34,10 @@ std::string HostLine(const OrchestratorProcess& o, unsigned host) {
 }
 
 TEST(CApiOrchestrator, JoinsThroughTheOrchestrator) {
-  OrchestratorProcess o("lease_ttl_ms = 400\nhost_ttl_ms = 400\nheartbeat_period_ms = 50\n"
-                        "grace_ms = 20\ncapacity_lease_ms = 1000\n");
+  // Nothing here waits for an expiry: TTLs far longer than a cxlkvctl run on a busy machine
+  // (under ASan one took over 400 ms, and the host was declared dead before its heartbeat).
+  OrchestratorProcess o("lease_ttl_ms = 10000\nhost_ttl_ms = 10000\nheartbeat_period_ms = 250\n"
+                        "grace_ms = 20\ncapacity_lease_ms = 10000\n");
   o.Start();
   cxlkv_domain* d = nullptr;
   const std::string spec = "orchestrator:" + o.socket;
@@ -163,12 +166,24 @@ TEST(CApiOrchestrator, ExtentArenasShareBlocksAndStayQuarantinedWhileLeased) {
 
   kill(publisher, SIGKILL);
   waitpid(publisher, nullptr, 0);
-  ASSERT_TRUE(WaitFor([&] {
-    // Keep the lease while the orchestrator notices the death.
-    EXPECT_EQ(cxlkv_lease_renew(d, &leases[0]), CXLKV_OK) << cxlkv_last_error();
-    (void)cxlkv_domain_heartbeat(d, nullptr, nullptr);
-    return Extents(o).quarantined == 1;
-  }, std::chrono::milliseconds(10000)))
+  // Keep the lease while the orchestrator notices the death: renewed by a thread of its own
+  // every 100 ms, so a slow cxlkvctl poll (seconds under ASan on a busy machine) does not let
+  // it lapse.
+  std::atomic<bool> keeping{true};
+  std::atomic<int> renew_failures{0};
+  std::thread keeper([&] {
+    while (keeping.load()) {
+      if (cxlkv_lease_renew(d, &leases[0]) != CXLKV_OK) ++renew_failures;
+      (void)cxlkv_domain_heartbeat(d, nullptr, nullptr);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  const bool quarantined =
+      WaitFor([&] { return Extents(o).quarantined == 1; }, std::chrono::milliseconds(30000));
+  keeping = false;
+  keeper.join();
+  EXPECT_EQ(renew_failures.load(), 0) << "the lease lapsed while it was renewed every 100 ms";
+  ASSERT_TRUE(quarantined)
       << "the dead host's extent is quarantined after its capacity lease\n"
       << [&] {
            std::string out;
