@@ -841,8 +841,26 @@ TEST(CoordinatorConfigTest, SectionAndTokens) {
   EXPECT_EQ(t->at("aaaaaaaaaaaaaaaaaaaa"), "acme");
   write("cccccccccccccccccccc\n", P::owner_read | P::owner_write);
   EXPECT_EQ(LoadTenantTokens(f)->at("cccccccccccccccccccc"), "default");
-  write("cccccccccccccccccccc\n", P::owner_read | P::owner_write | P::others_read);
-  EXPECT_EQ(LoadTenantTokens(f).status().code(), absl::StatusCode::kPermissionDenied);
+  write("cccccccccccccccccccc\n", P::owner_read | P::owner_write | P::group_read | P::others_read);
+  const absl::Status readable = LoadTenantTokens(f).status();
+  EXPECT_EQ(readable.code(), absl::StatusCode::kPermissionDenied);
+  // The mode in octal as chmod takes it (it was printed in hex: "1a4"), the fix and the setting.
+  EXPECT_NE(readable.message().find("mode 0644"), std::string::npos) << readable;
+  EXPECT_NE(readable.message().find("chmod 600 " + f), std::string::npos) << readable;
+  EXPECT_NE(readable.message().find("lmcache.token_file_readable = true"), std::string::npos);
+  // LMCache's behaviour one setting away: accepted, with a warning naming the file and mode.
+  std::string warning;
+  auto accepted = LoadTenantTokens(f, /*accept_readable=*/true, &warning);
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(accepted->at("cccccccccccccccccccc"), "default");
+  EXPECT_NE(warning.find(f), std::string::npos) << warning;
+  EXPECT_NE(warning.find("0644"), std::string::npos) << warning;
+  auto set = ParseCoordinatorConfig(
+      "[lmcache]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"t\"\nlayout_id = \"l\"\n"
+      "region_size = \"64M\"\ntoken_file_readable = true\n",
+      "x.toml");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_TRUE(set->token_file_readable);
   write("acme short\n", P::owner_read | P::owner_write);
   EXPECT_NE(LoadTenantTokens(f).status().message().find(":1:"), std::string::npos);
   write("a aaaaaaaaaaaaaaaaaaaa\nb aaaaaaaaaaaaaaaaaaaa\n", P::owner_read | P::owner_write);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "cxlkv/base/toml_reader.h"
@@ -60,6 +61,9 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(absl::string_view text,
   absl::Status st = p.Table(*section, "lmcache", {
     {"listen", str(&c.listen)},
     {"token_file", str(&c.token_file)},
+    {"token_file_readable", H([&p, &c](const toml::node& v, const std::string& k) {
+       return p.Bool(v, k, &c.token_file_readable);
+     })},
     {"region_id", str(&c.region_id)},
     {"layout_id", str(&c.layout_id)},
     {"region_size", size(&c.region_bytes)},
@@ -158,7 +162,9 @@ std::uint64_t HostPoolBytes(const CoordinatorConfig& c, std::uint64_t pool_bytes
   return whole > c.region_bytes ? whole - c.region_bytes : 0;
 }
 
-absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::string& path) {
+absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::string& path,
+                                                                    bool accept_readable,
+                                                                    std::string* warning) {
   struct stat sb {};
   if (::stat(path.c_str(), &sb) != 0) {
     return absl::NotFoundError(absl::StrCat("lmcache.token_file ", path,
@@ -166,9 +172,19 @@ absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::s
                                             "lines \"TENANT TOKEN\")"));
   }
   if ((sb.st_mode & 077) != 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("lmcache.token_file ", path, ": readable by others (mode ",
-                     absl::StrCat(absl::Hex(sb.st_mode & 0777)), "); chmod 600 ", path));
+    const std::string mode = absl::StrFormat("%04o", sb.st_mode & 0777);
+    if (!accept_readable) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "lmcache.token_file ", path, ": group or others may read it (mode ", mode,
+          "), and a token is a tenant's whole credential: `chmod 600 ", path,
+          "`, or set lmcache.token_file_readable = true to accept it as LMCache does"));
+    }
+    if (warning != nullptr) {
+      *warning = absl::StrCat("lmcache.token_file ", path, " has mode ", mode,
+                              ": group or others may read the tokens (accepted: "
+                              "lmcache.token_file_readable = true); `chmod 600 ",
+                              path, "` keeps them the owner's");
+    }
   }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("lmcache.token_file ", path, ": cannot open"));

@@ -186,8 +186,12 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
   std::unique_ptr<Service> s(new Service());
   s->c_ = c;
   s->region_offset_ = region_offset;
-  auto tokens = LoadTenantTokens(c.token_file);
+  std::string token_warning;
+  auto tokens = LoadTenantTokens(c.token_file, c.token_file_readable, &token_warning);
   if (!tokens.ok()) return tokens.status();
+  if (!token_warning.empty()) {
+    std::fprintf(stderr, "cxlkv-orchestrator: lmcache: warning: %s\n", token_warning.c_str());
+  }
   s->tokens_ = *std::move(tokens);
   if (standby) {
     base::MutexLock l(s->mu_);

@@ -19,6 +19,9 @@ namespace cxlkv::coordinator {
 struct CoordinatorConfig {
   std::string listen;              // HOST:PORT of the HTTP API; "" : off (no [lmcache] section)
   std::string token_file;          // required: bearer tokens and their tenants (LoadTenantTokens)
+  // lmcache.token_file_readable = true: a token file group or others may read is accepted with
+  // a warning (LMCache's own behaviour); by default it is refused (the token is the tenant).
+  bool token_file_readable = false;
   std::string region_id;           // LMCache's --l1-shared-region-id; "" : the domain's name
   std::string layout_id;           // required: LMCache's --l1-shared-layout-id
   std::uint64_t region_bytes = 0;  // required: the pool's last extents lent to LMCache
@@ -66,8 +69,11 @@ std::uint64_t HostPoolBytes(const CoordinatorConfig& c, std::uint64_t pool_bytes
 // Tokens and their tenants, from a file readable by its owner only. Either one bare token
 // (LMCache's own token file: tenant "default"), or lines "TENANT TOKEN" ('#' starts a comment).
 // Tokens: 16..4096 printable ASCII without spaces, each once; tenants: [A-Za-z0-9_.-]{1,64}.
-// Errors name the file, the line and the fix.
-absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::string& path);
+// Errors name the file, the line and the fix. A file group or others may read is refused
+// (kPermissionDenied: its octal mode, the chmod, and the setting that accepts it) unless
+// `accept_readable`; then `*warning` (when given) says so and the tokens load.
+absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(
+    const std::string& path, bool accept_readable = false, std::string* warning = nullptr);
 
 }  // namespace cxlkv::coordinator
 
