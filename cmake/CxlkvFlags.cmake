@@ -28,6 +28,14 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang" AND CXLKV_SANITIZE STREQUAL "address")
   add_link_options(-shared-libasan "-Wl,-rpath,${cxlkv_asan_runtime_dir}")
 endif()
 
+# Shared objects that must resolve every symbol at link time (the ABI-only .so files) link with
+# ${CXLKV_LINK_NO_UNDEFINED}. clang's TSan runtime is linked into executables only, so a shared
+# object of a clang TSan build leaves its __tsan_* calls to the program that loads it.
+set(CXLKV_LINK_NO_UNDEFINED "-Wl,--no-undefined")
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang" AND CXLKV_SANITIZE STREQUAL "thread")
+  set(CXLKV_LINK_NO_UNDEFINED "")
+endif()
+
 # Fuzz builds instrument every library for coverage, so libFuzzer is guided into the parsers
 # (the fuzz targets themselves add -fsanitize=fuzzer for the driver).
 if(CXLKV_BUILD_FUZZ)
