@@ -146,7 +146,7 @@ class SecondaryTierManagerV22(_BaseCommon):
 
 
 class SecondaryTierManagerV23(_BaseCommon):
-    """v0.23-v0.25: get_finished_jobs replaces get_finished; on_new_request is abstract."""
+    """v0.23-v0.24: get_finished_jobs replaces get_finished; on_new_request is abstract."""
 
     @abc.abstractmethod
     def lookup(self, key: bytes, req_context: Any) -> Optional[bool]: ...
