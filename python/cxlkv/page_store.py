@@ -398,8 +398,15 @@ class PageStore:
         return self._write(pks, segs, self._prior(extra_info))
 
     def _prior(self, extra_info: Any) -> Optional[PrefixKey]:
+        """The key of the page before the first: the last of ``extra_info.prefix_keys``.
+
+        None there means no key, as SGLang means it: its controller passes ``prefix_keys=None``
+        when it does not pass them, and ``HiCacheStorageExtraInfo``'s default is ``(None,)``
+        from 0.5.4 to 0.5.9 (a typo for None, fixed after 0.5.9; docs/engines.md)."""
         prefix = getattr(extra_info, "prefix_keys", None) if extra_info is not None else None
-        return self.key(prefix[-1], "prefix_keys") if prefix else None
+        if prefix is None or all(k is None for k in prefix):
+            return None
+        return self.key(prefix[-1], "prefix_keys")
 
     def _write(self, pks: List[PrefixKey], segs: List[Segments],
                parent: Optional[PrefixKey]) -> List[bool]:

@@ -44,9 +44,16 @@ class HiCacheStorageConfig:
 
 @dataclass
 class HiCacheStorageExtraInfo:
-    """Passed to batch_exists / batch_get_v1 / batch_set_v1: the prefix's earlier keys."""
+    """Passed to batch_exists / batch_get_v1 / batch_set_v1: the prefix's earlier keys.
 
-    prefix_keys: Optional[List[str]] = None
+    The default of prefix_keys is ``(None,)`` at every tag from v0.5.4 (1053e1be,
+    hicache_storage.py:39) to v0.5.9 (bbe9c7ee, :61); main made it None after 0.5.9 (#25252,
+    "typo defaults"). v0.5.3 has no prefix_keys (:38-39 at a4a3d823). SGLang's own controller
+    always passes prefix_keys: the node's earlier page hashes, or None when
+    hicache_storage_pass_prefix_keys is off (hiradix_cache.py:639-643, scheduler.py:1666-1670,
+    cache_controller.py:838, :899, :1000 at v0.5.9). So None means "no prefix keys"."""
+
+    prefix_keys: Optional[List[str]] = (None,)  # type: ignore[assignment]
     extra_info: Optional[dict] = None
 
 

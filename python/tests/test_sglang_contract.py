@@ -147,6 +147,32 @@ def test_draft_keys_live_in_their_own_namespace(env: Env) -> None:
         a.batch_exists(["x:" + keys[0]])
 
 
+def test_extra_info_with_its_released_default_means_no_prefix_keys(env: Env) -> None:
+    """SGLang 0.5.4 - 0.5.9 default prefix_keys to (None,): HiCacheStorageExtraInfo() is
+    "no prefix keys", as prefix_keys=None and no extra_info are (it failed: "KeyLengthError:
+    prefix_keys: key of type NoneType"). Main and draft pages, every batch call."""
+    a, b = start(env, [S.rank_configs(extra_config(env, host_id=h), MODEL)[0] for h in (0, 1)],
+                 [pool(1), pool(2)])
+    assert S.HiCacheStorageExtraInfo().prefix_keys == (None,)
+    keys = page_keys(3, b"default")
+    for i, info in enumerate([S.HiCacheStorageExtraInfo(),
+                              S.HiCacheStorageExtraInfo(prefix_keys=None),
+                              S.HiCacheStorageExtraInfo(prefix_keys=[])]):
+        assert a.batch_set_v1(keys[i:i + 1], idx([i]), info) == [True]
+    drafts = ["d:" + k for k in page_keys(1, b"default-draft")]
+    assert a.batch_set_v1(drafts, idx([3]), S.HiCacheStorageExtraInfo()) == [True]
+    wait_until(lambda: b.batch_exists(keys, S.HiCacheStorageExtraInfo()) == 3)
+    assert b.batch_get_v1(keys, idx([0, 1, 2]), S.HiCacheStorageExtraInfo()) == [True] * 3
+    assert b.batch_exists(drafts, S.HiCacheStorageExtraInfo()) == 1
+    assert b.batch_get_v1(drafts, idx([3]), S.HiCacheStorageExtraInfo()) == [True]
+    src, dst = a.core.stores[False].mem_pool_host, b.core.stores[False].mem_pool_host
+    assert np.array_equal(src.data[:, 0:3 * PAGE], dst.data[:, 0:3 * PAGE])
+    # A key in the prefix after a None is still refused: SGLang never passes that.
+    with pytest.raises(KeyLengthError):
+        a.batch_set_v1(page_keys(1, b"mixed"), idx([0]),
+                       S.HiCacheStorageExtraInfo(prefix_keys=[page_keys(1)[0], None]))
+
+
 def test_bad_configuration_fails_at_start_naming_the_setting(env: Env) -> None:
     def err(cfg: Dict[str, Any], **kw: Any) -> Exception:
         with pytest.raises(Exception) as e:

@@ -59,7 +59,7 @@ def registry_for(g: V.Generation) -> Dict[str, type]:
     cls = adapter.build_tier_class(
         gens.generation_named(g.name), g.base, g.result_cls, engine_version=g.version,
         lookup_result=V.LookupResult, request_context_cls=V.RequestOffloadingContext,
-        medium=V.Medium.CPU if g.drain_jobs else None)
+        medium=V.Medium.CPU if g.name == "0.32" else None)
     return {adapter.TIER_TYPE: cls}
 
 
@@ -477,3 +477,89 @@ def _published(d: Any, ns: Any, key: Any) -> bool:
         return True
     except FullError:
         return False
+
+
+# ---- released engines as the package sees them installed (issue #41) ---------------------------
+
+
+def _installed(monkeypatch: pytest.MonkeyPatch, tag: str, version: str) -> Any:
+    """cxlkv.integrations.vllm's import-time pick over a vLLM of release `tag` (the facts of
+    vllm_interfaces.release_modules), as the package does over an installed one; the adapter's
+    module state is put back after the test."""
+    import sys
+
+    for name in ("IMPORT_ERROR", "ENGINE_VERSION", "GENERATION", "CxlkvSecondaryTier"):
+        monkeypatch.setattr(adapter, name, getattr(adapter, name))
+    for name, mod in V.release_modules(tag, version).items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    adapter._from_installed_vllm()
+    assert adapter.CxlkvSecondaryTier is not None, adapter.IMPORT_ERROR
+    return adapter.CxlkvSecondaryTier
+
+
+@pytest.mark.parametrize("version", ["0.25.0", "0.25.1"])
+def test_vllm_025_starts_and_round_trips(env: Env, monkeypatch: pytest.MonkeyPatch,
+                                         version: str) -> None:
+    """At the v0.25.0 tag (v0.25.1: the same tiering/base.py) lookup already answers
+    LookupResult and drain_jobs is abstract: the 0.26 interface. The engine constructs the
+    tier through the factory's call and round-trips blocks (it was refused: "vLLM 0.25.0 is
+    outside the pin of the 0.32 interface")."""
+    cls = _installed(monkeypatch, "v0.25.0", version)
+    reg = {adapter.TIER_TYPE: cls}
+    va, vb = primary_view(21), primary_view(22)
+    a = V.create_secondary_tier(reg, tier_config(env, 1), va, spec())
+    env._closers.insert(0, a.shutdown)
+    b = V.create_secondary_tier(reg, tier_config(env, 2), vb, spec())
+    env._closers.insert(0, b.shutdown)
+    ctx = V.ReqContext("req-025")
+    keys = offload_keys(3, salt=version.encode())
+    assert [b.lookup(k, ctx) for k in keys] == [V.LookupResult.MISS] * 3
+    a.submit_store(V.JobMetadata(1, keys, np.arange(3, dtype=np.int64), False, ctx))
+    assert [(r.job_id, r.success) for r in V.poll(a.get_finished_jobs, 1)] == [(1, True)]
+    wait_until(lambda: all(b.lookup(k, ctx) is V.LookupResult.HIT for k in keys))
+    b.submit_load(V.JobMetadata(2, keys, np.arange(5, 8, dtype=np.int64), True, ctx))
+    b.drain_jobs()
+    assert [(r.job_id, r.success) for r in V.poll(b.get_finished_jobs, 1)] == [(2, True)]
+    assert np.array_equal(np.asarray(va)[0:3], np.asarray(vb)[5:8])
+    # The class of the 0.26 interface, inside its pin (no warning, no override).
+    assert adapter.GENERATION.name == "0.26" and adapter.GENERATION.covers(version)
+    assert gens.generation_for(version).name == "0.26"
+    assert issubclass(cls, V.SecondaryTierManagerV25) and not cls.__abstractmethods__
+
+
+def test_a_known_shape_runs_whatever_the_version_says(env: Env,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The class is the one the installed base class's shape asks for; a version outside the
+    releases that shape was read at is logged, not refused (no allow_untested_version)."""
+    cls = _installed(monkeypatch, "v0.26.0", "0.26.1.dev7+g568afb3a")
+    t = V.create_secondary_tier({adapter.TIER_TYPE: cls}, tier_config(env, 1), primary_view(1),
+                                spec())
+    t.shutdown()
+    cls = _installed(monkeypatch, "v0.25.0", "0.40.0")
+    assert adapter.GENERATION.name in ("0.26", "0.32")
+    t = V.create_secondary_tier({adapter.TIER_TYPE: cls}, tier_config(env, 1), primary_view(1),
+                                spec())
+    t.shutdown()
+
+
+def test_vllm_026_events_name_the_cpu_medium_as_a_string(env: Env,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """v0.26.0 has no Medium enum: OffloadingEvent.medium is a str, vLLM's CPU tier's is "CPU"
+    (kv_events.py MEDIUM_CPU). The tier's events name that medium (they named None, which
+    routers read as the device tier, scoring CXL-held blocks as GPU hits)."""
+    cls = _installed(monkeypatch, "v0.26.0", "0.26.0")
+    assert adapter.GENERATION.name == "0.26"
+    sp = spec()
+    sp.kv_events_config = V.KVEventsConfig(enable_kv_cache_events=True)
+    t = V.create_secondary_tier({adapter.TIER_TYPE: cls},
+                                tier_config(env, 1, enable_kv_events=True, locality="LOCAL"),
+                                primary_view(1), sp)
+    env._closers.insert(0, t.shutdown)
+    ctx = V.ReqContext("req-026")
+    keys = offload_keys(2, salt=b"026")
+    t.submit_store(V.JobMetadata(4, keys, np.arange(2, dtype=np.int64), False, ctx))
+    assert [(r.job_id, r.success) for r in V.poll(t.get_finished_jobs, 1)] == [(4, True)]
+    ev = list(t.take_events())
+    assert [e.medium for e in ev] == ["CPU"]
+    assert ev == [V.OffloadingEventV26(keys, "CPU", False, V.Locality.LOCAL)]
+    assert type(ev[0].medium) is str and t.medium == "CPU"

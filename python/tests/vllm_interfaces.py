@@ -146,7 +146,7 @@ class SecondaryTierManagerV22(_BaseCommon):
 
 
 class SecondaryTierManagerV23(_BaseCommon):
-    """v0.23-v0.25: get_finished_jobs replaces get_finished; on_new_request is abstract."""
+    """v0.23-v0.24: get_finished_jobs replaces get_finished; on_new_request is abstract."""
 
     @abc.abstractmethod
     def lookup(self, key: bytes, req_context: Any) -> Optional[bool]: ...
@@ -189,11 +189,27 @@ class SecondaryTierManagerV26Drain(SecondaryTierManagerV23):
     def drain_jobs(self) -> None: ...
 
 
-class SecondaryTierManagerV26(SecondaryTierManagerV23):
-    """v0.26-v0.31: lookup answers LookupResult; serve_external_requests(parent) optional."""
+class SecondaryTierManagerV25(SecondaryTierManagerV23):
+    """The v0.25.0 tag (702f4814; v0.25.1 at 752a3a50 has the same tiering/base.py, blob
+    b022e1f2): abstract lookup -> LookupResult (:84), submit_store (:100), submit_load (:128),
+    get_finished_jobs (:153), on_new_request (:185), drain_jobs (:222); optional
+    has_pending_work (:166), touch (:174), on_request_finished (:197), on_schedule_end (:213),
+    shutdown (:238); JobMetadata.block_ids (:39), JobResult(job_id, success) (:45-49); no
+    take_events."""
 
     @abc.abstractmethod
     def lookup(self, key: bytes, req_context: Any) -> LookupResult: ...
+
+    @abc.abstractmethod
+    def drain_jobs(self) -> None: ...
+
+
+class SecondaryTierManagerV26(SecondaryTierManagerV25):
+    """The v0.26.0 tag (568afb3a): as v0.25.0 (lookup :129, drain_jobs :280 abstract), plus
+    optional take_events (:219, default none) and serve_external_requests(parent) (:262)."""
+
+    def take_events(self) -> Any:
+        return ()
 
     def serve_external_requests(self, parent: Any) -> None:
         return None
@@ -262,6 +278,59 @@ class OffloadingEvent:
 @dataclass
 class KVEventsConfig:
     enable_kv_cache_events: bool = False
+
+
+@dataclass
+class OffloadingEventV26:
+    """v0.26.0 tag (vllm/v1/kv_offload/base.py:107-113): there is no Medium enum; the medium
+    is a str, vLLM's own tiers naming theirs by vllm/distributed/kv_events.py's constants
+    (:45-48: MEDIUM_GPU "GPU", MEDIUM_CPU "CPU", MEDIUM_FS "FS", MEDIUM_OBJ "OBJ"), and the
+    connector copies it into BlockStored/BlockRemoved (offloading/events.py:237, :252, :293)."""
+
+    keys: List[bytes]
+    medium: str
+    removed: bool
+    locality: Optional[Locality] = None
+
+
+@dataclass
+class OffloadingEventV25:
+    """v0.25.0 tag (vllm/v1/kv_offload/base.py:111-116): keys, medium (a str), removed."""
+
+    keys: List[bytes]
+    medium: str
+    removed: bool
+
+
+def release_modules(tag: str, version: str) -> Dict[str, Any]:
+    """The modules an installed vLLM of release `tag` gives the adapter's import
+    (cxlkv.integrations.vllm._from_installed_vllm), holding only the facts above: vllm
+    (``__version__``), vllm.v1.kv_offload.base (LookupResult, RequestOffloadingContext,
+    OffloadingEvent, and Locality from v0.26.0; no Medium enum at either tag) and
+    vllm.v1.kv_offload.tiering.base (SecondaryTierManager, JobMetadata, JobResult)."""
+    import types
+
+    base_cls, event_cls = {"v0.25.0": (SecondaryTierManagerV25, OffloadingEventV25),
+                           "v0.26.0": (SecondaryTierManagerV26, OffloadingEventV26)}[tag]
+    mods = {name: types.ModuleType(name) for name in (
+        "vllm", "vllm.v1", "vllm.v1.kv_offload", "vllm.v1.kv_offload.base",
+        "vllm.v1.kv_offload.tiering", "vllm.v1.kv_offload.tiering.base")}
+    mods["vllm"].__version__ = version
+    kvbase = mods["vllm.v1.kv_offload.base"]
+    kvbase.LookupResult = LookupResult
+    kvbase.RequestOffloadingContext = RequestOffloadingContext
+    kvbase.OffloadingEvent = event_cls
+    if tag >= "v0.26.0":
+        kvbase.Locality = Locality
+    tbase = mods["vllm.v1.kv_offload.tiering.base"]
+    tbase.SecondaryTierManager = base_cls
+    tbase.JobMetadata = JobMetadata
+    tbase.JobResult = JobResultV22
+    for name, mod in mods.items():
+        parent, _, leaf = name.rpartition(".")
+        if parent:
+            setattr(mods[parent], leaf, mod)
+    return mods
 
 
 class SecondaryTierManagerEvents(SecondaryTierManagerV32):
@@ -360,8 +429,8 @@ GENERATIONS: List[Generation] = [
                JobResultV22, "get_finished", False, False, False),
     Generation("0.23", "v0.23.0", "0.24.1", SecondaryTierManagerV23, JobMetadata, "block_ids",
                JobResultV22, "get_finished_jobs", False, True, False),
-    Generation("0.26", "v0.26.0", "0.28.0", SecondaryTierManagerV26, JobMetadata, "block_ids",
-               JobResultV22, "get_finished_jobs", True, True, False),
+    Generation("0.26", "v0.26.0", "0.26.0", SecondaryTierManagerV26, JobMetadata, "block_ids",
+               JobResultV22, "get_finished_jobs", True, True, True),
     Generation("0.32", "v0.32.0", "0.32.0", SecondaryTierManagerV32, TransferJob, "chunk_ids",
                JobResultV32, "get_finished_jobs", True, True, True),
 ]

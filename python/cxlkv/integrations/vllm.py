@@ -7,8 +7,10 @@ release offers and where it was read): one core (:class:`VllmTierCore`, which ca
 configuration, the checks and the store underneath) and, per generation, a thin class
 (:func:`build_tier_class`) with that generation's method names and types. The class for the
 installed vLLM is :data:`CxlkvSecondaryTier`: the class whose interface the installed base class
-has; the installed version must be inside that class's pin (else the tier refuses to start,
-saying why).
+has (its abstract methods and what ``lookup`` answers), whatever the version says: a version
+outside the releases that generation was read at is logged, not refused. Only an installed base
+of no known shape leaves the version to decide, and then a version outside its pin is refused
+at engine start, saying why.
 
 Configuration (``TieringOffloadingSpec``)::
 
@@ -29,7 +31,8 @@ must match), ``model`` (overrides the model name read from the engine's config),
 (a misspelt key would otherwise be ignored).
 
 **KV events under the engine's own block hashes.** Where the installed
-``SecondaryTierManager`` has ``take_events`` (tier-owned events, vLLM PR #46544), the tier
+``SecondaryTierManager`` has ``take_events`` (tier-owned events, vLLM PR #46544; from the
+v0.26.0 tag), the tier
 with ``enable_kv_events: true`` records an ``OffloadingEvent(keys, medium, removed=False[,
 locality])`` for the keys of every store job that succeeded (those not announced already),
 and ``take_events`` hands them to
@@ -68,6 +71,10 @@ log = logging.getLogger(__name__)
 
 TIER_TYPE = "cxlkv"
 
+#: The medium of vLLM's CPU tier where mediums are strings (``vllm/distributed/kv_events.py``
+#: ``MEDIUM_CPU`` at v0.26.0): what the tier's events name where vLLM has no ``Medium`` enum.
+MEDIUM_CPU = "CPU"
+
 #: Every key the tier's config dict may hold (besides ``type``, which the factory removes).
 CONFIG_KEYS = frozenset({
     "domain", "host_id", "pool", "read_pools", "tenant", "heartbeat_s", "block_bytes",
@@ -101,7 +108,8 @@ class VllmTierCore:
         config: the rest of the tier's config dict.
 
     Raises (at engine start, each naming the setting and the fix):
-        EngineVersionError: the version is outside the generation's pin (unless
+        EngineVersionError: the version is outside the generation's pin, and the generation
+            was not chosen by the installed base class's shape (`by_shape`; unless
             ``allow_untested_version``).
         InvalidArgumentError: a missing or unknown key, no model name, a ``block_bytes`` that
             does not match the view or that the TP size does not divide.
@@ -110,7 +118,7 @@ class VllmTierCore:
 
     def __init__(self, generation: VllmGeneration, engine_version: Optional[str],
                  offloading_spec: Any, primary_kv_view: Any, tier_type: str,
-                 config: Mapping[str, Any]) -> None:
+                 config: Mapping[str, Any], by_shape: bool = False) -> None:
         what = "the cxlkv vLLM tier"
         cfg = dict(config)
         unknown = sorted(set(cfg) - CONFIG_KEYS)
@@ -120,7 +128,15 @@ class VllmTierCore:
                 f"entry", operation="CxlkvSecondaryTier",
                 hint=f"known keys: {', '.join(sorted(CONFIG_KEYS))}")
         allow = bool(cfg.get("allow_untested_version"))
-        if not allow and (engine_version is None or not generation.covers(engine_version)):
+        outside = engine_version is None or not generation.covers(engine_version)
+        if outside and by_shape:
+            # The class was chosen by the installed base class's shape: it fits that base
+            # whatever the version (python -m cxlkv.integrations.check round-trips it).
+            log.warning("cxlkv: vLLM %s is outside the releases the %s interface was read at "
+                        "(%s), but its SecondaryTierManager has that interface; the tier "
+                        "runs by it", engine_version or "(version unknown)", generation.name,
+                        generation.pin)
+        elif outside and not allow:
             found = gens.generation_for(engine_version)
             raise EngineVersionError(
                 f"vLLM {engine_version or '(version unknown)'} is outside the pin of the "
@@ -281,7 +297,8 @@ def _result_fields(r: TierJobResult, fields: Iterable[str]) -> Dict[str, Any]:
 
 
 def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: type, *,
-                     engine_version: Optional[str], lookup_result: Any = None,
+                     engine_version: Optional[str], by_shape: bool = False,
+                     lookup_result: Any = None,
                      request_context_cls: Any = None, medium: Any = None,
                      event_cls: Any = None, locality_cls: Any = None) -> type:
     """The tier class of one interface generation: a subclass of the engine's
@@ -293,11 +310,15 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
         base, job_result_cls: the engine's ``SecondaryTierManager`` and ``JobResult``.
         engine_version: the installed engine's version, checked against the pin when a tier
             is constructed.
+        by_shape: the generation was chosen by `base`'s shape
+            (:func:`~cxlkv.integrations.vllm_generations.generation_of_interface`): a version
+            outside its pin is logged, not refused.
         lookup_result: the engine's ``LookupResult`` enum (generations that answer with it).
         request_context_cls: the engine's ``RequestOffloadingContext`` (what
             ``on_new_request`` returns), where the generation has it.
-        medium: the value of the ``medium`` class attribute (``Medium.CPU``), where the
-            engine's base declares one.
+        medium: the tier's medium: the ``medium`` class attribute and the medium of its events
+            (``Medium.CPU`` where the engine has that enum, the string ``"CPU"`` where events
+            name mediums by strings, as v0.26.0's do).
         event_cls, locality_cls: the engine's ``OffloadingEvent`` and ``Locality``, where its
             base has ``take_events`` (tier-owned KV events): the class then implements it.
     """
@@ -311,7 +332,7 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
         base.__init__(self, offloading_spec=offloading_spec, primary_kv_view=primary_kv_view,
                       tier_type=tier_type)
         self._core = VllmTierCore(generation, engine_version, offloading_spec, primary_kv_view,
-                                  tier_type, config)
+                                  tier_type, config, by_shape=by_shape)
 
     ns: Dict[str, Any] = {
         "__init__": __init__,
@@ -392,8 +413,9 @@ def _from_installed_vllm() -> None:
     base = _tbase.SecondaryTierManager
     lookup_result = getattr(_kvbase, "LookupResult", None)
     by_version = gens.generation_for(ENGINE_VERSION)
-    # The installed base class decides which class fits it; the version decides whether the
-    # tier may run (VllmTierCore refuses a version outside the class's pin, saying why).
+    # The installed base class decides which class fits it, and that class runs whatever the
+    # version (it is logged if outside the class's pin); only a base of no known shape falls
+    # back to the version, whose class VllmTierCore refuses outside its pin, saying why.
     by_interface = gens.generation_of_interface(
         frozenset(getattr(base, "__abstractmethods__", ())),
         _answers_lookup_result(base, lookup_result), ENGINE_VERSION)
@@ -408,12 +430,16 @@ def _from_installed_vllm() -> None:
     GENERATION = gen
     # Tier-owned KV events (PR #46544): the base declares take_events.
     owns_events = "take_events" in vars(base)
-    # 0.32+ tiers declare their medium, and events name it; CXL memory is memory (Medium.CPU),
-    # not storage.
-    medium = (getattr(getattr(_kvbase, "Medium", None), "CPU", None)
-              if gen.drain_jobs or owns_events else None)
+    # Tiers declare their medium, and their events name it; CXL memory is memory, the medium
+    # of vLLM's own CPU tier, not storage: Medium.CPU where vLLM has that enum, else the string
+    # its CPU tier uses (v0.26.0: OffloadingEvent.medium is a str, MEDIUM_CPU = "CPU";
+    # docs/engines.md), never None, which routers read as the device tier.
+    medium_enum = getattr(_kvbase, "Medium", None)
+    medium = (getattr(medium_enum, "CPU", None) if medium_enum is not None
+              else MEDIUM_CPU if owns_events else None)
     CxlkvSecondaryTier = build_tier_class(
-        gen, base, _tbase.JobResult, engine_version=ENGINE_VERSION, lookup_result=lookup_result,
+        gen, base, _tbase.JobResult, engine_version=ENGINE_VERSION,
+        by_shape=by_interface is not None, lookup_result=lookup_result,
         request_context_cls=getattr(_kvbase, "RequestOffloadingContext", None), medium=medium,
         event_cls=getattr(_kvbase, "OffloadingEvent", None) if owns_events else None,
         locality_cls=getattr(_kvbase, "Locality", None))

@@ -3,8 +3,9 @@
 Pure data, no vLLM import: which releases share one interface (``SecondaryTierManager`` in
 ``vllm/v1/kv_offload/tiering/base.py``), what differs between them, and where each was read
 (docs/engines.md has the table with sources). :mod:`cxlkv.integrations.vllm` builds one thin
-adapter class per generation over one core, and picks the generation from the installed
-version.
+adapter class per generation over one core, and picks the generation by the installed base
+class's shape (its abstract methods and what ``lookup`` answers); the version only breaks ties
+between generations of one shape.
 
 What every generation shares (read at each release):
 
@@ -29,7 +30,7 @@ from . import parse_version
 class VllmGeneration:
     """One interface generation of vLLM's ``SecondaryTierManager``."""
 
-    name: str  # "0.22", "0.23", "0.26", "0.32": the first release minor of the generation
+    name: str  # "0.22", "0.23", "0.26", "0.32": the release the generation was first mapped at
     min_version: str  # inclusive
     below_version: str  # exclusive
     tag_read: str  # the release tag whose interface this is
@@ -68,14 +69,16 @@ GENERATIONS: Tuple[VllmGeneration, ...] = (
     # v0.22.x: the first released tiering interface. lookup -> bool | None, get_finished().
     VllmGeneration("0.22", "0.22.0", "0.23.0", "v0.22.1", "get_finished", False, "block_ids",
                    "JobMetadata", False, False),
-    # v0.23-v0.25: get_finished_jobs() replaces get_finished(); on_new_request is abstract
-    # (and, from the v0.24.0 branch read, drain_jobs: see generation_of_interface).
-    VllmGeneration("0.23", "0.23.0", "0.26.0", "v0.23.0", "get_finished_jobs", False,
+    # v0.23-v0.24: get_finished_jobs() replaces get_finished(); on_new_request is abstract
+    # (and, at v0.24.0, drain_jobs: see generation_of_interface).
+    VllmGeneration("0.23", "0.23.0", "0.25.0", "v0.23.0", "get_finished_jobs", False,
                    "block_ids", "JobMetadata", True, False),
-    # v0.26-v0.31: lookup answers vllm.v1.kv_offload.base.LookupResult; ParentManager and
-    # serve_external_requests (optional) for tiers that serve peers.
-    VllmGeneration("0.26", "0.26.0", "0.32.0", "v0.26.0", "get_finished_jobs", True,
-                   "block_ids", "JobMetadata", True, False),
+    # v0.25-v0.31 (named "0.26", where it was first mapped): lookup answers
+    # vllm.v1.kv_offload.base.LookupResult and drain_jobs() is abstract from the v0.25.0 tag
+    # (tiering/base.py:84, :222 at 702f4814; docs/engines.md); v0.26.0 adds take_events()
+    # (tier-owned events, medium a str), ParentManager and serve_external_requests (optional).
+    VllmGeneration("0.26", "0.25.0", "0.32.0", "v0.25.0", "get_finished_jobs", True,
+                   "block_ids", "JobMetadata", True, True),
     # v0.32+: blocks renamed chunks (TransferJob.chunk_ids); drain_jobs() is abstract.
     VllmGeneration("0.32", "0.32.0", "0.34.0", "v0.32.0", "get_finished_jobs", True,
                    "chunk_ids", "TransferJob", True, True),
@@ -114,8 +117,8 @@ def generation_of_interface(abstract: Tuple[str, ...] | frozenset, lookup_enum: 
 
     ``drain_jobs`` does not tell generations apart: vLLM's main branch made it abstract on
     2026-06-15 (PR #44541), before the LookupResult change, so release branches cut after it
-    declare it whatever else they have (the v0.24.0 branch read has it with ``bool | None``
-    lookups; docs/engines.md), and every adapter class defines it. Among the generations that
+    declare it whatever else they have (the v0.24.0 tag has it with ``bool | None`` lookups;
+    docs/engines.md), and every adapter class defines it. Among the generations that
     match, the one whose pin covers `version` wins, else the newest."""
     want = _without_drain(abstract)
     found = [g for g in reversed(GENERATIONS)
