@@ -2278,14 +2278,8 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
       *c, orch::OpenOptions{.new_domain = true, .clock = &clock, .write_back_agent = false});
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_TRUE((*o)->Start().ok());
-  auto role = [&] {
-    absl::MutexLock l(&(*o)->mu_);
-    return (*o)->RoleLocked();
-  };
-  auto epoch = [&] {
-    absl::MutexLock l(&(*o)->mu_);
-    return (*o)->epoch_locked();
-  };
+  auto role = [&] { return (*o)->status().role; };
+  auto epoch = [&] { return (*o)->status().epoch; };
   ASSERT_TRUE(Eventually([&] { return role() == "leader"; }, milliseconds(10000)));
   const std::int64_t first = epoch();
   FenceAudit audit(dir + "/domain");
@@ -2299,11 +2293,11 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
   std::string before;
   {
     // No owner batch runs while the test holds the lock: none is half done at the jump.
-    absl::MutexLock l(&(*o)->mu_);
+    orch::Orchestrator::Hold l(**o);
     clock.Jump(10'000);
     before = ReadAll(dir + "/domain");
-    EXPECT_EQ((*o)->RoleLocked(), "standby");
-    EXPECT_TRUE(absl::IsUnavailable((*o)->ServingLocked()));
+    EXPECT_EQ(l.Role(), "standby");
+    EXPECT_TRUE(absl::IsUnavailable(l.Serving()));
   }
   // Well before a re-election could write (it pauses 500 ms after stepping down). The one
   // store a deposed leader still makes is its release (docs/ha.md "The fence", layer 4):
@@ -2370,7 +2364,7 @@ TEST_F(HaTest, LmcacheCoordinatorStopsServingAtTheWriteDeadline) {
                          milliseconds(10000)))
       << "the leader's coordinator never served";
   {
-    absl::MutexLock l(&(*o)->mu_);
+    orch::Orchestrator::Hold l(**o);
     clock.Jump(10'000);
     EXPECT_EQ(Http(port, "GET", "/readyz", "").first, 503)
         << "the coordinator answers past the leader's write deadline";
@@ -2398,10 +2392,7 @@ TEST_F(HaTest, AForeignFenceLineStopsTheLeaderBeforeItsNextStore) {
       *c, orch::OpenOptions{.new_domain = true, .write_back_agent = false});
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_TRUE((*o)->Start().ok());
-  auto role = [&] {
-    absl::MutexLock l(&(*o)->mu_);
-    return (*o)->RoleLocked();
-  };
+  auto role = [&] { return (*o)->status().role; };
   ASSERT_TRUE(Eventually([&] { return role() == "leader"; }, milliseconds(10000)));
   FenceAudit audit(dir + "/domain");
   ASSERT_TRUE(Eventually(
@@ -2414,7 +2405,7 @@ TEST_F(HaTest, AForeignFenceLineStopsTheLeaderBeforeItsNextStore) {
   co::OwnerFenceLine forged{};
   {
     // No batch is half done while the test holds the lock.
-    absl::MutexLock l(&(*o)->mu_);
+    orch::Orchestrator::Hold l(**o);
     before = ReadAll(dir + "/domain");
     std::memcpy(&forged, before.data() + co::kOwnerFenceOffset, sizeof(forged));
     forged.epoch += 1000;
@@ -2468,10 +2459,7 @@ TEST_F(HaTest, OwnerWritesOutsideTheLoopCheckAndRecordTheFenceLine) {
       *c, orch::OpenOptions{.new_domain = true, .write_back_agent = false});
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_TRUE((*o)->Start().ok());
-  auto role = [&] {
-    absl::MutexLock l(&(*o)->mu_);
-    return (*o)->RoleLocked();
-  };
+  auto role = [&] { return (*o)->status().role; };
   ASSERT_TRUE(Eventually([&] { return role() == "leader"; }, milliseconds(10000)));
   auto fence = [&] {
     const std::string dom = ReadAll(dir + "/domain");
@@ -2613,10 +2601,7 @@ TEST_F(HaTest, ANewLeadersEpochIsAboveEveryEpochTheDomainRecords) {
     EXPECT_TRUE(o.ok()) << o.status();
     if (!o.ok()) return 0;
     EXPECT_TRUE((*o)->Start().ok());
-    auto role = [&] {
-      absl::MutexLock l(&(*o)->mu_);
-      return (*o)->RoleLocked();
-    };
+    auto role = [&] { return (*o)->status().role; };
     if (meanwhile) {
       EXPECT_TRUE(Eventually(
           [&] {
@@ -2628,10 +2613,7 @@ TEST_F(HaTest, ANewLeadersEpochIsAboveEveryEpochTheDomainRecords) {
     }
     EXPECT_TRUE(Eventually([&] { return role() == "leader"; }, milliseconds(10000)));
     std::int64_t epoch = 0;
-    {
-      absl::MutexLock l(&(*o)->mu_);
-      epoch = (*o)->epoch_locked();
-    }
+    { epoch = (*o)->status().epoch; }
     (*o)->Stop();
     o->reset();
     return epoch;
@@ -2737,10 +2719,7 @@ TEST_F(HaTest, AWrongKeysCandidateStopsCampaigningAndExits) {
   }
   EXPECT_TRUE(changed.empty()) << "the wrong-keys candidate campaigned again: " << changed.size()
                                << " changes, the first " << changed[0];
-  {
-    absl::MutexLock l(&(*o)->mu_);
-    EXPECT_NE((*o)->RoleLocked(), "leader");
-  }
+  { EXPECT_NE((*o)->status().role, "leader"); }
   (*o)->Stop();
   o->reset();
 
@@ -2844,14 +2823,8 @@ TEST_F(HaTest, AResumedLeaderWithFrozenClocksStoresNothingAfterItsSuccessor) {
       *ca, orch::OpenOptions{.new_domain = true, .clock = &vm, .write_back_agent = false});
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE((*a)->Start().ok());
-  auto role = [](orch::Orchestrator& o) {
-    absl::MutexLock l(&o.mu_);
-    return o.RoleLocked();
-  };
-  auto epoch = [](orch::Orchestrator& o) {
-    absl::MutexLock l(&o.mu_);
-    return o.epoch_locked();
-  };
+  auto role = [](orch::Orchestrator& o) { return o.status().role; };
+  auto epoch = [](orch::Orchestrator& o) { return o.status().epoch; };
   ASSERT_TRUE(Eventually([&] { return role(**a) == "leader"; }, milliseconds(10000)));
   const auto epoch_a = static_cast<std::uint64_t>(epoch(**a));
   auto b = orch::Orchestrator::Open(*cb, orch::OpenOptions{.write_back_agent = false});
@@ -2868,10 +2841,7 @@ TEST_F(HaTest, AResumedLeaderWithFrozenClocksStoresNothingAfterItsSuccessor) {
   // The VM stops: the owner thread at its next clock reading (inside a batch), the keep-alive
   // thread too; etcd lets the lease expire and b is elected.
   vm.Freeze();
-  auto b_elected = [&] {
-    absl::MutexLock l(&(*b)->mu_);
-    return (*b)->LeaderEpochLocked() > static_cast<std::int64_t>(epoch_a);
-  };
+  auto b_elected = [&] { return (*b)->status().leader_epoch > static_cast<std::int64_t>(epoch_a); };
   ASSERT_TRUE(Eventually(b_elected, milliseconds(15000))) << "b was not elected";
   std::this_thread::sleep_for(milliseconds(700));
   EXPECT_GT(vm.blocked(), 0);

@@ -1,7 +1,7 @@
-// cxlkv-orchestrator's lifecycle (Open, Start, Stop, the accept loop) and the owner loop with
-// the capacity quarantine. Who owns the domain (the single orchestrator's mark, orchestrator
-// HA's leader side: the takeover, the fence and the release, read-only mode) is leader.cc's,
-// the gRPC service service.cc's, the Prometheus endpoint metrics.cc's.
+// cxlkv-orchestrator's lifecycle (Open, Start, Stop, the accept loop) and the owner loop's
+// thread. The lock, the domain's state, the prefix owner and the fence line are the core's
+// (domain_core.h: its operations in domain_core.cc, who owns the domain in leader.cc); the gRPC
+// service is service.cc's, the Prometheus endpoint metrics.cc's.
 #include "cxlkv/orchestrator/daemon.h"
 
 #include <fcntl.h>
@@ -31,6 +31,7 @@
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
 #include "directory_service.h"
+#include "domain_core.h"
 #include "domain_lock.h"
 #include "fence.h"
 #include "ha.h"
@@ -154,9 +155,28 @@ absl::Status ClearStaleSocket(const std::string& path) {
 
 }  // namespace
 
-Orchestrator::Orchestrator(const Config& c, std::uint64_t pool_bytes)
-    // [lmcache]: the pool's last extents are the coordinator's, never lent to hosts.
-    : state_(c, coordinator::HostPoolBytes(c.lmcache, pool_bytes, c.extent_bytes)), config_(c) {}
+Orchestrator::Orchestrator(const Config& c) : config_(c) {}
+
+namespace {
+// The core on the parts Open made (domain_core.h).
+std::unique_ptr<DomainCore> MakeCore(const Config& config, co::Clock* clock, pool::Region* pool,
+                                     co::DirectMem* domain_mem, std::uint64_t domain_bytes,
+                                     HaSession* ha, FencedMem* fenced_mem, WriteBackAgent* agent,
+                                     const std::atomic<bool>* stop, bool new_domain) {
+  DomainParts p;
+  p.config = &config;
+  p.clock = clock;
+  p.pool = pool;
+  p.domain_mem = domain_mem;
+  p.domain_bytes = domain_bytes;
+  p.ha = ha;
+  p.fenced_mem = fenced_mem;
+  p.agent = agent;
+  p.stop = stop;
+  p.new_domain = new_domain;
+  return std::make_unique<DomainCore>(p);
+}
+}  // namespace
 
 Orchestrator::~Orchestrator() { Stop(); }
 
@@ -193,7 +213,7 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
         absl::StrCat("domain.pool '", c.pool, "' (", (*pool)->size_bytes(),
                      " bytes) is smaller than one extent (domain.extent_size)"));
   }
-  std::unique_ptr<Orchestrator> o(new Orchestrator(c, (*pool)->size_bytes()));
+  std::unique_ptr<Orchestrator> o(new Orchestrator(c));
   if (options.clock != nullptr) o->clock_ = options.clock;
   o->pool_ = *std::move(pool);
   auto dom = pool::OpenRegion(c.prefix_domain);
@@ -221,7 +241,6 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
                      "if it is, restore it from a backup"));
   }
   const bool formatted = header.ok();
-  o->new_domain_ = options.new_domain;
   if (c.etcd.enabled()) {
     // Orchestrator HA: nothing is written to the domain until this one is elected. The agent
     // first, while this process has no thread of its own yet.
@@ -278,6 +297,9 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
                       "--new-domain (every extent then stays quarantined for a full capacity lease)"
                     : "to create it, start one orchestrator once with --new-domain"));
     }
+    o->core_ = MakeCore(o->config_, o->clock_, o->pool_.get(), o->domain_mem_.get(),
+                        o->domain_region_->size_bytes(), o->ha_.get(), o->fenced_mem_.get(),
+                        o->agent_.get(), &o->stop_, options.new_domain);
     o->started_ms_ = o->clock_->NowMs();
     return o;
   }
@@ -322,20 +344,17 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
         absl::StrCat("the state file ", c.state_file, " does not exist: to create domain '", c.name,
                      "', start once with --new-domain (later starts read the state file)"));
   }
+  o->core_ = MakeCore(o->config_, o->clock_, o->pool_.get(), o->domain_mem_.get(),
+                      o->domain_region_->size_bytes(), nullptr, nullptr, nullptr, &o->stop_,
+                      options.new_domain);
   o->started_ms_ = o->clock_->NowMs();
   // The domain is this orchestrator's from its mark on (a candidate on another machine reads
   // it); before the state file is written, so a refusal here changes nothing else.
   if (formatted) {
-    if (auto st = o->MarkSingleOwner(options.lock_regions); !st.ok()) return st;
+    if (auto st = o->core_->MarkSingleOwner(options.lock_regions); !st.ok()) return st;
   }
   if (options.new_domain) {
-    absl::MutexLock l(&o->mu_);
-    // A domain whose prefix domain was in use: its extents may hold arenas that index entries
-    // name and that hosts of the old run still write.
-    if (formatted) o->state_.QuarantineAll(o->started_ms_);
-    // The state file exists from now on, before anything is formatted: a restart without
-    // --new-domain reads it.
-    if (auto st = o->SaveLocked(); !st.ok()) return st;
+    if (auto st = o->core_->CreateState(formatted, o->started_ms_); !st.ok()) return st;
   }
   if (!formatted) {
     if (auto st = FormatPrefixDomain(*o->domain_mem_, c, o->domain_region_->size_bytes());
@@ -343,18 +362,9 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
       return st;
     }
     // Formatting cleared the header page: the mark goes in now.
-    if (auto st = o->MarkSingleOwner(options.lock_regions); !st.ok()) return st;
+    if (auto st = o->core_->MarkSingleOwner(options.lock_regions); !st.ok()) return st;
   }
-  absl::MutexLock l(&o->mu_);
-  auto owner = co::PrefixOwner::Open(*o->domain_mem_, *o->clock_);
-  if (!owner.ok()) return owner.status();
-  o->owner_ = *std::move(owner);
-  for (const NamespaceConfig& n : c.namespaces) {
-    o->owner_->SetPinLevel(co::MakeNamespace(n.tenant, n.model, n.layout), n.pin);
-  }
-  if (!options.new_domain) {
-    if (auto st = o->state_.Load(o->started_ms_); !st.ok()) return st;
-  }
+  if (auto st = o->core_->OpenOwner(options.new_domain, o->started_ms_); !st.ok()) return st;
   return o;
 }
 
@@ -386,7 +396,7 @@ absl::Status Orchestrator::Start() {
     // holds of them now is reconciled before the first request (docs/lmcache.md).
     auto lmcache =
         coordinator::Service::Start(config_.lmcache, pool_->size_bytes(), config_.extent_bytes,
-                                    ha_ != nullptr, OwnIndexEntries());
+                                    ha_ != nullptr, core_->OwnIndexEntries());
     if (!lmcache.ok()) return lmcache.status();
     lmcache_ = *std::move(lmcache);
   }
@@ -417,7 +427,7 @@ absl::Status Orchestrator::Start() {
   }
   listen_fd_ = fd;
   ::chmod(config_.socket.c_str(), 0666);  // access is decided by peer credentials
-  service_ = MakeOrchestratorService(*this);
+  service_ = MakeOrchestratorService(*this, *core_);
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
   directory_service_ = MakeDirectoryService(config_);
@@ -456,27 +466,19 @@ absl::Status Orchestrator::Start() {
   owner_thread_ = std::thread([this] { OwnerLoop(); });
   accept_thread_ = std::thread([this] { AcceptLoop(); });
   // The directory summary and KV events: the leader's (or the single orchestrator's) news.
-  auto announcer = Announcer::Start(*this, ha_.get());
+  auto announcer = Announcer::Start(*core_, config_, ha_.get());
   if (!announcer.ok()) return announcer.status();
   announcer_ = *std::move(announcer);
   if (ha_ != nullptr) {
     // Campaigning starts once every endpoint is up: an elected orchestrator serves at once.
     HaSession::Hooks hooks;
     hooks.take_over = [this](const LeaderTerm& t) {
-      absl::Status st = TakeOver(t);
-      {
-        // What a host calling this standby is told until the next takeover (ServingLocked).
-        absl::MutexLock l(&mu_);
-        takeover_refused_ =
-            st.ok() ? std::string()
-                    : absl::StrCat("it was elected (etcd revision ", t.revision,
-                                   ") and refused to take the domain over: ", st.message());
-      }
+      absl::Status st = core_->Elected(t);
       if (st.ok() && lmcache_ != nullptr) LeadLmcache(t.revision);
       return st;
     };
     hooks.step_down = [this](const std::string& why) {
-      StepDown(why);
+      core_->StepDown(why);
       if (lmcache_ != nullptr) lmcache_->StandBy(why);
     };
     ha_->Advertise(SelfDescription(config_, tcp_port_));
@@ -522,142 +524,32 @@ void Orchestrator::AcceptLoop() {
   }
 }
 
-std::vector<std::string> Orchestrator::UnmatchedNamespacesLocked() const {
-  std::vector<std::string> out;
-  if (owner_ == nullptr || owner_->published_under_others() == 0) return out;
-  for (const NamespaceConfig& n : config_.namespaces) {
-    if (owner_->published_under(co::MakeNamespace(n.tenant, n.model, n.layout)) == 0) {
-      out.push_back(absl::StrCat(n.tenant, "/", n.model, "/", n.layout));
-    }
-  }
-  return out;
-}
-
 void Orchestrator::OwnerLoop() {
-  std::int64_t last_metrics = 0, last_ha_metrics = 0, last_namespaces = 0;
   while (!stop_.load()) {
     if (agent_ != nullptr) {
       // The agent's view of this term's write deadline, on CLOCK_BOOTTIME (its clock).
       const std::int64_t deadline = ha_->write_deadline_ms();
       if (deadline != 0) agent_->Deadline(steady_.NowMs() + (deadline - clock_->NowMs()));
     }
-    {
-      absl::MutexLock l(&mu_);
-      // A standby (or a leader whose fence closed) writes nothing.
-      if (owner_ != nullptr && OwnerBatchMayRunLocked()) {
-        const auto t0 = std::chrono::steady_clock::now();
-        owner_->Step();
-        const double secs =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const std::int64_t now = clock_->NowMs();
-        // Both run every step (no short-circuit): expiry first, then the quarantine it feeds.
-        // The LMCache coordinator's objects in the index (its publishes, retires, releases).
-        if (lmcache_ != nullptr) lmcache_->TendIndex(*owner_);
-        const bool expired = state_.Expire(now);
-        const bool tended = TendQuarantineLocked(now);
-        if (expired || tended) {
-          if (auto st = SaveLocked(); !st.ok()) {
-            std::fprintf(stderr, "cxlkv-orchestrator: %s\n", std::string(st.message()).c_str());
-          }
-        }
-        EndBatchLocked();
-        // A [[namespace]] no publication matches while others fill: said once, with the fix.
-        if (now - last_namespaces >= 1000 && !config_.namespaces.empty()) {
-          last_namespaces = now;
-          for (const std::string& n : UnmatchedNamespacesLocked()) {
-            if (!unmatched_logged_.insert(n).second) continue;
-            std::fprintf(stderr,
-                         "cxlkv-orchestrator: [[namespace]] '%s' has matched none of the blocks "
-                         "published since start, while %llu were published under namespaces no "
-                         "[[namespace]] names: check its tenant, model and layout against the "
-                         "names the hosts' adapters build (cxlkvctl status lists it until a "
-                         "block matches)\n",
-                         n.c_str(),
-                         static_cast<unsigned long long>(owner_->published_under_others()));
-          }
-        }
-        if (metrics_) {
-          metrics_->ObserveStep(secs);
-          if (now - last_metrics >= 200 && owner_ != nullptr) {
-            metrics_->Update(state_, *owner_, config_.extent_bytes);
-            last_metrics = now;
-          }
-        }
-      }
-      // HA metrics in every role (a standby's and a read-only leader's count too).
-      if (metrics_ && ha_ != nullptr && clock_->NowMs() - last_ha_metrics >= 200) {
-        Metrics::HaView v;
-        v.leading = leading_;
-        v.read_only = read_only_;
-        v.epoch = epoch_;
-        v.last_takeover_unix_s = last_takeover_unix_s_;
-        v.last_takeover_s = last_takeover_s_;
-        metrics_->UpdateHa(ha_->DrainStats(), v);
-        last_ha_metrics = clock_->NowMs();
-      }
-    }
+    core_->OwnerStep(lmcache_.get(), metrics_.get());
     std::this_thread::sleep_for(std::chrono::milliseconds(config_.owner_period_ms));
   }
 }
 
-namespace {
-std::string HexOf(const std::uint8_t* b, std::size_t n) {
-  std::string s;
-  for (std::size_t i = 0; i < n; ++i) absl::StrAppend(&s, absl::Hex(b[i], absl::kZeroPad2));
-  return s;
-}
-co::PrefixOwner::ArenaId IdOf(const std::string& hex) {
-  co::PrefixOwner::ArenaId id{};
-  for (std::size_t i = 0; i < id.size() && 2 * i + 1 < hex.size(); ++i) {
-    id[i] = static_cast<std::uint8_t>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
-  }
-  return id;
-}
-}  // namespace
+absl::Status Orchestrator::fatal() { return core_->fatal(); }
 
-std::string Orchestrator::ArenaInExtent(std::uint32_t i) const {
-  const std::uint64_t off = state_.extent_offset(i);
-  const std::byte* base = pool_->addr() + off;
-  // Written by another host: drop stale lines of ours before reading.
-  co::Invalidate(base, sizeof(pool::ArenaHeader));
-  pool::ArenaHeader h{};
-  if (!pool::ValidateHeaderBytes(base, config_.extent_bytes, "extent", &h).ok()) return "";
-  return HexOf(h.uuid, sizeof(h.uuid));
-}
+std::uint64_t Orchestrator::pool_bytes() const { return pool_->size_bytes(); }
 
-bool Orchestrator::TendQuarantineLocked(std::int64_t now) {
-  bool changed = false;
-  for (std::uint32_t i = 0; i < state_.extents().size(); ++i) {
-    const ExtentInfo& e = state_.extents()[i];
-    if (!e.quarantined) continue;
-    if (!e.arena_checked) {
-      // The arena its holder formatted in it (none: nothing of it can be named).
-      state_.SetQuarantineArena(i, ArenaInExtent(i));
-      changed = true;
-    }
-    if (!e.arena.empty() && told_owner_.insert(e.arena).second) {
-      owner_->RevokeArena(IdOf(e.arena));
-    }
-    if (now < e.expires_ms) continue;
-    if (!e.arena.empty() && owner_->EntriesNaming(IdOf(e.arena)) != 0) continue;
-    // A zombie holder may have formatted again before its lease term ended: start over on
-    // whatever arena the extent holds now.
-    const std::string now_there = ArenaInExtent(i);
-    if (!now_there.empty() && now_there != e.arena) {
-      state_.SetQuarantineArena(i, now_there);
-      changed = true;
-      continue;
-    }
-    state_.ReleaseQuarantine(i);
-    ++quarantines_released_;
-    changed = true;
-  }
-  return changed;
-}
+Orchestrator::StatusView Orchestrator::status() const { return core_->View(); }
 
-absl::Status Orchestrator::fatal() {
-  absl::MutexLock l(&mu_);
-  return fatal_;
+// The core's lock across the Hold's life: the analysis cannot follow a lock held by an object.
+Orchestrator::Hold::Hold(Orchestrator& o) ABSL_NO_THREAD_SAFETY_ANALYSIS : core_(*o.core_) {
+  core_.LockForHold();
+}
+Orchestrator::Hold::~Hold() ABSL_NO_THREAD_SAFETY_ANALYSIS { core_.UnlockForHold(); }
+std::string Orchestrator::Hold::Role() ABSL_NO_THREAD_SAFETY_ANALYSIS { return core_.RoleHeld(); }
+absl::Status Orchestrator::Hold::Serving() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  return core_.ServingHeld();
 }
 
 void Orchestrator::Stop() {
@@ -670,11 +562,10 @@ void Orchestrator::Stop() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (owner_thread_.joinable()) owner_thread_.join();
-  if (ha_ == nullptr) {
+  if (ha_ == nullptr && core_ != nullptr) {
     // No batch runs and no call is answered any more: the domain is released for the next
     // owner (a candidate on another machine waits for this).
-    absl::MutexLock l(&mu_);
-    ReleaseSingleLocked();
+    core_->ReleaseSingle();
   }
   // Only a socket nothing answers on (this daemon's, now closed): one another process bound
   // there since is left alone.
@@ -683,6 +574,25 @@ void Orchestrator::Stop() {
     if (stale.ok() && *stale) ::unlink(config_.socket.c_str());
   }
   lmcache_.reset();
+}
+
+void Orchestrator::LeadLmcache(std::int64_t revision) {
+  // The coordinator's state is in etcd beside the domain's (orchestrator/lmcache/); an error
+  // leaves it answering 503 with the reason while the domain is led as usual.
+  // On the [etcd] section's client options, as the HA session's own clients (ha_etcd.cc).
+  auto store = ha_->CoordinatorStore(revision);
+  if (!store.ok()) {
+    std::fprintf(stderr, "cxlkv-orchestrator: lmcache: %s\n",
+                 std::string(store.status().message()).c_str());
+    return;
+  }
+  (void)lmcache_->Lead(
+      *std::move(store), [this] { return ha_->WriteAllowed(); }, core_->OwnIndexEntries());
+}
+
+absl::StatusOr<std::vector<std::string>> Orchestrator::CandidatesInEtcd() {
+  if (ha_ == nullptr) return std::vector<std::string>();
+  return ha_->Candidates();
 }
 
 }  // namespace cxlkv::orchestrator

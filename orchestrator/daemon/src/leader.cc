@@ -2,7 +2,7 @@
 // domain", docs/ha.md): the single orchestrator's mark, and orchestrator HA's leader side (the
 // takeover with its wait for the previous term's release and its epoch, the fence line's
 // checks before each batch and each answer, read-only mode, the step-down and the release).
-// The lifecycle and the owner loop are daemon.cc's.
+// All of it is the domain core's (domain_core.h), under its lock; the lifecycle is daemon.cc's.
 #include "leader.h"
 
 #include <sys/stat.h>
@@ -21,8 +21,7 @@
 #include "agent.h"
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/coherence/domain_layout.h"
-#include "cxlkv/coordinator/service.h"
-#include "cxlkv/orchestrator/daemon.h"
+#include "domain_core.h"
 #include "fence.h"
 #include "ha.h"
 
@@ -46,7 +45,7 @@ void ThisHost(char (&out)[sizeof(co::SingleOwnerLine::host)]) {
 }
 }  // namespace
 
-absl::Status Orchestrator::MarkSingleOwner(bool holds_locks) {
+absl::Status DomainCore::MarkSingleOwner(bool holds_locks) {
   absl::MutexLock l(&mu_);
   co::SingleOwnerLine me{};
   ThisHost(me.host);
@@ -104,7 +103,7 @@ absl::Status Orchestrator::MarkSingleOwner(bool holds_locks) {
   return absl::OkStatus();
 }
 
-void Orchestrator::StopOwningLocked(const std::string& why) {
+void DomainCore::StopOwningLocked(const std::string& why) {
   stopped_owning_ = absl::StrCat(
       "domain '", config_.name,
       "': this single orchestrator (no [etcd]) stopped owning the domain: ", why,
@@ -125,20 +124,25 @@ void Orchestrator::StopOwningLocked(const std::string& why) {
   marked_ = false;
 }
 
-void Orchestrator::ReleaseSingleLocked() {
+void DomainCore::ReleaseSingle() {
+  absl::MutexLock l(&mu_);
+  ReleaseSingleLocked();
+}
+
+void DomainCore::ReleaseSingleLocked() {
   if (stopped_owning_.empty()) stopped_owning_ = "this orchestrator is stopping";
   if (!marked_) return;
   // Every store of this run reaches memory before the mark says released: a candidate on
   // another machine that then takes the domain over reads what this one wrote, and no late
   // write-back of this machine lands over its stores.
-  WriteBackDomain(*domain_mem_, domain_region_->size_bytes());
+  WriteBackDomain(*domain_mem_, domain_bytes_);
   mark_.state = co::kSingleReleased;
   mark_.at_ms = clock_->NowMs();
   WriteSingleOwnerLine(*domain_mem_, mark_);
   marked_ = false;
 }
 
-absl::Status Orchestrator::RefuseASingleOwner() {
+absl::Status DomainCore::RefuseASingleOwner() {
   if (!co::ReadDomainHeader(*domain_mem_).ok()) return absl::OkStatus();  // never formatted
   co::SingleOwnerLine m{};
   const bool valid = ReadSingleOwnerLine(*domain_mem_, &m);
@@ -175,7 +179,7 @@ absl::Status Orchestrator::RefuseASingleOwner() {
 
 // ---- orchestrator HA --------------------------------------------------------------------------
 
-absl::Status Orchestrator::SaveLocked() {
+absl::Status DomainCore::SaveLocked() {
   if (ha_ == nullptr) return state_.Save();
   if (!leading_) {
     return absl::UnavailableError("this orchestrator stopped leading the domain: retry");
@@ -203,7 +207,7 @@ absl::Status Orchestrator::SaveLocked() {
   return absl::OkStatus();
 }
 
-absl::Status Orchestrator::ServingLocked() {
+absl::Status DomainCore::ServingLocked() {
   // A single orchestrator that found another owner answers nothing more (StopOwningLocked).
   if (ha_ == nullptr) {
     return stopped_owning_.empty() ? absl::OkStatus() : absl::UnavailableError(stopped_owning_);
@@ -226,14 +230,14 @@ absl::Status Orchestrator::ServingLocked() {
       takeover_refused_.empty() ? std::string() : absl::StrCat("; ", takeover_refused_)));
 }
 
-absl::Status Orchestrator::ReadableLocked() {
+absl::Status DomainCore::ReadableLocked() {
   if (ha_ == nullptr) return ServingLocked();
   if (leading_ && owner_ != nullptr && ha_->WriteAllowed()) return absl::OkStatus();
   if (ReadOnlyLocked()) return absl::OkStatus();
   return ServingLocked();
 }
 
-bool Orchestrator::ReadOnlyLocked() {
+bool DomainCore::ReadOnlyLocked() {
   if (!read_only_) return false;
   // A successor writes its epoch into the fence line before it serves anything: once it is
   // there (or etcd names another leader), this orchestrator's answers may contradict the
@@ -255,7 +259,7 @@ bool Orchestrator::ReadOnlyLocked() {
   return false;
 }
 
-void Orchestrator::EndReadOnlyLocked(const std::string& why) {
+void DomainCore::EndReadOnlyLocked(const std::string& why) {
   if (!read_only_) return;
   read_only_ = false;
   owner_.reset();
@@ -265,33 +269,28 @@ void Orchestrator::EndReadOnlyLocked(const std::string& why) {
                config_.etcd.domain.c_str(), why.c_str());
 }
 
-std::string Orchestrator::ReadOnlySinceLocked() const {
+std::string DomainCore::ReadOnlySinceLocked() const {
   if (!read_only_) return "";
   return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(read_only_since_unix_ms_),
                           absl::UTCTimeZone());
 }
 
-std::string Orchestrator::RoleLocked() {
+std::string DomainCore::RoleLocked() {
   if (ha_ == nullptr) return "single";
   if (ServingLocked().ok()) return "leader";
   return read_only_ ? "read-only" : "standby";
 }
 
-absl::StatusOr<std::vector<std::string>> Orchestrator::CandidatesInEtcd() {
-  if (ha_ == nullptr) return std::vector<std::string>();
-  return ha_->Candidates();
-}
-
-std::int64_t Orchestrator::LeaderEpochLocked() const {
+std::int64_t DomainCore::LeaderEpochLocked() const {
   return ha_ == nullptr ? 0 : ha_->stats().leader_epoch;
 }
 
-std::string Orchestrator::LeaderLocked() const {
+std::string DomainCore::LeaderLocked() const {
   if (ha_ == nullptr) return "";
   return ha_->stats().leader;
 }
 
-bool Orchestrator::OwnerBatchMayRunLocked() {
+bool DomainCore::OwnerBatchMayRunLocked() {
   if (ha_ == nullptr) {
     if (!stopped_owning_.empty()) return false;
     // Another owner leaves its line before its first store to the domain (an elected leader
@@ -339,7 +338,7 @@ bool Orchestrator::OwnerBatchMayRunLocked() {
   return false;
 }
 
-void Orchestrator::EndBatchLocked() {
+void DomainCore::EndBatchLocked() {
   if (ha_ == nullptr) {
     // The mark moves with every batch: a reader on another machine tells a live owner from
     // one that ended without releasing the domain (SingleOwnerAdvances).
@@ -365,7 +364,7 @@ void Orchestrator::EndBatchLocked() {
   WriteFenceLine(*fenced_mem_, fence_);
 }
 
-absl::Status Orchestrator::AwaitRelease(const LeaderTerm& t) {
+absl::Status DomainCore::AwaitRelease(const LeaderTerm& t) {
   auto header = co::ReadDomainHeader(*domain_mem_);
   if (!header.ok()) return absl::OkStatus();  // never formatted: no term ever owned it
   // Whatever epoch the line names, even one above etcd's revisions (etcd restored or
@@ -447,7 +446,7 @@ absl::Status Orchestrator::AwaitRelease(const LeaderTerm& t) {
   return absl::OkStatus();
 }
 
-void Orchestrator::ReleaseLocked() {
+void DomainCore::ReleaseLocked() {
   if (claimed_epoch_ == 0 || claimed_epoch_ == released_epoch_) return;
   co::OwnerReleaseLine r{};
   r.epoch = static_cast<std::uint64_t>(claimed_epoch_);
@@ -457,14 +456,13 @@ void Orchestrator::ReleaseLocked() {
   r.node = co::Crc32c(config_.etcd.node.data(), config_.etcd.node.size());
   // The unfenced view: the gate is closed by now, and this is the one store a deposed leader
   // must still make.
-  ReleaseTerm(*domain_mem_, domain_region_->size_bytes(), r);
+  ReleaseTerm(*domain_mem_, domain_bytes_, r);
   released_epoch_ = claimed_epoch_;
   if (agent_ != nullptr) agent_->Released(claimed_epoch_);
 }
 
-std::string Orchestrator::StateOlderThanTheDomain(const std::string& source,
-                                                  const DomainState& state,
-                                                  const co::OwnerFenceLine& seen) const {
+std::string DomainCore::StateOlderThanTheDomain(const std::string& source, const DomainState& state,
+                                                const co::OwnerFenceLine& seen) const {
   return absl::StrCat(
       "domain '", config_.etcd.domain, "': the state from ", source, " is generation ",
       state.generation(), ", older than the domain's own record (generation ", seen.state_gen,
@@ -482,12 +480,12 @@ std::string Orchestrator::StateOlderThanTheDomain(const std::string& source,
       "lease");
 }
 
-std::uint32_t Orchestrator::KeysHash() const {
+std::uint32_t DomainCore::KeysHash() const {
   const std::string where = ha_->where();
   return std::max<std::uint32_t>(1, co::Crc32c(where.data(), where.size()));
 }
 
-absl::StatusOr<std::int64_t> Orchestrator::DomainEpoch(const LeaderTerm& t) {
+absl::StatusOr<std::int64_t> DomainCore::DomainEpoch(const LeaderTerm& t) {
   std::uint64_t floor = 0;  // the highest epoch the domain records
   co::OwnerFenceLine fence{};
   if (ReadFenceLine(*domain_mem_, &fence)) floor = std::max(floor, fence.epoch);
@@ -507,7 +505,18 @@ absl::StatusOr<std::int64_t> Orchestrator::DomainEpoch(const LeaderTerm& t) {
   return std::max<std::int64_t>(t.revision, static_cast<std::int64_t>(floor) + 1);
 }
 
-absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
+absl::Status DomainCore::Elected(const LeaderTerm& t) {
+  absl::Status st = TakeOver(t);
+  // What a host calling this standby is told until the next takeover (ServingLocked).
+  absl::MutexLock l(&mu_);
+  takeover_refused_ = st.ok()
+                          ? std::string()
+                          : absl::StrCat("it was elected (etcd revision ", t.revision,
+                                         ") and refused to take the domain over: ", st.message());
+  return st;
+}
+
+absl::Status DomainCore::TakeOver(const LeaderTerm& t) {
   const absl::Time elected = absl::Now();
   // 0. Every store of the previous term is in memory and none follows (docs/ha.md "Release"),
   // and no single orchestrator owns the domain (on another machine: this one's region locks
@@ -596,8 +605,7 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
                    static_cast<unsigned long long>(seen.epoch),
                    static_cast<unsigned long long>(t.cluster_id), static_cast<long long>(epoch));
     }
-  } else if (auto st = FormatPrefixDomain(*fenced_mem_, config_, domain_region_->size_bytes());
-             !st.ok()) {
+  } else if (auto st = FormatPrefixDomain(*fenced_mem_, config_, domain_bytes_); !st.ok()) {
     return st;
   }
   co::OwnerFenceLine line{};
@@ -661,26 +669,7 @@ absl::Status Orchestrator::TakeOver(const LeaderTerm& t) {
   return absl::OkStatus();
 }
 
-void Orchestrator::LeadLmcache(std::int64_t revision) {
-  // The coordinator's state is in etcd beside the domain's (orchestrator/lmcache/); an error
-  // leaves it answering 503 with the reason while the domain is led as usual.
-  // On the [etcd] section's client options, as the HA session's own clients (ha_etcd.cc).
-  auto store = ha_->CoordinatorStore(revision);
-  if (!store.ok()) {
-    std::fprintf(stderr, "cxlkv-orchestrator: lmcache: %s\n",
-                 std::string(store.status().message()).c_str());
-    return;
-  }
-  (void)lmcache_->Lead(
-      *std::move(store), [this] { return ha_->WriteAllowed(); }, OwnIndexEntries());
-}
-
-std::vector<co::PrefixOwner::OwnEntry> Orchestrator::OwnIndexEntries() {
-  absl::MutexLock l(&mu_);
-  return owner_ != nullptr ? owner_->OwnEntries() : std::vector<co::PrefixOwner::OwnEntry>{};
-}
-
-void Orchestrator::StepDown(const std::string& why) {
+void DomainCore::StepDown(const std::string& why) {
   absl::MutexLock l(&mu_);
   const HaStats h = ha_->stats();
   if (h.lost_contact && leading_ && owner_ != nullptr && !stop_.load()) {

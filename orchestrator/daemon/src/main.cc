@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   {
-    absl::MutexLock l(&(*o)->mu_);
+    const cxlkv::orchestrator::Orchestrator::StatusView view = (*o)->status();
     const std::string tcp =
         config->tcp.empty()
             ? std::string()
@@ -78,9 +78,8 @@ int main(int argc, char** argv) {
           "%u restored from %s\n",
           config->name.c_str(), config->socket.c_str(), tcp.c_str(),
           config->metrics_listen.empty() ? "off" : config->metrics_listen.c_str(),
-          (*o)->state_.extents().size(),
-          static_cast<unsigned long long>(config->extent_bytes >> 20),
-          (*o)->state_.recovered_extents(), config->state_file.c_str());
+          view.extents.size(), static_cast<unsigned long long>(config->extent_bytes >> 20),
+          view.recovered_extents, config->state_file.c_str());
     }
   }
   std::fflush(stdout);
