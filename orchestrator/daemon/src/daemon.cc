@@ -376,10 +376,6 @@ bool Orchestrator::UidAllowed(uid_t uid) const {
   return false;
 }
 
-void Orchestrator::CountPrefixTraffic(std::uint64_t hits, std::uint64_t misses) {
-  if (metrics_) metrics_->Traffic(hits, misses);
-}
-
 absl::Status Orchestrator::Start() {
   if (!config_.metrics_listen.empty()) {
     try {
@@ -427,7 +423,7 @@ absl::Status Orchestrator::Start() {
   }
   listen_fd_ = fd;
   ::chmod(config_.socket.c_str(), 0666);  // access is decided by peer credentials
-  service_ = MakeOrchestratorService(*this, *core_);
+  service_ = MakeOrchestratorService(*core_, metrics_.get(), started_ms_);
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
   directory_service_ = MakeDirectoryService(config_);
@@ -588,11 +584,6 @@ void Orchestrator::LeadLmcache(std::int64_t revision) {
   }
   (void)lmcache_->Lead(
       *std::move(store), [this] { return ha_->WriteAllowed(); }, core_->OwnIndexEntries());
-}
-
-absl::StatusOr<std::vector<std::string>> Orchestrator::CandidatesInEtcd() {
-  if (ha_ == nullptr) return std::vector<std::string>();
-  return ha_->Candidates();
 }
 
 }  // namespace cxlkv::orchestrator

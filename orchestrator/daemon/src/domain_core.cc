@@ -188,7 +188,7 @@ absl::Status DomainCore::Shrink(const v1::ShrinkRequest& req, v1::ShrinkReply* r
   return SaveLocked();
 }
 
-void DomainCore::Status(const std::vector<std::string>& candidates, std::int64_t uptime_ms,
+void DomainCore::Status(const std::vector<std::string>& candidates, std::int64_t started_ms,
                         v1::StatusReply* rep) {
   absl::MutexLock l(&mu_);
   const Config& c = config_;
@@ -200,7 +200,7 @@ void DomainCore::Status(const std::vector<std::string>& candidates, std::int64_t
   // This one's epoch while it leads (or serves read-only); a standby's: the leader's.
   rep->set_epoch(epoch_locked() != 0 ? epoch_locked() : LeaderEpochLocked());
   rep->set_leader(LeaderLocked());
-  rep->set_uptime_ms(uptime_ms);
+  rep->set_uptime_ms(NowMs() - started_ms);
   rep->set_read_only_since(ReadOnlySinceLocked());
   for (std::string& n : UnmatchedNamespacesLocked()) rep->add_unmatched_namespaces(std::move(n));
   for (const std::string& cand : candidates) {
@@ -443,6 +443,11 @@ Orchestrator::StatusView DomainCore::View() {
   v.extents = state_.extents();
   v.recovered_extents = state_.recovered_extents();
   return v;
+}
+
+absl::StatusOr<std::vector<std::string>> DomainCore::CandidatesInEtcd() {
+  if (ha_ == nullptr) return std::vector<std::string>();
+  return ha_->Candidates();
 }
 
 absl::Status DomainCore::fatal() {

@@ -101,9 +101,14 @@ class DomainCore {  // NOLINT(clang-analyzer-optin.performance.Padding)
   absl::Status Grow(const v1::GrowRequest& req, v1::GrowReply* rep) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Shrink(const v1::ShrinkRequest& req, v1::ShrinkReply* rep) ABSL_LOCKS_EXCLUDED(mu_);
   // Status: what every role knows (the configuration, who leads; `candidates` read from etcd
-  // before), and the domain's state where this one answers reads. `uptime_ms`: the daemon's.
-  void Status(const std::vector<std::string>& candidates, std::int64_t uptime_ms,
+  // before), and the domain's state where this one answers reads. `started_ms`: when the
+  // daemon started (on this core's clock).
+  void Status(const std::vector<std::string>& candidates, std::int64_t started_ms,
               v1::StatusReply* rep) ABSL_LOCKS_EXCLUDED(mu_);
+  // HA: the candidates registered in etcd (their JSON), read now without the lock; none
+  // without [etcd].
+  absl::StatusOr<std::vector<std::string>> CandidatesInEtcd();
+  const Config& config() const { return config_; }
   absl::Status Hosts(v1::HostsReply* rep) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Extents(v1::ExtentsReply* rep) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Prefixes(const v1::PrefixesRequest& req, v1::PrefixesReply* rep)

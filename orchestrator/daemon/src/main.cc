@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
             : absl::StrCat(" and tcp:", config->tcp.substr(0, config->tcp.rfind(':')), ":",
                            (*o)->tcp_port(),
                            config->tls_cert.empty() ? " (token)" : " (token, TLS)");
-    if ((*o)->ha()) {
+    if (config->etcd.enabled()) {
       std::printf(
           "cxlkv-orchestrator: domain '%s' up as a candidate (etcd %s, session ttl %u s): rpc "
           "unix:%s%s, metrics %s; serving once elected\n",

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "cxlkv/orchestrator/token.h"
 #include "domain_core.h"
+#include "metrics.h"
 #include "orchestrator.grpc.pb.h"
 
 namespace cxlkv::orchestrator {
@@ -27,7 +28,8 @@ grpc::Status ToGrpc(const absl::Status& st) {
 
 class Service final : public pb::Orchestrator::Service {
  public:
-  Service(Orchestrator& o, DomainCore& core) : o_(o), core_(core) {}
+  Service(DomainCore& core, Metrics* metrics, std::int64_t started_ms)
+      : core_(core), metrics_(metrics), started_ms_(started_ms) {}
 
   // Every call: a TCP peer must carry the token; a Unix-socket peer was let in by the
   // accept loop, which checked its uid before gRPC saw the connection.
@@ -40,7 +42,7 @@ class Service final : public pb::Orchestrator::Service {
       const auto& md = ctx->client_metadata();
       const auto it = md.find("authorization");
       if (it == md.end() || !TokenMatches(absl::string_view(it->second.data(), it->second.size()),
-                                          o_.config().token)) {
+                                          core_.config().token)) {
         return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                             absl::StrCat("peer ", peer,
                                          ": missing or wrong token (the client "
@@ -67,7 +69,7 @@ class Service final : public pb::Orchestrator::Service {
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const pb::HeartbeatRequest* req,
                          pb::HeartbeatReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
-    o_.CountPrefixTraffic(req->prefix_hits(), req->prefix_misses());
+    if (metrics_ != nullptr) metrics_->Traffic(req->prefix_hits(), req->prefix_misses());
     return ToGrpc(core_.Heartbeat(*req, rep));
   }
 
@@ -98,10 +100,8 @@ class Service final : public pb::Orchestrator::Service {
     if (auto st = Check(ctx); !st.ok()) return st;
     // The candidates from etcd, before the lock (etcd may be slow or away; then none listed).
     std::vector<std::string> candidates;
-    if (o_.ha()) {
-      if (auto c = o_.CandidatesInEtcd(); c.ok()) candidates = *std::move(c);
-    }
-    core_.Status(candidates, o_.NowMs() - o_.started_ms(), rep);
+    if (auto c = core_.CandidatesInEtcd(); c.ok()) candidates = *std::move(c);
+    core_.Status(candidates, started_ms_, rep);
     return grpc::Status::OK;
   }
 
@@ -133,7 +133,7 @@ class Service final : public pb::Orchestrator::Service {
                      pb::EvictReply* rep) override {
     if (auto st = Check(ctx); !st.ok()) return st;
     const NamespaceConfig* found = nullptr;
-    for (const NamespaceConfig& n : o_.config().namespaces) {
+    for (const NamespaceConfig& n : core_.config().namespaces) {
       if (n.Name() == req->ns()) found = &n;
     }
     if (found == nullptr) {
@@ -145,14 +145,16 @@ class Service final : public pb::Orchestrator::Service {
   }
 
  private:
-  Orchestrator& o_;
   DomainCore& core_;
+  Metrics* metrics_;  // null: no metrics endpoint
+  std::int64_t started_ms_;
 };
 
 }  // namespace
 
-std::unique_ptr<grpc::Service> MakeOrchestratorService(Orchestrator& o, DomainCore& core) {
-  return std::make_unique<Service>(o, core);
+std::unique_ptr<grpc::Service> MakeOrchestratorService(DomainCore& core, Metrics* metrics,
+                                                       std::int64_t started_ms) {
+  return std::make_unique<Service>(core, metrics, started_ms);
 }
 
 }  // namespace cxlkv::orchestrator

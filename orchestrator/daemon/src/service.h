@@ -7,9 +7,8 @@
 #ifndef CXLKV_ORCHESTRATOR_DAEMON_SRC_SERVICE_H_
 #define CXLKV_ORCHESTRATOR_DAEMON_SRC_SERVICE_H_
 
+#include <cstdint>
 #include <memory>
-
-#include "cxlkv/orchestrator/daemon.h"
 
 namespace grpc {
 class Service;
@@ -18,9 +17,12 @@ class Service;
 namespace cxlkv::orchestrator {
 
 class DomainCore;
+class Metrics;
 
-// The service of `o` and its core, which must outlive it.
-std::unique_ptr<grpc::Service> MakeOrchestratorService(Orchestrator& o, DomainCore& core);
+// The service of the domain's core, which must outlive it (and `metrics`, null when off).
+// `started_ms`: when the daemon started, on the core's clock (Status's uptime).
+std::unique_ptr<grpc::Service> MakeOrchestratorService(DomainCore& core, Metrics* metrics,
+                                                       std::int64_t started_ms);
 
 }  // namespace cxlkv::orchestrator
 

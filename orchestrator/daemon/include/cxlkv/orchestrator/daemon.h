@@ -104,15 +104,9 @@ class Orchestrator {
   const Config& config() const { return config_; }
   int tcp_port() const { return tcp_port_; }  // rpc.tcp's port once started (0: none)
   std::uint64_t pool_bytes() const;
-  std::int64_t started_ms() const { return started_ms_; }
-  std::int64_t NowMs() { return clock_->NowMs(); }
   // Unix-socket peers refused at accept since Start (their uid is neither the daemon's nor
   // in rpc.allowed_uids): closed before gRPC saw them.
   std::uint64_t peers_refused() const { return refused_.load(); }
-  void CountPrefixTraffic(std::uint64_t hits, std::uint64_t misses);
-  bool ha() const { return ha_ != nullptr; }
-  // HA: the candidates registered in etcd (their JSON), read now.
-  absl::StatusOr<std::vector<std::string>> CandidatesInEtcd();
 
   // What this orchestrator is to its domain now, and the domain's extents as it holds them (a
   // standby's: what it held last, if anything; the leader's state is the leader's).
