@@ -125,7 +125,7 @@ absl::Status DomainCore::Heartbeat(const v1::HeartbeatRequest& req, v1::Heartbea
   if (auto st = ReadableLocked(); !st.ok()) return st;
   rep->set_epoch(epoch_locked());
   const std::int64_t now = NowMs();
-  const absl::Status st = state_.Heartbeat(req.host_id(), req.incarnation(), req.used_bytes(), now);
+  absl::Status st = state_.Heartbeat(req.host_id(), req.incarnation(), req.used_bytes(), now);
   if (absl::IsFailedPrecondition(st)) {
     rep->set_fenced(true);
     return absl::OkStatus();
