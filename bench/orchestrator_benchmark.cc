@@ -222,7 +222,12 @@ void BM_Recover(benchmark::State& state) {
       hosts.push_back(*std::move(joined));
     }
     const co::Namespace ns = co::MakeNamespace("bench", "m", "l");
-    absl::MutexLock l(&r.o->mu_);
+    // The stopped orchestrator's owner and state are its core's: the fill opens its own on
+    // the same domain and state file (as the orchestrator's batches and grants would leave
+    // them).
+    co::DirectMem owner_mem((*dom)->addr(), (*dom)->size_bytes());
+    auto owner = co::PrefixOwner::Open(owner_mem, clock);
+    if (!owner.ok()) std::abort();
     const std::uint32_t target = entries / 10 * 6;
     std::uint32_t next = 0;
     while (next < target) {
@@ -239,14 +244,16 @@ void BM_Recover(benchmark::State& state) {
           }
         }
       }
-      published += r.o->owner_->ApplyRequests();
+      published += (*owner)->ApplyRequests();
     }
-    published += r.o->owner_->ApplyRequests();
+    published += (*owner)->ApplyRequests();
+    orch::DomainState domain_state(c, r.o->pool_bytes());
+    if (!domain_state.Load(0).ok()) std::abort();
     for (std::uint32_t h = 0; h < 64; ++h) {
-      auto inc = r.o->state_.Join(h, "bench", 0);
-      (void)r.o->state_.Grow(h, *inc, 1, 0);
+      auto inc = domain_state.Join(h, "bench", 0);
+      (void)domain_state.Grow(h, *inc, 1, 0);
     }
-    if (!r.o->SaveLocked().ok()) std::abort();
+    if (!domain_state.Save().ok()) std::abort();
     r.config.pool.clear();  // keep the files for the restarts below
     r.config.prefix_domain.clear();
     r.config.state_file.clear();

@@ -128,13 +128,9 @@ class InProcessDomain {
   absl::StatusOr<std::unique_ptr<HostClient>> Connect(std::uint32_t host, HostClocks& clocks) {
     return HostClient::Connect(config.socket, host, clocks.Options());
   }
-  std::string ExtentState(std::uint32_t i) {
-    absl::MutexLock l(&orch->mu_);
-    return orch->state_.extents()[i].state_name();
-  }
+  std::string ExtentState(std::uint32_t i) { return orch->status().extents[i].state_name(); }
   bool Assigned(std::uint32_t i, std::uint32_t host) {
-    absl::MutexLock l(&orch->mu_);
-    return orch->state_.extents()[i].host == host;
+    return orch->status().extents[i].host == host;
   }
 
   std::string dir;

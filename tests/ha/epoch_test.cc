@@ -329,10 +329,7 @@ TEST_F(HaTest, ANewLeadersEpochIsAboveEveryEpochTheDomainRecords) {
     EXPECT_TRUE(o.ok()) << o.status();
     if (!o.ok()) return 0;
     EXPECT_TRUE((*o)->Start().ok());
-    auto role = [&] {
-      absl::MutexLock l(&(*o)->mu_);
-      return (*o)->RoleLocked();
-    };
+    auto role = [&] { return (*o)->status().role; };
     if (meanwhile) {
       EXPECT_TRUE(Eventually(
           [&] {
@@ -344,10 +341,7 @@ TEST_F(HaTest, ANewLeadersEpochIsAboveEveryEpochTheDomainRecords) {
     }
     EXPECT_TRUE(Eventually([&] { return role() == "leader"; }, milliseconds(10000)));
     std::int64_t epoch = 0;
-    {
-      absl::MutexLock l(&(*o)->mu_);
-      epoch = (*o)->epoch_locked();
-    }
+    { epoch = (*o)->status().epoch; }
     (*o)->Stop();
     o->reset();
     return epoch;
@@ -453,10 +447,7 @@ TEST_F(HaTest, AWrongKeysCandidateStopsCampaigningAndExits) {
   }
   EXPECT_TRUE(changed.empty()) << "the wrong-keys candidate campaigned again: " << changed.size()
                                << " changes, the first " << changed[0];
-  {
-    absl::MutexLock l(&(*o)->mu_);
-    EXPECT_NE((*o)->RoleLocked(), "leader");
-  }
+  { EXPECT_NE((*o)->status().role, "leader"); }
   (*o)->Stop();
   o->reset();
 

@@ -250,14 +250,8 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
       *c, orch::OpenOptions{.new_domain = true, .clock = &clock, .write_back_agent = false});
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_TRUE((*o)->Start().ok());
-  auto role = [&] {
-    absl::MutexLock l(&(*o)->mu_);
-    return (*o)->RoleLocked();
-  };
-  auto epoch = [&] {
-    absl::MutexLock l(&(*o)->mu_);
-    return (*o)->epoch_locked();
-  };
+  auto role = [&] { return (*o)->status().role; };
+  auto epoch = [&] { return (*o)->status().epoch; };
   ASSERT_TRUE(Eventually([&] { return role() == "leader"; }, milliseconds(10000)));
   const std::int64_t first = epoch();
   FenceAudit audit(dir + "/domain");
@@ -271,11 +265,11 @@ TEST_F(HaTest, WritesStopAtTheDeadlineOnTheLeadersOwnClock) {
   std::string before;
   {
     // No owner batch runs while the test holds the lock: none is half done at the jump.
-    absl::MutexLock l(&(*o)->mu_);
+    orch::Orchestrator::Hold l(**o);
     clock.Jump(10'000);
     before = SlurpFile(dir + "/domain");
-    EXPECT_EQ((*o)->RoleLocked(), "standby");
-    EXPECT_TRUE(absl::IsUnavailable((*o)->ServingLocked()));
+    EXPECT_EQ(l.Role(), "standby");
+    EXPECT_TRUE(absl::IsUnavailable(l.Serving()));
   }
   // Well before a re-election could write (it pauses 500 ms after stepping down). The one
   // store a deposed leader still makes is its release (docs/ha.md "The fence", layer 4):
@@ -318,10 +312,7 @@ TEST_F(HaTest, AForeignFenceLineStopsTheLeaderBeforeItsNextStore) {
       *c, orch::OpenOptions{.new_domain = true, .write_back_agent = false});
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_TRUE((*o)->Start().ok());
-  auto role = [&] {
-    absl::MutexLock l(&(*o)->mu_);
-    return (*o)->RoleLocked();
-  };
+  auto role = [&] { return (*o)->status().role; };
   ASSERT_TRUE(Eventually([&] { return role() == "leader"; }, milliseconds(10000)));
   FenceAudit audit(dir + "/domain");
   ASSERT_TRUE(Eventually(
@@ -334,7 +325,7 @@ TEST_F(HaTest, AForeignFenceLineStopsTheLeaderBeforeItsNextStore) {
   co::OwnerFenceLine forged{};
   {
     // No batch is half done while the test holds the lock.
-    absl::MutexLock l(&(*o)->mu_);
+    orch::Orchestrator::Hold l(**o);
     before = SlurpFile(dir + "/domain");
     std::memcpy(&forged, before.data() + co::kOwnerFenceOffset, sizeof(forged));
     forged.epoch += 1000;
@@ -388,10 +379,7 @@ TEST_F(HaTest, OwnerWritesOutsideTheLoopCheckAndRecordTheFenceLine) {
       *c, orch::OpenOptions{.new_domain = true, .write_back_agent = false});
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_TRUE((*o)->Start().ok());
-  auto role = [&] {
-    absl::MutexLock l(&(*o)->mu_);
-    return (*o)->RoleLocked();
-  };
+  auto role = [&] { return (*o)->status().role; };
   ASSERT_TRUE(Eventually([&] { return role() == "leader"; }, milliseconds(10000)));
   auto fence = [&] {
     const std::string dom = SlurpFile(dir + "/domain");

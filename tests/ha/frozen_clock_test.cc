@@ -109,14 +109,8 @@ TEST_F(HaTest, AResumedLeaderWithFrozenClocksStoresNothingAfterItsSuccessor) {
       *ca, orch::OpenOptions{.new_domain = true, .clock = &vm, .write_back_agent = false});
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE((*a)->Start().ok());
-  auto role = [](orch::Orchestrator& o) {
-    absl::MutexLock l(&o.mu_);
-    return o.RoleLocked();
-  };
-  auto epoch = [](orch::Orchestrator& o) {
-    absl::MutexLock l(&o.mu_);
-    return o.epoch_locked();
-  };
+  auto role = [](orch::Orchestrator& o) { return o.status().role; };
+  auto epoch = [](orch::Orchestrator& o) { return o.status().epoch; };
   ASSERT_TRUE(Eventually([&] { return role(**a) == "leader"; }, milliseconds(10000)));
   const auto epoch_a = static_cast<std::uint64_t>(epoch(**a));
   auto b = orch::Orchestrator::Open(*cb, orch::OpenOptions{.write_back_agent = false});
@@ -133,10 +127,7 @@ TEST_F(HaTest, AResumedLeaderWithFrozenClocksStoresNothingAfterItsSuccessor) {
   // The VM stops: the owner thread at its next clock reading (inside a batch), the keep-alive
   // thread too; etcd lets the lease expire and b is elected.
   vm.Freeze();
-  auto b_elected = [&] {
-    absl::MutexLock l(&(*b)->mu_);
-    return (*b)->LeaderEpochLocked() > static_cast<std::int64_t>(epoch_a);
-  };
+  auto b_elected = [&] { return (*b)->status().leader_epoch > static_cast<std::int64_t>(epoch_a); };
   ASSERT_TRUE(Eventually(b_elected, milliseconds(15000))) << "b was not elected";
   std::this_thread::sleep_for(milliseconds(700));
   EXPECT_GT(vm.blocked(), 0);

@@ -68,7 +68,7 @@ TEST_F(HaTest, LmcacheCoordinatorStopsServingAtTheWriteDeadline) {
                          milliseconds(10000)))
       << "the leader's coordinator never served";
   {
-    absl::MutexLock l(&(*o)->mu_);
+    orch::Orchestrator::Hold l(**o);
     clock.Jump(10'000);
     EXPECT_EQ(Http(port, "GET", "/readyz", "").first, 503)
         << "the coordinator answers past the leader's write deadline";

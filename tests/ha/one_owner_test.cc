@@ -115,10 +115,7 @@ class Bed {
   std::string dir_;
 };
 
-std::string Role(orch::Orchestrator& o) {
-  absl::MutexLock l(&o.mu_);
-  return o.RoleLocked();
-}
+std::string Role(orch::Orchestrator& o) { return o.status().role; }
 
 // An orchestrator on another machine: it cannot see this one's region locks (and forks no
 // write-back agent in this test process).

@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cxlkv/coherence/domain_layout.h"
-#include "cxlkv/orchestrator/daemon.h"
 #include "cxlkv/orchestrator/directory.h"
 #include "cxlkv/orchestrator/published_key.h"
+#include "domain_core.h"
 #include "event_sink.h"
 #include "ha.h"
 
@@ -36,7 +36,7 @@ std::int64_t UnixMs() {
 }  // namespace
 
 struct Announcer::Impl {
-  Orchestrator& o;
+  DomainCore& core;
   HaSession* ha;
   const Config& c;
   std::atomic<bool> stop{false};
@@ -61,7 +61,7 @@ struct Announcer::Impl {
   std::int64_t last_put_ms = 0;
   std::int64_t last_error_log_ms = -1000000;
 
-  Impl(Orchestrator& orch, HaSession* h) : o(orch), ha(h), c(orch.config()) {}
+  Impl(DomainCore& dc, const Config& config, HaSession* h) : core(dc), ha(h), c(config) {}
 
   bool DirectoryOn() const { return ha != nullptr && c.directory.enabled; }
   bool EventsOn() const { return sink != nullptr; }
@@ -91,36 +91,33 @@ struct Announcer::Impl {
     bool serving = false, changed = false;
     std::int64_t epoch = 0, revision = 0;
     std::uint32_t capacity = 0;
-    {
-      absl::MutexLock l(&o.mu_);
-      serving = o.owner_ != nullptr && o.ServingLocked().ok();
-      epoch = o.epoch_locked();
-      revision = o.revision_locked();
-      if (serving) {
-        const auto& st = o.owner_->stats();
-        const std::uint64_t sig = st.published * 0x9E3779B97F4A7C15ull ^ st.retired ^
-                                  (static_cast<std::uint64_t>(epoch) << 40) ^
-                                  reinterpret_cast<std::uintptr_t>(o.owner_.get());
-        const bool new_term = !in_term || epoch != term_epoch || o.owner_.get() != term_owner;
-        if (new_term || sig != last_sig) {
-          last_sig = sig;
-          changed = true;
-          current.clear();
-          const co::PrefixOwner& owner = *o.owner_;
-          capacity = owner.header().index_entries;
-          for (std::uint32_t i = 0; i < capacity; ++i) {
-            if (owner.entry_state(i) != co::EntryState::kPublished) continue;
-            const co::IndexEntry e = owner.entry(i);
-            current.push_back(co::PrefixKey{e.key[0], e.key[1]});
+    // Under the core's lock, while this orchestrator serves with an owner.
+    serving = core.LookAtOwner(
+        [&](const co::PrefixOwner& owner, std::int64_t owner_epoch, std::int64_t owner_revision) {
+          epoch = owner_epoch;
+          revision = owner_revision;
+          const auto& st = owner.stats();
+          const std::uint64_t sig = st.published * 0x9E3779B97F4A7C15ull ^ st.retired ^
+                                    (static_cast<std::uint64_t>(epoch) << 40) ^
+                                    reinterpret_cast<std::uintptr_t>(&owner);
+          const bool new_term = !in_term || epoch != term_epoch || &owner != term_owner;
+          if (new_term || sig != last_sig) {
+            last_sig = sig;
+            changed = true;
+            current.clear();
+            capacity = owner.header().index_entries;
+            for (std::uint32_t i = 0; i < capacity; ++i) {
+              if (owner.entry_state(i) != co::EntryState::kPublished) continue;
+              const co::IndexEntry e = owner.entry(i);
+              current.push_back(co::PrefixKey{e.key[0], e.key[1]});
+            }
           }
-        }
-        if (new_term) {
-          in_term = false;  // opened below
-          term_epoch = epoch;
-          term_owner = o.owner_.get();
-        }
-      }
-    }
+          if (new_term) {
+            in_term = false;  // opened below
+            term_epoch = epoch;
+            term_owner = &owner;
+          }
+        });
     if (!serving) {
       in_term = false;  // a later term starts with AllBlocksCleared again
       known.clear();
@@ -216,13 +213,14 @@ struct Announcer::Impl {
   }
 };
 
-absl::StatusOr<std::unique_ptr<Announcer>> Announcer::Start(Orchestrator& o, HaSession* ha) {
-  auto impl = std::make_unique<Impl>(o, ha);
-  auto sink = MakeEventSink(o.config());
+absl::StatusOr<std::unique_ptr<Announcer>> Announcer::Start(DomainCore& core, const Config& c,
+                                                            HaSession* ha) {
+  auto impl = std::make_unique<Impl>(core, c, ha);
+  auto sink = MakeEventSink(c);
   if (!sink.ok()) return sink.status();
   impl->sink = *std::move(sink);
   if (!impl->DirectoryOn() && !impl->EventsOn()) return std::unique_ptr<Announcer>();
-  const KeysConfig& keys = o.config().keys;
+  const KeysConfig& keys = c.keys;
   if (!keys.publish_secret.empty()) {
     auto keyer = PublishedKeyer::Create(keys.publish_secret);
     if (!keyer.ok()) {
@@ -235,8 +233,7 @@ absl::StatusOr<std::unique_ptr<Announcer>> Announcer::Start(Orchestrator& o, HaS
                  "cxlkv-orchestrator: chain keys leave domain '%s' unkeyed (%s): whoever reads "
                  "them can test a guessed prompt; set keys.publish_file (docs/kv_events.md, "
                  "\"What a subscriber can learn\")\n",
-                 o.config().name.c_str(),
-                 impl->EventsOn() ? "KV events" : "the directory summary in etcd");
+                 c.name.c_str(), impl->EventsOn() ? "KV events" : "the directory summary in etcd");
   }
   Impl* p = impl.get();
   p->thread = std::thread([p] { p->Loop(); });

@@ -24,10 +24,11 @@
 
 #include "absl/status/statusor.h"
 #include "cxlkv/coherence/key.h"
+#include "cxlkv/orchestrator/config.h"
 
 namespace cxlkv::orchestrator {
 
-class Orchestrator;
+class DomainCore;
 class HaSession;
 
 struct AnnounceStats {
@@ -39,7 +40,8 @@ class Announcer {
  public:
   // `ha` is null without [etcd] (no directory then). kInvalidArgument for an events endpoint
   // ZMQ refuses; kFailedPrecondition for [events] in a build without ZMQ/msgpack.
-  static absl::StatusOr<std::unique_ptr<Announcer>> Start(Orchestrator& o, HaSession* ha);
+  static absl::StatusOr<std::unique_ptr<Announcer>> Start(DomainCore& core, const Config& c,
+                                                          HaSession* ha);
   ~Announcer();
   void Stop();
   AnnounceStats stats() const;

@@ -58,14 +58,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   {
-    absl::MutexLock l(&(*o)->mu_);
+    const cxlkv::orchestrator::Orchestrator::StatusView view = (*o)->status();
     const std::string tcp =
         config->tcp.empty()
             ? std::string()
             : absl::StrCat(" and tcp:", config->tcp.substr(0, config->tcp.rfind(':')), ":",
                            (*o)->tcp_port(),
                            config->tls_cert.empty() ? " (token)" : " (token, TLS)");
-    if ((*o)->ha()) {
+    if (config->etcd.enabled()) {
       std::printf(
           "cxlkv-orchestrator: domain '%s' up as a candidate (etcd %s, session ttl %u s): rpc "
           "unix:%s%s, metrics %s; serving once elected\n",
@@ -78,9 +78,8 @@ int main(int argc, char** argv) {
           "%u restored from %s\n",
           config->name.c_str(), config->socket.c_str(), tcp.c_str(),
           config->metrics_listen.empty() ? "off" : config->metrics_listen.c_str(),
-          (*o)->state_.extents().size(),
-          static_cast<unsigned long long>(config->extent_bytes >> 20),
-          (*o)->state_.recovered_extents(), config->state_file.c_str());
+          view.extents.size(), static_cast<unsigned long long>(config->extent_bytes >> 20),
+          view.recovered_extents, config->state_file.c_str());
     }
   }
   std::fflush(stdout);

@@ -1,15 +1,14 @@
 // The daemon's gRPC service (orchestrator/proto/orchestrator.proto; private to the daemon):
-// hosts' membership, heartbeats and capacity leases, and the operator's queries, answered from
-// the Orchestrator's state under its mutex. Whether a call may change the domain (a leader, a
-// standby, read-only) is the Orchestrator's to say (ServingLocked, ReadableLocked); the
-// service asks it on every call. Peers: a Unix-socket peer was admitted by the accept loop,
+// hosts' membership, heartbeats and capacity leases, and the operator's queries: each call,
+// once its peer is let in, is one operation of the domain's core (domain_core.h), which takes
+// the lock and decides whether the call may change the domain or read it (a leader, a
+// standby, read-only). Peers: a Unix-socket peer was admitted by the accept loop,
 // which checked its uid; a TCP peer must carry the token (rpc.token_file).
 #ifndef CXLKV_ORCHESTRATOR_DAEMON_SRC_SERVICE_H_
 #define CXLKV_ORCHESTRATOR_DAEMON_SRC_SERVICE_H_
 
+#include <cstdint>
 #include <memory>
-
-#include "cxlkv/orchestrator/daemon.h"
 
 namespace grpc {
 class Service;
@@ -17,8 +16,13 @@ class Service;
 
 namespace cxlkv::orchestrator {
 
-// The service of `o`, which must outlive it.
-std::unique_ptr<grpc::Service> MakeOrchestratorService(Orchestrator& o);
+class DomainCore;
+class Metrics;
+
+// The service of the domain's core, which must outlive it (and `metrics`, null when off).
+// `started_ms`: when the daemon started, on the core's clock (Status's uptime).
+std::unique_ptr<grpc::Service> MakeOrchestratorService(DomainCore& core, Metrics* metrics,
+                                                       std::int64_t started_ms);
 
 }  // namespace cxlkv::orchestrator
 
