@@ -379,6 +379,53 @@ TEST_F(ShmExtent, AnExtentStaysWhileAnyProcessMapsItAndGoesAfter) {
   ::close(fd);
 }
 
+// Another process's collector, run once in the window between a binding's open of its
+// sidecar and its lock (ShmBacking::SetBeforeSidecarLockHookForTesting).
+ShmBacking* g_collector = nullptr;
+int g_window_calls = 0;
+void CollectInTheWindowOnce() {
+  if (g_window_calls++ == 0 && g_collector != nullptr) g_collector->CollectGarbage("/dev/shm");
+}
+
+// A process descheduled between its sidecar's open and lock, while another process's
+// collector finds the sidecar empty and removes it: the binding must land in the sidecar every
+// process opens. It used to be written into the removed file, and the next process bound the
+// same file to another extent (two vLLM workers, two copies of one region). Seen under TSan,
+// where the window is wide; the hook makes it certain.
+TEST_F(ShmExtent, ASidecarRemovedBeforeItsLockIsMadeAgain) {
+  constexpr std::size_t kBytes = 1u << 20;
+  const int fd = MakeFile("vllm_offload_r.mmap", kBytes);
+  auto a = Backing();
+  auto other = Backing();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(other, nullptr);
+  g_collector = other.get();
+  g_window_calls = 0;
+  ShmBacking::SetBeforeSidecarLockHookForTesting(&CollectInTheWindowOnce);
+  const auto m = a->Map(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ShmBacking::SetBeforeSidecarLockHookForTesting(nullptr);
+  g_collector = nullptr;
+  ASSERT_EQ(m.outcome, ShmBacking::Outcome::kMapped) << m.err;
+  ASSERT_TRUE(m.bound);
+  EXPECT_GE(g_window_calls, 2) << "the binding did not open the sidecar again";
+  const ShmBindingRecord rec = Record(prefix_ + "vllm_offload_r.mmap");
+  ASSERT_EQ(rec.state, static_cast<std::uint32_t>(ShmBindingState::kBound))
+      << "the binding went into a sidecar the collector had removed";
+  // Another process maps the file: the same extent, so it sees this mapping's bytes.
+  auto* p = static_cast<unsigned char*>(m.addr);
+  for (std::size_t i = 0; i < kBytes; i += 4096) p[i] = Pat(3, i);
+  const auto m2 = other->Map(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_EQ(m2.outcome, ShmBacking::Outcome::kMapped) << m2.err;
+  auto* q = static_cast<unsigned char*>(m2.addr);
+  for (std::size_t i = 0; i < kBytes; i += 4096) ASSERT_EQ(q[i], Pat(3, i)) << i;
+  EXPECT_EQ(Usage().persisted, 4u) << "one extent of 4 blocks for the file, not two";
+  ASSERT_EQ(::munmap(q, kBytes), 0);
+  other->Unmapped(q, kBytes);
+  ASSERT_EQ(::munmap(p, kBytes), 0);
+  a->Unmapped(p, kBytes);
+  ::close(fd);
+}
+
 TEST_F(ShmExtent, AFileRemovedBehindTheShimsBackIsCollectedAtTheNextBinding) {
   constexpr std::size_t kBytes = 1u << 20;
   {

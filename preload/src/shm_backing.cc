@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -152,7 +153,13 @@ void SplitPath(const std::string& path, std::string* dir, std::string* base) {
   *base = slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+std::atomic<void (*)()> g_before_sidecar_lock{nullptr};
+
 }  // namespace
+
+void ShmBacking::SetBeforeSidecarLockHookForTesting(void (*hook)()) noexcept {
+  g_before_sidecar_lock.store(hook, std::memory_order_release);
+}
 
 bool ShmPathMatches(const char* glob, const char* path) noexcept {
   return glob != nullptr && path != nullptr && ::fnmatch(glob, path, FNM_PATHNAME) == 0;
@@ -303,14 +310,40 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
     return {};
   }
   const std::string sidecar = ShmSidecarPath(path, id.ino, id.btime_ns);
-  const int lfd =
-      ::open(sidecar.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, (id.mode & 0666) | 0600);
-  if (lfd < 0 || !LockByte(lfd, kShmRecordLockByte, F_WRLCK, true)) {
-    const int err = errno;
-    if (lfd >= 0) ::close(lfd);
-    Logf(LogLevel::kError, "CXLKV_SHM: cannot create or lock %s: %s; %s is mapped as it is",
-         sidecar.c_str(), base::ErrnoText(err).c_str(), name);
-    return {};
+  // Opened (or created) and then locked: between the two, another process's collector may
+  // lock the still-empty sidecar first, read no binding and remove it. The lock then holds a
+  // file no one else will open, and a binding written there would be seen by no other process
+  // (which would bind the same file to another extent): after the lock, the descriptor must
+  // still be the file at the sidecar's path, or it starts over.
+  int lfd = -1;
+  for (int attempt = 0;; ++attempt) {
+    lfd = ::open(sidecar.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+                 (id.mode & 0666) | 0600);
+    if (lfd >= 0) {
+      if (auto hook = g_before_sidecar_lock.load(std::memory_order_acquire)) hook();
+    }
+    if (lfd < 0 || !LockByte(lfd, kShmRecordLockByte, F_WRLCK, true)) {
+      const int err = errno;
+      if (lfd >= 0) ::close(lfd);
+      Logf(LogLevel::kError, "CXLKV_SHM: cannot create or lock %s: %s; %s is mapped as it is",
+           sidecar.c_str(), base::ErrnoText(err).c_str(), name);
+      return {};
+    }
+    struct stat held {}, linked {};
+    if (::fstat(lfd, &held) == 0 && held.st_nlink > 0 &&
+        ::stat(sidecar.c_str(), &linked) == 0 && held.st_dev == linked.st_dev &&
+        held.st_ino == linked.st_ino) {
+      break;
+    }
+    UnlockByte(lfd, kShmRecordLockByte);
+    ::close(lfd);
+    if (attempt == 100) {
+      Logf(LogLevel::kError,
+           "CXLKV_SHM: %s was removed under this process 100 times in a row; %s is mapped as "
+           "it is",
+           sidecar.c_str(), name);
+      return {};
+    }
   }
   auto fail = [&](int err, const std::string& why) -> Mapped {
     Logf(LogLevel::kError, "CXLKV_SHM: %s: %s", name, why.c_str());

@@ -94,6 +94,11 @@ class ShmBacking {
   // Frees the extents of files in `dir` that are gone and mapped by nobody; returns how many.
   std::size_t CollectGarbage(const std::string& dir) noexcept;
 
+  // For tests: called in a binding between the sidecar's open and its lock, the window in
+  // which another process's collector may find the sidecar empty and remove it (a process
+  // descheduled there). nullptr (the default) calls nothing. Not for production use.
+  static void SetBeforeSidecarLockHookForTesting(void (*hook)()) noexcept;
+
   // fork: the parent takes the lock before and releases it after; the child releases it
   // (its copies of the mapper descriptors keep the extents held while it maps them). Taken
   // and released in different pthread_atfork handlers, which the analysis cannot pair.
