@@ -121,7 +121,9 @@ absl::Status ReplaceFileAt(int dir_fd, const std::string& dir, const std::string
     if (st.ok()) {
       // The contents and the size: what reading the file back needs.
       const int err = Hook("sync", path);
-      if (err != 0 || ::fdatasync(fd.get()) != 0) st = ErrnoStatus(err != 0 ? err : errno, tmp, "fdatasync");
+      if (err != 0 || ::fdatasync(fd.get()) != 0) {
+        st = ErrnoStatus(err != 0 ? err : errno, tmp, "fdatasync");
+      }
     }
   }
   if (st.ok()) {
