@@ -36,8 +36,9 @@ std::string HostLine(const OrchestratorProcess& o, unsigned host) {
 TEST(CApiOrchestrator, JoinsThroughTheOrchestrator) {
   // Nothing here waits for an expiry: TTLs far longer than a cxlkvctl run on a busy machine
   // (under ASan one took over 400 ms, and the host was declared dead before its heartbeat).
-  OrchestratorProcess o("lease_ttl_ms = 10000\nhost_ttl_ms = 10000\nheartbeat_period_ms = 250\n"
-                        "grace_ms = 20\ncapacity_lease_ms = 10000\n");
+  OrchestratorProcess o(
+      "lease_ttl_ms = 10000\nhost_ttl_ms = 10000\nheartbeat_period_ms = 250\n"
+      "grace_ms = 20\ncapacity_lease_ms = 10000\n");
   o.Start();
   cxlkv_domain* d = nullptr;
   const std::string spec = "orchestrator:" + o.socket;
@@ -183,16 +184,17 @@ TEST(CApiOrchestrator, ExtentArenasShareBlocksAndStayQuarantinedWhileLeased) {
   keeping = false;
   keeper.join();
   EXPECT_EQ(renew_failures.load(), 0) << "the lease lapsed while it was renewed every 100 ms";
-  ASSERT_TRUE(quarantined)
-      << "the dead host's extent is quarantined after its capacity lease\n"
-      << [&] {
-           std::string out;
-           FILE* p = popen((std::string(CXLKV_CTL_BIN) + " extents --socket " + o.socket).c_str(), "r");
-           char line[512];
-           while (p != nullptr && std::fgets(line, sizeof(line), p) != nullptr) out += line;
-           if (p != nullptr) pclose(p);
-           return out;
-         }();
+  ASSERT_TRUE(quarantined) << "the dead host's extent is quarantined after its capacity lease\n"
+                           <<
+      [&] {
+        std::string out;
+        FILE* p =
+            popen((std::string(CXLKV_CTL_BIN) + " extents --socket " + o.socket).c_str(), "r");
+        char line[512];
+        while (p != nullptr && std::fgets(line, sizeof(line), p) != nullptr) out += line;
+        if (p != nullptr) pclose(p);
+        return out;
+      }();
   // Well past grace and the capacity lease: the leased block still holds the extent.
   for (int t = 0; t < 25; ++t) {
     ASSERT_EQ(cxlkv_lease_renew(d, &leases[0]), CXLKV_OK) << cxlkv_last_error();

@@ -130,7 +130,7 @@ class SlowDisk : public StateStore {
       // Bounded, so a coordinator that serialises its writers fails the test instead of
       // hanging it.
       EXPECT_TRUE(testing::Eventually([&] { return appends.load() >= first_sync_waits_for; },
-                             std::chrono::milliseconds(60000)))
+                                      std::chrono::milliseconds(60000)))
           << appends.load() << " records appended while the first sync waited";
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));

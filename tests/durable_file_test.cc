@@ -135,8 +135,8 @@ TEST_F(DurableFile, ACrashBeforeAnyStepLeavesTheOldOrTheNewFileWhole) {
 
 tier::Calibration SomeCalibration(double read_bytes_per_s) {
   tier::Calibration c;
-  c.memory = tier::MemoryCalibration{"anonymous", "dram", read_bytes_per_s, 1.5e10, 2.5e-7,
-                                     256ull << 20, 2ull << 20};
+  c.memory = tier::MemoryCalibration{"anonymous", "dram",       read_bytes_per_s, 1.5e10,
+                                     2.5e-7,      256ull << 20, 2ull << 20};
   c.measured_at = "2026-12-05T10:00:00Z";
   c.duration_s = 1.5;
   return c;

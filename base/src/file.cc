@@ -95,9 +95,9 @@ absl::Status SyncParentDir(const std::string& path) {
   const Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() < 0) return ErrnoStatus(errno, "directory " + dir, "open");
   if (::fsync(dfd.get()) != 0) {
-    return ErrnoStatus(errno, "directory " + dir,
-                       absl::StrCat("fsync (to make ", path,
-                                    " durable; keep it on a local file system)"));
+    return ErrnoStatus(
+        errno, "directory " + dir,
+        absl::StrCat("fsync (to make ", path, " durable; keep it on a local file system)"));
   }
   return absl::OkStatus();
 }
@@ -139,9 +139,9 @@ absl::Status ReplaceFileAt(int dir_fd, const std::string& dir, const std::string
   // The rename is durable only once the directory is.
   const int err = Hook("sync-dir", path);
   if (err != 0 || ::fsync(dir_fd) != 0) {
-    return ErrnoStatus(err != 0 ? err : errno, "directory " + dir,
-                       absl::StrCat("fsync (to make the new ", path,
-                                    " durable; keep it on a local file system)"));
+    return ErrnoStatus(
+        err != 0 ? err : errno, "directory " + dir,
+        absl::StrCat("fsync (to make the new ", path, " durable; keep it on a local file system)"));
   }
   return absl::OkStatus();
 }

@@ -317,8 +317,8 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
   // still be the file at the sidecar's path, or it starts over.
   int lfd = -1;
   for (int attempt = 0;; ++attempt) {
-    lfd = ::open(sidecar.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
-                 (id.mode & 0666) | 0600);
+    lfd =
+        ::open(sidecar.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, (id.mode & 0666) | 0600);
     if (lfd >= 0) {
       if (auto hook = g_before_sidecar_lock.load(std::memory_order_acquire)) hook();
     }
@@ -329,10 +329,10 @@ ShmBacking::Mapped ShmBacking::MapExtent(void* addr, std::size_t len, int prot, 
            sidecar.c_str(), base::ErrnoText(err).c_str(), name);
       return {};
     }
-    struct stat held {}, linked {};
-    if (::fstat(lfd, &held) == 0 && held.st_nlink > 0 &&
-        ::stat(sidecar.c_str(), &linked) == 0 && held.st_dev == linked.st_dev &&
-        held.st_ino == linked.st_ino) {
+    struct stat held {
+    }, linked{};
+    if (::fstat(lfd, &held) == 0 && held.st_nlink > 0 && ::stat(sidecar.c_str(), &linked) == 0 &&
+        held.st_dev == linked.st_dev && held.st_ino == linked.st_ino) {
       break;
     }
     UnlockByte(lfd, kShmRecordLockByte);

@@ -17,7 +17,6 @@
 
 namespace cxlkv::tier {
 
-
 static_assert(std::endian::native == std::endian::little, "the stats file is little-endian");
 
 struct ReuseTracker::Entry {
@@ -58,7 +57,6 @@ inline std::uint64_t Mix(const coherence::PrefixKey& k) noexcept {
   // Keys are already XXH3 outputs; the multiply only guards against structured test keys.
   return ((k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull)) * 0xD6E8FEB86659FD93ull) >> 17;
 }
-
 
 }  // namespace
 
@@ -215,12 +213,11 @@ absl::Status ReuseTracker::Save(const std::string& path, std::uint64_t now_ns) c
   h.alpha = alpha_;
   coherence::Seal(h, kStatsMagic, kStatsVersion, 0);
 
-  return base::ReplaceFile(
-      path,
-      {absl::string_view(reinterpret_cast<const char*>(&h), sizeof(h)),
-       absl::string_view(reinterpret_cast<const char*>(entries.data()),
-                         entries.size() * sizeof(Entry))},
-      0644);
+  return base::ReplaceFile(path,
+                           {absl::string_view(reinterpret_cast<const char*>(&h), sizeof(h)),
+                            absl::string_view(reinterpret_cast<const char*>(entries.data()),
+                                              entries.size() * sizeof(Entry))},
+                           0644);
 }
 
 absl::StatusOr<ReuseTracker::Loaded> ReuseTracker::Load(const std::string& path) {

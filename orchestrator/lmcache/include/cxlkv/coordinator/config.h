@@ -72,8 +72,9 @@ std::uint64_t HostPoolBytes(const CoordinatorConfig& c, std::uint64_t pool_bytes
 // Errors name the file, the line and the fix. A file group or others may read is refused
 // (kPermissionDenied: its octal mode, the chmod, and the setting that accepts it) unless
 // `accept_readable`; then `*warning` (when given) says so and the tokens load.
-absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(
-    const std::string& path, bool accept_readable = false, std::string* warning = nullptr);
+absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::string& path,
+                                                                    bool accept_readable = false,
+                                                                    std::string* warning = nullptr);
 
 }  // namespace cxlkv::coordinator
 
