@@ -17,6 +17,7 @@
 #include "cxlkv/coherence/crc32c.h"
 #include "cxlkv/pool/region.h"
 #include "nlohmann/json.hpp"
+#include "wire.h"
 
 namespace cxlkv::coordinator {
 namespace {
@@ -40,24 +41,6 @@ std::string RandomHex128() {
 // The canonical form of a key inside a namespace (fields joined by a byte no field holds).
 std::string Canonical(const std::string& ns, const ObjectKey& k) {
   return absl::StrCat(ns, "\x1f", Coordinator::IndexName(k));
-}
-
-json KeyJson(const ObjectKey& k) {
-  return json{{"chunk_hash_hex", k.chunk_hash_hex},
-              {"model_name", k.model_name},
-              {"kv_rank", k.kv_rank},
-              {"object_group_id", k.object_group_id},
-              {"cache_salt", k.cache_salt}};
-}
-
-ObjectKey KeyFrom(const json& j) {
-  ObjectKey k;
-  k.chunk_hash_hex = j.at("chunk_hash_hex").get<std::string>();
-  k.model_name = j.at("model_name").get<std::string>();
-  k.kv_rank = j.at("kv_rank").get<std::int64_t>();
-  k.object_group_id = j.at("object_group_id").get<std::int64_t>();
-  k.cache_salt = j.at("cache_salt").get<std::string>();
-  return k;
 }
 
 // An object's bytes in the region: its length rounded up to the alignment.
@@ -963,7 +946,7 @@ absl::Status Coordinator::LoadLocked(const std::string& text, const std::string&
   auto object_of = [](const json& j) {
     Object o;
     o.tenant = j.at("tenant").get<std::string>();
-    o.key = KeyFrom(j.at("key"));
+    o.key = KeyFromJson(j.at("key"));
     o.layout.shapes = j.at("shapes").get<std::vector<std::vector<std::int64_t>>>();
     o.layout.dtypes = j.at("dtypes").get<std::vector<std::string>>();
     o.handle = {j.at("offset").get<std::uint64_t>(), j.at("length").get<std::uint64_t>(),

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "wire.h"
 
 namespace cxlkv::coordinator {
 namespace {
@@ -110,13 +111,6 @@ Layout LayoutOf(const json& j, const std::string& where) {
   return l;
 }
 
-json KeyJson(const ObjectKey& k) {
-  return json{{"chunk_hash_hex", k.chunk_hash_hex},
-              {"model_name", k.model_name},
-              {"kv_rank", k.kv_rank},
-              {"object_group_id", k.object_group_id},
-              {"cache_salt", k.cache_salt}};
-}
 json LayoutJson(const Layout& l) { return json{{"shapes", l.shapes}, {"dtypes", l.dtypes}}; }
 json HandleJson(const std::string& region_id, const Handle& h) {
   return json{{"region_id", region_id},
