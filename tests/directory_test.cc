@@ -363,7 +363,7 @@ TEST_F(DirectoryTest, PublishedInAReportedForAOnlyFollowsRetireAndDiesWithTheLea
   EXPECT_TRUE(keys.count("/cxlkv/v1/default/directory/dom-b"));
 
   // cxlkvctl where: from etcd directly, and through dom-b's orchestrator.
-  const std::string hex = tier::FormatPrefixKey(k0);
+  const std::string hex = coherence::FormatKey(k0);
   std::string eps;
   for (const auto& e : etcd_->endpoints()) eps += (eps.empty() ? "" : ",") + e;
   for (const std::string& how : {"--etcd " + eps, "--socket " + b.socket}) {
@@ -483,7 +483,7 @@ TEST_F(DirectoryTest, KeyedDomainMatchesOnlyWithItsSecret) {
 
   // cxlkvctl where: from etcd with and without --key-file; through dom-r (keys.directory_files
   // holds the secret) and dom-x (it does not).
-  const std::string hex = tier::FormatPrefixKey(k);
+  const std::string hex = coherence::FormatKey(k);
   std::string eps;
   for (const auto& e : etcd_->endpoints()) eps += (eps.empty() ? "" : ",") + e;
   struct Case {

@@ -57,7 +57,7 @@ TEST_F(KvEventsHaTest, OnlyTheLeaderPublishesEventsAndATakeoverOpensANewTerm) {
   const co::Namespace ns = co::MakeNamespace("t", "m", "l");
   const std::uint32_t tokens[] = {5, 6, 7};
   const co::PrefixKey k = co::ChainKey(ns, co::PrefixKey{}, tokens);
-  const std::string hex = tier::FormatPrefixKey(k);
+  const std::string hex = coherence::FormatKey(k);
   ASSERT_TRUE(a.Publish(ns, k, 1));
   ASSERT_TRUE(SoonTrue([&] { return HasStored(sub.Events(), hex); }, milliseconds(5000)));
   // The standby answers the directory.

@@ -82,7 +82,7 @@ TEST(KvEventEncoding, PositionalEventsInVllmsFieldOrder) {
     hex +=
         absl::StrCat(absl::Hex(static_cast<unsigned char>(hash.via.bin.ptr[i]), absl::kZeroPad2));
   }
-  EXPECT_EQ(hex, tier::FormatPrefixKey(kKey));  // the hex cxlkvctl prints
+  EXPECT_EQ(hex, coherence::FormatKey(kKey));   // the hex cxlkvctl prints
   EXPECT_TRUE(stored.ptr[2].is_nil());          // parent_block_hash
   EXPECT_EQ(stored.ptr[3].via.array.size, 0u);  // token_ids
   EXPECT_EQ(stored.ptr[4].as<int>(), 16);       // block_size
@@ -160,7 +160,7 @@ TEST(KvEventsThroughTheOrchestrator, StoredRemovedAndANewTermDecodedByPython) {
   const std::uint32_t t1[] = {1, 2, 3}, t2[] = {4, 5, 6};
   const co::PrefixKey k1 = co::ChainKey(ns, co::PrefixKey{}, t1);
   const co::PrefixKey k2 = co::ChainKey(ns, k1, t2);
-  const std::string h1 = tier::FormatPrefixKey(k1), h2 = tier::FormatPrefixKey(k2);
+  const std::string h1 = coherence::FormatKey(k1), h2 = coherence::FormatKey(k2);
   ASSERT_TRUE(o.Publish(ns, k1, 1));
   ASSERT_TRUE(o.Publish(ns, k2, 2));
   ASSERT_TRUE(SoonTrue([&] { return HasStored(sub.Events(), h1) && HasStored(sub.Events(), h2); },
@@ -278,9 +278,9 @@ TEST(KvEventsThroughTheOrchestrator, KeyedHashesMatchOnlyWithTheSecret) {
   const co::PrefixKey k2 = co::ChainKey(ns, k1, t2);
   auto keyer = orchestrator::PublishedKeyer::Create(secret);
   ASSERT_TRUE(keyer.ok()) << keyer.status();
-  const std::string raw1 = tier::FormatPrefixKey(k1), raw2 = tier::FormatPrefixKey(k2);
-  const std::string h1 = tier::FormatPrefixKey(keyer->Apply(k1)),
-                    h2 = tier::FormatPrefixKey(keyer->Apply(k2));
+  const std::string raw1 = coherence::FormatKey(k1), raw2 = coherence::FormatKey(k2);
+  const std::string h1 = coherence::FormatKey(keyer->Apply(k1)),
+                    h2 = coherence::FormatKey(keyer->Apply(k2));
   ASSERT_TRUE(SoonTrue([&] { return !sub.Messages().empty(); }, milliseconds(5000)));
   ASSERT_TRUE(o.Publish(ns, k1, 1));
   ASSERT_TRUE(o.Publish(ns, k2, 2));

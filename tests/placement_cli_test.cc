@@ -112,7 +112,7 @@ TEST(ExplainCli, PrefixFromStatsFile) {
   const std::string stats = scratch.sub("stats");
   ASSERT_TRUE(t->Save(stats, 1'000'000'000ull + 9 * 20'000'000ull + 10'000'000ull).ok());
 
-  const CtlRun r = Ctl("explain " + cxlkv::tier::FormatPrefixKey(key) + " --stats " + stats +
+  const CtlRun r = Ctl("explain " + cxlkv::coherence::FormatKey(key) + " --stats " + stats +
                        " --config " + kConfig + " --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
@@ -124,12 +124,17 @@ TEST(ExplainCli, PrefixFromStatsFile) {
   EXPECT_NEAR(j["inputs"]["reuse_interval_s"].get<double>(), 0.02, 1e-6);
   EXPECT_EQ(j["decision"]["clause"], "below-break-even");
 
-  const CtlRun missing = Ctl("explain 1234 --stats " + stats + " --config " + kConfig);
+  const CtlRun short_key = Ctl("explain 1234 --stats " + stats + " --config " + kConfig);
+  EXPECT_EQ(short_key.code, 2);
+  EXPECT_NE(short_key.out.find("has 4 hex digits"), std::string::npos) << short_key.out;
+  const CtlRun missing =
+      Ctl("explain 00000000000000000000000000001234 --stats " + stats + " --config " + kConfig);
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.out.find("prefix 00000000000000000000000000001234 is not in"),
             std::string::npos)
       << missing.out;
-  const CtlRun both = Ctl("explain 1234 --stats " + stats + " --reuse-ms 5 --config " + kConfig);
+  const CtlRun both = Ctl("explain 00000000000000000000000000001234 --stats " + stats +
+                          " --reuse-ms 5 --config " + kConfig);
   EXPECT_EQ(both.code, 2);
   EXPECT_NE(both.out.find("--reuse-ms: '5' cannot be given with PREFIX"), std::string::npos)
       << both.out;

@@ -671,17 +671,23 @@ TEST(NamespaceReuse, OptionsAreChecked) {
             std::string::npos);
 }
 
+// The tier names keys in coherence's one text form (there was a second parser here that took
+// 1 to 32 digits): 32 digits, high word first; a short key is refused, naming its length.
 TEST(ReuseTracker, PrefixKeyHex) {
   const coherence::PrefixKey k{0x0123456789abcdefull, 0xfedcba9876543210ull};
-  EXPECT_EQ(FormatPrefixKey(k), "fedcba98765432100123456789abcdef");
-  auto back = ParsePrefixKey(FormatPrefixKey(k));
+  EXPECT_EQ(coherence::FormatKey(k), "fedcba98765432100123456789abcdef");
+  auto back = coherence::ParseKey(coherence::FormatKey(k));
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(*back, k);
-  EXPECT_EQ(*ParsePrefixKey("0x1f"), (coherence::PrefixKey{0x1f, 0}));
-  EXPECT_NE(ParsePrefixKey("12g4").status().message().find("'g' is not a hex digit"),
+  EXPECT_NE(coherence::ParseKey("0x1f").status().message().find("has 2 hex digits"),
             std::string::npos);
-  EXPECT_FALSE(ParsePrefixKey(std::string(33, '1')).ok());
-  EXPECT_FALSE(ParsePrefixKey("").ok());
+  EXPECT_NE(coherence::ParseKey("12g4" + std::string(28, '0'))
+                .status()
+                .message()
+                .find("character 3 is not a hex digit"),
+            std::string::npos);
+  EXPECT_FALSE(coherence::ParseKey(std::string(33, '1')).ok());
+  EXPECT_FALSE(coherence::ParseKey("").ok());
 }
 
 class StatsFile : public ::testing::Test {
@@ -717,7 +723,7 @@ TEST_F(StatsFile, RoundTrip) {
   EXPECT_EQ(l->tracker.alpha(), 0.5);
   for (const ReuseStats& s : t->Entries()) {
     auto got = l->tracker.Find(s.key);
-    ASSERT_TRUE(got.has_value()) << FormatPrefixKey(s.key);
+    ASSERT_TRUE(got.has_value()) << coherence::FormatKey(s.key);
     EXPECT_EQ(got->uses, s.uses);
     EXPECT_EQ(got->last_seen_ns, s.last_seen_ns);
     EXPECT_EQ(got->size_bytes, s.size_bytes);

@@ -218,7 +218,7 @@ std::string Indent(const std::string& text) {
 }
 
 std::string Render(const ti::ExplainReport& e, bool json) {
-  const std::string key_hex = ti::FormatPrefixKey(e.key);
+  const std::string key_hex = cxlkv::coherence::FormatKey(e.key);
   nlohmann::json j;
   std::string text;
   j["key"] = key_hex;
@@ -557,8 +557,9 @@ CXLKV_API int cxlkv_tier_release(cxlkv_tier* t, const cxlkv_prefix_key* key) {
   if (t->s == nullptr) return FailEnded(t);
   const Key k{key->lo, key->hi};
   if (!t->s->Lookup(k).where) {
-    return Fail(CXLKV_E_NOT_FOUND, absl::StrCat("cxlkv_tier_release(", ti::FormatPrefixKey(k),
-                                                "): not held by ", t->name));
+    return Fail(CXLKV_E_NOT_FOUND,
+                absl::StrCat("cxlkv_tier_release(", cxlkv::coherence::FormatKey(k),
+                             "): not held by ", t->name));
   }
   t->s->Release(k);
   return CXLKV_OK;

@@ -9,7 +9,7 @@ from cxlkv.keys import PrefixKey
 
 
 def test_ctl_hex_is_high_word_first():
-    # cxlkvctl prints FormatPrefixKey: the high word's 16 digits, then the low word's.
+    # cxlkvctl prints coherence::FormatKey: the high word's 16 digits, then the low word's.
     k = directory.key_from_ctl_hex("fedcba98765432100123456789abcdef")
     assert k == PrefixKey(0x0123456789ABCDEF, 0xFEDCBA9876543210)
     assert directory.key_from_ctl_hex("0x1f") == PrefixKey(0x1F, 0)

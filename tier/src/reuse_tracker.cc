@@ -60,36 +60,6 @@ inline std::uint64_t Mix(const coherence::PrefixKey& k) noexcept {
 
 }  // namespace
 
-std::string FormatPrefixKey(const coherence::PrefixKey& key) {
-  return absl::StrFormat("%016x%016x", key.hi, key.lo);
-}
-
-absl::StatusOr<coherence::PrefixKey> ParsePrefixKey(absl::string_view hex) {
-  absl::string_view h = hex;
-  if (h.size() >= 2 && h[0] == '0' && (h[1] == 'x' || h[1] == 'X')) h.remove_prefix(2);
-  if (h.empty() || h.size() > 32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefix key '", hex, "': expected 1 to 32 hex digits (128 bits, high word first)"));
-  }
-  coherence::PrefixKey k;
-  for (char ch : h) {
-    int v;
-    if (ch >= '0' && ch <= '9') {
-      v = ch - '0';
-    } else if (ch >= 'a' && ch <= 'f') {
-      v = ch - 'a' + 10;
-    } else if (ch >= 'A' && ch <= 'F') {
-      v = ch - 'A' + 10;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prefix key '", hex, "': '", std::string(1, ch), "' is not a hex digit"));
-    }
-    k.hi = (k.hi << 4) | (k.lo >> 60);
-    k.lo = (k.lo << 4) | static_cast<std::uint64_t>(v);
-  }
-  return k;
-}
-
 ReuseTracker::ReuseTracker(std::uint32_t buckets, double alpha)
     : buckets_(new Bucket[buckets]()), bucket_mask_(buckets - 1), alpha_(alpha) {
   // The stats file stores entries as they are in memory.
@@ -269,8 +239,8 @@ absl::StatusOr<ReuseTracker::Loaded> ReuseTracker::Parse(absl::string_view bytes
     Entry* slot = nullptr;
     for (Entry& w : b.way) {
       if (w.uses != 0 && w.key_lo == e.key_lo && w.key_hi == e.key_hi) {
-        return absl::DataLossError(
-            absl::StrCat(path, ": key ", FormatPrefixKey({e.key_lo, e.key_hi}), " appears twice"));
+        return absl::DataLossError(absl::StrCat(
+            path, ": key ", coherence::FormatKey({e.key_lo, e.key_hi}), " appears twice"));
       }
       if (slot == nullptr && w.uses == 0) slot = &w;
     }

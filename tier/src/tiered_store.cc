@@ -666,8 +666,8 @@ absl::Status TieredStore::Read(std::span<const Key> keys, std::span<void* const>
       const Key& key = keys[i];
       const std::optional<Residence> where = m_->Where(key);
       if (!where) {
-        res[i] = Failed(
-            absl::NotFoundError(absl::StrCat(FormatPrefixKey(key), ": not held by ", o_.name)));
+        res[i] = Failed(absl::NotFoundError(
+            absl::StrCat(coherence::FormatKey(key), ": not held by ", o_.name)));
       } else if (*where == Residence::kCxl) {
         auto p = m_->Acquire(key);
         if (!p.ok()) {  // it moved meanwhile: look again
@@ -842,9 +842,9 @@ absl::Status TieredStore::Collect(std::uint64_t ticket, bool block,
           e.promoted = true;
           if (absl::Status hs = o_.on_cxl(e); !hs.ok()) t->results[i] = Failed(hs, Outcome::kCxl);
         } else {
-          t->results[i] = Failed(
-              absl::InternalError(absl::StrCat(FormatPrefixKey(key), ": promoted but not in CXL")),
-              OutcomeOf(m_->Where(key)));
+          t->results[i] = Failed(absl::InternalError(absl::StrCat(coherence::FormatKey(key),
+                                                                  ": promoted but not in CXL")),
+                                 OutcomeOf(m_->Where(key)));
         }
       }
     } else {

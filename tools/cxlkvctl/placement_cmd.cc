@@ -169,13 +169,13 @@ void RunExplain(const ExplainArgs& a) {
       BadFlag("--reuse-ms", a.reuse_ms,
               "cannot be given with PREFIX: the interval comes from --stats");
     }
-    auto key = tier::ParsePrefixKey(a.prefix);
+    auto key = coherence::ParseKey(a.prefix);
     if (!key.ok()) Fail("explain", absl::StrCat("PREFIX: ", key.status().message()), kExitUsage);
     auto loaded = tier::ReuseTracker::Load(a.stats);
     if (!loaded.ok()) Fail("explain", absl::StrCat("--stats: ", loaded.status().message()));
     auto st = loaded->tracker.Find(*key);
     if (!st) {
-      Fail("explain", absl::StrCat("prefix ", tier::FormatPrefixKey(*key), " is not in ", a.stats,
+      Fail("explain", absl::StrCat("prefix ", coherence::FormatKey(*key), " is not in ", a.stats,
                                    " (", loaded->tracker.size(),
                                    " prefixes tracked; it was never used, or was replaced)"));
     }
@@ -186,12 +186,12 @@ void RunExplain(const ExplainArgs& a) {
                             ? static_cast<double>(loaded->saved_at_ns - st->last_seen_ns) * 1e-9
                             : 0.0;
     prefix_text = absl::StrCat(
-        "prefix ", tier::FormatPrefixKey(*key), " (", a.stats, "): ", st->uses,
+        "prefix ", coherence::FormatKey(*key), " (", a.stats, "): ", st->uses,
         " uses, EWMA interval ",
         std::isinf(st->ewma_interval_s) ? "none (used once)" : Time(st->ewma_interval_s),
         ", last use ", Time(idle), " before the file was saved\n");
     prefix_json = {
-        {"key", tier::FormatPrefixKey(*key)},
+        {"key", coherence::FormatKey(*key)},
         {"stats_file", a.stats},
         {"uses", st->uses},
         {"ewma_interval_s", std::isinf(st->ewma_interval_s) ? nlohmann::json(nullptr)

@@ -37,7 +37,7 @@ struct WhereOptions {
 }
 
 void Run(const WhereOptions& o) {
-  auto key = tier::ParsePrefixKey(o.prefix);
+  auto key = coherence::ParseKey(o.prefix);
   if (!key.ok()) Fail(absl::StrCat("PREFIX '", o.prefix, "': ", key.status().message()));
   orch::WhereResult r;
   if (!o.etcd.empty()) {
@@ -63,7 +63,7 @@ void Run(const WhereOptions& o) {
   }
   if (o.json) {
     nlohmann::json j;
-    j["prefix"] = tier::FormatPrefixKey(*key);
+    j["prefix"] = coherence::FormatKey(*key);
     j["revision"] = r.revision;
     j["may_hold"] = holders;
     j["domains"] = nlohmann::json::array();
@@ -82,7 +82,7 @@ void Run(const WhereOptions& o) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
-  std::printf("prefix %s: %s\n", tier::FormatPrefixKey(*key).c_str(),
+  std::printf("prefix %s: %s\n", coherence::FormatKey(*key).c_str(),
               holders.empty()
                   ? "no domain holds it"
                   : absl::StrCat("may be held by ", absl::StrJoin(holders, ", ")).c_str());

@@ -54,11 +54,6 @@ struct ReuseStats {
   std::uint32_t tokens = 0;
 };
 
-// 128-bit keys as 32 hex digits, high word first (as `cxlkvctl prefixes` prints them).
-std::string FormatPrefixKey(const coherence::PrefixKey& key);
-// Accepts 1..32 hex digits (an optional 0x); kInvalidArgument says what is wrong.
-absl::StatusOr<coherence::PrefixKey> ParsePrefixKey(absl::string_view hex);
-
 // What one ReuseTracker::Record() saw.
 struct RecordOutcome {
   std::uint32_t uses = 0;        // uses of the key including this one (1: first seen)
