@@ -488,13 +488,20 @@ def _installed(monkeypatch: pytest.MonkeyPatch, tag: str, version: str) -> Any:
     module state is put back after the test."""
     import sys
 
-    for name in ("IMPORT_ERROR", "ENGINE_VERSION", "GENERATION", "CxlkvSecondaryTier"):
+    _install(monkeypatch, tag, version)
+    assert adapter.CxlkvSecondaryTier is not None, adapter.IMPORT_ERROR
+    return adapter.CxlkvSecondaryTier
+
+
+def _install(monkeypatch: pytest.MonkeyPatch, tag: str, version: str) -> None:
+    import sys
+
+    for name in ("IMPORT_ERROR", "ENGINE_VERSION", "GENERATION", "IDENTIFICATION",
+                 "CxlkvSecondaryTier"):
         monkeypatch.setattr(adapter, name, getattr(adapter, name))
     for name, mod in V.release_modules(tag, version).items():
         monkeypatch.setitem(sys.modules, name, mod)
     adapter._from_installed_vllm()
-    assert adapter.CxlkvSecondaryTier is not None, adapter.IMPORT_ERROR
-    return adapter.CxlkvSecondaryTier
 
 
 @pytest.mark.parametrize("version", ["0.25.0", "0.25.1"])
@@ -563,3 +570,74 @@ def test_vllm_026_events_name_the_cpu_medium_as_a_string(env: Env,
     assert [e.medium for e in ev] == ["CPU"]
     assert ev == [V.OffloadingEventV26(keys, "CPU", False, V.Locality.LOCAL)]
     assert type(ev[0].medium) is str and t.medium == "CPU"
+
+
+# ---- python -m cxlkv.integrations.check over released shapes (issue #41, item 5) ----------------
+
+#: The shape facts of the 0.26 interface as the check prints them (v0.25.0 and v0.26.0 tags).
+SHAPE_026 = ["abstract methods: drain_jobs, get_finished_jobs, lookup, on_new_request, "
+             "submit_load, submit_store", "lookup answers: LookupResult",
+             "job: JobMetadata.block_ids"]
+
+
+@pytest.mark.parametrize("tag,version,want,facts", [
+    ("v0.25.0", "0.25.1", "0.26", SHAPE_026),
+    ("v0.26.0", "0.26.0", "0.26", SHAPE_026),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_the_check_names_the_generation_and_the_facts_that_matched(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tag: str, version: str,
+        want: str, facts: List[str]) -> None:
+    """The check reports the generation the adapter built for the installed base class and
+    why (the facts of that base, read by the adapter's own code), then round-trips blocks
+    through that class: exit 0."""
+    from cxlkv.integrations import check
+
+    _installed(monkeypatch, tag, version)
+    rc = check.main(["vllm"])
+    out = capsys.readouterr()
+    assert rc == 0, out
+    assert f"vllm: ok (version {version}," in out.out
+    assert f"  generation: {want}\n" in out.out
+    for fact in facts + [f"only the {want} interface has this shape"]:
+        assert f"    because: {fact}\n" in out.out, fact
+    f = check.check_engine("vllm")
+    assert (f["status"], f["generation"], f["shape"]) == ("ok", want, facts)
+    assert f["generation"] == adapter.GENERATION.name  # the adapter's pick, not a second one
+
+
+def test_the_check_says_when_the_version_broke_a_tie() -> None:
+    """Where the job dataclass cannot be read, the 0.26 and 0.32 shapes are equal: the
+    version picks between them, and the reasons say so."""
+    shape = gens.BaseShape(tuple(sorted(V.SecondaryTierManagerV26.__abstractmethods__)), True)
+    ident = gens.identify(shape, "0.26.0")
+    assert ident.generation.name == "0.26" and set(ident.candidates) == {"0.26", "0.32"}
+    assert any("version 0.26.0 is in the 0.26 one's releases" in r for r in ident.reasons())
+    ident = gens.identify(shape, "0.40.0")
+    assert ident.generation.name == gens.GENERATIONS[-1].name
+    assert any("is in none of their releases" in r for r in ident.reasons())
+    assert any("the tier runs by the shape" in r for r in ident.reasons())
+
+
+def test_the_check_fails_loudly_on_a_shape_no_generation_has(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A base class of no known shape (here: one more abstract method than any release has)
+    fails the check with exit 1, naming the engine, its version, its shape and what did not
+    match each generation, on stdout and stderr; no round trip runs."""
+    from cxlkv.integrations import check
+
+    _install(monkeypatch, "unknown-shape", "0.26.0")
+    assert adapter.IDENTIFICATION.generation is None
+    rc = check.main(["vllm"])
+    out = capsys.readouterr()
+    assert rc == 1
+    assert "vllm: FAILED (version 0.26.0," in out.out
+    assert "  generation: none (unknown shape)" in out.out
+    assert "problem: not the 0.26 interface: abstract methods: declares lookup_batch " \
+           "abstract" in out.out
+    assert "problem: not the 0.22 interface: abstract methods: declares drain_jobs" not in \
+        out.out  # drain_jobs is never held against a shape
+    assert "lookup_batch" in out.err and "vllm 0.26.0" in out.err
+    assert "no cxlkv adapter generation knows" in out.err
+    f = check.check_engine("vllm")
+    assert f["status"] == "failed" and f["generation"] is None
+    assert not any("round trip" in p for p in f["problems"])

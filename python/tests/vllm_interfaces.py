@@ -302,16 +302,37 @@ class OffloadingEventV25:
     removed: bool
 
 
+class SecondaryTierManagerUnknownShape(SecondaryTierManagerV26):
+    """No release: a made-up base for the check's test of a shape no generation has (the
+    v0.26.0 interface with one more abstract method, ``lookup_batch``)."""
+
+    @abc.abstractmethod
+    def lookup_batch(self, keys: Sequence[bytes], req_context: Any) -> List[LookupResult]: ...
+
+
+#: What each release's modules hold (release_modules): the base class, its job and result
+#: dataclasses, its OffloadingEvent, and whether vllm.v1.kv_offload.base has Locality and a
+#: Medium enum. "unknown-shape" is no release (SecondaryTierManagerUnknownShape).
+RELEASES: Dict[str, Dict[str, Any]] = {
+    "v0.25.0": dict(base=SecondaryTierManagerV25, job=JobMetadata, result=JobResultV22,
+                    event=OffloadingEventV25, locality=False, medium=False),
+    "v0.26.0": dict(base=SecondaryTierManagerV26, job=JobMetadata, result=JobResultV22,
+                    event=OffloadingEventV26, locality=True, medium=False),
+    "unknown-shape": dict(base=SecondaryTierManagerUnknownShape, job=JobMetadata,
+                          result=JobResultV22, event=OffloadingEventV26, locality=True,
+                          medium=False),
+}
+
+
 def release_modules(tag: str, version: str) -> Dict[str, Any]:
-    """The modules an installed vLLM of release `tag` gives the adapter's import
-    (cxlkv.integrations.vllm._from_installed_vllm), holding only the facts above: vllm
-    (``__version__``), vllm.v1.kv_offload.base (LookupResult, RequestOffloadingContext,
-    OffloadingEvent, and Locality from v0.26.0; no Medium enum at either tag) and
-    vllm.v1.kv_offload.tiering.base (SecondaryTierManager, JobMetadata, JobResult)."""
+    """The modules an installed vLLM of release `tag` (a key of :data:`RELEASES`) gives the
+    adapter's import (cxlkv.integrations.vllm._from_installed_vllm), holding only the facts
+    above: vllm (``__version__``), vllm.v1.kv_offload.base (LookupResult,
+    RequestOffloadingContext, OffloadingEvent; Locality and Medium where the release has them)
+    and vllm.v1.kv_offload.tiering.base (SecondaryTierManager, the job dataclass, JobResult)."""
     import types
 
-    base_cls, event_cls = {"v0.25.0": (SecondaryTierManagerV25, OffloadingEventV25),
-                           "v0.26.0": (SecondaryTierManagerV26, OffloadingEventV26)}[tag]
+    r = RELEASES[tag]
     mods = {name: types.ModuleType(name) for name in (
         "vllm", "vllm.v1", "vllm.v1.kv_offload", "vllm.v1.kv_offload.base",
         "vllm.v1.kv_offload.tiering", "vllm.v1.kv_offload.tiering.base")}
@@ -319,13 +340,15 @@ def release_modules(tag: str, version: str) -> Dict[str, Any]:
     kvbase = mods["vllm.v1.kv_offload.base"]
     kvbase.LookupResult = LookupResult
     kvbase.RequestOffloadingContext = RequestOffloadingContext
-    kvbase.OffloadingEvent = event_cls
-    if tag >= "v0.26.0":
+    kvbase.OffloadingEvent = r["event"]
+    if r["locality"]:
         kvbase.Locality = Locality
+    if r["medium"]:
+        kvbase.Medium = Medium
     tbase = mods["vllm.v1.kv_offload.tiering.base"]
-    tbase.SecondaryTierManager = base_cls
-    tbase.JobMetadata = JobMetadata
-    tbase.JobResult = JobResultV22
+    tbase.SecondaryTierManager = r["base"]
+    setattr(tbase, r["job"].__name__, r["job"])
+    tbase.JobResult = r["result"]
     for name, mod in mods.items():
         parent, _, leaf = name.rpartition(".")
         if parent:

@@ -396,12 +396,15 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
 IMPORT_ERROR: Optional[BaseException] = None
 ENGINE_VERSION: Optional[str] = None
 GENERATION: Optional[VllmGeneration] = None
+#: How the installed base class's shape was read and which generation it has, and why
+#: (:func:`~cxlkv.integrations.vllm_generations.identify`); None without vLLM.
+IDENTIFICATION: Optional[gens.Identification] = None
 CxlkvSecondaryTier: Any = None
 
 
 def _from_installed_vllm() -> None:
     """Builds :data:`CxlkvSecondaryTier` for the installed vLLM (if any)."""
-    global IMPORT_ERROR, ENGINE_VERSION, GENERATION, CxlkvSecondaryTier
+    global IMPORT_ERROR, ENGINE_VERSION, GENERATION, IDENTIFICATION, CxlkvSecondaryTier
     try:
         import vllm as _vllm
         from vllm.v1.kv_offload import base as _kvbase
@@ -416,16 +419,18 @@ def _from_installed_vllm() -> None:
     # The installed base class decides which class fits it, and that class runs whatever the
     # version (it is logged if outside the class's pin); only a base of no known shape falls
     # back to the version, whose class VllmTierCore refuses outside its pin, saying why.
-    by_interface = gens.generation_of_interface(
-        frozenset(getattr(base, "__abstractmethods__", ())),
-        _answers_lookup_result(base, lookup_result), ENGINE_VERSION)
+    # python -m cxlkv.integrations.check reports IDENTIFICATION: the same reading.
+    IDENTIFICATION = gens.identify(gens.read_shape(base, lookup_result, _tbase), ENGINE_VERSION)
+    by_interface = IDENTIFICATION.generation
     gen = by_interface or by_version
     if gen is None:
         IMPORT_ERROR = EngineVersionError(
             f"vLLM {ENGINE_VERSION}: outside every pin ({gens.SUPPORTED}) and its "
-            f"SecondaryTierManager matches no known interface (abstract methods: "
-            f"{sorted(getattr(base, '__abstractmethods__', ()))})",
-            operation="cxlkv.integrations.vllm", hint=f"install vllm{gens.SUPPORTED}")
+            f"SecondaryTierManager has no known shape ("
+            + "; ".join(IDENTIFICATION.shape.facts()) + ")",
+            operation="cxlkv.integrations.vllm",
+            hint=f"install vllm{gens.SUPPORTED}; python -m cxlkv.integrations.check says what "
+            "did not match")
         return
     GENERATION = gen
     # Tier-owned KV events (PR #46544): the base declares take_events.
@@ -445,12 +450,9 @@ def _from_installed_vllm() -> None:
         locality_cls=getattr(_kvbase, "Locality", None))
 
 
-def _answers_lookup_result(base: type, lookup_result: Any) -> bool:
-    """Whether `base.lookup` is declared to return `lookup_result` (vLLM's LookupResult)."""
-    if lookup_result is None:
-        return False
-    ann = getattr(getattr(base, "lookup", None), "__annotations__", {}).get("return")
-    return ann is lookup_result or (isinstance(ann, str) and ann.strip("'\"") == "LookupResult")
+#: Whether a base's lookup is declared to answer vLLM's LookupResult (one home:
+#: vllm_generations.answers_lookup_result).
+_answers_lookup_result = gens.answers_lookup_result
 
 
 _from_installed_vllm()
