@@ -42,9 +42,9 @@ def test_versions_inside_the_pin_pass_and_outside_are_refused() -> None:
 
     # v0.25.0's SecondaryTierManager already has the 0.26 interface (docs/engines.md).
     assert [gens.generation_for(v).name for v in ("0.22.1", "0.23.0", "0.24.1", "0.25.0",
-                                                    "0.25.1", "0.26.0", "0.31.1", "0.32.0",
-                                                    "0.33.1")] == [
-        "0.22", "0.23", "0.23", "0.26", "0.26", "0.26", "0.26", "0.32", "0.32"]
+                                                    "0.25.1", "0.26.0", "0.27.1", "0.28.0",
+                                                    "0.31.1", "0.32.0", "0.33.1")] == [
+        "0.22", "0.23", "0.23", "0.26", "0.26", "0.26", "0.26", "0.28", "0.28", "0.32", "0.32"]
     assert gens.generation_for("0.21.0") is None and gens.generation_for("0.34.0") is None
     with pytest.raises(EngineVersionError, match="no cxlkv adapter for engine 'trtllm'"):
         integrations.check_engine_version("trtllm", "1.0")

@@ -22,13 +22,18 @@ Configuration (``TieringOffloadingSpec``)::
 
 The ``cxlkv`` tier type is registered by the package's ``vllm.general_plugins`` entry point
 (:func:`register_plugin`, which vLLM calls in every process): installing the package is
-enough. Keys (:data:`CONFIG_KEYS`): ``domain`` and ``host_id`` are required; ``pool`` (not for
+enough. From vLLM 0.28 (PR #51007) the entry alone is enough, without the plugin: ``"type":
+"CxlkvSecondaryTier", "module_path": "cxlkv.integrations.vllm"`` (the factory imports the
+module and constructs the class named by ``type``; ``module_path`` is accepted and ignored if a
+factory passes it on). Keys (:data:`CONFIG_KEYS`): ``domain`` and ``host_id`` are required; ``pool`` (not for
 an ``orchestrator:`` domain, which lends this host an extent), ``read_pools``, ``tenant``,
 ``heartbeat_s``, ``block_bytes`` (optional: the primary view's row is the block; if given it
 must match), ``model`` (overrides the model name read from the engine's config),
 ``namespace_layout`` (free text added to the namespace), ``allow_untested_version``,
-``enable_kv_events``, ``locality`` and ``removal_check_s`` (below). An unknown key is refused
-(a misspelt key would otherwise be ignored).
+``enable_kv_events``, ``locality``, ``removal_check_s`` (below) and ``medium`` (``CPU``, the
+default, or ``STORAGE``: the medium the tier declares and its events name, a member of vLLM's
+``Medium`` where it has one; a request whose load tier filter, PR #48123, does not allow it
+misses). An unknown key is refused (a misspelt key would otherwise be ignored).
 
 **KV events under the engine's own block hashes.** Where the installed
 ``SecondaryTierManager`` has ``take_events`` (tier-owned events, vLLM PR #46544; from the
@@ -79,7 +84,13 @@ MEDIUM_CPU = "CPU"
 CONFIG_KEYS = frozenset({
     "domain", "host_id", "pool", "read_pools", "tenant", "heartbeat_s", "block_bytes",
     "model", "namespace_layout", "allow_untested_version", "enable_kv_events", "locality",
-    "removal_check_s"})
+    "removal_check_s", "medium", "module_path"})
+
+#: The mediums a tier may declare (``medium`` key): vLLM's ``Medium`` members a secondary tier
+#: names (PR #48123: CPU memory, STORAGE for the fs and obj tiers). CXL memory is memory, so
+#: ``CPU`` is the default; ``STORAGE`` lets a deployment have vLLM's per-request tier filters
+#: and routers treat the domain as a storage tier.
+MEDIUMS = ("CPU", "STORAGE")
 
 
 def _attr_path(obj: Any, path: str) -> Any:
@@ -213,6 +224,14 @@ class VllmTierCore:
                 operation="CxlkvSecondaryTier",
                 hint="LOCAL or REMOTE: where the domain's memory is, seen from this engine")
         self.locality = loc
+        med = cfg.get("medium")
+        if med is not None and med not in MEDIUMS:
+            raise InvalidArgumentError(
+                f"{what}: medium {med!r} is not one of {', '.join(MEDIUMS)}",
+                operation="CxlkvSecondaryTier",
+                hint="CPU (the default: CXL memory is memory) or STORAGE (for vLLM's "
+                "per-request tier filters and routers to treat the domain as storage)")
+        self.medium_name = med
         att_cfg = dict(cfg, host_id=self.host_id)
         self._att = Attachment(att_cfg, "CxlkvSecondaryTier", block_bytes=rows.row_bytes)
         try:
@@ -300,7 +319,8 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
                      engine_version: Optional[str], by_shape: bool = False,
                      lookup_result: Any = None,
                      request_context_cls: Any = None, medium: Any = None,
-                     event_cls: Any = None, locality_cls: Any = None) -> type:
+                     event_cls: Any = None, locality_cls: Any = None,
+                     medium_cls: Any = None) -> type:
     """The tier class of one interface generation: a subclass of the engine's
     ``SecondaryTierManager`` (`base`) whose methods are that generation's, each forwarding to
     one :class:`VllmTierCore`.
@@ -321,6 +341,13 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
             name mediums by strings, as v0.26.0's do).
         event_cls, locality_cls: the engine's ``OffloadingEvent`` and ``Locality``, where its
             base has ``take_events`` (tier-owned KV events): the class then implements it.
+        medium_cls: the engine's ``Medium`` enum (None where mediums are strings): a tier whose
+            config sets ``medium`` declares ``medium_cls[<name>]`` (else the name itself) on
+            the instance, and its events name it.
+
+    Where the request context carries a ``load_tier_filter`` (vLLM's per-request tier
+    filtering, PR #48123: ``load_tier_filter.allows(medium)``), a lookup the filter does not
+    allow for the tier's medium answers a miss, as vLLM's own tiers do.
     """
     if generation.lookup_enum and lookup_result is None:
         raise EngineVersionError(f"the {generation.name} interface answers lookups with "
@@ -333,6 +360,17 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
                       tier_type=tier_type)
         self._core = VllmTierCore(generation, engine_version, offloading_spec, primary_kv_view,
                                   tier_type, config, by_shape=by_shape)
+        name = self._core.medium_name
+        if name is not None:
+            member = getattr(medium_cls, name, None) if medium_cls is not None else name
+            if member is None:
+                self._core.shutdown()
+                raise EngineVersionError(
+                    f"the cxlkv tier's medium {name!r} is not a member of this vLLM's Medium "
+                    f"enum ({', '.join(m.name for m in medium_cls)})",
+                    operation="CxlkvSecondaryTier",
+                    hint="leave medium unset (CPU) or name one of those members")
+            self.medium = member
 
     ns: Dict[str, Any] = {
         "__init__": __init__,
@@ -348,6 +386,8 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
                    None: lookup_result.RETRY}
 
         def lookup(self: Any, key: Any, req_context: Any) -> Any:
+            if not _load_allowed(req_context, getattr(self, "medium", None)):
+                return lookup_result.MISS
             return answers[self._core.lookup(key, req_context)]
     else:
         def lookup(self: Any, key: Any, req_context: Any) -> Optional[bool]:
@@ -386,9 +426,19 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
         ns["medium"] = medium
     if event_cls is not None:
         def take_events(self: Any) -> List[Any]:
-            return self._core.take_events(event_cls, medium, locality_cls)
+            return self._core.take_events(event_cls, getattr(self, "medium", medium),
+                                          locality_cls)
         ns["take_events"] = take_events
     return type("CxlkvSecondaryTier", (base,), ns)
+
+
+def _load_allowed(req_context: Any, medium: Any) -> bool:
+    """Whether the request's load tier filter (vLLM PR #48123; absent before it) allows a
+    tier of `medium`: no filter, or no medium, allows."""
+    flt = getattr(req_context, "load_tier_filter", None)
+    if flt is None or medium is None or not hasattr(flt, "allows"):
+        return True
+    return bool(flt.allows(medium))
 
 
 # ---- the installed vLLM -------------------------------------------------------------------------
@@ -434,7 +484,7 @@ def _from_installed_vllm() -> None:
         return
     GENERATION = gen
     # Tier-owned KV events (PR #46544): the base declares take_events.
-    owns_events = "take_events" in vars(base)
+    owns_events = callable(getattr(base, "take_events", None))
     # Tiers declare their medium, and their events name it; CXL memory is memory, the medium
     # of vLLM's own CPU tier, not storage: Medium.CPU where vLLM has that enum, else the string
     # its CPU tier uses (v0.26.0: OffloadingEvent.medium is a str, MEDIUM_CPU = "CPU";
@@ -447,7 +497,7 @@ def _from_installed_vllm() -> None:
         by_shape=by_interface is not None, lookup_result=lookup_result,
         request_context_cls=getattr(_kvbase, "RequestOffloadingContext", None), medium=medium,
         event_cls=getattr(_kvbase, "OffloadingEvent", None) if owns_events else None,
-        locality_cls=getattr(_kvbase, "Locality", None))
+        locality_cls=getattr(_kvbase, "Locality", None), medium_cls=medium_enum)
 
 
 #: Whether a base's lookup is declared to answer vLLM's LookupResult (one home:

@@ -34,10 +34,10 @@ from . import parse_version
 class VllmGeneration:
     """One interface generation of vLLM's ``SecondaryTierManager``."""
 
-    name: str  # "0.22", "0.23", "0.26", "0.32": the release the generation was first mapped at
+    name: str  # "0.22", "0.23", "0.26", "0.28", "0.32": the release it was first mapped at
     min_version: str  # inclusive
     below_version: str  # exclusive
-    tag_read: str  # the release tag whose interface this is
+    tag_read: str  # the release tag (or page) whose interface this is; "" if none was read
     finished_method: str  # how the tier reports finished jobs
     lookup_enum: bool  # lookup answers a LookupResult (else True / False / None)
     job_ids_field: str  # the job's field of primary-tier ids ("block_ids" / "chunk_ids")
@@ -77,15 +77,24 @@ GENERATIONS: Tuple[VllmGeneration, ...] = (
     # (and, at v0.24.0, drain_jobs: see generation_of_interface).
     VllmGeneration("0.23", "0.23.0", "0.25.0", "v0.23.0", "get_finished_jobs", False,
                    "block_ids", "JobMetadata", True, False),
-    # v0.25-v0.31 (named "0.26", where it was first mapped): lookup answers
+    # v0.25-v0.27 (named "0.26", where it was first mapped): lookup answers
     # vllm.v1.kv_offload.base.LookupResult and drain_jobs() is abstract from the v0.25.0 tag
     # (tiering/base.py:84, :222 at 702f4814; docs/engines.md); v0.26.0 adds take_events()
     # (tier-owned events, medium a str), ParentManager and serve_external_requests (optional).
-    VllmGeneration("0.26", "0.25.0", "0.32.0", "v0.25.0", "get_finished_jobs", True,
+    # Where v0.27.x's job dataclass is JobMetadata (not established; docs/engines.md), it is
+    # this shape.
+    VllmGeneration("0.26", "0.25.0", "0.28.0", "v0.25.0", "get_finished_jobs", True,
                    "block_ids", "JobMetadata", True, True),
-    # v0.32+: blocks renamed chunks (TransferJob.chunk_ids); drain_jobs() is abstract.
-    VllmGeneration("0.32", "0.32.0", "0.34.0", "v0.32.0", "get_finished_jobs", True,
-                   "chunk_ids", "TransferJob", True, True),
+    # JobMetadata renamed TransferJob, still naming block_ids (vLLM's main branch by
+    # 2026-08-17, before the block->chunk rename of PR #52615). No tag or release page was
+    # read for it: named "0.28", the first release cut after that main (docs/engines.md); the
+    # shape, not this pin, picks it.
+    VllmGeneration("0.28", "0.28.0", "0.32.0", "", "get_finished_jobs", True,
+                   "block_ids", "TransferJob", True, True),
+    # v0.32+: blocks renamed chunks (TransferJob.chunk_ids; PR #52615); drain_jobs() is
+    # abstract. Read from docs.vllm.ai's v0.32.0 release page, not a tag.
+    VllmGeneration("0.32", "0.32.0", "0.34.0", "v0.32.0 (release page)", "get_finished_jobs",
+                   True, "chunk_ids", "TransferJob", True, True),
 )
 
 #: The whole range the tier supports, lowest to highest release.
