@@ -627,14 +627,18 @@ def test_the_check_says_when_the_version_broke_a_tie() -> None:
 
 
 def test_the_check_fails_loudly_on_a_shape_no_generation_has(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        caplog: pytest.LogCaptureFixture) -> None:
     """A base class of no known shape (here: one more abstract method than any release has)
     fails the check with exit 1, naming the engine, its version, its shape and what did not
-    match each generation, on stdout and stderr; no round trip runs."""
+    match each generation, on stdout and stderr; no round trip runs. The adapter's import
+    logs the same shape, pointing at the check."""
     from cxlkv.integrations import check
 
-    _install(monkeypatch, "unknown-shape", "0.26.0")
+    with caplog.at_level("WARNING", logger="cxlkv.integrations.vllm"):
+        _install(monkeypatch, "unknown-shape", "0.26.0")
     assert adapter.IDENTIFICATION.generation is None
+    assert "shape no cxlkv generation knows" in caplog.text and "lookup_batch" in caplog.text
     rc = check.main(["vllm"])
     out = capsys.readouterr()
     assert rc == 1

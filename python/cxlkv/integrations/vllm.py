@@ -482,6 +482,12 @@ def _from_installed_vllm() -> None:
             hint=f"install vllm{gens.SUPPORTED}; python -m cxlkv.integrations.check says what "
             "did not match")
         return
+    if by_interface is None:
+        # Its version's class is built, and refused or failing at engine start; say why now.
+        log.warning("cxlkv: vLLM %s's SecondaryTierManager has a shape no cxlkv generation "
+                    "knows (%s); the tier falls back to the %s interface its version is pinned "
+                    "to. Run python -m cxlkv.integrations.check for what did not match",
+                    ENGINE_VERSION, "; ".join(IDENTIFICATION.shape.facts()), gen.name)
     GENERATION = gen
     # Tier-owned KV events (PR #46544): the base declares take_events.
     owns_events = callable(getattr(base, "take_events", None))
