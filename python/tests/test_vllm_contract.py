@@ -643,7 +643,7 @@ def test_the_check_fails_loudly_on_a_shape_no_generation_has(
     out = capsys.readouterr()
     assert rc == 1
     assert "vllm: FAILED (version 0.26.0," in out.out
-    assert "  generation: none (unknown shape)" in out.out
+    assert "  generation: none (unknown shape); falls back to 0.26 by version" in out.out
     assert "problem: not the 0.26 interface: abstract methods: declares lookup_batch " \
            "abstract" in out.out
     assert "problem: not the 0.22 interface: abstract methods: declares drain_jobs" not in \

@@ -260,6 +260,13 @@ def _vllm_generation(f: Finding, mod: Any) -> bool:
             f"vllm {f['version'] or '(version unknown)'}: its SecondaryTierManager has a shape "
             "no cxlkv adapter generation knows (" + "; ".join(ident.shape.facts()) + ")")
         f["problems"] += list(ident.unmatched())
+        fallback = getattr(mod, "GENERATION", None)
+        if fallback is not None:
+            # What the adapter builds all the same (vllm._from_installed_vllm): the class its
+            # version is pinned to, which does not fit this base.
+            f["fallback_generation"] = fallback.name
+            f["notes"].append(f"the adapter falls back to the {fallback.name} interface its "
+                              "version is pinned to, which does not fit this base")
         f["problems"].append("fix: install vllm" + SUPPORTED + ", or report this shape and "
                              "the vLLM version to cxlkv (a new generation in "
                              "cxlkv/integrations/vllm_generations.py)")
@@ -352,7 +359,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             if f["status"] == "not installed":
                 print(f"  skipped: {f['reason']}")
             if "generation" in f:
-                print(f"  generation: {f['generation'] or 'none (unknown shape)'}")
+                gen = f["generation"] or "none (unknown shape)"
+                if f.get("fallback_generation"):
+                    gen += f"; falls back to {f['fallback_generation']} by version"
+                print(f"  generation: {gen}")
             for w in f.get("why", []):
                 print(f"    because: {w}")
             for n in f.get("notes", []):
