@@ -486,8 +486,6 @@ def _installed(monkeypatch: pytest.MonkeyPatch, tag: str, version: str) -> Any:
     """cxlkv.integrations.vllm's import-time pick over a vLLM of release `tag` (the facts of
     vllm_interfaces.release_modules), as the package does over an installed one; the adapter's
     module state is put back after the test."""
-    import sys
-
     _install(monkeypatch, tag, version)
     assert adapter.CxlkvSecondaryTier is not None, adapter.IMPORT_ERROR
     return adapter.CxlkvSecondaryTier

@@ -25,10 +25,10 @@ The ``cxlkv`` tier type is registered by the package's ``vllm.general_plugins`` 
 enough. From vLLM 0.28 (PR #51007) the entry alone is enough, without the plugin: ``"type":
 "CxlkvSecondaryTier", "module_path": "cxlkv.integrations.vllm"`` (the factory imports the
 module and constructs the class named by ``type``; ``module_path`` is accepted and ignored if a
-factory passes it on). Keys (:data:`CONFIG_KEYS`): ``domain`` and ``host_id`` are required; ``pool`` (not for
-an ``orchestrator:`` domain, which lends this host an extent), ``read_pools``, ``tenant``,
-``heartbeat_s``, ``block_bytes`` (optional: the primary view's row is the block; if given it
-must match), ``model`` (overrides the model name read from the engine's config),
+factory passes it on). Keys (:data:`CONFIG_KEYS`): ``domain`` and ``host_id`` are required;
+``pool`` (not for an ``orchestrator:`` domain, which lends this host an extent),
+``read_pools``, ``tenant``, ``heartbeat_s``, ``block_bytes`` (optional: the primary view's row
+is the block; if given it must match), ``model`` (overrides the model name read from the engine's config),
 ``namespace_layout`` (free text added to the namespace), ``allow_untested_version``,
 ``enable_kv_events``, ``locality``, ``removal_check_s`` (below) and ``medium`` (``CPU``, the
 default, or ``STORAGE``: the medium the tier declares and its events name, a member of vLLM's
