@@ -28,8 +28,9 @@ module and constructs the class named by ``type``; ``module_path`` is accepted a
 factory passes it on). Keys (:data:`CONFIG_KEYS`): ``domain`` and ``host_id`` are required;
 ``pool`` (not for an ``orchestrator:`` domain, which lends this host an extent),
 ``read_pools``, ``tenant``, ``heartbeat_s``, ``block_bytes`` (optional: the primary view's row
-is the block; if given it must match), ``model`` (overrides the model name read from the engine's config),
-``namespace_layout`` (free text added to the namespace), ``allow_untested_version``,
+is the block; if given it must match), ``model`` (overrides the model name read from the
+engine's config), ``namespace_layout`` (free text added to the namespace),
+``allow_untested_version``,
 ``enable_kv_events``, ``locality``, ``removal_check_s`` (below) and ``medium`` (``CPU``, the
 default, or ``STORAGE``: the medium the tier declares and its events name, a member of vLLM's
 ``Medium`` where it has one; a request whose load tier filter, PR #48123, does not allow it
