@@ -128,3 +128,16 @@ def test_sglang_adapter_against_the_installed_engine() -> None:
 def test_vllm_adapter_against_the_installed_engine() -> None:
     f = check.check_engine("vllm")
     assert f["status"] == "ok", f["problems"]
+
+
+@pytest.mark.parametrize("version,path", [("0.5.3", "the generic copy path"),
+                                          ("0.5.5.post3", "the generic copy path"),
+                                          ("0.5.6", "zero-copy with interface_v1"),
+                                          ("0.5.9", "zero-copy with interface_v1")])
+def test_the_check_names_sglangs_adapter_and_its_transfer_path(version: str, path: str) -> None:
+    """SGLang has one adapter class; the check names it and the path SGLang's controller gives
+    a dynamic backend at that release (zero-copy from 0.5.6, docs/engines.md)."""
+    f = {"version": version, "problems": [], "notes": []}
+    check._sglang_generation(f, None)
+    assert f["generation"].startswith("HiCacheStorage")
+    assert f["why"][-1] == f"version {version}: {path}"
