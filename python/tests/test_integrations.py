@@ -42,9 +42,9 @@ def test_versions_inside_the_pin_pass_and_outside_are_refused() -> None:
 
     # v0.25.0's SecondaryTierManager already has the 0.26 interface (docs/engines.md).
     assert [gens.generation_for(v).name for v in ("0.22.1", "0.23.0", "0.24.1", "0.25.0",
-                                                    "0.25.1", "0.26.0", "0.31.1", "0.32.0",
-                                                    "0.33.1")] == [
-        "0.22", "0.23", "0.23", "0.26", "0.26", "0.26", "0.26", "0.32", "0.32"]
+                                                    "0.25.1", "0.26.0", "0.27.1", "0.28.0",
+                                                    "0.31.1", "0.32.0", "0.33.1")] == [
+        "0.22", "0.23", "0.23", "0.26", "0.26", "0.26", "0.26", "0.28", "0.28", "0.32", "0.32"]
     assert gens.generation_for("0.21.0") is None and gens.generation_for("0.34.0") is None
     with pytest.raises(EngineVersionError, match="no cxlkv adapter for engine 'trtllm'"):
         integrations.check_engine_version("trtllm", "1.0")
@@ -128,3 +128,16 @@ def test_sglang_adapter_against_the_installed_engine() -> None:
 def test_vllm_adapter_against_the_installed_engine() -> None:
     f = check.check_engine("vllm")
     assert f["status"] == "ok", f["problems"]
+
+
+@pytest.mark.parametrize("version,path", [("0.5.3", "the generic copy path"),
+                                          ("0.5.5.post3", "the generic copy path"),
+                                          ("0.5.6", "zero-copy with interface_v1"),
+                                          ("0.5.9", "zero-copy with interface_v1")])
+def test_the_check_names_sglangs_adapter_and_its_transfer_path(version: str, path: str) -> None:
+    """SGLang has one adapter class; the check names it and the path SGLang's controller gives
+    a dynamic backend at that release (zero-copy from 0.5.6, docs/engines.md)."""
+    f = {"version": version, "problems": [], "notes": []}
+    check._sglang_generation(f, None)
+    assert f["generation"].startswith("HiCacheStorage")
+    assert f["why"][-1] == f"version {version}: {path}"

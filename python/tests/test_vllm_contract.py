@@ -221,7 +221,7 @@ def test_block_bytes_must_match_the_view(env: Env) -> None:
 
 
 def test_a_key_of_the_wrong_form_is_refused_before_anything_is_stored(env: Env) -> None:
-    g = V.GENERATIONS[3]
+    g = V.GENERATIONS[-1]
     a = make_tier(env, g, 1, primary_view(6))
     from cxlkv.errors import KeyLengthError
 
@@ -260,7 +260,7 @@ def test_the_checks_round_trip_drives_each_generation(g: V.Generation) -> None:
     mod = types.SimpleNamespace(GENERATION=gens.generation_named(g.name), IMPORT_ERROR=None,
                                 TIER_TYPE=adapter.TIER_TYPE,
                                 CxlkvSecondaryTier=registry_for(g)[adapter.TIER_TYPE])
-    base = types.SimpleNamespace(JobMetadata=V.JobMetadata, TransferJob=V.TransferJob)
+    base = types.SimpleNamespace(**{V.JOB_NAMES[g.job_cls]: g.job_cls})
     assert check._roundtrip_vllm(mod, base) == []
 
 
@@ -486,15 +486,20 @@ def _installed(monkeypatch: pytest.MonkeyPatch, tag: str, version: str) -> Any:
     """cxlkv.integrations.vllm's import-time pick over a vLLM of release `tag` (the facts of
     vllm_interfaces.release_modules), as the package does over an installed one; the adapter's
     module state is put back after the test."""
+    _install(monkeypatch, tag, version)
+    assert adapter.CxlkvSecondaryTier is not None, adapter.IMPORT_ERROR
+    return adapter.CxlkvSecondaryTier
+
+
+def _install(monkeypatch: pytest.MonkeyPatch, tag: str, version: str) -> None:
     import sys
 
-    for name in ("IMPORT_ERROR", "ENGINE_VERSION", "GENERATION", "CxlkvSecondaryTier"):
+    for name in ("IMPORT_ERROR", "ENGINE_VERSION", "GENERATION", "IDENTIFICATION",
+                 "CxlkvSecondaryTier"):
         monkeypatch.setattr(adapter, name, getattr(adapter, name))
     for name, mod in V.release_modules(tag, version).items():
         monkeypatch.setitem(sys.modules, name, mod)
     adapter._from_installed_vllm()
-    assert adapter.CxlkvSecondaryTier is not None, adapter.IMPORT_ERROR
-    return adapter.CxlkvSecondaryTier
 
 
 @pytest.mark.parametrize("version", ["0.25.0", "0.25.1"])
@@ -563,3 +568,187 @@ def test_vllm_026_events_name_the_cpu_medium_as_a_string(env: Env,
     assert [e.medium for e in ev] == ["CPU"]
     assert ev == [V.OffloadingEventV26(keys, "CPU", False, V.Locality.LOCAL)]
     assert type(ev[0].medium) is str and t.medium == "CPU"
+
+
+# ---- python -m cxlkv.integrations.check over released shapes (issue #41, item 5) ----------------
+
+#: The shape facts of the 0.26 interface as the check prints them (v0.25.0 and v0.26.0 tags).
+SHAPE_026 = ["abstract methods: drain_jobs, get_finished_jobs, lookup, on_new_request, "
+             "submit_load, submit_store", "lookup answers: LookupResult",
+             "job: JobMetadata.block_ids"]
+
+
+#: The 0.28 and 0.32 shapes: the 0.26 abstract set and lookup, jobs as TransferJob.
+SHAPE_028 = SHAPE_026[:2] + ["job: TransferJob.block_ids"]
+SHAPE_032 = SHAPE_026[:2] + ["job: TransferJob.chunk_ids"]
+
+
+@pytest.mark.parametrize("tag,version,want,facts", [
+    ("v0.25.0", "0.25.1", "0.26", SHAPE_026),
+    ("v0.26.0", "0.26.0", "0.26", SHAPE_026),
+    ("0.28-shape", "0.29.1", "0.28", SHAPE_028),
+    ("v0.32.0", "0.33.1", "0.32", SHAPE_032),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_the_check_names_the_generation_and_the_facts_that_matched(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tag: str, version: str,
+        want: str, facts: List[str]) -> None:
+    """The check reports the generation the adapter built for the installed base class and
+    why (the facts of that base, read by the adapter's own code), then round-trips blocks
+    through that class: exit 0."""
+    from cxlkv.integrations import check
+
+    _installed(monkeypatch, tag, version)
+    rc = check.main(["vllm"])
+    out = capsys.readouterr()
+    assert rc == 0, out
+    assert f"vllm: ok (version {version}," in out.out
+    assert f"  generation: {want}\n" in out.out
+    for fact in facts + [f"only the {want} interface has this shape"]:
+        assert f"    because: {fact}\n" in out.out, fact
+    f = check.check_engine("vllm")
+    assert (f["status"], f["generation"], f["shape"]) == ("ok", want, facts)
+    assert f["generation"] == adapter.GENERATION.name  # the adapter's pick, not a second one
+
+
+def test_the_check_says_when_the_version_broke_a_tie() -> None:
+    """Where the job dataclass cannot be read, the 0.26, 0.28 and 0.32 shapes are equal: the
+    version picks between them, and the reasons say so."""
+    shape = gens.BaseShape(tuple(sorted(V.SecondaryTierManagerV26.__abstractmethods__)), True)
+    ident = gens.identify(shape, "0.26.0")
+    assert ident.generation.name == "0.26"
+    assert set(ident.candidates) == {"0.26", "0.28", "0.32"}
+    assert any("version 0.26.0 is in the 0.26 one's releases" in r for r in ident.reasons())
+    ident = gens.identify(shape, "0.40.0")
+    assert ident.generation.name == gens.GENERATIONS[-1].name
+    assert any("is in none of their releases" in r for r in ident.reasons())
+    assert any("the tier runs by the shape" in r for r in ident.reasons())
+
+
+def test_the_check_fails_loudly_on_a_shape_no_generation_has(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A base class of no known shape (here: one more abstract method than any release has)
+    fails the check with exit 1, naming the engine, its version, its shape and what did not
+    match each generation, on stdout and stderr; no round trip runs. The adapter's import
+    logs the same shape, pointing at the check."""
+    from cxlkv.integrations import check
+
+    with caplog.at_level("WARNING", logger="cxlkv.integrations.vllm"):
+        _install(monkeypatch, "unknown-shape", "0.26.0")
+    assert adapter.IDENTIFICATION.generation is None
+    assert "shape no cxlkv generation knows" in caplog.text and "lookup_batch" in caplog.text
+    rc = check.main(["vllm"])
+    out = capsys.readouterr()
+    assert rc == 1
+    assert "vllm: FAILED (version 0.26.0," in out.out
+    assert "  generation: none (unknown shape); falls back to 0.26 by version" in out.out
+    assert "problem: not the 0.26 interface: abstract methods: declares lookup_batch " \
+           "abstract" in out.out
+    assert "problem: not the 0.22 interface: abstract methods: declares drain_jobs" not in \
+        out.out  # drain_jobs is never held against a shape
+    assert "lookup_batch" in out.err and "vllm 0.26.0" in out.err
+    assert "no cxlkv adapter generation knows" in out.err
+    f = check.check_engine("vllm")
+    assert f["status"] == "failed" and f["generation"] is None
+    assert not any("round trip" in p for p in f["problems"])
+
+
+# ---- v0.28+: module_path registration, chunk-named jobs, mediums (issue #41, item 2) -----------
+
+#: The user's secondary_tiers entry on v0.28+: the class by name and its module, nothing else
+#: (no vllm.general_plugins entry point, no register_tier).
+MODULE_PATH = dict(type="CxlkvSecondaryTier", module_path="cxlkv.integrations.vllm")
+
+
+def _events_spec() -> V.OffloadingSpec:
+    sp = spec()
+    sp.kv_events_config = V.KVEventsConfig(enable_kv_cache_events=True)
+    return sp
+
+
+@pytest.mark.parametrize("tag,version,want", [
+    ("0.28-shape", "0.28.0", "0.28"),
+    ("0.28-shape", "0.31.0", "0.28"),
+    ("v0.32.0", "0.32.0", "0.32"),
+    ("v0.32.0", "0.33.1", "0.32"),
+])
+def test_module_path_from_the_users_config_alone_round_trips(
+        env: Env, monkeypatch: pytest.MonkeyPatch, tag: str, version: str, want: str) -> None:
+    """vLLM v0.28+ constructs the tier from the secondary_tiers entry alone (type = the class,
+    module_path = this package's module; PR #51007): nothing registered, no plugin. The engine
+    drives it with its own job dataclass (TransferJob with block_ids, or chunk_ids after the
+    rename), polls JobResult, takes events naming Medium.CPU, and a second engine loads the
+    blocks byte for byte."""
+    _install(monkeypatch, tag, version)
+    assert adapter.IDENTIFICATION.generation.name == want  # by shape
+    r = V.RELEASES[tag]
+    registry: Dict[str, type] = {}
+    va, vb = primary_view(31), primary_view(32)
+    cfg = dict(MODULE_PATH, domain=env.domain_spec, pool=env.pool_spec, heartbeat_s=0.05,
+               enable_kv_events=True)
+    a = V.create_secondary_tier_module_path(registry, dict(cfg, host_id=1), va, _events_spec())
+    env._closers.insert(0, a.shutdown)
+    b = V.create_secondary_tier_module_path(registry, dict(cfg, host_id=2), vb, _events_spec())
+    env._closers.insert(0, b.shutdown)
+    assert registry == {} and type(a) is adapter.CxlkvSecondaryTier
+    assert isinstance(a, r["base"]) and a.tier_type == "CxlkvSecondaryTier"
+    assert a.medium is V.Medium.CPU
+    ids = adapter.GENERATION.job_ids_field
+    ctx = V.ReqContext("req-mp")
+    keys = offload_keys(3, salt=tag.encode() + version.encode())
+
+    def job(job_id: int, rows: Any, promotion: bool) -> Any:
+        return r["job"](**{"job_id": job_id, "keys": keys, ids: rows,
+                           "is_promotion": promotion, "req_context": ctx})
+
+    assert [b.lookup(k, ctx) for k in keys] == [V.LookupResult.MISS] * 3
+    a.submit_store(job(1, np.arange(3, dtype=np.int64), False))
+    done = V.poll(a.get_finished_jobs, 1)
+    assert [(type(x), x.job_id, x.success) for x in done] == [(r["result"], 1, True)]
+    assert list(a.take_events()) == [V.OffloadingEvent(keys, V.Medium.CPU, False, None)]
+    wait_until(lambda: all(b.lookup(k, ctx) is V.LookupResult.HIT for k in keys))
+    b.submit_load(job(2, np.arange(6, 9, dtype=np.int64), True))
+    b.drain_jobs()
+    assert [(x.job_id, x.success) for x in V.poll(b.get_finished_jobs, 1)] == [(2, True)]
+    assert np.array_equal(np.asarray(va)[0:3], np.asarray(vb)[6:9])
+
+
+def test_module_path_with_a_factory_that_passes_it_on_is_accepted(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A factory that left module_path in the config would hand it to the tier: accepted and
+    ignored, not refused as an unknown key."""
+    _install(monkeypatch, "v0.32.0", "0.32.0")
+    t = adapter.CxlkvSecondaryTier(offloading_spec=spec(), primary_kv_view=primary_view(33),
+                                   tier_type="CxlkvSecondaryTier",
+                                   **{k: v for k, v in tier_config(env, 1).items()
+                                      if k != "type"},
+                                   module_path="cxlkv.integrations.vllm")
+    t.shutdown()
+
+
+def test_a_storage_medium_is_declared_filtered_and_named_in_events(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """medium: STORAGE (vLLM's Medium.STORAGE, PR #48123) makes the tier declare that medium,
+    its events name it, and a request whose load tier filter does not allow STORAGE misses
+    (allowed, it hits). An unknown medium is refused, naming the ones accepted."""
+    _install(monkeypatch, "v0.32.0", "0.32.0")
+    cfg = dict(MODULE_PATH, domain=env.domain_spec, pool=env.pool_spec, heartbeat_s=0.05,
+               enable_kv_events=True, medium="STORAGE", locality="REMOTE")
+    t = V.create_secondary_tier_module_path({}, dict(cfg, host_id=1), primary_view(34),
+                                            _events_spec())
+    env._closers.insert(0, t.shutdown)
+    assert t.medium is V.Medium.STORAGE and type(t).medium is V.Medium.CPU
+    ctx = V.ReqContext("req-st")
+    keys = offload_keys(2, salt=b"storage")
+    t.submit_store(V.TransferJob(1, keys, np.arange(2, dtype=np.int64), False, ctx))
+    assert [x.success for x in V.poll(t.get_finished_jobs, 1)] == [True]
+    assert list(t.take_events()) == [V.OffloadingEvent(keys, V.Medium.STORAGE, False,
+                                                       V.Locality.REMOTE)]
+    wait_until(lambda: t.lookup(keys[0], ctx) is V.LookupResult.HIT)
+    cpu_only = V.ReqContextFiltered("r1", load_tier_filter=V.TierFilter([V.Medium.CPU]))
+    storage = V.ReqContextFiltered("r2", load_tier_filter=V.TierFilter([V.Medium.STORAGE]))
+    assert [t.lookup(k, cpu_only) for k in keys] == [V.LookupResult.MISS] * 2
+    assert [t.lookup(k, storage) for k in keys] == [V.LookupResult.HIT] * 2
+    with pytest.raises(InvalidArgumentError, match="medium 'NVME' is not one of CPU, STORAGE"):
+        V.create_secondary_tier_module_path({}, dict(cfg, host_id=2, medium="NVME"),
+                                            primary_view(35), _events_spec())

@@ -302,16 +302,92 @@ class OffloadingEventV25:
     removed: bool
 
 
+@dataclass
+class TransferJobBlocks:
+    """vLLM's main by 2026-08-17 (neuralmagic/vllm 017e9f44, tiering/base.py:60-65): the job
+    dataclass is named TransferJob but still names its primary rows block_ids; the rename to
+    chunk_ids is PR #52615 (docs/engines.md). Exposed as ``TransferJob`` (release_modules)."""
+
+    job_id: int
+    keys: Sequence[bytes]
+    block_ids: np.ndarray
+    is_promotion: bool
+    req_context: Any
+
+
+class SecondaryTierManagerV28(SecondaryTierManagerV26):
+    """The 0.28 shape (no tag or release page read; docs/engines.md): the v0.26.0 abstract
+    set and LookupResult lookups, jobs as TransferJob(block_ids), tiers declaring ``medium``
+    (a Medium, PR #48123), take_events yielding OffloadingEvent with a Medium."""
+
+    serves_external_requests = False
+
+
+class SecondaryTierManagerV32Events(SecondaryTierManagerV32):
+    """v0.32.0 (docs.vllm.ai's release page; docs/engines.md) with tier-owned events:
+    take_events() optional, yielding nothing by default."""
+
+    def take_events(self) -> Any:
+        return ()
+
+
+@dataclass
+class TierFilter:
+    """A request's load tier filter (PR #48123, as the obj tier's lookup reads it:
+    ``req_context.load_tier_filter.allows(medium)``): here, the mediums it allows."""
+
+    mediums: Sequence[Medium]
+
+    def allows(self, medium: Medium) -> bool:
+        return medium in self.mediums
+
+
+@dataclass
+class ReqContextFiltered(ReqContext):
+    load_tier_filter: Optional[TierFilter] = None
+
+
+class SecondaryTierManagerUnknownShape(SecondaryTierManagerV26):
+    """No release: a made-up base for the check's test of a shape no generation has (the
+    v0.26.0 interface with one more abstract method, ``lookup_batch``)."""
+
+    @abc.abstractmethod
+    def lookup_batch(self, keys: Sequence[bytes], req_context: Any) -> List[LookupResult]: ...
+
+
+#: What each release's modules hold (release_modules): the base class, its job and result
+#: dataclasses, its OffloadingEvent, and whether vllm.v1.kv_offload.base has Locality and a
+#: Medium enum. "unknown-shape" is no release (SecondaryTierManagerUnknownShape).
+RELEASES: Dict[str, Dict[str, Any]] = {
+    "v0.25.0": dict(base=SecondaryTierManagerV25, job=JobMetadata, result=JobResultV22,
+                    event=OffloadingEventV25, locality=False, medium=False),
+    "v0.26.0": dict(base=SecondaryTierManagerV26, job=JobMetadata, result=JobResultV22,
+                    event=OffloadingEventV26, locality=True, medium=False),
+    # The 0.28 shape: main by 2026-08-17, not a tag or release page (docs/engines.md).
+    "0.28-shape": dict(base=SecondaryTierManagerV28, job=TransferJobBlocks,
+                       result=JobResultV22, event=OffloadingEvent, locality=True, medium=True),
+    # docs.vllm.ai's v0.32.0 release page (docs/engines.md), not a tag.
+    "v0.32.0": dict(base=SecondaryTierManagerV32Events, job=TransferJob, result=JobResultV32,
+                    event=OffloadingEvent, locality=True, medium=True),
+    "unknown-shape": dict(base=SecondaryTierManagerUnknownShape, job=JobMetadata,
+                          result=JobResultV22, event=OffloadingEventV26, locality=True,
+                          medium=False),
+}
+
+#: The name each job dataclass has in vllm.v1.kv_offload.tiering.base.
+JOB_NAMES = {JobMetadata: "JobMetadata", TransferJobBlocks: "TransferJob",
+             TransferJob: "TransferJob"}
+
+
 def release_modules(tag: str, version: str) -> Dict[str, Any]:
-    """The modules an installed vLLM of release `tag` gives the adapter's import
-    (cxlkv.integrations.vllm._from_installed_vllm), holding only the facts above: vllm
-    (``__version__``), vllm.v1.kv_offload.base (LookupResult, RequestOffloadingContext,
-    OffloadingEvent, and Locality from v0.26.0; no Medium enum at either tag) and
-    vllm.v1.kv_offload.tiering.base (SecondaryTierManager, JobMetadata, JobResult)."""
+    """The modules an installed vLLM of release `tag` (a key of :data:`RELEASES`) gives the
+    adapter's import (cxlkv.integrations.vllm._from_installed_vllm), holding only the facts
+    above: vllm (``__version__``), vllm.v1.kv_offload.base (LookupResult,
+    RequestOffloadingContext, OffloadingEvent; Locality and Medium where the release has them)
+    and vllm.v1.kv_offload.tiering.base (SecondaryTierManager, the job dataclass, JobResult)."""
     import types
 
-    base_cls, event_cls = {"v0.25.0": (SecondaryTierManagerV25, OffloadingEventV25),
-                           "v0.26.0": (SecondaryTierManagerV26, OffloadingEventV26)}[tag]
+    r = RELEASES[tag]
     mods = {name: types.ModuleType(name) for name in (
         "vllm", "vllm.v1", "vllm.v1.kv_offload", "vllm.v1.kv_offload.base",
         "vllm.v1.kv_offload.tiering", "vllm.v1.kv_offload.tiering.base")}
@@ -319,13 +395,15 @@ def release_modules(tag: str, version: str) -> Dict[str, Any]:
     kvbase = mods["vllm.v1.kv_offload.base"]
     kvbase.LookupResult = LookupResult
     kvbase.RequestOffloadingContext = RequestOffloadingContext
-    kvbase.OffloadingEvent = event_cls
-    if tag >= "v0.26.0":
+    kvbase.OffloadingEvent = r["event"]
+    if r["locality"]:
         kvbase.Locality = Locality
+    if r["medium"]:
+        kvbase.Medium = Medium
     tbase = mods["vllm.v1.kv_offload.tiering.base"]
-    tbase.SecondaryTierManager = base_cls
-    tbase.JobMetadata = JobMetadata
-    tbase.JobResult = JobResultV22
+    tbase.SecondaryTierManager = r["base"]
+    setattr(tbase, JOB_NAMES[r["job"]], r["job"])
+    tbase.JobResult = r["result"]
     for name, mod in mods.items():
         parent, _, leaf = name.rpartition(".")
         if parent:
@@ -341,6 +419,33 @@ class SecondaryTierManagerEvents(SecondaryTierManagerV32):
 
 
 # ---- the factory's call (tiering/factory.py), the same in every release read --------------------
+
+# From v0.28.0 (PR #51007, merged 2026-08-04, after the 0.27.x branch was cut on 2026-08-03;
+# docs/engines.md): an entry of secondary_tiers may carry module_path; the factory removes it
+# from the config and, for a type not registered, imports module_path and constructs the
+# class named by type from it, with the same keyword call. No register_tier, no plugin.
+
+
+def create_secondary_tier_module_path(registry: Dict[str, type], tier_config: dict,
+                                      primary_kv_view: memoryview,
+                                      offloading_spec: Any) -> Any:
+    """SecondaryTierFactory.create_secondary_tier from v0.28.0: as below, plus module_path."""
+    import importlib
+
+    config = dict(tier_config)
+    tier_type = config.pop("type", None)
+    module_path = config.pop("module_path", None)
+    if not tier_type:
+        raise ValueError("Secondary tier configuration must include 'type'")
+    if tier_type in registry:
+        tier_cls = registry[tier_type]
+    elif module_path:
+        tier_cls = getattr(importlib.import_module(module_path), tier_type)
+    else:
+        raise ValueError(f"Unknown secondary tier type: {tier_type!r}")
+    return tier_cls(offloading_spec=offloading_spec, primary_kv_view=primary_kv_view,
+                    tier_type=tier_type, **config)
+
 
 
 def create_secondary_tier(registry: Dict[str, type], tier_config: dict,
@@ -400,7 +505,7 @@ class Generation:
     """One generation as the tests drive it."""
 
     name: str
-    tag: str
+    tag: str  # the tag or release page read ("": none, docs/engines.md)
     version: str  # a release inside the generation
     base: type
     job_cls: type
@@ -430,6 +535,8 @@ GENERATIONS: List[Generation] = [
     Generation("0.23", "v0.23.0", "0.24.1", SecondaryTierManagerV23, JobMetadata, "block_ids",
                JobResultV22, "get_finished_jobs", False, True, False),
     Generation("0.26", "v0.26.0", "0.26.0", SecondaryTierManagerV26, JobMetadata, "block_ids",
+               JobResultV22, "get_finished_jobs", True, True, True),
+    Generation("0.28", "", "0.28.0", SecondaryTierManagerV28, TransferJobBlocks, "block_ids",
                JobResultV22, "get_finished_jobs", True, True, True),
     Generation("0.32", "v0.32.0", "0.32.0", SecondaryTierManagerV32, TransferJob, "chunk_ids",
                JobResultV32, "get_finished_jobs", True, True, True),

@@ -58,7 +58,8 @@ TARGETS: Dict[str, EngineTarget] = {
         "vllm", "0.22.0", "0.34.0",
         "SecondaryTierManager(offloading_spec, primary_kv_view, tier_type) built by "
         "SecondaryTierFactory as tier_cls(offloading_spec=, primary_kv_view=, tier_type=, "
-        "**config); four interface generations (0.22, 0.23-0.24, 0.25-0.31, 0.32+: "
+        "**config); five interface generations (0.22, 0.23-0.24, 0.25-0.27, 0.28-0.31, 0.32+, "
+        "picked by the installed base class's shape: "
         "cxlkv.integrations.vllm_generations)",
         "vllm-project/vllm vllm/v1/kv_offload/tiering/{base,factory}.py at release tags "
         "(docs/engines.md)"),

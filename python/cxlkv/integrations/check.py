@@ -2,15 +2,23 @@
 
 For each engine (SGLang, vLLM) it reports, where the engine is importable:
 
-1. its version against the adapter's pin (:data:`cxlkv.integrations.TARGETS`);
-2. the interface: the base class imports, the adapter implements every abstract method, and
+1. which adapter generation it gets and why: for vLLM, the facts of the installed
+   ``SecondaryTierManager`` (abstract methods, what ``lookup`` is declared to answer, the job
+   dataclass and its id field) that matched a generation, read by the same code the adapter
+   uses (:func:`cxlkv.integrations.vllm_generations.identify`); the version only breaks ties
+   between generations of one shape. A shape no generation has fails the check, naming the
+   engine, its version and what did not match each generation;
+2. its version against the adapter's pin (:data:`cxlkv.integrations.TARGETS`): for vLLM a
+   note, not a failure, where the shape picked the generation (the adapter runs by it);
+3. the interface: the base class imports, the adapter implements every abstract method, and
    each method the adapter overrides has the base class's parameters;
-3. a round trip through the adapter itself on a temporary domain and pool in ``/dev/shm``
+4. a round trip through the adapter itself on a temporary domain and pool in ``/dev/shm``
    (an owner thread in this process): pages/blocks stored from one buffer, found, loaded into
    another, compared byte for byte.
 
-Exit status: 0 when every installed engine passes, 1 when one fails, 77 when none is
-installed (nothing to check). ``--json`` prints the findings as JSON.
+Exit status: 0 when every installed engine passes, 1 when one fails (its first problem is
+also written to stderr), 77 when none is installed (nothing to check). ``--json`` prints the
+findings as JSON.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import TARGETS, version_supported
+from . import TARGETS, parse_version, version_supported
+from .vllm_generations import SUPPORTED
 
 Finding = Dict[str, Any]
 
@@ -234,21 +243,82 @@ ENGINES: Dict[str, Tuple[str, str, str, Callable[[Any], List[str]]]] = {
 }
 
 
+def _vllm_generation(f: Finding, mod: Any) -> bool:
+    """Records which generation the vLLM adapter uses and why (the adapter's own reading of
+    the installed base class, :data:`cxlkv.integrations.vllm.IDENTIFICATION`); False when the
+    shape is one no generation has (a problem is recorded, naming what did not match)."""
+    ident = getattr(mod, "IDENTIFICATION", None)
+    if ident is None:
+        f["problems"].append(f"the adapter could not read vLLM's SecondaryTierManager: "
+                             f"{mod.IMPORT_ERROR}")
+        return False
+    f["shape"] = list(ident.shape.facts())
+    f["why"] = list(ident.reasons())
+    if ident.generation is None:
+        f["generation"] = None
+        f["problems"].append(
+            f"vllm {f['version'] or '(version unknown)'}: its SecondaryTierManager has a shape "
+            "no cxlkv adapter generation knows (" + "; ".join(ident.shape.facts()) + ")")
+        f["problems"] += list(ident.unmatched())
+        fallback = getattr(mod, "GENERATION", None)
+        if fallback is not None:
+            # What the adapter builds all the same (vllm._from_installed_vllm): the class its
+            # version is pinned to, which does not fit this base.
+            f["fallback_generation"] = fallback.name
+            f["notes"].append(f"the adapter falls back to the {fallback.name} interface its "
+                              "version is pinned to, which does not fit this base")
+        f["problems"].append("fix: install vllm" + SUPPORTED + ", or report this shape and "
+                             "the vLLM version to cxlkv (a new generation in "
+                             "cxlkv/integrations/vllm_generations.py)")
+        return False
+    f["generation"] = ident.generation.name
+    f["generation_pin"] = ident.generation.pin
+    return True
+
+
+def _sglang_generation(f: Finding, mod: Any) -> None:
+    """SGLang has one adapter class; which transfer path its controller gives a dynamic
+    backend is SGLang's choice by release (cxlkv.integrations.sglang.transfer_path)."""
+    from .sglang import ZERO_COPY_DYNAMIC_FROM
+
+    f["generation"] = "HiCacheStorage (one adapter class for every supported release)"
+    v = parse_version(f["version"] or "")
+    zero_copy = bool(v) and v >= parse_version(ZERO_COPY_DYNAMIC_FROM)
+    f["why"] = [f"SGLang {ZERO_COPY_DYNAMIC_FROM}+ gives a dynamic backend the zero-copy "
+                "batch_*_v1 path when extra_config sets interface_v1; earlier releases the "
+                "generic copy path",
+                f"version {f['version']}: " + ("zero-copy with interface_v1" if zero_copy
+                                               else "the generic copy path")]
+
+
 def check_engine(engine: str) -> Finding:
-    """The findings for one engine: ``status`` is "not installed", "ok" or "failed"."""
+    """The findings for one engine: ``status`` is "not installed", "ok" or "failed";
+    ``generation`` and ``why`` say which adapter generation the installed engine gets and
+    why (for vLLM: the facts of its base class that matched)."""
     target = TARGETS[engine]
     f: Finding = {"engine": engine, "pinned": f">={target.min_version},<{target.below_version}",
-                  "interface": target.interface, "source": target.source, "problems": []}
+                  "interface": target.interface, "source": target.source, "problems": [],
+                  "notes": []}
     try:
         eng = importlib.import_module(engine)
     except ImportError as e:
         f.update(status="not installed", reason=str(e))
         return f
     f["version"] = getattr(eng, "__version__", None)
-    if not f["version"] or not version_supported(engine, f["version"]):
-        f["problems"].append(f"version {f['version']} is outside the pin {f['pinned']}")
     mod_name, base_path, cls_name, roundtrip = ENGINES[engine]
     mod = importlib.import_module(mod_name)
+    known_shape = True
+    if engine == "vllm":
+        known_shape = _vllm_generation(f, mod)
+    else:
+        _sglang_generation(f, mod)
+    outside = not f["version"] or not version_supported(engine, f["version"])
+    if outside and engine == "vllm" and known_shape:
+        # The adapter runs by the base class's shape whatever the version (vllm.py).
+        f["notes"].append(f"version {f['version']} is outside the pin {f['pinned']}; the "
+                          "adapter runs by the base class's shape")
+    elif outside:
+        f["problems"].append(f"version {f['version']} is outside the pin {f['pinned']}")
     try:
         bmod, bname = base_path.rsplit(".", 1)
         base = getattr(importlib.import_module(bmod), bname)
@@ -256,22 +326,13 @@ def check_engine(engine: str) -> Finding:
         f["problems"].append(f"{base_path} cannot be imported: {e}")
         f["status"] = "failed"
         return f
-    f["problems"] += _interface(base, getattr(mod, cls_name))
-    gen = getattr(mod, "GENERATION", None)
-    if engine == "vllm" and gen is not None:
-        f["generation"] = gen.name
-        have = sorted(getattr(base, "__abstractmethods__", ()))
-        # drain_jobs is abstract in releases of several generations (generation_of_interface).
-        if sorted(set(have) - {"drain_jobs"}) != sorted(set(gen.abstract_methods) -
-                                                       {"drain_jobs"}):
-            f["problems"].append(
-                f"SecondaryTierManager's abstract methods {have} are not the {gen.name} "
-                f"interface's {list(gen.abstract_methods)}")
-    if not any("abstract" in p or "not defined" in p for p in f["problems"]):
-        try:
-            f["problems"] += roundtrip(mod)
-        except Exception as e:  # report, do not crash the check
-            f["problems"].append(f"round trip failed: {type(e).__name__}: {e}")
+    if known_shape:
+        f["problems"] += _interface(base, getattr(mod, cls_name))
+        if not any("abstract" in p or "not defined" in p for p in f["problems"]):
+            try:
+                f["problems"] += roundtrip(mod)
+            except Exception as e:  # report, do not crash the check
+                f["problems"].append(f"round trip failed: {type(e).__name__}: {e}")
     f["status"] = "failed" if f["problems"] else "ok"
     return f
 
@@ -290,14 +351,30 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps(findings, indent=2))
     else:
         for f in findings:
-            head = f"{f['engine']}: {f['status']}"
+            status = "FAILED" if f["status"] == "failed" else f["status"]
+            head = f"{f['engine']}: {status}"
             if f.get("version"):
                 head += f" (version {f['version']}, adapter pinned to {f['pinned']})"
             print(head)
             if f["status"] == "not installed":
                 print(f"  skipped: {f['reason']}")
+            if "generation" in f:
+                gen = f["generation"] or "none (unknown shape)"
+                if f.get("fallback_generation"):
+                    gen += f"; falls back to {f['fallback_generation']} by version"
+                print(f"  generation: {gen}")
+            for w in f.get("why", []):
+                print(f"    because: {w}")
+            for n in f.get("notes", []):
+                print(f"  note: {n}")
             for p in f["problems"]:
                 print(f"  problem: {p}")
+    for f in findings:  # loud also under --json: stdout may go to a file
+        if f["status"] == "failed":
+            first = f["problems"][0]
+            if not first.startswith(f["engine"]):
+                first = f"{f['engine']} {f.get('version') or '(version unknown)'}: {first}"
+            print(f"cxlkv.integrations.check: FAILED: {first}", file=sys.stderr)
     if any(f["status"] == "failed" for f in findings):
         return 1
     if all(f["status"] == "not installed" for f in findings):

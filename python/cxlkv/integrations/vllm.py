@@ -22,13 +22,19 @@ Configuration (``TieringOffloadingSpec``)::
 
 The ``cxlkv`` tier type is registered by the package's ``vllm.general_plugins`` entry point
 (:func:`register_plugin`, which vLLM calls in every process): installing the package is
-enough. Keys (:data:`CONFIG_KEYS`): ``domain`` and ``host_id`` are required; ``pool`` (not for
-an ``orchestrator:`` domain, which lends this host an extent), ``read_pools``, ``tenant``,
-``heartbeat_s``, ``block_bytes`` (optional: the primary view's row is the block; if given it
-must match), ``model`` (overrides the model name read from the engine's config),
-``namespace_layout`` (free text added to the namespace), ``allow_untested_version``,
-``enable_kv_events``, ``locality`` and ``removal_check_s`` (below). An unknown key is refused
-(a misspelt key would otherwise be ignored).
+enough. From vLLM 0.28 (PR #51007) the entry alone is enough, without the plugin: ``"type":
+"CxlkvSecondaryTier", "module_path": "cxlkv.integrations.vllm"`` (the factory imports the
+module and constructs the class named by ``type``; ``module_path`` is accepted and ignored if a
+factory passes it on). Keys (:data:`CONFIG_KEYS`): ``domain`` and ``host_id`` are required;
+``pool`` (not for an ``orchestrator:`` domain, which lends this host an extent),
+``read_pools``, ``tenant``, ``heartbeat_s``, ``block_bytes`` (optional: the primary view's row
+is the block; if given it must match), ``model`` (overrides the model name read from the
+engine's config), ``namespace_layout`` (free text added to the namespace),
+``allow_untested_version``,
+``enable_kv_events``, ``locality``, ``removal_check_s`` (below) and ``medium`` (``CPU``, the
+default, or ``STORAGE``: the medium the tier declares and its events name, a member of vLLM's
+``Medium`` where it has one; a request whose load tier filter, PR #48123, does not allow it
+misses). An unknown key is refused (a misspelt key would otherwise be ignored).
 
 **KV events under the engine's own block hashes.** Where the installed
 ``SecondaryTierManager`` has ``take_events`` (tier-owned events, vLLM PR #46544; from the
@@ -79,7 +85,13 @@ MEDIUM_CPU = "CPU"
 CONFIG_KEYS = frozenset({
     "domain", "host_id", "pool", "read_pools", "tenant", "heartbeat_s", "block_bytes",
     "model", "namespace_layout", "allow_untested_version", "enable_kv_events", "locality",
-    "removal_check_s"})
+    "removal_check_s", "medium", "module_path"})
+
+#: The mediums a tier may declare (``medium`` key): vLLM's ``Medium`` members a secondary tier
+#: names (PR #48123: CPU memory, STORAGE for the fs and obj tiers). CXL memory is memory, so
+#: ``CPU`` is the default; ``STORAGE`` lets a deployment have vLLM's per-request tier filters
+#: and routers treat the domain as a storage tier.
+MEDIUMS = ("CPU", "STORAGE")
 
 
 def _attr_path(obj: Any, path: str) -> Any:
@@ -213,6 +225,14 @@ class VllmTierCore:
                 operation="CxlkvSecondaryTier",
                 hint="LOCAL or REMOTE: where the domain's memory is, seen from this engine")
         self.locality = loc
+        med = cfg.get("medium")
+        if med is not None and med not in MEDIUMS:
+            raise InvalidArgumentError(
+                f"{what}: medium {med!r} is not one of {', '.join(MEDIUMS)}",
+                operation="CxlkvSecondaryTier",
+                hint="CPU (the default: CXL memory is memory) or STORAGE (for vLLM's "
+                "per-request tier filters and routers to treat the domain as storage)")
+        self.medium_name = med
         att_cfg = dict(cfg, host_id=self.host_id)
         self._att = Attachment(att_cfg, "CxlkvSecondaryTier", block_bytes=rows.row_bytes)
         try:
@@ -300,7 +320,8 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
                      engine_version: Optional[str], by_shape: bool = False,
                      lookup_result: Any = None,
                      request_context_cls: Any = None, medium: Any = None,
-                     event_cls: Any = None, locality_cls: Any = None) -> type:
+                     event_cls: Any = None, locality_cls: Any = None,
+                     medium_cls: Any = None) -> type:
     """The tier class of one interface generation: a subclass of the engine's
     ``SecondaryTierManager`` (`base`) whose methods are that generation's, each forwarding to
     one :class:`VllmTierCore`.
@@ -321,6 +342,13 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
             name mediums by strings, as v0.26.0's do).
         event_cls, locality_cls: the engine's ``OffloadingEvent`` and ``Locality``, where its
             base has ``take_events`` (tier-owned KV events): the class then implements it.
+        medium_cls: the engine's ``Medium`` enum (None where mediums are strings): a tier whose
+            config sets ``medium`` declares ``medium_cls[<name>]`` (else the name itself) on
+            the instance, and its events name it.
+
+    Where the request context carries a ``load_tier_filter`` (vLLM's per-request tier
+    filtering, PR #48123: ``load_tier_filter.allows(medium)``), a lookup the filter does not
+    allow for the tier's medium answers a miss, as vLLM's own tiers do.
     """
     if generation.lookup_enum and lookup_result is None:
         raise EngineVersionError(f"the {generation.name} interface answers lookups with "
@@ -333,6 +361,17 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
                       tier_type=tier_type)
         self._core = VllmTierCore(generation, engine_version, offloading_spec, primary_kv_view,
                                   tier_type, config, by_shape=by_shape)
+        name = self._core.medium_name
+        if name is not None:
+            member = getattr(medium_cls, name, None) if medium_cls is not None else name
+            if member is None:
+                self._core.shutdown()
+                raise EngineVersionError(
+                    f"the cxlkv tier's medium {name!r} is not a member of this vLLM's Medium "
+                    f"enum ({', '.join(m.name for m in medium_cls)})",
+                    operation="CxlkvSecondaryTier",
+                    hint="leave medium unset (CPU) or name one of those members")
+            self.medium = member
 
     ns: Dict[str, Any] = {
         "__init__": __init__,
@@ -348,6 +387,8 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
                    None: lookup_result.RETRY}
 
         def lookup(self: Any, key: Any, req_context: Any) -> Any:
+            if not _load_allowed(req_context, getattr(self, "medium", None)):
+                return lookup_result.MISS
             return answers[self._core.lookup(key, req_context)]
     else:
         def lookup(self: Any, key: Any, req_context: Any) -> Optional[bool]:
@@ -386,9 +427,19 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
         ns["medium"] = medium
     if event_cls is not None:
         def take_events(self: Any) -> List[Any]:
-            return self._core.take_events(event_cls, medium, locality_cls)
+            return self._core.take_events(event_cls, getattr(self, "medium", medium),
+                                          locality_cls)
         ns["take_events"] = take_events
     return type("CxlkvSecondaryTier", (base,), ns)
+
+
+def _load_allowed(req_context: Any, medium: Any) -> bool:
+    """Whether the request's load tier filter (vLLM PR #48123; absent before it) allows a
+    tier of `medium`: no filter, or no medium, allows."""
+    flt = getattr(req_context, "load_tier_filter", None)
+    if flt is None or medium is None or not hasattr(flt, "allows"):
+        return True
+    return bool(flt.allows(medium))
 
 
 # ---- the installed vLLM -------------------------------------------------------------------------
@@ -396,12 +447,15 @@ def build_tier_class(generation: VllmGeneration, base: type, job_result_cls: typ
 IMPORT_ERROR: Optional[BaseException] = None
 ENGINE_VERSION: Optional[str] = None
 GENERATION: Optional[VllmGeneration] = None
+#: How the installed base class's shape was read and which generation it has, and why
+#: (:func:`~cxlkv.integrations.vllm_generations.identify`); None without vLLM.
+IDENTIFICATION: Optional[gens.Identification] = None
 CxlkvSecondaryTier: Any = None
 
 
 def _from_installed_vllm() -> None:
     """Builds :data:`CxlkvSecondaryTier` for the installed vLLM (if any)."""
-    global IMPORT_ERROR, ENGINE_VERSION, GENERATION, CxlkvSecondaryTier
+    global IMPORT_ERROR, ENGINE_VERSION, GENERATION, IDENTIFICATION, CxlkvSecondaryTier
     try:
         import vllm as _vllm
         from vllm.v1.kv_offload import base as _kvbase
@@ -416,20 +470,28 @@ def _from_installed_vllm() -> None:
     # The installed base class decides which class fits it, and that class runs whatever the
     # version (it is logged if outside the class's pin); only a base of no known shape falls
     # back to the version, whose class VllmTierCore refuses outside its pin, saying why.
-    by_interface = gens.generation_of_interface(
-        frozenset(getattr(base, "__abstractmethods__", ())),
-        _answers_lookup_result(base, lookup_result), ENGINE_VERSION)
+    # python -m cxlkv.integrations.check reports IDENTIFICATION: the same reading.
+    IDENTIFICATION = gens.identify(gens.read_shape(base, lookup_result, _tbase), ENGINE_VERSION)
+    by_interface = IDENTIFICATION.generation
     gen = by_interface or by_version
     if gen is None:
         IMPORT_ERROR = EngineVersionError(
             f"vLLM {ENGINE_VERSION}: outside every pin ({gens.SUPPORTED}) and its "
-            f"SecondaryTierManager matches no known interface (abstract methods: "
-            f"{sorted(getattr(base, '__abstractmethods__', ()))})",
-            operation="cxlkv.integrations.vllm", hint=f"install vllm{gens.SUPPORTED}")
+            f"SecondaryTierManager has no known shape ("
+            + "; ".join(IDENTIFICATION.shape.facts()) + ")",
+            operation="cxlkv.integrations.vllm",
+            hint=f"install vllm{gens.SUPPORTED}; python -m cxlkv.integrations.check says what "
+            "did not match")
         return
+    if by_interface is None:
+        # Its version's class is built, and refused or failing at engine start; say why now.
+        log.warning("cxlkv: vLLM %s's SecondaryTierManager has a shape no cxlkv generation "
+                    "knows (%s); the tier falls back to the %s interface its version is pinned "
+                    "to. Run python -m cxlkv.integrations.check for what did not match",
+                    ENGINE_VERSION, "; ".join(IDENTIFICATION.shape.facts()), gen.name)
     GENERATION = gen
     # Tier-owned KV events (PR #46544): the base declares take_events.
-    owns_events = "take_events" in vars(base)
+    owns_events = callable(getattr(base, "take_events", None))
     # Tiers declare their medium, and their events name it; CXL memory is memory, the medium
     # of vLLM's own CPU tier, not storage: Medium.CPU where vLLM has that enum, else the string
     # its CPU tier uses (v0.26.0: OffloadingEvent.medium is a str, MEDIUM_CPU = "CPU";
@@ -442,15 +504,12 @@ def _from_installed_vllm() -> None:
         by_shape=by_interface is not None, lookup_result=lookup_result,
         request_context_cls=getattr(_kvbase, "RequestOffloadingContext", None), medium=medium,
         event_cls=getattr(_kvbase, "OffloadingEvent", None) if owns_events else None,
-        locality_cls=getattr(_kvbase, "Locality", None))
+        locality_cls=getattr(_kvbase, "Locality", None), medium_cls=medium_enum)
 
 
-def _answers_lookup_result(base: type, lookup_result: Any) -> bool:
-    """Whether `base.lookup` is declared to return `lookup_result` (vLLM's LookupResult)."""
-    if lookup_result is None:
-        return False
-    ann = getattr(getattr(base, "lookup", None), "__annotations__", {}).get("return")
-    return ann is lookup_result or (isinstance(ann, str) and ann.strip("'\"") == "LookupResult")
+#: Whether a base's lookup is declared to answer vLLM's LookupResult (one home:
+#: vllm_generations.answers_lookup_result).
+_answers_lookup_result = gens.answers_lookup_result
 
 
 _from_installed_vllm()
