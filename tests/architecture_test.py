@@ -11,7 +11,10 @@ Every quoted include of every C/C++ file in a module is read, and each rule is c
      (coherence/prefix.h, domain_layout.h, mem.h, sim.h): the tiers name blocks by key.h alone;
   4. bench/replay/ includes no allocator/ header (it drives the tiers, not the allocator);
   5. orchestrator/daemon/ includes none of the client's headers (orchestrator/client/include):
-     the daemon links the token target (orchestrator/token/), never the client library.
+     the daemon links the token target (orchestrator/token/), never the client library;
+  6. outside tier/ (and tests), no code reaches a store's parts through `.allocator()`,
+     `.manager()` or `.nvme()`: tier::TieredStore is the only door to its allocator, manager
+     and NVMe store, and what a driver needs of them is the store's own operation.
 PENDING lists the known violations a later step of issue #31 removes; each must still occur
 (a stale entry fails too), so the list only shrinks. Prints file:line for every violation.
 Usage: architecture_test.py [SOURCE_DIR]
@@ -52,6 +55,8 @@ PENDING = {}
 # Rule 5: the client library's public headers, which the daemon never includes.
 CLIENT_INCLUDE = os.path.join("orchestrator", "client", "include")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+# Rule 6: a store's parts reached from outside tier/.
+PARTS = re.compile(r"(?:\.|->)(allocator|manager|nvme)\(\)")
 EXTS = (".cc", ".h", ".cu", ".c")
 
 
@@ -80,6 +85,11 @@ def main():
             rel = os.path.relpath(f, ROOT)
             with open(f, encoding="utf-8", errors="replace") as fh:
                 for no, line in enumerate(fh, 1):
+                    if m != "tier" and not line.lstrip().startswith("//"):
+                        for part in PARTS.findall(line):
+                            bad.append(f"{rel}:{no}: .{part}() outside tier/: a store's parts "
+                                       "are reached through tier::TieredStore's operations "
+                                       "(rule 6)")
                     g = INCLUDE.match(line)
                     if not g:
                         continue

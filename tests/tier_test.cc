@@ -774,7 +774,7 @@ TEST(TieredStore, BaselineStrategiesAreTheirLruPolicies) {
     STORE_OR_SKIP(s, dir.path(), o);
     for (const auto& k : PlaceChain(*s, chain, 10)) EXPECT_EQ(k.outcome, Outcome::kNvme);
     EXPECT_EQ(s->Stats().tiers.cxl_blocks, 0u);
-    EXPECT_EQ(s->allocator().Stats().usage.classes[0].allocated, 0u) << "staging blocks freed";
+    EXPECT_EQ(s->ArenaUsage().classes[0].allocated, 0u) << "staging blocks freed";
     ExpectReadsBack(*s, 12, Outcome::kNvme);
     tier::StoreRequest r;
     r.chain = chain;
@@ -828,7 +828,7 @@ TEST(TieredStore, HooksSeeBlocksEnterAndLeaveCxl) {
   EXPECT_EQ(entered, 3);
   ASSERT_EQ(released.size(), 1u) << "one victim left CXL";
   EXPECT_EQ(released[0].first, KeyOf(20));
-  const auto allocated = [&] { return s->allocator().Stats().usage.classes[0].allocated; };
+  const auto allocated = [&] { return s->ArenaUsage().classes[0].allocated; };
   EXPECT_EQ(allocated(), 3u) << "the released block is the hook's until it comes back";
   ASSERT_TRUE(s->ReturnBlock(released[0].second).ok());
   EXPECT_EQ(allocated(), 2u);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cxlkv/base/bytes.h"
+#include "cxlkv/base/mutex.h"
 
 #ifdef CXLKV_ASAN
 #include <sanitizer/asan_interface.h>
@@ -25,9 +26,9 @@ using internal::ThreadCache;
 
 // Process-wide table of live allocators, so that thread exit and fork can find them.
 struct AllocatorRegistry {
-  std::mutex mu;
-  BlockAllocator* by_id[internal::kMaxAllocators] = {};
-  std::uint64_t next_uid = 1;
+  base::Mutex mu;  // also guards each allocator's uid_, caches_ and retired_
+  BlockAllocator* by_id[internal::kMaxAllocators] ABSL_GUARDED_BY(mu) = {};
+  std::uint64_t next_uid ABSL_GUARDED_BY(mu) = 1;
 
   static AllocatorRegistry& Get() {
     static auto* r = new AllocatorRegistry();  // leaked: used by thread exits after main
@@ -37,9 +38,11 @@ struct AllocatorRegistry {
   // fork(): the child keeps only the forking thread and must not touch blocks its parent
   // owns, so every allocator gets a new uid (inherited TLS caches no longer match) and no
   // owner until its next slow path reattaches it.
-  static void Prepare() { Get().mu.lock(); }
-  static void Parent() { Get().mu.unlock(); }
-  static void Child() {
+  // Held from Prepare to Parent or Child (pthread_atfork's pairs): not a scope the analysis
+  // can follow.
+  static void Prepare() ABSL_NO_THREAD_SAFETY_ANALYSIS { Get().mu.Lock(); }
+  static void Parent() ABSL_NO_THREAD_SAFETY_ANALYSIS { Get().mu.Unlock(); }
+  static void Child() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     AllocatorRegistry& r = Get();
     for (BlockAllocator* a : r.by_id) {
       if (a == nullptr) continue;
@@ -47,7 +50,7 @@ struct AllocatorRegistry {
       a->owner_bits_.store(internal::kNeverOwner, std::memory_order_relaxed);
       a->caches_.clear();  // the parent's threads own those caches
     }
-    r.mu.unlock();
+    r.mu.Unlock();
   }
 };
 
@@ -55,7 +58,7 @@ struct AllocatorRegistry {
 struct ThreadReaper {
   ~ThreadReaper() {
     AllocatorRegistry& r = AllocatorRegistry::Get();
-    std::lock_guard<std::mutex> lock(r.mu);
+    base::MutexLock lock(r.mu);
     for (std::uint32_t id = 0; id < internal::kMaxAllocators; ++id) {
       internal::TlsSlot& t = internal::tls_slots[id];
       BlockAllocator* a = r.by_id[id];
@@ -101,7 +104,7 @@ absl::StatusOr<std::unique_ptr<BlockAllocator>> BlockAllocator::Create(
   }
   std::unique_ptr<BlockAllocator> a(new BlockAllocator(std::move(arena)));
   AllocatorRegistry& r = AllocatorRegistry::Get();
-  std::lock_guard<std::mutex> lock(r.mu);
+  base::MutexLock lock(r.mu);
   for (std::uint32_t id = 0; id < internal::kMaxAllocators; ++id) {
     if (r.by_id[id] != nullptr) continue;
     a->id_ = id;
@@ -117,7 +120,7 @@ absl::StatusOr<std::unique_ptr<BlockAllocator>> BlockAllocator::Create(
 
 BlockAllocator::~BlockAllocator() {
   AllocatorRegistry& r = AllocatorRegistry::Get();
-  std::lock_guard<std::mutex> lock(r.mu);
+  base::MutexLock lock(r.mu);
   while (!caches_.empty()) RetireCache(caches_.back());
   r.by_id[id_] = nullptr;
   // arena_ goes next: its Detach returns whatever this process still owns.
@@ -146,7 +149,7 @@ ThreadCache* BlockAllocator::EnsureCache() noexcept {
                                                  internal::kMagazineMax);
   }
   AllocatorRegistry& r = AllocatorRegistry::Get();
-  std::lock_guard<std::mutex> lock(r.mu);
+  base::MutexLock lock(r.mu);
   owner_bits_.store(std::uint64_t{arena_->owner_id()} << pool::kOwnerShift,
                     std::memory_order_relaxed);
   caches_.push_back(c);
@@ -346,7 +349,7 @@ AllocatorStats BlockAllocator::Stats() const {
   s.classes.resize(class_count_);
   {
     AllocatorRegistry& r = AllocatorRegistry::Get();
-    std::lock_guard<std::mutex> lock(r.mu);
+    base::MutexLock lock(r.mu);
     for (std::uint32_t cls = 0; cls < class_count_; ++cls) {
       ClassStats& cs = s.classes[cls];
       cs = retired_[cls];

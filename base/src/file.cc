@@ -32,20 +32,6 @@ void Split(const std::string& path, std::string* dir, std::string* name) {
   }
 }
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
 }  // namespace
 
 void SetFileStepHookForTesting(FileStepHook hook) { g_hook.store(hook, std::memory_order_release); }
@@ -84,7 +70,7 @@ absl::StatusOr<std::string> ReadAll(int fd, absl::string_view path, std::size_t 
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, std::size_t max_bytes) {
-  const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return ErrnoStatus(errno, path, "open");
   return ReadAll(fd.get(), path, max_bytes);
 }
@@ -92,7 +78,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, std::size_t max_by
 absl::Status SyncParentDir(const std::string& path) {
   std::string dir, name;
   Split(path, &dir, &name);
-  const Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() < 0) return ErrnoStatus(errno, "directory " + dir, "open");
   if (::fsync(dfd.get()) != 0) {
     return ErrnoStatus(
@@ -109,7 +95,8 @@ absl::Status ReplaceFileAt(int dir_fd, const std::string& dir, const std::string
   const std::string tmp = path + ".tmp";
   absl::Status st;
   {
-    const Fd fd(::openat(dir_fd, tmp_name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
+    const UniqueFd fd(
+        ::openat(dir_fd, tmp_name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
     if (fd.get() < 0) return ErrnoStatus(errno, tmp, "create");
     if (const int err = Hook("write", path); err != 0) {
       st = ErrnoStatus(err, tmp, "write");
@@ -150,7 +137,7 @@ absl::Status ReplaceFile(const std::string& path, std::initializer_list<absl::st
                          mode_t mode) {
   std::string dir, name;
   Split(path, &dir, &name);
-  const Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() < 0) {
     return ErrnoStatus(errno, "directory " + dir, absl::StrCat("open (to replace ", name, ")"));
   }

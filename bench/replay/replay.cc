@@ -380,13 +380,12 @@ void Engine::ReleaseCxl(const PrefixKey& key, BlockHandle h) {
 absl::Status Engine::OnCxl(const tier::CxlEntry& e) {
   if (e.promoted) Check(e.key, e.addr, result_);
   co::BlockRef ref{};
-  std::memcpy(ref.arena, store_->allocator().arena().uuid().data(), 16);
+  std::memcpy(ref.arena, store_->arena_uuid().data(), 16);
   ref.index = e.block.index;
   ref.generation = e.block.generation;
   absl::Status st;
   for (int tries = 0; tries < 1000; ++tries) {
-    st = host_->Publish(e.ns, e.key, e.parent, ref,
-                        [&] { return store_->allocator().Persist(e.block).ok(); });
+    st = host_->Publish(e.ns, e.key, e.parent, ref, [&] { return store_->Persist(e.block).ok(); });
     if (!absl::IsUnavailable(st)) break;
     if (auto ps = Pump(); !ps.ok()) return ps;
   }
@@ -425,10 +424,9 @@ absl::Status Engine::LookupCxl(const Request& q, std::span<const PrefixKey> keys
     auto addr = store_->Acquire(keys[j]);
     if (!addr.ok()) return addr.status();
     std::byte* dst = scratch_.Get(1);
-    co::Invalidate(*addr, moved_);
-    std::memcpy(dst, *addr, moved_);
+    const absl::Status copied = host_->CopyOut(l, *addr, dst, moved_);
     store_->Release(keys[j]);
-    if (!host_->ValidateAfterCopy(l).ok()) {
+    if (!copied.ok()) {
       ++r->copies_discarded;
       *stop = true;
       break;
@@ -591,7 +589,7 @@ absl::Status Engine::ServeRequest(const Request& q, ReplayResult* r) {
   }
   if (auto st = Pump(); !st.ok()) return st;  // publishes applied before the next request
   if (store_) {
-    const tier::TierStats s = store_->manager().Stats();
+    const tier::TierStats s = store_->ManagerStats();
     r->occupancy.push_back(Occupancy{q.arrival_s, static_cast<std::uint32_t>(s.cxl_blocks),
                                      static_cast<std::uint32_t>(s.nvme_blocks)});
   } else {
@@ -614,7 +612,7 @@ absl::Status Engine::Run(ReplayResult* r) {
   }
   r->blocks_freed = freed_;
   if (store_) {
-    store_->nvme().Drain();
+    store_->DrainNvme();
     const tier::TieredStoreStats s = store_->Stats();
     if (o_.policy == Policy::kRule) {
       r->inherited_reuse = s.placer.from_ancestor;
@@ -633,7 +631,7 @@ absl::Status Engine::Run(ReplayResult* r) {
     r->nvme_resident_end = static_cast<std::uint32_t>(t.nvme_blocks);
     r->owner_published = owner_->stats().published;
     r->owner_reclaimed = owner_->stats().reclaimed;
-    const pool::ArenaUsage u = store_->allocator().arena().Usage();
+    const pool::ArenaUsage u = store_->ArenaUsage();
     r->arena_persisted_end = u.classes.empty() ? 0 : u.classes[0].persisted;
     r->store_puts = s.nvme.puts;
     r->store_gets = s.nvme.gets;

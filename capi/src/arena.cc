@@ -6,7 +6,6 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -136,7 +135,7 @@ struct MemoryUser {
   std::uint64_t id;
   std::function<void()> drop;
 };
-std::mutex memory_users_mu;
+cxlkv::base::Mutex memory_users_mu;
 std::vector<MemoryUser>& MemoryUsers() {
   static auto* users = new std::vector<MemoryUser>();  // never destroyed: used at exit
   return *users;
@@ -146,24 +145,24 @@ std::vector<MemoryUser>& MemoryUsers() {
 
 void AddMemoryUser(const cxlkv_arena* a, const void* owner, std::uint64_t id,
                    std::function<void()> drop) {
-  std::lock_guard l(memory_users_mu);
+  cxlkv::base::MutexLock l(memory_users_mu);
   MemoryUsers().push_back(MemoryUser{a, owner, id, std::move(drop)});
 }
 
 void RemoveMemoryUser(const void* owner, std::uint64_t id) {
-  std::lock_guard l(memory_users_mu);
+  cxlkv::base::MutexLock l(memory_users_mu);
   std::erase_if(MemoryUsers(), [&](const MemoryUser& u) { return u.owner == owner && u.id == id; });
 }
 
 void RemoveMemoryUsers(const void* owner) {
-  std::lock_guard l(memory_users_mu);
+  cxlkv::base::MutexLock l(memory_users_mu);
   std::erase_if(MemoryUsers(), [&](const MemoryUser& u) { return u.owner == owner; });
 }
 
 void DropMemoryUsers(const cxlkv_arena* a) {
   // Under the lock throughout: an owner removing its uses (a gpu handle closing) waits until
   // a drop that uses it has finished.
-  std::lock_guard l(memory_users_mu);
+  cxlkv::base::MutexLock l(memory_users_mu);
   auto& users = MemoryUsers();
   for (auto it = users.begin(); it != users.end();) {
     if (it->arena != a) {

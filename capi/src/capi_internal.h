@@ -11,6 +11,7 @@
 //   tier.cc    an arena's size class and an NVMe store under the placement rule
 //              (cxlkv_tier_*) over a tier::TieredStore; defines cxlkv_tier, a memory user
 //              of its arena
+//   tier_explain.cc  cxlkv_tier_explain's text and JSON (RenderExplain below)
 //   key.cc     keys from an engine's own block digest (cxlkv_prefix_key_from_digest)
 //
 // Rule: inside the library, one part reaches another only through the C++ functions
@@ -28,9 +29,14 @@
 
 #include "absl/status/status.h"
 #include "cxlkv/allocator/block_allocator.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"
+
+namespace cxlkv::tier {
+struct ExplainReport;
+}  // namespace cxlkv::tier
 
 // Marks a definition as part of libcxlkv.so's ABI (everything else is hidden).
 #define CXLKV_API extern "C" __attribute__((visibility("default")))
@@ -95,6 +101,11 @@ void RemoveMemoryUser(const void* owner, std::uint64_t id);
 void RemoveMemoryUsers(const void* owner);
 // Ends and forgets every use of arena a's memory.
 void DropMemoryUsers(const cxlkv_arena* a);
+
+// ---- tier_explain.cc ---------------------------------------------------------------------------
+
+// cxlkv_tier_explain's report as text, or as JSON when `json` (CXLKV_TIER_EXPLAIN_JSON).
+std::string RenderExplain(const tier::ExplainReport& e, bool json);
 
 }  // namespace cxlkv::capi
 

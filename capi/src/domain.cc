@@ -4,7 +4,6 @@
 // translation to coherence/ and orchestrator/client.
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <span>
 #include <string>
@@ -30,8 +29,8 @@ struct cxlkv_domain {
   // and the arenas this host keeps in extents of the domain's pool (destroyed first).
   std::unique_ptr<cxlkv::orchestrator::HostClient> client;
   std::unique_ptr<cxlkv::orchestrator::PooledArenas> arenas;
-  std::mutex grown_mu;
-  std::vector<cxlkv_arena*> grown;
+  cxlkv::base::Mutex grown_mu;
+  std::vector<cxlkv_arena*> grown ABSL_GUARDED_BY(grown_mu);
   std::unique_ptr<cxlkv::pool::Region> region;
   std::unique_ptr<cxlkv::coherence::DirectMem> mem;
   cxlkv::coherence::SteadyClock clock;
@@ -62,7 +61,7 @@ int ShrinkDomainArena(cxlkv_domain* d, cxlkv_arena* a) {
     return cxlkv::capi::Fail(CXLKV_E_INVALID, "domain and an arena grown in it must be set");
   }
   {
-    std::lock_guard l(d->grown_mu);
+    cxlkv::base::MutexLock l(d->grown_mu);
     std::erase(d->grown, a);
   }
   const std::uint32_t extent = a->extent;
@@ -187,7 +186,7 @@ CXLKV_API void cxlkv_domain_leave(cxlkv_domain* d) {
   if (d == nullptr) return;
   std::vector<cxlkv_arena*> grown;
   {
-    std::lock_guard l(d->grown_mu);
+    cxlkv::base::MutexLock l(d->grown_mu);
     grown = d->grown;
   }
   for (cxlkv_arena* a : grown) (void)ShrinkDomainArena(d, a);  // arenas still open: closed here
@@ -224,7 +223,7 @@ CXLKV_API int cxlkv_domain_grow(cxlkv_domain* d, const cxlkv_arena_options* o, c
   if (a == nullptr) return Fail(CXLKV_E_INTERNAL, "out of memory");
   a->close = [d](cxlkv_arena* arena) { (void)ShrinkDomainArena(d, arena); };
   {
-    std::lock_guard l(d->grown_mu);
+    cxlkv::base::MutexLock l(d->grown_mu);
     d->grown.push_back(a);
   }
   // A revocation ends the arena's other users of the memory before it swaps the window.
@@ -275,7 +274,7 @@ CXLKV_API int cxlkv_domain_resolve(cxlkv_domain* d, const cxlkv_block_ref* ref, 
     return Fail(CXLKV_E_INVALID, "domain, ref and addr must be set");
   }
   {
-    std::lock_guard l(d->grown_mu);
+    cxlkv::base::MutexLock l(d->grown_mu);
     for (cxlkv_arena* a : d->grown) {
       if (SameArena(a, ref)) {
         void* p = nullptr;
@@ -303,7 +302,7 @@ CXLKV_API int cxlkv_domain_heartbeat(cxlkv_domain* d, cxlkv_arena* arena, size_t
   const absl::Status st = d->host->Heartbeat(&back);
   d->NoteStats();
   size_t n = 0;
-  std::lock_guard l(d->grown_mu);
+  cxlkv::base::MutexLock l(d->grown_mu);
   for (const co::BlockRef& r : back) {
     // The arena named, or whichever of this host's extent arenas holds the block.
     cxlkv_arena* into = nullptr;
@@ -513,7 +512,7 @@ int LeasedRange(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* le
   void* addr = nullptr;
   std::uint64_t bytes = 0;
   if (in == nullptr) {
-    std::lock_guard l(d->grown_mu);
+    cxlkv::base::MutexLock l(d->grown_mu);
     for (cxlkv_arena* a : d->grown) {
       if (SameArena(a, &ref)) in = a;
     }

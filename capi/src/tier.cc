@@ -1,5 +1,5 @@
-// The C API's tiering half (cxlkv.h: cxlkv_tier_*): handles, argument checks, status mapping
-// and rendering over a tier::TieredStore (tier/tiered_store.h), which holds the store itself:
+// The C API's tiering half (cxlkv.h: cxlkv_tier_*): handles, argument checks and status mapping
+// over a tier::TieredStore (tier/tiered_store.h), which holds the store itself:
 // one size class of an arena and an NVMe store under the placement rule.
 //
 // Locks: cxlkv_tier::life is shared by every call and exclusive when the tier ends (closed,
@@ -23,7 +23,6 @@
 #include "cxlkv/coherence/key.h"
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/tier/tiered_store.h"
-#include "nlohmann/json.hpp"
 
 namespace {
 
@@ -33,7 +32,7 @@ using cxlkv::capi::FromStatus;
 using Key = cxlkv::coherence::PrefixKey;
 
 // The (arena, class) pairs that have a tier: one tier per class.
-std::mutex registry_mu;
+cxlkv::base::Mutex registry_mu;
 std::vector<std::pair<const cxlkv_arena*, std::uint32_t>>& Registry() {
   static auto* r = new std::vector<std::pair<const cxlkv_arena*, std::uint32_t>>();
   return *r;
@@ -82,24 +81,6 @@ int ResidenceCode(ti::Outcome o) {
   return CXLKV_TIER_MISSING;
 }
 
-const char* ResidenceName(ti::Outcome o) {
-  switch (o) {
-    case ti::Outcome::kMissing:
-      return "missing";
-    case ti::Outcome::kCxl:
-      return "cxl";
-    case ti::Outcome::kNvme:
-      return "nvme";
-    case ti::Outcome::kDemoting:
-      return "demoting";
-    case ti::Outcome::kPromoting:
-      return "promoting";
-    case ti::Outcome::kDropped:
-      return "dropped";
-  }
-  return "?";
-}
-
 // Per-key results into `out` (may be null); the first failure's code and message (prefixed
 // with the call) become the return value and this thread's last error.
 int Results(const std::vector<ti::KeyResult>& res, const char* call, int* out) {
@@ -128,7 +109,7 @@ void End(Tier* t, const std::string& why) {
   if (t->s == nullptr) return;
   t->s.reset();
   t->ended = why;
-  std::lock_guard rl(registry_mu);
+  cxlkv::base::MutexLock rl(registry_mu);
   std::erase(Registry(), std::make_pair(t->arena, t->cls));
 }
 
@@ -192,131 +173,9 @@ ti::StoreRequest Request(const cxlkv_tier_request* r, const std::vector<Key>& ke
 }
 
 void FillRef(const Tier* t, const cxlkv::allocator::BlockHandle& h, cxlkv_block_ref* ref) {
-  std::memcpy(ref->arena_uuid, t->s->allocator().arena().uuid().data(), 16);
+  std::memcpy(ref->arena_uuid, t->s->arena_uuid().data(), 16);
   ref->index = h.index;
   ref->generation = h.generation;
-}
-
-// ---- explain rendering -----------------------------------------------------------------------
-
-std::string Seconds(double s) {
-  if (std::isinf(s)) return "inf";
-  if (s < 1e-3) return absl::StrFormat("%.1f us", s * 1e6);
-  if (s < 1) return absl::StrFormat("%.1f ms", s * 1e3);
-  return absl::StrFormat("%.2f s", s);
-}
-
-nlohmann::json JsonSeconds(double s) {
-  return std::isfinite(s) ? nlohmann::json(s) : nlohmann::json(nullptr);
-}
-
-std::string Indent(const std::string& text) {
-  std::string out = "  " + absl::StrReplaceAll(text, {{"\n", "\n  "}});
-  while (!out.empty() && out.back() == ' ') out.pop_back();
-  if (!out.empty() && out.back() != '\n') out.push_back('\n');
-  return out;
-}
-
-std::string Render(const ti::ExplainReport& e, bool json) {
-  const std::string key_hex = cxlkv::coherence::FormatKey(e.key);
-  nlohmann::json j;
-  std::string text;
-  j["key"] = key_hex;
-  j["tier"] = e.store;
-  j["config"] = e.config;
-  j["residence"] = ResidenceName(ti::OutcomeOf(e.where));
-  absl::StrAppend(&text, "key ", key_hex, " in ", e.store, " (placement config: ", e.config, ")\n");
-  // Where it is.
-  if (e.cxl_block) {
-    j["cxl_block"] = {{"index", e.cxl_block->index}, {"generation", e.cxl_block->generation}};
-    absl::StrAppend(&text, "where: in CXL, block ", e.cxl_block->index, " generation ",
-                    e.cxl_block->generation, "\n");
-  } else if (e.nvme) {
-    j["nvme"] = {{"file", e.nvme->file}, {"slot", e.nvme->slot}, {"offset", e.nvme->offset}};
-    absl::StrAppend(&text, "where: on NVMe, ", e.nvme->file, " slot ", e.nvme->slot, " (offset ",
-                    e.nvme->offset, ")\n");
-  } else if (e.where.has_value() && *e.where != ti::Residence::kCxl &&
-             *e.where != ti::Residence::kNvme) {
-    absl::StrAppend(&text, "where: ", ti::ResidenceName(*e.where), " (I/O in flight)\n");
-  } else if (!e.where.has_value()) {
-    absl::StrAppend(&text, "where: not held by this tier\n");
-  }
-  if (e.promotion) {
-    const ti::PromoteCheck& c = *e.promotion;
-    j["promotion"] = {{"verdict", ti::PromoteVerdictName(c.verdict)},
-                      {"demoted_ms_ago", c.demoted_ms_ago},
-                      {"retry_after_ms", c.retry_after_ms}};
-    absl::StrAppend(&text, "promotion now: ", ti::PromoteVerdictName(c.verdict));
-    if (c.verdict == ti::PromoteVerdict::kCoolingDown) {
-      absl::StrAppend(&text, " (demoted ", c.demoted_ms_ago, " ms ago; retry in ", c.retry_after_ms,
-                      " ms; placement.cooldown_ms sets it)");
-    }
-    absl::StrAppend(&text, "\n");
-  }
-  // Its reuse history.
-  if (e.reuse) {
-    j["reuse"] = {{"uses", e.reuse->uses},
-                  {"ewma_interval_s", JsonSeconds(e.reuse->ewma_interval_s)},
-                  {"last_use_s_ago", e.idle_s}};
-    absl::StrAppend(
-        &text, "reuse: ", e.reuse->uses, e.reuse->uses == 1 ? " use" : " uses",
-        " recorded, EWMA interval ",
-        std::isinf(e.reuse->ewma_interval_s) ? "none yet" : Seconds(e.reuse->ewma_interval_s),
-        ", last use ", Seconds(e.idle_s), " ago\n");
-  } else {
-    j["reuse"] = nullptr;
-    absl::StrAppend(&text,
-                    "reuse: no use recorded (cxlkv_tier_use, or place with "
-                    "CXLKV_TIER_RECORD_USE, records them)\n");
-  }
-  // Its last move, with the rule's inputs and verdict then.
-  if (!e.has_last) {
-    j["last_move"] = nullptr;
-    j["now"] = nullptr;
-    absl::StrAppend(&text, e.where.has_value()
-                               ? "last move: none by this tier (found on NVMe when it opened)\n"
-                               : "last move: none remembered (never placed here, or forgotten)\n");
-    return json ? j.dump(2) + "\n" : text;
-  }
-  const ti::LastMove& mv = e.last;
-  nlohmann::json m = {{"event", ti::MoveEventName(mv.event)},
-                      {"s_ago", e.last_s_ago},
-                      {"by_rule", mv.by_rule},
-                      {"namespace", absl::StrFormat("0x%016x", e.ns)},
-                      {"tokens", e.tokens},
-                      {"pin", e.pin}};
-  absl::StrAppend(&text, "last move, ", Seconds(e.last_s_ago),
-                  " ago: ", ti::MoveEventName(mv.event));
-  if (!mv.note.empty()) {
-    m["note"] = mv.note;
-    absl::StrAppend(&text, " (", mv.note, ")");
-  }
-  if (mv.by_rule) {
-    m["reuse_source"] = ti::ReuseSourceName(mv.source);
-    m["verdict"] = {{"tier", ti::TierName(mv.decision.tier)},
-                    {"clause", ti::ClauseName(mv.decision.clause)}};
-    m["explanation"] = nlohmann::json::parse(e.last_why.ToJson(-1));
-    absl::StrAppend(&text, ": the rule chose ", ti::TierName(mv.decision.tier), " (",
-                    ti::ClauseName(mv.decision.clause), "; reuse interval from ",
-                    ti::ReuseSourceName(mv.source), ")\n", Indent(e.last_why.ToText()));
-  } else {
-    absl::StrAppend(&text, " (not the rule's decision)\n");
-  }
-  j["last_move"] = std::move(m);
-  if (!e.has_now) {
-    j["now"] = nullptr;
-    return json ? j.dump(2) + "\n" : text;
-  }
-  j["now"] = {
-      {"reuse_source", ti::ReuseSourceName(e.now_reuse.source)},
-      {"verdict", {{"tier", ti::TierName(e.now.tier)}, {"clause", ti::ClauseName(e.now.clause)}}},
-      {"explanation", nlohmann::json::parse(e.now_why.ToJson(-1))}};
-  absl::StrAppend(
-      &text, "if decided now: ", ti::TierName(e.now.tier), " (", ti::ClauseName(e.now.clause),
-      "; reuse interval ", Seconds(e.now_reuse.interval_s), " from ",
-      ti::ReuseSourceName(e.now_reuse.source), ", break-even ", Seconds(e.now_why.break_even_s),
-      ", CXL occupancy ", absl::StrFormat("%.3f", e.now_occupancy), ")\n");
-  return json ? j.dump(2) + "\n" : text;
 }
 
 // ---- open ------------------------------------------------------------------------------------
@@ -380,7 +239,7 @@ int Open(cxlkv_arena* arena, const cxlkv_tier_options* o, Tier* t) {
 
   const auto me = std::make_pair(static_cast<const cxlkv_arena*>(arena), t->cls);
   {
-    std::lock_guard l(registry_mu);
+    cxlkv::base::MutexLock l(registry_mu);
     if (std::find(Registry().begin(), Registry().end(), me) != Registry().end()) {
       return Fail(CXLKV_E_EXISTS, absl::StrCat("cxlkv_tier_open: size class ", t->cls,
                                                " of this arena already has a tier; close it "
@@ -390,7 +249,7 @@ int Open(cxlkv_arena* arena, const cxlkv_tier_options* o, Tier* t) {
   }
   auto s = ti::TieredStore::Open(alloc, std::move(so), placement->source);
   if (!s.ok()) {
-    std::lock_guard l(registry_mu);
+    cxlkv::base::MutexLock l(registry_mu);
     std::erase(Registry(), me);
     if (absl::IsInvalidArgument(s.status())) {
       return Fail(CXLKV_E_INVALID, absl::StrCat("cxlkv_tier_open: ", s.status().message()));
@@ -472,13 +331,10 @@ CXLKV_API int cxlkv_tier_place_blocks(cxlkv_tier* t, const cxlkv_tier_request* r
   if (refs == nullptr) return Fail(CXLKV_E_INVALID, "cxlkv_tier_place_blocks: refs must be set");
   Use use(t);
   if (t->s == nullptr) return FailEnded(t);
-  const cxlkv::allocator::BlockAllocator& alloc = t->s->allocator();
-  const cxlkv::pool::ClassRecord& cr = alloc.arena().class_record(t->cls);
   std::vector<cxlkv::allocator::BlockHandle> blocks(r->n - r->first);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const cxlkv_block_ref& ref = refs[i];
-    if (!cxlkv::capi::SameArena(t->arena, &ref) || ref.index < cr.first_index ||
-        ref.index - cr.first_index >= cr.block_count) {
+    if (!cxlkv::capi::SameArena(t->arena, &ref) || !t->s->HoldsBlockIndex(ref.index)) {
       return Fail(CXLKV_E_FOREIGN,
                   absl::StrCat("cxlkv_tier_place_blocks: refs[", i, "] (block ", ref.index,
                                ") is not a block of size class ", t->cls,
@@ -490,9 +346,9 @@ CXLKV_API int cxlkv_tier_place_blocks(cxlkv_tier* t, const cxlkv_tier_request* r
     std::memcpy(br.arena.data(), ref.arena_uuid, 16);
     br.index = ref.index;
     br.generation = ref.generation;
-    if (auto p = alloc.Resolve(br); !p.ok()) {
+    if (auto st = t->s->CheckRef(br); !st.ok()) {
       return Fail(CXLKV_E_STALE, absl::StrCat("cxlkv_tier_place_blocks: refs[", i,
-                                              "]: ", p.status().message(), "; nothing was taken"));
+                                              "]: ", st.message(), "; nothing was taken"));
     }
     for (std::size_t k = 0; k < i; ++k) {
       if (blocks[k].index == ref.index) {
@@ -662,8 +518,8 @@ CXLKV_API int cxlkv_tier_explain(cxlkv_tier* t, const cxlkv_prefix_key* key, uin
   }
   Use use(t);
   if (t->s == nullptr) return FailEnded(t);
-  const std::string s =
-      Render(t->s->Explain(Key{key->lo, key->hi}), (flags & CXLKV_TIER_EXPLAIN_JSON) != 0);
+  const std::string s = cxlkv::capi::RenderExplain(t->s->Explain(Key{key->lo, key->hi}),
+                                                   (flags & CXLKV_TIER_EXPLAIN_JSON) != 0);
   if (needed != nullptr) *needed = s.size() + 1;
   if (buf == nullptr) return CXLKV_OK;
   const std::size_t n = std::min(s.size(), len - 1);

@@ -41,7 +41,7 @@ void Prefaulter::Work() {
     const std::uint64_t len = std::min(kPieceBytes, bytes_ - off);
     const int rc = ::madvise(reinterpret_cast<void*>(addr_ + off), len, MADV_POPULATE_WRITE);
     const int err = rc == 0 ? 0 : errno;
-    std::lock_guard<std::mutex> lock(mu_);
+    base::MutexLock lock(mu_);
     if (err != 0) {
       if (!ended_) {
         ended_ = true;
@@ -55,21 +55,21 @@ void Prefaulter::Work() {
       done_[i] = true;
       while (watermark_ < pieces_ && done_[watermark_]) ++watermark_;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 }
 
 std::int64_t Prefaulter::WaitUntil(std::uint64_t offset) {
   const std::uint64_t need = std::min(pieces_, (offset + kPieceBytes - 1) / kPieceBytes);
   const auto t0 = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return ended_ || watermark_ >= need; });
+  base::MutexLock lock(mu_);
+  while (!ended_ && watermark_ < need) cv_.Wait(mu_);
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
       .count();
 }
 
 std::string Prefaulter::stopped_reason() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  base::MutexLock lock(mu_);
   return reason_;
 }
 

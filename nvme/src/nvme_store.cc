@@ -130,14 +130,6 @@ absl::Status NoBlockError(absl::string_view dir, const NvmeKey& key) {
   return absl::NotFoundError(absl::StrCat(dir, ": no block ", coherence::FormatKey(key)));
 }
 
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-  int release() { return std::exchange(fd, -1); }
-};
-
 }  // namespace
 
 // ---- NvmeBatch ------------------------------------------------------------------------------
@@ -347,12 +339,11 @@ absl::Status NvmeStore::Init(const NvmeStoreOptions& o, NvmeOpenReport* report) 
 }
 
 absl::Status NvmeStore::OpenMeta(const NvmeStoreOptions& o) {
-  Fd fd;
-  fd.fd = ::open(meta_path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd.fd < 0 && errno != ENOENT) return ErrnoStatus(errno, meta_path_, "open");
+  const base::UniqueFd fd(::open(meta_path_.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid() && errno != ENOENT) return ErrnoStatus(errno, meta_path_, "open");
   NvmeMetaRecord meta{};
-  if (fd.fd >= 0) {
-    const ssize_t n = ::pread(fd.fd, &meta, sizeof(meta), 0);
+  if (fd.valid()) {
+    const ssize_t n = ::pread(fd.get(), &meta, sizeof(meta), 0);
     if (n < 0) return ErrnoStatus(errno, meta_path_, "read");
     if (static_cast<std::size_t>(n) != sizeof(meta)) {
       return absl::DataLossError(absl::StrCat(meta_path_, ": truncated (", n,
@@ -405,10 +396,9 @@ absl::Status NvmeStore::OpenSlots() {
   slots_fd_ = ::open(slots_path_.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
   if (slots_fd_ < 0) {
     if (errno == EINVAL) {
-      Fd probe;
-      probe.fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      const base::UniqueFd probe(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
       return absl::FailedPreconditionError(absl::StrCat(
-          dir_, ": the file system (", probe.fd >= 0 ? FsType(probe.fd) : "unknown",
+          dir_, ": the file system (", probe.valid() ? FsType(probe.get()) : "unknown",
           ") does not support O_DIRECT; put the NVMe store on ext4 or xfs on the NVMe device "
           "(tmpfs needs Linux 6.6 or later)"));
     }
@@ -555,9 +545,9 @@ void NvmeStore::CalibrateReads(NvmeOpenReport* report) {
   constexpr int kRounds = 7;
   const std::uint64_t bytes = std::min(payload_span_bytes_, kStagePageBytes);
   const std::string path = dir_ + "/cxlkv-nvme.read-probe";
-  Fd fd;
-  fd.fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
-  if (fd.fd < 0) {
+  const base::UniqueFd fd(
+      ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
     report->read_probe_error = ErrnoStatus(errno, path, "open").ToString();
     return;
   }
@@ -574,7 +564,7 @@ void NvmeStore::CalibrateReads(NvmeOpenReport* report) {
   }
   for (std::uint64_t i = 0; i < bytes; ++i) staging[i] = static_cast<std::byte>(i * 131 + 17);
   std::memcpy(pages, staging, bytes);
-  if (::pwrite(fd.fd, staging, bytes, 0) != static_cast<ssize_t>(bytes)) {
+  if (::pwrite(fd.get(), staging, bytes, 0) != static_cast<ssize_t>(bytes)) {
     report->read_probe_error = WriteError(errno, path, "write").ToString();
     return;
   }
@@ -584,7 +574,7 @@ void NvmeStore::CalibrateReads(NvmeOpenReport* report) {
     struct timespec a {
     }, b{};
     ::clock_gettime(CLOCK_MONOTONIC, &a);
-    const ssize_t n = ::pread(fd.fd, arm == 0 ? pages : staging, bytes, 0);
+    const ssize_t n = ::pread(fd.get(), arm == 0 ? pages : staging, bytes, 0);
     if (n == static_cast<ssize_t>(bytes) && arm == 1) std::memcpy(pages, staging, bytes);
     ::clock_gettime(CLOCK_MONOTONIC, &b);
     if (n != static_cast<ssize_t>(bytes)) {

@@ -7,8 +7,8 @@
 
 #include <cerrno>
 #include <map>
-#include <mutex>
 
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/coherence/cache.h"
 
 namespace cxlkv::pool {
@@ -91,8 +91,8 @@ struct Tracked {
   std::byte* addr;
   std::uint64_t len;
 };
-std::mutex tracked_mu;
-std::uint64_t tracked_next = 1;  // tracked_mu
+base::Mutex tracked_mu;
+std::uint64_t tracked_next ABSL_GUARDED_BY(tracked_mu) = 1;
 std::map<std::uint64_t, Tracked>& TrackedRegions() {
   static auto* regions = new std::map<std::uint64_t, Tracked>();  // used until exit
   return *regions;
@@ -101,20 +101,20 @@ std::map<std::uint64_t, Tracked>& TrackedRegions() {
 }  // namespace
 
 std::uint64_t TrackRegion(std::byte* addr, std::uint64_t len) {
-  std::lock_guard l(tracked_mu);
+  base::MutexLock l(tracked_mu);
   const std::uint64_t id = tracked_next++;
   TrackedRegions().emplace(id, Tracked{addr, len});
   return id;
 }
 
 void UntrackRegion(std::uint64_t id) {
-  std::lock_guard l(tracked_mu);
+  base::MutexLock l(tracked_mu);
   TrackedRegions().erase(id);
 }
 
 bool WithTrackedRegion(std::uint64_t id,
                        absl::FunctionRef<void(std::byte* addr, std::uint64_t len)> fn) {
-  std::lock_guard l(tracked_mu);
+  base::MutexLock l(tracked_mu);
   auto it = TrackedRegions().find(id);
   if (it == TrackedRegions().end()) return false;
   fn(it->second.addr, it->second.len);

@@ -225,6 +225,7 @@ absl::StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(allocator::BlockA
     if (!placer.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(s->config_, ": ", placer.status().message()));
     }
+    base::MutexLock l(s->mu_);  // nobody else has the store yet: for the analysis
     s->placer_.emplace(std::move(*placer));
   }
 
@@ -300,7 +301,7 @@ absl::Status TieredStore::ReturnBlock(allocator::BlockHandle h) {
 
 TieredStore::~TieredStore() {
   m_.reset();  // drains I/O: the tickets' batches complete before they go
-  std::lock_guard l(tickets_mu_);
+  base::MutexLock l(tickets_mu_);
   tickets_.clear();
 }
 
@@ -389,7 +390,7 @@ void TieredStore::PruneLocked() {
 // TierOptions::victim_tier (kRule): a block leaving CXL above the high watermark, re-decided
 // with CXL full (Placer::DecideVictim): NVMe, or dropped when recomputing beats fetching it.
 Tier TieredStore::VictimTier(const Key& key) {
-  std::lock_guard l(mu_);
+  base::MutexLock l(mu_);
   KeyMeta& k = meta_[key];
   const PlacementQuery q = Query(k.ns, key, k.tokens, k.pin);
   const auto now = static_cast<std::uint64_t>(NowNs());
@@ -412,7 +413,7 @@ Tier TieredStore::VictimTier(const Key& key) {
 // ---- use, place ------------------------------------------------------------------------------
 
 void TieredStore::Use(const StoreRequest& r) {
-  std::lock_guard l(mu_);
+  base::MutexLock l(mu_);
   queue_depth_ = r.queue_depth;
   const auto now = static_cast<std::uint64_t>(NowNs());
   for (std::size_t pos = r.first; pos < r.chain.size(); ++pos) {
@@ -476,7 +477,7 @@ absl::Status TieredStore::PlaceImpl(const StoreRequest& r,
     (void)m_->Place(pending_keys, pending_blocks, Tier::kNvme, &st);
     std::vector<Key> to_drop;
     {
-      std::lock_guard l(mu_);
+      base::MutexLock l(mu_);
       for (std::size_t j = 0; j < pending_keys.size(); ++j) {
         const std::size_t i = pending_at[j];
         if (st[j].ok()) {
@@ -534,13 +535,13 @@ absl::Status TieredStore::PlaceImpl(const StoreRequest& r,
       if (h.valid()) alloc.Free(h);
       res[i] = At(OutcomeOf(where));
       res[i].already_held = true;
-      std::lock_guard l(mu_);
+      base::MutexLock l(mu_);
       ++counts_.already_held;
       continue;
     }
     Tier dest = o_.strategy == Strategy::kNvmeLru ? Tier::kNvme : cxl;
     {
-      std::lock_guard l(mu_);
+      base::MutexLock l(mu_);
       queue_depth_ = r.queue_depth;
       if (pos >= r.record_use_from) {
         if (placer_) {
@@ -605,19 +606,19 @@ absl::Status TieredStore::PlaceImpl(const StoreRequest& r,
       alloc.Free(h);  // another thread placed the key meanwhile
       res[i] = At(OutcomeOf(m_->Where(key)));
       res[i].already_held = true;
-      std::lock_guard l(mu_);
+      base::MutexLock l(mu_);
       ++counts_.already_held;
       continue;
     }
     res[i] = At(Outcome::kCxl);
-    std::lock_guard l(mu_);
+    base::MutexLock l(mu_);
     ++counts_.placed_cxl;
   }
   flush();
   // The chain root most recently used: LRU evicts its tail first.
   if (o_.chain_recency) m_->Touch(chain);
   {
-    std::lock_guard l(mu_);
+    base::MutexLock l(mu_);
     PruneLocked();
   }
   return FirstError(res);
@@ -714,7 +715,7 @@ absl::Status TieredStore::Read(std::span<const Key> keys, std::span<void* const>
     todo.swap(again);
   }
   {
-    std::lock_guard l(mu_);
+    base::MutexLock l(mu_);
     counts_.cxl_reads += cxl_reads;
     counts_.nvme_reads += nvme_reads;
   }
@@ -733,7 +734,7 @@ absl::StatusOr<std::uint64_t> TieredStore::Prefetch(const StoreRequest& req) {
   t->results.assign(r.chain.size() - first, KeyResult{});
   std::vector<Key> promote;
   {
-    std::lock_guard l(mu_);
+    base::MutexLock l(mu_);
     queue_depth_ = r.queue_depth;
     for (std::size_t pos = first; pos < r.chain.size(); ++pos) {
       const std::size_t i = pos - first;
@@ -776,7 +777,7 @@ absl::StatusOr<std::uint64_t> TieredStore::Prefetch(const StoreRequest& req) {
     }
   }
   if (absl::Status st = m_->Prefetch(promote, t->batch); !st.ok()) return st;
-  std::lock_guard l(tickets_mu_);
+  base::MutexLock l(tickets_mu_);
   const std::uint64_t ticket = next_ticket_++;
   tickets_.emplace(ticket, std::move(t));
   return ticket;
@@ -794,7 +795,7 @@ absl::Status TieredStore::Collect(std::uint64_t ticket, bool block,
                                   std::vector<KeyResult>* results) {
   std::shared_ptr<Ticket> t;
   {
-    std::lock_guard l(tickets_mu_);
+    base::MutexLock l(tickets_mu_);
     auto it = tickets_.find(ticket);
     if (it != tickets_.end()) t = it->second;
   }
@@ -812,7 +813,7 @@ absl::Status TieredStore::Collect(std::uint64_t ticket, bool block,
     }
   }
   {
-    std::lock_guard l(tickets_mu_);
+    base::MutexLock l(tickets_mu_);
     if (tickets_.erase(ticket) == 0) {
       return absl::NotFoundError(
           absl::StrCat(o_.name, ": prefetch ticket ", ticket, " was collected by another thread"));
@@ -854,7 +855,7 @@ absl::Status TieredStore::Collect(std::uint64_t ticket, bool block,
       mv.event = MoveEvent::kPromoteFailed;
       mv.note = std::string(st.message());
     }
-    std::lock_guard l(mu_);
+    base::MutexLock l(mu_);
     if (st.ok()) ++counts_.promoted;
     meta_[key].last = std::move(mv);
   }
@@ -879,7 +880,7 @@ absl::Status TieredStore::Demote(std::span<const Key> keys, std::vector<KeyResul
   }
   std::vector<absl::Status> st;
   (void)m_->Demote(go, &st);
-  std::lock_guard l(mu_);
+  base::MutexLock l(mu_);
   for (std::size_t j = 0; j < go.size(); ++j) {
     if (!st[j].ok()) {
       res[at[j]] = Failed(st[j], OutcomeOf(m_->Where(go[j])));
@@ -902,7 +903,7 @@ absl::Status TieredStore::Drop(std::span<const Key> keys, std::vector<KeyResult>
       res[i] = Failed(st, OutcomeOf(m_->Where(keys[i])));
       continue;
     }
-    std::lock_guard l(mu_);
+    base::MutexLock l(mu_);
     LastMove mv;
     mv.event = MoveEvent::kDropped;
     mv.at_ns = NowNs();
@@ -912,6 +913,29 @@ absl::Status TieredStore::Drop(std::span<const Key> keys, std::vector<KeyResult>
 }
 
 // ---- explain, stats --------------------------------------------------------------------------
+
+const pool::Uuid& TieredStore::arena_uuid() const noexcept {
+  return m_->allocator().arena().uuid();
+}
+
+bool TieredStore::HoldsBlockIndex(std::uint64_t index) const noexcept {
+  const pool::ClassRecord& cr = m_->allocator().arena().class_record(o_.size_class);
+  return index >= cr.first_index && index - cr.first_index < cr.block_count;
+}
+
+absl::Status TieredStore::CheckRef(const allocator::BlockRef& ref) const {
+  return m_->allocator().Resolve(ref).status();
+}
+
+absl::Status TieredStore::Persist(const allocator::BlockHandle& block) {
+  return m_->allocator().Persist(block);
+}
+
+pool::ArenaUsage TieredStore::ArenaUsage() const { return m_->allocator().arena().Usage(); }
+
+TierStats TieredStore::ManagerStats() const { return m_->Stats(); }
+
+void TieredStore::DrainNvme() { m_->store().Drain(); }
 
 ExplainReport TieredStore::Explain(const Key& key) {
   ExplainReport e;
@@ -927,7 +951,7 @@ ExplainReport TieredStore::Explain(const Key& key) {
   }
   if (e.where.has_value()) e.promotion = m_->CheckPromote(key);
 
-  std::lock_guard l(mu_);
+  base::MutexLock l(mu_);
   const auto now = static_cast<std::uint64_t>(e.now_ns);
   if (placer_) {
     e.reuse = placer_->tracker().Find(key);
@@ -978,7 +1002,7 @@ TieredStoreStats TieredStore::Stats() {
   s.retention_s = m_->RetentionS();
   const double occupancy =
       std::min(1.0, static_cast<double>(s.tiers.cxl_blocks) / static_cast<double>(capacity_));
-  std::lock_guard l(mu_);
+  base::MutexLock l(mu_);
   s.placed_cxl = counts_.placed_cxl;
   s.placed_nvme = counts_.placed_nvme;
   s.placed_dropped = counts_.placed_dropped;

@@ -18,12 +18,12 @@
 #define CXLKV_GPU_PREFAULT_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "cxlkv/base/mutex.h"
 
 namespace cxlkv::gpu {
 
@@ -55,12 +55,12 @@ class Prefaulter {
   std::atomic<std::uint64_t> next_{0};
   std::atomic<std::uint64_t> populated_{0};
   std::atomic<bool> stop_{false};
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<bool> done_;       // per piece; mu_
-  std::uint64_t watermark_ = 0;  // pieces [0, watermark_) done; mu_
-  bool ended_ = false;           // prefaulting stopped early; mu_
-  std::string reason_;           // mu_
+  mutable base::Mutex mu_;
+  base::CondVar cv_;
+  std::vector<bool> done_ ABSL_GUARDED_BY(mu_);       // per piece
+  std::uint64_t watermark_ ABSL_GUARDED_BY(mu_) = 0;  // pieces [0, watermark_) done
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;           // prefaulting stopped early
+  std::string reason_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> workers_;
 };
 

@@ -39,7 +39,6 @@
 #include <functional>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -50,6 +49,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cxlkv/allocator/block_allocator.h"
+#include "cxlkv/base/mutex.h"
 #include "cxlkv/coherence/key.h"
 #include "cxlkv/nvme/nvme_store.h"
 #include "cxlkv/pool/arena.h"
@@ -311,10 +311,24 @@ class TieredStore {
   std::uint64_t block_bytes() const noexcept { return block_bytes_; }
   std::uint64_t capacity() const noexcept { return capacity_; }
   const TieredStoreOptions& options() const noexcept { return o_; }
-  allocator::BlockAllocator& allocator() const noexcept { return m_->allocator(); }
-  NvmeStore& nvme() const noexcept { return m_->store(); }
-  // The manager, for what a driver measures beside the store (Where, CxlBlock, RetentionS).
-  TierManager& manager() const noexcept { return *m_; }
+
+  // What a driver (the C API, the replay) needs of the store's parts, as the store's own
+  // operations: the store is the only door to its allocator, manager and NVMe store (the
+  // include-rule test, tests/architecture_test.py, keeps it so).
+  // The arena's identity, for the refs (cxlkv_block_ref) a driver hands out.
+  const pool::Uuid& arena_uuid() const noexcept;
+  // Whether `index` names a block of this store's size class of its arena (the C API's check
+  // of a caller's ref before it takes the block).
+  bool HoldsBlockIndex(std::uint64_t index) const noexcept;
+  // OK when `ref` names a live block (that generation) of this store's arena; else why not.
+  absl::Status CheckRef(const allocator::BlockRef& ref) const;
+  // Makes a CXL block's bytes durable in the arena before it is published (write-back).
+  absl::Status Persist(const allocator::BlockHandle& block);
+  // The arena's usage (every process), and the tiers' occupancy as the manager counts it.
+  pool::ArenaUsage ArenaUsage() const;
+  TierStats ManagerStats() const;
+  // Waits until every NVMe write queued so far has completed.
+  void DrainNvme();
 
  private:
   struct KeyMeta {
@@ -333,9 +347,11 @@ class TieredStore {
   PlacementQuery Query(coherence::Namespace ns, const Key& key, std::uint32_t tokens,
                        std::int32_t pin) const;
   TierState State(double add, std::uint32_t queue_depth) const;
-  LastMove DecideLocked(const StoreRequest& r, std::size_t pos, MoveEvent event);
-  void RememberLocked(const StoreRequest& r, std::size_t pos, LastMove mv);
-  void PruneLocked();
+  LastMove DecideLocked(const StoreRequest& r, std::size_t pos, MoveEvent event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RememberLocked(const StoreRequest& r, std::size_t pos, LastMove mv)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Tier VictimTier(const Key& key);
   absl::Status PlaceImpl(const StoreRequest& r,
                          const absl::FunctionRef<const void*(std::size_t)>* data,
@@ -352,15 +368,15 @@ class TieredStore {
   std::uint32_t class_tokens_ = 0;
   int slot_ = 0;  // the rule's index of this CXL tier
 
-  mutable std::mutex mu_;         // guards everything below
-  std::optional<Placer> placer_;  // kRule
-  absl::flat_hash_map<Key, KeyMeta, NvmeKeyHash> meta_;
-  std::uint32_t queue_depth_ = 0;  // the latest request's, for victims
-  TieredStoreStats counts_;        // the store's own counters (placed_*, reads, ...)
+  mutable base::Mutex mu_;
+  std::optional<Placer> placer_ ABSL_GUARDED_BY(mu_);  // kRule
+  absl::flat_hash_map<Key, KeyMeta, NvmeKeyHash> meta_ ABSL_GUARDED_BY(mu_);
+  std::uint32_t queue_depth_ ABSL_GUARDED_BY(mu_) = 0;  // the latest request's, for victims
+  TieredStoreStats counts_ ABSL_GUARDED_BY(mu_);  // the store's own counters (placed_*, reads)
 
-  std::mutex tickets_mu_;
-  std::uint64_t next_ticket_ = 1;
-  absl::flat_hash_map<std::uint64_t, std::shared_ptr<Ticket>> tickets_;
+  base::Mutex tickets_mu_;
+  std::uint64_t next_ticket_ ABSL_GUARDED_BY(tickets_mu_) = 1;
+  absl::flat_hash_map<std::uint64_t, std::shared_ptr<Ticket>> tickets_ ABSL_GUARDED_BY(tickets_mu_);
 };
 
 }  // namespace cxlkv::tier
