@@ -142,6 +142,22 @@ def test_a_worker_seen_later_gets_the_blocks_still_held():
     assert credit.workers == ["a", "b"]
 
 
+def test_tier_events_without_tokens_credit_through_the_engine_keys():
+    # vLLM fills token ids only where its event tracker saw the request; without them llm-d
+    # adds the pod to the request keys the engine hashes already map to (pool.go:255-289),
+    # mapped by the engine's GPU event, for every pod (in_memory.go:85-86).
+    hashes = engine_hashes(TOKENS, 3)
+    index = llmd.Indexer(WEIGHTS)
+    gpu = batch(stored(hashes, TOKENS, "GPU"))
+    index.feed("kv@a@" + MODEL, SEQ0, gpu)
+    credit = DomainCredit(["a", "b"])
+    assert credit.handle("kv@a@" + MODEL, gpu) == []
+    tier = ("kv@a@" + MODEL, batch(stored(hashes, [], "STORAGE")))
+    index.feed(tier[0], SEQ0, tier[1])
+    feed_all(index, credit.handle(*tier))
+    assert index.score(TOKENS, MODEL) == {"a": 3.0, "b": pytest.approx(2.4)}
+
+
 def test_pool_identity_is_behind_a_setting():
     hashes = engine_hashes(TOKENS, 3)
     msg = ("kv@a@" + MODEL, batch(stored(hashes, TOKENS, "GPU"),
@@ -162,6 +178,12 @@ def test_a_topic_llmd_cannot_read_is_refused_with_the_fix():
     with pytest.raises(InvalidArgumentError,
                        match="'cxlkv/dom1' is not kv@<pod>@<model>.*kv_events_config topic"):
         DomainCredit(["a"]).handle("cxlkv/dom1", batch())
+
+
+def test_an_endpoint_zmq_refuses_is_named():
+    pytest.importorskip("zmq", reason="python3-zmq is not installed")
+    with pytest.raises(InvalidArgumentError, match="--source 'bogus://x'.*tcp://HOST:PORT"):
+        router_credit.run(DomainCredit(), ["bogus://x"], "ipc:///nonexistent/x")
 
 
 def test_the_relay_over_zmq(tmp_path):

@@ -192,6 +192,10 @@ class DomainCredit:
                                        subject="router credit",
                                        hint="point the relay at vLLM KV event endpoints")
         ts, events = batch[0], batch[1]
+        if not isinstance(events, (list, tuple)):
+            raise InvalidArgumentError(f"payload from {topic!r}: events are not a list",
+                                       subject="router credit",
+                                       hint="point the relay at vLLM KV event endpoints")
         rank = batch[2] if len(batch) > 2 else None
         mine = [e for e in (_positional(ev) for ev in events) if self._is_tier_event(e)]
         if not mine:
@@ -275,9 +279,14 @@ def run(credit: DomainCredit, sources: Sequence[str], publish: str,
         sub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, TOPIC_PREFIX.encode())
-        for s in sources:
-            (sub.bind if _bind(s) else sub.connect)(s)
-        (pub.bind if _bind(publish) else pub.connect)(publish)
+        ends = [(s, sub, "--source") for s in sources] + [(publish, pub, "--publish")]
+        for ep, sock, what in ends:
+            try:
+                (sock.bind if _bind(ep) else sock.connect)(ep)
+            except zmq.ZMQError as e:
+                raise InvalidArgumentError(
+                    f"{what} {ep!r}: {e}", subject="router credit",
+                    hint="tcp://HOST:PORT or ipc://PATH connects, tcp://*:PORT binds") from None
 
         def send(msgs: Iterable[Tuple[str, bytes]]) -> None:
             nonlocal seq
