@@ -78,6 +78,13 @@ TEST(Config, ErrorsNameTheKeyAndLine) {
        "t.toml:9: key 'rpc.extra': unknown key (known here: allowed_uids, socket, tcp, tls_cert, "
        "tls_key, token_file)"},
       {"extra = 1\n" + std::string(kMinimal), "t.toml:1: key 'extra': unknown key"},
+      // llm-d v0.8.1's topic and decoder (docs/kv_events.md, "What the routers read").
+      {WithExtra("[events]\nendpoint = \"ipc:///tmp/e\"\ntopic = \"kv@dom1@m\"\n"
+                 "format = \"map\"\n"),
+       "key 'events.format': \"map\" with the llm-d topic 'kv@dom1@m': llm-d v0.8.1 decodes "
+       "events only as arrays"},
+      {WithExtra("[events]\nendpoint = \"ipc:///tmp/e\"\ntopic = \"kv@dom1\"\n"),
+       "key 'events.topic': 'kv@dom1' starts with llm-d's kv@ but is not kv@<pod>@<model>"},
   };
   for (const Case& c : cases) {
     auto got = ParseConfig(c.text, "t.toml");

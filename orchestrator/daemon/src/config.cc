@@ -11,10 +11,13 @@
 #include <functional>
 #include <sstream>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "cxlkv/base/bytes.h"
 #include "cxlkv/base/toml_reader.h"
 #include "cxlkv/coherence/prefix.h"
@@ -109,6 +112,29 @@ bool SameSource(const pool::SourceSpec& a, const pool::SourceSpec& b) {
 // What --validate and the start check beyond single keys, needing no device: the regions
 // against each other, page multiples, the extent against the pool, the prefix domain's
 // geometry against its size, the socket path's length, HOST:PORT values, share keys.
+// A "kv@" topic is llm-d's (its subscriber's default filter; docs/kv_events.md, "What the
+// routers read"), and a released llm-d (llm-d/llm-d-kv-cache v0.8.1) reads the pod and model
+// only from "kv@<pod>@<model>" (pkg/kvevents/engineadapter/common.go:39-45) and decodes each
+// event only as a positional array (vllm_adapter.go:101-122): a map-form message is dropped
+// whole. Refused here rather than published to be dropped.
+absl::Status CheckEventsForLlmd(const EventsConfig& e, absl::string_view source_name) {
+  if (!e.enabled() || !absl::StartsWith(e.topic, "kv@")) return absl::OkStatus();
+  const std::vector<absl::string_view> parts = absl::StrSplit(e.topic, '@');
+  if (parts.size() != 3 || parts[1].empty() || parts[2].empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source_name, ": key 'events.topic': '", e.topic,
+        "' starts with llm-d's kv@ but is not kv@<pod>@<model> (llm-d v0.8.1 would file every "
+        "event under a pod named by the whole topic); write it as kv@<name>@<model>"));
+  }
+  if (e.format == "map") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source_name, ": key 'events.format': \"map\" with the llm-d topic '", e.topic,
+        "': llm-d v0.8.1 decodes events only as arrays and drops map-form messages whole; set "
+        "format = \"array\""));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckAcrossKeys(const Config& c, absl::string_view source_name) {
   const auto bad = [&](absl::string_view key, absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": key '", key, "': ", what));
@@ -642,6 +668,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
     }
   }
   if (auto st2 = CheckAcrossKeys(c, source_name); !st2.ok()) return st2;
+  if (auto st2 = CheckEventsForLlmd(c.events, source_name); !st2.ok()) return st2;
   if (c.lmcache.enabled()) {
     // The domain's eviction policy for LMCache's tenants: [[namespace]] pin levels, where the
     // namespace is one of the coordinator's ("<tenant>/lmcache/<layout_id>").

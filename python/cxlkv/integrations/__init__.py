@@ -22,6 +22,9 @@ configuration says ``allow_untested_version``. ``python -m cxlkv.integrations.ch
 installed engine against the pin, structurally (base class, abstract methods, signatures) and
 with a round trip through the adapter on a temporary domain.
 
+:mod:`cxlkv.integrations.router_credit` is not an adapter: it relays the vLLM tier's KV events
+to every worker of the domain, so that a router credits them all (docs/kv_events.md).
+
 Nothing here was run against a real engine by this project (neither engine can be installed
 where it is built and tested); the check is how a user finds out on their machine.
 """

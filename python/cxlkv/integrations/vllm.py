@@ -90,7 +90,8 @@ CONFIG_KEYS = frozenset({
 #: The mediums a tier may declare (``medium`` key): vLLM's ``Medium`` members a secondary tier
 #: names (PR #48123: CPU memory, STORAGE for the fs and obj tiers). CXL memory is memory, so
 #: ``CPU`` is the default; ``STORAGE`` lets a deployment have vLLM's per-request tier filters
-#: and routers treat the domain as a storage tier.
+#: and routers treat the domain as a storage tier, and is what
+#: :mod:`cxlkv.integrations.router_credit` tells from the CPU primary tier's events.
 MEDIUMS = ("CPU", "STORAGE")
 
 

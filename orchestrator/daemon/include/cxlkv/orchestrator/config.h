@@ -66,8 +66,8 @@ struct EventsConfig {
   std::uint32_t block_size = 16;     // tokens per block, as the engines using the domain have it
   std::uint32_t data_parallel_rank = 0;
   // The tier routers see: Dynamo's StorageTier::from_kv_medium reads "SHARED" (also
-  // "EXTERNAL", "REMOTE", "NETWORK") as its External tier; llm-d lowercases the medium and
-  // scores it by its backendConfigs ("shared_storage" by default). docs/kv_events.md.
+  // "EXTERNAL", "REMOTE", "NETWORK") as its External tier; llm-d v0.8.1 lowercases the medium
+  // and weighs a tier its backendConfigs do not list at 1.0, as GPU. docs/kv_events.md.
   std::string medium = "SHARED";
   std::uint32_t interval_ms = 100;  // how often the index is compared with the last events
   std::uint32_t hwm = 100000;       // ZMQ send high-water mark
