@@ -101,6 +101,69 @@ TEST(Fence, ReleaseWritesTheOldMachinesCacheBackBeforeTheReleaseLine) {
   EXPECT_EQ(co::kOwnerReleaseOffset + 64, co::kOwnerFenceOffset);
 }
 
+// The single orchestrator's mark between machines without coherence (the candidate on another
+// machine reads it, tests/ha/one_owner_test.cc across machines): a reader that read the line
+// before (its cache holds the old copy) sees the mark and then the release once the writer's
+// call returned. Write-backs complete only at a fence and an Evict only at the next full fence,
+// so a missing flush, fence or invalidate on either side shows.
+TEST(Fence, TheSingleOwnerMarkCrossesMachinesWithoutCoherence) {
+  co::SimOptions o;
+  o.async_writeback = true;
+  o.writeback_progress_per_mille = 0;
+  co::SimMemory media(64 * 1024, 2, o);
+  auto single = media.NewView(0);
+  auto candidate = media.NewView(0);
+  co::SingleOwnerLine seen{};
+  ASSERT_TRUE(orch::ReadSingleOwnerLine(*candidate, &seen));  // cached now: all zero
+  EXPECT_EQ(seen.state, 0u);
+  co::SingleOwnerLine mark{};
+  mark.seq = 1;
+  mark.started_ms = 77;
+  mark.state = co::kSingleServing;
+  mark.pid = 4242;
+  mark.period_ms = 10;
+  orch::WriteSingleOwnerLine(*single, mark);
+  ASSERT_TRUE(orch::ReadSingleOwnerLine(*candidate, &seen));
+  EXPECT_EQ(seen.state, co::kSingleServing) << "the candidate read its stale copy of the mark";
+  EXPECT_EQ(seen.pid, 4242u);
+  EXPECT_EQ(seen.version, co::kSingleOwnerVersion);
+  mark.state = co::kSingleReleased;
+  orch::WriteSingleOwnerLine(*single, mark);
+  ASSERT_TRUE(orch::ReadSingleOwnerLine(*candidate, &seen));
+  EXPECT_EQ(seen.state, co::kSingleReleased) << "the release did not reach the candidate";
+}
+
+// A single orchestrator's release (DomainCore::ReleaseSingleLocked, single_owner.cc) writes
+// its machine's cache of the whole domain back before the mark says released: a candidate on
+// another machine then reads every store of the run, including ones past the first 1 MiB
+// chunk and in the last partial one (the write-back goes in chunks). Killed here, not by the
+// processes' tests: on one coherent machine a dropped write-back cannot show.
+TEST(Fence, ASingleOrchestratorsReleaseWritesBackTheWholeDomain) {
+  const std::uint64_t len = (std::uint64_t{2} << 20) + 4096;  // two chunks and a partial one
+  // Write-backs complete only at a fence: a dropped flush or a dropped fence shows.
+  co::SimOptions o;
+  o.async_writeback = true;
+  o.writeback_progress_per_mille = 0;
+  co::SimMemory media(len, 1, o);
+  auto single = media.NewView(0);
+  auto candidate = media.NewView(0);
+  const std::uint64_t offsets[] = {0, 4096, (std::uint64_t{1} << 20) + 64, len - 64};
+  for (const std::uint64_t off : offsets) {
+    const std::uint64_t value = 0xC0DE0000 + off;
+    single->Write(off, &value, sizeof(value));  // dirty in its cache, never flushed
+  }
+  std::uint64_t seen = 0;
+  candidate->Invalidate(offsets[1], sizeof(seen));
+  candidate->Read(offsets[1], &seen, sizeof(seen));
+  ASSERT_EQ(seen, 0u) << "the simulator lost its non-coherence";
+  orch::WriteBackDomain(*single, media.size_bytes());
+  for (const std::uint64_t off : offsets) {
+    candidate->Invalidate(off, sizeof(seen));
+    candidate->Read(off, &seen, sizeof(seen));
+    EXPECT_EQ(seen, 0xC0DE0000 + off) << "offset " << off << " not in memory after the write-back";
+  }
+}
+
 // The fence and release lines between machines without coherence: a reader on another
 // machine that read the line before (its cache holds the old copy) sees the latest once the
 // writer's call returned. Write-backs here complete only at a fence, and an Evict only at the

@@ -109,9 +109,6 @@ bool SameSource(const pool::SourceSpec& a, const pool::SourceSpec& b) {
          sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-// What --validate and the start check beyond single keys, needing no device: the regions
-// against each other, page multiples, the extent against the pool, the prefix domain's
-// geometry against its size, the socket path's length, HOST:PORT values, share keys.
 // A "kv@" topic is llm-d's (its subscriber's default filter; docs/kv_events.md, "What the
 // routers read"), and a released llm-d (llm-d/llm-d-kv-cache v0.8.1) reads the pod and model
 // only from "kv@<pod>@<model>" (pkg/kvevents/engineadapter/common.go:39-45) and decodes each
@@ -135,6 +132,9 @@ absl::Status CheckEventsForLlmd(const EventsConfig& e, absl::string_view source_
   return absl::OkStatus();
 }
 
+// What --validate and the start check beyond single keys, needing no device: the regions
+// against each other, page multiples, the extent against the pool, the prefix domain's
+// geometry against its size, the socket path's length, HOST:PORT values, share keys.
 absl::Status CheckAcrossKeys(const Config& c, absl::string_view source_name) {
   const auto bad = [&](absl::string_view key, absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": key '", key, "': ", what));
