@@ -236,8 +236,7 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
   }
   Service* self = s.get();
   s->reaper_ = std::thread([self, period] {
-    while (!self->stop_.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(period));
+    while (!self->stop_.SleepFor(std::chrono::milliseconds(period))) {
       std::string why;
       std::shared_ptr<Coordinator> co = self->Serving(&why);
       if (co == nullptr) continue;
@@ -331,9 +330,13 @@ void Service::StandBy(const std::string& why) {
 }
 
 Service::~Service() {
-  stop_.store(true);
-  if (ctx_ != nullptr) mg_stop(ctx_);
+  stop_.Stop();
   if (reaper_.joinable()) reaper_.join();
+  if (ctx_ != nullptr) {
+    // civetweb's stop waits up to 2 s for its listener's poll without this (base/stop.h).
+    base::ListenerWake wake(c_.listen.substr(0, c_.listen.rfind(':')), port_);
+    mg_stop(ctx_);
+  }
 }
 
 int Service::Handle(mg_connection* conn, void* self) {

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "cxlkv/base/mutex.h"
+#include "cxlkv/base/stop.h"
 #include "cxlkv/coordinator/config.h"
 #include "cxlkv/coordinator/coordinator.h"
 
@@ -98,7 +99,7 @@ class Service {
   std::map<std::string, std::string> tokens_;  // token -> tenant
   mg_context* ctx_ = nullptr;
   int port_ = 0;
-  std::atomic<bool> stop_{false};
+  base::StopSignal stop_;             // ends the reaper's wait at once
   std::uint64_t index_refusals_ = 0;  // TendIndex's (its thread only)
   std::thread reaper_;
 };
