@@ -220,8 +220,31 @@ def check_routes_and_errors(d):
            what="unknown key field")
     expect("/v1/lookup", {"keys": []}, 422, what="missing epoch")
     expect("/v1/lookup", {"region_epoch": 5, "keys": []}, 422, what="epoch type")
-    expect("/v1/lookup", {"region_epoch": e, "keys": [dict(k, kv_rank="0")]}, 422,
+    # LMCache's models read kv_rank and object_group_id as pydantic's lax `int`: "0" and 0.0
+    # are 0 (served: a miss here); a fraction or a word is 422.
+    for coerced in (dict(k, kv_rank="0"), dict(k, kv_rank=0.0), dict(k, object_group_id="2")):
+        out = expect("/v1/lookup", {"region_epoch": e, "keys": [coerced]}, 200,
+                     what=f"coerced {coerced}")
+        check(out["hits"] == [None], f"coerced key: {out}")
+    expect("/v1/lookup", {"region_epoch": e, "keys": [dict(k, kv_rank=0.5)]}, 422,
+           what="kv_rank 0.5")
+    expect("/v1/lookup", {"region_epoch": e, "keys": [dict(k, kv_rank="x")]}, 422,
            what="kv_rank type")
+    # Keys LMCache's ObjectKey refuses: 422 with its reason.
+    for bad, reason in ((dict(k, model_name="a@b"), "model_name must not contain '@'"),
+                        (dict(k, cache_salt="u/1"), "cache_salt must not contain"),
+                        (dict(k, object_group_id=-1), "object_group_id must be >= 0")):
+        out = expect("/v1/lookup", {"region_epoch": e, "keys": [bad]}, 422, what=reason)
+        check(reason in out.get("detail", ""), f"{reason}: {out}")
+    # A lookup larger than max_batch (256 here) is served, as LMCache serves it.
+    out = expect("/v1/lookup", {"region_epoch": e, "keys": [make_key(i, "big") for i in range(300)]},
+                 200, what="lookup over max_batch")
+    check(len(out["hits"]) == 300, "lookup over max_batch: hits")
+    # A layout whose size is past any integer type is too large for the region: 507, as
+    # LMCache's (its sizes are Python integers).
+    expect("/v1/writes/reserve", {"region_epoch": e, "items": [
+        {"key": k, "layout": {"shapes": [[1 << 40, 1 << 40]], "dtypes": ["float64"]}}]}, 507,
+           "out_of_space", "dimensions whose product overflows")
     expect("/v1/lookup", {"region_epoch": e, "keys": [k, k]}, 422, what="duplicate keys")
     expect("/v1/lookup", {"region_epoch": e, "keys": [dict(k, chunk_hash_hex="ABC")]}, 422,
            what="non-canonical hash")
