@@ -1,8 +1,9 @@
 // The LMCache coordinator's HTTP body parser (orchestrator/lmcache, ParseBody), which reads
 // whatever any client holding a token sends: it must refuse or accept without crashing,
-// reading out of bounds or blowing the stack, an accepted body must respect max_batch, its
-// keys and layouts must go through the Coordinator's checks, and an accepted body written
-// back as JSON must parse to the same request. The first byte picks the route.
+// reading out of bounds or blowing the stack, an accepted body must respect max_batch (reserve,
+// finish, abort; a lookup may hold any number of keys), its keys and layouts must go through
+// the Coordinator's checks, and an accepted body written back as JSON must parse to the same
+// request. The first byte picks the route.
 // CXLKV_FUZZ_WRITE_SEED=PATH writes one valid body per route (PATH.0 .. PATH.3) and exits.
 #include <cstddef>
 #include <cstdint>
@@ -89,10 +90,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (req.status().code() != absl::StatusCode::kInvalidArgument) std::abort();
     return 0;
   }
-  if (req->items.size() > kMaxBatch || req->refs.size() > kMaxBatch ||
-      req->keys.size() > kMaxBatch) {
-    std::abort();
-  }
+  // Lookups have no max_batch (LMCache serves any size; the Coordinator takes them in chunks).
+  if (req->items.size() > kMaxBatch || req->refs.size() > kMaxBatch) std::abort();
   for (const auto& it : req->items) {
     (void)lmc::CheckKey(it.key);
     (void)lmc::LayoutBytes(it.layout);

@@ -1,5 +1,13 @@
-// base/: byte counts (ParseSize, FormatBytes), errno as text and Status, the TOML reader.
+// base/: byte counts (ParseSize, FormatBytes), errno as text and Status, the TOML reader, the
+// annotated mutex, stopping waits (StopSignal, ListenerWake).
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -8,7 +16,9 @@
 #include "cxlkv/base/bytes.h"
 #include "cxlkv/base/errno.h"
 #include "cxlkv/base/mutex.h"
+#include "cxlkv/base/stop.h"
 #include "cxlkv/base/toml_reader.h"
+#include "eventually.h"
 #include "gtest/gtest.h"
 
 namespace cxlkv::base {
@@ -83,6 +93,87 @@ TEST(Mutex, CondVarReleasesWaitsAndRetakes) {
   } else {
     ADD_FAILURE() << "the mutex is still held after its MutexLock's scope";
   }
+}
+
+// A wait of an hour ends when another thread stops the signal (were it a sleep, the test would
+// hang until ctest's timeout); Stop reports only the call that raised the flag.
+TEST(StopSignal, StopEndsAWaitAndIsRaisedOnce) {
+  StopSignal s;
+  EXPECT_FALSE(s.stopped());
+  EXPECT_FALSE(s.SleepFor(std::chrono::milliseconds(0)));
+  std::atomic<bool> waiting{false};
+  bool woke_stopped = false;
+  std::thread t([&] {
+    waiting.store(true);
+    woke_stopped = s.SleepFor(std::chrono::hours(1));
+  });
+  ASSERT_TRUE(cxlkv::testing::Eventually([&] { return waiting.load(); }, std::chrono::seconds(30)));
+  EXPECT_TRUE(s.Stop());
+  t.join();
+  EXPECT_TRUE(woke_stopped);
+  EXPECT_FALSE(s.Stop());
+  EXPECT_TRUE(s.stopped());
+  EXPECT_TRUE(s.flag().load());
+  EXPECT_TRUE(s.SleepFor(std::chrono::hours(1)));  // stopped already: returns at once
+}
+
+// ListenerWake told the wildcard address reaches a listener on the loopback: its listening
+// socket becomes readable (what ends civetweb's poll), and keeps becoming so while it lives.
+// A thread of the server waiting for the next request on a kept-alive connection wakes and
+// reads the end (its read side shut); the client's socket (another local port) is left alone.
+TEST(ListenerWake, WakesTheListenerAndIdleConnections) {
+  const int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(l, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(l, 16), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  // A kept-alive connection, idle: the server's end waits for a request that never comes.
+  const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const int server_end = ::accept(l, nullptr, nullptr);
+  ASSERT_GE(server_end, 0);
+  long got = -1;
+  std::thread waiter([&] {
+    pollfd p{server_end, POLLIN, 0};
+    // 60 s: a limit for a broken build, not a verdict (the wake comes within milliseconds).
+    if (::poll(&p, 1, 60'000) == 1) {
+      char c = 0;
+      got = static_cast<long>(::read(server_end, &c, 1));
+    }
+  });
+  int accepted = 0;
+  {
+    ListenerWake wake("0.0.0.0", port);
+    EXPECT_TRUE(cxlkv::testing::Eventually(
+        [&] {
+          pollfd p{l, POLLIN, 0};
+          if (::poll(&p, 1, 0) != 1) return false;
+          const int c = ::accept(l, nullptr, nullptr);
+          if (c >= 0) {
+            ::close(c);
+            ++accepted;
+          }
+          return accepted >= 2;
+        },
+        std::chrono::seconds(30), std::chrono::milliseconds(1)));
+    EXPECT_GE(wake.connects(), 2);
+    waiter.join();
+  }
+  EXPECT_EQ(got, 0) << "the idle connection's reader was not woken by the end of its input";
+  // The client's own socket still reads (nothing sent, so it would block: it is writable).
+  pollfd p{client, POLLOUT | POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 1);
+  EXPECT_EQ(p.revents & POLLIN, 0);
+  ::close(client);
+  ::close(server_end);
+  ::close(l);
+  // Nothing listens: no connection is made, and the destructor still returns.
+  { ListenerWake idle("", 0); }
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "cxlkv/coordinator/config.h"
+#include "cxlkv/coordinator/service.h"
 #include "eventually.h"
 #include "test_util.h"
 
@@ -307,6 +308,153 @@ TEST_F(CoordinatorTest, OutOfSpaceIsWholeBatch) {
   EXPECT_EQ(part.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(co->stats().used_bytes, 60 * kAlign);
   EXPECT_EQ(co->stats().object_count, 1u);
+}
+
+// Keys LMCache's ObjectKey refuses (lmcache/v1/distributed/api.py, ObjectKey.__post_init__;
+// docs/lmcache.md "Keys") are refused in its words, on reserve, lookup and finish alike; what
+// it accepts at the edges (a 128-character salt, '/' in a model name) is served.
+TEST_F(CoordinatorTest, KeysAreCheckedAsLMCacheChecksThem) {
+  auto co = Open();
+  const std::string e = co->region().region_epoch;
+  struct Bad {
+    ObjectKey key;
+    std::string reason;
+  };
+  std::vector<Bad> bad;
+  auto with = [](auto edit) {
+    ObjectKey k = Key(1);
+    edit(k);
+    return k;
+  };
+  bad.push_back({with([](ObjectKey& k) { k.model_name = "org/m@v1"; }),
+                 "model_name must not contain '@' (got 'org/m@v1')"});
+  bad.push_back({with([](ObjectKey& k) { k.object_group_id = -1; }),
+                 "object_group_id must be >= 0 (got -1)"});
+  for (const std::string& salt : std::vector<std::string>{"a@b", "u/1", "u\\1",
+                                                          std::string("u\0"
+                                                                      "1",
+                                                                      3)}) {
+    bad.push_back(
+        {with([&](ObjectKey& k) { k.cache_salt = salt; }), "cache_salt must not contain"});
+  }
+  bad.push_back({with([](ObjectKey& k) { k.cache_salt = std::string(129, 's'); }),
+                 "cache_salt exceeds max length 128 (got 129)"});
+  for (const Bad& b : bad) {
+    const absl::Status st = CheckKey(b.key);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << b.reason;
+    EXPECT_NE(st.message().find(b.reason), std::string::npos) << st;
+    ReserveItem it = Item(1);
+    it.key = b.key;
+    EXPECT_EQ(co->Reserve("t", e, {it}, 0).status().code(), absl::StatusCode::kInvalidArgument)
+        << b.reason;
+    EXPECT_EQ(co->Lookup("t", e, {b.key}, 0).status().code(), absl::StatusCode::kInvalidArgument)
+        << b.reason;
+    EXPECT_EQ(co->Finish("t", e, {{b.key, "t"}}, 0).code(), absl::StatusCode::kInvalidArgument)
+        << b.reason;
+  }
+  EXPECT_EQ(co->stats().used_bytes, 0u);
+  // The edges LMCache accepts: 128 characters (a two-byte character counts once), '/' in the
+  // model name (HuggingFace ids), a salt with other punctuation.
+  std::string salt128;
+  for (int i = 0; i < 128; ++i) salt128 += "\xc3\xa9";  // U+00E9, 256 bytes
+  for (const ObjectKey& k : {with([&](ObjectKey& x) { x.cache_salt = salt128; }),
+                             with([](ObjectKey& x) { x.model_name = "meta-llama/Llama-3.1-8B"; }),
+                             with([](ObjectKey& x) { x.cache_salt = "user-1:a.b_c"; })}) {
+    EXPECT_TRUE(CheckKey(k).ok()) << CheckKey(k);
+  }
+}
+
+// A layout whose size passes every integer type is one that fits no region: LMCache (Python
+// integers) answers 507 out_of_space, and so does the coordinator, not 422; for a key that
+// exists already it is a null grant, as any existing key's. A negative dimension stays 422.
+TEST_F(CoordinatorTest, ALayoutTooLargeForAnyIntegerIsOutOfSpace) {
+  auto co = Open();
+  const std::string e = co->region().region_epoch;
+  Layout huge{{{std::int64_t{1} << 40, std::int64_t{1} << 40}}, {"float64"}};
+  EXPECT_EQ(*LayoutBytes(huge), kLayoutTooLarge);
+  auto r = co->Reserve("t", e, {ReserveItem{Key(1), huge}}, 0);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("out_of_space"), std::string::npos) << r.status();
+  // Two of them: no wrap-around of the batch's total.
+  r = co->Reserve("t", e, {ReserveItem{Key(1), huge}, ReserveItem{Key(2), huge}}, 0);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  Put(*co, "t", 3, 0);
+  r = co->Reserve("t", e, {ReserveItem{Key(3), huge}}, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE((*r)[0]);
+  Layout negative{{{std::int64_t{1} << 40, std::int64_t{1} << 40, -1}}, {"float64"}};
+  EXPECT_EQ(LayoutBytes(negative).status().code(), absl::StatusCode::kInvalidArgument);
+  Layout empty{{{std::int64_t{1} << 62, std::int64_t{1} << 62, 0}}, {"uint8"}};
+  EXPECT_EQ(*LayoutBytes(empty), 0u);
+  EXPECT_EQ(co->stats().used_bytes, kAlign);
+}
+
+// LMCache serves a lookup of any size; the coordinator too, past max_batch, its answers in the
+// order of the keys.
+TEST_F(CoordinatorTest, LookupsLargerThanMaxBatchAreServed) {
+  c_.max_batch = 16;
+  auto co = Open();
+  const std::string e = co->region().region_epoch;
+  for (int i : {0, 17, 40}) Put(*co, "t", i, 0);
+  std::vector<ObjectKey> keys;
+  for (int i = 0; i < 50; ++i) keys.push_back(Key(i));
+  auto hits = co->Lookup("t", e, keys, 1);
+  ASSERT_TRUE(hits.ok()) << hits.status();
+  ASSERT_EQ(hits->size(), 50u);
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_EQ((*hits)[static_cast<std::size_t>(i)].has_value(), i == 0 || i == 17 || i == 40) << i;
+  }
+  // A duplicate in another chunk is still the whole batch's error.
+  keys.push_back(Key(3));
+  EXPECT_EQ(co->Lookup("t", e, keys, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  // And the wire reads it whole.
+  std::string body = R"({"region_epoch": "e", "keys": [)";
+  for (int i = 0; i < 50; ++i) {
+    body += absl::StrCat(i == 0 ? "" : ",", R"({"chunk_hash_hex": ")", Key(i).chunk_hash_hex,
+                         R"(", "model_name": "m", "kv_rank": 0})");
+  }
+  body += "]}";
+  auto req = ParseBody("/v1/lookup", body, 16);
+  ASSERT_TRUE(req.ok()) << req.status();
+  EXPECT_EQ(req->keys.size(), 50u);
+}
+
+// kv_rank and object_group_id are pydantic `int`s in LMCache's models (lax mode): "0" and 0.0
+// are 0; a fraction, a word or an empty string is refused (422).
+TEST(CoordinatorWire, KeyIntegersAreReadAsLMCachesModelsReadThem) {
+  auto parse = [](const std::string& rank, const std::string& group) {
+    return ParseBody("/v1/lookup",
+                     absl::StrCat(R"({"region_epoch": "e", "keys": [{"chunk_hash_hex": "ab", )",
+                                  R"("model_name": "m", "kv_rank": )", rank,
+                                  R"(, "object_group_id": )", group, "}]}"),
+                     4096);
+  };
+  const std::vector<std::pair<std::string, std::int64_t>> good = {
+      {"0", 0},
+      {R"("0")", 0},
+      {"0.0", 0},
+      {R"("7")", 7},
+      {"7.0", 7},
+      {R"("-3")", -3},
+      {"9223372036854775807", INT64_MAX}};
+  for (const auto& [text, want] : good) {
+    auto req = parse(text, text);
+    ASSERT_TRUE(req.ok()) << text << ": " << req.status();
+    EXPECT_EQ(req->keys[0].kv_rank, want) << text;
+    EXPECT_EQ(req->keys[0].object_group_id, want) << text;
+  }
+  for (const std::string text : {"0.5", R"("x")", R"("")", R"("-")", "1e300", "null", "[]"}) {
+    auto req = parse(text, "0");
+    EXPECT_EQ(req.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(req.status().message().find("kv_rank"), std::string::npos) << req.status();
+  }
+  // Layout dimensions stay strict integers (LMCache's StrictInt).
+  auto dims = ParseBody("/v1/writes/reserve",
+                        R"({"region_epoch": "e", "items": [{"key": {"chunk_hash_hex": "ab", )"
+                        R"("model_name": "m", "kv_rank": 0}, "layout": {"shapes": [["4"]], )"
+                        R"("dtypes": ["uint8"]}}]})",
+                        4096);
+  EXPECT_EQ(dims.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CoordinatorTest, EvictsLeastRecentlyUsedNeverLeased) {

@@ -10,7 +10,8 @@ What it shows: every route and every error of the contract (401, 403, 404, 405, 
 stale_epoch / invalid_reservation, 422, 507 for a whole batch); two writer processes (two
 tenants) and a reader moving bytes through handles (publish / acquire, SHA-256); a writer
 killed mid-reservation whose space comes back after the TTL; the orchestrator killed (-9)
-between finish and lookup and restarted: same epoch, same handles, same bytes; a tenant at its
+between finish and lookup and restarted, then stopped by SIGTERM and restarted: same epoch,
+same handles, same bytes; a tenant at its
 quota gets 507 and evicts only its own objects.
 """
 
@@ -219,8 +220,31 @@ def check_routes_and_errors(d):
            what="unknown key field")
     expect("/v1/lookup", {"keys": []}, 422, what="missing epoch")
     expect("/v1/lookup", {"region_epoch": 5, "keys": []}, 422, what="epoch type")
-    expect("/v1/lookup", {"region_epoch": e, "keys": [dict(k, kv_rank="0")]}, 422,
+    # LMCache's models read kv_rank and object_group_id as pydantic's lax `int`: "0" and 0.0
+    # are 0 (served: a miss here); a fraction or a word is 422.
+    for coerced in (dict(k, kv_rank="0"), dict(k, kv_rank=0.0), dict(k, object_group_id="2")):
+        out = expect("/v1/lookup", {"region_epoch": e, "keys": [coerced]}, 200,
+                     what=f"coerced {coerced}")
+        check(out["hits"] == [None], f"coerced key: {out}")
+    expect("/v1/lookup", {"region_epoch": e, "keys": [dict(k, kv_rank=0.5)]}, 422,
+           what="kv_rank 0.5")
+    expect("/v1/lookup", {"region_epoch": e, "keys": [dict(k, kv_rank="x")]}, 422,
            what="kv_rank type")
+    # Keys LMCache's ObjectKey refuses: 422 with its reason.
+    for bad, reason in ((dict(k, model_name="a@b"), "model_name must not contain '@'"),
+                        (dict(k, cache_salt="u/1"), "cache_salt must not contain"),
+                        (dict(k, object_group_id=-1), "object_group_id must be >= 0")):
+        out = expect("/v1/lookup", {"region_epoch": e, "keys": [bad]}, 422, what=reason)
+        check(reason in out.get("detail", ""), f"{reason}: {out}")
+    # A lookup larger than max_batch (256 here) is served, as LMCache serves it.
+    out = expect("/v1/lookup", {"region_epoch": e, "keys": [make_key(i, "big") for i in range(300)]},
+                 200, what="lookup over max_batch")
+    check(len(out["hits"]) == 300, "lookup over max_batch: hits")
+    # A layout whose size is past any integer type is too large for the region: 507, as
+    # LMCache's (its sizes are Python integers).
+    expect("/v1/writes/reserve", {"region_epoch": e, "items": [
+        {"key": k, "layout": {"shapes": [[1 << 40, 1 << 40]], "dtypes": ["float64"]}}]}, 507,
+           "out_of_space", "dimensions whose product overflows")
     expect("/v1/lookup", {"region_epoch": e, "keys": [k, k]}, 422, what="duplicate keys")
     expect("/v1/lookup", {"region_epoch": e, "keys": [dict(k, chunk_hash_hex="ABC")]}, 422,
            what="non-canonical hash")
@@ -307,16 +331,24 @@ def check_writer_killed(d, library):
 
 
 def check_restart(d, library, objects, handles):
-    a = d.client("acme")
-    epoch, before = a.epoch, a.status()
-    d.kill(signal.SIGKILL)  # between finish and lookup
-    d.start()
-    a = d.client("acme")
-    check(a.epoch == epoch, "region_epoch changed across a restart that lost nothing")
-    check(a.status() == before, f"status changed across the restart: {before} {a.status()}")
-    check(a.stats()["restored"], "not restored")
-    after = run("reader", d.port, "acme", d.pool, library, json.dumps(objects))
-    check(after == handles, "handles changed across the restart")
+    # Killed (-9) between finish and lookup, then stopped as systemctl stops it (SIGTERM, with
+    # a kept-alive client connected: exit status 0): the same state after each start.
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        a = d.client("acme")
+        epoch, before = a.epoch, a.status()
+        d.kill(sig)
+        if sig == signal.SIGTERM:
+            check(d.proc.returncode == 0, f"SIGTERM: exit status {d.proc.returncode}")
+        a.close()
+        d.start()
+        a = d.client("acme")
+        name = signal.Signals(sig).name
+        check(a.epoch == epoch, f"{name}: region_epoch changed across a restart that lost nothing")
+        check(a.status() == before,
+              f"{name}: status changed across the restart: {before} {a.status()}")
+        check(a.stats()["restored"], f"{name}: not restored")
+        after = run("reader", d.port, "acme", d.pool, library, json.dumps(objects))
+        check(after == handles, f"{name}: handles changed across the restart")
 
 
 def check_quota(d):
@@ -474,7 +506,8 @@ def main():
         check_writer_killed(d, library)
         print("writer killed mid-reservation, reclaimed after the TTL: ok", flush=True)
         check_restart(d, library, objects, handles)
-        print("orchestrator killed between finish and lookup: ok", flush=True)
+        print("orchestrator killed between finish and lookup, and stopped by SIGTERM: ok",
+              flush=True)
         check_quota(d)
         print("tenant quota: ok", flush=True)
         d.cleanup()

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "cxlkv/base/stop.h"
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/orchestrator/directory.h"
 #include "cxlkv/orchestrator/published_key.h"
@@ -39,7 +40,7 @@ struct Announcer::Impl {
   DomainCore& core;
   HaSession* ha;
   const Config& c;
-  std::atomic<bool> stop{false};
+  base::StopSignal stop;  // Stop() ends the loop's waits at once
   std::thread thread;
   mutable absl::Mutex mu;
   AnnounceStats stats ABSL_GUARDED_BY(mu);
@@ -72,15 +73,10 @@ struct Announcer::Impl {
     // connecting PUB (events.endpoint tcp://HOST:PORT) has none for its first milliseconds.
     // The first term's opening batch waits this long, so a subscriber already listening sees
     // it.
-    if (EventsOn()) {
-      const auto settle_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-      while (!stop.load() && std::chrono::steady_clock::now() < settle_until) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    }
-    while (!stop.load()) {
+    if (EventsOn() && stop.SleepFor(std::chrono::milliseconds(500))) return;
+    while (!stop.stopped()) {
       Tick();
-      std::this_thread::sleep_for(std::chrono::milliseconds(period));
+      stop.SleepFor(std::chrono::milliseconds(period));
     }
   }
 
@@ -246,7 +242,7 @@ Announcer::~Announcer() { Stop(); }
 
 void Announcer::Stop() {
   if (impl_ == nullptr) return;
-  impl_->stop.store(true);
+  impl_->stop.Stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 

@@ -299,7 +299,7 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
     }
     o->core_ = MakeCore(o->config_, o->clock_, o->pool_.get(), o->domain_mem_.get(),
                         o->domain_region_->size_bytes(), o->ha_.get(), o->fenced_mem_.get(),
-                        o->agent_.get(), &o->stop_, options.new_domain);
+                        o->agent_.get(), &o->stop_.flag(), options.new_domain);
     o->started_ms_ = o->clock_->NowMs();
     return o;
   }
@@ -345,7 +345,7 @@ absl::StatusOr<std::unique_ptr<Orchestrator>> Orchestrator::Open(const Config& c
                      "', start once with --new-domain (later starts read the state file)"));
   }
   o->core_ = MakeCore(o->config_, o->clock_, o->pool_.get(), o->domain_mem_.get(),
-                      o->domain_region_->size_bytes(), nullptr, nullptr, nullptr, &o->stop_,
+                      o->domain_region_->size_bytes(), nullptr, nullptr, nullptr, &o->stop_.flag(),
                       options.new_domain);
   o->started_ms_ = o->clock_->NowMs();
   // The domain is this orchestrator's from its mark on (a candidate on another machine reads
@@ -484,10 +484,10 @@ absl::Status Orchestrator::Start() {
 }
 
 void Orchestrator::AcceptLoop() {
-  while (!stop_.load()) {
+  while (!stop_.stopped()) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
-      if (stop_.load()) return;
+      if (stop_.stopped()) return;
       if (errno == EINTR || errno == ECONNABORTED) continue;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
@@ -521,14 +521,14 @@ void Orchestrator::AcceptLoop() {
 }
 
 void Orchestrator::OwnerLoop() {
-  while (!stop_.load()) {
+  while (!stop_.stopped()) {
     if (agent_ != nullptr) {
       // The agent's view of this term's write deadline, on CLOCK_BOOTTIME (its clock).
       const std::int64_t deadline = ha_->write_deadline_ms();
       if (deadline != 0) agent_->Deadline(steady_.NowMs() + (deadline - clock_->NowMs()));
     }
     core_->OwnerStep(lmcache_.get(), metrics_.get());
-    std::this_thread::sleep_for(std::chrono::milliseconds(config_.owner_period_ms));
+    stop_.SleepFor(std::chrono::milliseconds(config_.owner_period_ms));  // Stop() ends it
   }
 }
 
@@ -548,15 +548,24 @@ absl::Status Orchestrator::Hold::Serving() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   return core_.ServingHeld();
 }
 
+// Each step ends its waits at once instead of letting them run out (issue #42 item 5: the
+// process exits within 200 ms of SIGTERM; bench/orchestrator_stop_bench.py measures it): the
+// loops wait on stop_, the accept loop's socket is shut down, the gRPC server cancels what is
+// still running after 100 ms, and the HTTP servers' listeners are woken (base::ListenerWake).
 void Orchestrator::Stop() {
-  if (stop_.exchange(true)) return;
+  if (!stop_.Stop()) return;
   if (announcer_ != nullptr) announcer_->Stop();
   // First: a leader steps down and revokes its lease, so a standby takes over at once.
   if (ha_ != nullptr) ha_->Stop();
   if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
   if (accept_thread_.joinable()) accept_thread_.join();
   if (listen_fd_ >= 0) ::close(listen_fd_);
-  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // Calls still running after the deadline are cancelled (their clients see CANCELLED and
+  // retry); Shutdown still waits for their handlers to return, so no handler is cut short
+  // in the middle of a state change.
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  }
   if (owner_thread_.joinable()) owner_thread_.join();
   if (ha_ == nullptr && core_ != nullptr) {
     // No batch runs and no call is answered any more: the domain is released for the next
@@ -569,7 +578,10 @@ void Orchestrator::Stop() {
     auto stale = SocketIsStale(config_.socket);
     if (stale.ok() && *stale) ::unlink(config_.socket.c_str());
   }
+  // Every reserve and finish it acknowledged is in its journal already (it syncs before it
+  // answers); stopping it lets the requests in flight finish.
   lmcache_.reset();
+  metrics_.reset();  // after the owner loop and the RPC service, which feed it
 }
 
 void Orchestrator::LeadLmcache(std::int64_t revision) {

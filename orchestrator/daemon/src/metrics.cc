@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cxlkv/base/errno.h"
@@ -139,7 +140,8 @@ struct Metrics::Ha {
 };
 
 Metrics::Metrics(const std::string& listen)
-    : exposer_(listen),
+    : listen_(listen),
+      exposer_(listen),
       registry_(std::make_shared<prometheus::Registry>()),
       extents_(prometheus::BuildGauge()
                    .Name("cxlkv_extents")
@@ -190,7 +192,10 @@ Metrics::Metrics(const std::string& listen)
   exposer_.RegisterCollectable(registry_);
 }
 
-Metrics::~Metrics() = default;
+Metrics::~Metrics() {
+  const std::vector<int> ports = exposer_.GetListeningPorts();
+  if (!ports.empty()) wake_.emplace(listen_.substr(0, listen_.rfind(':')), ports.front());
+}
 
 void Metrics::Update(const DomainState& s, const co::PrefixOwner& o, std::uint64_t extent_bytes) {
   std::map<std::string, std::uint64_t> by_extent_state{

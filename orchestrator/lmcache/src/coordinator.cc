@@ -143,18 +143,19 @@ absl::StatusOr<std::uint64_t> LayoutBytes(const Layout& l) {
     const std::uint32_t b = DtypeBytes(l.dtypes[i]);
     if (b == 0)
       return absl::InvalidArgumentError(absl::StrCat("unknown wire dtype '", l.dtypes[i], "'"));
+    // Every dimension is checked (a negative one is 422 even after a 0 or a huge one), the
+    // product saturating at kLayoutTooLarge; a 0 anywhere makes the tensor empty.
+    bool zero = false, large = false;
     unsigned __int128 n = b;
     for (std::int64_t d : l.shapes[i]) {
       if (d < 0) return absl::InvalidArgumentError("layout: dimensions must be non-negative");
+      if (d == 0) zero = true;
+      if (zero || large) continue;
       n *= static_cast<std::uint64_t>(d);
-      if (n > (static_cast<unsigned __int128>(1) << 62)) {
-        return absl::InvalidArgumentError("layout: size overflows");
-      }
+      if (n > kLayoutTooLarge) large = true;
     }
-    total += n;
-    if (total > (static_cast<unsigned __int128>(1) << 62)) {
-      return absl::InvalidArgumentError("layout: size overflows");
-    }
+    if (!zero) total += large ? kLayoutTooLarge : n;
+    if (total > kLayoutTooLarge) total = kLayoutTooLarge;
   }
   return static_cast<std::uint64_t>(total);
 }
@@ -167,6 +168,29 @@ absl::Status CheckKey(const ObjectKey& k) {
     return absl::InvalidArgumentError(
         "encoded object key must use its canonical representation (chunk_hash_hex: lower-case "
         "hex of even length)");
+  }
+  // LMCache's ObjectKey invariants, in its order and words (docs/lmcache.md "Keys"): its L2
+  // adapters use '@' as a field separator and put the salt in file names.
+  if (k.model_name.find('@') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_name must not contain '@' (got '", k.model_name, "')"));
+  }
+  if (k.object_group_id < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("object_group_id must be >= 0 (got ", k.object_group_id, ")"));
+  }
+  if (k.cache_salt.find_first_of("@/\\\0", 0, 4) != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cache_salt must not contain '@', '/', '\\' or NUL (got '", k.cache_salt, "')"));
+  }
+  // Python counts characters: UTF-8 bytes that do not continue a character.
+  std::size_t chars = 0;
+  for (char ch : k.cache_salt) {
+    if ((static_cast<unsigned char>(ch) & 0xC0) != 0x80) ++chars;
+  }
+  if (chars > kMaxCacheSaltChars) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache_salt exceeds max length ", kMaxCacheSaltChars, " (got ", chars, ")"));
   }
   return absl::OkStatus();
 }
@@ -350,7 +374,8 @@ absl::StatusOr<std::vector<std::optional<Grant>>> Coordinator::ReserveUnsynced(
   std::vector<bool> wanted(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
     wanted[i] = objects_.find(ids[i]) == objects_.end();
-    if (wanted[i]) total += AlignUp(lengths[i], align);
+    // Saturating: a layout of kLayoutTooLarge bytes makes the batch too large (507).
+    if (wanted[i]) total = std::min(total + AlignUp(lengths[i], align), kLayoutTooLarge);
   }
   auto refuse = [&](const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++stats_.out_of_space;
@@ -592,21 +617,27 @@ absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::LookupUnsynced(
   for (const ObjectKey& k : keys) {
     if (auto st = AddKeyId(ns, k, "lookup", &seen, &ids); !st.ok()) return st;
   }
-  base::MutexLock l(mu_);
-  const NoteSeq note(need, journal_seq_);  // what this call may reveal, at its end
   std::vector<std::optional<Hit>> hits(keys.size());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    auto it = objects_.find(ids[i]);
-    if (it == objects_.end() || it->second.writing) continue;
-    Object& o = it->second;
-    // The read lease: the reader copies after this reply; eviction waits for it. Soft state:
-    // a restart grants every object a fresh one (Open).
-    o.lease_until_ms = std::max(o.lease_until_ms, now_ms + c_.read_lease_ms);
-    const int pin = PinOf(o.tenant);
-    lru_.erase({pin, o.touched, it->first});
-    o.touched = ++touch_seq_;
-    lru_.emplace(pin, o.touched, it->first);
-    hits[i] = Hit{o.key, o.handle, o.layout};
+  // A lookup of any size (LMCache has no limit), max_batch keys under one hold of the lock, so
+  // a large one does not stall reserves and finishes. Each hit is answered as of its chunk;
+  // a reader re-validates after its copy anyway (docs/lmcache.md "Eviction under pressure").
+  const std::size_t chunk = std::max<std::size_t>(1, c_.max_batch);
+  for (std::size_t first = 0; first < keys.size(); first += chunk) {
+    base::MutexLock l(mu_);
+    const NoteSeq note(need, journal_seq_);  // what it may reveal; the last chunk's is the most
+    for (std::size_t i = first; i < std::min(keys.size(), first + chunk); ++i) {
+      auto it = objects_.find(ids[i]);
+      if (it == objects_.end() || it->second.writing) continue;
+      Object& o = it->second;
+      // The read lease: the reader copies after this reply; eviction waits for it. Soft
+      // state: a restart grants every object a fresh one (Open).
+      o.lease_until_ms = std::max(o.lease_until_ms, now_ms + c_.read_lease_ms);
+      const int pin = PinOf(o.tenant);
+      lru_.erase({pin, o.touched, it->first});
+      o.touched = ++touch_seq_;
+      lru_.emplace(pin, o.touched, it->first);
+      hits[i] = Hit{o.key, o.handle, o.layout};
+    }
   }
   return hits;
 }

@@ -4,6 +4,7 @@
 #include <civetweb.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "wire.h"
@@ -64,6 +66,38 @@ class Fields {
     }
     return v->get<std::int64_t>();
   }
+  // An int field of LMCache's key (EncodedObjectKey's kv_rank, object_group_id), read as its
+  // pydantic models read an `int` in lax mode: an integer; a number with no fractional part
+  // (0.0); a string of decimal digits, optionally after '-' ("0", "-3"). Anything else is
+  // refused: fractions (pydantic too), and forms pydantic may take that were not verified
+  // (whitespace, '+', "1.0", true; docs/lmcache.md "Keys"). Layout dimensions stay strict
+  // (LMCache's StrictInt).
+  std::int64_t LaxInt(const std::string& k, bool required = true, std::int64_t def = 0) const {
+    const json* v = Get(k, required);
+    if (v == nullptr) return def;
+    if (v->is_number_integer()) return Int(k, required, def);
+    const std::string what = absl::StrCat(where_, ".", k);
+    if (v->is_number_float()) {
+      const double d = v->get<double>();
+      // 2^63 is exact in a double; every double below it with no fraction fits int64.
+      if (std::isfinite(d) && d == std::trunc(d) && d >= -9223372036854775808.0 &&
+          d < 9223372036854775808.0) {
+        return static_cast<std::int64_t>(d);
+      }
+      throw Reject{absl::StrCat(what, ": expected an integer (a number with no fractional part)")};
+    }
+    if (v->is_string()) {
+      const std::string& t = v->get_ref<const std::string&>();
+      std::int64_t n = 0;
+      const std::size_t digits = t.size() - (!t.empty() && t[0] == '-' ? 1 : 0);
+      if (digits > 0 && t.find_first_not_of("0123456789", t.size() - digits) == std::string::npos &&
+          absl::SimpleAtoi(t, &n)) {
+        return n;
+      }
+      throw Reject{absl::StrCat(what, ": expected an integer (a string of decimal digits)")};
+    }
+    throw Reject{absl::StrCat(what, ": expected an integer")};
+  }
   const json& Array(const std::string& k) const {
     const json* v = Get(k, true);
     if (!v->is_array()) throw Reject{absl::StrCat(where_, ".", k, ": expected an array")};
@@ -80,8 +114,8 @@ ObjectKey KeyOf(const json& j, const std::string& where) {
   ObjectKey k;
   k.chunk_hash_hex = f.Str("chunk_hash_hex");
   k.model_name = f.Str("model_name");
-  k.kv_rank = f.Int("kv_rank");
-  k.object_group_id = f.Int("object_group_id", false, 0);
+  k.kv_rank = f.LaxInt("kv_rank");
+  k.object_group_id = f.LaxInt("object_group_id", false, 0);
   k.cache_salt = f.Str("cache_salt", false, "");
   return k;
 }
@@ -236,8 +270,7 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
   }
   Service* self = s.get();
   s->reaper_ = std::thread([self, period] {
-    while (!self->stop_.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(period));
+    while (!self->stop_.SleepFor(std::chrono::milliseconds(period))) {
       std::string why;
       std::shared_ptr<Coordinator> co = self->Serving(&why);
       if (co == nullptr) continue;
@@ -331,9 +364,13 @@ void Service::StandBy(const std::string& why) {
 }
 
 Service::~Service() {
-  stop_.store(true);
-  if (ctx_ != nullptr) mg_stop(ctx_);
+  stop_.Stop();
   if (reaper_.joinable()) reaper_.join();
+  if (ctx_ != nullptr) {
+    // civetweb's stop waits up to 2 s for its listener's poll without this (base/stop.h).
+    base::ListenerWake wake(c_.listen.substr(0, c_.listen.rfind(':')), port_);
+    mg_stop(ctx_);
+  }
 }
 
 int Service::Handle(mg_connection* conn, void* self) {
@@ -547,8 +584,9 @@ absl::StatusOr<WireRequest> ParseBody(absl::string_view route, absl::string_view
     } else if (route == "/v1/lookup") {
       Fields f(j, "body", {"region_epoch", "keys"});
       req.region_epoch = f.Str("region_epoch");
+      // No max_batch: LMCache serves a lookup of any size, and so does the coordinator
+      // (Coordinator::Lookup takes its lock max_batch keys at a time).
       const json& a = f.Array("keys");
-      batch(a, "keys");
       for (std::size_t i = 0; i < a.size(); ++i) {
         req.keys.push_back(KeyOf(a[i], absl::StrCat("keys[", i, "]")));
       }

@@ -31,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "cxlkv/base/stop.h"
 #include "cxlkv/coherence/domain_layout.h"
 #include "cxlkv/coherence/mem.h"
 #include "cxlkv/coherence/prefix.h"
@@ -156,7 +157,8 @@ class Orchestrator {
   std::unique_ptr<pool::Region> pool_;
   std::unique_ptr<pool::Region> domain_region_;
   std::unique_ptr<coherence::DirectMem> domain_mem_;
-  std::atomic<bool> stop_{false};
+  // Raised by Stop(); its waits (the owner loop's period) end at once (base/stop.h).
+  base::StopSignal stop_;
   // The lock, the domain's state, the prefix owner, the fence line (domain_core.h); after the
   // parts above it works on, before the server below that calls it.
   std::unique_ptr<DomainCore> core_;

@@ -28,7 +28,7 @@ struct CoordinatorConfig {
   std::uint64_t alignment_bytes = 2u << 20;     // a power of two, 64 B .. extent size
   std::uint32_t reservation_ttl_ms = 60000;     // an unfinished reservation is reclaimed after this
   std::uint32_t read_lease_ms = 10000;          // a looked-up object is not evicted for this long
-  std::uint32_t max_batch = 4096;               // items in one request
+  std::uint32_t max_batch = 4096;               // a reserve/finish/abort's items (lookups: any)
   std::uint32_t threads = 8;                    // HTTP worker threads
   std::string state_file;                       // "" : <domain.state_file>.lmcache
   // Finished objects are published in the domain's prefix index (hosts find them by chain

@@ -60,10 +60,17 @@ struct Layout {
 
 // Bytes per element of a dtype name LMCache's wire uses (0: unknown).
 std::uint32_t DtypeBytes(const std::string& name);
-// The layout's size: sum of prod(shape) x dtype bytes. kInvalidArgument when shapes and dtypes
-// differ in number, a dimension is negative, a dtype is unknown, or it overflows.
+// The layout's size: sum of prod(shape) x dtype bytes, kLayoutTooLarge when it is larger
+// (LMCache's sizes are Python integers, which never overflow: such a layout fits no region,
+// so its reserve is 507 out_of_space, as LMCache's). kInvalidArgument when shapes and dtypes
+// differ in number, a dimension is negative, or a dtype is unknown.
+inline constexpr std::uint64_t kLayoutTooLarge = std::uint64_t{1} << 62;
 absl::StatusOr<std::uint64_t> LayoutBytes(const Layout& l);
-// kInvalidArgument unless chunk_hash_hex is lower-case hex of even length.
+// kInvalidArgument, in LMCache's words, for a key LMCache refuses (docs/lmcache.md "Keys"):
+// chunk_hash_hex not lower-case hex of even length, '@' in model_name, a negative
+// object_group_id, '@', '/', '\\' or NUL in cache_salt, or a salt of more than
+// kMaxCacheSaltChars characters.
+inline constexpr std::size_t kMaxCacheSaltChars = 128;
 absl::Status CheckKey(const ObjectKey& k);
 
 struct Handle {
@@ -192,7 +199,8 @@ class Coordinator {
   // Drops the reservations; their space is free at once (the writer has stopped writing).
   absl::Status Abort(const std::string& tenant, const std::string& epoch,
                      const std::vector<ReservationRef>& refs, std::int64_t now_ms);
-  // VALID objects of the tenant; each hit takes a read lease until now + read_lease_ms.
+  // VALID objects of the tenant; each hit takes a read lease until now + read_lease_ms. Any
+  // number of keys (the lock is taken c.max_batch keys at a time).
   absl::StatusOr<std::vector<std::optional<Hit>>> Lookup(const std::string& tenant,
                                                          const std::string& epoch,
                                                          const std::vector<ObjectKey>& keys,

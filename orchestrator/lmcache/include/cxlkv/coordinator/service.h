@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "cxlkv/base/mutex.h"
+#include "cxlkv/base/stop.h"
 #include "cxlkv/coordinator/config.h"
 #include "cxlkv/coordinator/coordinator.h"
 
@@ -37,8 +38,10 @@ namespace cxlkv::coordinator {
 
 // A POST body of LMCache's wire for `route` ("/v1/writes/reserve", "/v1/writes/finish",
 // "/v1/writes/abort", "/v1/lookup"), read strictly (docs/lmcache.md "Rules": every field known
-// and of its type, batches of at most max_batch). kInvalidArgument (the 422's detail, naming
-// the field) otherwise. Keys and layouts are checked further by the Coordinator.
+// and of its type, reserve, finish and abort batches of at most max_batch; lookups of any
+// size; a key's kv_rank and object_group_id read as LMCache's models read them: "0" and 0.0
+// are 0). kInvalidArgument (the 422's detail, naming the field) otherwise. Keys and layouts are
+// checked further by the Coordinator.
 struct WireRequest {
   std::string region_epoch;
   std::vector<ReserveItem> items;    // reserve
@@ -98,7 +101,7 @@ class Service {
   std::map<std::string, std::string> tokens_;  // token -> tenant
   mg_context* ctx_ = nullptr;
   int port_ = 0;
-  std::atomic<bool> stop_{false};
+  base::StopSignal stop_;             // ends the reaper's wait at once
   std::uint64_t index_refusals_ = 0;  // TendIndex's (its thread only)
   std::thread reaper_;
 };
