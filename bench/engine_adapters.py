@@ -21,8 +21,13 @@ Baseline: ``numpy.copyto`` of the same N x B bytes between two arrays (rows to r
 Overhead = median time of the adapter's job - median time of the copy. Host 0 stores, host 1
 loads, in one process; the owner role steps every 2 ms on a thread; files in /dev/shm.
 
+Load chain (``--load-path``, issue #43 item 4): what both engine stores' loads run
+(``cxlkv.chains.load_chain``) with one ``cxlkv_lease_copy_out`` ctypes call per segment (the
+path before) and with one ``cxlkv_lease_copy_out_many`` call per batch (the path now),
+interleaved rep by rep in one run; every load compared byte for byte.
+
 Run (Debian's interpreter; the library from a dev or release build):
-    /usr/bin/python3 bench/engine_adapters.py [--reps 15] [--json out.json]
+    /usr/bin/python3 bench/engine_adapters.py [--reps 15] [--json out.json] [--load-path]
 bench/RESULTS.md records a run.
 """
 
@@ -46,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
 import cxlkv  # noqa: E402
+from cxlkv import chains  # noqa: E402
 from cxlkv.integrations import sglang as sg  # noqa: E402
 from cxlkv.integrations import vllm as vl  # noqa: E402
 from cxlkv.integrations import vllm_generations as gens  # noqa: E402
@@ -214,6 +220,70 @@ def bench_sglang(page: int, n: int, reps: int) -> Dict[str, float]:
     return out
 
 
+def bench_load_path(block: int, n: int, segs: int, reps: int) -> Dict[str, float]:
+    """#43 item 4: the engine stores' load chain (cxlkv.chains.load_chain: lease n published
+    blocks, copy each out in `segs` segments, validated, release) with one
+    cxlkv_lease_copy_out call per segment (the per-block path the stores used before) and with
+    one cxlkv_lease_copy_out_many call per batch (what they use now). The two run interleaved,
+    rep by rep (after one untimed round of each), on the same keys and destinations, so the
+    machine's load hits both."""
+    env = Env(block, n + 4)
+    arenas = [cxlkv.Arena.open_spec(env.pool) for _ in range(2)]
+    a = cxlkv.Domain.join(env.domain, 0, arenas=[arenas[0]], heartbeat_s=0.1)
+    b = cxlkv.Domain.join(env.domain, 1, arenas=[arenas[1]], heartbeat_s=0.1)
+    try:
+        ns = cxlkv.Namespace("bench", "load-path", f"B={block}")
+        ks = ns.chain_keys(range(16 * n), 16)
+        src = np.random.default_rng(3).integers(0, 256, (n, block), np.uint8)
+        res = chains.store_chain(a, ns, ks, [[(int(src[i].ctypes.data), block)]
+                                             for i in range(n)])
+        assert res.stored == n, res
+        wait(lambda: b.lookup(ns, ks[-1]) is not None)
+        dst = np.zeros((n, block), np.uint8)
+        part = block // segs
+        pieces = [[(int(dst[i].ctypes.data) + k * part, part) for k in range(segs)]
+                  for i in range(n)]
+        ts: Dict[bool, List[float]] = {False: [], True: []}
+        # One untimed round of each first (the destination's and the pool's first touch), then
+        # the two in turns, the order swapped every rep.
+        for rep in range(-1, reps):
+            for scatter in ((False, True) if rep % 2 else (True, False)):
+                dst[:] = 0
+                t0 = time.perf_counter()
+                ok = chains.load_chain(b, ns, ks, pieces, max_batch=64, wait_s=1.0,
+                                       scatter=scatter)
+                if rep >= 0:
+                    ts[scatter].append(time.perf_counter() - t0)
+                assert ok == [True] * n and np.array_equal(dst, src), scatter
+    finally:
+        b.leave()
+        a.leave()
+        for ar in arenas:
+            ar.close()
+        env.close()
+    return {"per_block_us": statistics.median(ts[False]) * 1e6,
+            "scatter_us": statistics.median(ts[True]) * 1e6}
+
+
+LOAD_PATH_CASES = ((4 << 10, 64, 2), (64 << 10, 32, 2), (64 << 10, 32, 1), (2 << 20, 16, 1))
+
+
+def run_load_path(reps: int) -> List[Dict[str, Any]]:
+    rows = []
+    print("load chain: per-block cxlkv_lease_copy_out calls vs one cxlkv_lease_copy_out_many "
+          "a batch (medians, us)", flush=True)
+    for block, n, segs in LOAD_PATH_CASES:
+        r = bench_load_path(block, n, segs, reps)
+        kib = f"{block >> 10} KiB" if block < 1 << 20 else f"{block >> 20} MiB"
+        calls = n * segs
+        print(f"{kib:>7} x{n:<3} {segs} seg  per-block ({calls:3} calls) "
+              f"{r['per_block_us']:9.1f}  scatter (1 call) {r['scatter_us']:9.1f}  "
+              f"saved {r['per_block_us'] - r['scatter_us']:8.1f} "
+              f"({(r['per_block_us'] - r['scatter_us']) / calls:5.2f} a call)", flush=True)
+        rows.append({"block": block, "n": n, "segments": segs, **r})
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -221,9 +291,18 @@ def main() -> int:
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--prefault", action="store_true",
                     help="allocate the pool file's pages before the runs (posix_fallocate)")
+    ap.add_argument("--load-path", action="store_true",
+                    help="only the load chain, per-block copy-out calls vs one scatter call "
+                    "(#43 item 4)")
     args = ap.parse_args()
     global PREFAULT
     PREFAULT = args.prefault
+    if args.load_path:
+        lp = run_load_path(args.reps)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"reps": args.reps, "load_path": lp},
+                                                  indent=2))
+        return 0
     rows = []
     for block in (64 << 10, 2 << 20):
         for n in (1, 32):

@@ -251,6 +251,67 @@ int main(void) {
       CHECK(cxlkv_lease_release(b, &l2) == CXLKV_OK);
       CHECK(cxlkv_prefix_retire(NULL, ns, &key2) == CXLKV_E_INVALID);
     }
+    /* Scattered copy-out: three leased blocks read in one cxlkv_lease_copy_out_many call, the
+     * last into two destinations; the middle block is retired between acquire and copy, so its
+     * item alone fails validation while the good ones around it are copied and validated. */
+    {
+      enum { kBlock = 16384, kBlocks = 3 };
+      static unsigned char src[kBlocks][kBlock], dst[kBlocks][kBlock];
+      cxlkv_prefix_key keys[kBlocks];
+      cxlkv_prefix_key parent = {0, 0};
+      for (int i = 0; i < kBlocks; ++i) {
+        for (int j = 0; j < kBlock; ++j) src[i][j] = (unsigned char)(j * 31 + 97 * i + 1);
+        uint32_t t[16];
+        for (int j = 0; j < 16; ++j) t[j] = (uint32_t)(7000 + 16 * i + j);
+        keys[i] = cxlkv_prefix_key_chain(ns, i == 0 ? NULL : &parent, t, 16);
+        cxlkv_block_ref r;
+        void* pb = NULL;
+        CHECK(cxlkv_alloc(arena, 0, &r, &pb) == CXLKV_OK);
+        cxlkv_copy_to_block(pb, src[i], kBlock);
+        CHECK(cxlkv_prefix_publish(a, ns, &keys[i], i == 0 ? NULL : &parent, arena, &r) ==
+              CXLKV_OK);
+        parent = keys[i];
+      }
+      cxlkv_owner_step(owner);
+      cxlkv_lease ls[kBlocks];
+      size_t n_leased = 0;
+      CHECK(cxlkv_lease_acquire_chain(b, ns, keys, kBlocks, ls, &n_leased) == CXLKV_OK);
+      CHECK(n_leased == kBlocks);
+      cxlkv_copy_out_item items[4] = {
+          {arena, &ls[0], 0, dst[0], kBlock},
+          {arena, &ls[1], 0, dst[1], kBlock},
+          {arena, &ls[2], 0, dst[2], 4096},
+          {arena, &ls[2], 4096, dst[2] + 4096, kBlock - 4096},
+      };
+      int results[4] = {-1, -1, -1, -1};
+      CHECK(cxlkv_lease_copy_out_many(b, items, 4, results) == CXLKV_OK);
+      for (int i = 0; i < 4; ++i) CHECK(results[i] == CXLKV_OK);
+      for (int i = 0; i < kBlocks; ++i) CHECK(Checksum(dst[i], kBlock) == Checksum(src[i], kBlock));
+      CHECK(cxlkv_lease_copy_out_many(b, items, 0, NULL) == CXLKV_OK);
+      CHECK(cxlkv_lease_copy_out_many(NULL, items, 4, results) == CXLKV_E_INVALID);
+      CHECK(cxlkv_lease_copy_out_many(b, items, 4, NULL) == CXLKV_E_INVALID);
+      CHECK(cxlkv_lease_copy_out_many(b, NULL, 4, results) == CXLKV_E_INVALID);
+      /* The middle block is retired while b holds its lease. */
+      CHECK(cxlkv_prefix_retire(a, ns, &keys[1]) == CXLKV_OK);
+      cxlkv_owner_step(owner);
+      memset(dst, 0, sizeof(dst));
+      for (int i = 0; i < 4; ++i) results[i] = -1;
+      CHECK(cxlkv_lease_copy_out_many(b, items, 4, results) == CXLKV_E_STALE);
+      CHECK(strstr(cxlkv_last_error(), "item 1: ") != NULL);
+      CHECK(strstr(cxlkv_last_error(), "retired") != NULL);
+      CHECK(results[0] == CXLKV_OK && results[1] == CXLKV_E_STALE);
+      CHECK(results[2] == CXLKV_OK && results[3] == CXLKV_OK);
+      CHECK(Checksum(dst[0], kBlock) == Checksum(src[0], kBlock));
+      CHECK(Checksum(dst[2], kBlock) == Checksum(src[2], kBlock));
+      /* An argument error after the stale item is the one returned; the items after it are
+       * still copied. */
+      items[2].len = kBlock + 1;
+      CHECK(cxlkv_lease_copy_out_many(b, items, 4, results) == CXLKV_E_INVALID);
+      CHECK(strstr(cxlkv_last_error(), "item 2: ") != NULL);
+      CHECK(results[0] == CXLKV_OK && results[1] == CXLKV_E_STALE);
+      CHECK(results[2] == CXLKV_E_INVALID && results[3] == CXLKV_OK);
+      CHECK(cxlkv_lease_release_many(b, ls, kBlocks) == CXLKV_OK);
+    }
     cxlkv_domain_leave(a);
     cxlkv_domain_leave(b);
     cxlkv_owner_close(owner);

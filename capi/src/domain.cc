@@ -567,6 +567,32 @@ CXLKV_API int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena, cx
   return CXLKV_OK;
 }
 
+CXLKV_API int cxlkv_lease_copy_out_many(cxlkv_domain* d, const cxlkv_copy_out_item* items, size_t n,
+                                        int* results) {
+  if (d == nullptr) return Fail(CXLKV_E_INVALID, "domain must be set");
+  if (n == 0) return CXLKV_OK;
+  if (items == nullptr || results == nullptr) {
+    return Fail(CXLKV_E_INVALID, "items and results must be set when n > 0");
+  }
+  // Each item is one cxlkv_lease_copy_out: the same checks, the same read step and the same
+  // validation after its own copy. Failures are cold; the one reported keeps its message.
+  size_t reported = n;
+  std::string message;
+  for (size_t i = 0; i < n; ++i) {
+    const cxlkv_copy_out_item& it = items[i];
+    const int rc = cxlkv_lease_copy_out(d, it.arena, it.lease, it.offset, it.dst, it.len);
+    results[i] = rc;
+    if (rc == CXLKV_OK) continue;
+    // The first non-stale failure outranks a stale one reported before it.
+    if (reported == n || (results[reported] == CXLKV_E_STALE && rc != CXLKV_E_STALE)) {
+      reported = i;
+      message = LastError();
+    }
+  }
+  if (reported == n) return CXLKV_OK;
+  return Fail(results[reported], "item " + std::to_string(reported) + ": " + message);
+}
+
 CXLKV_API int cxlkv_domain_lease_stats(cxlkv_domain* d, cxlkv_lease_stats* out) {
   if (d == nullptr || out == nullptr) return Fail(CXLKV_E_INVALID, "domain and out must be set");
   const co::PrefixHost::Stats s = d->host->stats();

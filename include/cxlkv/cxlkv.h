@@ -370,6 +370,29 @@ int cxlkv_prefix_retire(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* ke
  * (as for every cxlkv_lease_* call). */
 int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena, cxlkv_lease* lease,
                          uint64_t offset, void* dst, size_t len);
+/* One piece of a scattered copy-out: the arguments of one cxlkv_lease_copy_out call. Several
+ * items may name the same lease (a page read into separate K and V buffers, at two offsets). */
+typedef struct cxlkv_copy_out_item {
+  const cxlkv_arena* arena; /* as cxlkv_lease_copy_out's (NULL: found through the domain) */
+  cxlkv_lease* lease;       /* updated in place, as by cxlkv_lease_copy_out */
+  uint64_t offset;          /* in the block */
+  void* dst;
+  size_t len;
+} cxlkv_copy_out_item;
+/* cxlkv_lease_copy_out for items[0..n), in order, in one call: a reader filling a request's KV
+ * slots from many leased blocks crosses into the library once instead of once per block (from
+ * Python: one ctypes call instead of n). Each item is exactly one cxlkv_lease_copy_out —
+ * invalidated, copied, its lease validated after its own copy (and kept or taken again as
+ * there) — and its result code goes to results[i]: 0 when items[i].dst holds the bytes as
+ * published, CXLKV_E_STALE when that dst must be discarded, or that call's argument error.
+ * One item's failure does not stop the others. Returns 0 when every item succeeded; else the
+ * code of the first item that failed on something other than CXLKV_E_STALE (an argument
+ * error: a caller's mistake outranks a stale block), or failing that of the first stale one,
+ * with cxlkv_last_error() naming that item ("item 3: ..."). CXLKV_E_INVALID, nothing copied
+ * and results untouched: d NULL, or items or results NULL with n > 0. n == 0 is a no-op.
+ * Cost: the sum of the items' cxlkv_lease_copy_out. Thread-safety as cxlkv_lease_copy_out. */
+int cxlkv_lease_copy_out_many(cxlkv_domain* d, const cxlkv_copy_out_item* items, size_t n,
+                              int* results);
 /* What a busy or stopped machine cost this host's leases since it joined (docs/coherence.md,
  * "Busy hosts"); a host joined through an orchestrator also sends them with its heartbeats
  * (cxlkvctl hosts, the metrics). */

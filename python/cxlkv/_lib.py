@@ -108,6 +108,13 @@ class PublishItemC(ctypes.Structure):
     _fields_ = [("key", PrefixKeyC), ("parent", PrefixKeyC), ("ref", BlockRef)]
 
 
+class CopyOutItemC(ctypes.Structure):
+    """``cxlkv_copy_out_item``: arena handle, lease address, offset, destination, length."""
+
+    _fields_ = [("arena", ctypes.c_void_p), ("lease", ctypes.c_void_p), ("offset", c_u64),
+                ("dst", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
 class PrefixHitC(ctypes.Structure):
     _fields_ = [("entry", c_u32), ("entry_gen", c_u32), ("ref", BlockRef), ("publisher", c_u32)]
 
@@ -216,6 +223,7 @@ STRUCTS = {
     "cxlkv_prefix_key": PrefixKeyC,
     "cxlkv_prefix_hit": PrefixHitC,
     "cxlkv_publish_item": PublishItemC,
+    "cxlkv_copy_out_item": CopyOutItemC,
     "cxlkv_lease": LeaseC,
     "cxlkv_lease_stats": LeaseStatsC,
     "cxlkv_tier_options": TierOptionsC,
@@ -272,6 +280,7 @@ _PROTOTYPES = {
     "cxlkv_lease_release": (_INT, [_P, _P]),
     "cxlkv_lease_validate": (_INT, [_P, _P]),
     "cxlkv_lease_copy_out": (_INT, [_P, _P, _P, c_u64, _P, _SIZE]),
+    "cxlkv_lease_copy_out_many": (_INT, [_P, _P, _SIZE, _P]),
     "cxlkv_block_invalidate": (_INT, [_P, _P, _P, c_u64, _SIZE, _PP]),
     "cxlkv_directory_where": (_INT, [ctypes.c_char_p, _P, _P, _SIZE, ctypes.POINTER(_SIZE)]),
     "cxlkv_owner_open": (_INT, [ctypes.c_char_p, _PP]),

@@ -65,6 +65,10 @@ from .pool import Arena, Block, KvLayout, arena_options, uuid_str
 NamespaceLike = Union[Namespace, int]
 _LEASE_SIZE = ctypes.sizeof(_lib.LeaseC)
 _LEASE_REF_OFFSET = _lib.LeaseC.ref.offset
+# cxlkv_copy_out_item is five 8-byte words (arena, lease, offset, dst, len): copy_out_many
+# builds the items as a numpy array of that shape.
+_ITEM_WORDS = 5
+assert ctypes.sizeof(_lib.CopyOutItemC) == 8 * _ITEM_WORDS
 _UNRESOLVED = object()
 
 
@@ -659,18 +663,33 @@ class Leases:
     def try_copy_out(self, i: int, dst: Any, *, offset: int = 0, nbytes: Optional[int] = None,
                      dtype: Any = None) -> bool:
         """Like :meth:`copy_out`, but returns False instead of raising StaleError."""
-        la = self._addr(i, "copy_out")
+        self._addr(i, "copy_out")
         ptr, n = _buffers.address(dst, writable=True, what="copy_out destination",
                                   nbytes=nbytes, dtype=dtype)
-        return self._copy_out_ptr(i, la, offset, ptr, n)
+        return self.copy_out_to(i, ptr, n, offset=offset)
 
-    def _copy_out_ptr(self, i: int, la: int, offset: int, ptr: int, n: int) -> bool:
+    def copy_out_to(self, i: int, addr: int, nbytes: int, *, offset: int = 0) -> bool:
+        """Reads `nbytes` of block `i` from `offset` to the address `addr`, validated as
+        :meth:`copy_out` does (one ``cxlkv_lease_copy_out``). For memory an engine describes by
+        address (SGLang's ``get_page_buffer_meta`` pointers, a vLLM primary row): the caller
+        keeps ``[addr, addr + nbytes)`` mapped and writable for the call; nothing checks it.
+        To read many blocks, :meth:`copy_out_many` crosses into the library once.
+
+        Returns:
+            True when the bytes at `addr` are the block's as published; False when they went
+            stale during the copy and must be discarded.
+
+        Raises:
+            InvalidArgumentError: the range exceeds the block (the message gives its size), or
+                `addr` is 0.
+        """
+        la = self._addr(i, "copy_out_to")
         d = self._domain
-        arena = self._arena(i, "copy_out")
+        arena = self._arena(i, "copy_out_to")
         with d._lock:
-            h = d._handle("copy_out")
+            h = d._handle("copy_out_to")
             lib = _lib.load()
-            rc = lib.cxlkv_lease_copy_out(h, arena, la, offset, ptr, n)
+            rc = lib.cxlkv_lease_copy_out(h, arena, la, offset, addr, nbytes)
         if rc:
             if rc == E_STALE:
                 return False
@@ -678,6 +697,54 @@ class Leases:
                        hint="read inside the block: offset + destination bytes <= the block size"
                        if rc == E_INVALID else None)
         return True
+
+    def copy_out_many(self, pieces: Any) -> List[bool]:
+        """Reads many pieces of leased blocks to scattered addresses in one library call
+        (``cxlkv_lease_copy_out_many``): `pieces` is a sequence of ``(lease index, offset in
+        the block, addr, nbytes)``; several pieces may name one lease (a page's K and V at
+        two offsets). Each piece is read and validated as :meth:`copy_out_to` reads it, one
+        after another, and one going stale does not stop the others. The caller keeps every
+        destination mapped and writable for the call.
+
+        Returns:
+            One bool per piece: False means that piece's destination must be discarded.
+
+        Raises:
+            InvalidArgumentError: a lease index outside the leases, a range outside its block,
+                or an address of 0 (the first such piece is named; the others were still read).
+        """
+        k = len(pieces)
+        if k == 0:
+            return []
+        n = self._n
+        self._addr(0, "copy_out_many")  # raises once released
+        handles = [self._arena(i, "copy_out_many") or 0 for i in range(n)]
+        base = self._base
+        flat: List[int] = []
+        try:
+            for i, off, addr, nbytes in pieces:
+                if not 0 <= i < n:
+                    self._addr(i, "copy_out_many")  # raises, naming the index
+                flat += (handles[i], base + i * _LEASE_SIZE, off, addr, nbytes)
+            items = (ctypes.c_uint64 * (_ITEM_WORDS * k))(*flat)
+        except CxlkvError:
+            raise
+        except (TypeError, ValueError, OverflowError) as e:
+            raise InvalidArgumentError(
+                f"pieces: {e}", operation="copy_out_many", subject=repr(self),
+                hint="pass (lease index, offset, addr, nbytes) per piece, non-negative "
+                "integers") from None
+        results = (ctypes.c_int * k)()
+        d = self._domain
+        with d._lock:
+            h = d._handle("copy_out_many")
+            lib = _lib.load()
+            rc = lib.cxlkv_lease_copy_out_many(h, items, k, results)
+        if rc and rc != E_STALE:
+            _lib.check(lib, rc, "cxlkv_lease_copy_out_many", d,
+                       hint="read inside the block: offset + destination bytes <= the block size"
+                       if rc == E_INVALID else None)
+        return [r == 0 for r in results]
 
     def copy_out(self, i: int, dst: Any, *, offset: int = 0, nbytes: Optional[int] = None,
                  dtype: Any = None) -> None:
@@ -756,7 +823,8 @@ class Leases:
             InvalidArgumentError: a row is larger than its block (the message gives the size).
         """
         n = self._n
-        base_lease = self._addr(0, "copy_out_rows") if n else 0
+        if n:
+            self._addr(0, "copy_out_rows")  # raises once released
         shape = getattr(dst, "shape", None)
         if not shape:
             raise BufferMismatchError(
@@ -772,22 +840,7 @@ class Leases:
         if n == 0:
             return []
         row = size // rows
-        arenas = [self._arena(i, "copy_out_rows") for i in range(n)]
-        d = self._domain
-        lib = _lib.load()
-        fn = lib.cxlkv_lease_copy_out
-        out = [True] * n
-        with d._lock:
-            h = d._handle("copy_out_rows")
-            for i in range(n):
-                rc = fn(h, arenas[i], base_lease + i * _LEASE_SIZE, offset, ptr + i * row, row)
-                if rc:
-                    if rc != E_STALE:
-                        _lib.check(lib, rc, "cxlkv_lease_copy_out", d,
-                                   hint="read inside the block: offset + row bytes <= the "
-                                   "block size" if rc == E_INVALID else None)
-                    out[i] = False
-        return out
+        return self.copy_out_many([(i, offset, ptr + i * row, row) for i in range(n)])
 
     def read(self, i: int, nbytes: int, *, offset: int = 0, dtype: Any = np.uint8) -> np.ndarray:
         """A new numpy array with `nbytes` of block `i` (validated; StaleError if stale)."""

@@ -7,13 +7,15 @@ jobs naming primary blocks (``submit_store`` reads them, ``submit_load`` writes 
 reports them through ``get_finished``. Every call runs in the scheduler and must not block.
 
 :class:`OffloadTier` does that on a :class:`~cxlkv.Domain`: the calls validate their input
-and queue a job; a worker thread does the copies (publish: allocate, ``cxlkv_copy_to_block``,
-``cxlkv_prefix_publish``; load: ``cxlkv_lease_acquire_chain`` then a validated
-``cxlkv_lease_copy_out`` into each primary block). Keys are vLLM's ``OffloadKey`` bytes: the
-block hash (16 or 32 bytes) followed by the KV cache group index (4 bytes, big-endian); they
-map to prefix keys with :meth:`Namespace.digest_key`, so any host of the domain that computes
-the same block hash finds the block (vLLM's hashes are process-independent only with a fixed
-``PYTHONHASHSEED``, see the integrations notes).
+and queue a job; a worker thread does the copies through the chain helpers both engine stores
+share (:mod:`cxlkv.chains`; store: lookup, allocate, ``cxlkv_copy_to_block``,
+``cxlkv_prefix_publish``; load: ``cxlkv_lease_acquire_chain`` then one
+``cxlkv_lease_copy_out_many`` per batch, each primary block validated after its copy).
+
+Keys are vLLM's ``OffloadKey`` bytes: the block hash (16 or 32 bytes) followed by the KV cache
+group index (4 bytes, big-endian); they map to prefix keys with :meth:`Namespace.digest_key`,
+so any host of the domain that computes the same block hash finds the block (vLLM's hashes are
+process-independent only with a fixed ``PYTHONHASHSEED``, see the integrations notes).
 
 ``lookup`` says ``None`` while a store of the key is queued or running, and after it is
 published until the owner has applied it (at most ``visibility_timeout_s``; then ``False``).
@@ -46,13 +48,12 @@ from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _buffers, _lib
+from . import _buffers, chains
 from .domain import Domain
 from .errors import (
     BufferMismatchError,
     ClosedError,
     CxlkvError,
-    FullError,
     InvalidArgumentError,
     KeyLengthError,
 )
@@ -523,61 +524,24 @@ class OffloadTier:
                 self._events.append((True, removed))
 
     def _store(self, q: _Queued) -> TierJobResult:
-        d, home = self.domain, self.domain.home_arena
-        assert home is not None
-        lib = _lib.load()
-        moved = 0
-        parent: Optional[PrefixKey] = None
-        ok = True
-        for pk, kb, bid in zip(q.pks, q.kbytes, q.block_ids.tolist()):
-            if d.lookup(self.namespace, pk) is not None:
-                parent = pk
-                continue
-            try:
-                block = home.alloc(self.size_class)
-            except FullError:
-                ok = False
-                break
-            lib.cxlkv_copy_to_block(block.addr, self._base + bid * self.row_stride_bytes,
-                                    self.block_bytes)
-            try:
-                d.publish_block(self.namespace, pk, block, parent=parent)
-            except FullError:
-                home.free(block)
-                ok = False
-                break
-            except BaseException:
-                home.free(block)
-                raise
-            moved += self.block_bytes
+        rows = [[(self._base + bid * self.row_stride_bytes, self.block_bytes)]
+                for bid in q.block_ids.tolist()]
+        res = chains.store_chain(self.domain, self.namespace, q.pks, rows,
+                                 size_class=self.size_class)
+        if res.published:
+            until = time.monotonic() + self.visibility_timeout_s
             with self._mu:
-                self._unapplied[kb] = time.monotonic() + self.visibility_timeout_s
-            parent = pk
-        return TierJobResult(q.job.job_id, ok, transfer_bytes=moved)
+                for i in res.published:
+                    self._unapplied[q.kbytes[i]] = until
+        return TierJobResult(q.job.job_id, res.stored == len(q.pks),
+                             transfer_bytes=res.bytes_copied)
 
     def _load(self, q: _Queued) -> TierJobResult:
-        d = self.domain
-        good: List[bytes] = []
-        moved = 0
-        i = 0
-        n = len(q.pks)
-        while i < n:
-            chunk = q.pks[i:i + self.max_batch]
-            try:
-                leases = d.acquire_chain(self.namespace, chunk, wait_s=self.acquire_wait_s)
-            except FullError:
-                break
-            with leases:
-                for j in range(len(leases)):
-                    bid = int(q.block_ids[i + j])
-                    la = leases._addr(j, "load")
-                    if leases._copy_out_ptr(j, la, 0, self._base + bid * self.row_stride_bytes,
-                                            self.block_bytes):
-                        good.append(q.kbytes[i + j])
-                        moved += self.block_bytes
-            if len(leases) < len(chunk):
-                break
-            i += len(chunk)
-        success = len(good) == n
+        rows = [[(self._base + bid * self.row_stride_bytes, self.block_bytes)]
+                for bid in q.block_ids.tolist()]
+        ok = chains.load_chain(self.domain, self.namespace, q.pks, rows,
+                               max_batch=self.max_batch, wait_s=self.acquire_wait_s)
+        good = [kb for kb, g in zip(q.kbytes, ok) if g]
+        success = len(good) == len(q.pks)
         return TierJobResult(q.job.job_id, success, None if success else good,
-                             transfer_bytes=moved)
+                             transfer_bytes=len(good) * self.block_bytes)

@@ -10,11 +10,14 @@ What each call does, in terms of the C API:
 * :meth:`PageStore.batch_exists` — lookups (no lease) until the first miss: the length of the
   leading run of present pages;
 * :meth:`PageStore.batch_get_v1` — ``cxlkv_lease_acquire_chain`` over the keys (in batches),
-  then one validated ``cxlkv_lease_copy_out`` per segment straight into the host pool's page
-  (no staging buffer: "zero-copy" in SGLang's sense), then one release per batch;
+  then one ``cxlkv_lease_copy_out_many`` per batch that copies every segment straight into the
+  host pool's page (no staging buffer: "zero-copy" in SGLang's sense), each validated after its
+  copy, then one release per batch;
 * :meth:`PageStore.batch_set_v1` — per page not yet published: allocate a block of this host's
   arena, copy the page's segments in with streaming stores (``cxlkv_copy_to_block``),
   ``cxlkv_prefix_publish`` with the previous page as parent.
+
+Both are the chain helpers of :mod:`cxlkv.chains`, which :class:`~cxlkv.OffloadTier` uses too.
 
 The host pool is anything with SGLang's host-pool surface for storage backends: ``page_size``
 (tokens per page) and ``get_page_buffer_meta(host_indices) -> (pointers, sizes)``, the
@@ -43,12 +46,11 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _buffers, _lib
-from .domain import Domain, Leases
+from . import _buffers, chains
+from .domain import Domain
 from .errors import (
     BufferMismatchError,
     ClosedError,
-    FullError,
     InvalidArgumentError,
 )
 from .keys import Namespace, PrefixKey, digest_bytes
@@ -318,12 +320,6 @@ class PageStore:
         pks, segs = self._page_segments(keys, host_indices, "batch_get_v1")
         return self._read(pks, segs)
 
-    def _acquire(self, pks: Sequence[PrefixKey]) -> Optional[Leases]:
-        try:
-            return self.domain.acquire_chain(self.namespace, pks, wait_s=self.acquire_wait_s)
-        except FullError:
-            return None  # no lease row, or the owner is not confirming this host: a miss
-
     def _read(self, pks: List[PrefixKey], segs: List[Segments]) -> List[bool]:
         """Reads the leading run of present pages: the domain's run, then the spill tier's,
         then the domain's again, until a page is in neither."""
@@ -343,24 +339,10 @@ class PageStore:
     def _read_domain(self, pks: List[PrefixKey], segs: List[Segments], start: int,
                      out: List[bool]) -> int:
         """Leases and copies the domain's leading run from `start`; how many were leased."""
-        i = start
-        while i < len(pks):
-            chunk = pks[i:i + self.max_batch]
-            leases = self._acquire(chunk)
-            if leases is None:
-                break
-            with leases:
-                for j in range(len(leases)):
-                    la = leases._addr(j, "batch_get")
-                    off, ok = 0, True
-                    for ptr, n in segs[i + j]:
-                        ok = ok and leases._copy_out_ptr(j, la, off, ptr, n)
-                        off += n
-                    out[i + j] = ok
-            i += len(leases)
-            if len(leases) < len(chunk):
-                break
-        return i - start
+        ok = chains.load_chain(self.domain, self.namespace, pks[start:], segs[start:],
+                               max_batch=self.max_batch, wait_s=self.acquire_wait_s)
+        out[start:start + len(ok)] = ok
+        return len(ok)
 
     def _read_spill(self, spill: Tier, pks: List[PrefixKey], segs: List[Segments], start: int,
                     out: List[bool]) -> int:
@@ -410,34 +392,13 @@ class PageStore:
 
     def _write(self, pks: List[PrefixKey], segs: List[Segments],
                parent: Optional[PrefixKey]) -> List[bool]:
-        d, home = self.domain, self.domain.home_arena
-        assert home is not None
-        lib = _lib.load()
-        out = [False] * len(pks)
-        for i, pk in enumerate(pks):
-            if d.lookup(self.namespace, pk) is not None:
-                out[i] = True
-                parent = pk
-                continue
-            try:
-                block = home.alloc(self.size_class)
-            except FullError:
-                # The arena is full: this page and the rest are not stored in the domain.
-                return self._spill(pks, segs, i, out)
-            off = 0
-            for ptr, n in segs[i]:
-                lib.cxlkv_copy_to_block(block.addr + off, ptr, n)
-                off += n
-            try:
-                d.publish_block(self.namespace, pk, block, parent=parent)
-            except FullError:
-                home.free(block)  # the request ring is full: the owner is behind
-                return self._spill(pks, segs, i, out)
-            except BaseException:
-                home.free(block)
-                raise
-            out[i] = True
-            parent = pk
+        res = chains.store_chain(self.domain, self.namespace, pks, segs, parent=parent,
+                                 size_class=self.size_class)
+        out = [i < res.stored for i in range(len(pks))]
+        if res.stored < len(pks):
+            # The arena or the request ring is full: this page and the rest are not stored in
+            # the domain.
+            return self._spill(pks, segs, res.stored, out)
         return out
 
     def _spill(self, pks: List[PrefixKey], segs: List[Segments], start: int,
