@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "cxlkv/base/errno.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14 (uapi/asm-generic/mman-common.h)
@@ -46,7 +46,7 @@ void Prefaulter::Work() {
       if (!ended_) {
         ended_ = true;
         reason_ =
-            absl::StrCat("madvise(MADV_POPULATE_WRITE) at offset ", off, ": ", std::strerror(err),
+            absl::StrCat("madvise(MADV_POPULATE_WRITE) at offset ", off, ": ", base::ErrnoText(err),
                          err == EINVAL ? " (kernel < 5.14, or a mapping it cannot populate)" : "");
       }
       stop_.store(true, std::memory_order_relaxed);
