@@ -101,16 +101,22 @@ TEST(Fence, ReleaseWritesTheOldMachinesCacheBackBeforeTheReleaseLine) {
   EXPECT_EQ(co::kOwnerReleaseOffset + 64, co::kOwnerFenceOffset);
 }
 
+// Machines without coherence whose write-backs complete only at a fence, and an Evict only at
+// the next full fence: a dropped flush, fence or invalidate on either side shows.
+co::SimOptions HeldWriteBacks() {
+  co::SimOptions o;
+  o.async_writeback = true;
+  o.writeback_progress_per_mille = 0;
+  return o;
+}
+
 // The single orchestrator's mark between machines without coherence (the candidate on another
 // machine reads it, tests/ha/one_owner_test.cc across machines): a reader that read the line
 // before (its cache holds the old copy) sees the mark and then the release once the writer's
 // call returned. Write-backs complete only at a fence and an Evict only at the next full fence,
 // so a missing flush, fence or invalidate on either side shows.
 TEST(Fence, TheSingleOwnerMarkCrossesMachinesWithoutCoherence) {
-  co::SimOptions o;
-  o.async_writeback = true;
-  o.writeback_progress_per_mille = 0;
-  co::SimMemory media(64 * 1024, 2, o);
+  co::SimMemory media(64 * 1024, 2, HeldWriteBacks());
   auto single = media.NewView(0);
   auto candidate = media.NewView(0);
   co::SingleOwnerLine seen{};
@@ -140,11 +146,7 @@ TEST(Fence, TheSingleOwnerMarkCrossesMachinesWithoutCoherence) {
 // processes' tests: on one coherent machine a dropped write-back cannot show.
 TEST(Fence, ASingleOrchestratorsReleaseWritesBackTheWholeDomain) {
   const std::uint64_t len = (std::uint64_t{2} << 20) + 4096;  // two chunks and a partial one
-  // Write-backs complete only at a fence: a dropped flush or a dropped fence shows.
-  co::SimOptions o;
-  o.async_writeback = true;
-  o.writeback_progress_per_mille = 0;
-  co::SimMemory media(len, 1, o);
+  co::SimMemory media(len, 1, HeldWriteBacks());
   auto single = media.NewView(0);
   auto candidate = media.NewView(0);
   const std::uint64_t offsets[] = {0, 4096, (std::uint64_t{1} << 20) + 64, len - 64};
@@ -169,10 +171,7 @@ TEST(Fence, ASingleOrchestratorsReleaseWritesBackTheWholeDomain) {
 // writer's call returned. Write-backs here complete only at a fence, and an Evict only at the
 // next full fence, so a missing flush, fence or invalidate on either side shows.
 TEST(Fence, LinesCrossMachinesWithoutCoherence) {
-  co::SimOptions o;
-  o.async_writeback = true;
-  o.writeback_progress_per_mille = 0;
-  co::SimMemory media(64 * 1024, 2, o);
+  co::SimMemory media(64 * 1024, 2, HeldWriteBacks());
   auto writer = media.NewView(0);
   auto reader = media.NewView(0);
   // Each line is read (and so cached) right before the writer writes it, and read again right
