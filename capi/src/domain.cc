@@ -548,10 +548,10 @@ int LeasedRange(cxlkv_domain* d, const cxlkv_arena* arena, const cxlkv_lease* le
   return CXLKV_OK;
 }
 
-}  // namespace
-
-CXLKV_API int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena, cxlkv_lease* lease,
-                                   uint64_t offset, void* dst, size_t len) {
+// cxlkv_lease_copy_out, which cxlkv_lease_copy_out_many runs for each item (a call inside the
+// library, not through the exported symbol: capi_internal.h's rule).
+int CopyOut(cxlkv_domain* d, const cxlkv_arena* arena, cxlkv_lease* lease, uint64_t offset,
+            void* dst, size_t len) {
   if (dst == nullptr) return Fail(CXLKV_E_INVALID, "dst must be set");
   const std::byte* src = nullptr;
   if (const int rc = LeasedRange(d, arena, lease, offset, len, &src, /*in_place=*/false);
@@ -567,6 +567,13 @@ CXLKV_API int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena, cx
   return CXLKV_OK;
 }
 
+}  // namespace
+
+CXLKV_API int cxlkv_lease_copy_out(cxlkv_domain* d, const cxlkv_arena* arena, cxlkv_lease* lease,
+                                   uint64_t offset, void* dst, size_t len) {
+  return CopyOut(d, arena, lease, offset, dst, len);
+}
+
 CXLKV_API int cxlkv_lease_copy_out_many(cxlkv_domain* d, const cxlkv_copy_out_item* items, size_t n,
                                         int* results) {
   if (d == nullptr) return Fail(CXLKV_E_INVALID, "domain must be set");
@@ -580,7 +587,7 @@ CXLKV_API int cxlkv_lease_copy_out_many(cxlkv_domain* d, const cxlkv_copy_out_it
   std::string message;
   for (size_t i = 0; i < n; ++i) {
     const cxlkv_copy_out_item& it = items[i];
-    const int rc = cxlkv_lease_copy_out(d, it.arena, it.lease, it.offset, it.dst, it.len);
+    const int rc = CopyOut(d, it.arena, it.lease, it.offset, it.dst, it.len);
     results[i] = rc;
     if (rc == CXLKV_OK) continue;
     // The first non-stale failure outranks a stale one reported before it.
