@@ -65,10 +65,9 @@ absl::StatusOr<std::unique_ptr<Region>> Region::Duplicate() const {
   r->spec_ = spec_;
   r->name_ = name_;
   r->alignment_ = alignment_;
-  Fd fd;
-  fd.fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
-  if (fd.fd < 0) return base::ErrnoStatus(errno, name_, "dup");
-  if (auto st = Mmap(nullptr, fd.fd, size_bytes_, spec_.offset, name_, &r->addr_); !st.ok()) {
+  base::UniqueFd fd(::fcntl(fd_, F_DUPFD_CLOEXEC, 0));
+  if (fd.get() < 0) return base::ErrnoStatus(errno, name_, "dup");
+  if (auto st = Mmap(nullptr, fd.get(), size_bytes_, spec_.offset, name_, &r->addr_); !st.ok()) {
     return st;
   }
   r->size_bytes_ = size_bytes_;
@@ -136,7 +135,7 @@ absl::StatusOr<std::unique_ptr<Region>> OpenRegionAt(const SourceSpec& spec, voi
                                                    " is not aligned to ", r->alignment_,
                                                    " bytes (the device alignment)"));
   }
-  if (auto st = Mmap(at, src.fd.fd, size, offset, r->name_, &r->addr_); !st.ok()) return st;
+  if (auto st = Mmap(at, src.fd.get(), size, offset, r->name_, &r->addr_); !st.ok()) return st;
   r->size_bytes_ = size;
   r->in_reservation_ = at != nullptr;
   if (backend.mapped != nullptr) {

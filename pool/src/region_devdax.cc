@@ -50,8 +50,8 @@ absl::Status OpenDevdax(const SourceSpec& spec, const std::string& /*name*/, Ope
   const absl::string_view base = absl::string_view(spec.path).substr(spec.path.rfind('/') + 1);
   auto info = LookupDax(base);
   if (!info.ok()) return info.status();
-  out->fd.fd = ::open(spec.path.c_str(), O_RDWR | O_CLOEXEC);
-  if (out->fd.fd < 0) {
+  out->fd.reset(::open(spec.path.c_str(), O_RDWR | O_CLOEXEC));
+  if (out->fd.get() < 0) {
     if (errno == ENOENT && info->found && info->system_ram) {
       return absl::FailedPreconditionError(
           absl::StrCat(spec.path,

@@ -19,13 +19,13 @@ std::string FileName(const SourceSpec& spec) { return spec.path; }
 
 absl::Status OpenFile(const SourceSpec& spec, const std::string& /*name*/, OpenedSource* out) {
   std::uint64_t size = spec.size_bytes;
-  out->fd.fd = ::open(spec.path.c_str(), O_RDWR | O_CLOEXEC);
-  if (out->fd.fd < 0 && errno == ENOENT && size != 0) {
-    out->fd.fd = ::open(spec.path.c_str(), O_RDWR | O_CLOEXEC | O_CREAT | O_EXCL, 0600);
+  out->fd.reset(::open(spec.path.c_str(), O_RDWR | O_CLOEXEC));
+  if (out->fd.get() < 0 && errno == ENOENT && size != 0) {
+    out->fd.reset(::open(spec.path.c_str(), O_RDWR | O_CLOEXEC | O_CREAT | O_EXCL, 0600));
     // Ours now: removed again if the open fails after all (OpenedSource::created).
-    if (out->fd.fd >= 0) out->created = spec.path;
+    if (out->fd.get() >= 0) out->created = spec.path;
   }
-  if (out->fd.fd < 0) {
+  if (out->fd.get() < 0) {
     if (errno == ENOENT && size == 0) {
       return absl::NotFoundError(absl::StrCat(
           spec.path, ": file does not exist; add ?size=BYTES to the spec to create it"));
@@ -33,7 +33,7 @@ absl::Status OpenFile(const SourceSpec& spec, const std::string& /*name*/, Opene
     return base::ErrnoStatus(errno, spec.path, "open");
   }
   struct stat st {};
-  if (::fstat(out->fd.fd, &st) != 0) return base::ErrnoStatus(errno, spec.path, "fstat");
+  if (::fstat(out->fd.get(), &st) != 0) return base::ErrnoStatus(errno, spec.path, "fstat");
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(
         spec.path, ": not a regular file; use devdax: for device-DAX character devices"));
@@ -59,13 +59,13 @@ absl::Status OpenFile(const SourceSpec& spec, const std::string& /*name*/, Opene
   out->size_bytes = size;
   if (size % kPageBytes != 0) return absl::OkStatus();  // region.cc reports it, file untouched
   if (existing == 0) {
-    if (::ftruncate(out->fd.fd, static_cast<off_t>(size)) != 0) {
+    if (::ftruncate(out->fd.get(), static_cast<off_t>(size)) != 0) {
       return base::ErrnoStatus(errno, spec.path, "ftruncate");
     }
     if (spec.reserve) {
       // Reserve now so a full file system is an error here, not a SIGBUS later.
-      if (int rc = ::posix_fallocate(out->fd.fd, 0, static_cast<off_t>(size)); rc != 0) {
-        (void)::ftruncate(out->fd.fd, 0);
+      if (int rc = ::posix_fallocate(out->fd.get(), 0, static_cast<off_t>(size)); rc != 0) {
+        (void)::ftruncate(out->fd.get(), 0);
         return base::ErrnoStatus(rc, spec.path, "posix_fallocate");
       }
     }

@@ -34,11 +34,11 @@ absl::Status OpenKmem(const SourceSpec& spec, const std::string& name, OpenedSou
     // Half the node's free memory, in whole 2 MiB pages.
     out->size_bytes = (static_cast<std::uint64_t>(free_bytes) / 2) & ~((2ull << 20) - 1);
   }
-  out->fd.fd = ::memfd_create("cxlkv-kmem", MFD_CLOEXEC);
-  if (out->fd.fd < 0) return base::ErrnoStatus(errno, name, "memfd_create");
+  out->fd.reset(::memfd_create("cxlkv-kmem", MFD_CLOEXEC));
+  if (out->fd.get() < 0) return base::ErrnoStatus(errno, name, "memfd_create");
   // The size is a multiple of the page here (the spec's was checked, the default is whole
   // 2 MiB pages).
-  if (::ftruncate(out->fd.fd, static_cast<off_t>(out->size_bytes)) != 0) {
+  if (::ftruncate(out->fd.get(), static_cast<off_t>(out->size_bytes)) != 0) {
     return base::ErrnoStatus(errno, name, "ftruncate");
   }
   return absl::OkStatus();

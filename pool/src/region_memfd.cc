@@ -16,10 +16,10 @@ namespace {
 std::string MemfdName(const SourceSpec& spec) { return absl::StrCat("memfd:", spec.path); }
 
 absl::Status OpenMemfd(const SourceSpec& spec, const std::string& name, OpenedSource* out) {
-  out->fd.fd = ::memfd_create(spec.path.c_str(), MFD_CLOEXEC);
-  if (out->fd.fd < 0) return base::ErrnoStatus(errno, name, "memfd_create");
+  out->fd.reset(::memfd_create(spec.path.c_str(), MFD_CLOEXEC));
+  if (out->fd.get() < 0) return base::ErrnoStatus(errno, name, "memfd_create");
   out->size_bytes = spec.size_bytes;  // a multiple of the page (checked by the caller)
-  if (::ftruncate(out->fd.fd, static_cast<off_t>(out->size_bytes)) != 0) {
+  if (::ftruncate(out->fd.get(), static_cast<off_t>(out->size_bytes)) != 0) {
     return base::ErrnoStatus(errno, name, "ftruncate");
   }
   return absl::OkStatus();

@@ -13,29 +13,18 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "cxlkv/base/file.h"
 #include "cxlkv/pool/spec.h"
 
 namespace cxlkv::pool {
 
 inline constexpr std::uint64_t kPageBytes = 4096;
 
-// A file descriptor closed on every error path; release() hands it on.
-struct Fd {
-  int fd = -1;
-  Fd() = default;
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-  int release() { return std::exchange(fd, -1); }
-};
-
 // What a backend's open returns: the descriptor to map, the bytes of the whole source (not
 // yet checked against the page: region.cc reports a size that is not a multiple of it), and
 // the alignment block placement must respect (the page unless the device asks for more).
 struct OpenedSource {
-  Fd fd;
+  base::UniqueFd fd;  // closed on every error path; release() hands it on
   std::uint64_t size_bytes = 0;
   std::uint64_t alignment = kPageBytes;
   // A file this open created ("" : none): removed when the OpenedSource goes before the open
