@@ -1,6 +1,6 @@
 // LMCache's memory coordinator (orchestrator/lmcache/): its logic on an injected clock, and
 // its state file across a restart. No HTTP here (tests/lmcache/coordinator_http_test.py).
-#include "cxlkv/coordinator/coordinator.h"
+#include "cxlkv/orchestrator/lmcache/coordinator.h"
 
 #include <gtest/gtest.h>
 
@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "cxlkv/coordinator/config.h"
-#include "cxlkv/coordinator/service.h"
+#include "cxlkv/orchestrator/lmcache/config.h"
+#include "cxlkv/orchestrator/lmcache/service.h"
 #include "eventually.h"
 #include "test_util.h"
 

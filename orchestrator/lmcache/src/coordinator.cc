@@ -1,5 +1,5 @@
 // LMCache's memory coordinator over a region of the pool: the logic and the state file.
-#include "cxlkv/coordinator/coordinator.h"
+#include "cxlkv/orchestrator/lmcache/coordinator.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// cxlkv/coordinator/coordinator.h — LMCache's memory coordinator (docs/lmcache.md "The
+// cxlkv/orchestrator/lmcache/coordinator.h — LMCache's memory coordinator (docs/lmcache.md "The
 // coordinator") over one region of a cxlkv domain's pool: reservations, finished objects,
 // reclamation, eviction, tenants, and a crash-consistent state file.
 //
@@ -22,8 +22,8 @@
 // finds none in progress; a call that reveals state (a lookup) waits the same way for every
 // record it could have seen. The journal is folded into a new snapshot once it outgrows the
 // object count.
-#ifndef CXLKV_COORDINATOR_COORDINATOR_H_
-#define CXLKV_COORDINATOR_COORDINATOR_H_
+#ifndef CXLKV_ORCHESTRATOR_LMCACHE_COORDINATOR_H_
+#define CXLKV_ORCHESTRATOR_LMCACHE_COORDINATOR_H_
 
 #include <cstdint>
 #include <map>
@@ -38,7 +38,7 @@
 #include "absl/status/statusor.h"
 #include "cxlkv/base/mutex.h"
 #include "cxlkv/coherence/prefix.h"
-#include "cxlkv/coordinator/config.h"
+#include "cxlkv/orchestrator/lmcache/config.h"
 
 namespace cxlkv::coordinator {
 
@@ -347,4 +347,4 @@ class Coordinator {
 
 }  // namespace cxlkv::coordinator
 
-#endif  // CXLKV_COORDINATOR_COORDINATOR_H_
+#endif  // CXLKV_ORCHESTRATOR_LMCACHE_COORDINATOR_H_
