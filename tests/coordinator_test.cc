@@ -800,7 +800,7 @@ TEST_F(CoordinatorTest, IndexedObjectsAreHeldAfterEvictionUntilTheIndexLetsThemG
   ops = co->TakeIndexOps();
   ASSERT_EQ(ops.size(), 1u);
   EXPECT_FALSE(ops[0].publish);
-  EXPECT_EQ(ops[0].key, coherence::NameKey(ns, Coordinator::IndexName(Key(0))));
+  EXPECT_EQ(ops[0].key, coherence::NameKey(ns, IndexName(Key(0))));
   // Retrying before the release evicts nothing more: the held range is on its way.
   EXPECT_FALSE(co->Reserve("t", e, {Item(100, 8)}, 3).ok());
   EXPECT_EQ(co->stats().evicted, 1u);
