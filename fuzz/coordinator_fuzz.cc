@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "cxlkv/coordinator/coordinator.h"
-#include "cxlkv/coordinator/service.h"
+#include "cxlkv/orchestrator/lmcache/coordinator.h"
+#include "cxlkv/orchestrator/lmcache/service.h"
 #include "nlohmann/json.hpp"
 
 namespace lmc = ::cxlkv::coordinator;

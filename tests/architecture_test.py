@@ -14,7 +14,10 @@ Every quoted include of every C/C++ file in a module is read, and each rule is c
      the daemon links the token target (orchestrator/token/), never the client library;
   6. outside tier/ (and tests), no code reaches a store's parts through `.allocator()`,
      `.manager()` or `.nvme()`: tier::TieredStore is the only door to its allocator, manager
-     and NVMe store, and what a driver needs of them is the store's own operation.
+     and NVMe store, and what a driver needs of them is the store's own operation;
+  7. capi/ includes of the orchestrator only the client's headers (orchestrator/client/,
+     orchestrator/token/) and the LMCache key (cxlkv/orchestrator/lmcache/index_key.h, the
+     cxlkv::lmcache_key target): libcxlkv.so never links the daemon or the coordinator.
 PENDING lists the known violations a later step of issue #31 removes; each must still occur
 (a stale entry fails too), so the list only shrinks. Prints file:line for every violation.
 Usage: architecture_test.py [SOURCE_DIR]
@@ -39,14 +42,12 @@ ALLOWED = {
     "orchestrator": {"base", "tier", "pool", "coherence"},
     "integrations": {"base", "lmcache", "coherence", "pool", "orchestrator"},
     "capi": {"base", "allocator", "coherence", "gpu", "nvme", "orchestrator", "pool", "tier"},
-    "tools": {"base", "allocator", "coherence", "orchestrator", "pool", "tier", "nvme", "lmcache",
-              "coordinator"},
+    "tools": {"base", "allocator", "coherence", "orchestrator", "pool", "tier", "nvme", "lmcache"},
     "bench": {"base", "allocator", "coherence", "gpu", "nvme", "orchestrator", "pool", "tier",
               "replay", "lmcache"},
 }
 # The public header namespace of a module when it differs from its directory.
-PROVIDES = {"integrations": {"lmcache"}, "bench": {"replay"},
-            "orchestrator": {"coordinator"}}  # orchestrator/lmcache: LMCache's coordinator
+PROVIDES = {"integrations": {"lmcache"}, "bench": {"replay"}}
 PROTOCOL = {"cxlkv/coherence/prefix.h", "cxlkv/coherence/domain_layout.h",
             "cxlkv/coherence/mem.h", "cxlkv/coherence/sim.h"}
 # (file, included header): violations still to be removed, and by what.
@@ -54,6 +55,9 @@ PENDING = {}
 
 # Rule 5: the client library's public headers, which the daemon never includes.
 CLIENT_INCLUDE = os.path.join("orchestrator", "client", "include")
+# Rule 7: besides the client's and the token's headers, the one orchestrator header capi/ uses.
+TOKEN_INCLUDE = os.path.join("orchestrator", "token", "include")
+CAPI_ORCHESTRATOR = {"cxlkv/orchestrator/lmcache/index_key.h"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 # Rule 6: a store's parts reached from outside tier/.
 PARTS = re.compile(r"(?:\.|->)(allocator|manager|nvme)\(\)")
@@ -73,11 +77,11 @@ def main():
         for f in files_of(m):
             if "/src/" in f and f.endswith(".h"):
                 private.setdefault(os.path.basename(f), set()).add(m)
-    client_headers = set()
-    for d, _, names in os.walk(os.path.join(ROOT, CLIENT_INCLUDE)):
-        for n in names:
-            client_headers.add(os.path.relpath(os.path.join(d, n),
-                                               os.path.join(ROOT, CLIENT_INCLUDE)))
+    client_headers, token_headers = set(), set()
+    for include, headers in ((CLIENT_INCLUDE, client_headers), (TOKEN_INCLUDE, token_headers)):
+        for d, _, names in os.walk(os.path.join(ROOT, include)):
+            for n in names:
+                headers.add(os.path.relpath(os.path.join(d, n), os.path.join(ROOT, include)))
     bad, seen_pending = [], set()
     for m, allowed in ALLOWED.items():
         own = {m} | PROVIDES.get(m, set())
@@ -114,6 +118,12 @@ def main():
                             bad.append(f"{where}: the daemon never includes the client's "
                                        "headers; what both ends share goes into a target of "
                                        "its own, as token.h did (rule 5)")
+                        if (m == "capi" and dep == "orchestrator" and inc not in client_headers
+                                and inc not in token_headers and inc not in CAPI_ORCHESTRATOR):
+                            bad.append(f"{where}: capi/ uses of the orchestrator only the "
+                                       "client, the token and the LMCache key (index_key.h); "
+                                       "what it needs of the daemon's side goes into a target "
+                                       "of its own, as cxlkv::lmcache_key did (rule 7)")
                     elif "/" not in inc or inc.startswith(".."):
                         base = os.path.basename(inc)
                         holders = private.get(base, set())

@@ -1,6 +1,6 @@
 // LMCache's memory coordinator (orchestrator/lmcache/): its logic on an injected clock, and
 // its state file across a restart. No HTTP here (tests/lmcache/coordinator_http_test.py).
-#include "cxlkv/coordinator/coordinator.h"
+#include "cxlkv/orchestrator/lmcache/coordinator.h"
 
 #include <gtest/gtest.h>
 
@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "cxlkv/coordinator/config.h"
-#include "cxlkv/coordinator/service.h"
+#include "cxlkv/orchestrator/lmcache/config.h"
+#include "cxlkv/orchestrator/lmcache/service.h"
 #include "eventually.h"
 #include "test_util.h"
 
@@ -800,7 +800,7 @@ TEST_F(CoordinatorTest, IndexedObjectsAreHeldAfterEvictionUntilTheIndexLetsThemG
   ops = co->TakeIndexOps();
   ASSERT_EQ(ops.size(), 1u);
   EXPECT_FALSE(ops[0].publish);
-  EXPECT_EQ(ops[0].key, coherence::NameKey(ns, Coordinator::IndexName(Key(0))));
+  EXPECT_EQ(ops[0].key, coherence::NameKey(ns, IndexName(Key(0))));
   // Retrying before the release evicts nothing more: the held range is on its way.
   EXPECT_FALSE(co->Reserve("t", e, {Item(100, 8)}, 3).ok());
   EXPECT_EQ(co->stats().evicted, 1u);

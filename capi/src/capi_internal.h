@@ -12,7 +12,8 @@
 //              (cxlkv_tier_*) over a tier::TieredStore; defines cxlkv_tier, a memory user
 //              of its arena
 //   tier_explain.cc  cxlkv_tier_explain's text and JSON (RenderExplain below)
-//   key.cc     keys from an engine's own block digest (cxlkv_prefix_key_from_digest)
+//   key.cc     keys from an engine's own block digest and from a name (cxlkv_prefix_key_from_*),
+//              and an LMCache object's name and key in the index (cxlkv_lmcache_index_*)
 //
 // Rule: inside the library, one part reaches another only through the C++ functions
 // declared here, never by calling an exported cxlkv_* function (such a call would go

@@ -271,6 +271,36 @@ int cxlkv_prefix_key_from_digest(uint64_t ns, const cxlkv_prefix_key* parent, co
 int cxlkv_prefix_key_from_name(uint64_t ns, const void* name, size_t name_len,
                                cxlkv_prefix_key* out);
 
+/* An LMCache object's key (LMCache's EncodedObjectKey), for its entry in a domain's prefix
+ * index, where the orchestrator's LMCache coordinator publishes every finished object
+ * (docs/lmcache.md "Keys in the domain's index"). Strings are NUL-terminated UTF-8, so a
+ * field holding a NUL byte cannot be passed (LMCache refuses one in the salt; none is in a
+ * hex chunk hash). */
+typedef struct cxlkv_lmcache_key {
+  const char* chunk_hash_hex; /* lower-case hex of an even length */
+  const char* model_name;     /* no '@' */
+  int64_t kv_rank;            /* any value, written in decimal */
+  int64_t object_group_id;    /* >= 0 */
+  const char* cache_salt;     /* NULL or "": no salt; no '@', '/' or '\\', at most 128 chars */
+} cxlkv_lmcache_key;
+/* The object's key in the index, computed by the coordinator's own code (so it is the key
+ * the coordinator published): *ns (may be NULL) gets the tenant's namespace,
+ * cxlkv_namespace(tenant, "lmcache", layout_id) (layout_id: the domain's [lmcache] layout_id,
+ * LMCache's --l1-shared-layout-id), and *out cxlkv_prefix_key_from_name(*ns, the name
+ * cxlkv_lmcache_index_name writes). Look it up with cxlkv_prefix_lookup in that namespace.
+ * CXLKV_E_INVALID, naming the field and in LMCache's words, for a NULL argument or a key
+ * LMCache refuses (the coordinator refuses it too, so no such object is ever in the index);
+ * nothing is written then. A frozen format (tests/capi_lmcache_key_test.cc pins it). Pure:
+ * any thread. */
+int cxlkv_lmcache_index_key(const char* tenant, const char* layout_id, const cxlkv_lmcache_key* key,
+                            uint64_t* ns, cxlkv_prefix_key* out);
+/* The object's name in the index: chunk_hash_hex, model_name, kv_rank, object_group_id and
+ * cache_salt, the integers in decimal, joined by the byte 0x1F. Writes at most len bytes
+ * including the NUL into buf; *needed (may be NULL) gets the full size including the NUL.
+ * buf NULL and len 0: only *needed (returns 0). CXLKV_E_INVALID as cxlkv_lmcache_index_key,
+ * and when len is too small (buf then holds nothing). Pure: any thread. */
+int cxlkv_lmcache_index_name(const cxlkv_lmcache_key* key, char* buf, size_t len, size_t* needed);
+
 /* Finds a published block; takes no lease. CXLKV_E_NOT_FOUND on a miss. */
 int cxlkv_prefix_lookup(cxlkv_domain* d, uint64_t ns, const cxlkv_prefix_key* key,
                         cxlkv_prefix_hit* hit);

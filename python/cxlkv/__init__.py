@@ -26,7 +26,7 @@ from __future__ import annotations
 from . import errors
 from .domain import Domain, Geometry, Hit, Leases, Owner, ZeroCopyView
 from .errors import CxlkvError
-from .keys import Namespace, PrefixKey, key_from_name, lmcache_index_name
+from .keys import Namespace, PrefixKey, key_from_name, lmcache_index_key, lmcache_index_name
 from .offload_tier import OffloadTier, TierJob, TierJobResult
 from .page_store import HostPagePool, PageStore
 from .pool import Arena, ArenaStats, Block, ClassStats, KvLayout, Pool
@@ -77,6 +77,7 @@ __all__ = [
     "errors",
     "key_from_name",
     "library",
+    "lmcache_index_key",
     "lmcache_index_name",
 ]
 

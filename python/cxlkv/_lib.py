@@ -104,6 +104,11 @@ class PrefixKeyC(ctypes.Structure):
     _fields_ = [("lo", c_u64), ("hi", c_u64)]
 
 
+class LmcacheKeyC(ctypes.Structure):
+    _fields_ = [("chunk_hash_hex", ctypes.c_char_p), ("model_name", ctypes.c_char_p),
+                ("kv_rank", c_i64), ("object_group_id", c_i64), ("cache_salt", ctypes.c_char_p)]
+
+
 class PublishItemC(ctypes.Structure):
     _fields_ = [("key", PrefixKeyC), ("parent", PrefixKeyC), ("ref", BlockRef)]
 
@@ -221,6 +226,7 @@ STRUCTS = {
     "cxlkv_arena_stats": ArenaStatsC,
     "cxlkv_domain_geometry": GeometryC,
     "cxlkv_prefix_key": PrefixKeyC,
+    "cxlkv_lmcache_key": LmcacheKeyC,
     "cxlkv_prefix_hit": PrefixHitC,
     "cxlkv_publish_item": PublishItemC,
     "cxlkv_copy_out_item": CopyOutItemC,
@@ -265,6 +271,11 @@ _PROTOTYPES = {
     "cxlkv_prefix_key_chain": (PrefixKeyC, [c_u64, _P, _P, _SIZE]),
     "cxlkv_prefix_key_from_digest": (_INT, [c_u64, _P, _P, _SIZE, _P]),
     "cxlkv_prefix_key_from_name": (_INT, [c_u64, _P, _SIZE, _P]),
+    "cxlkv_lmcache_index_key": (_INT, [ctypes.c_char_p, ctypes.c_char_p,
+                                       ctypes.POINTER(LmcacheKeyC), ctypes.POINTER(c_u64),
+                                       ctypes.POINTER(PrefixKeyC)]),
+    "cxlkv_lmcache_index_name": (_INT, [ctypes.POINTER(LmcacheKeyC), ctypes.c_char_p, _SIZE,
+                                        ctypes.POINTER(_SIZE)]),
     "cxlkv_region_object": (_INT, [_P, ctypes.POINTER(c_u64), ctypes.POINTER(c_u64),
                                    ctypes.POINTER(c_u64), ctypes.POINTER(c_u32)]),
     "cxlkv_lease_copy_out_region": (_INT, [_P, _P, _P, c_u64, c_u64, _P, _SIZE]),

@@ -309,13 +309,97 @@ def key_from_name(ns_id: int, name: Union[bytes, str]) -> PrefixKey:
     return PrefixKey(int(out.lo), int(out.hi))
 
 
+def _lmcache_key(operation: str, chunk_hash_hex: str, model_name: str, kv_rank: int,
+                 object_group_id: int, cache_salt: str) -> Any:
+    """An LMCache object key as the C struct (``cxlkv_lmcache_key``), its strings UTF-8. The
+    library checks LMCache's rules; here only what C cannot carry: a NUL in a string, an
+    integer outside int64."""
+    fields = {}
+    for field, value in (("chunk_hash_hex", chunk_hash_hex), ("model_name", model_name),
+                         ("cache_salt", cache_salt)):
+        if not isinstance(value, str):
+            raise InvalidArgumentError(f"{field} is a {type(value).__name__}, not a str",
+                                       operation=operation,
+                                       hint="pass the EncodedObjectKey's fields as LMCache has "
+                                       "them")
+        if "\0" in value:
+            raise InvalidArgumentError(f"{field} {value[:80]!r} contains a NUL character",
+                                       operation=operation,
+                                       hint="LMCache's keys hold no NUL; pass the key unchanged")
+        fields[field] = value.encode()
+    ints = {}
+    for field, value in (("kv_rank", kv_rank), ("object_group_id", object_group_id)):
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"{field} {value!r} is not an integer",
+                                       operation=operation, hint="pass an int") from None
+        if not -(1 << 63) <= n < 1 << 63:
+            raise InvalidArgumentError(f"{field} {n} is outside the 64-bit signed range",
+                                       operation=operation,
+                                       hint="LMCache's coordinator holds it as an int64")
+        ints[field] = n
+    return _lib.LmcacheKeyC(fields["chunk_hash_hex"], fields["model_name"], ints["kv_rank"],
+                            ints["object_group_id"], fields["cache_salt"])
+
+
 def lmcache_index_name(chunk_hash_hex: str, model_name: str, kv_rank: int,
                        object_group_id: int = 0, cache_salt: str = "") -> bytes:
     """The name an LMCache object has in a cxlkv domain's prefix index (docs/lmcache.md "Keys
     in the domain's index"): its EncodedObjectKey's fields, integers in decimal, joined by
-    0x1F. Its key is ``key_from_name(Namespace(tenant, "lmcache", layout_id).id, name)``."""
-    return "\x1f".join([chunk_hash_hex, model_name, str(int(kv_rank)), str(int(object_group_id)),
-                        cache_salt]).encode()
+    0x1F, as the coordinator computes it (``cxlkv_lmcache_index_name``). Its key is
+    ``key_from_name(Namespace(tenant, "lmcache", layout_id).id, name)``, or
+    :func:`lmcache_index_key`.
+
+    Raises:
+        InvalidArgumentError: naming the field, for a key LMCache refuses (chunk_hash_hex not
+            lower-case hex of an even length, '@' in model_name, a negative object_group_id,
+            '@', '/' or '\\' in cache_salt or more than 128 characters), a NUL in a string, an
+            integer outside int64 or a field of another type.
+    """
+    op = "lmcache_index_name"
+    key = _lmcache_key(op, chunk_hash_hex, model_name, kv_rank, object_group_id, cache_salt)
+    lib = _lib.load()
+    needed = ctypes.c_size_t(0)
+    rc = lib.cxlkv_lmcache_index_name(ctypes.byref(key), None, 0, ctypes.byref(needed))
+    if rc == 0:
+        buf = ctypes.create_string_buffer(needed.value)
+        rc = lib.cxlkv_lmcache_index_name(ctypes.byref(key), buf, needed.value, None)
+    if rc:
+        raise InvalidArgumentError(lib.last_error() or lib.strerror(rc),
+                                   operation=op, code=rc,
+                                   hint="pass the object's key as LMCache sent it")
+    return buf.raw[:needed.value - 1]
+
+
+def lmcache_index_key(tenant: str, layout_id: str, chunk_hash_hex: str, model_name: str,
+                      kv_rank: int, object_group_id: int = 0, cache_salt: str = "") -> PrefixKey:
+    """The key an LMCache object of `tenant` has in a cxlkv domain's prefix index, in the
+    namespace ``Namespace(tenant, "lmcache", layout_id)`` (layout_id: the domain's [lmcache]
+    layout_id), as the coordinator publishes it (``cxlkv_lmcache_index_key``).
+
+    Raises:
+        InvalidArgumentError: as :func:`lmcache_index_name`, or a tenant or layout_id that is
+            not a str without NUL.
+    """
+    op = "lmcache_index_key"
+    key = _lmcache_key(op, chunk_hash_hex, model_name, kv_rank, object_group_id, cache_salt)
+    names = []
+    for field, value in (("tenant", tenant), ("layout_id", layout_id)):
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidArgumentError(f"{field} {value!r} is not a str without NUL",
+                                       operation=op, hint="pass the tenant's and the domain's "
+                                       "[lmcache] layout_id names")
+        names.append(value.encode())
+    lib = _lib.load()
+    out = _lib.PrefixKeyC()
+    rc = lib.cxlkv_lmcache_index_key(names[0], names[1], ctypes.byref(key), None,
+                                     ctypes.byref(out))
+    if rc:
+        raise InvalidArgumentError(lib.last_error() or lib.strerror(rc),
+                                   operation=op, code=rc,
+                                   hint="pass the object's key as LMCache sent it")
+    return PrefixKey(int(out.lo), int(out.hi))
 
 
 def digest_bytes(digest: Union[bytes, bytearray, memoryview, str], what: str) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import shutil
 import subprocess
@@ -239,3 +240,80 @@ def test_name_keys_are_the_c_functions_golden_values() -> None:
     assert cxlkv.key_from_name(42, "x") == cxlkv.key_from_name(42, b"x")
     with pytest.raises(cxlkv.errors.InvalidArgumentError):
         cxlkv.key_from_name(-1, b"x")
+
+
+# tests/capi_lmcache_key_test.cc's golden key: tenant "t", layout_id "L1", the key
+# ("00ff", "llama", 3, 1, "salt"); its namespace is Namespace("t", "lmcache", "L1").id.
+LMCACHE_GOLDEN_NS = 0xE6932E96B439C49A
+LMCACHE_GOLDEN_LO, LMCACHE_GOLDEN_HI = 0xDA8301E8FCF7323B, 0x894BFD1DF02FFFB1
+
+# Keys at the edges of what LMCache accepts (tests/capi_lmcache_key_test.cc has the same).
+LMCACHE_EDGE_KEYS = [
+    ("00ff", "llama", 3, 1, "salt"),
+    ("", "m", 0, 0, ""),
+    ("0123456789abcdef0123456789abcdef", "Qwen/Qwen3-8B", 0, 0, ""),
+    ("ab", "\u6a21\u578b-m\u00f6del", 1, 2, "tenant-a"),
+    ("cd", "m", (1 << 63) - 1, 0, ""),
+    ("ef", "m", -(1 << 63), 0, ""),
+    ("10", "m", -1, (1 << 63) - 1, "\u00e9" * 128),
+]
+
+
+@pytest.mark.parametrize("key", LMCACHE_EDGE_KEYS)
+def test_lmcache_index_name_and_key_are_the_c_functions(key: tuple) -> None:
+    """lmcache_index_name and lmcache_index_key return what the C calls return (the
+    coordinator's own code, which tests/capi_lmcache_key_test.cc checks against what the
+    coordinator publishes), and the key is key_from_name over the name in the tenant's
+    namespace."""
+    lib = _lib.load()
+    c_key = _lib.LmcacheKeyC(key[0].encode(), key[1].encode(), key[2], key[3], key[4].encode())
+    needed = ctypes.c_size_t(0)
+    assert lib.cxlkv_lmcache_index_name(ctypes.byref(c_key), None, 0, ctypes.byref(needed)) == 0
+    buf = ctypes.create_string_buffer(needed.value)
+    assert lib.cxlkv_lmcache_index_name(ctypes.byref(c_key), buf, needed.value, None) == 0
+    name = cxlkv.lmcache_index_name(*key)
+    assert name == buf.raw[:-1]
+    assert name == "\x1f".join([key[0], key[1], str(key[2]), str(key[3]), key[4]]).encode()
+    for tenant, layout in (("t", "L1"), ("", ""), ("\u00fc-tenant", "layout-\u03bb")):
+        out = _lib.PrefixKeyC()
+        ns = ctypes.c_uint64(0)
+        assert lib.cxlkv_lmcache_index_key(tenant.encode(), layout.encode(), ctypes.byref(c_key),
+                                           ctypes.byref(ns), ctypes.byref(out)) == 0
+        k = cxlkv.lmcache_index_key(tenant, layout, *key)
+        assert (k.lo, k.hi) == (out.lo, out.hi)
+        assert ns.value == cxlkv.Namespace(tenant, "lmcache", layout).id
+        assert k == cxlkv.key_from_name(ns.value, name)
+
+
+def test_lmcache_index_key_golden_value() -> None:
+    """The frozen format end to end, pinned to the value tests/capi_lmcache_key_test.cc pins."""
+    k = cxlkv.lmcache_index_key("t", "L1", "00ff", "llama", 3, 1, "salt")
+    assert (k.lo, k.hi) == (LMCACHE_GOLDEN_LO, LMCACHE_GOLDEN_HI)
+    assert cxlkv.Namespace("t", "lmcache", "L1").id == LMCACHE_GOLDEN_NS
+    assert cxlkv.lmcache_index_name("abcd", "m", 0) == b"abcd\x1fm\x1f0\x1f0\x1f"
+
+
+@pytest.mark.parametrize("args, field", [
+    (("00FF", "m", 0), "chunk_hash_hex"),
+    (("0ff", "m", 0), "chunk_hash_hex"),
+    (("00", "a@b", 0), "model_name"),
+    (("00", "m", 0, -1), "object_group_id"),
+    (("00", "m", 0, 0, "a/b"), "cache_salt"),
+    (("00", "m", 0, 0, "s" * 129), "cache_salt"),
+    (("00", "m\0x", 0), "model_name"),
+    (("00", "m", 1 << 63), "kv_rank"),
+    (("00", "m", "three"), "kv_rank"),
+    ((b"00", "m", 0), "chunk_hash_hex"),
+])
+def test_lmcache_keys_lmcache_refuses_name_their_field(args: tuple, field: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=field):
+        cxlkv.lmcache_index_name(*args)
+    with pytest.raises(InvalidArgumentError, match=field):
+        cxlkv.lmcache_index_key("t", "L1", *args)
+
+
+def test_lmcache_index_key_names_a_bad_tenant_or_layout() -> None:
+    with pytest.raises(InvalidArgumentError, match="tenant"):
+        cxlkv.lmcache_index_key(None, "L1", "00", "m", 0)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="layout_id"):
+        cxlkv.lmcache_index_key("t", "L\0", "00", "m", 0)

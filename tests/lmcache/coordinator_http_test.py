@@ -402,9 +402,14 @@ def check_index(binary, library):
             handles[i] = g["handle"]
 
         def ikey(k):
-            name = cxlkv.lmcache_index_name(k["chunk_hash_hex"], k["model_name"], k["kv_rank"],
-                                            k.get("object_group_id", 0), k.get("cache_salt", ""))
-            return cxlkv.key_from_name(ns.id, name)
+            # The key as a reader computes it (the coordinator's own code through the C API):
+            # the owner must have published the object under exactly this key.
+            fields = (k["chunk_hash_hex"], k["model_name"], k["kv_rank"],
+                      k.get("object_group_id", 0), k.get("cache_salt", ""))
+            key = cxlkv.lmcache_index_key("batch", "test-layout", *fields)
+            check(key == cxlkv.key_from_name(ns.id, cxlkv.lmcache_index_name(*fields)),
+                  f"lmcache_index_key is not key_from_name over the name for {k}")
+            return key
         host = cxlkv.Domain.join(f"orchestrator:{d.dir}/o.sock", 1)
         ikeys = [ikey(k) for k in keys]
         deadline = time.monotonic() + 10

@@ -26,7 +26,7 @@
 #include "cxlkv/base/errno.h"
 #include "cxlkv/coherence/cache.h"
 #include "cxlkv/coherence/domain_layout.h"
-#include "cxlkv/coordinator/service.h"
+#include "cxlkv/orchestrator/lmcache/service.h"
 #include "cxlkv/orchestrator/token.h"
 #include "cxlkv/pool/arena.h"
 #include "cxlkv/pool/region.h"

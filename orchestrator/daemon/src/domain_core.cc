@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cxlkv/coherence/cache.h"
-#include "cxlkv/coordinator/service.h"
+#include "cxlkv/orchestrator/lmcache/service.h"
 #include "cxlkv/pool/arena.h"
 #include "ha.h"
 #include "metrics.h"

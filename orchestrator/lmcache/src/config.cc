@@ -1,5 +1,5 @@
 // [lmcache] of domain.toml, and the tenants' token file.
-#include "cxlkv/coordinator/config.h"
+#include "cxlkv/orchestrator/lmcache/config.h"
 
 #include <sys/stat.h>
 

@@ -1,5 +1,5 @@
 // LMCache's memory coordinator over a region of the pool: the logic and the state file.
-#include "cxlkv/coordinator/coordinator.h"
+#include "cxlkv/orchestrator/lmcache/coordinator.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -40,7 +40,7 @@ std::string RandomHex128() {
 
 // The canonical form of a key inside a namespace (fields joined by a byte no field holds).
 std::string Canonical(const std::string& ns, const ObjectKey& k) {
-  return absl::StrCat(ns, "\x1f", Coordinator::IndexName(k));
+  return absl::StrCat(ns, "\x1f", IndexName(k));
 }
 
 // An object's bytes in the region: its length rounded up to the alignment.
@@ -158,41 +158,6 @@ absl::StatusOr<std::uint64_t> LayoutBytes(const Layout& l) {
     if (total > kLayoutTooLarge) total = kLayoutTooLarge;
   }
   return static_cast<std::uint64_t>(total);
-}
-
-absl::Status CheckKey(const ObjectKey& k) {
-  const std::string& h = k.chunk_hash_hex;
-  bool ok = h.size() % 2 == 0;
-  for (char ch : h) ok = ok && ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'));
-  if (!ok) {
-    return absl::InvalidArgumentError(
-        "encoded object key must use its canonical representation (chunk_hash_hex: lower-case "
-        "hex of even length)");
-  }
-  // LMCache's ObjectKey invariants, in its order and words (docs/lmcache.md "Keys"): its L2
-  // adapters use '@' as a field separator and put the salt in file names.
-  if (k.model_name.find('@') != std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model_name must not contain '@' (got '", k.model_name, "')"));
-  }
-  if (k.object_group_id < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("object_group_id must be >= 0 (got ", k.object_group_id, ")"));
-  }
-  if (k.cache_salt.find_first_of("@/\\\0", 0, 4) != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cache_salt must not contain '@', '/', '\\' or NUL (got '", k.cache_salt, "')"));
-  }
-  // Python counts characters: UTF-8 bytes that do not continue a character.
-  std::size_t chars = 0;
-  for (char ch : k.cache_salt) {
-    if ((static_cast<unsigned char>(ch) & 0xC0) != 0x80) ++chars;
-  }
-  if (chars > kMaxCacheSaltChars) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cache_salt exceeds max length ", kMaxCacheSaltChars, " (got ", chars, ")"));
-  }
-  return absl::OkStatus();
 }
 
 Coordinator::Coordinator(const CoordinatorConfig& c, std::uint64_t region_offset,
@@ -662,17 +627,8 @@ absl::StatusOr<std::uint32_t> Coordinator::ExpireUnsynced(std::int64_t now_ms,
 
 // ---- the domain's prefix index ----------------------------------------------------------------
 
-std::string Coordinator::IndexName(const ObjectKey& k) {
-  return absl::StrCat(k.chunk_hash_hex, "\x1f", k.model_name, "\x1f", k.kv_rank, "\x1f",
-                      k.object_group_id, "\x1f", k.cache_salt);
-}
-
-coherence::PrefixKey Coordinator::IndexKey(coherence::Namespace ns, const ObjectKey& k) {
-  return coherence::NameKey(ns, IndexName(k));
-}
-
 coherence::Namespace Coordinator::IndexNamespace(const std::string& tenant) const {
-  return coherence::MakeNamespace(tenant, "lmcache", c_.layout_id);
+  return coordinator::IndexNamespace(tenant, c_.layout_id);
 }
 
 std::uint32_t Coordinator::RegionTag() const {

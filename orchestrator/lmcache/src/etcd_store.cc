@@ -11,7 +11,7 @@
 // chunks first, one transaction each, then flips the head to it in one transaction that also
 // deletes the journal, every other generation and the old single value: until the flip the
 // old generation is the live one, whatever happened to the chunk writes.
-#include "cxlkv/coordinator/etcd_store.h"
+#include "cxlkv/orchestrator/lmcache/etcd_store.h"
 
 #include <algorithm>
 #include <cstdio>

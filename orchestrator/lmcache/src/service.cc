@@ -1,5 +1,5 @@
 // LMCache's coordinator wire (docs/lmcache.md "The coordinator") over civetweb.
-#include "cxlkv/coordinator/service.h"
+#include "cxlkv/orchestrator/lmcache/service.h"
 
 #include <civetweb.h>
 

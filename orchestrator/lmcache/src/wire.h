@@ -3,7 +3,7 @@
 #ifndef CXLKV_COORDINATOR_WIRE_H_
 #define CXLKV_COORDINATOR_WIRE_H_
 
-#include "cxlkv/coordinator/coordinator.h"
+#include "cxlkv/orchestrator/lmcache/coordinator.h"
 #include "nlohmann/json.hpp"
 
 namespace cxlkv::coordinator {

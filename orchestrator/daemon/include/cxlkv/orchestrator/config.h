@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "cxlkv/coordinator/config.h"
+#include "cxlkv/orchestrator/lmcache/config.h"
 #include "cxlkv/tier/placement_config.h"
 
 namespace cxlkv::orchestrator {

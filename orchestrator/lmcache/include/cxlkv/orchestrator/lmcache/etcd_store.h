@@ -1,9 +1,9 @@
-// cxlkv/coordinator/etcd_store.h — the coordinator's state in etcd, for a domain with [etcd]
-// (docs/lmcache.md "Fail-over", "The state in etcd"). Only in a build with the etcd client
-// (cxlkv::etcd): without it no domain has [etcd], and the daemon's HA session (ha_etcd.cc),
-// its one caller, is not built.
-#ifndef CXLKV_COORDINATOR_ETCD_STORE_H_
-#define CXLKV_COORDINATOR_ETCD_STORE_H_
+// cxlkv/orchestrator/lmcache/etcd_store.h — the coordinator's state in etcd, for a domain with
+// [etcd] (docs/lmcache.md "Fail-over", "The state in etcd"). Only in a build with the etcd
+// client (cxlkv::etcd): without it no domain has [etcd], and the daemon's HA session
+// (ha_etcd.cc), its one caller, is not built.
+#ifndef CXLKV_ORCHESTRATOR_LMCACHE_ETCD_STORE_H_
+#define CXLKV_ORCHESTRATOR_LMCACHE_ETCD_STORE_H_
 
 #include <cstdint>
 #include <functional>
@@ -11,8 +11,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "cxlkv/coordinator/coordinator.h"
 #include "cxlkv/orchestrator/etcd.h"
+#include "cxlkv/orchestrator/lmcache/coordinator.h"
 
 namespace cxlkv::coordinator {
 
@@ -42,4 +42,4 @@ absl::StatusOr<std::unique_ptr<StateStore>> EtcdStateStore(const EtcdPlace& plac
 
 }  // namespace cxlkv::coordinator
 
-#endif  // CXLKV_COORDINATOR_ETCD_STORE_H_
+#endif  // CXLKV_ORCHESTRATOR_LMCACHE_ETCD_STORE_H_

@@ -1,10 +1,11 @@
-// cxlkv/coordinator/coordinator.h — LMCache's memory coordinator (docs/lmcache.md "The
+// cxlkv/orchestrator/lmcache/coordinator.h — LMCache's memory coordinator (docs/lmcache.md "The
 // coordinator") over one region of a cxlkv domain's pool: reservations, finished objects,
 // reclamation, eviction, tenants, and a crash-consistent state file.
 //
-// Key types: ObjectKey (LMCache's EncodedObjectKey), Layout (shapes and dtype names), Handle
-// ({offset, length, generation}; offsets are region-relative as LMCache has them: LMCache maps
-// the pool with --l1-shared-mapping-offset-bytes = region_offset), and Coordinator. The HTTP side
+// Key types: ObjectKey (LMCache's EncodedObjectKey, in index_key.h with its rules and its key
+// in the prefix index), Layout (shapes and dtype names), Handle ({offset, length, generation};
+// offsets are region-relative as LMCache has them: LMCache maps the pool with
+// --l1-shared-mapping-offset-bytes = region_offset), and Coordinator. The HTTP side
 // (http.h) turns requests into these calls; this file knows nothing of HTTP.
 //
 // What it adds to LMCache's M0 pool: space comes back (abort, an expired reservation,
@@ -22,8 +23,8 @@
 // finds none in progress; a call that reveals state (a lookup) waits the same way for every
 // record it could have seen. The journal is folded into a new snapshot once it outgrows the
 // object count.
-#ifndef CXLKV_COORDINATOR_COORDINATOR_H_
-#define CXLKV_COORDINATOR_COORDINATOR_H_
+#ifndef CXLKV_ORCHESTRATOR_LMCACHE_COORDINATOR_H_
+#define CXLKV_ORCHESTRATOR_LMCACHE_COORDINATOR_H_
 
 #include <cstdint>
 #include <map>
@@ -38,19 +39,10 @@
 #include "absl/status/statusor.h"
 #include "cxlkv/base/mutex.h"
 #include "cxlkv/coherence/prefix.h"
-#include "cxlkv/coordinator/config.h"
+#include "cxlkv/orchestrator/lmcache/config.h"
+#include "cxlkv/orchestrator/lmcache/index_key.h"
 
 namespace cxlkv::coordinator {
-
-// LMCache's EncodedObjectKey: chunk_hash_hex is lower-case hex of an even length.
-struct ObjectKey {
-  std::string chunk_hash_hex;
-  std::string model_name;
-  std::int64_t kv_rank = 0;
-  std::int64_t object_group_id = 0;
-  std::string cache_salt;
-  bool operator==(const ObjectKey&) const = default;
-};
 
 struct Layout {
   std::vector<std::vector<std::int64_t>> shapes;
@@ -66,12 +58,6 @@ std::uint32_t DtypeBytes(const std::string& name);
 // differ in number, a dimension is negative, or a dtype is unknown.
 inline constexpr std::uint64_t kLayoutTooLarge = std::uint64_t{1} << 62;
 absl::StatusOr<std::uint64_t> LayoutBytes(const Layout& l);
-// kInvalidArgument, in LMCache's words, for a key LMCache refuses (docs/lmcache.md "Keys"):
-// chunk_hash_hex not lower-case hex of even length, '@' in model_name, a negative
-// object_group_id, '@', '/', '\\' or NUL in cache_salt, or a salt of more than
-// kMaxCacheSaltChars characters.
-inline constexpr std::size_t kMaxCacheSaltChars = 128;
-absl::Status CheckKey(const ObjectKey& k);
 
 struct Handle {
   std::uint64_t offset = 0;  // in the region; the pool offset is region_offset + offset
@@ -214,7 +200,7 @@ class Coordinator {
   // ---- the domain's prefix index (docs/lmcache.md "Keys in the domain's index") ------------
   // With lmcache.index, every finished object is published in the domain's prefix index as an
   // entry of the owner's own (coherence::PrefixOwner::PublishOwn): namespace IndexNamespace
-  // (tenant), key IndexKey(key), a region ref of its handle. Hosts then find and lease it by
+  // (tenant), key IndexKey(ns, key), a region ref of its handle. Hosts then find and lease it by
   // chain lease, without HTTP. Such an object's range, once the object is evicted, is *held*
   // (not free, counted in used_bytes) until the index lets it go: the owner reclaims its entry
   // when no host's lease names it (IndexReleased). The daemon's owner loop carries the ops out
@@ -225,10 +211,8 @@ class Coordinator {
     coherence::PrefixKey key;
     coherence::BlockRef ref{};
   };
-  // The key's fields in one text (chunk_hash_hex, model_name, kv_rank, object_group_id,
-  // cache_salt joined by 0x1F), and its index key: coherence::NameKey(ns, that text).
-  static std::string IndexName(const ObjectKey& k);
-  static coherence::PrefixKey IndexKey(coherence::Namespace ns, const ObjectKey& k);
+  // A tenant's namespace in the index, coordinator::IndexNamespace(tenant, layout_id); an
+  // object's key there is IndexKey(that namespace, its key) (index_key.h).
   coherence::Namespace IndexNamespace(const std::string& tenant) const;
   // The region tag in this region's refs: CRC32C of region_id.
   std::uint32_t RegionTag() const;
@@ -347,4 +331,4 @@ class Coordinator {
 
 }  // namespace cxlkv::coordinator
 
-#endif  // CXLKV_COORDINATOR_COORDINATOR_H_
+#endif  // CXLKV_ORCHESTRATOR_LMCACHE_COORDINATOR_H_

@@ -1,6 +1,7 @@
-// cxlkv/coordinator/service.h — LMCache's memory coordinator HTTP API (docs/lmcache.md "The
-// coordinator"), served by civetweb (Debian's libcivetweb, already in the orchestrator through
-// prometheus-cpp) for the orchestrator of a domain with an [lmcache] section.
+// cxlkv/orchestrator/lmcache/service.h — LMCache's memory coordinator HTTP API
+// (docs/lmcache.md "The coordinator"), served by civetweb (Debian's libcivetweb, already in the
+// orchestrator through prometheus-cpp) for the orchestrator of a domain with an [lmcache]
+// section.
 //
 // Start opens the Coordinator (its state file), loads the tenants' tokens, binds
 // lmcache.listen, and runs a reaper thread that reclaims expired reservations. The wire is
@@ -11,8 +12,8 @@
 // With [etcd] (docs/lmcache.md "Fail-over") every orchestrator of the domain listens, and only
 // the leader serves: a Service started as a standby answers 503 on every route but /healthz
 // until Lead (on election) loads the state from etcd; StandBy (on losing leadership) goes back.
-#ifndef CXLKV_COORDINATOR_SERVICE_H_
-#define CXLKV_COORDINATOR_SERVICE_H_
+#ifndef CXLKV_ORCHESTRATOR_LMCACHE_SERVICE_H_
+#define CXLKV_ORCHESTRATOR_LMCACHE_SERVICE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -28,8 +29,8 @@
 #include "absl/strings/string_view.h"
 #include "cxlkv/base/mutex.h"
 #include "cxlkv/base/stop.h"
-#include "cxlkv/coordinator/config.h"
-#include "cxlkv/coordinator/coordinator.h"
+#include "cxlkv/orchestrator/lmcache/config.h"
+#include "cxlkv/orchestrator/lmcache/coordinator.h"
 
 struct mg_context;
 struct mg_connection;
@@ -108,4 +109,4 @@ class Service {
 
 }  // namespace cxlkv::coordinator
 
-#endif  // CXLKV_COORDINATOR_SERVICE_H_
+#endif  // CXLKV_ORCHESTRATOR_LMCACHE_SERVICE_H_

@@ -1,11 +1,11 @@
-// cxlkv/coordinator/config.h — the [lmcache] section of domain.toml: LMCache's memory
+// cxlkv/orchestrator/lmcache/config.h — the [lmcache] section of domain.toml: LMCache's memory
 // coordinator API (docs/lmcache.md "The coordinator"), served by the orchestrator. Off without
 // the section. This module owns the section's keys and reads them from the same text as the
 // daemon (as tier/ does [placement]); the daemon only calls ParseCoordinatorConfig.
 //
 // The token file maps bearer tokens to tenants (LoadTenantTokens).
-#ifndef CXLKV_COORDINATOR_CONFIG_H_
-#define CXLKV_COORDINATOR_CONFIG_H_
+#ifndef CXLKV_ORCHESTRATOR_LMCACHE_CONFIG_H_
+#define CXLKV_ORCHESTRATOR_LMCACHE_CONFIG_H_
 
 #include <cstdint>
 #include <map>
@@ -78,4 +78,4 @@ absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::s
 
 }  // namespace cxlkv::coordinator
 
-#endif  // CXLKV_COORDINATOR_CONFIG_H_
+#endif  // CXLKV_ORCHESTRATOR_LMCACHE_CONFIG_H_
