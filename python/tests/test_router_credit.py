@@ -142,6 +142,52 @@ def test_a_worker_seen_later_gets_the_blocks_still_held():
     assert credit.workers == ["a", "b"]
 
 
+class FakeClock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_a_departed_worker_is_published_nothing():
+    hashes = engine_hashes(TOKENS, 3)
+    clock = FakeClock()
+    credit = DomainCredit(["a"], worker_idle_s=60, clock=clock)
+    tier = lambda src: (f"kv@{src}@" + MODEL, batch(stored(hashes, TOKENS, "STORAGE")))  # noqa: E731
+    credit.handle("kv@b@" + MODEL, batch(stored([b"\x07" * 32], [1] * 16, "GPU")))
+    credit.handle("kv@c@" + MODEL, batch(stored([b"\x08" * 32], [2] * 16, "GPU")))
+    assert credit.workers == ["a", "b", "c"]
+    # b keeps publishing, c falls silent (its pod gone): past worker_idle_s c departs, and the
+    # tier's blocks credit a and b only. a was configured: it stays though it never spoke.
+    clock.t += 40
+    credit.handle("kv@b@" + MODEL, batch(stored([b"\x09" * 32], [3] * 16, "GPU")))
+    clock.t += 40
+    out = credit.handle(*tier("b"))
+    assert [t for t, _ in out] == ["kv@a@" + MODEL]
+    assert credit.workers == ["a", "b"]
+    # The relay's loop expires between messages too.
+    clock.t += 61
+    assert credit.expire() == ["b"]
+    assert credit.handle(*tier("a")) == []  # no one else left
+    # A departed worker that speaks again is a late worker: the blocks still held, first.
+    out = credit.handle("kv@c@" + MODEL, batch(stored([b"\x08" * 32], [2] * 16, "GPU")))
+    assert [t for t, _ in out] == ["kv@c@" + MODEL] * 2  # b's tier block, then a's
+    index = llmd.Indexer(WEIGHTS)
+    feed_all(index, out)
+    assert index.score(TOKENS, MODEL) == {"c": pytest.approx(2.4)}
+    # remove_worker: a configured worker departs only so.
+    assert credit.remove_worker("a") and not credit.remove_worker("a")
+    assert [t for t, _ in credit.handle(*tier("c"))] == []
+    assert credit.workers == ["c"]
+
+
+def test_worker_idle_s_must_be_positive():
+    with pytest.raises(InvalidArgumentError, match="worker_idle_s"):
+        DomainCredit(worker_idle_s=0)
+    assert DomainCredit(worker_idle_s=None).expire(now=1e12) == []
+
+
 def test_tier_events_without_tokens_credit_through_the_engine_keys():
     # vLLM fills token ids only where its event tracker saw the request; without them llm-d
     # adds the pod to the request keys the engine hashes already map to (pool.go:255-289),

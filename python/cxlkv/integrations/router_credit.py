@@ -20,6 +20,10 @@ fans out one event per worker (docs/kv_events.md, "Router credit for the domain"
   decodes), under ``kv@<worker>@<model>`` for every other worker of the domain, the model taken
   from the source's topic (llm-d computes its request keys with it); a worker it learns of
   late (configured, or first seen publishing) first gets the blocks still held;
+- a worker learnt from its messages departs when it has published nothing for
+  ``worker_idle_s`` (its pod gone, or idle: an engine that publishes again is a late worker
+  and gets the blocks still held first), or when :meth:`DomainCredit.remove_worker` names it;
+  nothing is published for a departed worker. Configured workers stay until removed;
 - with ``pool`` set it instead publishes once, under ``kv@pool:<pool>@<model>``, the identity
   of PR #2586: off by default, because a released llm-d reads ``pool:<pool>`` as one more pod
   and credits no real endpoint.
@@ -40,7 +44,7 @@ import logging
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import InvalidArgumentError
 
@@ -121,16 +125,26 @@ class DomainCredit:
         pool: publish once under ``kv@pool:<pool>@<model>`` instead of once per worker.
         max_held: how many relayed ``BlockStored`` events are kept for late workers (the
             oldest go first; a worker that joins later misses those).
+        worker_idle_s: a worker learnt from its messages departs after this long without
+            one (None: never). Configured workers stay until :meth:`remove_worker`.
+        clock: seconds, monotonic (tests pass their own).
     """
 
     def __init__(self, workers: Iterable[str] = (), *, medium: str = "STORAGE",
-                 pool: Optional[str] = None, max_held: int = 100_000) -> None:
+                 pool: Optional[str] = None, max_held: int = 100_000,
+                 worker_idle_s: Optional[float] = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not medium or medium in ENGINE_LOCAL_MEDIUMS:
             raise InvalidArgumentError(
                 f"medium {medium!r} is also the medium of the engine's own tiers, whose blocks "
                 "only that engine can load", subject="router credit",
                 hint="declare the cxlkv tier with medium STORAGE (its vLLM config key "
                      "'medium') and relay STORAGE")
+        if worker_idle_s is not None and not worker_idle_s > 0:
+            raise InvalidArgumentError(f"worker_idle_s {worker_idle_s!r} is not positive",
+                                       subject="router credit",
+                                       hint="seconds a learnt worker may stay silent, or None "
+                                            "to keep every worker")
         if pool is not None and ("@" in pool or not pool):
             raise InvalidArgumentError(f"pool {pool!r} is empty or contains '@'",
                                        subject="router credit",
@@ -138,7 +152,11 @@ class DomainCredit:
         self.medium = medium
         self.pool = pool
         self.max_held = max_held
+        self.worker_idle_s = worker_idle_s
+        self._clock = clock
         self.workers: List[str] = []
+        self._configured: Set[str] = set()
+        self._last_seen: Dict[str, float] = {}  # learnt workers: their last message
         self._msgpack = _msgpack()
         self._held: "collections.OrderedDict[int, _Held]" = collections.OrderedDict()
         self._by_hash: Dict[Any, Set[int]] = {}
@@ -149,8 +167,38 @@ class DomainCredit:
     # -- workers ----------------------------------------------------------------------------
 
     def add_worker(self, pod: str) -> List[Tuple[str, bytes]]:
-        """Adds a worker; returns the messages that credit it with the blocks still held (to
-        publish before anything else for it). Nothing for a worker already known."""
+        """Adds a configured worker (it stays until :meth:`remove_worker`); returns the
+        messages that credit it with the blocks still held (to publish before anything else
+        for it). Nothing for a worker already known."""
+        out = self._add(pod)
+        self._configured.add(pod)
+        self._last_seen.pop(pod, None)
+        return out
+
+    def remove_worker(self, pod: str) -> bool:
+        """The worker departs: nothing more is published for it. False if it was not known."""
+        if pod not in self.workers:
+            return False
+        self.workers.remove(pod)
+        self._configured.discard(pod)
+        self._last_seen.pop(pod, None)
+        return True
+
+    def expire(self, now: Optional[float] = None) -> List[str]:
+        """Removes the learnt workers silent for longer than ``worker_idle_s``; returns them.
+        :meth:`handle` calls it, and :func:`run` between messages."""
+        if self.worker_idle_s is None:
+            return []
+        now = self._clock() if now is None else now
+        gone = [w for w, t in self._last_seen.items() if now - t > self.worker_idle_s]
+        for w in gone:
+            self.remove_worker(w)
+            log.info("router credit: worker %r published nothing for %.0f s: departed "
+                     "(a later message adds it again, with the blocks still held)",
+                     w, self.worker_idle_s)
+        return gone
+
+    def _add(self, pod: str) -> List[Tuple[str, bytes]]:
         if not pod or "@" in pod:
             raise InvalidArgumentError(f"worker {pod!r} is empty or contains '@'",
                                        subject="router credit",
@@ -180,7 +228,11 @@ class DomainCredit:
         if isinstance(topic, (bytes, bytearray)):
             topic = bytes(topic).decode("utf-8", "replace")
         source, model = parse_topic(topic)
-        out = self.add_worker(source)
+        now = self._clock()
+        if source not in self._configured:
+            self._last_seen[source] = now  # before expire: a worker that speaks stays
+        self.expire(now)
+        out = self._add(source)
         try:
             batch = self._msgpack.unpackb(payload, raw=False, strict_map_key=False)
         except Exception as e:  # msgpack raises several types
@@ -296,6 +348,7 @@ def run(credit: DomainCredit, sources: Sequence[str], publish: str,
 
         while stop is None or not stop.is_set():
             if not sub.poll(100):
+                credit.expire()
                 continue
             frames = sub.recv_multipart()
             if len(frames) != 3:
@@ -323,13 +376,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--worker", action="append", default=[],
                     help="a worker's <pod> known in advance (repeatable)")
     ap.add_argument("--medium", default="STORAGE", help="the cxlkv tier's medium")
+    ap.add_argument("--worker-idle-s", type=float, default=600.0,
+                    help="a worker first seen publishing departs after this many seconds "
+                         "without a message (0: never); --worker ones stay")
     ap.add_argument("--pool", default=None,
                     help="publish under kv@pool:<POOL>@<model> (llm-d-router PR #2586; no "
                          "released llm-d reads it)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     try:
-        credit = DomainCredit(a.worker, medium=a.medium, pool=a.pool)
+        credit = DomainCredit(a.worker, medium=a.medium, pool=a.pool,
+                              worker_idle_s=a.worker_idle_s or None)
         run(credit, a.source, a.publish)
     except InvalidArgumentError as e:
         print(e, file=sys.stderr)
