@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -417,6 +418,65 @@ TEST_F(CoordinatorTest, LookupsLargerThanMaxBatchAreServed) {
   auto req = ParseBody("/v1/lookup", body, 16);
   ASSERT_TRUE(req.ok()) << req.status();
   EXPECT_EQ(req->keys.size(), 50u);
+}
+
+// LMCache limits no batch's items; by default (max_batch 0) cxlkv neither, beyond the request's
+// 64 MiB: 5,000 reserves, finishes, aborts and lookups in one call each, in the coordinator and
+// on the wire. A max_batch the operator sets still refuses a larger batch, naming the setting.
+TEST_F(CoordinatorTest, BatchesHaveNoLimitByDefault) {
+  EXPECT_EQ(CoordinatorConfig{}.max_batch, 0u);
+  constexpr int kItems = 5000;
+  c_.max_batch = CoordinatorConfig{}.max_batch;
+  c_.alignment_bytes = 64;
+  c_.region_bytes = 8192 * 64;
+  auto co = Open();
+  const std::string e = co->region().region_epoch;
+  const Layout small{{{32}}, {"float16"}};  // 64 bytes: one alignment unit
+  std::vector<ReserveItem> items;
+  for (int i = 0; i < kItems; ++i) items.push_back(ReserveItem{Key(i), small});
+  auto g = co->Reserve("t", e, items, 0);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_EQ(g->size(), static_cast<std::size_t>(kItems));
+  std::vector<ReservationRef> to_finish, to_abort;
+  for (int i = 0; i < kItems; ++i) {
+    const auto& grant = (*g)[static_cast<std::size_t>(i)];
+    ASSERT_TRUE(grant.has_value()) << i;
+    (i % 5 == 0 ? to_abort : to_finish).push_back({grant->key, grant->token});
+  }
+  ASSERT_TRUE(co->Finish("t", e, to_finish, 0).ok());
+  ASSERT_TRUE(co->Abort("t", e, to_abort, 0).ok());
+  std::vector<ObjectKey> keys;
+  for (int i = 0; i < kItems; ++i) keys.push_back(Key(i));
+  auto hits = co->Lookup("t", e, keys, 0);
+  ASSERT_TRUE(hits.ok()) << hits.status();
+  for (int i = 0; i < kItems; ++i) {
+    EXPECT_EQ((*hits)[static_cast<std::size_t>(i)].has_value(), i % 5 != 0) << i;
+  }
+  EXPECT_EQ(co->stats().used_bytes, static_cast<std::uint64_t>(kItems - kItems / 5) * 64);
+
+  std::string reserve = R"({"region_epoch": "e", "items": [)";
+  std::string refs = R"({"region_epoch": "e", "reservations": [)";
+  for (int i = 0; i < kItems; ++i) {
+    const std::string key = absl::StrCat(R"({"chunk_hash_hex": ")", Key(i).chunk_hash_hex,
+                                         R"(", "model_name": "m", "kv_rank": 0})");
+    absl::StrAppend(&reserve, i == 0 ? "" : ",", R"({"key": )", key,
+                    R"(, "layout": {"shapes": [[32]], "dtypes": ["float16"]}})");
+    absl::StrAppend(&refs, i == 0 ? "" : ",", R"({"key": )", key, R"(, "token": "t"})");
+  }
+  reserve += "]}";
+  refs += "]}";
+  for (const auto& [route, body] :
+       {std::pair{"/v1/writes/reserve", reserve}, std::pair{"/v1/writes/finish", refs},
+        std::pair{"/v1/writes/abort", refs}}) {
+    auto req = ParseBody(route, body, CoordinatorConfig{}.max_batch);
+    ASSERT_TRUE(req.ok()) << route << ": " << req.status();
+    EXPECT_EQ(req->items.size() + req->refs.size(), static_cast<std::size_t>(kItems)) << route;
+    auto limited = ParseBody(route, body, 4096);
+    EXPECT_EQ(limited.status().code(), absl::StatusCode::kInvalidArgument) << route;
+    EXPECT_NE(limited.status().message().find("more than lmcache.max_batch (4096)"),
+              std::string::npos)
+        << limited.status();
+  }
 }
 
 // kv_rank and object_group_id are pydantic `int`s in LMCache's models (lax mode): "0" and 0.0
@@ -947,9 +1007,20 @@ TEST(CoordinatorConfigTest, SectionAndTokens) {
   EXPECT_EQ(c->state_file, "/s.lmcache");
   EXPECT_TRUE(c->index) << "the index link is on by default";
   EXPECT_EQ(c->evict_ahead_bytes, (128u << 20) / 64) << "a 64th of the region by default";
+  // A region of any size: the extents that hold it are the coordinator's (LMCache's tests use
+  // 64 KiB); the rest of the last one is no one's.
   auto odd = *c;
   odd.region_bytes = 100u << 20;
-  EXPECT_FALSE(ResolveCoordinatorConfig(&odd, "dom", "/s", 64u << 20).ok());
+  EXPECT_TRUE(ResolveCoordinatorConfig(&odd, "dom", "/s", 64u << 20).ok());
+  EXPECT_EQ(HostPoolBytes(odd, 1ull << 30, 64u << 20), (1ull << 30) - (128u << 20));
+  odd.region_bytes = 64u << 10;
+  odd.evict_ahead_bytes = CoordinatorConfig::kEvictAheadDefault;  // resolved above: 2 MiB
+  const auto small = ResolveCoordinatorConfig(&odd, "dom", "/s", 64u << 20);
+  EXPECT_TRUE(small.ok()) << small;
+  EXPECT_EQ(odd.evict_ahead_bytes, (64u << 10) / 64);
+  EXPECT_EQ(HostPoolBytes(odd, 1ull << 30, 64u << 20), (1ull << 30) - (64u << 20));
+  EXPECT_EQ(HostPoolBytes(odd, (1ull << 30) + 12345, 64u << 20), (1ull << 30) - (64u << 20))
+      << "the pool's tail past its last whole extent is no one's";
   const std::string base =
       "[lmcache]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"/t\"\nlayout_id = \"L\"\n"
       "region_size = \"128M\"\n";

@@ -45,6 +45,7 @@ LEASE_MS = 300
 TOKENS = {"acme": "acme-token-0123456789", "batch": "batch-token-0123456789",
           "small": "small-token-0123456789"}
 QUOTA_SMALL = 64 * 1024
+SMALL_REGION = 64 * 1024   # LMCache's own tests' region: less than an extent
 
 
 def fail(msg):
@@ -61,8 +62,8 @@ class Domain(EmulatedDomain):
     """A domain with [lmcache], its orchestrator as a process (the qualification kit's
     launcher, with this test's tenants, quotas and pin levels)."""
 
-    def __init__(self, binary, lmcache_toml=""):
-        super().__init__(binary, pool_mib=POOL // MiB, region_mib=REGION // MiB,
+    def __init__(self, binary, lmcache_toml="", region_bytes=REGION):
+        super().__init__(binary, pool_mib=POOL // MiB, region_bytes=region_bytes,
                          extent_mib=EXTENT // MiB, alignment=ALIGN, ttl_ms=TTL_MS,
                          lease_ms=LEASE_MS, quotas={"small": QUOTA_SMALL}, threads=4,
                          name="lmc", layout_id="test-layout", tokens=TOKENS, max_batch=256,
@@ -459,15 +460,41 @@ def check_index(binary, library):
         d.cleanup()
 
 
+def check_small_region(binary):
+    """A region of LMCache's tests' size (64 KiB, less than an extent): the capacity and the
+    507 answers follow it, and it keeps the pool's last extent to itself."""
+    d = Domain(binary, region_bytes=SMALL_REGION)
+    try:
+        d.start()
+        a = d.client("acme")
+        region = a.region()
+        check(region["capacity_bytes"] == SMALL_REGION, f"small region: {region}")
+        check(a.stats()["region_offset"] == POOL - EXTENT,
+              f"small region: offset {a.stats()['region_offset']}, not its extent's start")
+        e = a.epoch
+
+        def reserve(i, nbytes):
+            return a.raw("POST", "/v1/writes/reserve", {"region_epoch": e, "items": [
+                {"key": make_key(i, "small-region"), "layout": make_layout(nbytes)}]})
+        s, out = reserve(1, 2 * SMALL_REGION)
+        check(s == 507 and out.get("error") == "out_of_space", f"128 KiB reserve: {s} {out}")
+        s, out = reserve(2, SMALL_REGION)
+        check(s == 200 and out["grants"][0] is not None, f"64 KiB reserve: {s} {out}")
+        s, out = reserve(3, ALIGN)  # the region holds one WRITING object: nothing to evict
+        check(s == 507 and out.get("error") == "out_of_space", f"a full region: {s} {out}")
+        check(a.status()["used_bytes"] == SMALL_REGION, f"small region: {a.status()}")
+    finally:
+        d.cleanup()
+
+
 def check_bad_config(binary):
     """Bad [lmcache] settings stop the orchestrator with the key and the fix; nothing starts."""
     cases = [
-        (lambda d: d.config.write_text(d.config.read_text().replace('region_size = "32M"',
-                                                                     'region_size = "256M"')),
+        (lambda d: d.config.write_text(d.config.read_text().replace(
+            f"region_size = {REGION}", 'region_size = "256M"')), "leaves the hosts no extent"),
+        (lambda d: d.config.write_text(d.config.read_text().replace(
+            f"region_size = {REGION}", f"region_size = {POOL - EXTENT + 1}")),
          "leaves the hosts no extent"),
-        (lambda d: d.config.write_text(d.config.read_text().replace('region_size = "32M"',
-                                                                     'region_size = "20M"')),
-         "not a multiple of domain.extent_size"),
         (lambda d: d.config.write_text(d.config.read_text().replace("layout_id", "layout")),
          "key 'lmcache.layout': unknown key"),
         (lambda d: (d.dir / "tokens").chmod(0o644), "chmod 600"),
@@ -501,6 +528,8 @@ def main():
     print(f"seed {seed} (CXLKV_SEED to replay)", flush=True)
     check_bad_config(binary)
     print("bad [lmcache] settings refused with the key and the fix: ok", flush=True)
+    check_small_region(binary)
+    print("a 64 KiB region: its capacity, 507 past it, an extent of its own: ok", flush=True)
     d = Domain(binary)
     try:
         d.start()

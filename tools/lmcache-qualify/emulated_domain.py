@@ -45,8 +45,11 @@ class EmulatedDomain:
     def __init__(self, binary, pool_mib=512, region_mib=128, extent_mib=16, alignment=4096,
                  ttl_ms=1000, lease_ms=500, tenants=("default",), quotas=None,
                  state_dir=None, threads=8, name="lmq", layout_id="qualify", tokens=None,
-                 max_batch=4096, extra_toml="", lmcache_toml="", index_entries=1024):
+                 max_batch=4096, extra_toml="", lmcache_toml="", index_entries=1024,
+                 region_bytes=None):
         """tokens: {tenant: token} (default: a random token per tenant of `tenants`);
+        region_bytes: the region's size in bytes, any (instead of region_mib), e.g. LMCache's
+        tests' 64 KiB: it starts at the pool's last extents that hold it;
         extra_toml: appended to domain.toml (e.g. [[namespace]] entries); lmcache_toml: more
         [lmcache] keys (e.g. index_wait_ms = 300); index_entries: the prefix index's size (the
         coordinator's finished objects are entries there)."""
@@ -73,8 +76,9 @@ class EmulatedDomain:
         self.pool = str(self.shm_dir / "pool")
         self.prefix = str(self.shm_dir / "domain")
         self.pool_bytes = pool_mib * MiB
-        self.region_bytes = region_mib * MiB
-        self.region_offset = self.pool_bytes - self.region_bytes
+        self.region_bytes = region_bytes if region_bytes is not None else region_mib * MiB
+        extent = extent_mib * MiB
+        self.region_offset = self.pool_bytes - -(-self.region_bytes // extent) * extent
         self.tokens = dict(tokens) if tokens else {t: secrets.token_hex(16) for t in tenants}
         self.token_file = self.dir / "tokens"
         self.token_file.write_text("".join(f"{t} {v}\n" for t, v in self.tokens.items()))
@@ -97,7 +101,7 @@ listen = ""
 listen = "127.0.0.1:0"
 token_file = "{self.token_file}"
 layout_id = "{layout_id}"
-region_size = "{region_mib}M"
+region_size = {self.region_bytes}
 alignment = {alignment}
 reservation_ttl_ms = {ttl_ms}
 read_lease_ms = {lease_ms}

@@ -83,7 +83,7 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(absl::string_view text,
        }
        return p.Size(v, k, &c.evict_ahead_bytes);
      })},
-    {"max_batch", u32(&c.max_batch, 1, 1 << 20)},
+    {"max_batch", u32(&c.max_batch, 0, 1 << 20)},
     {"threads", u32(&c.threads, 1, 256)},
     {"state_file", str(&c.state_file)},
     {"quotas", H([&](const toml::node& n, const std::string& k) {
@@ -131,12 +131,6 @@ absl::Status ResolveCoordinatorConfig(CoordinatorConfig* c, const std::string& d
                                       const std::string& domain_state_file,
                                       std::uint64_t extent_bytes) {
   if (!c->enabled()) return absl::OkStatus();
-  if (c->region_bytes % extent_bytes != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lmcache.region_size: ", c->region_bytes,
-                     " bytes is not a multiple of domain.extent_size (", extent_bytes,
-                     "): the coordinator's region is whole extents at the pool's end"));
-  }
   if (c->alignment_bytes > extent_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("lmcache.alignment: ", c->alignment_bytes,
                                                    " is larger than domain.extent_size (",
@@ -159,7 +153,10 @@ std::uint64_t HostPoolBytes(const CoordinatorConfig& c, std::uint64_t pool_bytes
                             std::uint64_t extent_bytes) {
   if (!c.enabled()) return pool_bytes;
   const std::uint64_t whole = pool_bytes / extent_bytes * extent_bytes;
-  return whole > c.region_bytes ? whole - c.region_bytes : 0;
+  // The region's extents, the last one partly used when region_bytes is not whole extents:
+  // no host is lent an extent the coordinator's objects are in.
+  const std::uint64_t lent = (c.region_bytes + extent_bytes - 1) / extent_bytes * extent_bytes;
+  return whole > lent ? whole - lent : 0;
 }
 
 absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::string& path,

@@ -586,7 +586,8 @@ absl::StatusOr<std::vector<std::optional<Hit>>> Coordinator::LookupUnsynced(
   // A lookup of any size (LMCache has no limit), max_batch keys under one hold of the lock, so
   // a large one does not stall reserves and finishes. Each hit is answered as of its chunk;
   // a reader re-validates after its copy anyway (docs/lmcache.md "Eviction under pressure").
-  const std::size_t chunk = std::max<std::size_t>(1, c_.max_batch);
+  constexpr std::size_t kLookupChunkKeys = 4096;  // max_batch 0: no limit on batches
+  const std::size_t chunk = c_.max_batch != 0 ? c_.max_batch : kLookupChunkKeys;
   for (std::size_t first = 0; first < keys.size(); first += chunk) {
     base::MutexLock l(mu_);
     const NoteSeq note(need, journal_seq_);  // what it may reveal; the last chunk's is the most

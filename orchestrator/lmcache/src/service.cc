@@ -155,9 +155,9 @@ json HandleJson(const std::string& region_id, const Handle& h) {
 
 std::vector<ReservationRef> RefsOf(const Fields& f, std::size_t max_batch) {
   const json& a = f.Array("reservations");
-  if (a.size() > max_batch) {
+  if (max_batch != 0 && a.size() > max_batch) {
     throw Reject{absl::StrCat("reservations: ", a.size(), " items, more than lmcache.max_batch (",
-                              max_batch, ")")};
+                              max_batch, "): send smaller batches, or raise max_batch (0: none)")};
   }
   std::vector<ReservationRef> refs;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -560,9 +560,10 @@ absl::StatusOr<WireRequest> ParseBody(absl::string_view route, absl::string_view
   if (j.is_discarded()) return absl::InvalidArgumentError("body: malformed JSON");
   WireRequest req;
   auto batch = [&](const json& a, const char* what) {
-    if (a.size() > max_batch) {
+    if (max_batch != 0 && a.size() > max_batch) {
       throw Reject{absl::StrCat(what, ": ", a.size(), " ", what, ", more than lmcache.max_batch (",
-                                max_batch, ")")};
+                                max_batch,
+                                "): send smaller batches, or raise max_batch (0: none)")};
     }
   };
   try {

@@ -131,7 +131,7 @@ struct Config {
   // replace the configured ones.
   tier::PlacementConfig placement;
   // [lmcache]: LMCache's memory coordinator API (orchestrator/lmcache/, docs/lmcache.md), off
-  // without the section; it owns the pool's last lmcache.region_size bytes.
+  // without the section; it owns the pool's last extents, enough for lmcache.region_size.
   coordinator::CoordinatorConfig lmcache;
 
   // The pin level of a namespace named "tenant/model/layout"; kNotFound lists the known ones.

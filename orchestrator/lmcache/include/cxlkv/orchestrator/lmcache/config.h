@@ -24,11 +24,13 @@ struct CoordinatorConfig {
   bool token_file_readable = false;
   std::string region_id;           // LMCache's --l1-shared-region-id; "" : the domain's name
   std::string layout_id;           // required: LMCache's --l1-shared-layout-id
-  std::uint64_t region_bytes = 0;  // required: the pool's last extents lent to LMCache
+  std::uint64_t region_bytes = 0;  // required: any size; in the pool's last extents (HostPoolBytes)
   std::uint64_t alignment_bytes = 2u << 20;     // a power of two, 64 B .. extent size
   std::uint32_t reservation_ttl_ms = 60000;     // an unfinished reservation is reclaimed after this
   std::uint32_t read_lease_ms = 10000;          // a looked-up object is not evicted for this long
-  std::uint32_t max_batch = 4096;               // a reserve/finish/abort's items (lookups: any)
+  // A reserve/finish/abort's items: 0 (the default) none but the request's 64 MiB, as LMCache;
+  // N refuses a larger batch (422 naming the setting), bounding how long one holds the lock.
+  std::uint32_t max_batch = 0;
   std::uint32_t threads = 8;                    // HTTP worker threads
   std::string state_file;                       // "" : <domain.state_file>.lmcache
   // Finished objects are published in the domain's prefix index (hosts find them by chain
@@ -53,15 +55,16 @@ struct CoordinatorConfig {
 absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(absl::string_view toml,
                                                          absl::string_view source_name);
 
-// Checks [lmcache] against the domain: region_bytes a positive multiple of extent_bytes,
-// alignment within an extent (that the pool leaves hosts an extent is checked at start, when
-// its size is known). Fills region_id and state_file defaults.
+// Checks [lmcache] against the domain: alignment within an extent (that the pool leaves hosts an
+// extent is checked at start, when its size is known). Fills region_id and state_file defaults.
 absl::Status ResolveCoordinatorConfig(CoordinatorConfig* c, const std::string& domain_name,
                                       const std::string& domain_state_file,
                                       std::uint64_t extent_bytes);
 
 // The pool's layout with the coordinator on: hosts get the extents below host_pool_bytes, the
-// coordinator's region is [host_pool_bytes, host_pool_bytes + region_bytes). Without it the
+// coordinator's region is [host_pool_bytes, host_pool_bytes + region_bytes), in the pool's last
+// ceil(region_bytes / extent_bytes) whole extents (a region of any size, e.g. LMCache's tests'
+// 64 KiB, keeps an extent of its own: the rest of its last extent is no one's). Without it the
 // whole pool is the hosts'.
 std::uint64_t HostPoolBytes(const CoordinatorConfig& c, std::uint64_t pool_bytes,
                             std::uint64_t extent_bytes);

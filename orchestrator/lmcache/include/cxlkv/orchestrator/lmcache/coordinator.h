@@ -186,7 +186,7 @@ class Coordinator {
   absl::Status Abort(const std::string& tenant, const std::string& epoch,
                      const std::vector<ReservationRef>& refs, std::int64_t now_ms);
   // VALID objects of the tenant; each hit takes a read lease until now + read_lease_ms. Any
-  // number of keys (the lock is taken c.max_batch keys at a time).
+  // number of keys (the lock is taken c.max_batch keys at a time, 4,096 when it is 0).
   absl::StatusOr<std::vector<std::optional<Hit>>> Lookup(const std::string& tenant,
                                                          const std::string& epoch,
                                                          const std::vector<ObjectKey>& keys,

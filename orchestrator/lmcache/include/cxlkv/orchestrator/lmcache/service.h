@@ -39,10 +39,10 @@ namespace cxlkv::coordinator {
 
 // A POST body of LMCache's wire for `route` ("/v1/writes/reserve", "/v1/writes/finish",
 // "/v1/writes/abort", "/v1/lookup"), read strictly (docs/lmcache.md "Rules": every field known
-// and of its type, reserve, finish and abort batches of at most max_batch; lookups of any
-// size; a key's kv_rank and object_group_id read as LMCache's models read them: "0" and 0.0
-// are 0). kInvalidArgument (the 422's detail, naming the field) otherwise. Keys and layouts are
-// checked further by the Coordinator.
+// and of its type, reserve, finish and abort batches of at most max_batch when it is not 0;
+// lookups of any size; a key's kv_rank and object_group_id read as LMCache's models read them: "0"
+// and 0.0 are 0). kInvalidArgument (the 422's detail, naming the field) otherwise. Keys and layouts
+// are checked further by the Coordinator.
 struct WireRequest {
   std::string region_epoch;
   std::vector<ReserveItem> items;    // reserve
@@ -54,11 +54,11 @@ absl::StatusOr<WireRequest> ParseBody(absl::string_view route, absl::string_view
 
 class Service {
  public:
-  // c must be resolved (ResolveCoordinatorConfig). The region is the pool's last
-  // c.region_bytes of its whole extents (HostPoolBytes); kInvalidArgument when that leaves the
-  // hosts no extent. Errors name the file, key or address at fault. `standby`: serve nothing
-  // until Lead (a domain with [etcd]); otherwise the state file is opened now.
-  // `own`: the owner's entries in the domain's prefix index now (PrefixOwner::OwnEntries), for
+  // c must be resolved (ResolveCoordinatorConfig). The region is c.region_bytes at the start
+  // of the pool's last whole extents that hold it (HostPoolBytes); kInvalidArgument when those
+  // leave the hosts no extent. Errors name the file, key or address at fault. `standby`: serve
+  // nothing until Lead (a domain with [etcd]); otherwise the state file is opened now. `own`: the
+  // owner's entries in the domain's prefix index now (PrefixOwner::OwnEntries), for
   // Coordinator::AttachIndex before anything is served (unused when standing by).
   using OwnEntries = std::vector<coherence::PrefixOwner::OwnEntry>;
   static absl::StatusOr<std::unique_ptr<Service>> Start(const CoordinatorConfig& c,
