@@ -1,9 +1,9 @@
 // The coordinator's JSON for an object key, one form for both places it is written: the HTTP
 // replies LMCache reads (service.cc) and the state file and journal (coordinator.cc).
-#ifndef CXLKV_COORDINATOR_WIRE_H_
-#define CXLKV_COORDINATOR_WIRE_H_
+#ifndef CXLKV_ORCHESTRATOR_LMCACHE_WIRE_H_
+#define CXLKV_ORCHESTRATOR_LMCACHE_WIRE_H_
 
-#include "cxlkv/orchestrator/lmcache/coordinator.h"
+#include "cxlkv/orchestrator/lmcache/index_key.h"  // ObjectKey
 #include "nlohmann/json.hpp"
 
 namespace cxlkv::coordinator {
@@ -17,4 +17,4 @@ ObjectKey KeyFromJson(const nlohmann::json& j);
 
 }  // namespace cxlkv::coordinator
 
-#endif  // CXLKV_COORDINATOR_WIRE_H_
+#endif  // CXLKV_ORCHESTRATOR_LMCACHE_WIRE_H_
