@@ -153,12 +153,17 @@ json HandleJson(const std::string& region_id, const Handle& h) {
               {"generation", h.generation}};
 }
 
-std::vector<ReservationRef> RefsOf(const Fields& f, std::size_t max_batch) {
-  const json& a = f.Array("reservations");
+// A reserve's items or a finish's / abort's reservations: at most max_batch, when it is not 0.
+void CheckBatch(const json& a, const char* what, std::size_t max_batch) {
   if (max_batch != 0 && a.size() > max_batch) {
-    throw Reject{absl::StrCat("reservations: ", a.size(), " items, more than lmcache.max_batch (",
+    throw Reject{absl::StrCat(what, ": ", a.size(), " ", what, ", more than lmcache.max_batch (",
                               max_batch, "): send smaller batches, or raise max_batch (0: none)")};
   }
+}
+
+std::vector<ReservationRef> RefsOf(const Fields& f, std::size_t max_batch) {
+  const json& a = f.Array("reservations");
+  CheckBatch(a, "reservations", max_batch);
   std::vector<ReservationRef> refs;
   for (std::size_t i = 0; i < a.size(); ++i) {
     const std::string w = absl::StrCat("reservations[", i, "]");
@@ -559,19 +564,12 @@ absl::StatusOr<WireRequest> ParseBody(absl::string_view route, absl::string_view
   const json j = json::parse(body.begin(), body.end(), nullptr, false);
   if (j.is_discarded()) return absl::InvalidArgumentError("body: malformed JSON");
   WireRequest req;
-  auto batch = [&](const json& a, const char* what) {
-    if (max_batch != 0 && a.size() > max_batch) {
-      throw Reject{absl::StrCat(what, ": ", a.size(), " ", what, ", more than lmcache.max_batch (",
-                                max_batch,
-                                "): send smaller batches, or raise max_batch (0: none)")};
-    }
-  };
   try {
     if (route == "/v1/writes/reserve") {
       Fields f(j, "body", {"region_epoch", "items"});
       req.region_epoch = f.Str("region_epoch");
       const json& a = f.Array("items");
-      batch(a, "items");
+      CheckBatch(a, "items", max_batch);
       for (std::size_t i = 0; i < a.size(); ++i) {
         const std::string w = absl::StrCat("items[", i, "]");
         Fields it(a[i], w, {"key", "layout"});
