@@ -10,6 +10,7 @@
 #                         informational variants (info_*: they show which steps are not
 #                         load-bearing, and what a forged PUBLISH can do).
 #   check.sh --trail NAME  after the run, prints the counterexample of bug variant NAME
+#   check.sh --jobs N     N checks at once (default: the cores, at most 4)
 #                         (spin -t -p, trimmed) — for reading, not for the verdict.
 #   check.sh --only REGEX  only the checks whose name matches (grep -E), e.g. --only failover
 #
@@ -22,12 +23,14 @@ model="$here/prefix.pml"
 extended=0
 trail=""
 only=""
+jobs_arg=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --extended) extended=1 ;;
     --trail) trail="${2:-}"; shift ;;
     --only) only="${2:-}"; shift ;;
-    *) echo "usage: $0 [--extended] [--trail BUG_NAME] [--only REGEX]" >&2; exit 2 ;;
+    --jobs) jobs_arg="${2:-}"; shift ;;
+    *) echo "usage: $0 [--extended] [--trail BUG_NAME] [--only REGEX] [--jobs N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -48,6 +51,10 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/cxlkv-model.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 jobs_max="$(nproc 2>/dev/null || echo 2)"
 [ "$jobs_max" -gt 4 ] && jobs_max=4
+if [ -n "$jobs_arg" ]; then
+  [[ "$jobs_arg" =~ ^[1-9][0-9]*$ ]] || { echo "check.sh: --jobs takes a positive number, got '$jobs_arg'" >&2; exit 2; }
+  jobs_max="$jobs_arg"
+fi
 
 # Checks: name | expect (pass|fail) | spin -D flags | cc flags | pan flags [| model file in
 # this directory, prefix.pml when absent]

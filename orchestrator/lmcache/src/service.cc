@@ -197,6 +197,115 @@ Reply FromStatus(const absl::Status& st) {
   }
 }
 
+// The GET routes past authentication: the region's contract, the status, cxlkv's statistics.
+// Each route's reply is built in a function of its own, so that the request's frame on a
+// civetweb worker's stack (a fixed size chosen when civetweb was built) stays small in every
+// build, -O0 under ASan included.
+json RegionBody(const Coordinator& co, const CoordinatorConfig& c, const std::string& path,
+                const std::string& tenant, const RegionInfo& region) {
+  json contract{{"region_id", region.region_id},
+                {"capacity_bytes", region.capacity_bytes},
+                {"alignment_bytes", region.alignment_bytes},
+                {"layout_id", region.layout_id},
+                {"region_epoch", region.region_epoch}};
+  if (path == "/v1/region") return contract;
+  const Stats s = co.stats();
+  if (path == "/v1/status") {
+    return json{
+        {"region", contract}, {"used_bytes", s.used_bytes}, {"object_count", s.object_count}};
+  }
+  auto q = c.quotas.find(tenant);
+  return json{
+      {"region", contract},
+      {"region_offset", region.region_offset},
+      {"tenant", tenant},
+      {"namespace", co.NamespaceOf(tenant)},
+      {"pin_level", co.PinOf(tenant)},
+      {"tenant_used_bytes",
+       s.tenant_used_bytes.count(tenant) != 0 ? s.tenant_used_bytes.at(tenant) : 0},
+      {"tenant_quota_bytes", q == c.quotas.end() ? json(nullptr) : json(q->second)},
+      {"used_bytes", s.used_bytes},
+      {"object_count", s.object_count},
+      {"writing", s.writing},
+      {"reserved", s.reserved},
+      {"finished", s.finished},
+      {"aborted", s.aborted},
+      {"expired", s.expired},
+      {"evicted", s.evicted},
+      {"evicted_bytes", s.evicted_bytes},
+      {"out_of_space", s.out_of_space},
+      {"journal_records", s.journal_records},
+      {"syncs", s.syncs},
+      {"index", c.index},
+      {"index_namespace", absl::StrCat(absl::Hex(co.IndexNamespace(tenant), absl::kZeroPad16))},
+      {"region_tag", co.RegionTag()},
+      {"indexed", s.indexed},
+      {"held_bytes", s.held_bytes},
+      {"index_skipped", s.index_skipped},
+      {"index_waits", s.index_waits},
+      {"reservation_ttl_ms", c.reservation_ttl_ms},
+      {"read_lease_ms", c.read_lease_ms},
+      {"restored", co.restored()}};
+}
+
+// A POST's body, read into `body` (grown in place: no buffer on the worker's stack); false
+// when it is larger than kMaxBodyBytes.
+bool ReadBody(mg_connection* conn, std::string* body) {
+  constexpr std::size_t kChunk = 16384;
+  while (true) {
+    const std::size_t had = body->size();
+    body->resize(had + kChunk);
+    const int n = mg_read(conn, body->data() + had, kChunk);
+    body->resize(had + static_cast<std::size_t>(std::max(n, 0)));
+    if (n <= 0) return true;
+    if (static_cast<long long>(body->size()) > kMaxBodyBytes) return false;
+  }
+}
+
+// The POST routes: reserve, finish, abort, lookup.
+Reply PostReply(Coordinator& co, const std::string& path, const std::string& tenant,
+                const RegionInfo& region, const std::string& body, std::uint32_t max_batch,
+                std::int64_t now) {
+  absl::StatusOr<WireRequest> req = ParseBody(path, body, max_batch);
+  if (!req.ok()) return {422, json{{"detail", std::string(req.status().message())}}};
+  const std::string& epoch = req->region_epoch;
+  if (path == "/v1/writes/reserve") {
+    auto grants = co.Reserve(tenant, epoch, req->items, now);
+    if (!grants.ok()) return FromStatus(grants.status());
+    json out = json::array();
+    for (const auto& g : *grants) {
+      if (!g) {
+        out.push_back(nullptr);
+        continue;
+      }
+      out.push_back(json{{"key", KeyJson(g->key)},
+                         {"token", g->token},
+                         {"handle", HandleJson(region.region_id, g->handle)},
+                         {"layout", LayoutJson(g->layout)}});
+    }
+    return {200, json{{"region_epoch", epoch}, {"grants", out}}};
+  }
+  if (path == "/v1/writes/finish" || path == "/v1/writes/abort") {
+    const absl::Status st = path == "/v1/writes/finish" ? co.Finish(tenant, epoch, req->refs, now)
+                                                        : co.Abort(tenant, epoch, req->refs, now);
+    if (!st.ok()) return FromStatus(st);
+    return {200, json{{"region_epoch", epoch}}};
+  }
+  auto hits = co.Lookup(tenant, epoch, req->keys, now);
+  if (!hits.ok()) return FromStatus(hits.status());
+  json out = json::array();
+  for (const auto& h : *hits) {
+    if (!h) {
+      out.push_back(nullptr);
+      continue;
+    }
+    out.push_back(json{{"key", KeyJson(h->key)},
+                       {"handle", HandleJson(region.region_id, h->handle)},
+                       {"layout", LayoutJson(h->layout)}});
+  }
+  return {200, json{{"region_epoch", epoch}, {"hits", out}}};
+}
+
 }  // namespace
 
 std::int64_t Service::NowMs() {
@@ -251,6 +360,9 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
                            "request_timeout_ms",
                            "30000",
                            nullptr};
+  for (std::uint32_t i = 0; i < c.threads; ++i) {
+    s->request_threads_.emplace_back([p = s.get()] { p->RequestThread(); });
+  }
   mg_callbacks cb{};
   s->ctx_ = mg_start(&cb, s.get(), options);
   if (s->ctx_ == nullptr) {
@@ -374,12 +486,47 @@ Service::~Service() {
   if (ctx_ != nullptr) {
     // civetweb's stop waits up to 2 s for its listener's poll without this (base/stop.h).
     base::ListenerWake wake(c_.listen.substr(0, c_.listen.rfind(':')), port_);
-    mg_stop(ctx_);
+    mg_stop(ctx_);  // its workers' requests are served first: the request threads still run
+  }
+  {
+    base::MutexLock l(handoff_mu_);
+    handoff_stop_ = true;
+  }
+  handoff_ready_.NotifyAll();
+  for (std::thread& t : request_threads_) t.join();
+}
+
+void Service::RequestThread() {
+  while (true) {
+    Handoff* h = nullptr;
+    {
+      base::MutexLock l(handoff_mu_);
+      while (handoffs_.empty() && !handoff_stop_) handoff_ready_.Wait(handoff_mu_);
+      if (handoffs_.empty()) return;
+      h = handoffs_.front();
+      handoffs_.pop_front();
+    }
+    const int status = Serve(h->conn);
+    {
+      base::MutexLock l(handoff_mu_);
+      h->status = status;
+      h->done = true;
+    }
+    handoff_done_.NotifyAll();
   }
 }
 
 int Service::Handle(mg_connection* conn, void* self) {
-  return static_cast<Service*>(self)->Serve(conn);
+  auto* s = static_cast<Service*>(self);
+  Handoff h{conn};
+  {
+    base::MutexLock l(s->handoff_mu_);
+    s->handoffs_.push_back(&h);
+  }
+  s->handoff_ready_.NotifyOne();
+  base::MutexLock l(s->handoff_mu_);
+  while (!h.done) s->handoff_done_.Wait(s->handoff_mu_);
+  return h.status;
 }
 
 int Service::Serve(mg_connection* conn) {
@@ -455,53 +602,7 @@ int Service::Serve(mg_connection* conn) {
   if (!found) return send({403, json{{"detail", "invalid bearer token"}}});
   const RegionInfo region = co->region();
   if (path == "/v1/region" || path == "/v1/status" || path == "/cxlkv/v1/stats") {
-    json contract{{"region_id", region.region_id},
-                  {"capacity_bytes", region.capacity_bytes},
-                  {"alignment_bytes", region.alignment_bytes},
-                  {"layout_id", region.layout_id},
-                  {"region_epoch", region.region_epoch}};
-    if (path == "/v1/region") return send({200, contract});
-    const Stats s = co->stats();
-    if (path == "/v1/status") {
-      return send({200, json{{"region", contract},
-                             {"used_bytes", s.used_bytes},
-                             {"object_count", s.object_count}}});
-    }
-    auto q = c_.quotas.find(tenant);
-    json tenants = json::object();
-    for (const auto& [t, b] : s.tenant_used_bytes) tenants[t] = b;
-    return send(
-        {200, json{{"region", contract},
-                   {"region_offset", region.region_offset},
-                   {"tenant", tenant},
-                   {"namespace", co->NamespaceOf(tenant)},
-                   {"pin_level", co->PinOf(tenant)},
-                   {"tenant_used_bytes",
-                    s.tenant_used_bytes.count(tenant) != 0 ? s.tenant_used_bytes.at(tenant) : 0},
-                   {"tenant_quota_bytes", q == c_.quotas.end() ? json(nullptr) : json(q->second)},
-                   {"used_bytes", s.used_bytes},
-                   {"object_count", s.object_count},
-                   {"writing", s.writing},
-                   {"reserved", s.reserved},
-                   {"finished", s.finished},
-                   {"aborted", s.aborted},
-                   {"expired", s.expired},
-                   {"evicted", s.evicted},
-                   {"evicted_bytes", s.evicted_bytes},
-                   {"out_of_space", s.out_of_space},
-                   {"journal_records", s.journal_records},
-                   {"syncs", s.syncs},
-                   {"index", c_.index},
-                   {"index_namespace",
-                    absl::StrCat(absl::Hex(co->IndexNamespace(tenant), absl::kZeroPad16))},
-                   {"region_tag", co->RegionTag()},
-                   {"indexed", s.indexed},
-                   {"held_bytes", s.held_bytes},
-                   {"index_skipped", s.index_skipped},
-                   {"index_waits", s.index_waits},
-                   {"reservation_ttl_ms", c_.reservation_ttl_ms},
-                   {"read_lease_ms", c_.read_lease_ms},
-                   {"restored", co->restored()}}});
+    return send({200, RegionBody(*co, c_, path, tenant, region)});
   }
   // POST: the body.
   if (ri->content_length > kMaxBodyBytes) {
@@ -509,54 +610,8 @@ int Service::Serve(mg_connection* conn) {
         {413, json{{"detail", absl::StrCat("body larger than ", kMaxBodyBytes, " bytes")}}});
   }
   std::string body;
-  char buf[16384];
-  while (true) {
-    const int n = mg_read(conn, buf, sizeof buf);
-    if (n <= 0) break;
-    body.append(buf, static_cast<std::size_t>(n));
-    if (static_cast<long long>(body.size()) > kMaxBodyBytes) {
-      return send({413, json{{"detail", "body too large"}}});
-    }
-  }
-  absl::StatusOr<WireRequest> req = ParseBody(path, body, c_.max_batch);
-  if (!req.ok()) return send({422, json{{"detail", std::string(req.status().message())}}});
-  const std::int64_t now = NowMs();
-  const std::string& epoch = req->region_epoch;
-  if (path == "/v1/writes/reserve") {
-    auto grants = co->Reserve(tenant, epoch, req->items, now);
-    if (!grants.ok()) return send(FromStatus(grants.status()));
-    json out = json::array();
-    for (const auto& g : *grants) {
-      if (!g) {
-        out.push_back(nullptr);
-        continue;
-      }
-      out.push_back(json{{"key", KeyJson(g->key)},
-                         {"token", g->token},
-                         {"handle", HandleJson(region.region_id, g->handle)},
-                         {"layout", LayoutJson(g->layout)}});
-    }
-    return send({200, json{{"region_epoch", epoch}, {"grants", out}}});
-  }
-  if (path == "/v1/writes/finish" || path == "/v1/writes/abort") {
-    const absl::Status st = path == "/v1/writes/finish" ? co->Finish(tenant, epoch, req->refs, now)
-                                                        : co->Abort(tenant, epoch, req->refs, now);
-    if (!st.ok()) return send(FromStatus(st));
-    return send({200, json{{"region_epoch", epoch}}});
-  }
-  auto hits = co->Lookup(tenant, epoch, req->keys, now);
-  if (!hits.ok()) return send(FromStatus(hits.status()));
-  json out = json::array();
-  for (const auto& h : *hits) {
-    if (!h) {
-      out.push_back(nullptr);
-      continue;
-    }
-    out.push_back(json{{"key", KeyJson(h->key)},
-                       {"handle", HandleJson(region.region_id, h->handle)},
-                       {"layout", LayoutJson(h->layout)}});
-  }
-  return send({200, json{{"region_epoch", epoch}, {"hits", out}}});
+  if (!ReadBody(conn, &body)) return send({413, json{{"detail", "body too large"}}});
+  return send(PostReply(*co, path, tenant, region, body, c_.max_batch, NowMs()));
 }
 
 absl::StatusOr<WireRequest> ParseBody(absl::string_view route, absl::string_view body,
