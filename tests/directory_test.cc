@@ -183,6 +183,8 @@ std::string SecretFile(const std::string& secret) {
 }
 
 const std::string kSecret = "cxlkv-test-secret-0123456789abcdef";
+// A domain whose chain keys leave unkeyed (keys.unkeyed, the opt-out of the keyed default).
+const std::string kUnkeyed = "[keys]\nunkeyed = true\n";
 
 // The vector computed outside cxlkv: `openssl dgst -sha256 -hmac SECRET` over the label, its
 // NUL and the key's words big-endian (hi 0123456789abcdef, lo fedcba9876543210) gives
@@ -283,19 +285,22 @@ TEST(Config, KeysSection) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("keys.publish_file"), std::string::npos) << bad.status();
   EXPECT_NE(bad.status().message().find("chmod 600"), std::string::npos) << bad.status();
+  // Keyed by default (the domain's own key); keys.unkeyed opts out, and not beside a file.
+  auto plain = orchestrator::ParseConfig(base, "t.toml");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->keys.unkeyed);
+  EXPECT_TRUE(plain->keys.publish_secret.empty());
+  auto opted = orchestrator::ParseConfig(base + kUnkeyed, "t.toml");
+  ASSERT_TRUE(opted.ok()) << opted.status();
+  EXPECT_TRUE(opted->keys.unkeyed);
+  ASSERT_EQ(::chmod(mine.c_str(), 0600), 0);
+  auto both = orchestrator::ParseConfig(
+      base + "[keys]\nunkeyed = true\npublish_file = \"" + mine + "\"\n", "t.toml");
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("keys.unkeyed"), std::string::npos) << both.status();
+  EXPECT_NE(both.status().message().find("drop one"), std::string::npos) << both.status();
   ::unlink(mine.c_str());
   ::unlink(theirs.c_str());
-}
-
-std::string RunCapture(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  ::pclose(p);
-  return out;
 }
 
 using DirectoryTest = EtcdDirectoryTest;
@@ -303,7 +308,9 @@ using DirectoryTest = EtcdDirectoryTest;
 TEST_F(DirectoryTest, PublishedInAReportedForAOnlyFollowsRetireAndDiesWithTheLease) {
   const std::uint64_t seed = Seed();
   SCOPED_TRACE(absl::StrCat("CXLKV_SEED=", seed));
-  OrchestratorProcess a(SmallDomain("dom-a", Extra())), b(SmallDomain("dom-b", Extra()));
+  // Unkeyed (the opt-out): readers match chain keys as they are (the keyed default below).
+  OrchestratorProcess a(SmallDomain("dom-a", Extra() + kUnkeyed)),
+      b(SmallDomain("dom-b", Extra() + kUnkeyed));
   ASSERT_TRUE(a.Start());
   ASSERT_TRUE(b.Start());
   dir::ReaderOptions ro;
@@ -437,9 +444,9 @@ TEST_F(DirectoryTest, KeyedDomainMatchesOnlyWithItsSecret) {
   const std::string key_file = SecretFile(kSecret);
   OrchestratorProcess a(
       SmallDomain("dom-k", Extra() + "[keys]\npublish_file = \"" + key_file + "\"\n"));
-  OrchestratorProcess b(
-      SmallDomain("dom-r", Extra() + "[keys]\ndirectory_files = [\"" + key_file + "\"]\n"));
-  OrchestratorProcess c(SmallDomain("dom-x", Extra()));
+  OrchestratorProcess b(SmallDomain(
+      "dom-r", Extra() + "[keys]\nunkeyed = true\ndirectory_files = [\"" + key_file + "\"]\n"));
+  OrchestratorProcess c(SmallDomain("dom-x", Extra() + kUnkeyed));
   ASSERT_TRUE(a.Start());
   ASSERT_TRUE(b.Start());
   ASSERT_TRUE(c.Start());

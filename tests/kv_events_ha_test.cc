@@ -15,6 +15,7 @@
 #include "cxlkv/coherence/prefix.h"
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/orchestrator/directory_reader.h"
+#include "cxlkv/orchestrator/published_key.h"
 #include "cxlkv/tier/reuse_tracker.h"
 #include "directory_fixture.h"
 #include "etcd_cluster.h"
@@ -46,8 +47,21 @@ TEST_F(KvEventsHaTest, OnlyTheLeaderPublishesEventsAndATakeoverOpensANewTerm) {
       absl::StrCat("[events]\nendpoint = \"tcp://127.0.0.1:", port, "\"\ninterval_ms = 20\n");
   OrchestratorProcess a(SmallDomain("ha-ev", Extra() + events));
   ASSERT_TRUE(a.Start());
+  // No [keys]: the events and the summary are keyed with the domain's own secret, which the
+  // first leader created at its takeover; every later leader keys with the same one.
+  std::string secret;
+  ASSERT_TRUE(SoonTrue(
+      [&] {
+        secret = DomainPublishKey(CXLKV_CTL_BIN, a);
+        return !secret.empty();
+      },
+      milliseconds(10000)))
+      << "the leader did not create the domain's publish key";
+  auto keyer = orchestrator::PublishedKeyer::Create(secret);
+  ASSERT_TRUE(keyer.ok()) << keyer.status();
   dir::ReaderOptions ro;
   ro.client.endpoints = etcd_->endpoints();
+  ro.publish_secrets = {secret};
   auto reader = dir::DirectoryReader::Open(ro);
   ASSERT_TRUE(reader.ok()) << reader.status();
   ASSERT_TRUE(SoonTrue([&] { return (*reader)->Domains() == std::vector<std::string>{"ha-ev"}; },
@@ -57,7 +71,7 @@ TEST_F(KvEventsHaTest, OnlyTheLeaderPublishesEventsAndATakeoverOpensANewTerm) {
   const co::Namespace ns = co::MakeNamespace("t", "m", "l");
   const std::uint32_t tokens[] = {5, 6, 7};
   const co::PrefixKey k = co::ChainKey(ns, co::PrefixKey{}, tokens);
-  const std::string hex = coherence::FormatKey(k);
+  const std::string hex = coherence::FormatKey(keyer->Apply(k));
   ASSERT_TRUE(a.Publish(ns, k, 1));
   ASSERT_TRUE(SoonTrue([&] { return HasStored(sub.Events(), hex); }, milliseconds(5000)));
   // The standby answers the directory.

@@ -12,6 +12,7 @@
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #define MSGPACK_NO_BOOST 1
 #include <cstdio>
@@ -156,11 +157,19 @@ TEST(KvEventsThroughTheOrchestrator, StoredRemovedAndANewTermDecodedByPython) {
     ASSERT_EQ(m[0]["events"].size(), 1u);
     EXPECT_EQ(m[0]["events"][0]["type"], "AllBlocksCleared");
   }
+  // No [keys]: the keys leave keyed with the domain's own secret, which its owner created and a
+  // router gets with `cxlkvctl publish-key`.
+  const std::string secret = DomainPublishKey(CXLKV_CTL_BIN, o);
+  ASSERT_EQ(secret.size(), 64u) << "cxlkvctl publish-key gave '" << secret << "'";
+  auto keyer = orchestrator::PublishedKeyer::Create(secret);
+  ASSERT_TRUE(keyer.ok()) << keyer.status();
   const co::Namespace ns = co::MakeNamespace("t", "m", "l");
   const std::uint32_t t1[] = {1, 2, 3}, t2[] = {4, 5, 6};
   const co::PrefixKey k1 = co::ChainKey(ns, co::PrefixKey{}, t1);
   const co::PrefixKey k2 = co::ChainKey(ns, k1, t2);
-  const std::string h1 = coherence::FormatKey(k1), h2 = coherence::FormatKey(k2);
+  const std::string raw1 = coherence::FormatKey(k1), raw2 = coherence::FormatKey(k2);
+  const std::string h1 = coherence::FormatKey(keyer->Apply(k1)),
+                    h2 = coherence::FormatKey(keyer->Apply(k2));
   ASSERT_TRUE(o.Publish(ns, k1, 1));
   ASSERT_TRUE(o.Publish(ns, k2, 2));
   ASSERT_TRUE(SoonTrue([&] { return HasStored(sub.Events(), h1) && HasStored(sub.Events(), h2); },
@@ -196,9 +205,10 @@ TEST(KvEventsThroughTheOrchestrator, StoredRemovedAndANewTermDecodedByPython) {
   for (const auto& m : before) EXPECT_FALSE(m.contains("error")) << m.dump();
 
   // kill -9 and a restart: a new term opens with AllBlocksCleared, then what the index still
-  // holds (k2; k1 is retired).
+  // holds (k2; k1 is retired), under the same key: the domain keeps it.
   o.Stop(SIGKILL);
   ASSERT_TRUE(o.Start());
+  EXPECT_EQ(DomainPublishKey(CXLKV_CTL_BIN, o), secret);
   const std::size_t from = before.size();
   ASSERT_TRUE(SoonTrue([&] { return HasStored(sub.Events(from), h2); }, milliseconds(8000)))
       << "the new term did not announce the published block";
@@ -206,6 +216,12 @@ TEST(KvEventsThroughTheOrchestrator, StoredRemovedAndANewTermDecodedByPython) {
   ASSERT_GE(after.size(), 2u);
   EXPECT_EQ(after[0]["type"], "AllBlocksCleared");
   EXPECT_FALSE(HasStored(after, h1));
+  // No event ever named a chain key a subscriber could compute from a known prompt.
+  for (const auto& e : sub.Events()) {
+    const std::string text = e.dump();
+    EXPECT_EQ(text.find(raw1), std::string::npos) << text;
+    EXPECT_EQ(text.find(raw2), std::string::npos) << text;
+  }
 }
 
 TEST(KvEventsThroughTheOrchestrator, MapFormAsNewerVllm) {
@@ -224,7 +240,9 @@ TEST(KvEventsThroughTheOrchestrator, MapFormAsNewerVllm) {
                                          "\"\nformat = \"map\"\nblock_hash = \"uint64\"\n"
                                          "topic = \"router/cxl-rack-3\"\n"
                                          "medium = \"shared_storage\"\n"
-                                         "data_parallel_rank = 2\n")));
+                                         "data_parallel_rank = 2\n"
+                                         // The opt-out: chain keys leave as they are.
+                                         "[keys]\nunkeyed = true\n")));
   ASSERT_TRUE(o.Start());
   const co::Namespace ns = co::MakeNamespace("t", "m", "l");
   const std::uint32_t t1[] = {9, 9, 9};
@@ -246,6 +264,50 @@ TEST(KvEventsThroughTheOrchestrator, MapFormAsNewerVllm) {
   EXPECT_EQ(m[0]["topic"], "router/cxl-rack-3");
   EXPECT_EQ(m[0]["rank"], 2);
   EXPECT_EQ(m.back()["form"], nlohmann::json::array({"map"}));
+}
+
+// `cxlkvctl publish-key` says why there is no key to hand out, and never creates a domain: a
+// domain that opts out (keys.unkeyed), one keyed with the operator's file, one whose
+// prefix_domain does not exist (it stays absent), one not formatted yet.
+TEST(KvEventsThroughTheOrchestrator, PublishKeyNamesWhyThereIsNoKey) {
+  const cxlkv::testing::TempDir scratch("kvpk", "/tmp");  // removed however the test ends
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string dir = scratch.path();
+  auto run = [&](const std::string& keys, const std::string& domain_spec) {
+    const std::string conf = dir + "/domain.toml";
+    std::FILE* f = std::fopen(conf.c_str(), "w");
+    EXPECT_NE(f, nullptr);
+    std::fputs(
+        absl::StrCat("[domain]\nname = \"pk\"\npool = \"file:", dir,
+                     "/pool?size=1G\"\nprefix_domain = \"", domain_spec, "\"\nstate_file = \"", dir,
+                     "/state\"\n[rpc]\nsocket = \"", dir, "/o.sock\"\n", keys)
+            .c_str(),
+        f);
+    std::fclose(f);
+    return RunCapture(
+        absl::StrCat(CXLKV_CTL_BIN, " publish-key --config ", conf, " 2>&1; echo rc=$?"));
+  };
+  const std::string missing = dir + "/no-domain";
+  std::string out = run("[keys]\nunkeyed = true\n", "file:" + missing + "?size=4M");
+  EXPECT_NE(out.find("keys.unkeyed"), std::string::npos) << out;
+  EXPECT_NE(out.find("rc=1"), std::string::npos) << out;
+  out = run("", "file:" + missing + "?size=4M");
+  EXPECT_NE(out.find("does not exist"), std::string::npos) << out;
+  EXPECT_NE(out.find("start the domain's orchestrator once"), std::string::npos) << out;
+  EXPECT_NE(out.find("rc=1"), std::string::npos) << out;
+  struct stat st {};
+  EXPECT_NE(::stat(missing.c_str(), &st), 0) << "publish-key created " << missing;
+  // A file of the right size that no orchestrator formatted: no domain, so no key.
+  const std::string blank = dir + "/blank";
+  {
+    std::FILE* f = std::fopen(blank.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(::ftruncate(::fileno(f), 4 << 20), 0);
+    std::fclose(f);
+  }
+  out = run("", "file:" + blank + "?size=4M");
+  EXPECT_NE(out.find("start the domain's orchestrator once"), std::string::npos) << out;
+  EXPECT_NE(out.find("rc=1"), std::string::npos) << out;
 }
 
 // keys.publish_file set: events carry K' (published_key.h), never the chain key. A subscriber

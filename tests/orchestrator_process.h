@@ -373,6 +373,27 @@ class OrchestratorProcess {
 #endif
 };
 
+// The standard output of `cmd`, run by the shell ("" when it cannot run).
+inline std::string RunCapture(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
+// The domain's publish secret as a router gets it: `cxlkvctl publish-key` (the program at
+// `ctl`) on o's config, which reads it from the domain ("" when it fails; its message goes to
+// the test's stderr).
+inline std::string DomainPublishKey(const std::string& ctl, const OrchestratorProcess& o) {
+  std::string out = RunCapture(ctl + " publish-key --config " + o.config);
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
 }  // namespace cxlkv::testing
 
 #endif  // CXLKV_TESTS_ORCHESTRATOR_PROCESS_H_

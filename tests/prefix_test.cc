@@ -305,6 +305,72 @@ TEST(Prefix, ChainLeasesWithWriteBacksHeldToTheNextFence) {
 
 // Evict orders nothing: on the simulator, as on hardware, a read before the fence may still
 // return the stale copy; after FullFence it returns memory.
+// The domain's publish key (DomainKeyLine): none in a new domain; the owner's key, once
+// created, is what another host reads, on a non-coherent simulator whose views keep stale
+// lines (a reader that cached the empty line before must drop it) and with write-backs held
+// to the writer's next fence (the key must be written back and fenced before it is used).
+// Seeds vary each view's evictions; the seed is printed.
+TEST(DomainKey, CreatedOnceAndReadByEveryHost) {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    SimMemory media(4 << 20, seed, seed % 2 == 0 ? WriteBacksHeldToTheNextFence() : SimOptions{});
+    auto owner = media.NewView(0), reader = media.NewView(0);
+    ASSERT_TRUE(FormatDomain(*owner, DomainGeometry{4, 64, 4, 4, 1000, 1000, 50}).ok());
+    owner->Flush(0, 4096);
+    owner->FullFence();
+    // The reader looks before there is a key (and keeps the empty line in its cache).
+    auto none = ReadDomainKey(*reader);
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_EQ(*none, "");
+    auto made = CreateDomainKey(*owner, 1234);
+    ASSERT_TRUE(made.ok()) << made.status();
+    ASSERT_EQ(made->size(), 64u);
+    EXPECT_EQ(made->find_first_not_of("0123456789abcdef"), std::string::npos) << *made;
+    auto seen = ReadDomainKey(*reader);
+    ASSERT_TRUE(seen.ok()) << seen.status();
+    EXPECT_EQ(*seen, *made) << "another host must read the key the owner created";
+    // The owner's own reading, and a second domain's key differs (random per domain).
+    auto again = ReadDomainKey(*owner);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(*again, *made);
+    SimMemory other(4 << 20, seed);
+    auto o2 = other.NewView(0);
+    ASSERT_TRUE(FormatDomain(*o2, DomainGeometry{4, 64, 4, 4, 1000, 1000, 50}).ok());
+    auto k2 = CreateDomainKey(*o2, 1);
+    ASSERT_TRUE(k2.ok());
+    EXPECT_NE(*k2, *made);
+  }
+}
+
+// A torn key line (its writer died between two words) reads as kDataLoss, never as a key;
+// the owner writes a new one over it. A line of a newer version is refused by name.
+TEST(DomainKey, TornLineIsDataLossAndANewerVersionIsRefused) {
+  SimMemory media(4 << 20, 5);
+  auto v = media.NewView(0);
+  ASSERT_TRUE(FormatDomain(*v, DomainGeometry{4, 64, 4, 4, 1000, 1000, 50}).ok());
+  auto made = CreateDomainKey(*v, 7);
+  ASSERT_TRUE(made.ok());
+  DomainKeyLine l{};
+  v->Read(kDomainKeyOffset, &l, sizeof(l));
+  l.secret[3] ^= 0x5a;  // half written: the CRC no longer matches
+  v->Write(kDomainKeyOffset, &l, sizeof(l));
+  auto torn = ReadDomainKey(*v);
+  EXPECT_EQ(torn.status().code(), absl::StatusCode::kDataLoss) << torn.status();
+  auto fresh = CreateDomainKey(*v, 8);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_NE(*fresh, *made);
+  auto read = ReadDomainKey(*v);
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(*read, *fresh);
+  v->Read(kDomainKeyOffset, &l, sizeof(l));
+  l.version = kDomainKeyVersion + 1;
+  SealLine(l);
+  v->Write(kDomainKeyOffset, &l, sizeof(l));
+  auto newer = ReadDomainKey(*v);
+  EXPECT_EQ(newer.status().code(), absl::StatusCode::kFailedPrecondition) << newer.status();
+  EXPECT_NE(newer.status().message().find("version"), std::string::npos) << newer.status();
+}
+
 TEST(SimMemory, EvictTakesEffectAtTheFullFence) {
   SimMemory media(4096, 1);
   auto reader = media.NewView(0), writer = media.NewView(0);

@@ -1,7 +1,10 @@
 // Prefix keys, namespaces, and the domain header: format and validation.
+#include <sys/random.h>
 #include <xxhash.h>
 
+#include <cerrno>
 #include <cstring>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -139,6 +142,74 @@ absl::StatusOr<DomainHeader> ReadDomainHeader(Mem& mem) {
   }
   if (auto st = CheckGeometry(h, mem.size_bytes()); !st.ok()) return st;
   return h;
+}
+
+namespace {
+
+std::string KeyText(const DomainKeyLine& l) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * sizeof(l.secret));
+  for (const std::uint8_t b : l.secret) {
+    out.push_back(kHex[b >> 4]);
+    out.push_back(kHex[b & 15]);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadDomainKey(Mem& mem) {
+  if (mem.size_bytes() < 4096) return absl::InvalidArgumentError("region too small for a domain");
+  DomainKeyLine l{};
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    // Written once by the domain's owner, maybe on another host: drop our copy first.
+    mem.Invalidate(kDomainKeyOffset, sizeof(l));
+    mem.Read(kDomainKeyOffset, &l, sizeof(l));
+    if (!LineValid(l)) continue;               // torn: being written, or its writer died writing it
+    if (l.version == 0) return std::string();  // the all-zero line: no key yet
+    if (l.version != kDomainKeyVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the domain's publish key line has version ", l.version, ", this build reads ",
+          kDomainKeyVersion, ": a newer cxlkv wrote it; run that version"));
+    }
+    return KeyText(l);
+  }
+  return absl::DataLossError(
+      "the domain's publish key line is torn (its writer died writing it); the domain's owner "
+      "writes a new one when it opens the domain");
+}
+
+absl::StatusOr<std::string> CreateDomainKey(Mem& mem, std::int64_t now_ms) {
+  if (mem.size_bytes() < 4096) return absl::InvalidArgumentError("region too small for a domain");
+  DomainKeyLine l{};
+  std::size_t got = 0;
+  while (got < sizeof(l.secret)) {
+    const ssize_t n = ::getrandom(l.secret + got, sizeof(l.secret) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::InternalError(
+          absl::StrCat("getrandom for the domain's publish key: ",
+                       std::error_code(errno, std::generic_category()).message()));
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  l.created_ms = now_ms;
+  l.version = kDomainKeyVersion;
+  SealLine(l);
+  mem.Write(kDomainKeyOffset, &l, sizeof(l));
+  mem.Flush(kDomainKeyOffset, sizeof(l));
+  // Before anything keyed with it leaves the domain: another owner (a successor, another
+  // machine) that reads the line later finds this key, not an empty line it would replace.
+  mem.Fence();
+  DomainKeyLine back{};
+  mem.Read(kDomainKeyOffset, &back, sizeof(back));
+  if (std::memcmp(&back, &l, sizeof(l)) != 0) {
+    return absl::UnavailableError(
+        "the domain's publish key was not stored (this orchestrator may no longer write the "
+        "domain)");
+  }
+  return KeyText(l);
 }
 
 absl::StatusOr<BlockRef> RegionRef(const RegionObject& o) {

@@ -880,7 +880,7 @@ int cxlkv_tier_stats_get(cxlkv_tier* t, cxlkv_tier_stats* stats);
  *   {"may_hold":["a",...], "revision":N, "domains":[{"domain":"a","may_hold":true,
  *    "anchor":true,"published":N,"fp_rate":F,"epoch":N,"age_ms":N,"filter_bytes":N,
  *    "keyed":false,"key_held":true},...]}
- * A domain with keys.publish_file publishes keyed keys ("keyed":true); when the answering
+ * A domain publishes keyed keys ("keyed":true) unless keys.unkeyed is set; when the answering
  * orchestrator lacks its secret, "key_held" is false and "may_hold" false: cannot tell
  * (docs/kv_events.md, "What a subscriber can learn").
  * buf/len/needed as cxlkv_tier_explain. CXLKV_E_INVALID for a bad endpoint or a short buffer;

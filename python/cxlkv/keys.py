@@ -28,8 +28,9 @@ A :class:`PrefixKey` (128 bits) names one block. There are two ways to get one:
   list) differ from these: blocks published under them are not found under the new keys.
 
 Keys that leave a domain (KV events, the directory's summary) are keyed with the domain's
-publish secret when it has one (``keys.publish_file``; docs/kv_events.md, "What a subscriber
-can learn"): :func:`published_key` turns a chain key into the key a router sees, so a router
+publish secret unless it opts out (``keys.unkeyed``): its own, which ``cxlkvctl publish-key``
+writes to a file, or ``keys.publish_file``'s (docs/kv_events.md, "What a subscriber can
+learn"): :func:`published_key` turns a chain key into the key a router sees, so a router
 that holds the secret matches events and the directory with its own keys; without the secret
 nobody can.
 

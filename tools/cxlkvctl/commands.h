@@ -41,6 +41,10 @@ void AddPlacementCommands(CLI::App& app);
 // may hold a prefix (the cross-domain prefix directory, docs/ha.md).
 void AddWhereCommand(CLI::App& app);
 
+// `cxlkvctl publish-key --config F [--out FILE]`: the domain's publish secret, read from the
+// domain, for routers that match its KV events and directory summary (docs/kv_events.md).
+void AddPublishKeyCommand(CLI::App& app);
+
 }  // namespace cxlkv::ctl
 
 #endif  // CXLKV_TOOLS_CXLKVCTL_COMMANDS_H_

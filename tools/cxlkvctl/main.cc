@@ -19,6 +19,7 @@ int main(int argc, char** argv) try {
   cxlkv::ctl::AddDomainCommands(app);
   cxlkv::ctl::AddPlacementCommands(app);
   cxlkv::ctl::AddWhereCommand(app);
+  cxlkv::ctl::AddPublishKeyCommand(app);
 
   try {
     app.parse(argc, argv);

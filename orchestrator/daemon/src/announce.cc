@@ -45,9 +45,11 @@ struct Announcer::Impl {
   mutable absl::Mutex mu;
   AnnounceStats stats ABSL_GUARDED_BY(mu);
   std::unique_ptr<EventSink> sink;  // null: no events
-  // keys.publish_file's secret: every key that leaves (events, the directory summary) is K'
-  // (published_key.h). Null: keys leave unkeyed.
+  // The domain's publish secret (DomainCore::PublishSecret: keys.publish_file's, or the
+  // domain's own): every key that leaves (events, the directory summary) is K'
+  // (published_key.h). Null: keys leave unkeyed (keys.unkeyed), or no term opened yet.
   std::optional<PublishedKeyer> keyer;
+  std::string keyer_secret;  // what `keyer` was made from
 
   // The thread's own state.
   bool in_term = false;
@@ -119,6 +121,12 @@ struct Announcer::Impl {
       known.clear();
       return;
     }
+    if (!in_term && !KeyForTerm()) {
+      // Keyed, and no key to key with: nothing leaves (never the chain keys themselves); the
+      // next look starts over, so `current` is keyed before it is sent.
+      last_sig = ~0ull;
+      return;
+    }
     if (changed && keyer.has_value()) KeyCurrent();
     const bool opening = !in_term;
     in_term = true;
@@ -127,6 +135,41 @@ struct Announcer::Impl {
       Events(opening);
     }
     if (DirectoryOn()) Directory(epoch, revision, capacity);
+  }
+
+  // At a term's opening: the keyer of the secret the domain's keys leave under now. False when
+  // they must leave keyed and there is no secret to key them with.
+  bool KeyForTerm() {
+    if (c.keys.unkeyed) {
+      keyer.reset();
+      return true;
+    }
+    const std::string secret = core.PublishSecret();
+    if (secret.empty()) {
+      LogError("domain '" + c.name +
+               "' has no publish key yet (its owner creates it when it opens the domain): "
+               "nothing is announced until it has one");
+      return false;
+    }
+    if (!keyer.has_value() || secret != keyer_secret) {
+      auto k = PublishedKeyer::Create(secret);
+      if (!k.ok()) {
+        LogError(absl::StrCat("domain '", c.name, "': its publish key: ", k.status().message()));
+        return false;
+      }
+      keyer = *std::move(k);
+      keyer_secret = secret;
+      keyed_of.clear();
+    }
+    return true;
+  }
+
+  // At most one line every 5 s: a condition that lasts is not logged on every look.
+  void LogError(const std::string& what) {
+    const std::int64_t now = SteadyMs();
+    if (now - last_error_log_ms < 5000) return;
+    last_error_log_ms = now;
+    std::fprintf(stderr, "cxlkv-orchestrator: %s\n", what.c_str());
   }
 
   // Replaces the chain keys in `current` with K', outside the orchestrator's lock.
@@ -202,10 +245,7 @@ struct Announcer::Impl {
     }
     ++stats.directory_failures;
     last_put_ms = now - c.directory.refresh_ms + c.directory.min_interval_ms;  // retry soon
-    if (now - last_error_log_ms >= 5000) {
-      last_error_log_ms = now;
-      std::fprintf(stderr, "cxlkv-orchestrator: %s\n", std::string(st.message()).c_str());
-    }
+    LogError(std::string(st.message()));
   }
 };
 
@@ -218,17 +258,16 @@ absl::StatusOr<std::unique_ptr<Announcer>> Announcer::Start(DomainCore& core, co
   if (!impl->DirectoryOn() && !impl->EventsOn()) return std::unique_ptr<Announcer>();
   const KeysConfig& keys = c.keys;
   if (!keys.publish_secret.empty()) {
-    auto keyer = PublishedKeyer::Create(keys.publish_secret);
-    if (!keyer.ok()) {
+    // Checked now, so that a bad file stops the start instead of every term's announcements.
+    if (auto keyer = PublishedKeyer::Create(keys.publish_secret); !keyer.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "key 'keys.publish_file' ('", keys.publish_file, "'): ", keyer.status().message()));
     }
-    impl->keyer = *std::move(keyer);
-  } else {
+  } else if (keys.unkeyed) {
     std::fprintf(stderr,
-                 "cxlkv-orchestrator: chain keys leave domain '%s' unkeyed (%s): whoever reads "
-                 "them can test a guessed prompt; set keys.publish_file (docs/kv_events.md, "
-                 "\"What a subscriber can learn\")\n",
+                 "cxlkv-orchestrator: chain keys leave domain '%s' unkeyed (keys.unkeyed, %s): "
+                 "whoever reads them can test a guessed prompt (docs/kv_events.md, \"What a "
+                 "subscriber can learn\")\n",
                  c.name.c_str(), impl->EventsOn() ? "KV events" : "the directory summary in etcd");
   }
   Impl* p = impl.get();

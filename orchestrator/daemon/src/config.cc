@@ -503,6 +503,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
                  {
                      {"publish_file",
                       H([&](auto& v, auto& kk) { return p.Str(v, kk, &c.keys.publish_file); })},
+                     {"unkeyed",
+                      H([&](auto& v, auto& kk) { return p.Bool(v, kk, &c.keys.unkeyed); })},
                      {"directory_files", H([&](const toml::node& v, const std::string& kk) {
                         const toml::array* a = v.as_array();
                         if (a == nullptr) return p.Error(v, kk, "expected an array of file paths");
@@ -566,6 +568,12 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text, absl::string_view sou
         absl::StrCat(source_name,
                      ": rpc.token_file, rpc.tls_cert and rpc.tls_key apply to rpc.tcp, which is "
                      "not set; add tcp = \"HOST:PORT\" or drop them"));
+  }
+  if (c.keys.unkeyed && !c.keys.publish_file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name,
+                     ": keys.unkeyed = true and keys.publish_file both set: the keys leave "
+                     "either unkeyed or keyed with the file's secret; drop one of them"));
   }
   if (!c.keys.publish_file.empty()) {
     auto secret =

@@ -426,7 +426,8 @@ absl::Status Orchestrator::Start() {
   service_ = MakeOrchestratorService(*core_, metrics_.get(), started_ms_);
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
-  directory_service_ = MakeDirectoryService(config_);
+  directory_service_ =
+      MakeDirectoryService(config_, [core = core_.get()] { return core->PublishSecret(); });
   builder.RegisterService(directory_service_.get());
   builder.SetMaxReceiveMessageSize(1 << 20);
   int tcp_port = 0;

@@ -19,22 +19,26 @@ namespace dpb = ::cxlkv::orchestrator::directory::v1;
 
 class DirectoryService final : public dpb::Directory::Service {
  public:
-  explicit DirectoryService(const Config& c) : c_(c) {}
+  DirectoryService(const Config& c, std::function<std::string()> own_secret)
+      : c_(c), own_secret_(std::move(own_secret)) {}
 
   grpc::Status Where(grpc::ServerContext* ctx, const dpb::WhereRequest* req,
                      dpb::WhereReply* rep) override {
     if (grpc::Status st = Check(ctx); !st.ok()) return st;
     if (!c_.etcd.enabled()) return NoEtcd();
     directory::DirectoryReader* r = nullptr;
+    // The domain's own key appears once its first owner created it: a reader opened before
+    // (a standby of a new domain) is opened again with it.
+    const std::string own = own_secret_();
     {
       absl::MutexLock l(&mu_);
-      if (reader_ == nullptr) {
+      if (reader_ == nullptr || own != reader_own_) {
         directory::ReaderOptions o;
         o.client = EtcdClientOptions(c_.etcd);
         o.cluster = c_.etcd.cluster;
         // This domain's own publish secret and the other domains' (keys.directory_files):
         // keyed summaries under any other secret answer key_held = false.
-        if (!c_.keys.publish_secret.empty()) o.publish_secrets.push_back(c_.keys.publish_secret);
+        if (!own.empty()) o.publish_secrets.push_back(own);
         for (const std::string& s : c_.keys.directory_secrets) o.publish_secrets.push_back(s);
         auto opened = directory::DirectoryReader::Open(o);
         if (!opened.ok()) {
@@ -43,6 +47,7 @@ class DirectoryService final : public dpb::Directory::Service {
                                            opened.status().message()));
         }
         reader_ = *std::move(opened);
+        reader_own_ = own;
       }
       r = reader_.get();
     }
@@ -97,14 +102,17 @@ class DirectoryService final : public dpb::Directory::Service {
   }
 
   const Config& c_;
+  const std::function<std::string()> own_secret_;
   absl::Mutex mu_;
   std::unique_ptr<directory::DirectoryReader> reader_ ABSL_GUARDED_BY(mu_);
+  std::string reader_own_ ABSL_GUARDED_BY(mu_);  // the own secret reader_ was opened with
 };
 
 }  // namespace
 
-std::unique_ptr<grpc::Service> MakeDirectoryService(const Config& c) {
-  return std::make_unique<DirectoryService>(c);
+std::unique_ptr<grpc::Service> MakeDirectoryService(const Config& c,
+                                                    std::function<std::string()> own_secret) {
+  return std::make_unique<DirectoryService>(c, std::move(own_secret));
 }
 
 }  // namespace cxlkv::orchestrator

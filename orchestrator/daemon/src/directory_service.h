@@ -8,7 +8,9 @@
 #ifndef CXLKV_ORCHESTRATOR_DAEMON_SRC_DIRECTORY_SERVICE_H_
 #define CXLKV_ORCHESTRATOR_DAEMON_SRC_DIRECTORY_SERVICE_H_
 
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "cxlkv/orchestrator/config.h"
 
@@ -18,7 +20,10 @@ class Service;
 
 namespace cxlkv::orchestrator {
 
-std::unique_ptr<grpc::Service> MakeDirectoryService(const Config& c);
+// `own_secret`: the secret this domain's keys leave under now (DomainCore::PublishSecret; ""
+// while it has none), so that the Directory RPC answers for its own keyed domain.
+std::unique_ptr<grpc::Service> MakeDirectoryService(const Config& c,
+                                                    std::function<std::string()> own_secret);
 
 }  // namespace cxlkv::orchestrator
 

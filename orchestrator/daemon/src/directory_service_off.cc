@@ -28,7 +28,8 @@ class NoDirectory final : public dpb::Directory::Service {
 
 }  // namespace
 
-std::unique_ptr<grpc::Service> MakeDirectoryService(const Config& c) {
+std::unique_ptr<grpc::Service> MakeDirectoryService(const Config& c,
+                                                    std::function<std::string()> /*own_secret*/) {
   return std::make_unique<NoDirectory>(c);
 }
 

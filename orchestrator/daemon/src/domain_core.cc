@@ -86,7 +86,45 @@ absl::Status DomainCore::OpenOwner(bool new_domain, std::int64_t now) {
   if (!new_domain) {
     if (auto st = state_.Load(now); !st.ok()) return st;
   }
+  return KeyTheDomainLocked(*domain_mem_);
+}
+
+absl::Status DomainCore::KeyTheDomainLocked(co::Mem& mem) {
+  if (config_.keys.unkeyed || !config_.keys.publish_secret.empty()) return absl::OkStatus();
+  absl::StatusOr<std::string> key = co::ReadDomainKey(mem);
+  if ((key.ok() && key->empty()) || absl::IsDataLoss(key.status())) {
+    key = co::CreateDomainKey(mem, clock_->NowMs());
+    if (key.ok()) {
+      std::fprintf(stderr,
+                   "cxlkv-orchestrator: domain '%s' has a new publish key: chain keys leave it "
+                   "keyed (routers that match them need it: cxlkvctl publish-key; "
+                   "docs/kv_events.md)\n",
+                   config_.name.c_str());
+    }
+  }
+  if (!key.ok()) {
+    return absl::Status(key.status().code(),
+                        absl::StrCat("domain.prefix_domain '", config_.prefix_domain,
+                                     "': its publish key: ", key.status().message()));
+  }
+  domain_secret_ = *std::move(key);
   return absl::OkStatus();
+}
+
+std::string DomainCore::PublishSecret() {
+  if (config_.keys.unkeyed) return "";
+  if (!config_.keys.publish_secret.empty()) return config_.keys.publish_secret;
+  {
+    absl::MutexLock l(&mu_);
+    if (!domain_secret_.empty()) return domain_secret_;
+  }
+  // A standby, or an owner not open yet: what the domain holds now (created once, never
+  // changed, so reading it without the lock is as good as with it).
+  absl::StatusOr<std::string> key = co::ReadDomainKey(*domain_mem_);
+  if (!key.ok() || key->empty()) return "";
+  absl::MutexLock l(&mu_);
+  domain_secret_ = *key;
+  return *key;
 }
 
 void DomainCore::FillExtent(std::uint32_t i, std::int64_t now, v1::Extent* e) const {

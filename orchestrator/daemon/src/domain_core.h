@@ -124,6 +124,11 @@ class DomainCore {  // NOLINT(clang-analyzer-optin.performance.Padding)
                                           std::int64_t revision)>
                        look) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The secret the chain keys leaving the domain are keyed with (events, the directory
+  // summary): keys.publish_file's, or else the domain's own (coherence::DomainKeyLine, which its
+  // owner created; a standby reads it from the domain). "" with keys.unkeyed, or while the
+  // domain has no key yet (no owner of this build opened it).
+  std::string PublishSecret() ABSL_LOCKS_EXCLUDED(mu_);
   // ---- views ----
   Orchestrator::StatusView View() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status fatal() ABSL_LOCKS_EXCLUDED(mu_);
@@ -186,6 +191,10 @@ class DomainCore {  // NOLINT(clang-analyzer-optin.performance.Padding)
   std::string ArenaInExtent(std::uint32_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // HA: the election's hook (on its thread).
   absl::Status TakeOver(const LeaderTerm& t) ABSL_LOCKS_EXCLUDED(mu_);
+  // The owner, once it may write the domain (single: OpenOwner; HA: the takeover), through its
+  // view `mem`: reads the domain's publish key, and creates it when there is none (or a torn
+  // one), unless the keys leave unkeyed or under keys.publish_file.
+  absl::Status KeyTheDomainLocked(coherence::Mem& mem) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndReadOnlyLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // HA, before the takeover's first store: waits until the term the domain's fence line names
   // was released (by its leader, its agent, or an operator through etcd), or the write
@@ -234,6 +243,9 @@ class DomainCore {  // NOLINT(clang-analyzer-optin.performance.Padding)
   const std::atomic<bool>& stop_;
   bool new_domain_;  // --new-domain (HA: used by the first leader)
 
+  // The domain's publish key as the owner found or created it, or a standby read it ("" :
+  // not known yet; PublishSecret).
+  std::string domain_secret_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> told_owner_ ABSL_GUARDED_BY(mu_);  // arenas revoked at the owner
   std::uint64_t quarantines_released_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<std::string> unmatched_logged_ ABSL_GUARDED_BY(mu_);  // said once each in the log

@@ -495,6 +495,8 @@ absl::Status DomainCore::TakeOver(const LeaderTerm& t) {
   for (const NamespaceConfig& n : config_.namespaces) {
     (*owner)->SetPinLevel(co::MakeNamespace(n.tenant, n.model, n.layout), n.pin);
   }
+  // The domain's publish key, created by the first owner (single or elected) that opens it.
+  if (auto st = KeyTheDomainLocked(*fenced_mem_); !st.ok()) return st;
   state_ = std::move(fresh);
   told_owner_.clear();
   owner_ = *std::move(owner);

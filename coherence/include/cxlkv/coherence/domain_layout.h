@@ -171,6 +171,28 @@ inline constexpr std::uint32_t kSingleReleased = 2;  // it stopped; every store 
 inline constexpr std::uint64_t kSingleOwnerOffset = kOwnerReleaseOffset - sizeof(SingleOwnerLine);
 static_assert(sizeof(DomainHeader) <= kSingleOwnerOffset);
 
+// Writer: the domain's owner (a single orchestrator, or the elected leader), once. One line in
+// the header's page, just before the single owner's mark: the domain's publish secret, which
+// keys every chain key that leaves the domain (KV events, the directory summary: K' =
+// HMAC-SHA256(secret, ...), docs/kv_events.md "What a subscriber can learn"). The first owner
+// that finds the line all zero (or torn: a writer died writing it, so nothing was keyed with
+// it) fills `secret` from getrandom and writes it (sealed, flushed, fenced) before anything
+// leaves; it never changes after, so every owner of the domain, single or elected, on any
+// machine, keys alike. The secret's text form is its 64 lowercase hex digits: what a reader
+// (a router) is given as its publish file. Hosts of the domain can read it, as they can read
+// the blocks themselves; nothing outside the domain can. All zero (valid: no key yet) until
+// written; zero padding before, like the fence line, so kDomainVersion stays 1.
+struct alignas(64) DomainKeyLine {
+  std::uint8_t secret[32];
+  std::int64_t created_ms;  // the writer's clock (diagnostics)
+  std::uint32_t version;    // kDomainKeyVersion (0 only in the all-zero line)
+  std::uint8_t reserved[16];
+  std::uint32_t crc;
+};
+inline constexpr std::uint32_t kDomainKeyVersion = 1;
+inline constexpr std::uint64_t kDomainKeyOffset = kSingleOwnerOffset - sizeof(DomainKeyLine);
+static_assert(sizeof(DomainHeader) <= kDomainKeyOffset);
+
 // Writer: host h.
 struct alignas(64) HostRow {
   std::uint64_t incarnation;  // 0: never joined
@@ -250,6 +272,7 @@ static_assert(sizeof(OwnerFenceLine) == 64 && offsetof(OwnerFenceLine, crc) == 6
               offsetof(OwnerFenceLine, state_gen) == 40);
 static_assert(sizeof(OwnerReleaseLine) == 64 && offsetof(OwnerReleaseLine, crc) == 60);
 static_assert(sizeof(SingleOwnerLine) == 64 && offsetof(SingleOwnerLine, crc) == 60);
+static_assert(sizeof(DomainKeyLine) == 64 && offsetof(DomainKeyLine, crc) == 60);
 static_assert(sizeof(LeaseRow) == 64 && sizeof(IndexEntry) == 64 && sizeof(RequestSlot) == 128);
 static_assert(offsetof(IndexEntry, crc) == 60 && offsetof(LeaseRow, crc) == 60);
 

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -85,6 +86,15 @@ std::uint64_t DomainBytes(const DomainGeometry& g);
 absl::Status FormatDomain(Mem& mem, const DomainGeometry& g);
 // Reads and validates the header (kNotFound: no domain; kDataLoss: corrupt).
 absl::StatusOr<DomainHeader> ReadDomainHeader(Mem& mem);
+
+// The domain's publish secret (DomainKeyLine) as its text form, 64 lowercase hex digits; ""
+// while the domain has none. kDataLoss when the line stays torn (its writer died writing it:
+// the owner writes a new one with CreateDomainKey). Any role may read it.
+absl::StatusOr<std::string> ReadDomainKey(Mem& mem);
+// The owner, when ReadDomainKey found none (or a torn line): a new secret from getrandom,
+// sealed, stored, flushed and fenced, then read back (kUnavailable when the store did not
+// land: a fenced view that dropped it). Returns its text form.
+absl::StatusOr<std::string> CreateDomainKey(Mem& mem, std::int64_t now_ms);
 
 // ---- hosts ----------------------------------------------------------------------------------
 

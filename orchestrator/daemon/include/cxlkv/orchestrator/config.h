@@ -77,10 +77,13 @@ struct EventsConfig {
 // [keys]: the secret that keys the chain keys leaving the domain (KV events and the directory
 // summary; cxlkv/orchestrator/published_key.h, docs/kv_events.md "What a subscriber can
 // learn"), and the other domains' secrets with which the Directory RPC answers for them.
-// Files follow the token file's rules (mode 600, 16 to 4096 printable characters).
+// Files follow the token file's rules (mode 600, 16 to 4096 printable characters). By default
+// the keys leave keyed with the domain's own secret, which its first owner creates in the
+// domain (coherence::DomainKeyLine; `cxlkvctl publish-key` writes it out for routers).
 struct KeysConfig {
-  std::string publish_file;                  // empty: keys leave the domain unkeyed
+  std::string publish_file;                  // a secret of the operator's instead of the domain's
   std::string publish_secret;                // its contents, read when the config is loaded
+  bool unkeyed = false;                      // opt-out: chain keys leave the domain as they are
   std::vector<std::string> directory_files;  // other domains' publish secrets
   std::vector<std::string> directory_secrets;
 };
