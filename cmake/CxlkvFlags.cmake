@@ -67,17 +67,6 @@ elseif(NOT CXLKV_LINKER STREQUAL "default")
   message(FATAL_ERROR "CXLKV_LINKER must be auto, lld or default, got '${CXLKV_LINKER}'")
 endif()
 
-# CXLKV_OPTIMIZE_CONTROL_PLANE=OFF (the sanitizer presets): the calling directory's targets at
-# -O0 (a directory's options come after the build type's flags, and the last -O counts);
-# orchestrator/ and tools/ call it. -O0 under ASan needs several times the stack of -O1: no
-# code of theirs runs on a small thread stack (the LMCache coordinator serves its requests on
-# threads of its own, not on civetweb's 100 KiB workers: lmcache/service.h).
-macro(cxlkv_control_plane_directory)
-  if(NOT CXLKV_OPTIMIZE_CONTROL_PLANE)
-    add_compile_options(-O0)
-  endif()
-endmacro()
-
 # CXLKV_DEBUG_INFO=OFF: C and C++ without debug information, whatever the build type.
 if(NOT CXLKV_DEBUG_INFO)
   add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-g0>")

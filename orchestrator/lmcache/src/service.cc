@@ -199,8 +199,7 @@ Reply FromStatus(const absl::Status& st) {
 
 // The GET routes past authentication: the region's contract, the status, cxlkv's statistics.
 // Each route's reply is built in a function of its own, so that the request's frame on a
-// civetweb worker's stack (a fixed size chosen when civetweb was built) stays small in every
-// build, -O0 under ASan included.
+// civetweb worker's stack (a fixed size chosen when civetweb was built: service.h) stays small.
 json RegionBody(const Coordinator& co, const CoordinatorConfig& c, const std::string& path,
                 const std::string& tenant, const RegionInfo& region) {
   json contract{{"region_id", region.region_id},
@@ -360,9 +359,6 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
                            "request_timeout_ms",
                            "30000",
                            nullptr};
-  for (std::uint32_t i = 0; i < c.threads; ++i) {
-    s->request_threads_.emplace_back([p = s.get()] { p->RequestThread(); });
-  }
   mg_callbacks cb{};
   s->ctx_ = mg_start(&cb, s.get(), options);
   if (s->ctx_ == nullptr) {
@@ -486,47 +482,12 @@ Service::~Service() {
   if (ctx_ != nullptr) {
     // civetweb's stop waits up to 2 s for its listener's poll without this (base/stop.h).
     base::ListenerWake wake(c_.listen.substr(0, c_.listen.rfind(':')), port_);
-    mg_stop(ctx_);  // its workers' requests are served first: the request threads still run
-  }
-  {
-    base::MutexLock l(handoff_mu_);
-    handoff_stop_ = true;
-  }
-  handoff_ready_.NotifyAll();
-  for (std::thread& t : request_threads_) t.join();
-}
-
-void Service::RequestThread() {
-  while (true) {
-    Handoff* h = nullptr;
-    {
-      base::MutexLock l(handoff_mu_);
-      while (handoffs_.empty() && !handoff_stop_) handoff_ready_.Wait(handoff_mu_);
-      if (handoffs_.empty()) return;
-      h = handoffs_.front();
-      handoffs_.pop_front();
-    }
-    const int status = Serve(h->conn);
-    {
-      base::MutexLock l(handoff_mu_);
-      h->status = status;
-      h->done = true;
-    }
-    handoff_done_.NotifyAll();
+    mg_stop(ctx_);
   }
 }
 
 int Service::Handle(mg_connection* conn, void* self) {
-  auto* s = static_cast<Service*>(self);
-  Handoff h{conn};
-  {
-    base::MutexLock l(s->handoff_mu_);
-    s->handoffs_.push_back(&h);
-  }
-  s->handoff_ready_.NotifyOne();
-  base::MutexLock l(s->handoff_mu_);
-  while (!h.done) s->handoff_done_.Wait(s->handoff_mu_);
-  return h.status;
+  return static_cast<Service*>(self)->Serve(conn);
 }
 
 int Service::Serve(mg_connection* conn) {

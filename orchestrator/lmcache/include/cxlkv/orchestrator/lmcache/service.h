@@ -9,10 +9,9 @@
 // refused (422). Rejected requests are logged to stderr naming the client and its tenant.
 // Thread-safe; the destructor stops serving (in-flight requests finish first).
 //
-// A request is served on one of the Service's own threads (lmcache.threads of them, as many as
-// civetweb's workers), not on the civetweb worker that accepted it: civetweb's workers have the
-// stack civetweb was built with (Debian's: 100 KiB), and a request's path reaches the journal's
-// JSON and, with [etcd], the etcd client. The worker hands its connection over and waits.
+// Requests are served on civetweb's worker threads, whose stack is the size civetweb was built
+// with (Debian's: 100 KiB): each route builds its reply in a function of its own and reads the
+// body onto the heap, so the request's frames stay small.
 //
 // With [etcd] (docs/lmcache.md "Fail-over") every orchestrator of the domain listens, and only
 // the leader serves: a Service started as a standby answers 503 on every route but /healthz
@@ -22,7 +21,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -94,13 +92,6 @@ class Service {
   Service() = default;
   static int Handle(mg_connection* conn, void* self);
   int Serve(mg_connection* conn);
-  // A request handed from a civetweb worker to a request thread (Handle waits for `done`).
-  struct Handoff {
-    mg_connection* conn;
-    int status = 0;
-    bool done = false;
-  };
-  void RequestThread();
   static std::int64_t NowMs();
   // The coordinator to serve now, or nullptr and why not.
   std::shared_ptr<Coordinator> Serving(std::string* why);
@@ -118,12 +109,6 @@ class Service {
   base::StopSignal stop_;             // ends the reaper's wait at once
   std::uint64_t index_refusals_ = 0;  // TendIndex's (its thread only)
   std::thread reaper_;
-  base::Mutex handoff_mu_;
-  base::CondVar handoff_ready_;  // a request queued, or stopping
-  base::CondVar handoff_done_;   // a request served
-  std::deque<Handoff*> handoffs_ ABSL_GUARDED_BY(handoff_mu_);
-  bool handoff_stop_ ABSL_GUARDED_BY(handoff_mu_) = false;
-  std::vector<std::thread> request_threads_;
 };
 
 }  // namespace cxlkv::coordinator
