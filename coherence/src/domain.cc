@@ -7,6 +7,7 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "cxlkv/coherence/prefix.h"
 
@@ -146,15 +147,10 @@ absl::StatusOr<DomainHeader> ReadDomainHeader(Mem& mem) {
 
 namespace {
 
+// A key's text form: its secret's bytes in lowercase hex.
 std::string KeyText(const DomainKeyLine& l) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * sizeof(l.secret));
-  for (const std::uint8_t b : l.secret) {
-    out.push_back(kHex[b >> 4]);
-    out.push_back(kHex[b & 15]);
-  }
-  return out;
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(l.secret), sizeof(l.secret)));
 }
 
 }  // namespace
