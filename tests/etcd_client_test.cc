@@ -1,5 +1,6 @@
 // The etcd client and the leader election (orchestrator/etcd) against a real 3-member etcd
 // cluster on loopback (tests/etcd_cluster.h); skipped without Debian's etcd-server.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -88,6 +89,54 @@ TEST(EtcdClient, UnreachableIsUnavailableOrDeadline) {
   const auto st = (*c)->Get("/x").status();
   EXPECT_TRUE(absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) << st;
   EXPECT_NE(st.message().find(o.endpoints[0]), std::string::npos) << st;
+}
+
+// A process that ends without running its destructors (a sanitizer's abort, ctest's timeout)
+// takes its etcd members with it: none is left holding its ports and data directory.
+TEST(EtcdClusterHarness, MembersDieWithTheProcessThatStartedThem) {
+  CXLKV_SKIP_WITHOUT_ETCD();
+  int out[2];
+  ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);  // the member must not hold the pipe open
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Only the fork and exec of a member here: nothing that needs another thread of the test.
+    ::close(out[0]);
+    EtcdCluster c(1);
+    c.SpawnMembers();
+    const std::string said = std::to_string(c.pid(0)) + " " + c.dir() + "\n";
+    const bool ok = ::write(out[1], said.data(), said.size()) == static_cast<ssize_t>(said.size());
+    ::_exit(ok ? 0 : 1);  // no destructor: as an abort would end it
+  }
+  ::close(out[1]);
+  std::string said;
+  char buf[512];
+  for (ssize_t n;
+       said.find('\n') == std::string::npos && (n = ::read(out[0], buf, sizeof buf)) > 0;) {
+    said.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(out[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  std::istringstream in(said);
+  pid_t member = -1;
+  std::string dir;
+  in >> member >> dir;
+  ASSERT_GT(member, 0) << said;
+  ASSERT_EQ(dir.rfind("/tmp/cxlkv-etcd-", 0), 0u) << said;
+  // Gone, or a zombie waiting for the process that adopted it.
+  const auto gone = [member] {
+    if (::kill(member, 0) != 0) return errno == ESRCH;
+    std::ifstream stat("/proc/" + std::to_string(member) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const std::size_t paren = text.rfind(')');
+    return paren != std::string::npos && text.size() > paren + 2 && text[paren + 2] == 'Z';
+  };
+  EXPECT_TRUE(Eventually(gone, milliseconds(20000)))
+      << "etcd member " << member << " outlived the process that started it";
+  ::kill(member, SIGKILL);  // whatever the verdict, nothing stays behind
+  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
 TEST_F(EtcdTest, PutGetDeleteAndRevisions) {
