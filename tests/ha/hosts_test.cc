@@ -106,12 +106,20 @@ TEST_F(HaTest, HostFindsTheLeaderThroughEtcd) {
   for (int round = 0; round < 2; ++round) {
     HaOrchestrator* old = Leader({&a, &b, &c});
     ASSERT_NE(old, nullptr);
+    const std::uint64_t found_before = (*host)->leaders_found();
     old->Kill(SIGKILL);
     const std::int64_t t0 = NowMs();
     ASSERT_TRUE(Reattached(**host)) << "the host did not find the new leader in etcd";
-    std::printf("round %d: host re-attached through etcd %lld ms after kill -9 of the leader\n",
-                round, static_cast<long long>(NowMs() - t0));
-    EXPECT_EQ((*host)->leaders_found(), 2u + static_cast<std::uint64_t>(round));
+    std::printf(
+        "round %d: host re-attached through etcd %lld ms after kill -9 of the leader "
+        "(%llu leader records followed)\n",
+        round, static_cast<long long>(NowMs() - t0),
+        static_cast<unsigned long long>((*host)->leaders_found() - found_before));
+    // At least one new leader record was read and followed. Usually exactly one; on a busy
+    // machine a candidate can win the key with a session whose fence has already closed (a
+    // late keep-alive), give it up at once without leading, and a host that read the key in
+    // between followed it, was refused, and asked etcd again (CI saw two in a round under load).
+    EXPECT_GE((*host)->leaders_found(), found_before + 1);
     EXPECT_EQ((*host)->incarnation(), inc);
     auto more = (*host)->Grow(1);
     ASSERT_TRUE(more.ok()) << more.status();
