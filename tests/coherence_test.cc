@@ -2,9 +2,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -113,6 +115,55 @@ TEST(Cache, FeaturesAreConsistent) {
     EXPECT_EQ(ActiveCopyKind(), CopyKind::kMovdir64b);
   }
   EXPECT_NE(FlushKindName(ActiveFlushKind()), "?");
+}
+
+TEST(Cache, MaskCpuFeaturesClearsTheNamedOnesAndReportsUnknownNames) {
+  CpuFeatures all;
+  all.clwb = all.clflushopt = all.clflush = all.movdir64b = all.avx512f = all.sse42 = true;
+  std::string unknown;
+  const CpuFeatures m = MaskCpuFeatures(all, " movdir64b,avx512f , clwb,,avx2,clflush", &unknown);
+  EXPECT_FALSE(m.movdir64b);
+  EXPECT_FALSE(m.avx512f);
+  EXPECT_FALSE(m.clwb);
+  EXPECT_TRUE(m.clflushopt);
+  EXPECT_TRUE(m.sse42);
+  EXPECT_TRUE(m.clflush) << "clflush cannot be disabled";
+  EXPECT_EQ(unknown, "'avx2', 'clflush'");
+  unknown.clear();
+  const CpuFeatures n = MaskCpuFeatures(all, "clflushopt,sse42", &unknown);
+  EXPECT_FALSE(n.clflushopt);
+  EXPECT_FALSE(n.sse42);
+  EXPECT_TRUE(n.movdir64b);
+  EXPECT_EQ(unknown, "");
+}
+
+// Run by cpu_disable_test with CXLKV_CPU_DISABLE set (tests/CMakeLists.txt): the process uses
+// none of the disabled instructions, as on a CPU without them.
+TEST(Cache, DisabledFeaturesAreNotUsed) {
+  const char* disable = std::getenv("CXLKV_CPU_DISABLE");
+  if (disable == nullptr) GTEST_SKIP() << "CXLKV_CPU_DISABLE is not set (cpu_disable_test sets it)";
+  CpuFeatures all;
+  all.clwb = all.clflushopt = all.clflush = all.movdir64b = all.avx512f = all.sse42 = true;
+  const CpuFeatures off = MaskCpuFeatures(all, disable, nullptr);
+  const CpuFeatures& f = DetectedCpuFeatures();
+  if (!off.movdir64b) {
+    EXPECT_FALSE(f.movdir64b);
+    EXPECT_NE(ActiveCopyKind(), CopyKind::kMovdir64b);
+  }
+  if (!off.avx512f) {
+    EXPECT_FALSE(f.avx512f);
+    EXPECT_NE(ActiveCopyKind(), CopyKind::kAvx512Nt);
+  }
+  if (!off.movdir64b && !off.avx512f) {
+    EXPECT_EQ(ActiveCopyKind(), CopyKind::kSse2Nt);
+  }
+  if (!off.clwb) {
+    EXPECT_FALSE(f.clwb);
+    EXPECT_NE(ActiveFlushKind(), FlushKind::kClwb);
+  }
+  if (!off.sse42) {
+    EXPECT_FALSE(f.sse42);
+  }
 }
 
 TEST(Cache, FlushAndInvalidateKeepData) {

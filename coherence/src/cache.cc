@@ -8,8 +8,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 
 namespace cxlkv::coherence {
@@ -96,9 +100,24 @@ void LinesSse2(char* d, const char* s, std::size_t lines) noexcept {
   }
 }
 
+// CPUID's features less those $CXLKV_CPU_DISABLE names; an unknown name said once.
+CpuFeatures DetectUsable() {
+  const char* disable = std::getenv("CXLKV_CPU_DISABLE");
+  if (disable == nullptr) return Detect();
+  std::string unknown;
+  const CpuFeatures f = MaskCpuFeatures(Detect(), disable, &unknown);
+  if (!unknown.empty()) {
+    std::fprintf(stderr,
+                 "cxlkv: CXLKV_CPU_DISABLE: unknown feature(s) %s ignored (known: clwb, "
+                 "clflushopt, movdir64b, avx512f, sse42)\n",
+                 unknown.c_str());
+  }
+  return f;
+}
+
 // Cached decisions; computed on first use (static init is thread-safe).
 struct Active {
-  CpuFeatures features = Detect();
+  CpuFeatures features = DetectUsable();
   FlushKind flush = Strongest(FlushKind::kClwb, features);
   FlushKind invalidate = Strongest(FlushKind::kClflushopt, features);
   CopyKind copy = Strongest(CopyKind::kMovdir64b, features);
@@ -155,6 +174,26 @@ ScopedCacheObserver::ScopedCacheObserver(CacheObserver& o) noexcept {
 ScopedCacheObserver::~ScopedCacheObserver() {
   observer.store(nullptr);
   while (in_flight.load() != 0) std::this_thread::yield();
+}
+
+CpuFeatures MaskCpuFeatures(CpuFeatures f, absl::string_view disable, std::string* unknown) {
+  for (absl::string_view name : absl::StrSplit(disable, ',', absl::SkipWhitespace())) {
+    name = absl::StripAsciiWhitespace(name);
+    if (name == "clwb") {
+      f.clwb = false;
+    } else if (name == "clflushopt") {
+      f.clflushopt = false;
+    } else if (name == "movdir64b") {
+      f.movdir64b = false;
+    } else if (name == "avx512f") {
+      f.avx512f = false;
+    } else if (name == "sse42") {
+      f.sse42 = false;
+    } else if (unknown != nullptr) {
+      absl::StrAppend(unknown, unknown->empty() ? "" : ", ", "'", name, "'");
+    }
+  }
+  return f;
 }
 
 const CpuFeatures& DetectedCpuFeatures() noexcept { return Get().features; }

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/strings/string_view.h"
 
@@ -38,8 +39,18 @@ struct CpuFeatures {
   bool sse42 = false;
 };
 
-// Features from CPUID (cached after the first call).
+// Features from CPUID (cached after the first call), less those $CXLKV_CPU_DISABLE names.
 const CpuFeatures& DetectedCpuFeatures() noexcept;
+
+// CXLKV_CPU_DISABLE=<feature>[,<feature>...] makes the process behave as on a CPU without
+// them (read once, at the first use of this header's primitives): the flush, invalidate and
+// streaming-copy instructions and the CRC then fall back as they would there. For operators (a
+// platform where an instruction misbehaves on the CXL device) and for running the whole suite
+// as a machine without movdir64b or AVX-512 would (docs/coherence.md). Names: clwb,
+// clflushopt, movdir64b, avx512f, sse42 (clflush is every x86-64's and cannot be disabled).
+// MaskCpuFeatures applies such a list; an unknown name is left out and reported in *unknown
+// (the process prints it once on stderr, naming the accepted ones).
+CpuFeatures MaskCpuFeatures(CpuFeatures f, absl::string_view disable, std::string* unknown);
 
 FlushKind ActiveFlushKind() noexcept;
 FlushKind ActiveInvalidateKind() noexcept;
