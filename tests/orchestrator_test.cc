@@ -351,6 +351,57 @@ TEST(DomainState, JoinGrowHeartbeatFenceExpire) {
   EXPECT_TRUE(absl::IsFailedPrecondition(s.Grow(1, 2, 1, 11000).status())) << "draining";
 }
 
+// A drain is the operator's: it stands while the host is fenced (a busy or stopped machine
+// misses host_ttl_ms), across the rejoin that follows and a restart of the orchestrator, until
+// the host leaves. Before, a fence and a rejoin made a drained host live again and let it grow.
+TEST(DomainState, ADrainStandsAcrossAFenceARejoinAndARestartUntilTheHostLeaves) {
+  const cxlkv::testing::TempDir scratch("state", "/tmp");
+  ASSERT_FALSE(scratch.path().empty());
+  const Config c = TestConfig(scratch.path() + "/d.state");
+  DomainState s(c, 1ull << 30);
+  ASSERT_TRUE(s.Join(3, "node-a pid 7", 0).ok());
+  ASSERT_TRUE(s.Grow(3, 1, 2, 0).ok());
+  ASSERT_TRUE(s.Drain(3).ok());
+  EXPECT_TRUE(s.Drain(3).ok()) << "draining twice is no error";
+  EXPECT_EQ(s.hosts()[3].state, HostState::kDraining);
+  // The machine stalls past host_ttl_ms: fenced, the drain still stands.
+  EXPECT_TRUE(s.Expire(c.host_ttl_ms + 1));
+  EXPECT_EQ(s.hosts()[3].state, HostState::kFenced);
+  EXPECT_TRUE(s.hosts()[3].drain);
+  // The same process rejoins (its heartbeat reply said fenced): draining, not live.
+  auto inc = s.Join(3, "node-a pid 7", c.host_ttl_ms + 50);
+  ASSERT_TRUE(inc.ok()) << inc.status();
+  EXPECT_EQ(s.hosts()[3].state, HostState::kDraining);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s.Grow(3, *inc, 1, c.host_ttl_ms + 60).status()))
+      << "a drained host does not grow again after a rejoin";
+  // While it is draining and beating, another machine cannot take its id.
+  ASSERT_TRUE(s.Heartbeat(3, *inc, 0, c.host_ttl_ms + 100).ok());
+  EXPECT_TRUE(absl::IsAlreadyExists(s.Join(3, "node-b pid 9", c.host_ttl_ms + 200).status()));
+  // An operator may drain a fenced host: it comes back draining.
+  ASSERT_TRUE(s.Join(4, "node-c pid 1", 0).ok());
+  EXPECT_TRUE(s.Expire(2 * c.host_ttl_ms + 200));
+  ASSERT_EQ(s.hosts()[4].state, HostState::kFenced);
+  ASSERT_TRUE(s.Drain(4).ok());
+  // An orchestrator restart keeps both drains (one draining, one fenced with its drain).
+  ASSERT_TRUE(s.Save().ok());
+  DomainState r(c, 1ull << 30);
+  ASSERT_TRUE(r.Load(5000).ok());
+  EXPECT_EQ(r.hosts()[3].state, HostState::kFenced) << "fenced in s before the save";
+  EXPECT_TRUE(r.hosts()[3].drain);
+  EXPECT_TRUE(r.hosts()[4].drain);
+  auto inc4 = r.Join(4, "node-c pid 1", 5000);
+  ASSERT_TRUE(inc4.ok());
+  EXPECT_EQ(r.hosts()[4].state, HostState::kDraining);
+  // Leaving ends the drain: the next process on that id is live and may grow.
+  ASSERT_TRUE(r.Leave(4, *inc4, 5100).ok());
+  EXPECT_FALSE(r.hosts()[4].drain);
+  auto again = r.Join(4, "node-c pid 2", 5200);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(r.hosts()[4].state, HostState::kLive);
+  EXPECT_TRUE(r.Grow(4, *again, 1, 5200).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.Drain(9))) << "an id never seen is not drained";
+}
+
 // Two machines configured with the same host id (SGLang ranks of two engines given one
 // host_id): the second join is refused while the first is live, naming both machines; a
 // restart on the same machine, and a join after the holder's heartbeat is older than

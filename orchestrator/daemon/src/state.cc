@@ -114,8 +114,9 @@ absl::StatusOr<std::uint64_t> DomainState::Join(std::uint32_t host, const std::s
   }
   HostInfo& h = hosts_[host];
   const std::string holder = MachineOf(h.hostname), joiner = MachineOf(hostname.substr(0, 64));
-  if (h.state == HostState::kLive && now_ms - h.last_heartbeat_ms <= c_.host_ttl_ms &&
-      !holder.empty() && !joiner.empty() && holder != joiner) {
+  if ((h.state == HostState::kLive || h.state == HostState::kDraining) &&
+      now_ms - h.last_heartbeat_ms <= c_.host_ttl_ms && !holder.empty() && !joiner.empty() &&
+      holder != joiner) {
     return absl::AlreadyExistsError(absl::StrCat(
         "host id ", host, " is live on machine '", holder, "' ('", h.hostname,
         "', last heartbeat ", now_ms - h.last_heartbeat_ms, " ms ago) and machine '", joiner,
@@ -130,7 +131,7 @@ absl::StatusOr<std::uint64_t> DomainState::Join(std::uint32_t host, const std::s
   // names a block in it.
   RevokeExtentsOf(host);
   h.incarnation += 1;
-  h.state = HostState::kLive;
+  h.state = h.drain ? HostState::kDraining : HostState::kLive;
   h.last_heartbeat_ms = now_ms;
   h.used_bytes = 0;
   h.lease = {};  // a new process: its counters start again
@@ -165,6 +166,7 @@ absl::Status DomainState::Leave(std::uint32_t host, std::uint64_t incarnation,
   // still hold them. The term is what a zombie holder of a lost lease may use too.
   RevokeExtentsOf(host);
   hosts_[host].state = HostState::kLeft;
+  hosts_[host].drain = false;  // drained and gone: the next process on this id starts live
   return absl::OkStatus();
 }
 
@@ -217,10 +219,17 @@ absl::Status DomainState::Shrink(std::uint32_t host, std::uint64_t incarnation,
 }
 
 absl::Status DomainState::Drain(std::uint32_t host) {
-  if (host >= hosts_.size() || hosts_[host].state != HostState::kLive) {
-    return absl::FailedPreconditionError(absl::StrCat("host ", host, " is not live"));
+  if (host >= hosts_.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("host ", host, " is not below max_hosts ", hosts_.size()));
   }
-  hosts_[host].state = HostState::kDraining;
+  HostInfo& h = hosts_[host];
+  if (h.state == HostState::kAbsent || h.state == HostState::kLeft) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("host ", host, " is ", HostStateName(h.state), ": nothing to drain"));
+  }
+  h.drain = true;
+  if (h.state == HostState::kLive) h.state = HostState::kDraining;
   return absl::OkStatus();
 }
 
@@ -255,6 +264,7 @@ std::string DomainState::Serialize() const {
     j["hosts"].push_back({{"id", i},
                           {"incarnation", h.incarnation},
                           {"state", static_cast<int>(h.state)},
+                          {"drain", h.drain},
                           {"hostname", h.hostname}});
   }
   j["extents"] = nlohmann::json::array();
@@ -309,6 +319,9 @@ absl::Status DomainState::Deserialize(const std::string& text, std::int64_t now_
       }
       hosts[id] = HostInfo{static_cast<HostState>(state), h.at("incarnation").get<std::uint64_t>(),
                            now_ms, 0, h.at("hostname").get<std::string>()};
+      // Files written before the drain stood on its own say only the state.
+      hosts[id].drain =
+          h.contains("drain") ? h.at("drain").get<bool>() : hosts[id].state == HostState::kDraining;
     }
     for (const auto& e : j.at("extents")) {
       const auto i = e.at("index").get<std::uint32_t>();

@@ -30,6 +30,11 @@ struct HostInfo {
   // What a busy or stopped machine cost its leases, as its last heartbeat said (kept in
   // memory only: a restart of the orchestrator hears them again at the next heartbeat).
   coherence::PrefixHost::Stats lease{};
+  // The operator drained this host id: it stands while the host is fenced, across its rejoins
+  // (a join comes back kDraining, not kLive) and the orchestrator's restarts, until the host
+  // leaves. Without it a busy machine that missed host_ttl_ms once would rejoin live and grow
+  // again after its operator drained it.
+  bool drain = false;
 };
 
 // An extent is free, assigned (held by host/incarnation under a capacity lease), or
@@ -94,6 +99,9 @@ class DomainState {
   // Gives extents back: they go into quarantine (published blocks may still live there).
   absl::Status Shrink(std::uint32_t host, std::uint64_t incarnation,
                       const std::vector<std::uint32_t>& extents, std::int64_t now_ms);
+  // Marks the host drained (HostInfo::drain): a live one becomes kDraining, a fenced one comes
+  // back draining when it rejoins; again on a drained host is no error. kFailedPrecondition for
+  // an id that is absent or has left.
   absl::Status Drain(std::uint32_t host);
   // Fences hosts silent for host_ttl and quarantines extents whose lease ended. Returns
   // whether anything changed (the caller saves).
