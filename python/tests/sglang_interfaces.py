@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Dict, List, Optional
 
 
@@ -188,3 +189,84 @@ def rank_configs_053(extra_config: Dict[str, Any], model: str, *, layers: int, t
                                               dict(extra_config)),
                       pp * per, (pp + 1) * per - 1, dp, pp)
             for dp in range(dp_size) for pp in range(pp_size) for tp in range(tp_size)]
+
+
+# ---- 0.5.10 - 0.5.18: the v2 interface for a hybrid model's other pools ---------------------
+#
+# Read at SGLang's tags v0.5.16 (fdebc938), v0.5.17 (29481685) and v0.5.18 (71de97b2) in
+# bytedance-iaas/sglang, a public fork carrying SGLang's tags v0.5.10 - v0.5.18
+# (python/sglang/srt/mem_cache/hicache_storage.py; docs/engines.md has the lines). PoolName,
+# PoolHitPolicy, PoolTransfer and PoolTransferResult exist from v0.5.10 (:69, :76, :88, :103 at
+# 1519acf3). HiCacheStorage gains register_mem_host_pool_v2 (fills registered_pools[name]) and
+# batch_exists_v2 / batch_get_v2 / batch_set_v2, which raise NotImplementedError in the base.
+# The hybrid cache controller (hybrid_cache/hybrid_cache_controller.py at v0.5.18) attaches the
+# backend through the base controller (which registers the KV host pool with
+# register_mem_pool_host), then calls register_mem_host_pool_v2(entry.host_pool, entry.name)
+# for every host pool entry (:170); it asks batch_exists_v2(page hashes, the other pools'
+# transfers, extra info) when a prefetch carries pool transfers (:595); it loads the KV pages
+# through the base path and then the other pools with batch_get_v2(transfers) (:657), and backs
+# them up with batch_set_v2(transfers) before the KV pages (:672). prefix_keys defaults to None
+# from v0.5.12 (PR #25252, :45 at v0.5.16 - v0.5.18).
+
+
+class PoolName(str, Enum):
+    """A subset of v0.5.18's names (:58): the KV pool and some sidecars."""
+
+    KV = "kv"
+    MAMBA = "mamba"
+    SWA = "swa"
+    INDEXER = "indexer"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class PoolHitPolicy(str, Enum):
+    ALL_PAGES = "all_pages"
+    TRAILING_PAGES = "trailing_pages"
+
+
+@dataclass
+class PoolTransfer:
+    name: PoolName
+    host_indices: Any = None
+    device_indices: Any = None
+    keys: Optional[List[str]] = None
+    hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES
+    nodes_to_load: Optional[List[Any]] = None
+    indices_from_pool: Optional[PoolName] = None
+
+
+@dataclass
+class PoolTransferResult:
+    kv_hit_pages: int
+    extra_pool_hit_pages: Dict[str, int]
+
+
+@dataclass
+class HiCacheStorageExtraInfo0512:
+    """From v0.5.12: prefix_keys defaults to None."""
+
+    prefix_keys: Optional[List[str]] = None
+    extra_info: Optional[dict] = None
+
+
+class HiCacheStorage0518(HiCacheStorage):
+    """0.5.10 - 0.5.18's base: 0.5.6's, plus the v2 pool interface."""
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        if not hasattr(self, "registered_pools"):
+            self.registered_pools: Dict[str, Any] = {}
+        self.registered_pools[host_pool_name] = host_pool
+
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
+                        extra_info: Any = None) -> PoolTransferResult:
+        raise NotImplementedError()
+
+    def batch_get_v2(self, transfers: List[PoolTransfer], extra_info: Any = None
+                     ) -> Dict[str, List[bool]]:
+        raise NotImplementedError()
+
+    def batch_set_v2(self, transfers: List[PoolTransfer], extra_info: Any = None
+                     ) -> Dict[str, List[bool]]:
+        raise NotImplementedError()

@@ -140,4 +140,20 @@ def test_the_check_names_sglangs_adapter_and_its_transfer_path(version: str, pat
     f = {"version": version, "problems": [], "notes": []}
     check._sglang_generation(f, None)
     assert f["generation"].startswith("HiCacheStorage")
-    assert f["why"][-1] == f"version {version}: {path}"
+    assert f["why"][1] == f"version {version}: {path}"
+    assert "no v2 pool interface" in f["why"][-1]
+
+
+def test_the_check_says_whether_sglangs_base_has_the_v2_pool_interface() -> None:
+    """From 0.5.10 the base class carries batch_*_v2 for a hybrid model's other pools; the
+    check says which interface the installed base has (sglang_interfaces states both)."""
+    import types
+
+    import sglang_interfaces as S
+    from cxlkv.integrations import sglang as adapter
+
+    for base, v2 in ((S.HiCacheStorage, False), (S.HiCacheStorage0518, True)):
+        mod = types.SimpleNamespace(CxlkvHiCacheStorage=adapter.build_backend_class(base, "0.5.18"))
+        f = {"version": "0.5.18", "problems": [], "notes": []}
+        check._sglang_generation(f, mod)
+        assert ("has the v2 pool interface" in f["why"][-1]) == v2, f["why"]

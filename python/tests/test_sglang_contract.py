@@ -381,3 +381,123 @@ def test_a_row_live_on_another_machine_is_skipped_on_an_orchestrator_domain(
         if other.stdin:
             other.stdin.close()
         other.wait(timeout=10)
+
+
+# ---- 0.5.10 - 0.5.18: a hybrid model's other pools through the v2 interface -------------------
+
+#: The adapter over 0.5.18's base (sglang_interfaces.HiCacheStorage0518), as the package builds it.
+Backend0518 = adapter.build_backend_class(S.HiCacheStorage0518, "0.5.18")
+SIDE_BYTES = 32  # bytes per token of the sidecar pool (a mamba-like state)
+
+
+def side_pool(seed: int) -> HostPagePool:
+    data = np.random.default_rng(seed).integers(0, 256, (TOKENS, SIDE_BYTES), np.uint8)
+    return HostPagePool(data, PAGE)
+
+
+def start_hybrid(env: Env, cfg: S.HiCacheStorageConfig, kv: HostPagePool,
+                 side: HostPagePool) -> Any:
+    """As 0.5.18's hybrid cache controller attaches a backend: the base attach (the dynamic
+    loader's call, then the KV host pool), then every host pool entry through
+    register_mem_host_pool_v2 (the KV entry among them)."""
+    b = S.create_dynamic_backend(cfg)
+    b.register_mem_pool_host(kv)
+    env._closers.insert(0, b.close)
+    b.register_mem_host_pool_v2(kv, S.PoolName.KV)
+    b.register_mem_host_pool_v2(side, S.PoolName.MAMBA)
+    return b
+
+
+def test_a_hybrid_models_sidecar_pool_round_trips_through_v2(env: Env) -> None:
+    """Before: the base class's batch_*_v2 raised NotImplementedError at the hybrid
+    controller's first backup, so a hybrid model (mamba, SWA, indexer pools) could not use the
+    backend at 0.5.10 - 0.5.18."""
+    cfg = dict(extra_config(env), class_name="Backend0518")
+    a = start_hybrid(env, S.rank_configs(cfg, MODEL)[0], pool(1), side_pool(2))
+    keys = page_keys(3, b"hybrid")
+    # The controller's backup: the sidecar's trailing page first (batch_set_v2), then the KV
+    # pages (the base path: interface_v1, by host indices).
+    tail = S.PoolTransfer(S.PoolName.MAMBA, host_indices=idx([2]), keys=keys[-1:],
+                          hit_policy=S.PoolHitPolicy.TRAILING_PAGES)
+    assert a.batch_set_v2([tail]) == {S.PoolName.MAMBA: [True]}
+    assert a.batch_set_v1(keys, idx([0, 1, 2]), S.HiCacheStorageExtraInfo0512()) == [True] * 3
+    # Another engine finds the three KV pages and the sidecar's trailing page.
+    b = start_hybrid(env, S.rank_configs(dict(cfg, host_id=1), MODEL)[0], pool(3), side_pool(4))
+    want = S.PoolTransfer(S.PoolName.MAMBA, keys=keys[-1:],
+                          hit_policy=S.PoolHitPolicy.TRAILING_PAGES)
+    wait_until(lambda: b.batch_exists_v2(keys, [want]).kv_hit_pages == 3, what="the hybrid hit")
+    hit = b.batch_exists_v2(keys, [want], S.HiCacheStorageExtraInfo0512())
+    assert isinstance(hit, S.PoolTransferResult)
+    assert hit.kv_hit_pages == 3 and hit.extra_pool_hit_pages == {"kv": 3, "mamba": 3}
+    # The load: KV pages through the base path, then the sidecar through batch_get_v2.
+    assert b.batch_get_v1(keys, idx([1, 2, 3])) == [True] * 3
+    got = b.batch_get_v2([S.PoolTransfer(S.PoolName.MAMBA, host_indices=idx([0]),
+                                         keys=keys[-1:])])
+    assert got == {S.PoolName.MAMBA: [True]}
+    src, dst = a.core.pools["mamba"].mem_pool_host.data, b.core.pools["mamba"].mem_pool_host.data
+    assert np.array_equal(src[2 * PAGE:3 * PAGE], dst[0:PAGE])
+    # The sidecar lives in a namespace of its own, not the KV pages'.
+    assert b.core.pools["mamba"].namespace != b.core.stores[False].namespace
+    assert "pool=mamba" in str(b.core.pools["mamba"].namespace)
+
+
+def test_v2_hits_are_cut_where_a_sidecar_pool_misses(env: Env) -> None:
+    """batch_exists_v2 as the base class documents it: all_pages needs every page of the KV
+    run, trailing_pages only the last len(keys) before the cut; the result is the minimum."""
+    cfg = dict(extra_config(env), class_name="Backend0518")
+    a = start_hybrid(env, S.rank_configs(cfg, MODEL)[0], pool(5), side_pool(6))
+    keys = page_keys(4, b"cut")
+    assert a.batch_set_v1(keys, idx([0, 1, 2, 3])) == [True] * 4
+    # The sidecar holds pages 0, 1 and 3: not page 2.
+    for i in (0, 1, 3):
+        assert a.batch_set_v2([S.PoolTransfer(S.PoolName.MAMBA, host_indices=idx([i]),
+                                              keys=[keys[i]])]) == {S.PoolName.MAMBA: [True]}
+    wait_until(lambda: a.batch_exists(keys) == 4, what="the KV pages")
+    every = S.PoolTransfer(S.PoolName.MAMBA, keys=keys, hit_policy=S.PoolHitPolicy.ALL_PAGES)
+    r = a.batch_exists_v2(keys, [every])
+    assert (r.kv_hit_pages, r.extra_pool_hit_pages) == (2, {"kv": 4, "mamba": 2})
+    last = S.PoolTransfer(S.PoolName.MAMBA, keys=keys[-1:],
+                          hit_policy=S.PoolHitPolicy.TRAILING_PAGES)
+    r = a.batch_exists_v2(keys, [last])
+    assert (r.kv_hit_pages, r.extra_pool_hit_pages) == (4, {"kv": 4, "mamba": 4})
+    two = S.PoolTransfer(S.PoolName.MAMBA, keys=keys[-2:],
+                         hit_policy=S.PoolHitPolicy.TRAILING_PAGES)
+    r = a.batch_exists_v2(keys, [two])  # pages 2-3 lack page 2; pages 0-1 are whole
+    assert (r.kv_hit_pages, r.extra_pool_hit_pages) == (2, {"kv": 4, "mamba": 2})
+    assert a.batch_exists_v2(page_keys(2, b"none"), [last]).kv_hit_pages == 0
+    with pytest.raises(InvalidArgumentError, match="no host pool 'swa' registered"):
+        a.batch_get_v2([S.PoolTransfer(S.PoolName.SWA, host_indices=idx([0]), keys=keys[:1])])
+
+
+def test_sidecar_pools_of_an_mla_model_keep_each_tp_rank_apart(env: Env) -> None:
+    """An MLA model's KV pages are the same on every TP rank (one namespace); its sidecar
+    pools are backed up from every rank (hybrid_cache_controller.py should_backup at v0.5.18),
+    so each rank's sidecar pages have a namespace of their own."""
+    cfg = dict(extra_config(env, host_id=2), class_name="Backend0518")
+    ranks = [start_hybrid(env, c, pool(7 + c.tp_rank), side_pool(9 + c.tp_rank))
+             for c in S.rank_configs(cfg, MODEL, tp_size=2, mla=True)]
+    assert ranks[0].core.stores[False].namespace == ranks[1].core.stores[False].namespace
+    assert ranks[0].core.pools["mamba"].namespace != ranks[1].core.pools["mamba"].namespace
+
+
+def test_runtime_detach_and_attach_again_keeps_the_domains_pages(env: Env) -> None:
+    """SGLang's runtime attach (PUT /hicache/storage-backend, http_server.py:1078 at v0.5.18;
+    only while the scheduler is idle) builds the backend through the same factory and
+    registers the host pool; detach (DELETE, cache_controller.py:557) calls close() and drops
+    it. After a detach the rank's row is free again; the next attach joins it again and reads
+    the pages another engine published meanwhile."""
+    cfg = dict(extra_config(env, host_id=3), class_name="Backend0518")
+    rank = S.rank_configs(cfg, MODEL)[0]
+    a = start_hybrid(env, rank, pool(11), side_pool(12))
+    row = a.core.host_id
+    a.close()  # detach
+    p = start_hybrid(env, S.rank_configs(dict(cfg, host_id=5), MODEL)[0], pool(13),
+                     side_pool(14))
+    keys = page_keys(2, b"attach")
+    assert p.batch_set_v1(keys, idx([0, 1])) == [True, True]
+    b = start_hybrid(env, rank, pool(15), side_pool(16))  # attach again, same config
+    assert b.core.host_id == row, "the detached row is free again"
+    wait_until(lambda: b.batch_exists(keys) == 2, what="the other engine's pages")
+    assert b.batch_get_v1(keys, idx([2, 3])) == [True, True]
+    assert np.array_equal(p.core.stores[False].mem_pool_host.data[:, 0:2 * PAGE],
+                          b.core.stores[False].mem_pool_host.data[:, 2 * PAGE:4 * PAGE])

@@ -289,6 +289,14 @@ def _sglang_generation(f: Finding, mod: Any) -> None:
                 "generic copy path",
                 f"version {f['version']}: " + ("zero-copy with interface_v1" if zero_copy
                                                else "the generic copy path")]
+    base = getattr(getattr(mod, "CxlkvHiCacheStorage", None), "__mro__", ())[1:2]
+    if base and hasattr(base[0], "batch_get_v2"):
+        f["why"].append("the base class has the v2 pool interface (SGLang 0.5.10+): a hybrid "
+                        "model's other pools (mamba, SWA, indexer) go through batch_*_v2, each "
+                        "in a namespace of its own")
+    else:
+        f["why"].append("the base class has no v2 pool interface (before SGLang 0.5.10): only "
+                        "the KV pool is stored")
 
 
 def check_engine(engine: str) -> Finding:

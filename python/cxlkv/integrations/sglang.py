@@ -13,7 +13,14 @@ zero-copy path (``batch_get_v1`` / ``batch_set_v1`` by host indices; without it,
         "interface_v1": 1, "domain": "orchestrator:/run/cxlkv/<domain>.sock", "host_id": 0}'
 
 (:mod:`cxlkv.integrations._config` has every key; ``pool`` is needed for a ``file:`` or
-``devdax:`` domain, not for an ``orchestrator:`` one.)
+``devdax:`` domain, not for an ``orchestrator:`` one.) The same JSON attaches it at run time
+(``PUT /hicache/storage-backend``, ``hicache_storage_backend_extra_config_json``; SGLang
+allows that only while idle and with ``--admin-api-key``); a detach closes it.
+
+**Hybrid models** (SGLang 0.5.10+: mamba, SWA, indexer pools beside KV): SGLang registers
+each of the model's host pools with ``register_mem_host_pool_v2`` and moves the non-KV pools
+with ``batch_*_v2`` (:class:`PoolTransfer` by host indices); each such pool gets a page store
+of its own, in a namespace naming the pool and the TP rank (:func:`v2_exists` has the hit rule).
 
 **One host per rank, from one configuration.** SGLang builds a backend in every (dp, pp,
 cp, tp) rank's process from the same extra config, and at 0.5.3 and 0.5.6 the
@@ -43,6 +50,7 @@ some layouts). Draft-model pages (keys ``d:<hash>``) live in a namespace of thei
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -115,10 +123,12 @@ def pool_layers(mem_pool_host: Any) -> str:
 
 def namespace_for(storage_config: Any, tenant: str, page_bytes: int, *, dtype: str = "?",
                   layout: str = "?", page_tokens: int = 0, path: str = "v1",
-                  layers: str = "?", extra: str = "") -> Namespace:
-    """The namespace of one SGLang rank's pages: everything that changes their bytes."""
+                  layers: str = "?", extra: str = "", sharded: bool = False) -> Namespace:
+    """The namespace of one SGLang rank's pages: everything that changes their bytes.
+    `sharded`: the pool is split across TP ranks even for an MLA model (a hybrid model's
+    sidecar pools: SGLang backs them up from every TP rank)."""
     model = str(_g(storage_config, "model_name", ""))
-    mla = bool(_g(storage_config, "is_mla_model", False))
+    mla = bool(_g(storage_config, "is_mla_model", False)) and not sharded
     tp = "mla" if mla else f"{_g(storage_config, 'tp_rank', 0)}/{_g(storage_config, 'tp_size', 1)}"
     words = (f"sglang dtype={dtype} layout={layout} path={path} page={page_tokens}t/"
              f"{page_bytes}B tp={tp} pp={_g(storage_config, 'pp_rank', 0)}/"
@@ -188,6 +198,10 @@ class SglangBackendCore:
         self.tenant = str(cfg.get("tenant", "default"))
         self._att: Optional[Attachment] = None
         self.stores: Dict[bool, PageStore] = {}  # draft? -> store
+        #: A hybrid model's other host pools (mamba, swa, indexer, ...), by SGLang's pool name:
+        #: each in a namespace of its own (register_pool_v2).
+        self.pools: Dict[str, PageStore] = {}
+        self._layout = "?"
         if str(cfg.get("domain", "")).startswith("orchestrator:") and not cfg.get("pool"):
             return  # the arena is grown once the page size is known
         self._attach(None)
@@ -230,6 +244,47 @@ class SglangBackendCore:
                 old.close()
             self.stores[draft] = store
 
+    def register_pool_v2(self, host_pool: Any, name: Any) -> None:
+        """A hybrid model's host pool `name` (SGLang's ``PoolName``; from 0.5.10 its hybrid
+        cache controller registers every pool of the model this way, after the KV pool, and
+        moves their pages with ``batch_*_v2``). The KV pool is the main store already; any
+        other pool gets a store of its own over that pool, in a namespace naming the pool and
+        always the TP rank (sidecars are backed up from every rank)."""
+        pool_name = str(getattr(name, "value", name))
+        if pool_name == KV_POOL:
+            return
+        if self._att is None:
+            raise InvalidArgumentError(
+                f"host pool {pool_name!r} registered before the KV pool",
+                operation="register_mem_host_pool_v2",
+                hint="SGLang registers the KV host pool (register_mem_pool_host) first; "
+                "attach the backend through SGLang's cache controller")
+        ps = int(host_pool.page_size)
+        _, sizes = page_buffer_meta(host_pool, _first_page(ps))
+        page_bytes = int(sum(sizes))
+        dtype = str(getattr(host_pool, "dtype", "?")).replace("torch.", "")
+        ns = namespace_for(self.storage_config, self.tenant, page_bytes, dtype=dtype,
+                           layout=str(getattr(host_pool, "layout", "?")), page_tokens=ps,
+                           path="v2", layers=pool_layers(host_pool),
+                           extra=f"{self._extra} pool={pool_name}".strip(), sharded=True)
+        store = PageStore(self._att.domain, ns, page_bytes=page_bytes)
+        store.register_mem_pool_host(host_pool)
+        old = self.pools.get(pool_name)
+        if old is not None:
+            old.close()
+        self.pools[pool_name] = store
+
+    def pool_store(self, name: Any, what: str) -> PageStore:
+        """The store of a pool registered through register_pool_v2."""
+        pool_name = str(getattr(name, "value", name))
+        store = self.pools.get(pool_name)
+        if store is None:
+            raise InvalidArgumentError(
+                f"{what}: no host pool {pool_name!r} registered", operation=what,
+                hint=f"registered: {', '.join(sorted(self.pools)) or 'none'}; SGLang registers "
+                "each pool with register_mem_host_pool_v2 when it attaches the backend")
+        return store
+
     def store_for(self, keys: Sequence[Any], what: str) -> Tuple[PageStore, List[Any]]:
         """The store of `keys` (all draft ``d:<hash>`` or all main) and the keys unprefixed."""
         if not self.stores:
@@ -248,7 +303,7 @@ class SglangBackendCore:
         return self.stores[draft], plain
 
     def close(self) -> None:
-        for s in self.stores.values():
+        for s in [*self.stores.values(), *self.pools.values()]:
             s.close()
         if self._att is not None:
             self._att.close()
@@ -320,7 +375,73 @@ def build_backend_class(base: type, engine_version: Optional[str]) -> type:
         def close(self) -> None:
             self.core.close()
 
+        # ---- v2: a hybrid model's other pools (SGLang >= 0.5.10, docs/engines.md) ----------
+
+        def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+            if hasattr(super(), "register_mem_host_pool_v2"):
+                super().register_mem_host_pool_v2(host_pool, host_pool_name)
+            self.core.register_pool_v2(host_pool, host_pool_name)
+
+        def batch_exists_v2(self, keys: List[str], pool_transfers: Any = None,
+                            extra_info: Any = None) -> Any:
+            return v2_exists(self, keys, pool_transfers, extra_info, result_type)
+
+        def batch_get_v2(self, transfers: List[Any], extra_info: Any = None
+                         ) -> Dict[str, List[bool]]:
+            return {t.name: self.core.pool_store(t.name, "batch_get_v2").batch_get_v1(
+                        list(t.keys or []), t.host_indices) for t in transfers}
+
+        def batch_set_v2(self, transfers: List[Any], extra_info: Any = None
+                         ) -> Dict[str, List[bool]]:
+            return {t.name: self.core.pool_store(t.name, "batch_set_v2").batch_set_v1(
+                        list(t.keys or []), t.host_indices) for t in transfers}
+
+    result_type = getattr(sys.modules.get(base.__module__), "PoolTransferResult", None)
     return CxlkvHiCacheStorage
+
+
+#: SGLang's name of the KV pool (``PoolName.KV``).
+KV_POOL = "kv"
+
+
+def v2_exists(backend: Any, keys: List[str], pool_transfers: Any, extra_info: Any,
+              result_type: Any) -> Any:
+    """``batch_exists_v2`` as SGLang's base class documents it (hicache_storage.py:165 at
+    v0.5.18): the KV pool's leading run of present pages, cut to where every other pool's
+    pages are present too, by that pool's hit policy: ``all_pages``, every page of the run;
+    ``trailing_pages``, only the last len(transfer.keys) pages before the cut. The result is
+    SGLang's ``PoolTransferResult(kv_hit_pages, extra_pool_hit_pages)``."""
+    kv = backend.batch_exists(keys, extra_info)
+    hits: Dict[Any, int] = {KV_POOL: kv} if kv else {}
+    final = kv
+    for t in pool_transfers or []:
+        if final == 0:
+            break
+        store = backend.core.pool_store(t.name, "batch_exists_v2")
+        have: Dict[int, bool] = {}
+
+        def present(i: int) -> bool:
+            if i not in have:
+                have[i] = store.exists(keys[i])
+            return have[i]
+
+        policy = str(getattr(t.hit_policy, "value", t.hit_policy))
+        if policy == "trailing_pages":
+            window = max(1, len(t.keys or []))
+            cut = next((n for n in range(kv, 0, -1)
+                        if all(present(i) for i in range(max(0, n - window), n))), 0)
+        else:  # all_pages
+            cut = next((i for i in range(kv) if not present(i)), kv)
+        if cut:
+            hits[t.name] = cut
+        final = min(final, cut)
+    if result_type is None:
+        raise InvalidArgumentError(
+            "batch_exists_v2: SGLang's PoolTransferResult is not in the base class's module",
+            operation="batch_exists_v2",
+            hint="this SGLang has no v2 interface (it came with 0.5.10); do not pass "
+            "pool_transfers")
+    return result_type(final, hits)
 
 
 class _Unprefixed:
