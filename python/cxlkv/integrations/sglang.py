@@ -388,13 +388,11 @@ def build_backend_class(base: type, engine_version: Optional[str]) -> type:
 
         def batch_get_v2(self, transfers: List[Any], extra_info: Any = None
                          ) -> Dict[str, List[bool]]:
-            return {t.name: self.core.pool_store(t.name, "batch_get_v2").batch_get_v1(
-                        list(t.keys or []), t.host_indices) for t in transfers}
+            return {t.name: v2_move(self.core, t, "batch_get_v2") for t in transfers}
 
         def batch_set_v2(self, transfers: List[Any], extra_info: Any = None
                          ) -> Dict[str, List[bool]]:
-            return {t.name: self.core.pool_store(t.name, "batch_set_v2").batch_set_v1(
-                        list(t.keys or []), t.host_indices) for t in transfers}
+            return {t.name: v2_move(self.core, t, "batch_set_v2") for t in transfers}
 
     result_type = getattr(sys.modules.get(base.__module__), "PoolTransferResult", None)
     return CxlkvHiCacheStorage
@@ -402,6 +400,26 @@ def build_backend_class(base: type, engine_version: Optional[str]) -> type:
 
 #: SGLang's name of the KV pool (``PoolName.KV``).
 KV_POOL = "kv"
+
+
+def v2_move(core: SglangBackendCore, transfer: Any, what: str) -> List[bool]:
+    """One transfer of ``batch_get_v2`` / ``batch_set_v2``: its pages by host indices, one bool
+    per key. A pool never registered raises (a wiring error, at the first transfer). A transfer
+    whose host indices are not page_size per key, or that has none, is answered all False and
+    logged, as SGLang's own file backend does (hicache_storage.py ``_batch_io_v2`` at v0.5.18):
+    the controller's thread sees a failed transfer, not an exception."""
+    store = core.pool_store(transfer.name, what)
+    keys = list(transfer.keys or [])
+    idx = transfer.host_indices
+    n = 0 if idx is None else int(getattr(idx, "numel", lambda: len(idx))())
+    page = int(store.mem_pool_host.page_size)
+    if not keys or n != len(keys) * page:
+        log.error("cxlkv: %s of pool %s: %d keys need %d host indices, got %d", what,
+                  transfer.name, len(keys), len(keys) * page, n)
+        return [False] * len(keys)
+    if what == "batch_get_v2":
+        return store.batch_get_v1(keys, idx)
+    return store.batch_set_v1(keys, idx)
 
 
 def v2_exists(backend: Any, keys: List[str], pool_transfers: Any, extra_info: Any,
