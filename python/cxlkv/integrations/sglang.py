@@ -121,6 +121,16 @@ def pool_layers(mem_pool_host: Any) -> str:
     return f"{int(start)}-{int(end)}"
 
 
+def host_pool_facts(host_pool: Any) -> Dict[str, Any]:
+    """What of a host pool its pages' namespace names: tokens and bytes per page (from the
+    pool's own page description), dtype, layout and layers."""
+    ps = int(host_pool.page_size)
+    _, sizes = page_buffer_meta(host_pool, _first_page(ps))
+    return {"page_tokens": ps, "page_bytes": int(sum(sizes)),
+            "dtype": str(getattr(host_pool, "dtype", "?")).replace("torch.", ""),
+            "layout": str(getattr(host_pool, "layout", "?")), "layers": pool_layers(host_pool)}
+
+
 def namespace_for(storage_config: Any, tenant: str, page_bytes: int, *, dtype: str = "?",
                   layout: str = "?", page_tokens: int = 0, path: str = "v1",
                   layers: str = "?", extra: str = "", sharded: bool = False) -> Namespace:
@@ -224,25 +234,12 @@ class SglangBackendCore:
         self.host_id = self._att.host_id
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
-        ps = int(mem_pool_host.page_size)
-        _, sizes = page_buffer_meta(mem_pool_host, _first_page(ps))
-        page_bytes = int(sum(sizes))
+        facts = host_pool_facts(mem_pool_host)
         if self._att is None:
-            self._attach(page_bytes)
-        assert self._att is not None
-        dtype = str(getattr(mem_pool_host, "dtype", "?")).replace("torch.", "")
-        layout = str(getattr(mem_pool_host, "layout", "?"))
-        layers = pool_layers(mem_pool_host)
+            self._attach(facts["page_bytes"])
         for draft in (False, True):
-            ns = namespace_for(self.storage_config, self.tenant, page_bytes, dtype=dtype,
-                               layout=layout, page_tokens=ps, path=self.path, layers=layers,
-                               extra=(self._extra + " draft").strip() if draft else self._extra)
-            store = PageStore(self._att.domain, ns, page_bytes=page_bytes)
-            store.register_mem_pool_host(mem_pool_host)
-            old = self.stores.get(draft)
-            if old is not None:
-                old.close()
-            self.stores[draft] = store
+            extra = (self._extra + " draft").strip() if draft else self._extra
+            self._open(self.stores, draft, mem_pool_host, facts, path=self.path, extra=extra)
 
     def register_pool_v2(self, host_pool: Any, name: Any) -> None:
         """A hybrid model's host pool `name` (SGLang's ``PoolName``; from 0.5.10 its hybrid
@@ -259,20 +256,24 @@ class SglangBackendCore:
                 operation="register_mem_host_pool_v2",
                 hint="SGLang registers the KV host pool (register_mem_pool_host) first; "
                 "attach the backend through SGLang's cache controller")
-        ps = int(host_pool.page_size)
-        _, sizes = page_buffer_meta(host_pool, _first_page(ps))
-        page_bytes = int(sum(sizes))
-        dtype = str(getattr(host_pool, "dtype", "?")).replace("torch.", "")
-        ns = namespace_for(self.storage_config, self.tenant, page_bytes, dtype=dtype,
-                           layout=str(getattr(host_pool, "layout", "?")), page_tokens=ps,
-                           path="v2", layers=pool_layers(host_pool),
-                           extra=f"{self._extra} pool={pool_name}".strip(), sharded=True)
-        store = PageStore(self._att.domain, ns, page_bytes=page_bytes)
+        self._open(self.pools, pool_name, host_pool, host_pool_facts(host_pool), path="v2",
+                   extra=f"{self._extra} pool={pool_name}".strip(), sharded=True)
+
+    def _open(self, table: Dict[Any, PageStore], key: Any, host_pool: Any,
+              facts: Dict[str, Any], *, path: str, extra: str, sharded: bool = False) -> None:
+        """A page store over `host_pool` in its namespace, as table[key] (closing the one it
+        replaces: SGLang may register a pool again)."""
+        assert self._att is not None
+        ns = namespace_for(self.storage_config, self.tenant, facts["page_bytes"],
+                           dtype=facts["dtype"], layout=facts["layout"],
+                           page_tokens=facts["page_tokens"], path=path, layers=facts["layers"],
+                           extra=extra, sharded=sharded)
+        store = PageStore(self._att.domain, ns, page_bytes=facts["page_bytes"])
         store.register_mem_pool_host(host_pool)
-        old = self.pools.get(pool_name)
+        old = table.get(key)
         if old is not None:
             old.close()
-        self.pools[pool_name] = store
+        table[key] = store
 
     def pool_store(self, name: Any, what: str) -> PageStore:
         """The store of a pool registered through register_pool_v2."""
