@@ -312,7 +312,6 @@ void BM_WriteBack(benchmark::State& state, const gpu::KitCase& c) {
   Fixture& f = F();
   const std::string path = absl::StrCat("/dev/shm/cxlkv-kit-writeback-", ::getpid());
   const std::uint64_t block = c.bytes, n = c.count;
-  gpu::KitRecord rec;
   {
     auto region =
         pool::OpenRegion(absl::StrCat("file:", path, "?size=", 2 * n * block + 32 * kMiB));
@@ -377,11 +376,9 @@ void BM_WriteBack(benchmark::State& state, const gpu::KitCase& c) {
         ++matched;
       }
     }
-    rec.values = {
-        {"blocks", static_cast<double>(n)},
-        {"matched", matched},
-        {"bytes_per_second",
-         total_s > 0 ? static_cast<double>(state.iterations() * n * block) / total_s : 0}};
+    RecordRate(c, static_cast<double>(state.iterations() * n * block), total_s);
+    g_records[c.name].values["blocks"] = static_cast<double>(n);
+    g_records[c.name].values["matched"] = matched;
     if (matched != n)
       state.SkipWithError(
           "a block read through the second mapping differs from the device's bytes");
@@ -389,7 +386,6 @@ void BM_WriteBack(benchmark::State& state, const gpu::KitCase& c) {
   }
   ::unlink(path.c_str());
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * block));
-  g_records[c.name] = rec;
 }
 
 // One registrar per mode (and size, for the one-call modes), kept to the end of the process
