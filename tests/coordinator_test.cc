@@ -1069,7 +1069,7 @@ TEST(CoordinatorConfigTest, SectionAndTokens) {
   EXPECT_NE(readable.message().find("lmcache.token_file_readable = true"), std::string::npos);
   // LMCache's behaviour one setting away: accepted, with a warning naming the file and mode.
   std::string warning;
-  auto accepted = LoadTenantTokens(f, /*accept_readable=*/true, &warning);
+  auto accepted = LoadTenantTokens(f, {.accept_readable = true}, &warning);
   ASSERT_TRUE(accepted.ok()) << accepted.status();
   EXPECT_EQ(accepted->at("cccccccccccccccccccc"), "default");
   EXPECT_NE(warning.find(f), std::string::npos) << warning;
@@ -1081,7 +1081,34 @@ TEST(CoordinatorConfigTest, SectionAndTokens) {
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_TRUE(set->token_file_readable);
   write("acme short\n", P::owner_read | P::owner_write);
-  EXPECT_NE(LoadTenantTokens(f).status().message().find(":1:"), std::string::npos);
+  const absl::Status short_token = LoadTenantTokens(f).status();
+  EXPECT_NE(short_token.message().find(":1:"), std::string::npos) << short_token;
+  // LMCache accepts a token of any length: 5 characters here, refused by default with its
+  // length and the setting, accepted with lmcache.token_min_length.
+  EXPECT_NE(short_token.message().find("a token of 5 characters is shorter than 16"),
+            std::string::npos)
+      << short_token;
+  EXPECT_NE(short_token.message().find("lmcache.token_min_length = 5"), std::string::npos)
+      << short_token;
+  auto short_ok = LoadTenantTokens(f, {.min_length = 5});
+  ASSERT_TRUE(short_ok.ok()) << short_ok.status();
+  EXPECT_EQ(short_ok->at("short"), "acme");
+  write("tok\x7f\n", P::owner_read | P::owner_write);
+  EXPECT_NE(LoadTenantTokens(f, {.min_length = 1}).status().message().find("printable ASCII"),
+            std::string::npos)
+      << "a token of any length is still printable ASCII";
+  auto min_len = ParseCoordinatorConfig(
+      "[lmcache]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"t\"\nlayout_id = \"l\"\n"
+      "region_size = \"64M\"\ntoken_min_length = 1\n",
+      "x.toml");
+  ASSERT_TRUE(min_len.ok()) << min_len.status();
+  EXPECT_EQ(min_len->token_min_length, 1u);
+  EXPECT_FALSE(
+      ParseCoordinatorConfig("[lmcache]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"t\"\nlayout_id = "
+                             "\"l\"\nregion_size = \"64M\"\ntoken_min_length = 0\n",
+                             "x.toml")
+          .ok())
+      << "at least one character";
   write("a aaaaaaaaaaaaaaaaaaaa\nb aaaaaaaaaaaaaaaaaaaa\n", P::owner_read | P::owner_write);
   EXPECT_NE(LoadTenantTokens(f).status().message().find("already listed"), std::string::npos);
   std::filesystem::remove_all(dir);

@@ -27,8 +27,9 @@ bool ValidTenant(absl::string_view t) {
   return true;
 }
 
+// Printable ASCII without spaces, at most 4096 characters (the length's floor is a setting).
 bool ValidToken(absl::string_view t) {
-  if (t.size() < 16 || t.size() > 4096) return false;
+  if (t.empty() || t.size() > 4096) return false;
   for (char ch : t) {
     if (ch <= ' ' || ch > '~') return false;
   }
@@ -64,6 +65,7 @@ absl::StatusOr<CoordinatorConfig> ParseCoordinatorConfig(absl::string_view text,
     {"token_file_readable", H([&p, &c](const toml::node& v, const std::string& k) {
        return p.Bool(v, k, &c.token_file_readable);
      })},
+    {"token_min_length", u32(&c.token_min_length, 1, 4096)},
     {"region_id", str(&c.region_id)},
     {"layout_id", str(&c.layout_id)},
     {"region_size", size(&c.region_bytes)},
@@ -160,7 +162,7 @@ std::uint64_t HostPoolBytes(const CoordinatorConfig& c, std::uint64_t pool_bytes
 }
 
 absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::string& path,
-                                                                    bool accept_readable,
+                                                                    const TokenFileRules& rules,
                                                                     std::string* warning) {
   struct stat sb {};
   if (::stat(path.c_str(), &sb) != 0) {
@@ -170,7 +172,7 @@ absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::s
   }
   if ((sb.st_mode & 077) != 0) {
     const std::string mode = absl::StrFormat("%04o", sb.st_mode & 0777);
-    if (!accept_readable) {
+    if (!rules.accept_readable) {
       return absl::PermissionDeniedError(absl::StrCat(
           "lmcache.token_file ", path, ": group or others may read it (mode ", mode,
           "), and a token is a tenant's whole credential: `chmod 600 ", path,
@@ -210,7 +212,16 @@ absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::s
     } else {
       return bad("expected TENANT TOKEN");
     }
-    if (!ValidToken(token)) return bad("a token is 16-4096 printable ASCII characters, no spaces");
+    if (!ValidToken(token)) {
+      return bad("a token is printable ASCII characters without spaces, at most 4096");
+    }
+    if (token.size() < rules.min_length) {
+      return bad(absl::StrCat("a token of ", token.size(), " characters is shorter than ",
+                              rules.min_length,
+                              " (a token is a tenant's whole credential): "
+                              "use a longer one, or set lmcache.token_min_length = ",
+                              token.size(), " to accept it as LMCache does"));
+    }
     if (!tokens.emplace(token, tenant).second) return bad("this token is already listed");
   }
   if (tokens.empty()) {

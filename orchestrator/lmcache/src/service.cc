@@ -328,7 +328,9 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(const CoordinatorConfig&
   s->c_ = c;
   s->region_offset_ = region_offset;
   std::string token_warning;
-  auto tokens = LoadTenantTokens(c.token_file, c.token_file_readable, &token_warning);
+  auto tokens = LoadTenantTokens(
+      c.token_file, {.accept_readable = c.token_file_readable, .min_length = c.token_min_length},
+      &token_warning);
   if (!tokens.ok()) return tokens.status();
   if (!token_warning.empty()) {
     std::fprintf(stderr, "cxlkv-orchestrator: lmcache: warning: %s\n", token_warning.c_str());

@@ -22,6 +22,10 @@ struct CoordinatorConfig {
   // lmcache.token_file_readable = true: a token file group or others may read is accepted with
   // a warning (LMCache's own behaviour); by default it is refused (the token is the tenant).
   bool token_file_readable = false;
+  // lmcache.token_min_length: the shortest token accepted (1..4096). LMCache accepts any
+  // non-empty token; cxlkv asks 16 characters by default, a token being a tenant's whole
+  // credential. 1 accepts LMCache's.
+  std::uint32_t token_min_length = 16;
   std::string region_id;           // LMCache's --l1-shared-region-id; "" : the domain's name
   std::string layout_id;           // required: LMCache's --l1-shared-layout-id
   std::uint64_t region_bytes = 0;  // required: any size; in the pool's last extents (HostPoolBytes)
@@ -69,15 +73,21 @@ absl::Status ResolveCoordinatorConfig(CoordinatorConfig* c, const std::string& d
 std::uint64_t HostPoolBytes(const CoordinatorConfig& c, std::uint64_t pool_bytes,
                             std::uint64_t extent_bytes);
 
+// What a token file must be (the [lmcache] settings token_file_readable, token_min_length).
+struct TokenFileRules {
+  bool accept_readable = false;
+  std::uint32_t min_length = 16;
+};
+
 // Tokens and their tenants, from a file readable by its owner only. Either one bare token
 // (LMCache's own token file: tenant "default"), or lines "TENANT TOKEN" ('#' starts a comment).
-// Tokens: 16..4096 printable ASCII without spaces, each once; tenants: [A-Za-z0-9_.-]{1,64}.
-// Errors name the file, the line and the fix. A file group or others may read is refused
+// Tokens: rules.min_length..4096 printable ASCII without spaces, each once; tenants:
+// [A-Za-z0-9_.-]{1,64}. Errors name the file, the line and the fix (a short token: its length
+// and the setting that accepts it). A file group or others may read is refused
 // (kPermissionDenied: its octal mode, the chmod, and the setting that accepts it) unless
-// `accept_readable`; then `*warning` (when given) says so and the tokens load.
-absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(const std::string& path,
-                                                                    bool accept_readable = false,
-                                                                    std::string* warning = nullptr);
+// `rules.accept_readable`; then `*warning` (when given) says so and the tokens load.
+absl::StatusOr<std::map<std::string, std::string>> LoadTenantTokens(
+    const std::string& path, const TokenFileRules& rules = {}, std::string* warning = nullptr);
 
 }  // namespace cxlkv::coordinator
 
