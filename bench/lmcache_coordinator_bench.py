@@ -20,12 +20,20 @@ every reserve and finish waits for its fdatasync there. Objects/s: N processes, 
 and finishing one object per call (and separately 64 per call) for --seconds, a fresh domain
 per level. Under pressure: reserve+finish of one object when the region is full and every
 reserve must evict one.
+
+The peer, in the same run (--peer-lmcache PATH): LMCache's own coordinator (milestone M0:
+``lmcache.v1.memory_coordinator``'s ``create_app`` under uvicorn, as LMCache's tests serve it)
+over the same region size and alignment, driven by the same client for the same rows:
+the baselines, reserve+finish and lookups, with 1 client and with --clients concurrent client
+processes (each timing its own calls). PATH is a PYTHONPATH under which LMCache's coordinator
+and its dependencies (pydantic 2, FastAPI, uvicorn) import, for --peer-python (default: this
+interpreter). M0 keeps its objects in memory (its state file is only a start latch): what
+cxlkv's durability costs is in the difference.
 """
 
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -37,6 +45,9 @@ from coordinator_client import Client, make_key, make_layout  # noqa: E402
 from emulated_domain import EmulatedDomain, die_with_parent, exit_on_termination  # noqa: E402
 
 OBJ = 4096
+#: The region of the rows with concurrent clients and of LMCache's coordinator: room for every
+#: object they finish (4 clients: about 68,000 of 4 KiB).
+PEER_REGION_MIB = 1024
 
 
 def pct(ts, p):
@@ -58,7 +69,7 @@ def timed(fn, n):
     return ts
 
 
-def latency(binary, n, state_dir):
+def latency(binary, n, state_dir, clients=1):
     # An index with room for every object this run finishes (at most 3/4 of it is published).
     d = EmulatedDomain(binary, pool_mib=512, region_mib=256, ttl_ms=60000, lease_ms=10,
                        state_dir=state_dir, index_entries=1 << 17)
@@ -67,27 +78,8 @@ def latency(binary, n, state_dir):
         d.start()
         c = Client(d.port, d.tokens["default"])
         c.region()
-        empty = {"region_epoch": c.epoch, "keys": []}
-        for _ in range(50):  # warm the connection and the server's threads
-            c.raw("GET", "/healthz")
-        out["baseline GET /healthz"] = summary(timed(lambda i: c.raw("GET", "/healthz"), n))
-        out["baseline POST /v1/lookup, 0 keys"] = summary(
-            timed(lambda i: c.raw("POST", "/v1/lookup", empty), n))
-        for batch in (1, 64):
-            reps = n if batch == 1 else max(20, n // 4)
-            base = 10_000_000 * batch
-
-            def rf(i, batch=batch, base=base):
-                g = c.reserve([(make_key(base + i * batch + j), make_layout(OBJ))
-                               for j in range(batch)])
-                c.finish(g)
-            out[f"reserve+finish, batch {batch}"] = summary(timed(rf, reps), batch)
-
-            def lk(i, batch=batch, base=base, reps=reps):
-                start = (i % reps) * batch
-                hits = c.lookup([make_key(base + start + j) for j in range(batch)])
-                assert all(h is not None for h in hits)
-            out[f"lookup (hits), batch {batch}"] = summary(timed(lk, reps), batch)
+        c.key_base = 0
+        api_rows(c, n, out)
         out.update(index_path(d, n))
         # Under pressure: fill the region, then each reserve evicts the least recently used.
         cap = c.region()["capacity_bytes"] // OBJ
@@ -111,6 +103,17 @@ def latency(binary, n, state_dir):
             k: st[k] for k in ("evicted", "held_bytes", "index_waits", "indexed", "index_skipped")}
     finally:
         d.close()
+    if clients > 1:
+        # A fresh domain whose region holds every object the clients finish (no eviction: M0
+        # has none, and the rows compare like with like).
+        d = EmulatedDomain(binary, pool_mib=2048, region_mib=PEER_REGION_MIB, ttl_ms=60000,
+                           lease_ms=10, state_dir=state_dir, threads=16, index_entries=1 << 17)
+        try:
+            d.start()
+            out.update(concurrent_rows(d.port, d.tokens["default"], n, clients,
+                                       f"{clients} clients: "))
+        finally:
+            d.close()
     return out
 
 
@@ -172,6 +175,123 @@ def index_path(d, n):
     return out
 
 
+def api_rows(c, n, rows, summarize=summary):
+    """The rows both servers answer: the HTTP baselines, reserve+finish and lookups of 1 and
+    64 keys, into `rows`, each summarize(timings, keys per call). Keys are the client's own
+    range (`c.key_base`)."""
+    empty = {"region_epoch": c.epoch, "keys": []}
+    for _ in range(50):  # warm the connection and the server's threads
+        c.raw("GET", "/healthz")
+    rows["baseline GET /healthz"] = summarize(timed(lambda i: c.raw("GET", "/healthz"), n))
+    rows["baseline POST /v1/lookup, 0 keys"] = summarize(
+        timed(lambda i: c.raw("POST", "/v1/lookup", empty), n))
+    for batch in (1, 64):
+        reps = n if batch == 1 else max(20, n // 4)
+        base = c.key_base + 10_000_000 * batch
+
+        def rf(i, batch=batch, base=base):
+            c.finish(c.reserve([(make_key(base + i * batch + j), make_layout(OBJ))
+                                for j in range(batch)]))
+        rows[f"reserve+finish, batch {batch}"] = summarize(timed(rf, reps), batch)
+
+        def lk(i, batch=batch, base=base, reps=reps):
+            start = (i % reps) * batch
+            hits = c.lookup([make_key(base + start + j) for j in range(batch)])
+            assert all(h is not None for h in hits)
+        rows[f"lookup (hits), batch {batch}"] = summarize(timed(lk, reps), batch)
+
+
+def client_proc(port, token, wid, n, start_at):
+    """One of --clients concurrent clients: its api_rows' raw timings, as JSON on stdout."""
+    c = Client(port, token)
+    c.region()
+    c.key_base = (wid + 1) * 1_000_000_000
+    while time.time() < start_at:
+        time.sleep(0.001)
+    rows = {}
+    api_rows(c, n, rows, lambda ts, per=1: {"ts": ts, "per": per})  # merged by the parent
+    print(json.dumps(rows), flush=True)
+
+
+def concurrent_rows(port, token, n, clients, prefix):
+    """api_rows from `clients` processes at once; each row's p50/p99 over every call."""
+    start_at = time.time() + 1.0 + 0.1 * clients
+    procs = [subprocess.Popen([sys.executable, __file__, "--client", str(port), token, str(w),
+                               str(n), str(start_at)], stdout=subprocess.PIPE, text=True,
+                              preexec_fn=die_with_parent) for w in range(clients)]
+    outs = [json.loads(p.communicate(timeout=600)[0]) for p in procs]
+    rows = {}
+    for name in outs[0]:
+        ts = [t for o in outs for t in o[name]["ts"]]
+        rows[f"{prefix}{name}"] = summary(ts, outs[0][name]["per"])
+    return rows
+
+
+class LmcacheServer:
+    """LMCache's M0 coordinator (create_app under uvicorn) on a loopback port, with a token
+    file and a state file of its own, the region's size and alignment as cxlkv's."""
+
+    SCRIPT = (
+        "import sys, uvicorn\n"
+        "from lmcache.v1.memory_coordinator.app import create_app\n"
+        "from lmcache.v1.memory_coordinator.config import MemoryCoordinatorConfig\n"
+        "port, tok, state, cap, align = sys.argv[1:6]\n"
+        "cfg = MemoryCoordinatorConfig(host='127.0.0.1', port=int(port), token_file=tok,\n"
+        "    state_file=state, region_id='bench', capacity_bytes=int(cap),\n"
+        "    alignment_bytes=int(align), layout_id='qualify')\n"
+        "uvicorn.run(create_app(cfg), host='127.0.0.1', port=int(port), log_level='warning')\n")
+
+    def __init__(self, pythonpath, python, region_bytes, alignment, state_dir):
+        import secrets
+        import socket
+        import tempfile
+        self.dir = Path(tempfile.mkdtemp(prefix="lmcache-m0-", dir=state_dir))
+        self.token = secrets.token_hex(16)
+        tok = self.dir / "token"
+        tok.write_text(self.token + "\n")
+        tok.chmod(0o600)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        env = dict(os.environ, PYTHONPATH=pythonpath)
+        self.proc = subprocess.Popen(
+            [python, "-c", self.SCRIPT, str(self.port), str(tok), str(self.dir / "state"),
+             str(region_bytes), str(alignment)], env=env, preexec_fn=die_with_parent,
+            stderr=open(self.dir / "log", "w"))
+        end = time.time() + 30
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"LMCache's coordinator exited {self.proc.returncode}: "
+                                 f"{(self.dir / 'log').read_text()[-2000:]}")
+            try:
+                Client(self.port, self.token).region()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise SystemExit("LMCache's coordinator did not answer in 30 s")
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        import shutil
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def peer(pythonpath, python, n, clients, state_dir):
+    """The API rows on LMCache's M0 coordinator: 1 client, then `clients` at once."""
+    out = {}
+    srv = LmcacheServer(pythonpath, python, PEER_REGION_MIB << 20, 4096, state_dir)
+    try:
+        c = Client(srv.port, srv.token)
+        c.region()
+        c.key_base = 0
+        api_rows(c, n, out)
+        out.update(concurrent_rows(srv.port, srv.token, n, clients, f"{clients} clients: "))
+    finally:
+        srv.close()
+    return out
+
+
 def writer_proc(port, token, wid, seconds, batch, start_at):
     c = Client(port, token)
     c.region()
@@ -213,6 +333,10 @@ def main():
         a = sys.argv[2:]
         writer_proc(int(a[0]), a[1], int(a[2]), float(a[3]), int(a[4]), float(a[5]))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--client":
+        a = sys.argv[2:]
+        client_proc(int(a[0]), a[1], int(a[2]), int(a[3]), float(a[4]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--orchestrator", required=True)
     ap.add_argument("--iterations", type=int, default=1000)
@@ -220,6 +344,12 @@ def main():
     ap.add_argument("--state-dir", default=None)
     ap.add_argument("--levels", default="1,2,4,8,16")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--clients", type=int, default=4,
+                    help="concurrent clients of the second latency round (1: none)")
+    ap.add_argument("--peer-lmcache", default=None, metavar="PYTHONPATH",
+                    help="also measure LMCache's own coordinator, importable under PYTHONPATH")
+    ap.add_argument("--peer-python", default=sys.executable)
+    ap.add_argument("--no-throughput", action="store_true")
     a = ap.parse_args()
     exit_on_termination()  # SIGTERM/SIGHUP: each domain's `finally` removes its files
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -227,16 +357,23 @@ def main():
             "uptime_before": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
             "cpus": os.cpu_count(), "orchestrator": a.orchestrator,
             "state_dir": a.state_dir or "temp dir under /tmp (root disk)"}
-    res = {"latency": latency(a.orchestrator, a.iterations, a.state_dir)}
-    res["throughput"] = throughput(a.orchestrator, a.seconds, a.state_dir,
-                                   [int(x) for x in a.levels.split(",")])
+    res = {"latency": latency(a.orchestrator, a.iterations, a.state_dir, a.clients)}
+    if a.peer_lmcache:
+        res["peer_lmcache_m0"] = peer(a.peer_lmcache, a.peer_python, a.iterations, a.clients,
+                                      a.state_dir)
+    res["throughput"] = {} if a.no_throughput else throughput(
+        a.orchestrator, a.seconds, a.state_dir, [int(x) for x in a.levels.split(",")])
     info["load_after"] = open("/proc/loadavg").read().split()[:3]
     info["uptime_after"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"# {info['date']}; {info['cpus']} CPUs; state file: {info['state_dir']}")
     print(f"# before: {info['uptime_before']}")
     print(f"# after:  {info['uptime_after']}")
     print(f"{'operation':64} {'p50 us':>9} {'p99 us':>9} {'p50 us/key':>11}")
-    for part in ("latency",):
+    for part in ("latency", "peer_lmcache_m0"):
+        if part not in res:
+            continue
+        if part != "latency":
+            print("# LMCache's own coordinator (M0), same client, same run")
         for name, r in res[part].items():
             if "p50_us" not in r:
                 print(f"{name}: {r}")
