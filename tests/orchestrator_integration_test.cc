@@ -257,6 +257,33 @@ TEST_F(OrchestratorFixture, DrainStopsGrowthAndTheHostGivesBack) {
   EXPECT_EQ(HostState(3), "draining");
 }
 
+// A join while the orchestrator is descheduled (SIGSTOP, as a busy machine or an etcd write
+// that takes seconds holds it) past one call's 2 s deadline: Connect keeps trying within its
+// join budget and joins once the orchestrator runs again. Before, the first deadline failed
+// the engine's start (CI: HaRestoreTest's Join after a takeover on a loaded machine). Past the
+// budget it fails, saying how many tries and which setting.
+TEST_F(OrchestratorFixture, AJoinWaitsOutAStalledOrchestrator) {
+  h_.Signal(SIGSTOP);
+  std::thread resume([this] {
+    std::this_thread::sleep_for(3s);
+    h_.Signal(SIGCONT);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = HostClient::Connect(socket_, 2);
+  resume.join();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 2500ms) << "it waited for the stop";
+  EXPECT_EQ(HostState(2), "live");
+  HostClientOptions short_budget;
+  short_budget.join_budget_ms = 2500;
+  h_.Signal(SIGSTOP);
+  auto late = HostClient::Connect(socket_, 3, short_budget);
+  h_.Signal(SIGCONT);
+  ASSERT_FALSE(late.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(late.status())) << late.status();
+  EXPECT_NE(late.status().message().find("join_budget_ms"), std::string::npos) << late.status();
+}
+
 // The operator's client (what cxlkvctl uses) reports what the wire says, field by field, and
 // its two actions act: drain a host, evict a namespace's prefixes.
 TEST_F(OrchestratorFixture, OperatorClientReportsTheDomainAndActs) {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -481,9 +482,25 @@ absl::StatusOr<std::unique_ptr<HostClient>> HostClient::Connect(const std::strin
         "no orchestrator endpoint given (a socket path, tcp:HOST:PORT, or several of them "
         "separated by commas for the orchestrators of an HA domain)");
   }
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options.join_budget_ms);
   std::unique_ptr<HostClient> c(new HostClient(std::move(rpc), host_id, std::move(options)));
-  if (auto st = c->Join(); !st.ok()) return st;
-  return c;
+  // A join that no orchestrator answered in time is tried again until the budget ends (a new
+  // incarnation each time: one that was created but whose reply was lost holds nothing, and
+  // the next join of this machine takes its row over). Nothing listening (UNAVAILABLE: no
+  // socket, connection refused) fails at once: the orchestrator is not running there.
+  for (int tries = 1;; ++tries) {
+    absl::Status st = c->Join();
+    if (st.ok()) return c;
+    const bool unanswered = absl::IsDeadlineExceeded(st);
+    if (!unanswered || std::chrono::steady_clock::now() + std::chrono::milliseconds(100) >= until) {
+      if (tries == 1 || !unanswered) return st;
+      return absl::Status(st.code(), absl::StrCat(st.message(), " (", tries, " tries in ",
+                                                  c->options_.join_budget_ms,
+                                                  " ms: HostClientOptions::join_budget_ms)"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 absl::Status HostClient::Join() {

@@ -68,6 +68,10 @@ struct HostClientOptions {
   // Test hook: runs on the heartbeat's thread after its reply arrived and before the reply is
   // applied, so a test can order a concurrent call (a Grow) in between without sleeping.
   std::function<void()> before_heartbeat_applied;
+  // How long Connect keeps trying to join when the orchestrator does not answer in time (each
+  // try has 2 s): a busy or stopped orchestrator machine, or an etcd write that takes seconds,
+  // must not fail an engine's start. A refusal, or nothing listening, ends it at once.
+  int join_budget_ms = 10000;
 };
 
 struct HostCounters {
