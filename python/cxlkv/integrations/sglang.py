@@ -411,16 +411,12 @@ def v2_move(core: SglangBackendCore, transfer: Any, what: str) -> List[bool]:
     the controller's thread sees a failed transfer, not an exception."""
     store = core.pool_store(transfer.name, what)
     keys = list(transfer.keys or [])
-    idx = transfer.host_indices
-    n = 0 if idx is None else int(getattr(idx, "numel", lambda: len(idx))())
-    page = int(store.mem_pool_host.page_size)
-    if not keys or n != len(keys) * page:
-        log.error("cxlkv: %s of pool %s: %d keys need %d host indices, got %d", what,
-                  transfer.name, len(keys), len(keys) * page, n)
+    move = store.batch_get_v1 if what == "batch_get_v2" else store.batch_set_v1
+    try:  # the store checks the indices (page_size per key) itself
+        return move(keys, transfer.host_indices) if keys else []
+    except InvalidArgumentError as e:
+        log.error("cxlkv: %s of pool %s: %s", what, transfer.name, e)
         return [False] * len(keys)
-    if what == "batch_get_v2":
-        return store.batch_get_v1(keys, idx)
-    return store.batch_set_v1(keys, idx)
 
 
 def v2_exists(backend: Any, keys: List[str], pool_transfers: Any, extra_info: Any,
